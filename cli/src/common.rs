@@ -1,0 +1,59 @@
+//! Flags and helpers shared by several verbs: global options, output formats,
+//! where a topology comes from.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use specs::NodeTopology;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct GlobalArgs {
+    /// Client credentials file (default: $XDG_CONFIG_HOME/pinion/config, else ~/.config/pinion/config).
+    #[arg(long, global = true, env = "PINION_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
+    #[arg(long, global = true, env = "PINION_LOG", default_value = "warn")]
+    pub log: String,
+}
+
+pub fn init_tracing(g: &GlobalArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&g.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Json,
+    Yaml,
+    Text,
+}
+
+/// Where a machine's topology comes from; at most one of the three, default the
+/// host's own `/sys`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TopologyArgs {
+    /// Read the topology from a sysfs tree under DIR (e.g. an extracted fixture).
+    #[arg(long, value_name = "DIR", group = "topology_source")]
+    pub sysfs_root: Option<PathBuf>,
+    /// Read the topology from the JSON that `pinion discover -o json` prints.
+    #[arg(long, value_name = "FILE", group = "topology_source")]
+    pub topology: Option<PathBuf>,
+    /// A synthetic machine in hwloc's words, e.g. "pack:2 numa:1 core:28 pu:2".
+    #[arg(long, value_name = "DESC", group = "topology_source")]
+    pub synthetic: Option<String>,
+}
+
+impl TopologyArgs {
+    pub fn load(&self) -> anyhow::Result<NodeTopology> {
+        if let Some(desc) = &self.synthetic {
+            return Ok(specs::topology::synthetic::parse(desc)?);
+        }
+        if let Some(path) = &self.topology {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            return serde_json::from_str(&text).with_context(|| format!("{}: not a topology document", path.display()));
+        }
+        let root = self.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/"));
+        Ok(nodelet::discovery::discover(&root)?)
+    }
+}

@@ -1,0 +1,99 @@
+//! `pinion`: the one binary. Client verbs and the daemons as subcommands; this
+//! file only parses flags and dispatches.
+
+mod cmd;
+mod common;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "pinion", version, about = "Topology-aware bare-metal orchestrator: NUMA-aligned, CPU-pinned containers without Kubernetes")]
+struct Cli {
+    #[command(flatten)]
+    global: common::GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// All-in-one: server plus a nodelet on this host, in one process.
+    Up(cmd::up::Args),
+    /// Run the control plane (store, API, scheduler).
+    Server(cmd::server::Args),
+    /// Run the node agent (static pods from a folder, or joined to a server).
+    Agent(cmd::agent::Args),
+    /// Create or update objects from files, a folder or stdin.
+    Apply(cmd::apply::Args),
+    /// List pods or nodes.
+    Get(cmd::get::Args),
+    /// Show one pod or node in detail: placement, CPUs, NUMA, events.
+    Describe(cmd::describe::Args),
+    /// Delete pods.
+    Delete(cmd::delete::Args),
+    /// Print a container's logs.
+    Logs(cmd::logs::Args),
+    /// Run a command as a pod, stream its output and exit with its exit code.
+    Run(cmd::run::Args),
+    /// Draw each node: sockets, NUMA nodes, cores, and which pod holds which CPU.
+    Topology(cmd::topology::Args),
+    /// Print this machine's (or a fixture's) topology.
+    Discover(cmd::discover::Args),
+    /// Dry-run the admission engine for one pod on one machine.
+    Plan(cmd::plan::Args),
+    /// Manage local images (OCI image layouts).
+    Image(cmd::image::Args),
+    /// Print shell completions.
+    Completions(cmd::completions::Args),
+    /// Internal: the per-container helper process (single-threaded).
+    #[command(hide = true)]
+    Shim(cmd::shim::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    common::init_tracing(&cli.global);
+    // The shim must stay single-threaded (libcontainer chdirs the process and
+    // forks), so it runs before any runtime with worker threads exists.
+    if let Command::Shim(args) = cli.command {
+        return report(cmd::shim::run(args));
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return report(Err(anyhow::anyhow!("cannot start the async runtime: {e}"))),
+    };
+    let g = cli.global;
+    report(rt.block_on(async move {
+        match cli.command {
+            Command::Up(a) => cmd::up::run(g, a).await,
+            Command::Server(a) => cmd::server::run(g, a).await,
+            Command::Agent(a) => cmd::agent::run(g, a).await,
+            Command::Apply(a) => cmd::apply::run(g, a).await,
+            Command::Get(a) => cmd::get::run(g, a).await,
+            Command::Describe(a) => cmd::describe::run(g, a).await,
+            Command::Delete(a) => cmd::delete::run(g, a).await,
+            Command::Logs(a) => cmd::logs::run(g, a).await,
+            Command::Run(a) => cmd::run::run(g, a).await,
+            Command::Topology(a) => cmd::topology::run(g, a).await,
+            Command::Discover(a) => cmd::discover::run(g, a).await,
+            Command::Plan(a) => cmd::plan::run(g, a).await,
+            Command::Image(a) => cmd::image::run(g, a).await,
+            Command::Completions(a) => cmd::completions::run::<Cli>(a),
+            Command::Shim(_) => unreachable!("handled above"),
+        }
+    }))
+}
+
+/// One clear line on stderr and a non-zero exit; commands that mirror another
+/// process's exit code (`run`) return it as `Ok(code)`.
+fn report(r: anyhow::Result<ExitCode>) -> ExitCode {
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Pinion builds and tests with. Idempotent and quiet
+# when everything is already there.
+set -euo pipefail
+need=()
+for pkg in libseccomp-dev pkg-config; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "host-setup: missing packages ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi

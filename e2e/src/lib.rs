@@ -1,0 +1,1 @@
+//! Whole-system test helpers: locating the built `pinion` binary, temp clusters.

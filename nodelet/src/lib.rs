@@ -1,0 +1,7 @@
+//! Pinion's node agent as a library: topology discovery from sysfs, the
+//! allocation checkpoint, container runtimes (`libcontainer`, `hollow`), the
+//! reconcile loop and status reports. The `pinion agent` subcommand only wires it.
+
+pub mod discovery;
+pub mod runtime;
+pub mod source;

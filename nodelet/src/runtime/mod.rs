@@ -1,0 +1,95 @@
+//! Container runtimes behind one trait: `libcontainer` (real containers, created
+//! by a single-threaded shim process per container) and `hollow` (everything but
+//! the processes, for simulating big machines).
+//!
+//! Calls are blocking; the agent calls them from `spawn_blocking`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use specs::{CpuSet, NumaSet};
+
+/// Everything needed to create one container. The runtime id is unique per node
+/// and safe as a file name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerConfig {
+    pub id: String,
+    pub pod: String,
+    pub container: String,
+    /// argv: the manifest's command followed by its args.
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub rootfs: RootfsConfig,
+    pub cpus: CpuSet,
+    /// Memory NUMA nodes; empty means every node of the machine.
+    pub mems: NumaSet,
+    /// Apply `MPOL_BIND` on `mems` (placements with memory NUMA nodes).
+    pub bind_memory: bool,
+    pub memory_limit_bytes: Option<u64>,
+    /// CFS quota for shared containers with a CPU limit.
+    pub cpu_quota: Option<CpuQuota>,
+    /// Relative CPU weight from the CPU request (cgroup v1 shares).
+    pub cpu_shares: Option<u64>,
+    /// Page size in bytes -> limit in bytes.
+    pub hugepage_limits: BTreeMap<u64, u64>,
+    /// Device nodes to make visible (e.g. `/dev/vfio/42`).
+    pub device_nodes: Vec<PathBuf>,
+    pub host_network: bool,
+    /// Combined stdout+stderr log, rotated by the runtime.
+    pub log_path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RootfsConfig {
+    /// Host `/usr`, `/bin`, `/lib*`, `/etc` read-only, private writable `/tmp`.
+    Host,
+    /// An image imported with `pinion image import`, by `NAME:TAG`.
+    Image(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuQuota {
+    pub quota_us: i64,
+    pub period_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ContainerState {
+    Running { pid: i32 },
+    Exited { code: i32, oom_killed: bool },
+    /// The runtime has no such container.
+    Missing,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("container {id}: {message}")]
+    Container { id: String, message: String },
+    #[error("image {reference}: {message}")]
+    Image { reference: String, message: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+pub trait Runtime: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Creates and starts the container; returns once its process runs. On error
+    /// nothing is left behind (no state dir, cgroup, mount or process).
+    fn start(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError>;
+    fn state(&self, id: &str) -> Result<ContainerState, RuntimeError>;
+    /// Changes a running container's cpuset in place (no restart).
+    fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError>;
+    /// SIGTERM, then SIGKILL after `grace`; returns once the process is gone.
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
+    /// Removes every trace of a stopped container (state, cgroup, rootfs, shim files).
+    fn remove(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Ids of every container this runtime holds, running or not (for adoption).
+    fn list(&self) -> Result<Vec<String>, RuntimeError>;
+}

@@ -1,0 +1,56 @@
+//! Where the agent's desired pods come from: the static manifest folder, and
+//! (when joined) the orchestrator's binding stream. Both feed one channel of
+//! `DesiredChange`s; the agent reconciles against it and publishes a `NodeReport`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use specs::{Allocations, Placement, Pod, PodStatus};
+
+/// A plan the scheduler computed, with the allocation epoch it was computed
+/// against. The agent adopts it as is when the epoch still matches and re-runs
+/// the engine on its own truth when not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BoundPlan {
+    pub epoch: u64,
+    pub placement: Placement,
+}
+
+#[derive(Debug, Clone)]
+pub enum DesiredChange {
+    /// Run this pod (new or changed). `key` is unique per source: static pods are
+    /// `static/<file stem>`, orchestrator pods `<name>`.
+    Apply { key: String, pod: Box<Pod>, plan: Option<BoundPlan> },
+    /// Stop the pod and free its resources.
+    Remove { key: String },
+    /// The complete desired set of one source (`static/` or orchestrator): keys of
+    /// that source not listed are removed. Sent on (re)connect.
+    Resync { source: SourceKind, pods: Vec<(String, Pod, Option<BoundPlan>)> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SourceKind {
+    Static,
+    Orchestrator,
+}
+
+impl SourceKind {
+    pub fn of_key(key: &str) -> SourceKind {
+        if key.starts_with("static/") {
+            SourceKind::Static
+        } else {
+            SourceKind::Orchestrator
+        }
+    }
+}
+
+/// What the agent publishes after every change (and on a timer): read by
+/// `pinion agent status` from the data dir and sent to the orchestrator when joined.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub node_name: String,
+    pub allocations: Allocations,
+    pub pods: BTreeMap<String, PodStatus>,
+}

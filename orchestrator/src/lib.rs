@@ -1,0 +1,4 @@
+//! Pinion's control plane as a library: durable store (sled), HTTPS API
+//! (hyper + rustls), the topology-aware scheduler and node lifecycle.
+
+pub mod scheduler;

@@ -1,0 +1,209 @@
+//! The one admission engine: given a machine, what it has already handed out,
+//! its settings and a pod, decide where the pod goes or say exactly why not.
+//!
+//! Pure and deterministic: no I/O, no clocks, no randomness, no hash-order
+//! iteration. The scheduler calls it on its mirror of a node and the nodelet on
+//! the node's truth; same inputs, same answer, byte for byte.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::idset::{CpuSet, NumaSet};
+use crate::pod::{CpuPolicy, Pod, TopologyPolicy, TopologyScope};
+use crate::status::{ContainerPlacementSummary, PlacementSummary};
+use crate::topology::NodeTopology;
+
+/// A node's admission settings (the kubelet's `--reserved-cpus`,
+/// `--topology-manager-policy`, `--topology-manager-scope`,
+/// `--cpu-manager-policy-options`, plus device resources).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSettings {
+    #[serde(default)]
+    pub reserved_cpus: CpuSet,
+    #[serde(default)]
+    pub topology_policy: TopologyPolicy,
+    #[serde(default)]
+    pub topology_scope: TopologyScope,
+    #[serde(default)]
+    pub cpu_manager: CpuManagerOptions,
+    /// Prefer the NUMA-node sets with the smallest distance among equally narrow ones.
+    #[serde(default)]
+    pub prefer_closest_numa_nodes: bool,
+    /// Device resources this node offers: resource name -> PCI addresses.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CpuManagerOptions {
+    /// `full-pcpus-only`: exclusive requests must be whole physical cores.
+    #[serde(default)]
+    pub full_pcpus_only: bool,
+    /// `distribute-cpus-across-numa`: split multi-node requests evenly.
+    #[serde(default)]
+    pub distribute_cpus_across_numa: bool,
+    /// `align-by-socket`: align to the socket rather than the NUMA node.
+    #[serde(default)]
+    pub align_by_socket: bool,
+}
+
+/// What a node has handed out. The checkpoint and the scheduler's mirror are both
+/// this struct.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Allocations {
+    /// Advanced on every change; a binding computed against an older epoch is re-checked.
+    pub epoch: u64,
+    /// Pod key (the caller's choice, e.g. name or uid) -> its allocation.
+    pub pods: BTreeMap<String, Placement>,
+}
+
+/// The engine's answer for one pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Placement {
+    /// The NUMA nodes the merged topology hint chose (all nodes under `none`).
+    pub numa_affinity: NumaSet,
+    pub containers: Vec<ContainerPlacement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerPlacement {
+    pub name: String,
+    pub cpu_policy: CpuPolicy,
+    /// Exclusive / immovable: the CPUs it owns. Numa: the NUMA nodes' CPUs at
+    /// decision time. Shared: the shared pool at decision time. For numa and
+    /// shared the live set is `Allocations::cpuset_for`, which follows the pool.
+    pub cpus: CpuSet,
+    /// The memory NUMA nodes (empty: no binding, use all nodes).
+    pub mems: NumaSet,
+    /// Bytes of memory accounted per NUMA node (Memory Manager static policy).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub memory: BTreeMap<u32, u64>,
+    /// Huge pages accounted: page size in bytes -> NUMA node -> pages.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hugepages: BTreeMap<u64, BTreeMap<u32, u64>>,
+    /// Devices: resource name -> PCI addresses.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, Vec<String>>,
+}
+
+/// Why a pod was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(rename_all = "camelCase")]
+#[error("{message}")]
+pub struct Rejection {
+    pub reason: RejectReason,
+    /// One human line: "no single NUMA node has 20 free exclusive CPUs; best is node 1 with 10".
+    pub message: String,
+}
+
+/// Every rejection is a named variant so that callers can count them per node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// The pod itself cannot be admitted anywhere (e.g. fractional exclusive CPUs).
+    InvalidRequest,
+    InsufficientCpu,
+    InsufficientMemory,
+    InsufficientHugePages,
+    InsufficientDevices,
+    /// `full-pcpus-only` and the request is not whole cores.
+    SmtAlignment,
+    /// The Topology Manager found no acceptable NUMA affinity (`TopologyAffinityError`).
+    TopologyAffinity,
+    /// The pod is already allocated on this node.
+    AlreadyAllocated,
+}
+
+/// Decides one pod. See the module docs.
+pub fn admit(
+    topology: &NodeTopology,
+    settings: &NodeSettings,
+    allocations: &Allocations,
+    pod_key: &str,
+    pod: &Pod,
+) -> Result<Placement, Rejection> {
+    let _ = (topology, settings, allocations, pod_key, pod);
+    Err(Rejection { reason: RejectReason::InvalidRequest, message: "admission engine not built yet".into() })
+}
+
+impl Allocations {
+    /// Records an admitted placement and advances the epoch.
+    pub fn apply(&mut self, pod_key: &str, placement: Placement) {
+        self.pods.insert(pod_key.to_string(), placement);
+        self.epoch += 1;
+    }
+
+    /// Frees a pod's resources; returns what it held. Advances the epoch when it held any.
+    pub fn release(&mut self, pod_key: &str) -> Option<Placement> {
+        let p = self.pods.remove(pod_key);
+        if p.is_some() {
+            self.epoch += 1;
+        }
+        p
+    }
+
+    /// CPUs held exclusively (not in the shared pool).
+    pub fn exclusive_cpus(&self) -> CpuSet {
+        let mut s = CpuSet::new();
+        for p in self.pods.values() {
+            for c in &p.containers {
+                if c.cpu_policy == CpuPolicy::Exclusive {
+                    s.union_with(&c.cpus);
+                }
+            }
+        }
+        s
+    }
+
+    /// The shared pool: every CPU minus exclusive ones. Reserved CPUs stay in the
+    /// pool (the kubelet runs shared pods on them too).
+    pub fn shared_pool(&self, topology: &NodeTopology) -> CpuSet {
+        topology.all_cpus().difference(&self.exclusive_cpus())
+    }
+
+    /// The cpuset a container should have now: its own CPUs when exclusive or
+    /// immovable, its NUMA nodes' part of the pool for `numa`, the pool for `shared`.
+    pub fn cpuset_for(&self, topology: &NodeTopology, c: &ContainerPlacement) -> CpuSet {
+        match c.cpu_policy {
+            CpuPolicy::Exclusive | CpuPolicy::Immovable => c.cpus.clone(),
+            CpuPolicy::Shared => self.shared_pool(topology),
+            CpuPolicy::Numa => {
+                let mut node_cpus = CpuSet::new();
+                for n in c.mems.iter().filter_map(|id| topology.numa_node(id)) {
+                    node_cpus.union_with(&n.cpus);
+                }
+                let s = self.shared_pool(topology).intersection(&node_cpus);
+                // A NUMA node whose shared CPUs are all taken falls back to the pool.
+                if s.is_empty() {
+                    self.shared_pool(topology)
+                } else {
+                    s
+                }
+            }
+        }
+    }
+}
+
+impl Placement {
+    pub fn summary(&self) -> PlacementSummary {
+        PlacementSummary {
+            numa_affinity: self.numa_affinity.clone(),
+            containers: self
+                .containers
+                .iter()
+                .map(|c| ContainerPlacementSummary {
+                    name: c.name.clone(),
+                    cpu_policy: c.cpu_policy,
+                    cpus: c.cpus.clone(),
+                    mems: c.mems.clone(),
+                    devices: c.devices.values().flatten().cloned().collect(),
+                })
+                .collect(),
+        }
+    }
+}

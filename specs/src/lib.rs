@@ -1,0 +1,20 @@
+//! Pinion's API objects, their validation, the topology model and the one
+//! admission engine. No I/O: no tokio, no filesystem, no network, no clocks.
+
+#![forbid(unsafe_code)]
+
+pub mod engine;
+pub mod idset;
+pub mod pod;
+pub mod qos;
+pub mod quantity;
+pub mod status;
+pub mod topology;
+pub mod validate;
+
+pub use engine::{admit, Allocations, ContainerPlacement, CpuManagerOptions, NodeSettings, Placement, RejectReason, Rejection};
+pub use idset::{CpuSet, IdSet, NumaSet};
+pub use pod::{Container, CpuPolicy, Pod, PodSpec, RestartPolicy, TopologyPolicy, TopologyScope};
+pub use quantity::Quantity;
+pub use status::{PodPhase, PodStatus};
+pub use topology::NodeTopology;

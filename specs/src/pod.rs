@@ -1,0 +1,200 @@
+//! The Pod manifest: the shape Kubernetes users know, `apiVersion: pinion.io/v1`.
+//!
+//! Unknown fields are errors (`deny_unknown_fields`): a typo in a manifest must
+//! not silently drop a pinning request. Semantic checks live in `validate`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::Quantity;
+use crate::status::PodStatus;
+
+pub const API_VERSION: &str = "pinion.io/v1";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pod {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PodSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PodStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Set by the server: unique per object incarnation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Set by the server: the store's monotonic version of this object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<u64>,
+    /// Set by the server, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodSpec {
+    pub containers: Vec<Container>,
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Per-pod override of the node's topology-manager settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologySpec>,
+    /// Per-pod override of the scheduler's scoring strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling_strategy: Option<SchedulingStrategy>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    /// Set by the scheduler when bound (or by hand to skip scheduling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Seconds between SIGTERM and SIGKILL on deletion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Container {
+    pub name: String,
+    /// `NAME:TAG` of an image imported with `pinion image import`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// `host`: run host binaries (host /usr, /bin, /lib*, /etc read-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<RootfsSource>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    #[serde(default)]
+    pub resources: ResourceRequirements,
+    /// Crane-style CPU policy; defaults follow the QoS rule (see `qos`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_policy: Option<CpuPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RootfsSource {
+    Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+/// Resource names: `cpu`, `memory`, `hugepages-2Mi`, `hugepages-1Gi`, and device
+/// resources by name (`pinion.io/sriov-vf`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceRequirements {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Quantity>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Quantity>,
+}
+
+pub const RESOURCE_CPU: &str = "cpu";
+pub const RESOURCE_MEMORY: &str = "memory";
+pub const HUGEPAGES_PREFIX: &str = "hugepages-";
+
+impl ResourceRequirements {
+    /// The effective request: the request, else the limit (Kubernetes defaults a
+    /// missing request to the limit).
+    pub fn request(&self, name: &str) -> Option<&Quantity> {
+        self.requests.get(name).or_else(|| self.limits.get(name))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
+/// Crane-style per-container CPU policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CpuPolicy {
+    /// Integer CPUs taken out of the shared pool for this container alone.
+    Exclusive,
+    /// The shared CPUs of the NUMA nodes chosen for the container.
+    Numa,
+    /// Fixed cores, chosen like exclusive ones, that stay in the shared pool.
+    Immovable,
+    /// The whole shared pool.
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyPolicy {
+    #[default]
+    None,
+    BestEffort,
+    Restricted,
+    SingleNumaNode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyScope {
+    #[default]
+    Container,
+    Pod,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TopologySpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<TopologyPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<TopologyScope>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulingStrategy {
+    #[default]
+    LeastAllocated,
+    MostAllocated,
+    Balanced,
+    LeastNumaNodes,
+}
+
+impl Pod {
+    /// Parses a manifest in YAML or JSON (JSON is YAML; the YAML parser is used for
+    /// both so that error positions read the same).
+    pub fn from_yaml(text: &str) -> Result<Pod, serde_yaml_ng::Error> {
+        serde_yaml_ng::from_str(text)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.metadata.name
+    }
+}

@@ -1,0 +1,95 @@
+//! Statuses: what the nodelet observed and the orchestrator reports.
+//!
+//! Phase transitions are checked with `can_*` methods so that a late report can
+//! never move a pod backwards.
+
+use serde::{Deserialize, Serialize};
+
+use crate::idset::{CpuSet, NumaSet};
+use crate::pod::CpuPolicy;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PodPhase {
+    /// Accepted, not yet placed (or placed and rejected, waiting to retry).
+    #[default]
+    Pending,
+    /// Bound to a node by the scheduler; the nodelet has not started it yet.
+    Scheduled,
+    Running,
+    Succeeded,
+    Failed,
+    /// Its node stopped reporting; the pod is probably still running there.
+    Unknown,
+}
+
+impl PodPhase {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, PodPhase::Succeeded | PodPhase::Failed)
+    }
+
+    /// A terminal phase is final; everything else may move anywhere.
+    pub fn can_become(self, next: PodPhase) -> bool {
+        !self.is_terminal() || self == next
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    pub phase: PodPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Why the pod is where it is (or why it is pending), one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementSummary>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub container_statuses: Vec<ContainerStatus>,
+    /// How many times a node was tried for this pod (scheduler binds + nodelet rejections).
+    #[serde(default)]
+    pub attempts: u32,
+}
+
+/// The placement a pod received, as reported and shown by `describe`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementSummary {
+    pub numa_affinity: NumaSet,
+    pub containers: Vec<ContainerPlacementSummary>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerPlacementSummary {
+    pub name: String,
+    pub cpu_policy: CpuPolicy,
+    pub cpus: CpuSet,
+    pub mems: NumaSet,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    pub name: String,
+    pub state: ContainerState,
+    #[serde(default)]
+    pub restart_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit_code: Option<i32>,
+    /// `OOMKilled`, `Error`, `Completed`, `CrashLoopBackOff`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerState {
+    #[default]
+    Waiting,
+    Running,
+    Terminated,
+}
