@@ -18,7 +18,8 @@ pub struct GlobalArgs {
 }
 
 pub fn init_tracing(g: &GlobalArgs) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&g.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&g.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 

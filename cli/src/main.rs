@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "pinion", version, about = "Topology-aware bare-metal orchestrator: NUMA-aligned, CPU-pinned containers without Kubernetes")]
+#[command(
+    name = "pinion",
+    version,
+    about = "Topology-aware bare-metal orchestrator: NUMA-aligned, CPU-pinned containers without Kubernetes"
+)]
 struct Cli {
     #[command(flatten)]
     global: common::GlobalArgs,

@@ -103,12 +103,7 @@ impl IdSet {
 
     pub fn difference(&self, other: &IdSet) -> IdSet {
         let mut s = IdSet {
-            words: self
-                .words
-                .iter()
-                .enumerate()
-                .map(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0))
-                .collect(),
+            words: self.words.iter().enumerate().map(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0)).collect(),
         };
         s.trim();
         s
@@ -131,10 +126,7 @@ impl IdSet {
     }
 
     pub fn is_subset(&self, other: &IdSet) -> bool {
-        self.words
-            .iter()
-            .enumerate()
-            .all(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
+        self.words.iter().enumerate().all(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
     }
 
     pub fn is_disjoint(&self, other: &IdSet) -> bool {
@@ -205,7 +197,8 @@ impl IdSet {
         }
         let words: Vec<&str> = trimmed.split(',').collect();
         for (i, word) in words.iter().rev().enumerate() {
-            let v = u32::from_str_radix(word.trim(), 16).map_err(|_| bad(format!("{word:?} is not a 32-bit hex word")))?;
+            let v =
+                u32::from_str_radix(word.trim(), 16).map_err(|_| bad(format!("{word:?} is not a 32-bit hex word")))?;
             for b in 0..32 {
                 if v & (1 << b) != 0 {
                     let id = i as u64 * 32 + b;
@@ -308,7 +301,9 @@ mod tests {
 
     #[test]
     fn list_errors_name_the_problem() {
-        for (input, needle) in [("a", "not a non-negative integer"), ("3-1", "reversed"), ("9000", "larger than"), ("1,,2", "not a")] {
+        for (input, needle) in
+            [("a", "not a non-negative integer"), ("3-1", "reversed"), ("9000", "larger than"), ("1,,2", "not a")]
+        {
             let e = IdSet::parse_list(input).expect_err(input).to_string();
             assert!(e.contains(needle), "{input}: {e}");
         }

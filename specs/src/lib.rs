@@ -12,7 +12,9 @@ pub mod status;
 pub mod topology;
 pub mod validate;
 
-pub use engine::{admit, Allocations, ContainerPlacement, CpuManagerOptions, NodeSettings, Placement, RejectReason, Rejection};
+pub use engine::{
+    admit, Allocations, ContainerPlacement, CpuManagerOptions, NodeSettings, Placement, RejectReason, Rejection,
+};
 pub use idset::{CpuSet, IdSet, NumaSet};
 pub use pod::{Container, CpuPolicy, Pod, PodSpec, RestartPolicy, TopologyPolicy, TopologyScope};
 pub use quantity::Quantity;

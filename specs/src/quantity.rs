@@ -62,7 +62,8 @@ impl Quantity {
         if digits_str.len() > 36 {
             return Err(err("too many significant digits"));
         }
-        let digits: i128 = if digits_str.is_empty() { 0 } else { digits_str.parse().map_err(|_| err("not a number"))? };
+        let digits: i128 =
+            if digits_str.is_empty() { 0 } else { digits_str.parse().map_err(|_| err("not a number"))? };
         let mut exp10: i32 = -(frac_part.len() as i32);
         let mut exp2: u32 = 0;
         match suffix {
@@ -83,10 +84,9 @@ impl Quantity {
             "Pi" => exp2 = 50,
             "Ei" => exp2 = 60,
             _ => {
-                let exp = suffix
-                    .strip_prefix('e')
-                    .or_else(|| suffix.strip_prefix('E'))
-                    .ok_or_else(|| err("unknown suffix (use n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)"))?;
+                let exp = suffix.strip_prefix('e').or_else(|| suffix.strip_prefix('E')).ok_or_else(|| {
+                    err("unknown suffix (use n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)")
+                })?;
                 let e: i32 = exp.parse().map_err(|_| err("exponent is not an integer"))?;
                 if !(-40..=40).contains(&e) {
                     return Err(err("exponent out of range"));
@@ -281,7 +281,18 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "abc", "1..5", "1Q", "1ee3", "1e999", "1e30", "99999999999999999999999999999999999999999999", "Gi", "."] {
+        for bad in [
+            "",
+            "abc",
+            "1..5",
+            "1Q",
+            "1ee3",
+            "1e999",
+            "1e30",
+            "99999999999999999999999999999999999999999999",
+            "Gi",
+            ".",
+        ] {
             assert!(Quantity::parse(bad).is_err(), "{bad} should fail");
         }
     }

@@ -62,8 +62,13 @@ pub struct CpuQuota {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ContainerState {
-    Running { pid: i32 },
-    Exited { code: i32, oom_killed: bool },
+    Running {
+        pid: i32,
+    },
+    Exited {
+        code: i32,
+        oom_killed: bool,
+    },
     /// The runtime has no such container.
     Missing,
 }
