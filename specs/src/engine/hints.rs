@@ -17,7 +17,9 @@
 //!   - every single node;
 //!   - every pair of nodes;
 //!   - for every node, its greedy growth: the node, then the other nodes ordered
-//!     by (same socket first, distance, index), each prefix a candidate;
+//!     by (same socket first, distance, index), each prefix a candidate; a
+//!     second chain skips nodes without CPUs (memory-only nodes are often the
+//!     closest to everything and would otherwise widen every CPU request);
 //!   - the whole machine.
 //!
 //! The result equals the kubelet's whenever its answer is a single node, a pair,
@@ -104,12 +106,21 @@ pub(crate) fn candidates(m: &Machine<'_>) -> Vec<Mask> {
         order.extend((0..n).filter(|&j| j != s));
         let sock = m.node_socket[s];
         order.sort_unstable_by_key(|&j| (m.node_socket[j] != sock, m.distance(s, j), j));
-        let mut mask: Mask = 1 << s;
-        for (k, &j) in order.iter().enumerate() {
-            mask |= 1 << j;
-            // Prefixes of width 1 and 2 are already in (all singles and pairs).
-            if k >= 1 {
-                out.push(mask);
+        // Two chains: every node, and only nodes with CPUs (so that a CPU-less
+        // node close to everything does not widen every CPU request by one).
+        for cpus_only in [false, true] {
+            let mut mask: Mask = 1 << s;
+            let mut k = 0;
+            for &j in &order {
+                if cpus_only && m.node_cpus[j].is_empty() {
+                    continue;
+                }
+                mask |= 1 << j;
+                k += 1;
+                // Prefixes of width 1 and 2 are already in (all singles and pairs).
+                if k >= 2 {
+                    out.push(mask);
+                }
             }
         }
     }
