@@ -249,7 +249,10 @@ fn seed_machine() {
             SEED,
             reserved.clone(),
             pod("p", vec![gctr("c", "112", "1Gi")]),
-            Reject(RejectReason::InsufficientCpu, "requests 112 exclusive CPUs but only 110 are free on the node (2 reserved)"),
+            Reject(
+                RejectReason::InsufficientCpu,
+                "requests 112 exclusive CPUs but only 110 are free on the node (2 reserved)",
+            ),
         ),
         case(
             "no containers",
@@ -336,11 +339,20 @@ fn two_by_ten_and_two_by_twenty() {
             M2X10,
             settings(SingleNumaNode),
             p20(),
-            Reject(RejectReason::TopologyAffinity, "no single NUMA node can hold 20 exclusive CPUs; the largest, node 0, has 10"),
+            Reject(
+                RejectReason::TopologyAffinity,
+                "no single NUMA node can hold 20 exclusive CPUs; the largest, node 0, has 10",
+            ),
         ),
         case("20 CPUs single-numa-node fit 2x20", M2X20, settings(SingleNumaNode), p20(), Admit("0", &[("0-19", "0")])),
         case("20 CPUs best-effort span 2x10", M2X10, settings(BestEffort), p20(), Admit("0-1", &[("0-19", "0-1")])),
-        case("20 CPUs restricted: two nodes are the narrowest", M2X10, settings(Restricted), p20(), Admit("0-1", &[("0-19", "0-1")])),
+        case(
+            "20 CPUs restricted: two nodes are the narrowest",
+            M2X10,
+            settings(Restricted),
+            p20(),
+            Admit("0-1", &[("0-19", "0-1")]),
+        ),
         case(
             "pod override of the node's none",
             M2X10,
@@ -351,12 +363,18 @@ fn two_by_ten_and_two_by_twenty() {
         part(
             "restricted refuses a split when one node would do",
             Restricted,
-            Reject(RejectReason::TopologyAffinity, "no set of 1 NUMA node(s) has every request free; the narrowest that does is nodes 0,1"),
+            Reject(
+                RejectReason::TopologyAffinity,
+                "no set of 1 NUMA node(s) has every request free; the narrowest that does is nodes 0,1",
+            ),
         ),
         part(
             "single-numa-node names the best node",
             SingleNumaNode,
-            Reject(RejectReason::TopologyAffinity, "no single NUMA node has 6 free exclusive CPUs; best is node 0 with 4"),
+            Reject(
+                RejectReason::TopologyAffinity,
+                "no single NUMA node has 6 free exclusive CPUs; best is node 0 with 4",
+            ),
         ),
         part("best-effort splits", BestEffort, Admit("0-1", &[("6-9,16-17", "0-1")])),
         part("none splits", NoPolicy, Admit("0-1", &[("6-9,16-17", "0")])),
@@ -370,7 +388,10 @@ fn two_by_ten_and_two_by_twenty() {
         M2X20,
         settings(SingleNumaNode),
         p20(),
-        Reject(RejectReason::TopologyAffinity, "no single NUMA node has 20 free exclusive CPUs; best is node 1 with 11"),
+        Reject(
+            RejectReason::TopologyAffinity,
+            "no single NUMA node has 20 free exclusive CPUs; best is node 1 with 11",
+        ),
     );
     taken(&mut c.allocations, "0-10,20-28", &[], &[]);
     check(c);
@@ -592,16 +613,31 @@ fn seventeen_nodes() {
     );
     taken(&mut busy.allocations, "0-5", &[], &[]);
     let cases = vec![
-        case("4 CPUs: two whole sockets of node 0", "17n", settings(SingleNumaNode), g("4", "1Gi"), Admit("0", &[("0-3", "0")])),
+        case(
+            "4 CPUs: two whole sockets of node 0",
+            "17n",
+            settings(SingleNumaNode),
+            g("4", "1Gi"),
+            Admit("0", &[("0-3", "0")]),
+        ),
         case("8 CPUs: a whole node", "17n", settings(SingleNumaNode), g("8", "1Gi"), Admit("0", &[("0-7", "0")])),
         case(
             "16 CPUs do not fit one node",
             "17n",
             settings(SingleNumaNode),
             g("16", "1Gi"),
-            Reject(RejectReason::TopologyAffinity, "no single NUMA node can hold 16 exclusive CPUs; the largest, node 0, has 8"),
+            Reject(
+                RejectReason::TopologyAffinity,
+                "no single NUMA node can hold 16 exclusive CPUs; the largest, node 0, has 8",
+            ),
         ),
-        case("16 CPUs restricted: two nodes", "17n", settings(Restricted), g("16", "1Gi"), Admit("0-1", &[("0-15", "0-1")])),
+        case(
+            "16 CPUs restricted: two nodes",
+            "17n",
+            settings(Restricted),
+            g("16", "1Gi"),
+            Admit("0-1", &[("0-15", "0-1")]),
+        ),
         case(
             "memory wider than a node widens the affinity",
             "17n",

@@ -127,10 +127,8 @@ fn core_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<usize> {
 pub(crate) fn take_distributed(m: &Machine<'_>, avail: &CpuSet, n: usize, group: usize) -> CpuSet {
     let group = group.max(1);
     // Free CPUs per node, in order (most free first, then index).
-    let mut nodes: Vec<(usize, usize)> = (0..m.n)
-        .map(|i| (m.node_cpus[i].intersection(avail).len(), i))
-        .filter(|&(f, _)| f > 0)
-        .collect();
+    let mut nodes: Vec<(usize, usize)> =
+        (0..m.n).map(|i| (m.node_cpus[i].intersection(avail).len(), i)).filter(|&(f, _)| f > 0).collect();
     nodes.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     // Fits one node: pack it on the fullest node that holds it (fewest free, as packed).
     if let Some(&(_, i)) = nodes.iter().filter(|&&(f, _)| f >= n).min_by_key(|&&(f, i)| (f, i)) {

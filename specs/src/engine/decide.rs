@@ -210,7 +210,14 @@ impl Ctx<'_> {
             if total.iter().all(|&t| t == 0) {
                 // No device of this resource has a NUMA node: "don't care", but the
                 // count still has to be there.
-                out.push(Provider::new(Kind::Device(k), format!("{name} devices"), n, vec![0; m.n], vec![0; m.n], anywhere));
+                out.push(Provider::new(
+                    Kind::Device(k),
+                    format!("{name} devices"),
+                    n,
+                    vec![0; m.n],
+                    vec![0; m.n],
+                    anywhere,
+                ));
                 continue;
             }
             out.push(Provider::new(Kind::Device(k), format!("{name} devices"), n, total, fr, anywhere));
@@ -391,7 +398,11 @@ impl Ctx<'_> {
             let mask = memory::choose_mask(m, &refs, base).ok_or_else(|| {
                 let p = &providers[0];
                 reject(
-                    if p.kind == Kind::Memory { RejectReason::InsufficientMemory } else { RejectReason::InsufficientHugePages },
+                    if p.kind == Kind::Memory {
+                        RejectReason::InsufficientMemory
+                    } else {
+                        RejectReason::InsufficientHugePages
+                    },
                     format!(
                         "container {} requests {} {} but only {} are free on the node",
                         r.name,

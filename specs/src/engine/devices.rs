@@ -9,7 +9,13 @@
 use super::machine::{Free, Machine, Mask};
 
 /// Free addresses of a resource, in allocation order for `mask` (None: by address).
-pub(crate) fn take(m: &Machine<'_>, free: &mut Free, addrs: &[String], count: usize, mask: Option<Mask>) -> Vec<String> {
+pub(crate) fn take(
+    m: &Machine<'_>,
+    free: &mut Free,
+    addrs: &[String],
+    count: usize,
+    mask: Option<Mask>,
+) -> Vec<String> {
     let mut v: Vec<(u8, &String)> = addrs
         .iter()
         .filter(|a| !free.devices_taken.contains(a.as_str()))

@@ -131,11 +131,7 @@ impl<'a> Machine<'a> {
             }
         }
         let reserved = settings.reserved_cpus.union(&topo.reserved_cpus).intersection(&all_cpus);
-        let device_node = topo
-            .devices
-            .iter()
-            .map(|d| (d.address.as_str(), d.numa.and_then(node_index)))
-            .collect();
+        let device_node = topo.devices.iter().map(|d| (d.address.as_str(), d.numa.and_then(node_index))).collect();
         Ok(Machine {
             topo,
             n,

@@ -76,8 +76,29 @@ pub(crate) fn merge(
         let per_socket = m.n / m.sockets.len().max(1);
         (opts.align_by_socket && per_socket > 0).then(|| p.min_width.div_ceil(per_socket))
     });
+    let refs: Vec<&Provider> = providers.iter().collect();
+    let best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs));
+    let best = best.unwrap_or(Affinity { mask: m.all_nodes(), preferred: false });
+    if policy == TopologyPolicy::Restricted && !best.preferred {
+        return Err(Rejection {
+            reason: RejectReason::TopologyAffinity,
+            message: diagnose_restricted(m, providers, target, best),
+        });
+    }
+    Ok(best)
+}
+
+/// The best feasible mask among `masks` in the kubelet's order (module docs).
+fn best_of(
+    m: &Machine<'_>,
+    providers: &[Provider],
+    target: usize,
+    min_sockets: Option<usize>,
+    opts: &MergeOptions,
+    masks: impl IntoIterator<Item = Mask>,
+) -> Option<Affinity> {
     let mut best: Option<(Affinity, (u8, usize, u64, Mask))> = None;
-    for mask in hints::candidates(m) {
+    for mask in masks {
         if !providers.iter().all(|p| p.feasible(mask)) {
             continue;
         }
@@ -96,11 +117,7 @@ pub(crate) fn merge(
             best = Some((Affinity { mask, preferred }, key));
         }
     }
-    let best = best.map(|(a, _)| a).unwrap_or(Affinity { mask: m.all_nodes(), preferred: false });
-    if policy == TopologyPolicy::Restricted && !best.preferred {
-        return Err(Rejection { reason: RejectReason::TopologyAffinity, message: diagnose_restricted(m, providers, target, best) });
-    }
-    Ok(best)
+    best.map(|(a, _)| a)
 }
 
 fn node_list(m: &Machine<'_>, mask: Mask) -> String {
@@ -110,9 +127,13 @@ fn node_list(m: &Machine<'_>, mask: Mask) -> String {
 fn diagnose_single(m: &Machine<'_>, providers: &[Provider]) -> String {
     for p in providers {
         // The node with the most free, lowest index on ties.
-        let (best, free) = (0..m.n)
-            .map(|i| (i, p.free[i].saturating_add(p.anywhere_free)))
-            .fold((0, 0), |acc, x| if x.1 > acc.1 { x } else { acc });
+        let (best, free) = (0..m.n).map(|i| (i, p.free[i].saturating_add(p.anywhere_free))).fold((0, 0), |acc, x| {
+            if x.1 > acc.1 {
+                x
+            } else {
+                acc
+            }
+        });
         if p.min_width > 1 {
             let (big, total) = (0..m.n)
                 .map(|i| (i, p.total[i].saturating_add(p.anywhere_total)))
@@ -162,4 +183,62 @@ fn diagnose_restricted(m: &Machine<'_>, providers: &[Provider], target: usize, b
         }
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::engine::machine::Free;
+    use crate::engine::{Allocations, NodeSettings};
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+        /// The polynomial candidates against an exhaustive search over every subset
+        /// of NUMA nodes (the kubelet's), on machines of up to 8 nodes: same width
+        /// and preference for one resource, same mask for answers of 1-2 nodes,
+        /// always a mask that fits.
+        #[test]
+        fn candidates_match_exhaustive_search(
+            packs in 1u32..=2, nodes in 1u32..=4, cores in 1u32..=4,
+            taken in proptest::collection::vec(any::<bool>(), 32),
+            request in 1u64..=24, mem_gib in 0u64..=200,
+            closest in any::<bool>(), align in any::<bool>(),
+        ) {
+            let t = crate::topology::synthetic::parse(&format!("pack:{packs} numa:{nodes} core:{cores} pu:1")).unwrap();
+            let s = NodeSettings::default();
+            let m = Machine::new(&t, &s).unwrap();
+            let mut free = Free::new(&m, &Allocations::default());
+            for (i, &b) in taken.iter().enumerate() {
+                if b { free.assignable.remove(i as u32); }
+            }
+            let node_totals: Vec<u64> = m.node_cpus.iter().map(|c| c.len() as u64).collect();
+            let fr = m.node_cpus.iter().map(|c| c.intersection(&free.assignable).len() as u64).collect();
+            let mut ps = vec![Provider::new(Kind::Cpu, "cpu".into(), request, node_totals, fr, (0, 0))];
+            if mem_gib > 0 {
+                let total = vec![64 << 30; m.n];
+                let fr: Vec<u64> = (0..m.n).map(|i| (64u64 << 30) - ((i as u64 * 13) % 64 << 30)).collect();
+                ps.push(Provider::new(Kind::Memory, "memory".into(), mem_gib << 30, total, fr, (0, 0)));
+            }
+            let opts = MergeOptions { prefer_closest: closest, align_by_socket: align };
+            let target = ps.iter().map(|p| p.min_width).max().unwrap();
+            let min_sockets = (align && m.n / m.sockets.len() > 0).then(|| ps[0].min_width.div_ceil(m.n / m.sockets.len()));
+            let refs: Vec<&Provider> = ps.iter().collect();
+            let fast = best_of(&m, &ps, target, min_sockets, &opts, hints::candidates(&m, &refs));
+            let exhaustive = best_of(&m, &ps, target, min_sockets, &opts, 1..=m.all_nodes());
+            let shape = |a: Option<Affinity>| a.map(|a| (a.preferred, a.mask.count_ones()));
+            if ps.len() == 1 {
+                prop_assert_eq!(shape(fast), shape(exhaustive));
+            }
+            prop_assert_eq!(fast.is_some(), exhaustive.is_some());
+            if let Some(a) = fast {
+                prop_assert!(ps.iter().all(|p| p.feasible(a.mask)));
+                if a.mask.count_ones() <= 2 && shape(fast) == shape(exhaustive) && !closest {
+                    // Narrow answers are the exhaustive (kubelet) answer exactly.
+                    prop_assert_eq!(fast, exhaustive);
+                }
+            }
+        }
+    }
 }

@@ -40,12 +40,12 @@
 //! resource); an alignment failure is `TopologyAffinity`.
 
 mod cpus;
+mod decide;
 mod devices;
 mod hints;
 mod machine;
 mod memory;
 mod merge;
-mod decide;
 
 pub(crate) use decide::fmt_amount;
 
