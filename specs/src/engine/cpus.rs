@@ -17,23 +17,20 @@ use crate::idset::CpuSet;
 
 use super::machine::Machine;
 
-/// Groups at one level of the hierarchy, as CPU sets.
-fn level<'m>(m: &'m Machine<'_>, numa: bool) -> &'m [CpuSet] {
-    if numa {
-        &m.node_cpus
-    } else {
-        &m.sockets
+/// Groups at one level of the hierarchy (NUMA nodes or sockets) as
+/// (free CPUs, index), ordered by free CPUs ascending, then index; empty ones left out.
+fn sorted_groups(m: &Machine<'_>, numa: bool, avail: &CpuSet) -> Vec<(usize, usize)> {
+    let (map, len) = if numa { (&m.cpu_node, m.n) } else { (&m.cpu_socket, m.sockets.len()) };
+    let mut free = vec![0usize; len];
+    for id in avail.iter() {
+        if let Some(&g) = map.get(id as usize) {
+            if g != u32::MAX {
+                free[g as usize] += 1;
+            }
+        }
     }
-}
-
-/// Indices of `groups`, ordered by (free CPUs ascending, index).
-fn sorted_groups(groups: &[CpuSet], avail: &CpuSet) -> Vec<(usize, usize)> {
-    let mut v: Vec<(usize, usize)> = groups
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.intersection(avail).len(), i))
-        .filter(|&(free, _)| free > 0)
-        .collect();
+    let mut v: Vec<(usize, usize)> =
+        free.into_iter().enumerate().map(|(i, f)| (f, i)).filter(|&(f, _)| f > 0).collect();
     v.sort_unstable();
     v
 }
@@ -48,8 +45,8 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize) -> CpuSet {
     }
     // 1. Whole groups at the first, then the second level.
     for numa in [m.numa_first, !m.numa_first] {
-        let groups = level(m, numa);
-        for (free, i) in sorted_groups(groups, &avail) {
+        let groups = if numa { &m.node_cpus } else { &m.sockets };
+        for (free, i) in sorted_groups(m, numa, &avail) {
             let g = &groups[i];
             if free == g.len() && free <= need {
                 taken.union_with(g);
@@ -65,10 +62,12 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize) -> CpuSet {
     // (fewest free first), inner group, core (fewest free first), id.
     let order = core_order(m, &avail);
     for &core in &order {
-        let c = &m.cores[core];
-        if c.is_subset(&avail) && c.len() <= need {
-            taken.union_with(c);
-            avail.difference_with(c);
+        let c = m.core(core);
+        if c.iter().all(|&id| avail.contains(id)) && c.len() <= need {
+            for &id in c {
+                taken.insert(id);
+                avail.remove(id);
+            }
             need -= c.len();
             if need == 0 {
                 return taken;
@@ -77,7 +76,7 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize) -> CpuSet {
     }
     let order = core_order(m, &avail);
     for &core in &order {
-        for id in m.cores[core].intersection(&avail).iter() {
+        for &id in m.core(core).iter().filter(|&&id| avail.contains(id)) {
             taken.insert(id);
             need -= 1;
             if need == 0 {
@@ -91,7 +90,7 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize) -> CpuSet {
 /// Cores holding a free CPU, ordered as the kubelet's `sortAvailableCores`.
 fn core_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<usize> {
     // Free CPUs per core, per node and per socket, counted in one pass.
-    let mut core_free = vec![0usize; m.cores.len()];
+    let mut core_free = vec![0usize; m.core_count()];
     let mut node_free = vec![0usize; m.n];
     let mut sock_free = vec![0usize; m.sockets.len()];
     for id in avail.iter() {
@@ -103,13 +102,10 @@ fn core_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<usize> {
         node_free[m.cpu_node[i] as usize] += 1;
         sock_free[m.cpu_socket[i] as usize] += 1;
     }
-    let mut v: Vec<(usize, usize, usize, usize, usize, usize)> = m
-        .cores
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| core_free[i] > 0)
-        .filter_map(|(i, c)| {
-            let first = c.first()? as usize;
+    let mut v: Vec<(usize, usize, usize, usize, usize, usize)> = (0..m.core_count())
+        .filter(|&i| core_free[i] > 0)
+        .filter_map(|i| {
+            let first = *m.core(i).first()? as usize;
             let (node, sock) = (m.cpu_node[first] as usize, m.cpu_socket[first] as usize);
             let (outer, inner) = if m.numa_first {
                 ((node_free[node], node), (sock_free[sock], sock))
@@ -128,7 +124,7 @@ pub(crate) fn take_distributed(m: &Machine<'_>, avail: &CpuSet, n: usize, group:
     let group = group.max(1);
     // Free CPUs per node, in order (most free first, then index).
     let mut nodes: Vec<(usize, usize)> =
-        (0..m.n).map(|i| (m.node_cpus[i].intersection(avail).len(), i)).filter(|&(f, _)| f > 0).collect();
+        m.per_node(avail).into_iter().enumerate().map(|(i, f)| (f as usize, i)).filter(|&(f, _)| f > 0).collect();
     nodes.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     // Fits one node: pack it on the fullest node that holds it (fewest free, as packed).
     if let Some(&(_, i)) = nodes.iter().filter(|&&(f, _)| f >= n).min_by_key(|&&(f, i)| (f, i)) {
@@ -186,9 +182,12 @@ pub(crate) fn take_distributed(m: &Machine<'_>, avail: &CpuSet, n: usize, group:
 /// CPUs of `avail` whose whole core is in `avail` (`full-pcpus-only`).
 pub(crate) fn whole_core_cpus(m: &Machine<'_>, avail: &CpuSet) -> CpuSet {
     let mut s = CpuSet::new();
-    for c in &m.cores {
-        if !c.is_empty() && c.is_subset(avail) {
-            s.union_with(c);
+    for i in 0..m.core_count() {
+        let c = m.core(i);
+        if !c.is_empty() && c.iter().all(|&id| avail.contains(id)) {
+            for &id in c {
+                s.insert(id);
+            }
         }
     }
     s

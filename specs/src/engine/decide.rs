@@ -51,9 +51,9 @@ pub(crate) fn fmt_amount(kind: Kind, v: u64) -> String {
     }
 }
 
-fn units(q: &Quantity, field: &str) -> Result<u64, Rejection> {
+fn units(q: &Quantity, field: impl Fn() -> String) -> Result<u64, Rejection> {
     if q.is_negative() {
-        return Err(reject(RejectReason::InvalidRequest, format!("{field}: must not be negative")));
+        return Err(reject(RejectReason::InvalidRequest, format!("{}: must not be negative", field())));
     }
     Ok(u64::try_from(q.units_ceil()).unwrap_or(u64::MAX))
 }
@@ -66,14 +66,15 @@ fn requests(pod: &Pod, settings: &NodeSettings) -> Result<Vec<Req>, Rejection> {
     let guaranteed = qos == QosClass::Guaranteed;
     let mut out = Vec::with_capacity(pod.spec.containers.len());
     for (ci, c) in pod.spec.containers.iter().enumerate() {
-        let path = format!("spec.containers[{ci}]");
+        // Built only when a message needs it: this runs on every decision.
+        let path = || format!("spec.containers[{ci}]");
         let policy = effective_cpu_policy(qos, c);
         let cpu = c.resources.request(RESOURCE_CPU);
         if let Some(q) = cpu {
             if q.is_negative() {
                 return Err(reject(
                     RejectReason::InvalidRequest,
-                    format!("{path}.resources.requests.cpu: must not be negative"),
+                    format!("{}.resources.requests.cpu: must not be negative", path()),
                 ));
             }
         }
@@ -84,7 +85,8 @@ fn requests(pod: &Pod, settings: &NodeSettings) -> Result<Vec<Req>, Rejection> {
                     reject(
                         RejectReason::InvalidRequest,
                         format!(
-                            "{path}.resources.requests.cpu: cpuPolicy {} needs a whole number of CPUs, got {}",
+                            "{}.resources.requests.cpu: cpuPolicy {} needs a whole number of CPUs, got {}",
+                            path(),
                             policy_name(policy),
                             cpu.map_or("none", |q| q.as_str())
                         ),
@@ -105,22 +107,22 @@ fn requests(pod: &Pod, settings: &NodeSettings) -> Result<Vec<Req>, Rejection> {
         let names: std::collections::BTreeSet<&String> =
             c.resources.requests.keys().chain(c.resources.limits.keys()).collect();
         for (name, q) in names.into_iter().filter_map(|n| c.resources.request(n).map(|q| (n, q))) {
-            let field = format!("{path}.resources.requests[{name}]");
+            let field = || format!("{}.resources.requests[{name}]", path());
             if name == RESOURCE_MEMORY {
-                memory = if guaranteed { units(q, &field)? } else { 0 };
+                memory = if guaranteed { units(q, field)? } else { 0 };
             } else if let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX) {
                 let size = Quantity::parse(size)
                     .ok()
                     .and_then(|s| u64::try_from(s.units_ceil()).ok())
                     .filter(|&s| s > 0)
                     .ok_or_else(|| {
-                        reject(RejectReason::InvalidRequest, format!("{field}: {size:?} is not a page size"))
+                        reject(RejectReason::InvalidRequest, format!("{}: {size:?} is not a page size", field()))
                     })?;
-                let bytes = units(q, &field)?;
+                let bytes = units(q, field)?;
                 if bytes % size != 0 {
                     return Err(reject(
                         RejectReason::InvalidRequest,
-                        format!("{field}: {} is not a whole number of {} pages", q.as_str(), fmt_bytes(size)),
+                        format!("{}: {} is not a whole number of {} pages", field(), q.as_str(), fmt_bytes(size)),
                     ));
                 }
                 if guaranteed && bytes > 0 {
@@ -130,15 +132,15 @@ fn requests(pod: &Pod, settings: &NodeSettings) -> Result<Vec<Req>, Rejection> {
                 if !q.is_whole() {
                     return Err(reject(
                         RejectReason::InvalidRequest,
-                        format!("{field}: devices are counted in whole units, got {}", q.as_str()),
+                        format!("{}: devices are counted in whole units, got {}", field(), q.as_str()),
                     ));
                 }
-                let n = units(q, &field)?;
+                let n = units(q, field)?;
                 if n > 0 {
                     if !settings.devices.contains_key(name.as_str()) {
                         return Err(reject(
                             RejectReason::InsufficientDevices,
-                            format!("{path} requests {n} {name} but this node offers none"),
+                            format!("{} requests {n} {name} but this node offers none", path()),
                         ));
                     }
                     devs.push((name.clone(), n));
@@ -187,12 +189,12 @@ impl Ctx<'_> {
         let node_totals: Vec<u64> = m.node_cpus.iter().map(|s| s.len() as u64).collect();
         if excl > 0 {
             let avail = self.assignable(free);
-            let fr = m.node_cpus.iter().map(|s| s.intersection(&avail).len() as u64).collect();
+            let fr = m.per_node(&avail);
             out.push(Provider::new(Kind::Cpu, "exclusive CPUs".into(), excl, node_totals.clone(), fr, (0, 0)));
         }
         let pool = reqs.iter().filter(|r| r.policy == CpuPolicy::Numa).map(|r| r.cpus).max().unwrap_or(0);
         if pool > 0 {
-            let fr = m.node_cpus.iter().map(|s| s.intersection(&free.pool).len() as u64).collect();
+            let fr = m.per_node(&free.pool);
             out.push(Provider::new(Kind::PoolCpu, "shared CPUs".into(), pool, node_totals, fr, (0, 0)));
         }
         out.extend(self.memory_providers(free, reqs));

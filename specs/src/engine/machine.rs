@@ -42,7 +42,9 @@ pub(crate) struct Machine<'a> {
     pub cpu_node: Vec<u32>,
     pub cpu_core: Vec<u32>,
     pub cpu_socket: Vec<u32>,
-    pub cores: Vec<CpuSet>,
+    /// CPU ids grouped by core index: core i is `core_list[core_start[i]..core_start[i + 1]]`.
+    core_list: Vec<u32>,
+    core_start: Vec<u32>,
     pub sockets: Vec<CpuSet>,
     pub threads_per_core: usize,
     /// A NUMA node spans several sockets: take whole NUMA nodes before sockets.
@@ -54,6 +56,47 @@ pub(crate) struct Machine<'a> {
     pub reserved: CpuSet,
     /// Device address -> node index.
     pub device_node: BTreeMap<&'a str, Option<usize>>,
+}
+
+/// Renumbers arbitrary ids (huge, sparse) to 0.. in ascending order: a direct
+/// table when the ids are small, a sorted list otherwise.
+struct Dense {
+    table: Vec<u32>,
+    sorted: Vec<u32>,
+    len: usize,
+}
+
+impl Dense {
+    fn new(ids: impl Iterator<Item = u32> + Clone) -> Dense {
+        let count = ids.clone().count();
+        let max = ids.clone().max().unwrap_or(0) as usize;
+        if max <= 4 * count + 64 {
+            let mut table = vec![u32::MAX; max + 1];
+            for id in ids {
+                table[id as usize] = 0;
+            }
+            let mut len = 0;
+            for t in table.iter_mut().filter(|t| **t == 0) {
+                *t = len;
+                len += 1;
+            }
+            Dense { table, sorted: Vec::new(), len: len as usize }
+        } else {
+            let mut sorted: Vec<u32> = ids.collect();
+            sorted.sort_unstable();
+            sorted.dedup();
+            let len = sorted.len();
+            Dense { table: Vec::new(), sorted, len }
+        }
+    }
+
+    fn index(&self, id: u32) -> usize {
+        if self.sorted.is_empty() {
+            self.table.get(id as usize).map_or(0, |&x| x as usize)
+        } else {
+            self.sorted.binary_search(&id).unwrap_or(0)
+        }
+    }
 }
 
 fn bad_topology(reason: String) -> Rejection {
@@ -79,14 +122,10 @@ impl<'a> Machine<'a> {
         let mut cpu_core = vec![u32::MAX; len];
         let mut cpu_socket = vec![u32::MAX; len];
         let mut node_cpus = vec![CpuSet::new(); n];
-        let mut core_ids: Vec<u32> = topo.cpus.iter().map(|c| c.core).collect();
-        core_ids.sort_unstable();
-        core_ids.dedup();
-        let mut socket_ids: Vec<u32> = topo.cpus.iter().map(|c| c.socket).collect();
-        socket_ids.sort_unstable();
-        socket_ids.dedup();
-        let mut cores = vec![CpuSet::new(); core_ids.len()];
-        let mut sockets = vec![CpuSet::new(); socket_ids.len()];
+        let core_ids = Dense::new(topo.cpus.iter().map(|c| c.core));
+        let socket_ids = Dense::new(topo.cpus.iter().map(|c| c.socket));
+        let mut core_count = vec![0u32; core_ids.len + 1];
+        let mut sockets = vec![CpuSet::new(); socket_ids.len];
         let mut all_cpus = CpuSet::new();
         // Node index lookup by id without a search per CPU.
         let mut last: Option<(u32, usize)> = None;
@@ -104,13 +143,13 @@ impl<'a> Machine<'a> {
             if cpu_node[c.id as usize] != u32::MAX {
                 return Err(bad_topology(format!("cpu {} is listed twice", c.id)));
             }
-            let core = core_ids.binary_search(&c.core).unwrap_or(0);
-            let socket = socket_ids.binary_search(&c.socket).unwrap_or(0);
+            let core = core_ids.index(c.core);
+            let socket = socket_ids.index(c.socket);
             cpu_node[c.id as usize] = ni as u32;
             cpu_core[c.id as usize] = core as u32;
             cpu_socket[c.id as usize] = socket as u32;
             node_cpus[ni].insert(c.id);
-            cores[core].insert(c.id);
+            core_count[core + 1] += 1;
             sockets[socket].insert(c.id);
             all_cpus.insert(c.id);
         }
@@ -123,7 +162,19 @@ impl<'a> Machine<'a> {
             let first = it.next();
             it.any(|x| Some(x) != first)
         });
-        let threads_per_core = cores.iter().map(CpuSet::len).max().unwrap_or(1).max(1);
+        // Counting sort of CPU ids by core (ids stay ascending within a core).
+        for i in 1..core_count.len() {
+            core_count[i] += core_count[i - 1];
+        }
+        let core_start = core_count.clone();
+        let mut core_list = vec![0u32; topo.cpus.len()];
+        let mut fill = core_count;
+        for c in &topo.cpus {
+            let k = cpu_core[c.id as usize] as usize;
+            core_list[fill[k] as usize] = c.id;
+            fill[k] += 1;
+        }
+        let threads_per_core = core_start.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(1).max(1);
         let mut dist = vec![0u32; n * n];
         for (i, node) in topo.numa_nodes.iter().enumerate() {
             for j in 0..n {
@@ -140,7 +191,8 @@ impl<'a> Machine<'a> {
             cpu_node,
             cpu_core,
             cpu_socket,
-            cores,
+            core_list,
+            core_start,
             sockets,
             threads_per_core,
             numa_first,
@@ -149,6 +201,28 @@ impl<'a> Machine<'a> {
             reserved,
             device_node,
         })
+    }
+
+    pub fn core_count(&self) -> usize {
+        self.core_start.len() - 1
+    }
+
+    /// The CPU ids of core `i`, ascending.
+    pub fn core(&self, i: usize) -> &[u32] {
+        &self.core_list[self.core_start[i] as usize..self.core_start[i + 1] as usize]
+    }
+
+    /// How many CPUs of `set` each NUMA node holds.
+    pub fn per_node(&self, set: &CpuSet) -> Vec<u64> {
+        let mut v = vec![0u64; self.n];
+        for id in set.iter() {
+            if let Some(&k) = self.cpu_node.get(id as usize) {
+                if k != u32::MAX {
+                    v[k as usize] += 1;
+                }
+            }
+        }
+        v
     }
 
     pub fn all_nodes(&self) -> Mask {

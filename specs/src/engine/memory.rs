@@ -20,6 +20,12 @@ pub(crate) fn choose_mask(m: &Machine<'_>, providers: &[&Provider], affinity: Op
     if base != 0 && providers.iter().all(|p| p.feasible(base)) {
         return Some(base);
     }
+    if base == 0 {
+        // The narrowest first: a single node that holds it, lowest index.
+        if let Some(x) = hints::single_nodes(m).into_iter().find(|&x| providers.iter().all(|p| p.feasible(x))) {
+            return Some(x);
+        }
+    }
     // The candidates include the whole machine, so this is None only when even
     // that does not hold the request.
     hints::candidates(m, providers).into_iter().find(|&c| c & base == base && providers.iter().all(|p| p.feasible(c)))

@@ -76,6 +76,13 @@ pub(crate) fn merge(
         let per_socket = m.n / m.sockets.len().max(1);
         (opts.align_by_socket && per_socket > 0).then(|| p.min_width.div_ceil(per_socket))
     });
+    if target == 1 {
+        // Fast path: a feasible single node is preferred and as narrow as any
+        // mask can be; the lowest index wins ties, as in the full search.
+        if let Some(mask) = hints::single_nodes(m).into_iter().find(|&x| providers.iter().all(|p| p.feasible(x))) {
+            return Ok(Affinity { mask, preferred: true });
+        }
+    }
     let refs: Vec<&Provider> = providers.iter().collect();
     let best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs));
     let best = best.unwrap_or(Affinity { mask: m.all_nodes(), preferred: false });
