@@ -1,6 +1,9 @@
 //! Decisions per second of the admission engine: a 4-CPU exclusive Guaranteed pod
 //! on the 112-CPU seed machine, the 17-node `128ia64-17n4s2c` fixture and a
-//! synthetic 64-node machine, under every topology-manager policy.
+//! synthetic 64-node machine (`pack:8 numa:8 core:8 pu:2`), under every
+//! topology-manager policy, on a quarter-full machine (`admit-4cpu`); and a pod
+//! wider than one NUMA node on the two many-node machines (`admit-wide`: 12 CPUs
+//! on 17 nodes, 40 on 64), which runs the full candidate search.
 //!
 //! Run: `cargo bench -p specs --bench admit`. Criterion prints the time per
 //! decision; decisions/s = 1 / that time (also printed as "thrpt" in elem/s).
@@ -19,8 +22,8 @@ use specs::pod::{Container, ObjectMeta, Pod, PodSpec, TopologyPolicy};
 use specs::topology::NodeTopology;
 use specs::Quantity;
 
-fn pod() -> Pod {
-    let res: BTreeMap<String, Quantity> = [("cpu", "4"), ("memory", "4Gi")]
+fn pod(cpus: &str) -> Pod {
+    let res: BTreeMap<String, Quantity> = [("cpu", cpus), ("memory", "4Gi")]
         .into_iter()
         .map(|(k, v)| (k.to_string(), Quantity::parse(v).expect("constant quantity")))
         .collect();
@@ -69,7 +72,7 @@ fn uncontended<R>(iters: u64, mut f: impl FnMut() -> R) -> Duration {
 }
 
 fn bench(c: &mut Criterion) {
-    let p = pod();
+    let p = pod("4");
     let mut g = c.benchmark_group("admit-4cpu");
     g.throughput(Throughput::Elements(1));
     for (name, t) in machines() {
@@ -93,6 +96,27 @@ fn bench(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new(name, format!("{policy:?}")), &s, |b, s| {
                 b.iter_custom(|iters| uncontended(iters, || admit(&t, s, &a, "x", &p)))
             });
+        }
+    }
+    g.finish();
+
+    // Requests wider than a node: no fast path, the whole polynomial candidate
+    // search runs (single-numa-node refuses them, which is measured too).
+    let mut g = c.benchmark_group("admit-wide");
+    g.throughput(Throughput::Elements(1));
+    for (name, t) in machines().into_iter().skip(1) {
+        let cpus = if t.numa_nodes.len() > 32 { "40" } else { "12" };
+        let p = pod(cpus);
+        for policy in [
+            TopologyPolicy::None,
+            TopologyPolicy::BestEffort,
+            TopologyPolicy::Restricted,
+            TopologyPolicy::SingleNumaNode,
+        ] {
+            let s = NodeSettings { topology_policy: policy, ..Default::default() };
+            let a = Allocations::default();
+            let id = BenchmarkId::new(format!("{name}-{cpus}cpu"), format!("{policy:?}"));
+            g.bench_with_input(id, &s, |b, s| b.iter_custom(|iters| uncontended(iters, || admit(&t, s, &a, "x", &p))));
         }
     }
     g.finish();

@@ -118,13 +118,19 @@ impl Provider {
 }
 
 /// The candidate masks for these providers, deduplicated and sorted (width, then value).
-pub(crate) fn candidates(m: &Machine<'_>, providers: &[&Provider]) -> Vec<Mask> {
+///
+/// `max_width` truncates every chain there (the merge first looks only at masks
+/// of the preferred width, which is usually enough, before the full family).
+pub(crate) fn candidates(m: &Machine<'_>, providers: &[&Provider], max_width: usize) -> Vec<Mask> {
     let n = m.n;
+    let max_width = max_width.max(1);
     let mut out: Vec<Mask> = Vec::with_capacity(4 * n * n + 1);
     for i in 0..n {
         out.push(1 << i);
-        for j in (i + 1)..n {
-            out.push((1 << i) | (1 << j));
+        if max_width >= 2 {
+            for j in (i + 1)..n {
+                out.push((1 << i) | (1 << j));
+            }
         }
     }
     // A node is useless to a request when some provider has nothing free on it.
@@ -160,6 +166,9 @@ pub(crate) fn candidates(m: &Machine<'_>, providers: &[&Provider]) -> Vec<Mask> 
                 }
                 mask |= 1 << j;
                 k += 1;
+                if k + 1 > max_width {
+                    break;
+                }
                 // Prefixes of width 1 and 2 are already in (all singles and pairs).
                 if k >= 2 {
                     out.push(mask);
@@ -177,19 +186,21 @@ pub(crate) fn candidates(m: &Machine<'_>, providers: &[&Provider]) -> Vec<Mask> 
         order.extend(0..n);
         order.sort_unstable_by_key(|&j| (std::cmp::Reverse(p.free[j]), j));
         let mut mask: Mask = 0;
-        for &j in &order {
+        for &j in order.iter().take(max_width) {
             mask |= 1 << j;
             out.push(mask);
         }
         for h in 1..n {
             let mut mask: Mask = 1 << h;
-            for &j in order.iter().filter(|&&j| j < h) {
+            for &j in order.iter().filter(|&&j| j < h).take(max_width - 1) {
                 mask |= 1 << j;
                 out.push(mask);
             }
         }
     }
-    out.push(m.all_nodes());
+    if max_width >= n {
+        out.push(m.all_nodes());
+    }
     out.sort_unstable_by_key(|&x| (x.count_ones(), x));
     out.dedup();
     out

@@ -28,7 +28,9 @@ pub(crate) fn choose_mask(m: &Machine<'_>, providers: &[&Provider], affinity: Op
     }
     // The candidates include the whole machine, so this is None only when even
     // that does not hold the request.
-    hints::candidates(m, providers).into_iter().find(|&c| c & base == base && providers.iter().all(|p| p.feasible(c)))
+    hints::candidates(m, providers, m.n)
+        .into_iter()
+        .find(|&c| c & base == base && providers.iter().all(|p| p.feasible(c)))
 }
 
 /// Takes `bytes` of memory and `pages` huge pages (size -> count) from the nodes

@@ -84,7 +84,12 @@ pub(crate) fn merge(
         }
     }
     let refs: Vec<&Provider> = providers.iter().collect();
-    let best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs));
+    // Masks of the preferred width first: a preferred one there beats anything
+    // wider, so the full family is only built when none fits.
+    let mut best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs, target));
+    if !best.is_some_and(|b| b.preferred && b.mask.count_ones() as usize == target) {
+        best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs, m.n));
+    }
     let best = best.unwrap_or(Affinity { mask: m.all_nodes(), preferred: false });
     if policy == TopologyPolicy::Restricted && !best.preferred {
         return Err(Rejection {
@@ -236,7 +241,7 @@ mod tests {
             let target = ps.iter().map(|p| p.min_width).max().expect("test input");
             let min_sockets = (align && m.n / m.sockets.len() > 0).then(|| ps[0].min_width.div_ceil(m.n / m.sockets.len()));
             let refs: Vec<&Provider> = ps.iter().collect();
-            let fast = best_of(&m, &ps, target, min_sockets, &opts, hints::candidates(&m, &refs));
+            let fast = best_of(&m, &ps, target, min_sockets, &opts, hints::candidates(&m, &refs, m.n));
             let exhaustive = best_of(&m, &ps, target, min_sockets, &opts, 1..=m.all_nodes());
             let shape = |a: Option<Affinity>| a.map(|a| (a.preferred, a.mask.count_ones()));
             if ps.len() == 1 {
