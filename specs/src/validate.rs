@@ -1,6 +1,15 @@
 //! Semantic validation of API objects: every problem with its field path.
+//!
+//! Serde already rejects unknown fields and unknown enum values; this module
+//! checks what the types cannot express (names, bounds, resource arithmetic) and
+//! returns all problems at once so a user fixes a manifest in one round.
 
-use crate::pod::Pod;
+use std::collections::BTreeSet;
+
+use crate::pod::{
+    Container, CpuPolicy, Pod, RootfsSource, API_VERSION, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY,
+};
+use crate::quantity::Quantity;
 
 /// One problem: `spec.containers[1].resources.limits.cpu: must be >= requests.cpu`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -15,11 +24,372 @@ impl std::fmt::Display for FieldError {
     }
 }
 
+/// DNS-1123 label length (Kubernetes).
+pub const MAX_NAME_LEN: usize = 63;
+/// Containers per pod: far above any real pod, low enough to bound engine work.
+pub const MAX_CONTAINERS: usize = 64;
+/// Env vars per container.
+pub const MAX_ENV: usize = 1024;
+/// Command plus args entries per container.
+pub const MAX_ARGS: usize = 4096;
+/// Bytes of one command/arg/env value/working dir.
+pub const MAX_STRING_LEN: usize = 128 * 1024;
+/// Total bytes of all annotation keys and values (Kubernetes: 256 KiB).
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+/// Labels and nodeSelector entries per pod.
+pub const MAX_LABELS: usize = 256;
+/// Image reference length.
+pub const MAX_IMAGE_LEN: usize = 255;
+/// Absurd-quantity bounds: 4096 CPUs, 1 PiB of memory or hugepages, 1M devices.
+pub const MAX_CPU_NANOS: i128 = 4096 * 1_000_000_000;
+pub const MAX_MEMORY_NANOS: i128 = (1i128 << 50) * 1_000_000_000;
+pub const MAX_DEVICE_NANOS: i128 = 1_000_000 * 1_000_000_000;
+
+struct Errs(Vec<FieldError>);
+
+impl Errs {
+    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError { field: field.into(), message: message.into() });
+    }
+}
+
+/// True for a DNS-1123 label: 1..=63 chars of `[a-z0-9-]`, alphanumeric at both ends.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_NAME_LEN
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// True for a DNS-1123 subdomain: dot-separated labels, at most 253 chars.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// Kubernetes "qualified name" part: 1..=63 of `[A-Za-z0-9_.-]`, alnum at both ends.
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Label key: `[prefix/]name`, prefix a DNS-1123 subdomain.
+pub fn is_label_key(s: &str) -> bool {
+    match s.split_once('/') {
+        Some((prefix, name)) => is_dns1123_subdomain(prefix) && is_qualified_name_part(name),
+        None => is_qualified_name_part(s),
+    }
+}
+
+/// Label value: empty, or a qualified name part.
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty() || is_qualified_name_part(s)
+}
+
+/// Env var name (Kubernetes C identifier rule, relaxed like recent versions:
+/// printable ASCII without `=`; we keep the stricter C identifier rule).
+fn is_env_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 256
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+/// Image reference `NAME[:TAG]`: NAME is `/`-separated components of
+/// `[a-z0-9]+([._-][a-z0-9]+)*` (an optional `host[:port]/` first), TAG is
+/// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+pub fn image_problem(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if s.len() > MAX_IMAGE_LEN {
+        return Some(format!("must be at most {MAX_IMAGE_LEN} characters"));
+    }
+    if s.contains('@') {
+        return Some("digests are not supported; use NAME[:TAG]".into());
+    }
+    let last_slash = s.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match s[last_slash..].rfind(':') {
+        Some(i) => (&s[..last_slash + i], Some(&s[last_slash + i + 1..])),
+        None => (s, None),
+    };
+    if let Some(tag) = tag {
+        let tb = tag.as_bytes();
+        let ok = !tb.is_empty()
+            && tb.len() <= 128
+            && (tb[0].is_ascii_alphanumeric() || tb[0] == b'_')
+            && tb.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+        if !ok {
+            return Some(format!("invalid tag {tag:?}: want [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}"));
+        }
+    }
+    let mut comps: Vec<&str> = name.split('/').collect();
+    // A registry host may carry a port and upper case is still refused below.
+    if comps.len() > 1 && (comps[0].contains('.') || comps[0].contains(':') || comps[0] == "localhost") {
+        let host = comps.remove(0);
+        let (h, port) = host.split_once(':').map_or((host, None), |(h, p)| (h, Some(p)));
+        if !is_dns1123_subdomain(h) || port.is_some_and(|p| p.is_empty() || !p.bytes().all(|c| c.is_ascii_digit())) {
+            return Some(format!("invalid registry host {host:?}"));
+        }
+    }
+    for c in comps {
+        let segs_ok = !c.is_empty()
+            && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
+            && c.as_bytes()[0].is_ascii_alphanumeric()
+            && c.as_bytes()[c.len() - 1].is_ascii_alphanumeric()
+            && !c.contains("..")
+            && !c.contains("--.");
+        if !segs_ok {
+            return Some(format!("invalid name component {c:?}: want lower-case [a-z0-9] separated by . _ -"));
+        }
+    }
+    None
+}
+
+/// Valid hugepage sizes for `hugepages-<size>`: a power of two bytes, 4Ki..=16Gi.
+fn hugepage_size_ok(size: &str) -> bool {
+    let Ok(q) = Quantity::parse(size) else { return false };
+    if !q.is_whole() || q.is_negative() {
+        return false;
+    }
+    let bytes = q.units_ceil();
+    (4096..=(16i128 << 30)).contains(&bytes) && (bytes & (bytes - 1)) == 0
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ResKind {
+    Cpu,
+    Memory,
+    Hugepages,
+    Device,
+}
+
+fn resource_kind(name: &str) -> Result<ResKind, String> {
+    if name == RESOURCE_CPU {
+        return Ok(ResKind::Cpu);
+    }
+    if name == RESOURCE_MEMORY {
+        return Ok(ResKind::Memory);
+    }
+    if let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX) {
+        return if hugepage_size_ok(size) {
+            Ok(ResKind::Hugepages)
+        } else {
+            Err(format!("invalid hugepage size {size:?}: want a power of two between 4Ki and 16Gi"))
+        };
+    }
+    match name.split_once('/') {
+        Some((domain, n)) if is_dns1123_subdomain(domain) && is_qualified_name_part(n) => Ok(ResKind::Device),
+        _ => Err("unknown resource: want cpu, memory, hugepages-<size> or a domain/name device resource".into()),
+    }
+}
+
 /// Every problem in a pod, in field order. Empty means valid.
 pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
-    let mut errs = Vec::new();
-    if pod.metadata.name.is_empty() {
-        errs.push(FieldError { field: "metadata.name".into(), message: "must not be empty".into() });
+    let mut e = Errs(Vec::new());
+    if pod.api_version != API_VERSION {
+        e.push("apiVersion", format!("must be {API_VERSION:?}, got {:?}", pod.api_version));
     }
-    errs
+    if pod.kind != "Pod" {
+        e.push("kind", format!("must be \"Pod\", got {:?}", pod.kind));
+    }
+    let m = &pod.metadata;
+    if !is_dns1123_label(&m.name) {
+        e.push(
+            "metadata.name",
+            format!("{:?} is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)", m.name),
+        );
+    }
+    check_string_map(&mut e, "metadata.labels", &m.labels);
+    check_string_map(&mut e, "spec.nodeSelector", &pod.spec.node_selector);
+    let ann: usize = m.annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if ann > MAX_ANNOTATIONS_BYTES {
+        e.push("metadata.annotations", format!("total size {ann} bytes exceeds {MAX_ANNOTATIONS_BYTES}"));
+    }
+    for k in m.annotations.keys() {
+        if !is_label_key(k) {
+            e.push(format!("metadata.annotations[{k}]"), "invalid key: want [prefix/]name");
+        }
+    }
+    if pod.spec.node_name.as_deref().is_some_and(|n| !is_dns1123_subdomain(n)) {
+        e.push("spec.nodeName", "must be a DNS-1123 subdomain");
+    }
+    let cs = &pod.spec.containers;
+    if cs.is_empty() {
+        e.push("spec.containers", "must have at least one container");
+    }
+    if cs.len() > MAX_CONTAINERS {
+        e.push("spec.containers", format!("at most {MAX_CONTAINERS} containers, got {}", cs.len()));
+    }
+    let mut names = BTreeSet::new();
+    for (i, c) in cs.iter().enumerate() {
+        let p = format!("spec.containers[{i}]");
+        if !is_dns1123_label(&c.name) {
+            e.push(format!("{p}.name"), format!("{:?} is not a DNS-1123 label", c.name));
+        } else if !names.insert(c.name.as_str()) {
+            e.push(format!("{p}.name"), format!("duplicate container name {:?}", c.name));
+        }
+        validate_container(&mut e, &p, c);
+    }
+    e.0
+}
+
+fn check_string_map(e: &mut Errs, path: &str, map: &std::collections::BTreeMap<String, String>) {
+    if map.len() > MAX_LABELS {
+        e.push(path, format!("at most {MAX_LABELS} entries, got {}", map.len()));
+    }
+    for (k, v) in map {
+        if !is_label_key(k) {
+            e.push(format!("{path}[{k}]"), "invalid key: want [prefix/]name, name 1-63 of A-Z a-z 0-9 - _ .");
+        }
+        if !is_label_value(v) {
+            e.push(format!("{path}[{k}]"), format!("invalid value {v:?}: want 0-63 of A-Z a-z 0-9 - _ ."));
+        }
+    }
+}
+
+fn validate_container(e: &mut Errs, p: &str, c: &Container) {
+    match (&c.image, &c.rootfs) {
+        (Some(_), Some(_)) => e.push(format!("{p}.image"), "set exactly one of image or rootfs, not both"),
+        (None, None) => e.push(format!("{p}.image"), "set exactly one of image or rootfs: host"),
+        (Some(img), None) => {
+            if let Some(why) = image_problem(img) {
+                e.push(format!("{p}.image"), why);
+            }
+        }
+        (None, Some(RootfsSource::Host)) => {}
+    }
+    let n_args = c.command.len() + c.args.len();
+    if n_args > MAX_ARGS {
+        e.push(format!("{p}.args"), format!("command and args together at most {MAX_ARGS} entries, got {n_args}"));
+    }
+    for (field, list) in [("command", &c.command), ("args", &c.args)] {
+        for (j, s) in list.iter().enumerate() {
+            if s.len() > MAX_STRING_LEN {
+                e.push(format!("{p}.{field}[{j}]"), format!("longer than {MAX_STRING_LEN} bytes"));
+            }
+            if s.contains('\0') {
+                e.push(format!("{p}.{field}[{j}]"), "must not contain NUL");
+            }
+        }
+    }
+    if c.env.len() > MAX_ENV {
+        e.push(format!("{p}.env"), format!("at most {MAX_ENV} entries, got {}", c.env.len()));
+    }
+    let mut env_names = BTreeSet::new();
+    for (j, v) in c.env.iter().enumerate() {
+        if !is_env_name(&v.name) {
+            e.push(
+                format!("{p}.env[{j}].name"),
+                format!("{:?} is not a valid name: want [A-Za-z_][A-Za-z0-9_]*", v.name),
+            );
+        } else if !env_names.insert(v.name.as_str()) {
+            e.push(format!("{p}.env[{j}].name"), format!("duplicate name {:?}", v.name));
+        }
+        if v.value.len() > MAX_STRING_LEN || v.value.contains('\0') {
+            e.push(format!("{p}.env[{j}].value"), format!("must be at most {MAX_STRING_LEN} bytes without NUL"));
+        }
+    }
+    if let Some(wd) = &c.working_dir {
+        if !wd.starts_with('/') || wd.contains('\0') || wd.len() > 4096 {
+            e.push(format!("{p}.workingDir"), "must be an absolute path");
+        }
+    }
+    validate_resources(e, p, c);
+}
+
+fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
+    let r = &c.resources;
+    for (section, map) in [("requests", &r.requests), ("limits", &r.limits)] {
+        for (name, q) in map {
+            let f = format!("{p}.resources.{section}.{name}");
+            let kind = match resource_kind(name) {
+                Ok(k) => k,
+                Err(why) => {
+                    e.push(f, why);
+                    continue;
+                }
+            };
+            if q.is_negative() {
+                e.push(f, "must not be negative");
+                continue;
+            }
+            let (max, what) = match kind {
+                ResKind::Cpu => (MAX_CPU_NANOS, "4096 CPUs"),
+                ResKind::Memory | ResKind::Hugepages => (MAX_MEMORY_NANOS, "1Pi bytes"),
+                ResKind::Device => (MAX_DEVICE_NANOS, "1000000"),
+            };
+            if q.nanos() > max {
+                e.push(f.clone(), format!("{q} is more than {what}"));
+            }
+            if kind == ResKind::Device && !q.is_whole() {
+                e.push(f.clone(), "device resources must be whole numbers");
+            }
+            if kind == ResKind::Memory && !q.is_whole() {
+                e.push(f, "memory must be a whole number of bytes");
+            }
+        }
+    }
+    // limits >= requests for every resource that has both.
+    for (name, req) in &r.requests {
+        if let Some(lim) = r.limits.get(name) {
+            if lim < req {
+                e.push(format!("{p}.resources.limits.{name}"), format!("must be >= requests.{name}"));
+            }
+        }
+    }
+    let mut any_hugepages = false;
+    for name in r.requests.keys().chain(r.limits.keys()) {
+        let kind = resource_kind(name).ok();
+        if kind == Some(ResKind::Hugepages) || kind == Some(ResKind::Device) {
+            // Kubernetes: hugepages and extended resources cannot be overcommitted.
+            match (r.requests.get(name), r.limits.get(name)) {
+                (Some(req), Some(lim)) if req != lim => {
+                    e.push(format!("{p}.resources.requests.{name}"), "must equal limits (no overcommit)");
+                }
+                (Some(_), None) if kind == Some(ResKind::Hugepages) => {
+                    e.push(format!("{p}.resources.limits.{name}"), "hugepages need a limit equal to the request");
+                }
+                _ => {}
+            }
+            any_hugepages |= kind == Some(ResKind::Hugepages);
+        }
+    }
+    if any_hugepages && r.request(RESOURCE_CPU).is_none() && r.request(RESOURCE_MEMORY).is_none() {
+        e.push(format!("{p}.resources.requests"), "hugepages need a cpu or memory request");
+    }
+    let cpu_req = r.request(RESOURCE_CPU);
+    let guaranteed_style = |name: &str| r.limits.get(name).is_some_and(|l| r.request(name) == Some(l));
+    match c.cpu_policy {
+        Some(CpuPolicy::Exclusive) | Some(CpuPolicy::Immovable) => {
+            // immovable pins fixed cores chosen like exclusive ones, so it needs the
+            // same whole-CPU count; it stays in the shared pool, so no request==limit.
+            let pol = if c.cpu_policy == Some(CpuPolicy::Exclusive) { "exclusive" } else { "immovable" };
+            if !cpu_req.is_some_and(|q| q.is_whole() && !q.is_zero() && !q.is_negative()) {
+                e.push(
+                    format!("{p}.resources.requests.cpu"),
+                    format!("cpuPolicy {pol} needs an integer cpu request > 0"),
+                );
+            }
+            if c.cpu_policy == Some(CpuPolicy::Exclusive) {
+                for name in [RESOURCE_CPU, RESOURCE_MEMORY] {
+                    if !guaranteed_style(name) {
+                        e.push(
+                            format!("{p}.resources.limits.{name}"),
+                            format!("cpuPolicy exclusive needs limits.{name} equal to requests.{name}"),
+                        );
+                    }
+                }
+            }
+        }
+        // numa: shares the chosen nodes' CPUs; a cpu request tells the engine how
+        // many it needs to fit, but none is required (it then takes one node).
+        Some(CpuPolicy::Numa) | Some(CpuPolicy::Shared) | None => {}
+    }
 }
