@@ -345,7 +345,8 @@ fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
         }
     }
     let mut any_hugepages = false;
-    for name in r.requests.keys().chain(r.limits.keys()) {
+    let all_names: BTreeSet<&String> = r.requests.keys().chain(r.limits.keys()).collect();
+    for name in all_names {
         let kind = resource_kind(name).ok();
         if kind == Some(ResKind::Hugepages) || kind == Some(ResKind::Device) {
             // Kubernetes: hugepages and extended resources cannot be overcommitted.
@@ -391,5 +392,264 @@ fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
         // numa: shares the chosen nodes' CPUs; a cpu request tells the engine how
         // many it needs to fit, but none is required (it then takes one node).
         Some(CpuPolicy::Numa) | Some(CpuPolicy::Shared) | None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+apiVersion: pinion.io/v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  containers:
+  - name: main
+    rootfs: host
+    command: [sleep, "1"]
+    resources:
+      requests: {cpu: "2", memory: 1Gi}
+      limits: {cpu: "2", memory: 1Gi}
+"#;
+
+    /// Applies `edit` to a valid pod and asserts the exact set of failing fields.
+    fn check(edit: impl FnOnce(&mut Pod), expected: &[&str]) {
+        let mut pod = Pod::from_yaml(BASE).unwrap();
+        edit(&mut pod);
+        let got: Vec<String> = validate_pod(&pod).into_iter().map(|e| e.field).collect();
+        assert_eq!(got, expected, "errors: {:?}", validate_pod(&pod));
+    }
+
+    fn q(s: &str) -> Quantity {
+        Quantity::parse(s).unwrap()
+    }
+
+    fn c0(p: &mut Pod) -> &mut Container {
+        &mut p.spec.containers[0]
+    }
+
+    #[test]
+    fn rules() {
+        type Edit = Box<dyn FnOnce(&mut Pod)>;
+        let cases: Vec<(Edit, Vec<&str>)> = vec![
+            (Box::new(|_| {}), vec![]),
+            (Box::new(|p| p.api_version = "v1".into()), vec!["apiVersion"]),
+            (Box::new(|p| p.kind = "Deployment".into()), vec!["kind"]),
+            (Box::new(|p| p.metadata.name = "Web".into()), vec!["metadata.name"]),
+            (Box::new(|p| p.metadata.name = "-web".into()), vec!["metadata.name"]),
+            (Box::new(|p| p.metadata.name = "a".repeat(64)), vec!["metadata.name"]),
+            (Box::new(|p| p.metadata.name = "a".repeat(63)), vec![]),
+            (
+                Box::new(|p| {
+                    p.metadata.labels.insert("bad key!".into(), "x".into());
+                }),
+                vec!["metadata.labels[bad key!]"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.labels.insert("pinion.io/tier".into(), "-x".into());
+                }),
+                vec!["metadata.labels[pinion.io/tier]"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.labels.insert("Pinion.io/tier".into(), "x".into());
+                }),
+                vec!["metadata.labels[Pinion.io/tier]"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.annotations.insert("big".into(), "x".repeat(MAX_ANNOTATIONS_BYTES));
+                }),
+                vec!["metadata.annotations"],
+            ),
+            (Box::new(|p| p.spec.containers.clear()), vec!["spec.containers"]),
+            (
+                Box::new(|p| {
+                    let c = p.spec.containers[0].clone();
+                    p.spec.containers.resize(MAX_CONTAINERS + 1, c);
+                    for (i, c) in p.spec.containers.iter_mut().enumerate() {
+                        c.name = format!("c{i}");
+                    }
+                }),
+                vec!["spec.containers"],
+            ),
+            (
+                Box::new(|p| {
+                    let c = p.spec.containers[0].clone();
+                    p.spec.containers.push(c);
+                }),
+                vec!["spec.containers[1].name"],
+            ),
+            (Box::new(|p| c0(p).name = "Main".into()), vec!["spec.containers[0].name"]),
+            (Box::new(|p| c0(p).image = Some("busybox:1.36".into())), vec!["spec.containers[0].image"]),
+            (Box::new(|p| c0(p).rootfs = None), vec!["spec.containers[0].image"]),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("registry.local:5000/lib/busybox:1.36".into());
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("BusyBox:latest".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("busybox:".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("busybox@sha256:abc".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (Box::new(|p| c0(p).args = vec!["x".into(); MAX_ARGS]), vec!["spec.containers[0].args"]),
+            (Box::new(|p| c0(p).args = vec!["a\0b".into()]), vec!["spec.containers[0].args[0]"]),
+            (
+                Box::new(|p| {
+                    c0(p).env = vec![crate::pod::EnvVar { name: "1X".into(), value: String::new() }];
+                }),
+                vec!["spec.containers[0].env[0].name"],
+            ),
+            (
+                Box::new(|p| {
+                    let v = crate::pod::EnvVar { name: "X".into(), value: String::new() };
+                    c0(p).env = vec![v.clone(), v];
+                }),
+                vec!["spec.containers[0].env[1].name"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).env = (0..=MAX_ENV)
+                        .map(|i| crate::pod::EnvVar { name: format!("V{i}"), value: String::new() })
+                        .collect();
+                }),
+                vec!["spec.containers[0].env"],
+            ),
+            (Box::new(|p| c0(p).working_dir = Some("tmp".into())), vec!["spec.containers[0].workingDir"]),
+            (
+                Box::new(|p| {
+                    c0(p).resources.limits.insert("cpu".into(), q("1"));
+                }),
+                vec!["spec.containers[0].resources.limits.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("-1"));
+                }),
+                vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("gpu".into(), q("1"));
+                }),
+                vec!["spec.containers[0].resources.requests.gpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("5000"));
+                    c0(p).resources.limits.insert("cpu".into(), q("5000"));
+                }),
+                vec!["spec.containers[0].resources.requests.cpu", "spec.containers[0].resources.limits.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.limits.insert("memory".into(), q("2Pi"));
+                }),
+                vec!["spec.containers[0].resources.limits.memory"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("hugepages-3Mi".into(), q("6Mi"));
+                    c0(p).resources.limits.insert("hugepages-3Mi".into(), q("6Mi"));
+                }),
+                vec![
+                    "spec.containers[0].resources.requests.hugepages-3Mi",
+                    "spec.containers[0].resources.limits.hugepages-3Mi",
+                ],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("hugepages-2Mi".into(), q("4Mi"));
+                    c0(p).resources.limits.insert("hugepages-2Mi".into(), q("4Mi"));
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("hugepages-2Mi".into(), q("4Mi"));
+                }),
+                vec!["spec.containers[0].resources.limits.hugepages-2Mi"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources = Default::default();
+                    c0(p).resources.limits.insert("hugepages-2Mi".into(), q("4Mi"));
+                }),
+                vec!["spec.containers[0].resources.requests"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("pinion.io/sriov-vf".into(), q("1"));
+                    c0(p).resources.limits.insert("pinion.io/sriov-vf".into(), q("2"));
+                }),
+                vec!["spec.containers[0].resources.requests.pinion.io/sriov-vf"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("pinion.io/sriov-vf".into(), q("500m"));
+                }),
+                vec!["spec.containers[0].resources.requests.pinion.io/sriov-vf"],
+            ),
+            (Box::new(|p| c0(p).cpu_policy = Some(CpuPolicy::Exclusive)), vec![]),
+            (
+                Box::new(|p| {
+                    c0(p).cpu_policy = Some(CpuPolicy::Exclusive);
+                    c0(p).resources.requests.insert("cpu".into(), q("1500m"));
+                    c0(p).resources.limits.insert("cpu".into(), q("1500m"));
+                }),
+                vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).cpu_policy = Some(CpuPolicy::Exclusive);
+                    c0(p).resources.limits.insert("memory".into(), q("2Gi"));
+                }),
+                vec!["spec.containers[0].resources.limits.memory"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).cpu_policy = Some(CpuPolicy::Immovable);
+                    c0(p).resources.requests.remove("cpu");
+                    c0(p).resources.limits.remove("cpu");
+                }),
+                vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+        ];
+        for (edit, expected) in cases {
+            check(edit, &expected);
+        }
+    }
+
+    #[test]
+    fn reports_every_problem() {
+        check(
+            |p| {
+                p.kind = "X".into();
+                p.metadata.name = "X".into();
+                c0(p).working_dir = Some("rel".into());
+            },
+            &["kind", "metadata.name", "spec.containers[0].workingDir"],
+        );
     }
 }
