@@ -180,3 +180,32 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    /// Every file in specs/examples parses and validates, with the pod count we expect.
+    #[test]
+    fn examples_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let want = [
+            ("hpc-job.yaml", 1),
+            ("numa-policies.yaml", 4),
+            ("pinned.yaml", 1),
+            ("shared.yaml", 1),
+            ("telecom-upf.yaml", 1),
+        ];
+        let mut names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, want.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>());
+        for (name, n) in want {
+            let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            match parse_pods(&text) {
+                Ok(pods) => assert_eq!(pods.len(), n, "{name}"),
+                Err(e) => panic!("{name}:\n{e}"),
+            }
+        }
+    }
+}
