@@ -395,6 +395,122 @@ fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
     }
 }
 
+/// Most NUMA nodes a topology may have (the engine never enumerates subsets).
+pub const MAX_NUMA_NODES: usize = 1024;
+/// Most memory (or hugepage bytes of one size) per NUMA node: 64 PiB, so that a
+/// sum over `MAX_NUMA_NODES` nodes never overflows a u64.
+pub const MAX_NODE_MEMORY_BYTES: u64 = 1 << 56;
+/// Largest hugepage size accepted (16 GiB is the largest any CPU offers).
+pub const MAX_HUGEPAGE_BYTES: u64 = 16 << 30;
+
+/// Internal consistency of a topology. The admission engine relies on this: a
+/// topology that passes never makes it panic (ids are bounded, cross-references
+/// resolve, sums cannot overflow).
+pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
+    use crate::idset::{CpuSet, MAX_ID};
+    let mut e = Errs(Vec::new());
+    if t.cpus.is_empty() {
+        e.push("cpus", "must list at least one CPU");
+    }
+    if t.numa_nodes.is_empty() {
+        e.push("numaNodes", "must list at least one NUMA node");
+    }
+    if t.numa_nodes.len() > MAX_NUMA_NODES {
+        e.push("numaNodes", format!("at most {MAX_NUMA_NODES} NUMA nodes, got {}", t.numa_nodes.len()));
+    }
+    let numa_ids: BTreeSet<u32> = t.numa_nodes.iter().map(|n| n.id).collect();
+    // core id -> (socket, numa) of its first CPU: a core lives in one socket and node.
+    let mut cores: std::collections::BTreeMap<u32, (u32, u32)> = std::collections::BTreeMap::new();
+    for (i, c) in t.cpus.iter().enumerate() {
+        let p = format!("cpus[{i}]");
+        if c.id > MAX_ID {
+            e.push(format!("{p}.id"), format!("{} is larger than {MAX_ID}", c.id));
+        }
+        if i > 0 && t.cpus[i - 1].id >= c.id {
+            e.push(format!("{p}.id"), "cpu ids must be unique and sorted ascending");
+        }
+        if c.core > MAX_ID {
+            e.push(format!("{p}.core"), format!("{} is larger than {MAX_ID}", c.core));
+        }
+        if c.socket > MAX_ID {
+            e.push(format!("{p}.socket"), format!("{} is larger than {MAX_ID}", c.socket));
+        }
+        if !numa_ids.contains(&c.numa) {
+            e.push(format!("{p}.numa"), format!("NUMA node {} is not in numaNodes", c.numa));
+        }
+        match cores.get(&c.core) {
+            Some(&(s, n)) if (s, n) != (c.socket, c.numa) => {
+                e.push(format!("{p}.core"), format!("core {} spans sockets or NUMA nodes", c.core));
+            }
+            Some(_) => {}
+            None => {
+                cores.insert(c.core, (c.socket, c.numa));
+            }
+        }
+    }
+    let with_distances = t.numa_nodes.iter().filter(|n| !n.distances.is_empty()).count();
+    for (i, n) in t.numa_nodes.iter().enumerate() {
+        let p = format!("numaNodes[{i}]");
+        if n.id > MAX_ID {
+            e.push(format!("{p}.id"), format!("{} is larger than {MAX_ID}", n.id));
+        }
+        if i > 0 && t.numa_nodes[i - 1].id >= n.id {
+            e.push(format!("{p}.id"), "NUMA node ids must be unique and sorted ascending");
+        }
+        let claimed: CpuSet = t.cpus.iter().filter(|c| c.numa == n.id).map(|c| c.id).collect();
+        if n.cpus != claimed {
+            e.push(format!("{p}.cpus"), format!("is {} but the cpus on node {} are {}", n.cpus, n.id, claimed));
+        }
+        if n.memory_bytes > MAX_NODE_MEMORY_BYTES {
+            e.push(format!("{p}.memoryBytes"), format!("more than {MAX_NODE_MEMORY_BYTES} bytes"));
+        }
+        if !n.distances.is_empty() && n.distances.len() != t.numa_nodes.len() {
+            e.push(
+                format!("{p}.distances"),
+                format!("has {} entries, want {} (one per NUMA node) or none", n.distances.len(), t.numa_nodes.len()),
+            );
+        } else if n.distances.is_empty() && with_distances > 0 {
+            e.push(format!("{p}.distances"), "missing while other nodes have a distance row");
+        }
+        let mut sizes = BTreeSet::new();
+        for (j, h) in n.hugepages.iter().enumerate() {
+            let hp = format!("{p}.hugepages[{j}]");
+            let sz = h.page_size_bytes;
+            if !sz.is_power_of_two() || !(4096..=MAX_HUGEPAGE_BYTES).contains(&sz) {
+                e.push(format!("{hp}.pageSizeBytes"), format!("{sz} is not a power of two between 4096 and 16Gi"));
+            } else if h.total.checked_mul(sz).is_none_or(|b| b > MAX_NODE_MEMORY_BYTES) {
+                e.push(
+                    format!("{hp}.total"),
+                    format!("{} pages of {sz} bytes is more than {MAX_NODE_MEMORY_BYTES} bytes", h.total),
+                );
+            }
+            if !sizes.insert(sz) {
+                e.push(format!("{hp}.pageSizeBytes"), format!("duplicate page size {sz}"));
+            }
+        }
+    }
+    let all = t.all_cpus();
+    let outside: CpuSet = t.reserved_cpus.iter().filter(|c| !all.contains(*c)).collect();
+    if !outside.is_empty() {
+        e.push("reservedCpus", format!("{outside} are not cpus of this machine"));
+    }
+    let mut addrs = BTreeSet::new();
+    for (i, d) in t.devices.iter().enumerate() {
+        let p = format!("devices[{i}]");
+        if d.address.is_empty() {
+            e.push(format!("{p}.address"), "must not be empty");
+        } else if !addrs.insert(d.address.as_str()) {
+            e.push(format!("{p}.address"), format!("duplicate address {}", d.address));
+        }
+        if let Some(n) = d.numa {
+            if !numa_ids.contains(&n) {
+                e.push(format!("{p}.numa"), format!("NUMA node {n} is not in numaNodes"));
+            }
+        }
+    }
+    e.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -651,5 +767,100 @@ spec:
             },
             &["kind", "metadata.name", "spec.containers[0].workingDir"],
         );
+    }
+
+    const TOPO: &str = r#"{
+      "cpus": [
+        {"id": 0, "core": 0, "socket": 0, "numa": 0}, {"id": 1, "core": 0, "socket": 0, "numa": 0},
+        {"id": 2, "core": 1, "socket": 1, "numa": 1}, {"id": 3, "core": 1, "socket": 1, "numa": 1}
+      ],
+      "numaNodes": [
+        {"id": 0, "cpus": [0, 1], "memoryBytes": 1073741824, "distances": [10, 21],
+         "hugepages": [{"pageSizeBytes": 2097152, "total": 16}]},
+        {"id": 1, "cpus": [2, 3], "memoryBytes": 1073741824, "distances": [21, 10]}
+      ],
+      "devices": [{"address": "0000:3b:00.0", "class": "0x020000", "numa": 1}],
+      "reservedCpus": [0]
+    }"#;
+
+    fn check_topo(edit: impl FnOnce(&mut crate::topology::NodeTopology), expected: &[&str]) {
+        let mut t: crate::topology::NodeTopology = serde_json::from_str(TOPO).unwrap();
+        edit(&mut t);
+        let got: Vec<String> = validate_topology(&t).into_iter().map(|e| e.field).collect();
+        assert_eq!(got, expected, "errors: {:?}", validate_topology(&t));
+    }
+
+    #[test]
+    fn topology_rules() {
+        use crate::topology::{HugePages, NodeTopology, PciDevice};
+        type Edit = Box<dyn FnOnce(&mut NodeTopology)>;
+        let cases: Vec<(Edit, Vec<&str>)> = vec![
+            (Box::new(|_| {}), vec![]),
+            (
+                Box::new(|t| {
+                    t.cpus.clear();
+                    t.numa_nodes.iter_mut().for_each(|n| n.cpus = Default::default());
+                    t.reserved_cpus = Default::default();
+                }),
+                vec!["cpus"],
+            ),
+            (Box::new(|t| t.cpus.swap(0, 1)), vec!["cpus[1].id"]),
+            (Box::new(|t| t.cpus[1].id = 0), vec!["cpus[1].id", "numaNodes[0].cpus"]),
+            (
+                Box::new(|t| {
+                    t.cpus[3].id = 9000;
+                }),
+                vec!["cpus[3].id", "numaNodes[1].cpus"],
+            ),
+            (Box::new(|t| t.cpus[3].numa = 7), vec!["cpus[3].numa", "cpus[3].core", "numaNodes[1].cpus"]),
+            (Box::new(|t| t.cpus[1].socket = 1), vec!["cpus[1].core"]),
+            (Box::new(|t| t.cpus[0].core = 100_000), vec!["cpus[0].core"]),
+            (Box::new(|t| t.numa_nodes[0].cpus = "0".parse().unwrap()), vec!["numaNodes[0].cpus"]),
+            (Box::new(|t| t.numa_nodes.swap(0, 1)), vec!["numaNodes[1].id"]),
+            (Box::new(|t| t.numa_nodes[1].distances = vec![10]), vec!["numaNodes[1].distances"]),
+            (Box::new(|t| t.numa_nodes[1].distances.clear()), vec!["numaNodes[1].distances"]),
+            (Box::new(|t| t.numa_nodes.iter_mut().for_each(|n| n.distances.clear())), vec![]),
+            (Box::new(|t| t.numa_nodes[0].memory_bytes = u64::MAX), vec!["numaNodes[0].memoryBytes"]),
+            (
+                Box::new(|t| t.numa_nodes[0].hugepages[0].page_size_bytes = 3 << 20),
+                vec!["numaNodes[0].hugepages[0].pageSizeBytes"],
+            ),
+            (Box::new(|t| t.numa_nodes[0].hugepages[0].total = u64::MAX), vec!["numaNodes[0].hugepages[0].total"]),
+            (
+                Box::new(|t| {
+                    t.numa_nodes[0].hugepages.push(HugePages { page_size_bytes: 2 << 20, total: 1 });
+                }),
+                vec!["numaNodes[0].hugepages[1].pageSizeBytes"],
+            ),
+            (Box::new(|t| t.reserved_cpus = "0,8".parse().unwrap()), vec!["reservedCpus"]),
+            (Box::new(|t| t.devices[0].numa = Some(5)), vec!["devices[0].numa"]),
+            (Box::new(|t| t.devices[0].numa = None), vec![]),
+            (
+                Box::new(|t| {
+                    let d = t.devices[0].clone();
+                    t.devices.push(PciDevice { numa: None, ..d });
+                }),
+                vec!["devices[1].address"],
+            ),
+            (
+                Box::new(|t| {
+                    let n = t.numa_nodes[1].clone();
+                    t.numa_nodes = (0..=MAX_NUMA_NODES as u32)
+                        .map(|id| crate::topology::NumaNode {
+                            id,
+                            cpus: Default::default(),
+                            distances: vec![],
+                            ..n.clone()
+                        })
+                        .collect();
+                    t.numa_nodes[0].cpus = "0-1".parse().unwrap();
+                    t.numa_nodes[1].cpus = "2-3".parse().unwrap();
+                }),
+                vec!["numaNodes"],
+            ),
+        ];
+        for (edit, expected) in cases {
+            check_topo(edit, &expected);
+        }
     }
 }
