@@ -123,6 +123,7 @@ pub fn parse_pods(text: &str) -> Result<Vec<Pod>, ManifestError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
 
@@ -182,6 +183,7 @@ mod tests {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod example_tests {
     use super::*;
 

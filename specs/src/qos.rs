@@ -56,6 +56,7 @@ pub fn effective_cpu_policy(qos: QosClass, c: &Container) -> CpuPolicy {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
     use crate::quantity::Quantity;

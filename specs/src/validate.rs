@@ -512,6 +512,7 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
 
