@@ -251,6 +251,7 @@ impl<'de> Deserialize<'de> for Quantity {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
 
