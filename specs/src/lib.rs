@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod idset;
+pub mod manifest;
 pub mod pod;
 pub mod qos;
 pub mod quantity;
