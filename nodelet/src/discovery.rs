@@ -144,10 +144,9 @@ fn read_set(dir: &Path, list: &str, mask: &str) -> Result<Option<IdSet>, Discove
 fn read_id(path: &Path) -> Result<Option<i64>, DiscoveryError> {
     match read_opt(path)? {
         None => Ok(None),
-        Some(text) => text
-            .parse::<i64>()
-            .map(Some)
-            .map_err(|_| malformed(path, format!("{text:?} is not an integer id"))),
+        Some(text) => {
+            text.parse::<i64>().map(Some).map_err(|_| malformed(path, format!("{text:?} is not an integer id")))
+        }
     }
 }
 
@@ -188,7 +187,8 @@ fn read_cpus(cpu_dir: &Path) -> Result<Vec<Thread>, DiscoveryError> {
 
     let mut threads = Vec::new();
     for (id, dir) in numbered_entries(cpu_dir, "cpu")? {
-        if online_list.as_ref().is_some_and(|s| !s.contains(id)) || present_list.as_ref().is_some_and(|s| !s.contains(id))
+        if online_list.as_ref().is_some_and(|s| !s.contains(id))
+            || present_list.as_ref().is_some_and(|s| !s.contains(id))
         {
             continue;
         }
@@ -320,13 +320,12 @@ fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryErr
             Some(text) => {
                 let row = text
                     .split_whitespace()
-                    .map(|w| w.parse::<u32>().map_err(|_| malformed(&distance_path, format!("{w:?} is not a distance"))))
+                    .map(|w| {
+                        w.parse::<u32>().map_err(|_| malformed(&distance_path, format!("{w:?} is not a distance")))
+                    })
                     .collect::<Result<Vec<u32>, _>>()?;
                 if row.len() != count {
-                    return Err(malformed(
-                        &distance_path,
-                        format!("{} distances for {count} NUMA nodes", row.len()),
-                    ));
+                    return Err(malformed(&distance_path, format!("{} distances for {count} NUMA nodes", row.len())));
                 }
                 row
             }
@@ -413,7 +412,11 @@ fn numa_map(threads: &[Thread], nodes: &[RawNode], cpu_dir: &Path) -> Result<BTr
                 _ => {
                     // The kernel put the CPU nowhere we can see; hwloc does the same.
                     let first = node_ids.first().copied().unwrap_or(0);
-                    tracing::warn!(cpu = t.id, node = first, "CPU is in no NUMA node's cpulist; placed in the first node");
+                    tracing::warn!(
+                        cpu = t.id,
+                        node = first,
+                        "CPU is in no NUMA node's cpulist; placed in the first node"
+                    );
                     first
                 }
             },
@@ -533,11 +536,7 @@ mod tests {
                 "sys/devices/system/node/node0/distance",
                 "2 distances for 1 NUMA nodes",
             ),
-            (
-                &[("sys/devices/system/node/node0/cpumap", "zz\n")],
-                "sys/devices/system/node/node0/cpumap",
-                "hex word",
-            ),
+            (&[("sys/devices/system/node/node0/cpumap", "zz\n")], "sys/devices/system/node/node0/cpumap", "hex word"),
             (
                 &[
                     ("sys/devices/system/node/node0/cpulist", "0\n"),
@@ -554,7 +553,11 @@ mod tests {
                 "sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages",
                 "not a page count",
             ),
-            (&[("sys/bus/pci/devices/0000:00:00.0/numa_node", "near\n")], "sys/bus/pci/devices/0000:00:00.0/numa_node", "not an integer"),
+            (
+                &[("sys/bus/pci/devices/0000:00:00.0/numa_node", "near\n")],
+                "sys/bus/pci/devices/0000:00:00.0/numa_node",
+                "not an integer",
+            ),
         ];
         for (extra, file, reason) in cases {
             check_malformed(extra, file, reason);
