@@ -64,16 +64,38 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
         .flat_map(|cores| cores.iter().map(|(core, threads)| cell(core, threads).len()))
         .max()
         .unwrap_or(0);
-    let mut drawn_nodes: BTreeMap<u32, ()> = BTreeMap::new();
-    for (socket, nodes) in &layout {
-        let cpus: usize = nodes.values().flat_map(|cores| cores.values()).map(Vec::len).sum();
-        let cores: usize = nodes.values().map(BTreeMap::len).sum();
-        let _ = writeln!(out, "socket {socket}: {cores} core{}, {cpus} CPU{}", plural(cores), plural(cpus));
-        for (numa, cores) in nodes {
-            let continued = drawn_nodes.insert(*numa, ()).is_some();
-            let _ = writeln!(out, "  {}", node_header(t, *numa, continued));
-            let cells: Vec<String> = cores.iter().map(|(core, threads)| cell(core, threads)).collect();
-            grid(&mut out, "    ", width, &cells);
+    // Machines with many small sockets per NUMA node (Itanium, POWER7: one or two
+    // cores a package) read better NUMA-first, one line per socket.
+    let numa_nodes_with_cpus = t.numa_nodes.iter().filter(|n| !n.cpus.is_empty()).count();
+    let numa_first = layout.len() > numa_nodes_with_cpus && layout.values().all(|nodes| nodes.len() == 1);
+    if numa_first {
+        let mut by_numa: BTreeMap<u32, Vec<(u32, &BTreeMap<u32, Vec<u32>>)>> = BTreeMap::new();
+        for (socket, nodes) in &layout {
+            for (numa, cores) in nodes {
+                by_numa.entry(*numa).or_default().push((*socket, cores));
+            }
+        }
+        let label_width = layout.keys().map(|s| format!("socket {s}:").len()).max().unwrap_or(0);
+        for (numa, sockets) in by_numa {
+            let _ = writeln!(out, "{}", node_header(t, numa, false));
+            for (socket, cores) in sockets {
+                let cells: Vec<String> = cores.iter().map(|(core, threads)| cell(core, threads)).collect();
+                let label = format!("  {:<label_width$}  ", format!("socket {socket}:"));
+                grid_labelled(&mut out, &label, width, &cells);
+            }
+        }
+    } else {
+        let mut drawn_nodes: BTreeMap<u32, ()> = BTreeMap::new();
+        for (socket, nodes) in &layout {
+            let cpus: usize = nodes.values().flat_map(|cores| cores.values()).map(Vec::len).sum();
+            let cores: usize = nodes.values().map(BTreeMap::len).sum();
+            let _ = writeln!(out, "socket {socket}: {cores} core{}, {cpus} CPU{}", plural(cores), plural(cpus));
+            for (numa, cores) in nodes {
+                let continued = drawn_nodes.insert(*numa, ()).is_some();
+                let _ = writeln!(out, "  {}", node_header(t, *numa, continued));
+                let cells: Vec<String> = cores.iter().map(|(core, threads)| cell(core, threads)).collect();
+                grid_labelled(&mut out, "    ", width, &cells);
+            }
         }
     }
     for n in t.numa_nodes.iter().filter(|n| n.cpus.is_empty()) {
@@ -172,12 +194,15 @@ fn bytes(b: u64) -> String {
     format!("{b} B")
 }
 
-/// Cells padded to one width, as many per line as fit in `WIDTH`.
-fn grid(out: &mut String, indent: &str, width: usize, cells: &[String]) {
-    let per_line = ((WIDTH - indent.len()) / (width + 2)).max(1);
-    for row in cells.chunks(per_line) {
+/// Cells padded to one width, as many per line as fit in `WIDTH`; the first line
+/// starts with `label`, the others with as many spaces.
+fn grid_labelled(out: &mut String, label: &str, width: usize, cells: &[String]) {
+    let per_line = (WIDTH.saturating_sub(label.len()) / (width + 2)).max(1);
+    let indent = " ".repeat(label.len());
+    for (i, row) in cells.chunks(per_line).enumerate() {
         let line: Vec<String> = row.iter().map(|c| format!("{c:<width$}")).collect();
-        let _ = writeln!(out, "{indent}{}", line.join("  ").trim_end());
+        let prefix = if i == 0 { label } else { indent.as_str() };
+        let _ = writeln!(out, "{prefix}{}", line.join("  ").trim_end());
     }
 }
 
@@ -269,22 +294,56 @@ NUMA distances:
         assert!(text.contains("core 55: [55 111]"), "{text}");
     }
 
+    fn cpu(id: u32, socket: u32, numa: u32) -> Cpu {
+        Cpu { id, core: id, socket, die: None, numa }
+    }
+
+    fn node(id: u32, cpus: &str, memory_bytes: u64) -> NumaNode {
+        let cpus = CpuSet::parse_list(cpus).unwrap_or_default();
+        NumaNode { id, cpus, memory_bytes, distances: vec![], hugepages: vec![] }
+    }
+
     #[test]
-    fn cpu_less_node_and_spanning_node() {
-        // One NUMA node over two sockets, plus a memory-only node 1.
-        let cpus = vec![
-            Cpu { id: 0, core: 0, socket: 0, die: None, numa: 0 },
-            Cpu { id: 1, core: 1, socket: 1, die: None, numa: 0 },
-        ];
-        let numa_nodes = vec![
-            NumaNode { id: 0, cpus: CpuSet::range(0, 1), memory_bytes: 3 << 29, distances: vec![], hugepages: vec![] },
-            NumaNode { id: 1, cpus: CpuSet::new(), memory_bytes: 1 << 30, distances: vec![], hugepages: vec![] },
-        ];
-        let t = NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new() };
-        let text = draw(&t, &BTreeMap::new());
-        assert!(text.contains("  numa 0: 1.5 GiB, CPUs 0-1\n"), "{text}");
-        assert!(text.contains("  numa 0 (continued)\n"), "{text}");
-        assert!(text.contains("numa 1: 1 GiB (no CPUs)\n"), "{text}");
+    fn sockets_inside_numa_nodes_are_drawn_numa_first() {
+        // One NUMA node over two one-core sockets (Itanium, POWER7 style), plus a
+        // memory-only node.
+        let t = NodeTopology {
+            cpus: vec![cpu(0, 0, 0), cpu(1, 1, 0)],
+            numa_nodes: vec![node(0, "0-1", 3 << 29), node(1, "", 1 << 30)],
+            devices: vec![],
+            reserved_cpus: CpuSet::new(),
+        };
+        let want = "\
+machine: 2 sockets, 2 NUMA nodes, 2 cores, 2 CPUs
+numa 0: 1.5 GiB, CPUs 0-1
+  socket 0:  core 0: [0]
+  socket 1:  core 1: [1]
+numa 1: 1 GiB (no CPUs)
+";
+        assert_eq!(draw(&t, &BTreeMap::new()), want);
+    }
+
+    #[test]
+    fn a_numa_node_spanning_sockets_is_continued() {
+        // Socket 0 holds nodes 0 and 1; node 1 also covers socket 1.
+        let t = NodeTopology {
+            cpus: vec![cpu(0, 0, 0), cpu(1, 0, 1), cpu(2, 1, 1)],
+            numa_nodes: vec![node(0, "0", 1 << 30), node(1, "1-2", 1 << 30)],
+            devices: vec![],
+            reserved_cpus: CpuSet::new(),
+        };
+        let want = "\
+machine: 2 sockets, 2 NUMA nodes, 3 cores, 3 CPUs
+socket 0: 2 cores, 2 CPUs
+  numa 0: 1 GiB, CPUs 0
+    core 0: [0]
+  numa 1: 1 GiB, CPUs 1-2
+    core 1: [1]
+socket 1: 1 core, 1 CPU
+  numa 1 (continued)
+    core 2: [2]
+";
+        assert_eq!(draw(&t, &BTreeMap::new()), want);
     }
 
     #[test]
