@@ -513,7 +513,9 @@ mod tests {
 
     #[test]
     fn malformed_files_name_the_file() {
-        let cases: &[(&[(&str, &str)], &str, &str)] = &[
+        // (files added to BASE, file named in the error, words in the reason)
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: &[Case] = &[
             (&[("sys/devices/system/cpu/online", "0-x\n")], "sys/devices/system/cpu/online", "not a non-negative"),
             (&[("sys/devices/system/cpu/cpu1/online", "2\n")], "sys/devices/system/cpu/cpu1/online", "neither 0 nor 1"),
             (

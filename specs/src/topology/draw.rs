@@ -18,6 +18,9 @@ const WIDTH: usize = 100;
 /// Largest node count whose distance matrix is drawn in full.
 const MAX_MATRIX: usize = 24;
 
+/// Core id -> its threads, for one socket and NUMA node (layout is socket -> numa -> cores).
+type Cores = BTreeMap<u32, Vec<u32>>;
+
 /// Draws `topology`; `holders` maps CPU id -> the pod holding it (may be empty).
 pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String {
     let mut out = String::new();
@@ -48,8 +51,7 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
         let _ = writeln!(out, "pods (CPU suffix): {}", legend.join(", "));
     }
 
-    // socket -> numa -> core -> threads
-    let mut layout: BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>> = BTreeMap::new();
+    let mut layout: BTreeMap<u32, BTreeMap<u32, Cores>> = BTreeMap::new();
     for c in &t.cpus {
         layout.entry(c.socket).or_default().entry(c.numa).or_default().entry(c.core).or_default().push(c.id);
     }
@@ -69,7 +71,7 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
     let numa_nodes_with_cpus = t.numa_nodes.iter().filter(|n| !n.cpus.is_empty()).count();
     let numa_first = layout.len() > numa_nodes_with_cpus && layout.values().all(|nodes| nodes.len() == 1);
     if numa_first {
-        let mut by_numa: BTreeMap<u32, Vec<(u32, &BTreeMap<u32, Vec<u32>>)>> = BTreeMap::new();
+        let mut by_numa: BTreeMap<u32, Vec<(u32, &Cores)>> = BTreeMap::new();
         for (socket, nodes) in &layout {
             for (numa, cores) in nodes {
                 by_numa.entry(*numa).or_default().push((*socket, cores));
