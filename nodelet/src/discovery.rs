@@ -129,13 +129,18 @@ fn parse_mask(path: &Path, text: &str) -> Result<IdSet, DiscoveryError> {
 
 /// A set from `dir/LIST` (list syntax) or else `dir/MASK` (hex words).
 fn read_set(dir: &Path, list: &str, mask: &str) -> Result<Option<IdSet>, DiscoveryError> {
+    Ok(read_set_from(dir, list, mask)?.map(|(set, _)| set))
+}
+
+/// `read_set`, also saying which file the set came from.
+fn read_set_from(dir: &Path, list: &str, mask: &str) -> Result<Option<(IdSet, PathBuf)>, DiscoveryError> {
     let p = dir.join(list);
     if let Some(text) = read_opt(&p)? {
-        return parse_list(&p, &text).map(Some);
+        return Ok(Some((parse_list(&p, &text)?, p)));
     }
     let p = dir.join(mask);
     match read_opt(&p)? {
-        Some(text) => parse_mask(&p, &text).map(Some),
+        Some(text) => Ok(Some((parse_mask(&p, &text)?, p))),
         None => Ok(None),
     }
 }
@@ -284,8 +289,8 @@ fn with_self(siblings: &CpuSet, online: &CpuSet, id: u32) -> CpuSet {
 /// A NUMA node as read, before its CPU set is reconciled with the CPU map.
 struct RawNode {
     id: u32,
-    path: PathBuf,
-    cpus: Option<CpuSet>,
+    /// The node's CPUs and the file (`cpulist` or `cpumap`) they came from.
+    cpus: Option<(CpuSet, PathBuf)>,
     memory_bytes: u64,
     distances: Vec<u32>,
     hugepages: Vec<HugePages>,
@@ -301,8 +306,7 @@ fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryErr
         let hugepages = read_hugepages(&root.join("sys/kernel/mm/hugepages"))?;
         return Ok(vec![RawNode {
             id: 0,
-            path: node_dir,
-            cpus: Some(online.clone()),
+            cpus: Some((online.clone(), node_dir)),
             memory_bytes,
             distances: vec![10],
             hugepages,
@@ -311,7 +315,7 @@ fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryErr
     let count = entries.len();
     let mut nodes = Vec::with_capacity(count);
     for (id, path) in entries {
-        let cpus = read_set(&path, "cpulist", "cpumap")?;
+        let cpus = read_set_from(&path, "cpulist", "cpumap")?;
         let meminfo = path.join("meminfo");
         let memory_bytes = read_meminfo_total(&meminfo, "MemTotal:")?.unwrap_or(0);
         let distance_path = path.join("distance");
@@ -331,7 +335,7 @@ fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryErr
             }
         };
         let hugepages = read_hugepages(&path.join("hugepages"))?;
-        nodes.push(RawNode { id, path, cpus, memory_bytes, distances, hugepages });
+        nodes.push(RawNode { id, cpus, memory_bytes, distances, hugepages });
     }
     Ok(nodes)
 }
@@ -390,14 +394,11 @@ fn read_hugepages(dir: &Path) -> Result<Vec<HugePages>, DiscoveryError> {
 fn numa_map(threads: &[Thread], nodes: &[RawNode], cpu_dir: &Path) -> Result<BTreeMap<u32, u32>, DiscoveryError> {
     let mut map = BTreeMap::new();
     for node in nodes {
-        let Some(cpus) = &node.cpus else { continue };
+        let Some((cpus, path)) = &node.cpus else { continue };
         for cpu in cpus.iter() {
             if let Some(other) = map.insert(cpu, node.id) {
                 if other != node.id {
-                    return Err(malformed(
-                        &node.path.join("cpulist"),
-                        format!("CPU {cpu} is also listed in node{other}"),
-                    ));
+                    return Err(malformed(path, format!("CPU {cpu} is also listed in node{other}")));
                 }
             }
         }
@@ -576,6 +577,101 @@ mod tests {
         ]));
         let t = discover(dir.path()).expect("discover");
         assert_eq!(t.all_cpus(), CpuSet::single(0));
+    }
+
+    #[test]
+    fn numa_from_cpu_links_when_a_node_has_no_cpulist() {
+        // node1 has no cpulist/cpumap: cpu1 is placed by its `cpu1/node1` link
+        // (dangling, as in the dumps; only the name matters). Without the link it
+        // would land in the first node.
+        let dir = tree(&with(&[
+            ("sys/devices/system/node/node0/cpulist", "0\n"),
+            ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
+        ]));
+        let link = dir.path().join("sys/devices/system/cpu/cpu1/node1");
+        std::os::unix::fs::symlink("../../node/node1-gone", &link).expect("symlink");
+        let t = discover(dir.path()).expect("discover");
+        let numa: Vec<(u32, u32)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
+        assert_eq!(numa, vec![(0, 0), (1, 1)]);
+        assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1));
+        assert_eq!(t.numa_nodes[1].memory_bytes, 4096);
+    }
+
+    #[test]
+    fn cpu_in_two_nodes_names_the_second_list() {
+        let dir = tree(&with(&[
+            ("sys/devices/system/node/node0/cpulist", "0-1\n"),
+            ("sys/devices/system/node/node1/cpumap", "2\n"),
+        ]));
+        match discover(dir.path()) {
+            Err(DiscoveryError::Malformed { path, reason }) => {
+                assert_eq!(path, dir.path().join("sys/devices/system/node/node1/cpumap"));
+                assert!(reason.contains("CPU 1 is also listed in node0"), "{reason}");
+            }
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+    }
+
+    /// `(cpu, core, socket)` of every CPU.
+    fn layout(files: &[(&'static str, &'static str)]) -> Vec<(u32, u32, u32)> {
+        let dir = tree(files);
+        let t = discover(dir.path()).expect("discover");
+        t.cpus.iter().map(|c| (c.id, c.core, c.socket)).collect()
+    }
+
+    #[test]
+    fn cores_and_sockets_are_renumbered() {
+        // (sysfs files, expected (cpu, core, socket))
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [(u32, u32, u32)]);
+        let cases: &[Case] = &[
+            // SMT pairs by thread_siblings even though core_id repeats; sparse package ids.
+            (
+                &[
+                    ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "983297\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/core_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/thread_siblings", "3\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "983297\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/core_id", "1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/thread_siblings", "3\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "7\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/core_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/thread_siblings", "4\n"),
+                ],
+                &[(0, 0, 0), (1, 0, 0), (2, 1, 1)],
+            ),
+            // No thread_siblings: the kernel's core_id within the package groups threads.
+            (
+                &[
+                    ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/core_id", "5\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/core_id", "5\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/core_id", "5\n"),
+                ],
+                &[(0, 0, 0), (1, 1, 1), (2, 0, 0)],
+            ),
+            // Package -1 (POWER7): sockets from core_siblings.
+            (
+                &[
+                    ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "-1\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/core_siblings_list", "0-1\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/thread_siblings_list", "0\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "-1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/core_siblings_list", "0-1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/thread_siblings_list", "1\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "-1\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/core_siblings_list", "2\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/thread_siblings_list", "2\n"),
+                ],
+                &[(0, 0, 0), (1, 1, 0), (2, 2, 1)],
+            ),
+        ];
+        for (files, want) in cases {
+            let mut all = vec![("proc/meminfo", "MemTotal: 4 kB\n")];
+            all.extend_from_slice(files);
+            assert_eq!(layout(&all), *want, "{files:?}");
+        }
     }
 
     #[test]
