@@ -176,13 +176,19 @@ impl LibcontainerRuntime {
         let report = child.stdout.take().map(|out| read_report(out, START_TIMEOUT));
         // The first shim process only detaches and exits at once.
         let _ = child.wait();
-        let shim_log = || fs::read_to_string(&log_path).unwrap_or_default().trim().to_string();
+        // The last lines the shim (and libcontainer's helper processes) logged.
+        let shim_log = || {
+            let text = fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+            lines[lines.len().saturating_sub(8)..].join("; ")
+        };
         match report {
             Some(Ok(line)) => {
                 if let Some(pid) = line.strip_prefix("ok ") {
                     pid.trim().parse().map_err(|_| cerr(id, format!("the shim reported {line:?}")))
                 } else if let Some(msg) = line.strip_prefix("error ") {
-                    Err(cerr(id, msg.to_string()))
+                    let log = shim_log();
+                    Err(cerr(id, if log.is_empty() { msg.to_string() } else { format!("{msg} (shim log: {log})") }))
                 } else {
                     Err(cerr(id, format!("the shim exited without reporting: {}", shim_log())))
                 }

@@ -64,6 +64,19 @@ pub fn all_mems() -> String {
         .unwrap_or_else(|| "0".to_string())
 }
 
+/// containerd's open-files limit (2^20), capped by the creator's own hard limit:
+/// raising it needs CAP_SYS_RESOURCE, which the host may not grant.
+fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into `lim`, a valid rlimit.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    if ok {
+        lim.rlim_max.min(1 << 20)
+    } else {
+        1024
+    }
+}
+
 /// Builds the spec. `host_mounts` are the host directories to bind read-only
 /// (empty for an image rootfs); the rootfs is `rootfs` inside the bundle.
 pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBuf]) -> Result<Spec, RuntimeError> {
@@ -89,8 +102,8 @@ pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBu
         .capabilities(capabilities)
         .rlimits(vec![PosixRlimitBuilder::default()
             .typ(PosixRlimitType::RlimitNofile)
-            .hard(1_048_576u64)
-            .soft(1_048_576u64)
+            .hard(nofile_limit())
+            .soft(nofile_limit())
             .build()
             .map_err(e("rlimits"))?])
         .build()
