@@ -145,7 +145,13 @@ fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
     let Some(mut fx) = fixture() else { return };
     let cfg = fx.cfg(
         "pinned",
-        &["sh", "-c", "grep -E 'Cpus_allowed_list|Mems_allowed_list' /proc/self/status; sleep 0.3; exit 7"],
+        &[
+            "sh",
+            "-c",
+            "grep -E 'Cpus_allowed_list|Mems_allowed_list|Seccomp:|NoNewPrivs|CapBnd' /proc/self/status; \
+             echo bound: $(grep -c ' bind:0 ' /proc/self/numa_maps); touch /usr/x 2>/dev/null || echo usr-ro; \
+             touch /tmp/x && echo tmp-rw; sleep 0.3; exit 7",
+        ],
     );
     fx.rt.start(&cfg).expect("start");
     assert!(matches!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Running { .. }));
@@ -155,6 +161,13 @@ fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
     let log = fx.log(&cfg);
     assert!(log.contains("Cpus_allowed_list:\t1\n"), "{log}");
     assert!(log.contains("Mems_allowed_list:\t0\n"), "{log}");
+    // Default seccomp filter, no_new_privs, Docker's 14 capabilities.
+    for want in ["Seccomp:\t2\n", "NoNewPrivs:\t1\n", "CapBnd:\t00000000a80425fb\n", "usr-ro\n", "tmp-rw\n"] {
+        assert!(log.contains(want), "{want:?} missing from {log}");
+    }
+    // MPOL_BIND on node 0: numa_maps shows `bind:0` on the mappings.
+    let bound = log.lines().find_map(|l| l.strip_prefix("bound: ")).and_then(|n| n.trim().parse::<u32>().ok());
+    assert!(bound.is_some_and(|n| n > 0), "no mapping bound to node 0: {log}");
     // A new runtime instance (the agent restarted) still knows the exit code.
     let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
     assert_eq!(again.state(&cfg.id).expect("state"), ContainerState::Exited { code: 7, oom_killed: false });
@@ -370,7 +383,7 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
     let config = serde_json::json!({
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": ["/bin/sh", "-c"],
-                   "Cmd": ["cat /hello.txt; echo etc: $(ls /etc); echo data: $(ls /data); echo $GREETING; pwd"],
+                   "Cmd": ["read l < /hello.txt; echo $l; echo etc: /etc/*; echo data: /data/*; echo $GREETING; pwd"],
                    "Env": ["GREETING=hi-from-image", "PATH=/bin"], "WorkingDir": "/data"},
         "rootfs": {"type": "layers", "diff_ids": []},
     });
@@ -383,6 +396,8 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
         config,
         "testimg:1",
     );
+    // dash has only builtins here: `echo DIR/*` lists a directory (an empty one
+    // prints the pattern itself).
     // As a tar archive of the layout, through the CLI.
     let archive = fx.dir.path().join("layout.tar");
     let status = std::process::Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&archive).arg(".").status();
@@ -399,7 +414,7 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
     fx.rt.start(&cfg).expect("start");
     assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
     let log = fx.log(&cfg);
-    assert_eq!(log, "from layer 1\netc:\ndata: new\nhi-from-image\n/data\n", "{log}");
+    assert_eq!(log, "from layer 1\netc: /etc/*\ndata: /data/new\nhi-from-image\n/data\n", "{log}");
     fx.finish();
 }
 
