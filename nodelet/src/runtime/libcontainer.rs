@@ -170,7 +170,10 @@ impl LibcontainerRuntime {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
+            // libcontainer warns at every create on a hybrid host: errors only,
+            // plain text (the shim log is a file).
             .env("PINION_LOG", std::env::var("PINION_SHIM_LOG").unwrap_or_else(|_| "error".into()))
+            .env("NO_COLOR", "1")
             .spawn()
             .map_err(|e| cerr(id, format!("starting the shim {}: {e}", self.shim_exe.display())))?;
         let report = child.stdout.take().map(|out| read_report(out, START_TIMEOUT));
