@@ -124,9 +124,7 @@ fn processes_in(id: &str) -> Vec<i32> {
         .map(|d| {
             d.flatten()
                 .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
-                .filter(|pid| {
-                    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&needle))
-                })
+                .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&needle)))
                 .collect()
         })
         .unwrap_or_default()
@@ -431,7 +429,11 @@ fn bad_images_are_refused_with_a_clear_error() {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(!out.status.success() && err.contains(expected), "{name}: {err}");
     };
-    check("dotdot", vec![Item::RawName(format!("../../../../../../tmp/{marker}"), b"x".to_vec())], "escapes the rootfs");
+    check(
+        "dotdot",
+        vec![Item::RawName(format!("../../../../../../tmp/{marker}"), b"x".to_vec())],
+        "escapes the rootfs",
+    );
     check(
         "symlink",
         vec![Item::Symlink("esc".into(), format!("../../../../../../tmp/{marker}-dir")), file("esc/pwned", b"x")],

@@ -76,7 +76,10 @@ fn main() -> anyhow::Result<()> {
         let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(dir).join("pinion-bench"));
     }
     println!("{runs} runs each, interleaved; host rootfs, `echo hi`, cpus=1; milliseconds");
-    println!("{:<8} {:>14} {:>14} {:>14} {:>14}", "runtime", "first-byte p50", "first-byte p99", "total p50", "total p99");
+    println!(
+        "{:<8} {:>14} {:>14} {:>14} {:>14}",
+        "runtime", "first-byte p50", "first-byte p99", "total p50", "total p99"
+    );
     for name in names {
         let (first, total) = &results[name];
         println!(

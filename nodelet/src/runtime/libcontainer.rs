@@ -367,7 +367,9 @@ impl Runtime for LibcontainerRuntime {
         // Keep the bundle's spec in step so it tells the truth.
         let spec_path = self.layout.bundle(id).join("config.json");
         if let Ok(mut spec) = Spec::load(&spec_path) {
-            if let Some(cpu) = spec.linux_mut().as_mut().and_then(|l| l.resources_mut().as_mut()).and_then(|r| r.cpu_mut().as_mut()) {
+            if let Some(cpu) =
+                spec.linux_mut().as_mut().and_then(|l| l.resources_mut().as_mut()).and_then(|r| r.cpu_mut().as_mut())
+            {
                 cpu.set_cpus(Some(cpus.to_string()));
                 cpu.set_mems(Some(mems));
             }

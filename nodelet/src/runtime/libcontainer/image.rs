@@ -395,8 +395,11 @@ fn clean_path(path: &Path) -> Result<PathBuf, String> {
 /// above `root` is refused, naming `entry`.
 fn resolve_in_root(root: &Path, rel: &Path, entry: &Path) -> Result<PathBuf, String> {
     let mut stack: Vec<std::ffi::OsString> = Vec::new();
-    let mut todo: Vec<std::ffi::OsString> =
-        rel.components().rev().filter_map(|c| if let Component::Normal(p) = c { Some(p.to_owned()) } else { None }).collect();
+    let mut todo: Vec<std::ffi::OsString> = rel
+        .components()
+        .rev()
+        .filter_map(|c| if let Component::Normal(p) = c { Some(p.to_owned()) } else { None })
+        .collect();
     let mut hops = 0;
     while let Some(part) = todo.pop() {
         let mut cur = root.to_path_buf();
@@ -491,20 +494,32 @@ fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool) -> Result<(), Str
                 fs::set_permissions(&dest, fs::Permissions::from_mode(mode)).map_err(io)?;
             }
             T::Symlink if layer => {
-                let target = entry.link_name().map_err(io)?.ok_or_else(|| format!("{}: symlink without a target", raw.display()))?;
+                let target = entry
+                    .link_name()
+                    .map_err(io)?
+                    .ok_or_else(|| format!("{}: symlink without a target", raw.display()))?;
                 if existing.is_some() {
                     remove_any(&dest)?;
                 }
                 symlink(&*target, &dest).map_err(io)?;
             }
             T::Link if layer => {
-                let target = entry.link_name().map_err(io)?.ok_or_else(|| format!("{}: hard link without a target", raw.display()))?;
+                let target = entry
+                    .link_name()
+                    .map_err(io)?
+                    .ok_or_else(|| format!("{}: hard link without a target", raw.display()))?;
                 let target_rel = clean_path(&target)?;
                 let tparent = resolve_in_root(root, target_rel.parent().unwrap_or(Path::new("")), &raw)?;
                 let tpath = tparent.join(target_rel.file_name().unwrap_or_default());
                 match fs::symlink_metadata(&tpath) {
                     Ok(m) if m.is_file() => {}
-                    _ => return Err(format!("{}: hard link to {} which is not a file in the rootfs", raw.display(), target.display())),
+                    _ => {
+                        return Err(format!(
+                            "{}: hard link to {} which is not a file in the rootfs",
+                            raw.display(),
+                            target.display()
+                        ))
+                    }
                 }
                 if existing.is_some() {
                     remove_any(&dest)?;

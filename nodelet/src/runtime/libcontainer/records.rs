@@ -117,10 +117,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
 /// whole or not at all.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-    ));
+    let tmp =
+        dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
     let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
     f.write_all(bytes).map_err(io_err(&tmp))?;
     f.sync_all().map_err(io_err(&tmp))?;
