@@ -124,6 +124,7 @@ fn ms(d: Duration) -> f64 {
 fn run_pinion(rt: &LibcontainerRuntime, cfg: &ContainerConfig) -> anyhow::Result<(f64, f64)> {
     let t0 = Instant::now();
     rt.start(cfg)?;
+    let started = t0.elapsed();
     let deadline = t0 + Duration::from_secs(30);
     while std::fs::metadata(&cfg.log_path).map(|m| m.len()).unwrap_or(0) == 0 {
         if Instant::now() > deadline {
@@ -138,7 +139,17 @@ fn run_pinion(rt: &LibcontainerRuntime, cfg: &ContainerConfig) -> anyhow::Result
         }
         std::thread::sleep(POLL);
     }
+    let exited = t0.elapsed();
     rt.remove(&cfg.id)?;
+    if std::env::var_os("BENCH_VERBOSE").is_some() {
+        eprintln!(
+            "pinion: start() {:.2} first byte {:.2} exited {:.2} removed {:.2}",
+            ms(started),
+            ms(first),
+            ms(exited),
+            ms(t0.elapsed())
+        );
+    }
     Ok((ms(first), ms(t0.elapsed())))
 }
 

@@ -207,16 +207,9 @@ impl LibcontainerRuntime {
 
     /// Waits while the shim is alive for it to write the exit record.
     fn wait_exit_record(&self, id: &str, shim: Option<ProcId>) -> Option<ExitRecord> {
-        let deadline = Instant::now() + RECORD_GRACE;
-        loop {
-            if let Ok(Some(rec)) = read_json::<ExitRecord>(&self.layout.exit(id)) {
-                return Some(rec);
-            }
-            if Instant::now() > deadline || !shim.is_some_and(|s| s.alive()) {
-                return read_json(&self.layout.exit(id)).ok().flatten();
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let path = self.layout.exit(id);
+        poll_until(RECORD_GRACE, || path.exists() || !shim.is_some_and(|s| s.alive()));
+        read_json(&path).ok().flatten()
     }
 }
 
@@ -278,15 +271,25 @@ pub(crate) fn cleanup_libcontainer(layout: &Layout, id: &str) {
     cleanup_libcontainer_with(layout, id, false)
 }
 
-fn wait_gone(p: ProcId, timeout: Duration) -> bool {
+/// Polls `done` until it holds or `timeout` passes; the interval grows from
+/// 100 us to 5 ms so short waits stay short and long ones stay cheap.
+fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
-    while p.alive() {
-        if Instant::now() > deadline {
+    let mut pause = Duration::from_micros(100);
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
     }
-    true
+}
+
+fn wait_gone(p: ProcId, timeout: Duration) -> bool {
+    poll_until(timeout, || !p.alive())
 }
 
 fn signal(p: ProcId, sig: Signal) {

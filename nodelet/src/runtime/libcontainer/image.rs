@@ -17,7 +17,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::records::{read_json, write_json};
+use super::records::{read_json, write_json, write_json_durable};
 use crate::runtime::RuntimeError;
 
 /// What an imported image is and the defaults it gives a container.
@@ -233,7 +233,7 @@ pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageR
     }
     let mut idx: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
     idx.refs.insert(reference, hex);
-    write_json(&index_path(images), &idx)?;
+    write_json_durable(&index_path(images), &idx)?;
     Ok(record)
 }
 

@@ -113,20 +113,39 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
     move |source| RuntimeError::Io { path: path.to_path_buf(), source }
 }
 
-/// temp file, fsync, rename, fsync of the directory: the record survives a crash
-/// whole or not at all.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+/// Temp file, rename: a reader (or a process restarted after `kill -9`) sees
+/// the old content or the new, never half. `durable` adds fsync of the file and
+/// the directory, for what must also survive a power loss; records about
+/// processes need not (the processes do not survive a reboot either), and the
+/// fsyncs cost milliseconds on every container start.
+pub fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RuntimeError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp =
         dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
     let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
     f.write_all(bytes).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
+    if durable {
+        f.sync_all().map_err(io_err(&tmp))?;
+    }
     std::fs::rename(&tmp, path).map_err(io_err(path))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
+    if durable {
+        if let Ok(d) = std::fs::File::open(dir) {
+            d.sync_all().map_err(io_err(dir))?;
+        }
     }
     Ok(())
+}
+
+/// A process record: atomic, not fsynced (see [`write_atomic_with`]).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+    write_atomic_with(path, bytes, false)
+}
+
+/// Durable JSON (e.g. the image index): atomic and fsynced.
+pub fn write_json_durable<T: Serialize>(path: &Path, value: &T) -> Result<(), RuntimeError> {
+    let bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| RuntimeError::Io { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
+    write_atomic_with(path, &bytes, true)
 }
 
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RuntimeError> {

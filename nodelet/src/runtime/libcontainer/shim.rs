@@ -54,7 +54,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         }
     }
     let created = create(&layout, id);
-    let (mut container, log_read, log, init) = match created {
+    let (_container, log_read, log, init) = match created {
         Ok(c) => c,
         Err(e) => {
             let _ = writeln!(report, "error {}", one_line(&e));
@@ -68,8 +68,6 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
     if let Err(e) = write_json(&layout.exit(id), &record) {
         eprintln!("shim {id}: {e}");
     }
-    // Refresh libcontainer's view (Stopped) so a later delete needs no signal.
-    let _ = container.refresh_status();
     0
 }
 
