@@ -52,7 +52,7 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&images)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&images)?),
                 Output::Text => {
-                    println!("{:<40} {:<20} {}", "IMAGE", "DIGEST", "COMMAND");
+                    println!("{:<40} {:<20} COMMAND", "IMAGE", "DIGEST");
                     for i in images {
                         let digest: String = i.digest.trim_start_matches("sha256:").chars().take(12).collect();
                         let cmd: Vec<String> = i.entrypoint.iter().chain(&i.cmd).cloned().collect();

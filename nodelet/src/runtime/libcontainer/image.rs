@@ -256,7 +256,7 @@ fn pick_manifest(
         manifests = inner
             .manifests
             .into_iter()
-            .filter(|m| m.platform.as_ref().map_or(true, |p| p.os == "linux" && p.architecture == go_arch()))
+            .filter(|m| m.platform.as_ref().is_none_or(|p| p.os == "linux" && p.architecture == go_arch()))
             .map(|mut m| {
                 if let Some(r) = &ref_name {
                     m.annotations.entry(REF_NAME.to_string()).or_insert_with(|| r.clone());

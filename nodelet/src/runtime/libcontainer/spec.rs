@@ -241,9 +241,9 @@ fn mount(
 /// The hugetlb controller's name for a page size: `2MB`, `1GB`, `64KB`.
 pub fn page_size_name(bytes: u64) -> String {
     const K: u64 = 1024;
-    if bytes >= K * K * K && bytes % (K * K * K) == 0 {
+    if bytes >= K * K * K && bytes.is_multiple_of(K * K * K) {
         format!("{}GB", bytes / (K * K * K))
-    } else if bytes >= K * K && bytes % (K * K) == 0 {
+    } else if bytes >= K * K && bytes.is_multiple_of(K * K) {
         format!("{}MB", bytes / (K * K))
     } else {
         format!("{}KB", bytes / K)
