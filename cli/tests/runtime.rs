@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nodelet::runtime::libcontainer::records::ProcId;
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::{ContainerConfig, ContainerState, RootfsConfig, Runtime};
 use sha2::{Digest, Sha256};
@@ -240,6 +241,38 @@ fn a_failed_start_leaves_nothing_behind() {
     for cfg in [&bad_cpu, &no_image] {
         assert_eq!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Missing);
         assert_eq!(fx.rt.cgroup_dirs(&cfg.id), Vec::<PathBuf>::new());
+    }
+    fx.finish();
+}
+
+#[test]
+fn a_half_created_container_whose_shim_died_is_swept_at_startup() {
+    let Some(mut fx) = fixture() else { return };
+    // A shim that crashes right after libcontainer's build(): the container is
+    // left in Created state (bundle, libcontainer state, cgroup, a waiting init)
+    // exactly as when shim and agent die together mid-create.
+    let wrapper = fx.dir.path().join("crashing-shim");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nPINION_SHIM_CRASH_AFTER_BUILD=1 exec {SHIM} \"$@\"\n"))
+        .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let crashing = LibcontainerRuntime::new(fx.dir.path(), &wrapper).expect("runtime");
+    let cfg = fx.cfg("sweep", &["true"]);
+    crashing.start(&cfg).expect("the crashing shim still reports");
+    assert!(!fx.rt.cgroup_dirs(&cfg.id).is_empty(), "the half-created container has a cgroup");
+    assert!(!processes_in(&cfg.id).is_empty(), "its init waits for start");
+    let shim: ProcId = serde_json::from_slice(&std::fs::read(fx.rt.layout().shim(&cfg.id)).expect("shim record"))
+        .expect("shim record");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shim.alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The agent restarts: the sweep removes it entirely.
+    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    assert_eq!(again.list().expect("list"), Vec::<String>::new());
+    assert_eq!(again.cgroup_dirs(&cfg.id), Vec::<PathBuf>::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_in(&cfg.id).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
     fx.finish();
 }

@@ -53,7 +53,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
             return 1;
         }
     }
-    let created = create(&layout, id);
+    let created = create(&layout, id, &mut report);
     let (_container, log_read, log, init) = match created {
         Ok(c) => c,
         Err(e) => {
@@ -100,7 +100,7 @@ fn close_fds_except(keep: RawFd) {
 
 type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId);
 
-fn create(layout: &Layout, id: &str) -> Result<Created, String> {
+fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, String> {
     let cfg: ContainerConfig = read_json(&layout.config(id))
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} is missing", layout.config(id).display()))?;
@@ -123,6 +123,12 @@ fn create(layout: &Layout, id: &str) -> Result<Created, String> {
     };
     let started = (|| -> Result<ProcId, String> {
         let pid = container.pid().ok_or("the created container has no pid")?;
+        if std::env::var_os("PINION_SHIM_CRASH_AFTER_BUILD").is_some() {
+            // Fault injection for the startup-sweep test: die like a killed shim,
+            // after a success report, leaving a Created container behind.
+            let _ = writeln!(report, "ok {pid}");
+            std::process::exit(101);
+        }
         let init = ProcId::of(pid.as_raw()).ok_or("the container's init vanished")?;
         if !cfg.host_network {
             super::net::loopback_up(pid.as_raw()).map_err(|e| format!("bringing lo up: {e}"))?;
