@@ -72,8 +72,9 @@ fn main() -> anyhow::Result<()> {
             e.1.push(total);
         }
     }
-    for dir in ["cpuset", "cpu", "cpuacct", "memory", "pids", "devices", "freezer", "blkio"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(dir).join("pinion-bench"));
+    // The (empty) parent cgroup crun and runc ran under, in every hierarchy.
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        let _ = std::fs::remove_dir(hierarchy.path().join("pinion-bench"));
     }
     println!("{runs} runs each, interleaved; host rootfs, `echo hi`, cpus=1; milliseconds");
     println!(
