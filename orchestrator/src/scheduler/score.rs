@@ -1,0 +1,81 @@
+//! Score stages: how good a feasible node is for a pod under a strategy, from
+//! the node's summary with the pod added. Higher is better; ties go to the
+//! node whose name sorts first, so the same inputs always bind the same node.
+
+use specs::pod::SchedulingStrategy;
+
+use super::demand::Demand;
+use super::summary::NodeSummary;
+
+/// Scores are integers so that comparisons are exact and cheap.
+pub(crate) const SCALE: u64 = 1_000_000;
+
+/// Fraction of capacity in use once the pod is added, in `SCALE` units.
+fn used_fraction(used: u64, want: u64, capacity: u64) -> u64 {
+    if capacity == 0 {
+        return 0;
+    }
+    let after = used.saturating_add(want).min(capacity);
+    ((u128::from(after) * u128::from(SCALE)) / u128::from(capacity)) as u64
+}
+
+pub(crate) fn score(strategy: SchedulingStrategy, s: &NodeSummary, d: &Demand) -> u64 {
+    // CPU use counts exclusive CPUs at 1000m each (as they are accounted in
+    // `cpu_millis_used`), so an exclusive-heavy node reads as busy.
+    let cpu = used_fraction(s.cpu_millis_used, d.total.cpu_millis, s.cpu_millis_capacity);
+    let mem = used_fraction(s.memory_used, d.total.memory, s.memory_capacity);
+    match strategy {
+        // Spread: the most free capacity left afterwards (telecom: headroom per site).
+        SchedulingStrategy::LeastAllocated => ((SCALE - cpu) + (SCALE - mem)) / 2,
+        // Pack: the fullest node that still fits (HPC: keep whole nodes free).
+        SchedulingStrategy::MostAllocated => (cpu + mem) / 2,
+        // CPU and memory used in the same proportion, so neither strands the other.
+        SchedulingStrategy::Balanced => SCALE - cpu.abs_diff(mem),
+        // The fewest NUMA nodes the pod would need here, then spread.
+        SchedulingStrategy::LeastNumaNodes => {
+            let k = numa_nodes_needed(s, d) as u64;
+            (64u64.saturating_sub(k)) * SCALE * 2 + ((SCALE - cpu) + (SCALE - mem)) / 2
+        }
+    }
+}
+
+/// The smallest number of this node's NUMA nodes whose free exclusive CPUs (and,
+/// for a Guaranteed pod, memory) could hold the pod: an estimate of how many
+/// NUMA nodes its placement spans. Sorting on the stack: this runs per node.
+pub(crate) fn numa_nodes_needed(s: &NodeSummary, d: &Demand) -> usize {
+    const MAX: usize = 64;
+    let n = s.numa.len().min(MAX);
+    let k_cpu = {
+        let mut free = [0u64; MAX];
+        for (slot, numa) in free.iter_mut().zip(&s.numa) {
+            *slot = numa.free_cpus.into();
+        }
+        cover(&mut free[..n], d.total.exclusive_cpus.into())
+    };
+    let k_mem = if d.guaranteed {
+        let mut free = [0u64; MAX];
+        for (slot, numa) in free.iter_mut().zip(&s.numa) {
+            *slot = numa.free_memory;
+        }
+        cover(&mut free[..n], d.total.memory)
+    } else {
+        0
+    };
+    k_cpu.max(k_mem)
+}
+
+/// How many of the largest amounts it takes to reach `want` (all of them if never).
+fn cover(amounts: &mut [u64], want: u64) -> usize {
+    if want == 0 {
+        return 0;
+    }
+    amounts.sort_unstable_by(|a, b| b.cmp(a));
+    let mut sum = 0u64;
+    for (i, a) in amounts.iter().enumerate() {
+        sum = sum.saturating_add(*a);
+        if sum >= want {
+            return i + 1;
+        }
+    }
+    amounts.len()
+}
