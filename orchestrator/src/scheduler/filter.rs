@@ -81,20 +81,54 @@ pub(crate) enum Res<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Detail<'a> {
     NotReady,
-    NodeSelector { key: &'a str, want: &'a str },
-    RejectedAtThisState { message: String },
-    ExclusiveCpu { want: u64, free: u64 },
-    CpuMillis { want: u64, free: u64 },
-    Memory { want: u64, free: u64 },
-    HugePages { size: u64, want: u64, free: u64 },
-    Devices { name: &'a str, want: u64, free: u64 },
+    NodeSelector {
+        key: &'a str,
+        want: &'a str,
+    },
+    RejectedAtThisState {
+        message: String,
+    },
+    ExclusiveCpu {
+        want: u64,
+        free: u64,
+    },
+    CpuMillis {
+        want: u64,
+        free: u64,
+    },
+    Memory {
+        want: u64,
+        free: u64,
+    },
+    HugePages {
+        size: u64,
+        want: u64,
+        free: u64,
+    },
+    Devices {
+        name: &'a str,
+        want: u64,
+        free: u64,
+    },
     /// No single NUMA node has `want` of `res`; the best one has `best`.
-    SingleNuma { res: Res<'a>, want: u64, best_numa: Option<u32>, best: u64 },
+    SingleNuma {
+        res: Res<'a>,
+        want: u64,
+        best_numa: Option<u32>,
+        best: u64,
+    },
     /// `restricted`: the request needs `k` NUMA nodes at best; the `k` freest hold `best`.
-    SpanNuma { k: usize, want: u64, best: u64 },
+    SpanNuma {
+        k: usize,
+        want: u64,
+        best: u64,
+    },
     /// Each resource fits some NUMA node, but no one node has all of them at once.
     JointNuma,
-    Engine { reason: RejectReason, message: String },
+    Engine {
+        reason: RejectReason,
+        message: String,
+    },
 }
 
 impl Detail<'_> {
@@ -117,7 +151,7 @@ impl Detail<'_> {
 pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [(u64, &str); 4] = [(1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")];
     for (unit, suffix) in UNITS {
-        if n >= unit && n % unit == 0 {
+        if n >= unit && n & (unit - 1) == 0 {
             return format!("{}{suffix}", n / unit);
         }
     }
@@ -145,7 +179,9 @@ impl fmt::Display for Detail<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Detail::NotReady => write!(f, "node is not ready"),
-            Detail::NodeSelector { key, want } => write!(f, "node selector {key}={want} does not match the node's labels"),
+            Detail::NodeSelector { key, want } => {
+                write!(f, "node selector {key}={want} does not match the node's labels")
+            }
             Detail::RejectedAtThisState { message } => {
                 write!(f, "the node rejected this pod and its state has not changed since: {message}")
             }

@@ -32,8 +32,8 @@ use specs::pod::SchedulingStrategy;
 use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod, Rejection};
 
 use demand::Demand;
-pub use filter::ReasonKind;
 use filter::Detail;
+pub use filter::ReasonKind;
 use summary::NodeSummary;
 
 /// What the scheduler knows about one node.

@@ -1,0 +1,419 @@
+//! Scheduler behaviour, table-driven where it fits.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use specs::pod::{ObjectMeta, ResourceRequirements, SchedulingStrategy, TopologySpec};
+use specs::qos::{effective_cpu_policy, qos_class};
+use specs::topology::{Cpu, NumaNode};
+use specs::{
+    Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeSettings, NodeTopology, NumaSet, Placement, Pod,
+    PodSpec, Quantity, RejectReason, Rejection, TopologyPolicy,
+};
+
+use super::*;
+
+const GI: u64 = 1 << 30;
+
+/// A machine with one socket per NUMA node, one thread per core, CPUs numbered
+/// in order, 64Gi per NUMA node.
+pub(crate) fn machine(cores_per_numa: &[u32]) -> NodeTopology {
+    let mut t = NodeTopology::default();
+    let mut next = 0;
+    let n = cores_per_numa.len();
+    for (numa, &cores) in cores_per_numa.iter().enumerate() {
+        let numa = numa as u32;
+        let ids: Vec<u32> = (next..next + cores).collect();
+        for &id in &ids {
+            t.cpus.push(Cpu { id, core: id, socket: numa, die: None, numa });
+        }
+        next += cores;
+        t.numa_nodes.push(NumaNode {
+            id: numa,
+            cpus: CpuSet::from_ids(ids),
+            memory_bytes: 64 * GI,
+            distances: (0..n).map(|j| if j as u32 == numa { 10 } else { 20 }).collect(),
+            hugepages: Vec::new(),
+        });
+    }
+    t
+}
+
+fn node(name: &str, cores_per_numa: &[u32]) -> NodeInfo {
+    NodeInfo {
+        name: name.to_string(),
+        labels: BTreeMap::new(),
+        topology: Arc::new(machine(cores_per_numa)),
+        settings: NodeSettings::default(),
+        allocations: Allocations::default(),
+        ready: true,
+    }
+}
+
+/// A Guaranteed pod of one container with `cpus` whole CPUs (exclusive) and
+/// `mem_gi` Gi, under the given topology policy.
+fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Pod {
+    let mut res = BTreeMap::new();
+    res.insert("cpu".to_string(), Quantity::from_units(i64::from(cpus)));
+    res.insert("memory".to_string(), Quantity::parse(&format!("{mem_gi}Gi")).unwrap());
+    Pod {
+        api_version: "pinion.io/v1".into(),
+        kind: "Pod".into(),
+        metadata: ObjectMeta { name: name.into(), ..ObjectMeta::default() },
+        spec: PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                resources: ResourceRequirements { requests: res.clone(), limits: res },
+                ..Container::default()
+            }],
+            topology: policy.map(|p| TopologySpec { policy: Some(p), scope: None }),
+            ..PodSpec::default()
+        },
+        status: None,
+    }
+}
+
+fn snn(name: &str, cpus: u32) -> Pod {
+    pod(name, cpus, 1, Some(TopologyPolicy::SingleNumaNode))
+}
+
+/// Test double of the engine, enough for these tests while `specs::admit` is
+/// being written: exclusive CPUs lowest-id first, `single-numa-node` takes the
+/// first NUMA node with room, pod scope, memory accounted on the chosen nodes.
+fn double_admit(
+    t: &NodeTopology,
+    settings: &NodeSettings,
+    alloc: &Allocations,
+    key: &str,
+    pod: &Pod,
+) -> Result<Placement, Rejection> {
+    let reject = |reason, message: String| Err(Rejection { reason, message });
+    if alloc.pods.contains_key(key) {
+        return reject(RejectReason::AlreadyAllocated, format!("{key} is already allocated"));
+    }
+    let qos = qos_class(pod);
+    let policy = pod.spec.topology.as_ref().and_then(|s| s.policy).unwrap_or(settings.topology_policy);
+    let reserved = t.reserved_cpus.union(&settings.reserved_cpus);
+    let free = t.all_cpus().difference(&alloc.exclusive_cpus()).difference(&reserved);
+    let want: usize = pod
+        .spec
+        .containers
+        .iter()
+        .filter(|c| effective_cpu_policy(qos, c) == CpuPolicy::Exclusive)
+        .map(|c| c.resources.request("cpu").map_or(0, |q| q.units_ceil() as usize))
+        .sum();
+    let (mut pool, affinity) = if policy == TopologyPolicy::SingleNumaNode && want > 0 {
+        match t.numa_nodes.iter().find(|n| free.intersection(&n.cpus).len() >= want) {
+            Some(n) => (free.intersection(&n.cpus), NumaSet::single(n.id)),
+            None => {
+                let best = t.numa_nodes.iter().map(|n| (free.intersection(&n.cpus).len(), n.id)).max_by_key(|b| b.0);
+                let (count, id) = best.unwrap_or((0, 0));
+                return reject(
+                    RejectReason::TopologyAffinity,
+                    format!("no single NUMA node has {want} free exclusive CPUs; best is node {id} with {count}"),
+                );
+            }
+        }
+    } else {
+        if free.len() < want {
+            return reject(RejectReason::InsufficientCpu, format!("needs {want} exclusive CPUs; {} free", free.len()));
+        }
+        (free.clone(), t.numa_ids())
+    };
+    let mut containers = Vec::new();
+    for c in &pod.spec.containers {
+        let policy = effective_cpu_policy(qos, c);
+        let cpus = if policy == CpuPolicy::Exclusive {
+            let n = c.resources.request("cpu").map_or(0, |q| q.units_ceil() as usize);
+            let take: CpuSet = pool.iter().take(n).collect();
+            pool.difference_with(&take);
+            take
+        } else {
+            free.clone()
+        };
+        let memory = match (c.resources.request("memory"), affinity.first()) {
+            (Some(q), Some(numa)) => BTreeMap::from([(numa, q.units_ceil() as u64)]),
+            _ => BTreeMap::new(),
+        };
+        containers.push(ContainerPlacement {
+            name: c.name.clone(),
+            cpu_policy: policy,
+            cpus,
+            mems: affinity.clone(),
+            memory,
+            hugepages: BTreeMap::new(),
+            devices: BTreeMap::new(),
+        });
+    }
+    Ok(Placement { numa_affinity: affinity, containers })
+}
+
+fn scheduler(config: SchedulerConfig, nodes: Vec<NodeInfo>) -> Scheduler {
+    let mut s = Scheduler::with_engine(config, double_admit);
+    for n in nodes {
+        s.upsert_node(n);
+    }
+    s
+}
+
+fn seed_cluster() -> Scheduler {
+    scheduler(SchedulerConfig::default(), vec![node("node-a", &[10, 10]), node("node-b", &[20, 20])])
+}
+
+#[test]
+fn seed_twenty_cpu_single_numa_pod_lands_on_the_2x20_node_every_time() {
+    for strategy in [
+        SchedulingStrategy::LeastAllocated,
+        SchedulingStrategy::MostAllocated,
+        SchedulingStrategy::Balanced,
+        SchedulingStrategy::LeastNumaNodes,
+    ] {
+        let mut s = scheduler(
+            SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
+            vec![node("node-a", &[10, 10]), node("node-b", &[20, 20])],
+        );
+        for i in 0..50 {
+            let key = format!("default/seed-{i}");
+            let b = s.schedule(&key, &snn("seed", 20)).unwrap();
+            assert_eq!(b.node, "node-b", "{strategy:?} attempt {i}");
+            assert_eq!(b.placement.numa_affinity.len(), 1);
+            assert_eq!(b.placement.containers[0].cpus.len(), 20);
+            assert!(b.has_plan());
+            assert_eq!(s.release(&key).as_deref(), Some("node-b"));
+        }
+    }
+}
+
+/// Nodes with pods already bound, then one pod under each strategy.
+#[test]
+fn strategies_order_nodes() {
+    // busy: 2x8 with 12 exclusive CPUs held; idle: 2x8 empty; big: 4x8 with one
+    // NUMA node full.
+    fn cluster(strategy: SchedulingStrategy) -> Scheduler {
+        let labeled = |name: &str, cores: &[u32]| {
+            let mut n = node(name, cores);
+            n.labels.insert("name".into(), name.into());
+            n
+        };
+        let mut s = scheduler(
+            SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
+            vec![labeled("busy", &[8, 8]), labeled("idle", &[8, 8]), labeled("big", &[8, 8, 8, 8])],
+        );
+        for (key, cpus, on) in [("b1", 6, "busy"), ("b2", 6, "busy"), ("g1", 8, "big")] {
+            let mut p = snn(key, cpus);
+            p.spec.node_selector.insert("name".into(), on.into());
+            assert_eq!(s.schedule(key, &p).unwrap().node, on);
+        }
+        s
+    }
+    let check = |strategy, pod: Pod, expected: &str| {
+        let mut s = cluster(strategy);
+        assert_eq!(s.schedule("x", &pod).unwrap().node, expected, "{strategy:?}");
+    };
+    // Spread: the least used node (idle: 0%; big: 25%; busy: 75%).
+    check(SchedulingStrategy::LeastAllocated, snn("x", 2), "idle");
+    // Pack: the fullest node that still fits.
+    check(SchedulingStrategy::MostAllocated, snn("x", 2), "busy");
+    // Balanced: 1 CPU and 100Gi leave busy at 81% CPU / 80% memory, big at 28% / 39%.
+    check(SchedulingStrategy::Balanced, pod("x", 1, 100, None), "busy");
+    // A pod's own strategy overrides the cluster default.
+    let mut p = snn("x", 2);
+    p.spec.scheduling_strategy = Some(SchedulingStrategy::MostAllocated);
+    check(SchedulingStrategy::LeastAllocated, p, "busy");
+}
+
+/// A node holding `cpus` exclusively for one pod (as a node's report would say).
+fn holding(mut n: NodeInfo, cpus: CpuSet) -> NodeInfo {
+    let c = ContainerPlacement {
+        name: "main".into(),
+        cpu_policy: CpuPolicy::Exclusive,
+        cpus,
+        mems: NumaSet::new(),
+        memory: BTreeMap::new(),
+        hugepages: BTreeMap::new(),
+        devices: BTreeMap::new(),
+    };
+    n.allocations.apply("held", Placement { numa_affinity: NumaSet::new(), containers: vec![c] });
+    n
+}
+
+#[test]
+fn least_numa_nodes_prefers_a_placement_on_fewer_numa_nodes() {
+    // Both nodes are half full; a-split has 4+4 free, b-whole 0+8.
+    let check = |strategy, expected: &str| {
+        let mut s = scheduler(
+            SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
+            vec![
+                holding(node("a-split", &[8, 8]), CpuSet::from_ids([0, 1, 2, 3, 8, 9, 10, 11])),
+                holding(node("b-whole", &[8, 8]), CpuSet::range(0, 7)),
+            ],
+        );
+        let b = s.schedule("x", &pod("x", 8, 1, None)).unwrap();
+        assert_eq!(b.node, expected, "{strategy:?}");
+    };
+    // Equal load: spreading falls to the name tie-break.
+    check(SchedulingStrategy::LeastAllocated, "a-split");
+    check(SchedulingStrategy::LeastNumaNodes, "b-whole");
+}
+
+#[test]
+fn node_selector_filters_nodes() {
+    let check = |selector: &[(&str, &str)], expected: Result<&str, &str>| {
+        let mut a = node("a", &[4]);
+        a.labels.insert("zone".into(), "edge".into());
+        let mut b = node("b", &[4]);
+        b.labels.insert("zone".into(), "core".into());
+        b.labels.insert("gpu".into(), "yes".into());
+        let mut s = scheduler(SchedulerConfig::default(), vec![a, b]);
+        let mut p = pod("p", 1, 1, None);
+        p.spec.node_selector = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        match (s.schedule("p", &p), expected) {
+            (Ok(b), Ok(n)) => assert_eq!(b.node, n, "{selector:?}"),
+            (Err(u), Err(m)) => assert_eq!(u.message, m, "{selector:?}"),
+            (got, _) => panic!("{selector:?}: got {got:?}"),
+        }
+    };
+    check(&[], Ok("a"));
+    check(&[("zone", "core")], Ok("b"));
+    check(&[("zone", "core"), ("gpu", "yes")], Ok("b"));
+    check(&[("zone", "edge"), ("gpu", "yes")], Err("0/2 nodes fit: 2 node selector mismatch"));
+    check(&[("zone", "moon")], Err("0/2 nodes fit: 2 node selector mismatch"));
+}
+
+#[test]
+fn binds_until_full_never_overcommit() {
+    let mut s =
+        scheduler(SchedulerConfig::default(), vec![node("a", &[10, 10]), node("b", &[20, 20]), node("c", &[3, 5, 7])]);
+    let sizes = [1u32, 3, 2, 5, 4, 1, 7, 2];
+    let mut bound: BTreeMap<String, CpuSet> = BTreeMap::new();
+    let mut i = 0;
+    let mut failures = 0;
+    // Keep going until every size has failed once in a row.
+    while failures < sizes.len() {
+        let cpus = sizes[i % sizes.len()];
+        let policy = if i % 2 == 0 { Some(TopologyPolicy::SingleNumaNode) } else { None };
+        match s.schedule(&format!("p{i}"), &pod("p", cpus, 1, policy)) {
+            Ok(b) => {
+                failures = 0;
+                let held = bound.entry(b.node.clone()).or_default();
+                let cpus = &b.placement.containers[0].cpus;
+                assert!(held.is_disjoint(cpus), "CPU handed out twice on {}: {cpus} vs {held}", b.node);
+                held.union_with(cpus);
+            }
+            Err(_) => failures += 1,
+        }
+        i += 1;
+    }
+    // Every CPU was handed out (1-CPU pods fill the last holes), each once.
+    assert_eq!(bound["a"].len(), 20);
+    assert_eq!(bound["b"].len(), 40);
+    assert_eq!(bound["c"].len(), 15);
+}
+
+#[test]
+fn topology_blind_mode_binds_where_the_engine_would_reject() {
+    let mut s =
+        scheduler(SchedulerConfig { topology_aware: false, ..SchedulerConfig::default() }, vec![node("a", &[10, 10])]);
+    let p = snn("p", 20);
+    let b = s.schedule("p", &p).unwrap();
+    assert_eq!(b.node, "a");
+    assert!(!b.has_plan(), "a blind binding carries no plan");
+    // The engine on the node's truth says no.
+    let n = s.node("a").unwrap();
+    let truth = double_admit(&n.topology, &n.settings, &Allocations::default(), "p", &p).unwrap_err();
+    assert_eq!(truth.reason, RejectReason::TopologyAffinity);
+    // Totals are counted: a second 20-CPU pod does not fit by totals.
+    assert_eq!(s.schedule("q", &snn("q", 20)).unwrap_err().message, "0/1 nodes fit: 1 insufficient cpu");
+    // The nodelet rejects; the pod is not offered to the same state again, so
+    // attempts are bounded.
+    let now = Instant::now();
+    s.on_rejection("p", "a", &truth.message, now);
+    let u = s.schedule("p", &p).unwrap_err();
+    assert_eq!(u.message, "0/1 nodes fit: 1 rejected by the node at this state");
+    assert_eq!(s.attempts("p"), 1);
+}
+
+#[test]
+fn rejection_backs_off_and_skips_the_stale_state() {
+    let mut s = seed_cluster();
+    let p = snn("p", 10);
+    let b = s.schedule("p", &p).unwrap();
+    assert_eq!(b.node, "node-b");
+    let t0 = Instant::now();
+    let mut expected_delays = Vec::new();
+    let mut delays = Vec::new();
+    for attempt in 1..=8u32 {
+        let at = s.on_rejection("p", "node-b", "state moved on", t0);
+        delays.push(at - t0);
+        expected_delays.push(Duration::from_secs((1u64 << (attempt - 1)).min(60)));
+    }
+    assert_eq!(delays, expected_delays);
+    assert!(s.is_backing_off("p", t0));
+    assert_eq!(s.next_retry(), Some(t0 + Duration::from_secs(60)));
+    assert!(s.due(t0 + Duration::from_secs(59)).is_empty());
+    assert_eq!(s.due(t0 + Duration::from_secs(60)), vec!["p".to_string()]);
+    assert!(s.due(t0 + Duration::from_secs(61)).is_empty(), "a due pod is returned once");
+
+    // node-b's state is unchanged since it rejected: the pod goes to node-a.
+    let b = s.schedule("p", &p).unwrap();
+    assert_eq!(b.node, "node-a");
+    s.on_rejection("p", "node-a", "state moved on", t0);
+    let u = s.schedule("p", &p).unwrap_err();
+    assert_eq!(u.counts.get(&ReasonKind::RejectedAtThisState), Some(&2));
+    assert!(u.per_node["node-b"].ends_with("state moved on"), "{}", u.per_node["node-b"]);
+
+    // A report from node-b that changes its state makes it eligible again.
+    let mut truth = Allocations::default();
+    truth.apply("other", Placement::default());
+    s.on_node_report("node-b", truth);
+    assert_eq!(s.schedule("p", &p).unwrap().node, "node-b");
+}
+
+#[test]
+fn reports_keep_assumed_pods_until_reflected_or_expired() {
+    let mut s =
+        scheduler(SchedulerConfig { assume_expiry_reports: 2, ..SchedulerConfig::default() }, vec![node("a", &[4, 4])]);
+    let b1 = s.schedule("p1", &snn("p1", 4)).unwrap();
+    let b2 = s.schedule("p2", &snn("p2", 4)).unwrap();
+    assert_eq!((b1.epoch, b2.epoch), (0, 1), "the second binding is computed on top of the first");
+    assert_ne!(b1.placement.numa_affinity, b2.placement.numa_affinity);
+
+    // The node reports p1 (it adopted it) but not yet p2.
+    let mut truth = Allocations::default();
+    truth.apply("p1", b1.placement.clone());
+    assert!(s.on_node_report("a", truth.clone()).is_empty());
+    let mirror = &s.node("a").unwrap().allocations;
+    assert_eq!(mirror.pods.len(), 2, "p2 is still assumed");
+    assert_eq!(mirror.epoch, 2);
+    // The node is full in the mirror: nothing else fits.
+    assert!(s.schedule("p3", &snn("p3", 1)).is_err());
+
+    // p2 never shows up: after two more reports it expires and its CPUs come back.
+    assert!(s.on_node_report("a", truth.clone()).is_empty());
+    assert_eq!(s.on_node_report("a", truth.clone()), vec!["p2".to_string()]);
+    assert!(s.binding("p2").is_none());
+    assert_eq!(s.node("a").unwrap().allocations, truth);
+    assert!(s.schedule("p3", &snn("p3", 4)).is_ok());
+}
+
+#[test]
+fn schedule_is_idempotent_and_release_frees() {
+    let mut s = seed_cluster();
+    let b = s.schedule("p", &snn("p", 20)).unwrap();
+    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap(), b);
+    assert_eq!(s.binding("p"), Some(b));
+    assert_eq!(s.release("p").as_deref(), Some("node-b"));
+    assert_eq!(s.release("p"), None);
+    assert!(s.node("node-b").unwrap().allocations.pods.is_empty());
+    s.remove_node("node-b");
+    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap_err().message, "0/1 nodes fit: 1 topology affinity");
+}
+
+#[test]
+fn no_nodes_says_so() {
+    let mut s = scheduler(SchedulerConfig::default(), vec![]);
+    assert_eq!(s.schedule("p", &snn("p", 1)).unwrap_err().message, "0/0 nodes fit: no nodes registered");
+}
