@@ -12,7 +12,7 @@ use specs::pod::TopologyPolicy;
 use specs::{NodeSettings, Pod, RejectReason, TopologyScope};
 
 use super::demand::{Demand, Request};
-use super::summary::{lookup, NodeSummary, NumaFree};
+use super::summary::{lookup, Hot, NodeSummary, NumaFree};
 
 /// Why a node cannot take a pod: one named variant per cause, counted per node
 /// in `Unschedulable`.
@@ -360,4 +360,52 @@ fn restricted<'a>(s: &NodeSummary, r: &'a Request) -> Result<(), Detail<'a>> {
         return Err(Detail::SpanNuma { k, want, best });
     }
     Ok(())
+}
+
+/// What the hot summary alone says about a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Quick {
+    Fit,
+    NoFit,
+    /// Needs the full summary (hugepages, devices, `restricted`, many NUMA nodes).
+    Unknown,
+}
+
+/// The totals and per-NUMA checks on the hot summary: the same rules as
+/// `totals` and `numa` for the common case (CPUs and memory, `none`,
+/// `best-effort`, `single-numa-node`), deciding most nodes from one
+/// contiguous array. Readiness, selector and stale-state checks come first,
+/// elsewhere.
+pub(crate) fn quick(h: &Hot, d: &Demand, aware: bool) -> Quick {
+    let t = &d.total;
+    if t.exclusive_cpus > h.free_cpus || t.cpu_millis > h.free_cpu_millis() || t.memory > h.free_memory() {
+        return Quick::NoFit;
+    }
+    if !t.hugepages.is_empty() || !t.devices.is_empty() {
+        return Quick::Unknown;
+    }
+    if !aware || h.align_by_socket {
+        return Quick::Fit;
+    }
+    let policy = d.topology_policy.unwrap_or(h.policy);
+    match policy {
+        TopologyPolicy::None | TopologyPolicy::BestEffort => Quick::Fit,
+        TopologyPolicy::Restricted => Quick::Unknown,
+        TopologyPolicy::SingleNumaNode if !h.numa_inline => Quick::Unknown,
+        TopologyPolicy::SingleNumaNode => {
+            let n = usize::from(h.numa_len);
+            for r in d.aligned_requests(d.topology_scope.unwrap_or(h.scope)) {
+                if !r.is_aligned(d.guaranteed) {
+                    continue;
+                }
+                let want_memory = if d.guaranteed { r.memory } else { 0 };
+                let fits =
+                    (0..n).any(|i| h.numa_free_cpus[i] >= r.exclusive_cpus && h.numa_free_memory[i] >= want_memory);
+                if !fits {
+                    return Quick::NoFit;
+                }
+            }
+            Quick::Fit
+        }
+    }
 }

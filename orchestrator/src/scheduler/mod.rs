@@ -32,9 +32,9 @@ use specs::pod::SchedulingStrategy;
 use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod, Rejection};
 
 use demand::Demand;
-use filter::Detail;
 pub use filter::ReasonKind;
-use summary::NodeSummary;
+use filter::{Detail, Quick};
+use summary::{Hot, NodeSummary};
 
 /// What the scheduler knows about one node.
 #[derive(Debug, Clone)]
@@ -155,6 +155,11 @@ pub struct Scheduler {
     config: SchedulerConfig,
     admit: AdmitFn,
     nodes: Vec<NodeState>,
+    /// `hot[i]` is `nodes[i]`'s packed summary (see `Hot`).
+    hot: Vec<Hot>,
+    /// `rank[i]`: position of `nodes[i]`'s name in name order, the tie-break.
+    rank: Vec<u32>,
+    ranks_dirty: bool,
     index: HashMap<String, usize>,
     pods: HashMap<String, PodRecord>,
     retries: HashMap<String, Retry>,
@@ -170,7 +175,15 @@ impl Default for Scheduler {
 #[derive(Clone, Copy)]
 struct Candidate {
     score: u64,
+    rank: u32,
     node: usize,
+}
+
+impl Candidate {
+    /// Highest score first, then the name that sorts first.
+    fn better_than(&self, other: &Candidate) -> bool {
+        self.score > other.score || (self.score == other.score && self.rank < other.rank)
+    }
 }
 
 impl Scheduler {
@@ -183,6 +196,9 @@ impl Scheduler {
             config,
             admit,
             nodes: Vec::new(),
+            hot: Vec::new(),
+            rank: Vec::new(),
+            ranks_dirty: false,
             index: HashMap::new(),
             pods: HashMap::new(),
             retries: HashMap::new(),
@@ -216,6 +232,9 @@ impl Scheduler {
                     summary: NodeSummary::default(),
                     generation: 0,
                 });
+                self.hot.push(Hot::of(&NodeSummary::default(), false, false, &NodeSettings::default()));
+                self.rank.push(0);
+                self.ranks_dirty = true;
                 self.refresh(i);
             }
         }
@@ -225,6 +244,9 @@ impl Scheduler {
     pub fn remove_node(&mut self, name: &str) {
         let Some(i) = self.index.remove(name) else { return };
         self.nodes.swap_remove(i);
+        self.hot.swap_remove(i);
+        self.rank.swap_remove(i);
+        self.ranks_dirty = true;
         if let Some(moved) = self.nodes.get(i) {
             self.index.insert(moved.info.name.clone(), i);
         }
@@ -236,6 +258,7 @@ impl Scheduler {
         match self.index.get(name) {
             Some(&i) => {
                 self.nodes[i].info.ready = ready;
+                self.hot[i].ready = ready;
                 true
             }
             None => false,
@@ -301,7 +324,17 @@ impl Scheduler {
             .filter(|p| p.blind && &p.node == name)
             .map(|p| &p.demand.total);
         let s = NodeSummary::compute(&node.info.topology, &node.info.settings, &node.info.allocations, known, blind);
+        self.hot[i] = Hot::of(&s, node.info.ready, !node.info.labels.is_empty(), &node.info.settings);
         self.nodes[i].summary = s;
+    }
+
+    fn rerank(&mut self) {
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        order.sort_unstable_by(|a, b| self.nodes[*a].info.name.cmp(&self.nodes[*b].info.name));
+        for (rank, i) in order.into_iter().enumerate() {
+            self.rank[i] = rank as u32;
+        }
+        self.ranks_dirty = false;
     }
 
     /// The binding this scheduler made for a pod, if it is still bound.
@@ -411,62 +444,92 @@ impl Scheduler {
         if let Some(b) = self.binding(pod_key) {
             return Ok(b);
         }
+        if self.ranks_dirty {
+            self.rerank();
+        }
         let demand = Demand::of(pod);
         let strategy = demand.strategy.unwrap_or(self.config.default_strategy);
         let aware = self.config.topology_aware;
-        let stale = self.retries.get(pod_key);
+        let retry = self.retries.get(pod_key).filter(|r| !r.stale.is_empty());
+        let has_selector = !pod.spec.node_selector.is_empty();
 
+        // The scan reads `hot` in order and touches a node's full state only for
+        // a selector, a past rejection, or what the hot summary cannot decide.
         let mut candidates: Vec<Candidate> = Vec::new();
-        let mut ruled_out: Vec<(usize, Detail<'_>)> = Vec::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let verdict = (|| {
-                if !node.info.ready {
-                    return Err(Detail::NotReady);
-                }
-                filter::node_selector(pod, &node.info.labels)?;
-                if let Some(r) = stale {
-                    if r.stale.iter().any(|(n, g)| *n == node.info.name && *g == node.generation) {
-                        return Err(Detail::RejectedAtThisState { message: r.last_reason.clone() });
-                    }
-                }
-                filter::totals(&node.summary, &demand)?;
-                if aware {
-                    filter::numa(&node.summary, &demand, &node.info.settings)?;
-                }
-                Ok(())
-            })();
-            match verdict {
-                Ok(()) => candidates.push(Candidate { score: score::score(strategy, &node.summary, &demand), node: i }),
-                Err(d) => ruled_out.push((i, d)),
+        let mut ruled_out: Vec<usize> = Vec::new();
+        for (i, h) in self.hot.iter().enumerate() {
+            let fit = h.ready
+                && (!has_selector || (h.has_labels && filter::node_selector(pod, &self.nodes[i].info.labels).is_ok()))
+                && retry.is_none_or_fresh(&self.nodes[i])
+                && match filter::quick(h, &demand, aware) {
+                    Quick::Fit => true,
+                    Quick::NoFit => false,
+                    Quick::Unknown => self.check_summary(i, &demand).is_ok(),
+                };
+            if fit {
+                let score = score::score(strategy, h, &self.nodes[i].summary, &demand);
+                candidates.push(Candidate { score, rank: self.rank[i], node: i });
+            } else {
+                ruled_out.push(i);
             }
         }
 
-        // Best first: highest score, then the name that sorts first.
-        let better = |a: &Candidate, b: &Candidate| {
-            a.score > b.score || (a.score == b.score && self.nodes[a.node].info.name < self.nodes[b.node].info.name)
-        };
+        let mut engine_rejected: Vec<(usize, Rejection)> = Vec::new();
         while !candidates.is_empty() {
             let mut best = 0;
             for j in 1..candidates.len() {
-                if better(&candidates[j], &candidates[best]) {
+                if candidates[j].better_than(&candidates[best]) {
                     best = j;
                 }
             }
             let c = candidates.swap_remove(best);
             if !aware {
-                drop(ruled_out);
                 return Ok(self.bind(c.node, pod_key, None, demand));
             }
             let node = &self.nodes[c.node];
             match (self.admit)(&node.info.topology, &node.info.settings, &node.info.allocations, pod_key, pod) {
-                Ok(placement) => {
-                    drop(ruled_out);
-                    return Ok(self.bind(c.node, pod_key, Some(placement), demand));
-                }
-                Err(r) => ruled_out.push((c.node, Detail::Engine { reason: r.reason, message: r.message })),
+                Ok(placement) => return Ok(self.bind(c.node, pod_key, Some(placement), demand)),
+                Err(r) => engine_rejected.push((c.node, r)),
             }
         }
-        Err(self.unschedulable(&ruled_out))
+        Err(self.unschedulable(pod_key, pod, &demand, &ruled_out, engine_rejected))
+    }
+
+    /// The summary checks in full (totals, then per NUMA node), with the reason.
+    fn check_summary<'a>(&self, i: usize, demand: &'a Demand) -> Result<(), Detail<'a>> {
+        let node = &self.nodes[i];
+        filter::totals(&node.summary, demand)?;
+        if self.config.topology_aware {
+            filter::numa(&node.summary, demand, &node.info.settings)?;
+        }
+        Ok(())
+    }
+
+    /// Why node `i` was ruled out: the filter stages again, one at a time, in
+    /// pipeline order, this time keeping the reason (only for unschedulable pods).
+    fn explain<'a>(&self, i: usize, pod_key: &str, pod: &'a Pod, demand: &'a Demand) -> Detail<'a> {
+        let node = &self.nodes[i];
+        if !node.info.ready {
+            return Detail::NotReady;
+        }
+        if let Err(d) = filter::node_selector(pod, &node.info.labels) {
+            return d;
+        }
+        if let Some(r) = self.retries.get(pod_key) {
+            if !Some(r).is_none_or_fresh(node) {
+                return Detail::RejectedAtThisState { message: r.last_reason.clone() };
+            }
+        }
+        match self.check_summary(i, demand) {
+            Err(d) => d,
+            Ok(()) => {
+                debug_assert!(false, "the hot summary ruled out {} but the full summary admits it", node.info.name);
+                Detail::Engine {
+                    reason: specs::RejectReason::InvalidRequest,
+                    message: "ruled out by its summary".into(),
+                }
+            }
+        }
     }
 
     fn bind(&mut self, i: usize, pod_key: &str, placement: Option<Placement>, demand: Demand) -> Binding {
@@ -484,12 +547,22 @@ impl Scheduler {
         Binding { node: name, epoch, placement: placement.unwrap_or_default() }
     }
 
-    fn unschedulable(&self, ruled_out: &[(usize, Detail<'_>)]) -> Unschedulable {
+    fn unschedulable(
+        &self,
+        pod_key: &str,
+        pod: &Pod,
+        demand: &Demand,
+        ruled_out: &[usize],
+        engine_rejected: Vec<(usize, Rejection)>,
+    ) -> Unschedulable {
         let mut counts: BTreeMap<ReasonKind, usize> = BTreeMap::new();
         let mut per_node = BTreeMap::new();
-        for (i, d) in ruled_out {
+        let explained = ruled_out.iter().map(|&i| (i, self.explain(i, pod_key, pod, demand)));
+        let engine =
+            engine_rejected.into_iter().map(|(i, r)| (i, Detail::Engine { reason: r.reason, message: r.message }));
+        for (i, d) in explained.chain(engine) {
             *counts.entry(d.kind()).or_default() += 1;
-            per_node.insert(self.nodes[*i].info.name.clone(), d.to_string());
+            per_node.insert(self.nodes[i].info.name.clone(), d.to_string());
         }
         let mut order: Vec<(&ReasonKind, &usize)> = counts.iter().collect();
         order.sort_by(|a, b| b.1.cmp(a.1).then(a.0.label().cmp(b.0.label())));
@@ -500,5 +573,20 @@ impl Scheduler {
             format!("0/{} nodes fit: {}", self.nodes.len(), reasons.join(", "))
         };
         Unschedulable { message, per_node, counts }
+    }
+}
+
+/// A pod's past rejections against a node's current state.
+trait StaleCheck {
+    /// True unless this node rejected the pod and has not changed since.
+    fn is_none_or_fresh(&self, node: &NodeState) -> bool;
+}
+
+impl StaleCheck for Option<&Retry> {
+    fn is_none_or_fresh(&self, node: &NodeState) -> bool {
+        match self {
+            None => true,
+            Some(r) => !r.stale.iter().any(|(n, g)| *g == node.generation && *n == node.info.name),
+        }
     }
 }

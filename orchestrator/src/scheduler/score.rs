@@ -5,25 +5,26 @@
 use specs::pod::SchedulingStrategy;
 
 use super::demand::Demand;
-use super::summary::NodeSummary;
+use super::summary::{Hot, NodeSummary};
 
 /// Scores are integers so that comparisons are exact and cheap.
 pub(crate) const SCALE: u64 = 1_000_000;
 
 /// Fraction of capacity in use once the pod is added, in `SCALE` units.
-fn used_fraction(used: u64, want: u64, capacity: u64) -> u64 {
-    if capacity == 0 {
-        return 0;
-    }
+/// `scale` is `SCALE / capacity`, computed once per node change: a division per
+/// node per pod costs more than the rest of a node's checks. Floating point is
+/// deterministic here (same inputs, same bits) and exact enough to rank nodes.
+fn used_fraction(used: u64, want: u64, capacity: u64, scale: f64) -> u64 {
     let after = used.saturating_add(want).min(capacity);
-    ((u128::from(after) * u128::from(SCALE)) / u128::from(capacity)) as u64
+    ((after as f64 * scale) as u64).min(SCALE)
 }
 
-pub(crate) fn score(strategy: SchedulingStrategy, s: &NodeSummary, d: &Demand) -> u64 {
+/// `s` is read only for `least-numa-nodes` on nodes with many NUMA nodes.
+pub(crate) fn score(strategy: SchedulingStrategy, h: &Hot, s: &NodeSummary, d: &Demand) -> u64 {
     // CPU use counts exclusive CPUs at 1000m each (as they are accounted in
     // `cpu_millis_used`), so an exclusive-heavy node reads as busy.
-    let cpu = used_fraction(s.cpu_millis_used, d.total.cpu_millis, s.cpu_millis_capacity);
-    let mem = used_fraction(s.memory_used, d.total.memory, s.memory_capacity);
+    let cpu = used_fraction(h.cpu_millis_used, d.total.cpu_millis, h.cpu_millis_capacity, h.cpu_scale);
+    let mem = used_fraction(h.memory_used, d.total.memory, h.memory_capacity, h.memory_scale);
     match strategy {
         // Spread: the most free capacity left afterwards (telecom: headroom per site).
         SchedulingStrategy::LeastAllocated => ((SCALE - cpu) + (SCALE - mem)) / 2,
@@ -33,7 +34,7 @@ pub(crate) fn score(strategy: SchedulingStrategy, s: &NodeSummary, d: &Demand) -
         SchedulingStrategy::Balanced => SCALE - cpu.abs_diff(mem),
         // The fewest NUMA nodes the pod would need here, then spread.
         SchedulingStrategy::LeastNumaNodes => {
-            let k = numa_nodes_needed(s, d) as u64;
+            let k = numa_nodes_needed(h, s, d) as u64;
             (64u64.saturating_sub(k)) * SCALE * 2 + ((SCALE - cpu) + (SCALE - mem)) / 2
         }
     }
@@ -42,20 +43,30 @@ pub(crate) fn score(strategy: SchedulingStrategy, s: &NodeSummary, d: &Demand) -
 /// The smallest number of this node's NUMA nodes whose free exclusive CPUs (and,
 /// for a Guaranteed pod, memory) could hold the pod: an estimate of how many
 /// NUMA nodes its placement spans. Sorting on the stack: this runs per node.
-pub(crate) fn numa_nodes_needed(s: &NodeSummary, d: &Demand) -> usize {
+pub(crate) fn numa_nodes_needed(h: &Hot, s: &NodeSummary, d: &Demand) -> usize {
     const MAX: usize = 64;
-    let n = s.numa.len().min(MAX);
+    let n = if h.numa_inline { usize::from(h.numa_len) } else { s.numa.len().min(MAX) };
     let k_cpu = {
         let mut free = [0u64; MAX];
-        for (slot, numa) in free.iter_mut().zip(&s.numa) {
-            *slot = numa.free_cpus.into();
+        if h.numa_inline {
+            for (slot, c) in free.iter_mut().zip(&h.numa_free_cpus[..usize::from(h.numa_len)]) {
+                *slot = (*c).into();
+            }
+        } else {
+            for (slot, numa) in free.iter_mut().zip(&s.numa) {
+                *slot = numa.free_cpus.into();
+            }
         }
         cover(&mut free[..n], d.total.exclusive_cpus.into())
     };
     let k_mem = if d.guaranteed {
         let mut free = [0u64; MAX];
-        for (slot, numa) in free.iter_mut().zip(&s.numa) {
-            *slot = numa.free_memory;
+        if h.numa_inline {
+            free[..usize::from(h.numa_len)].copy_from_slice(&h.numa_free_memory[..usize::from(h.numa_len)]);
+        } else {
+            for (slot, numa) in free.iter_mut().zip(&s.numa) {
+                *slot = numa.free_memory;
+            }
         }
         cover(&mut free[..n], d.total.memory)
     } else {

@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use specs::{Allocations, CpuPolicy, NodeSettings, NodeTopology};
+use specs::pod::TopologyPolicy;
+use specs::{Allocations, CpuPolicy, NodeSettings, NodeTopology, TopologyScope};
 
 use super::demand::{Demand, Request};
 
@@ -178,6 +179,80 @@ impl NodeSummary {
             s.memory_used = s.memory_used.saturating_add(r.memory);
         }
         s
+    }
+}
+
+/// NUMA nodes a `Hot` summary holds inline; nodes with more take the slow path.
+pub(crate) const HOT_NUMA: usize = 8;
+
+/// The numbers the filter scan reads for every node on every pod, packed
+/// together in one array so that the scan walks memory in order instead of
+/// chasing each node's heap pointers. Everything else about a node is read
+/// only for the few nodes this cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Hot {
+    pub ready: bool,
+    pub has_labels: bool,
+    /// The node's own topology policy, scope and `align-by-socket` option.
+    pub policy: TopologyPolicy,
+    pub scope: TopologyScope,
+    pub align_by_socket: bool,
+    /// `numa_*` below are complete (at most `HOT_NUMA` NUMA nodes).
+    pub numa_inline: bool,
+    pub numa_len: u8,
+    pub free_cpus: u32,
+    pub cpu_millis_used: u64,
+    pub cpu_millis_capacity: u64,
+    pub memory_used: u64,
+    pub memory_capacity: u64,
+    /// `SCALE / capacity` (0 for none), so that scoring multiplies instead of dividing.
+    pub cpu_scale: f64,
+    pub memory_scale: f64,
+    pub numa_free_cpus: [u32; HOT_NUMA],
+    pub numa_free_memory: [u64; HOT_NUMA],
+}
+
+impl Hot {
+    pub fn of(s: &NodeSummary, info_ready: bool, has_labels: bool, settings: &NodeSettings) -> Hot {
+        let mut h = Hot {
+            ready: info_ready,
+            has_labels,
+            policy: settings.topology_policy,
+            scope: settings.topology_scope,
+            align_by_socket: settings.cpu_manager.align_by_socket,
+            numa_inline: s.numa.len() <= HOT_NUMA,
+            numa_len: s.numa.len().min(HOT_NUMA) as u8,
+            free_cpus: s.free_cpus,
+            cpu_millis_used: s.cpu_millis_used,
+            cpu_millis_capacity: s.cpu_millis_capacity,
+            memory_used: s.memory_used,
+            memory_capacity: s.memory_capacity,
+            cpu_scale: scale_of(s.cpu_millis_capacity),
+            memory_scale: scale_of(s.memory_capacity),
+            numa_free_cpus: [0; HOT_NUMA],
+            numa_free_memory: [0; HOT_NUMA],
+        };
+        for (i, n) in s.numa.iter().take(HOT_NUMA).enumerate() {
+            h.numa_free_cpus[i] = n.free_cpus;
+            h.numa_free_memory[i] = n.free_memory;
+        }
+        h
+    }
+
+    pub fn free_cpu_millis(&self) -> u64 {
+        self.cpu_millis_capacity.saturating_sub(self.cpu_millis_used)
+    }
+
+    pub fn free_memory(&self) -> u64 {
+        self.memory_capacity.saturating_sub(self.memory_used)
+    }
+}
+
+fn scale_of(capacity: u64) -> f64 {
+    if capacity == 0 {
+        0.0
+    } else {
+        super::score::SCALE as f64 / capacity as f64
     }
 }
 
