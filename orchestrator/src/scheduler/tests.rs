@@ -417,3 +417,31 @@ fn no_nodes_says_so() {
     let mut s = scheduler(SchedulerConfig::default(), vec![]);
     assert_eq!(s.schedule("p", &snn("p", 1)).unwrap_err().message, "0/0 nodes fit: no nodes registered");
 }
+
+/// The packed fast path and the full summary checks must agree on every node:
+/// the scan trusts one, the explanation reads the other.
+#[test]
+fn hot_summary_agrees_with_full_summary() {
+    let mut s = scheduler(
+        SchedulerConfig::default(),
+        vec![node("a", &[10, 10]), node("b", &[20, 20]), node("c", &[3, 5, 7]), node("d", &[2; 10])],
+    );
+    let policies = [None, Some(TopologyPolicy::SingleNumaNode), Some(TopologyPolicy::BestEffort)];
+    let mut checked = 0;
+    for i in 0..200u32 {
+        let p = pod("p", 1 + i % 9, u64::from(1 + i % 40), policies[i as usize % 3]);
+        let demand = Demand::of(&p);
+        for n in 0..s.nodes.len() {
+            let quick = filter::quick(&s.hot[n], &demand, true);
+            let full = s.check_summary(n, &demand);
+            match quick {
+                Quick::Fit => assert_eq!(full, Ok(()), "pod {i} node {n}"),
+                Quick::NoFit => assert!(full.is_err(), "pod {i} node {n}"),
+                Quick::Unknown => {}
+            }
+            checked += 1;
+        }
+        let _ = s.schedule(&format!("p{i}"), &p);
+    }
+    assert_eq!(checked, 800);
+}
