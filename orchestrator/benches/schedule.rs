@@ -105,6 +105,17 @@ fn pod(i: usize, rng: &mut Rng) -> Pod {
     }
 }
 
+/// CPU seconds this thread has used (utime + stime from `/proc/thread-self/stat`,
+/// in clock ticks of 10 ms): on a shared host, wall time also counts waiting.
+fn thread_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
@@ -121,6 +132,7 @@ fn run(node_count: usize, pod_count: usize) {
         s.upsert_node(n);
     }
     let start = Instant::now();
+    let cpu_start = thread_cpu_secs();
     let mut bound = 0usize;
     let mut first_error = None;
     for (n, (key, p)) in pods.iter().enumerate() {
@@ -138,12 +150,15 @@ fn run(node_count: usize, pod_count: usize) {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = thread_cpu_secs().zip(cpu_start).map(|(b, a)| b - a);
     let rss_after = rss_kib();
     let mib = |k: Option<u64>| k.map_or("?".to_string(), |k| format!("{:.1}", k as f64 / 1024.0));
     println!(
         "nodes={node_count} pods={pod_count} bound={bound} time={secs:.3}s rate={:.0} pods/s \
-         rss={} MiB (scheduler: {} MiB)",
+         cpu={} rate_cpu={} pods/s rss={} MiB (scheduler: {} MiB)",
         bound as f64 / secs,
+        cpu.map_or("?".to_string(), |c| format!("{c:.2}s")),
+        cpu.filter(|c| *c > 0.0).map_or("?".to_string(), |c| format!("{:.0}", bound as f64 / c)),
         mib(rss_after),
         mib(rss_after.zip(rss_before).map(|(a, b)| a.saturating_sub(b))),
     );

@@ -376,6 +376,7 @@ pub(crate) enum Quick {
 /// `best-effort`, `single-numa-node`), deciding most nodes from one
 /// contiguous array. Readiness, selector and stale-state checks come first,
 /// elsewhere.
+#[inline]
 pub(crate) fn quick(h: &Hot, d: &Demand, aware: bool) -> Quick {
     let t = &d.total;
     if t.exclusive_cpus > h.free_cpus || t.cpu_millis > h.free_cpu_millis() || t.memory > h.free_memory() {

@@ -174,7 +174,8 @@ impl Default for Scheduler {
 /// A node that passed the filters, with its score.
 #[derive(Clone, Copy)]
 struct Candidate {
-    score: u64,
+    /// Finite (capacities are integers, reciprocals of non-zero integers).
+    score: f64,
     rank: u32,
     node: usize,
 }
@@ -183,6 +184,19 @@ impl Candidate {
     /// Highest score first, then the name that sorts first.
     fn better_than(&self, other: &Candidate) -> bool {
         self.score > other.score || (self.score == other.score && self.rank < other.rank)
+    }
+}
+
+trait BestSoFar {
+    fn is_none_or_worse_than(&self, c: &Candidate) -> bool;
+}
+
+impl BestSoFar for Option<Candidate> {
+    fn is_none_or_worse_than(&self, c: &Candidate) -> bool {
+        match self {
+            None => true,
+            Some(b) => c.better_than(b),
+        }
     }
 }
 
@@ -456,6 +470,7 @@ impl Scheduler {
         // The scan reads `hot` in order and touches a node's full state only for
         // a selector, a past rejection, or what the hot summary cannot decide.
         let mut candidates: Vec<Candidate> = Vec::new();
+        let mut best: Option<Candidate> = None;
         let mut ruled_out: Vec<usize> = Vec::new();
         for (i, h) in self.hot.iter().enumerate() {
             let fit = h.ready
@@ -467,22 +482,24 @@ impl Scheduler {
                     Quick::Unknown => self.check_summary(i, &demand).is_ok(),
                 };
             if fit {
-                let score = score::score(strategy, h, &self.nodes[i].summary, &demand);
-                candidates.push(Candidate { score, rank: self.rank[i], node: i });
+                let c = Candidate {
+                    score: score::score(strategy, h, &self.nodes[i].summary, &demand),
+                    rank: self.rank[i],
+                    node: i,
+                };
+                if best.is_none_or_worse_than(&c) {
+                    best = Some(c);
+                }
+                candidates.push(c);
             } else {
                 ruled_out.push(i);
             }
         }
 
+        // The best was found during the scan; the others are searched only when
+        // the engine turns a candidate down.
         let mut engine_rejected: Vec<(usize, Rejection)> = Vec::new();
-        while !candidates.is_empty() {
-            let mut best = 0;
-            for j in 1..candidates.len() {
-                if candidates[j].better_than(&candidates[best]) {
-                    best = j;
-                }
-            }
-            let c = candidates.swap_remove(best);
+        while let Some(c) = best {
             if !aware {
                 return Ok(self.bind(c.node, pod_key, None, demand));
             }
@@ -490,6 +507,13 @@ impl Scheduler {
             match (self.admit)(&node.info.topology, &node.info.settings, &node.info.allocations, pod_key, pod) {
                 Ok(placement) => return Ok(self.bind(c.node, pod_key, Some(placement), demand)),
                 Err(r) => engine_rejected.push((c.node, r)),
+            }
+            candidates.retain(|x| x.node != c.node);
+            best = None;
+            for x in &candidates {
+                if best.is_none_or_worse_than(x) {
+                    best = Some(*x);
+                }
             }
         }
         Err(self.unschedulable(pod_key, pod, &demand, &ruled_out, engine_rejected))

@@ -7,35 +7,38 @@ use specs::pod::SchedulingStrategy;
 use super::demand::Demand;
 use super::summary::{Hot, NodeSummary};
 
-/// Scores are integers so that comparisons are exact and cheap.
+/// Fractions are in units of `SCALE` (the per-node reciprocals are stored so).
 pub(crate) const SCALE: u64 = 1_000_000;
+const FULL: f64 = SCALE as f64;
 
 /// Fraction of capacity in use once the pod is added, in `SCALE` units.
 /// `scale` is `SCALE / capacity`, computed once per node change: a division per
 /// node per pod costs more than the rest of a node's checks. Floating point is
-/// deterministic here (same inputs, same bits) and exact enough to rank nodes.
-fn used_fraction(used: u64, want: u64, capacity: u64, scale: f64) -> u64 {
-    let after = used.saturating_add(want).min(capacity);
-    ((after as f64 * scale) as u64).min(SCALE)
+/// deterministic (the same inputs give the same bits, so identical nodes tie
+/// exactly) and exact enough to rank nodes.
+#[inline]
+fn used_fraction(used: u64, want: u64, capacity: u64, scale: f64) -> f64 {
+    used.saturating_add(want).min(capacity) as f64 * scale
 }
 
 /// `s` is read only for `least-numa-nodes` on nodes with many NUMA nodes.
-pub(crate) fn score(strategy: SchedulingStrategy, h: &Hot, s: &NodeSummary, d: &Demand) -> u64 {
+#[inline]
+pub(crate) fn score(strategy: SchedulingStrategy, h: &Hot, s: &NodeSummary, d: &Demand) -> f64 {
     // CPU use counts exclusive CPUs at 1000m each (as they are accounted in
     // `cpu_millis_used`), so an exclusive-heavy node reads as busy.
     let cpu = used_fraction(h.cpu_millis_used, d.total.cpu_millis, h.cpu_millis_capacity, h.cpu_scale);
     let mem = used_fraction(h.memory_used, d.total.memory, h.memory_capacity, h.memory_scale);
     match strategy {
         // Spread: the most free capacity left afterwards (telecom: headroom per site).
-        SchedulingStrategy::LeastAllocated => ((SCALE - cpu) + (SCALE - mem)) / 2,
+        SchedulingStrategy::LeastAllocated => FULL - (cpu + mem) / 2.0,
         // Pack: the fullest node that still fits (HPC: keep whole nodes free).
-        SchedulingStrategy::MostAllocated => (cpu + mem) / 2,
+        SchedulingStrategy::MostAllocated => (cpu + mem) / 2.0,
         // CPU and memory used in the same proportion, so neither strands the other.
-        SchedulingStrategy::Balanced => SCALE - cpu.abs_diff(mem),
+        SchedulingStrategy::Balanced => FULL - (cpu - mem).abs(),
         // The fewest NUMA nodes the pod would need here, then spread.
         SchedulingStrategy::LeastNumaNodes => {
-            let k = numa_nodes_needed(h, s, d) as u64;
-            (64u64.saturating_sub(k)) * SCALE * 2 + ((SCALE - cpu) + (SCALE - mem)) / 2
+            let k = numa_nodes_needed(h, s, d) as f64;
+            (64.0 - k) * 2.0 * FULL + FULL - (cpu + mem) / 2.0
         }
     }
 }
