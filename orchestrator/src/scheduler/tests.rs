@@ -445,3 +445,102 @@ fn hot_summary_agrees_with_full_summary() {
     }
     assert_eq!(checked, 800);
 }
+
+fn with(mut p: Pod, resource: &str, quantity: &str) -> Pod {
+    let q = Quantity::parse(quantity).unwrap();
+    let r = &mut p.spec.containers[0].resources;
+    r.requests.insert(resource.into(), q.clone());
+    r.limits.insert(resource.into(), q);
+    p
+}
+
+const VF: &str = "pinion.io/sriov-vf";
+
+/// A 2x8 node with 512 2Mi huge pages per NUMA node, two VFs on NUMA node 1,
+/// CPU 0 reserved, and `held` CPUs taken exclusively.
+fn rich_node(held: CpuSet) -> NodeInfo {
+    let mut n = holding(node("x", &[8, 8]), held);
+    let mut t = machine(&[8, 8]);
+    for numa in &mut t.numa_nodes {
+        numa.hugepages = vec![specs::topology::HugePages { page_size_bytes: 2 << 20, total: 512 }];
+    }
+    for addr in ["0000:3b:00.1", "0000:3b:00.2"] {
+        t.devices.push(specs::topology::PciDevice { address: addr.into(), class: "0x020000".into(), numa: Some(1) });
+    }
+    n.topology = Arc::new(t);
+    n.settings.reserved_cpus = CpuSet::single(0);
+    n.settings.devices.insert(VF.into(), vec!["0000:3b:00.1".into(), "0000:3b:00.2".into()]);
+    n
+}
+
+/// The summary stages alone (totals, then per NUMA node) on one node.
+#[test]
+fn summary_filters_rule_out_what_cannot_fit() {
+    let check = |held: CpuSet, pod: Pod, expected: Result<(), &str>| {
+        let n = rich_node(held);
+        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+        let d = Demand::of(&pod);
+        let got = filter::totals(&s, &d).and_then(|()| filter::numa(&s, &d, &n.settings)).map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(str::to_string), "{:?}", d.total);
+    };
+    let none = CpuSet::new();
+    let snn = |cpus| pod("p", cpus, 1, Some(TopologyPolicy::SingleNumaNode));
+    let restricted = |cpus| pod("p", cpus, 1, Some(TopologyPolicy::Restricted));
+    // Reserved CPU 0 is never handed out: 15 allocatable, NUMA node 0 has 7.
+    check(none.clone(), pod("p", 15, 1, None), Ok(()));
+    check(none.clone(), pod("p", 16, 1, None), Err("needs 16 exclusive CPUs; 15 free"));
+    check(none.clone(), snn(8), Ok(()));
+    // Holding CPU 8 (NUMA node 1) leaves 7 on each NUMA node.
+    check(CpuSet::range(8, 8), snn(8), Err("no single NUMA node has 8 free exclusive CPUs; best is node 0 with 7"));
+    // Memory aligns for a Guaranteed pod: 64Gi per NUMA node.
+    check(
+        none.clone(),
+        pod("p", 1, 100, Some(TopologyPolicy::SingleNumaNode)),
+        Err("no single NUMA node has 100Gi free memory; best is node 0 with 64Gi"),
+    );
+    check(none.clone(), pod("p", 1, 100, None), Ok(()));
+    // Huge pages: 1Gi per NUMA node.
+    check(none.clone(), with(snn(1), "hugepages-2Mi", "1Gi"), Ok(()));
+    check(
+        none.clone(),
+        with(snn(1), "hugepages-2Mi", "2Gi"),
+        Err("no single NUMA node has 2Gi free hugepages-2Mi; best is node 0 with 1Gi"),
+    );
+    check(none.clone(), with(snn(1), "hugepages-2Mi", "3Gi"), Err("needs 3Gi of hugepages-2Mi; 2Gi free"));
+    // Devices: two VFs, both on NUMA node 1.
+    check(none.clone(), with(snn(4), VF, "2"), Ok(()));
+    check(none.clone(), with(snn(4), VF, "3"), Err("needs 3 pinion.io/sriov-vf; 2 free"));
+    check(
+        CpuSet::range(8, 13),
+        with(snn(4), VF, "1"),
+        Err("no single NUMA node has all the pod's aligned resources at once"),
+    );
+    check(CpuSet::range(8, 13), with(pod("p", 4, 1, Some(TopologyPolicy::BestEffort)), VF, "1"), Ok(()));
+    // Restricted: the narrowest possible span must have room.
+    check(none.clone(), restricted(8), Ok(()));
+    check(CpuSet::range(1, 4), restricted(6), Ok(()));
+    check(
+        CpuSet::from_ids([1, 2, 3, 8, 9, 10]),
+        restricted(6),
+        Err("restricted policy: 6 exclusive CPUs need 1 NUMA node(s) at best; the freest 1 have 5"),
+    );
+    check(none.clone(), restricted(12), Ok(()));
+}
+
+#[test]
+fn container_scope_aligns_each_container_alone() {
+    let n = node("x", &[8, 8]);
+    let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+    let mut p = pod("p", 6, 1, Some(TopologyPolicy::SingleNumaNode));
+    let mut second = p.spec.containers[0].clone();
+    second.name = "second".into();
+    p.spec.containers.push(second);
+    let check = |scope, expected: Result<(), &str>| {
+        let mut p = p.clone();
+        p.spec.topology.as_mut().unwrap().scope = Some(scope);
+        let got = filter::numa(&s, &Demand::of(&p), &n.settings).map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(str::to_string), "{scope:?}");
+    };
+    check(specs::TopologyScope::Container, Ok(()));
+    check(specs::TopologyScope::Pod, Err("no single NUMA node has 12 free exclusive CPUs; best is node 0 with 8"));
+}
