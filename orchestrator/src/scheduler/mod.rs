@@ -229,11 +229,17 @@ impl Scheduler {
         match self.index.get(&node.name).copied() {
             Some(i) => {
                 let n = &mut self.nodes[i];
+                // Only a change that can alter the engine's answer counts as a new
+                // state (a heartbeat re-sending the same node does not).
+                let same_machine = (Arc::ptr_eq(&n.info.topology, &node.topology) || n.info.topology == node.topology)
+                    && n.info.settings == node.settings;
+                if !same_machine {
+                    n.generation += 1;
+                }
                 n.info.labels = node.labels;
                 n.info.topology = node.topology;
                 n.info.settings = node.settings;
                 n.info.ready = node.ready;
-                n.generation += 1;
                 self.report(i, node.allocations);
             }
             None => {

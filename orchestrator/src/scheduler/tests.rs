@@ -365,6 +365,10 @@ fn rejection_backs_off_and_skips_the_stale_state() {
     assert_eq!(u.counts.get(&ReasonKind::RejectedAtThisState), Some(&2));
     assert!(u.per_node["node-b"].ends_with("state moved on"), "{}", u.per_node["node-b"]);
 
+    // A heartbeat re-sending the same node and truth is not a new state.
+    s.upsert_node(node("node-b", &[20, 20]));
+    assert!(s.schedule("p", &p).is_err());
+
     // A report from node-b that changes its state makes it eligible again.
     let mut truth = Allocations::default();
     truth.apply("other", Placement::default());
