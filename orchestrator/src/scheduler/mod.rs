@@ -357,11 +357,21 @@ impl Scheduler {
         self.ranks_dirty = false;
     }
 
-    /// The binding this scheduler made for a pod, if it is still bound.
+    /// The binding this scheduler made for a pod, while the node's mirror still
+    /// holds the pod (assumed, or in the node's truth). A binding the node has
+    /// dropped (it refused or finished the pod) is no binding.
     pub fn binding(&self, pod_key: &str) -> Option<Binding> {
         let rec = self.pods.get(pod_key)?;
         let node = &self.nodes[*self.index.get(&rec.node)?];
-        let placement = if rec.blind { Placement::default() } else { node.info.allocations.pods.get(pod_key)?.clone() };
+        let held = node.info.allocations.pods.get(pod_key);
+        let placement = if rec.blind {
+            if held.is_none() && !node.assumed.iter().any(|a| a.pod_key == pod_key) {
+                return None;
+            }
+            Placement::default()
+        } else {
+            held?.clone()
+        };
         Some(Binding { node: rec.node.clone(), epoch: rec.epoch, placement })
     }
 
@@ -464,6 +474,8 @@ impl Scheduler {
         if let Some(b) = self.binding(pod_key) {
             return Ok(b);
         }
+        // A record whose node no longer holds the pod is history: schedule afresh.
+        self.pods.remove(pod_key);
         if self.ranks_dirty {
             self.rerank();
         }

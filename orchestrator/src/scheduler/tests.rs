@@ -548,3 +548,24 @@ fn container_scope_aligns_each_container_alone() {
     check(specs::TopologyScope::Container, Ok(()));
     check(specs::TopologyScope::Pod, Err("no single NUMA node has 12 free exclusive CPUs; best is node 0 with 8"));
 }
+
+/// A caller that keeps its own in-flight bindings pushes truth plus in-flight
+/// pods through `upsert_node`; when it drops a refused pod from that mirror, the
+/// old binding is gone and the pod is scheduled afresh.
+#[test]
+fn a_binding_the_node_no_longer_holds_is_scheduled_afresh() {
+    let mut s = seed_cluster();
+    let b = s.schedule("p", &snn("p", 20)).unwrap();
+    assert_eq!(b.node, "node-b");
+    // The caller's mirror push includes the in-flight pod: still bound.
+    let mut with_p = Allocations::default();
+    with_p.apply("p", b.placement.clone());
+    s.upsert_node(NodeInfo { allocations: with_p, ..node("node-b", &[20, 20]) });
+    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap(), b);
+    // The node refused it; the caller pushes the mirror without it.
+    s.upsert_node(node("node-b", &[20, 20]));
+    assert_eq!(s.binding("p"), None);
+    let again = s.schedule("p", &snn("p", 20)).unwrap();
+    assert_eq!(again.node, "node-b");
+    assert_eq!(s.node("node-b").unwrap().allocations.pods.len(), 1);
+}
