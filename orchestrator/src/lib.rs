@@ -2,3 +2,4 @@
 //! (hyper + rustls), the topology-aware scheduler and node lifecycle.
 
 pub mod scheduler;
+pub mod store;
