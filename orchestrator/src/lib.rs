@@ -3,3 +3,4 @@
 
 pub mod scheduler;
 pub mod store;
+pub mod tls;
