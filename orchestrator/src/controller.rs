@@ -103,7 +103,7 @@ impl Controller {
         store: Store,
         config: ControllerConfig,
         shutdown: watch::Receiver<bool>,
-    ) -> Result<Arc<Controller>, StoreError> {
+    ) -> Result<(Arc<Controller>, Vec<tokio::task::JoinHandle<()>>), StoreError> {
         let now = Instant::now();
         let c = Arc::new(Controller {
             store: store.clone(),
@@ -150,9 +150,11 @@ impl Controller {
                 inner.sync_mirror(&n);
             }
         }
-        tokio::spawn(c.clone().schedule_loop(shutdown.clone()));
-        tokio::spawn(c.clone().lifecycle_loop(shutdown));
-        Ok(c)
+        let loops = vec![
+            tokio::spawn(c.clone().schedule_loop(shutdown.clone())),
+            tokio::spawn(c.clone().lifecycle_loop(shutdown)),
+        ];
+        Ok((c, loops))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -294,6 +296,9 @@ impl Controller {
 
     async fn schedule_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
+            if *shutdown.borrow() {
+                break;
+            }
             let next = self.pass().await;
             let sleep = match next {
                 Some(t) => tokio::time::sleep_until(t),
@@ -302,12 +307,11 @@ impl Controller {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = sleep => {}
-                _ = shutdown.changed() => return,
-            }
-            if *shutdown.borrow() {
-                return;
+                _ = shutdown.changed() => {}
             }
         }
+        // Let the binding writes in flight finish before the store closes.
+        let _ = self.writes.acquire_many(WRITES_IN_FLIGHT as u32).await;
     }
 
     /// One scheduling pass over due pods; returns when the next one is due.

@@ -7,3 +7,4 @@ pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod client;

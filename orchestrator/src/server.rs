@@ -120,7 +120,7 @@ impl Server {
     /// Serves until `shutdown` turns true; returns after in-flight requests end
     /// and the store is flushed.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), ServerError> {
-        let controller = Controller::start(self.store.clone(), self.options.controller, shutdown.clone())
+        let (controller, loops) = Controller::start(self.store.clone(), self.options.controller, shutdown.clone())
             .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
         let state = Arc::new(ApiState {
             store: self.store.clone(),
@@ -129,12 +129,20 @@ impl Server {
             join_token: self.join_token.clone(),
             server_url: self.server_url(),
         });
-        serve(self.listener, self.tls, state, self.options.api, shutdown).await;
+        serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
+        for l in loops {
+            let _ = l.await;
+        }
+        drop(state);
         self.store
             .flush()
             .await
             .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
-        tracing::info!("server stopped; store flushed");
+        if self.store.close(self.options.api.shutdown_timeout).await {
+            tracing::info!("server stopped; store flushed and closed");
+        } else {
+            tracing::warn!("server stopped; store flushed, but some handle kept it open");
+        }
         Ok(())
     }
 }

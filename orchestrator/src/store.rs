@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use specs::api::{Event, Node, WatchEventType};
 use specs::pod::ObjectMeta;
 use specs::Pod;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 /// How many change-log entries are kept for watch resumption.
 pub const DEFAULT_LOG_KEEP: u64 = 50_000;
@@ -303,6 +303,8 @@ struct Shared {
 pub struct Store {
     shared: Arc<Shared>,
     jobs: mpsc::Sender<Job>,
+    /// Turns true when the committer has flushed for the last time and let go of the database.
+    closed: watch::Receiver<bool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -334,12 +336,16 @@ impl Store {
             changes,
         });
         let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 4);
+        let (closed_tx, closed) = watch::channel(false);
         let committer = shared.clone();
         std::thread::Builder::new()
             .name("store-committer".into())
-            .spawn(move || commit_loop(committer, rx, options))
+            .spawn(move || {
+                commit_loop(committer, rx, options);
+                let _ = closed_tx.send(true);
+            })
             .map_err(|e| StoreError::Sled(sled::Error::Io(e)))?;
-        Ok(Store { shared, jobs })
+        Ok(Store { shared, jobs, closed })
     }
 
     /// Runs `f` as one atomic write; its writes are kept only when it returns `Ok`,
@@ -415,6 +421,16 @@ impl Store {
         Ok(w)
     }
 
+    /// Drops this handle and waits until the committer has made its last flush and
+    /// released the database, or `timeout` passes (other handles still alive:
+    /// watchers, in-flight writers). Returns whether it closed.
+    pub async fn close(self, timeout: std::time::Duration) -> bool {
+        let mut closed = self.closed.clone();
+        drop(self);
+        let ok = tokio::time::timeout(timeout, closed.wait_for(|c| *c)).await;
+        matches!(ok, Ok(Ok(_)))
+    }
+
     /// Flushes everything to disk (the committer also flushes after every batch).
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.shared.db.flush_async().await?;
@@ -476,6 +492,8 @@ impl Watch {
     }
 }
 
+/// Ends when every `Store` handle is gone; then flushes and drops its hold on the
+/// database (sled's file lock goes with the last `Shared`).
 fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreOptions) {
     let mut rv = shared.published.load(Ordering::Acquire);
     while let Some(first) = rx.blocking_recv() {
