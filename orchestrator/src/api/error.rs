@@ -16,10 +16,10 @@ pub fn bad_request(message: impl Into<String>) -> ApiError {
 
 /// 422 with every field problem.
 pub fn invalid(kind: &str, name: &str, details: Vec<FieldError>) -> ApiError {
-    let message = format!(
-        "{kind} {name:?} is invalid: {}",
-        details.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-    );
+    // The problems travel in `details` (and `Display` lists them): the message is the summary.
+    let n = details.len();
+    let what = if name.is_empty() { kind.to_lowercase() } else { format!("{} {name:?}", kind.to_lowercase()) };
+    let message = format!("{what} is invalid ({n} problem{})", if n == 1 { "" } else { "s" });
     ApiError { code: 422, reason: "Invalid".into(), message, details }
 }
 
