@@ -128,3 +128,30 @@ fn acknowledged_pods_survive_kill_9() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("not found"), "{err}");
 }
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = start_server(dir.path());
+    assert!(apply(&dir.path().join("admin.conf"), "before-term"));
+    let pid = server.0.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let exit = loop {
+        if let Some(s) = server.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "server did not stop after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(exit.success(), "exit status {exit:?}");
+    // The store was closed cleanly: a new server opens it and finds the pod.
+    let _again = start_server(dir.path());
+    let out = Command::new(PINION)
+        .args(["get", "pods", "before-term", "-o", "json", "--config"])
+        .arg(dir.path().join("admin.conf"))
+        .output()
+        .expect("get");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -63,6 +63,8 @@ pub fn event(kind: &str, name: &str, event_type: &str, reason: &str, message: im
 
 struct NodeState {
     node: Node,
+    /// Shared with the scheduler's mirror; rebuilt only when the node re-registers.
+    topology: Arc<specs::NodeTopology>,
     ready: bool,
     last_seen: Instant,
     /// Status reports received; a rejected pod waits for the next one.
@@ -122,7 +124,15 @@ impl Controller {
                 // A restart is not a missed heartbeat: every node gets a fresh grace period.
                 inner.nodes.insert(
                     name,
-                    NodeState { node, ready, last_seen: now, reports: 0, truth, inflight: BTreeMap::new() },
+                    NodeState {
+                        topology: Arc::new(node.spec.topology.clone()),
+                        node,
+                        ready,
+                        last_seen: now,
+                        reports: 0,
+                        truth,
+                        inflight: BTreeMap::new(),
+                    },
                 );
             }
             let (_, pods) = store.list::<Pod>()?;
@@ -194,6 +204,7 @@ impl Controller {
         let name = node.metadata.name.clone();
         let now = Instant::now();
         let entry = inner.nodes.entry(name.clone()).or_insert_with(|| NodeState {
+            topology: Arc::new(node.spec.topology.clone()),
             node: node.clone(),
             ready: node.status.condition == NodeCondition::Ready,
             last_seen: now,
@@ -201,6 +212,9 @@ impl Controller {
             truth: node.status.allocations.clone(),
             inflight: BTreeMap::new(),
         });
+        if entry.node.spec.topology != node.spec.topology {
+            entry.topology = Arc::new(node.spec.topology.clone());
+        }
         entry.node = node.clone();
         entry.ready = node.status.condition == NodeCondition::Ready;
         entry.last_seen = now;
@@ -550,7 +564,7 @@ impl Inner {
         self.sched.upsert_node(NodeInfo {
             name: name.to_string(),
             labels: n.node.metadata.labels.clone(),
-            topology: Arc::new(n.node.spec.topology.clone()),
+            topology: n.topology.clone(),
             settings: n.node.spec.settings.clone(),
             allocations,
             ready: n.ready,
