@@ -59,7 +59,9 @@ fn apply(config: &Path, name: &str) -> bool {
         let _ = stdin.write_all(manifest.as_bytes());
     }
     match child.wait_with_output() {
-        Ok(out) => out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&format!("pod/{name} created")),
+        Ok(out) => {
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&format!("pod/{name} created"))
+        }
         Err(_) => false,
     }
 }
@@ -101,11 +103,8 @@ fn acknowledged_pods_survive_kill_9() {
     assert!(server.lock().expect("lock").is_none(), "the server was not killed mid-stream");
 
     let _server = start_server(dir.path());
-    let out = Command::new(PINION)
-        .args(["get", "pods", "-o", "json", "--config"])
-        .arg(&config)
-        .output()
-        .expect("pinion get");
+    let out =
+        Command::new(PINION).args(["get", "pods", "-o", "json", "--config"]).arg(&config).output().expect("pinion get");
     assert!(out.status.success(), "get failed: {}", String::from_utf8_lossy(&out.stderr));
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let names: std::collections::BTreeSet<String> = list["items"]
@@ -118,11 +117,7 @@ fn acknowledged_pods_survive_kill_9() {
     assert!(lost.is_empty(), "acknowledged but lost after kill -9: {lost:?}");
 
     // Errors are one line and a non-zero exit.
-    let out = Command::new(PINION)
-        .args(["get", "pods", "nope", "--config"])
-        .arg(&config)
-        .output()
-        .expect("pinion get");
+    let out = Command::new(PINION).args(["get", "pods", "nope", "--config"]).arg(&config).output().expect("pinion get");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");

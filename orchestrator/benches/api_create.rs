@@ -80,7 +80,9 @@ async fn run(pods: usize, conns: usize) {
     }
     let elapsed = start.elapsed();
     all.sort();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or_default();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or_default()
+    };
     println!(
         "api_create: {} pods over {conns} connections in {:.2}s = {:.0} pods/s (p50 {:.1} ms, p99 {:.1} ms), durable (flushed) before each reply",
         all.len(),

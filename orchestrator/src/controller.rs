@@ -96,6 +96,9 @@ pub struct Controller {
     inner: Mutex<Inner>,
     wake: Notify,
     writes: Arc<Semaphore>,
+    /// Serializes node condition changes (NotReady, Ready, status reports) so a
+    /// heartbeat racing the NotReady marking cannot be lost.
+    transitions: tokio::sync::Mutex<()>,
 }
 
 impl Controller {
@@ -113,6 +116,7 @@ impl Controller {
             inner: Mutex::new(Inner { sched: Scheduler::default(), nodes: HashMap::new(), queue: BTreeMap::new() }),
             wake: Notify::new(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
+            transitions: tokio::sync::Mutex::new(()),
         });
         {
             let mut inner = c.lock();
@@ -229,12 +233,44 @@ impl Controller {
         inner.sched.remove_node(name);
     }
 
-    /// Whether the node is known and marked NotReady (the caller then stores Ready).
-    pub fn heartbeat(&self, name: &str) -> Option<bool> {
-        let mut inner = self.lock();
-        let n = inner.nodes.get_mut(name)?;
-        n.last_seen = Instant::now();
-        Some(!n.ready)
+    /// Held while a node's condition is written (see `transitions`).
+    pub async fn transition_guard(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.transitions.lock().await
+    }
+
+    /// Records a heartbeat; a NotReady node is stored Ready again. `Ok(false)`
+    /// when the node is unknown.
+    pub async fn heartbeat(&self, name: &str) -> Result<bool, Refused> {
+        {
+            let mut inner = self.lock();
+            let Some(n) = inner.nodes.get_mut(name) else { return Ok(false) };
+            n.last_seen = Instant::now();
+            if n.ready {
+                return Ok(true);
+            }
+        }
+        let _g = self.transitions.lock().await;
+        if self.lock().nodes.get(name).is_none_or(|n| n.ready) {
+            return Ok(true);
+        }
+        let n = name.to_string();
+        let node = self
+            .store
+            .write(move |t| -> Result<Option<Node>, Refused> {
+                let Some(mut node) = t.get::<Node>(&n)? else { return Ok(None) };
+                node.status.condition = NodeCondition::Ready;
+                t.put(&mut node)?;
+                t.add_event(event("Node", &n, "Normal", "NodeReady", "heartbeats resumed"))?;
+                Ok(Some(node))
+            })
+            .await?;
+        match node {
+            Some(node) => {
+                self.node_updated(&node, false);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// The node's stored object changed (Ready again, or its status report).
@@ -413,13 +449,10 @@ impl Controller {
                 status.phase = PodPhase::Scheduled;
                 status.node_name = Some(b.node.clone());
                 status.reason = Some("Scheduled".into());
-                let cpus: Vec<String> = b.placement.containers.iter().map(|c| format!("{}={}", c.name, c.cpus)).collect();
-                status.message = Some(format!(
-                    "bound to {} (NUMA {}; cpus {})",
-                    b.node,
-                    b.placement.numa_affinity,
-                    cpus.join(" ")
-                ));
+                let cpus: Vec<String> =
+                    b.placement.containers.iter().map(|c| format!("{}={}", c.name, c.cpus)).collect();
+                status.message =
+                    Some(format!("bound to {} (NUMA {}; cpus {})", b.node, b.placement.numa_affinity, cpus.join(" ")));
                 status.placement = Some(b.placement.summary());
                 status.plan = Some(PodPlan { epoch: b.epoch, placement: b.placement.clone() });
                 status.attempts = status.attempts.saturating_add(1);
@@ -496,6 +529,12 @@ impl Controller {
 
     async fn mark_not_ready(&self, name: &str) {
         let grace = self.config.heartbeat_grace;
+        let _g = self.transitions.lock().await;
+        let still_lost =
+            self.lock().nodes.get(name).is_some_and(|n| n.ready && Instant::now().duration_since(n.last_seen) > grace);
+        if !still_lost {
+            return;
+        }
         let pods = match self.store.list::<Pod>() {
             Ok((_, pods)) => pods,
             Err(e) => return tracing::error!(error = %e, "cannot list pods"),
@@ -513,7 +552,10 @@ impl Controller {
                 let Some(mut node) = t.get::<Node>(&node_name)? else { return Ok(None) };
                 node.status.condition = NodeCondition::NotReady;
                 t.put(&mut node)?;
-                let msg = format!("no heartbeat for more than {}s; its pods are left running and marked Unknown", grace.as_secs_f64());
+                let msg = format!(
+                    "no heartbeat for more than {}s; its pods are left running and marked Unknown",
+                    grace.as_secs_f64()
+                );
                 t.add_event(event("Node", &node_name, "Warning", "NodeNotReady", msg))?;
                 for p in &mine {
                     let Some(mut pod) = t.get::<Pod>(p)? else { continue };

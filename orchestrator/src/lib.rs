@@ -2,9 +2,9 @@
 //! (hyper + rustls), the topology-aware scheduler and node lifecycle.
 
 pub mod api;
+pub mod client;
 pub mod controller;
 pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod tls;
-pub mod client;

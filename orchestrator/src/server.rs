@@ -80,7 +80,8 @@ impl Server {
         let listener = TcpListener::bind(&options.listen)
             .await
             .map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
+        let addr =
+            listener.local_addr().map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
         let host = listen_host(&options.listen);
         let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
         if !host.is_empty() && host != "0.0.0.0" && host != "::" {
@@ -88,7 +89,8 @@ impl Server {
         }
         names.extend(options.tls_sans.iter().cloned());
         let tls = Arc::new(pki.server_config(&names)?);
-        let url_host = if host.is_empty() || host == "0.0.0.0" || host == "::" { "127.0.0.1".to_string() } else { host };
+        let url_host =
+            if host.is_empty() || host == "0.0.0.0" || host == "::" { "127.0.0.1".to_string() } else { host };
         let server_url = if url_host.contains(':') {
             format!("https://[{url_host}]:{}", addr.port())
         } else {

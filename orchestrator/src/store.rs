@@ -263,8 +263,7 @@ impl Txn<'_> {
         event.metadata.name = format!("{}.{rv}", event.involved_object.name);
         event.metadata.resource_version = Some(rv);
         let key = format!("{prefix}{rv:020}").into_bytes();
-        let bytes =
-            serde_json::to_vec(&event).map_err(|source| StoreError::Encode { key: prefix.clone(), source })?;
+        let bytes = serde_json::to_vec(&event).map_err(|source| StoreError::Encode { key: prefix.clone(), source })?;
         let existing: Vec<Vec<u8>> =
             self.batch.tree.scan_prefix(&prefix).keys().flatten().map(|k| k.to_vec()).collect();
         if existing.len() >= EVENTS_PER_OBJECT {
@@ -328,13 +327,8 @@ impl Store {
         let rv = read_u64(&tree, KEY_RV)?;
         let log_start = read_u64(&tree, KEY_LOG_START)?.max(1);
         let (changes, _) = broadcast::channel(4096);
-        let shared = Arc::new(Shared {
-            db,
-            tree,
-            published: AtomicU64::new(rv),
-            log_start: AtomicU64::new(log_start),
-            changes,
-        });
+        let shared =
+            Arc::new(Shared { db, tree, published: AtomicU64::new(rv), log_start: AtomicU64::new(log_start), changes });
         let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 4);
         let (closed_tx, closed) = watch::channel(false);
         let committer = shared.clone();
@@ -530,7 +524,8 @@ fn commit_batch(shared: &Shared, b: &mut Batcher, options: StoreOptions) -> Resu
     }
     let mut batch = sled::Batch::default();
     for c in &b.changes {
-        let bytes = serde_json::to_vec(c).map_err(|source| StoreError::Encode { key: format!("log/{}", c.rv), source })?;
+        let bytes =
+            serde_json::to_vec(c).map_err(|source| StoreError::Encode { key: format!("log/{}", c.rv), source })?;
         batch.insert(log_key(c.rv), bytes);
     }
     for (k, v) in std::mem::take(&mut b.overlay) {

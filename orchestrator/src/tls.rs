@@ -100,12 +100,10 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
                     let value = r.next().read_der()?;
                     if oid == cn_oid {
                         // Any string type: the value bytes after tag and length.
-                        let s = yasna::parse_der(&value, |r| {
-                            r.read_utf8string().or_else(|_| Ok(String::new()))
-                        })
-                        .ok()
-                        .filter(|s| !s.is_empty())
-                        .or_else(|| skip_header(&value).map(|b| String::from_utf8_lossy(b).into_owned()));
+                        let s = yasna::parse_der(&value, |r| r.read_utf8string().or_else(|_| Ok(String::new())))
+                            .ok()
+                            .filter(|s| !s.is_empty())
+                            .or_else(|| skip_header(&value).map(|b| String::from_utf8_lossy(b).into_owned()));
                         found = s;
                     }
                     Ok(())
@@ -198,12 +196,8 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io_err(&tmp))?;
     f.write_all(bytes).map_err(io_err(&tmp))?;
     f.sync_all().map_err(io_err(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io_err(path))?;

@@ -212,13 +212,21 @@ async fn identities_are_enforced() {
         api_code(n1.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body.clone()))).await),
         403
     );
-    assert_eq!(n2.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body))).await.expect("own").0, 201);
+    assert_eq!(
+        n2.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body))).await.expect("own").0,
+        201
+    );
     let status = Bytes::from_static(b"{\"phase\":\"Running\"}");
     assert_eq!(
-        api_code(n1.call::<Pod>(Method::PUT, "/api/v1/pods/on-2/status", Some(("application/json", status.clone()))).await),
+        api_code(
+            n1.call::<Pod>(Method::PUT, "/api/v1/pods/on-2/status", Some(("application/json", status.clone()))).await
+        ),
         403
     );
-    let (_, p) = n2.call::<Pod>(Method::PUT, "/api/v1/pods/on-2/status", Some(("application/json", status))).await.expect("own status");
+    let (_, p) = n2
+        .call::<Pod>(Method::PUT, "/api/v1/pods/on-2/status", Some(("application/json", status)))
+        .await
+        .expect("own status");
     assert_eq!(p.status.map(|s| s.phase), Some(PodPhase::Running));
     s.stop().await;
 }
@@ -334,11 +342,78 @@ async fn a_binding_reaches_the_nodes_watch() {
         .expect("register");
     let mut w = n.watch_pods(None, None, None).await.expect("watch");
     s.admin.create_pod(manifest("web", "")).await.expect("create");
-    let (ty, pod) = tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("in time").expect("ok").expect("some");
+    let (ty, pod) =
+        tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("in time").expect("ok").expect("some");
     assert_eq!(ty, WatchEventType::Added);
     assert_eq!(pod.spec.node_name.as_deref(), Some("n1"));
     let status = pod.status.expect("status");
     assert_eq!(status.phase, PodPhase::Scheduled);
     assert!(status.plan.is_some());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_update_pods_and_rejections_requeue_with_an_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let n = s.node_client(dir.path(), "edge").await;
+    let other = s.node_client(dir.path(), "other").await;
+    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("edge", 2, 4))))
+        .await
+        .expect("register");
+    s.admin.create_pod(manifest("run", "  nodeName: edge\n")).await.expect("create");
+    s.admin.create_pod(manifest("refused", "  nodeName: edge\n")).await.expect("create");
+
+    // A status report: allocations (per-NUMA free CPUs follow) and pod phases.
+    let report = serde_json::json!({
+        "nodeName": "edge",
+        "allocations": {"epoch": 3, "pods": {"run": {"numaAffinity": [1], "containers": [
+            {"name": "main", "cpuPolicy": "exclusive", "cpus": [4, 5], "mems": [1], "memory": {"1": 1048576}}
+        ]}}},
+        "pods": {"run": {"phase": "Running"}, "refused": {"phase": "Pending"}}
+    });
+    let body = Bytes::from(serde_json::to_vec(&report).expect("encode"));
+    let (_, status) = n
+        .call::<NodeStatus>(Method::PUT, "/api/v1/nodes/edge/status", Some(("application/json", body.clone())))
+        .await
+        .expect("report");
+    let free: Vec<usize> = status.numa.iter().map(|z| z.free_cpus.len()).collect();
+    assert_eq!(free, [4, 2]);
+    assert_eq!(status.allocations.epoch, 3);
+    assert_eq!(s.admin.get_pod("run").await.expect("run").status.map(|s| s.phase), Some(PodPhase::Running));
+    assert_eq!(
+        api_code(
+            other.call::<NodeStatus>(Method::PUT, "/api/v1/nodes/edge/status", Some(("application/json", body))).await
+        ),
+        403
+    );
+
+    // The node refuses a binding: back to Pending with the reason and an event.
+    let rejection =
+        Bytes::from_static(b"{\"reason\":\"TopologyAffinity\",\"message\":\"no single NUMA node has 2 free CPUs\"}");
+    assert_eq!(
+        api_code(
+            other
+                .call::<Pod>(
+                    Method::POST,
+                    "/api/v1/pods/refused/rejection",
+                    Some(("application/json", rejection.clone()))
+                )
+                .await
+        ),
+        403
+    );
+    let (_, pod) = n
+        .call::<Pod>(Method::POST, "/api/v1/pods/refused/rejection", Some(("application/json", rejection)))
+        .await
+        .expect("reject");
+    let st = pod.status.expect("status");
+    assert_eq!((st.phase, st.reason.as_deref()), (PodPhase::Pending, Some("Rejected")));
+    assert!(pod.spec.node_name.is_none());
+    assert!(st.message.unwrap_or_default().contains("TopologyAffinity"));
+    let events = s.admin.events("Pod", "refused").await.expect("events");
+    assert!(events.items.iter().any(|e| e.reason == "Rejected"), "{events:?}");
+    // No longer bound to edge: its node may not read it.
+    assert_eq!(api_code(n.get_pod("refused").await), 403);
     s.stop().await;
 }

@@ -26,5 +26,8 @@ fn openapi_matches_the_route_table() {
         routes().iter().map(|r| (r.method.as_str().to_string(), r.path.to_string())).collect();
     let missing: Vec<_> = served.difference(&documented).collect();
     let stale: Vec<_> = documented.difference(&served).collect();
-    assert!(missing.is_empty() && stale.is_empty(), "undocumented routes: {missing:?}; documented but not served: {stale:?}");
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "undocumented routes: {missing:?}; documented but not served: {stale:?}"
+    );
 }

@@ -90,7 +90,11 @@ pub struct DeviceCount {
 
 impl NodeStatus {
     /// Per-NUMA capacity and free resources from a topology, settings and allocations.
-    pub fn numa_summary(topology: &NodeTopology, settings: &NodeSettings, allocations: &Allocations) -> Vec<NumaStatus> {
+    pub fn numa_summary(
+        topology: &NodeTopology,
+        settings: &NodeSettings,
+        allocations: &Allocations,
+    ) -> Vec<NumaStatus> {
         let mut held = allocations.exclusive_cpus();
         held.union_with(&topology.reserved_cpus);
         held.union_with(&settings.reserved_cpus);
@@ -311,7 +315,10 @@ impl LabelSelector {
                 SelectorTerm::Exists(raw.to_string())
             };
             let key = match &term {
-                SelectorTerm::Eq(k, _) | SelectorTerm::NotEq(k, _) | SelectorTerm::Exists(k) | SelectorTerm::NotExists(k) => k,
+                SelectorTerm::Eq(k, _)
+                | SelectorTerm::NotEq(k, _)
+                | SelectorTerm::Exists(k)
+                | SelectorTerm::NotExists(k) => k,
             };
             if key.is_empty() || key.contains(|c: char| c.is_whitespace() || c == '=' || c == '!') {
                 return Err(err(&format!("bad key in {raw:?}")));

@@ -45,7 +45,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let s = p.status.clone().unwrap_or_default();
             let labels: Vec<String> = p.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(out, "Name:        {}", p.metadata.name);
-            let _ = writeln!(out, "Labels:      {}", if labels.is_empty() { "<none>".into() } else { labels.join(",") });
+            let _ =
+                writeln!(out, "Labels:      {}", if labels.is_empty() { "<none>".into() } else { labels.join(",") });
             let _ = writeln!(out, "Created:     {}", p.metadata.creation_timestamp.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Node:        {}", p.spec.node_name.as_deref().unwrap_or("<none>"));
             let _ = writeln!(out, "Phase:       {:?}", s.phase);
@@ -134,7 +135,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                             .map(|h| format!("{}Ki:{}/{}", h.page_size_bytes >> 10, h.free, h.total))
                             .collect::<Vec<_>>()
                             .join(" "),
-                        z.devices.iter().map(|(k, d)| format!("{k}:{}/{}", d.free, d.total)).collect::<Vec<_>>().join(" "),
+                        z.devices
+                            .iter()
+                            .map(|(k, d)| format!("{k}:{}/{}", d.free, d.total))
+                            .collect::<Vec<_>>()
+                            .join(" "),
                     ]
                 })
                 .collect();

@@ -208,7 +208,10 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let t = table(&["NAME", "STATUS"], &[vec!["a-long-name".into(), "Running".into()], vec!["b".into(), "Pending".into()]]);
+        let t = table(
+            &["NAME", "STATUS"],
+            &[vec!["a-long-name".into(), "Running".into()], vec!["b".into(), "Pending".into()]],
+        );
         assert_eq!(t, "NAME          STATUS\na-long-name   Running\nb             Pending\n");
     }
 }

@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use specs::api::{
-    ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType,
-};
+use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
 use specs::{Pod, PodPhase, PodStatus};
 
 use super::error::{conflict, forbidden, not_found, store_error, unauthorized, Refused};
@@ -80,7 +78,9 @@ pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
 
 fn require_known(id: &Identity) -> Result<(), ApiError> {
     match id {
-        Identity::Anonymous => Err(unauthorized("a client certificate is required (admin credentials or a joined node's)")),
+        Identity::Anonymous => {
+            Err(unauthorized("a client certificate is required (admin credentials or a joined node's)"))
+        }
         Identity::Other(cn) => Err(forbidden(format!("certificate {cn:?} is not an admin or node identity"))),
         _ => Ok(()),
     }
@@ -112,7 +112,9 @@ fn require_pod_access(id: &Identity, pod: &Pod) -> Result<(), ApiError> {
     match id {
         Identity::Admin => Ok(()),
         Identity::Node(n) if pod.spec.node_name.as_deref() == Some(n) => Ok(()),
-        Identity::Node(n) => Err(forbidden(format!("node {n:?} may not access pod {:?} (not bound to it)", pod.metadata.name))),
+        Identity::Node(n) => {
+            Err(forbidden(format!("node {n:?} may not access pod {:?} (not bound to it)", pod.metadata.name)))
+        }
         _ => Err(forbidden("not allowed")),
     }
 }
@@ -264,7 +266,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         return Err(Refused(conflict(format!("pod {name:?} is not bound to a node"))));
                     };
                     let s = pod.status.get_or_insert_with(PodStatus::default);
-                    let message = format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
+                    let message =
+                        format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
                     s.phase = PodPhase::Pending;
                     s.node_name = None;
                     s.plan = None;
@@ -343,19 +346,15 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::Heartbeat(name) => {
             require_self(id, &name)?;
-            match state.controller.heartbeat(&name) {
-                None => Err(not_found("Node", &name)),
-                Some(false) => json(200, &serde_json::json!({"condition": "Ready"})),
-                Some(true) => {
-                    let node = set_ready(store, &name).await?;
-                    state.controller.node_updated(&node, false);
-                    json(200, &serde_json::json!({"condition": "Ready"}))
-                }
+            match state.controller.heartbeat(&name).await.map_err(|Refused(e)| e)? {
+                false => Err(not_found("Node", &name)),
+                true => json(200, &serde_json::json!({"condition": "Ready"})),
             }
         }
         Action::ReportNodeStatus { name, report } => {
             require_self(id, &name)?;
             let n = name.clone();
+            let _g = state.controller.transition_guard().await;
             let node = store
                 .write(move |t| -> Result<Node, Refused> {
                     let Some(mut node) = t.get::<Node>(&n)? else { return Err(Refused(not_found("Node", &n))) };
@@ -426,18 +425,4 @@ fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ApiError> 
     reported.node_name = pod.spec.node_name.clone();
     pod.status = Some(reported);
     Ok(())
-}
-
-async fn set_ready(store: &Store, name: &str) -> Result<Node, ApiError> {
-    let n = name.to_string();
-    store
-        .write(move |t| -> Result<Node, Refused> {
-            let Some(mut node) = t.get::<Node>(&n)? else { return Err(Refused(not_found("Node", &n))) };
-            node.status.condition = NodeCondition::Ready;
-            t.put(&mut node)?;
-            t.add_event(event("Node", &n, "Normal", "NodeReady", "heartbeats resumed"))?;
-            Ok(node)
-        })
-        .await
-        .map_err(|Refused(e)| e)
 }

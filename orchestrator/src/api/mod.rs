@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -157,24 +157,45 @@ async fn handle(
     let (route, param) = match match_route(table, req.method(), req.uri().path()) {
         Matched::Route(r, p) => (r, p),
         Matched::MethodNotAllowed => {
-            return error_response(&error(405, "MethodNotAllowed", format!("{} is not allowed on {}", req.method(), req.uri().path())))
+            return error_response(&error(
+                405,
+                "MethodNotAllowed",
+                format!("{} is not allowed on {}", req.method(), req.uri().path()),
+            ))
         }
         Matched::NotFound => return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path()))),
     };
-    let too_large = || error(413, "RequestEntityTooLarge", format!("request body is larger than {} bytes", config.body_limit));
+    let too_large =
+        || error(413, "RequestEntityTooLarge", format!("request body is larger than {} bytes", config.body_limit));
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > config.body_limit as u64) {
+        drain(req.into_body(), config).await;
         return error_response(&too_large());
     }
-    let (parts, body) = req.into_parts();
-    let body = match tokio::time::timeout(config.read_timeout, Limited::new(body, config.body_limit).collect()).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            return error_response(&too_large())
+    let (parts, mut body) = req.into_parts();
+    let limit = config.body_limit;
+    let collected = tokio::time::timeout(config.read_timeout, async {
+        let mut buf = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                if buf.len() + data.len() > limit {
+                    return Ok(None);
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok::<_, hyper::Error>(Some(buf.freeze()))
+    })
+    .await;
+    let body = match collected {
+        Ok(Ok(Some(b))) => b,
+        Ok(Ok(None)) => {
+            drain(body, config).await;
+            return error_response(&too_large());
         }
         Ok(Err(e)) => return error_response(&bad_request(format!("cannot read the body: {e}"))),
         Err(_) => return error_response(&error(408, "RequestTimeout", "the body did not arrive in time")),
@@ -224,6 +245,24 @@ async fn handle(
         }
         Err(e) => error_response(&e),
     }
+}
+
+/// Reads and discards what is left of a refused body (up to 16 times the limit)
+/// so the client, still sending, reads the 413 instead of a broken pipe.
+async fn drain(mut body: Incoming, config: ApiConfig) {
+    let cap = config.body_limit.saturating_mul(16);
+    let _ = tokio::time::timeout(config.read_timeout, async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(d) = frame.into_data() {
+                seen += d.len();
+                if seen > cap {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
 }
 
 /// A streaming body fed by a channel (the watch task writes lines into it).

@@ -4,8 +4,8 @@
 
 use bytes::Bytes;
 use hyper::HeaderMap;
-use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
 use specs::api::ApiError;
+use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
 use specs::pod::API_VERSION;
 use specs::validate::FieldError;
 use specs::{Pod, PodStatus};
@@ -74,9 +74,10 @@ pub fn parse(
             if q.flag("watch")? {
                 let from = match q.get("resourceVersion") {
                     None | Some("") => None,
-                    Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                        bad_request(format!("resourceVersion {v:?} is not a non-negative integer"))
-                    })?),
+                    Some(v) => Some(
+                        v.parse::<u64>()
+                            .map_err(|_| bad_request(format!("resourceVersion {v:?} is not a non-negative integer")))?,
+                    ),
                 };
                 Action::WatchPods { selector, node, from }
             } else {
@@ -189,7 +190,10 @@ pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
         errs.push(FieldError { field: "spec.topology.cpus".into(), message: "more CPUs than Linux supports".into() });
     }
     if t.numa_nodes.is_empty() || t.numa_nodes.len() > 1024 {
-        errs.push(FieldError { field: "spec.topology.numaNodes".into(), message: "must list 1 to 1024 NUMA nodes".into() });
+        errs.push(FieldError {
+            field: "spec.topology.numaNodes".into(),
+            message: "must list 1 to 1024 NUMA nodes".into(),
+        });
     }
     for (i, c) in t.cpus.iter().enumerate() {
         if t.numa_node(c.numa).is_none() {
@@ -247,10 +251,16 @@ fn check_quantities(pod: &Pod, errs: &mut Vec<FieldError>) {
                     errs.push(FieldError { field, message: format!("{} must not be negative", q.as_str()) });
                 } else if res == "cpu" && q.millis_ceil() > MAX_CPU_MILLIS {
                     errs.push(FieldError { field, message: format!("{} CPUs is more than any node has", q.as_str()) });
-                } else if res != "cpu" && q.units_ceil() > MAX_BYTES && (res == "memory" || res.starts_with("hugepages-")) {
+                } else if res != "cpu"
+                    && q.units_ceil() > MAX_BYTES
+                    && (res == "memory" || res.starts_with("hugepages-"))
+                {
                     errs.push(FieldError { field, message: format!("{} is more than any node has", q.as_str()) });
                 } else if res.contains('/') && q.units_ceil() > 1024 {
-                    errs.push(FieldError { field, message: format!("{} devices is more than any node has", q.as_str()) });
+                    errs.push(FieldError {
+                        field,
+                        message: format!("{} devices is more than any node has", q.as_str()),
+                    });
                 }
             }
         }
