@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod engine;
 pub mod idset;
 pub mod manifest;
