@@ -4,6 +4,8 @@
 //!
 //! Calls are blocking; the agent calls them from `spawn_blocking`.
 
+pub mod hollow;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
