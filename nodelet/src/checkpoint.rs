@@ -136,6 +136,7 @@ pub fn spec_hash(pod: &Pod) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use specs::{ContainerPlacement, CpuPolicy, CpuSet, NumaSet, Placement};
@@ -172,7 +173,11 @@ mod tests {
                 pod: pod("a"),
                 containers: [(
                     "main".to_string(),
-                    ContainerRecord { runtime_id: Some("static.a_main_0".into()), restart_count: 3, last_exit_code: Some(1) },
+                    ContainerRecord {
+                        runtime_id: Some("static.a_main_0".into()),
+                        restart_count: 3,
+                        last_exit_code: Some(1),
+                    },
                 )]
                 .into(),
                 finished: None,

@@ -46,6 +46,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -166,8 +166,7 @@ impl Watch {
         // SAFETY: the fd belongs to the `Inotify` moved into the `AsyncFd`; it is
         // closed only when the `AsyncFd` (which deregisters first) is dropped,
         // and nothing else closes or replaces it meanwhile.
-        let fd = unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(ino)) }
-            .map_err(|e| e.into_parts().1)?;
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(ino)) }.map_err(|e| e.into_parts().1)?;
         Ok(Watch { fd })
     }
 
@@ -239,6 +238,7 @@ pub async fn watch(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -151,17 +151,20 @@ fn lock_data_dir(config: &AgentConfig) -> Result<nix::fcntl::Flock<std::fs::File
         .write(true)
         .open(&path)
         .map_err(|source| AgentError::Io { path: path.clone(), source })?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        .map_err(|_| AgentError::Locked { path })
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| AgentError::Locked { path })
 }
 
 #[derive(Debug, Clone)]
 enum Stage {
     /// Not admitted. `rejected`: the epoch and rejection of the last failed try.
-    Pending { rejected: Option<(u64, Rejection)> },
+    Pending {
+        rejected: Option<(u64, Rejection)>,
+    },
     Admitted,
     /// Being stopped; `then` replaces it once every container is gone.
-    Terminating { then: Option<Box<Desired>> },
+    Terminating {
+        then: Option<Box<Desired>>,
+    },
     Finished(PodPhase),
 }
 
@@ -174,8 +177,13 @@ struct Desired {
 #[derive(Debug, Clone, PartialEq)]
 enum CtrState {
     /// Not running; start at `at` (`reason`: why it waits, e.g. `CrashLoopBackOff`).
-    Waiting { at: Instant, reason: Option<String> },
-    Running { since: Instant },
+    Waiting {
+        at: Instant,
+        reason: Option<String>,
+    },
+    Running {
+        since: Instant,
+    },
     /// Exited and will not run again.
     Terminated,
 }
@@ -283,7 +291,8 @@ impl Agent {
             last_report: None,
             dirty: false,
         };
-        let listed: BTreeSet<String> = agent.call("list containers", agent.cfg.op_timeout, |rt| rt.list()).await?.into_iter().collect();
+        let listed: BTreeSet<String> =
+            agent.call("list containers", agent.cfg.op_timeout, |rt| rt.list()).await?.into_iter().collect();
         let mut known = BTreeSet::new();
         for (key, rec) in cp.pods {
             let mut entry = PodEntry::new(Desired { pod: rec.pod, plan: None });
@@ -316,11 +325,12 @@ impl Agent {
             tracing::warn!(id, "removing a container the checkpoint does not know");
             let rid = id.clone();
             let grace = Duration::from_secs(5);
-            if let Err(e) = agent.call(&format!("stop leaked container {id}"), grace + agent.cfg.op_timeout, move |rt| {
-                rt.stop(&rid, grace)?;
-                rt.remove(&rid)
-            })
-            .await
+            if let Err(e) = agent
+                .call(&format!("stop leaked container {id}"), grace + agent.cfg.op_timeout, move |rt| {
+                    rt.stop(&rid, grace)?;
+                    rt.remove(&rid)
+                })
+                .await
             {
                 tracing::error!(id, error = %e, "cannot remove a leaked container");
             }
@@ -400,7 +410,10 @@ impl Agent {
             for ctr in &mut entry.ctrs {
                 if ctr.last_exit.is_some() {
                     ctr.restart_count += 1;
-                    ctr.state = CtrState::Waiting { at: now + self.cfg.backoff.delay(0), reason: Some("CrashLoopBackOff".into()) };
+                    ctr.state = CtrState::Waiting {
+                        at: now + self.cfg.backoff.delay(0),
+                        reason: Some("CrashLoopBackOff".into()),
+                    };
                 }
             }
             entry.stage = Stage::Pending { rejected: None };
@@ -474,7 +487,8 @@ impl Agent {
                     )
                 })
                 .collect();
-            cp.pods.insert(key.clone(), PodRecord { spec_hash: e.hash.clone(), pod: e.pod.clone(), containers, finished });
+            cp.pods
+                .insert(key.clone(), PodRecord { spec_hash: e.hash.clone(), pod: e.pod.clone(), containers, finished });
         }
         cp
     }
@@ -501,7 +515,9 @@ impl Agent {
                 let stale: Vec<String> = self
                     .pods
                     .keys()
-                    .filter(|k| SourceKind::of_key(k) == source && !listed.contains(*k) && !self.invalid.contains_key(*k))
+                    .filter(|k| {
+                        SourceKind::of_key(k) == source && !listed.contains(*k) && !self.invalid.contains_key(*k)
+                    })
                     .cloned()
                     .collect();
                 for key in stale {
@@ -744,7 +760,8 @@ impl Agent {
         }
         e.attempts += 1;
         let adopted = e.plan.as_ref().and_then(|plan| {
-            match reconcile::check_plan(&self.cfg.topology, &self.cfg.settings.reserved_cpus, &self.alloc, &e.pod, plan) {
+            match reconcile::check_plan(&self.cfg.topology, &self.cfg.settings.reserved_cpus, &self.alloc, &e.pod, plan)
+            {
                 Ok(()) => Some(plan.placement.clone()),
                 Err(why) => {
                     tracing::debug!(key, why, "re-running the engine instead of adopting the plan");
@@ -812,7 +829,9 @@ impl Agent {
         for (key, i, id, (cpus, mems)) in updates {
             let (c2, m2, rid) = (cpus.clone(), mems.clone(), id.clone());
             let r = self
-                .call(&format!("update cpuset of {id}"), self.cfg.op_timeout, move |rt| rt.update_cpuset(&rid, &c2, &m2))
+                .call(&format!("update cpuset of {id}"), self.cfg.op_timeout, move |rt| {
+                    rt.update_cpuset(&rid, &c2, &m2)
+                })
                 .await;
             let Some(e) = self.pods.get_mut(&key) else { continue };
             match r {
@@ -840,7 +859,7 @@ impl Agent {
             let Some(e) = self.pods.get_mut(key) else { return };
             let spec = e.pod.spec.containers[i].clone();
             let Some(cp) = reconcile::placement_of(&placement, &spec.name) else { continue };
-            let id = reconcile::runtime_id(key, &spec.name, e.ctrs[i].restart_count);
+            let id = reconcile::runtime_id(key, &spec.name, &e.hash, e.ctrs[i].restart_count);
             let cpus = self.alloc.cpuset_for(&self.cfg.topology, cp);
             let cfg = reconcile::container_config(
                 &self.cfg.data_dir,
@@ -860,7 +879,8 @@ impl Agent {
                 let e = self.pods.get_mut(key).expect("present");
                 e.ctrs[i].runtime_id = None;
                 e.message = Some(err.to_string());
-                e.ctrs[i].state = CtrState::Waiting { at: now + self.cfg.poll_interval, reason: Some("CheckpointError".into()) };
+                e.ctrs[i].state =
+                    CtrState::Waiting { at: now + self.cfg.poll_interval, reason: Some("CheckpointError".into()) };
                 continue;
             }
             if let Some(dir) = cfg.log_path.parent() {
@@ -910,4 +930,5 @@ impl Agent {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests;

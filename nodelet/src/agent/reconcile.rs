@@ -107,10 +107,11 @@ fn sanitize(s: &str, max: usize) -> String {
 }
 
 /// The runtime id of one incarnation of a container: readable, unique per node
-/// (the hash keeps `static/a-b` and an orchestrator pod `static-a-b` apart), a
-/// plain file name of at most 128 bytes.
-pub fn runtime_id(pod_key: &str, container: &str, incarnation: u32) -> String {
-    let hash = fnv1a64(format!("{pod_key}\0{container}").as_bytes()) as u32;
+/// (the hash keeps `static/a-b` and an orchestrator pod `static-a-b` apart, and a
+/// replaced pod's containers from the old version's), a plain file name of at
+/// most 128 bytes.
+pub fn runtime_id(pod_key: &str, container: &str, spec_hash: &str, incarnation: u32) -> String {
+    let hash = fnv1a64(format!("{pod_key}\0{container}\0{spec_hash}").as_bytes()) as u32;
     let key = sanitize(pod_key.trim_start_matches(['.', '-', '/']), 60);
     let key = if key.is_empty() { "pod".to_string() } else { key };
     format!("{key}_{}_{hash:08x}_{incarnation}", sanitize(container, 40))
@@ -201,6 +202,7 @@ pub fn placement_of<'a>(placement: &'a Placement, name: &str) -> Option<&'a Cont
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use specs::topology::{Cpu, NumaNode};
@@ -237,14 +239,15 @@ mod tests {
 
     #[test]
     fn runtime_ids_are_plain_unique_file_names() {
-        let a = runtime_id("static/web", "main", 0);
+        let a = runtime_id("static/web", "main", "h", 0);
         assert!(a.starts_with("static-web_main_"), "{a}");
         assert!(a.ends_with("_0"));
-        assert_ne!(a, runtime_id("static-web", "main", 0), "same sanitized key, different pods");
-        assert_ne!(a, runtime_id("static/web", "main", 1), "incarnations differ");
-        let long = runtime_id(&"x".repeat(300), &"y".repeat(300), u32::MAX);
+        assert_ne!(a, runtime_id("static-web", "main", "h", 0), "same sanitized key, different pods");
+        assert_ne!(a, runtime_id("static/web", "main", "h", 1), "incarnations differ");
+        assert_ne!(a, runtime_id("static/web", "main", "h2", 0), "spec versions differ");
+        let long = runtime_id(&"x".repeat(300), &"y".repeat(300), "h", u32::MAX);
         assert!(long.len() <= 128, "{}", long.len());
-        for id in [a, long, runtime_id("/../..", "a b", 3)] {
+        for id in [a, long, runtime_id("/../..", "a b", "h", 3)] {
             assert!(!id.starts_with(['.', '-']), "{id}");
             assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)), "{id}");
         }
@@ -287,7 +290,10 @@ mod tests {
         let t = topo();
         let p = pod("  - name: a\n");
         let mut alloc = Allocations::default();
-        alloc.apply("other", Placement { numa_affinity: NumaSet::single(0), containers: vec![cp("x", CpuPolicy::Exclusive, "1")] });
+        alloc.apply(
+            "other",
+            Placement { numa_affinity: NumaSet::single(0), containers: vec![cp("x", CpuPolicy::Exclusive, "1")] },
+        );
         let plan = |epoch, c: ContainerPlacement| BoundPlan {
             epoch,
             placement: Placement { numa_affinity: NumaSet::single(1), containers: vec![c] },

@@ -89,9 +89,10 @@ pub(super) fn build(agent: &Agent) -> NodeReport {
                 let (state, reason) = match &c.state {
                     CtrState::Waiting { reason, .. } => (ShownState::Waiting, reason.clone()),
                     CtrState::Running { .. } => (ShownState::Running, None),
-                    CtrState::Terminated => {
-                        (ShownState::Terminated, c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()))
-                    }
+                    CtrState::Terminated => (
+                        ShownState::Terminated,
+                        c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()),
+                    ),
                 };
                 // A running or waiting container still says how it last ended.
                 let reason = reason.or_else(|| c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()));

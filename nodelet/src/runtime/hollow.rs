@@ -167,7 +167,9 @@ impl Runtime for HollowRuntime {
     fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.with(|st| match st.containers.get(id) {
             None => Ok(((), false)),
-            Some(c) if matches!(c.state, ContainerState::Running { .. }) => Err(cerr(id, "still running; stop it first")),
+            Some(c) if matches!(c.state, ContainerState::Running { .. }) => {
+                Err(cerr(id, "still running; stop it first"))
+            }
             Some(_) => {
                 st.containers.remove(id);
                 Ok(((), true))
@@ -181,6 +183,7 @@ impl Runtime for HollowRuntime {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::runtime::RootfsConfig;
