@@ -119,6 +119,11 @@ impl Checkpoint {
                 }
             }
         }
+        for (key, rec) in &self.pods {
+            if rec.finished.is_none() && !self.allocations.pods.contains_key(key) {
+                return Err(format!("pod {key:?} is neither finished nor allocated"));
+            }
+        }
         Ok(())
     }
 }
@@ -228,6 +233,9 @@ mod tests {
         let mut orphan = sample();
         orphan.pods.clear();
         check(&serde_json::to_string(&orphan).unwrap(), "has no pod record");
+        let mut unallocated = sample();
+        unallocated.allocations.release("static/a");
+        check(&serde_json::to_string(&unallocated).unwrap(), "neither finished nor allocated");
     }
 
     #[test]

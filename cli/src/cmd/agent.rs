@@ -131,11 +131,7 @@ fn load_devices(
         let mut addrs = Vec::new();
         for (i, e) in entries.into_iter().enumerate() {
             if !known.contains(&e.address.as_str()) {
-                bail!(
-                    "{}: {resource}[{i}].address: {} is not a PCI device of this machine",
-                    path.display(),
-                    e.address
-                );
+                bail!("{}: {resource}[{i}].address: {} is not a PCI device of this machine", path.display(), e.address);
             }
             if nodes.insert(e.address.clone(), e.device_nodes).is_some() {
                 bail!("{}: {resource}[{i}].address: {} is listed twice", path.display(), e.address);
@@ -296,7 +292,16 @@ pub fn table(report: &NodeReport) -> String {
                 reason = dash();
             }
             let (k, ph) = if i == 0 { (key.clone(), phase.clone()) } else { (String::new(), String::new()) };
-            rows.push([k, ph, c.name.clone(), format!("{:?}", c.state), c.restart_count.to_string(), cpus, mems, reason]);
+            rows.push([
+                k,
+                ph,
+                c.name.clone(),
+                format!("{:?}", c.state),
+                c.restart_count.to_string(),
+                cpus,
+                mems,
+                reason,
+            ]);
         }
     }
     let mut widths = [0usize; 8];
