@@ -32,8 +32,9 @@ const DEFAULT_DATA_DIR: &str = "/var/lib/pinion";
 pub struct Args {
     #[command(subcommand)]
     pub command: Option<AgentCommand>,
+    // Boxed: the flags are many and `Command` holds every verb's `Args` inline.
     #[command(flatten)]
-    pub run: RunArgs,
+    pub run: Box<RunArgs>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -102,7 +103,7 @@ fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
 pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Some(AgentCommand::Status(s)) => status(s),
-        None => run_agent(args.run).await,
+        None => run_agent(*args.run).await,
     }
 }
 
@@ -115,12 +116,16 @@ struct DeviceEntry {
     device_nodes: Vec<PathBuf>,
 }
 
-/// Reads `--devices`: resource -> PCI addresses (for the engine) and address ->
-/// device nodes (for the runtime).
-fn load_devices(
-    path: &Path,
-    topology: &NodeTopology,
-) -> anyhow::Result<(BTreeMap<String, Vec<String>>, BTreeMap<String, Vec<PathBuf>>)> {
+/// What `--devices` says, split for its two readers.
+struct Devices {
+    /// Resource name -> PCI addresses (for the engine).
+    resources: BTreeMap<String, Vec<String>>,
+    /// PCI address -> device nodes (for the runtime).
+    nodes: BTreeMap<String, Vec<PathBuf>>,
+}
+
+/// Reads `--devices`; every address must be a PCI device of this machine.
+fn load_devices(path: &Path, topology: &NodeTopology) -> anyhow::Result<Devices> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let parsed: BTreeMap<String, Vec<DeviceEntry>> =
         serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a devices config", path.display()))?;
@@ -140,7 +145,7 @@ fn load_devices(
         }
         resources.insert(resource, addrs);
     }
-    Ok((resources, nodes))
+    Ok(Devices { resources, nodes })
 }
 
 fn settings(args: &RunArgs, topology: &NodeTopology) -> anyhow::Result<NodeSettings> {
@@ -194,9 +199,9 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut settings = settings(&args, &topology)?;
     let mut device_nodes = BTreeMap::new();
     if let Some(path) = &args.devices {
-        let (resources, nodes) = load_devices(path, &topology)?;
-        settings.devices = resources;
-        device_nodes = nodes;
+        let devices = load_devices(path, &topology)?;
+        settings.devices = devices.resources;
+        device_nodes = devices.nodes;
     }
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize().with_context(|| format!("{}", args.data_dir.display()))?;
