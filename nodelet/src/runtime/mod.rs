@@ -4,6 +4,7 @@
 //!
 //! Calls are blocking; the agent calls them from `spawn_blocking`.
 
+pub mod hollow;
 pub mod libcontainer;
 
 use std::collections::BTreeMap;
