@@ -242,7 +242,7 @@ pub async fn watch(
 mod tests {
     use super::*;
 
-    const GOOD: &str = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: main\n    command: [sleep, inf]\n";
+    const GOOD: &str = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n";
 
     fn kinds(chs: &[DesiredChange]) -> Vec<String> {
         chs.iter()
