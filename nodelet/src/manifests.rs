@@ -267,7 +267,7 @@ mod tests {
         check(&GOOD.replace("command", "comand"), "unknown field `comand`");
         check(&GOOD.replace("kind: Pod", "kind: Job"), "kind: must be Pod");
         check(&GOOD.replace("pinion.io/v1", "v1"), "apiVersion: must be pinion.io/v1");
-        check(&GOOD.replace("name: web", "name: ''"), "metadata.name: must not be empty");
+        check(&GOOD.replace("name: web", "name: ''"), "metadata.name: \"\" is not a DNS-1123 label");
         check(&GOOD.replace("- name: main\n", ""), "spec.containers");
         check("{", "bad.yaml");
         assert!(parse_manifest("ok.yaml", GOOD).is_ok());

@@ -118,7 +118,6 @@ fn nodes_of(t: &NodeTopology, cpus: &CpuSet) -> NumaSet {
 }
 
 #[tokio::test]
-#[ignore = "needs the admission engine (issue 2): specs::admit still rejects every pod"]
 async fn single_numa_node_on_two_by_ten_and_retry_after_removal() {
     let dir = tempfile::tempdir().unwrap();
     let t = two_by_ten();
@@ -156,7 +155,6 @@ async fn single_numa_node_on_two_by_ten_and_retry_after_removal() {
 }
 
 #[tokio::test]
-#[ignore = "needs the admission engine (issue 2): specs::admit still rejects every pod"]
 async fn restarted_agent_keeps_every_pod_on_its_cpus() {
     let dir = tempfile::tempdir().unwrap();
     let t = two_by_ten();
@@ -185,7 +183,6 @@ async fn restarted_agent_keeps_every_pod_on_its_cpus() {
 }
 
 #[tokio::test]
-#[ignore = "needs the admission engine (issue 2): specs::admit still rejects every pod"]
 async fn fixture_machine_admits_on_one_numa_node() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
@@ -207,6 +204,6 @@ async fn fixture_machine_admits_on_one_numa_node() {
     assert_eq!(cpus.len(), 8);
     assert_eq!(nodes_of(&t, &cpus), mems);
     assert_eq!(mems.len(), 1);
-    assert_eq!(r.pods["static/too-big"].reason.as_deref(), Some("TopologyAffinity"));
+    assert_eq!(r.pods["static/too-big"].reason.as_deref(), Some("InsufficientCpu"));
     a.shutdown().await;
 }
