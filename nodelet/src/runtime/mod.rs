@@ -5,6 +5,7 @@
 //! Calls are blocking; the agent calls them from `spawn_blocking`.
 
 pub mod hollow;
+pub mod libcontainer;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
