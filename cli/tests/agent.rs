@@ -18,7 +18,7 @@ const TOPOLOGY: &str = r#"{"cpus":[{"id":0,"core":0,"socket":0,"numa":0},{"id":1
 
 fn manifest(name: &str, cpu: &str) -> String {
     format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    command: [sleep, inf]\n    resources: {{limits: {{cpu: '{cpu}', memory: 64Mi}}}}\n"
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources: {{limits: {{cpu: '{cpu}', memory: 64Mi}}}}\n"
     )
 }
 
