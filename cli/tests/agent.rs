@@ -114,7 +114,7 @@ fn malformed_manifest_is_reported_by_file_and_field_and_sigterm_stops_cleanly() 
     assert_eq!(v["nodeName"], "t1");
     assert_eq!(v["pods"]["static/bad"]["reason"], "InvalidManifest");
     let msg = v["pods"]["static/bad"]["message"].as_str().unwrap();
-    assert!(msg.starts_with("bad.yaml: spec.containers[0]: unknown field `comand`"), "{msg}");
+    assert!(msg.starts_with("bad.yaml: spec.containers[0].comand: unknown field `comand`"), "{msg}");
 
     let out = Command::new(PINION).args(["agent", "status", "--data-dir"]).arg(&s.data).output().unwrap();
     assert!(out.status.success());

@@ -206,6 +206,18 @@ fn cgroups(tag: &str) -> Vec<PathBuf> {
     out
 }
 
+/// The containers' long-lived processes: `sleep 1000` and the looping `sh` (their
+/// short-lived children come and go every 100 ms).
+fn long_lived(tag: &str) -> Vec<i32> {
+    processes(tag)
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.starts_with(b"sh\0") || cmd.starts_with(b"sleep\01000")
+        })
+        .collect()
+}
+
 fn mounts(under: &Path) -> usize {
     let root = under.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().filter(|l| l.contains(&root)).count()
@@ -265,7 +277,7 @@ fn kill_9_of_the_agent_keeps_containers_cpus_and_leaks_nothing() {
     let pid = std::process::id();
     let tag = format!("-{pid}_");
     let (ex, sh) = (format!("kex-{pid}"), format!("ksh-{pid}"));
-    let counts = |h: &Host| (cgroups(&tag).len(), processes(&tag).len(), mounts(&h.data));
+    let counts = |h: &Host| (cgroups(&tag).len(), long_lived(&tag).len(), mounts(&h.data));
     assert_eq!(counts(&h), (0, 0, 0));
     h.write(&ex, &pod(&ex, "1", SHOW_AND_SLEEP, "Always"));
     h.write(&sh, &pod(&sh, "500m", SHOW_EVERY_100MS, "Always"));
@@ -277,16 +289,17 @@ fn kill_9_of_the_agent_keeps_containers_cpus_and_leaks_nothing() {
     let before = h.wait("both running", running);
     h.wait_log(&sh, "CPU 0", |l| last_line(l) == "Cpus_allowed_list:\t0");
     let ids_before = (h.container_ids(&ex), h.container_ids(&sh));
-    let procs_before = processes(&tag);
+    let procs_before = long_lived(&tag);
+    assert_eq!(procs_before.len(), 2, "one sleep, one sh");
     let counts_before = counts(&h);
 
     h.signal_agent("KILL");
-    assert_eq!(processes(&tag), procs_before, "containers outlive the agent");
+    assert_eq!(long_lived(&tag), procs_before, "containers outlive the agent");
     h.start_agent();
     let after = h.wait("both adopted", running);
     assert_eq!(after["allocations"], before["allocations"], "same CPUs, nothing re-allocated");
     assert_eq!((h.container_ids(&ex), h.container_ids(&sh)), ids_before, "same containers");
-    assert_eq!(processes(&tag), procs_before, "same processes");
+    assert_eq!(long_lived(&tag), procs_before, "same processes");
     assert_eq!(counts(&h), counts_before, "no leaked cgroup, mount or process");
     assert_eq!(after["pods"][format!("static/{ex}")]["containerStatuses"][0]["restartCount"], 0);
 
@@ -300,6 +313,7 @@ fn kill_9_of_the_agent_keeps_containers_cpus_and_leaks_nothing() {
     h.wait("sh stopped", |v| v["pods"][format!("static/{sh}")].is_null());
     h.signal_agent("TERM");
     assert_eq!(counts(&h), (0, 0, 0), "everything gone");
+    assert_eq!(processes(&tag), Vec::<i32>::new());
 }
 
 #[test]
