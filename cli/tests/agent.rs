@@ -103,7 +103,6 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 }
 
 #[test]
-#[ignore = "needs the admission engine (issue 2): specs::admit still rejects every pod"]
 fn malformed_manifest_is_reported_by_file_and_field_and_sigterm_stops_cleanly() {
     let s = setup();
     std::fs::write(s.manifests.join("good.yaml"), manifest("good", "500m")).unwrap();
@@ -179,7 +178,6 @@ fn bad_flags_and_files_are_clear_errors() {
 
 /// Needs the admission engine: pods must run to be adopted.
 #[test]
-#[ignore = "needs the admission engine (issue 2): specs::admit still rejects every pod"]
 fn hollow_pods_survive_kill_9_of_the_agent() {
     let s = setup();
     std::fs::write(s.manifests.join("a.yaml"), manifest("a", "1")).unwrap();
