@@ -213,7 +213,7 @@ fn long_lived(tag: &str) -> Vec<i32> {
         .into_iter()
         .filter(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmd.starts_with(b"sh\0") || cmd.starts_with(b"sleep\01000")
+            cmd.starts_with(b"sh\0") || cmd.starts_with(b"sleep\x001000")
         })
         .collect()
 }
