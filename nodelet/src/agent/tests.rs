@@ -96,7 +96,8 @@ fn config(dir: &Path, cpus: u32) -> AgentConfig {
     );
     c.admit = first_fit;
     c.poll_interval = Duration::from_millis(10);
-    c.backoff = Backoff { base: Duration::from_millis(20), cap: Duration::from_millis(80) };
+    // No streak reset: a slow test machine must not make a crash loop look healthy.
+    c.backoff = Backoff { base: Duration::from_millis(20), cap: Duration::from_millis(80), reset_after: Duration::MAX };
     c.op_timeout = Duration::from_secs(5);
     c
 }
