@@ -7,6 +7,9 @@
 //! mask that holds it (the kubelet's default hint). Within the nodes, memory is
 //! taken node by node in index order until the request is covered; the
 //! container's `mems` are all the nodes of the mask.
+//!
+//! Not reproduced: the kubelet's rule that a node already holding part of a
+//! multi-node memory group may only be reused by exactly that group.
 
 use std::collections::BTreeMap;
 

@@ -22,6 +22,8 @@
 //!
 //! With `align-by-socket`, a CPU-carrying mask is also preferred when it spans no
 //! more sockets than the narrowest width needs (the kubelet's `isHintSocketAligned`).
+//! The kubelet refuses `align-by-socket` with `single-numa-node`; since a pod may
+//! choose that policy itself, the option is ignored under it instead.
 
 use crate::pod::TopologyPolicy;
 
