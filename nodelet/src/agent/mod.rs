@@ -112,7 +112,7 @@ pub async fn run(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut agent = Agent::recover(config, runtime, done_tx).await?;
     agent.reconcile().await;
-    agent.publish(&report)?;
+    agent.publish_or_log(&report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
     loop {
@@ -135,7 +135,7 @@ pub async fn run(
             _ = tokio::time::sleep_until(wake) => {}
         }
         agent.reconcile().await;
-        agent.publish(&report)?;
+        agent.publish_or_log(&report);
     }
     tracing::info!("agent stopping; containers keep running");
     Ok(())
@@ -515,9 +515,7 @@ impl Agent {
                 let stale: Vec<String> = self
                     .pods
                     .keys()
-                    .filter(|k| {
-                        SourceKind::of_key(k) == source && !listed.contains(*k) && !self.invalid.contains_key(*k)
-                    })
+                    .filter(|k| SourceKind::of_key(k) == source && !listed.contains(*k) && !self.is_invalid(k))
                     .cloned()
                     .collect();
                 for key in stale {
@@ -528,6 +526,12 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Whether the key's manifest (or the file holding it, `static/<stem>` for
+    /// `static/<stem>/<name>`) is currently malformed: its pods keep running.
+    fn is_invalid(&self, key: &str) -> bool {
+        self.invalid.contains_key(key) || key.rsplit_once('/').is_some_and(|(file, _)| self.invalid.contains_key(file))
     }
 
     fn apply(&mut self, key: String, d: Desired) {
@@ -914,6 +918,14 @@ impl Agent {
 
     fn report(&self) -> NodeReport {
         status::build(self)
+    }
+
+    /// A status file that cannot be written (disk full) must not stop the agent:
+    /// the pods matter more than their report. Retried on the next pass.
+    fn publish_or_log(&mut self, tx: &watch::Sender<NodeReport>) {
+        if let Err(e) = self.publish(tx) {
+            tracing::warn!(error = %e, "cannot publish the node report");
+        }
     }
 
     /// Publishes the report and writes `<data>/status.json` when it changed.
