@@ -270,6 +270,8 @@ struct Agent {
     /// The checkpoint in memory differs from the file (a write failed or a
     /// finished pod was forgotten); written at the end of the next reconcile.
     dirty: bool,
+    /// When running containers were last polled.
+    last_observe: Instant,
 }
 
 impl Agent {
@@ -290,6 +292,7 @@ impl Agent {
             done_tx,
             last_report: None,
             dirty: false,
+            last_observe: Instant::now(),
         };
         let listed: BTreeSet<String> =
             agent.call("list containers", agent.cfg.op_timeout, |rt| rt.list()).await?.into_iter().collect();
@@ -616,9 +619,13 @@ impl Agent {
     /// shared pool, start what is due. Idempotent.
     async fn reconcile(&mut self) {
         let keys: Vec<String> = self.pods.keys().cloned().collect();
-        // 1. Observe running containers.
-        for key in &keys {
-            self.observe(key).await;
+        // 1. Observe running containers, once per poll interval: a pass that a
+        //    change triggered must not pay for polling every container first.
+        if self.last_observe.elapsed() >= self.cfg.poll_interval {
+            self.last_observe = Instant::now();
+            for key in &keys {
+                self.observe(key).await;
+            }
         }
         // 2. Stop pods being deleted or replaced (in the background).
         for key in &keys {
@@ -795,21 +802,16 @@ impl Agent {
             e.stage = Stage::Pending { rejected: Some((epoch, rejection)) };
             return;
         }
-        let before = self.alloc.clone();
         self.alloc.apply(key, placement);
         let e = self.pods.get_mut(key).expect("entry looked up above");
         e.stage = Stage::Admitted;
         e.message = None;
-        if let Err(err) = self.persist() {
-            // Not durable, so not admitted: the next pass tries again.
-            tracing::error!(key, error = %err, "cannot checkpoint an admission");
-            self.alloc = before;
-            let e = self.pods.get_mut(key).expect("entry looked up above");
-            e.stage = Stage::Pending { rejected: None };
-            e.message = Some(err.to_string());
-        } else {
-            tracing::info!(key, "pod admitted");
-        }
+        // Durable before anything uses it: `start_due` writes the checkpoint
+        // (allocation and runtime id) right before the first container starts,
+        // and the end of this pass writes it for pods that start later. One
+        // fsync per start instead of two keeps manifest-to-running short.
+        self.dirty = true;
+        tracing::info!(key, "pod admitted");
     }
 
     /// Gives every running container the cpuset it should have now (the shared
