@@ -112,8 +112,8 @@ fn check(c: Case) {
     // Byte-for-byte determinism: a second run gives the same serialization.
     let again = admit(&c.machine, &c.settings, &alloc, "pod", &c.pod);
     assert_eq!(
-        serde_json::to_string(&got.as_ref().map_err(|r| r.message.clone())).unwrap(),
-        serde_json::to_string(&again.as_ref().map_err(|r| r.message.clone())).unwrap(),
+        serde_json::to_string(&got.as_ref().map_err(|r| r.message.clone())).expect("test input"),
+        serde_json::to_string(&again.as_ref().map_err(|r| r.message.clone())).expect("test input"),
         "{}",
         c.name
     );
@@ -157,7 +157,7 @@ fn seed_machine() {
     let mut full = settings(NoPolicy);
     full.cpu_manager = opts(|o| o.full_pcpus_only = true);
     let mut reserved = settings(SingleNumaNode);
-    reserved.reserved_cpus = "0,56".parse().unwrap();
+    reserved.reserved_cpus = "0,56".parse().expect("test input");
     let mut dist = settings(NoPolicy);
     dist.cpu_manager = opts(|o| o.distribute_cpus_across_numa = true);
     let mut dist_full = dist.clone();
@@ -682,6 +682,6 @@ fn pod_with_every_policy_in_it() {
 #[test]
 fn cpuset_type_round_trip_is_what_plan_prints() {
     // The CLI prints CPU lists as sorted arrays; the engine's CpuSet serializes so.
-    let s: CpuSet = "3,1-2".parse().unwrap();
-    assert_eq!(serde_json::to_string(&s).unwrap(), "[1,2,3]");
+    let s: CpuSet = "3,1-2".parse().expect("test input");
+    assert_eq!(serde_json::to_string(&s).expect("test input"), "[1,2,3]");
 }

@@ -37,7 +37,7 @@ fn reject(reason: RejectReason, message: String) -> Rejection {
 /// `64Gi`, `512Mi`, `1000` bytes: exact, the largest binary unit that divides.
 pub(crate) fn fmt_bytes(b: u64) -> String {
     for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if b != 0 && b % (1u64 << shift) == 0 {
+        if b != 0 && b & ((1u64 << shift) - 1) == 0 {
             return format!("{}{unit}", b >> shift);
         }
     }
@@ -360,7 +360,11 @@ impl Ctx<'_> {
                 };
                 let taken = match affinity {
                     Some(a) => {
-                        let scope = if opts.align_by_socket { m.socket_cpus_of(a) } else { m.cpus_of(a) };
+                        // align-by-socket widens the aligned CPUs to the affinity's
+                        // sockets; the kubelet refuses it with single-numa-node, and
+                        // since a pod may pick that policy itself, it is ignored there.
+                        let by_socket = opts.align_by_socket && self.policy != TopologyPolicy::SingleNumaNode;
+                        let scope = if by_socket { m.socket_cpus_of(a) } else { m.cpus_of(a) };
                         let aligned = avail.intersection(&scope);
                         let k = aligned.len().min(n);
                         let mut t = take(&aligned, k);

@@ -113,7 +113,11 @@ fn best_of(
         } else {
             (2, target - w, closeness, mask)
         };
-        if best.as_ref().map_or(true, |(_, k)| key < *k) {
+        let better = match &best {
+            Some((_, k)) => key < *k,
+            None => true,
+        };
+        if better {
             best = Some((Affinity { mask, preferred }, key));
         }
     }
@@ -206,9 +210,9 @@ mod tests {
             request in 1u64..=24, mem_gib in 0u64..=200,
             closest in any::<bool>(), align in any::<bool>(),
         ) {
-            let t = crate::topology::synthetic::parse(&format!("pack:{packs} numa:{nodes} core:{cores} pu:1")).unwrap();
+            let t = crate::topology::synthetic::parse(&format!("pack:{packs} numa:{nodes} core:{cores} pu:1")).expect("test input");
             let s = NodeSettings::default();
-            let m = Machine::new(&t, &s).unwrap();
+            let m = Machine::new(&t, &s).expect("test input");
             let mut free = Free::new(&m, &Allocations::default());
             for (i, &b) in taken.iter().enumerate() {
                 if b { free.assignable.remove(i as u32); }
@@ -218,11 +222,11 @@ mod tests {
             let mut ps = vec![Provider::new(Kind::Cpu, "cpu".into(), request, node_totals, fr, (0, 0))];
             if mem_gib > 0 {
                 let total = vec![64 << 30; m.n];
-                let fr: Vec<u64> = (0..m.n).map(|i| (64u64 << 30) - ((i as u64 * 13) % 64 << 30)).collect();
+                let fr: Vec<u64> = (0..m.n).map(|i| (64u64 << 30) - (((i as u64 * 13) % 64) << 30)).collect();
                 ps.push(Provider::new(Kind::Memory, "memory".into(), mem_gib << 30, total, fr, (0, 0)));
             }
             let opts = MergeOptions { prefer_closest: closest, align_by_socket: align };
-            let target = ps.iter().map(|p| p.min_width).max().unwrap();
+            let target = ps.iter().map(|p| p.min_width).max().expect("test input");
             let min_sockets = (align && m.n / m.sockets.len() > 0).then(|| ps[0].min_width.div_ceil(m.n / m.sockets.len()));
             let refs: Vec<&Provider> = ps.iter().collect();
             let fast = best_of(&m, &ps, target, min_sockets, &opts, hints::candidates(&m, &refs));

@@ -219,7 +219,7 @@ mod tests {
 
     #[test]
     fn seed_machine_numbering() {
-        let t = parse("pack:2 numa:1 core:28 pu:2").unwrap();
+        let t = parse("pack:2 numa:1 core:28 pu:2").expect("test input");
         assert_eq!(t.cpus.len(), 112);
         assert_eq!(t.numa_nodes.len(), 2);
         assert_eq!(t.numa_nodes[0].cpus.to_string(), "0-27,56-83");
@@ -227,8 +227,8 @@ mod tests {
         assert_eq!(t.sockets(), 2);
         assert_eq!(t.cores(), 56);
         // Siblings N and N+56 share a core.
-        assert_eq!(t.cpu(3).unwrap().core, t.cpu(59).unwrap().core);
-        assert_ne!(t.cpu(3).unwrap().core, t.cpu(4).unwrap().core);
+        assert_eq!(t.cpu(3).expect("test input").core, t.cpu(59).expect("test input").core);
+        assert_ne!(t.cpu(3).expect("test input").core, t.cpu(4).expect("test input").core);
         assert_eq!(t.numa_nodes[0].distances, vec![10, 32]);
         assert_eq!(t.numa_nodes[0].memory_bytes, 64 << 30);
     }
@@ -261,9 +261,9 @@ mod tests {
 
     #[test]
     fn memory_attribute() {
-        let t = parse("pack:1 numa:2(memory=32GiB) core:2").unwrap();
+        let t = parse("pack:1 numa:2(memory=32GiB) core:2").expect("test input");
         assert!(t.numa_nodes.iter().all(|n| n.memory_bytes == 32 << 30));
-        assert_eq!(parse("numa:1(memory=1024) core:1").unwrap().numa_nodes[0].memory_bytes, 1024);
+        assert_eq!(parse("numa:1(memory=1024) core:1").expect("test input").numa_nodes[0].memory_bytes, 1024);
     }
 
     #[test]
