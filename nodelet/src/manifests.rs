@@ -1,7 +1,9 @@
-//! The static-pod source: a folder of pod manifests (`--manifests DIR`), one pod
-//! per file, keyed `static/<file stem>`. A new file starts a pod, a changed file
-//! replaces it, a removed file stops it. A malformed file is reported (file name
-//! and field) and skipped; a pod it used to describe keeps running.
+//! The static-pod source: a folder of pod manifests (`--manifests DIR`). A file
+//! with one pod is keyed `static/<file stem>`; a file with several (YAML `---`
+//! documents or a JSON list) keys each `static/<file stem>/<pod name>`. A new
+//! file starts its pods, a changed file replaces them, a removed file stops
+//! them. A malformed file is reported under `static/<file stem>` (file name and
+//! field) and skipped; the pods it used to describe keep running.
 //!
 //! Changes are noticed with inotify on the folder (so a new manifest starts
 //! within milliseconds, which the pod-start benchmark measures) and, as a safety
@@ -40,18 +42,18 @@ struct Seen {
     parsed: Result<Pod, String>,
 }
 
-/// Parses one manifest text (exactly one pod: the file name is its key); the
-/// error names the file and the field.
-pub fn parse_manifest(file: &str, text: &str) -> Result<Pod, String> {
-    let mut pods =
+/// Parses one manifest text into its pods; the error names the file and field.
+pub fn parse_manifest(file: &str, text: &str) -> Result<Vec<Pod>, String> {
+    let pods =
         specs::manifest::parse_pods(text).map_err(|e| format!("{file}: {}", e.to_string().replace('\n', "; ")))?;
-    if pods.len() != 1 {
-        return Err(format!(
-            "{file}: holds {} pods; a static manifest holds one (its file name is its key)",
-            pods.len()
-        ));
+    if pods.len() > 1 {
+        let mut names: Vec<&str> = pods.iter().map(|p| p.metadata.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("{file}: two pods are named {:?}; names must be unique within a file", w[0]));
+        }
     }
-    Ok(pods.remove(0))
+    Ok(pods)
 }
 
 fn is_manifest(name: &str) -> bool {
@@ -72,6 +74,7 @@ fn scan(dir: &Path) -> Result<BTreeMap<String, Seen>, ManifestError> {
         .collect();
     names.sort();
     let mut out: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut stems: BTreeMap<String, String> = BTreeMap::new();
     for name in names {
         let stem = Path::new(&name).file_stem().and_then(|s| s.to_str()).unwrap_or(&name).to_string();
         let key = format!("static/{stem}");
@@ -80,18 +83,40 @@ fn scan(dir: &Path) -> Result<BTreeMap<String, Seen>, ManifestError> {
             Ok(text) => (fnv1a64(text.as_bytes()), parse_manifest(&name, &text)),
             Err(e) => (0, Err(format!("{name}: {e}"))),
         };
-        if let Some(first) = out.get(&key) {
-            let dup = Seen {
-                file: name.clone(),
-                hash: hash ^ first.hash,
-                parsed: Err(format!("{name}: another manifest ({}) has the same name stem {stem:?}", first.file)),
-            };
-            out.insert(key, dup);
+        if let Some(first) = stems.get(&stem) {
+            let message = format!("{name}: another manifest ({first}) has the same name stem {stem:?}");
+            out.insert(key, Seen { file: name.clone(), hash, parsed: Err(message) });
             continue;
         }
-        out.insert(key, Seen { file: name, hash, parsed });
+        stems.insert(stem.clone(), name.clone());
+        match parsed {
+            Ok(pods) if pods.len() > 1 => {
+                for pod in pods {
+                    let key = format!("static/{stem}/{}", pod.metadata.name);
+                    out.insert(key, Seen { file: name.clone(), hash, parsed: Ok(pod) });
+                }
+            }
+            Ok(mut pods) => {
+                let pod = pods.remove(0);
+                out.insert(key, Seen { file: name, hash, parsed: Ok(pod) });
+            }
+            Err(message) => {
+                out.insert(key, Seen { file: name, hash, parsed: Err(message) });
+            }
+        }
     }
     Ok(out)
+}
+
+/// A file that turned malformed keeps its pods: their last good entries stay in
+/// the new scan (so no Remove is sent for them) beside the file's error.
+fn keep_pods_of_broken_files(old: &BTreeMap<String, Seen>, new: &mut BTreeMap<String, Seen>) {
+    let broken: Vec<String> = new.values().filter(|s| s.parsed.is_err()).map(|s| s.file.clone()).collect();
+    for (key, seen) in old {
+        if seen.parsed.is_ok() && broken.contains(&seen.file) && !new.contains_key(key) {
+            new.insert(key.clone(), seen.clone());
+        }
+    }
 }
 
 fn read_limited(path: &Path) -> std::io::Result<String> {
@@ -112,7 +137,8 @@ fn diff(old: &BTreeMap<String, Seen>, new: &BTreeMap<String, Seen>) -> Vec<Desir
         out.push(DesiredChange::Remove { key: key.clone() });
     }
     for (key, seen) in new {
-        if old.get(key).is_some_and(|o| o.hash == seen.hash && o.file == seen.file) {
+        // Same file, same bytes, same verdict: nothing to say.
+        if old.get(key) == Some(seen) {
             continue;
         }
         out.push(match &seen.parsed {
@@ -215,13 +241,14 @@ pub async fn watch(
             _ = async { match &watch { Some(w) => w.changed().await, None => std::future::pending().await } } => {}
             _ = tokio::time::sleep(rescan) => {}
         }
-        let now = match scan(&dir) {
+        let mut now = match scan(&dir) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the manifest folder; keeping the pods as they are");
                 continue;
             }
         };
+        keep_pods_of_broken_files(&seen, &mut now);
         for ch in diff(&seen, &now) {
             if let DesiredChange::Invalid { key, message } = &ch {
                 tracing::warn!(key, message, "malformed manifest skipped");
@@ -274,7 +301,6 @@ mod tests {
             "spec.containers",
         );
         check("{", "bad.yaml");
-        check(&format!("{GOOD}---\n{}", GOOD.replace("web", "web2")), "holds 2 pods");
         assert!(parse_manifest("ok.yaml", GOOD).is_ok());
     }
 
@@ -307,6 +333,37 @@ mod tests {
         let got = kinds(&diff(&second, &third));
         assert_eq!(got[0], "remove static/db");
         assert!(got[1].starts_with("invalid static/web: web.yaml: another manifest (web.json)"), "{got:?}");
+    }
+
+    #[test]
+    fn several_pods_in_one_file_and_a_broken_file_keeps_its_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let two = format!("{GOOD}---\n{}", GOOD.replace("web", "db"));
+        std::fs::write(d.join("many.yaml"), &two).unwrap();
+        let first = scan(d).unwrap();
+        assert_eq!(kinds(&initial(&first)), vec!["resync static/many/db,static/many/web"]);
+
+        // Broken: reported under the file's key, its pods are not removed.
+        std::fs::write(d.join("many.yaml"), "apiVersion: [").unwrap();
+        let mut second = scan(d).unwrap();
+        keep_pods_of_broken_files(&first, &mut second);
+        let got = kinds(&diff(&first, &second));
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].starts_with("invalid static/many: many.yaml: "), "{got:?}");
+
+        // Fixed, one pod changed: both re-applied (the agent skips the unchanged one).
+        std::fs::write(d.join("many.yaml"), two.replace("inf", "'5'")).unwrap();
+        let mut third = scan(d).unwrap();
+        keep_pods_of_broken_files(&second, &mut third);
+        assert_eq!(
+            kinds(&diff(&second, &third)),
+            vec!["remove static/many", "apply static/many/db", "apply static/many/web"]
+        );
+
+        let dup = format!("{GOOD}---\n{GOOD}");
+        let err = parse_manifest("dup.yaml", &dup).unwrap_err();
+        assert!(err.contains("two pods are named \"web\""), "{err}");
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub async fn run(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut agent = Agent::recover(config, runtime, done_tx).await?;
     agent.reconcile().await;
-    agent.publish(&report)?;
+    agent.publish_or_log(&report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
     loop {
@@ -135,7 +135,7 @@ pub async fn run(
             _ = tokio::time::sleep_until(wake) => {}
         }
         agent.reconcile().await;
-        agent.publish(&report)?;
+        agent.publish_or_log(&report);
     }
     tracing::info!("agent stopping; containers keep running");
     Ok(())
@@ -270,6 +270,8 @@ struct Agent {
     /// The checkpoint in memory differs from the file (a write failed or a
     /// finished pod was forgotten); written at the end of the next reconcile.
     dirty: bool,
+    /// When running containers were last polled.
+    last_observe: Instant,
 }
 
 impl Agent {
@@ -290,6 +292,7 @@ impl Agent {
             done_tx,
             last_report: None,
             dirty: false,
+            last_observe: Instant::now(),
         };
         let listed: BTreeSet<String> =
             agent.call("list containers", agent.cfg.op_timeout, |rt| rt.list()).await?.into_iter().collect();
@@ -515,9 +518,7 @@ impl Agent {
                 let stale: Vec<String> = self
                     .pods
                     .keys()
-                    .filter(|k| {
-                        SourceKind::of_key(k) == source && !listed.contains(*k) && !self.invalid.contains_key(*k)
-                    })
+                    .filter(|k| SourceKind::of_key(k) == source && !listed.contains(*k) && !self.is_invalid(k))
                     .cloned()
                     .collect();
                 for key in stale {
@@ -528,6 +529,12 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Whether the key's manifest (or the file holding it, `static/<stem>` for
+    /// `static/<stem>/<name>`) is currently malformed: its pods keep running.
+    fn is_invalid(&self, key: &str) -> bool {
+        self.invalid.contains_key(key) || key.rsplit_once('/').is_some_and(|(file, _)| self.invalid.contains_key(file))
     }
 
     fn apply(&mut self, key: String, d: Desired) {
@@ -612,9 +619,13 @@ impl Agent {
     /// shared pool, start what is due. Idempotent.
     async fn reconcile(&mut self) {
         let keys: Vec<String> = self.pods.keys().cloned().collect();
-        // 1. Observe running containers.
-        for key in &keys {
-            self.observe(key).await;
+        // 1. Observe running containers, once per poll interval: a pass that a
+        //    change triggered must not pay for polling every container first.
+        if self.last_observe.elapsed() >= self.cfg.poll_interval {
+            self.last_observe = Instant::now();
+            for key in &keys {
+                self.observe(key).await;
+            }
         }
         // 2. Stop pods being deleted or replaced (in the background).
         for key in &keys {
@@ -791,21 +802,16 @@ impl Agent {
             e.stage = Stage::Pending { rejected: Some((epoch, rejection)) };
             return;
         }
-        let before = self.alloc.clone();
         self.alloc.apply(key, placement);
         let e = self.pods.get_mut(key).expect("entry looked up above");
         e.stage = Stage::Admitted;
         e.message = None;
-        if let Err(err) = self.persist() {
-            // Not durable, so not admitted: the next pass tries again.
-            tracing::error!(key, error = %err, "cannot checkpoint an admission");
-            self.alloc = before;
-            let e = self.pods.get_mut(key).expect("entry looked up above");
-            e.stage = Stage::Pending { rejected: None };
-            e.message = Some(err.to_string());
-        } else {
-            tracing::info!(key, "pod admitted");
-        }
+        // Durable before anything uses it: `start_due` writes the checkpoint
+        // (allocation and runtime id) right before the first container starts,
+        // and the end of this pass writes it for pods that start later. One
+        // fsync per start instead of two keeps manifest-to-running short.
+        self.dirty = true;
+        tracing::info!(key, "pod admitted");
     }
 
     /// Gives every running container the cpuset it should have now (the shared
@@ -914,6 +920,14 @@ impl Agent {
 
     fn report(&self) -> NodeReport {
         status::build(self)
+    }
+
+    /// A status file that cannot be written (disk full) must not stop the agent:
+    /// the pods matter more than their report. Retried on the next pass.
+    fn publish_or_log(&mut self, tx: &watch::Sender<NodeReport>) {
+        if let Err(e) = self.publish(tx) {
+            tracing::warn!(error = %e, "cannot publish the node report");
+        }
     }
 
     /// Publishes the report and writes `<data>/status.json` when it changed.

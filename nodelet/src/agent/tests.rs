@@ -355,7 +355,8 @@ async fn replaced_manifest_restarts_the_pod_and_resync_removes_stale_keys() {
     h.apply("static/a", exclusive("a", 1)).await;
     h.apply("static/keep", shared("keep")).await;
     h.apply("static/bad", shared("bad")).await;
-    h.wait("running", |r| ["a", "keep", "bad"].iter().all(|k| running(r, &format!("static/{k}")))).await;
+    h.apply("static/many/x", shared("x")).await;
+    h.wait("running", |r| ["a", "keep", "bad", "many/x"].iter().all(|k| running(r, &format!("static/{k}")))).await;
     let (old_id, _) = h.container("static/a");
 
     h.apply("static/a", exclusive("a", 2)).await;
@@ -369,6 +370,8 @@ async fn replaced_manifest_restarts_the_pod_and_resync_removes_stale_keys() {
     h.tx.send(DesiredChange::Invalid { key: "static/bad".into(), message: "bad.yaml: spec: oops".into() })
         .await
         .unwrap();
+    // A broken file that held several pods: they keep running too.
+    h.tx.send(DesiredChange::Invalid { key: "static/many".into(), message: "many.yaml: oops".into() }).await.unwrap();
     h.tx.send(DesiredChange::Resync {
         source: SourceKind::Static,
         pods: vec![("static/keep".into(), shared("keep"), None)],
@@ -376,7 +379,8 @@ async fn replaced_manifest_restarts_the_pod_and_resync_removes_stale_keys() {
     .await
     .unwrap();
     let r = h.wait("a removed", |r| !r.pods.contains_key("static/a")).await;
-    assert!(running(&r, "static/keep") && running(&r, "static/bad"));
+    assert!(running(&r, "static/keep") && running(&r, "static/bad") && running(&r, "static/many/x"));
+    assert_eq!(r.pods["static/many"].reason.as_deref(), Some("InvalidManifest"));
     assert!(r.pods["static/bad"].message.as_deref().unwrap_or("").contains("bad.yaml: spec: oops"));
     h.shutdown().await;
 }
