@@ -2,7 +2,7 @@
 # /init of the QEMU NUMA guest (busybox sh, PID 1). It loads the modules prepare.sh
 # packed, mounts the host's root (9p, read-only) under a tmpfs overlay so the guest can
 # write anywhere without touching the host, gives it the guest's own /proc, /sys, /dev,
-# a cgroup2-only /sys/fs/cgroup and tmpfs /run and /tmp, mounts the writable results
+# a cgroup2-only /sys/fs/cgroup and a tmpfs /run, mounts the writable results
 # share at /tmp/pinion-out, runs the test script inside a chroot and powers off.
 #
 # The script is `pinion.script=PATH` from the kernel command line (a path in the host
@@ -37,9 +37,11 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,cache=loose,ro hostroo
 mkdir -p /rw
 mount -t tmpfs -o size=1g rw /rw
 mkdir -p /rw/upper /rw/work
+overlay=1
 if ! mount -t overlay overlay -o lowerdir=/hostroot,upperdir=/rw/upper,workdir=/rw/work /newroot; then
   say "overlay over 9p failed; the root stays read-only"
   mount --bind /hostroot /newroot || die "cannot bind the host root"
+  overlay=0
 fi
 
 r=/newroot
@@ -47,6 +49,11 @@ mount -t proc proc $r/proc || die "mount proc"
 mount -t sysfs sys $r/sys || die "mount sysfs"
 mount -t devtmpfs dev $r/dev || die "mount devtmpfs"
 mkdir -p $r/dev/pts $r/dev/shm
+# What udev would add: bash's process substitution needs /dev/fd.
+ln -sf /proc/self/fd $r/dev/fd
+ln -sf /proc/self/fd/0 $r/dev/stdin
+ln -sf /proc/self/fd/1 $r/dev/stdout
+ln -sf /proc/self/fd/2 $r/dev/stderr
 mount -t devpts -o newinstance,ptmxmode=0666 devpts $r/dev/pts
 mount -t tmpfs shm $r/dev/shm
 mount -t cgroup2 cgroup2 $r/sys/fs/cgroup || die "mount cgroup2"
@@ -55,7 +62,9 @@ for c in cpuset cpu io memory pids hugetlb; do
   echo "+$c" >$r/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || say "cannot enable cgroup controller $c"
 done
 mount -t tmpfs -o mode=755 run $r/run || die "mount /run"
-mount -t tmpfs -o mode=1777 tmp $r/tmp || die "mount /tmp"
+# /tmp stays the overlay's (writable, and a checkout under the host's /tmp stays
+# visible) unless the root is read-only.
+[ $overlay = 1 ] || mount -t tmpfs -o mode=1777 tmp $r/tmp || die "mount /tmp"
 out=$r/tmp/pinion-out
 mkdir -p $out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 pinionout $out || die "cannot mount the results share"
