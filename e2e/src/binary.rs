@@ -44,10 +44,10 @@ pub fn pinion() -> anyhow::Result<PathBuf> {
 fn executable_from_messages(messages: &str) -> Option<PathBuf> {
     messages
         .lines()
+        .rev()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
         .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "pinion")
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .last()
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
 }
 
 #[cfg(test)]
