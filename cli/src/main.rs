@@ -3,6 +3,7 @@
 
 mod cmd;
 mod common;
+mod config;
 
 use std::process::ExitCode;
 

@@ -1,7 +1,33 @@
 //! Topology discovery: a Linux sysfs tree under a root directory -> `NodeTopology`.
+//!
+//! Owns every read of `sys/devices/system/{cpu,node}`, `sys/bus/pci/devices` and
+//! (for machines without NUMA support) `proc/meminfo`. The root is a parameter so the
+//! same code reads the host (`/`) and the captured machines in the fixtures.
+//!
+//! The kernel's layout varies across versions and architectures (see the fixture
+//! README's "Layouts a parser must handle"): any file may be absent, `cpuN/online` may
+//! be empty, masks may be hex words or lists, ids may be -1 or huge and sparse. The
+//! rules here:
+//! - a CPU is online when it has a `topology/` directory, its `online` file (if any)
+//!   is not `0`, and the `cpu/online` / `cpu/present` lists (if any) contain it;
+//! - a core is a group of online threads sharing `thread_siblings` (the kernel's
+//!   `core_id` repeats per package, and even per die on AMD Bulldozer), numbered
+//!   0.. by lowest CPU id, so core ids are unique per machine;
+//! - a socket is a `physical_package_id`, or the `core_siblings` group where the id is
+//!   -1 (POWER7), numbered 0.. by lowest CPU id;
+//! - a CPU's NUMA node comes from the node `cpulist` (or `cpumap`), else from a
+//!   `cpuN/nodeM` link; without `node/` the machine is one node 0 with the memory of
+//!   `proc/meminfo`.
+//!
+//! An absent file is tolerated; a present file that does not parse is an error naming
+//! the file.
 
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
+use specs::idset::{CpuSet, IdSet, MAX_ID};
+use specs::topology::{Cpu, HugePages, NumaNode, PciDevice};
 use specs::NodeTopology;
 
 #[derive(Debug, thiserror::Error)]
@@ -12,7 +38,674 @@ pub enum DiscoveryError {
     Malformed { path: PathBuf, reason: String },
 }
 
+fn malformed(path: &Path, reason: impl Into<String>) -> DiscoveryError {
+    DiscoveryError::Malformed { path: path.to_path_buf(), reason: reason.into() }
+}
+
 /// Reads `root/sys/devices/system/{cpu,node}` and `root/sys/bus/pci/devices`.
 pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
-    Err(DiscoveryError::Malformed { path: root.to_path_buf(), reason: "not built yet".into() })
+    let cpu_dir = root.join("sys/devices/system/cpu");
+    let threads = read_cpus(&cpu_dir)?;
+    if threads.is_empty() {
+        return Err(malformed(&cpu_dir, "no online CPU (no cpuN directory with a topology/ directory)"));
+    }
+    let online: CpuSet = threads.iter().map(|t| t.id).collect();
+
+    let nodes = read_nodes(root, &online)?;
+    let numa_of = numa_map(&threads, &nodes, &cpu_dir)?;
+    let (cores, sockets) = group(&threads, &online);
+
+    let cpus: Vec<Cpu> = threads
+        .iter()
+        .map(|t| Cpu { id: t.id, core: cores[&t.id], socket: sockets[&t.id], die: t.die, numa: numa_of[&t.id] })
+        .collect();
+
+    let numa_nodes = nodes
+        .into_iter()
+        .map(|n| NumaNode {
+            id: n.id,
+            // Derived from the final map so that `cpus` and `Cpu::numa` never disagree.
+            cpus: cpus.iter().filter(|c| c.numa == n.id).map(|c| c.id).collect(),
+            memory_bytes: n.memory_bytes,
+            distances: n.distances,
+            hugepages: n.hugepages,
+        })
+        .collect();
+
+    let devices = read_pci(&root.join("sys/bus/pci/devices"))?;
+    Ok(NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() })
+}
+
+// ---------------------------------------------------------------------------
+// File helpers
+
+/// The file's text with whitespace and the NUL bytes some old kernels append
+/// trimmed; `None` when the file (or a link on its way) does not exist.
+fn read_opt(path: &Path) -> Result<Option<String>, DiscoveryError> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8(bytes).map_err(|_| malformed(path, "not UTF-8 text"))?;
+            Ok(Some(text.trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string()))
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound || e.kind() == ErrorKind::NotADirectory => Ok(None),
+        Err(e) => Err(DiscoveryError::Io { path: path.to_path_buf(), source: e }),
+    }
+}
+
+/// Entries `PREFIXn` of a directory as `(n, path)`, sorted by n; empty when the
+/// directory does not exist.
+fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, DiscoveryError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DiscoveryError::Io { path: dir.to_path_buf(), source: e }),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| DiscoveryError::Io { path: dir.to_path_buf(), source: e })?;
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else { continue };
+        if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+            continue; // `cpufreq`, `cpuidle`, `node/online`, ...
+        }
+        let path = entry.path();
+        let id: u32 = rest.parse().map_err(|_| malformed(&path, "id out of range"))?;
+        if id > MAX_ID {
+            return Err(malformed(&path, format!("id {id} is larger than {MAX_ID}")));
+        }
+        out.push((id, path));
+    }
+    out.sort_by_key(|(id, _)| *id);
+    Ok(out)
+}
+
+fn parse_list(path: &Path, text: &str) -> Result<IdSet, DiscoveryError> {
+    IdSet::parse_list(text).map_err(|e| malformed(path, e.to_string()))
+}
+
+fn parse_mask(path: &Path, text: &str) -> Result<IdSet, DiscoveryError> {
+    IdSet::parse_mask(text).map_err(|e| malformed(path, e.to_string()))
+}
+
+/// A set from `dir/LIST` (list syntax) or else `dir/MASK` (hex words).
+fn read_set(dir: &Path, list: &str, mask: &str) -> Result<Option<IdSet>, DiscoveryError> {
+    Ok(read_set_from(dir, list, mask)?.map(|(set, _)| set))
+}
+
+/// `read_set`, also saying which file the set came from.
+fn read_set_from(dir: &Path, list: &str, mask: &str) -> Result<Option<(IdSet, PathBuf)>, DiscoveryError> {
+    let p = dir.join(list);
+    if let Some(text) = read_opt(&p)? {
+        return Ok(Some((parse_list(&p, &text)?, p)));
+    }
+    let p = dir.join(mask);
+    match read_opt(&p)? {
+        Some(text) => Ok(Some((parse_mask(&p, &text)?, p))),
+        None => Ok(None),
+    }
+}
+
+/// A signed id (`-1` is the kernel's "unknown").
+fn read_id(path: &Path) -> Result<Option<i64>, DiscoveryError> {
+    match read_opt(path)? {
+        None => Ok(None),
+        Some(text) => {
+            text.parse::<i64>().map(Some).map_err(|_| malformed(path, format!("{text:?} is not an integer id")))
+        }
+    }
+}
+
+fn non_negative_u32(path: &Path, v: Option<i64>) -> Result<Option<u32>, DiscoveryError> {
+    match v {
+        None => Ok(None),
+        Some(v) if v < 0 => Ok(None),
+        Some(v) => u32::try_from(v).map(Some).map_err(|_| malformed(path, format!("id {v} is out of range"))),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CPUs
+
+/// One online logical CPU as the kernel describes it, before renumbering.
+#[derive(Debug)]
+struct Thread {
+    id: u32,
+    /// `physical_package_id`, `None` where absent or -1.
+    package: Option<u32>,
+    die: Option<u32>,
+    /// `core_id`, used only when `thread_siblings` is absent.
+    core_id: Option<i64>,
+    thread_siblings: Option<CpuSet>,
+    core_siblings: Option<CpuSet>,
+}
+
+fn read_cpus(cpu_dir: &Path) -> Result<Vec<Thread>, DiscoveryError> {
+    if !cpu_dir.is_dir() {
+        return Err(malformed(cpu_dir, "no such directory (is this a sysfs root?)"));
+    }
+    let list = |name: &str| -> Result<Option<CpuSet>, DiscoveryError> {
+        let p = cpu_dir.join(name);
+        read_opt(&p)?.map(|t| parse_list(&p, &t)).transpose()
+    };
+    let online_list = list("online")?;
+    let present_list = list("present")?;
+
+    let mut threads = Vec::new();
+    for (id, dir) in numbered_entries(cpu_dir, "cpu")? {
+        if online_list.as_ref().is_some_and(|s| !s.contains(id))
+            || present_list.as_ref().is_some_and(|s| !s.contains(id))
+        {
+            continue;
+        }
+        let online_file = dir.join("online");
+        match read_opt(&online_file)?.as_deref() {
+            // Absent (cpu0 usually) or empty (old ia64 kernels): online.
+            None | Some("") | Some("1") => {}
+            Some("0") => continue,
+            Some(other) => return Err(malformed(&online_file, format!("{other:?} is neither 0 nor 1"))),
+        }
+        let topo = dir.join("topology");
+        if !topo.is_dir() {
+            // Offline CPUs on old kernels have no topology directory at all.
+            tracing::debug!(cpu = id, "no topology directory, treated as offline");
+            continue;
+        }
+        let package_path = topo.join("physical_package_id");
+        let package = non_negative_u32(&package_path, read_id(&package_path)?)?;
+        let die_path = topo.join("die_id");
+        let die = non_negative_u32(&die_path, read_id(&die_path)?)?;
+        let core_id = read_id(&topo.join("core_id"))?;
+        let mut thread_siblings = read_set(&topo, "thread_siblings_list", "thread_siblings")?;
+        if thread_siblings.is_none() {
+            thread_siblings = read_set(&topo, "core_cpus_list", "core_cpus")?;
+        }
+        let mut core_siblings = read_set(&topo, "core_siblings_list", "core_siblings")?;
+        if core_siblings.is_none() {
+            core_siblings = read_set(&topo, "package_cpus_list", "package_cpus")?;
+        }
+        threads.push(Thread { id, package, die, core_id, thread_siblings, core_siblings });
+    }
+    Ok(threads)
+}
+
+/// Core and socket number of every online CPU, both renumbered 0.. in order of the
+/// lowest CPU id they hold.
+fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u32, u32>) {
+    // Socket key: the package id, or the (online) core_siblings group where the
+    // kernel does not know the package (-1 on POWER7); a CPU with neither is alone.
+    #[derive(PartialEq, Eq, PartialOrd, Ord)]
+    enum SocketKey {
+        Package(u32),
+        Siblings(CpuSet),
+    }
+    let socket_key = |t: &Thread| match (t.package, &t.core_siblings) {
+        (Some(p), _) => SocketKey::Package(p),
+        (None, Some(s)) => SocketKey::Siblings(with_self(s, online, t.id)),
+        (None, None) => SocketKey::Siblings(CpuSet::single(t.id)),
+    };
+    let mut socket_of_key: BTreeMap<SocketKey, u32> = BTreeMap::new();
+    let mut sockets = BTreeMap::new();
+    let mut socket_index = BTreeMap::new();
+    for t in threads {
+        let n = socket_of_key.len() as u32;
+        let s = *socket_of_key.entry(socket_key(t)).or_insert(n);
+        sockets.insert(t.id, s);
+        socket_index.insert(t.id, s);
+    }
+
+    // Core key: the online thread_siblings group; without one, the kernel's core_id
+    // within its socket and die.
+    #[derive(PartialEq, Eq, PartialOrd, Ord)]
+    enum CoreKey {
+        Siblings(CpuSet),
+        Id { socket: u32, die: Option<u32>, core_id: i64 },
+        Alone(u32),
+    }
+    let mut core_of_key: BTreeMap<CoreKey, u32> = BTreeMap::new();
+    let mut cores = BTreeMap::new();
+    for t in threads {
+        let key = match (&t.thread_siblings, t.core_id) {
+            (Some(s), _) => CoreKey::Siblings(with_self(s, online, t.id)),
+            (None, Some(core_id)) if core_id >= 0 => CoreKey::Id { socket: socket_index[&t.id], die: t.die, core_id },
+            _ => CoreKey::Alone(t.id),
+        };
+        let n = core_of_key.len() as u32;
+        cores.insert(t.id, *core_of_key.entry(key).or_insert(n));
+    }
+    (cores, sockets)
+}
+
+/// A sibling mask restricted to online CPUs and always holding the CPU itself, so a
+/// stale or one-sided mask cannot merge a CPU into a group it does not belong to.
+fn with_self(siblings: &CpuSet, online: &CpuSet, id: u32) -> CpuSet {
+    let mut s = siblings.intersection(online);
+    s.insert(id);
+    s
+}
+
+// ---------------------------------------------------------------------------
+// NUMA nodes
+
+/// A NUMA node as read, before its CPU set is reconciled with the CPU map.
+struct RawNode {
+    id: u32,
+    /// The node's CPUs and the file (`cpulist` or `cpumap`) they came from.
+    cpus: Option<(CpuSet, PathBuf)>,
+    memory_bytes: u64,
+    distances: Vec<u32>,
+    hugepages: Vec<HugePages>,
+}
+
+fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryError> {
+    let node_dir = root.join("sys/devices/system/node");
+    let entries = numbered_entries(&node_dir, "node")?;
+    if entries.is_empty() {
+        // A kernel without NUMA support: one node holding every CPU and all memory.
+        let meminfo = root.join("proc/meminfo");
+        let memory_bytes = read_meminfo_total(&meminfo, "MemTotal:")?.unwrap_or(0);
+        let hugepages = read_hugepages(&root.join("sys/kernel/mm/hugepages"))?;
+        return Ok(vec![RawNode {
+            id: 0,
+            cpus: Some((online.clone(), node_dir)),
+            memory_bytes,
+            distances: vec![10],
+            hugepages,
+        }]);
+    }
+    let count = entries.len();
+    let mut nodes = Vec::with_capacity(count);
+    for (id, path) in entries {
+        let cpus = read_set_from(&path, "cpulist", "cpumap")?;
+        let meminfo = path.join("meminfo");
+        let memory_bytes = read_meminfo_total(&meminfo, "MemTotal:")?.unwrap_or(0);
+        let distance_path = path.join("distance");
+        let distances = match read_opt(&distance_path)? {
+            None => Vec::new(),
+            Some(text) => {
+                let row = text
+                    .split_whitespace()
+                    .map(|w| {
+                        w.parse::<u32>().map_err(|_| malformed(&distance_path, format!("{w:?} is not a distance")))
+                    })
+                    .collect::<Result<Vec<u32>, _>>()?;
+                if row.len() != count {
+                    return Err(malformed(&distance_path, format!("{} distances for {count} NUMA nodes", row.len())));
+                }
+                row
+            }
+        };
+        let hugepages = read_hugepages(&path.join("hugepages"))?;
+        nodes.push(RawNode { id, cpus, memory_bytes, distances, hugepages });
+    }
+    Ok(nodes)
+}
+
+/// `MemTotal` in bytes from a `meminfo` file, either `/proc/meminfo`
+/// (`MemTotal: 16 kB`) or a node's (`Node 0 MemTotal: 16 kB`).
+fn read_meminfo_total(path: &Path, key: &str) -> Result<Option<u64>, DiscoveryError> {
+    let Some(text) = read_opt(path)? else { return Ok(None) };
+    for line in text.lines() {
+        let mut words = line.split_whitespace().skip_while(|w| *w != key);
+        if words.next().is_none() {
+            continue;
+        }
+        let value = words.next().ok_or_else(|| malformed(path, format!("{key} has no value")))?;
+        let n: u64 = value.parse().map_err(|_| malformed(path, format!("{key} {value:?} is not a number")))?;
+        let scale = match words.next() {
+            None => 1,
+            Some("kB") => 1024,
+            Some(unit) => return Err(malformed(path, format!("{key} has unknown unit {unit:?}"))),
+        };
+        return n.checked_mul(scale).map(Some).ok_or_else(|| malformed(path, format!("{key} overflows")));
+    }
+    Err(malformed(path, format!("no {key} line")))
+}
+
+/// `hugepages-<N>kB/nr_hugepages` under `dir`, sorted by page size; sizes with zero
+/// pages are kept so the sizes the machine supports are visible.
+fn read_hugepages(dir: &Path) -> Result<Vec<HugePages>, DiscoveryError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DiscoveryError::Io { path: dir.to_path_buf(), source: e }),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| DiscoveryError::Io { path: dir.to_path_buf(), source: e })?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let Some(size) = name.to_str().and_then(|n| n.strip_prefix("hugepages-")).and_then(|n| n.strip_suffix("kB"))
+        else {
+            continue;
+        };
+        let kib: u64 = size.parse().map_err(|_| malformed(&path, format!("page size {size:?} is not a number")))?;
+        let nr = path.join("nr_hugepages");
+        let Some(text) = read_opt(&nr)? else { continue };
+        let total: u64 = text.parse().map_err(|_| malformed(&nr, format!("{text:?} is not a page count")))?;
+        let page_size_bytes = kib.checked_mul(1024).ok_or_else(|| malformed(&path, "page size overflows"))?;
+        out.push(HugePages { page_size_bytes, total });
+    }
+    out.sort_by_key(|h| h.page_size_bytes);
+    Ok(out)
+}
+
+/// Every online CPU's NUMA node: the node cpulists first, then `cpuN/nodeM` links for
+/// CPUs no list names. A CPU in two nodes' lists is an error.
+fn numa_map(threads: &[Thread], nodes: &[RawNode], cpu_dir: &Path) -> Result<BTreeMap<u32, u32>, DiscoveryError> {
+    let mut map = BTreeMap::new();
+    for node in nodes {
+        let Some((cpus, path)) = &node.cpus else { continue };
+        for cpu in cpus.iter() {
+            if let Some(other) = map.insert(cpu, node.id) {
+                if other != node.id {
+                    return Err(malformed(path, format!("CPU {cpu} is also listed in node{other}")));
+                }
+            }
+        }
+    }
+    let node_ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
+    let mut out = BTreeMap::new();
+    for t in threads {
+        let numa = match map.get(&t.id) {
+            Some(&n) => n,
+            None => match node_link(&cpu_dir.join(format!("cpu{}", t.id)))? {
+                Some(n) if node_ids.contains(&n) => n,
+                _ => {
+                    // The kernel put the CPU nowhere we can see; hwloc does the same.
+                    let first = node_ids.first().copied().unwrap_or(0);
+                    tracing::warn!(
+                        cpu = t.id,
+                        node = first,
+                        "CPU is in no NUMA node's cpulist; placed in the first node"
+                    );
+                    first
+                }
+            },
+        };
+        out.insert(t.id, numa);
+    }
+    Ok(out)
+}
+
+/// The `M` of a `cpuN/nodeM` entry, if the kernel made one (a link; it may dangle).
+fn node_link(cpu: &Path) -> Result<Option<u32>, DiscoveryError> {
+    Ok(numbered_entries(cpu, "node")?.first().map(|(id, _)| *id))
+}
+
+// ---------------------------------------------------------------------------
+// PCI devices
+
+fn read_pci(dir: &Path) -> Result<Vec<PciDevice>, DiscoveryError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DiscoveryError::Io { path: dir.to_path_buf(), source: e }),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| DiscoveryError::Io { path: dir.to_path_buf(), source: e })?;
+        let Some(address) = entry.file_name().to_str().map(str::to_string) else { continue };
+        let path = entry.path();
+        let numa_path = path.join("numa_node");
+        // -1 (and an absent file, e.g. a dangling link) mean "no NUMA affinity".
+        let numa = non_negative_u32(&numa_path, read_id(&numa_path)?)?;
+        let class = read_opt(&path.join("class"))?.unwrap_or_default();
+        out.push(PciDevice { address, class, numa });
+    }
+    out.sort_by(|a, b| a.address.cmp(&b.address));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny sysfs tree written into a temp dir: `(relative path, content)` pairs.
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (rel, content) in files {
+            let p = dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write");
+        }
+        dir
+    }
+
+    /// Two CPUs, one core each, one package, no node dir.
+    const BASE: &[(&str, &str)] = &[
+        ("sys/devices/system/cpu/online", "0-1\n"),
+        ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "0\n"),
+        ("sys/devices/system/cpu/cpu0/topology/core_id", "0\n"),
+        ("sys/devices/system/cpu/cpu0/topology/thread_siblings_list", "0\n"),
+        ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "0\n"),
+        ("sys/devices/system/cpu/cpu1/topology/core_id", "1\n"),
+        ("sys/devices/system/cpu/cpu1/topology/thread_siblings_list", "1\n"),
+        ("proc/meminfo", "MemTotal:        1024 kB\nMemFree: 10 kB\n"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<_> = BASE.iter().copied().filter(|(p, _)| !extra.iter().any(|(q, _)| q == p)).collect();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    /// Asserts that discovery fails with `Malformed` naming `file` and mentioning `reason`.
+    fn check_malformed(extra: &[(&'static str, &'static str)], file: &str, reason: &str) {
+        let dir = tree(&with(extra));
+        match discover(dir.path()) {
+            Err(DiscoveryError::Malformed { path, reason: r }) => {
+                assert_eq!(path, dir.path().join(file), "wrong file for {extra:?}");
+                assert!(r.contains(reason), "reason {r:?} lacks {reason:?}");
+            }
+            other => panic!("expected Malformed({file}) for {extra:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn base_tree_is_one_implicit_node() {
+        let dir = tree(BASE);
+        let t = discover(dir.path()).expect("discover");
+        assert_eq!(t.cpus.len(), 2);
+        assert_eq!((t.sockets(), t.cores()), (1, 2));
+        assert_eq!(t.numa_nodes.len(), 1);
+        assert_eq!(t.numa_nodes[0].memory_bytes, 1024 * 1024);
+        assert_eq!(t.numa_nodes[0].cpus, CpuSet::range(0, 1));
+    }
+
+    #[test]
+    fn malformed_files_name_the_file() {
+        // (files added to BASE, file named in the error, words in the reason)
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: &[Case] = &[
+            (&[("sys/devices/system/cpu/online", "0-x\n")], "sys/devices/system/cpu/online", "not a non-negative"),
+            (&[("sys/devices/system/cpu/cpu1/online", "2\n")], "sys/devices/system/cpu/cpu1/online", "neither 0 nor 1"),
+            (
+                &[("sys/devices/system/cpu/cpu0/topology/physical_package_id", "zero\n")],
+                "sys/devices/system/cpu/cpu0/topology/physical_package_id",
+                "not an integer",
+            ),
+            (
+                &[("sys/devices/system/cpu/cpu1/topology/thread_siblings_list", "1-0\n")],
+                "sys/devices/system/cpu/cpu1/topology/thread_siblings_list",
+                "reversed",
+            ),
+            (&[("proc/meminfo", "MemTotal: lots kB\n")], "proc/meminfo", "not a number"),
+            (&[("proc/meminfo", "MemFree: 1 kB\n")], "proc/meminfo", "no MemTotal"),
+            (
+                &[
+                    ("sys/devices/system/node/node0/cpulist", "0-1\n"),
+                    ("sys/devices/system/node/node0/distance", "10 20\n"),
+                ],
+                "sys/devices/system/node/node0/distance",
+                "2 distances for 1 NUMA nodes",
+            ),
+            (&[("sys/devices/system/node/node0/cpumap", "zz\n")], "sys/devices/system/node/node0/cpumap", "hex word"),
+            (
+                &[
+                    ("sys/devices/system/node/node0/cpulist", "0\n"),
+                    ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 12 MB\n"),
+                ],
+                "sys/devices/system/node/node0/meminfo",
+                "unknown unit",
+            ),
+            (
+                &[
+                    ("sys/devices/system/node/node0/cpulist", "0\n"),
+                    ("sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages", "-3\n"),
+                ],
+                "sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages",
+                "not a page count",
+            ),
+            (
+                &[("sys/bus/pci/devices/0000:00:00.0/numa_node", "near\n")],
+                "sys/bus/pci/devices/0000:00:00.0/numa_node",
+                "not an integer",
+            ),
+        ];
+        for (extra, file, reason) in cases {
+            check_malformed(extra, file, reason);
+        }
+    }
+
+    #[test]
+    fn offline_and_empty_online_files() {
+        // cpu1 offline by its own file; cpu0's empty online file means online.
+        let dir = tree(&with(&[
+            ("sys/devices/system/cpu/online", "0\n"),
+            ("sys/devices/system/cpu/cpu0/online", ""),
+            ("sys/devices/system/cpu/cpu1/online", "0\n"),
+        ]));
+        let t = discover(dir.path()).expect("discover");
+        assert_eq!(t.all_cpus(), CpuSet::single(0));
+    }
+
+    #[test]
+    fn numa_from_cpu_links_when_a_node_has_no_cpulist() {
+        // node1 has no cpulist/cpumap: cpu1 is placed by its `cpu1/node1` link
+        // (dangling, as in the dumps; only the name matters). Without the link it
+        // would land in the first node.
+        let dir = tree(&with(&[
+            ("sys/devices/system/node/node0/cpulist", "0\n"),
+            ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
+        ]));
+        let link = dir.path().join("sys/devices/system/cpu/cpu1/node1");
+        std::os::unix::fs::symlink("../../node/node1-gone", &link).expect("symlink");
+        let t = discover(dir.path()).expect("discover");
+        let numa: Vec<(u32, u32)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
+        assert_eq!(numa, vec![(0, 0), (1, 1)]);
+        assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1));
+        assert_eq!(t.numa_nodes[1].memory_bytes, 4096);
+    }
+
+    #[test]
+    fn cpu_in_two_nodes_names_the_second_list() {
+        let dir = tree(&with(&[
+            ("sys/devices/system/node/node0/cpulist", "0-1\n"),
+            ("sys/devices/system/node/node1/cpumap", "2\n"),
+        ]));
+        match discover(dir.path()) {
+            Err(DiscoveryError::Malformed { path, reason }) => {
+                assert_eq!(path, dir.path().join("sys/devices/system/node/node1/cpumap"));
+                assert!(reason.contains("CPU 1 is also listed in node0"), "{reason}");
+            }
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+    }
+
+    /// `(cpu, core, socket)` of every CPU.
+    fn layout(files: &[(&'static str, &'static str)]) -> Vec<(u32, u32, u32)> {
+        let dir = tree(files);
+        let t = discover(dir.path()).expect("discover");
+        t.cpus.iter().map(|c| (c.id, c.core, c.socket)).collect()
+    }
+
+    #[test]
+    fn cores_and_sockets_are_renumbered() {
+        // (sysfs files, expected (cpu, core, socket))
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [(u32, u32, u32)]);
+        let cases: &[Case] = &[
+            // SMT pairs by thread_siblings even though core_id repeats; sparse package ids.
+            (
+                &[
+                    ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "983297\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/core_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/thread_siblings", "3\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "983297\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/core_id", "1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/thread_siblings", "3\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "7\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/core_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/thread_siblings", "4\n"),
+                ],
+                &[(0, 0, 0), (1, 0, 0), (2, 1, 1)],
+            ),
+            // No thread_siblings: the kernel's core_id within the package groups threads.
+            (
+                &[
+                    ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/core_id", "5\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/core_id", "5\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "0\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/core_id", "5\n"),
+                ],
+                &[(0, 0, 0), (1, 1, 1), (2, 0, 0)],
+            ),
+            // Package -1 (POWER7): sockets from core_siblings.
+            (
+                &[
+                    ("sys/devices/system/cpu/cpu0/topology/physical_package_id", "-1\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/core_siblings_list", "0-1\n"),
+                    ("sys/devices/system/cpu/cpu0/topology/thread_siblings_list", "0\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/physical_package_id", "-1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/core_siblings_list", "0-1\n"),
+                    ("sys/devices/system/cpu/cpu1/topology/thread_siblings_list", "1\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "-1\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/core_siblings_list", "2\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/thread_siblings_list", "2\n"),
+                ],
+                &[(0, 0, 0), (1, 1, 0), (2, 2, 1)],
+            ),
+        ];
+        for (files, want) in cases {
+            let mut all = vec![("proc/meminfo", "MemTotal: 4 kB\n")];
+            all.extend_from_slice(files);
+            assert_eq!(layout(&all), *want, "{files:?}");
+        }
+    }
+
+    #[test]
+    fn missing_cpu_dir_is_an_error_naming_it() {
+        let dir = tree(&[("proc/meminfo", "MemTotal: 1 kB\n")]);
+        match discover(dir.path()) {
+            Err(DiscoveryError::Malformed { path, .. }) => assert_eq!(path, dir.path().join("sys/devices/system/cpu")),
+            other => panic!("expected Malformed, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pci_numa_minus_one_is_none_and_cpu_less_node_kept() {
+        let dir = tree(&with(&[
+            ("sys/devices/system/node/node0/cpulist", "0-1\n"),
+            ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal:  2048 kB\n"),
+            ("sys/devices/system/node/node0/distance", "10 20\n"),
+            ("sys/devices/system/node/node3/cpulist", "\n"),
+            ("sys/devices/system/node/node3/distance", "20 10\n"),
+            ("sys/bus/pci/devices/0000:00:01.0/numa_node", "-1\n"),
+            ("sys/bus/pci/devices/0000:00:01.0/class", "0x020000\n"),
+            ("sys/bus/pci/devices/0000:00:02.0/numa_node", "3\n"),
+        ]));
+        let t = discover(dir.path()).expect("discover");
+        assert_eq!(t.numa_ids().to_vec(), vec![0, 3]);
+        assert!(t.numa_nodes[1].cpus.is_empty());
+        assert_eq!(t.numa_nodes[0].memory_bytes, 2048 * 1024);
+        assert_eq!(t.distance(0, 3), 20);
+        assert_eq!(
+            t.devices,
+            vec![
+                PciDevice { address: "0000:00:01.0".into(), class: "0x020000".into(), numa: None },
+                PciDevice { address: "0000:00:02.0".into(), class: String::new(), numa: Some(3) },
+            ]
+        );
+    }
 }

@@ -24,6 +24,10 @@ pub enum DesiredChange {
     Apply { key: String, pod: Box<Pod>, plan: Option<BoundPlan> },
     /// Stop the pod and free its resources.
     Remove { key: String },
+    /// The source holds a malformed version of this pod (`message` names the file
+    /// and field). The agent reports it and keeps running the previous version,
+    /// and a `Resync` that omits the key does not remove it.
+    Invalid { key: String, message: String },
     /// The complete desired set of one source (`static/` or orchestrator): keys of
     /// that source not listed are removed. Sent on (re)connect.
     Resync { source: SourceKind, pods: Vec<(String, Pod, Option<BoundPlan>)> },

@@ -3,8 +3,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod engine;
 pub mod idset;
+pub mod manifest;
 pub mod pod;
 pub mod qos;
 pub mod quantity;

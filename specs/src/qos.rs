@@ -54,3 +54,75 @@ pub fn effective_cpu_policy(qos: QosClass, c: &Container) -> CpuPolicy {
         CpuPolicy::Shared
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
+mod tests {
+    use super::*;
+    use crate::quantity::Quantity;
+
+    /// A container from `(requests, limits)` as `name=qty` lists, and an optional policy.
+    fn container(name: &str, req: &[(&str, &str)], lim: &[(&str, &str)], policy: Option<CpuPolicy>) -> Container {
+        let mut c = Container { name: name.into(), cpu_policy: policy, ..Default::default() };
+        for (k, v) in req {
+            c.resources.requests.insert(k.to_string(), Quantity::parse(v).unwrap());
+        }
+        for (k, v) in lim {
+            c.resources.limits.insert(k.to_string(), Quantity::parse(v).unwrap());
+        }
+        c
+    }
+
+    fn check(containers: Vec<Container>, qos: QosClass, policies: &[CpuPolicy]) {
+        let mut pod = Pod {
+            api_version: crate::pod::API_VERSION.into(),
+            kind: "Pod".into(),
+            metadata: Default::default(),
+            spec: Default::default(),
+            status: None,
+        };
+        pod.spec.containers = containers;
+        let got = qos_class(&pod);
+        assert_eq!(got, qos, "{:?}", pod.spec.containers);
+        let got: Vec<CpuPolicy> = pod.spec.containers.iter().map(|c| effective_cpu_policy(got, c)).collect();
+        assert_eq!(got, policies, "{:?}", pod.spec.containers);
+    }
+
+    #[test]
+    fn classes_and_default_policies() {
+        use CpuPolicy::*;
+        use QosClass::*;
+        let g2 = [("cpu", "2"), ("memory", "1Gi")];
+        let g15 = [("cpu", "1.5"), ("memory", "1Gi")];
+        let cases: Vec<(Vec<Container>, QosClass, Vec<CpuPolicy>)> = vec![
+            // Guaranteed with integer cpu: exclusive.
+            (vec![container("a", &g2, &g2, None)], Guaranteed, vec![Exclusive]),
+            // Limits only: requests default to limits, still Guaranteed.
+            (vec![container("a", &[], &g2, None)], Guaranteed, vec![Exclusive]),
+            // Guaranteed with fractional cpu: shared.
+            (vec![container("a", &g15, &g15, None)], Guaranteed, vec![Shared]),
+            // Explicit policy wins over the default.
+            (vec![container("a", &g2, &g2, Some(Shared))], Guaranteed, vec![Shared]),
+            (vec![container("a", &g2, &g2, Some(Numa))], Guaranteed, vec![Numa]),
+            (vec![container("a", &[("cpu", "1")], &[], Some(Immovable))], Burstable, vec![Immovable]),
+            // Request below limit: Burstable, shared even with integer cpu.
+            (vec![container("a", &[("cpu", "1"), ("memory", "1Gi")], &g2, None)], Burstable, vec![Shared]),
+            // Memory limit missing: Burstable.
+            (vec![container("a", &[("cpu", "2")], &[("cpu", "2")], None)], Burstable, vec![Shared]),
+            // One Guaranteed container, one without resources: Burstable for all.
+            (vec![container("a", &g2, &g2, None), container("b", &[], &[], None)], Burstable, vec![Shared, Shared]),
+            // No cpu/memory anywhere: BestEffort (devices do not count).
+            (vec![container("a", &[], &[], None)], BestEffort, vec![Shared]),
+            (vec![container("a", &[("pinion.io/vf", "1")], &[("pinion.io/vf", "1")], None)], BestEffort, vec![Shared]),
+            // Two Guaranteed containers: each gets its own default.
+            (
+                vec![container("a", &g2, &g2, None), container("b", &g15, &g15, None)],
+                Guaranteed,
+                vec![Exclusive, Shared],
+            ),
+        ];
+        for (cs, qos, pol) in cases {
+            check(cs, qos, &pol);
+        }
+    }
+}

@@ -32,9 +32,13 @@ pub struct Quantity {
 impl Quantity {
     pub fn parse(input: &str) -> Result<Quantity, QuantityError> {
         let err = |reason| QuantityError { input: input.to_string(), reason };
-        let s = input.trim();
+        // Kubernetes' grammar has no whitespace anywhere: " 1" is refused, not trimmed.
+        let s = input;
         if s.is_empty() {
             return Err(err("empty"));
+        }
+        if s.bytes().any(|b| b.is_ascii_whitespace()) {
+            return Err(err("contains whitespace"));
         }
         if s.len() > 64 {
             return Err(err("longer than 64 characters"));
@@ -219,26 +223,35 @@ impl Serialize for Quantity {
 
 impl<'de> Deserialize<'de> for Quantity {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Manifests write `cpu: 2` as often as `cpu: "2"`.
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            S(String),
-            I(i64),
-            U(u64),
-            F(f64),
+        // Manifests write `cpu: 2` as often as `cpu: "2"`. A visitor (not an
+        // untagged enum) so that a wrong type says what was expected.
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Quantity;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quantity such as 500m, 2, 1.5 or 1Gi")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Quantity, E> {
+                Quantity::parse(v).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Quantity, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Quantity, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Quantity, E> {
+                // Rust prints the shortest text that reads back as the same f64,
+                // so `0.1` stays `0.1`; NaN and infinities are refused by parse.
+                self.visit_str(&v.to_string())
+            }
         }
-        let text = match Raw::deserialize(d)? {
-            Raw::S(s) => s,
-            Raw::I(i) => i.to_string(),
-            Raw::U(u) => u.to_string(),
-            Raw::F(f) => f.to_string(),
-        };
-        Quantity::parse(&text).map_err(serde::de::Error::custom)
+        d.deserialize_any(V)
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
 
@@ -311,5 +324,64 @@ mod tests {
         let q: Quantity = serde_json::from_str("\"250m\"").unwrap();
         assert_eq!(q.millis_ceil(), 250);
         assert_eq!(serde_json::to_string(&q).unwrap(), "\"250m\"");
+    }
+
+    /// Grammar table: input and expected nanos, or None for a refusal.
+    #[test]
+    fn grammar_table() {
+        const G: i128 = NANO;
+        let cases: &[(&str, Option<i128>)] = &[
+            ("+1", Some(G)),
+            ("1.", Some(G)),
+            ("-0", Some(0)),
+            ("1e+3", Some(1000 * G)),
+            ("1e-3", Some(G / 1000)),
+            ("5E", Some(5_000_000_000_000_000_000 * G)),
+            ("0.3Ki", Some(3072 * G / 10)),
+            ("1k", Some(1000 * G)),
+            ("1Ti", Some((1 << 40) * G)),
+            ("1P", Some(1_000_000_000_000_000 * G)),
+            (" 1", None),
+            ("1 ", None),
+            ("1 Gi", None),
+            ("--1", None),
+            ("-", None),
+            ("1e", None),
+            ("1e3Ki", None),
+            ("1Kie3", None),
+            ("1e1.5", None),
+            ("1K", None),
+            ("1gi", None),
+            ("1mi", None),
+            ("0x10", None),
+            ("1,5", None),
+            ("١", None),
+            ("NaN", None),
+            ("inf", None),
+        ];
+        for (input, want) in cases {
+            let got = Quantity::parse(input).ok().map(|q| q.nanos());
+            assert_eq!(got, *want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn serde_table() {
+        let cases: &[(&str, Result<i128, &str>)] = &[
+            ("2", Ok(2 * NANO)),
+            ("0.1", Ok(NANO / 10)),
+            ("1e3", Ok(1000 * NANO)),
+            ("\"1Gi\"", Ok((1 << 30) * NANO)),
+            ("true", Err("invalid type: boolean `true`, expected a quantity such as 500m, 2, 1.5 or 1Gi")),
+            ("\"1Q\"", Err("invalid quantity \"1Q\"")),
+        ];
+        for (json, want) in cases {
+            let got: Result<Quantity, _> = serde_json::from_str(json);
+            match (got, want) {
+                (Ok(q), Ok(n)) => assert_eq!(q.nanos(), *n, "{json}"),
+                (Err(e), Err(msg)) => assert!(e.to_string().starts_with(msg), "{json}: {e}"),
+                (got, want) => panic!("{json}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

@@ -51,6 +51,10 @@ pub struct PodStatus {
     /// How many times a node was tried for this pod (scheduler binds + nodelet rejections).
     #[serde(default)]
     pub attempts: u32,
+    /// The scheduler's full plan and the node allocation epoch it was computed
+    /// against; the nodelet adopts it when the epoch still matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::api::PodPlan>,
 }
 
 /// The placement a pod received, as reported and shown by `describe`.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::idset::{CpuSet, NumaSet};
 
+pub mod draw;
 pub mod synthetic;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,15 @@
 //! Semantic validation of API objects: every problem with its field path.
+//!
+//! Serde already rejects unknown fields and unknown enum values; this module
+//! checks what the types cannot express (names, bounds, resource arithmetic) and
+//! returns all problems at once so a user fixes a manifest in one round.
 
-use crate::pod::Pod;
+use std::collections::BTreeSet;
+
+use crate::pod::{
+    Container, CpuPolicy, Pod, RootfsSource, API_VERSION, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY,
+};
+use crate::quantity::Quantity;
 
 /// One problem: `spec.containers[1].resources.limits.cpu: must be >= requests.cpu`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -15,11 +24,844 @@ impl std::fmt::Display for FieldError {
     }
 }
 
+/// DNS-1123 label length (Kubernetes).
+pub const MAX_NAME_LEN: usize = 63;
+/// Containers per pod: far above any real pod, low enough to bound engine work.
+pub const MAX_CONTAINERS: usize = 64;
+/// Env vars per container.
+pub const MAX_ENV: usize = 1024;
+/// Command plus args entries per container.
+pub const MAX_ARGS: usize = 4096;
+/// Bytes of one command/arg/env value/working dir.
+pub const MAX_STRING_LEN: usize = 128 * 1024;
+/// Total bytes of all annotation keys and values (Kubernetes: 256 KiB).
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+/// Labels and nodeSelector entries per pod.
+pub const MAX_LABELS: usize = 256;
+/// Image reference length.
+pub const MAX_IMAGE_LEN: usize = 255;
+/// Absurd-quantity bounds: 4096 CPUs, 1 PiB of memory or hugepages, 1M devices.
+pub const MAX_CPU_NANOS: i128 = 4096 * 1_000_000_000;
+pub const MAX_MEMORY_NANOS: i128 = (1i128 << 50) * 1_000_000_000;
+pub const MAX_DEVICE_NANOS: i128 = 1_000_000 * 1_000_000_000;
+
+struct Errs(Vec<FieldError>);
+
+impl Errs {
+    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError { field: field.into(), message: message.into() });
+    }
+}
+
+/// True for a DNS-1123 label: 1..=63 chars of `[a-z0-9-]`, alphanumeric at both ends.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_NAME_LEN
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// True for a DNS-1123 subdomain: dot-separated labels, at most 253 chars.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// Kubernetes "qualified name" part: 1..=63 of `[A-Za-z0-9_.-]`, alnum at both ends.
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Label key: `[prefix/]name`, prefix a DNS-1123 subdomain.
+pub fn is_label_key(s: &str) -> bool {
+    match s.split_once('/') {
+        Some((prefix, name)) => is_dns1123_subdomain(prefix) && is_qualified_name_part(name),
+        None => is_qualified_name_part(s),
+    }
+}
+
+/// Label value: empty, or a qualified name part.
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty() || is_qualified_name_part(s)
+}
+
+/// Env var name (Kubernetes C identifier rule, relaxed like recent versions:
+/// printable ASCII without `=`; we keep the stricter C identifier rule).
+fn is_env_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 256
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+/// Image reference `NAME[:TAG]`: NAME is `/`-separated components of
+/// `[a-z0-9]+([._-][a-z0-9]+)*` (an optional `host[:port]/` first), TAG is
+/// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+pub fn image_problem(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if s.len() > MAX_IMAGE_LEN {
+        return Some(format!("must be at most {MAX_IMAGE_LEN} characters"));
+    }
+    if s.contains('@') {
+        return Some("digests are not supported; use NAME[:TAG]".into());
+    }
+    let last_slash = s.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match s[last_slash..].rfind(':') {
+        Some(i) => (&s[..last_slash + i], Some(&s[last_slash + i + 1..])),
+        None => (s, None),
+    };
+    if let Some(tag) = tag {
+        let tb = tag.as_bytes();
+        let ok = !tb.is_empty()
+            && tb.len() <= 128
+            && (tb[0].is_ascii_alphanumeric() || tb[0] == b'_')
+            && tb.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+        if !ok {
+            return Some(format!("invalid tag {tag:?}: want [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}"));
+        }
+    }
+    let mut comps: Vec<&str> = name.split('/').collect();
+    // A registry host may carry a port and upper case is still refused below.
+    if comps.len() > 1 && (comps[0].contains('.') || comps[0].contains(':') || comps[0] == "localhost") {
+        let host = comps.remove(0);
+        let (h, port) = host.split_once(':').map_or((host, None), |(h, p)| (h, Some(p)));
+        if !is_dns1123_subdomain(h) || port.is_some_and(|p| p.is_empty() || !p.bytes().all(|c| c.is_ascii_digit())) {
+            return Some(format!("invalid registry host {host:?}"));
+        }
+    }
+    for c in comps {
+        let segs_ok = !c.is_empty()
+            && c.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
+            && c.as_bytes()[0].is_ascii_alphanumeric()
+            && c.as_bytes()[c.len() - 1].is_ascii_alphanumeric()
+            && !c.contains("..")
+            && !c.contains("--.");
+        if !segs_ok {
+            return Some(format!("invalid name component {c:?}: want lower-case [a-z0-9] separated by . _ -"));
+        }
+    }
+    None
+}
+
+/// Valid hugepage sizes for `hugepages-<size>`: a power of two bytes, 4Ki..=16Gi.
+fn hugepage_size_ok(size: &str) -> bool {
+    let Ok(q) = Quantity::parse(size) else { return false };
+    if !q.is_whole() || q.is_negative() {
+        return false;
+    }
+    let bytes = q.units_ceil();
+    (4096..=(16i128 << 30)).contains(&bytes) && (bytes & (bytes - 1)) == 0
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ResKind {
+    Cpu,
+    Memory,
+    Hugepages,
+    Device,
+}
+
+fn resource_kind(name: &str) -> Result<ResKind, String> {
+    if name == RESOURCE_CPU {
+        return Ok(ResKind::Cpu);
+    }
+    if name == RESOURCE_MEMORY {
+        return Ok(ResKind::Memory);
+    }
+    if let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX) {
+        return if hugepage_size_ok(size) {
+            Ok(ResKind::Hugepages)
+        } else {
+            Err(format!("invalid hugepage size {size:?}: want a power of two between 4Ki and 16Gi"))
+        };
+    }
+    match name.split_once('/') {
+        Some((domain, n)) if is_dns1123_subdomain(domain) && is_qualified_name_part(n) => Ok(ResKind::Device),
+        _ => Err("unknown resource: want cpu, memory, hugepages-<size> or a domain/name device resource".into()),
+    }
+}
+
 /// Every problem in a pod, in field order. Empty means valid.
 pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
-    let mut errs = Vec::new();
-    if pod.metadata.name.is_empty() {
-        errs.push(FieldError { field: "metadata.name".into(), message: "must not be empty".into() });
+    let mut e = Errs(Vec::new());
+    if pod.api_version != API_VERSION {
+        e.push("apiVersion", format!("must be {API_VERSION:?}, got {:?}", pod.api_version));
     }
-    errs
+    if pod.kind != "Pod" {
+        e.push("kind", format!("must be \"Pod\", got {:?}", pod.kind));
+    }
+    let m = &pod.metadata;
+    if !is_dns1123_label(&m.name) {
+        e.push(
+            "metadata.name",
+            format!("{:?} is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)", m.name),
+        );
+    }
+    check_string_map(&mut e, "metadata.labels", &m.labels);
+    check_string_map(&mut e, "spec.nodeSelector", &pod.spec.node_selector);
+    let ann: usize = m.annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if ann > MAX_ANNOTATIONS_BYTES {
+        e.push("metadata.annotations", format!("total size {ann} bytes exceeds {MAX_ANNOTATIONS_BYTES}"));
+    }
+    for k in m.annotations.keys() {
+        if !is_label_key(k) {
+            e.push(format!("metadata.annotations[{k}]"), "invalid key: want [prefix/]name");
+        }
+    }
+    if pod.spec.node_name.as_deref().is_some_and(|n| !is_dns1123_subdomain(n)) {
+        e.push("spec.nodeName", "must be a DNS-1123 subdomain");
+    }
+    let cs = &pod.spec.containers;
+    if cs.is_empty() {
+        e.push("spec.containers", "must have at least one container");
+    }
+    if cs.len() > MAX_CONTAINERS {
+        e.push("spec.containers", format!("at most {MAX_CONTAINERS} containers, got {}", cs.len()));
+    }
+    let mut names = BTreeSet::new();
+    for (i, c) in cs.iter().enumerate() {
+        let p = format!("spec.containers[{i}]");
+        if !is_dns1123_label(&c.name) {
+            e.push(format!("{p}.name"), format!("{:?} is not a DNS-1123 label", c.name));
+        } else if !names.insert(c.name.as_str()) {
+            e.push(format!("{p}.name"), format!("duplicate container name {:?}", c.name));
+        }
+        validate_container(&mut e, &p, c);
+    }
+    e.0
+}
+
+fn check_string_map(e: &mut Errs, path: &str, map: &std::collections::BTreeMap<String, String>) {
+    if map.len() > MAX_LABELS {
+        e.push(path, format!("at most {MAX_LABELS} entries, got {}", map.len()));
+    }
+    for (k, v) in map {
+        if !is_label_key(k) {
+            e.push(format!("{path}[{k}]"), "invalid key: want [prefix/]name, name 1-63 of A-Z a-z 0-9 - _ .");
+        }
+        if !is_label_value(v) {
+            e.push(format!("{path}[{k}]"), format!("invalid value {v:?}: want 0-63 of A-Z a-z 0-9 - _ ."));
+        }
+    }
+}
+
+fn validate_container(e: &mut Errs, p: &str, c: &Container) {
+    match (&c.image, &c.rootfs) {
+        (Some(_), Some(_)) => e.push(format!("{p}.image"), "set exactly one of image or rootfs, not both"),
+        (None, None) => e.push(format!("{p}.image"), "set exactly one of image or rootfs: host"),
+        (Some(img), None) => {
+            if let Some(why) = image_problem(img) {
+                e.push(format!("{p}.image"), why);
+            }
+        }
+        (None, Some(RootfsSource::Host)) => {}
+    }
+    let n_args = c.command.len() + c.args.len();
+    if n_args > MAX_ARGS {
+        e.push(format!("{p}.args"), format!("command and args together at most {MAX_ARGS} entries, got {n_args}"));
+    }
+    for (field, list) in [("command", &c.command), ("args", &c.args)] {
+        for (j, s) in list.iter().enumerate() {
+            if s.len() > MAX_STRING_LEN {
+                e.push(format!("{p}.{field}[{j}]"), format!("longer than {MAX_STRING_LEN} bytes"));
+            }
+            if s.contains('\0') {
+                e.push(format!("{p}.{field}[{j}]"), "must not contain NUL");
+            }
+        }
+    }
+    if c.env.len() > MAX_ENV {
+        e.push(format!("{p}.env"), format!("at most {MAX_ENV} entries, got {}", c.env.len()));
+    }
+    let mut env_names = BTreeSet::new();
+    for (j, v) in c.env.iter().enumerate() {
+        if !is_env_name(&v.name) {
+            e.push(
+                format!("{p}.env[{j}].name"),
+                format!("{:?} is not a valid name: want [A-Za-z_][A-Za-z0-9_]*", v.name),
+            );
+        } else if !env_names.insert(v.name.as_str()) {
+            e.push(format!("{p}.env[{j}].name"), format!("duplicate name {:?}", v.name));
+        }
+        if v.value.len() > MAX_STRING_LEN || v.value.contains('\0') {
+            e.push(format!("{p}.env[{j}].value"), format!("must be at most {MAX_STRING_LEN} bytes without NUL"));
+        }
+    }
+    if let Some(wd) = &c.working_dir {
+        if !wd.starts_with('/') || wd.contains('\0') || wd.len() > 4096 {
+            e.push(format!("{p}.workingDir"), "must be an absolute path");
+        }
+    }
+    validate_resources(e, p, c);
+}
+
+fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
+    let r = &c.resources;
+    for (section, map) in [("requests", &r.requests), ("limits", &r.limits)] {
+        for (name, q) in map {
+            let f = format!("{p}.resources.{section}.{name}");
+            let kind = match resource_kind(name) {
+                Ok(k) => k,
+                Err(why) => {
+                    e.push(f, why);
+                    continue;
+                }
+            };
+            if q.is_negative() {
+                e.push(f, "must not be negative");
+                continue;
+            }
+            let (max, what) = match kind {
+                ResKind::Cpu => (MAX_CPU_NANOS, "4096 CPUs"),
+                ResKind::Memory | ResKind::Hugepages => (MAX_MEMORY_NANOS, "1Pi bytes"),
+                ResKind::Device => (MAX_DEVICE_NANOS, "1000000"),
+            };
+            if q.nanos() > max {
+                e.push(f.clone(), format!("{q} is more than {what}"));
+            }
+            if kind == ResKind::Device && !q.is_whole() {
+                e.push(f.clone(), "device resources must be whole numbers");
+            }
+            if kind == ResKind::Memory && !q.is_whole() {
+                e.push(f, "memory must be a whole number of bytes");
+            }
+        }
+    }
+    // limits >= requests for every resource that has both.
+    for (name, req) in &r.requests {
+        if let Some(lim) = r.limits.get(name) {
+            if lim < req {
+                e.push(format!("{p}.resources.limits.{name}"), format!("must be >= requests.{name}"));
+            }
+        }
+    }
+    let mut any_hugepages = false;
+    let all_names: BTreeSet<&String> = r.requests.keys().chain(r.limits.keys()).collect();
+    for name in all_names {
+        let kind = resource_kind(name).ok();
+        if kind == Some(ResKind::Hugepages) || kind == Some(ResKind::Device) {
+            // Kubernetes: hugepages and extended resources cannot be overcommitted.
+            match (r.requests.get(name), r.limits.get(name)) {
+                (Some(req), Some(lim)) if req != lim => {
+                    e.push(format!("{p}.resources.requests.{name}"), "must equal limits (no overcommit)");
+                }
+                (Some(_), None) if kind == Some(ResKind::Hugepages) => {
+                    e.push(format!("{p}.resources.limits.{name}"), "hugepages need a limit equal to the request");
+                }
+                _ => {}
+            }
+            any_hugepages |= kind == Some(ResKind::Hugepages);
+        }
+    }
+    if any_hugepages && r.request(RESOURCE_CPU).is_none() && r.request(RESOURCE_MEMORY).is_none() {
+        e.push(format!("{p}.resources.requests"), "hugepages need a cpu or memory request");
+    }
+    let cpu_req = r.request(RESOURCE_CPU);
+    let guaranteed_style = |name: &str| r.limits.get(name).is_some_and(|l| r.request(name) == Some(l));
+    match c.cpu_policy {
+        Some(CpuPolicy::Exclusive) | Some(CpuPolicy::Immovable) => {
+            // immovable pins fixed cores chosen like exclusive ones, so it needs the
+            // same whole-CPU count; it stays in the shared pool, so no request==limit.
+            let pol = if c.cpu_policy == Some(CpuPolicy::Exclusive) { "exclusive" } else { "immovable" };
+            if !cpu_req.is_some_and(|q| q.is_whole() && !q.is_zero() && !q.is_negative()) {
+                e.push(
+                    format!("{p}.resources.requests.cpu"),
+                    format!("cpuPolicy {pol} needs an integer cpu request > 0"),
+                );
+            }
+            if c.cpu_policy == Some(CpuPolicy::Exclusive) {
+                for name in [RESOURCE_CPU, RESOURCE_MEMORY] {
+                    if !guaranteed_style(name) {
+                        e.push(
+                            format!("{p}.resources.limits.{name}"),
+                            format!("cpuPolicy exclusive needs limits.{name} equal to requests.{name}"),
+                        );
+                    }
+                }
+            }
+        }
+        // numa: shares the chosen nodes' CPUs; a cpu request tells the engine how
+        // many it needs to fit, but none is required (it then takes one node).
+        Some(CpuPolicy::Numa) | Some(CpuPolicy::Shared) | None => {}
+    }
+}
+
+/// Most NUMA nodes a topology may have (the engine never enumerates subsets).
+pub const MAX_NUMA_NODES: usize = 1024;
+/// Most memory (or hugepage bytes of one size) per NUMA node: 64 PiB, so that a
+/// sum over `MAX_NUMA_NODES` nodes never overflows a u64.
+pub const MAX_NODE_MEMORY_BYTES: u64 = 1 << 56;
+/// Largest hugepage size accepted (16 GiB is the largest any CPU offers).
+pub const MAX_HUGEPAGE_BYTES: u64 = 16 << 30;
+
+/// Internal consistency of a topology. The admission engine relies on this: a
+/// topology that passes never makes it panic (ids are bounded, cross-references
+/// resolve, sums cannot overflow).
+pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
+    use crate::idset::{CpuSet, MAX_ID};
+    let mut e = Errs(Vec::new());
+    if t.cpus.is_empty() {
+        e.push("cpus", "must list at least one CPU");
+    }
+    if t.numa_nodes.is_empty() {
+        e.push("numaNodes", "must list at least one NUMA node");
+    }
+    if t.numa_nodes.len() > MAX_NUMA_NODES {
+        e.push("numaNodes", format!("at most {MAX_NUMA_NODES} NUMA nodes, got {}", t.numa_nodes.len()));
+    }
+    let numa_ids: BTreeSet<u32> = t.numa_nodes.iter().map(|n| n.id).collect();
+    // core id -> (socket, numa) of its first CPU: a core lives in one socket and node.
+    let mut cores: std::collections::BTreeMap<u32, (u32, u32)> = std::collections::BTreeMap::new();
+    for (i, c) in t.cpus.iter().enumerate() {
+        let p = format!("cpus[{i}]");
+        if c.id > MAX_ID {
+            e.push(format!("{p}.id"), format!("{} is larger than {MAX_ID}", c.id));
+        }
+        if i > 0 && t.cpus[i - 1].id >= c.id {
+            e.push(format!("{p}.id"), "cpu ids must be unique and sorted ascending");
+        }
+        if c.core > MAX_ID {
+            e.push(format!("{p}.core"), format!("{} is larger than {MAX_ID}", c.core));
+        }
+        if c.socket > MAX_ID {
+            e.push(format!("{p}.socket"), format!("{} is larger than {MAX_ID}", c.socket));
+        }
+        if !numa_ids.contains(&c.numa) {
+            e.push(format!("{p}.numa"), format!("NUMA node {} is not in numaNodes", c.numa));
+        }
+        match cores.get(&c.core) {
+            Some(&(s, n)) if (s, n) != (c.socket, c.numa) => {
+                e.push(format!("{p}.core"), format!("core {} spans sockets or NUMA nodes", c.core));
+            }
+            Some(_) => {}
+            None => {
+                cores.insert(c.core, (c.socket, c.numa));
+            }
+        }
+    }
+    let with_distances = t.numa_nodes.iter().filter(|n| !n.distances.is_empty()).count();
+    for (i, n) in t.numa_nodes.iter().enumerate() {
+        let p = format!("numaNodes[{i}]");
+        if n.id > MAX_ID {
+            e.push(format!("{p}.id"), format!("{} is larger than {MAX_ID}", n.id));
+        }
+        if i > 0 && t.numa_nodes[i - 1].id >= n.id {
+            e.push(format!("{p}.id"), "NUMA node ids must be unique and sorted ascending");
+        }
+        let claimed: CpuSet = t.cpus.iter().filter(|c| c.numa == n.id).map(|c| c.id).collect();
+        if n.cpus != claimed {
+            e.push(format!("{p}.cpus"), format!("is {} but the cpus on node {} are {}", n.cpus, n.id, claimed));
+        }
+        if n.memory_bytes > MAX_NODE_MEMORY_BYTES {
+            e.push(format!("{p}.memoryBytes"), format!("more than {MAX_NODE_MEMORY_BYTES} bytes"));
+        }
+        if !n.distances.is_empty() && n.distances.len() != t.numa_nodes.len() {
+            e.push(
+                format!("{p}.distances"),
+                format!("has {} entries, want {} (one per NUMA node) or none", n.distances.len(), t.numa_nodes.len()),
+            );
+        } else if n.distances.is_empty() && with_distances > 0 {
+            e.push(format!("{p}.distances"), "missing while other nodes have a distance row");
+        }
+        let mut sizes = BTreeSet::new();
+        for (j, h) in n.hugepages.iter().enumerate() {
+            let hp = format!("{p}.hugepages[{j}]");
+            let sz = h.page_size_bytes;
+            if !sz.is_power_of_two() || !(4096..=MAX_HUGEPAGE_BYTES).contains(&sz) {
+                e.push(format!("{hp}.pageSizeBytes"), format!("{sz} is not a power of two between 4096 and 16Gi"));
+            } else if h.total.checked_mul(sz).is_none_or(|b| b > MAX_NODE_MEMORY_BYTES) {
+                e.push(
+                    format!("{hp}.total"),
+                    format!("{} pages of {sz} bytes is more than {MAX_NODE_MEMORY_BYTES} bytes", h.total),
+                );
+            }
+            if !sizes.insert(sz) {
+                e.push(format!("{hp}.pageSizeBytes"), format!("duplicate page size {sz}"));
+            }
+        }
+    }
+    let all = t.all_cpus();
+    let outside: CpuSet = t.reserved_cpus.iter().filter(|c| !all.contains(*c)).collect();
+    if !outside.is_empty() {
+        e.push("reservedCpus", format!("{outside} are not cpus of this machine"));
+    }
+    let mut addrs = BTreeSet::new();
+    for (i, d) in t.devices.iter().enumerate() {
+        let p = format!("devices[{i}]");
+        if d.address.is_empty() {
+            e.push(format!("{p}.address"), "must not be empty");
+        } else if !addrs.insert(d.address.as_str()) {
+            e.push(format!("{p}.address"), format!("duplicate address {}", d.address));
+        }
+        if let Some(n) = d.numa {
+            if !numa_ids.contains(&n) {
+                e.push(format!("{p}.numa"), format!("NUMA node {n} is not in numaNodes"));
+            }
+        }
+    }
+    e.0
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+apiVersion: pinion.io/v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  containers:
+  - name: main
+    rootfs: host
+    command: [sleep, "1"]
+    resources:
+      requests: {cpu: "2", memory: 1Gi}
+      limits: {cpu: "2", memory: 1Gi}
+"#;
+
+    /// Applies `edit` to a valid pod and asserts the exact set of failing fields.
+    fn check(edit: impl FnOnce(&mut Pod), expected: &[&str]) {
+        let mut pod = Pod::from_yaml(BASE).unwrap();
+        edit(&mut pod);
+        let got: Vec<String> = validate_pod(&pod).into_iter().map(|e| e.field).collect();
+        assert_eq!(got, expected, "errors: {:?}", validate_pod(&pod));
+    }
+
+    fn q(s: &str) -> Quantity {
+        Quantity::parse(s).unwrap()
+    }
+
+    fn c0(p: &mut Pod) -> &mut Container {
+        &mut p.spec.containers[0]
+    }
+
+    #[test]
+    fn rules() {
+        type Edit = Box<dyn FnOnce(&mut Pod)>;
+        let cases: Vec<(Edit, Vec<&str>)> = vec![
+            (Box::new(|_| {}), vec![]),
+            (Box::new(|p| p.api_version = "v1".into()), vec!["apiVersion"]),
+            (Box::new(|p| p.kind = "Deployment".into()), vec!["kind"]),
+            (Box::new(|p| p.metadata.name = "Web".into()), vec!["metadata.name"]),
+            (Box::new(|p| p.metadata.name = "-web".into()), vec!["metadata.name"]),
+            (Box::new(|p| p.metadata.name = "a".repeat(64)), vec!["metadata.name"]),
+            (Box::new(|p| p.metadata.name = "a".repeat(63)), vec![]),
+            (
+                Box::new(|p| {
+                    p.metadata.labels.insert("bad key!".into(), "x".into());
+                }),
+                vec!["metadata.labels[bad key!]"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.labels.insert("pinion.io/tier".into(), "-x".into());
+                }),
+                vec!["metadata.labels[pinion.io/tier]"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.labels.insert("Pinion.io/tier".into(), "x".into());
+                }),
+                vec!["metadata.labels[Pinion.io/tier]"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.annotations.insert("big".into(), "x".repeat(MAX_ANNOTATIONS_BYTES));
+                }),
+                vec!["metadata.annotations"],
+            ),
+            (Box::new(|p| p.spec.containers.clear()), vec!["spec.containers"]),
+            (
+                Box::new(|p| {
+                    let c = p.spec.containers[0].clone();
+                    p.spec.containers.resize(MAX_CONTAINERS + 1, c);
+                    for (i, c) in p.spec.containers.iter_mut().enumerate() {
+                        c.name = format!("c{i}");
+                    }
+                }),
+                vec!["spec.containers"],
+            ),
+            (
+                Box::new(|p| {
+                    let c = p.spec.containers[0].clone();
+                    p.spec.containers.push(c);
+                }),
+                vec!["spec.containers[1].name"],
+            ),
+            (Box::new(|p| c0(p).name = "Main".into()), vec!["spec.containers[0].name"]),
+            (Box::new(|p| c0(p).image = Some("busybox:1.36".into())), vec!["spec.containers[0].image"]),
+            (Box::new(|p| c0(p).rootfs = None), vec!["spec.containers[0].image"]),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("registry.local:5000/lib/busybox:1.36".into());
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("BusyBox:latest".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("busybox:".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("busybox@sha256:abc".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (Box::new(|p| c0(p).args = vec!["x".into(); MAX_ARGS]), vec!["spec.containers[0].args"]),
+            (Box::new(|p| c0(p).args = vec!["a\0b".into()]), vec!["spec.containers[0].args[0]"]),
+            (
+                Box::new(|p| {
+                    c0(p).env = vec![crate::pod::EnvVar { name: "1X".into(), value: String::new() }];
+                }),
+                vec!["spec.containers[0].env[0].name"],
+            ),
+            (
+                Box::new(|p| {
+                    let v = crate::pod::EnvVar { name: "X".into(), value: String::new() };
+                    c0(p).env = vec![v.clone(), v];
+                }),
+                vec!["spec.containers[0].env[1].name"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).env = (0..=MAX_ENV)
+                        .map(|i| crate::pod::EnvVar { name: format!("V{i}"), value: String::new() })
+                        .collect();
+                }),
+                vec!["spec.containers[0].env"],
+            ),
+            (Box::new(|p| c0(p).working_dir = Some("tmp".into())), vec!["spec.containers[0].workingDir"]),
+            (
+                Box::new(|p| {
+                    c0(p).resources.limits.insert("cpu".into(), q("1"));
+                }),
+                vec!["spec.containers[0].resources.limits.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("-1"));
+                }),
+                vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("gpu".into(), q("1"));
+                }),
+                vec!["spec.containers[0].resources.requests.gpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("5000"));
+                    c0(p).resources.limits.insert("cpu".into(), q("5000"));
+                }),
+                vec!["spec.containers[0].resources.requests.cpu", "spec.containers[0].resources.limits.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.limits.insert("memory".into(), q("2Pi"));
+                }),
+                vec!["spec.containers[0].resources.limits.memory"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("hugepages-3Mi".into(), q("6Mi"));
+                    c0(p).resources.limits.insert("hugepages-3Mi".into(), q("6Mi"));
+                }),
+                vec![
+                    "spec.containers[0].resources.requests.hugepages-3Mi",
+                    "spec.containers[0].resources.limits.hugepages-3Mi",
+                ],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("hugepages-2Mi".into(), q("4Mi"));
+                    c0(p).resources.limits.insert("hugepages-2Mi".into(), q("4Mi"));
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("hugepages-2Mi".into(), q("4Mi"));
+                }),
+                vec!["spec.containers[0].resources.limits.hugepages-2Mi"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources = Default::default();
+                    c0(p).resources.limits.insert("hugepages-2Mi".into(), q("4Mi"));
+                }),
+                vec!["spec.containers[0].resources.requests"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("pinion.io/sriov-vf".into(), q("1"));
+                    c0(p).resources.limits.insert("pinion.io/sriov-vf".into(), q("2"));
+                }),
+                vec!["spec.containers[0].resources.requests.pinion.io/sriov-vf"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("pinion.io/sriov-vf".into(), q("500m"));
+                }),
+                vec!["spec.containers[0].resources.requests.pinion.io/sriov-vf"],
+            ),
+            (Box::new(|p| c0(p).cpu_policy = Some(CpuPolicy::Exclusive)), vec![]),
+            (
+                Box::new(|p| {
+                    c0(p).cpu_policy = Some(CpuPolicy::Exclusive);
+                    c0(p).resources.requests.insert("cpu".into(), q("1500m"));
+                    c0(p).resources.limits.insert("cpu".into(), q("1500m"));
+                }),
+                vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).cpu_policy = Some(CpuPolicy::Exclusive);
+                    c0(p).resources.limits.insert("memory".into(), q("2Gi"));
+                }),
+                vec!["spec.containers[0].resources.limits.memory"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).cpu_policy = Some(CpuPolicy::Immovable);
+                    c0(p).resources.requests.remove("cpu");
+                    c0(p).resources.limits.remove("cpu");
+                }),
+                vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+        ];
+        for (edit, expected) in cases {
+            check(edit, &expected);
+        }
+    }
+
+    #[test]
+    fn reports_every_problem() {
+        check(
+            |p| {
+                p.kind = "X".into();
+                p.metadata.name = "X".into();
+                c0(p).working_dir = Some("rel".into());
+            },
+            &["kind", "metadata.name", "spec.containers[0].workingDir"],
+        );
+    }
+
+    const TOPO: &str = r#"{
+      "cpus": [
+        {"id": 0, "core": 0, "socket": 0, "numa": 0}, {"id": 1, "core": 0, "socket": 0, "numa": 0},
+        {"id": 2, "core": 1, "socket": 1, "numa": 1}, {"id": 3, "core": 1, "socket": 1, "numa": 1}
+      ],
+      "numaNodes": [
+        {"id": 0, "cpus": [0, 1], "memoryBytes": 1073741824, "distances": [10, 21],
+         "hugepages": [{"pageSizeBytes": 2097152, "total": 16}]},
+        {"id": 1, "cpus": [2, 3], "memoryBytes": 1073741824, "distances": [21, 10]}
+      ],
+      "devices": [{"address": "0000:3b:00.0", "class": "0x020000", "numa": 1}],
+      "reservedCpus": [0]
+    }"#;
+
+    fn check_topo(edit: impl FnOnce(&mut crate::topology::NodeTopology), expected: &[&str]) {
+        let mut t: crate::topology::NodeTopology = serde_json::from_str(TOPO).unwrap();
+        edit(&mut t);
+        let got: Vec<String> = validate_topology(&t).into_iter().map(|e| e.field).collect();
+        assert_eq!(got, expected, "errors: {:?}", validate_topology(&t));
+    }
+
+    #[test]
+    fn topology_rules() {
+        use crate::topology::{HugePages, NodeTopology, PciDevice};
+        type Edit = Box<dyn FnOnce(&mut NodeTopology)>;
+        let cases: Vec<(Edit, Vec<&str>)> = vec![
+            (Box::new(|_| {}), vec![]),
+            (
+                Box::new(|t| {
+                    t.cpus.clear();
+                    t.numa_nodes.iter_mut().for_each(|n| n.cpus = Default::default());
+                    t.reserved_cpus = Default::default();
+                }),
+                vec!["cpus"],
+            ),
+            (Box::new(|t| t.cpus.swap(0, 1)), vec!["cpus[1].id"]),
+            (Box::new(|t| t.cpus[1].id = 0), vec!["cpus[1].id", "numaNodes[0].cpus"]),
+            (
+                Box::new(|t| {
+                    t.cpus[3].id = 9000;
+                }),
+                vec!["cpus[3].id", "numaNodes[1].cpus"],
+            ),
+            (Box::new(|t| t.cpus[3].numa = 7), vec!["cpus[3].numa", "cpus[3].core", "numaNodes[1].cpus"]),
+            (Box::new(|t| t.cpus[1].socket = 1), vec!["cpus[1].core"]),
+            (Box::new(|t| t.cpus[0].core = 100_000), vec!["cpus[0].core"]),
+            (Box::new(|t| t.numa_nodes[0].cpus = "0".parse().unwrap()), vec!["numaNodes[0].cpus"]),
+            (Box::new(|t| t.numa_nodes.swap(0, 1)), vec!["numaNodes[1].id"]),
+            (Box::new(|t| t.numa_nodes[1].distances = vec![10]), vec!["numaNodes[1].distances"]),
+            (Box::new(|t| t.numa_nodes[1].distances.clear()), vec!["numaNodes[1].distances"]),
+            (Box::new(|t| t.numa_nodes.iter_mut().for_each(|n| n.distances.clear())), vec![]),
+            (Box::new(|t| t.numa_nodes[0].memory_bytes = u64::MAX), vec!["numaNodes[0].memoryBytes"]),
+            (
+                Box::new(|t| t.numa_nodes[0].hugepages[0].page_size_bytes = 3 << 20),
+                vec!["numaNodes[0].hugepages[0].pageSizeBytes"],
+            ),
+            (Box::new(|t| t.numa_nodes[0].hugepages[0].total = u64::MAX), vec!["numaNodes[0].hugepages[0].total"]),
+            (
+                Box::new(|t| {
+                    t.numa_nodes[0].hugepages.push(HugePages { page_size_bytes: 2 << 20, total: 1 });
+                }),
+                vec!["numaNodes[0].hugepages[1].pageSizeBytes"],
+            ),
+            (Box::new(|t| t.reserved_cpus = "0,8".parse().unwrap()), vec!["reservedCpus"]),
+            (Box::new(|t| t.devices[0].numa = Some(5)), vec!["devices[0].numa"]),
+            (Box::new(|t| t.devices[0].numa = None), vec![]),
+            (
+                Box::new(|t| {
+                    let d = t.devices[0].clone();
+                    t.devices.push(PciDevice { numa: None, ..d });
+                }),
+                vec!["devices[1].address"],
+            ),
+            (
+                Box::new(|t| {
+                    let n = t.numa_nodes[1].clone();
+                    t.numa_nodes = (0..=MAX_NUMA_NODES as u32)
+                        .map(|id| crate::topology::NumaNode {
+                            id,
+                            cpus: Default::default(),
+                            distances: vec![],
+                            ..n.clone()
+                        })
+                        .collect();
+                    t.numa_nodes[0].cpus = "0-1".parse().unwrap();
+                    t.numa_nodes[1].cpus = "2-3".parse().unwrap();
+                }),
+                vec!["numaNodes"],
+            ),
+        ];
+        for (edit, expected) in cases {
+            check_topo(edit, &expected);
+        }
+    }
 }

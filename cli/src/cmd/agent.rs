@@ -1,12 +1,332 @@
-//! `pinion agent`
+//! `pinion agent`: runs the node agent on this machine with pods from a manifest
+//! folder (static pods), and `pinion agent status` prints what it last reported.
+//!
+//! This file only parses flags and wires the library: topology, settings, the
+//! runtime, the manifest source and `nodelet::agent::run`. SIGTERM or SIGINT
+//! stops the agent and leaves containers running (they outlive it; a restarted
+//! agent adopts them). Joining an orchestrator (`--server URL --token T`) will
+//! add a second source feeding the same channel of changes.
 
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::common::GlobalArgs;
+use anyhow::{bail, Context};
+use clap::{Subcommand, ValueEnum};
+use nodelet::agent::AgentConfig;
+use nodelet::runtime::Runtime;
+use nodelet::source::NodeReport;
+use serde::Deserialize;
+use specs::{CpuManagerOptions, CpuSet, NodeSettings, NodeTopology, TopologyPolicy, TopologyScope};
+use tokio::sync::{mpsc, watch};
+
+use crate::common::{GlobalArgs, Output, TopologyArgs};
+
+const DEFAULT_DATA_DIR: &str = "/var/lib/pinion";
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<AgentCommand>,
+    // Boxed: the flags are many and `Command` holds every verb's `Args` inline.
+    #[command(flatten)]
+    pub run: Box<RunArgs>,
+}
 
-pub async fn run(_g: GlobalArgs, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pinion agent` is not built yet")
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Print the status the agent last wrote under its data dir.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The agent's data directory.
+    #[arg(long, value_name = "DIR", env = "PINION_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: Output,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeKind {
+    /// Real containers through youki's libcontainer.
+    Libcontainer,
+    /// Everything but the processes (simulation, benchmarks).
+    Hollow,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Folder of pod manifests (static pods): one pod per `.yaml`/`.yml`/`.json` file.
+    #[arg(long, value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+    /// Where the checkpoint, status, logs and container state live.
+    #[arg(long, value_name = "DIR", env = "PINION_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+    #[arg(long, value_enum, default_value = "libcontainer")]
+    pub runtime: RuntimeKind,
+    /// CPUs kept for the system: never exclusive (e.g. `0` or `0,32`).
+    #[arg(long, value_name = "LIST")]
+    pub reserved_cpus: Option<String>,
+    /// none | best-effort | restricted | single-numa-node
+    #[arg(long, value_name = "P", value_parser = parse_kebab::<TopologyPolicy>)]
+    pub topology_policy: Option<TopologyPolicy>,
+    /// container | pod
+    #[arg(long, value_name = "S", value_parser = parse_kebab::<TopologyScope>)]
+    pub topology_scope: Option<TopologyScope>,
+    /// full-pcpus-only=true, distribute-cpus-across-numa=true, align-by-socket=true,
+    /// prefer-closest-numa-nodes=true (repeatable).
+    #[arg(long = "cpu-manager-option", value_name = "K=V")]
+    pub cpu_manager_options: Vec<String>,
+    /// YAML: resource name -> list of {address, deviceNodes}.
+    #[arg(long, value_name = "CONFIG")]
+    pub devices: Option<PathBuf>,
+    /// This node's name in reports [default: the host name].
+    #[arg(long, value_name = "N")]
+    pub node_name: Option<String>,
+    /// How often the manifest folder is rescanned in full (inotify covers the rest).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
+    pub rescan_seconds: u64,
+}
+
+fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
+}
+
+pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Some(AgentCommand::Status(s)) => status(s),
+        None => run_agent(*args.run).await,
+    }
+}
+
+/// One device as the `--devices` file lists it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DeviceEntry {
+    address: String,
+    #[serde(default)]
+    device_nodes: Vec<PathBuf>,
+}
+
+/// What `--devices` says, split for its two readers.
+struct Devices {
+    /// Resource name -> PCI addresses (for the engine).
+    resources: BTreeMap<String, Vec<String>>,
+    /// PCI address -> device nodes (for the runtime).
+    nodes: BTreeMap<String, Vec<PathBuf>>,
+}
+
+/// Reads `--devices`; every address must be a PCI device of this machine.
+fn load_devices(path: &Path, topology: &NodeTopology) -> anyhow::Result<Devices> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let parsed: BTreeMap<String, Vec<DeviceEntry>> =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a devices config", path.display()))?;
+    let mut resources = BTreeMap::new();
+    let mut nodes = BTreeMap::new();
+    let known: Vec<&str> = topology.devices.iter().map(|d| d.address.as_str()).collect();
+    for (resource, entries) in parsed {
+        let mut addrs = Vec::new();
+        for (i, e) in entries.into_iter().enumerate() {
+            if !known.contains(&e.address.as_str()) {
+                bail!("{}: {resource}[{i}].address: {} is not a PCI device of this machine", path.display(), e.address);
+            }
+            if nodes.insert(e.address.clone(), e.device_nodes).is_some() {
+                bail!("{}: {resource}[{i}].address: {} is listed twice", path.display(), e.address);
+            }
+            addrs.push(e.address);
+        }
+        resources.insert(resource, addrs);
+    }
+    Ok(Devices { resources, nodes })
+}
+
+fn settings(args: &RunArgs, topology: &NodeTopology) -> anyhow::Result<NodeSettings> {
+    let reserved = match &args.reserved_cpus {
+        Some(list) => CpuSet::parse_list(list).context("--reserved-cpus")?,
+        None => topology.reserved_cpus.clone(),
+    };
+    let all = topology.all_cpus();
+    if !reserved.is_subset(&all) {
+        bail!("--reserved-cpus: CPUs {} are not on this machine (it has {all})", reserved.difference(&all));
+    }
+    let mut s = NodeSettings {
+        reserved_cpus: reserved,
+        topology_policy: args.topology_policy.unwrap_or_default(),
+        topology_scope: args.topology_scope.unwrap_or_default(),
+        cpu_manager: CpuManagerOptions::default(),
+        ..Default::default()
+    };
+    for opt in &args.cpu_manager_options {
+        let (k, v) = opt.split_once('=').with_context(|| format!("--cpu-manager-option {opt:?}: expected K=V"))?;
+        let v: bool = v.parse().map_err(|_| anyhow::anyhow!("--cpu-manager-option {k}: {v:?} is not true or false"))?;
+        match k {
+            "full-pcpus-only" => s.cpu_manager.full_pcpus_only = v,
+            "distribute-cpus-across-numa" => s.cpu_manager.distribute_cpus_across_numa = v,
+            "align-by-socket" => s.cpu_manager.align_by_socket = v,
+            "prefer-closest-numa-nodes" => s.prefer_closest_numa_nodes = v,
+            _ => bail!(
+                "--cpu-manager-option {k}: unknown (known: full-pcpus-only, distribute-cpus-across-numa, align-by-socket, prefer-closest-numa-nodes)"
+            ),
+        }
+    }
+    Ok(s)
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let Some(manifests) = args.manifests.clone() else {
+        bail!("--manifests DIR is required (joining a server is not built yet)");
+    };
+    if !manifests.is_dir() {
+        bail!("--manifests {}: not a directory", manifests.display());
+    }
+    let topology = args.topology.load().context("loading the topology")?;
+    let mut settings = settings(&args, &topology)?;
+    let mut device_nodes = BTreeMap::new();
+    if let Some(path) = &args.devices {
+        let devices = load_devices(path, &topology)?;
+        settings.devices = devices.resources;
+        device_nodes = devices.nodes;
+    }
+    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let data_dir = args.data_dir.canonicalize().with_context(|| format!("{}", args.data_dir.display()))?;
+    let runtime: Arc<dyn Runtime> = match args.runtime {
+        RuntimeKind::Hollow => Arc::new(nodelet::runtime::hollow::HollowRuntime::new(&data_dir)?),
+        RuntimeKind::Libcontainer => {
+            bail!("--runtime libcontainer: not in this build yet (use --runtime hollow)")
+        }
+    };
+    let mut config = AgentConfig::new(args.node_name.clone().unwrap_or_else(host_name), data_dir, topology, settings);
+    config.device_nodes = device_nodes;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let (changes_tx, changes_rx) = mpsc::channel(256);
+    let (report_tx, _report_rx) = watch::channel(NodeReport::default());
+    let rescan = Duration::from_secs(args.rescan_seconds.max(1));
+    let watcher = tokio::spawn(nodelet::manifests::watch(manifests, changes_tx, rescan, stopped(stop_rx.clone())));
+    let agent = tokio::spawn(nodelet::agent::run(config, runtime, changes_rx, report_tx, stopped(stop_rx)));
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::pin!(agent);
+    let result = tokio::select! {
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+        r = &mut agent => Some(r),
+    };
+    let _ = stop_tx.send(true);
+    let result = match result {
+        Some(r) => r,
+        None => {
+            tracing::info!("signal received; stopping the agent, containers keep running");
+            agent.await
+        }
+    };
+    result.context("agent task")??;
+    watcher.await.context("manifest watcher task")??;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let report = nodelet::agent::status::read(&args.data_dir)?;
+    let text = match args.output {
+        Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
+        Output::Yaml => serde_yaml_ng::to_string(&report)?,
+        Output::Text => table(&report),
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).context("writing to stdout")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One row per container (one per pod when it has none yet), columns aligned.
+pub fn table(report: &NodeReport) -> String {
+    let mut rows: Vec<[String; 8]> = vec![[
+        "POD".into(),
+        "PHASE".into(),
+        "CONTAINER".into(),
+        "STATE".into(),
+        "RESTARTS".into(),
+        "CPUS".into(),
+        "MEMS".into(),
+        "REASON".into(),
+    ]];
+    let dash = || "-".to_string();
+    for (key, pod) in &report.pods {
+        let phase = format!("{:?}", pod.phase);
+        let pod_reason = match (&pod.reason, &pod.message) {
+            (Some(r), Some(m)) => format!("{r}: {m}"),
+            (Some(r), None) => r.clone(),
+            (None, Some(m)) => m.clone(),
+            (None, None) => dash(),
+        };
+        if pod.container_statuses.is_empty() {
+            rows.push([key.clone(), phase, dash(), dash(), dash(), dash(), dash(), pod_reason]);
+            continue;
+        }
+        for (i, c) in pod.container_statuses.iter().enumerate() {
+            let placed = pod.placement.as_ref().and_then(|p| p.containers.iter().find(|pc| pc.name == c.name));
+            let cpus = placed.map_or_else(dash, |p| p.cpus.to_string());
+            let mems = placed.map_or_else(dash, |p| if p.mems.is_empty() { "all".into() } else { p.mems.to_string() });
+            let mut reason = c.reason.clone().unwrap_or_default();
+            if let Some(code) = c.last_exit_code {
+                reason = if reason.is_empty() { format!("exit {code}") } else { format!("{reason} (exit {code})") };
+            }
+            if i == 0 && pod_reason != "-" {
+                reason = if reason.is_empty() { pod_reason.clone() } else { format!("{reason}; {pod_reason}") };
+            }
+            if reason.is_empty() {
+                reason = dash();
+            }
+            let (k, ph) = if i == 0 { (key.clone(), phase.clone()) } else { (String::new(), String::new()) };
+            rows.push([
+                k,
+                ph,
+                c.name.clone(),
+                format!("{:?}", c.state),
+                c.restart_count.to_string(),
+                cpus,
+                mems,
+                reason,
+            ]);
+        }
+    }
+    let mut widths = [0usize; 8];
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = format!("NODE {}\n", report.node_name);
+    for r in &rows {
+        let mut line = String::new();
+        for (i, (cell, w)) in r.iter().zip(widths).enumerate() {
+            if i == 7 {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }

@@ -1,12 +1,91 @@
-//! `pinion apply`
+//! `pinion apply -f FILE|DIR|-`: every pod document in the files (YAML, JSON,
+//! several documents per file) is sent to the server; each gets one line
+//! (`pod/web created`, `unchanged`, or the error), and any failure makes the
+//! exit status non-zero.
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::Context;
+use bytes::Bytes;
 
 use crate::common::GlobalArgs;
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// A manifest file, a folder of them (*.yaml, *.yml, *.json), or `-` for stdin (repeatable).
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-", required = true)]
+    pub files: Vec<PathBuf>,
+}
 
-pub async fn run(_g: GlobalArgs, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pinion apply` is not built yet")
+/// (where it came from, the document's own text). Documents are split on `---`
+/// lines and sent as written, so the server's line numbers point into them.
+fn documents(source: &str, text: &str) -> Vec<(String, Bytes)> {
+    let mut docs = vec![(1usize, String::new())];
+    for (i, line) in text.lines().enumerate() {
+        if line == "---" || line.starts_with("--- ") {
+            docs.push((i + 2, String::new()));
+            continue;
+        }
+        if let Some((_, d)) = docs.last_mut() {
+            d.push_str(line);
+            d.push('\n');
+        }
+    }
+    let mut out = Vec::new();
+    for (n, (first_line, doc)) in docs.into_iter().enumerate() {
+        // Empty or comment-only documents are skipped; anything else goes to the
+        // server, which reports what is wrong with it.
+        if matches!(serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&doc), Ok(v) if v.is_null()) {
+            continue;
+        }
+        out.push((format!("{source}: document {} (from line {first_line})", n + 1), Bytes::from(doc)));
+    }
+    out
+}
+
+fn files_in(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml" || x == "json"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let mut docs = Vec::new();
+    for f in &args.files {
+        if f.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).context("reading stdin")?;
+            docs.extend(documents("stdin", &text));
+            continue;
+        }
+        for file in files_in(f)? {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            docs.extend(documents(&file.display().to_string(), &text));
+        }
+    }
+    if docs.is_empty() {
+        anyhow::bail!("no documents found in {:?}", args.files);
+    }
+    let client = crate::config::client(&g)?;
+    let mut failed = 0;
+    for (source, body) in docs {
+        match client.create_pod(body).await {
+            Ok((201, pod)) => println!("pod/{} created", pod.metadata.name),
+            Ok((_, pod)) => println!("pod/{} unchanged", pod.metadata.name),
+            Err(e) => {
+                eprintln!("error: {source}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

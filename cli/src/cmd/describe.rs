@@ -1,12 +1,163 @@
-//! `pinion describe`
+//! `pinion describe pod|node NAME`: everything a person asks first: where it
+//! runs, on which CPUs and NUMA nodes, and why (events).
 
+use std::fmt::Write;
 use std::process::ExitCode;
 
+use crate::cmd::get::{age, table};
 use crate::common::GlobalArgs;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum Kind {
+    #[value(alias = "pods", alias = "po")]
+    Pod,
+    #[value(alias = "nodes", alias = "no")]
+    Node,
+}
 
-pub async fn run(_g: GlobalArgs, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pinion describe` is not built yet")
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    pub kind: Kind,
+    pub name: String,
+}
+
+fn events_section(out: &mut String, events: &[specs::api::Event]) {
+    out.push_str("Events:\n");
+    if events.is_empty() {
+        out.push_str("  <none>\n");
+        return;
+    }
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| vec![age(Some(&e.timestamp)), e.event_type.clone(), e.reason.clone(), e.message.clone()])
+        .collect();
+    for line in table(&["AGE", "TYPE", "REASON", "MESSAGE"], &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let client = crate::config::client(&g)?;
+    let mut out = String::new();
+    match args.kind {
+        Kind::Pod => {
+            let p = client.get_pod(&args.name).await?;
+            let s = p.status.clone().unwrap_or_default();
+            let labels: Vec<String> = p.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(out, "Name:        {}", p.metadata.name);
+            let _ =
+                writeln!(out, "Labels:      {}", if labels.is_empty() { "<none>".into() } else { labels.join(",") });
+            let _ = writeln!(out, "Created:     {}", p.metadata.creation_timestamp.as_deref().unwrap_or("-"));
+            let _ = writeln!(out, "Node:        {}", p.spec.node_name.as_deref().unwrap_or("<none>"));
+            let _ = writeln!(out, "Phase:       {:?}", s.phase);
+            let _ = writeln!(out, "Reason:      {}", s.reason.as_deref().unwrap_or("-"));
+            let _ = writeln!(out, "Message:     {}", s.message.as_deref().unwrap_or("-"));
+            let _ = writeln!(out, "Attempts:    {}", s.attempts);
+            if let Some(plan) = &s.plan {
+                let _ = writeln!(out, "Plan epoch:  {}", plan.epoch);
+            }
+            match &s.placement {
+                Some(pl) => {
+                    let _ = writeln!(out, "Placement:\n  NUMA affinity: {}", pl.numa_affinity);
+                    let rows: Vec<Vec<String>> = pl
+                        .containers
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                c.name.clone(),
+                                format!("{:?}", c.cpu_policy).to_lowercase(),
+                                c.cpus.to_string(),
+                                c.mems.to_string(),
+                                if c.devices.is_empty() { "-".into() } else { c.devices.join(",") },
+                            ]
+                        })
+                        .collect();
+                    for line in table(&["CONTAINER", "POLICY", "CPUS", "MEMS", "DEVICES"], &rows).lines() {
+                        let _ = writeln!(out, "  {line}");
+                    }
+                }
+                None => out.push_str("Placement:   <none>\n"),
+            }
+            out.push_str("Containers:\n");
+            for c in &p.spec.containers {
+                let q = |m: &std::collections::BTreeMap<String, specs::Quantity>| {
+                    m.iter().map(|(k, v)| format!("{k}={}", v.as_str())).collect::<Vec<_>>().join(",")
+                };
+                let _ = writeln!(
+                    out,
+                    "  {}: image={} requests={} limits={}",
+                    c.name,
+                    c.image.as_deref().unwrap_or(if c.rootfs.is_some() { "<host>" } else { "-" }),
+                    q(&c.resources.requests),
+                    q(&c.resources.limits)
+                );
+            }
+            if let Some(t) = &p.spec.topology {
+                let _ = writeln!(out, "Topology:    policy={:?} scope={:?}", t.policy, t.scope);
+            }
+            let events = client.events("Pod", &p.metadata.name).await?;
+            events_section(&mut out, &events.items);
+        }
+        Kind::Node => {
+            let n = client.get_node(&args.name).await?;
+            let t = &n.spec.topology;
+            let _ = writeln!(out, "Name:        {}", n.metadata.name);
+            let _ = writeln!(out, "Condition:   {:?}", n.status.condition);
+            let _ = writeln!(out, "Last report: {}", n.status.last_report.as_deref().unwrap_or("-"));
+            let _ = writeln!(
+                out,
+                "Topology:    {} sockets, {} NUMA nodes, {} cores, {} CPUs",
+                t.sockets(),
+                t.numa_nodes.len(),
+                t.cores(),
+                t.cpus.len()
+            );
+            let s = &n.spec.settings;
+            let _ = writeln!(
+                out,
+                "Settings:    topology-policy={:?} scope={:?} reserved-cpus={}",
+                s.topology_policy, s.topology_scope, s.reserved_cpus
+            );
+            let _ = writeln!(out, "Allocation epoch: {}", n.status.allocations.epoch);
+            out.push_str("NUMA nodes:\n");
+            let rows: Vec<Vec<String>> = n
+                .status
+                .numa
+                .iter()
+                .map(|z| {
+                    vec![
+                        z.id.to_string(),
+                        z.cpus.to_string(),
+                        z.free_cpus.to_string(),
+                        format!("{}Mi/{}Mi", z.free_memory_bytes >> 20, z.memory_bytes >> 20),
+                        z.hugepages
+                            .iter()
+                            .map(|h| format!("{}Ki:{}/{}", h.page_size_bytes >> 10, h.free, h.total))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        z.devices
+                            .iter()
+                            .map(|(k, d)| format!("{k}:{}/{}", d.free, d.total))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    ]
+                })
+                .collect();
+            for line in table(&["NUMA", "CPUS", "FREE", "MEMORY(FREE/TOTAL)", "HUGEPAGES", "DEVICES"], &rows).lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+            out.push_str("Pods:\n");
+            if n.status.allocations.pods.is_empty() {
+                out.push_str("  <none>\n");
+            }
+            for (pod, p) in &n.status.allocations.pods {
+                let cpus: Vec<String> = p.containers.iter().map(|c| format!("{}:{}", c.name, c.cpus)).collect();
+                let _ = writeln!(out, "  {pod}: NUMA {} cpus {}", p.numa_affinity, cpus.join(" "));
+            }
+            let events = client.events("Node", &n.metadata.name).await?;
+            events_section(&mut out, &events.items);
+        }
+    }
+    print!("{out}");
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,12 +1,217 @@
-//! `pinion get`
+//! `pinion get pods|nodes [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
+//! tables for people, stable JSON/YAML (the API objects as the server returns
+//! them, fields in a fixed order) for scripts.
 
 use std::process::ExitCode;
 
+use specs::api::{Node, NodeCondition};
+use specs::Pod;
+
 use crate::common::GlobalArgs;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    #[value(alias = "pod", alias = "po")]
+    Pods,
+    #[value(alias = "node", alias = "no")]
+    Nodes,
+}
 
-pub async fn run(_g: GlobalArgs, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pinion get` is not built yet")
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    pub kind: Kind,
+    pub name: Option<String>,
+    /// Output: a table (default), `wide` (more columns), `json` or `yaml`.
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<Format>,
+    /// Label selector, e.g. `app=web,tier!=db`.
+    #[arg(short = 'l', long = "selector")]
+    pub selector: Option<String>,
+}
+
+/// Columns padded to the widest cell, three spaces apart.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let n = cells.len();
+        for (i, c) in cells.into_iter().enumerate() {
+            out.push_str(c);
+            if i + 1 < n {
+                out.push_str(&" ".repeat(widths[i] - c.chars().count() + 3));
+            }
+        }
+        out.push('\n');
+    };
+    line(headers.to_vec(), &mut out);
+    for r in rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+/// `5s`, `3m`, `2h`, `4d` since an RFC 3339 time.
+pub fn age(ts: Option<&str>) -> String {
+    let Some(t) = ts.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else { return "-".into() };
+    let secs = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn print_structured<T: serde::Serialize>(v: &T, format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Yaml => print!("{}", serde_yaml_ng::to_string(v)?),
+        _ => println!("{}", serde_json::to_string_pretty(v)?),
+    }
+    Ok(())
+}
+
+fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
+    let s = p.status.clone().unwrap_or_default();
+    let mut row = vec![
+        p.metadata.name.clone(),
+        format!("{:?}", s.phase),
+        p.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+        age(p.metadata.creation_timestamp.as_deref()),
+    ];
+    if wide {
+        let (numa, cpus) = match &s.placement {
+            Some(pl) => (
+                pl.numa_affinity.to_string(),
+                pl.containers.iter().map(|c| format!("{}:{}", c.name, c.cpus)).collect::<Vec<_>>().join(" "),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        row.push(if numa.is_empty() { "-".into() } else { numa });
+        row.push(if cpus.is_empty() { "-".into() } else { cpus });
+        row.push(s.attempts.to_string());
+        row.push(s.reason.unwrap_or_else(|| "-".into()));
+    }
+    row
+}
+
+fn node_row(n: &Node, wide: bool) -> Vec<String> {
+    let t = &n.spec.topology;
+    let free: usize = n.status.numa.iter().map(|z| z.free_cpus.len()).sum();
+    let mut row = vec![
+        n.metadata.name.clone(),
+        match n.status.condition {
+            NodeCondition::Ready => "Ready".into(),
+            NodeCondition::NotReady => "NotReady".into(),
+        },
+        t.cpus.len().to_string(),
+        free.to_string(),
+        t.numa_nodes.len().to_string(),
+        age(n.metadata.creation_timestamp.as_deref()),
+    ];
+    if wide {
+        let per: Vec<String> =
+            n.status.numa.iter().map(|z| format!("{}:{}/{}", z.id, z.free_cpus.len(), z.cpus.len())).collect();
+        row.push(if per.is_empty() { "-".into() } else { per.join(" ") });
+        row.push(n.status.allocations.pods.len().to_string());
+        let labels: Vec<String> = n.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        row.push(if labels.is_empty() { "-".into() } else { labels.join(",") });
+    }
+    row
+}
+
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let client = crate::config::client(&g)?;
+    let wide = args.output == Some(Format::Wide);
+    let structured = args.output.filter(|f| *f != Format::Wide);
+    match args.kind {
+        Kind::Pods => {
+            let pods = match &args.name {
+                Some(n) => {
+                    let p = client.get_pod(n).await?;
+                    if let Some(f) = structured {
+                        print_structured(&p, f)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    vec![p]
+                }
+                None => {
+                    let list = client.list_pods(args.selector.as_deref()).await?;
+                    if let Some(f) = structured {
+                        print_structured(&list, f)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    list.items
+                }
+            };
+            if pods.is_empty() {
+                eprintln!("no pods");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut headers = vec!["NAME", "STATUS", "NODE", "AGE"];
+            if wide {
+                headers.extend(["NUMA", "CPUS", "ATTEMPTS", "REASON"]);
+            }
+            let rows: Vec<Vec<String>> = pods.iter().map(|p| pod_row(p, wide)).collect();
+            print!("{}", table(&headers, &rows));
+        }
+        Kind::Nodes => {
+            let nodes = match &args.name {
+                Some(n) => {
+                    let node = client.get_node(n).await?;
+                    if let Some(f) = structured {
+                        print_structured(&node, f)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    vec![node]
+                }
+                None => {
+                    let list = client.list_nodes(args.selector.as_deref()).await?;
+                    if let Some(f) = structured {
+                        print_structured(&list, f)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    list.items
+                }
+            };
+            if nodes.is_empty() {
+                eprintln!("no nodes");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut headers = vec!["NAME", "STATUS", "CPUS", "FREE", "NUMA", "AGE"];
+            if wide {
+                headers.extend(["FREE-PER-NUMA", "PODS", "LABELS"]);
+            }
+            let rows: Vec<Vec<String>> = nodes.iter().map(|n| node_row(n, wide)).collect();
+            print!("{}", table(&headers, &rows));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["NAME", "STATUS"],
+            &[vec!["a-long-name".into(), "Running".into()], vec!["b".into(), "Pending".into()]],
+        );
+        assert_eq!(t, "NAME          STATUS\na-long-name   Running\nb             Pending\n");
+    }
 }

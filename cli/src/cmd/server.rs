@@ -1,12 +1,57 @@
-//! `pinion server`
+//! `pinion server`: the control plane (store, API, scheduler) until SIGTERM or
+//! Ctrl-C; then it stops accepting, finishes in-flight requests and flushes.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use orchestrator::server::{Server, ServerOptions};
+use tokio::signal::unix::{signal, SignalKind};
 
 use crate::common::GlobalArgs;
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Where the store, the CA, the admin credentials and the join token live.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/pinion")]
+    pub data_dir: PathBuf,
+    /// Address to listen on (HTTPS).
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7443")]
+    pub listen: String,
+    /// Extra DNS names or IP addresses for the server certificate (repeatable).
+    #[arg(long = "tls-san", value_name = "NAME")]
+    pub tls_sans: Vec<String>,
+    /// Seconds without a heartbeat before a node becomes NotReady.
+    #[arg(long, value_name = "SECONDS", default_value_t = 40)]
+    pub heartbeat_grace: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    pub body_limit: usize,
+}
 
-pub async fn run(_g: GlobalArgs, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pinion server` is not built yet")
+pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let mut opts = ServerOptions::new(&args.data_dir, &args.listen);
+    opts.tls_sans = args.tls_sans;
+    opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
+    opts.api.body_limit = args.body_limit;
+    let server = Server::bind(opts).await?;
+    let dir = args.data_dir.display();
+    if server.first_start {
+        println!("first start: created a CA in {dir}/pki");
+        println!("join token (also in {dir}/join-token): {}", server.join_token);
+    }
+    println!("admin credentials: {} (use --config or PINION_CONFIG)", server.admin_config.display());
+    println!("listening on {} ({})", server.local_addr(), server.server_url());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let task = tokio::spawn(server.run(stopped));
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    eprintln!("shutting down: finishing in-flight requests");
+    let _ = stop.send(true);
+    task.await??;
+    Ok(ExitCode::SUCCESS)
 }

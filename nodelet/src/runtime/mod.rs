@@ -4,6 +4,9 @@
 //!
 //! Calls are blocking; the agent calls them from `spawn_blocking`.
 
+pub mod hollow;
+pub mod libcontainer;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,11 +1,40 @@
 //! The topology-aware scheduler: filter stages, then score stages, over the
 //! admission engine in `specs`, on per-node mirrors of the nodes' allocations.
+//!
+//! Pure logic, no I/O and no clock of its own (callers pass `now`). The
+//! scheduler is a plain `&mut self` state machine: the server owns it in one
+//! task (or behind one `Mutex`) and calls [`Scheduler::schedule`] for one pod at
+//! a time. Each call records the chosen placement in the node's mirror before it
+//! returns, so the next call already sees it: binds are serialized, and two pods
+//! can never be handed the same CPU. If the server fails to persist a binding
+//! it calls [`Scheduler::release`] to give the allocation back.
+//!
+//! The mirror of a node is the node's last reported truth plus the pods bound
+//! here and not yet reflected in a report ("assumed" pods, as in
+//! kube-scheduler's cache); an assumed pod leaves when a report shows it, when
+//! the node rejects it, or after `SchedulerConfig::assume_expiry_reports`
+//! reports without it.
 
-use std::collections::BTreeMap;
+mod demand;
+mod filter;
+mod score;
+mod summary;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod};
+use specs::pod::SchedulingStrategy;
+use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod, Rejection};
+
+use demand::Demand;
+pub use filter::ReasonKind;
+use filter::{Detail, Quick};
+use summary::{Hot, NodeSummary};
 
 /// What the scheduler knows about one node.
 #[derive(Debug, Clone)]
@@ -27,43 +56,579 @@ pub struct Binding {
     pub placement: Placement,
 }
 
+impl Binding {
+    /// The epoch of a binding made without a plan (topology-blind mode): it never
+    /// matches a node's epoch, so the nodelet always runs the engine on its truth.
+    pub const NO_PLAN: u64 = u64::MAX;
+
+    /// Whether the binding carries a placement the nodelet may adopt as is.
+    pub fn has_plan(&self) -> bool {
+        self.epoch != Self::NO_PLAN
+    }
+}
+
 /// No node can take the pod: a summary line and each node's best option.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[serde(rename_all = "camelCase")]
+#[error("{message}")]
 pub struct Unschedulable {
+    /// "0/3 nodes fit: 2 topology affinity, 1 not ready".
     pub message: String,
+    /// Node name -> why it cannot take the pod, with its best option.
     pub per_node: BTreeMap<String, String>,
+    /// How many nodes were ruled out for each reason.
+    #[serde(default)]
+    pub counts: BTreeMap<ReasonKind, usize>,
+}
+
+/// The engine the scheduler confirms candidates with: `specs::admit` in
+/// production; passed in explicitly so that a unit test can substitute its own.
+pub type AdmitFn = fn(&NodeTopology, &NodeSettings, &Allocations, &str, &Pod) -> Result<Placement, Rejection>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Off: see only node totals and bind without a plan, as the Kubernetes
+    /// scheduler does (for showing the knowledge gap; the nodelet decides).
+    pub topology_aware: bool,
+    /// The cluster's strategy; a pod's `spec.schedulingStrategy` overrides it.
+    pub default_strategy: SchedulingStrategy,
+    /// Reports from a node that may omit an assumed pod before it is dropped.
+    pub assume_expiry_reports: u32,
+    /// First delay after a node rejects a pod; doubles per rejection up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            topology_aware: true,
+            default_strategy: SchedulingStrategy::LeastAllocated,
+            assume_expiry_reports: 3,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct NodeState {
+    /// `info.allocations` is the mirror: truth plus assumed pods.
+    info: NodeInfo,
+    /// The node's last reported allocations.
+    truth: Allocations,
+    /// Pods bound here and not yet in a report, in bind order (so that re-applying
+    /// them on top of a report advances the epoch as the nodelet will).
+    assumed: Vec<Assumed>,
+    summary: NodeSummary,
+    /// Advanced on every change of the mirror; a pod the node rejected is not
+    /// sent back to it until this moves on.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Assumed {
+    pod_key: String,
+    missing_reports: u32,
+}
+
+#[derive(Debug)]
+struct PodRecord {
+    node: String,
+    epoch: u64,
+    demand: Demand,
+    /// Bound without a placement (topology-blind mode).
+    blind: bool,
 }
 
 #[derive(Debug, Default)]
+struct Retry {
+    attempts: u32,
+    retry_at: Option<Instant>,
+    last_reason: String,
+    /// Node -> its generation right after it rejected this pod.
+    stale: Vec<(String, u64)>,
+}
+
+#[derive(Debug)]
 pub struct Scheduler {
-    nodes: BTreeMap<String, NodeInfo>,
+    config: SchedulerConfig,
+    admit: AdmitFn,
+    nodes: Vec<NodeState>,
+    /// `hot[i]` is `nodes[i]`'s packed summary (see `Hot`).
+    hot: Vec<Hot>,
+    /// `rank[i]`: position of `nodes[i]`'s name in name order, the tie-break.
+    rank: Vec<u32>,
+    ranks_dirty: bool,
+    index: HashMap<String, usize>,
+    pods: HashMap<String, PodRecord>,
+    retries: HashMap<String, Retry>,
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        Scheduler::new(SchedulerConfig::default())
+    }
+}
+
+/// A node that passed the filters, with its score.
+#[derive(Clone, Copy)]
+struct Candidate {
+    /// Finite (capacities are integers, reciprocals of non-zero integers).
+    score: f64,
+    rank: u32,
+    node: usize,
+}
+
+impl Candidate {
+    /// Highest score first, then the name that sorts first.
+    fn better_than(&self, other: &Candidate) -> bool {
+        self.score > other.score || (self.score == other.score && self.rank < other.rank)
+    }
+}
+
+trait BestSoFar {
+    fn is_none_or_worse_than(&self, c: &Candidate) -> bool;
+}
+
+impl BestSoFar for Option<Candidate> {
+    fn is_none_or_worse_than(&self, c: &Candidate) -> bool {
+        match self {
+            None => true,
+            Some(b) => c.better_than(b),
+        }
+    }
 }
 
 impl Scheduler {
-    pub fn upsert_node(&mut self, node: NodeInfo) {
-        self.nodes.insert(node.name.clone(), node);
+    pub fn new(config: SchedulerConfig) -> Self {
+        Scheduler::with_engine(config, specs::admit)
     }
 
+    pub fn with_engine(config: SchedulerConfig, admit: AdmitFn) -> Self {
+        Scheduler {
+            config,
+            admit,
+            nodes: Vec::new(),
+            hot: Vec::new(),
+            rank: Vec::new(),
+            ranks_dirty: false,
+            index: HashMap::new(),
+            pods: HashMap::new(),
+            retries: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Adds a node, or updates one: labels, topology, settings and readiness are
+    /// replaced, and its allocations are taken as a report of its truth.
+    pub fn upsert_node(&mut self, node: NodeInfo) {
+        match self.index.get(&node.name).copied() {
+            Some(i) => {
+                let n = &mut self.nodes[i];
+                // Only a change that can alter the engine's answer counts as a new
+                // state (a heartbeat re-sending the same node does not).
+                let same_machine = (Arc::ptr_eq(&n.info.topology, &node.topology) || n.info.topology == node.topology)
+                    && n.info.settings == node.settings;
+                if !same_machine {
+                    n.generation += 1;
+                }
+                n.info.labels = node.labels;
+                n.info.topology = node.topology;
+                n.info.settings = node.settings;
+                n.info.ready = node.ready;
+                self.report(i, node.allocations);
+            }
+            None => {
+                let i = self.nodes.len();
+                self.index.insert(node.name.clone(), i);
+                self.nodes.push(NodeState {
+                    truth: node.allocations.clone(),
+                    info: node,
+                    assumed: Vec::new(),
+                    summary: NodeSummary::default(),
+                    generation: 0,
+                });
+                self.hot.push(Hot::of(&NodeSummary::default(), false, false, &NodeSettings::default()));
+                self.rank.push(0);
+                self.ranks_dirty = true;
+                self.refresh(i);
+            }
+        }
+    }
+
+    /// Forgets a node and the bindings this scheduler made to it.
     pub fn remove_node(&mut self, name: &str) {
-        self.nodes.remove(name);
+        let Some(i) = self.index.remove(name) else { return };
+        self.nodes.swap_remove(i);
+        self.hot.swap_remove(i);
+        self.rank.swap_remove(i);
+        self.ranks_dirty = true;
+        if let Some(moved) = self.nodes.get(i) {
+            self.index.insert(moved.info.name.clone(), i);
+        }
+        self.pods.retain(|_, p| p.node != name);
+    }
+
+    /// Marks a node ready or not (missed heartbeats); returns false for an unknown node.
+    pub fn set_ready(&mut self, name: &str, ready: bool) -> bool {
+        match self.index.get(name) {
+            Some(&i) => {
+                self.nodes[i].info.ready = ready;
+                self.hot[i].ready = ready;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The node's truth arrived: its mirror becomes that truth plus the pods bound
+    /// here and not yet in it. Returns the assumed pods that expired (missing
+    /// from too many reports): they are unbound and the caller should requeue them.
+    pub fn on_node_report(&mut self, name: &str, allocations: Allocations) -> Vec<String> {
+        match self.index.get(name) {
+            Some(&i) => self.report(i, allocations),
+            None => Vec::new(),
+        }
+    }
+
+    fn report(&mut self, i: usize, truth: Allocations) -> Vec<String> {
+        let expiry = self.config.assume_expiry_reports;
+        let node = &mut self.nodes[i];
+        let mut old_mirror = std::mem::take(&mut node.info.allocations);
+        let mut mirror = truth.clone();
+        let mut expired = Vec::new();
+        let mut changed = truth != node.truth;
+        node.assumed.retain_mut(|a| {
+            if truth.pods.contains_key(&a.pod_key) {
+                changed = true;
+                return false; // reflected: the node holds it now
+            }
+            a.missing_reports += 1;
+            if a.missing_reports > expiry {
+                changed = true;
+                expired.push(a.pod_key.clone());
+                return false;
+            }
+            if let Some(p) = old_mirror.pods.remove(&a.pod_key) {
+                mirror.apply(&a.pod_key, p);
+            }
+            true
+        });
+        node.info.allocations = mirror;
+        node.truth = truth;
+        if changed {
+            node.generation += 1;
+        }
+        for key in &expired {
+            tracing::warn!(pod = %key, node = %node.info.name, "assumed binding expired: the node never reported it");
+            self.pods.remove(key);
+        }
+        self.refresh(i);
+        expired
+    }
+
+    /// Recomputes a node's summary from its mirror.
+    fn refresh(&mut self, i: usize) {
+        let node = &self.nodes[i];
+        let pods = &self.pods;
+        let name = &node.info.name;
+        let known = |k: &str| pods.get(k).filter(|p| &p.node == name).map(|p| &p.demand);
+        let blind = node
+            .assumed
+            .iter()
+            .filter_map(|a| pods.get(&a.pod_key))
+            .filter(|p| p.blind && &p.node == name)
+            .map(|p| &p.demand.total);
+        let s = NodeSummary::compute(&node.info.topology, &node.info.settings, &node.info.allocations, known, blind);
+        self.hot[i] = Hot::of(&s, node.info.ready, !node.info.labels.is_empty(), &node.info.settings);
+        self.nodes[i].summary = s;
+    }
+
+    fn rerank(&mut self) {
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        order.sort_unstable_by(|a, b| self.nodes[*a].info.name.cmp(&self.nodes[*b].info.name));
+        for (rank, i) in order.into_iter().enumerate() {
+            self.rank[i] = rank as u32;
+        }
+        self.ranks_dirty = false;
+    }
+
+    /// The binding this scheduler made for a pod, while the node's mirror still
+    /// holds the pod (assumed, or in the node's truth). A binding the node has
+    /// dropped (it refused or finished the pod) is no binding.
+    pub fn binding(&self, pod_key: &str) -> Option<Binding> {
+        let rec = self.pods.get(pod_key)?;
+        let node = &self.nodes[*self.index.get(&rec.node)?];
+        let held = node.info.allocations.pods.get(pod_key);
+        let placement = if rec.blind {
+            if held.is_none() && !node.assumed.iter().any(|a| a.pod_key == pod_key) {
+                return None;
+            }
+            Placement::default()
+        } else {
+            held?.clone()
+        };
+        Some(Binding { node: rec.node.clone(), epoch: rec.epoch, placement })
+    }
+
+    /// A node's mirror (truth plus assumed pods).
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.index.get(name).map(|&i| &self.nodes[i].info)
+    }
+
+    /// The pod is gone (deleted, finished, or its binding could not be stored):
+    /// forget its binding and backoff. Resources it holds in the node's reported
+    /// truth stay counted until the node reports them free. Returns its node.
+    pub fn release(&mut self, pod_key: &str) -> Option<String> {
+        self.retries.remove(pod_key);
+        self.unbind(pod_key)
+    }
+
+    fn unbind(&mut self, pod_key: &str) -> Option<String> {
+        let rec = self.pods.remove(pod_key)?;
+        if let Some(&i) = self.index.get(&rec.node) {
+            let node = &mut self.nodes[i];
+            let before = node.assumed.len();
+            node.assumed.retain(|a| a.pod_key != pod_key);
+            if node.assumed.len() != before && !node.truth.pods.contains_key(pod_key) {
+                node.info.allocations.release(pod_key);
+            }
+            node.generation += 1;
+            self.refresh(i);
+        }
+        Some(rec.node)
+    }
+
+    /// The node refused the binding (its state had moved on). The pod leaves the
+    /// node's mirror, goes back to the queue with exponential backoff, and is not
+    /// offered to that node again until the node's state changes. Returns when
+    /// the pod may be retried.
+    pub fn on_rejection(&mut self, pod_key: &str, node: &str, reason: &str, now: Instant) -> Instant {
+        if self.pods.get(pod_key).is_some_and(|p| p.node == node) {
+            self.unbind(pod_key);
+        }
+        let generation = self.index.get(node).map(|&i| self.nodes[i].generation);
+        let (initial, max) = (self.config.backoff_initial, self.config.backoff_max);
+        let r = self.retries.entry(pod_key.to_string()).or_default();
+        r.attempts += 1;
+        let factor = 1u32.checked_shl(r.attempts.saturating_sub(1).min(31)).unwrap_or(u32::MAX);
+        let delay = initial.saturating_mul(factor).min(max);
+        let at = now + delay;
+        r.retry_at = Some(at);
+        r.last_reason = reason.to_string();
+        r.stale.retain(|(n, _)| n != node);
+        if let Some(g) = generation {
+            r.stale.push((node.to_string(), g));
+        }
+        tracing::info!(pod = %pod_key, node, reason, attempts = r.attempts, ?delay, "node rejected binding; backing off");
+        at
+    }
+
+    /// Pods whose backoff has run out, earliest first; each is returned once.
+    pub fn due(&mut self, now: Instant) -> Vec<String> {
+        let mut due: Vec<(Instant, String)> = self
+            .retries
+            .iter_mut()
+            .filter_map(|(k, r)| match r.retry_at {
+                Some(at) if at <= now => {
+                    r.retry_at = None;
+                    Some((at, k.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// The earliest time a backed-off pod becomes due (for the caller's timer).
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.retries.values().filter_map(|r| r.retry_at).min()
+    }
+
+    /// Whether the pod is waiting out a backoff at `now`.
+    pub fn is_backing_off(&self, pod_key: &str, now: Instant) -> bool {
+        self.retries.get(pod_key).and_then(|r| r.retry_at).is_some_and(|at| at > now)
+    }
+
+    /// How many times nodes have rejected this pod.
+    pub fn attempts(&self, pod_key: &str) -> u32 {
+        self.retries.get(pod_key).map_or(0, |r| r.attempts)
     }
 
     /// Picks a node for the pod and records the allocation in that node's mirror.
+    ///
+    /// The pipeline, cheapest first so that most nodes leave before anything
+    /// costly runs: readiness (a flag), nodeSelector (a few map lookups), a
+    /// node that rejected this pod at its current state, free totals (a few
+    /// integer comparisons), then per-NUMA summaries (a pass over the node's
+    /// NUMA nodes). Survivors are scored from their summaries and the engine, the
+    /// only costly step, confirms them in score order until one admits the pod.
+    /// Ties go to the node name that sorts first. A pod already bound gets its
+    /// binding back.
     pub fn schedule(&mut self, pod_key: &str, pod: &Pod) -> Result<Binding, Unschedulable> {
-        let mut per_node = BTreeMap::new();
-        for node in self.nodes.values_mut().filter(|n| n.ready) {
-            match specs::admit(&node.topology, &node.settings, &node.allocations, pod_key, pod) {
-                Ok(placement) => {
-                    let epoch = node.allocations.epoch;
-                    node.allocations.apply(pod_key, placement.clone());
-                    return Ok(Binding { node: node.name.clone(), epoch, placement });
+        if let Some(b) = self.binding(pod_key) {
+            return Ok(b);
+        }
+        // A record whose node no longer holds the pod is history: schedule afresh.
+        self.pods.remove(pod_key);
+        if self.ranks_dirty {
+            self.rerank();
+        }
+        let demand = Demand::of(pod);
+        let strategy = demand.strategy.unwrap_or(self.config.default_strategy);
+        let aware = self.config.topology_aware;
+        let retry = self.retries.get(pod_key).filter(|r| !r.stale.is_empty());
+        let has_selector = !pod.spec.node_selector.is_empty();
+
+        // The scan reads `hot` in order and touches a node's full state only for
+        // a selector, a past rejection, or what the hot summary cannot decide.
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut best: Option<Candidate> = None;
+        let mut ruled_out: Vec<usize> = Vec::new();
+        for (i, h) in self.hot.iter().enumerate() {
+            let fit = h.ready
+                && (!has_selector || (h.has_labels && filter::node_selector(pod, &self.nodes[i].info.labels).is_ok()))
+                && retry.is_none_or_fresh(&self.nodes[i])
+                && match filter::quick(h, &demand, aware) {
+                    Quick::Fit => true,
+                    Quick::NoFit => false,
+                    Quick::Unknown => self.check_summary(i, &demand).is_ok(),
+                };
+            if fit {
+                let c = Candidate {
+                    score: score::score(strategy, h, &self.nodes[i].summary, &demand),
+                    rank: self.rank[i],
+                    node: i,
+                };
+                if best.is_none_or_worse_than(&c) {
+                    best = Some(c);
                 }
-                Err(r) => {
-                    per_node.insert(node.name.clone(), r.message);
+                candidates.push(c);
+            } else {
+                ruled_out.push(i);
+            }
+        }
+
+        // The best was found during the scan; the others are searched only when
+        // the engine turns a candidate down.
+        let mut engine_rejected: Vec<(usize, Rejection)> = Vec::new();
+        while let Some(c) = best {
+            if !aware {
+                return Ok(self.bind(c.node, pod_key, None, demand));
+            }
+            let node = &self.nodes[c.node];
+            match (self.admit)(&node.info.topology, &node.info.settings, &node.info.allocations, pod_key, pod) {
+                Ok(placement) => return Ok(self.bind(c.node, pod_key, Some(placement), demand)),
+                Err(r) => engine_rejected.push((c.node, r)),
+            }
+            candidates.retain(|x| x.node != c.node);
+            best = None;
+            for x in &candidates {
+                if best.is_none_or_worse_than(x) {
+                    best = Some(*x);
                 }
             }
         }
-        Err(Unschedulable { message: format!("0/{} nodes can run the pod", self.nodes.len()), per_node })
+        Err(self.unschedulable(pod_key, pod, &demand, &ruled_out, engine_rejected))
+    }
+
+    /// The summary checks in full (totals, then per NUMA node), with the reason.
+    fn check_summary<'a>(&self, i: usize, demand: &'a Demand) -> Result<(), Detail<'a>> {
+        let node = &self.nodes[i];
+        filter::totals(&node.summary, demand)?;
+        if self.config.topology_aware {
+            filter::numa(&node.summary, demand, &node.info.settings)?;
+        }
+        Ok(())
+    }
+
+    /// Why node `i` was ruled out: the filter stages again, one at a time, in
+    /// pipeline order, this time keeping the reason (only for unschedulable pods).
+    fn explain<'a>(&self, i: usize, pod_key: &str, pod: &'a Pod, demand: &'a Demand) -> Detail<'a> {
+        let node = &self.nodes[i];
+        if !node.info.ready {
+            return Detail::NotReady;
+        }
+        if let Err(d) = filter::node_selector(pod, &node.info.labels) {
+            return d;
+        }
+        if let Some(r) = self.retries.get(pod_key) {
+            if !Some(r).is_none_or_fresh(node) {
+                return Detail::RejectedAtThisState { message: r.last_reason.clone() };
+            }
+        }
+        match self.check_summary(i, demand) {
+            Err(d) => d,
+            Ok(()) => {
+                debug_assert!(false, "the hot summary ruled out {} but the full summary admits it", node.info.name);
+                Detail::Engine {
+                    reason: specs::RejectReason::InvalidRequest,
+                    message: "ruled out by its summary".into(),
+                }
+            }
+        }
+    }
+
+    fn bind(&mut self, i: usize, pod_key: &str, placement: Option<Placement>, demand: Demand) -> Binding {
+        let node = &mut self.nodes[i];
+        let blind = placement.is_none();
+        let epoch = if blind { Binding::NO_PLAN } else { node.info.allocations.epoch };
+        if let Some(p) = &placement {
+            node.info.allocations.apply(pod_key, p.clone());
+        }
+        node.assumed.push(Assumed { pod_key: pod_key.to_string(), missing_reports: 0 });
+        node.generation += 1;
+        let name = node.info.name.clone();
+        self.pods.insert(pod_key.to_string(), PodRecord { node: name.clone(), epoch, demand, blind });
+        self.refresh(i);
+        Binding { node: name, epoch, placement: placement.unwrap_or_default() }
+    }
+
+    fn unschedulable(
+        &self,
+        pod_key: &str,
+        pod: &Pod,
+        demand: &Demand,
+        ruled_out: &[usize],
+        engine_rejected: Vec<(usize, Rejection)>,
+    ) -> Unschedulable {
+        let mut counts: BTreeMap<ReasonKind, usize> = BTreeMap::new();
+        let mut per_node = BTreeMap::new();
+        let explained = ruled_out.iter().map(|&i| (i, self.explain(i, pod_key, pod, demand)));
+        let engine =
+            engine_rejected.into_iter().map(|(i, r)| (i, Detail::Engine { reason: r.reason, message: r.message }));
+        for (i, d) in explained.chain(engine) {
+            *counts.entry(d.kind()).or_default() += 1;
+            per_node.insert(self.nodes[i].info.name.clone(), d.to_string());
+        }
+        let mut order: Vec<(&ReasonKind, &usize)> = counts.iter().collect();
+        order.sort_by(|a, b| b.1.cmp(a.1).then(a.0.label().cmp(b.0.label())));
+        let reasons: Vec<String> = order.iter().map(|(k, n)| format!("{n} {}", k.label())).collect();
+        let message = if self.nodes.is_empty() {
+            "0/0 nodes fit: no nodes registered".to_string()
+        } else {
+            format!("0/{} nodes fit: {}", self.nodes.len(), reasons.join(", "))
+        };
+        Unschedulable { message, per_node, counts }
+    }
+}
+
+/// A pod's past rejections against a node's current state.
+trait StaleCheck {
+    /// True unless this node rejected the pod and has not changed since.
+    fn is_none_or_fresh(&self, node: &NodeState) -> bool;
+}
+
+impl StaleCheck for Option<&Retry> {
+    fn is_none_or_fresh(&self, node: &NodeState) -> bool {
+        match self {
+            None => true,
+            Some(r) => !r.stale.iter().any(|(n, g)| *g == node.generation && *n == node.info.name),
+        }
     }
 }

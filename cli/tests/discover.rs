@@ -1,0 +1,103 @@
+//! `pinion discover` as a user runs it: the built binary on an extracted fixture,
+//! its JSON checked field by field, and its errors checked for naming the problem.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `PINION_SHARED`, else `shared/` beside the repository, else `/work/shared`.
+fn fixtures_dir() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("PINION_SHARED").map(PathBuf::from),
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")),
+        Some(PathBuf::from("/work/shared")),
+    ];
+    candidates.into_iter().flatten().map(|p| p.join("fixtures/sysfs")).find(|p| p.is_dir())
+}
+
+fn pinion(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_pinion")).args(args).output().expect("run pinion")
+}
+
+/// Extracts a fixture with the system `tar` (the CLI crate keeps its dev-dependencies
+/// small; the nodelet's fixture tests unpack in-process).
+fn extract(name: &str) -> Option<tempfile::TempDir> {
+    let Some(dir) = fixtures_dir() else {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "sysfs fixtures not found and CI=true");
+        eprintln!("skipping: sysfs fixtures not found; set PINION_SHARED");
+        return None;
+    };
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let status = Command::new("tar")
+        .arg("xzf")
+        .arg(dir.join(format!("{name}.tar.gz")))
+        .arg("-C")
+        .arg(tmp.path())
+        .status()
+        .expect("run tar");
+    assert!(status.success(), "tar xzf {name}.tar.gz failed");
+    Some(tmp)
+}
+
+#[test]
+fn discover_json_on_the_intel_fixture() {
+    let Some(root) = extract("32intel64-2p8co2t+8ve") else { return };
+    let root = root.path().to_str().expect("utf-8 temp path");
+    let out = pinion(&["discover", "--sysfs-root", root, "-o", "json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+
+    let cpus = v["cpus"].as_array().expect("cpus array");
+    assert_eq!(cpus.len(), 32);
+    // HT siblings N and N+16 share a core; CPU 8 is on socket 1 and NUMA node 1.
+    assert_eq!(cpus[3]["core"], cpus[19]["core"]);
+    assert_ne!(cpus[3]["core"], cpus[4]["core"]);
+    assert_eq!(
+        (cpus[8]["id"].as_u64(), cpus[8]["socket"].as_u64(), cpus[8]["numa"].as_u64()),
+        (Some(8), Some(1), Some(1))
+    );
+    let mut cores: Vec<u64> = cpus.iter().filter_map(|c| c["core"].as_u64()).collect();
+    cores.sort_unstable();
+    cores.dedup();
+    assert_eq!(cores, (0..16).collect::<Vec<u64>>(), "core ids unique per machine, 0..16");
+
+    let nodes = v["numaNodes"].as_array().expect("numaNodes array");
+    assert_eq!(nodes.len(), 2);
+    let node0_cpus: Vec<u64> = nodes[0]["cpus"].as_array().expect("cpus").iter().filter_map(|c| c.as_u64()).collect();
+    assert_eq!(node0_cpus, (0..8).chain(16..24).collect::<Vec<u64>>());
+    assert_eq!(nodes[0]["distances"], serde_json::json!([10, 21]));
+    assert_eq!(nodes[0]["memoryBytes"].as_u64(), Some(47_925_628 * 1024));
+    assert!(nodes[1]["hugepages"]
+        .as_array()
+        .expect("hugepages")
+        .contains(&serde_json::json!({"pageSizeBytes": 2 << 20, "total": 2048})));
+
+    let devices = v["devices"].as_array().expect("devices array");
+    assert_eq!(devices.len(), 28);
+    assert!(devices.iter().all(|d| d["numa"] == 0 && d["address"].is_string() && d["class"].is_string()));
+
+    // The same JSON fed back through --topology gives the same JSON.
+    let saved = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(saved.path(), &out.stdout).expect("write topology");
+    let again = pinion(&["discover", "--topology", saved.path().to_str().expect("utf-8"), "-o", "json"]);
+    assert!(again.status.success(), "stderr: {}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(again.stdout, out.stdout);
+
+    // Text draws sockets, nodes and cores.
+    let text = pinion(&["discover", "--sysfs-root", root, "-o", "text"]);
+    let text = String::from_utf8(text.stdout).expect("utf-8");
+    assert!(text.starts_with("machine: 2 sockets, 2 NUMA nodes, 16 cores, 32 CPUs\n"), "{text}");
+    assert!(text.contains("core 0: [0 16]"), "{text}");
+}
+
+#[test]
+fn discover_names_the_malformed_file() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let topo = tmp.path().join("sys/devices/system/cpu/cpu0/topology");
+    std::fs::create_dir_all(&topo).expect("mkdir");
+    std::fs::write(topo.join("physical_package_id"), "one\n").expect("write");
+    let out = pinion(&["discover", "--sysfs-root", tmp.path().to_str().expect("utf-8"), "-o", "json"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cpu0/topology/physical_package_id") && stderr.contains("not an integer"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing half-written on stdout");
+}

@@ -1,0 +1,480 @@
+//! Real containers through the libcontainer runtime, with the `pinion` binary as
+//! the shim. Needs root (this machine and CI run as root): without it the tests
+//! skip, except under `CI=true` where they fail. Each test uses ids made of its
+//! name and the pid, and checks afterwards that no cgroup, mount or process of
+//! its containers is left.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nodelet::runtime::libcontainer::records::ProcId;
+use nodelet::runtime::libcontainer::LibcontainerRuntime;
+use nodelet::runtime::{ContainerConfig, ContainerState, RootfsConfig, Runtime};
+use sha2::{Digest, Sha256};
+
+const SHIM: &str = env!("CARGO_BIN_EXE_pinion");
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    rt: LibcontainerRuntime,
+    ids: Vec<String>,
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// `None` (skip) when not root, outside CI.
+fn fixture() -> Option<Fixture> {
+    if !is_root() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "these tests need root under CI=true");
+        eprintln!("skipping: not root");
+        return None;
+    }
+    let dir = tempfile::Builder::new().prefix("pinion-rt-").tempdir().expect("tempdir");
+    let rt = LibcontainerRuntime::new(dir.path(), Path::new(SHIM)).expect("runtime");
+    Some(Fixture { dir, rt, ids: Vec::new() })
+}
+
+impl Fixture {
+    fn cfg(&mut self, test: &str, args: &[&str]) -> ContainerConfig {
+        let id = format!("{test}-{}-{}", std::process::id(), self.ids.len());
+        self.ids.push(id.clone());
+        ContainerConfig {
+            id: id.clone(),
+            pod: test.replace('_', "-"),
+            container: "main".into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: vec![("PINION_TEST".into(), "1".into())],
+            cwd: "/".into(),
+            rootfs: RootfsConfig::Host,
+            cpus: "1".parse().expect("cpus"),
+            mems: "0".parse().expect("mems"),
+            bind_memory: true,
+            memory_limit_bytes: Some(256 << 20),
+            cpu_quota: None,
+            cpu_shares: None,
+            hugepage_limits: BTreeMap::new(),
+            device_nodes: vec![],
+            host_network: false,
+            log_path: self.dir.path().join("logs").join(format!("{id}.log")),
+        }
+    }
+
+    fn log(&self, cfg: &ContainerConfig) -> String {
+        std::fs::read_to_string(&cfg.log_path).unwrap_or_default()
+    }
+
+    /// Waits up to 20 s for the log to satisfy `pred`.
+    fn wait_log(&self, cfg: &ContainerConfig, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = self.log(cfg);
+            if pred(&log) || Instant::now() > deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_exit(&self, id: &str) -> ContainerState {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = self.rt.state(id).expect("state");
+            if !matches!(st, ContainerState::Running { .. }) || Instant::now() > deadline {
+                return st;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Removes every container and asserts nothing of them is left.
+    fn finish(mut self) {
+        for id in std::mem::take(&mut self.ids) {
+            self.rt.remove(&id).expect("remove");
+            // Idempotent.
+            self.rt.remove(&id).expect("second remove");
+            assert_eq!(self.rt.state(&id).expect("state"), ContainerState::Missing);
+            assert_eq!(self.rt.cgroup_dirs(&id), Vec::<PathBuf>::new(), "cgroups left for {id}");
+            assert_eq!(processes_in(&id), Vec::<i32>::new(), "processes left for {id}");
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let root = self.dir.path().to_string_lossy().to_string();
+        assert!(!mounts.contains(&root), "mounts left under {root}");
+        assert_eq!(self.rt.list().expect("list"), Vec::<String>::new());
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // On a failed assertion: still clean up.
+        for id in &self.ids {
+            let _ = self.rt.remove(id);
+        }
+    }
+}
+
+/// Processes whose cgroup path names this container.
+fn processes_in(id: &str) -> Vec<i32> {
+    let needle = format!("/pinion/{id}");
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+                .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&needle)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn cpuset_file(id: &str, file: &str) -> String {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/cpuset/pinion/{id}/{file}"))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/pinion/{id}/{file}.effective")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
+    let Some(mut fx) = fixture() else { return };
+    let cfg = fx.cfg(
+        "pinned",
+        &[
+            "sh",
+            "-c",
+            "grep -E 'Cpus_allowed_list|Mems_allowed_list|Seccomp:|NoNewPrivs|CapBnd' /proc/self/status; \
+             echo bound: $(grep -c ' bind:0 ' /proc/self/numa_maps); touch /usr/x 2>/dev/null || echo usr-ro; \
+             touch /tmp/x && echo tmp-rw; sleep 0.3; exit 7",
+        ],
+    );
+    fx.rt.start(&cfg).expect("start");
+    assert!(matches!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Running { .. }));
+    assert_eq!(cpuset_file(&cfg.id, "cpuset.cpus"), "1");
+    assert_eq!(cpuset_file(&cfg.id, "cpuset.mems"), "0");
+    assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 7, oom_killed: false });
+    let log = fx.log(&cfg);
+    assert!(log.contains("Cpus_allowed_list:\t1\n"), "{log}");
+    assert!(log.contains("Mems_allowed_list:\t0\n"), "{log}");
+    // Default seccomp filter, no_new_privs, Docker's 14 capabilities.
+    for want in ["Seccomp:\t2\n", "NoNewPrivs:\t1\n", "CapBnd:\t00000000a80425fb\n", "usr-ro\n", "tmp-rw\n"] {
+        assert!(log.contains(want), "{want:?} missing from {log}");
+    }
+    // MPOL_BIND on node 0: numa_maps shows `bind:0` on the mappings.
+    let bound = log.lines().find_map(|l| l.strip_prefix("bound: ")).and_then(|n| n.trim().parse::<u32>().ok());
+    assert!(bound.is_some_and(|n| n > 0), "no mapping bound to node 0: {log}");
+    // A new runtime instance (the agent restarted) still knows the exit code.
+    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    assert_eq!(again.state(&cfg.id).expect("state"), ContainerState::Exited { code: 7, oom_killed: false });
+    assert_eq!(again.list().expect("list"), vec![cfg.id.clone()]);
+    fx.finish();
+}
+
+#[test]
+fn cpuset_is_updated_in_place_and_a_running_container_is_adopted() {
+    let Some(mut fx) = fixture() else { return };
+    let cfg = fx.cfg("update", &["sh", "-c", "while true; do grep Cpus_allowed_list /proc/1/status; sleep 0.05; done"]);
+    fx.rt.start(&cfg).expect("start");
+    let ContainerState::Running { pid } = fx.rt.state(&cfg.id).expect("state") else { panic!("not running") };
+    let last = |log: &str| log.lines().last().unwrap_or("").to_string();
+    let log = fx.wait_log(&cfg, |l| last(l) == "Cpus_allowed_list:\t1");
+    assert_eq!(last(&log), "Cpus_allowed_list:\t1");
+    for (cpus, want) in [("0", "0"), ("0-1", "0-1"), ("1", "1")] {
+        fx.rt.update_cpuset(&cfg.id, &cpus.parse().expect("cpus"), &"0".parse().expect("mems")).expect("update");
+        let log = fx.wait_log(&cfg, |l| last(l) == format!("Cpus_allowed_list:\t{want}"));
+        assert_eq!(last(&log), format!("Cpus_allowed_list:\t{want}"));
+        assert_eq!(cpuset_file(&cfg.id, "cpuset.cpus"), want);
+    }
+    // The agent restarts: a new instance adopts the same process.
+    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    assert_eq!(again.state(&cfg.id).expect("state"), ContainerState::Running { pid });
+    // `sh` as pid 1 ignores SIGTERM: stop escalates to SIGKILL after the grace.
+    again.stop(&cfg.id, Duration::from_millis(200)).expect("stop");
+    assert_eq!(again.state(&cfg.id).expect("state"), ContainerState::Exited { code: 137, oom_killed: false });
+    fx.finish();
+}
+
+#[test]
+fn memory_limit_is_enforced_by_the_oom_killer() {
+    let Some(mut fx) = fixture() else { return };
+    let mut cfg = fx.cfg("oom", &["tail", "/dev/zero"]);
+    cfg.memory_limit_bytes = Some(32 << 20);
+    fx.rt.start(&cfg).expect("start");
+    assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 137, oom_killed: true });
+    fx.finish();
+}
+
+#[test]
+fn network_namespace_has_only_lo_and_it_is_up() {
+    let Some(mut fx) = fixture() else { return };
+    let cfg =
+        fx.cfg("netns", &["sh", "-c", "echo ifaces: $(ls /sys/class/net); echo flags: $(cat /sys/class/net/lo/flags)"]);
+    fx.rt.start(&cfg).expect("start");
+    assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
+    let log = fx.log(&cfg);
+    assert!(log.contains("ifaces: lo\n"), "{log}");
+    let flags =
+        log.lines().find_map(|l| l.strip_prefix("flags: 0x")).and_then(|f| u32::from_str_radix(f.trim(), 16).ok());
+    assert_eq!(flags.map(|f| f & 1), Some(1), "lo is not IFF_UP: {log}");
+    fx.finish();
+}
+
+#[test]
+fn a_failed_start_leaves_nothing_behind() {
+    let Some(mut fx) = fixture() else { return };
+    let mut bad_cpu = fx.cfg("badstart", &["true"]);
+    bad_cpu.cpus = "63".parse().expect("cpus");
+    let err = fx.rt.start(&bad_cpu).expect_err("CPU 63 does not exist");
+    assert!(err.to_string().contains(&bad_cpu.id), "{err}");
+    let mut no_image = fx.cfg("badstart", &["true"]);
+    no_image.rootfs = RootfsConfig::Image("nothere:1".into());
+    let err = fx.rt.start(&no_image).expect_err("image not imported");
+    assert!(err.to_string().contains("not imported"), "{err}");
+    let missing = fx.cfg("badstart", &["/no/such/binary"]);
+    let res = fx.rt.start(&missing).map(|()| fx.wait_exit(&missing.id));
+    // Either refused at start or exited non-zero: never "running".
+    assert!(!matches!(res, Ok(ContainerState::Running { .. }) | Ok(ContainerState::Exited { code: 0, .. })), "{res:?}");
+    for cfg in [&bad_cpu, &no_image] {
+        assert_eq!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Missing);
+        assert_eq!(fx.rt.cgroup_dirs(&cfg.id), Vec::<PathBuf>::new());
+    }
+    fx.finish();
+}
+
+#[test]
+fn a_half_created_container_whose_shim_died_is_swept_at_startup() {
+    let Some(mut fx) = fixture() else { return };
+    // A shim that crashes right after libcontainer's build(): the container is
+    // left in Created state (bundle, libcontainer state, cgroup, a waiting init)
+    // exactly as when shim and agent die together mid-create.
+    let wrapper = fx.dir.path().join("crashing-shim");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nPINION_SHIM_CRASH_AFTER_BUILD=1 exec {SHIM} \"$@\"\n"))
+        .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let crashing = LibcontainerRuntime::new(fx.dir.path(), &wrapper).expect("runtime");
+    let cfg = fx.cfg("sweep", &["true"]);
+    crashing.start(&cfg).expect("the crashing shim still reports");
+    assert!(!fx.rt.cgroup_dirs(&cfg.id).is_empty(), "the half-created container has a cgroup");
+    assert!(!processes_in(&cfg.id).is_empty(), "its init waits for start");
+    let shim: ProcId = serde_json::from_slice(&std::fs::read(fx.rt.layout().shim(&cfg.id)).expect("shim record"))
+        .expect("shim record");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shim.alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The agent restarts: the sweep removes it entirely.
+    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    assert_eq!(again.list().expect("list"), Vec::<String>::new());
+    assert_eq!(again.cgroup_dirs(&cfg.id), Vec::<PathBuf>::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_in(&cfg.id).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fx.finish();
+}
+
+// ---- images ----
+
+fn sha(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+enum Item {
+    File(String, Vec<u8>, u32),
+    Dir(String),
+    Symlink(String, String),
+    /// A regular file whose raw name is written unchecked (for escape tests).
+    RawName(String, Vec<u8>),
+}
+
+fn file(path: &str, data: &[u8]) -> Item {
+    Item::File(path.into(), data.to_vec(), 0o644)
+}
+
+fn layer_tar(items: &[Item]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for item in items {
+        let mut h = tar::Header::new_gnu();
+        match item {
+            Item::File(path, data, mode) => {
+                h.set_size(data.len() as u64);
+                h.set_mode(*mode);
+                h.set_entry_type(tar::EntryType::Regular);
+                b.append_data(&mut h, path, data.as_slice()).expect("tar file");
+            }
+            Item::Dir(path) => {
+                h.set_size(0);
+                h.set_mode(0o755);
+                h.set_entry_type(tar::EntryType::Directory);
+                b.append_data(&mut h, path, std::io::empty()).expect("tar dir");
+            }
+            Item::Symlink(path, target) => {
+                h.set_size(0);
+                h.set_mode(0o777);
+                h.set_entry_type(tar::EntryType::Symlink);
+                b.append_link(&mut h, path, target).expect("tar symlink");
+            }
+            Item::RawName(name, data) => {
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_entry_type(tar::EntryType::Regular);
+                let raw = &mut h.as_old_mut().name;
+                raw[..name.len()].copy_from_slice(name.as_bytes());
+                h.set_cksum();
+                b.append(&h, data.as_slice()).expect("tar raw");
+            }
+        }
+    }
+    b.into_inner().expect("tar")
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).expect("gzip");
+    e.finish().expect("gzip")
+}
+
+/// Writes an OCI layout with the given layers (already encoded) and config.
+fn write_layout(dir: &Path, layers: &[(Vec<u8>, &str)], config: serde_json::Value, ref_name: &str) {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("blobs");
+    let put = |bytes: &[u8]| {
+        let d = sha(bytes);
+        std::fs::write(blobs.join(&d), bytes).expect("blob");
+        (format!("sha256:{d}"), bytes.len())
+    };
+    let config_bytes = serde_json::to_vec(&config).expect("config");
+    let (cdigest, csize) = put(&config_bytes);
+    let layer_descs: Vec<serde_json::Value> = layers
+        .iter()
+        .map(|(bytes, mt)| {
+            let (d, s) = put(bytes);
+            serde_json::json!({"mediaType": mt, "digest": d, "size": s})
+        })
+        .collect();
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cdigest, "size": csize},
+        "layers": layer_descs,
+    });
+    let (mdigest, msize) = put(&serde_json::to_vec(&manifest).expect("manifest"));
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mdigest, "size": msize,
+                        "annotations": {"org.opencontainers.image.ref.name": ref_name}}],
+    });
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).expect("index")).expect("index");
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).expect("oci-layout");
+}
+
+/// dash and the libraries it links, as image layer entries.
+fn shell_files() -> Vec<Item> {
+    let sh = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
+    let out = std::process::Command::new("ldd").arg(&sh).output().expect("ldd");
+    let mut paths = vec![sh.clone()];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let p = line.split("=>").last().unwrap_or("").split_whitespace().next().unwrap_or("");
+        if p.starts_with('/') {
+            paths.push(PathBuf::from(p));
+        }
+    }
+    let mut items: Vec<Item> = paths
+        .iter()
+        .map(|p| {
+            let inside = p.to_string_lossy().trim_start_matches('/').to_string();
+            Item::File(inside, std::fs::read(p).expect("read lib"), 0o755)
+        })
+        .collect();
+    items.push(Item::File("bin/sh".into(), std::fs::read(&sh).expect("sh"), 0o755));
+    items
+}
+
+fn pinion(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(SHIM).args(args).output().expect("run pinion")
+}
+
+#[test]
+fn image_built_here_imports_with_whiteouts_and_runs() {
+    let Some(mut fx) = fixture() else { return };
+    let layout = fx.dir.path().join("layout");
+    let mut l1 = shell_files();
+    l1.extend([
+        Item::Dir("etc".into()),
+        file("etc/removed", b"x"),
+        Item::Dir("data".into()),
+        file("data/old", b"x"),
+        file("hello.txt", b"from layer 1\n"),
+    ]);
+    let l2 = vec![file("etc/.wh.removed", b""), file("data/.wh..wh..opq", b""), file("data/new", b"y")];
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/sh", "-c"],
+                   "Cmd": ["read l < /hello.txt; echo $l; echo etc: /etc/*; echo data: /data/*; echo $GREETING; pwd"],
+                   "Env": ["GREETING=hi-from-image", "PATH=/bin"], "WorkingDir": "/data"},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    });
+    write_layout(
+        &layout,
+        &[
+            (gzip(&layer_tar(&l1)), "application/vnd.oci.image.layer.v1.tar+gzip"),
+            (layer_tar(&l2), "application/vnd.oci.image.layer.v1.tar"),
+        ],
+        config,
+        "testimg:1",
+    );
+    // dash has only builtins here: `echo DIR/*` lists a directory (an empty one
+    // prints the pattern itself).
+    // As a tar archive of the layout, through the CLI.
+    let archive = fx.dir.path().join("layout.tar");
+    let status = std::process::Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&archive).arg(".").status();
+    assert!(status.is_ok_and(|s| s.success()));
+    let data_dir = fx.dir.path().to_string_lossy().to_string();
+    let out = pinion(&["image", "import", archive.to_str().expect("path"), "--data-dir", &data_dir]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = pinion(&["image", "list", "--data-dir", &data_dir]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("testimg:1"));
+
+    let mut cfg = fx.cfg("image", &[]);
+    cfg.rootfs = RootfsConfig::Image("testimg:1".into());
+    cfg.cwd = String::new();
+    fx.rt.start(&cfg).expect("start");
+    assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
+    let log = fx.log(&cfg);
+    assert_eq!(log, "from layer 1\netc: /etc/*\ndata: /data/new\nhi-from-image\n/data\n", "{log}");
+    fx.finish();
+}
+
+#[test]
+fn bad_images_are_refused_with_a_clear_error() {
+    let Some(fx) = fixture() else { return };
+    let marker = format!("pinion-escape-{}", std::process::id());
+    let data_dir = fx.dir.path().to_string_lossy().to_string();
+    let check = |name: &str, items: Vec<Item>, expected: &str| {
+        let layout = fx.dir.path().join(name);
+        let config = serde_json::json!({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["true"]}});
+        write_layout(&layout, &[(layer_tar(&items), "application/vnd.oci.image.layer.v1.tar")], config, "bad:1");
+        let out = pinion(&["image", "import", layout.to_str().expect("path"), "--data-dir", &data_dir]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success() && err.contains(expected), "{name}: {err}");
+    };
+    check(
+        "dotdot",
+        vec![Item::RawName(format!("../../../../../../tmp/{marker}"), b"x".to_vec())],
+        "escapes the rootfs",
+    );
+    check(
+        "symlink",
+        vec![Item::Symlink("esc".into(), format!("../../../../../../tmp/{marker}-dir")), file("esc/pwned", b"x")],
+        "points outside the rootfs",
+    );
+    assert!(!Path::new("/tmp").join(&marker).exists());
+    assert!(!Path::new("/tmp").join(format!("{marker}-dir")).exists());
+    let out = pinion(&["image", "list", "--data-dir", &data_dir, "-o", "json"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    fx.finish();
+}

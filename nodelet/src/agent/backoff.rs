@@ -1,0 +1,68 @@
+//! Restart backoff, as the kubelet does it: the delay before restarting a
+//! container that exited starts at `base` (10 s), doubles with every consecutive
+//! crash and is capped (5 min); a container that ran for twice the cap before it
+//! exited starts again from `base`.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { base: Duration::from_secs(10), cap: Duration::from_secs(300) }
+    }
+}
+
+impl Backoff {
+    /// The delay before the restart that follows `streak` consecutive crashes
+    /// (streak 0: the first crash).
+    pub fn delay(&self, streak: u32) -> Duration {
+        // 2^20 * base is far past any sensible cap; stop doubling there so the
+        // multiplication cannot overflow.
+        let factor = 1u32 << streak.min(20);
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+
+    /// Whether a run this long resets the streak.
+    pub fn resets_after(&self, ran: Duration) -> bool {
+        ran >= self.cap.saturating_mul(2)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_from_base_to_cap() {
+        let b = Backoff::default();
+        let check = |streak: u32, secs: u64| assert_eq!(b.delay(streak), Duration::from_secs(secs), "streak {streak}");
+        check(0, 10);
+        check(1, 20);
+        check(2, 40);
+        check(3, 80);
+        check(4, 160);
+        check(5, 300);
+        check(6, 300);
+        check(u32::MAX, 300);
+    }
+
+    #[test]
+    fn configurable_base_for_tests() {
+        let b = Backoff { base: Duration::from_millis(5), cap: Duration::from_millis(40) };
+        let got: Vec<u128> = (0..6).map(|s| b.delay(s).as_millis()).collect();
+        assert_eq!(got, vec![5, 10, 20, 40, 40, 40]);
+    }
+
+    #[test]
+    fn long_runs_reset_the_streak() {
+        let b = Backoff::default();
+        assert!(!b.resets_after(Duration::from_secs(599)));
+        assert!(b.resets_after(Duration::from_secs(600)));
+    }
+}

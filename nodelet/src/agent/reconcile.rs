@@ -1,0 +1,369 @@
+//! The agent's decisions as pure functions of what it knows: whether a container
+//! that exited is restarted, what phase a finished pod ends in, whether a
+//! rejected pod is tried again, whether a scheduler's plan can be adopted as is,
+//! and what a container is given when it starts. No I/O here, so every decision
+//! is table-tested.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use specs::pod::{RootfsSource, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY};
+use specs::{Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeTopology, Placement, Pod, PodPhase};
+use specs::{Quantity, RestartPolicy};
+
+use crate::fsutil::fnv1a64;
+use crate::runtime::{ContainerConfig, CpuQuota, RootfsConfig};
+use crate::source::BoundPlan;
+
+/// Exit code recorded when a container could not be started at all (the
+/// runtime's error is in the pod's message).
+pub const START_ERROR_CODE: i32 = 128;
+/// Exit code recorded when a container vanished while the agent was away and
+/// no runtime recorded how it ended.
+pub const LOST_CODE: i32 = 255;
+
+/// Whether a container that exited with `code` is started again.
+pub fn restarts(policy: RestartPolicy, code: i32) -> bool {
+    match policy {
+        RestartPolicy::Always => true,
+        RestartPolicy::OnFailure => code != 0,
+        RestartPolicy::Never => false,
+    }
+}
+
+/// The phase of a pod none of whose containers will run again: Succeeded when
+/// every container's last exit code is 0.
+pub fn finished_phase(exit_codes: &[i32]) -> PodPhase {
+    if exit_codes.iter().all(|&c| c == 0) {
+        PodPhase::Succeeded
+    } else {
+        PodPhase::Failed
+    }
+}
+
+/// The `reason` of an exited container, in the kubelet's words.
+pub fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
+    if oom_killed {
+        "OOMKilled"
+    } else if code == 0 {
+        "Completed"
+    } else if code == START_ERROR_CODE {
+        "StartError"
+    } else {
+        "Error"
+    }
+}
+
+/// Whether a pod the engine rejected at `rejected_at` (an allocation epoch) is
+/// tried again now: only once the node's allocations changed, so a rejection is
+/// never retried in a loop against the same state.
+pub fn retry_admission(rejected_at: Option<u64>, epoch: u64) -> bool {
+    rejected_at != Some(epoch)
+}
+
+/// Checks a scheduler's plan before adopting it without running the engine:
+/// computed against the current epoch, one placement per container by name,
+/// exclusive CPUs on this machine, not reserved, and free.
+pub fn check_plan(
+    topology: &NodeTopology,
+    reserved: &CpuSet,
+    alloc: &Allocations,
+    pod: &Pod,
+    plan: &BoundPlan,
+) -> Result<(), String> {
+    if plan.epoch != alloc.epoch {
+        return Err(format!("plan computed at epoch {}, node is at {}", plan.epoch, alloc.epoch));
+    }
+    let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
+    let planned: Vec<&str> = plan.placement.containers.iter().map(|c| c.name.as_str()).collect();
+    if names != planned {
+        return Err(format!("plan names containers {planned:?}, pod has {names:?}"));
+    }
+    let all = topology.all_cpus();
+    let mut taken = alloc.exclusive_cpus();
+    for c in &plan.placement.containers {
+        if !matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
+            continue;
+        }
+        if !c.cpus.is_subset(&all) {
+            return Err(format!("container {}: CPUs {} not on this machine", c.name, c.cpus.difference(&all)));
+        }
+        if c.cpu_policy == CpuPolicy::Exclusive {
+            if !c.cpus.is_disjoint(reserved) {
+                return Err(format!("container {}: CPUs {} are reserved", c.name, c.cpus.intersection(reserved)));
+            }
+            if !c.cpus.is_disjoint(&taken) {
+                return Err(format!("container {}: CPUs {} are taken", c.name, c.cpus.intersection(&taken)));
+            }
+            taken.union_with(&c.cpus);
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `[A-Za-z0-9.-]`, turns everything else into `-`, at most `max` bytes.
+fn sanitize(s: &str, max: usize) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '-' }).take(max).collect()
+}
+
+/// The runtime id of one incarnation of a container: readable, unique per node
+/// (the hash keeps `static/a-b` and an orchestrator pod `static-a-b` apart, and a
+/// replaced pod's containers from the old version's), a plain file name of at
+/// most 128 bytes.
+pub fn runtime_id(pod_key: &str, container: &str, spec_hash: &str, incarnation: u32) -> String {
+    let hash = fnv1a64(format!("{pod_key}\0{container}\0{spec_hash}").as_bytes()) as u32;
+    let key = sanitize(pod_key.trim_start_matches(['.', '-', '/']), 60);
+    let key = if key.is_empty() { "pod".to_string() } else { key };
+    format!("{key}_{}_{hash:08x}_{incarnation}", sanitize(container, 40))
+}
+
+/// Where a container's log goes: `<data>/logs/<pod key, sanitized>/<container>.log`.
+pub fn log_path(data_dir: &Path, pod_key: &str, container: &str) -> PathBuf {
+    // `/` becomes `_` (which `sanitize` never produces), so two keys never share a folder.
+    let dir: String = pod_key.split('/').map(|part| sanitize(part, 120)).collect::<Vec<_>>().join("_");
+    data_dir.join("logs").join(dir).join(format!("{}.log", sanitize(container, 120)))
+}
+
+fn quantity_u64(q: Option<&Quantity>) -> Option<u64> {
+    q.and_then(|q| u64::try_from(q.units_ceil()).ok()).filter(|&v| v > 0)
+}
+
+/// Everything the runtime needs to start one container of an admitted pod.
+/// `cpus` is the container's live cpuset (`Allocations::cpuset_for`).
+#[allow(clippy::too_many_arguments)]
+pub fn container_config(
+    data_dir: &Path,
+    device_nodes: &BTreeMap<String, Vec<PathBuf>>,
+    pod_key: &str,
+    pod: &Pod,
+    c: &Container,
+    placement: &ContainerPlacement,
+    cpus: CpuSet,
+    id: String,
+) -> ContainerConfig {
+    let res = &c.resources;
+    let shared = matches!(placement.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
+    // Shared containers are held to their CPU limit by CFS; exclusive ones own
+    // whole CPUs and get no quota (as the kubelet's static CPU manager).
+    let cpu_quota = res.limits.get(RESOURCE_CPU).filter(|_| shared).and_then(|q| {
+        let millis = i64::try_from(q.millis_ceil()).ok().filter(|&m| m > 0)?;
+        Some(CpuQuota { quota_us: millis.saturating_mul(100), period_us: 100_000 })
+    });
+    // The kubelet's shares: 1024 per CPU requested, at least 2.
+    let cpu_shares = Some(
+        res.request(RESOURCE_CPU)
+            .and_then(|q| u64::try_from(q.millis_ceil()).ok())
+            .map_or(2, |m| (m.saturating_mul(1024) / 1000).max(2)),
+    );
+    let mut hugepage_limits = BTreeMap::new();
+    for (name, q) in &res.limits {
+        if let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX) {
+            if let (Ok(size), Some(limit)) = (Quantity::parse(size), quantity_u64(Some(q))) {
+                if let Ok(size) = u64::try_from(size.units_ceil()) {
+                    hugepage_limits.insert(size, limit);
+                }
+            }
+        }
+    }
+    let device_nodes = placement
+        .devices
+        .values()
+        .flatten()
+        .flat_map(|addr| device_nodes.get(addr).cloned().unwrap_or_default())
+        .collect();
+    let rootfs = match (&c.image, c.rootfs) {
+        (Some(image), _) => RootfsConfig::Image(image.clone()),
+        (None, Some(RootfsSource::Host) | None) => RootfsConfig::Host,
+    };
+    ContainerConfig {
+        id,
+        pod: pod_key.to_string(),
+        container: c.name.clone(),
+        args: c.command.iter().chain(&c.args).cloned().collect(),
+        env: c.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+        cwd: c.working_dir.clone().unwrap_or_else(|| "/".into()),
+        rootfs,
+        cpus,
+        mems: placement.mems.clone(),
+        bind_memory: !placement.mems.is_empty(),
+        memory_limit_bytes: quantity_u64(res.limits.get(RESOURCE_MEMORY)),
+        cpu_quota,
+        cpu_shares,
+        hugepage_limits,
+        device_nodes,
+        host_network: pod.spec.host_network,
+        log_path: log_path(data_dir, pod_key, &c.name),
+    }
+}
+
+/// The placement of container `name` (placements list containers by name).
+pub fn placement_of<'a>(placement: &'a Placement, name: &str) -> Option<&'a ContainerPlacement> {
+    placement.containers.iter().find(|c| c.name == name)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use specs::topology::{Cpu, NumaNode};
+    use specs::NumaSet;
+
+    #[test]
+    fn restart_decisions() {
+        let check = |policy, code, expected| assert_eq!(restarts(policy, code), expected, "{policy:?} {code}");
+        check(RestartPolicy::Always, 0, true);
+        check(RestartPolicy::Always, 1, true);
+        check(RestartPolicy::OnFailure, 0, false);
+        check(RestartPolicy::OnFailure, 137, true);
+        check(RestartPolicy::OnFailure, START_ERROR_CODE, true);
+        check(RestartPolicy::Never, 0, false);
+        check(RestartPolicy::Never, 1, false);
+    }
+
+    #[test]
+    fn finished_phases_and_reasons() {
+        assert_eq!(finished_phase(&[0, 0]), PodPhase::Succeeded);
+        assert_eq!(finished_phase(&[0, 2]), PodPhase::Failed);
+        assert_eq!(exit_reason(0, false), "Completed");
+        assert_eq!(exit_reason(137, true), "OOMKilled");
+        assert_eq!(exit_reason(1, false), "Error");
+        assert_eq!(exit_reason(START_ERROR_CODE, false), "StartError");
+    }
+
+    #[test]
+    fn rejections_retry_only_after_the_epoch_moves() {
+        assert!(retry_admission(None, 0), "never tried");
+        assert!(!retry_admission(Some(4), 4), "same state: no retry");
+        assert!(retry_admission(Some(4), 5), "allocations changed");
+    }
+
+    #[test]
+    fn runtime_ids_are_plain_unique_file_names() {
+        let a = runtime_id("static/web", "main", "h", 0);
+        assert!(a.starts_with("static-web_main_"), "{a}");
+        assert!(a.ends_with("_0"));
+        assert_ne!(a, runtime_id("static-web", "main", "h", 0), "same sanitized key, different pods");
+        assert_ne!(a, runtime_id("static/web", "main", "h", 1), "incarnations differ");
+        assert_ne!(a, runtime_id("static/web", "main", "h2", 0), "spec versions differ");
+        let long = runtime_id(&"x".repeat(300), &"y".repeat(300), "h", u32::MAX);
+        assert!(long.len() <= 128, "{}", long.len());
+        for id in [a, long, runtime_id("/../..", "a b", "h", 3)] {
+            assert!(!id.starts_with(['.', '-']), "{id}");
+            assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)), "{id}");
+        }
+    }
+
+    fn topo() -> NodeTopology {
+        let cpus = (0..4).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: id / 2 }).collect();
+        let numa_nodes = (0..2)
+            .map(|id| NumaNode {
+                id,
+                cpus: CpuSet::range(id * 2, id * 2 + 1),
+                memory_bytes: 1 << 30,
+                ..Default::default()
+            })
+            .collect();
+        NodeTopology { cpus, numa_nodes, ..Default::default() }
+    }
+
+    fn pod(yaml_containers: &str) -> Pod {
+        Pod::from_yaml(&format!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n{yaml_containers}"
+        ))
+        .unwrap()
+    }
+
+    fn cp(name: &str, policy: CpuPolicy, cpus: &str) -> ContainerPlacement {
+        ContainerPlacement {
+            name: name.into(),
+            cpu_policy: policy,
+            cpus: CpuSet::parse_list(cpus).unwrap(),
+            mems: NumaSet::new(),
+            memory: Default::default(),
+            hugepages: Default::default(),
+            devices: Default::default(),
+        }
+    }
+
+    #[test]
+    fn plans_are_checked_before_adoption() {
+        let t = topo();
+        let p = pod("  - name: a\n");
+        let mut alloc = Allocations::default();
+        alloc.apply(
+            "other",
+            Placement { numa_affinity: NumaSet::single(0), containers: vec![cp("x", CpuPolicy::Exclusive, "1")] },
+        );
+        let plan = |epoch, c: ContainerPlacement| BoundPlan {
+            epoch,
+            placement: Placement { numa_affinity: NumaSet::single(1), containers: vec![c] },
+        };
+        let check = |plan: BoundPlan, reserved: &str, expected: Result<(), &str>| {
+            let got = check_plan(&t, &CpuSet::parse_list(reserved).unwrap(), &alloc, &p, &plan);
+            match (got, expected) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(want)) => assert!(e.contains(want), "{e} lacks {want}"),
+                (got, want) => panic!("{plan:?}: got {got:?}, want {want:?}"),
+            }
+        };
+        check(plan(1, cp("a", CpuPolicy::Exclusive, "2-3")), "", Ok(()));
+        check(plan(1, cp("a", CpuPolicy::Shared, "0,2-3")), "", Ok(()));
+        check(plan(0, cp("a", CpuPolicy::Exclusive, "2-3")), "", Err("epoch 0, node is at 1"));
+        check(plan(1, cp("b", CpuPolicy::Exclusive, "2-3")), "", Err("plan names containers"));
+        check(plan(1, cp("a", CpuPolicy::Exclusive, "1-2")), "", Err("CPUs 1 are taken"));
+        check(plan(1, cp("a", CpuPolicy::Exclusive, "3-4")), "", Err("CPUs 4 not on this machine"));
+        check(plan(1, cp("a", CpuPolicy::Exclusive, "2-3")), "0,3", Err("CPUs 3 are reserved"));
+    }
+
+    #[test]
+    fn container_config_from_pod_and_placement() {
+        let p = pod(concat!(
+            "  - name: a\n    command: [sleep]\n    args: [inf]\n    image: busybox:1\n",
+            "    env: [{name: K, value: V}]\n    workingDir: /w\n",
+            "    resources:\n      limits: {cpu: 1500m, memory: 64Mi, hugepages-2Mi: 4Mi}\n",
+        ));
+        let mut placement = cp("a", CpuPolicy::Shared, "0-3");
+        placement.mems = NumaSet::single(1);
+        placement.devices.insert("pinion.io/vf".into(), vec!["0000:3b:00.1".into()]);
+        let nodes: BTreeMap<String, Vec<PathBuf>> =
+            [("0000:3b:00.1".to_string(), vec![PathBuf::from("/dev/vfio/42")])].into();
+        let cfg = container_config(
+            Path::new("/d"),
+            &nodes,
+            "static/p",
+            &p,
+            &p.spec.containers[0],
+            &placement,
+            CpuSet::parse_list("2-3").unwrap(),
+            "id1".into(),
+        );
+        assert_eq!(cfg.args, vec!["sleep", "inf"]);
+        assert_eq!(cfg.env, vec![("K".to_string(), "V".to_string())]);
+        assert_eq!(cfg.cwd, "/w");
+        assert_eq!(cfg.rootfs, RootfsConfig::Image("busybox:1".into()));
+        assert_eq!(cfg.cpus.to_string(), "2-3");
+        assert!(cfg.bind_memory);
+        assert_eq!(cfg.memory_limit_bytes, Some(64 << 20));
+        assert_eq!(cfg.cpu_quota, Some(CpuQuota { quota_us: 150_000, period_us: 100_000 }));
+        assert_eq!(cfg.cpu_shares, Some(1536), "request defaults to the limit");
+        assert_eq!(cfg.hugepage_limits, [(2 << 20, 4 << 20)].into());
+        assert_eq!(cfg.device_nodes, vec![PathBuf::from("/dev/vfio/42")]);
+        assert_eq!(cfg.log_path, PathBuf::from("/d/logs/static_p/a.log"));
+
+        // Exclusive: no quota; no image: host rootfs; no mems: no binding.
+        let q = pod("  - name: a\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n");
+        let cfg = container_config(
+            Path::new("/d"),
+            &BTreeMap::new(),
+            "static/q",
+            &q,
+            &q.spec.containers[0],
+            &cp("a", CpuPolicy::Exclusive, "2-3"),
+            CpuSet::parse_list("2-3").unwrap(),
+            "id2".into(),
+        );
+        assert_eq!((cfg.cpu_quota, cfg.cpu_shares, cfg.bind_memory), (None, Some(2048), false));
+        assert_eq!(cfg.rootfs, RootfsConfig::Host);
+        assert_eq!(cfg.cwd, "/");
+    }
+}

@@ -1,0 +1,129 @@
+//! The agent's report: each pod's phase, container states, CPUs, memory NUMA
+//! nodes and last error, built from the agent's memory and written atomically
+//! to `<data>/status.json`, where `pinion agent status` reads it.
+
+use std::path::{Path, PathBuf};
+
+use specs::status::{ContainerState as ShownState, ContainerStatus, PlacementSummary};
+use specs::{PodPhase, PodStatus};
+
+use super::{reconcile, Agent, AgentError, CtrState, Stage};
+use crate::fsutil::write_atomic;
+use crate::source::NodeReport;
+
+pub const FILE_NAME: &str = "status.json";
+
+pub fn path(data_dir: &Path) -> PathBuf {
+    data_dir.join(FILE_NAME)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("{path}: {source} (is an agent running with this --data-dir?)")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not a status file: {reason}")]
+    Malformed { path: PathBuf, reason: String },
+}
+
+/// Reads the last report an agent wrote under `data_dir`.
+pub fn read(data_dir: &Path) -> Result<NodeReport, StatusError> {
+    let path = path(data_dir);
+    let bytes = std::fs::read(&path).map_err(|source| StatusError::Io { path: path.clone(), source })?;
+    serde_json::from_slice(&bytes).map_err(|e| StatusError::Malformed { path, reason: e.to_string() })
+}
+
+pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentError> {
+    let path = path(data_dir);
+    let bytes = serde_json::to_vec_pretty(report).map_err(|e| AgentError::Io {
+        path: path.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+    })?;
+    write_atomic(&path, &bytes).map_err(|source| AgentError::Io { path, source })
+}
+
+pub(super) fn build(agent: &Agent) -> NodeReport {
+    let mut report = NodeReport {
+        node_name: agent.cfg.node_name.clone(),
+        allocations: agent.alloc.clone(),
+        pods: Default::default(),
+    };
+    for (key, e) in &agent.pods {
+        let mut st = PodStatus {
+            node_name: Some(agent.cfg.node_name.clone()),
+            attempts: e.attempts,
+            message: e.message.clone(),
+            ..Default::default()
+        };
+        let ever_started = e.ctrs.iter().any(|c| matches!(c.state, CtrState::Running { .. }) || c.restart_count > 0);
+        match &e.stage {
+            Stage::Pending { rejected } => {
+                st.phase = PodPhase::Pending;
+                if let Some((_, r)) = rejected {
+                    st.reason = Some(format!("{:?}", r.reason));
+                    st.message = Some(r.message.clone());
+                }
+            }
+            Stage::Admitted if ever_started => st.phase = PodPhase::Running,
+            Stage::Admitted => {
+                st.phase = PodPhase::Pending;
+                st.reason = Some("ContainerCreating".into());
+            }
+            Stage::Terminating { .. } => {
+                st.phase = PodPhase::Running;
+                st.reason = Some("Terminating".into());
+            }
+            Stage::Finished(phase) => st.phase = *phase,
+        }
+        if let Some(p) = agent.alloc.pods.get(key) {
+            // Show the live cpusets: shared containers follow the pool.
+            let mut summary: PlacementSummary = p.summary();
+            for (shown, c) in summary.containers.iter_mut().zip(&p.containers) {
+                shown.cpus = agent.alloc.cpuset_for(&agent.cfg.topology, c);
+            }
+            st.placement = Some(summary);
+        }
+        st.container_statuses = e
+            .ctrs
+            .iter()
+            .map(|c| {
+                let (state, reason) = match &c.state {
+                    CtrState::Waiting { reason, .. } => (ShownState::Waiting, reason.clone()),
+                    CtrState::Running { .. } => (ShownState::Running, None),
+                    CtrState::Terminated => (
+                        ShownState::Terminated,
+                        c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()),
+                    ),
+                };
+                // A running or waiting container still says how it last ended.
+                let reason = reason.or_else(|| c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()));
+                ContainerStatus {
+                    name: c.name.clone(),
+                    state,
+                    restart_count: c.restart_count,
+                    last_exit_code: c.last_exit.map(|x| x.0),
+                    reason,
+                }
+            })
+            .collect();
+        if st.message.is_none() {
+            if let Some(c) = e.ctrs.iter().find(|c| c.last_exit.is_some_and(|x| x.1)) {
+                let code = c.last_exit.map_or(0, |x| x.0);
+                st.message = Some(format!("container {} was OOM-killed (exit code {code})", c.name));
+            }
+        }
+        if let Some(msg) = agent.invalid.get(key) {
+            st.message = Some(format!("manifest skipped, the previous version keeps running: {msg}"));
+        }
+        report.pods.insert(key.clone(), st);
+    }
+    for (key, msg) in &agent.invalid {
+        report.pods.entry(key.clone()).or_insert_with(|| PodStatus {
+            phase: PodPhase::Pending,
+            node_name: Some(agent.cfg.node_name.clone()),
+            reason: Some("InvalidManifest".into()),
+            message: Some(msg.clone()),
+            ..Default::default()
+        });
+    }
+    report
+}

@@ -1,0 +1,441 @@
+//! The loop driven end to end on the hollow runtime. Admission here is a small
+//! first-fit double (`first_fit`) so that these tests exercise the loop, not the
+//! engine; `nodelet/tests/agent_hollow.rs` runs the real engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use specs::qos::{effective_cpu_policy, qos_class};
+use specs::topology::{Cpu, NumaNode};
+use specs::{ContainerPlacement, PodPhase, RejectReason};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::*;
+use crate::runtime::hollow::HollowRuntime;
+
+/// First-fit admission: exclusive containers take the lowest free CPUs outside
+/// the reserved set, shared ones the pool. Enough to drive the loop.
+fn first_fit(
+    t: &NodeTopology,
+    s: &NodeSettings,
+    a: &Allocations,
+    key: &str,
+    pod: &Pod,
+) -> Result<Placement, Rejection> {
+    if a.pods.contains_key(key) {
+        return Err(Rejection { reason: RejectReason::AlreadyAllocated, message: key.into() });
+    }
+    let qos = qos_class(pod);
+    let mut free = t.all_cpus().difference(&a.exclusive_cpus()).difference(&s.reserved_cpus);
+    let mut containers = Vec::new();
+    for c in &pod.spec.containers {
+        let policy = effective_cpu_policy(qos, c);
+        let cpus = if policy == CpuPolicy::Exclusive {
+            let n = c.resources.request("cpu").map_or(0, |q| q.units_ceil()) as usize;
+            if free.len() < n {
+                return Err(Rejection {
+                    reason: RejectReason::InsufficientCpu,
+                    message: format!("{n} exclusive CPUs wanted, {} free", free.len()),
+                });
+            }
+            let take: CpuSet = free.iter().take(n).collect();
+            free.difference_with(&take);
+            take
+        } else {
+            a.shared_pool(t)
+        };
+        containers.push(ContainerPlacement {
+            name: c.name.clone(),
+            cpu_policy: policy,
+            cpus,
+            mems: NumaSet::new(),
+            memory: Default::default(),
+            hugepages: Default::default(),
+            devices: Default::default(),
+        });
+    }
+    Ok(Placement { numa_affinity: t.numa_ids(), containers })
+}
+
+fn topology(n: u32) -> NodeTopology {
+    NodeTopology {
+        cpus: (0..n).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0 }).collect(),
+        numa_nodes: vec![NumaNode {
+            id: 0,
+            cpus: CpuSet::range(0, n - 1),
+            memory_bytes: 1 << 30,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn pod(name: &str, cpu: &str, policy: &str) -> Pod {
+    Pod::from_yaml(&format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: '{cpu}', memory: 64Mi}}\n"
+    ))
+    .unwrap()
+}
+
+fn exclusive(name: &str, cpus: u32) -> Pod {
+    pod(name, &cpus.to_string(), "Always")
+}
+
+fn shared(name: &str) -> Pod {
+    // A fractional CPU limit makes the container shared.
+    pod(name, "500m", "Always")
+}
+
+fn config(dir: &Path, cpus: u32) -> AgentConfig {
+    let mut c = AgentConfig::new(
+        "n1".into(),
+        dir.to_path_buf(),
+        topology(cpus),
+        NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() },
+    );
+    c.admit = first_fit;
+    c.poll_interval = Duration::from_millis(10);
+    c.backoff = Backoff { base: Duration::from_millis(20), cap: Duration::from_millis(80) };
+    c.op_timeout = Duration::from_secs(5);
+    c
+}
+
+use std::path::Path;
+
+struct Harness {
+    rt: Arc<HollowRuntime>,
+    tx: mpsc::Sender<DesiredChange>,
+    report: watch::Receiver<NodeReport>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), AgentError>>,
+}
+
+fn start(cfg: AgentConfig) -> Harness {
+    let rt = Arc::new(HollowRuntime::new(&cfg.data_dir).unwrap());
+    start_with(cfg, rt)
+}
+
+fn start_with(cfg: AgentConfig, rt: Arc<HollowRuntime>) -> Harness {
+    let (tx, rx) = mpsc::channel(64);
+    let (report_tx, report) = watch::channel(NodeReport::default());
+    let (stop, stop_rx) = oneshot::channel();
+    let task = tokio::spawn(run(cfg, rt.clone(), rx, report_tx, async {
+        let _ = stop_rx.await;
+    }));
+    Harness { rt, tx, report, stop, task }
+}
+
+impl Harness {
+    async fn apply(&self, key: &str, pod: Pod) {
+        self.tx.send(DesiredChange::Apply { key: key.into(), pod: Box::new(pod), plan: None }).await.unwrap();
+    }
+
+    async fn remove(&self, key: &str) {
+        self.tx.send(DesiredChange::Remove { key: key.into() }).await.unwrap();
+    }
+
+    /// Waits (at most 10 s) for a report that satisfies `pred`.
+    async fn wait(&mut self, what: &str, pred: impl Fn(&NodeReport) -> bool) -> NodeReport {
+        let r = tokio::time::timeout(Duration::from_secs(10), self.report.wait_for(|r| pred(r)))
+            .await
+            .map(|r| r.map(|r| r.clone()));
+        match r {
+            Ok(Ok(r)) => r,
+            _ => panic!("timed out waiting for {what}; last report: {:#?}", *self.report.borrow()),
+        }
+    }
+
+    async fn shutdown(self) -> Arc<HollowRuntime> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+        self.rt
+    }
+
+    fn container(&self, key: &str) -> (String, crate::runtime::hollow::HollowContainer) {
+        let mut found: Vec<_> = self.rt.all().into_iter().filter(|(_, c)| c.config.pod == key).collect();
+        assert_eq!(found.len(), 1, "{key}: {found:?}");
+        found.remove(0)
+    }
+}
+
+fn phase(r: &NodeReport, key: &str) -> Option<PodPhase> {
+    r.pods.get(key).map(|p| p.phase)
+}
+
+fn running(r: &NodeReport, key: &str) -> bool {
+    r.pods.get(key).is_some_and(|p| {
+        p.phase == PodPhase::Running
+            && p.container_statuses.iter().all(|c| c.state == specs::status::ContainerState::Running)
+    })
+}
+
+fn cpus_of(r: &NodeReport, key: &str) -> String {
+    r.pods[key].placement.as_ref().map(|p| p.containers[0].cpus.to_string()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn shared_pool_follows_exclusive_pods_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/shared", shared("shared")).await;
+    h.wait("shared running", |r| running(r, "static/shared")).await;
+    let (sid, s) = h.container("static/shared");
+    assert_eq!(s.cpus.to_string(), "0-3");
+
+    h.apply("static/excl", exclusive("excl", 2)).await;
+    let r = h.wait("excl running", |r| running(r, "static/excl")).await;
+    assert_eq!(cpus_of(&r, "static/excl"), "1-2", "reserved CPU 0 is never exclusive");
+    assert_eq!(cpus_of(&r, "static/shared"), "0,3");
+    let (_, e) = h.container("static/excl");
+    assert_eq!(e.cpus.to_string(), "1-2");
+    let (sid2, s) = h.container("static/shared");
+    assert_eq!((sid2.as_str(), s.cpus.to_string(), s.cpuset_updates), (sid.as_str(), "0,3".to_string(), 1));
+
+    h.remove("static/excl").await;
+    h.wait("excl gone", |r| !r.pods.contains_key("static/excl")).await;
+    let (sid3, s) = h.container("static/shared");
+    assert_eq!((sid3, s.cpus.to_string(), s.cpuset_updates), (sid, "0-3".to_string(), 2), "grown back, not restarted");
+    assert_eq!(h.rt.all().len(), 1, "the exclusive container is removed from the runtime");
+    let r = h.shutdown().await;
+    let cp = Checkpoint::load(dir.path()).unwrap();
+    assert_eq!(cp.allocations.pods.keys().collect::<Vec<_>>(), vec!["static/shared"]);
+    assert_eq!(r.all().len(), 1, "shutdown leaves containers running");
+}
+
+#[tokio::test]
+async fn rejection_is_retried_only_when_allocations_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/a", exclusive("a", 2)).await;
+    h.wait("a running", |r| running(r, "static/a")).await;
+    h.apply("static/b", exclusive("b", 2)).await;
+    let r = h.wait("b rejected", |r| r.pods.get("static/b").is_some_and(|p| p.reason.is_some())).await;
+    let b = &r.pods["static/b"];
+    assert_eq!((b.phase, b.reason.as_deref(), b.attempts), (PodPhase::Pending, Some("InsufficientCpu"), 1));
+    assert!(b.message.as_deref().unwrap_or("").contains("2 exclusive CPUs wanted, 1 free"), "{b:?}");
+
+    // Many loop passes and unrelated changes later, still one attempt.
+    for _ in 0..5 {
+        h.apply("static/b", exclusive("b", 2)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.report.borrow().pods["static/b"].attempts, 1, "no retry without a change in allocations");
+
+    h.remove("static/a").await;
+    let r = h.wait("b running", |r| running(r, "static/b")).await;
+    assert_eq!(r.pods["static/b"].attempts, 2);
+    assert_eq!(cpus_of(&r, "static/b"), "1-2");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_policies_with_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 8));
+    h.apply("static/always", pod("always", "1", "Always")).await;
+    h.apply("static/never", pod("never", "1", "Never")).await;
+    h.apply("static/onfail", pod("onfail", "1", "OnFailure")).await;
+    h.apply("static/oom", pod("oom", "1", "Never")).await;
+    h.wait("all running", |r| ["always", "never", "onfail", "oom"].iter().all(|k| running(r, &format!("static/{k}"))))
+        .await;
+    let cpus_before = cpus_of(&h.report.borrow(), "static/always");
+
+    let (id, _) = h.container("static/always");
+    h.rt.exit(&id, 1, false).unwrap();
+    let r = h
+        .wait("always restarted", |r| {
+            running(r, "static/always") && r.pods["static/always"].container_statuses[0].restart_count == 1
+        })
+        .await;
+    let c = &r.pods["static/always"].container_statuses[0];
+    assert_eq!((c.last_exit_code, c.reason.as_deref()), (Some(1), Some("Error")));
+    assert_eq!(cpus_of(&r, "static/always"), cpus_before, "a restart keeps the allocation");
+    let (id2, _) = h.container("static/always");
+    assert_ne!(id, id2, "a new incarnation");
+
+    let (id, _) = h.container("static/onfail");
+    h.rt.exit(&id, 3, false).unwrap();
+    h.wait("onfail restarted", |r| {
+        running(r, "static/onfail") && r.pods["static/onfail"].container_statuses[0].restart_count == 1
+    })
+    .await;
+    let (id, _) = h.container("static/onfail");
+    h.rt.exit(&id, 0, false).unwrap();
+    let r = h.wait("onfail done", |r| phase(r, "static/onfail") == Some(PodPhase::Succeeded)).await;
+    assert!(r.pods["static/onfail"].placement.is_none(), "a finished pod frees its CPUs");
+
+    let (id, _) = h.container("static/never");
+    h.rt.exit(&id, 2, false).unwrap();
+    let r = h.wait("never failed", |r| phase(r, "static/never") == Some(PodPhase::Failed)).await;
+    assert_eq!(r.pods["static/never"].container_statuses[0].last_exit_code, Some(2));
+
+    let (id, _) = h.container("static/oom");
+    h.rt.exit(&id, 137, true).unwrap();
+    let r = h.wait("oom failed", |r| phase(r, "static/oom") == Some(PodPhase::Failed)).await;
+    let p = &r.pods["static/oom"];
+    assert_eq!(p.container_statuses[0].reason.as_deref(), Some("OOMKilled"));
+    assert!(p.message.as_deref().unwrap_or("").contains("OOM-killed"), "{p:?}");
+    assert_eq!(r.allocations.pods.keys().collect::<Vec<_>>(), vec!["static/always"]);
+
+    // Crash-looping: each restart waits longer (20, 40, 80, 80 ms, capped).
+    let mut waits = Vec::new();
+    for n in 2..=5u32 {
+        let (id, _) = h.container("static/always");
+        let t = Instant::now();
+        h.rt.exit(&id, 1, false).unwrap();
+        h.wait("restart", |r| {
+            running(r, "static/always") && r.pods["static/always"].container_statuses[0].restart_count == n
+        })
+        .await;
+        waits.push(t.elapsed());
+    }
+    for (w, min) in waits.iter().zip([40u64, 80, 80, 80]) {
+        assert!(*w >= Duration::from_millis(min), "restart came after {w:?}, before the {min} ms backoff: {waits:?}");
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn restarted_agent_adopts_frees_and_cleans() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 8));
+    h.apply("static/a", exclusive("a", 2)).await;
+    h.apply("static/b", exclusive("b", 2)).await;
+    h.apply("static/s", shared("s")).await;
+    let before = h.wait("all running", |r| ["a", "b", "s"].iter().all(|k| running(r, &format!("static/{k}")))).await;
+    let rt = h.shutdown().await;
+    let (a_id, _) = rt.all().into_iter().find(|(_, c)| c.config.pod == "static/a").unwrap();
+    let (b_id, _) = rt.all().into_iter().find(|(_, c)| c.config.pod == "static/b").unwrap();
+
+    // While the agent is away: b dies, and someone leaves a container behind.
+    rt.exit(&b_id, 1, false).unwrap();
+    let mut leak = rt.get(&a_id).unwrap().config;
+    leak.id = "leaked_1".into();
+    rt.start(&leak).unwrap();
+    drop(rt);
+
+    // The same data dir, a fresh runtime object (as after a process restart).
+    let mut h = start(config(dir.path(), 8));
+    let r = h
+        .wait("recovered", |r| {
+            ["a", "b", "s"].iter().all(|k| running(r, &format!("static/{k}")))
+                && r.pods["static/b"].container_statuses[0].restart_count == 1
+        })
+        .await;
+    assert_eq!(cpus_of(&r, "static/a"), cpus_of(&before, "static/a"), "adopted with the same CPUs");
+    let (a_id2, a) = h.container("static/a");
+    assert_eq!((a_id2, a.cpuset_updates), (a_id, 0), "adopted, not restarted");
+    assert_eq!(r.pods["static/b"].container_statuses[0].last_exit_code, Some(1));
+    assert!(h.rt.get("leaked_1").is_none(), "the unknown container is removed");
+    assert_eq!(h.rt.all().len(), 3);
+    // Nothing allocated twice: exclusive CPUs of a and b are disjoint.
+    let cp = Checkpoint::load(dir.path()).unwrap();
+    let ex: Vec<CpuSet> = cp
+        .allocations
+        .pods
+        .values()
+        .flat_map(|p| p.containers.iter())
+        .filter(|c| c.cpu_policy == CpuPolicy::Exclusive)
+        .map(|c| c.cpus.clone())
+        .collect();
+    assert_eq!(ex.len(), 2);
+    assert!(ex[0].is_disjoint(&ex[1]), "{ex:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn replaced_manifest_restarts_the_pod_and_resync_removes_stale_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/a", exclusive("a", 1)).await;
+    h.apply("static/keep", shared("keep")).await;
+    h.apply("static/bad", shared("bad")).await;
+    h.wait("running", |r| ["a", "keep", "bad"].iter().all(|k| running(r, &format!("static/{k}")))).await;
+    let (old_id, _) = h.container("static/a");
+
+    h.apply("static/a", exclusive("a", 2)).await;
+    let r = h.wait("a replaced", |r| running(r, "static/a") && cpus_of(r, "static/a") == "1-2").await;
+    let (new_id, _) = h.container("static/a");
+    assert!(h.rt.get(&old_id).is_none());
+    assert_ne!(old_id, new_id);
+    assert_eq!(r.pods["static/a"].container_statuses[0].restart_count, 0);
+
+    // "bad" now has a malformed manifest: it keeps running; "keep" is listed; "a" is gone.
+    h.tx.send(DesiredChange::Invalid { key: "static/bad".into(), message: "bad.yaml: spec: oops".into() })
+        .await
+        .unwrap();
+    h.tx.send(DesiredChange::Resync {
+        source: SourceKind::Static,
+        pods: vec![("static/keep".into(), shared("keep"), None)],
+    })
+    .await
+    .unwrap();
+    let r = h.wait("a removed", |r| !r.pods.contains_key("static/a")).await;
+    assert!(running(&r, "static/keep") && running(&r, "static/bad"));
+    assert!(r.pods["static/bad"].message.as_deref().unwrap_or("").contains("bad.yaml: spec: oops"));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn plans_at_the_current_epoch_are_adopted_as_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    let placement = |cpus: &str| Placement {
+        numa_affinity: NumaSet::single(0),
+        containers: vec![ContainerPlacement {
+            name: "main".into(),
+            cpu_policy: CpuPolicy::Exclusive,
+            cpus: CpuSet::parse_list(cpus).unwrap(),
+            mems: NumaSet::new(),
+            memory: Default::default(),
+            hugepages: Default::default(),
+            devices: Default::default(),
+        }],
+    };
+    let plan = Some(BoundPlan { epoch: 0, placement: placement("3") });
+    h.tx.send(DesiredChange::Apply { key: "p".into(), pod: Box::new(exclusive("p", 1)), plan }).await.unwrap();
+    let r = h.wait("p running", |r| running(r, "p")).await;
+    assert_eq!(cpus_of(&r, "p"), "3", "the scheduler's choice, not first-fit's");
+    // A stale plan (epoch 0, node now at 1) goes through the engine.
+    let plan = Some(BoundPlan { epoch: 0, placement: placement("3") });
+    h.tx.send(DesiredChange::Apply { key: "q".into(), pod: Box::new(exclusive("q", 1)), plan }).await.unwrap();
+    let r = h.wait("q running", |r| running(r, "q")).await;
+    assert_eq!(cpus_of(&r, "q"), "1");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn corrupt_checkpoint_and_second_agent_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("checkpoint.json"), "{\"version\":1,").unwrap();
+    let h = start(config(dir.path(), 4));
+    let err = h.task.await.unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains(&dir.path().join("checkpoint.json").display().to_string()) && err.contains("corrupt"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(dir.path().join("checkpoint.json")).unwrap(), "{\"version\":1,", "left as is");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = start(config(dir.path(), 4));
+    first.wait("first up", |r| r.node_name == "n1").await;
+    let second = start(config(dir.path(), 4));
+    let err = second.task.await.unwrap().unwrap_err();
+    assert!(matches!(err, AgentError::Locked { .. }), "{err}");
+    first.shutdown().await;
+}
+
+#[tokio::test]
+async fn status_file_mirrors_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/a", exclusive("a", 1)).await;
+    let r = h.wait("a running", |r| running(r, "static/a")).await;
+    // The file is written before the report is sent.
+    let on_disk = status::read(dir.path()).unwrap();
+    assert_eq!(on_disk, r);
+    h.shutdown().await;
+    let err = status::read(&dir.path().join("nope")).unwrap_err().to_string();
+    assert!(err.contains("nope/status.json"), "{err}");
+}

@@ -1,0 +1,338 @@
+//! The static-pod source: a folder of pod manifests (`--manifests DIR`), one pod
+//! per file, keyed `static/<file stem>`. A new file starts a pod, a changed file
+//! replaces it, a removed file stops it. A malformed file is reported (file name
+//! and field) and skipped; a pod it used to describe keeps running.
+//!
+//! Changes are noticed with inotify on the folder (so a new manifest starts
+//! within milliseconds, which the pod-start benchmark measures) and, as a safety
+//! net for lost events (queue overflow, filesystems without inotify such as
+//! NFS), by a full rescan every `rescan` interval. Either way the folder is
+//! re-read whole and compared with the last scan by content hash, so a burst of
+//! events is one scan and an editor's temp-file dance is seen as one change.
+//! Files starting with `.` or ending in `~` are ignored (editor temporaries);
+//! only `.yaml`, `.yml` and `.json` are read.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use specs::Pod;
+use tokio::sync::mpsc;
+
+use crate::fsutil::fnv1a64;
+use crate::source::{DesiredChange, SourceKind};
+
+/// Manifests larger than this are refused (a pod is a few KiB).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest folder {path}: {source}")]
+    Dir { path: PathBuf, source: std::io::Error },
+}
+
+/// One file as last seen.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    file: String,
+    hash: u64,
+    parsed: Result<Pod, String>,
+}
+
+/// Parses one manifest text; the error names the field.
+pub fn parse_manifest(file: &str, text: &str) -> Result<Pod, String> {
+    let pod = Pod::from_yaml(text).map_err(|e| format!("{file}: {e}"))?;
+    if pod.api_version != specs::pod::API_VERSION {
+        return Err(format!("{file}: apiVersion: must be {} (got {:?})", specs::pod::API_VERSION, pod.api_version));
+    }
+    if pod.kind != "Pod" {
+        return Err(format!("{file}: kind: must be Pod (got {:?})", pod.kind));
+    }
+    let errors = specs::validate::validate_pod(&pod);
+    if !errors.is_empty() {
+        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        return Err(format!("{file}: {}", list.join("; ")));
+    }
+    Ok(pod)
+}
+
+fn is_manifest(name: &str) -> bool {
+    !name.starts_with('.')
+        && !name.ends_with('~')
+        && [".yaml", ".yml", ".json"].iter().any(|ext| name.len() > ext.len() && name.ends_with(ext))
+}
+
+/// Reads every manifest in `dir`: key -> what the file says.
+fn scan(dir: &Path) -> Result<BTreeMap<String, Seen>, ManifestError> {
+    let derr = |source| ManifestError::Dir { path: dir.to_path_buf(), source };
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(derr)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| is_manifest(n))
+        .collect();
+    names.sort();
+    let mut out: BTreeMap<String, Seen> = BTreeMap::new();
+    for name in names {
+        let stem = Path::new(&name).file_stem().and_then(|s| s.to_str()).unwrap_or(&name).to_string();
+        let key = format!("static/{stem}");
+        let path = dir.join(&name);
+        let (hash, parsed) = match read_limited(&path) {
+            Ok(text) => (fnv1a64(text.as_bytes()), parse_manifest(&name, &text)),
+            Err(e) => (0, Err(format!("{name}: {e}"))),
+        };
+        if let Some(first) = out.get(&key) {
+            let dup = Seen {
+                file: name.clone(),
+                hash: hash ^ first.hash,
+                parsed: Err(format!("{name}: another manifest ({}) has the same name stem {stem:?}", first.file)),
+            };
+            out.insert(key, dup);
+            continue;
+        }
+        out.insert(key, Seen { file: name, hash, parsed });
+    }
+    Ok(out)
+}
+
+fn read_limited(path: &Path) -> std::io::Result<String> {
+    let meta = std::fs::metadata(path)?;
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+        ));
+    }
+    std::fs::read_to_string(path)
+}
+
+/// The changes that turn `old` into `new`.
+fn diff(old: &BTreeMap<String, Seen>, new: &BTreeMap<String, Seen>) -> Vec<DesiredChange> {
+    let mut out = Vec::new();
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        out.push(DesiredChange::Remove { key: key.clone() });
+    }
+    for (key, seen) in new {
+        if old.get(key).is_some_and(|o| o.hash == seen.hash && o.file == seen.file) {
+            continue;
+        }
+        out.push(match &seen.parsed {
+            Ok(pod) => DesiredChange::Apply { key: key.clone(), pod: Box::new(pod.clone()), plan: None },
+            Err(message) => DesiredChange::Invalid { key: key.clone(), message: message.clone() },
+        });
+    }
+    out
+}
+
+/// The first message for a folder: the malformed files, then the full set.
+fn initial(seen: &BTreeMap<String, Seen>) -> Vec<DesiredChange> {
+    let mut out = Vec::new();
+    let mut pods = Vec::new();
+    for (key, s) in seen {
+        match &s.parsed {
+            Ok(pod) => pods.push((key.clone(), pod.clone(), None)),
+            Err(message) => out.push(DesiredChange::Invalid { key: key.clone(), message: message.clone() }),
+        }
+    }
+    out.push(DesiredChange::Resync { source: SourceKind::Static, pods });
+    out
+}
+
+/// The inotify instance, owned, with the raw fd tokio's reactor needs.
+struct InotifyFd(nix::sys::inotify::Inotify);
+
+impl std::os::fd::AsRawFd for InotifyFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// inotify on the folder, as an async stream of "something changed".
+struct Watch {
+    fd: tokio::io::unix::AsyncFd<InotifyFd>,
+}
+
+impl Watch {
+    fn new(dir: &Path) -> std::io::Result<Watch> {
+        use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        ino.add_watch(
+            dir,
+            F::IN_CLOSE_WRITE | F::IN_MOVED_TO | F::IN_MOVED_FROM | F::IN_DELETE | F::IN_CREATE | F::IN_ATTRIB,
+        )?;
+        // SAFETY: the fd belongs to the `Inotify` moved into the `AsyncFd`; it is
+        // closed only when the `AsyncFd` (which deregisters first) is dropped,
+        // and nothing else closes or replaces it meanwhile.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(InotifyFd(ino)) }.map_err(|e| e.into_parts().1)?;
+        Ok(Watch { fd })
+    }
+
+    /// Resolves once at least one event arrived (all pending events are drained).
+    async fn changed(&self) {
+        loop {
+            let Ok(mut guard) = self.fd.readable().await else { return };
+            match guard.get_inner().0.read_events() {
+                Ok(_) => {
+                    guard.clear_ready();
+                    // Drain whatever else is queued: one scan covers them all.
+                    while guard.get_inner().0.read_events().is_ok() {}
+                    return;
+                }
+                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Watches `dir` and sends changes until `shutdown` resolves or the receiver is
+/// gone. The folder must exist at start; if it disappears later the pods keep
+/// running (an unmounted disk is not a request to stop everything) and a
+/// warning is logged at every rescan.
+pub async fn watch(
+    dir: PathBuf,
+    tx: mpsc::Sender<DesiredChange>,
+    rescan: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ManifestError> {
+    let mut seen = scan(&dir)?;
+    for ch in initial(&seen) {
+        if tx.send(ch).await.is_err() {
+            return Ok(());
+        }
+    }
+    let watch = match Watch::new(&dir) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "no inotify; rescanning the manifest folder on a timer only");
+            None
+        }
+    };
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = async { match &watch { Some(w) => w.changed().await, None => std::future::pending().await } } => {}
+            _ = tokio::time::sleep(rescan) => {}
+        }
+        let now = match scan(&dir) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the manifest folder; keeping the pods as they are");
+                continue;
+            }
+        };
+        for ch in diff(&seen, &now) {
+            if let DesiredChange::Invalid { key, message } = &ch {
+                tracing::warn!(key, message, "malformed manifest skipped");
+            }
+            if tx.send(ch).await.is_err() {
+                return Ok(());
+            }
+        }
+        seen = now;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: main\n    command: [sleep, inf]\n";
+
+    fn kinds(chs: &[DesiredChange]) -> Vec<String> {
+        chs.iter()
+            .map(|c| match c {
+                DesiredChange::Apply { key, .. } => format!("apply {key}"),
+                DesiredChange::Remove { key } => format!("remove {key}"),
+                DesiredChange::Invalid { key, message } => format!("invalid {key}: {message}"),
+                DesiredChange::Resync { pods, .. } => {
+                    format!("resync {}", pods.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join(","))
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn malformed_manifests_name_file_and_field() {
+        let check = |text: &str, expected: &str| {
+            let err = parse_manifest("bad.yaml", text).unwrap_err();
+            assert!(err.starts_with("bad.yaml: "), "{err}");
+            assert!(err.contains(expected), "{err} lacks {expected:?}");
+        };
+        check(&GOOD.replace("command", "comand"), "unknown field `comand`");
+        check(&GOOD.replace("kind: Pod", "kind: Job"), "kind: must be Pod");
+        check(&GOOD.replace("pinion.io/v1", "v1"), "apiVersion: must be pinion.io/v1");
+        check(&GOOD.replace("name: web", "name: ''"), "metadata.name: must not be empty");
+        check(&GOOD.replace("- name: main\n", ""), "spec.containers");
+        check("{", "bad.yaml");
+        assert!(parse_manifest("ok.yaml", GOOD).is_ok());
+    }
+
+    #[test]
+    fn scan_and_diff_follow_the_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("web.yaml"), GOOD).unwrap();
+        std::fs::write(d.join("broken.yml"), "apiVersion: [").unwrap();
+        std::fs::write(d.join(".web.yaml.swp"), "junk").unwrap();
+        std::fs::write(d.join("notes.txt"), "junk").unwrap();
+        let first = scan(d).unwrap();
+        let init = kinds(&initial(&first));
+        assert_eq!(init.len(), 2, "{init:?}");
+        assert!(init[0].starts_with("invalid static/broken: broken.yml: "), "{init:?}");
+        assert_eq!(init[1], "resync static/web");
+
+        // Unchanged folder: nothing to do.
+        assert!(diff(&first, &scan(d).unwrap()).is_empty());
+
+        // A new file, a changed one, a fixed one, a removed one.
+        std::fs::write(d.join("db.json"), GOOD.replace("web", "db")).unwrap();
+        std::fs::write(d.join("web.yaml"), GOOD.replace("inf", "100")).unwrap();
+        std::fs::write(d.join("broken.yml"), GOOD.replace("web", "broken")).unwrap();
+        let second = scan(d).unwrap();
+        assert_eq!(kinds(&diff(&first, &second)), vec!["apply static/broken", "apply static/db", "apply static/web"]);
+        std::fs::remove_file(d.join("db.json")).unwrap();
+        std::fs::write(d.join("web.json"), GOOD).unwrap();
+        let third = scan(d).unwrap();
+        let got = kinds(&diff(&second, &third));
+        assert_eq!(got[0], "remove static/db");
+        assert!(got[1].starts_with("invalid static/web: web.yaml: another manifest (web.json)"), "{got:?}");
+    }
+
+    #[test]
+    fn missing_folder_is_an_error_naming_it() {
+        let err = scan(Path::new("/nonexistent/manifests")).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/manifests"), "{err}");
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<DesiredChange>) -> String {
+        let ch = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+        kinds(&[ch]).remove(0)
+    }
+
+    #[tokio::test]
+    async fn watch_sees_new_changed_and_removed_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), GOOD).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        // A long rescan interval: only inotify can make this test pass in time.
+        let task = tokio::spawn(watch(dir.path().to_path_buf(), tx, Duration::from_secs(3600), async {
+            let _ = stop_rx.await;
+        }));
+        assert_eq!(next(&mut rx).await, "resync static/a");
+        std::fs::write(dir.path().join("b.yaml"), GOOD).unwrap();
+        assert_eq!(next(&mut rx).await, "apply static/b");
+        std::fs::write(dir.path().join("b.yaml"), GOOD.replace("inf", "5")).unwrap();
+        assert_eq!(next(&mut rx).await, "apply static/b");
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        assert_eq!(next(&mut rx).await, "remove static/a");
+        stop_tx.send(()).unwrap();
+        task.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,470 @@
+//! The real container runtime: each container is created by its own shim
+//! process (`pinion shim`, see [`shim`]) through youki's libcontainer, which
+//! outlives the agent, pumps the container's output into a rotated log and
+//! records the exit status. This side prepares the bundle (OCI spec, rootfs),
+//! launches the shim and reads what it recorded; it never calls libcontainer's
+//! create/start itself, so it is safe from the agent's threads.
+//!
+//! Layout under the data directory: `containers/<id>/` (bundle, rootfs, overlay
+//! upper/work, `container.json`, `shim.json`, `started.json`, `exit.json`,
+//! `shim.log`), `libcontainer/<id>/` (libcontainer's state) and `images/`.
+
+pub mod cgroups;
+pub mod image;
+pub mod logs;
+mod net;
+pub mod records;
+pub mod rootfs;
+pub mod shim;
+pub mod spec;
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ::libcontainer::container::{Container, ContainerStatus};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use oci_spec::runtime::{LinuxCpuBuilder, LinuxResourcesBuilder, Spec};
+use specs::{CpuSet, NumaSet};
+
+use self::records::{read_json, write_json, ExitRecord, Layout, ProcId, StartedRecord, UNKNOWN_EXIT_CODE};
+use super::{ContainerConfig, ContainerState, RootfsConfig, Runtime, RuntimeError};
+
+/// How long `start` waits for the shim's report before giving up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a dead container's shim gets to record the exit status.
+const RECORD_GRACE: Duration = Duration::from_secs(3);
+/// How long a SIGKILLed process may take to disappear.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct LibcontainerRuntime {
+    layout: Layout,
+    shim_exe: PathBuf,
+}
+
+fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Container { id: id.to_string(), message: message.into() }
+}
+
+fn ioerr(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
+    move |source| RuntimeError::Io { path: path.to_path_buf(), source }
+}
+
+/// Ids become file names and cgroup names: keep them plain.
+pub fn check_id(id: &str) -> Result<(), RuntimeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with(['.', '-'])
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(cerr(id, "invalid container id (1-128 of [A-Za-z0-9._-], not starting with . or -)"))
+    }
+}
+
+impl LibcontainerRuntime {
+    /// `shim_exe` is the `pinion` binary (run as `pinion shim`). Creates the data
+    /// directories and removes containers whose creation never finished.
+    pub fn new(data_dir: &Path, shim_exe: &Path) -> Result<Self, RuntimeError> {
+        let layout = Layout::new(data_dir);
+        for dir in [layout.containers(), layout.state_root(), layout.images()] {
+            fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
+        }
+        let rt = Self { layout, shim_exe: shim_exe.to_path_buf() };
+        for id in rt.sweep()? {
+            tracing::warn!(id, "removed a container whose creation did not finish");
+        }
+        Ok(rt)
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Removes half-created containers: no `started.json` and no live shim.
+    pub fn sweep(&self) -> Result<Vec<String>, RuntimeError> {
+        let mut removed = Vec::new();
+        for id in self.list()? {
+            let started = self.layout.started(&id).exists();
+            let shim_alive = read_json::<ProcId>(&self.layout.shim(&id)).ok().flatten().is_some_and(|p| p.alive());
+            if !started && !shim_alive {
+                self.remove(&id)?;
+                removed.push(id);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The host directories of this container's cgroup that exist now.
+    pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
+        cgroups::existing_dirs(id)
+    }
+
+    fn process_spec(cfg: &ContainerConfig, image: Option<&image::ImageRecord>) -> spec::ProcessSpec {
+        let mut env: Vec<(String, String)> =
+            vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())];
+        let mut set = |k: &str, v: &str| match env.iter_mut().find(|(ek, _)| ek == k) {
+            Some(slot) => slot.1 = v.to_string(),
+            None => env.push((k.to_string(), v.to_string())),
+        };
+        if let Some(img) = image {
+            for kv in &img.env {
+                let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
+                set(k, v);
+            }
+        }
+        for (k, v) in &cfg.env {
+            set(k, v);
+        }
+        let args = match image {
+            Some(img) if cfg.args.is_empty() => img.entrypoint.iter().chain(&img.cmd).cloned().collect(),
+            _ => cfg.args.clone(),
+        };
+        let cwd = if !cfg.cwd.is_empty() {
+            cfg.cwd.clone()
+        } else {
+            image.map(|i| i.working_dir.clone()).filter(|w| !w.is_empty()).unwrap_or_else(|| "/".into())
+        };
+        spec::ProcessSpec { args, env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(), cwd }
+    }
+
+    fn prepare(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError> {
+        let id = cfg.id.as_str();
+        let rootfs = self.layout.rootfs(id);
+        let (process, binds) = match &cfg.rootfs {
+            RootfsConfig::Host => {
+                let binds = rootfs::prepare_host(&rootfs).map_err(ioerr(&rootfs))?;
+                (Self::process_spec(cfg, None), binds)
+            }
+            RootfsConfig::Image(reference) => {
+                let (rec, lower) = image::resolve(&self.layout.images(), reference)?;
+                let dir = self.layout.container(id);
+                rootfs::mount_overlay(&lower, &dir.join("upper"), &dir.join("work"), &rootfs)
+                    .map_err(|e| cerr(id, format!("mounting the image {reference} overlay: {e}")))?;
+                (Self::process_spec(cfg, Some(&rec)), Vec::new())
+            }
+        };
+        if process.args.is_empty() {
+            return Err(cerr(id, "no command: the container config and the image give none"));
+        }
+        let spec = spec::build(cfg, &process, &binds)?;
+        let spec_path = self.layout.bundle(id).join("config.json");
+        spec.save(&spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
+        write_json(&self.layout.config(id), cfg)
+    }
+
+    fn launch_shim(&self, id: &str) -> Result<i32, RuntimeError> {
+        let log_path = self.layout.shim_log(id);
+        let log = File::create(&log_path).map_err(ioerr(&log_path))?;
+        let mut child = Command::new(&self.shim_exe)
+            .arg("shim")
+            .arg("--data-dir")
+            .arg(&self.layout.root)
+            .arg("--id")
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            // libcontainer warns at every create on a hybrid host: errors only,
+            // plain text (the shim log is a file).
+            .env("PINION_LOG", std::env::var("PINION_SHIM_LOG").unwrap_or_else(|_| "error".into()))
+            .env("NO_COLOR", "1")
+            .spawn()
+            .map_err(|e| cerr(id, format!("starting the shim {}: {e}", self.shim_exe.display())))?;
+        let report = child.stdout.take().map(|out| read_report(out, START_TIMEOUT));
+        // The first shim process only detaches and exits at once.
+        let _ = child.wait();
+        // The last lines the shim (and libcontainer's helper processes) logged.
+        let shim_log = || {
+            let text = fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+            lines[lines.len().saturating_sub(8)..].join("; ")
+        };
+        match report {
+            Some(Ok(line)) => {
+                if let Some(pid) = line.strip_prefix("ok ") {
+                    pid.trim().parse().map_err(|_| cerr(id, format!("the shim reported {line:?}")))
+                } else if let Some(msg) = line.strip_prefix("error ") {
+                    let log = shim_log();
+                    Err(cerr(id, if log.is_empty() { msg.to_string() } else { format!("{msg} (shim log: {log})") }))
+                } else {
+                    Err(cerr(id, format!("the shim exited without reporting: {}", shim_log())))
+                }
+            }
+            Some(Err(e)) => Err(cerr(id, format!("{e}; shim log: {}", shim_log()))),
+            None => Err(cerr(id, "the shim has no stdout pipe")),
+        }
+    }
+
+    fn started(&self, id: &str) -> Option<StartedRecord> {
+        read_json(&self.layout.started(id)).ok().flatten()
+    }
+
+    /// Waits while the shim is alive for it to write the exit record.
+    fn wait_exit_record(&self, id: &str, shim: Option<ProcId>) -> Option<ExitRecord> {
+        let path = self.layout.exit(id);
+        poll_until(RECORD_GRACE, || path.exists() || !shim.is_some_and(|s| s.alive()));
+        read_json(&path).ok().flatten()
+    }
+}
+
+/// Reads the shim's one-line report, waiting at most `timeout`.
+fn read_report(mut out: std::process::ChildStdout, timeout: Duration) -> Result<String, String> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = Instant::now() + timeout;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            return Ok(String::from_utf8_lossy(&buf[..pos]).into_owned());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("the shim did not report within {timeout:?}"));
+        }
+        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(format!("waiting for the shim: {e}")),
+        }
+        match out.read(&mut chunk) {
+            Ok(0) => return Ok(String::from_utf8_lossy(&buf).into_owned()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("reading the shim's report: {e}")),
+        }
+    }
+}
+
+/// Deletes libcontainer's state of `id` (killing a never-started init) and the
+/// cgroup; tolerant of anything already gone. `init_dead`: our records say the
+/// init has exited, so libcontainer must not signal its (possibly reused) PID.
+pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, init_dead: bool) {
+    let dir = layout.state_root().join(id);
+    if dir.exists() {
+        match Container::load(dir.clone()) {
+            Ok(mut c) => {
+                if init_dead {
+                    c.set_status(ContainerStatus::Stopped);
+                }
+                if let Err(e) = c.delete(true) {
+                    tracing::warn!(id, "libcontainer delete: {e}");
+                }
+            }
+            Err(e) => tracing::warn!(id, "loading libcontainer state: {e}"),
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+    if let Err(e) = cgroups::remove(id) {
+        tracing::warn!(id, "{e}");
+    }
+}
+
+pub(crate) fn cleanup_libcontainer(layout: &Layout, id: &str) {
+    cleanup_libcontainer_with(layout, id, false)
+}
+
+/// Polls `done` until it holds or `timeout` passes; the interval grows from
+/// 100 us to 5 ms so short waits stay short and long ones stay cheap.
+fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(100);
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
+    }
+}
+
+fn wait_gone(p: ProcId, timeout: Duration) -> bool {
+    poll_until(timeout, || !p.alive())
+}
+
+fn signal(p: ProcId, sig: Signal) {
+    if p.alive() {
+        let _ = kill(Pid::from_raw(p.pid), sig);
+    }
+}
+
+impl Runtime for LibcontainerRuntime {
+    fn name(&self) -> &'static str {
+        "libcontainer"
+    }
+
+    fn start(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError> {
+        let id = cfg.id.as_str();
+        check_id(id)?;
+        let dir = self.layout.container(id);
+        if dir.exists() || self.layout.state_root().join(id).exists() {
+            return Err(cerr(id, "a container with this id already exists"));
+        }
+        fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
+        let result = self.prepare(cfg).and_then(|()| self.launch_shim(id));
+        match result {
+            Ok(pid) => {
+                tracing::debug!(id, pid, "container started");
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(cleanup) = self.remove(id) {
+                    tracing::error!(id, "cleanup after a failed start: {cleanup}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
+        check_id(id)?;
+        if !self.layout.container(id).exists() {
+            return Ok(ContainerState::Missing);
+        }
+        if let Some(rec) = read_json::<ExitRecord>(&self.layout.exit(id))? {
+            return Ok(ContainerState::Exited { code: rec.code, oom_killed: rec.oom_killed });
+        }
+        if let Some(started) = read_json::<StartedRecord>(&self.layout.started(id))? {
+            if started.init.alive() {
+                return Ok(ContainerState::Running { pid: started.init.pid });
+            }
+            return Ok(match self.wait_exit_record(id, Some(started.shim)) {
+                Some(rec) => ContainerState::Exited { code: rec.code, oom_killed: rec.oom_killed },
+                // The shim died before the container: nobody saw the exit.
+                None => ContainerState::Exited { code: UNKNOWN_EXIT_CODE, oom_killed: cgroups::oom_killed(id) },
+            });
+        }
+        let shim = read_json::<ProcId>(&self.layout.shim(id)).ok().flatten();
+        if shim.is_some_and(|s| s.alive()) {
+            return Err(cerr(id, "still being created"));
+        }
+        Ok(ContainerState::Exited { code: UNKNOWN_EXIT_CODE, oom_killed: false })
+    }
+
+    fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError> {
+        check_id(id)?;
+        if !matches!(self.state(id)?, ContainerState::Running { .. }) {
+            return Err(cerr(id, "cannot update the cpuset: the container is not running"));
+        }
+        if cpus.is_empty() {
+            return Err(cerr(id, "cannot update the cpuset: empty CPU set"));
+        }
+        let mems = if mems.is_empty() { spec::all_mems() } else { mems.to_string() };
+        let cpu = LinuxCpuBuilder::default()
+            .cpus(cpus.to_string())
+            .mems(mems.clone())
+            .build()
+            .map_err(|e| cerr(id, format!("cpuset: {e}")))?;
+        let resources = LinuxResourcesBuilder::default().cpu(cpu).build().map_err(|e| cerr(id, format!("{e}")))?;
+        cgroups::apply(id, &resources).map_err(|e| cerr(id, e))?;
+        // Keep the bundle's spec in step so it tells the truth.
+        let spec_path = self.layout.bundle(id).join("config.json");
+        if let Ok(mut spec) = Spec::load(&spec_path) {
+            if let Some(cpu) =
+                spec.linux_mut().as_mut().and_then(|l| l.resources_mut().as_mut()).and_then(|r| r.cpu_mut().as_mut())
+            {
+                cpu.set_cpus(Some(cpus.to_string()));
+                cpu.set_mems(Some(mems));
+            }
+            let _ = spec.save(&spec_path);
+        }
+        Ok(())
+    }
+
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        check_id(id)?;
+        let Some(started) = self.started(id) else { return Ok(()) };
+        if started.init.alive() {
+            signal(started.init, Signal::SIGTERM);
+            if !wait_gone(started.init, grace) {
+                signal(started.init, Signal::SIGKILL);
+                if !wait_gone(started.init, KILL_TIMEOUT) {
+                    return Err(cerr(id, format!("pid {} survived SIGKILL for {KILL_TIMEOUT:?}", started.init.pid)));
+                }
+            }
+        }
+        let _ = self.wait_exit_record(id, Some(started.shim));
+        Ok(())
+    }
+
+    fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        check_id(id)?;
+        let started = self.started(id);
+        let mut init_dead = false;
+        if let Some(s) = started {
+            signal(s.init, Signal::SIGKILL);
+            if !wait_gone(s.init, KILL_TIMEOUT) {
+                return Err(cerr(id, format!("pid {} survived SIGKILL", s.init.pid)));
+            }
+            init_dead = true;
+        }
+        if let Some(shim) = read_json::<ProcId>(&self.layout.shim(id)).ok().flatten() {
+            if !wait_gone(shim, if init_dead { RECORD_GRACE } else { Duration::ZERO }) {
+                signal(shim, Signal::SIGKILL);
+                let _ = wait_gone(shim, KILL_TIMEOUT);
+            }
+        }
+        cleanup_libcontainer_with(&self.layout, id, init_dead);
+        let left = cgroups::existing_dirs(id);
+        if !left.is_empty() {
+            return Err(cerr(id, format!("cgroup directories remain: {left:?}")));
+        }
+        let dir = self.layout.container(id);
+        rootfs::unmount_all(&dir).map_err(|e| cerr(id, e.to_string()))?;
+        if !rootfs::mounts_under(&dir).is_empty() {
+            return Err(cerr(id, format!("{} is still mounted", dir.display())));
+        }
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(RuntimeError::Io { path: dir, source: e }),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<String>, RuntimeError> {
+        let mut ids = Vec::new();
+        for dir in [self.layout.containers(), self.layout.state_root()] {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(RuntimeError::Io { path: dir, source: e }),
+            };
+            for e in entries.flatten() {
+                if let Some(name) = e.file_name().to_str() {
+                    if check_id(name).is_ok() && e.path().is_dir() {
+                        ids.push(name.to_string());
+                    }
+                }
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        let check = |id: &str, ok: bool| assert_eq!(check_id(id).is_ok(), ok, "{id}");
+        check("pod-a_c.1", true);
+        check("", false);
+        check("../x", false);
+        check(".hidden", false);
+        check("a/b", false);
+        check(&"x".repeat(129), false);
+    }
+}

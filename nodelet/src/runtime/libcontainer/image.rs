@@ -1,0 +1,581 @@
+//! Local images: `pinion image import` of an OCI image layout (a directory or a
+//! tar archive of one) into `<data>/images/`, and lookup by `NAME:TAG`.
+//!
+//! Layers (tar, tar+gzip) are unpacked without trusting them: an entry whose path
+//! climbs out with `..`, or that passes through a symlink pointing outside the
+//! rootfs, is refused; symlinks met on the way are resolved inside the rootfs;
+//! whiteouts (`.wh.NAME`) and opaque markers (`.wh..wh..opq`) remove what lower
+//! layers put there; device nodes and FIFOs are skipped. Blob digests are
+//! verified (sha256). No registry is ever contacted.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::records::{read_json, write_json, write_json_durable};
+use crate::runtime::RuntimeError;
+
+/// What an imported image is and the defaults it gives a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRecord {
+    /// `NAME:TAG`.
+    pub reference: String,
+    /// The manifest's digest (`sha256:...`).
+    pub digest: String,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub layers: usize,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RefIndex {
+    /// `NAME:TAG` -> manifest digest hex (the directory under `images/`).
+    refs: BTreeMap<String, String>,
+}
+
+fn err(reference: &str, message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Image { reference: reference.to_string(), message: message.into() }
+}
+
+/// `name` or `name:tag` -> `name:tag` (default tag `latest`), checked.
+pub fn normalize_reference(reference: &str) -> Result<String, RuntimeError> {
+    let last = reference.rsplit('/').next().unwrap_or(reference);
+    let full = if last.contains(':') { reference.to_string() } else { format!("{reference}:latest") };
+    let ok = !reference.is_empty()
+        && full.len() <= 255
+        && full.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c))
+        && !full.starts_with(['/', ':', '.', '-']);
+    if ok {
+        Ok(full)
+    } else {
+        Err(err(reference, "not a valid NAME:TAG (letters, digits, `._-/`, one `:` before the tag)"))
+    }
+}
+
+fn index_path(images: &Path) -> PathBuf {
+    images.join("refs.json")
+}
+
+/// Every imported image, sorted by reference.
+pub fn list(images: &Path) -> Result<Vec<ImageRecord>, RuntimeError> {
+    let index: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
+    let mut out = Vec::new();
+    for hex in index.refs.values() {
+        if let Some(mut rec) = read_json::<ImageRecord>(&images.join(hex).join("image.json"))? {
+            // One content may carry several names: report each under its own.
+            for (r, h) in &index.refs {
+                if h == hex && !out.iter().any(|o: &ImageRecord| &o.reference == r) {
+                    rec.reference = r.clone();
+                    out.push(rec.clone());
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.reference.cmp(&b.reference));
+    Ok(out)
+}
+
+/// The image's record and its unpacked rootfs (read-only lower layer).
+pub fn resolve(images: &Path, reference: &str) -> Result<(ImageRecord, PathBuf), RuntimeError> {
+    let full = normalize_reference(reference)?;
+    let index: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
+    let hex = index
+        .refs
+        .get(&full)
+        .ok_or_else(|| err(&full, "not imported (use `pinion image import FILE --name NAME:TAG`)"))?;
+    let dir = images.join(hex);
+    let rec: ImageRecord =
+        read_json(&dir.join("image.json"))?.ok_or_else(|| err(&full, format!("{} is missing", dir.display())))?;
+    Ok((rec, dir.join("rootfs")))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    #[serde(default)]
+    media_type: String,
+    digest: String,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    platform: Option<Platform>,
+}
+
+#[derive(Deserialize)]
+struct Platform {
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    os: String,
+}
+
+#[derive(Deserialize)]
+struct Index {
+    manifests: Vec<Descriptor>,
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Deserialize, Default)]
+struct ImageConfig {
+    #[serde(default)]
+    config: Option<ImageRunConfig>,
+}
+
+#[derive(Deserialize, Default)]
+struct ImageRunConfig {
+    #[serde(rename = "Entrypoint", default)]
+    entrypoint: Option<Vec<String>>,
+    #[serde(rename = "Cmd", default)]
+    cmd: Option<Vec<String>>,
+    #[serde(rename = "Env", default)]
+    env: Option<Vec<String>>,
+    #[serde(rename = "WorkingDir", default)]
+    working_dir: Option<String>,
+}
+
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+const MT_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Imports `source` (an OCI layout directory or a tar of one) as `name`
+/// (default: the layout's `org.opencontainers.image.ref.name`).
+pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageRecord, RuntimeError> {
+    let label = name.map(str::to_string).unwrap_or_else(|| source.display().to_string());
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source: io::Error| RuntimeError::Io { path: p, source }
+    };
+    fs::create_dir_all(images).map_err(io(images))?;
+    let work = TempDir(images.join(format!(".import-{}-{}", std::process::id(), unique())));
+    fs::create_dir_all(&work.0).map_err(io(&work.0))?;
+    let meta = fs::metadata(source).map_err(io(source))?;
+    let layout = if meta.is_dir() {
+        source.to_path_buf()
+    } else {
+        let dir = work.0.join("layout");
+        fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let file = File::open(source).map_err(io(source))?;
+        unpack_tar(open_maybe_gzip(file).map_err(io(source))?, &dir, false)
+            .map_err(|m| err(&label, format!("{}: {m}", source.display())))?;
+        dir
+    };
+    if !layout.join("index.json").is_file() {
+        return Err(err(&label, format!("{}: not an OCI image layout (no index.json)", source.display())));
+    }
+    let index: Index = read_blob_json(&layout.join("index.json"), &label)?;
+    let (desc, reference) = pick_manifest(&layout, index, name, &label)?;
+    let reference = normalize_reference(&reference)?;
+    let manifest_path = blob_path(&layout, &desc.digest, &reference)?;
+    verify_digest(&manifest_path, &desc.digest, &reference)?;
+    let manifest: Manifest = read_blob_json(&manifest_path, &reference)?;
+    let config_path = blob_path(&layout, &manifest.config.digest, &reference)?;
+    verify_digest(&config_path, &manifest.config.digest, &reference)?;
+    let config: ImageConfig = read_blob_json(&config_path, &reference)?;
+    let run = config.config.unwrap_or_default();
+
+    let rootfs = work.0.join("rootfs");
+    fs::create_dir_all(&rootfs).map_err(io(&rootfs))?;
+    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755)).map_err(io(&rootfs))?;
+    for (i, layer) in manifest.layers.iter().enumerate() {
+        if layer.media_type.contains("zstd") {
+            return Err(err(&reference, format!("layer {i} ({}): zstd layers are not supported", layer.digest)));
+        }
+        let path = blob_path(&layout, &layer.digest, &reference)?;
+        verify_digest(&path, &layer.digest, &reference)?;
+        apply_layer(&path, &rootfs).map_err(|m| err(&reference, format!("layer {i} ({}): {m}", layer.digest)))?;
+    }
+    let hex = digest_hex(&desc.digest, &reference)?.to_string();
+    let record = ImageRecord {
+        reference: reference.clone(),
+        digest: desc.digest.clone(),
+        entrypoint: run.entrypoint.unwrap_or_default(),
+        cmd: run.cmd.unwrap_or_default(),
+        env: run.env.unwrap_or_default(),
+        working_dir: run.working_dir.unwrap_or_default(),
+        layers: manifest.layers.len(),
+    };
+    write_json(&work.0.join("image.json"), &record)?;
+    let dest = images.join(&hex);
+    if !dest.exists() {
+        // Keep only what the image needs; the tar's layout copy goes with `work`.
+        let keep = images.join(format!(".ready-{hex}-{}", unique()));
+        fs::create_dir_all(&keep).map_err(io(&keep))?;
+        fs::rename(&rootfs, keep.join("rootfs")).map_err(io(&rootfs))?;
+        fs::rename(work.0.join("image.json"), keep.join("image.json")).map_err(io(&keep))?;
+        fs::rename(&keep, &dest).map_err(io(&dest))?;
+    }
+    let mut idx: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
+    idx.refs.insert(reference, hex);
+    write_json_durable(&index_path(images), &idx)?;
+    Ok(record)
+}
+
+fn unique() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+fn pick_manifest(
+    layout: &Path,
+    index: Index,
+    name: Option<&str>,
+    label: &str,
+) -> Result<(Descriptor, String), RuntimeError> {
+    let mut manifests = index.manifests;
+    // A nested index (multi-platform): take this machine's platform.
+    if manifests.len() == 1 && manifests[0].media_type == MT_INDEX {
+        let outer = manifests.remove(0);
+        let inner: Index = read_blob_json(&blob_path(layout, &outer.digest, label)?, label)?;
+        let ref_name = outer.annotations.get(REF_NAME).cloned();
+        manifests = inner
+            .manifests
+            .into_iter()
+            .filter(|m| m.platform.as_ref().is_none_or(|p| p.os == "linux" && p.architecture == go_arch()))
+            .map(|mut m| {
+                if let Some(r) = &ref_name {
+                    m.annotations.entry(REF_NAME.to_string()).or_insert_with(|| r.clone());
+                }
+                m
+            })
+            .collect();
+    }
+    let chosen = match (manifests.len(), name) {
+        (0, _) => return Err(err(label, "index.json lists no manifest for this platform")),
+        (1, _) => manifests.remove(0),
+        (_, Some(n)) => {
+            let tag = n.rsplit_once(':').map(|(_, t)| t).unwrap_or("latest");
+            let pos = manifests
+                .iter()
+                .position(|m| m.annotations.get(REF_NAME).is_some_and(|r| r == n || r == tag))
+                .ok_or_else(|| err(label, "index.json has several manifests and none is annotated with this name"))?;
+            manifests.remove(pos)
+        }
+        (_, None) => return Err(err(label, "index.json has several manifests: pass --name NAME:TAG to pick one")),
+    };
+    let reference = match (name, chosen.annotations.get(REF_NAME)) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(r)) if r.contains(':') => r.clone(),
+        _ => return Err(err(label, "the layout names no image (no ref.name annotation): pass --name NAME:TAG")),
+    };
+    Ok((chosen, reference))
+}
+
+fn read_blob_json<T: for<'de> Deserialize<'de>>(path: &Path, reference: &str) -> Result<T, RuntimeError> {
+    let bytes = fs::read(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
+    serde_json::from_slice(&bytes).map_err(|e| err(reference, format!("{}: {e}", path.display())))
+}
+
+fn digest_hex<'a>(digest: &'a str, reference: &str) -> Result<&'a str, RuntimeError> {
+    match digest.split_once(':') {
+        Some(("sha256", hex)) if hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit()) => Ok(hex),
+        _ => Err(err(reference, format!("digest {digest:?}: only well-formed sha256 digests are accepted"))),
+    }
+}
+
+fn blob_path(layout: &Path, digest: &str, reference: &str) -> Result<PathBuf, RuntimeError> {
+    let hex = digest_hex(digest, reference)?;
+    let path = layout.join("blobs").join("sha256").join(hex);
+    if !path.is_file() {
+        return Err(err(reference, format!("blob {digest} is missing from the layout ({})", path.display())));
+    }
+    Ok(path)
+}
+
+fn verify_digest(path: &Path, digest: &str, reference: &str) -> Result<(), RuntimeError> {
+    let io = |source| RuntimeError::Io { path: path.to_path_buf(), source };
+    let mut f = File::open(path).map_err(io)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if Some(got.as_str()) != digest.strip_prefix("sha256:") {
+        return Err(err(reference, format!("blob {digest} is corrupt: its content hashes to sha256:{got}")));
+    }
+    Ok(())
+}
+
+fn open_maybe_gzip(mut file: File) -> io::Result<Box<dyn Read>> {
+    use std::io::{Seek, SeekFrom};
+    let mut magic = [0u8; 2];
+    let n = file.read(&mut magic)?;
+    file.seek(SeekFrom::Start(0))?;
+    if n == 2 && magic == [0x1f, 0x8b] {
+        Ok(Box::new(flate2::read::GzDecoder::new(file)))
+    } else {
+        Ok(Box::new(file))
+    }
+}
+
+/// Applies one layer: whiteouts first (they only hide what lower layers put
+/// there), then the content.
+fn apply_layer(blob: &Path, root: &Path) -> Result<(), String> {
+    let open = || -> Result<Box<dyn Read>, String> {
+        File::open(blob).and_then(open_maybe_gzip).map_err(|e| format!("{}: {e}", blob.display()))
+    };
+    let mut archive = tar::Archive::new(open()?);
+    for entry in archive.entries().map_err(|e| format!("not a tar archive: {e}"))? {
+        let entry = entry.map_err(|e| format!("reading the archive: {e}"))?;
+        let rel = clean_path(&entry.path().map_err(|e| format!("entry name: {e}"))?)?;
+        let Some(file_name) = rel.file_name().and_then(|n| n.to_str()) else { continue };
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        if file_name == ".wh..wh..opq" {
+            let dir = resolve_in_root(root, parent, &rel)?;
+            if dir.is_dir() {
+                for child in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
+                    remove_any(&child.path())?;
+                }
+            }
+        } else if let Some(hidden) = file_name.strip_prefix(".wh.") {
+            let dir = resolve_in_root(root, parent, &rel)?;
+            remove_any(&dir.join(hidden))?;
+        }
+    }
+    unpack_tar(open()?, root, true)
+}
+
+fn remove_any(path: &Path) -> Result<(), String> {
+    let res = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    };
+    res.map_err(|e| format!("removing {}: {e}", path.display()))
+}
+
+/// The entry's path as plain components; `..` anywhere is refused.
+fn clean_path(path: &Path) -> Result<PathBuf, String> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(format!("entry {} escapes the rootfs (`..`)", path.display()))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Resolves directory `rel` inside `root`, following symlinks as the container
+/// would see them (absolute targets relative to `root`); a symlink that climbs
+/// above `root` is refused, naming `entry`.
+fn resolve_in_root(root: &Path, rel: &Path, entry: &Path) -> Result<PathBuf, String> {
+    let mut stack: Vec<std::ffi::OsString> = Vec::new();
+    let mut todo: Vec<std::ffi::OsString> = rel
+        .components()
+        .rev()
+        .filter_map(|c| if let Component::Normal(p) = c { Some(p.to_owned()) } else { None })
+        .collect();
+    let mut hops = 0;
+    while let Some(part) = todo.pop() {
+        let mut cur = root.to_path_buf();
+        cur.extend(&stack);
+        let next = cur.join(&part);
+        match fs::symlink_metadata(&next) {
+            Ok(m) if m.file_type().is_symlink() => {
+                hops += 1;
+                if hops > 40 {
+                    return Err(format!("entry {}: too many symlinks", entry.display()));
+                }
+                let target = fs::read_link(&next).map_err(|e| format!("{}: {e}", next.display()))?;
+                if target.is_absolute() {
+                    stack.clear();
+                }
+                let mut pending = Vec::new();
+                for c in target.components() {
+                    match c {
+                        Component::Normal(p) => pending.push(Some(p.to_owned())),
+                        Component::ParentDir => pending.push(None),
+                        _ => {}
+                    }
+                }
+                // Apply `..` of the target right away so an escape is caught here.
+                let mut rest = Vec::new();
+                for p in pending {
+                    match p {
+                        None if rest.is_empty() => {
+                            if stack.pop().is_none() {
+                                return Err(format!(
+                                    "entry {}: symlink {} points outside the rootfs",
+                                    entry.display(),
+                                    next.strip_prefix(root).unwrap_or(&next).display()
+                                ));
+                            }
+                        }
+                        None => {
+                            rest.pop();
+                        }
+                        Some(p) => rest.push(p),
+                    }
+                }
+                todo.extend(rest.into_iter().rev());
+            }
+            _ => stack.push(part),
+        }
+    }
+    let mut out = root.to_path_buf();
+    out.extend(&stack);
+    Ok(out)
+}
+
+/// Unpacks a tar into `root` safely. `layer`: a container layer (symlinks,
+/// hard links and ownership kept, devices skipped); otherwise an image layout
+/// archive (only files and directories).
+fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool) -> Result<(), String> {
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries().map_err(|e| format!("not a tar archive: {e}"))? {
+        let mut entry = entry.map_err(|e| format!("reading the archive: {e}"))?;
+        let raw = entry.path().map_err(|e| format!("entry name: {e}"))?.into_owned();
+        let rel = clean_path(&raw)?;
+        let Some(file_name) = rel.file_name().map(|n| n.to_owned()) else { continue };
+        if layer && file_name.to_string_lossy().starts_with(".wh.") {
+            continue;
+        }
+        let parent = resolve_in_root(root, rel.parent().unwrap_or(Path::new("")), &raw)?;
+        fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        let dest = parent.join(&file_name);
+        let header = entry.header();
+        let mode = header.mode().unwrap_or(0o644) & 0o7777;
+        let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
+        let kind = header.entry_type();
+        let existing = fs::symlink_metadata(&dest).ok();
+        let io = |e: io::Error| format!("{}: {e}", raw.display());
+        use tar::EntryType as T;
+        match kind {
+            T::Directory => {
+                if existing.as_ref().is_some_and(|m| !m.is_dir()) {
+                    remove_any(&dest)?;
+                }
+                if !dest.is_dir() {
+                    fs::create_dir(&dest).map_err(io)?;
+                }
+                fs::set_permissions(&dest, fs::Permissions::from_mode(mode)).map_err(io)?;
+            }
+            T::Regular | T::Continuous => {
+                if existing.is_some() {
+                    remove_any(&dest)?;
+                }
+                let mut f = fs::OpenOptions::new().write(true).create_new(true).open(&dest).map_err(io)?;
+                io::copy(&mut entry, &mut f).map_err(io)?;
+                fs::set_permissions(&dest, fs::Permissions::from_mode(mode)).map_err(io)?;
+            }
+            T::Symlink if layer => {
+                let target = entry
+                    .link_name()
+                    .map_err(io)?
+                    .ok_or_else(|| format!("{}: symlink without a target", raw.display()))?;
+                if existing.is_some() {
+                    remove_any(&dest)?;
+                }
+                symlink(&*target, &dest).map_err(io)?;
+            }
+            T::Link if layer => {
+                let target = entry
+                    .link_name()
+                    .map_err(io)?
+                    .ok_or_else(|| format!("{}: hard link without a target", raw.display()))?;
+                let target_rel = clean_path(&target)?;
+                let tparent = resolve_in_root(root, target_rel.parent().unwrap_or(Path::new("")), &raw)?;
+                let tpath = tparent.join(target_rel.file_name().unwrap_or_default());
+                match fs::symlink_metadata(&tpath) {
+                    Ok(m) if m.is_file() => {}
+                    _ => {
+                        return Err(format!(
+                            "{}: hard link to {} which is not a file in the rootfs",
+                            raw.display(),
+                            target.display()
+                        ))
+                    }
+                }
+                if existing.is_some() {
+                    remove_any(&dest)?;
+                }
+                fs::hard_link(&tpath, &dest).map_err(io)?;
+            }
+            T::Char | T::Block | T::Fifo if layer => {
+                tracing::debug!(entry = %raw.display(), "skipping a device node or FIFO in an image layer");
+                continue;
+            }
+            T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink => continue,
+            other => return Err(format!("{}: unsupported entry type {other:?}", raw.display())),
+        }
+        if layer {
+            let _ = std::os::unix::fs::lchown(&dest, Some(uid as u32), Some(gid as u32));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_are_normalized_or_refused() {
+        let check = |input: &str, expected: Option<&str>| {
+            assert_eq!(normalize_reference(input).ok().as_deref(), expected, "{input}");
+        };
+        check("busybox", Some("busybox:latest"));
+        check("busybox:1.36", Some("busybox:1.36"));
+        check("reg.example:5000/team/app", Some("reg.example:5000/team/app:latest"));
+        check("", None);
+        check("bad name", None);
+        check("../x", None);
+    }
+
+    #[test]
+    fn paths_with_dotdot_are_refused() {
+        assert!(clean_path(Path::new("a/../../x")).is_err());
+        assert_eq!(clean_path(Path::new("/./a/b")).ok(), Some(PathBuf::from("a/b")));
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_root_or_are_refused() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path();
+        fs::create_dir_all(root.join("usr/lib"))?;
+        symlink("usr/lib", root.join("lib"))?;
+        symlink("/usr", root.join("abs"))?;
+        symlink("../../..", root.join("esc"))?;
+        let e = Path::new("entry");
+        assert_eq!(resolve_in_root(root, Path::new("lib"), e).ok(), Some(root.join("usr/lib")));
+        assert_eq!(resolve_in_root(root, Path::new("abs/lib"), e).ok(), Some(root.join("usr/lib")));
+        let msg = resolve_in_root(root, Path::new("esc/x"), e).err().unwrap_or_default();
+        assert!(msg.contains("points outside the rootfs"), "{msg}");
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! The per-container shim: `pinion shim --data-dir D --id ID`, re-executed by
+//! [`super::LibcontainerRuntime::start`]. Single-threaded on purpose: libcontainer
+//! changes the process's working directory and forks, which is unsafe next to
+//! other threads. The shim detaches (new session, double fork, so the agent's
+//! `kill -9` does not reach it), closes every inherited fd, creates and starts
+//! the container, reports `ok PID` or `error MESSAGE` on its stdout pipe, then
+//! copies the container's output into the rotated log, reaps the init and
+//! records its exit status in `exit.json`.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use ::libcontainer::container::builder::ContainerBuilder;
+use ::libcontainer::container::Container;
+use ::libcontainer::syscall::syscall::SyscallType;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, setsid, ForkResult, Pid};
+
+use super::logs::{RotatingLog, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
+use super::records::{read_json, write_json, ExitRecord, Layout, ProcId, StartedRecord, UNKNOWN_EXIT_CODE};
+use super::{cgroups, cleanup_libcontainer};
+use crate::runtime::ContainerConfig;
+
+/// Runs the shim; returns the process exit code. The first process returns 0 at
+/// once (it only detaches); the detached one returns when the container is gone.
+pub fn run(data_dir: &Path, id: &str) -> i32 {
+    let _ = setsid();
+    // SAFETY: the shim is single-threaded (main runs it before any other thread
+    // exists), so the child may do anything after fork.
+    match unsafe { fork() } {
+        Ok(ForkResult::Parent { .. }) => return 0,
+        Ok(ForkResult::Child) => {}
+        Err(e) => {
+            println!("error cannot fork the shim: {e}");
+            return 1;
+        }
+    }
+    let _ = std::env::set_current_dir("/");
+    let layout = Layout::new(data_dir);
+    let mut report = match take_report_pipe() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("shim {id}: {e}");
+            return 1;
+        }
+    };
+    close_fds_except(report.as_raw_fd());
+    if let Some(me) = ProcId::of(std::process::id() as i32) {
+        if let Err(e) = write_json(&layout.shim(id), &me) {
+            let _ = writeln!(report, "error {}", one_line(&e.to_string()));
+            return 1;
+        }
+    }
+    let created = create(&layout, id, &mut report);
+    let (_container, log_read, log, init) = match created {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(report, "error {}", one_line(&e));
+            return 1;
+        }
+    };
+    let _ = writeln!(report, "ok {}", init.pid);
+    drop(report);
+    let status = supervise(log_read, log, init.pid);
+    let record = exit_record(id, status);
+    if let Err(e) = write_json(&layout.exit(id), &record) {
+        eprintln!("shim {id}: {e}");
+    }
+    0
+}
+
+fn one_line(s: &str) -> String {
+    s.replace('\n', "; ")
+}
+
+/// Moves the report pipe off fd 1 (so the container cannot inherit it) and
+/// points fd 1 at /dev/null.
+fn take_report_pipe() -> Result<File, String> {
+    let fd = nix::fcntl::fcntl(1, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(|e| format!("dup stdout: {e}"))?;
+    // SAFETY: `fd` was just created by F_DUPFD_CLOEXEC and is owned by nobody else.
+    let report = unsafe { File::from_raw_fd(fd) };
+    let null = File::options().read(true).write(true).open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    nix::unistd::dup2(null.as_raw_fd(), 1).map_err(|e| format!("dup2 /dev/null: {e}"))?;
+    Ok(report)
+}
+
+/// Closes every fd above stderr except `keep`: nothing the agent had open may
+/// reach the container.
+fn close_fds_except(keep: RawFd) {
+    let fds: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(entries) => entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect(),
+        Err(_) => return,
+    };
+    for fd in fds.into_iter().filter(|fd| *fd > 2 && *fd != keep) {
+        let _ = nix::unistd::close(fd);
+    }
+}
+
+type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId);
+
+fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, String> {
+    let cfg: ContainerConfig = read_json(&layout.config(id))
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} is missing", layout.config(id).display()))?;
+    let log = RotatingLog::open(&cfg.log_path, DEFAULT_MAX_BYTES, DEFAULT_KEEP)
+        .map_err(|e| format!("log file {}: {e}", cfg.log_path.display()))?;
+    let (log_read, log_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("creating the log pipe: {e}"))?;
+    let log_write2 = log_write.try_clone().map_err(|e| format!("dup of the log pipe: {e}"))?;
+    let built = ContainerBuilder::new(id.to_string(), SyscallType::default())
+        .with_root_path(layout.state_root())
+        .and_then(|b| b.validate_id())
+        .map(|b| b.with_stdout(log_write).with_stderr(log_write2))
+        .and_then(|b| b.as_init(layout.bundle(id)).with_systemd(false).with_detach(true).build());
+    let mut container = match built {
+        Ok(c) => c,
+        Err(e) => {
+            cleanup_libcontainer(layout, id);
+            return Err(format!("creating the container: {e}"));
+        }
+    };
+    let started = (|| -> Result<ProcId, String> {
+        let pid = container.pid().ok_or("the created container has no pid")?;
+        if std::env::var_os("PINION_SHIM_CRASH_AFTER_BUILD").is_some() {
+            // Fault injection for the startup-sweep test: die like a killed shim,
+            // after a success report, leaving a Created container behind.
+            let _ = writeln!(report, "ok {pid}");
+            std::process::exit(101);
+        }
+        let init = ProcId::of(pid.as_raw()).ok_or("the container's init vanished")?;
+        if !cfg.host_network {
+            super::net::loopback_up(pid.as_raw()).map_err(|e| format!("bringing lo up: {e}"))?;
+        }
+        container.start().map_err(|e| format!("starting the container: {e}"))?;
+        let shim = ProcId::of(std::process::id() as i32).ok_or("cannot read the shim's own /proc entry")?;
+        write_json(&layout.started(id), &StartedRecord { init, shim }).map_err(|e| e.to_string())?;
+        Ok(init)
+    })();
+    match started {
+        Ok(init) => Ok((container, log_read, Some(log), init)),
+        Err(e) => {
+            let _ = container.delete(true);
+            cleanup_libcontainer(layout, id);
+            Err(e)
+        }
+    }
+}
+
+/// Copies the container's output to the log until every writer is gone, then
+/// reaps the init.
+fn supervise(log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32) -> Option<WaitStatus> {
+    let mut pipe = File::from(log_read);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if let Some(l) = log.as_mut() {
+                    if let Err(e) = l.write_all(&buf[..n]) {
+                        // Keep draining so the container never blocks on a full pipe.
+                        eprintln!("log write failed, dropping further output: {e}");
+                        log = None;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    loop {
+        match waitpid(Pid::from_raw(pid), None) {
+            Ok(status @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) => return Some(status),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+fn exit_record(id: &str, status: Option<WaitStatus>) -> ExitRecord {
+    let oom_killed = cgroups::oom_killed(id);
+    match status {
+        Some(WaitStatus::Exited(_, code)) => ExitRecord { code, signal: None, oom_killed },
+        Some(WaitStatus::Signaled(_, sig, _)) => {
+            ExitRecord { code: 128 + sig as i32, signal: Some(sig as i32), oom_killed }
+        }
+        _ => ExitRecord { code: UNKNOWN_EXIT_CODE, signal: None, oom_killed },
+    }
+}

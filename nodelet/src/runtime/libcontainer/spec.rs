@@ -1,0 +1,701 @@
+//! Builds the OCI runtime spec (`config.json`) of one container from its
+//! `ContainerConfig`: namespaces, cgroup resources (cpuset, memory, CPU, hugetlb,
+//! devices), NUMA memory policy, capabilities, seccomp and the root filesystem's
+//! mounts. Pure apart from `stat` of device nodes, so it is unit-tested.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{
+    Arch, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceBuilder,
+    LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxMemoryPolicyBuilder,
+    LinuxNamespaceType, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder,
+    LinuxSeccompBuilder, LinuxSeccompOperator, LinuxSyscallBuilder, MemoryPolicyModeType, Mount, MountBuilder,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
+};
+
+use super::super::{ContainerConfig, RuntimeError};
+
+/// The cgroup of a container, relative to each hierarchy's root; absolute so that
+/// libcgroups never derives one from the caller's own cgroup.
+pub fn cgroup_path(id: &str) -> PathBuf {
+    PathBuf::from(format!("/pinion/{id}"))
+}
+
+/// What the resolved process looks like (image defaults already merged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSpec {
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+}
+
+/// Host directories a `rootfs: host` container sees read-only, when present.
+pub const HOST_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"];
+
+/// Docker's default capability set (14).
+const DEFAULT_CAPS: &[Capability] = &[
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fsetid,
+    Capability::Fowner,
+    Capability::Mknod,
+    Capability::NetRaw,
+    Capability::Setgid,
+    Capability::Setuid,
+    Capability::Setfcap,
+    Capability::Setpcap,
+    Capability::NetBindService,
+    Capability::SysChroot,
+    Capability::Kill,
+    Capability::AuditWrite,
+];
+
+fn spec_err(id: &str, what: &str, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Container { id: id.to_string(), message: format!("building the OCI spec ({what}): {e}") }
+}
+
+/// `mems` to write when the config names none: every online node of the host.
+pub fn all_mems() -> String {
+    std::fs::read_to_string("/sys/devices/system/node/online")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "0".to_string())
+}
+
+/// containerd's open-files limit (2^20), capped by the creator's own hard limit:
+/// raising it needs CAP_SYS_RESOURCE, which the host may not grant.
+fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into `lim`, a valid rlimit.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    if ok {
+        lim.rlim_max.min(1 << 20)
+    } else {
+        1024
+    }
+}
+
+/// Builds the spec. `host_mounts` are the host directories to bind read-only
+/// (empty for an image rootfs); the rootfs is `rootfs` inside the bundle.
+pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBuf]) -> Result<Spec, RuntimeError> {
+    let id = cfg.id.as_str();
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |err: oci_spec::OciSpecError| spec_err(id, &what, err)
+    };
+
+    let caps: std::collections::HashSet<Capability> = DEFAULT_CAPS.iter().copied().collect();
+    let capabilities = LinuxCapabilitiesBuilder::default()
+        .bounding(caps.clone())
+        .effective(caps.clone())
+        .permitted(caps)
+        .build()
+        .map_err(e("capabilities"))?;
+    let proc = ProcessBuilder::default()
+        .terminal(false)
+        .args(process.args.clone())
+        .env(process.env.clone())
+        .cwd(process.cwd.clone())
+        .no_new_privileges(true)
+        .capabilities(capabilities)
+        .rlimits(vec![PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitNofile)
+            .hard(nofile_limit())
+            .soft(nofile_limit())
+            .build()
+            .map_err(e("rlimits"))?])
+        .build()
+        .map_err(e("process"))?;
+
+    // Resources.
+    let mems = if cfg.mems.is_empty() { all_mems() } else { cfg.mems.to_string() };
+    let mut cpu = LinuxCpuBuilder::default().cpus(cfg.cpus.to_string()).mems(mems);
+    if let Some(shares) = cfg.cpu_shares {
+        cpu = cpu.shares(shares);
+    }
+    if let Some(q) = cfg.cpu_quota {
+        cpu = cpu.quota(q.quota_us).period(q.period_us);
+    }
+    let mut resources = LinuxResourcesBuilder::default().cpu(cpu.build().map_err(e("cpu"))?);
+    if let Some(limit) = cfg.memory_limit_bytes {
+        let limit = i64::try_from(limit).map_err(|_| spec_err(id, "memory", "limit out of range"))?;
+        resources = resources.memory(LinuxMemoryBuilder::default().limit(limit).build().map_err(e("memory"))?);
+    }
+    if !cfg.hugepage_limits.is_empty() {
+        let mut limits = Vec::new();
+        for (page, limit) in &cfg.hugepage_limits {
+            limits.push(
+                LinuxHugepageLimitBuilder::default()
+                    .page_size(page_size_name(*page))
+                    .limit(i64::try_from(*limit).map_err(|_| spec_err(id, "hugepages", "limit out of range"))?)
+                    .build()
+                    .map_err(e("hugepages"))?,
+            );
+        }
+        resources = resources.hugepage_limits(limits);
+    }
+    // Deny every device, then allow the configured nodes (libcgroups adds the
+    // standard /dev/null, /dev/zero, ... rules on top).
+    let mut dev_rules =
+        vec![LinuxDeviceCgroupBuilder::default().allow(false).access("rwm").build().map_err(e("devices"))?];
+    let mut devices = Vec::new();
+    for path in &cfg.device_nodes {
+        let meta =
+            std::fs::metadata(path).map_err(|err| spec_err(id, "deviceNodes", format!("{}: {err}", path.display())))?;
+        let ft = meta.file_type();
+        let typ = if ft.is_char_device() {
+            LinuxDeviceType::C
+        } else if ft.is_block_device() {
+            LinuxDeviceType::B
+        } else {
+            return Err(spec_err(id, "deviceNodes", format!("{}: not a device node", path.display())));
+        };
+        let rdev = meta.rdev();
+        let (major, minor) = (libc::major(rdev) as i64, libc::minor(rdev) as i64);
+        devices.push(
+            LinuxDeviceBuilder::default()
+                .path(path.clone())
+                .typ(typ)
+                .major(major)
+                .minor(minor)
+                .file_mode(meta.mode() & 0o777)
+                .uid(0u32)
+                .gid(0u32)
+                .build()
+                .map_err(e("devices"))?,
+        );
+        dev_rules.push(
+            LinuxDeviceCgroupBuilder::default()
+                .allow(true)
+                .typ(typ)
+                .major(major)
+                .minor(minor)
+                .access("rwm")
+                .build()
+                .map_err(e("devices"))?,
+        );
+    }
+    resources = resources.devices(dev_rules);
+
+    let mut namespaces = oci_spec::runtime::get_default_namespaces();
+    if cfg.host_network {
+        namespaces.retain(|ns| ns.typ() != LinuxNamespaceType::Network);
+    }
+    let mut linux = LinuxBuilder::default()
+        .namespaces(namespaces)
+        .cgroups_path(cgroup_path(id))
+        .resources(resources.build().map_err(e("resources"))?)
+        .devices(devices)
+        .masked_paths(oci_spec::runtime::get_default_maskedpaths())
+        .readonly_paths(oci_spec::runtime::get_default_readonly_paths())
+        .seccomp(default_seccomp().map_err(e("seccomp"))?);
+    if cfg.bind_memory && !cfg.mems.is_empty() {
+        linux = linux.memory_policy(
+            LinuxMemoryPolicyBuilder::default()
+                .mode(MemoryPolicyModeType::MpolBind)
+                .nodes(cfg.mems.to_string())
+                .flags(Vec::new())
+                .build()
+                .map_err(e("memoryPolicy"))?,
+        );
+    }
+
+    let mut mounts = oci_spec::runtime::get_default_mounts();
+    // The cgroup filesystem is not needed inside and on a hybrid host it is the
+    // slowest mount to set up; containers read their limits from /proc.
+    mounts.retain(|m| m.destination() != Path::new("/sys/fs/cgroup"));
+    mounts.push(mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]).map_err(e("mounts"))?);
+    for dir in host_mounts {
+        mounts.push(mount(dir, "bind", dir, &["rbind", "ro", "nosuid", "nodev"]).map_err(e("mounts"))?);
+    }
+
+    let hostname: String = cfg.pod.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
+    let root = RootBuilder::default().path("rootfs").readonly(!host_mounts.is_empty()).build().map_err(e("root"))?;
+    let mut spec = Spec::default();
+    spec.set_version("1.0.2".to_string())
+        .set_hostname(Some(if hostname.is_empty() { "pinion".to_string() } else { hostname }))
+        .set_process(Some(proc))
+        .set_root(Some(root))
+        .set_mounts(Some(mounts))
+        .set_annotations(None)
+        .set_linux(Some(linux.build().map_err(e("linux"))?));
+    Ok(spec)
+}
+
+fn mount(
+    dest: impl Into<PathBuf>,
+    typ: &str,
+    source: impl Into<PathBuf>,
+    opts: &[&str],
+) -> Result<Mount, oci_spec::OciSpecError> {
+    MountBuilder::default()
+        .destination(dest.into())
+        .typ(typ)
+        .source(source.into())
+        .options(opts.iter().map(|o| o.to_string()).collect::<Vec<_>>())
+        .build()
+}
+
+/// The hugetlb controller's name for a page size: `2MB`, `1GB`, `64KB`.
+pub fn page_size_name(bytes: u64) -> String {
+    const K: u64 = 1024;
+    if bytes >= K * K * K && bytes.is_multiple_of(K * K * K) {
+        format!("{}GB", bytes / (K * K * K))
+    } else if bytes >= K * K && bytes.is_multiple_of(K * K) {
+        format!("{}MB", bytes / (K * K))
+    } else {
+        format!("{}KB", bytes / K)
+    }
+}
+
+/// Syscalls a default container may make: Docker's default profile for 64-bit
+/// x86 and ARM (everything else fails with EPERM). Dangerous ones (mount,
+/// unshare, setns, bpf, kexec, module loading, keyring, perf, reboot, swap,
+/// clock setting, ...) are absent on purpose.
+const ALLOWED_SYSCALLS: &[&str] = &[
+    "accept",
+    "accept4",
+    "access",
+    "adjtimex",
+    "alarm",
+    "bind",
+    "brk",
+    "cachestat",
+    "capget",
+    "capset",
+    "chdir",
+    "chmod",
+    "chown",
+    "chroot",
+    "clock_adjtime",
+    "clock_getres",
+    "clock_gettime",
+    "clock_nanosleep",
+    "close",
+    "close_range",
+    "connect",
+    "copy_file_range",
+    "creat",
+    "dup",
+    "dup2",
+    "dup3",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "epoll_wait",
+    "eventfd",
+    "eventfd2",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "faccessat",
+    "faccessat2",
+    "fadvise64",
+    "fallocate",
+    "fanotify_mark",
+    "fchdir",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "fchown",
+    "fchownat",
+    "fcntl",
+    "fdatasync",
+    "fgetxattr",
+    "flistxattr",
+    "flock",
+    "fork",
+    "fremovexattr",
+    "fsetxattr",
+    "fstat",
+    "fstatfs",
+    "fsync",
+    "ftruncate",
+    "futex",
+    "futex_requeue",
+    "futex_wait",
+    "futex_waitv",
+    "futex_wake",
+    "futimesat",
+    "getcpu",
+    "getcwd",
+    "getdents",
+    "getdents64",
+    "getegid",
+    "geteuid",
+    "getgid",
+    "getgroups",
+    "getitimer",
+    "getpeername",
+    "getpgid",
+    "getpgrp",
+    "getpid",
+    "getppid",
+    "getpriority",
+    "getrandom",
+    "getresgid",
+    "getresuid",
+    "getrlimit",
+    "get_robust_list",
+    "getrusage",
+    "getsid",
+    "getsockname",
+    "getsockopt",
+    "gettid",
+    "gettimeofday",
+    "getuid",
+    "getxattr",
+    "inotify_add_watch",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_rm_watch",
+    "io_cancel",
+    "ioctl",
+    "io_destroy",
+    "io_getevents",
+    "io_pgetevents",
+    "ioprio_get",
+    "ioprio_set",
+    "io_setup",
+    "io_submit",
+    "kill",
+    "landlock_add_rule",
+    "landlock_create_ruleset",
+    "landlock_restrict_self",
+    "lchown",
+    "lgetxattr",
+    "link",
+    "linkat",
+    "listen",
+    "listxattr",
+    "llistxattr",
+    "lremovexattr",
+    "lseek",
+    "lsetxattr",
+    "lstat",
+    "madvise",
+    "membarrier",
+    "memfd_create",
+    "mincore",
+    "mkdir",
+    "mkdirat",
+    "mknod",
+    "mknodat",
+    "mlock",
+    "mlock2",
+    "mlockall",
+    "mmap",
+    "mprotect",
+    "mq_getsetattr",
+    "mq_notify",
+    "mq_open",
+    "mq_timedreceive",
+    "mq_timedsend",
+    "mq_unlink",
+    "mremap",
+    "msgctl",
+    "msgget",
+    "msgrcv",
+    "msgsnd",
+    "msync",
+    "munlock",
+    "munlockall",
+    "munmap",
+    "name_to_handle_at",
+    "nanosleep",
+    "newfstatat",
+    "open",
+    "openat",
+    "openat2",
+    "pause",
+    "pidfd_getfd",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pipe",
+    "pipe2",
+    "pkey_alloc",
+    "pkey_free",
+    "pkey_mprotect",
+    "poll",
+    "ppoll",
+    "prctl",
+    "pread64",
+    "preadv",
+    "preadv2",
+    "prlimit64",
+    "process_mrelease",
+    "pselect6",
+    "ptrace",
+    "pwrite64",
+    "pwritev",
+    "pwritev2",
+    "read",
+    "readahead",
+    "readlink",
+    "readlinkat",
+    "readv",
+    "recvfrom",
+    "recvmmsg",
+    "recvmsg",
+    "remap_file_pages",
+    "removexattr",
+    "rename",
+    "renameat",
+    "renameat2",
+    "restart_syscall",
+    "rmdir",
+    "rseq",
+    "rt_sigaction",
+    "rt_sigpending",
+    "rt_sigprocmask",
+    "rt_sigqueueinfo",
+    "rt_sigreturn",
+    "rt_sigsuspend",
+    "rt_sigtimedwait",
+    "rt_tgsigqueueinfo",
+    "sched_getaffinity",
+    "sched_getattr",
+    "sched_getparam",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_getscheduler",
+    "sched_rr_get_interval",
+    "sched_setaffinity",
+    "sched_setattr",
+    "sched_setparam",
+    "sched_setscheduler",
+    "sched_yield",
+    "seccomp",
+    "select",
+    "semctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "sendfile",
+    "sendmmsg",
+    "sendmsg",
+    "sendto",
+    "setfsgid",
+    "setfsuid",
+    "setgid",
+    "setgroups",
+    "setitimer",
+    "setpgid",
+    "setpriority",
+    "setregid",
+    "setresgid",
+    "setresuid",
+    "setreuid",
+    "setrlimit",
+    "set_robust_list",
+    "setsid",
+    "setsockopt",
+    "set_tid_address",
+    "setuid",
+    "setxattr",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "shmget",
+    "shutdown",
+    "sigaltstack",
+    "signalfd",
+    "signalfd4",
+    "socket",
+    "socketpair",
+    "splice",
+    "stat",
+    "statfs",
+    "statx",
+    "symlink",
+    "symlinkat",
+    "sync",
+    "sync_file_range",
+    "syncfs",
+    "sysinfo",
+    "tee",
+    "tgkill",
+    "time",
+    "timer_create",
+    "timer_delete",
+    "timer_getoverrun",
+    "timer_gettime",
+    "timer_settime",
+    "timerfd_create",
+    "timerfd_gettime",
+    "timerfd_settime",
+    "times",
+    "tkill",
+    "truncate",
+    "umask",
+    "uname",
+    "unlink",
+    "unlinkat",
+    "utime",
+    "utimensat",
+    "utimes",
+    "vfork",
+    "vmsplice",
+    "wait4",
+    "waitid",
+    "write",
+    "writev",
+];
+
+#[cfg(target_arch = "x86_64")]
+const ARCH_SYSCALLS: &[&str] = &["arch_prctl", "modify_ldt", "set_thread_area", "get_thread_area"];
+#[cfg(not(target_arch = "x86_64"))]
+const ARCH_SYSCALLS: &[&str] = &[];
+
+/// Namespace-creating clone flags a default container may not pass to `clone`.
+const CLONE_NS_FLAGS: u64 = 0x7E02_0000;
+
+/// The runtime default seccomp profile (Docker's, minus the capability-gated
+/// extras this capability set never grants).
+pub fn default_seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
+    let architectures = if cfg!(target_arch = "x86_64") {
+        vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86, Arch::ScmpArchX32]
+    } else if cfg!(target_arch = "aarch64") {
+        vec![Arch::ScmpArchAarch64, Arch::ScmpArchArm]
+    } else {
+        vec![]
+    };
+    let mut names: Vec<String> = ALLOWED_SYSCALLS.iter().chain(ARCH_SYSCALLS).map(|s| s.to_string()).collect();
+    names.sort();
+    let syscalls = vec![
+        LinuxSyscallBuilder::default().names(names).action(LinuxSeccompAction::ScmpActAllow).build()?,
+        // clone without namespace flags (the flags are argument 0 on x86-64 and arm64).
+        LinuxSyscallBuilder::default()
+            .names(vec!["clone".to_string()])
+            .action(LinuxSeccompAction::ScmpActAllow)
+            .args(vec![LinuxSeccompArgBuilder::default()
+                .index(0usize)
+                .value(CLONE_NS_FLAGS)
+                .value_two(0u64)
+                .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+                .build()?])
+            .build()?,
+        // clone3 cannot be filtered by flags: ENOSYS makes libc fall back to clone.
+        LinuxSyscallBuilder::default()
+            .names(vec!["clone3".to_string()])
+            .action(LinuxSeccompAction::ScmpActErrno)
+            .errno_ret(libc::ENOSYS as u32)
+            .build()?,
+        // personality: only the harmless personas (Linux, UNAME26, 32-bit).
+        LinuxSyscallBuilder::default()
+            .names(vec!["personality".to_string()])
+            .action(LinuxSeccompAction::ScmpActAllow)
+            .args(vec![LinuxSeccompArgBuilder::default()
+                .index(0usize)
+                .value(0u64)
+                .op(LinuxSeccompOperator::ScmpCmpEq)
+                .build()?])
+            .build()?,
+    ];
+    LinuxSeccompBuilder::default()
+        .default_action(LinuxSeccompAction::ScmpActErrno)
+        .default_errno_ret(libc::EPERM as u32)
+        .architectures(architectures)
+        .syscalls(syscalls)
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{ContainerConfig, RootfsConfig};
+
+    fn cfg() -> ContainerConfig {
+        ContainerConfig {
+            id: "t1".into(),
+            pod: "web".into(),
+            container: "c".into(),
+            args: vec!["true".into()],
+            env: vec![],
+            cwd: "/".into(),
+            rootfs: RootfsConfig::Host,
+            cpus: "1".parse().unwrap_or_default(),
+            mems: "0".parse().unwrap_or_default(),
+            bind_memory: true,
+            memory_limit_bytes: Some(64 << 20),
+            cpu_quota: None,
+            cpu_shares: Some(512),
+            hugepage_limits: [(2 << 20, 4 << 20)].into_iter().collect(),
+            device_nodes: vec![PathBuf::from("/dev/null")],
+            host_network: false,
+            log_path: PathBuf::from("/tmp/x.log"),
+        }
+    }
+
+    fn process() -> ProcessSpec {
+        ProcessSpec { args: vec!["true".into()], env: vec!["PATH=/bin".into()], cwd: "/".into() }
+    }
+
+    #[test]
+    fn resources_namespaces_and_policy() {
+        let spec = build(&cfg(), &process(), &[PathBuf::from("/usr")]).map_err(|e| e.to_string());
+        let spec = match spec {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let v = serde_json::to_value(&spec).unwrap_or_default();
+        let check = |ptr: &str, expected: serde_json::Value| {
+            assert_eq!(v.pointer(ptr), Some(&expected), "{ptr} in {v:#}");
+        };
+        check("/linux/cgroupsPath", "/pinion/t1".into());
+        check("/linux/resources/cpu/cpus", "1".into());
+        check("/linux/resources/cpu/mems", "0".into());
+        check("/linux/resources/cpu/shares", 512.into());
+        check("/linux/resources/memory/limit", (64i64 << 20).into());
+        check("/linux/resources/hugepageLimits/0/pageSize", "2MB".into());
+        check("/linux/memoryPolicy/mode", "MPOL_BIND".into());
+        check("/linux/memoryPolicy/nodes", "0".into());
+        check("/linux/seccomp/defaultAction", "SCMP_ACT_ERRNO".into());
+        check("/process/noNewPrivileges", true.into());
+        check("/root/readonly", true.into());
+        let caps = v.pointer("/process/capabilities/bounding").and_then(|c| c.as_array()).map(|c| c.len());
+        assert_eq!(caps, Some(14));
+        let ns: Vec<&str> = v
+            .pointer("/linux/namespaces")
+            .and_then(|n| n.as_array())
+            .map(|a| a.iter().filter_map(|n| n.get("type").and_then(|t| t.as_str())).collect())
+            .unwrap_or_default();
+        for want in ["pid", "network", "ipc", "uts", "mount"] {
+            assert!(ns.contains(&want), "{want} missing from {ns:?}");
+        }
+        assert!(v.pointer("/linux/devices/0/path") == Some(&"/dev/null".into()));
+    }
+
+    #[test]
+    fn host_network_drops_the_network_namespace_and_no_policy_without_mems() {
+        let mut c = cfg();
+        c.host_network = true;
+        c.mems = Default::default();
+        let spec = build(&c, &process(), &[]).map_err(|e| e.to_string());
+        let v = serde_json::to_value(spec.unwrap_or_default()).unwrap_or_default();
+        let text = v.pointer("/linux/namespaces").map(|n| n.to_string()).unwrap_or_default();
+        assert!(!text.contains("network"), "{text}");
+        assert!(v.pointer("/linux/memoryPolicy").is_none());
+        assert_eq!(v.pointer("/root/readonly"), Some(&false.into()));
+    }
+
+    #[test]
+    fn bad_device_node_names_the_path() {
+        let mut c = cfg();
+        c.device_nodes = vec![PathBuf::from("/etc/hostname")];
+        let err = build(&c, &process(), &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("/etc/hostname") && err.contains("not a device node"), "{err}");
+    }
+
+    #[test]
+    fn page_size_names() {
+        for (bytes, name) in [(2 << 20, "2MB"), (1 << 30, "1GB"), (64 << 10, "64KB")] {
+            assert_eq!(page_size_name(bytes), name);
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The agent with the real admission engine and the hollow runtime on
+//! multi-NUMA machines: a hand-built 2x10 machine and the sysfs fixtures.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nodelet::agent::{AgentConfig, AgentError};
+use nodelet::runtime::hollow::HollowRuntime;
+use nodelet::runtime::Runtime;
+use nodelet::source::{DesiredChange, NodeReport};
+use specs::topology::{Cpu, NumaNode};
+use specs::{CpuSet, NodeSettings, NodeTopology, NumaSet, Pod, PodPhase, TopologyPolicy};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// Two sockets, one NUMA node each, ten cores each, no SMT.
+fn two_by_ten() -> NodeTopology {
+    NodeTopology {
+        cpus: (0..20).map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10 }).collect(),
+        numa_nodes: (0..2)
+            .map(|id| NumaNode {
+                id,
+                cpus: CpuSet::range(id * 10, id * 10 + 9),
+                memory_bytes: 64 << 30,
+                distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
+                hugepages: vec![],
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// `$PINION_SHARED`, else `<repo>/../shared`, else `/work/shared`.
+fn shared_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("PINION_SHARED") {
+        return PathBuf::from(p);
+    }
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if beside.is_dir() {
+        return beside;
+    }
+    PathBuf::from("/work/shared")
+}
+
+/// Extracts a sysfs fixture and discovers its topology.
+fn fixture(name: &str, into: &Path) -> NodeTopology {
+    let tarball = shared_dir().join("fixtures/sysfs").join(format!("{name}.tar.gz"));
+    assert!(tarball.is_file(), "fixture {} missing", tarball.display());
+    let status = std::process::Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(into).status().unwrap();
+    assert!(status.success(), "tar xzf {}", tarball.display());
+    nodelet::discovery::discover(into).unwrap()
+}
+
+fn pod(name: &str, cpus: u32) -> Pod {
+    Pod::from_yaml(&format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpus}, memory: 1Gi}}\n"
+    ))
+    .unwrap()
+}
+
+struct Agent {
+    rt: Arc<HollowRuntime>,
+    tx: mpsc::Sender<DesiredChange>,
+    report: watch::Receiver<NodeReport>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), AgentError>>,
+}
+
+fn start(data: &Path, topology: NodeTopology, settings: NodeSettings) -> Agent {
+    let mut cfg = AgentConfig::new("n1".into(), data.to_path_buf(), topology, settings);
+    cfg.poll_interval = Duration::from_millis(10);
+    let rt = Arc::new(HollowRuntime::new(data).unwrap());
+    let (tx, rx) = mpsc::channel(64);
+    let (report_tx, report) = watch::channel(NodeReport::default());
+    let (stop, stop_rx) = oneshot::channel();
+    let task = tokio::spawn(nodelet::agent::run(cfg, rt.clone(), rx, report_tx, async {
+        let _ = stop_rx.await;
+    }));
+    Agent { rt, tx, report, stop, task }
+}
+
+impl Agent {
+    async fn apply(&self, key: &str, pod: Pod) {
+        self.tx.send(DesiredChange::Apply { key: key.into(), pod: Box::new(pod), plan: None }).await.unwrap();
+    }
+
+    async fn wait(&mut self, what: &str, pred: impl Fn(&NodeReport) -> bool) -> NodeReport {
+        let r = tokio::time::timeout(Duration::from_secs(10), self.report.wait_for(|r| pred(r)))
+            .await
+            .map(|r| r.map(|r| r.clone()));
+        match r {
+            Ok(Ok(r)) => r,
+            _ => panic!("timed out waiting for {what}; last report: {:#?}", *self.report.borrow()),
+        }
+    }
+
+    async fn shutdown(self) -> Arc<HollowRuntime> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+        self.rt
+    }
+}
+
+fn running(r: &NodeReport, key: &str) -> bool {
+    r.pods.get(key).is_some_and(|p| p.phase == PodPhase::Running)
+}
+
+fn placed(r: &NodeReport, key: &str) -> (CpuSet, NumaSet) {
+    let c = &r.pods[key].placement.as_ref().unwrap().containers[0];
+    (c.cpus.clone(), c.mems.clone())
+}
+
+/// The NUMA nodes whose CPUs `cpus` touches.
+fn nodes_of(t: &NodeTopology, cpus: &CpuSet) -> NumaSet {
+    cpus.iter().filter_map(|c| t.cpu(c)).map(|c| c.numa).collect()
+}
+
+#[tokio::test]
+async fn single_numa_node_on_two_by_ten_and_retry_after_removal() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = two_by_ten();
+    let settings = NodeSettings { topology_policy: TopologyPolicy::SingleNumaNode, ..Default::default() };
+    let mut a = start(dir.path(), t.clone(), settings);
+    a.apply("static/a", pod("a", 8)).await;
+    a.apply("static/b", pod("b", 8)).await;
+    let r = a.wait("a and b running", |r| running(r, "static/a") && running(r, "static/b")).await;
+    let (ca, ma) = placed(&r, "static/a");
+    let (cb, mb) = placed(&r, "static/b");
+    assert_eq!((ca.len(), cb.len()), (8, 8));
+    assert_eq!(nodes_of(&t, &ca).len(), 1, "a on one NUMA node: {ca}");
+    assert_eq!(nodes_of(&t, &cb).len(), 1, "b on one NUMA node: {cb}");
+    assert_ne!(nodes_of(&t, &ca), nodes_of(&t, &cb), "one pod per node");
+    assert_eq!(ma, nodes_of(&t, &ca), "memory bound to the pod's node");
+    assert_eq!(mb, nodes_of(&t, &cb));
+
+    // 4 CPUs are free in total, but only 2 per node: single-numa-node says no.
+    a.apply("static/c", pod("c", 4)).await;
+    let r = a.wait("c rejected", |r| r.pods.get("static/c").is_some_and(|p| p.reason.is_some())).await;
+    let c = &r.pods["static/c"];
+    assert_eq!((c.phase, c.reason.as_deref(), c.attempts), (PodPhase::Pending, Some("TopologyAffinity"), 1), "{c:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(a.report.borrow().pods["static/c"].attempts, 1, "not retried while nothing changes");
+
+    a.tx.send(DesiredChange::Remove { key: "static/a".into() }).await.unwrap();
+    let r = a.wait("c running", |r| running(r, "static/c")).await;
+    let (cc, mc) = placed(&r, "static/c");
+    assert_eq!(r.pods["static/c"].attempts, 2);
+    assert_eq!(nodes_of(&t, &cc), nodes_of(&t, &ca), "c takes the node a left");
+    assert_eq!(mc, nodes_of(&t, &cc));
+    let container = a.rt.all().into_values().find(|c| c.config.pod == "static/c").unwrap();
+    assert_eq!((container.cpus, container.config.bind_memory), (cc, true));
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn restarted_agent_keeps_every_pod_on_its_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = two_by_ten();
+    let settings = || NodeSettings {
+        topology_policy: TopologyPolicy::SingleNumaNode,
+        reserved_cpus: CpuSet::single(0),
+        ..Default::default()
+    };
+    let mut a = start(dir.path(), t.clone(), settings());
+    let keys: Vec<String> = (0..6).map(|i| format!("static/p{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        a.apply(k, pod(&format!("p{i}"), 3)).await;
+    }
+    let before = a.wait("all running", |r| keys.iter().all(|k| running(r, k))).await;
+    let ids_before: Vec<String> = a.rt.list().unwrap_or_default();
+    drop(a.shutdown().await);
+
+    let mut a = start(dir.path(), t, settings());
+    let after = a.wait("all adopted", |r| keys.iter().all(|k| running(r, k))).await;
+    for k in &keys {
+        assert_eq!(placed(&after, k), placed(&before, k), "{k} kept its CPUs");
+    }
+    assert_eq!(after.allocations, before.allocations, "nothing re-allocated");
+    assert_eq!(a.rt.list().unwrap(), ids_before, "the same containers");
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn fixture_machine_admits_on_one_numa_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // 2 sockets x 8 cores, one NUMA node each, HT off.
+    let t = fixture("32em64t-2n8c+dax+nvme+mic+dimms", &root);
+    assert_eq!((t.cpus.len(), t.numa_nodes.len()), (16, 2));
+    let settings = NodeSettings { topology_policy: TopologyPolicy::SingleNumaNode, ..Default::default() };
+    let data = dir.path().join("data");
+    let mut a = start(&data, t.clone(), settings);
+    a.apply("static/big", pod("big", 8)).await;
+    a.apply("static/too-big", pod("too-big", 9)).await;
+    let r = a
+        .wait("big running, too-big rejected", |r| {
+            running(r, "static/big") && r.pods.get("static/too-big").is_some_and(|p| p.reason.is_some())
+        })
+        .await;
+    let (cpus, mems) = placed(&r, "static/big");
+    assert_eq!(cpus.len(), 8);
+    assert_eq!(nodes_of(&t, &cpus), mems);
+    assert_eq!(mems.len(), 1);
+    assert_eq!(r.pods["static/too-big"].reason.as_deref(), Some("TopologyAffinity"));
+    a.shutdown().await;
+}

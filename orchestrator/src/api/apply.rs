@@ -1,0 +1,428 @@
+//! Carries out parsed actions: authorization by identity, then the store write
+//! or read, then the controller notification. The only API layer that touches
+//! the store.
+
+use std::sync::Arc;
+
+use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
+use specs::{Pod, PodPhase, PodStatus};
+
+use super::error::{conflict, forbidden, not_found, store_error, unauthorized, Refused};
+use super::parse::Action;
+use crate::controller::{event, now_rfc3339, Controller};
+use crate::store::{Change, Kind, Store, Watch};
+use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
+
+/// What the API layer needs, shared by every connection.
+pub struct ApiState {
+    pub store: Store,
+    pub controller: Arc<Controller>,
+    pub pki: Arc<Pki>,
+    pub join_token: String,
+    /// `https://HOST:PORT` written into issued credentials.
+    pub server_url: String,
+}
+
+pub enum Reply {
+    /// Status code and a JSON body.
+    Json(u16, serde_json::Value),
+    /// A newline-delimited JSON stream: initial lines, then filtered changes.
+    Watch { initial: Vec<String>, watch: Watch, filter: PodFilter },
+}
+
+fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
+    serde_json::to_value(v)
+        .map(|v| Reply::Json(code, v))
+        .map_err(|e| super::error::internal(format!("cannot encode the reply: {e}")))
+}
+
+/// Which pod changes a watcher sees, and as what.
+pub struct PodFilter {
+    pub selector: LabelSelector,
+    pub node: Option<String>,
+}
+
+impl PodFilter {
+    /// The line to send for a change, if any. A pod that leaves the watched node
+    /// is DELETED for that watcher; one that arrives is ADDED.
+    pub fn line(&self, c: &Change) -> Option<String> {
+        if c.kind != Kind::Pod || !self.selector.matches(&c.labels) {
+            return None;
+        }
+        let ty = match &self.node {
+            None => c.event_type,
+            Some(n) => {
+                let now = c.node_name.as_deref() == Some(n) && c.event_type != WatchEventType::Deleted;
+                let before = c.prev_node_name.as_deref() == Some(n);
+                match (before, now) {
+                    (false, false) => return None,
+                    (false, true) => WatchEventType::Added,
+                    (true, false) => WatchEventType::Deleted,
+                    (true, true) => c.event_type,
+                }
+            }
+        };
+        Some(watch_line(ty, &c.object))
+    }
+}
+
+pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
+    let ty = match ty {
+        WatchEventType::Added => "ADDED",
+        WatchEventType::Modified => "MODIFIED",
+        WatchEventType::Deleted => "DELETED",
+        WatchEventType::Error => "ERROR",
+    };
+    format!("{{\"type\":\"{ty}\",\"object\":{object_json}}}\n")
+}
+
+fn require_known(id: &Identity) -> Result<(), ApiError> {
+    match id {
+        Identity::Anonymous => {
+            Err(unauthorized("a client certificate is required (admin credentials or a joined node's)"))
+        }
+        Identity::Other(cn) => Err(forbidden(format!("certificate {cn:?} is not an admin or node identity"))),
+        _ => Ok(()),
+    }
+}
+
+fn require_admin(id: &Identity, what: &str) -> Result<(), ApiError> {
+    require_known(id)?;
+    match id {
+        Identity::Admin => Ok(()),
+        Identity::Node(n) => Err(forbidden(format!("node {n:?} may not {what}"))),
+        _ => Err(forbidden(format!("may not {what}"))),
+    }
+}
+
+/// Admin, or the node itself.
+fn require_self(id: &Identity, node: &str) -> Result<(), ApiError> {
+    require_known(id)?;
+    match id {
+        Identity::Admin => Ok(()),
+        Identity::Node(n) if n == node => Ok(()),
+        Identity::Node(n) => Err(forbidden(format!("node {n:?} may not act for node {node:?}"))),
+        _ => Err(forbidden("not allowed")),
+    }
+}
+
+/// Admin, or the node the pod is bound to.
+fn require_pod_access(id: &Identity, pod: &Pod) -> Result<(), ApiError> {
+    require_known(id)?;
+    match id {
+        Identity::Admin => Ok(()),
+        Identity::Node(n) if pod.spec.node_name.as_deref() == Some(n) => Ok(()),
+        Identity::Node(n) => {
+            Err(forbidden(format!("node {n:?} may not access pod {:?} (not bound to it)", pod.metadata.name)))
+        }
+        _ => Err(forbidden("not allowed")),
+    }
+}
+
+pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Reply, ApiError> {
+    let store = &state.store;
+    match action {
+        Action::Health => json(200, &serde_json::json!({"status": "ok"})),
+        Action::Version => json(200, &serde_json::json!({"version": env!("CARGO_PKG_VERSION")})),
+        Action::Join { token, request } => {
+            let Some(token) = token else {
+                return Err(unauthorized("join needs the bootstrap token as `Authorization: Bearer TOKEN`"));
+            };
+            if !token_matches(&token, &state.join_token) {
+                return Err(unauthorized("the join token is not valid"));
+            }
+            let creds = state
+                .pki
+                .credentials(&state.server_url, &format!("{NODE_CN_PREFIX}{}", request.node_name))
+                .map_err(|e| super::error::internal(e.to_string()))?;
+            tracing::info!(node = %request.node_name, "node joined");
+            json(
+                200,
+                &JoinResponse {
+                    node_name: request.node_name,
+                    ca_cert: creds.ca_cert,
+                    client_cert: creds.client_cert,
+                    client_key: creds.client_key,
+                },
+            )
+        }
+        Action::ListPods { selector, node } => {
+            let node = scope_to_node(id, node)?;
+            let (rv, pods) = store.list::<Pod>().map_err(store_error)?;
+            let items: Vec<Pod> = pods
+                .into_iter()
+                .filter(|p| selector.matches(&p.metadata.labels))
+                .filter(|p| node.is_none() || p.spec.node_name == node)
+                .collect();
+            json(200, &List { resource_version: rv, items })
+        }
+        Action::WatchPods { selector, node, from } => {
+            let node = scope_to_node(id, node)?;
+            let filter = PodFilter { selector, node };
+            let mut initial = Vec::new();
+            let from = match from {
+                Some(v) => v,
+                None => {
+                    let (rv, pods) = store.list::<Pod>().map_err(store_error)?;
+                    for p in pods {
+                        if filter.selector.matches(&p.metadata.labels)
+                            && (filter.node.is_none() || p.spec.node_name == filter.node)
+                        {
+                            let obj = serde_json::to_string(&p).map_err(|e| super::error::internal(e.to_string()))?;
+                            initial.push(watch_line(WatchEventType::Added, &obj));
+                        }
+                    }
+                    rv
+                }
+            };
+            let watch = store.watch(from).map_err(store_error)?;
+            Ok(Reply::Watch { initial, watch, filter })
+        }
+        Action::CreatePod(pod) => {
+            require_admin(id, "create pods")?;
+            let uid = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
+            let (code, pod) = store
+                .write(move |t| -> Result<(u16, Pod), Refused> {
+                    let mut pod = *pod;
+                    let name = pod.metadata.name.clone();
+                    if let Some(existing) = t.get::<Pod>(&name)? {
+                        if existing.spec == pod.spec && existing.metadata.labels == pod.metadata.labels {
+                            return Ok((200, existing));
+                        }
+                        return Err(Refused(conflict(format!(
+                            "pod {name:?} already exists with a different spec (pods are immutable; delete it first)"
+                        ))));
+                    }
+                    pod.metadata.uid = Some(uid[..16].to_string());
+                    pod.metadata.creation_timestamp = Some(now_rfc3339());
+                    let phase = if pod.spec.node_name.is_some() { PodPhase::Scheduled } else { PodPhase::Pending };
+                    pod.status = Some(PodStatus {
+                        phase,
+                        node_name: pod.spec.node_name.clone(),
+                        reason: pod.spec.node_name.as_ref().map(|_| "NodeNameSet".to_string()),
+                        ..PodStatus::default()
+                    });
+                    t.put(&mut pod)?;
+                    Ok((201, pod))
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            if code == 201 {
+                state.controller.pod_created(&pod);
+            }
+            json(code, &pod)
+        }
+        Action::GetPod(name) => {
+            let pod = store.get::<Pod>(&name).map_err(store_error)?;
+            match pod {
+                Some(p) => {
+                    require_pod_access(id, &p)?;
+                    json(200, &p)
+                }
+                None => {
+                    require_known(id)?;
+                    Err(not_found("Pod", &name))
+                }
+            }
+        }
+        Action::DeletePod(name) => {
+            require_admin(id, "delete pods")?;
+            let n = name.clone();
+            let pod = store
+                .write(move |t| -> Result<Option<Pod>, Refused> { Ok(t.delete::<Pod>(&n)?) })
+                .await
+                .map_err(|Refused(e)| e)?;
+            match pod {
+                Some(p) => {
+                    state.controller.pod_deleted(&p);
+                    json(200, &p)
+                }
+                None => Err(not_found("Pod", &name)),
+            }
+        }
+        Action::UpdatePodStatus { name, status } => {
+            require_known(id)?;
+            let id2 = id.clone();
+            let pod = store
+                .write(move |t| -> Result<Pod, Refused> {
+                    let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
+                    require_pod_access(&id2, &pod)?;
+                    merge_status(&mut pod, *status)?;
+                    t.put(&mut pod)?;
+                    Ok(pod)
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            json(200, &pod)
+        }
+        Action::RejectPod { name, rejection } => {
+            require_known(id)?;
+            let id2 = id.clone();
+            let (pod, node) = store
+                .write(move |t| -> Result<(Pod, String), Refused> {
+                    let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
+                    require_pod_access(&id2, &pod)?;
+                    let Some(node) = pod.spec.node_name.take() else {
+                        return Err(Refused(conflict(format!("pod {name:?} is not bound to a node"))));
+                    };
+                    let s = pod.status.get_or_insert_with(PodStatus::default);
+                    let message =
+                        format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
+                    s.phase = PodPhase::Pending;
+                    s.node_name = None;
+                    s.plan = None;
+                    s.placement = None;
+                    s.reason = Some("Rejected".into());
+                    s.message = Some(message.clone());
+                    t.put(&mut pod)?;
+                    t.add_event(event("Pod", &name, "Warning", "Rejected", message))?;
+                    Ok((pod, node))
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            let attempts = pod.status.as_ref().map(|s| s.attempts).unwrap_or(1);
+            state.controller.pod_rejected(&pod.metadata.name, &node, attempts);
+            json(200, &pod)
+        }
+        Action::ListNodes { selector } => {
+            require_admin(id, "list nodes")?;
+            let (rv, nodes) = store.list::<Node>().map_err(store_error)?;
+            let items: Vec<Node> = nodes.into_iter().filter(|n| selector.matches(&n.metadata.labels)).collect();
+            json(200, &List { resource_version: rv, items })
+        }
+        Action::RegisterNode(node) => {
+            require_self(id, &node.metadata.name)?;
+            let (code, node) = store
+                .write(move |t| -> Result<(u16, Node), Refused> {
+                    let mut node = *node;
+                    let name = node.metadata.name.clone();
+                    let code = match t.get::<Node>(&name)? {
+                        Some(existing) => {
+                            // Re-registration: new topology/settings/labels, same history.
+                            node.metadata.uid = existing.metadata.uid;
+                            node.metadata.creation_timestamp = existing.metadata.creation_timestamp;
+                            node.status.allocations = existing.status.allocations;
+                            200
+                        }
+                        None => {
+                            node.metadata.creation_timestamp = Some(now_rfc3339());
+                            201
+                        }
+                    };
+                    node.status.condition = NodeCondition::Ready;
+                    node.status.last_report = Some(now_rfc3339());
+                    node.status.numa =
+                        NodeStatus::numa_summary(&node.spec.topology, &node.spec.settings, &node.status.allocations);
+                    t.put(&mut node)?;
+                    t.add_event(event("Node", &name, "Normal", "Registered", "node registered"))?;
+                    Ok((code, node))
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            state.controller.node_registered(&node);
+            json(code, &node)
+        }
+        Action::GetNode(name) => {
+            require_self(id, &name)?;
+            match store.get::<Node>(&name).map_err(store_error)? {
+                Some(n) => json(200, &n),
+                None => Err(not_found("Node", &name)),
+            }
+        }
+        Action::DeleteNode(name) => {
+            require_admin(id, "delete nodes")?;
+            let n = name.clone();
+            let node = store
+                .write(move |t| -> Result<Option<Node>, Refused> { Ok(t.delete::<Node>(&n)?) })
+                .await
+                .map_err(|Refused(e)| e)?;
+            match node {
+                Some(node) => {
+                    state.controller.node_deleted(&name);
+                    json(200, &node)
+                }
+                None => Err(not_found("Node", &name)),
+            }
+        }
+        Action::Heartbeat(name) => {
+            require_self(id, &name)?;
+            match state.controller.heartbeat(&name).await.map_err(|Refused(e)| e)? {
+                false => Err(not_found("Node", &name)),
+                true => json(200, &serde_json::json!({"condition": "Ready"})),
+            }
+        }
+        Action::ReportNodeStatus { name, report } => {
+            require_self(id, &name)?;
+            let n = name.clone();
+            let _g = state.controller.transition_guard().await;
+            let node = store
+                .write(move |t| -> Result<Node, Refused> {
+                    let Some(mut node) = t.get::<Node>(&n)? else { return Err(Refused(not_found("Node", &n))) };
+                    let was_ready = node.status.condition == NodeCondition::Ready;
+                    node.status.allocations = report.allocations.clone();
+                    node.status.condition = NodeCondition::Ready;
+                    node.status.last_report = Some(now_rfc3339());
+                    node.status.numa =
+                        NodeStatus::numa_summary(&node.spec.topology, &node.spec.settings, &node.status.allocations);
+                    t.put(&mut node)?;
+                    if !was_ready {
+                        t.add_event(event("Node", &n, "Normal", "NodeReady", "status reports resumed"))?;
+                    }
+                    for (pod_name, status) in report.pods {
+                        let Some(mut pod) = t.get::<Pod>(&pod_name)? else { continue };
+                        if pod.spec.node_name.as_deref() != Some(&n) {
+                            continue; // Not ours (any more): the node learns from its watch.
+                        }
+                        let before = pod.status.clone();
+                        if merge_status(&mut pod, status).is_ok() && pod.status != before {
+                            t.put(&mut pod)?;
+                        }
+                    }
+                    Ok(node)
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            state.controller.node_updated(&node, true);
+            json(200, &node.status)
+        }
+        Action::ListEvents { kind, name } => {
+            require_admin(id, "list events")?;
+            let kind = if kind == "Node" { Kind::Node } else { Kind::Pod };
+            let events = store.events(kind, &name).map_err(store_error)?;
+            json(200, &List { resource_version: store.resource_version(), items: events })
+        }
+    }
+}
+
+/// Nodes see only their own pods: the node filter is forced to the caller.
+fn scope_to_node(id: &Identity, node: Option<String>) -> Result<Option<String>, ApiError> {
+    require_known(id)?;
+    match id {
+        Identity::Node(me) => match node {
+            None => Ok(Some(me.clone())),
+            Some(n) if &n == me => Ok(Some(n)),
+            Some(n) => Err(forbidden(format!("node {me:?} may not read the pods of node {n:?}"))),
+        },
+        _ => Ok(node),
+    }
+}
+
+/// A reported status replaces the observed parts; the scheduler's parts (plan,
+/// attempts, placement when not reported) stay. A terminal phase is final.
+fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ApiError> {
+    let current = pod.status.clone().unwrap_or_default();
+    if !current.phase.can_become(reported.phase) {
+        return Err(conflict(format!(
+            "pod {:?} is {:?}; it cannot become {:?}",
+            pod.metadata.name, current.phase, reported.phase
+        )));
+    }
+    reported.plan = current.plan;
+    reported.attempts = current.attempts;
+    if reported.placement.is_none() {
+        reported.placement = current.placement;
+    }
+    reported.node_name = pod.spec.node_name.clone();
+    pod.status = Some(reported);
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! API errors: every refusal is an `ApiError` body (code, reason, message, and
+//! each field problem) with the matching HTTP status.
+
+use specs::api::ApiError;
+use specs::validate::FieldError;
+
+use crate::store::StoreError;
+
+pub fn error(code: u16, reason: &str, message: impl Into<String>) -> ApiError {
+    ApiError { code, reason: reason.to_string(), message: message.into(), details: Vec::new() }
+}
+
+pub fn bad_request(message: impl Into<String>) -> ApiError {
+    error(400, "BadRequest", message)
+}
+
+/// 422 with every field problem.
+pub fn invalid(kind: &str, name: &str, details: Vec<FieldError>) -> ApiError {
+    // The problems travel in `details` (and `Display` lists them): the message is the summary.
+    let n = details.len();
+    let what = if name.is_empty() { kind.to_lowercase() } else { format!("{} {name:?}", kind.to_lowercase()) };
+    let message = format!("{what} is invalid ({n} problem{})", if n == 1 { "" } else { "s" });
+    ApiError { code: 422, reason: "Invalid".into(), message, details }
+}
+
+pub fn not_found(kind: &str, name: &str) -> ApiError {
+    error(404, "NotFound", format!("{} {name:?} not found", kind.to_lowercase()))
+}
+
+pub fn conflict(message: impl Into<String>) -> ApiError {
+    error(409, "Conflict", message)
+}
+
+pub fn unauthorized(message: impl Into<String>) -> ApiError {
+    error(401, "Unauthorized", message)
+}
+
+pub fn forbidden(message: impl Into<String>) -> ApiError {
+    error(403, "Forbidden", message)
+}
+
+pub fn internal(message: impl Into<String>) -> ApiError {
+    error(500, "InternalError", message)
+}
+
+/// Store failures become API errors inside write closures (`?` works there).
+#[derive(Debug)]
+pub struct Refused(pub ApiError);
+
+impl From<StoreError> for Refused {
+    fn from(e: StoreError) -> Refused {
+        Refused(store_error(e))
+    }
+}
+
+impl From<ApiError> for Refused {
+    fn from(e: ApiError) -> Refused {
+        Refused(e)
+    }
+}
+
+pub fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Gone { .. } => error(410, "Gone", e.to_string()),
+        StoreError::Closed => error(503, "ShuttingDown", e.to_string()),
+        other => internal(other.to_string()),
+    }
+}

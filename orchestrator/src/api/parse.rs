@@ -1,0 +1,384 @@
+//! Requests to typed actions (firecracker's `parsed_request.rs`): the handler
+//! only decodes and validates here; `apply` carries actions out against the
+//! store. Nothing in this module touches the store.
+
+use bytes::Bytes;
+use hyper::HeaderMap;
+use specs::api::ApiError;
+use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
+use specs::pod::API_VERSION;
+use specs::validate::FieldError;
+use specs::{Pod, PodStatus};
+
+use super::error::{bad_request, invalid};
+use super::routes::RouteId;
+
+#[derive(Debug)]
+pub enum Action {
+    Health,
+    Version,
+    Join { token: Option<String>, request: JoinRequest },
+    ListPods { selector: LabelSelector, node: Option<String> },
+    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64> },
+    CreatePod(Box<Pod>),
+    GetPod(String),
+    DeletePod(String),
+    UpdatePodStatus { name: String, status: Box<PodStatus> },
+    RejectPod { name: String, rejection: PodRejection },
+    ListNodes { selector: LabelSelector },
+    RegisterNode(Box<Node>),
+    GetNode(String),
+    DeleteNode(String),
+    Heartbeat(String),
+    ReportNodeStatus { name: String, report: Box<NodeStatusReport> },
+    ListEvents { kind: String, name: String },
+}
+
+pub fn parse(
+    route: RouteId,
+    param: Option<String>,
+    query: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Action, ApiError> {
+    let q = Query::parse(query)?;
+    let name = || -> Result<String, ApiError> {
+        let n = param.clone().unwrap_or_default();
+        match name_problem(&n) {
+            None => Ok(n),
+            Some(p) => Err(bad_request(format!("invalid name {n:?} in the path: {p}"))),
+        }
+    };
+    Ok(match route {
+        RouteId::Health => Action::Health,
+        RouteId::Version => Action::Version,
+        RouteId::Join => {
+            let token = headers
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(|t| t.trim().to_string());
+            let request: JoinRequest = decode_json(body)?;
+            if let Some(p) = name_problem(&request.node_name) {
+                return Err(invalid(
+                    "JoinRequest",
+                    &request.node_name,
+                    vec![FieldError { field: "nodeName".into(), message: p }],
+                ));
+            }
+            Action::Join { token, request }
+        }
+        RouteId::ListPods => {
+            let selector = q.selector()?;
+            let node = q.get("nodeName").map(str::to_string);
+            if q.flag("watch")? {
+                let from = match q.get("resourceVersion") {
+                    None | Some("") => None,
+                    Some(v) => Some(
+                        v.parse::<u64>()
+                            .map_err(|_| bad_request(format!("resourceVersion {v:?} is not a non-negative integer")))?,
+                    ),
+                };
+                Action::WatchPods { selector, node, from }
+            } else {
+                Action::ListPods { selector, node }
+            }
+        }
+        RouteId::CreatePod => Action::CreatePod(Box::new(parse_pod(body)?)),
+        RouteId::GetPod => Action::GetPod(name()?),
+        RouteId::DeletePod => Action::DeletePod(name()?),
+        RouteId::UpdatePodStatus => Action::UpdatePodStatus { name: name()?, status: Box::new(decode_json(body)?) },
+        RouteId::RejectPod => Action::RejectPod { name: name()?, rejection: decode_json(body)? },
+        RouteId::ListNodes => Action::ListNodes { selector: q.selector()? },
+        RouteId::RegisterNode => Action::RegisterNode(Box::new(parse_node(body)?)),
+        RouteId::GetNode => Action::GetNode(name()?),
+        RouteId::DeleteNode => Action::DeleteNode(name()?),
+        RouteId::Heartbeat => Action::Heartbeat(name()?),
+        RouteId::ReportNodeStatus => {
+            let name = name()?;
+            let report: NodeStatusReport = decode_json(body)?;
+            if !report.node_name.is_empty() && report.node_name != name {
+                return Err(bad_request(format!(
+                    "nodeName {:?} in the body does not match the path's {name:?}",
+                    report.node_name
+                )));
+            }
+            Action::ReportNodeStatus { name, report: Box::new(report) }
+        }
+        RouteId::ListEvents => {
+            let kind = q.get("kind").unwrap_or("Pod").to_string();
+            if kind != "Pod" && kind != "Node" {
+                return Err(bad_request(format!("kind {kind:?}: must be Pod or Node")));
+            }
+            let name = q.get("name").ok_or_else(|| bad_request("the `name` query parameter is required"))?;
+            Action::ListEvents { kind, name: name.to_string() }
+        }
+    })
+}
+
+/// A JSON body with a clear error naming the position.
+fn decode_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
+}
+
+/// The YAML parser reads JSON too; its message starts with the field path when
+/// the error is inside a field (`spec.containers[0]: unknown field ...`).
+fn decode_error(e: &serde_yaml_ng::Error) -> FieldError {
+    let text = e.to_string();
+    match text.split_once(": ") {
+        Some((path, rest)) if !path.contains(' ') && !path.is_empty() => {
+            FieldError { field: path.to_string(), message: rest.to_string() }
+        }
+        _ => FieldError { field: "(body)".into(), message: text },
+    }
+}
+
+fn check_header(api_version: &str, kind: &str, want_kind: &str, errs: &mut Vec<FieldError>) {
+    if api_version != API_VERSION {
+        errs.push(FieldError { field: "apiVersion".into(), message: format!("must be {API_VERSION:?}") });
+    }
+    if kind != want_kind {
+        errs.push(FieldError { field: "kind".into(), message: format!("must be {want_kind:?}") });
+    }
+}
+
+/// One pod from a YAML or JSON body, every problem with its field path.
+pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| bad_request("body is not UTF-8"))?;
+    let mut pod = match Pod::from_yaml(text) {
+        Ok(p) => p,
+        Err(e) => return Err(invalid("Pod", "", vec![decode_error(&e)])),
+    };
+    let mut errs = Vec::new();
+    check_header(&pod.api_version, &pod.kind, "Pod", &mut errs);
+    if let Some(p) = name_problem(&pod.metadata.name) {
+        errs.push(FieldError { field: "metadata.name".into(), message: p });
+    }
+    check_labels(&pod.metadata.labels, &mut errs);
+    check_quantities(&pod, &mut errs);
+    for e in specs::validate::validate_pod(&pod) {
+        if !errs.iter().any(|x| x.field == e.field) {
+            errs.push(e);
+        }
+    }
+    if !errs.is_empty() {
+        return Err(invalid("Pod", &pod.metadata.name, errs));
+    }
+    // Server-owned fields are never taken from the client.
+    pod.status = None;
+    pod.metadata.uid = None;
+    pod.metadata.resource_version = None;
+    pod.metadata.creation_timestamp = None;
+    Ok(pod)
+}
+
+pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
+    let node: Node = serde_json::from_slice(body).map_err(|e| {
+        invalid("Node", "", vec![FieldError { field: "(body)".into(), message: format!("malformed JSON: {e}") }])
+    })?;
+    let mut errs = Vec::new();
+    check_header(&node.api_version, &node.kind, "Node", &mut errs);
+    if let Some(p) = name_problem(&node.metadata.name) {
+        errs.push(FieldError { field: "metadata.name".into(), message: p });
+    }
+    check_labels(&node.metadata.labels, &mut errs);
+    let t = &node.spec.topology;
+    if t.cpus.is_empty() {
+        errs.push(FieldError { field: "spec.topology.cpus".into(), message: "must not be empty".into() });
+    }
+    if t.cpus.len() > specs::idset::MAX_ID as usize + 1 {
+        errs.push(FieldError { field: "spec.topology.cpus".into(), message: "more CPUs than Linux supports".into() });
+    }
+    if t.numa_nodes.is_empty() || t.numa_nodes.len() > 1024 {
+        errs.push(FieldError {
+            field: "spec.topology.numaNodes".into(),
+            message: "must list 1 to 1024 NUMA nodes".into(),
+        });
+    }
+    for (i, c) in t.cpus.iter().enumerate() {
+        if t.numa_node(c.numa).is_none() {
+            errs.push(FieldError {
+                field: format!("spec.topology.cpus[{i}].numa"),
+                message: format!("NUMA node {} is not in numaNodes", c.numa),
+            });
+        }
+    }
+    if !errs.is_empty() {
+        return Err(invalid("Node", &node.metadata.name, errs));
+    }
+    Ok(node)
+}
+
+/// DNS-label names: they become store keys, cgroup and file names.
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if name.len() > 63 {
+        return Some(format!("must be at most 63 characters (has {})", name.len()));
+    }
+    if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.') {
+        return Some("must consist of lower-case letters, digits, '-' and '.'".into());
+    }
+    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
+        return Some("must start and end with a letter or digit".into());
+    }
+    None
+}
+
+fn check_labels(labels: &std::collections::BTreeMap<String, String>, errs: &mut Vec<FieldError>) {
+    let ok = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+    for (k, v) in labels {
+        if k.is_empty() || k.len() > 253 || !ok(k) {
+            errs.push(FieldError { field: format!("metadata.labels.{k}"), message: "invalid label key".into() });
+        }
+        if v.len() > 63 || !ok(v) {
+            errs.push(FieldError { field: format!("metadata.labels.{k}"), message: "invalid label value".into() });
+        }
+    }
+}
+
+/// Quantities no machine has: caught here so they never reach the scheduler.
+fn check_quantities(pod: &Pod, errs: &mut Vec<FieldError>) {
+    const MAX_CPU_MILLIS: i128 = 8192 * 1000;
+    const MAX_BYTES: i128 = 1 << 50; // 1 PiB
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        for (section, map) in [("requests", &c.resources.requests), ("limits", &c.resources.limits)] {
+            for (res, q) in map {
+                let field = format!("spec.containers[{i}].resources.{section}.{res}");
+                if q.is_negative() {
+                    errs.push(FieldError { field, message: format!("{} must not be negative", q.as_str()) });
+                } else if res == "cpu" && q.millis_ceil() > MAX_CPU_MILLIS {
+                    errs.push(FieldError { field, message: format!("{} CPUs is more than any node has", q.as_str()) });
+                } else if res != "cpu"
+                    && q.units_ceil() > MAX_BYTES
+                    && (res == "memory" || res.starts_with("hugepages-"))
+                {
+                    errs.push(FieldError { field, message: format!("{} is more than any node has", q.as_str()) });
+                } else if res.contains('/') && q.units_ceil() > 1024 {
+                    errs.push(FieldError {
+                        field,
+                        message: format!("{} devices is more than any node has", q.as_str()),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The query string, percent-decoded.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: &str) -> Result<Query, ApiError> {
+        let mut out = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            out.push((percent_decode(k)?, percent_decode(v)?));
+        }
+        Ok(Query(out))
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("true") | Some("1") | Some("") => Ok(true),
+            Some(v) => Err(bad_request(format!("{key}={v:?}: expected true or false"))),
+        }
+    }
+
+    fn selector(&self) -> Result<LabelSelector, ApiError> {
+        LabelSelector::parse(self.get("labelSelector").unwrap_or("")).map_err(|e| bad_request(e.to_string()))
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, ApiError> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+                match v {
+                    Some(v) => out.push(v),
+                    None => return Err(bad_request(format!("bad percent-encoding in query {s:?}"))),
+                }
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad_request("query is not UTF-8"))
+}
+
+/// Percent-encodes a query value (used by the client).
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_pod(manifest: &str, expected_fields: &[&str]) {
+        let got = parse_pod(&Bytes::from(manifest.to_string()));
+        let fields: Vec<String> = match got {
+            Ok(_) => Vec::new(),
+            Err(e) => e.details.iter().map(|d| d.field.clone()).collect(),
+        };
+        assert_eq!(fields, expected_fields, "{manifest}");
+    }
+
+    #[test]
+    fn pod_problems_name_their_fields() {
+        let good = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c}]}\n";
+        check_pod(good, &[]);
+        check_pod(
+            "apiVersion: v1\nkind: Pd\nmetadata: {name: Web_1}\nspec: {containers: [{name: c, resources: {requests: {cpu: \"100000\", memory: 5Ei}}}]}\n",
+            &[
+                "apiVersion",
+                "kind",
+                "metadata.name",
+                "spec.containers[0].resources.requests.cpu",
+                "spec.containers[0].resources.requests.memory",
+            ],
+        );
+        check_pod(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, imag: x}]}\n",
+            &["spec.containers[0]"],
+        );
+        check_pod("{not yaml", &["(body)"]);
+    }
+
+    #[test]
+    fn names_and_queries() {
+        assert_eq!(name_problem("web-1.a"), None);
+        assert!(name_problem("-web").is_some());
+        assert!(name_problem(&"a".repeat(64)).is_some());
+        assert_eq!(percent_decode("a%3Db%2Cc%21%3Dd").ok().as_deref(), Some("a=b,c!=d"));
+        assert_eq!(percent_decode(&percent_encode("a=b,c!=d")).ok().as_deref(), Some("a=b,c!=d"));
+        assert!(percent_decode("%zz").is_err());
+    }
+}

@@ -1,0 +1,114 @@
+//! The route table: one place that lists every (method, path) the server
+//! answers. The router matches against it and a test compares it with
+//! `openapi.yaml`, so the contract file cannot drift from the code.
+
+use hyper::Method;
+
+/// What a route does; the parser turns (route, request) into an `Action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteId {
+    Health,
+    Version,
+    Join,
+    ListPods,
+    CreatePod,
+    GetPod,
+    DeletePod,
+    UpdatePodStatus,
+    RejectPod,
+    ListNodes,
+    RegisterNode,
+    GetNode,
+    DeleteNode,
+    Heartbeat,
+    ReportNodeStatus,
+    ListEvents,
+}
+
+pub struct Route {
+    pub method: Method,
+    /// `{name}` marks the one path parameter.
+    pub path: &'static str,
+    pub id: RouteId,
+}
+
+pub fn routes() -> Vec<Route> {
+    use RouteId::*;
+    let r = |method: Method, path: &'static str, id: RouteId| Route { method, path, id };
+    vec![
+        r(Method::GET, "/healthz", Health),
+        r(Method::GET, "/version", Version),
+        r(Method::POST, "/api/v1/join", Join),
+        r(Method::GET, "/api/v1/pods", ListPods),
+        r(Method::POST, "/api/v1/pods", CreatePod),
+        r(Method::GET, "/api/v1/pods/{name}", GetPod),
+        r(Method::DELETE, "/api/v1/pods/{name}", DeletePod),
+        r(Method::PUT, "/api/v1/pods/{name}/status", UpdatePodStatus),
+        r(Method::POST, "/api/v1/pods/{name}/rejection", RejectPod),
+        r(Method::GET, "/api/v1/nodes", ListNodes),
+        r(Method::POST, "/api/v1/nodes", RegisterNode),
+        r(Method::GET, "/api/v1/nodes/{name}", GetNode),
+        r(Method::DELETE, "/api/v1/nodes/{name}", DeleteNode),
+        r(Method::POST, "/api/v1/nodes/{name}/heartbeat", Heartbeat),
+        r(Method::PUT, "/api/v1/nodes/{name}/status", ReportNodeStatus),
+        r(Method::GET, "/api/v1/events", ListEvents),
+    ]
+}
+
+/// The outcome of matching a request path.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Matched {
+    Route(RouteId, Option<String>),
+    /// The path exists with other methods.
+    MethodNotAllowed,
+    NotFound,
+}
+
+fn match_path(pattern: &str, path: &str) -> Option<Option<String>> {
+    let (mut p, mut s) = (pattern.split('/'), path.split('/'));
+    let mut param = None;
+    loop {
+        match (p.next(), s.next()) {
+            (None, None) => return Some(param),
+            (Some("{name}"), Some(seg)) if !seg.is_empty() => param = Some(seg.to_string()),
+            (Some(a), Some(b)) if a == b => {}
+            _ => return None,
+        }
+    }
+}
+
+pub fn match_route(table: &[Route], method: &Method, path: &str) -> Matched {
+    let mut path_known = false;
+    for r in table {
+        if let Some(param) = match_path(r.path, path) {
+            if r.method == *method {
+                return Matched::Route(r.id, param);
+            }
+            path_known = true;
+        }
+    }
+    if path_known {
+        Matched::MethodNotAllowed
+    } else {
+        Matched::NotFound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(method: Method, path: &str, expected: Matched) {
+        assert_eq!(match_route(&routes(), &method, path), expected, "{method} {path}");
+    }
+
+    #[test]
+    fn matching() {
+        check(Method::GET, "/api/v1/pods", Matched::Route(RouteId::ListPods, None));
+        check(Method::GET, "/api/v1/pods/web", Matched::Route(RouteId::GetPod, Some("web".into())));
+        check(Method::PUT, "/api/v1/pods/web/status", Matched::Route(RouteId::UpdatePodStatus, Some("web".into())));
+        check(Method::PATCH, "/api/v1/pods/web", Matched::MethodNotAllowed);
+        check(Method::GET, "/api/v1/pods/", Matched::NotFound);
+        check(Method::GET, "/api/v2/pods", Matched::NotFound);
+    }
+}

@@ -1,0 +1,576 @@
+//! Scheduler behaviour, table-driven where it fits.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use specs::pod::{ObjectMeta, ResourceRequirements, SchedulingStrategy, TopologySpec};
+use specs::qos::{effective_cpu_policy, qos_class};
+use specs::topology::{Cpu, NumaNode};
+use specs::{
+    Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeSettings, NodeTopology, NumaSet, Placement, Pod,
+    PodSpec, Quantity, RejectReason, Rejection, TopologyPolicy,
+};
+
+use super::*;
+
+const GI: u64 = 1 << 30;
+
+/// A machine with one socket per NUMA node, one thread per core, CPUs numbered
+/// in order, 64Gi per NUMA node.
+pub(crate) fn machine(cores_per_numa: &[u32]) -> NodeTopology {
+    let mut t = NodeTopology::default();
+    let mut next = 0;
+    let n = cores_per_numa.len();
+    for (numa, &cores) in cores_per_numa.iter().enumerate() {
+        let numa = numa as u32;
+        let ids: Vec<u32> = (next..next + cores).collect();
+        for &id in &ids {
+            t.cpus.push(Cpu { id, core: id, socket: numa, die: None, numa });
+        }
+        next += cores;
+        t.numa_nodes.push(NumaNode {
+            id: numa,
+            cpus: CpuSet::from_ids(ids),
+            memory_bytes: 64 * GI,
+            distances: (0..n).map(|j| if j as u32 == numa { 10 } else { 20 }).collect(),
+            hugepages: Vec::new(),
+        });
+    }
+    t
+}
+
+fn node(name: &str, cores_per_numa: &[u32]) -> NodeInfo {
+    NodeInfo {
+        name: name.to_string(),
+        labels: BTreeMap::new(),
+        topology: Arc::new(machine(cores_per_numa)),
+        settings: NodeSettings::default(),
+        allocations: Allocations::default(),
+        ready: true,
+    }
+}
+
+/// A Guaranteed pod of one container with `cpus` whole CPUs (exclusive) and
+/// `mem_gi` Gi, under the given topology policy.
+fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Pod {
+    let mut res = BTreeMap::new();
+    res.insert("cpu".to_string(), Quantity::from_units(i64::from(cpus)));
+    res.insert("memory".to_string(), Quantity::parse(&format!("{mem_gi}Gi")).unwrap());
+    Pod {
+        api_version: "pinion.io/v1".into(),
+        kind: "Pod".into(),
+        metadata: ObjectMeta { name: name.into(), ..ObjectMeta::default() },
+        spec: PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                resources: ResourceRequirements { requests: res.clone(), limits: res },
+                ..Container::default()
+            }],
+            topology: policy.map(|p| TopologySpec { policy: Some(p), scope: None }),
+            ..PodSpec::default()
+        },
+        status: None,
+    }
+}
+
+fn snn(name: &str, cpus: u32) -> Pod {
+    pod(name, cpus, 1, Some(TopologyPolicy::SingleNumaNode))
+}
+
+/// Test double of the engine, enough for these tests while `specs::admit` is
+/// being written: exclusive CPUs lowest-id first, `single-numa-node` takes the
+/// first NUMA node with room, pod scope, memory accounted on the chosen nodes.
+fn double_admit(
+    t: &NodeTopology,
+    settings: &NodeSettings,
+    alloc: &Allocations,
+    key: &str,
+    pod: &Pod,
+) -> Result<Placement, Rejection> {
+    let reject = |reason, message: String| Err(Rejection { reason, message });
+    if alloc.pods.contains_key(key) {
+        return reject(RejectReason::AlreadyAllocated, format!("{key} is already allocated"));
+    }
+    let qos = qos_class(pod);
+    let policy = pod.spec.topology.as_ref().and_then(|s| s.policy).unwrap_or(settings.topology_policy);
+    let reserved = t.reserved_cpus.union(&settings.reserved_cpus);
+    let free = t.all_cpus().difference(&alloc.exclusive_cpus()).difference(&reserved);
+    let want: usize = pod
+        .spec
+        .containers
+        .iter()
+        .filter(|c| effective_cpu_policy(qos, c) == CpuPolicy::Exclusive)
+        .map(|c| c.resources.request("cpu").map_or(0, |q| q.units_ceil() as usize))
+        .sum();
+    let (mut pool, affinity) = if policy == TopologyPolicy::SingleNumaNode && want > 0 {
+        match t.numa_nodes.iter().find(|n| free.intersection(&n.cpus).len() >= want) {
+            Some(n) => (free.intersection(&n.cpus), NumaSet::single(n.id)),
+            None => {
+                let best = t.numa_nodes.iter().map(|n| (free.intersection(&n.cpus).len(), n.id)).max_by_key(|b| b.0);
+                let (count, id) = best.unwrap_or((0, 0));
+                return reject(
+                    RejectReason::TopologyAffinity,
+                    format!("no single NUMA node has {want} free exclusive CPUs; best is node {id} with {count}"),
+                );
+            }
+        }
+    } else {
+        if free.len() < want {
+            return reject(RejectReason::InsufficientCpu, format!("needs {want} exclusive CPUs; {} free", free.len()));
+        }
+        (free.clone(), t.numa_ids())
+    };
+    let mut containers = Vec::new();
+    for c in &pod.spec.containers {
+        let policy = effective_cpu_policy(qos, c);
+        let cpus = if policy == CpuPolicy::Exclusive {
+            let n = c.resources.request("cpu").map_or(0, |q| q.units_ceil() as usize);
+            let take: CpuSet = pool.iter().take(n).collect();
+            pool.difference_with(&take);
+            take
+        } else {
+            free.clone()
+        };
+        let memory = match (c.resources.request("memory"), affinity.first()) {
+            (Some(q), Some(numa)) => BTreeMap::from([(numa, q.units_ceil() as u64)]),
+            _ => BTreeMap::new(),
+        };
+        containers.push(ContainerPlacement {
+            name: c.name.clone(),
+            cpu_policy: policy,
+            cpus,
+            mems: affinity.clone(),
+            memory,
+            hugepages: BTreeMap::new(),
+            devices: BTreeMap::new(),
+        });
+    }
+    Ok(Placement { numa_affinity: affinity, containers })
+}
+
+/// The engine these tests confirm with. `specs::admit` is being written; until it
+/// lands it refuses everything, so the tests use the double above. Switching is
+/// this one line (no test depends on the double's wording).
+const ENGINE: AdmitFn = double_admit;
+
+fn scheduler(config: SchedulerConfig, nodes: Vec<NodeInfo>) -> Scheduler {
+    let mut s = Scheduler::with_engine(config, ENGINE);
+    for n in nodes {
+        s.upsert_node(n);
+    }
+    s
+}
+
+fn seed_cluster() -> Scheduler {
+    scheduler(SchedulerConfig::default(), vec![node("node-a", &[10, 10]), node("node-b", &[20, 20])])
+}
+
+#[test]
+fn seed_twenty_cpu_single_numa_pod_lands_on_the_2x20_node_every_time() {
+    for strategy in [
+        SchedulingStrategy::LeastAllocated,
+        SchedulingStrategy::MostAllocated,
+        SchedulingStrategy::Balanced,
+        SchedulingStrategy::LeastNumaNodes,
+    ] {
+        let mut s = scheduler(
+            SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
+            vec![node("node-a", &[10, 10]), node("node-b", &[20, 20])],
+        );
+        for i in 0..50 {
+            let key = format!("default/seed-{i}");
+            let b = s.schedule(&key, &snn("seed", 20)).unwrap();
+            assert_eq!(b.node, "node-b", "{strategy:?} attempt {i}");
+            assert_eq!(b.placement.numa_affinity.len(), 1);
+            assert_eq!(b.placement.containers[0].cpus.len(), 20);
+            assert!(b.has_plan());
+            assert_eq!(s.release(&key).as_deref(), Some("node-b"));
+        }
+    }
+}
+
+/// Nodes with pods already bound, then one pod under each strategy.
+#[test]
+fn strategies_order_nodes() {
+    // busy: 2x8 with 12 exclusive CPUs held; idle: 2x8 empty; big: 4x8 with one
+    // NUMA node full.
+    fn cluster(strategy: SchedulingStrategy) -> Scheduler {
+        let labeled = |name: &str, cores: &[u32]| {
+            let mut n = node(name, cores);
+            n.labels.insert("name".into(), name.into());
+            n
+        };
+        let mut s = scheduler(
+            SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
+            vec![labeled("busy", &[8, 8]), labeled("idle", &[8, 8]), labeled("big", &[8, 8, 8, 8])],
+        );
+        for (key, cpus, on) in [("b1", 6, "busy"), ("b2", 6, "busy"), ("g1", 8, "big")] {
+            let mut p = snn(key, cpus);
+            p.spec.node_selector.insert("name".into(), on.into());
+            assert_eq!(s.schedule(key, &p).unwrap().node, on);
+        }
+        s
+    }
+    let check = |strategy, pod: Pod, expected: &str| {
+        let mut s = cluster(strategy);
+        assert_eq!(s.schedule("x", &pod).unwrap().node, expected, "{strategy:?}");
+    };
+    // Spread: the least used node (idle: 0%; big: 25%; busy: 75%).
+    check(SchedulingStrategy::LeastAllocated, snn("x", 2), "idle");
+    // Pack: the fullest node that still fits.
+    check(SchedulingStrategy::MostAllocated, snn("x", 2), "busy");
+    // Balanced: 1 CPU and 100Gi leave busy at 81% CPU / 80% memory, big at 28% / 39%.
+    check(SchedulingStrategy::Balanced, pod("x", 1, 100, None), "busy");
+    // A pod's own strategy overrides the cluster default.
+    let mut p = snn("x", 2);
+    p.spec.scheduling_strategy = Some(SchedulingStrategy::MostAllocated);
+    check(SchedulingStrategy::LeastAllocated, p, "busy");
+}
+
+/// A node holding `cpus` exclusively for one pod (as a node's report would say).
+fn holding(mut n: NodeInfo, cpus: CpuSet) -> NodeInfo {
+    let c = ContainerPlacement {
+        name: "main".into(),
+        cpu_policy: CpuPolicy::Exclusive,
+        cpus,
+        mems: NumaSet::new(),
+        memory: BTreeMap::new(),
+        hugepages: BTreeMap::new(),
+        devices: BTreeMap::new(),
+    };
+    n.allocations.apply("held", Placement { numa_affinity: NumaSet::new(), containers: vec![c] });
+    n
+}
+
+#[test]
+fn least_numa_nodes_prefers_a_placement_on_fewer_numa_nodes() {
+    // Both nodes are half full; a-split has 4+4 free, b-whole 0+8.
+    let check = |strategy, expected: &str| {
+        let mut s = scheduler(
+            SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
+            vec![
+                holding(node("a-split", &[8, 8]), CpuSet::from_ids([0, 1, 2, 3, 8, 9, 10, 11])),
+                holding(node("b-whole", &[8, 8]), CpuSet::range(0, 7)),
+            ],
+        );
+        let b = s.schedule("x", &pod("x", 8, 1, None)).unwrap();
+        assert_eq!(b.node, expected, "{strategy:?}");
+    };
+    // Equal load: spreading falls to the name tie-break.
+    check(SchedulingStrategy::LeastAllocated, "a-split");
+    check(SchedulingStrategy::LeastNumaNodes, "b-whole");
+}
+
+#[test]
+fn node_selector_filters_nodes() {
+    let check = |selector: &[(&str, &str)], expected: Result<&str, &str>| {
+        let mut a = node("a", &[4]);
+        a.labels.insert("zone".into(), "edge".into());
+        let mut b = node("b", &[4]);
+        b.labels.insert("zone".into(), "core".into());
+        b.labels.insert("gpu".into(), "yes".into());
+        let mut s = scheduler(SchedulerConfig::default(), vec![a, b]);
+        let mut p = pod("p", 1, 1, None);
+        p.spec.node_selector = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        match (s.schedule("p", &p), expected) {
+            (Ok(b), Ok(n)) => assert_eq!(b.node, n, "{selector:?}"),
+            (Err(u), Err(m)) => assert_eq!(u.message, m, "{selector:?}"),
+            (got, _) => panic!("{selector:?}: got {got:?}"),
+        }
+    };
+    check(&[], Ok("a"));
+    check(&[("zone", "core")], Ok("b"));
+    check(&[("zone", "core"), ("gpu", "yes")], Ok("b"));
+    check(&[("zone", "edge"), ("gpu", "yes")], Err("0/2 nodes fit: 2 node selector mismatch"));
+    check(&[("zone", "moon")], Err("0/2 nodes fit: 2 node selector mismatch"));
+}
+
+#[test]
+fn binds_until_full_never_overcommit() {
+    let mut s =
+        scheduler(SchedulerConfig::default(), vec![node("a", &[10, 10]), node("b", &[20, 20]), node("c", &[3, 5, 7])]);
+    let sizes = [1u32, 3, 2, 5, 4, 1, 7, 2];
+    let mut bound: BTreeMap<String, CpuSet> = BTreeMap::new();
+    let mut i = 0;
+    let mut failures = 0;
+    // Keep going until every size has failed once in a row.
+    while failures < sizes.len() {
+        let cpus = sizes[i % sizes.len()];
+        let policy = if i % 2 == 0 { Some(TopologyPolicy::SingleNumaNode) } else { None };
+        match s.schedule(&format!("p{i}"), &pod("p", cpus, 1, policy)) {
+            Ok(b) => {
+                failures = 0;
+                let held = bound.entry(b.node.clone()).or_default();
+                let cpus = &b.placement.containers[0].cpus;
+                assert!(held.is_disjoint(cpus), "CPU handed out twice on {}: {cpus} vs {held}", b.node);
+                held.union_with(cpus);
+            }
+            Err(_) => failures += 1,
+        }
+        i += 1;
+    }
+    // Every CPU was handed out (1-CPU pods fill the last holes), each once.
+    assert_eq!(bound["a"].len(), 20);
+    assert_eq!(bound["b"].len(), 40);
+    assert_eq!(bound["c"].len(), 15);
+}
+
+#[test]
+fn topology_blind_mode_binds_where_the_engine_would_reject() {
+    let mut s =
+        scheduler(SchedulerConfig { topology_aware: false, ..SchedulerConfig::default() }, vec![node("a", &[10, 10])]);
+    let p = snn("p", 20);
+    let b = s.schedule("p", &p).unwrap();
+    assert_eq!(b.node, "a");
+    assert!(!b.has_plan(), "a blind binding carries no plan");
+    // The engine on the node's truth says no.
+    let n = s.node("a").unwrap();
+    let truth = ENGINE(&n.topology, &n.settings, &Allocations::default(), "p", &p).unwrap_err();
+    assert_eq!(truth.reason, RejectReason::TopologyAffinity);
+    // Totals are counted: a second 20-CPU pod does not fit by totals.
+    assert_eq!(s.schedule("q", &snn("q", 20)).unwrap_err().message, "0/1 nodes fit: 1 insufficient cpu");
+    // The nodelet rejects; the pod is not offered to the same state again, so
+    // attempts are bounded.
+    let now = Instant::now();
+    s.on_rejection("p", "a", &truth.message, now);
+    let u = s.schedule("p", &p).unwrap_err();
+    assert_eq!(u.message, "0/1 nodes fit: 1 rejected by the node at this state");
+    assert_eq!(s.attempts("p"), 1);
+}
+
+#[test]
+fn rejection_backs_off_and_skips_the_stale_state() {
+    let mut s = seed_cluster();
+    let p = snn("p", 10);
+    let b = s.schedule("p", &p).unwrap();
+    assert_eq!(b.node, "node-b");
+    let t0 = Instant::now();
+    let mut expected_delays = Vec::new();
+    let mut delays = Vec::new();
+    for attempt in 1..=8u32 {
+        let at = s.on_rejection("p", "node-b", "state moved on", t0);
+        delays.push(at - t0);
+        expected_delays.push(Duration::from_secs((1u64 << (attempt - 1)).min(60)));
+    }
+    assert_eq!(delays, expected_delays);
+    assert!(s.is_backing_off("p", t0));
+    assert_eq!(s.next_retry(), Some(t0 + Duration::from_secs(60)));
+    assert!(s.due(t0 + Duration::from_secs(59)).is_empty());
+    assert_eq!(s.due(t0 + Duration::from_secs(60)), vec!["p".to_string()]);
+    assert!(s.due(t0 + Duration::from_secs(61)).is_empty(), "a due pod is returned once");
+
+    // node-b's state is unchanged since it rejected: the pod goes to node-a.
+    let b = s.schedule("p", &p).unwrap();
+    assert_eq!(b.node, "node-a");
+    s.on_rejection("p", "node-a", "state moved on", t0);
+    let u = s.schedule("p", &p).unwrap_err();
+    assert_eq!(u.counts.get(&ReasonKind::RejectedAtThisState), Some(&2));
+    assert!(u.per_node["node-b"].ends_with("state moved on"), "{}", u.per_node["node-b"]);
+
+    // A heartbeat re-sending the same node and truth is not a new state.
+    s.upsert_node(node("node-b", &[20, 20]));
+    assert!(s.schedule("p", &p).is_err());
+
+    // A report from node-b that changes its state makes it eligible again.
+    let mut truth = Allocations::default();
+    truth.apply("other", Placement::default());
+    s.on_node_report("node-b", truth);
+    assert_eq!(s.schedule("p", &p).unwrap().node, "node-b");
+}
+
+#[test]
+fn reports_keep_assumed_pods_until_reflected_or_expired() {
+    let mut s =
+        scheduler(SchedulerConfig { assume_expiry_reports: 2, ..SchedulerConfig::default() }, vec![node("a", &[4, 4])]);
+    let b1 = s.schedule("p1", &snn("p1", 4)).unwrap();
+    let b2 = s.schedule("p2", &snn("p2", 4)).unwrap();
+    assert_eq!((b1.epoch, b2.epoch), (0, 1), "the second binding is computed on top of the first");
+    assert_ne!(b1.placement.numa_affinity, b2.placement.numa_affinity);
+
+    // The node reports p1 (it adopted it) but not yet p2.
+    let mut truth = Allocations::default();
+    truth.apply("p1", b1.placement.clone());
+    assert!(s.on_node_report("a", truth.clone()).is_empty());
+    let mirror = &s.node("a").unwrap().allocations;
+    assert_eq!(mirror.pods.len(), 2, "p2 is still assumed");
+    assert_eq!(mirror.epoch, 2);
+    // The node is full in the mirror: nothing else fits.
+    assert!(s.schedule("p3", &snn("p3", 1)).is_err());
+
+    // p2 never shows up: after two more reports it expires and its CPUs come back.
+    assert!(s.on_node_report("a", truth.clone()).is_empty());
+    assert_eq!(s.on_node_report("a", truth.clone()), vec!["p2".to_string()]);
+    assert!(s.binding("p2").is_none());
+    assert_eq!(s.node("a").unwrap().allocations, truth);
+    assert!(s.schedule("p3", &snn("p3", 4)).is_ok());
+}
+
+#[test]
+fn schedule_is_idempotent_and_release_frees() {
+    let mut s = seed_cluster();
+    let b = s.schedule("p", &snn("p", 20)).unwrap();
+    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap(), b);
+    assert_eq!(s.binding("p"), Some(b));
+    assert_eq!(s.release("p").as_deref(), Some("node-b"));
+    assert_eq!(s.release("p"), None);
+    assert!(s.node("node-b").unwrap().allocations.pods.is_empty());
+    s.remove_node("node-b");
+    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap_err().message, "0/1 nodes fit: 1 topology affinity");
+}
+
+#[test]
+fn no_nodes_says_so() {
+    let mut s = scheduler(SchedulerConfig::default(), vec![]);
+    assert_eq!(s.schedule("p", &snn("p", 1)).unwrap_err().message, "0/0 nodes fit: no nodes registered");
+}
+
+/// The packed fast path and the full summary checks must agree on every node:
+/// the scan trusts one, the explanation reads the other.
+#[test]
+fn hot_summary_agrees_with_full_summary() {
+    let mut s = scheduler(
+        SchedulerConfig::default(),
+        vec![node("a", &[10, 10]), node("b", &[20, 20]), node("c", &[3, 5, 7]), node("d", &[2; 10])],
+    );
+    let policies = [None, Some(TopologyPolicy::SingleNumaNode), Some(TopologyPolicy::BestEffort)];
+    let mut checked = 0;
+    for i in 0..200u32 {
+        let p = pod("p", 1 + i % 9, u64::from(1 + i % 40), policies[i as usize % 3]);
+        let demand = Demand::of(&p);
+        for n in 0..s.nodes.len() {
+            let quick = filter::quick(&s.hot[n], &demand, true);
+            let full = s.check_summary(n, &demand);
+            match quick {
+                Quick::Fit => assert_eq!(full, Ok(()), "pod {i} node {n}"),
+                Quick::NoFit => assert!(full.is_err(), "pod {i} node {n}"),
+                Quick::Unknown => {}
+            }
+            checked += 1;
+        }
+        let _ = s.schedule(&format!("p{i}"), &p);
+    }
+    assert_eq!(checked, 800);
+}
+
+fn with(mut p: Pod, resource: &str, quantity: &str) -> Pod {
+    let q = Quantity::parse(quantity).unwrap();
+    let r = &mut p.spec.containers[0].resources;
+    r.requests.insert(resource.into(), q.clone());
+    r.limits.insert(resource.into(), q);
+    p
+}
+
+const VF: &str = "pinion.io/sriov-vf";
+
+/// A 2x8 node with 512 2Mi huge pages per NUMA node, two VFs on NUMA node 1,
+/// CPU 0 reserved, and `held` CPUs taken exclusively.
+fn rich_node(held: CpuSet) -> NodeInfo {
+    let mut n = holding(node("x", &[8, 8]), held);
+    let mut t = machine(&[8, 8]);
+    for numa in &mut t.numa_nodes {
+        numa.hugepages = vec![specs::topology::HugePages { page_size_bytes: 2 << 20, total: 512 }];
+    }
+    for addr in ["0000:3b:00.1", "0000:3b:00.2"] {
+        t.devices.push(specs::topology::PciDevice { address: addr.into(), class: "0x020000".into(), numa: Some(1) });
+    }
+    n.topology = Arc::new(t);
+    n.settings.reserved_cpus = CpuSet::single(0);
+    n.settings.devices.insert(VF.into(), vec!["0000:3b:00.1".into(), "0000:3b:00.2".into()]);
+    n
+}
+
+/// The summary stages alone (totals, then per NUMA node) on one node.
+#[test]
+fn summary_filters_rule_out_what_cannot_fit() {
+    let check = |held: CpuSet, pod: Pod, expected: Result<(), &str>| {
+        let n = rich_node(held);
+        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+        let d = Demand::of(&pod);
+        let got = filter::totals(&s, &d).and_then(|()| filter::numa(&s, &d, &n.settings)).map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(str::to_string), "{:?}", d.total);
+    };
+    let none = CpuSet::new();
+    let snn = |cpus| pod("p", cpus, 1, Some(TopologyPolicy::SingleNumaNode));
+    let restricted = |cpus| pod("p", cpus, 1, Some(TopologyPolicy::Restricted));
+    // Reserved CPU 0 is never handed out: 15 allocatable, NUMA node 0 has 7.
+    check(none.clone(), pod("p", 15, 1, None), Ok(()));
+    check(none.clone(), pod("p", 16, 1, None), Err("needs 16 exclusive CPUs; 15 free"));
+    check(none.clone(), snn(8), Ok(()));
+    // Holding CPU 8 (NUMA node 1) leaves 7 on each NUMA node.
+    check(CpuSet::range(8, 8), snn(8), Err("no single NUMA node has 8 free exclusive CPUs; best is node 0 with 7"));
+    // Memory aligns for a Guaranteed pod: 64Gi per NUMA node.
+    check(
+        none.clone(),
+        pod("p", 1, 100, Some(TopologyPolicy::SingleNumaNode)),
+        Err("no single NUMA node has 100Gi free memory; best is node 0 with 64Gi"),
+    );
+    check(none.clone(), pod("p", 1, 100, None), Ok(()));
+    // Huge pages: 1Gi per NUMA node.
+    check(none.clone(), with(snn(1), "hugepages-2Mi", "1Gi"), Ok(()));
+    check(
+        none.clone(),
+        with(snn(1), "hugepages-2Mi", "2Gi"),
+        Err("no single NUMA node has 2Gi free hugepages-2Mi; best is node 0 with 1Gi"),
+    );
+    check(none.clone(), with(snn(1), "hugepages-2Mi", "3Gi"), Err("needs 3Gi of hugepages-2Mi; 2Gi free"));
+    // Devices: two VFs, both on NUMA node 1.
+    check(none.clone(), with(snn(4), VF, "2"), Ok(()));
+    check(none.clone(), with(snn(4), VF, "3"), Err("needs 3 pinion.io/sriov-vf; 2 free"));
+    check(
+        CpuSet::range(8, 13),
+        with(snn(4), VF, "1"),
+        Err("no single NUMA node has all the pod's aligned resources at once"),
+    );
+    check(CpuSet::range(8, 13), with(pod("p", 4, 1, Some(TopologyPolicy::BestEffort)), VF, "1"), Ok(()));
+    // Restricted: the narrowest possible span must have room.
+    check(none.clone(), restricted(8), Ok(()));
+    check(CpuSet::range(1, 4), restricted(6), Ok(()));
+    check(
+        CpuSet::from_ids([1, 2, 3, 8, 9, 10]),
+        restricted(6),
+        Err("restricted policy: 6 exclusive CPUs need 1 NUMA node(s) at best; the freest 1 have 5"),
+    );
+    check(none.clone(), restricted(12), Ok(()));
+}
+
+#[test]
+fn container_scope_aligns_each_container_alone() {
+    let n = node("x", &[8, 8]);
+    let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+    let mut p = pod("p", 6, 1, Some(TopologyPolicy::SingleNumaNode));
+    let mut second = p.spec.containers[0].clone();
+    second.name = "second".into();
+    p.spec.containers.push(second);
+    let check = |scope, expected: Result<(), &str>| {
+        let mut p = p.clone();
+        p.spec.topology.as_mut().unwrap().scope = Some(scope);
+        let got = filter::numa(&s, &Demand::of(&p), &n.settings).map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(str::to_string), "{scope:?}");
+    };
+    check(specs::TopologyScope::Container, Ok(()));
+    check(specs::TopologyScope::Pod, Err("no single NUMA node has 12 free exclusive CPUs; best is node 0 with 8"));
+}
+
+/// A caller that keeps its own in-flight bindings pushes truth plus in-flight
+/// pods through `upsert_node`; when it drops a refused pod from that mirror, the
+/// old binding is gone and the pod is scheduled afresh.
+#[test]
+fn a_binding_the_node_no_longer_holds_is_scheduled_afresh() {
+    let mut s = seed_cluster();
+    let b = s.schedule("p", &snn("p", 20)).unwrap();
+    assert_eq!(b.node, "node-b");
+    // The caller's mirror push includes the in-flight pod: still bound.
+    let mut with_p = Allocations::default();
+    with_p.apply("p", b.placement.clone());
+    s.upsert_node(NodeInfo { allocations: with_p, ..node("node-b", &[20, 20]) });
+    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap(), b);
+    // The node refused it; the caller pushes the mirror without it.
+    s.upsert_node(node("node-b", &[20, 20]));
+    assert_eq!(s.binding("p"), None);
+    let again = s.schedule("p", &snn("p", 20)).unwrap();
+    assert_eq!(again.node, "node-b");
+    assert_eq!(s.node("node-b").unwrap().allocations.pods.len(), 1);
+}

@@ -1,0 +1,171 @@
+//! The control plane as a library (mini-redis style): `Server::bind` prepares
+//! the data dir (store, CA, admin credentials, join token) and binds the
+//! listener; `run` serves until shutdown, then drains and flushes. `pinion
+//! server` only parses flags and calls these.
+//!
+//! Data dir layout: `store/` (sled), `pki/`, `admin.conf`, `join-token`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::api::apply::ApiState;
+use crate::api::{serve, ApiConfig};
+use crate::controller::{Controller, ControllerConfig};
+use crate::store::{Store, StoreError, StoreOptions};
+use crate::tls::{load_or_create_join_token, Credentials, Pki, TlsError, ADMIN_CN};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("store under {path}: {source}")]
+    Store { path: PathBuf, source: StoreError },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub data_dir: PathBuf,
+    /// `HOST:PORT`; port 0 picks a free one.
+    pub listen: String,
+    /// Extra names (DNS or IP) for the server certificate.
+    pub tls_sans: Vec<String>,
+    pub api: ApiConfig,
+    pub controller: ControllerConfig,
+    pub store: StoreOptions,
+}
+
+impl ServerOptions {
+    pub fn new(data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> ServerOptions {
+        ServerOptions {
+            data_dir: data_dir.into(),
+            listen: listen.into(),
+            tls_sans: Vec::new(),
+            api: ApiConfig::default(),
+            controller: ControllerConfig::default(),
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+pub struct Server {
+    listener: TcpListener,
+    addr: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    store: Store,
+    pki: Arc<Pki>,
+    options: ServerOptions,
+    /// First start: the CA and the join token were just made.
+    pub first_start: bool,
+    pub join_token: String,
+    pub admin_config: PathBuf,
+}
+
+impl Server {
+    pub async fn bind(options: ServerOptions) -> Result<Server, ServerError> {
+        let dir = options.data_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
+        let store_dir = dir.join("store");
+        let store =
+            Store::open(&store_dir, options.store).map_err(|source| ServerError::Store { path: store_dir, source })?;
+        let (pki, created) = Pki::load_or_create(&dir)?;
+        let (join_token, _) = load_or_create_join_token(&dir)?;
+        let listener = TcpListener::bind(&options.listen)
+            .await
+            .map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
+        let addr =
+            listener.local_addr().map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
+        let host = listen_host(&options.listen);
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        if !host.is_empty() && host != "0.0.0.0" && host != "::" {
+            names.push(host.clone());
+        }
+        names.extend(options.tls_sans.iter().cloned());
+        let tls = Arc::new(pki.server_config(&names)?);
+        let url_host =
+            if host.is_empty() || host == "0.0.0.0" || host == "::" { "127.0.0.1".to_string() } else { host };
+        let server_url = if url_host.contains(':') {
+            format!("https://[{url_host}]:{}", addr.port())
+        } else {
+            format!("https://{url_host}:{}", addr.port())
+        };
+        let admin_config = dir.join("admin.conf");
+        write_admin_config(&pki, &admin_config, &server_url)?;
+        Ok(Server {
+            listener,
+            addr,
+            tls,
+            store,
+            pki: Arc::new(pki),
+            options,
+            first_start: created,
+            join_token,
+            admin_config,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.addr.port())
+    }
+
+    /// Serves until `shutdown` turns true; returns after in-flight requests end
+    /// and the store is flushed.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), ServerError> {
+        let (controller, loops) = Controller::start(self.store.clone(), self.options.controller, shutdown.clone())
+            .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
+        let state = Arc::new(ApiState {
+            store: self.store.clone(),
+            controller,
+            pki: self.pki.clone(),
+            join_token: self.join_token.clone(),
+            server_url: self.server_url(),
+        });
+        serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
+        for l in loops {
+            let _ = l.await;
+        }
+        drop(state);
+        self.store
+            .flush()
+            .await
+            .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
+        if self.store.close(self.options.api.shutdown_timeout).await {
+            tracing::info!("server stopped; store flushed and closed");
+        } else {
+            tracing::warn!("server stopped; store flushed, but some handle kept it open");
+        }
+        Ok(())
+    }
+}
+
+fn listen_host(listen: &str) -> String {
+    match listen.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
+        None => String::new(),
+    }
+}
+
+/// Keeps the admin's certificate across restarts; only the URL follows the port.
+fn write_admin_config(pki: &Pki, path: &Path, server_url: &str) -> Result<(), TlsError> {
+    match Credentials::load(path) {
+        Ok(mut c) if c.ca_cert == pki.ca_cert_pem => {
+            if c.server != server_url {
+                c.server = server_url.to_string();
+                c.save(path)?;
+            }
+            Ok(())
+        }
+        _ => pki.credentials(server_url, ADMIN_CN)?.save(path),
+    }
+}

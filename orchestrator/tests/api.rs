@@ -1,0 +1,419 @@
+//! In-process API tests: a real server on 127.0.0.1:0 with real TLS and a real
+//! sled store in a temp dir, driven through the real client.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Method;
+use orchestrator::client::{Client, ClientError};
+use orchestrator::server::{Server, ServerError, ServerOptions};
+use orchestrator::tls::Credentials;
+use specs::api::{Node, NodeCondition, NodeSpec, NodeStatus, WatchEventType};
+use specs::pod::ObjectMeta;
+use specs::topology::{Cpu, NumaNode};
+use specs::{NodeTopology, Pod, PodPhase};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+struct TestServer {
+    url: String,
+    token: String,
+    admin: Client,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl TestServer {
+    async fn start(dir: &Path, grace: Duration) -> TestServer {
+        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
+        opts.controller.heartbeat_grace = grace;
+        opts.controller.backoff_base = Duration::from_millis(50);
+        opts.api.body_limit = 64 * 1024;
+        let server = Server::bind(opts).await.expect("bind");
+        let url = server.server_url();
+        let token = server.join_token.clone();
+        let creds = Credentials::load(&server.admin_config).expect("admin config");
+        assert_eq!(creds.server, url);
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(server.run(rx));
+        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.await.expect("join").expect("server run");
+    }
+
+    async fn node_client(&self, dir: &Path, name: &str) -> Client {
+        let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
+        let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
+        let creds = Credentials {
+            server: self.url.clone(),
+            ca_cert: joined.ca_cert,
+            client_cert: joined.client_cert,
+            client_key: joined.client_key,
+        };
+        Client::new(&creds).expect("node client")
+    }
+}
+
+fn manifest(name: &str, extra_spec: &str) -> Bytes {
+    Bytes::from(format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{app: web}}\nspec:\n{extra_spec}  containers:\n  - name: main\n    image: busybox:latest\n"
+    ))
+}
+
+/// `numa` NUMA nodes of `cpus` CPUs each, one thread per core.
+fn topology(numa: u32, cpus: u32) -> NodeTopology {
+    let mut t = NodeTopology::default();
+    for n in 0..numa {
+        let ids: Vec<u32> = (n * cpus..(n + 1) * cpus).collect();
+        for id in &ids {
+            t.cpus.push(Cpu { id: *id, core: *id, socket: n, die: None, numa: n });
+        }
+        t.numa_nodes.push(NumaNode {
+            id: n,
+            cpus: ids.into_iter().collect(),
+            memory_bytes: 64 << 30,
+            distances: (0..numa).map(|m| if m == n { 10 } else { 20 }).collect(),
+            hugepages: Vec::new(),
+        });
+    }
+    t
+}
+
+fn node_object(name: &str, numa: u32, cpus: u32) -> Bytes {
+    let node = Node {
+        api_version: "pinion.io/v1".into(),
+        kind: "Node".into(),
+        metadata: ObjectMeta { name: name.into(), ..Default::default() },
+        spec: NodeSpec { topology: topology(numa, cpus), settings: Default::default() },
+        status: NodeStatus::default(),
+    };
+    Bytes::from(serde_json::to_vec(&node).expect("encode"))
+}
+
+fn api_code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> u16 {
+    match r {
+        Err(ClientError::Api(e)) => e.code,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_pods_survive_a_restart_with_monotonic_versions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let mut versions = Vec::new();
+    for i in 0..10 {
+        let (code, pod) = s.admin.create_pod(manifest(&format!("p{i}"), "")).await.expect("create");
+        assert_eq!(code, 201);
+        assert_eq!(pod.status.as_ref().map(|s| s.phase), Some(PodPhase::Pending));
+        versions.push(pod.metadata.resource_version.expect("rv"));
+    }
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    // Same manifest again: unchanged; a different spec under the same name: conflict.
+    assert_eq!(s.admin.create_pod(manifest("p0", "")).await.expect("again").0, 200);
+    assert_eq!(api_code(s.admin.create_pod(manifest("p0", "  hostNetwork: true\n")).await), 409);
+    let before = s.admin.list_pods(None).await.expect("list");
+    s.stop().await;
+
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let list = s.admin.list_pods(None).await.expect("list");
+    assert_eq!(list.items.len(), 10);
+    assert!(list.resource_version >= *versions.last().expect("some"));
+    for p in &before.items {
+        let now = list.items.iter().find(|q| q.metadata.name == p.metadata.name).expect("still there");
+        assert!(now.metadata.resource_version >= p.metadata.resource_version);
+        assert_eq!(now.spec, p.spec);
+    }
+    let (_, after) = s.admin.create_pod(manifest("later", "")).await.expect("create");
+    assert!(after.metadata.resource_version > Some(list.resource_version));
+    assert_eq!(s.admin.delete_pod("p3").await.expect("delete").metadata.name, "p3");
+    assert_eq!(api_code(s.admin.get_pod("p3").await), 404);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_from_a_resource_version() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let (_, a) = s.admin.create_pod(manifest("a", "")).await.expect("a");
+    s.admin.create_pod(manifest("b", "")).await.expect("b");
+    let mut w = s.admin.watch_pods(None, Some("app=web"), a.metadata.resource_version).await.expect("watch");
+    // The scheduler also writes (why a pod is pending): skip MODIFIED lines.
+    let (ty, pod) = loop {
+        let (ty, pod) = w.next().await.expect("next").expect("some");
+        if ty != WatchEventType::Modified {
+            break (ty, pod);
+        }
+    };
+    assert_eq!((ty, pod.metadata.name.as_str()), (WatchEventType::Added, "b"));
+    s.admin.create_pod(manifest("c", "")).await.expect("c");
+    s.admin.delete_pod("a").await.expect("delete a");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let (ty, pod) = w.next().await.expect("next").expect("some");
+        if ty != WatchEventType::Modified {
+            seen.push((ty, pod.metadata.name));
+        }
+    }
+    assert_eq!(seen, [(WatchEventType::Added, "c".to_string()), (WatchEventType::Deleted, "a".to_string())]);
+    // Without a version: the current pods first, as ADDED.
+    let mut w = s.admin.watch_pods(None, None, None).await.expect("watch");
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        names.push(w.next().await.expect("next").expect("some").1.metadata.name);
+    }
+    names.sort();
+    assert_eq!(names, ["b", "c"]);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identities_are_enforced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).expect("ca");
+    let anon = Client::anonymous(&s.url, &ca).expect("anon");
+    assert_eq!(api_code(anon.list_pods(None).await), 401);
+    assert_eq!(api_code(anon.join("not-the-token", "edge-1").await), 401);
+    let n1 = s.node_client(dir.path(), "edge-1").await;
+    let n2 = s.node_client(dir.path(), "edge-2").await;
+    s.admin.create_pod(manifest("on-1", "  nodeName: edge-1\n")).await.expect("create");
+    s.admin.create_pod(manifest("on-2", "  nodeName: edge-2\n")).await.expect("create");
+    assert_eq!(n1.get_pod("on-1").await.expect("own pod").metadata.name, "on-1");
+    assert_eq!(api_code(n1.get_pod("on-2").await), 403);
+    let own = n1.list_pods(None).await.expect("own list");
+    assert_eq!(own.items.iter().map(|p| p.metadata.name.as_str()).collect::<Vec<_>>(), ["on-1"]);
+    assert_eq!(api_code(n1.call::<serde_json::Value>(Method::GET, "/api/v1/pods?nodeName=edge-2", None).await), 403);
+    assert_eq!(api_code(n1.watch_pods(Some("edge-2"), None, None).await.map(|_| ())), 403);
+    assert_eq!(api_code(n1.create_pod(manifest("sneaky", "")).await), 403);
+    assert_eq!(api_code(n1.delete_pod("on-1").await), 403);
+    // Nodes write only their own node.
+    let body = node_object("edge-2", 1, 2);
+    assert_eq!(
+        api_code(n1.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body.clone()))).await),
+        403
+    );
+    assert_eq!(
+        n2.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body))).await.expect("own").0,
+        201
+    );
+    let status = Bytes::from_static(b"{\"phase\":\"Running\"}");
+    assert_eq!(
+        api_code(
+            n1.call::<Pod>(Method::PUT, "/api/v1/pods/on-2/status", Some(("application/json", status.clone()))).await
+        ),
+        403
+    );
+    let (_, p) = n2
+        .call::<Pod>(Method::PUT, "/api/v1/pods/on-2/status", Some(("application/json", status)))
+        .await
+        .expect("own status");
+    assert_eq!(p.status.map(|s| s.phase), Some(PodPhase::Running));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_lists_every_problem_and_stores_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let check = |body: &'static str, code: u16, fields: &'static [&'static str]| {
+        let admin = s.admin.clone();
+        async move {
+            match admin.create_pod(Bytes::from_static(body.as_bytes())).await {
+                Err(ClientError::Api(e)) => {
+                    assert_eq!(e.code, code, "{body}: {e}");
+                    let got: Vec<&str> = e.details.iter().map(|d| d.field.as_str()).collect();
+                    assert_eq!(got, fields, "{body}: {e}");
+                }
+                other => panic!("{body}: expected a refusal, got {other:?}"),
+            }
+        }
+    };
+    check("{\"apiVersion\": ", 422, &["(body)"]).await;
+    check(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, bogus: 1}]}\n",
+        422,
+        &["spec.containers[0]"],
+    )
+    .await;
+    check(
+        "apiVersion: pinion.io/v2\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, resources: {limits: {cpu: \"9999999\", memory: 9Ei}}}]}\n",
+        422,
+        &[
+            "apiVersion",
+            "metadata.name",
+            "spec.containers[0].resources.limits.cpu",
+            "spec.containers[0].resources.limits.memory",
+        ],
+    )
+    .await;
+    // Over the body limit (64 KiB in this test): 413.
+    let big = Bytes::from(format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: big, annotations: {{a: \"{}\"}}}}\nspec: {{containers: [{{name: c}}]}}\n",
+        "x".repeat(100_000)
+    ));
+    assert_eq!(api_code(s.admin.create_pod(big).await), 413);
+    assert!(s.admin.list_pods(None).await.expect("list").items.is_empty());
+    assert_eq!(api_code(s.admin.get_pod("UPPER").await), 400);
+    assert_eq!(api_code(s.admin.call::<serde_json::Value>(Method::PATCH, "/api/v1/pods/x", None).await), 405);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_millis(300)).await;
+    let n = s.node_client(dir.path(), "small").await;
+    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("small", 1, 2))))
+        .await
+        .expect("register");
+    let huge = "  topology: {policy: single-numa-node}\n";
+    let body = format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: huge}}\nspec:\n{huge}  containers:\n  - name: c\n    resources: {{requests: {{cpu: \"64\", memory: 1Gi}}, limits: {{cpu: \"64\", memory: 1Gi}}}}\n"
+    );
+    s.admin.create_pod(Bytes::from(body)).await.expect("create");
+    s.admin.create_pod(manifest("pinned", "  nodeName: small\n")).await.expect("bound pod");
+    let admin = s.admin.clone();
+    eventually("an Unschedulable reason", || {
+        let admin = admin.clone();
+        async move {
+            let p = admin.get_pod("huge").await.expect("get");
+            p.status.and_then(|s| s.reason).as_deref() == Some("Unschedulable")
+        }
+    })
+    .await;
+    let pod = s.admin.get_pod("huge").await.expect("get");
+    let status = pod.status.expect("status");
+    assert_eq!(status.phase, PodPhase::Pending);
+    assert!(status.message.as_deref().unwrap_or("").contains("small"), "{status:?}");
+    let events = s.admin.events("Pod", "huge").await.expect("events");
+    assert!(events.items.iter().any(|e| e.reason == "FailedScheduling"), "{events:?}");
+
+    // No heartbeats: NotReady after the grace period, its pod Unknown (not deleted).
+    eventually("NotReady", || {
+        let admin = admin.clone();
+        async move { admin.get_node("small").await.expect("node").status.condition == NodeCondition::NotReady }
+    })
+    .await;
+    let pinned = s.admin.get_pod("pinned").await.expect("pinned still there");
+    assert_eq!(pinned.status.map(|s| s.phase), Some(PodPhase::Unknown));
+    // A heartbeat brings it back.
+    n.call::<serde_json::Value>(Method::POST, "/api/v1/nodes/small/heartbeat", None).await.expect("heartbeat");
+    assert_eq!(s.admin.get_node("small").await.expect("node").status.condition, NodeCondition::Ready);
+    s.stop().await;
+}
+
+/// Binding needs the admission engine; until `specs::admit` places pods this
+/// test reports the engine's answer instead of a binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_reaches_the_nodes_watch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let probe: Pod = serde_yaml_ng::from_slice(&manifest("probe", "")).expect("probe");
+    let t = topology(2, 4);
+    if let Err(r) = specs::admit(&t, &Default::default(), &Default::default(), "probe", &probe) {
+        if r.message.contains("not built yet") {
+            eprintln!("skipping: the admission engine is not built in this tree ({})", r.message);
+            return s.stop().await;
+        }
+    }
+    let n = s.node_client(dir.path(), "n1").await;
+    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("n1", 2, 4))))
+        .await
+        .expect("register");
+    let mut w = n.watch_pods(None, None, None).await.expect("watch");
+    s.admin.create_pod(manifest("web", "")).await.expect("create");
+    let (ty, pod) =
+        tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("in time").expect("ok").expect("some");
+    assert_eq!(ty, WatchEventType::Added);
+    assert_eq!(pod.spec.node_name.as_deref(), Some("n1"));
+    let status = pod.status.expect("status");
+    assert_eq!(status.phase, PodPhase::Scheduled);
+    assert!(status.plan.is_some());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_update_pods_and_rejections_requeue_with_an_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let n = s.node_client(dir.path(), "edge").await;
+    let other = s.node_client(dir.path(), "other").await;
+    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("edge", 2, 4))))
+        .await
+        .expect("register");
+    s.admin.create_pod(manifest("run", "  nodeName: edge\n")).await.expect("create");
+    s.admin.create_pod(manifest("refused", "  nodeName: edge\n")).await.expect("create");
+
+    // A status report: allocations (per-NUMA free CPUs follow) and pod phases.
+    let report = serde_json::json!({
+        "nodeName": "edge",
+        "allocations": {"epoch": 3, "pods": {"run": {"numaAffinity": [1], "containers": [
+            {"name": "main", "cpuPolicy": "exclusive", "cpus": [4, 5], "mems": [1], "memory": {"1": 1048576}}
+        ]}}},
+        "pods": {"run": {"phase": "Running"}, "refused": {"phase": "Pending"}}
+    });
+    let body = Bytes::from(serde_json::to_vec(&report).expect("encode"));
+    let (_, status) = n
+        .call::<NodeStatus>(Method::PUT, "/api/v1/nodes/edge/status", Some(("application/json", body.clone())))
+        .await
+        .expect("report");
+    let free: Vec<usize> = status.numa.iter().map(|z| z.free_cpus.len()).collect();
+    assert_eq!(free, [4, 2]);
+    assert_eq!(status.allocations.epoch, 3);
+    assert_eq!(s.admin.get_pod("run").await.expect("run").status.map(|s| s.phase), Some(PodPhase::Running));
+    assert_eq!(
+        api_code(
+            other.call::<NodeStatus>(Method::PUT, "/api/v1/nodes/edge/status", Some(("application/json", body))).await
+        ),
+        403
+    );
+
+    // The node refuses a binding: back to Pending with the reason and an event.
+    let rejection =
+        Bytes::from_static(b"{\"reason\":\"TopologyAffinity\",\"message\":\"no single NUMA node has 2 free CPUs\"}");
+    assert_eq!(
+        api_code(
+            other
+                .call::<Pod>(
+                    Method::POST,
+                    "/api/v1/pods/refused/rejection",
+                    Some(("application/json", rejection.clone()))
+                )
+                .await
+        ),
+        403
+    );
+    let (_, pod) = n
+        .call::<Pod>(Method::POST, "/api/v1/pods/refused/rejection", Some(("application/json", rejection)))
+        .await
+        .expect("reject");
+    let st = pod.status.expect("status");
+    assert_eq!((st.phase, st.reason.as_deref()), (PodPhase::Pending, Some("Rejected")));
+    assert!(pod.spec.node_name.is_none());
+    assert!(st.message.unwrap_or_default().contains("TopologyAffinity"));
+    let events = s.admin.events("Pod", "refused").await.expect("events");
+    assert!(events.items.iter().any(|e| e.reason == "Rejected"), "{events:?}");
+    // No longer bound to edge: its node may not read it.
+    assert_eq!(api_code(n.get_pod("refused").await), 403);
+    s.stop().await;
+}

@@ -1,0 +1,367 @@
+//! The orchestrator's wire objects besides `Pod`: nodes (registration, status with
+//! per-NUMA capacity), events, watch events, errors, the join exchange, node
+//! status reports, and label selectors. Serde types and pure helpers only.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Allocations, NodeSettings, Placement};
+use crate::idset::CpuSet;
+use crate::pod::ObjectMeta;
+use crate::status::PodStatus;
+use crate::topology::NodeTopology;
+
+/// A machine known to the orchestrator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Node {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: NodeSpec,
+    #[serde(default)]
+    pub status: NodeStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSpec {
+    pub topology: NodeTopology,
+    #[serde(default)]
+    pub settings: NodeSettings,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NodeCondition {
+    /// Heartbeats arrive.
+    Ready,
+    /// Registered, or heartbeats stopped for longer than the grace period.
+    #[default]
+    NotReady,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeStatus {
+    #[serde(default)]
+    pub condition: NodeCondition,
+    /// RFC 3339 time of the last status report the server stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_report: Option<String>,
+    /// The node's own allocation state (its epoch advances on every change).
+    #[serde(default)]
+    pub allocations: Allocations,
+    /// Capacity and free resources per NUMA node, computed from the allocations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub numa: Vec<NumaStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NumaStatus {
+    pub id: u32,
+    pub cpus: CpuSet,
+    /// CPUs not held exclusively and not reserved.
+    pub free_cpus: CpuSet,
+    pub memory_bytes: u64,
+    pub free_memory_bytes: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hugepages: Vec<HugePagesStatus>,
+    /// Device resource name -> (total, free) on this NUMA node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, DeviceCount>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HugePagesStatus {
+    pub page_size_bytes: u64,
+    pub total: u64,
+    pub free: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceCount {
+    pub total: u64,
+    pub free: u64,
+}
+
+impl NodeStatus {
+    /// Per-NUMA capacity and free resources from a topology, settings and allocations.
+    pub fn numa_summary(
+        topology: &NodeTopology,
+        settings: &NodeSettings,
+        allocations: &Allocations,
+    ) -> Vec<NumaStatus> {
+        let mut held = allocations.exclusive_cpus();
+        held.union_with(&topology.reserved_cpus);
+        held.union_with(&settings.reserved_cpus);
+        let mut out = Vec::new();
+        for n in &topology.numa_nodes {
+            let mut used_mem = 0u64;
+            let mut used_pages: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut used_devs: BTreeMap<String, u64> = BTreeMap::new();
+            for p in allocations.pods.values() {
+                for c in &p.containers {
+                    used_mem = used_mem.saturating_add(c.memory.get(&n.id).copied().unwrap_or(0));
+                    for (size, per) in &c.hugepages {
+                        *used_pages.entry(*size).or_default() += per.get(&n.id).copied().unwrap_or(0);
+                    }
+                    for (res, addrs) in &c.devices {
+                        let here = addrs.iter().filter(|a| device_numa(topology, a) == Some(n.id)).count() as u64;
+                        *used_devs.entry(res.clone()).or_default() += here;
+                    }
+                }
+            }
+            let mut devices = BTreeMap::new();
+            for (res, addrs) in &settings.devices {
+                let total = addrs.iter().filter(|a| device_numa(topology, a) == Some(n.id)).count() as u64;
+                if total > 0 {
+                    let used = used_devs.get(res).copied().unwrap_or(0);
+                    devices.insert(res.clone(), DeviceCount { total, free: total.saturating_sub(used) });
+                }
+            }
+            out.push(NumaStatus {
+                id: n.id,
+                cpus: n.cpus.clone(),
+                free_cpus: n.cpus.difference(&held),
+                memory_bytes: n.memory_bytes,
+                free_memory_bytes: n.memory_bytes.saturating_sub(used_mem),
+                hugepages: n
+                    .hugepages
+                    .iter()
+                    .map(|h| HugePagesStatus {
+                        page_size_bytes: h.page_size_bytes,
+                        total: h.total,
+                        free: h.total.saturating_sub(used_pages.get(&h.page_size_bytes).copied().unwrap_or(0)),
+                    })
+                    .collect(),
+                devices,
+            });
+        }
+        out
+    }
+}
+
+fn device_numa(topology: &NodeTopology, address: &str) -> Option<u32> {
+    topology.devices.iter().find(|d| d.address == address).and_then(|d| d.numa)
+}
+
+/// What a nodelet reports about itself: its allocations and its pods' statuses
+/// (the same JSON as the nodelet's `NodeReport`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatusReport {
+    #[serde(default)]
+    pub node_name: String,
+    #[serde(default)]
+    pub allocations: Allocations,
+    /// Pod name -> status. Pods of other sources (static pods) are ignored.
+    #[serde(default)]
+    pub pods: BTreeMap<String, PodStatus>,
+}
+
+/// A nodelet's refusal of a binding (its truth moved on since the plan).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodRejection {
+    /// A `RejectReason` name or another short CamelCase word.
+    pub reason: String,
+    pub message: String,
+}
+
+/// The plan a pod is bound with: the placement and the node allocation epoch it
+/// was computed against (same JSON as the nodelet's `BoundPlan`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPlan {
+    pub epoch: u64,
+    pub placement: Placement,
+}
+
+/// Why something happened to an object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Event {
+    pub metadata: ObjectMeta,
+    pub involved_object: ObjectRef,
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// CamelCase: `Scheduled`, `FailedScheduling`, `Rejected`, `NodeNotReady`, ...
+    pub reason: String,
+    pub message: String,
+    /// RFC 3339.
+    pub timestamp: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectRef {
+    pub kind: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum WatchEventType {
+    Added,
+    Modified,
+    Deleted,
+    /// The stream cannot go on (e.g. the requested version was compacted); the
+    /// object is a `Status` error.
+    Error,
+}
+
+/// One line of a watch stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchEvent<T> {
+    #[serde(rename = "type")]
+    pub event_type: WatchEventType,
+    pub object: T,
+}
+
+/// A list response: the items and the store version it was read at (resume a
+/// watch from it to miss nothing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct List<T> {
+    pub resource_version: u64,
+    pub items: Vec<T>,
+}
+
+/// Every error body: a summary, a machine word, and each field problem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiError {
+    pub code: u16,
+    /// CamelCase: `Invalid`, `NotFound`, `AlreadyExists`, `Unauthorized`, `Forbidden`, `Gone`, ...
+    pub reason: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<crate::validate::FieldError>,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}): {}", self.reason, self.code, self.message)?;
+        for d in &self.details {
+            write!(f, "; {d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `POST /api/v1/join` body (the bootstrap token travels as a bearer token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinRequest {
+    pub node_name: String,
+}
+
+/// The credential a joined node keeps: PEM texts. The key is generated by the
+/// server and travels once over the TLS connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinResponse {
+    pub node_name: String,
+    pub ca_cert: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+/// A label selector: `a=b,c!=d,e` (exists), `!f` (absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    terms: Vec<SelectorTerm>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SelectorTerm {
+    Eq(String, String),
+    NotEq(String, String),
+    Exists(String),
+    NotExists(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid label selector {input:?}: {reason}")]
+pub struct SelectorError {
+    pub input: String,
+    pub reason: String,
+}
+
+impl LabelSelector {
+    pub fn parse(input: &str) -> Result<LabelSelector, SelectorError> {
+        let err = |reason: &str| SelectorError { input: input.to_string(), reason: reason.to_string() };
+        let mut terms = Vec::new();
+        for raw in input.split(',').map(str::trim) {
+            if raw.is_empty() {
+                if input.trim().is_empty() {
+                    continue;
+                }
+                return Err(err("empty term"));
+            }
+            let term = if let Some((k, v)) = raw.split_once("!=") {
+                SelectorTerm::NotEq(k.trim().to_string(), v.trim().to_string())
+            } else if let Some((k, v)) = raw.split_once("==").or_else(|| raw.split_once('=')) {
+                SelectorTerm::Eq(k.trim().to_string(), v.trim().to_string())
+            } else if let Some(k) = raw.strip_prefix('!') {
+                SelectorTerm::NotExists(k.trim().to_string())
+            } else {
+                SelectorTerm::Exists(raw.to_string())
+            };
+            let key = match &term {
+                SelectorTerm::Eq(k, _)
+                | SelectorTerm::NotEq(k, _)
+                | SelectorTerm::Exists(k)
+                | SelectorTerm::NotExists(k) => k,
+            };
+            if key.is_empty() || key.contains(|c: char| c.is_whitespace() || c == '=' || c == '!') {
+                return Err(err(&format!("bad key in {raw:?}")));
+            }
+            terms.push(term);
+        }
+        Ok(LabelSelector { terms })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.terms.iter().all(|t| match t {
+            SelectorTerm::Eq(k, v) => labels.get(k) == Some(v),
+            SelectorTerm::NotEq(k, v) => labels.get(k) != Some(v),
+            SelectorTerm::Exists(k) => labels.contains_key(k),
+            SelectorTerm::NotExists(k) => !labels.contains_key(k),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(selector: &str, labels: &[(&str, &str)], expected: Result<bool, ()>) {
+        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let got = LabelSelector::parse(selector).map(|s| s.matches(&labels)).map_err(|_| ());
+        assert_eq!(got, expected, "selector {selector:?} on {labels:?}");
+    }
+
+    #[test]
+    fn label_selectors() {
+        check("", &[], Ok(true));
+        check("a=b", &[("a", "b")], Ok(true));
+        check("a==b", &[("a", "c")], Ok(false));
+        check("a=b,c!=d", &[("a", "b"), ("c", "d")], Ok(false));
+        check("a=b,c!=d", &[("a", "b")], Ok(true));
+        check("a", &[("a", "x")], Ok(true));
+        check("!a", &[("a", "x")], Ok(false));
+        check("a=b,,c=d", &[], Err(()));
+        check("=b", &[], Err(()));
+    }
+}

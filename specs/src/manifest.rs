@@ -1,0 +1,213 @@
+//! Manifest parsing: YAML (one or more `---` documents) or JSON (an object or a
+//! list of objects) into validated `Pod`s. Syntax errors and unknown fields carry
+//! their field path (via `serde_path_to_error`); semantic problems come from
+//! `validate::validate_pod`, all of them, for every document. The orchestrator's
+//! API and the nodelet's manifest folder both parse through here.
+
+use serde::Deserialize;
+
+use crate::pod::Pod;
+use crate::validate::{validate_pod, FieldError};
+
+/// Largest manifest accepted, in bytes: bounds parser memory on hostile input.
+pub const MAX_MANIFEST_BYTES: usize = 4 * 1024 * 1024;
+/// Most pods in one manifest.
+pub const MAX_PODS: usize = 1024;
+
+/// One problem in a manifest; `document` is the 0-based document (or JSON list
+/// element) index, set when the manifest holds more than one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestProblem {
+    pub document: Option<usize>,
+    pub error: FieldError,
+}
+
+impl std::fmt::Display for ManifestProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(d) = self.document {
+            write!(f, "document {d}: ")?;
+        }
+        if self.error.field.is_empty() {
+            write!(f, "{}", self.error.message)
+        } else {
+            write!(f, "{}", self.error)
+        }
+    }
+}
+
+/// Every problem found in a manifest; Display is one line per problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ManifestError {
+    pub problems: Vec<ManifestProblem>,
+}
+
+impl std::fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ManifestError {
+    fn one(field: &str, message: impl Into<String>) -> ManifestError {
+        ManifestError {
+            problems: vec![ManifestProblem {
+                document: None,
+                error: FieldError { field: field.into(), message: message.into() },
+            }],
+        }
+    }
+
+    /// The field errors alone (document indexes dropped).
+    pub fn field_errors(&self) -> Vec<FieldError> {
+        self.problems.iter().map(|p| p.error.clone()).collect()
+    }
+}
+
+/// Parses and validates every pod in `text` (YAML or JSON; JSON is YAML).
+pub fn parse_pods(text: &str) -> Result<Vec<Pod>, ManifestError> {
+    if text.len() > MAX_MANIFEST_BYTES {
+        return Err(ManifestError::one("", format!("manifest larger than {MAX_MANIFEST_BYTES} bytes")));
+    }
+    // First split into raw values: a document that is a list holds several pods.
+    let mut values = Vec::new();
+    for (d, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let v = match serde_yaml_ng::Value::deserialize(doc) {
+            Ok(v) => v,
+            Err(e) => {
+                let mut err = ManifestError::one("", format!("syntax error: {e}"));
+                err.problems[0].document = Some(d);
+                return Err(err);
+            }
+        };
+        match v {
+            serde_yaml_ng::Value::Null => {} // empty document, e.g. a trailing `---`
+            serde_yaml_ng::Value::Sequence(items) => values.extend(items),
+            other => values.push(other),
+        }
+        if values.len() > MAX_PODS {
+            return Err(ManifestError::one("", format!("more than {MAX_PODS} pods in one manifest")));
+        }
+    }
+    if values.is_empty() {
+        return Err(ManifestError::one("", "no pod in manifest"));
+    }
+    let many = values.len() > 1;
+    let mut pods = Vec::with_capacity(values.len());
+    let mut problems = Vec::new();
+    for (i, v) in values.into_iter().enumerate() {
+        let document = many.then_some(i);
+        match serde_path_to_error::deserialize::<_, Pod>(v) {
+            Ok(pod) => {
+                problems.extend(validate_pod(&pod).into_iter().map(|error| ManifestProblem { document, error }));
+                pods.push(pod);
+            }
+            Err(e) => {
+                let path = e.path().to_string();
+                let field = if path == "." { String::new() } else { path };
+                let error = FieldError { field, message: e.into_inner().to_string() };
+                problems.push(ManifestProblem { document, error });
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(pods)
+    } else {
+        Err(ManifestError { problems })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
+mod tests {
+    use super::*;
+
+    const POD: &str =
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  containers:\n  - {name: c, rootfs: host}\n";
+
+    /// `Ok(n)`: n pods; `Err(lines)`: the exact Display lines.
+    fn check(text: &str, expected: Result<usize, &[&str]>) {
+        match (parse_pods(text), expected) {
+            (Ok(p), Ok(n)) => assert_eq!(p.len(), n, "{text}"),
+            (Err(e), Err(lines)) => assert_eq!(e.to_string().lines().collect::<Vec<_>>(), lines, "{text}"),
+            (got, want) => panic!("input {text:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_and_reports() {
+        let two = format!("{POD}---\n{}", POD.replace("name: a", "name: b"));
+        let json = r#"{"apiVersion":"pinion.io/v1","kind":"Pod","metadata":{"name":"a"},"spec":{"containers":[{"name":"c","rootfs":"host"}]}}"#;
+        let json_list = format!("[{json}, {json}]");
+        let cases: Vec<(String, Result<usize, &[&str]>)> = vec![
+            (POD.into(), Ok(1)),
+            (two.clone(), Ok(2)),
+            (format!("{two}---\n"), Ok(2)),
+            (json.into(), Ok(1)),
+            (json_list, Ok(2)),
+            ("".into(), Err(&["no pod in manifest"])),
+            (
+                POD.replace("rootfs: host", "rootfs: host, cpuPolcy: exclusive"),
+                Err(&[
+                    "spec.containers[0].cpuPolcy: unknown field `cpuPolcy`, expected one of `name`, `image`, `rootfs`, \
+                     `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`",
+                ]),
+            ),
+            (
+                POD.replace("rootfs: host", "rootfs: host, resources: {limits: {cpu: 1x}}"),
+                Err(&["spec.containers[0].resources.limits.cpu: invalid quantity \"1x\": unknown suffix (use n, u, m, k, M, G, T, \
+                     P, E, Ki..Ei or an exponent like e3)"]),
+            ),
+            (
+                POD.replace("rootfs: host", "rootfs: guest"),
+                Err(&["spec.containers[0].rootfs: unknown variant `guest`, expected `host`"]),
+            ),
+            (
+                format!("{two}---\n{}", POD.replace("name: a", "name: A").replace("name: c", "name: C")),
+                Err(&[
+                    "document 2: metadata.name: \"A\" is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)",
+                    "document 2: spec.containers[0].name: \"C\" is not a DNS-1123 label",
+                ]),
+            ),
+            ("a: [".into(), Err(&["document 0: syntax error: did not find expected node content at line 2 column 1, while parsing a flow node"])),
+        ];
+        for (text, want) in cases {
+            check(&text, want);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
+mod example_tests {
+    use super::*;
+
+    /// Every file in specs/examples parses and validates, with the pod count we expect.
+    #[test]
+    fn examples_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let want = [
+            ("hpc-job.yaml", 1),
+            ("numa-policies.yaml", 4),
+            ("pinned.yaml", 1),
+            ("shared.yaml", 1),
+            ("telecom-upf.yaml", 1),
+        ];
+        let mut names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, want.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>());
+        for (name, n) in want {
+            let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            match parse_pods(&text) {
+                Ok(pods) => assert_eq!(pods.len(), n, "{name}"),
+                Err(e) => panic!("{name}:\n{e}"),
+            }
+        }
+    }
+}
