@@ -71,6 +71,10 @@ pids_of() {
 wait_touched() {
   local label=$1 deadline=$(($(date +%s) + ${2:-90})) pids
   while [ "$(date +%s)" -lt "$deadline" ]; do
+    if [ -n "${agent_pid:-}" ] && ! kill -0 "$agent_pid" 2>/dev/null; then
+      echo "wait_touched $label: the agent exited" >&2
+      return 1
+    fi
     pids=$(pids_of "$label")
     if [ -n "$pids" ] && [ "$(echo "$pids" | wc -l)" = 1 ] && [ "$(anon_pages "$pids" | cut -d' ' -f1)" -ge "$PAGES" ]; then
       echo "$pids"
@@ -79,6 +83,7 @@ wait_touched() {
     sleep 0.5
   done
   echo "wait_touched $label: pids now: $(pids_of "$label" | tr '\n' ' ')" >&2
+  [ -n "${agent_pid:-}" ] && "$PINION_BIN" agent status --data-dir "$DATA" >&2
   return 1
 }
 wait_gone() {

@@ -208,7 +208,9 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
     let runtime: Arc<dyn Runtime> = match args.runtime {
         RuntimeKind::Hollow => Arc::new(nodelet::runtime::hollow::HollowRuntime::new(&data_dir)?),
         RuntimeKind::Libcontainer => {
-            bail!("--runtime libcontainer: not in this build yet (use --runtime hollow)")
+            // The shim is this very binary (`pinion shim`), started once per container.
+            let exe = std::env::current_exe().context("locating the pinion binary for `pinion shim`")?;
+            Arc::new(nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data_dir, &exe)?)
         }
     };
     let mut config = AgentConfig::new(args.node_name.clone().unwrap_or_else(host_name), data_dir, topology, settings);
