@@ -12,9 +12,10 @@ OUT=/tmp/pinion-out
 : >"$OUT/failures"
 : >"$OUT/figures"
 failures=0
-ok() { echo "ok   - $*"; }
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+ok() { echo "ok   - [$(uptime_s)] $*"; }
 fail() {
-  echo "FAIL - $*"
+  echo "FAIL - [$(uptime_s)] $*"
   echo "$*" >>"$OUT/failures"
   failures=$((failures + 1))
 }
@@ -22,7 +23,6 @@ figure() {
   echo "figure: $*"
   echo "$*" >>"$OUT/figures"
 }
-uptime_s() { cut -d' ' -f1 /proc/uptime; }
 figure "guest_uptime_at_script_start_s $(uptime_s)"
 
 # The allocator must be reachable from containers whose rootfs is the host's /usr, /bin,
@@ -30,7 +30,6 @@ figure "guest_uptime_at_script_start_s $(uptime_s)"
 install -m 755 "$NUMA_TOUCH" /usr/local/bin/numa-touch || fail "cannot install numa-touch into the guest"
 TOUCH=/usr/local/bin/numa-touch
 MIB=256
-PAGES=$((MIB * 256)) # 4 KiB pages
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -58,25 +57,20 @@ minus() {
   echo "${out[@]}" | tr ' ' ','
 }
 
-# PIDs of numa-touch processes whose last argument is LABEL.
-pids_of() {
-  local p argv
-  for p in /proc/[0-9]*; do
-    mapfile -d '' -t argv <"$p/cmdline" 2>/dev/null || continue
-    [ ${#argv[@]} -ge 4 ] || continue
-    [ "${argv[0]##*/}" = numa-touch ] && [ "${argv[3]}" = "$1" ] && echo "${p#/proc/}"
-  done
-}
-# Waits until exactly one numa-touch LABEL exists and has touched its memory; prints its PID.
+# PIDs of numa-touch processes whose last argument is LABEL (pgrep: a shell loop over
+# /proc costs seconds under emulation).
+pids_of() { pgrep -f "^(/[^ ]*/)?numa-touch [0-9]+ -?[0-9]+ $1\$"; }
+# wait_touched LABEL TIMEOUT [MIB]: waits until exactly one numa-touch LABEL exists and
+# has touched its MIB (default $MIB) MiB; prints its PID.
 wait_touched() {
-  local label=$1 deadline=$(($(date +%s) + ${2:-90})) pids
+  local label=$1 deadline=$(($(date +%s) + ${2:-90})) pages=$((${3:-$MIB} * 256)) pids
   while [ "$(date +%s)" -lt "$deadline" ]; do
     if [ -n "${agent_pid:-}" ] && ! kill -0 "$agent_pid" 2>/dev/null; then
       echo "wait_touched $label: the agent exited" >&2
       return 1
     fi
     pids=$(pids_of "$label")
-    if [ -n "$pids" ] && [ "$(echo "$pids" | wc -l)" = 1 ] && [ "$(anon_pages "$pids" | cut -d' ' -f1)" -ge "$PAGES" ]; then
+    if [ -n "$pids" ] && [ "$(echo "$pids" | wc -l)" = 1 ] && [ "$(anon_pages "$pids" | cut -d' ' -f1)" -ge "$pages" ]; then
       echo "$pids"
       return 0
     fi
@@ -222,7 +216,7 @@ declare -A pod_pid pod_node pod_cpus
 # Mems_allowed_list that node, >95% of its anonymous pages there. Sets pod_* entries.
 check_pinned() {
   local name=$1 pid cpus first siblings node mems s
-  if ! pid=$(wait_touched "$name" 120); then
+  if ! pid=$(wait_touched "$name" 60); then
     fail "$name: never ran and touched its memory"
     return 1
   fi
@@ -253,7 +247,7 @@ else
   start_agent
   # (3) a shared pod first: it starts with every CPU and follows the exclusive pods.
   pod shared shared
-  if ! shared_pid=$(wait_touched shared 120); then
+  if ! shared_pid=$(wait_touched shared 60 16); then
     fail "shared pod never ran"
   else
     wait_shared_cpus "$ALL_CPUS" && ok "shared pod starts on every CPU ($ALL_CPUS)" ||
@@ -290,8 +284,14 @@ else
     kill -9 "$agent_pid"
     wait "$agent_pid" 2>/dev/null
     echo "--- agent killed with SIGKILL, restarting ---" >>"$OUT/agent.log"
+    restarted=$(date +%s)
     start_agent
-    sleep 10
+    # The restarted agent has reconciled once it rewrote its status file.
+    for _ in $(seq 60); do
+      [ "$(stat -c %Y "$DATA/status.json" 2>/dev/null || echo 0)" -gt "$restarted" ] && break
+      sleep 0.5
+    done
+    sleep 1
     for name in pin-b pin-c shared; do
       now=$(pids_of "$name" | tr '\n' ' ')
       [ "$now" = "${pod_pid[$name]:-$shared_pid} " ] && ok "$name: same process after the agent restart" ||

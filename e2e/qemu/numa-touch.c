@@ -1,13 +1,23 @@
 /* numa-touch MIB [SECONDS]: allocates MIB MiB of anonymous memory, writes every page,
  * prints "touched" and sleeps SECONDS (default: forever). The QEMU NUMA test reads
- * /proc/PID/numa_maps of this process to see where its pages landed. */
+ * /proc/PID/numa_maps of this process to see where its pages landed. It exits on
+ * SIGTERM: as PID 1 of a container it would otherwise ignore it (no default action for
+ * PID 1 in a PID namespace) and every stop would wait for the grace period. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+static void on_term(int sig) {
+    (void)sig;
+    _exit(0);
+}
+
 int main(int argc, char **argv) {
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
     if (argc < 2) {
         fprintf(stderr, "usage: numa-touch MIB [SECONDS]\n");
         return 2;
