@@ -40,21 +40,18 @@ struct Seen {
     parsed: Result<Pod, String>,
 }
 
-/// Parses one manifest text; the error names the field.
+/// Parses one manifest text (exactly one pod: the file name is its key); the
+/// error names the file and the field.
 pub fn parse_manifest(file: &str, text: &str) -> Result<Pod, String> {
-    let pod = Pod::from_yaml(text).map_err(|e| format!("{file}: {e}"))?;
-    if pod.api_version != specs::pod::API_VERSION {
-        return Err(format!("{file}: apiVersion: must be {} (got {:?})", specs::pod::API_VERSION, pod.api_version));
+    let mut pods =
+        specs::manifest::parse_pods(text).map_err(|e| format!("{file}: {}", e.to_string().replace('\n', "; ")))?;
+    if pods.len() != 1 {
+        return Err(format!(
+            "{file}: holds {} pods; a static manifest holds one (its file name is its key)",
+            pods.len()
+        ));
     }
-    if pod.kind != "Pod" {
-        return Err(format!("{file}: kind: must be Pod (got {:?})", pod.kind));
-    }
-    let errors = specs::validate::validate_pod(&pod);
-    if !errors.is_empty() {
-        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-        return Err(format!("{file}: {}", list.join("; ")));
-    }
-    Ok(pod)
+    Ok(pods.remove(0))
 }
 
 fn is_manifest(name: &str) -> bool {
@@ -242,7 +239,7 @@ pub async fn watch(
 mod tests {
     use super::*;
 
-    const GOOD: &str = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: main\n    command: [sleep, inf]\n";
+    const GOOD: &str = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n";
 
     fn kinds(chs: &[DesiredChange]) -> Vec<String> {
         chs.iter()
@@ -265,11 +262,19 @@ mod tests {
             assert!(err.contains(expected), "{err} lacks {expected:?}");
         };
         check(&GOOD.replace("command", "comand"), "unknown field `comand`");
-        check(&GOOD.replace("kind: Pod", "kind: Job"), "kind: must be Pod");
-        check(&GOOD.replace("pinion.io/v1", "v1"), "apiVersion: must be pinion.io/v1");
-        check(&GOOD.replace("name: web", "name: ''"), "metadata.name: must not be empty");
-        check(&GOOD.replace("- name: main\n", ""), "spec.containers");
+        check(&GOOD.replace("kind: Pod", "kind: Job"), "kind: must be");
+        check(&GOOD.replace("pinion.io/v1", "v1"), "apiVersion: must be");
+        check(&GOOD.replace("    rootfs: host\n", ""), "spec.containers[0].image: set exactly one of image or rootfs");
+        check(&GOOD.replace("name: web", "name: ''"), "metadata.name: \"\" is not a DNS-1123 label");
+        check(
+            &GOOD.replace(
+                "  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n",
+                "  containers: []\n",
+            ),
+            "spec.containers",
+        );
         check("{", "bad.yaml");
+        check(&format!("{GOOD}---\n{}", GOOD.replace("web", "web2")), "holds 2 pods");
         assert!(parse_manifest("ok.yaml", GOOD).is_ok());
     }
 
@@ -292,7 +297,7 @@ mod tests {
 
         // A new file, a changed one, a fixed one, a removed one.
         std::fs::write(d.join("db.json"), GOOD.replace("web", "db")).unwrap();
-        std::fs::write(d.join("web.yaml"), GOOD.replace("inf", "100")).unwrap();
+        std::fs::write(d.join("web.yaml"), GOOD.replace("inf", "'100'")).unwrap();
         std::fs::write(d.join("broken.yml"), GOOD.replace("web", "broken")).unwrap();
         let second = scan(d).unwrap();
         assert_eq!(kinds(&diff(&first, &second)), vec!["apply static/broken", "apply static/db", "apply static/web"]);
@@ -328,7 +333,7 @@ mod tests {
         assert_eq!(next(&mut rx).await, "resync static/a");
         std::fs::write(dir.path().join("b.yaml"), GOOD).unwrap();
         assert_eq!(next(&mut rx).await, "apply static/b");
-        std::fs::write(dir.path().join("b.yaml"), GOOD.replace("inf", "5")).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), GOOD.replace("inf", "'5'")).unwrap();
         assert_eq!(next(&mut rx).await, "apply static/b");
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
         assert_eq!(next(&mut rx).await, "remove static/a");

@@ -55,7 +55,7 @@ fn fixture(name: &str, into: &Path) -> NodeTopology {
 
 fn pod(name: &str, cpus: u32) -> Pod {
     Pod::from_yaml(&format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpus}, memory: 1Gi}}\n"
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpus}, memory: 1Gi}}\n"
     ))
     .unwrap()
 }
@@ -193,17 +193,19 @@ async fn fixture_machine_admits_on_one_numa_node() {
     let settings = NodeSettings { topology_policy: TopologyPolicy::SingleNumaNode, ..Default::default() };
     let data = dir.path().join("data");
     let mut a = start(&data, t.clone(), settings);
-    a.apply("static/big", pod("big", 8)).await;
-    a.apply("static/too-big", pod("too-big", 9)).await;
-    let r = a
-        .wait("big running, too-big rejected", |r| {
-            running(r, "static/big") && r.pods.get("static/too-big").is_some_and(|p| p.reason.is_some())
-        })
-        .await;
-    let (cpus, mems) = placed(&r, "static/big");
-    assert_eq!(cpus.len(), 8);
-    assert_eq!(nodes_of(&t, &cpus), mems);
-    assert_eq!(mems.len(), 1);
-    assert_eq!(r.pods["static/too-big"].reason.as_deref(), Some("TopologyAffinity"));
+    a.apply("static/p1", pod("p1", 6)).await;
+    a.apply("static/p2", pod("p2", 6)).await;
+    let r = a.wait("p1 and p2 running", |r| running(r, "static/p1") && running(r, "static/p2")).await;
+    for k in ["static/p1", "static/p2"] {
+        let (cpus, mems) = placed(&r, k);
+        assert_eq!(cpus.len(), 6);
+        assert_eq!(nodes_of(&t, &cpus), mems, "{k}: CPUs and memory on the same node");
+        assert_eq!(mems.len(), 1, "{k}");
+    }
+    assert_ne!(placed(&r, "static/p1").1, placed(&r, "static/p2").1, "one pod per node");
+    // 4 CPUs free, 2 per node: 3 do not fit on one node.
+    a.apply("static/p3", pod("p3", 3)).await;
+    let r = a.wait("p3 rejected", |r| r.pods.get("static/p3").is_some_and(|p| p.reason.is_some())).await;
+    assert_eq!(r.pods["static/p3"].reason.as_deref(), Some("TopologyAffinity"), "{:?}", r.pods["static/p3"]);
     a.shutdown().await;
 }

@@ -256,7 +256,7 @@ async fn bad_input_lists_every_problem_and_stores_nothing() {
     )
     .await;
     check(
-        "apiVersion: pinion.io/v2\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, resources: {limits: {cpu: \"9999999\", memory: 9Ei}}}]}\n",
+        "apiVersion: pinion.io/v2\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, rootfs: host, resources: {limits: {cpu: \"9999999\", memory: 9Ei}}}]}\n",
         422,
         &[
             "apiVersion",
@@ -268,7 +268,7 @@ async fn bad_input_lists_every_problem_and_stores_nothing() {
     .await;
     // Over the body limit (64 KiB in this test): 413.
     let big = Bytes::from(format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: big, annotations: {{a: \"{}\"}}}}\nspec: {{containers: [{{name: c}}]}}\n",
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: big, annotations: {{a: \"{}\"}}}}\nspec: {{containers: [{{name: c, rootfs: host}}]}}\n",
         "x".repeat(100_000)
     ));
     assert_eq!(api_code(s.admin.create_pod(big).await), 413);
@@ -288,7 +288,7 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
         .expect("register");
     let huge = "  topology: {policy: single-numa-node}\n";
     let body = format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: huge}}\nspec:\n{huge}  containers:\n  - name: c\n    resources: {{requests: {{cpu: \"64\", memory: 1Gi}}, limits: {{cpu: \"64\", memory: 1Gi}}}}\n"
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: huge}}\nspec:\n{huge}  containers:\n  - name: c\n    rootfs: host\n    resources: {{requests: {{cpu: \"64\", memory: 1Gi}}, limits: {{cpu: \"64\", memory: 1Gi}}}}\n"
     );
     s.admin.create_pod(Bytes::from(body)).await.expect("create");
     s.admin.create_pod(manifest("pinned", "  nodeName: small\n")).await.expect("bound pod");

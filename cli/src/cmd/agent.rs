@@ -208,8 +208,8 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
     let runtime: Arc<dyn Runtime> = match args.runtime {
         RuntimeKind::Hollow => Arc::new(nodelet::runtime::hollow::HollowRuntime::new(&data_dir)?),
         RuntimeKind::Libcontainer => {
-            // The shim is this very binary (`pinion shim`), started once per container.
-            let exe = std::env::current_exe().context("locating the pinion binary for `pinion shim`")?;
+            // The shim is this same binary (`pinion shim`), re-executed per container.
+            let exe = std::env::current_exe().context("finding the pinion binary for the shim")?;
             Arc::new(nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data_dir, &exe)?)
         }
     };

@@ -1,7 +1,7 @@
 //! Restart backoff, as the kubelet does it: the delay before restarting a
 //! container that exited starts at `base` (10 s), doubles with every consecutive
-//! crash and is capped (5 min); a container that ran for twice the cap before it
-//! exited starts again from `base`.
+//! crash and is capped (5 min); a container that ran for `reset_after` (10 min,
+//! twice the cap) before it exited starts again from `base`.
 
 use std::time::Duration;
 
@@ -9,11 +9,12 @@ use std::time::Duration;
 pub struct Backoff {
     pub base: Duration,
     pub cap: Duration,
+    pub reset_after: Duration,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { base: Duration::from_secs(10), cap: Duration::from_secs(300) }
+        Backoff { base: Duration::from_secs(10), cap: Duration::from_secs(300), reset_after: Duration::from_secs(600) }
     }
 }
 
@@ -29,7 +30,7 @@ impl Backoff {
 
     /// Whether a run this long resets the streak.
     pub fn resets_after(&self, ran: Duration) -> bool {
-        ran >= self.cap.saturating_mul(2)
+        ran >= self.reset_after
     }
 }
 
@@ -54,7 +55,7 @@ mod tests {
 
     #[test]
     fn configurable_base_for_tests() {
-        let b = Backoff { base: Duration::from_millis(5), cap: Duration::from_millis(40) };
+        let b = Backoff { base: Duration::from_millis(5), cap: Duration::from_millis(40), reset_after: Duration::MAX };
         let got: Vec<u128> = (0..6).map(|s| b.delay(s).as_millis()).collect();
         assert_eq!(got, vec![5, 10, 20, 40, 40, 40]);
     }

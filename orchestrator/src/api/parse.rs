@@ -353,10 +353,10 @@ mod tests {
 
     #[test]
     fn pod_problems_name_their_fields() {
-        let good = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c}]}\n";
+        let good = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, rootfs: host}]}\n";
         check_pod(good, &[]);
         check_pod(
-            "apiVersion: v1\nkind: Pd\nmetadata: {name: Web_1}\nspec: {containers: [{name: c, resources: {requests: {cpu: \"100000\", memory: 5Ei}}}]}\n",
+            "apiVersion: v1\nkind: Pd\nmetadata: {name: Web_1}\nspec: {containers: [{name: c, rootfs: host, resources: {requests: {cpu: \"100000\", memory: 5Ei}}}]}\n",
             &[
                 "apiVersion",
                 "kind",

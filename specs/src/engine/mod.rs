@@ -4,13 +4,57 @@
 //! Pure and deterministic: no I/O, no clocks, no randomness, no hash-order
 //! iteration. The scheduler calls it on its mirror of a node and the nodelet on
 //! the node's truth; same inputs, same answer, byte for byte.
+//!
+//! The decision follows the kubelet (CPU Manager static policy, Memory Manager
+//! static policy, device hints, Topology Manager), module by module:
+//! `machine` (indexes and the free ledger), `hints` (providers and candidate
+//! masks, polynomial instead of 2^n), `merge` (the topology-manager policies),
+//! `cpus` (`takeByTopology`), `memory`, `devices`, and `decide`, which runs them.
+//!
+//! What each Crane-style `cpuPolicy` records in its `ContainerPlacement`:
+//! - `exclusive`: `cpus` = its own CPUs, taken out of the shared pool; never a
+//!   reserved CPU nor one held by another exclusive or immovable container.
+//! - `immovable`: `cpus` = fixed CPUs chosen exactly like exclusive ones (whole
+//!   cores first, aligned to the affinity) that *stay in the shared pool*; no later
+//!   exclusive or immovable container gets them.
+//! - `numa`: `cpus` = the shared pool's CPUs on the chosen NUMA nodes at decision
+//!   time (the whole pool when those nodes have none); `mems` = those nodes, always
+//!   (also outside Guaranteed pods). Its hint asks for ceil(cpu request) pool CPUs
+//!   on the nodes; nothing is taken. Under topology policy `none` it still picks
+//!   its nodes with the best-effort merge, since choosing nodes is its point.
+//! - `shared`: `cpus` = the shared pool at decision time.
+//!
+//! For every policy, a Guaranteed pod's container gets `mems` = the NUMA nodes
+//! its memory and huge pages were accounted on (`memory`, `hugepages`); other
+//! pods' containers get no memory binding (empty `mems`) except `numa`.
+//!
+//! `numaAffinity` is the merged hint: the pod's under scope `pod`, the union of
+//! the containers' hints under scope `container` (containers without any hint
+//! are left out; all nodes if none had one), and all nodes under policy `none`.
+//!
+//! Errors: a topology the engine cannot index (CPU on an unlisted node, more than
+//! 128 NUMA nodes, ids out of range) and a request that cannot be placed anywhere
+//! (fractional exclusive CPUs, a huge-page request that is not a whole number of
+//! pages) are `InvalidRequest`; a machine that has too little free of something is
+//! `Insufficient*` (checked before alignment, so that the message names the
+//! resource); an alignment failure is `TopologyAffinity`.
+
+mod cpus;
+mod decide;
+mod devices;
+mod hints;
+mod machine;
+mod memory;
+mod merge;
+
+pub(crate) use decide::fmt_amount;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::idset::{CpuSet, NumaSet};
-use crate::pod::{CpuPolicy, Pod, TopologyPolicy, TopologyScope};
+use crate::pod::{CpuPolicy, TopologyPolicy, TopologyScope};
 use crate::status::{ContainerPlacementSummary, PlacementSummary};
 use crate::topology::NodeTopology;
 
@@ -119,17 +163,7 @@ pub enum RejectReason {
     AlreadyAllocated,
 }
 
-/// Decides one pod. See the module docs.
-pub fn admit(
-    topology: &NodeTopology,
-    settings: &NodeSettings,
-    allocations: &Allocations,
-    pod_key: &str,
-    pod: &Pod,
-) -> Result<Placement, Rejection> {
-    let _ = (topology, settings, allocations, pod_key, pod);
-    Err(Rejection { reason: RejectReason::InvalidRequest, message: "admission engine not built yet".into() })
-}
+pub use self::decide::admit;
 
 impl Allocations {
     /// Records an admitted placement and advances the epoch.
@@ -153,6 +187,20 @@ impl Allocations {
         for p in self.pods.values() {
             for c in &p.containers {
                 if c.cpu_policy == CpuPolicy::Exclusive {
+                    s.union_with(&c.cpus);
+                }
+            }
+        }
+        s
+    }
+
+    /// CPUs no exclusive or immovable container may be given again: exclusive
+    /// and immovable ones.
+    pub fn pinned_cpus(&self) -> CpuSet {
+        let mut s = CpuSet::new();
+        for p in self.pods.values() {
+            for c in &p.containers {
+                if matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
                     s.union_with(&c.cpus);
                 }
             }

@@ -1,0 +1,343 @@
+//! `pinion agent` with real containers (the libcontainer runtime) on this host
+//! (topology discovered from its /sys):
+//! CPU 0 reserved, exclusive pods on CPU 1, shared pods following the pool in
+//! place, OOM kills in the status, and `kill -9` of the agent with pods running.
+//! Needs root and two CPUs: without them the tests skip, except under `CI=true`
+//! where they fail. Pod names carry the test's pid; whatever a failed test
+//! leaves is removed through the runtime on drop.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nodelet::runtime::libcontainer::LibcontainerRuntime;
+use nodelet::runtime::Runtime;
+use serde_json::Value;
+
+const PINION: &str = env!("CARGO_BIN_EXE_pinion");
+
+/// The tests share the host's CPU 1: one at a time.
+static HOST: Mutex<()> = Mutex::new(());
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// Whether this host has CPUs 0 and 1 online (CPU 0 reserved, CPU 1 exclusive).
+fn has_two_cpus() -> bool {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
+        .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
+}
+
+struct Host {
+    _tmp: tempfile::TempDir,
+    manifests: PathBuf,
+    data: PathBuf,
+    agent: Option<Child>,
+}
+
+/// `None` (skip) without root or two CPUs, outside CI.
+fn host() -> Option<Host> {
+    if !is_root() || !has_two_cpus() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "these tests need root and CPUs 0-1 under CI=true");
+        eprintln!("skipping: needs root and CPUs 0 and 1");
+        return None;
+    }
+    let tmp = tempfile::Builder::new().prefix("pinion-agent-").tempdir().unwrap();
+    let manifests = tmp.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    let data = tmp.path().join("data");
+    Some(Host { manifests, data, agent: None, _tmp: tmp })
+}
+
+impl Host {
+    fn start_agent(&mut self) {
+        let child = Command::new(PINION)
+            .args(["agent", "--runtime", "libcontainer", "--reserved-cpus", "0", "--node-name", "real"])
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .arg("--data-dir")
+            .arg(&self.data)
+            // The topology is this host's, discovered from /sys.
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.agent = Some(child);
+    }
+
+    fn signal_agent(&mut self, sig: &str) {
+        let mut child = self.agent.take().unwrap();
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status().unwrap().success();
+        assert!(ok);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "agent did not exit after SIG{sig}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn write(&self, stem: &str, yaml: &str) {
+        std::fs::write(self.manifests.join(format!("{stem}.yaml")), yaml).unwrap();
+    }
+
+    fn status(&self) -> Option<Value> {
+        let out = Command::new(PINION)
+            .args(["agent", "status", "-o", "json", "--data-dir"])
+            .arg(&self.data)
+            .output()
+            .unwrap();
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    fn wait(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Some(v) = self.status() {
+                if pred(&v) {
+                    return v;
+                }
+                last = Some(v);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out waiting for {what}; last status: {last:#?}");
+    }
+
+    fn log(&self, stem: &str) -> String {
+        std::fs::read_to_string(self.data.join(format!("logs/static_{stem}/main.log"))).unwrap_or_default()
+    }
+
+    fn wait_log(&self, stem: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log(stem);
+            if pred(&log) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what} in the log of {stem}: {log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runtime ids of the pod's containers (its directories under the data dir).
+    fn container_ids(&self, stem: &str) -> Vec<String> {
+        let prefix = format!("static-{stem}_");
+        let mut ids: Vec<String> = std::fs::read_dir(self.data.join("containers"))
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default();
+        ids.retain(|id| id.starts_with(&prefix));
+        ids.sort();
+        ids
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        if let Ok(rt) = LibcontainerRuntime::new(&self.data, Path::new(PINION)) {
+            for id in rt.list().unwrap_or_default() {
+                let _ = rt.stop(&id, Duration::ZERO);
+                let _ = rt.remove(&id);
+            }
+        }
+    }
+}
+
+fn pod(name: &str, cpu: &str, command: &str, policy: &str) -> String {
+    format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{command}']\n    resources: {{limits: {{cpu: '{cpu}', memory: 64Mi}}}}\n"
+    )
+}
+
+const SHOW_AND_SLEEP: &str = "grep -E \"^(Cpus|Mems)_allowed_list\" /proc/self/status; exec sleep 1000";
+const SHOW_EVERY_100MS: &str = "while true; do grep ^Cpus_allowed_list /proc/self/status; sleep 0.1; done";
+
+fn last_line(log: &str) -> &str {
+    log.lines().last().unwrap_or("")
+}
+
+fn cgroup_file(id: &str, file: &str) -> String {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/cpuset/pinion/{id}/{file}"))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/pinion/{id}/{file}.effective")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Pids whose cgroup is one of this test's containers (tag: the test's pid).
+fn processes(tag: &str) -> Vec<i32> {
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                        .is_ok_and(|c| c.lines().any(|l| l.contains("/pinion/") && l.contains(tag)))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids
+}
+
+/// Cgroup directories of this test's containers, every hierarchy.
+fn cgroups(tag: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for base in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(base.path().join("pinion")).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().contains(tag) {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The containers' long-lived processes: `sleep 1000` and the looping `sh` (their
+/// short-lived children come and go every 100 ms).
+fn long_lived(tag: &str) -> Vec<i32> {
+    processes(tag)
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.starts_with(b"sh\0") || cmd.starts_with(b"sleep\x001000")
+        })
+        .collect()
+}
+
+fn mounts(under: &Path) -> usize {
+    let root = under.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines().filter(|l| l.contains(&root)).count()
+}
+
+#[test]
+fn exclusive_pod_on_cpu_1_and_a_shared_pod_that_follows_the_pool_in_place() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let (ex, sh) = (format!("ex-{pid}"), format!("sh-{pid}"));
+    h.write(&ex, &pod(&ex, "1", SHOW_AND_SLEEP, "Always"));
+    h.start_agent();
+    h.wait("ex running", |v| v["pods"][format!("static/{ex}")]["phase"] == "Running");
+    h.write(&sh, &pod(&sh, "500m", SHOW_EVERY_100MS, "Always"));
+    let v = h.wait("sh running", |v| v["pods"][format!("static/{sh}")]["phase"] == "Running");
+    assert_eq!(v["pods"][format!("static/{ex}")]["placement"]["containers"][0]["cpus"], serde_json::json!([1]));
+
+    // Inside the exclusive container, and in its cgroup.
+    let log = h.wait_log(&ex, "its cpuset", |l| l.contains("Mems_allowed_list"));
+    assert!(log.contains("Cpus_allowed_list:\t1\n"), "{log}");
+    assert!(log.contains("Mems_allowed_list:\t0\n"), "{log}");
+    let ex_id = h.container_ids(&ex).pop().unwrap();
+    assert_eq!((cgroup_file(&ex_id, "cpuset.cpus"), cgroup_file(&ex_id, "cpuset.mems")), ("1".into(), "0".into()));
+
+    // The shared pod gets what is left: CPU 0.
+    h.wait_log(&sh, "CPU 0 only", |l| last_line(l) == "Cpus_allowed_list:\t0");
+    let sh_ids = h.container_ids(&sh);
+    assert_eq!(sh_ids.len(), 1);
+    assert_eq!(cgroup_file(&sh_ids[0], "cpuset.cpus"), "0");
+    let sh_pids = processes(&sh_ids[0]);
+
+    // The exclusive pod goes: the shared one grows back to 0-1 without a restart.
+    std::fs::remove_file(h.manifests.join(format!("{ex}.yaml"))).unwrap();
+    h.wait("ex gone", |v| v["pods"][format!("static/{ex}")].is_null());
+    h.wait_log(&sh, "CPUs 0-1", |l| last_line(l) == "Cpus_allowed_list:\t0-1");
+    assert_eq!(cgroup_file(&sh_ids[0], "cpuset.cpus"), "0-1");
+    assert_eq!(h.container_ids(&sh), sh_ids, "same container");
+    assert!(processes(&sh_ids[0]).contains(&sh_pids[0]), "same process: not restarted");
+    let v = h.status().unwrap();
+    assert_eq!(v["pods"][format!("static/{sh}")]["containerStatuses"][0]["restartCount"], 0);
+    assert!(h.container_ids(&ex).is_empty(), "the exclusive container is removed");
+    assert!(cgroups(&ex_id).is_empty(), "its cgroup is removed");
+
+    std::fs::remove_file(h.manifests.join(format!("{sh}.yaml"))).unwrap();
+    h.wait("sh gone", |v| v["pods"][format!("static/{sh}")].is_null());
+    h.signal_agent("TERM");
+    let tag = pid.to_string();
+    assert_eq!(cgroups(&tag), Vec::<PathBuf>::new());
+    assert_eq!(processes(&tag), Vec::<i32>::new());
+}
+
+#[test]
+fn kill_9_of_the_agent_keeps_containers_cpus_and_leaks_nothing() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let tag = format!("-{pid}_");
+    let (ex, sh) = (format!("kex-{pid}"), format!("ksh-{pid}"));
+    let counts = |h: &Host| (cgroups(&tag).len(), long_lived(&tag).len(), mounts(&h.data));
+    assert_eq!(counts(&h), (0, 0, 0));
+    h.write(&ex, &pod(&ex, "1", SHOW_AND_SLEEP, "Always"));
+    h.write(&sh, &pod(&sh, "500m", SHOW_EVERY_100MS, "Always"));
+    h.start_agent();
+    let running = |v: &Value| {
+        [&ex, &sh].iter().all(|k| v["pods"][format!("static/{k}")]["phase"] == "Running")
+            && v["pods"][format!("static/{k}", k = sh)]["placement"]["containers"][0]["cpus"] == serde_json::json!([0])
+    };
+    let before = h.wait("both running", running);
+    h.wait_log(&sh, "CPU 0", |l| last_line(l) == "Cpus_allowed_list:\t0");
+    let ids_before = (h.container_ids(&ex), h.container_ids(&sh));
+    let procs_before = long_lived(&tag);
+    assert_eq!(procs_before.len(), 2, "one sleep, one sh");
+    let counts_before = counts(&h);
+
+    h.signal_agent("KILL");
+    assert_eq!(long_lived(&tag), procs_before, "containers outlive the agent");
+    h.start_agent();
+    let after = h.wait("both adopted", running);
+    assert_eq!(after["allocations"], before["allocations"], "same CPUs, nothing re-allocated");
+    assert_eq!((h.container_ids(&ex), h.container_ids(&sh)), ids_before, "same containers");
+    assert_eq!(long_lived(&tag), procs_before, "same processes");
+    assert_eq!(counts(&h), counts_before, "no leaked cgroup, mount or process");
+    assert_eq!(after["pods"][format!("static/{ex}")]["containerStatuses"][0]["restartCount"], 0);
+
+    // A pod removed while the agent is down is stopped after it comes back.
+    h.signal_agent("KILL");
+    std::fs::remove_file(h.manifests.join(format!("{ex}.yaml"))).unwrap();
+    h.start_agent();
+    h.wait("ex stopped", |v| v["pods"][format!("static/{ex}")].is_null());
+    h.wait_log(&sh, "CPUs 0-1", |l| last_line(l) == "Cpus_allowed_list:\t0-1");
+    std::fs::remove_file(h.manifests.join(format!("{sh}.yaml"))).unwrap();
+    h.wait("sh stopped", |v| v["pods"][format!("static/{sh}")].is_null());
+    h.signal_agent("TERM");
+    assert_eq!(counts(&h), (0, 0, 0), "everything gone");
+    assert_eq!(processes(&tag), Vec::<i32>::new());
+}
+
+#[test]
+fn oom_kill_and_exit_codes_show_in_the_status() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let (oom, fail) = (format!("oom-{pid}"), format!("fail-{pid}"));
+    // `tail` keeps a line in memory: 256 MiB without a newline against a 64 MiB limit.
+    h.write(&oom, &pod(&oom, "500m", "head -c 268435456 /dev/zero | tail", "Never"));
+    h.write(&fail, &pod(&fail, "500m", "echo bye; exit 3", "OnFailure"));
+    h.start_agent();
+    let v = h.wait("oom failed", |v| v["pods"][format!("static/{oom}")]["phase"] == "Failed");
+    let c = &v["pods"][format!("static/{oom}")]["containerStatuses"][0];
+    assert_eq!(c["reason"], "OOMKilled", "{v:#}");
+    let v = h.wait("fail restarted", |v| {
+        v["pods"][format!("static/{fail}")]["containerStatuses"][0]["restartCount"].as_u64() >= Some(1)
+    });
+    let c = &v["pods"][format!("static/{fail}")]["containerStatuses"][0];
+    assert_eq!((c["lastExitCode"].as_i64(), c["reason"].as_str()), (Some(3), Some("CrashLoopBackOff")), "{v:#}");
+    assert!(h.log(&fail).contains("bye"), "logs captured");
+    std::fs::remove_file(h.manifests.join(format!("{oom}.yaml"))).unwrap();
+    std::fs::remove_file(h.manifests.join(format!("{fail}.yaml"))).unwrap();
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+    assert_eq!(cgroups(&pid.to_string()), Vec::<PathBuf>::new());
+}

@@ -1,0 +1,503 @@
+//! `admit`: reads the pod's requests, builds the hint providers, runs the merge
+//! for the pod (scope `pod`) or for each container in order (scope `container`),
+//! then places CPUs, memory and devices. See the parent module for semantics.
+
+use std::collections::BTreeMap;
+
+use crate::idset::CpuSet;
+use crate::pod::{CpuPolicy, Pod, TopologyPolicy, TopologyScope, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY};
+use crate::qos::{effective_cpu_policy, qos_class, QosClass};
+use crate::quantity::Quantity;
+use crate::topology::NodeTopology;
+
+use super::hints::{Kind, Provider};
+use super::machine::{Free, Machine, Mask};
+use super::merge::{self, Affinity, MergeOptions};
+use super::{cpus, devices, memory, Allocations, ContainerPlacement, NodeSettings, Placement, RejectReason, Rejection};
+
+/// One container's requests as the engine sees them.
+struct Req {
+    name: String,
+    policy: CpuPolicy,
+    /// Exclusive / immovable: CPUs to take. Numa: pool CPUs wanted on its nodes.
+    cpus: u64,
+    guaranteed: bool,
+    /// Bytes (Guaranteed pods only).
+    memory: u64,
+    /// (page size, pages), Guaranteed pods only.
+    hugepages: Vec<(u64, u64)>,
+    /// (resource, count).
+    devices: Vec<(String, u64)>,
+}
+
+fn reject(reason: RejectReason, message: String) -> Rejection {
+    Rejection { reason, message }
+}
+
+/// `64Gi`, `512Mi`, `1000` bytes: exact, the largest binary unit that divides.
+pub(crate) fn fmt_bytes(b: u64) -> String {
+    for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+        if b != 0 && b & ((1u64 << shift) - 1) == 0 {
+            return format!("{}{unit}", b >> shift);
+        }
+    }
+    format!("{b} bytes")
+}
+
+pub(crate) fn fmt_amount(kind: Kind, v: u64) -> String {
+    match kind {
+        Kind::Memory => fmt_bytes(v),
+        _ => v.to_string(),
+    }
+}
+
+fn units(q: &Quantity, field: &str) -> Result<u64, Rejection> {
+    if q.is_negative() {
+        return Err(reject(RejectReason::InvalidRequest, format!("{field}: must not be negative")));
+    }
+    Ok(u64::try_from(q.units_ceil()).unwrap_or(u64::MAX))
+}
+
+fn requests(pod: &Pod, settings: &NodeSettings) -> Result<Vec<Req>, Rejection> {
+    if pod.spec.containers.is_empty() {
+        return Err(reject(RejectReason::InvalidRequest, "spec.containers: the pod has no containers".into()));
+    }
+    let qos = qos_class(pod);
+    let guaranteed = qos == QosClass::Guaranteed;
+    let mut out = Vec::with_capacity(pod.spec.containers.len());
+    for (ci, c) in pod.spec.containers.iter().enumerate() {
+        let path = format!("spec.containers[{ci}]");
+        let policy = effective_cpu_policy(qos, c);
+        let cpu = c.resources.request(RESOURCE_CPU);
+        if let Some(q) = cpu {
+            if q.is_negative() {
+                return Err(reject(
+                    RejectReason::InvalidRequest,
+                    format!("{path}.resources.requests.cpu: must not be negative"),
+                ));
+            }
+        }
+        let cpus = match policy {
+            CpuPolicy::Exclusive | CpuPolicy::Immovable => {
+                let ok = cpu.filter(|q| q.is_whole() && !q.is_zero());
+                let q = ok.ok_or_else(|| {
+                    reject(
+                        RejectReason::InvalidRequest,
+                        format!(
+                            "{path}.resources.requests.cpu: cpuPolicy {} needs a whole number of CPUs, got {}",
+                            policy_name(policy),
+                            cpu.map_or("none", |q| q.as_str())
+                        ),
+                    )
+                })?;
+                u64::try_from(q.units_ceil()).unwrap_or(u64::MAX)
+            }
+            CpuPolicy::Numa => {
+                let millis = cpu.map_or(0, |q| q.millis_ceil());
+                u64::try_from((millis + 999) / 1000).unwrap_or(u64::MAX).max(1)
+            }
+            CpuPolicy::Shared => 0,
+        };
+        let mut memory = 0;
+        let mut hugepages = Vec::new();
+        let mut devs = Vec::new();
+        // Every resource named in requests or limits, with its effective request.
+        let names: std::collections::BTreeSet<&String> =
+            c.resources.requests.keys().chain(c.resources.limits.keys()).collect();
+        for (name, q) in names.into_iter().filter_map(|n| c.resources.request(n).map(|q| (n, q))) {
+            let field = format!("{path}.resources.requests[{name}]");
+            if name == RESOURCE_MEMORY {
+                memory = if guaranteed { units(q, &field)? } else { 0 };
+            } else if let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX) {
+                let size = Quantity::parse(size)
+                    .ok()
+                    .and_then(|s| u64::try_from(s.units_ceil()).ok())
+                    .filter(|&s| s > 0)
+                    .ok_or_else(|| {
+                        reject(RejectReason::InvalidRequest, format!("{field}: {size:?} is not a page size"))
+                    })?;
+                let bytes = units(q, &field)?;
+                if bytes % size != 0 {
+                    return Err(reject(
+                        RejectReason::InvalidRequest,
+                        format!("{field}: {} is not a whole number of {} pages", q.as_str(), fmt_bytes(size)),
+                    ));
+                }
+                if guaranteed && bytes > 0 {
+                    hugepages.push((size, bytes / size));
+                }
+            } else if name.contains('/') {
+                if !q.is_whole() {
+                    return Err(reject(
+                        RejectReason::InvalidRequest,
+                        format!("{field}: devices are counted in whole units, got {}", q.as_str()),
+                    ));
+                }
+                let n = units(q, &field)?;
+                if n > 0 {
+                    if !settings.devices.contains_key(name.as_str()) {
+                        return Err(reject(
+                            RejectReason::InsufficientDevices,
+                            format!("{path} requests {n} {name} but this node offers none"),
+                        ));
+                    }
+                    devs.push((name.clone(), n));
+                }
+            }
+        }
+        out.push(Req { name: c.name.clone(), policy, cpus, guaranteed, memory, hugepages, devices: devs });
+    }
+    Ok(out)
+}
+
+fn policy_name(p: CpuPolicy) -> &'static str {
+    match p {
+        CpuPolicy::Exclusive => "exclusive",
+        CpuPolicy::Numa => "numa",
+        CpuPolicy::Immovable => "immovable",
+        CpuPolicy::Shared => "shared",
+    }
+}
+
+/// Everything one decision needs besides the ledger.
+struct Ctx<'a> {
+    m: Machine<'a>,
+    settings: &'a NodeSettings,
+    policy: TopologyPolicy,
+}
+
+impl Ctx<'_> {
+    /// CPUs an exclusive or immovable container may be given now.
+    fn assignable(&self, free: &Free) -> CpuSet {
+        if self.settings.cpu_manager.full_pcpus_only {
+            cpus::whole_core_cpus(&self.m, &free.assignable)
+        } else {
+            free.assignable.clone()
+        }
+    }
+
+    /// The providers for a group of containers (one container, or the whole pod).
+    fn providers(&self, free: &Free, reqs: &[&Req]) -> Vec<Provider> {
+        let m = &self.m;
+        let mut out = Vec::new();
+        let excl: u64 = reqs
+            .iter()
+            .filter(|r| matches!(r.policy, CpuPolicy::Exclusive | CpuPolicy::Immovable))
+            .fold(0u64, |a, r| a.saturating_add(r.cpus));
+        let node_totals: Vec<u64> = m.node_cpus.iter().map(|s| s.len() as u64).collect();
+        if excl > 0 {
+            let avail = self.assignable(free);
+            let fr = m.node_cpus.iter().map(|s| s.intersection(&avail).len() as u64).collect();
+            out.push(Provider::new(Kind::Cpu, "exclusive CPUs".into(), excl, node_totals.clone(), fr, (0, 0)));
+        }
+        let pool = reqs.iter().filter(|r| r.policy == CpuPolicy::Numa).map(|r| r.cpus).max().unwrap_or(0);
+        if pool > 0 {
+            let fr = m.node_cpus.iter().map(|s| s.intersection(&free.pool).len() as u64).collect();
+            out.push(Provider::new(Kind::PoolCpu, "shared CPUs".into(), pool, node_totals, fr, (0, 0)));
+        }
+        out.extend(self.memory_providers(free, reqs));
+        // Devices, by resource name in order.
+        let mut dev: BTreeMap<&str, u64> = BTreeMap::new();
+        for r in reqs {
+            for (name, n) in &r.devices {
+                let e = dev.entry(name.as_str()).or_default();
+                *e = e.saturating_add(*n);
+            }
+        }
+        for (k, (name, n)) in dev.into_iter().enumerate() {
+            let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
+            let (total, fr, anywhere) = devices::counts(m, free, addrs);
+            if total.iter().all(|&t| t == 0) {
+                // No device of this resource has a NUMA node: "don't care", but the
+                // count still has to be there.
+                out.push(Provider::new(
+                    Kind::Device(k),
+                    format!("{name} devices"),
+                    n,
+                    vec![0; m.n],
+                    vec![0; m.n],
+                    anywhere,
+                ));
+                continue;
+            }
+            out.push(Provider::new(Kind::Device(k), format!("{name} devices"), n, total, fr, anywhere));
+        }
+        out
+    }
+
+    fn memory_providers(&self, free: &Free, reqs: &[&Req]) -> Vec<Provider> {
+        let m = &self.m;
+        let mut out = Vec::new();
+        let mem = reqs.iter().fold(0u64, |a, r| a.saturating_add(r.memory));
+        if mem > 0 {
+            let total = m.topo.numa_nodes.iter().map(|nn| nn.memory_bytes).collect();
+            let fr = (0..m.n).map(|i| free.mem_free(m, i)).collect();
+            out.push(Provider::new(Kind::Memory, "memory".into(), mem, total, fr, (0, 0)));
+        }
+        let mut hp: BTreeMap<u64, u64> = BTreeMap::new();
+        for r in reqs {
+            for &(size, pages) in &r.hugepages {
+                let e = hp.entry(size).or_default();
+                *e = e.saturating_add(pages);
+            }
+        }
+        for (size, pages) in hp {
+            let (total, fr): (Vec<u64>, Vec<u64>) = (0..m.n).map(|i| free.hp(m, size, i)).unzip();
+            out.push(Provider::new(
+                Kind::HugePages(size),
+                format!("hugepages-{} pages", fmt_bytes(size)),
+                pages,
+                total,
+                fr,
+                (0, 0),
+            ));
+        }
+        out
+    }
+
+    /// Refuses what cannot fit on the whole machine, naming the resource.
+    fn check_totals(&self, free: &Free, providers: &[Provider], reqs: &[&Req]) -> Result<(), Rejection> {
+        let opts = self.settings.cpu_manager;
+        for r in reqs {
+            if opts.full_pcpus_only && matches!(r.policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
+                let tpc = self.m.threads_per_core as u64;
+                if r.cpus % tpc != 0 {
+                    return Err(reject(
+                        RejectReason::SmtAlignment,
+                        format!(
+                            "SMT alignment error: container {} requested {} CPUs, not a multiple of {} CPUs per core (full-pcpus-only)",
+                            r.name, r.cpus, tpc
+                        ),
+                    ));
+                }
+            }
+        }
+        for p in providers {
+            let have = p.free_total();
+            if have >= p.request {
+                continue;
+            }
+            let (reason, extra) = match p.kind {
+                Kind::Cpu => {
+                    let plain = free.assignable.len() as u64;
+                    if opts.full_pcpus_only && plain >= p.request {
+                        return Err(reject(
+                            RejectReason::SmtAlignment,
+                            format!(
+                                "not enough free physical CPUs: {} CPUs are free in whole cores, {} requested, {} CPUs per core (full-pcpus-only)",
+                                have, p.request, self.m.threads_per_core
+                            ),
+                        ));
+                    }
+                    (RejectReason::InsufficientCpu, format!(" ({} reserved)", self.m.reserved.len()))
+                }
+                Kind::PoolCpu => (RejectReason::InsufficientCpu, String::new()),
+                Kind::Memory => (RejectReason::InsufficientMemory, String::new()),
+                Kind::HugePages(_) => (RejectReason::InsufficientHugePages, String::new()),
+                Kind::Device(_) => (RejectReason::InsufficientDevices, String::new()),
+            };
+            return Err(reject(
+                reason,
+                format!(
+                    "requests {} {} but only {} are free on the node{extra}",
+                    fmt_amount(p.kind, p.request),
+                    p.what,
+                    fmt_amount(p.kind, have)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn merge_opts(&self) -> MergeOptions {
+        MergeOptions {
+            prefer_closest: self.settings.prefer_closest_numa_nodes,
+            align_by_socket: self.settings.cpu_manager.align_by_socket,
+        }
+    }
+
+    /// The affinity for a group, or None under policy `none` or when no provider cares.
+    fn affinity(&self, free: &Free, reqs: &[&Req]) -> Result<Option<Affinity>, Rejection> {
+        let providers = self.providers(free, reqs);
+        self.check_totals(free, &providers, reqs)?;
+        if self.policy == TopologyPolicy::None || providers.is_empty() {
+            return Ok(None);
+        }
+        merge::merge(&self.m, &providers, self.policy, &self.merge_opts()).map(Some)
+    }
+
+    /// Places one container given the affinity of its group.
+    fn place(&self, free: &mut Free, r: &Req, affinity: Option<Mask>) -> Result<(ContainerPlacement, Mask), Rejection> {
+        let m = &self.m;
+        let opts = self.settings.cpu_manager;
+        let mut cp = ContainerPlacement {
+            name: r.name.clone(),
+            cpu_policy: r.policy,
+            cpus: CpuSet::new(),
+            mems: Default::default(),
+            memory: BTreeMap::new(),
+            hugepages: BTreeMap::new(),
+            devices: BTreeMap::new(),
+        };
+        let mut numa_nodes: Mask = 0;
+        match r.policy {
+            CpuPolicy::Exclusive | CpuPolicy::Immovable => {
+                let avail = self.assignable(free);
+                let n = usize::try_from(r.cpus).unwrap_or(usize::MAX);
+                if avail.len() < n {
+                    return Err(reject(
+                        RejectReason::InsufficientCpu,
+                        format!("container {} requests {n} exclusive CPUs but only {} are free", r.name, avail.len()),
+                    ));
+                }
+                let group = if opts.full_pcpus_only { m.threads_per_core } else { 1 };
+                let take = |set: &CpuSet, k: usize| {
+                    if opts.distribute_cpus_across_numa {
+                        cpus::take_distributed(m, set, k, group)
+                    } else {
+                        cpus::take_packed(m, set, k)
+                    }
+                };
+                let taken = match affinity {
+                    Some(a) => {
+                        // align-by-socket widens the aligned CPUs to the affinity's
+                        // sockets; the kubelet refuses it with single-numa-node, and
+                        // since a pod may pick that policy itself, it is ignored there.
+                        let by_socket = opts.align_by_socket && self.policy != TopologyPolicy::SingleNumaNode;
+                        let scope = if by_socket { m.socket_cpus_of(a) } else { m.cpus_of(a) };
+                        let aligned = avail.intersection(&scope);
+                        let k = aligned.len().min(n);
+                        let mut t = take(&aligned, k);
+                        if k < n {
+                            t.union_with(&cpus::take_packed(m, &avail.difference(&t), n - k));
+                        }
+                        t
+                    }
+                    None => take(&avail, n),
+                };
+                free.assignable.difference_with(&taken);
+                if r.policy == CpuPolicy::Exclusive {
+                    free.pool.difference_with(&taken);
+                }
+                cp.cpus = taken;
+            }
+            CpuPolicy::Numa => {
+                numa_nodes = match affinity {
+                    Some(a) => a,
+                    None => {
+                        // Policy none (or nobody cared): a numa container still
+                        // needs nodes, chosen as best-effort would.
+                        let mut ps = self.providers(free, &[r]);
+                        ps.retain(|p| matches!(p.kind, Kind::PoolCpu | Kind::Memory | Kind::HugePages(_)));
+                        merge::merge(m, &ps, TopologyPolicy::BestEffort, &self.merge_opts())?.mask
+                    }
+                };
+            }
+            CpuPolicy::Shared => {}
+        }
+        if r.guaranteed && (r.memory > 0 || !r.hugepages.is_empty()) {
+            let providers = self.memory_providers(free, &[r]);
+            let refs: Vec<&Provider> = providers.iter().collect();
+            let base = if numa_nodes != 0 { Some(numa_nodes) } else { affinity };
+            let mask = memory::choose_mask(m, &refs, base).ok_or_else(|| {
+                let p = &providers[0];
+                reject(
+                    if p.kind == Kind::Memory {
+                        RejectReason::InsufficientMemory
+                    } else {
+                        RejectReason::InsufficientHugePages
+                    },
+                    format!(
+                        "container {} requests {} {} but only {} are free on the node",
+                        r.name,
+                        fmt_amount(p.kind, p.request),
+                        p.what,
+                        fmt_amount(p.kind, p.free_total())
+                    ),
+                )
+            })?;
+            let (mem, hp) = memory::take(m, free, mask, r.memory, &r.hugepages).ok_or_else(|| {
+                reject(RejectReason::InsufficientMemory, format!("container {}: memory no longer fits", r.name))
+            })?;
+            cp.memory = mem;
+            cp.hugepages = hp;
+            cp.mems = m.numa_set(mask | numa_nodes);
+        } else if numa_nodes != 0 {
+            cp.mems = m.numa_set(numa_nodes);
+        }
+        for (name, n) in &r.devices {
+            let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
+            let n = usize::try_from(*n).unwrap_or(usize::MAX);
+            let got = devices::take(m, free, addrs, n, affinity);
+            if got.len() < n {
+                return Err(reject(
+                    RejectReason::InsufficientDevices,
+                    format!("container {} requests {n} {name} but only {} are free", r.name, got.len()),
+                ));
+            }
+            cp.devices.insert(name.clone(), got);
+        }
+        Ok((cp, numa_nodes))
+    }
+}
+
+/// Decides one pod. See the module docs.
+pub fn admit(
+    topology: &NodeTopology,
+    settings: &NodeSettings,
+    allocations: &Allocations,
+    pod_key: &str,
+    pod: &Pod,
+) -> Result<Placement, Rejection> {
+    if allocations.pods.contains_key(pod_key) {
+        return Err(reject(RejectReason::AlreadyAllocated, format!("pod {pod_key} is already allocated on this node")));
+    }
+    let reqs = requests(pod, settings)?;
+    let m = Machine::new(topology, settings)?;
+    let mut free = Free::new(&m, allocations);
+    let topo_spec = pod.spec.topology.as_ref();
+    let policy = topo_spec.and_then(|t| t.policy).unwrap_or(settings.topology_policy);
+    let scope = topo_spec.and_then(|t| t.scope).unwrap_or(settings.topology_scope);
+    let ctx = Ctx { m, settings, policy };
+
+    let mut containers = Vec::with_capacity(reqs.len());
+    let mut numa_nodes: Vec<Mask> = Vec::with_capacity(reqs.len());
+    let mut union: Mask = 0;
+    match scope {
+        TopologyScope::Pod => {
+            let all: Vec<&Req> = reqs.iter().collect();
+            let aff = ctx.affinity(&free, &all)?;
+            for r in &reqs {
+                let (cp, nodes) = ctx.place(&mut free, r, aff.map(|a| a.mask))?;
+                containers.push(cp);
+                numa_nodes.push(nodes);
+            }
+            union = aff.map_or(0, |a| a.mask);
+        }
+        TopologyScope::Container => {
+            for r in &reqs {
+                let aff = ctx.affinity(&free, &[r])?;
+                let (cp, nodes) = ctx.place(&mut free, r, aff.map(|a| a.mask))?;
+                containers.push(cp);
+                numa_nodes.push(nodes);
+                union |= aff.map_or(0, |a| a.mask);
+            }
+        }
+    }
+    let m = &ctx.m;
+    // Shared and numa CPUs are the pool after this pod's exclusive CPUs left it.
+    for (cp, &nodes) in containers.iter_mut().zip(&numa_nodes) {
+        match cp.cpu_policy {
+            CpuPolicy::Shared => cp.cpus = free.pool.clone(),
+            CpuPolicy::Numa => {
+                let s = free.pool.intersection(&m.cpus_of(nodes));
+                cp.cpus = if s.is_empty() { free.pool.clone() } else { s };
+            }
+            CpuPolicy::Exclusive | CpuPolicy::Immovable => {}
+        }
+    }
+    if policy == TopologyPolicy::None || union == 0 {
+        union = m.all_nodes();
+    }
+    Ok(Placement { numa_affinity: m.numa_set(union), containers })
+}

@@ -1,0 +1,272 @@
+//! The engine's indexed view of a `NodeTopology` and of what is free on it.
+//!
+//! `Machine` turns the plain topology into dense indexes (NUMA node index, core
+//! index, socket index per CPU id) once per decision, and rejects topologies the
+//! engine cannot reason about (CPUs on unlisted nodes, ids out of range, more NUMA
+//! nodes than a `Mask` holds) instead of panicking on them. `Free` is the mutable
+//! ledger of one decision: it starts from `Allocations` and shrinks as the pod's
+//! containers are placed.
+
+use std::collections::BTreeMap;
+
+use crate::idset::{CpuSet, MAX_ID};
+use crate::pod::CpuPolicy;
+use crate::topology::NodeTopology;
+
+use super::{Allocations, NodeSettings, RejectReason, Rejection};
+
+/// A set of NUMA nodes by *index* into `NodeTopology::numa_nodes` (not by id).
+pub(crate) type Mask = u128;
+/// The most NUMA nodes a machine may have for the engine.
+pub(crate) const MAX_NODES: usize = 128;
+
+pub(crate) fn bits(mut m: Mask) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let b = m.trailing_zeros() as usize;
+        m &= m - 1;
+        Some(b)
+    })
+}
+
+pub(crate) struct Machine<'a> {
+    pub topo: &'a NodeTopology,
+    /// Number of NUMA nodes.
+    pub n: usize,
+    pub node_cpus: Vec<CpuSet>,
+    /// Socket index of each node's first CPU (`u32::MAX` for a CPU-less node).
+    pub node_socket: Vec<u32>,
+    /// CPU id -> node index / core index / socket index (`u32::MAX`: no such CPU).
+    pub cpu_node: Vec<u32>,
+    pub cpu_core: Vec<u32>,
+    pub cpu_socket: Vec<u32>,
+    pub cores: Vec<CpuSet>,
+    pub sockets: Vec<CpuSet>,
+    pub threads_per_core: usize,
+    /// A NUMA node spans several sockets: take whole NUMA nodes before sockets.
+    pub numa_first: bool,
+    /// Distances by node index, row-major `n * n`.
+    pub dist: Vec<u32>,
+    pub all_cpus: CpuSet,
+    /// settings.reserved_cpus ∪ topology.reserved_cpus.
+    pub reserved: CpuSet,
+    /// Device address -> node index.
+    pub device_node: BTreeMap<&'a str, Option<usize>>,
+}
+
+fn bad_topology(reason: String) -> Rejection {
+    Rejection { reason: RejectReason::InvalidRequest, message: format!("topology: {reason}") }
+}
+
+impl<'a> Machine<'a> {
+    pub fn new(topo: &'a NodeTopology, settings: &NodeSettings) -> Result<Machine<'a>, Rejection> {
+        let n = topo.numa_nodes.len();
+        if n == 0 {
+            return Err(bad_topology("no NUMA nodes".into()));
+        }
+        if n > MAX_NODES {
+            return Err(bad_topology(format!("{n} NUMA nodes; the engine handles at most {MAX_NODES}")));
+        }
+        let node_index = |id: u32| topo.numa_nodes.iter().position(|nn| nn.id == id);
+        let max_id = topo.cpus.iter().map(|c| c.id).max().unwrap_or(0);
+        if max_id > MAX_ID {
+            return Err(bad_topology(format!("cpu id {max_id} is larger than {MAX_ID}")));
+        }
+        let len = max_id as usize + 1;
+        let mut cpu_node = vec![u32::MAX; len];
+        let mut cpu_core = vec![u32::MAX; len];
+        let mut cpu_socket = vec![u32::MAX; len];
+        let mut node_cpus = vec![CpuSet::new(); n];
+        let mut core_ids: Vec<u32> = topo.cpus.iter().map(|c| c.core).collect();
+        core_ids.sort_unstable();
+        core_ids.dedup();
+        let mut socket_ids: Vec<u32> = topo.cpus.iter().map(|c| c.socket).collect();
+        socket_ids.sort_unstable();
+        socket_ids.dedup();
+        let mut cores = vec![CpuSet::new(); core_ids.len()];
+        let mut sockets = vec![CpuSet::new(); socket_ids.len()];
+        let mut all_cpus = CpuSet::new();
+        // Node index lookup by id without a search per CPU.
+        let mut last: Option<(u32, usize)> = None;
+        for c in &topo.cpus {
+            let ni = match last {
+                Some((id, i)) if id == c.numa => i,
+                _ => {
+                    let i = node_index(c.numa).ok_or_else(|| {
+                        bad_topology(format!("cpu {} is on NUMA node {} which is not listed", c.id, c.numa))
+                    })?;
+                    last = Some((c.numa, i));
+                    i
+                }
+            };
+            if cpu_node[c.id as usize] != u32::MAX {
+                return Err(bad_topology(format!("cpu {} is listed twice", c.id)));
+            }
+            let core = core_ids.binary_search(&c.core).unwrap_or(0);
+            let socket = socket_ids.binary_search(&c.socket).unwrap_or(0);
+            cpu_node[c.id as usize] = ni as u32;
+            cpu_core[c.id as usize] = core as u32;
+            cpu_socket[c.id as usize] = socket as u32;
+            node_cpus[ni].insert(c.id);
+            cores[core].insert(c.id);
+            sockets[socket].insert(c.id);
+            all_cpus.insert(c.id);
+        }
+        let node_socket = node_cpus
+            .iter()
+            .map(|s| s.first().map(|id| cpu_socket[id as usize]).unwrap_or(u32::MAX))
+            .collect::<Vec<_>>();
+        let numa_first = node_cpus.iter().any(|s| {
+            let mut it = s.iter().map(|id| cpu_socket[id as usize]);
+            let first = it.next();
+            it.any(|x| Some(x) != first)
+        });
+        let threads_per_core = cores.iter().map(CpuSet::len).max().unwrap_or(1).max(1);
+        let mut dist = vec![0u32; n * n];
+        for (i, node) in topo.numa_nodes.iter().enumerate() {
+            for j in 0..n {
+                dist[i * n + j] = node.distances.get(j).copied().unwrap_or(if i == j { 10 } else { 20 });
+            }
+        }
+        let reserved = settings.reserved_cpus.union(&topo.reserved_cpus).intersection(&all_cpus);
+        let device_node = topo.devices.iter().map(|d| (d.address.as_str(), d.numa.and_then(node_index))).collect();
+        Ok(Machine {
+            topo,
+            n,
+            node_cpus,
+            node_socket,
+            cpu_node,
+            cpu_core,
+            cpu_socket,
+            cores,
+            sockets,
+            threads_per_core,
+            numa_first,
+            dist,
+            all_cpus,
+            reserved,
+            device_node,
+        })
+    }
+
+    pub fn all_nodes(&self) -> Mask {
+        if self.n >= 128 {
+            Mask::MAX
+        } else {
+            (1u128 << self.n) - 1
+        }
+    }
+
+    pub fn node_id(&self, idx: usize) -> u32 {
+        self.topo.numa_nodes[idx].id
+    }
+
+    pub fn numa_set(&self, m: Mask) -> crate::idset::NumaSet {
+        bits(m).map(|i| self.node_id(i)).collect()
+    }
+
+    pub fn cpus_of(&self, m: Mask) -> CpuSet {
+        let mut s = CpuSet::new();
+        for i in bits(m) {
+            s.union_with(&self.node_cpus[i]);
+        }
+        s
+    }
+
+    /// Sockets spanned by the CPU-bearing nodes of `m`.
+    pub fn sockets_of(&self, m: Mask) -> usize {
+        let mut v: Vec<u32> = bits(m).map(|i| self.node_socket[i]).filter(|&s| s != u32::MAX).collect();
+        v.sort_unstable();
+        v.dedup();
+        v.len()
+    }
+
+    /// CPUs of every socket that holds a CPU of `m` (align-by-socket).
+    pub fn socket_cpus_of(&self, m: Mask) -> CpuSet {
+        let mut s = CpuSet::new();
+        let mut seen: Vec<u32> = Vec::new();
+        for i in bits(m) {
+            let sock = self.node_socket[i];
+            if sock != u32::MAX && !seen.contains(&sock) {
+                seen.push(sock);
+                s.union_with(&self.sockets[sock as usize]);
+            }
+        }
+        s
+    }
+
+    pub fn distance(&self, a: usize, b: usize) -> u32 {
+        self.dist[a * self.n + b]
+    }
+}
+
+/// What is free now; updated as containers of the pod being decided are placed.
+pub(crate) struct Free {
+    /// CPUs that may be given out as exclusive or immovable: all minus reserved,
+    /// exclusive and immovable ones.
+    pub assignable: CpuSet,
+    /// The shared pool: all minus exclusive CPUs.
+    pub pool: CpuSet,
+    /// Bytes used per node index.
+    pub mem_used: Vec<u64>,
+    /// Page size -> pages used per node index.
+    pub hp_used: BTreeMap<u64, Vec<u64>>,
+    /// Device addresses already handed out.
+    pub devices_taken: std::collections::BTreeSet<String>,
+}
+
+impl Free {
+    pub fn new(m: &Machine<'_>, a: &Allocations) -> Free {
+        let mut pinned = CpuSet::new();
+        let mut exclusive = CpuSet::new();
+        let mut mem_used = vec![0u64; m.n];
+        let mut hp_used: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        let mut devices_taken = std::collections::BTreeSet::new();
+        let index = |id: u32| m.topo.numa_nodes.iter().position(|nn| nn.id == id);
+        for p in a.pods.values() {
+            for c in &p.containers {
+                match c.cpu_policy {
+                    CpuPolicy::Exclusive => {
+                        exclusive.union_with(&c.cpus);
+                        pinned.union_with(&c.cpus);
+                    }
+                    CpuPolicy::Immovable => pinned.union_with(&c.cpus),
+                    CpuPolicy::Numa | CpuPolicy::Shared => {}
+                }
+                for (&node, &bytes) in &c.memory {
+                    if let Some(i) = index(node) {
+                        mem_used[i] = mem_used[i].saturating_add(bytes);
+                    }
+                }
+                for (&size, per_node) in &c.hugepages {
+                    let v = hp_used.entry(size).or_insert_with(|| vec![0; m.n]);
+                    for (&node, &pages) in per_node {
+                        if let Some(i) = index(node) {
+                            v[i] = v[i].saturating_add(pages);
+                        }
+                    }
+                }
+                for addrs in c.devices.values() {
+                    devices_taken.extend(addrs.iter().cloned());
+                }
+            }
+        }
+        let assignable = m.all_cpus.difference(&m.reserved).difference(&pinned);
+        let pool = m.all_cpus.difference(&exclusive);
+        Free { assignable, pool, mem_used, hp_used, devices_taken }
+    }
+
+    /// Free bytes on a node.
+    pub fn mem_free(&self, m: &Machine<'_>, i: usize) -> u64 {
+        m.topo.numa_nodes[i].memory_bytes.saturating_sub(self.mem_used[i])
+    }
+
+    /// Total and free pages of one size on a node.
+    pub fn hp(&self, m: &Machine<'_>, size: u64, i: usize) -> (u64, u64) {
+        let total = m.topo.numa_nodes[i].hugepages.iter().filter(|h| h.page_size_bytes == size).map(|h| h.total).sum();
+        let used = self.hp_used.get(&size).map_or(0, |v| v[i]);
+        (total, total.saturating_sub(used))
+    }
+}

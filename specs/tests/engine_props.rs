@@ -1,0 +1,213 @@
+//! Property tests of the admission engine: invariants over random machines
+//! (synthetic descriptions and raw, possibly inconsistent topologies), random
+//! settings and random sequences of pods.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use specs::engine::{admit, Allocations, CpuManagerOptions, NodeSettings};
+use specs::pod::{Container, CpuPolicy, ObjectMeta, Pod, PodSpec, TopologyPolicy, TopologyScope};
+use specs::topology::{Cpu, NodeTopology, NumaNode};
+use specs::{CpuSet, Quantity};
+
+#[derive(Debug, Clone)]
+struct Ctr {
+    millis: u32,
+    mem_mib: u32,
+    guaranteed: bool,
+    policy: Option<CpuPolicy>,
+}
+
+fn ctr_strategy() -> impl Strategy<Value = Ctr> {
+    (
+        prop_oneof![0u32..=12_000, (0u32..=12).prop_map(|c| c * 1000)],
+        0u32..=100_000,
+        any::<bool>(),
+        prop_oneof![
+            Just(None),
+            Just(Some(CpuPolicy::Exclusive)),
+            Just(Some(CpuPolicy::Numa)),
+            Just(Some(CpuPolicy::Immovable)),
+            Just(Some(CpuPolicy::Shared)),
+        ],
+    )
+        .prop_map(|(millis, mem_mib, guaranteed, policy)| Ctr { millis, mem_mib, guaranteed, policy })
+}
+
+fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<TopologyScope>) -> Pod {
+    let containers = ctrs
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let mut res = BTreeMap::new();
+            if c.millis > 0 {
+                res.insert("cpu".to_string(), Quantity::from_millis(i64::from(c.millis)));
+            }
+            if c.mem_mib > 0 {
+                res.insert("memory".to_string(), Quantity::parse(&format!("{}Mi", c.mem_mib)).expect("test input"));
+            }
+            let mut k = Container { name: format!("c{j}"), cpu_policy: c.policy, ..Default::default() };
+            k.resources.requests = res.clone();
+            if c.guaranteed {
+                k.resources.limits = res;
+            }
+            k
+        })
+        .collect();
+    let topology = (policy.is_some() || scope.is_some()).then_some(specs::pod::TopologySpec { policy, scope });
+    Pod {
+        api_version: "pinion.io/v1".into(),
+        kind: "Pod".into(),
+        metadata: ObjectMeta { name: format!("p{i}"), ..Default::default() },
+        spec: PodSpec { containers, topology, ..Default::default() },
+        status: None,
+    }
+}
+
+fn policy_strategy() -> impl Strategy<Value = TopologyPolicy> {
+    prop_oneof![
+        Just(TopologyPolicy::None),
+        Just(TopologyPolicy::BestEffort),
+        Just(TopologyPolicy::Restricted),
+        Just(TopologyPolicy::SingleNumaNode),
+    ]
+}
+
+fn scope_strategy() -> impl Strategy<Value = TopologyScope> {
+    prop_oneof![Just(TopologyScope::Container), Just(TopologyScope::Pod)]
+}
+
+fn settings_strategy() -> impl Strategy<Value = NodeSettings> {
+    (policy_strategy(), scope_strategy(), any::<[bool; 4]>(), proptest::collection::vec(0u32..64, 0..4)).prop_map(
+        |(policy, scope, b, reserved)| NodeSettings {
+            reserved_cpus: CpuSet::from_ids(reserved),
+            topology_policy: policy,
+            topology_scope: scope,
+            cpu_manager: CpuManagerOptions {
+                full_pcpus_only: b[0],
+                distribute_cpus_across_numa: b[1],
+                align_by_socket: b[2],
+            },
+            prefer_closest_numa_nodes: b[3],
+            devices: BTreeMap::new(),
+        },
+    )
+}
+
+type PodPlan = (Vec<Ctr>, Option<TopologyPolicy>, Option<TopologyScope>);
+
+fn pods_strategy() -> impl Strategy<Value = Vec<PodPlan>> {
+    proptest::collection::vec(
+        (
+            proptest::collection::vec(ctr_strategy(), 1..4),
+            proptest::option::of(policy_strategy()),
+            proptest::option::of(scope_strategy()),
+        ),
+        1..8,
+    )
+}
+
+/// Admits the pods in order and checks every invariant after each admission.
+fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestCaseError> {
+    let mut a = Allocations::default();
+    let reserved = s.reserved_cpus.union(&t.reserved_cpus);
+    for (i, (ctrs, policy, scope)) in pods.iter().enumerate() {
+        let p = pod(i, ctrs, *policy, *scope);
+        let key = format!("p{i}");
+        let got = admit(t, s, &a, &key, &p);
+        // Same inputs, same answer, byte for byte.
+        let again = admit(t, s, &a, &key, &p);
+        prop_assert_eq!(format!("{got:?}"), format!("{again:?}"));
+        let Ok(placed) = got else { continue };
+        let effective = policy.unwrap_or(s.topology_policy);
+        let eff_scope = scope.unwrap_or(s.topology_scope);
+        let before = a.pinned_cpus();
+        let mut pod_nodes = CpuSet::new();
+        for c in &placed.containers {
+            prop_assert!(c.cpus.is_subset(&t.all_cpus()), "CPUs outside the machine: {:?}", c.cpus);
+            if matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
+                prop_assert!(c.cpus.is_disjoint(&reserved), "reserved CPU handed out: {:?}", c.cpus);
+                prop_assert!(c.cpus.is_disjoint(&before), "CPU given twice: {:?} vs {:?}", c.cpus, before);
+                if effective == TopologyPolicy::SingleNumaNode {
+                    let nodes: CpuSet = c.cpus.iter().filter_map(|id| t.cpu(id)).map(|x| x.numa).collect();
+                    prop_assert!(nodes.len() <= 1, "single-numa-node spans {:?}", nodes);
+                    pod_nodes.union_with(&nodes);
+                }
+            }
+            if effective == TopologyPolicy::SingleNumaNode {
+                prop_assert!(c.mems.len() <= 1, "single-numa-node mems {:?}", c.mems);
+                pod_nodes.union_with(&c.mems);
+            }
+        }
+        if effective == TopologyPolicy::SingleNumaNode {
+            // (A pod without any hint gets every node, the kubelet's "don't care".)
+            if eff_scope == TopologyScope::Pod {
+                prop_assert!(pod_nodes.len() <= 1, "pod scope spans {:?}", pod_nodes);
+            }
+        }
+        // Containers of the same pod never share exclusive CPUs either.
+        let mut seen = CpuSet::new();
+        for c in
+            placed.containers.iter().filter(|c| matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable))
+        {
+            prop_assert!(c.cpus.is_disjoint(&seen));
+            seen.union_with(&c.cpus);
+        }
+        a.apply(&key, placed);
+        // Memory accounted never exceeds a node's memory.
+        for n in &t.numa_nodes {
+            let used: u64 =
+                a.pods.values().flat_map(|p| &p.containers).map(|c| c.memory.get(&n.id).copied().unwrap_or(0)).sum();
+            prop_assert!(used <= n.memory_bytes, "node {} over-committed: {used} > {}", n.id, n.memory_bytes);
+        }
+    }
+    Ok(())
+}
+
+fn synthetic_strategy() -> impl Strategy<Value = String> {
+    (1u32..=4, 1u32..=4, 1u32..=6, 1u32..=2, 1u32..=2)
+        .prop_map(|(p, n, c, t, gib)| format!("pack:{p} numa:{n}(memory={}GiB) core:{c} pu:{t}", gib * 16))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_on_synthetic_machines(desc in synthetic_strategy(), s in settings_strategy(), pods in pods_strategy()) {
+        let t = specs::topology::synthetic::parse(&desc).expect("test input");
+        run(&t, &s, &pods)?;
+    }
+
+    /// Any topology serde accepts, however inconsistent (CPUs on unlisted nodes,
+    /// short distance rows, duplicate ids, CPU-less nodes), gives an answer, never a panic.
+    #[test]
+    fn never_panics_on_raw_topologies(
+        cpus in proptest::collection::vec((0u32..40, 0u32..10, 0u32..4, 0u32..5), 0..40),
+        nodes in proptest::collection::vec((0u32..5, 0u64..(1 << 36), proptest::collection::vec(0u32..50, 0..6)), 0..6),
+        s in settings_strategy(),
+        pods in pods_strategy(),
+    ) {
+        let mut cpus: Vec<Cpu> = cpus.into_iter().map(|(id, core, socket, numa)| Cpu { id, core, socket, die: None, numa }).collect();
+        cpus.sort_by_key(|c| c.id);
+        let numa_nodes = nodes
+            .into_iter()
+            .map(|(id, memory_bytes, distances)| NumaNode {
+                id,
+                cpus: cpus.iter().filter(|c| c.numa == id).map(|c| c.id).collect(),
+                memory_bytes,
+                distances,
+                hugepages: vec![],
+            })
+            .collect();
+        let t = NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new() };
+        for (i, (ctrs, policy, scope)) in pods.iter().enumerate() {
+            let _ = admit(&t, &s, &Allocations::default(), "k", &pod(i, ctrs, *policy, *scope));
+        }
+    }
+
+    /// The synthetic parser answers every string with a topology or an error.
+    #[test]
+    fn synthetic_parser_never_panics(desc in "[a-z0-9:() =,]{0,40}") {
+        let _ = specs::topology::synthetic::parse(&desc);
+    }
+}
