@@ -265,7 +265,7 @@ else
         ok "shared pod shrank to $(minus "$ALL_CPUS" "$exclusive") after $name" ||
         fail "shared pod did not shrink after $name"
     done
-    nodes=$(for n in pin-a pin-b pin-c; do echo "${pod_node[$n]:-?}"; done | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+    nodes=$(for n in pin-a pin-b pin-c; do echo "$n=node${pod_node[$n]:-?}"; done | tr '\n' ' ')
     figure "pinion_nodes_used $nodes"
     [ "$(for n in pin-a pin-b pin-c; do echo "${pod_node[$n]:-?}"; done | sort -u | tr '\n' ' ')" = "0 1 " ] &&
       ok "exclusive pods spread over both nodes once a node was full ($nodes)" ||
