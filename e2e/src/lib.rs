@@ -1,1 +1,4 @@
 //! Whole-system test helpers: locating the built `pinion` binary, temp clusters.
+
+pub mod binary;
+pub mod qemu;

@@ -1,0 +1,157 @@
+//! The QEMU NUMA guest from the host's side: `e2e/qemu/prepare.sh` (packages, Debian
+//! kernel, initramfs, all cached under `target/qemu`) and `e2e/qemu/boot.sh` (one boot
+//! under software emulation, two NUMA nodes, cgroup v2), run with a hard timeout.
+//!
+//! The guest exchanges files with the host through one shared folder (`/tmp/pinion-out`
+//! inside): the host writes `run` (the script to run), the guest writes `log`,
+//! `exit-code`, `verdict`, `failures` and `figures` (see `e2e/qemu/guest-numa.sh`).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// What `prepare.sh` built: paths handed to `boot.sh` as environment variables.
+#[derive(Debug, Clone)]
+pub struct Guest {
+    scripts: PathBuf,
+    vars: BTreeMap<String, String>,
+}
+
+/// How one boot ended.
+#[derive(Debug)]
+pub struct Boot {
+    /// The serial console (kernel messages, init, the script's output).
+    pub serial: String,
+    /// From starting QEMU to its exit (or to the kill on timeout).
+    pub wall: Duration,
+    pub timed_out: bool,
+    pub exit_ok: bool,
+}
+
+/// `prepare.sh` exits with this when packages are missing and it may not install them.
+const EXIT_MISSING_PACKAGES: i32 = 3;
+
+impl Guest {
+    /// Runs `prepare.sh` (quick when its cache is warm). `Ok(None)`: the host lacks the
+    /// Debian packages and this process may not install them (not root).
+    pub fn prepare(repo: &Path) -> anyhow::Result<Option<Guest>> {
+        let scripts = repo.join("e2e/qemu");
+        let prepare = scripts.join("prepare.sh");
+        let output =
+            Command::new("bash").arg(&prepare).output().with_context(|| format!("running {}", prepare.display()))?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.code() == Some(EXIT_MISSING_PACKAGES) {
+            eprintln!("{stderr}");
+            return Ok(None);
+        }
+        if !output.status.success() {
+            bail!("{} failed ({}):\n{stderr}", prepare.display(), output.status);
+        }
+        let vars = parse_assignments(&String::from_utf8_lossy(&output.stdout));
+        for key in ["QEMU_KERNEL", "QEMU_INITRD", "NUMA_TOUCH"] {
+            if !vars.contains_key(key) {
+                bail!("{} printed no {key}=...; stderr:\n{stderr}", prepare.display());
+            }
+        }
+        Ok(Some(Guest { scripts, vars }))
+    }
+
+    /// A value `prepare.sh` printed (`QEMU_KERNEL`, `QEMU_INITRD`, `NUMA_TOUCH`, ...).
+    pub fn var(&self, key: &str) -> Option<&str> {
+        self.vars.get(key).map(String::as_str)
+    }
+
+    /// Boots the guest once with `out` as its shared folder and waits for it to power
+    /// off, killing QEMU after `timeout`.
+    pub fn boot(&self, out: &Path, timeout: Duration) -> anyhow::Result<Boot> {
+        let serial_path = out.with_extension("serial");
+        let serial = File::create(&serial_path).with_context(|| format!("creating {}", serial_path.display()))?;
+        let serial_err = serial.try_clone().context("duplicating the serial log handle")?;
+        let started = Instant::now();
+        let mut child = Command::new("bash")
+            .arg(self.scripts.join("boot.sh"))
+            .arg(out)
+            .envs(&self.vars)
+            .stdin(Stdio::null())
+            .stdout(serial)
+            .stderr(serial_err)
+            .spawn()
+            .context("starting e2e/qemu/boot.sh")?;
+        let (timed_out, exit_ok) = loop {
+            if let Some(status) = child.try_wait().context("waiting for QEMU")? {
+                break (false, status.success());
+            }
+            if started.elapsed() > timeout {
+                // boot.sh execs QEMU, so this is QEMU's PID.
+                let _ = child.kill();
+                let _ = child.wait();
+                break (true, false);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let wall = started.elapsed();
+        let serial = std::fs::read(&serial_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+        let _ = std::fs::remove_file(&serial_path);
+        Ok(Boot { serial, wall, timed_out, exit_ok })
+    }
+}
+
+/// `KEY=VALUE` lines; anything else is ignored.
+fn parse_assignments(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `KEY VALUE` lines of the guest's `figures` file, in order.
+pub fn parse_figures(text: &str) -> Vec<(String, String)> {
+    text.lines().filter_map(|line| line.split_once(' ')).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect()
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Quotes `s` for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_prepare_output() {
+        let vars = parse_assignments("QEMU_KERNEL=/k/vmlinuz\nprepare: noise=1\nNUMA_TOUCH=/t/numa-touch\n=x\n");
+        let expected: BTreeMap<String, String> =
+            [("QEMU_KERNEL", "/k/vmlinuz"), ("NUMA_TOUCH", "/t/numa-touch")].map(|(k, v)| (k.into(), v.into())).into();
+        assert_eq!(vars, expected);
+    }
+
+    #[test]
+    fn parses_figures() {
+        let figures = parse_figures("numactl_node1_share_pct 100.0\npinion_nodes_used  2 0; 1 1;\nbare\n");
+        assert_eq!(
+            figures,
+            vec![
+                ("numactl_node1_share_pct".to_string(), "100.0".to_string()),
+                ("pinion_nodes_used".to_string(), "2 0; 1 1;".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn quotes_for_the_shell() {
+        assert_eq!(shell_quote("/a b/c"), "'/a b/c'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}
