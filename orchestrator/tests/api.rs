@@ -322,20 +322,10 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
     s.stop().await;
 }
 
-/// Binding needs the admission engine; until `specs::admit` places pods this
-/// test reports the engine's answer instead of a binding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_reaches_the_nodes_watch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
-    let probe: Pod = serde_yaml_ng::from_slice(&manifest("probe", "")).expect("probe");
-    let t = topology(2, 4);
-    if let Err(r) = specs::admit(&t, &Default::default(), &Default::default(), "probe", &probe) {
-        if r.message.contains("not built yet") {
-            eprintln!("skipping: the admission engine is not built in this tree ({})", r.message);
-            return s.stop().await;
-        }
-    }
     let n = s.node_client(dir.path(), "n1").await;
     n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("n1", 2, 4))))
         .await

@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use specs::pod::{ObjectMeta, ResourceRequirements, SchedulingStrategy, TopologySpec};
-use specs::qos::{effective_cpu_policy, qos_class};
 use specs::topology::{Cpu, NumaNode};
 use specs::{
     Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeSettings, NodeTopology, NumaSet, Placement, Pod,
-    PodSpec, Quantity, RejectReason, Rejection, TopologyPolicy,
+    PodSpec, Quantity, RejectReason, TopologyPolicy,
 };
 
 use super::*;
@@ -80,81 +79,9 @@ fn snn(name: &str, cpus: u32) -> Pod {
     pod(name, cpus, 1, Some(TopologyPolicy::SingleNumaNode))
 }
 
-/// Test double of the engine, enough for these tests while `specs::admit` is
-/// being written: exclusive CPUs lowest-id first, `single-numa-node` takes the
-/// first NUMA node with room, pod scope, memory accounted on the chosen nodes.
-fn double_admit(
-    t: &NodeTopology,
-    settings: &NodeSettings,
-    alloc: &Allocations,
-    key: &str,
-    pod: &Pod,
-) -> Result<Placement, Rejection> {
-    let reject = |reason, message: String| Err(Rejection { reason, message });
-    if alloc.pods.contains_key(key) {
-        return reject(RejectReason::AlreadyAllocated, format!("{key} is already allocated"));
-    }
-    let qos = qos_class(pod);
-    let policy = pod.spec.topology.as_ref().and_then(|s| s.policy).unwrap_or(settings.topology_policy);
-    let reserved = t.reserved_cpus.union(&settings.reserved_cpus);
-    let free = t.all_cpus().difference(&alloc.exclusive_cpus()).difference(&reserved);
-    let want: usize = pod
-        .spec
-        .containers
-        .iter()
-        .filter(|c| effective_cpu_policy(qos, c) == CpuPolicy::Exclusive)
-        .map(|c| c.resources.request("cpu").map_or(0, |q| q.units_ceil() as usize))
-        .sum();
-    let (mut pool, affinity) = if policy == TopologyPolicy::SingleNumaNode && want > 0 {
-        match t.numa_nodes.iter().find(|n| free.intersection(&n.cpus).len() >= want) {
-            Some(n) => (free.intersection(&n.cpus), NumaSet::single(n.id)),
-            None => {
-                let best = t.numa_nodes.iter().map(|n| (free.intersection(&n.cpus).len(), n.id)).max_by_key(|b| b.0);
-                let (count, id) = best.unwrap_or((0, 0));
-                return reject(
-                    RejectReason::TopologyAffinity,
-                    format!("no single NUMA node has {want} free exclusive CPUs; best is node {id} with {count}"),
-                );
-            }
-        }
-    } else {
-        if free.len() < want {
-            return reject(RejectReason::InsufficientCpu, format!("needs {want} exclusive CPUs; {} free", free.len()));
-        }
-        (free.clone(), t.numa_ids())
-    };
-    let mut containers = Vec::new();
-    for c in &pod.spec.containers {
-        let policy = effective_cpu_policy(qos, c);
-        let cpus = if policy == CpuPolicy::Exclusive {
-            let n = c.resources.request("cpu").map_or(0, |q| q.units_ceil() as usize);
-            let take: CpuSet = pool.iter().take(n).collect();
-            pool.difference_with(&take);
-            take
-        } else {
-            free.clone()
-        };
-        let memory = match (c.resources.request("memory"), affinity.first()) {
-            (Some(q), Some(numa)) => BTreeMap::from([(numa, q.units_ceil() as u64)]),
-            _ => BTreeMap::new(),
-        };
-        containers.push(ContainerPlacement {
-            name: c.name.clone(),
-            cpu_policy: policy,
-            cpus,
-            mems: affinity.clone(),
-            memory,
-            hugepages: BTreeMap::new(),
-            devices: BTreeMap::new(),
-        });
-    }
-    Ok(Placement { numa_affinity: affinity, containers })
-}
-
-/// The engine these tests confirm with. `specs::admit` is being written; until it
-/// lands it refuses everything, so the tests use the double above. Switching is
-/// this one line (no test depends on the double's wording).
-const ENGINE: AdmitFn = double_admit;
+/// The engine these tests confirm with: the real one, so that the summary
+/// pre-filters are checked against what the engine admits.
+const ENGINE: AdmitFn = specs::admit;
 
 fn scheduler(config: SchedulerConfig, nodes: Vec<NodeInfo>) -> Scheduler {
     let mut s = Scheduler::with_engine(config, ENGINE);
