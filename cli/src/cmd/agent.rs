@@ -1,11 +1,11 @@
 //! `pinion agent`: runs the node agent on this machine with pods from a manifest
-//! folder (static pods), and `pinion agent status` prints what it last reported.
+//! folder (static pods) and/or bound by an orchestrator (`--server URL --token T`),
+//! and `pinion agent status` prints what it last reported.
 //!
 //! This file only parses flags and wires the library: topology, settings, the
-//! runtime, the manifest source and `nodelet::agent::run`. SIGTERM or SIGINT
-//! stops the agent and leaves containers running (they outlive it; a restarted
-//! agent adopts them). Joining an orchestrator (`--server URL --token T`) will
-//! add a second source feeding the same channel of changes.
+//! runtime, the sources (manifest folder, `crate::link`) and
+//! `nodelet::agent::run`. SIGTERM or SIGINT stops the agent and leaves containers
+//! running (they outlive it; a restarted agent adopts them).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -91,6 +91,18 @@ pub struct RunArgs {
     /// This node's name in reports [default: the host name].
     #[arg(long, value_name = "N")]
     pub node_name: Option<String>,
+    /// Join this orchestrator (`https://HOST:PORT`) and run the pods it binds here.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// The server's bootstrap join token (first start only; `DIR/join-token` on the server).
+    #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN")]
+    pub token: Option<String>,
+    /// The server's CA certificate (its `pki/ca.crt`), trusted for the first join.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// Node labels for the scheduler's nodeSelector (repeatable `K=V`).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
     /// How often the manifest folder is rescanned in full (inotify covers the rest).
     #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
     pub rescan_seconds: u64,
@@ -189,11 +201,42 @@ fn host_name() -> String {
 }
 
 async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let Some(manifests) = args.manifests.clone() else {
-        bail!("--manifests DIR is required (joining a server is not built yet)");
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let node = tokio::spawn(serve(args, stop_rx));
+    tokio::pin!(node);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let result = tokio::select! {
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+        r = &mut node => Some(r),
     };
-    if !manifests.is_dir() {
-        bail!("--manifests {}: not a directory", manifests.display());
+    let _ = stop_tx.send(true);
+    let result = match result {
+        Some(r) => r,
+        None => {
+            tracing::info!("signal received; stopping the agent, containers keep running");
+            node.await
+        }
+    };
+    result.context("agent task")??;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the node until `stop` fires (also used by `pinion up`).
+pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    if args.manifests.is_none() && args.server.is_none() {
+        bail!("nothing to run: give --manifests DIR (static pods) and/or --server URL (join an orchestrator)");
+    }
+    if let Some(manifests) = &args.manifests {
+        if !manifests.is_dir() {
+            bail!("--manifests {}: not a directory", manifests.display());
+        }
+    }
+    let mut labels = BTreeMap::new();
+    for l in &args.labels {
+        let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
+        labels.insert(k.to_string(), v.to_string());
     }
     let topology = args.topology.load().context("loading the topology")?;
     let mut settings = settings(&args, &topology)?;
@@ -205,6 +248,25 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize().with_context(|| format!("{}", args.data_dir.display()))?;
+    let node_name = args.node_name.clone().unwrap_or_else(host_name);
+    // Join before anything runs: a bad token is a clear error, not a silent retry loop.
+    let link = match &args.server {
+        Some(server) => {
+            let cfg = crate::link::LinkConfig {
+                server: server.clone(),
+                token: args.token.clone(),
+                ca: args.ca.clone(),
+                data_dir: data_dir.clone(),
+                node_name: node_name.clone(),
+                topology: topology.clone(),
+                settings: settings.clone(),
+                labels,
+            };
+            let creds = crate::link::credentials(&cfg).await?;
+            Some((cfg, creds))
+        }
+        None => None,
+    };
     let runtime: Arc<dyn Runtime> = match args.runtime {
         RuntimeKind::Hollow => Arc::new(nodelet::runtime::hollow::HollowRuntime::new(&data_dir)?),
         RuntimeKind::Libcontainer => {
@@ -213,38 +275,30 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
             Arc::new(nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data_dir, &exe)?)
         }
     };
-    let mut config = AgentConfig::new(args.node_name.clone().unwrap_or_else(host_name), data_dir, topology, settings);
+    let mut config = AgentConfig::new(node_name, data_dir, topology, settings);
     config.device_nodes = device_nodes;
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let (changes_tx, changes_rx) = mpsc::channel(256);
-    let (report_tx, _report_rx) = watch::channel(NodeReport::default());
-    let rescan = Duration::from_secs(args.rescan_seconds.max(1));
-    let watcher = tokio::spawn(nodelet::manifests::watch(manifests, changes_tx, rescan, stopped(stop_rx.clone())));
-    let agent = tokio::spawn(nodelet::agent::run(config, runtime, changes_rx, report_tx, stopped(stop_rx)));
-
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    tokio::pin!(agent);
-    let result = tokio::select! {
-        _ = term.recv() => None,
-        _ = int.recv() => None,
-        r = &mut agent => Some(r),
-    };
-    let _ = stop_tx.send(true);
-    let result = match result {
-        Some(r) => r,
-        None => {
-            tracing::info!("signal received; stopping the agent, containers keep running");
-            agent.await
-        }
-    };
-    result.context("agent task")??;
-    watcher.await.context("manifest watcher task")??;
-    Ok(ExitCode::SUCCESS)
+    let (report_tx, report_rx) = watch::channel(NodeReport::default());
+    let watcher = args.manifests.clone().map(|manifests| {
+        let rescan = Duration::from_secs(args.rescan_seconds.max(1));
+        tokio::spawn(nodelet::manifests::watch(manifests, changes_tx.clone(), rescan, stopped(stop.clone())))
+    });
+    let link = link.map(|(cfg, creds)| tokio::spawn(crate::link::run(cfg, creds, changes_tx, report_rx, stop.clone())));
+    let result = nodelet::agent::run(config, runtime, changes_rx, report_tx, stopped(stop)).await;
+    if let Some(w) = watcher {
+        w.abort();
+        let _ = w.await;
+    }
+    if let Some(l) = link {
+        l.abort();
+        let _ = l.await;
+    }
+    result?;
+    Ok(())
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
