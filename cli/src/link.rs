@@ -26,7 +26,8 @@ use specs::pod::{ObjectMeta, API_VERSION};
 use specs::{NodeSettings, NodeTopology, Pod, PodPhase};
 use tokio::sync::{mpsc, watch};
 
-const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
+// Well inside the server's default 40 s grace, and inside short test graces.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 

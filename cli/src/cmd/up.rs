@@ -1,12 +1,140 @@
-//! `pinion up`
+//! `pinion up`: the all-in-one default. The server and a nodelet on this host in
+//! one process; the nodelet joins its own server over loopback with the join
+//! token, exactly as a remote one would, so the single-box setup exercises the
+//! same paths as a cluster. The first core's threads are reserved for the system
+//! (the kubelet's `--reserved-cpus`), and the admin credentials are written where
+//! the CLI looks by default, so the next command can be `pinion apply`/`pinion run`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use crate::common::GlobalArgs;
+use anyhow::Context;
+use orchestrator::server::{Server, ServerOptions};
+use orchestrator::tls::Credentials;
+use specs::CpuSet;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cmd::agent::{RunArgs, RuntimeKind};
+use crate::common::{GlobalArgs, TopologyArgs};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Server state under DIR/server, the nodelet's under DIR/node.
+    #[arg(long, value_name = "DIR", env = "PINION_DATA_DIR", default_value = "/var/lib/pinion")]
+    pub data_dir: PathBuf,
+    /// Address the API listens on (HTTPS). Loopback by default: open it up with care.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
+    pub listen: String,
+    /// CPUs kept for the system [default: the threads of the first core].
+    #[arg(long, value_name = "LIST")]
+    pub reserved_cpus: Option<String>,
+    #[arg(long, value_enum, default_value = "libcontainer")]
+    pub runtime: RuntimeKind,
+    /// The node's name [default: the host name].
+    #[arg(long, value_name = "N")]
+    pub node_name: Option<String>,
+    /// none | best-effort | restricted | single-numa-node (the node default).
+    #[arg(long, value_name = "P")]
+    pub topology_policy: Option<String>,
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+}
 
-pub async fn run(_g: GlobalArgs, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pinion up` is not built yet")
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let topology = args.topology.load().context("loading the topology")?;
+    let reserved = match &args.reserved_cpus {
+        Some(list) => list.clone(),
+        None => first_core(&topology).to_string(),
+    };
+    let server_dir = args.data_dir.join("server");
+    let mut opts = ServerOptions::new(&server_dir, &args.listen);
+    opts.controller.heartbeat_grace = Duration::from_secs(40);
+    let server = Server::bind(opts).await?;
+    let url = server.server_url();
+    let token = server.join_token.clone();
+    let admin = Credentials::load(&server.admin_config)?;
+    let config_path = install_admin_config(&g, &admin, &server.admin_config)?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server_task = tokio::spawn(server.run(stop_rx.clone()));
+    let policy = match &args.topology_policy {
+        Some(p) => Some(serde_json::from_value(serde_json::Value::String(p.clone())).map_err(|_| {
+            anyhow::anyhow!("--topology-policy {p:?}: expected none, best-effort, restricted or single-numa-node")
+        })?),
+        None => None,
+    };
+    let node = RunArgs {
+        manifests: None,
+        data_dir: args.data_dir.join("node"),
+        topology: args.topology.clone(),
+        runtime: args.runtime,
+        reserved_cpus: Some(reserved.clone()),
+        topology_policy: policy,
+        topology_scope: None,
+        cpu_manager_options: Vec::new(),
+        devices: None,
+        node_name: args.node_name.clone(),
+        server: Some(url.clone()),
+        token: Some(token),
+        ca: Some(server_dir.join("pki/ca.crt")),
+        labels: Vec::new(),
+        rescan_seconds: 10,
+    };
+    let node_task = tokio::spawn(crate::cmd::agent::serve(node, stop_rx));
+
+    println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
+    println!("credentials: {}", config_path.display());
+    println!("try:  pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
+    println!("      pinion run hello --host --cpus 1 --memory 64Mi -- grep Cpus_allowed_list /proc/self/status");
+    println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::pin!(node_task);
+    let early = tokio::select! {
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+        r = &mut node_task => Some(r),
+    };
+    let _ = stop_tx.send(true);
+    let node_result = match early {
+        Some(r) => r,
+        None => node_task.await,
+    };
+    server_task.await.context("server task")??;
+    node_result.context("node task")??;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The threads of the machine's first core, like a kubelet's usual `--reserved-cpus`.
+fn first_core(t: &specs::NodeTopology) -> CpuSet {
+    match t.cpus.first() {
+        Some(c0) => t.cpus.iter().filter(|c| c.core == c0.core).map(|c| c.id).collect(),
+        None => CpuSet::new(),
+    }
+}
+
+/// Writes the admin credentials where the CLI looks by default, unless a file
+/// there already points at another server (then it says which `--config` to use).
+fn install_admin_config(g: &GlobalArgs, admin: &Credentials, source: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let path = crate::config::path(g)?;
+    if path.exists() {
+        if let Ok(existing) = Credentials::load(&path) {
+            if existing.server != admin.server {
+                eprintln!(
+                    "note: {} points at {}; use --config {} (or PINION_CONFIG) for this cluster",
+                    path.display(),
+                    existing.server,
+                    source.display()
+                );
+                return Ok(source.to_path_buf());
+            }
+        }
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    admin.save(&path)?;
+    Ok(path)
 }
