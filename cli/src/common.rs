@@ -13,7 +13,7 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "PINION_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
-    #[arg(long, global = true, env = "PINION_LOG", default_value = "warn")]
+    #[arg(long, global = true, env = "PINION_LOG", default_value = "warn,libcgroups=error,libcontainer=error")]
     pub log: String,
 }
 

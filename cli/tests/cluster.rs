@@ -1,0 +1,183 @@
+//! A cluster from the real binary: `pinion server` with two joined hollow
+//! nodelets (2x20 and 2x10 cores, single-numa-node), and `pinion up` on its own.
+//! The seed scenario: a 20-CPU pod lands on the 2x20 node; a 30-CPU pod stays
+//! Pending with a reason naming each node; a nodelet killed with `kill -9` and
+//! restarted keeps its pod on the same CPUs.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const PINION: &str = env!("CARGO_BIN_EXE_pinion");
+
+/// Kills the process when the test ends, even on failure.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `pinion ARGS` and waits for a stdout line starting with `ready`; returns
+/// the process and that line.
+fn start(args: &[&str], env: &[(&str, &Path)], ready: &str) -> (Proc, String) {
+    let mut cmd = Command::new(PINION);
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn pinion");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with(ready) => break l,
+            Some(Ok(_)) => continue,
+            other => panic!("pinion {args:?} did not print {ready:?}: {other:?}"),
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Proc(child), line)
+}
+
+fn agent(dir: &Path, url: &str, token: &str, name: &str, cores: u32) -> Proc {
+    let data = dir.join(name);
+    let synthetic = format!("pack:2 numa:1 core:{cores} pu:1");
+    let mut cmd = Command::new(PINION);
+    cmd.args(["agent", "--server", url, "--token", token, "--ca"])
+        .arg(dir.join("srv/pki/ca.crt"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--runtime", "hollow", "--synthetic", &synthetic, "--topology-policy", "single-numa-node"])
+        .args(["--node-name", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    Proc(cmd.spawn().expect("spawn pinion agent"))
+}
+
+fn cli(config: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(PINION).args(args).arg("--config").arg(config).output().expect("run pinion");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn apply(config: &Path, dir: &Path, name: &str, cpus: u32) {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: \"{cpus}\", memory: 1Gi}}\n"
+        ),
+    )
+    .expect("write manifest");
+    let (ok, out) = cli(config, &["apply", "-f", path.to_str().expect("utf-8 path")]);
+    assert!(ok, "apply {name}: {out}");
+}
+
+fn pod(config: &Path, name: &str) -> Value {
+    let (ok, out) = cli(config, &["get", "pods", name, "-o", "json"]);
+    assert!(ok, "get pod {name}: {out}");
+    serde_json::from_str(&out).expect("pod JSON")
+}
+
+fn wait_pod(config: &Path, name: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        last = pod(config, name);
+        if pred(&last) {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}; last: {last:#}");
+}
+
+fn cpus(p: &Value) -> Value {
+    p["status"]["placement"]["containers"][0]["cpus"].clone()
+}
+
+#[test]
+fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (_server, line) = start(
+        &["server", "--data-dir", dir.join("srv").to_str().expect("utf-8"), "--listen", "127.0.0.1:0"],
+        &[],
+        "listening on",
+    );
+    let url = line.split('(').nth(1).and_then(|s| s.strip_suffix(')')).expect("server URL").to_string();
+    let token = std::fs::read_to_string(dir.join("srv/join-token")).expect("join token");
+    let config = dir.join("srv/admin.conf");
+    let mut big = agent(dir, &url, token.trim(), "big", 20);
+    let _small = agent(dir, &url, token.trim(), "small", 10);
+
+    apply(&config, dir, "p20", 20);
+    let placed = wait_pod(&config, "p20", "p20 running", |p| p["status"]["phase"] == "Running");
+    assert_eq!(placed["spec"]["nodeName"], "big", "{placed:#}");
+    let expected: Vec<u32> = (0..20).collect();
+    assert_eq!(cpus(&placed), serde_json::json!(expected));
+
+    // Too big for any single NUMA node: Pending, with every node's best option.
+    apply(&config, dir, "p30", 30);
+    let pending = wait_pod(&config, "p30", "p30 reason", |p| p["status"]["message"].is_string());
+    assert_eq!(pending["status"]["phase"], "Pending");
+    let msg = pending["status"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("big") && msg.contains("small"), "{msg}");
+
+    // kill -9 of the nodelet, then a restart with its saved credentials (no token).
+    let _ = big.0.kill();
+    let _ = big.0.wait();
+    let mut cmd = Command::new(PINION);
+    cmd.args(["agent", "--server", &url, "--data-dir"])
+        .arg(dir.join("big"))
+        .args(["--runtime", "hollow", "--synthetic", "pack:2 numa:1 core:20 pu:1"])
+        .args(["--topology-policy", "single-numa-node", "--node-name", "big"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _big = Proc(cmd.spawn().expect("restart agent"));
+    apply(&config, dir, "p10", 10);
+    let p10 = wait_pod(&config, "p10", "p10 running", |p| p["status"]["phase"] == "Running");
+    let after = pod(&config, "p20");
+    assert_eq!(after["status"]["phase"], "Running");
+    assert_eq!(cpus(&after), serde_json::json!(expected), "p20 kept its CPUs");
+    // p10 fits either node; wherever it went it shares no CPU with p20 on big.
+    if p10["spec"]["nodeName"] == "big" {
+        let p10_cpus: Vec<u64> = serde_json::from_value(cpus(&p10)).expect("cpus");
+        assert!(p10_cpus.iter().all(|c| *c >= 20), "{p10_cpus:?}");
+    }
+}
+
+#[test]
+fn up_runs_server_and_node_in_one_process() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let xdg = dir.join("xdg");
+    let (_up, line) = start(
+        &[
+            "up",
+            "--data-dir",
+            dir.join("d").to_str().expect("utf-8"),
+            "--listen",
+            "127.0.0.1:0",
+            "--runtime",
+            "hollow",
+            "--synthetic",
+            "pack:1 numa:1 core:4 pu:2",
+        ],
+        &[("XDG_CONFIG_HOME", &xdg)],
+        "pinion is up",
+    );
+    // The first core's threads (0 and 4 in Linux numbering) are reserved.
+    assert!(line.contains("CPUs 0,4 reserved"), "{line}");
+    let config = xdg.join("pinion/config");
+    assert!(config.exists(), "credentials written where the CLI looks by default");
+    apply(&config, dir, "two", 2);
+    let p = wait_pod(&config, "two", "two running", |p| p["status"]["phase"] == "Running");
+    let got: Vec<u64> = serde_json::from_value(cpus(&p)).expect("cpus");
+    assert_eq!(got, vec![1, 5], "a whole core, not the reserved one");
+}
