@@ -86,7 +86,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
     println!("credentials: {}", config_path.display());
     println!("try:  pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
-    println!("      pinion run hello --host --cpus 1 --memory 64Mi -- grep Cpus_allowed_list /proc/self/status");
     println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
 
     let mut term = signal(SignalKind::terminate())?;
