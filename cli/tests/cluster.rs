@@ -121,6 +121,8 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     assert_eq!(placed["spec"]["nodeName"], "big", "{placed:#}");
     let expected: Vec<u32> = (0..20).collect();
     assert_eq!(cpus(&placed), serde_json::json!(expected));
+    let (ok, drawing) = cli(&config, &["topology", "big"]);
+    assert!(ok && drawing.contains("node big") && drawing.contains("p20"), "{drawing}");
 
     // Too big for any single NUMA node: Pending, with every node's best option.
     apply(&config, dir, "p30", 30);
