@@ -41,6 +41,8 @@ pub struct LinkConfig {
     pub topology: NodeTopology,
     pub settings: NodeSettings,
     pub labels: BTreeMap<String, String>,
+    /// `HOST:PORT` of this node's HTTPS endpoint, registered for the server.
+    pub endpoint: Option<String>,
 }
 
 /// The node's credentials file under the agent's data dir.
@@ -99,7 +101,11 @@ pub async fn run(
         api_version: API_VERSION.into(),
         kind: "Node".into(),
         metadata: ObjectMeta { name: cfg.node_name.clone(), labels: cfg.labels.clone(), ..Default::default() },
-        spec: NodeSpec { topology: cfg.topology.clone(), settings: cfg.settings.clone() },
+        spec: NodeSpec {
+            topology: cfg.topology.clone(),
+            settings: cfg.settings.clone(),
+            endpoint: cfg.endpoint.clone(),
+        },
         status: NodeStatus::default(),
     };
     let name = cfg.node_name.clone();

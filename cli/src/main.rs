@@ -4,6 +4,7 @@
 mod cmd;
 mod common;
 mod config;
+mod endpoint;
 mod link;
 
 use std::process::ExitCode;

@@ -54,7 +54,7 @@ fn agent(dir: &Path, url: &str, token: &str, name: &str, cores: u32) -> Proc {
         .arg("--data-dir")
         .arg(&data)
         .args(["--runtime", "hollow", "--synthetic", &synthetic, "--topology-policy", "single-numa-node"])
-        .args(["--node-name", name])
+        .args(["--node-name", name, "--endpoint-listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     Proc(cmd.spawn().expect("spawn pinion agent"))
@@ -138,7 +138,7 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     cmd.args(["agent", "--server", &url, "--data-dir"])
         .arg(dir.join("big"))
         .args(["--runtime", "hollow", "--synthetic", "pack:2 numa:1 core:20 pu:1"])
-        .args(["--topology-policy", "single-numa-node", "--node-name", "big"])
+        .args(["--topology-policy", "single-numa-node", "--node-name", "big", "--endpoint-listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let _big = Proc(cmd.spawn().expect("restart agent"));

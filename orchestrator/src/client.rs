@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request};
@@ -202,22 +202,52 @@ impl Client {
         if let Some(v) = from {
             path.push_str(&format!("&resourceVersion={v}"));
         }
+        let stream = self.get_stream(&path).await?;
+        Ok(PodWatch { stream, buf: BytesMut::new() })
+    }
+
+    /// A GET whose 200 reply is read as it arrives (watches, logs); any other
+    /// status is the `ApiError`. Only the reply's head has a timeout.
+    pub async fn get_stream(&self, path: &str) -> Result<ByteStream, ClientError> {
         let mut conn = self.connect().await?;
         let req = Request::builder()
             .method(Method::GET)
-            .uri(&path)
+            .uri(path)
             .header(hyper::header::HOST, &conn.authority)
             .body(Full::new(Bytes::new()))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
         let resp = tokio::time::timeout(REQUEST_TIMEOUT, conn.sender.send_request(req))
             .await
-            .map_err(|_| ClientError::Timeout("watch request".into()))??;
+            .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;
             return Err(api_error(code, &bytes));
         }
-        Ok(PodWatch { body: resp.into_body(), buf: BytesMut::new(), _conn: conn })
+        Ok(ByteStream { body: resp.into_body(), _conn: conn })
+    }
+}
+
+/// A streamed reply body.
+pub struct ByteStream {
+    body: Incoming,
+    _conn: Connection,
+}
+
+impl ByteStream {
+    /// The next bytes; `Ok(None)` at the end of the reply.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
+        loop {
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(ClientError::Http(e)),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -279,9 +309,8 @@ impl Connection {
 
 /// A pod watch stream: one `(type, pod)` per line.
 pub struct PodWatch {
-    body: Incoming,
+    stream: ByteStream,
     buf: BytesMut,
-    _conn: Connection,
 }
 
 impl PodWatch {
@@ -303,19 +332,9 @@ impl PodWatch {
                     .map_err(|e| ClientError::Decode(format!("watch object: {e}")))?;
                 return Ok(Some((ty, pod)));
             }
-            match self.body.frame().await {
+            match self.stream.next().await? {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(ClientError::Http(e)),
-                Some(Ok(frame)) => {
-                    if let Ok(mut data) = frame.into_data() {
-                        while data.has_remaining() {
-                            let chunk = data.chunk();
-                            self.buf.extend_from_slice(chunk);
-                            let n = chunk.len();
-                            data.advance(n);
-                        }
-                    }
-                }
+                Some(data) => self.buf.extend_from_slice(&data),
             }
         }
     }

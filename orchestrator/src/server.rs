@@ -130,6 +130,7 @@ impl Server {
             pki: self.pki.clone(),
             join_token: self.join_token.clone(),
             server_url: self.server_url(),
+            proxy_tls: Arc::new(self.pki.proxy_client_config()?),
         });
         serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
         for l in loops {

@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 
 pub const ADMIN_CN: &str = "admin";
 pub const NODE_CN_PREFIX: &str = "node:";
+/// The server's identity when it calls a nodelet (to proxy a pod's logs).
+pub const PROXY_CN: &str = "pinion-server";
 const CA_CN: &str = "pinion-ca";
 
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +178,26 @@ impl Credentials {
     }
 }
 
+impl Credentials {
+    /// The nodelet's HTTPS endpoint: serves with the node certificate and
+    /// requires a client certificate from our CA (the caller checks the name).
+    pub fn serving_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_cert(&self.ca_cert, "caCert")?)?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![pem_cert(&self.client_cert, "clientCert")?, pem_cert(&self.ca_cert, "caCert")?],
+                pem_key(&self.client_key, "clientKey")?,
+            )?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
 fn pem_cert(pem: &str, what: &str) -> Result<CertificateDer<'static>, TlsError> {
     CertificateDer::from_pem_slice(pem.as_bytes())
         .map_err(|e| TlsError::Pem { what: what.to_string(), reason: e.to_string() })
@@ -248,6 +270,9 @@ impl Pki {
     }
 
     /// Issues a client certificate with the given common name; returns (cert PEM, key PEM).
+    /// A node's (`node:<name>`) also serves the nodelet's own HTTPS endpoint: it
+    /// carries the server usage and the node name as its DNS name, which is what
+    /// the server checks when it connects to the nodelet.
     pub fn issue_client(&self, common_name: &str) -> Result<(String, String), TlsError> {
         let mut p = CertificateParams::new(Vec::<String>::new())?;
         let mut dn = DistinguishedName::new();
@@ -255,6 +280,11 @@ impl Pki {
         p.distinguished_name = dn;
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if let Some(node) = common_name.strip_prefix(NODE_CN_PREFIX) {
+            p.subject_alt_names.push(SanType::DnsName(node.to_string().try_into()?));
+            p.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth);
+            p.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
         let key = KeyPair::generate()?;
         let cert = p.signed_by(&key, &self.ca_issuer, &self.ca_key)?;
         Ok((cert.pem(), key.serialize_pem()))
@@ -299,6 +329,20 @@ impl Pki {
                 vec![pem_cert(&cert_pem, "server cert")?, pem_cert(&self.ca_cert_pem, "ca.crt")?],
                 pem_key(&key_pem, "server key")?,
             )?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// How the server reaches nodelets: trusts only our CA (and so only names it
+    /// issued) and presents the proxy identity.
+    pub fn proxy_client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let (cert, key) = self.issue_client(PROXY_CN)?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_cert(&self.ca_cert_pem, "ca.crt")?)?;
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![pem_cert(&cert, "proxy cert")?], pem_key(&key, "proxy key")?)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }

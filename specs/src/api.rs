@@ -30,6 +30,10 @@ pub struct NodeSpec {
     pub topology: NodeTopology,
     #[serde(default)]
     pub settings: NodeSettings,
+    /// `HOST:PORT` of the nodelet's own HTTPS endpoint (container logs), which
+    /// the server calls with the node name as the TLS name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

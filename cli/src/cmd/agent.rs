@@ -103,6 +103,14 @@ pub struct RunArgs {
     /// Node labels for the scheduler's nodeSelector (repeatable `K=V`).
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
+    /// Where the node's HTTPS endpoint (container logs, for the server) listens
+    /// when joined; port 0 picks a free one. Open it to the server only.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:10250")]
+    pub endpoint_listen: String,
+    /// The address the server should call the endpoint on [default: this
+    /// host's address on the route to the server].
+    #[arg(long, value_name = "IP")]
+    pub advertise_address: Option<std::net::IpAddr>,
     /// How often the manifest folder is rescanned in full (inotify covers the rest).
     #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
     pub rescan_seconds: u64,
@@ -261,9 +269,24 @@ pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result
                 topology: topology.clone(),
                 settings: settings.clone(),
                 labels,
+                endpoint: None,
             };
             let creds = crate::link::credentials(&cfg).await?;
-            Some((cfg, creds))
+            let listener = tokio::net::TcpListener::bind(&args.endpoint_listen)
+                .await
+                .with_context(|| format!("--endpoint-listen {}", args.endpoint_listen))?;
+            let local = listener.local_addr().context("the endpoint's address")?;
+            let ip = match args.advertise_address {
+                Some(ip) => ip,
+                None if !local.ip().is_unspecified() => local.ip(),
+                None => route_address(server).with_context(|| {
+                    format!("finding this host's address towards {server}; give --advertise-address")
+                })?,
+            };
+            let tls = Arc::new(creds.serving_config().context("the node certificate (node.conf)")?);
+            let endpoint = std::net::SocketAddr::new(ip, local.port()).to_string();
+            let cfg = crate::link::LinkConfig { endpoint: Some(endpoint), ..cfg };
+            Some((cfg, creds, listener, tls))
         }
         None => None,
     };
@@ -287,7 +310,11 @@ pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result
         let rescan = Duration::from_secs(args.rescan_seconds.max(1));
         tokio::spawn(nodelet::manifests::watch(manifests, changes_tx.clone(), rescan, stopped(stop.clone())))
     });
-    let link = link.map(|(cfg, creds)| tokio::spawn(crate::link::run(cfg, creds, changes_tx, report_rx, stop.clone())));
+    let link = link.map(|(cfg, creds, listener, tls)| {
+        let endpoint = crate::endpoint::serve(listener, tls, cfg.data_dir.clone(), report_rx.clone(), stop.clone());
+        let link = crate::link::run(cfg, creds, changes_tx, report_rx, stop.clone());
+        tokio::spawn(async move { tokio::join!(endpoint, link).1 })
+    });
     let result = nodelet::agent::run(config, runtime, changes_rx, report_tx, stopped(stop)).await;
     if let Some(w) = watcher {
         w.abort();
@@ -299,6 +326,15 @@ pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result
     }
     result?;
     Ok(())
+}
+
+/// The local address the kernel would use to reach `server` (a UDP "connect"
+/// sends nothing; it only picks the route).
+fn route_address(server: &str) -> anyhow::Result<std::net::IpAddr> {
+    let authority = server.trim_start_matches("https://").trim_end_matches('/');
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
+    sock.connect(authority)?;
+    Ok(sock.local_addr()?.ip())
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {

@@ -79,6 +79,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         token: Some(token),
         ca: Some(server_dir.join("pki/ca.crt")),
         labels: Vec::new(),
+        endpoint_listen: "127.0.0.1:0".into(),
+        advertise_address: None,
         rescan_seconds: 10,
     };
     let node_task = tokio::spawn(crate::cmd::agent::serve(node, stop_rx));

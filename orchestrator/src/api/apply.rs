@@ -7,7 +7,7 @@ use std::sync::Arc;
 use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
 use specs::{Pod, PodPhase, PodStatus};
 
-use super::error::{conflict, forbidden, not_found, store_error, unauthorized, Refused};
+use super::error::{bad_request, conflict, forbidden, not_found, store_error, unauthorized, Refused};
 use super::parse::Action;
 use crate::controller::{event, now_rfc3339, Controller};
 use crate::store::{Change, Kind, Store, Watch};
@@ -21,6 +21,8 @@ pub struct ApiState {
     pub join_token: String,
     /// `https://HOST:PORT` written into issued credentials.
     pub server_url: String,
+    /// How the server calls nodelets (pod logs).
+    pub proxy_tls: Arc<rustls::ClientConfig>,
 }
 
 pub enum Reply {
@@ -28,6 +30,9 @@ pub enum Reply {
     Json(u16, serde_json::Value),
     /// A newline-delimited JSON stream: initial lines, then filtered changes.
     Watch { initial: Vec<String>, watch: Watch, filter: PodFilter },
+    /// Bytes streamed from a nodelet's endpoint (`GET https://ENDPOINT/PATH`,
+    /// TLS name = the node's name).
+    Proxy { node: String, endpoint: String, path: String },
 }
 
 fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
@@ -283,6 +288,45 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let attempts = pod.status.as_ref().map(|s| s.attempts).unwrap_or(1);
             state.controller.pod_rejected(&pod.metadata.name, &node, attempts);
             json(200, &pod)
+        }
+        Action::PodLog { name, container, follow } => {
+            require_admin(id, "read pod logs")?;
+            let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
+            let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
+            let container = match (container, names.as_slice()) {
+                (Some(c), _) if names.contains(&c.as_str()) => c,
+                (Some(c), _) => {
+                    return Err(bad_request(format!(
+                        "pod {name:?} has no container {c:?} (it has: {})",
+                        names.join(", ")
+                    )))
+                }
+                (None, [only]) => only.to_string(),
+                (None, _) => {
+                    return Err(bad_request(format!(
+                        "pod {name:?} has {} containers: name one with container= ({})",
+                        names.len(),
+                        names.join(", ")
+                    )))
+                }
+            };
+            let Some(node) = pod.spec.node_name.clone() else {
+                return Err(bad_request(format!("pod {name:?} is not on a node yet (it has no logs)")));
+            };
+            let n = store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
+            let Some(endpoint) = n.spec.endpoint.clone() else {
+                return Err(super::error::error(
+                    502,
+                    "NoNodeEndpoint",
+                    format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
+                ));
+            };
+            let path = format!(
+                "/logs?pod={}&container={}&follow={follow}",
+                super::parse::percent_encode(&name),
+                super::parse::percent_encode(&container)
+            );
+            Ok(Reply::Proxy { node, endpoint, path })
         }
         Action::ListNodes { selector } => {
             require_admin(id, "list nodes")?;

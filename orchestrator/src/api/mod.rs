@@ -134,14 +134,14 @@ async fn serve_connection<S>(
     }
 }
 
-fn json_response(code: u16, body: Vec<u8>) -> Response<Body> {
+pub fn json_response(code: u16, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
     *r.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
     r
 }
 
-fn error_response(e: &ApiError) -> Response<Body> {
+pub fn error_response(e: &ApiError) -> Response<Body> {
     let body = serde_json::to_vec(e).unwrap_or_else(|_| b"{\"code\":500}".to_vec());
     json_response(e.code, body)
 }
@@ -243,8 +243,87 @@ async fn handle(
                 .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/x-ndjson"));
             r
         }
+        Ok(Reply::Proxy { node, endpoint, path }) => proxy(&state, &node, &endpoint, &path, shutdown).await,
         Err(e) => error_response(&e),
     }
+}
+
+const PROXY_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const PROXY_HEAD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Streams `GET https://endpoint/path` from a nodelet, whose certificate must
+/// name `node`. Refusals from the nodelet pass through with their status.
+async fn proxy(
+    state: &ApiState,
+    node: &str,
+    endpoint: &str,
+    path: &str,
+    mut shutdown: watch::Receiver<bool>,
+) -> Response<Body> {
+    let unreachable =
+        |what: String| error_response(&error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}")));
+    let Ok(name) = rustls::pki_types::ServerName::try_from(node.to_string()) else {
+        return unreachable("the node name is not a TLS name".into());
+    };
+    let tcp = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(endpoint)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return unreachable(format!("cannot connect: {e}")),
+        Err(_) => return unreachable("connect timed out".into()),
+    };
+    let _ = tcp.set_nodelay(true);
+    let connector = tokio_rustls::TlsConnector::from(state.proxy_tls.clone());
+    let tls = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, connector.connect(name, tcp)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return unreachable(format!("TLS: {e}")),
+        Err(_) => return unreachable("TLS handshake timed out".into()),
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
+        Ok(x) => x,
+        Err(e) => return unreachable(format!("HTTP: {e}")),
+    };
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = match Request::get(path).header(hyper::header::HOST, endpoint).body(Full::new(Bytes::new())) {
+        Ok(r) => r,
+        Err(e) => return unreachable(format!("bad request: {e}")),
+    };
+    let resp = match tokio::time::timeout(PROXY_HEAD_TIMEOUT, sender.send_request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return unreachable(format!("HTTP: {e}")),
+        Err(_) => return unreachable("no reply in time".into()),
+    };
+    let status = resp.status();
+    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
+    let mut body = resp.into_body();
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let _sender = sender; // keeps the connection open while the body streams
+        loop {
+            let frame = tokio::select! {
+                f = body.frame() => f,
+                _ = shutdown.changed() => return,
+                _ = tx.closed() => return,
+            };
+            match frame {
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        if tx.send(data).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Some(Err(e)) => return tracing::debug!(error = %e, "log stream from the node broke"),
+                None => return,
+            }
+        }
+    });
+    let mut r = Response::new(BodyExt::boxed(ChannelBody { rx }));
+    *r.status_mut() = status;
+    if let Some(ct) = content_type {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, ct);
+    }
+    r
 }
 
 /// Reads and discards what is left of a refused body (up to 16 times the limit)
@@ -266,8 +345,14 @@ async fn drain(mut body: Incoming, config: ApiConfig) {
 }
 
 /// A streaming body fed by a channel (the watch task writes lines into it).
-struct ChannelBody {
+pub struct ChannelBody {
     rx: mpsc::Receiver<Bytes>,
+}
+
+impl ChannelBody {
+    pub fn new(rx: mpsc::Receiver<Bytes>) -> ChannelBody {
+        ChannelBody { rx }
+    }
 }
 
 impl hyper::body::Body for ChannelBody {

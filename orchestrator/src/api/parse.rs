@@ -25,6 +25,7 @@ pub enum Action {
     DeletePod(String),
     UpdatePodStatus { name: String, status: Box<PodStatus> },
     RejectPod { name: String, rejection: PodRejection },
+    PodLog { name: String, container: Option<String>, follow: bool },
     ListNodes { selector: LabelSelector },
     RegisterNode(Box<Node>),
     GetNode(String),
@@ -89,6 +90,11 @@ pub fn parse(
         RouteId::DeletePod => Action::DeletePod(name()?),
         RouteId::UpdatePodStatus => Action::UpdatePodStatus { name: name()?, status: Box::new(decode_json(body)?) },
         RouteId::RejectPod => Action::RejectPod { name: name()?, rejection: decode_json(body)? },
+        RouteId::PodLog => Action::PodLog {
+            name: name()?,
+            container: q.get("container").filter(|c| !c.is_empty()).map(str::to_string),
+            follow: q.flag("follow")?,
+        },
         RouteId::ListNodes => Action::ListNodes { selector: q.selector()? },
         RouteId::RegisterNode => Action::RegisterNode(Box::new(parse_node(body)?)),
         RouteId::GetNode => Action::GetNode(name()?),
@@ -268,10 +274,10 @@ fn check_quantities(pod: &Pod, errs: &mut Vec<FieldError>) {
 }
 
 /// The query string, percent-decoded.
-struct Query(Vec<(String, String)>);
+pub struct Query(Vec<(String, String)>);
 
 impl Query {
-    fn parse(query: &str) -> Result<Query, ApiError> {
+    pub fn parse(query: &str) -> Result<Query, ApiError> {
         let mut out = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -280,11 +286,11 @@ impl Query {
         Ok(Query(out))
     }
 
-    fn get(&self, key: &str) -> Option<&str> {
+    pub fn get(&self, key: &str) -> Option<&str> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
-    fn flag(&self, key: &str) -> Result<bool, ApiError> {
+    pub fn flag(&self, key: &str) -> Result<bool, ApiError> {
         match self.get(key) {
             None | Some("false") | Some("0") => Ok(false),
             Some("true") | Some("1") | Some("") => Ok(true),

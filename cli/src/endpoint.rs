@@ -1,0 +1,224 @@
+//! The joined nodelet's own HTTPS endpoint: container logs, read by the
+//! server's proxy (`GET /api/v1/pods/{name}/log`), as the kubelet serves them to
+//! the API server.
+//!
+//! TLS with the node certificate from the join (it names the node); a client
+//! certificate from the same CA is required, and only the server's proxy
+//! identity or the admin may read. One route:
+//! `GET /logs?pod=KEY&container=NAME&follow=BOOL`.
+//!
+//! Following: the file is read to its end, then re-read when the agent
+//! publishes a report or every `POLL`, until the container is no longer
+//! running. The shim writes the exit record only after the last byte is in the
+//! file, so "not running" seen at the end of the file means nothing is missing.
+//! A rotation (the path now names another inode) is followed to the new file.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use nodelet::source::NodeReport;
+use orchestrator::api::error::error;
+use orchestrator::api::parse::Query;
+use orchestrator::api::{error_response, Body, ChannelBody};
+use orchestrator::tls::{common_name, ADMIN_CN, PROXY_CN};
+use specs::status::ContainerState;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(200);
+const CHUNK: usize = 64 * 1024;
+
+#[derive(Clone)]
+struct Ctx {
+    data_dir: PathBuf,
+    reports: watch::Receiver<NodeReport>,
+    stop: watch::Receiver<bool>,
+}
+
+/// Serves until `stop` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    data_dir: PathBuf,
+    reports: watch::Receiver<NodeReport>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let ctx = Ctx { data_dir, reports, stop: stop.clone() };
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "endpoint: TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "endpoint: TLS handshake timed out"),
+            };
+            let caller = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(common_name);
+            let allowed = matches!(caller.as_deref(), Some(PROXY_CN) | Some(ADMIN_CN));
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let ctx = ctx.clone();
+                let caller = caller.clone();
+                async move {
+                    if !allowed {
+                        let who = caller.unwrap_or_default();
+                        return Ok::<_, std::convert::Infallible>(error_response(&error(
+                            403,
+                            "Forbidden",
+                            format!("certificate {who:?} may not read this node's logs"),
+                        )));
+                    }
+                    Ok(handle(req, ctx).await)
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .serve_connection(TokioIo::new(tls), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "endpoint: connection ended");
+            }
+        });
+    }
+}
+
+async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
+    if req.uri().path() != "/logs" {
+        return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path())));
+    }
+    if req.method() != Method::GET {
+        return error_response(&error(405, "MethodNotAllowed", "only GET"));
+    }
+    let q = match Query::parse(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => return error_response(&e),
+    };
+    let follow = match q.flag("follow") {
+        Ok(f) => f,
+        Err(e) => return error_response(&e),
+    };
+    let (Some(pod), Some(container)) = (q.get("pod"), q.get("container")) else {
+        return error_response(&error(400, "BadRequest", "pod= and container= are required"));
+    };
+    let (pod, container) = (pod.to_string(), container.to_string());
+    match container_state(&ctx.reports.borrow(), &pod, &container) {
+        Err(e) => return error_response(&e),
+        Ok((ContainerState::Waiting, 0)) => {
+            return error_response(&error(
+                400,
+                "ContainerWaiting",
+                format!("container {container:?} of pod {pod:?} has not started yet"),
+            ))
+        }
+        Ok(_) => {}
+    }
+    let path = nodelet::agent::reconcile::log_path(&ctx.data_dir, &pod, &container);
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) => {
+            return error_response(&error(
+                404,
+                "NoLog",
+                format!("container {container:?} of pod {pod:?} has no log yet ({e})"),
+            ))
+        }
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        if let Err(e) = stream(file, &path, follow, &pod, &container, ctx, &tx).await {
+            tracing::debug!(pod, container, error = %e, "endpoint: log stream ended early");
+        }
+    });
+    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// The container's shown state and restart count, from the agent's last report.
+fn container_state(
+    report: &NodeReport,
+    pod: &str,
+    container: &str,
+) -> Result<(ContainerState, u32), specs::api::ApiError> {
+    let status =
+        report.pods.get(pod).ok_or_else(|| error(404, "NotFound", format!("pod {pod:?} is not on this node")))?;
+    // Before the first start the agent may not list the container yet.
+    Ok(status
+        .container_statuses
+        .iter()
+        .find(|c| c.name == container)
+        .map(|c| (c.state, c.restart_count))
+        .unwrap_or((ContainerState::Waiting, 0)))
+}
+
+fn running(ctx: &Ctx, pod: &str, container: &str) -> bool {
+    matches!(container_state(&ctx.reports.borrow(), pod, container), Ok((ContainerState::Running, _)))
+}
+
+async fn stream(
+    mut file: tokio::fs::File,
+    path: &Path,
+    follow: bool,
+    pod: &str,
+    container: &str,
+    mut ctx: Ctx,
+    tx: &mpsc::Sender<Bytes>,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n > 0 {
+            if tx.send(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                return Ok(()); // the reader went away
+            }
+            continue;
+        }
+        if !follow {
+            return Ok(());
+        }
+        // At the end: a rotated file continues under the same path.
+        let (ours, now) = (file.metadata().await?.ino(), tokio::fs::metadata(path).await.map(|m| m.ino()).ok());
+        if now.is_some_and(|ino| ino != ours) {
+            file = tokio::fs::File::open(path).await?;
+            continue;
+        }
+        if !running(&ctx, pod, container) {
+            // One last read: the exit was recorded after the last byte landed.
+            loop {
+                let n = file.read(&mut buf).await?;
+                if n == 0 || tx.send(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(POLL) => false,
+            r = ctx.reports.changed() => r.is_err(),
+            r = ctx.stop.wait_for(|s| *s) => { drop(r); true }
+            _ = tx.closed() => true,
+        };
+        if stopping {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! `pinion up` with real containers (its nodelet joined over loopback, the
+//! libcontainer runtime, CPU 0 reserved), driven as a user would:
+//! `pinion run` streams the output and exits with the command's code, `pinion
+//! logs [-f]` reads a container's output through the server, Ctrl-C on `run`
+//! deletes the pod and its container, and a node's own credential may not read
+//! logs. Needs root and two CPUs: without them the test skips, except under
+//! `CI=true` where it fails.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nodelet::runtime::libcontainer::LibcontainerRuntime;
+use nodelet::runtime::Runtime;
+use serde_json::Value;
+
+const PINION: &str = env!("CARGO_BIN_EXE_pinion");
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+fn has_two_cpus() -> bool {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
+        .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
+}
+
+struct Up {
+    _tmp: tempfile::TempDir,
+    data: PathBuf,
+    config: PathBuf,
+    up: Option<Child>,
+}
+
+impl Up {
+    fn start() -> Option<Up> {
+        if !is_root() || !has_two_cpus() {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "this test needs root and CPUs 0-1 under CI=true");
+            eprintln!("skipping: needs root and CPUs 0 and 1");
+            return None;
+        }
+        let tmp = tempfile::Builder::new().prefix("pinion-up-").tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let config = tmp.path().join("config");
+        let mut child = Command::new(PINION)
+            .args(["up", "--listen", "127.0.0.1:0", "--runtime", "libcontainer", "--data-dir"])
+            .arg(&data)
+            .env("PINION_CONFIG", &config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l.starts_with("pinion is up") => break,
+                Some(Ok(_)) => continue,
+                other => panic!("pinion up did not come up: {other:?}"),
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        let up = Up { _tmp: tmp, data, config, up: Some(child) };
+        // The node registers right after; `run` before that would wait Pending.
+        up.wait("the node Ready", || {
+            let out = up.cli(&["get", "nodes", "-o", "json"]);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            v["items"].as_array().is_some_and(|n| n.iter().any(|n| n["status"]["condition"] == "Ready"))
+        });
+        Some(up)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(PINION);
+        c.args(args).env("PINION_CONFIG", &self.config);
+        c
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn wait(&self, what: &str, pred: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !pred() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn phase(&self, pod: &str) -> Option<String> {
+        let out = self.cli(&["get", "pods", pod, "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["status"]["phase"].as_str().map(str::to_string)
+    }
+
+    /// Pods the nodelet still holds (its own status file).
+    fn node_pods(&self) -> Vec<String> {
+        let out = Command::new(PINION)
+            .args(["agent", "status", "-o", "json", "--data-dir"])
+            .arg(self.data.join("node"))
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        v["pods"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut up) = self.up.take() {
+            let _ = up.kill();
+            let _ = up.wait();
+        }
+        // Whatever a failed run left: containers outlive the agent, so remove them.
+        if let Ok(rt) = LibcontainerRuntime::new(&self.data.join("node"), Path::new(PINION)) {
+            for id in rt.list().unwrap_or_default() {
+                let _ = rt.stop(&id, Duration::ZERO);
+                let _ = rt.remove(&id);
+            }
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn run_streams_output_and_exits_with_the_code_logs_read_through_the_server() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let (a, b, c) = (format!("run-a-{tag}"), format!("run-b-{tag}"), format!("run-c-{tag}"));
+
+    // An exclusive CPU, the command's output (stdout and stderr), its exit code.
+    let out = up.cli(&[
+        "run",
+        &a,
+        "--cpus",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status; echo to-stderr >&2; exit 7",
+    ]);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "stdout: {shown}\nstderr: {}", text(&out.stderr));
+    assert!(shown.contains("Cpus_allowed_list:\t1\n"), "pinned to CPU 1, CPU 0 reserved: {shown}");
+    assert!(shown.contains("Mems_allowed_list:\t0\n"), "{shown}");
+    assert!(shown.contains("to-stderr"), "{shown}");
+    assert_eq!(up.phase(&a).as_deref(), Some("Failed"));
+    let logs = up.cli(&["logs", &a]);
+    assert!(logs.status.success(), "{}", text(&logs.stderr));
+    assert_eq!(text(&logs.stdout), shown, "the same bytes, read again through the server");
+
+    // Detached, then followed: every line, and `logs -f` returns when it exits.
+    let out = up.cli(&["run", "--detach", &b, "--", "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("pod b running or done", || up.phase(&b).is_some_and(|p| p != "Pending" && p != "Scheduled"));
+    let followed = up.cli(&["logs", "-f", &b]);
+    assert!(followed.status.success(), "{}", text(&followed.stderr));
+    assert_eq!(text(&followed.stdout), "line 1\nline 2\nline 3\n");
+    up.wait("pod b Succeeded", || up.phase(&b).as_deref() == Some("Succeeded"));
+
+    // Clear refusals: an unknown container, an unknown pod.
+    let out = up.cli(&["logs", &b, "-c", "nope"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("no container \"nope\""), "{}", text(&out.stderr));
+    let out = up.cli(&["logs", "missing"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+
+    // A node's credential may not read logs (only the admin may).
+    let node_conf = up.data.join("node/node.conf");
+    let out = Command::new(PINION).args(["logs", &b, "--config"]).arg(&node_conf).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("403"), "{}", text(&out.stderr));
+
+    // Ctrl-C on `run` deletes the pod, and the nodelet stops its container.
+    let mut running =
+        up.cmd(&["run", &c, "--", "sleep", "100"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    up.wait("pod c running", || up.phase(&c).as_deref() == Some("Running"));
+    let ok = Command::new("kill").args(["-INT", &running.id().to_string()]).status().unwrap().success();
+    assert!(ok);
+    let status = running.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(up.phase(&c), None, "the pod is gone from the server");
+    up.wait("the nodelet to drop pod c", || !up.node_pods().contains(&c));
+
+    // Deleting the finished pods leaves the node with no container.
+    let out = up.cli(&["delete", "pod", &a, &b]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("the nodelet to drop every pod", || up.node_pods().is_empty());
+    let rt = LibcontainerRuntime::new(&up.data.join("node"), Path::new(PINION)).unwrap();
+    up.wait("no container left", || rt.list().unwrap_or_default().is_empty());
+}
