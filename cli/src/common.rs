@@ -58,3 +58,9 @@ impl TopologyArgs {
         Ok(nodelet::discovery::discover(&root)?)
     }
 }
+
+/// A clap value parser for the kebab-case names the manifests use
+/// (`single-numa-node`, `most-allocated`, ...).
+pub fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
+}

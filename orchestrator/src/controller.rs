@@ -29,6 +29,7 @@ pub struct ControllerConfig {
     /// First retry delay of a pod that could not be placed or was rejected.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    pub scheduler: crate::scheduler::SchedulerConfig,
 }
 
 impl Default for ControllerConfig {
@@ -37,6 +38,7 @@ impl Default for ControllerConfig {
             heartbeat_grace: Duration::from_secs(40),
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(60),
+            scheduler: Default::default(),
         }
     }
 }
@@ -113,7 +115,11 @@ impl Controller {
         let c = Arc::new(Controller {
             store: store.clone(),
             config,
-            inner: Mutex::new(Inner { sched: Scheduler::default(), nodes: HashMap::new(), queue: BTreeMap::new() }),
+            inner: Mutex::new(Inner {
+                sched: Scheduler::new(config.scheduler),
+                nodes: HashMap::new(),
+                queue: BTreeMap::new(),
+            }),
             wake: Notify::new(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
             transitions: tokio::sync::Mutex::new(()),

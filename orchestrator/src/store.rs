@@ -310,11 +310,17 @@ pub struct Store {
 pub struct StoreOptions {
     /// Change-log entries kept for watch resumption.
     pub log_keep: u64,
+    /// sled's page cache. Its own default (1 GiB) would make a big cluster's
+    /// server several times larger than its live objects; reads here are mostly
+    /// of recent objects, which a small cache holds.
+    pub cache_bytes: u64,
 }
+
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { log_keep: DEFAULT_LOG_KEEP }
+        StoreOptions { log_keep: DEFAULT_LOG_KEEP, cache_bytes: DEFAULT_CACHE_BYTES }
     }
 }
 
@@ -322,7 +328,7 @@ impl Store {
     /// Opens (or creates) the store under `dir` and starts its committer thread,
     /// which ends when the last handle is dropped (after flushing).
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        let db = sled::Config::new().path(dir).open()?;
+        let db = sled::Config::new().path(dir).cache_capacity(options.cache_bytes).open()?;
         let tree = db.open_tree("objects")?;
         let rv = read_u64(&tree, KEY_RV)?;
         let log_start = read_u64(&tree, KEY_LOG_START)?.max(1);
@@ -600,7 +606,7 @@ mod tests {
     #[tokio::test]
     async fn watch_resumes_from_a_version_and_reports_gone() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path(), StoreOptions { log_keep: 10 }).expect("open");
+        let store = Store::open(dir.path(), StoreOptions { log_keep: 10, ..StoreOptions::default() }).expect("open");
         let mut rvs = Vec::new();
         for i in 0..5 {
             rvs.push(create(&store, &format!("p{i}")).await);

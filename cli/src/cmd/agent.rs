@@ -23,7 +23,7 @@ use serde::Deserialize;
 use specs::{CpuManagerOptions, CpuSet, NodeSettings, NodeTopology, TopologyPolicy, TopologyScope};
 use tokio::sync::{mpsc, watch};
 
-use crate::common::{GlobalArgs, Output, TopologyArgs};
+use crate::common::{parse_kebab, GlobalArgs, Output, TopologyArgs};
 
 const DEFAULT_DATA_DIR: &str = "/var/lib/pinion";
 
@@ -114,10 +114,6 @@ pub struct RunArgs {
     /// How often the manifest folder is rescanned in full (inotify covers the rest).
     #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
     pub rescan_seconds: u64,
-}
-
-fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
 }
 
 pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {

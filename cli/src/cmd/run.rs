@@ -19,7 +19,7 @@ use specs::status::ContainerState;
 use specs::{CpuPolicy, Pod, PodPhase, PodSpec, Quantity, TopologyPolicy};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::common::GlobalArgs;
+use crate::common::{parse_kebab, GlobalArgs};
 
 /// The label `run` puts on its pods, so that it can watch just the one.
 pub const RUN_LABEL: &str = "pinion.io/run";
@@ -67,10 +67,6 @@ pub struct Args {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
-}
-
-fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
 }
 
 fn key_value(flag: &str, s: &str) -> anyhow::Result<(String, String)> {

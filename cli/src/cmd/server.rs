@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use orchestrator::server::{Server, ServerOptions};
+use specs::pod::SchedulingStrategy;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::common::GlobalArgs;
+use crate::common::{parse_kebab, GlobalArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -24,6 +25,15 @@ pub struct Args {
     /// Seconds without a heartbeat before a node becomes NotReady.
     #[arg(long, value_name = "SECONDS", default_value_t = 40)]
     pub heartbeat_grace: u64,
+    /// See only each node's totals, as the default Kubernetes scheduler does:
+    /// no NUMA check, no plan; the nodelet decides and may reject (for
+    /// comparing; pods still land, with retries).
+    #[arg(long)]
+    pub topology_blind: bool,
+    /// The cluster's scoring strategy (a pod's spec.schedulingStrategy wins):
+    /// least-allocated | most-allocated | balanced | least-numa-nodes.
+    #[arg(long, value_name = "S", default_value = "least-allocated", value_parser = parse_kebab::<SchedulingStrategy>)]
+    pub scheduling_strategy: SchedulingStrategy,
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
@@ -34,6 +44,8 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.tls_sans = args.tls_sans;
     opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
     opts.api.body_limit = args.body_limit;
+    opts.controller.scheduler.topology_aware = !args.topology_blind;
+    opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     let server = Server::bind(opts).await?;
     let dir = args.data_dir.display();
     if server.first_start {

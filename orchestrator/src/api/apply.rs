@@ -26,8 +26,9 @@ pub struct ApiState {
 }
 
 pub enum Reply {
-    /// Status code and a JSON body.
-    Json(u16, serde_json::Value),
+    /// Status code and a JSON body, already encoded (a 50,000-pod list as a
+    /// `serde_json::Value` tree would cost several times its bytes).
+    Json(u16, Vec<u8>),
     /// A newline-delimited JSON stream: initial lines, then filtered changes.
     Watch { initial: Vec<String>, watch: Watch, filter: PodFilter },
     /// Bytes streamed from a nodelet's endpoint (`GET https://ENDPOINT/PATH`,
@@ -36,7 +37,7 @@ pub enum Reply {
 }
 
 fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
-    serde_json::to_value(v)
+    serde_json::to_vec(v)
         .map(|v| Reply::Json(code, v))
         .map_err(|e| super::error::internal(format!("cannot encode the reply: {e}")))
 }

@@ -205,7 +205,7 @@ async fn handle(
         Err(e) => return error_response(&e),
     };
     match apply(&state, identity, action).await {
-        Ok(Reply::Json(code, v)) => json_response(code, serde_json::to_vec(&v).unwrap_or_default()),
+        Ok(Reply::Json(code, v)) => json_response(code, v),
         Ok(Reply::Watch { initial, mut watch, filter }) => {
             let (tx, rx) = mpsc::channel::<Bytes>(256);
             let mut stop = shutdown;

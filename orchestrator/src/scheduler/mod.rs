@@ -85,7 +85,7 @@ pub struct Unschedulable {
 /// production; passed in explicitly so that a unit test can substitute its own.
 pub type AdmitFn = fn(&NodeTopology, &NodeSettings, &Allocations, &str, &Pod) -> Result<Placement, Rejection>;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerConfig {
     /// Off: see only node totals and bind without a plan, as the Kubernetes
     /// scheduler does (for showing the knowledge gap; the nodelet decides).

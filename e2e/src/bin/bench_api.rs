@@ -1,0 +1,234 @@
+//! Scheduling through the API, with the real `pinion server` in its own process:
+//! registers `--nodes` hollow nodes (synthetic machines of 2 to 8 NUMA nodes,
+//! CPU 0 reserved), creates `--pods` pods over `--connections` HTTPS
+//! connections (each reply after the store's flush), and waits until the server
+//! has bound every pod. Prints the create rate, the bound rate (first create to
+//! last binding), and the server's RSS with all of it in memory.
+//!
+//! Usage: `bench_api [--nodes N] [--pods P] [--connections C] [--pinion PATH]`
+//! (defaults 5000, 50000, 64, `target/release/pinion`).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+// A few shapes shared by many nodes, as a real fleet has (NUMA nodes x cores).
+const SHAPES: [&str; 6] = [
+    "pack:2 numa:1 core:16 pu:2",
+    "pack:2 numa:1 core:32 pu:2",
+    "pack:2 numa:2 core:8 pu:2",
+    "pack:2 numa:2 core:16 pu:2",
+    "pack:2 numa:4 core:8 pu:2",
+    "pack:2 numa:4 core:12 pu:2",
+];
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A small deterministic generator (xorshift), so runs compare.
+struct Rng(u64);
+
+impl Rng {
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        lo + self.0 % (hi - lo + 1)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let (mut nodes, mut pods, mut conns) = (5000usize, 50_000usize, 64usize);
+    let mut pinion = PathBuf::from("target/release/pinion");
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--nodes" => nodes = value()?.parse()?,
+            "--pods" => pods = value()?.parse()?,
+            "--connections" => conns = value()?.parse::<usize>()?.max(1),
+            "--pinion" => pinion = PathBuf::from(value()?),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(run(pinion, nodes, pods, conns))
+}
+
+async fn run(pinion: PathBuf, nodes: usize, pods: usize, conns: usize) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("srv");
+    let mut child = Command::new(&pinion)
+        .args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", "3600", "--data-dir"])
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", pinion.display()))?;
+    let stdout = child.stdout.take().context("server stdout")?;
+    let server = Server(child);
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with("listening on") => break,
+            Some(Ok(_)) => continue,
+            other => bail!("the server did not start: {other:?}"),
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let creds = orchestrator_creds(&data.join("admin.conf"))?;
+    let client = orchestrator::client::Client::new(&creds)?;
+
+    let t = Instant::now();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let bodies: Vec<String> =
+        (0..nodes).map(|i| node_json(i, SHAPES[rng.range(0, 5) as usize])).collect::<Result<_, _>>()?;
+    parallel(&client, conns, bodies, "/api/v1/nodes").await?;
+    let pid = server.0.id();
+    println!(
+        "registered {nodes} nodes in {:.1}s; server RSS {:.1} MiB",
+        t.elapsed().as_secs_f64(),
+        rss_mib(pid, "VmRSS:")
+    );
+
+    let bodies: Vec<String> = (0..pods).map(|i| pod_json(i, &mut rng)).collect();
+    // Bound = the server wrote the binding (spec.nodeName), seen on a watch
+    // opened before the first create (polling full lists would itself cost the
+    // server memory and time).
+    let from = client.list_pods(None).await?.resource_version;
+    let mut watch = client.watch_pods(None, None, Some(from)).await?;
+    let counter = tokio::spawn(async move {
+        let mut bound = std::collections::HashSet::new();
+        let mut unschedulable = std::collections::HashSet::new();
+        while bound.len() + unschedulable.len() < pods {
+            match watch.next().await? {
+                Some((_, p)) if p.spec.node_name.is_some() => {
+                    unschedulable.remove(&p.metadata.name);
+                    bound.insert(p.metadata.name);
+                }
+                Some((_, p)) if p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some("Unschedulable")) => {
+                    unschedulable.insert(p.metadata.name);
+                }
+                Some(_) => {}
+                None => bail!("the watch ended"),
+            }
+        }
+        Ok::<_, anyhow::Error>((bound.len(), unschedulable.len()))
+    });
+    let start = Instant::now();
+    parallel(&client, conns, bodies, "/api/v1/pods").await?;
+    let created = start.elapsed();
+    println!(
+        "created {pods} pods over {conns} connections in {:.2}s = {:.0} pods/s (durable before each reply); server RSS {:.1} MiB",
+        created.as_secs_f64(),
+        pods as f64 / created.as_secs_f64(),
+        rss_mib(pid, "VmRSS:")
+    );
+    let (bound, pending) =
+        tokio::time::timeout(Duration::from_secs(600), counter).await.context("binding timed out")???;
+    let all = start.elapsed();
+    println!(
+        "bound {bound} pods ({pending} left unschedulable) {:.2}s after the first create = {:.0} pods/s end to end",
+        all.as_secs_f64(),
+        bound as f64 / all.as_secs_f64()
+    );
+    println!(
+        "server RSS with {nodes} nodes and {pods} pods: {:.1} MiB (peak {:.1} MiB)",
+        rss_mib(pid, "VmRSS:"),
+        rss_mib(pid, "VmHWM:")
+    );
+    Ok(())
+}
+
+/// A memory figure of a process from /proc/PID/status, in MiB (0 when unreadable).
+fn rss_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    kib as f64 / 1024.0
+}
+
+fn orchestrator_creds(path: &std::path::Path) -> anyhow::Result<orchestrator::tls::Credentials> {
+    Ok(orchestrator::tls::Credentials::load(path)?)
+}
+
+fn node_json(i: usize, shape: &str) -> anyhow::Result<String> {
+    let topology = specs::topology::synthetic::parse(shape)?;
+    let node = serde_json::json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Node",
+        "metadata": {"name": format!("node-{i:05}"), "labels": {"rack": format!("r{}", i % 40)}},
+        "spec": {"topology": topology, "settings": {"reservedCpus": [0]}},
+    });
+    Ok(node.to_string())
+}
+
+fn pod_json(i: usize, rng: &mut Rng) -> String {
+    let cpus = rng.range(1, 8);
+    let mem = rng.range(1, 8);
+    let policy = if i % 2 == 0 { "single-numa-node" } else { "best-effort" };
+    serde_json::json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Pod",
+        "metadata": {"name": format!("pod-{i}")},
+        "spec": {
+            "topology": {"policy": policy},
+            "containers": [{
+                "name": "main",
+                "rootfs": "host",
+                "command": ["true"],
+                "resources": {
+                    "requests": {"cpu": cpus.to_string(), "memory": format!("{mem}Gi")},
+                    "limits": {"cpu": cpus.to_string(), "memory": format!("{mem}Gi")},
+                },
+            }],
+        },
+    })
+    .to_string()
+}
+
+/// POSTs every body, `conns` kept-alive connections at a time; any non-2xx fails.
+async fn parallel(
+    client: &orchestrator::client::Client,
+    conns: usize,
+    bodies: Vec<String>,
+    path: &'static str,
+) -> anyhow::Result<()> {
+    let mut shards: Vec<Vec<String>> = vec![Vec::new(); conns];
+    for (i, b) in bodies.into_iter().enumerate() {
+        shards[i % conns].push(b);
+    }
+    let mut tasks = Vec::new();
+    for shard in shards {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = client.connect().await?;
+            for body in shard {
+                let (code, reply) = conn
+                    .request(hyper::Method::POST, path, Some(("application/json", bytes::Bytes::from(body))))
+                    .await?;
+                if !(200..300).contains(&code) {
+                    bail!("POST {path}: {code}: {}", String::from_utf8_lossy(&reply));
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
