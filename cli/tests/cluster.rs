@@ -183,3 +183,156 @@ fn up_runs_server_and_node_in_one_process() {
     let got: Vec<u64> = serde_json::from_value(cpus(&p)).expect("cpus");
     assert_eq!(got, vec![1, 5], "a whole core, not the reserved one");
 }
+
+/// A TCP relay the test can cut: while cut, live connections are closed and new
+/// ones are closed at once (the server is unreachable, not slow).
+struct Relay {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+        let addr = listener.local_addr().expect("relay addr");
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = cut.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if flag.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(to) else { continue };
+                for (mut from, mut into) in
+                    [(client.try_clone().expect("clone"), server.try_clone().expect("clone")), (server, client)]
+                {
+                    let flag = flag.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            if flag.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if into.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { addr, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn node_condition(config: &Path, name: &str) -> String {
+    let (_, out) = cli(config, &["get", "nodes", name, "-o", "json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    v["status"]["condition"].as_str().unwrap_or_default().to_string()
+}
+
+fn agent_pods(data: &Path) -> Value {
+    let out = Command::new(PINION)
+        .args(["agent", "status", "-o", "json", "--data-dir"])
+        .arg(data)
+        .output()
+        .expect("agent status");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["pods"].clone()
+}
+
+fn wait_for(what: &str, pred: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pred() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let srv = dir.join("srv");
+    let (_server, line) = start(
+        &["server", "--data-dir", srv.to_str().expect("utf-8"), "--listen", "127.0.0.1:0", "--heartbeat-grace", "2"],
+        &[],
+        "listening on",
+    );
+    let url = line.split('(').nth(1).and_then(|s| s.strip_suffix(')')).expect("server URL").to_string();
+    let server_addr: std::net::SocketAddr = url.trim_start_matches("https://").parse().expect("server address");
+    let relay = Relay::start(server_addr);
+    let token = std::fs::read_to_string(srv.join("join-token")).expect("join token");
+    let config = srv.join("admin.conf");
+    // The nodelet reaches the server only through the relay.
+    let relayed = format!("https://127.0.0.1:{}", relay.addr.port());
+    let mut cmd = Command::new(PINION);
+    cmd.args(["agent", "--server", &relayed, "--token", token.trim(), "--ca"])
+        .arg(srv.join("pki/ca.crt"))
+        .arg("--data-dir")
+        .arg(dir.join("edge"))
+        .args(["--runtime", "hollow", "--synthetic", "pack:1 numa:1 core:8 pu:1", "--reserved-cpus", "0"])
+        .args(["--node-name", "edge", "--endpoint-listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _edge = Proc(cmd.spawn().expect("spawn agent"));
+
+    apply(&config, dir, "keep", 2);
+    apply(&config, dir, "gone", 2);
+    let keep = wait_pod(&config, "keep", "keep running", |p| p["status"]["phase"] == "Running");
+    wait_pod(&config, "gone", "gone running", |p| p["status"]["phase"] == "Running");
+    let keep_cpus = cpus(&keep);
+
+    relay.set_cut(true);
+    wait_for("edge NotReady", || node_condition(&config, "edge") == "NotReady");
+    let unknown = wait_pod(&config, "keep", "keep Unknown", |p| p["status"]["phase"] == "Unknown");
+    assert_eq!(unknown["spec"]["nodeName"], "edge", "left bound, not deleted: {unknown:#}");
+    // While cut off: one pod deleted, one created (nowhere to go: the only node is NotReady).
+    let (ok, out) = cli(&config, &["delete", "pod", "gone"]);
+    assert!(ok, "{out}");
+    apply(&config, dir, "new", 2);
+    std::thread::sleep(Duration::from_secs(2));
+    let new = pod(&config, "new");
+    assert!(new["spec"]["nodeName"].is_null(), "not bound to a NotReady node: {new:#}");
+    // Edge autonomy: the nodelet kept running both, unaware of the delete.
+    let pods = agent_pods(&dir.join("edge"));
+    assert_eq!(pods["keep"]["phase"], "Running", "{pods:#}");
+    assert_eq!(pods["gone"]["phase"], "Running", "{pods:#}");
+
+    relay.set_cut(false);
+    wait_for("edge Ready", || node_condition(&config, "edge") == "Ready");
+    let back = wait_pod(&config, "keep", "keep Running again", |p| p["status"]["phase"] == "Running");
+    assert_eq!(cpus(&back), keep_cpus, "the same CPUs: untouched while away");
+    let new = wait_pod(&config, "new", "new running", |p| p["status"]["phase"] == "Running");
+    assert_eq!(new["spec"]["nodeName"], "edge");
+    wait_for("the nodelet to drop the pod deleted while it was away", || {
+        agent_pods(&dir.join("edge")).get("gone").is_none()
+    });
+    // Nothing duplicated: each pod once on the node, no CPU given twice.
+    let pods = agent_pods(&dir.join("edge"));
+    let names: Vec<&String> = pods.as_object().map(|m| m.keys().collect()).unwrap_or_default();
+    assert_eq!(names, ["keep", "new"], "{pods:#}");
+    let a: Vec<u64> = serde_json::from_value(cpus(&back)).expect("cpus");
+    let b: Vec<u64> = serde_json::from_value(cpus(&new)).expect("cpus");
+    assert!(a.iter().all(|c| !b.contains(c)), "{a:?} vs {b:?}");
+}
