@@ -109,8 +109,9 @@ pub async fn run(
         status: NodeStatus::default(),
     };
     let name = cfg.node_name.clone();
-    let bindings = bindings_loop(client.clone(), node, changes, stop.clone());
-    let reports = reports_loop(client.clone(), name.clone(), reports, stop.clone());
+    let rejected = Rejected::default();
+    let bindings = bindings_loop(client.clone(), node, changes, rejected.clone(), stop.clone());
+    let reports = reports_loop(client.clone(), name.clone(), reports, rejected, stop.clone());
     let heartbeats = heartbeat_loop(client, name, stop.clone());
     tokio::select! {
         _ = stop.wait_for(|s| *s) => {}
@@ -119,6 +120,22 @@ pub async fn run(
         _ = heartbeats => {}
     }
     Ok(())
+}
+
+/// (pod, message) pairs already reported as rejections, shared by the two
+/// loops: a binding that arrives again (the server retried the pod here) clears
+/// its pod's entries, so a second refusal is reported too.
+#[derive(Clone, Default)]
+struct Rejected(std::sync::Arc<std::sync::Mutex<BTreeSet<(String, String)>>>);
+
+impl Rejected {
+    fn set(&self) -> std::sync::MutexGuard<'_, BTreeSet<(String, String)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn forget(&self, pod: &str) {
+        self.set().retain(|(p, _)| p != pod);
+    }
 }
 
 fn next_delay(d: Duration) -> Duration {
@@ -155,6 +172,7 @@ async fn bindings_loop(
     client: Client,
     node: Node,
     changes: mpsc::Sender<DesiredChange>,
+    rejected: Rejected,
     mut stop: watch::Receiver<bool>,
 ) {
     let name = node.metadata.name.clone();
@@ -167,7 +185,7 @@ async fn bindings_loop(
     };
     let mut delay = RETRY_MIN;
     loop {
-        match session(&client, &name, body.clone(), &changes, &mut stop).await {
+        match session(&client, &name, body.clone(), &changes, &rejected, &mut stop).await {
             Ok(()) => return, // stopped
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "link to the server lost; pods keep running");
@@ -186,6 +204,7 @@ async fn session(
     name: &str,
     node_body: Bytes,
     changes: &mpsc::Sender<DesiredChange>,
+    rejected: &Rejected,
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     client.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_body))).await?;
@@ -214,17 +233,20 @@ async fn session(
                 Some((plan, s)) => {
                     if sent.get(&key) != Some(&s) {
                         sent.insert(key.clone(), s);
+                        rejected.forget(&key);
                         changes.send(DesiredChange::Apply { key, pod: Box::new(pod), plan }).await?;
                     }
                 }
                 None => {
                     if sent.remove(&key).is_some() {
+                        rejected.forget(&key);
                         changes.send(DesiredChange::Remove { key }).await?;
                     }
                 }
             },
             WatchEventType::Deleted => {
                 sent.remove(&key);
+                rejected.forget(&key);
                 changes.send(DesiredChange::Remove { key }).await?;
             }
             WatchEventType::Error => bail!("the server ended the watch"),
@@ -236,14 +258,13 @@ async fn reports_loop(
     client: Client,
     name: String,
     mut reports: watch::Receiver<NodeReport>,
+    rejected: Rejected,
     mut stop: watch::Receiver<bool>,
 ) {
-    // (pod, message) pairs already reported as rejections.
-    let mut rejected: BTreeSet<(String, String)> = BTreeSet::new();
     let mut delay = RETRY_MIN;
     loop {
         let report = reports.borrow_and_update().clone();
-        let outcome = push_report(&client, &name, report, &mut rejected).await;
+        let outcome = push_report(&client, &name, report, &rejected).await;
         let failed = outcome.is_err();
         if let Err(e) = outcome {
             tracing::debug!(error = %e, "status report not delivered; retrying");
@@ -264,12 +285,7 @@ async fn reports_loop(
     }
 }
 
-async fn push_report(
-    client: &Client,
-    name: &str,
-    report: NodeReport,
-    rejected: &mut BTreeSet<(String, String)>,
-) -> Result<(), ClientError> {
+async fn push_report(client: &Client, name: &str, report: NodeReport, rejected: &Rejected) -> Result<(), ClientError> {
     if report.node_name.is_empty() {
         return Ok(()); // the agent has not published yet
     }
@@ -280,7 +296,7 @@ async fn push_report(
     for (pod, status) in &pods {
         if status.phase == PodPhase::Pending {
             if let (Some(reason), Some(message)) = (&status.reason, &status.message) {
-                if rejected.insert((pod.clone(), message.clone())) {
+                if rejected.set().insert((pod.clone(), message.clone())) {
                     refusals.push((pod.clone(), PodRejection { reason: reason.clone(), message: message.clone() }));
                 }
             }
@@ -294,7 +310,7 @@ async fn push_report(
         let body = serde_json::to_vec(&r).map_err(|e| ClientError::Decode(e.to_string()))?;
         let path = format!("/api/v1/pods/{pod}/rejection");
         if let Err(e) = client.request(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await {
-            rejected.remove(&(pod, r.message));
+            rejected.set().remove(&(pod, r.message));
             return Err(e);
         }
     }

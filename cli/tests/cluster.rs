@@ -184,67 +184,6 @@ fn up_runs_server_and_node_in_one_process() {
     assert_eq!(got, vec![1, 5], "a whole core, not the reserved one");
 }
 
-/// A TCP relay the test can cut: while cut, live connections are closed and new
-/// ones are closed at once (the server is unreachable, not slow).
-struct Relay {
-    addr: std::net::SocketAddr,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Relay {
-    fn start(to: std::net::SocketAddr) -> Relay {
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
-        let addr = listener.local_addr().expect("relay addr");
-        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = cut.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                if flag.load(Ordering::SeqCst) {
-                    continue; // dropped: closed at once
-                }
-                let Ok(server) = std::net::TcpStream::connect(to) else { continue };
-                for (mut from, mut into) in
-                    [(client.try_clone().expect("clone"), server.try_clone().expect("clone")), (server, client)]
-                {
-                    let flag = flag.clone();
-                    std::thread::spawn(move || {
-                        use std::io::{Read, Write};
-                        let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
-                        let mut buf = [0u8; 16384];
-                        loop {
-                            if flag.load(Ordering::SeqCst) {
-                                break;
-                            }
-                            match from.read(&mut buf) {
-                                Ok(0) => break,
-                                Ok(n) => {
-                                    if into.write_all(&buf[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                                Err(e)
-                                    if matches!(
-                                        e.kind(),
-                                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                                    ) => {}
-                                Err(_) => break,
-                            }
-                        }
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                        let _ = into.shutdown(std::net::Shutdown::Both);
-                    });
-                }
-            }
-        });
-        Relay { addr, cut }
-    }
-
-    fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 fn node_condition(config: &Path, name: &str) -> String {
     let (_, out) = cli(config, &["get", "nodes", name, "-o", "json"]);
     let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
@@ -281,7 +220,7 @@ fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
     );
     let url = line.split('(').nth(1).and_then(|s| s.strip_suffix(')')).expect("server URL").to_string();
     let server_addr: std::net::SocketAddr = url.trim_start_matches("https://").parse().expect("server address");
-    let relay = Relay::start(server_addr);
+    let relay = e2e::relay::Relay::start(server_addr).expect("relay");
     let token = std::fs::read_to_string(srv.join("join-token")).expect("join token");
     let config = srv.join("admin.conf");
     // The nodelet reaches the server only through the relay.

@@ -2,3 +2,5 @@
 
 pub mod binary;
 pub mod qemu;
+pub mod relay;
+pub mod scenario;

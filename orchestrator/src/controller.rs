@@ -196,6 +196,8 @@ impl Controller {
     pub fn pod_deleted(&self, pod: &Pod) {
         let mut inner = self.lock();
         inner.queue.remove(&pod.metadata.name);
+        // A later pod of the same name is a new pod: no backoff, no stale marks.
+        inner.sched.release(&pod.metadata.name);
         if let Some(node) = &pod.spec.node_name {
             if let Some(n) = inner.nodes.get_mut(node) {
                 n.inflight.remove(&pod.metadata.name);
@@ -302,7 +304,10 @@ impl Controller {
     }
 
     /// A nodelet refused a binding: the pod goes back to the queue with backoff.
-    pub fn pod_rejected(&self, pod: &str, node: &str, failures: u32) {
+    /// The scheduler also marks the node stale for this pod, so the retry goes
+    /// elsewhere until that node's state changes (in topology-blind mode the
+    /// node's totals would otherwise invite the same binding again).
+    pub fn pod_rejected(&self, pod: &str, node: &str, reason: &str, failures: u32) {
         let mut inner = self.lock();
         let reports = match inner.nodes.get_mut(node) {
             Some(n) => {
@@ -312,6 +317,7 @@ impl Controller {
             None => 0,
         };
         inner.sync_mirror(node);
+        inner.sched.on_rejection(pod, node, reason, std::time::Instant::now());
         let delay = self.backoff(failures);
         inner.queue.insert(
             pod.to_string(),

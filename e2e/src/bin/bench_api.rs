@@ -179,7 +179,7 @@ fn node_json(i: usize, shape: &str) -> anyhow::Result<String> {
 fn pod_json(i: usize, rng: &mut Rng) -> String {
     let cpus = rng.range(1, 8);
     let mem = rng.range(1, 8);
-    let policy = if i % 2 == 0 { "single-numa-node" } else { "best-effort" };
+    let policy = if i.is_multiple_of(2) { "single-numa-node" } else { "best-effort" };
     serde_json::json!({
         "apiVersion": "pinion.io/v1",
         "kind": "Pod",

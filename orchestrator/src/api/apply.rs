@@ -263,6 +263,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::RejectPod { name, rejection } => {
             require_known(id)?;
+            let rejection_reason = format!("{}: {}", rejection.reason, rejection.message);
             let id2 = id.clone();
             let (pod, node) = store
                 .write(move |t| -> Result<(Pod, String), Refused> {
@@ -287,7 +288,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .await
                 .map_err(|Refused(e)| e)?;
             let attempts = pod.status.as_ref().map(|s| s.attempts).unwrap_or(1);
-            state.controller.pod_rejected(&pod.metadata.name, &node, attempts);
+            state.controller.pod_rejected(&pod.metadata.name, &node, &rejection_reason, attempts);
             json(200, &pod)
         }
         Action::PodLog { name, container, follow } => {

@@ -1,0 +1,902 @@
+//! The scenario runner: a scenario is a YAML file under `e2e/scenarios/` that
+//! names the nodes, the pods to submit in order, and what must hold afterwards.
+//! [`run`] starts a fresh cluster from the real `pinion` binary (`pinion
+//! server` and one `pinion agent` per node, each reaching the server through a
+//! [`Relay`] the scenario can cut), drives it with the CLI, and returns every
+//! expectation that failed with what it saw. Everything the processes printed,
+//! and every CLI call with its output, stays under the output directory.
+//!
+//! The file format, by example (every key is checked: a typo is an error):
+//!
+//! ```yaml
+//! description: A 20-CPU pod lands on the node where one NUMA node holds it.
+//! server: {topologyBlind: false, heartbeatGrace: 40}
+//! requires: [root, twoCpus]          # else skipped (failed under CI=true)
+//! nodes:
+//! - name: b
+//!   synthetic: "pack:2 numa:1 core:20 pu:1"   # or sysfs: FIXTURE, or host: true
+//!   runtime: hollow                           # or libcontainer
+//!   reservedCpus: "0"
+//!   policy: single-numa-node
+//!   scope: container
+//!   cpuManagerOptions: [full-pcpus-only=true]
+//!   devices: {example.com/nic: [{address: "0000:81:00.0"}]}
+//!   labels: {zone: edge}
+//!   startLater: true                          # started by a `startNode` step
+//! steps:
+//! - apply:
+//!   - {name: p20, cpu: 20, memory: 1Gi}       # shorthand, or a full manifest
+//! - expect:
+//!   - {pod: p20, phase: Running, onNode: b, numaAffinity: [1], cpuCount: 20}
+//! - hold: {seconds: 2, expect: [{pod: p30, phase: Pending}]}
+//! - delete: [p20]
+//! - repeat: {times: 50, steps: [...]}
+//! - expectAttempts: {totalAtLeast: 60, totalAtMost: 150}  # over pods seen Running
+//! - killServer / restartServer / killNode: b / restartNode: b / cutNode: b / restoreNode: b / startNode: b
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::relay::Relay;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Scenario {
+    pub description: String,
+    #[serde(default)]
+    pub server: ServerDef,
+    #[serde(default)]
+    pub requires: Vec<Requirement>,
+    pub nodes: Vec<NodeDef>,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Requirement {
+    Root,
+    TwoCpus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServerDef {
+    #[serde(default)]
+    pub topology_blind: bool,
+    pub heartbeat_grace: Option<u64>,
+    pub scheduling_strategy: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeDef {
+    pub name: String,
+    pub synthetic: Option<String>,
+    /// A fixture under `../shared/fixtures/sysfs/` (the name without `.tar.gz`).
+    pub sysfs: Option<String>,
+    /// This host's own /sys.
+    #[serde(default)]
+    pub host: bool,
+    #[serde(default = "hollow")]
+    pub runtime: String,
+    pub reserved_cpus: Option<String>,
+    pub policy: Option<String>,
+    pub scope: Option<String>,
+    #[serde(default)]
+    pub cpu_manager_options: Vec<String>,
+    pub devices: Option<Value>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub start_later: bool,
+}
+
+fn hollow() -> String {
+    "hollow".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase", deny_unknown_fields)]
+pub enum Step {
+    Apply(Vec<Value>),
+    Delete(Vec<String>),
+    Expect(Vec<Expectation>),
+    /// After `seconds`, every expectation must hold (for "stays Pending").
+    Hold {
+        seconds: f64,
+        expect: Vec<Expectation>,
+    },
+    Sleep(f64),
+    /// Bounds on the scheduling attempts of every pod seen Running so far.
+    ExpectAttempts {
+        total_at_least: Option<u32>,
+        total_at_most: Option<u32>,
+    },
+    Repeat {
+        times: u32,
+        steps: Vec<Step>,
+    },
+    KillServer,
+    RestartServer,
+    KillNode(String),
+    RestartNode(String),
+    StartNode(String),
+    CutNode(String),
+    RestoreNode(String),
+}
+
+/// What must hold about one pod (`pod:`) or one node (`node:` without `pod:`).
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Expectation {
+    pub pod: Option<String>,
+    pub node: Option<String>,
+    /// The container the CPU fields are about [default: the first].
+    pub container: Option<String>,
+    #[serde(default)]
+    pub absent: bool,
+    pub phase: Option<String>,
+    pub on_node: Option<String>,
+    pub numa_affinity: Option<Vec<u32>>,
+    pub cpus: Option<String>,
+    pub cpus_one_of: Option<Vec<String>>,
+    pub cpus_within: Option<String>,
+    pub cpus_disjoint_from: Option<String>,
+    pub cpu_count: Option<u32>,
+    pub mems: Option<Vec<u32>>,
+    pub cpu_policy: Option<String>,
+    pub devices: Option<Vec<String>>,
+    pub reason: Option<String>,
+    pub message_contains: Option<Vec<String>>,
+    pub attempts_at_most: Option<u32>,
+    pub attempts_at_least: Option<u32>,
+    pub restart_count: Option<u32>,
+    pub describe_contains: Option<Vec<String>>,
+    pub condition: Option<String>,
+    /// Seconds to wait for this to hold [default 30].
+    pub within: Option<f64>,
+}
+
+/// The pod shorthand: one container `main` unless `containers` is given.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PodShort {
+    name: String,
+    #[serde(flatten)]
+    main: ContainerShort,
+    containers: Option<Vec<ContainerShort>>,
+    policy: Option<String>,
+    scope: Option<String>,
+    #[serde(default)]
+    node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    restart_policy: Option<String>,
+    scheduling_strategy: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ContainerShort {
+    name: Option<String>,
+    /// Request and limit (Guaranteed when memory is given too).
+    cpu: Option<String>,
+    memory: Option<String>,
+    /// Request only (Burstable).
+    cpu_request: Option<String>,
+    memory_request: Option<String>,
+    hugepages2_mi: Option<String>,
+    #[serde(default)]
+    devices: BTreeMap<String, u32>,
+    cpu_policy: Option<String>,
+    command: Option<Vec<String>>,
+}
+
+fn container_json(c: &ContainerShort, default_name: &str) -> Value {
+    let mut requests = serde_json::Map::new();
+    let mut limits = serde_json::Map::new();
+    for (k, v) in [("cpu", &c.cpu), ("memory", &c.memory), ("hugepages-2Mi", &c.hugepages2_mi)] {
+        if let Some(v) = v {
+            requests.insert(k.into(), v.clone().into());
+            limits.insert(k.into(), v.clone().into());
+        }
+    }
+    for (k, v) in [("cpu", &c.cpu_request), ("memory", &c.memory_request)] {
+        if let Some(v) = v {
+            requests.insert(k.into(), v.clone().into());
+        }
+    }
+    for (k, n) in &c.devices {
+        requests.insert(k.clone(), n.to_string().into());
+        limits.insert(k.clone(), n.to_string().into());
+    }
+    let mut ctr = serde_json::json!({
+        "name": c.name.clone().unwrap_or_else(|| default_name.to_string()),
+        "rootfs": "host",
+        "command": c.command.clone().unwrap_or_else(|| vec!["sleep".into(), "inf".into()]),
+        "resources": {"requests": requests, "limits": limits},
+    });
+    if let Some(p) = &c.cpu_policy {
+        ctr["cpuPolicy"] = p.clone().into();
+    }
+    ctr
+}
+
+/// A manifest from the shorthand, or the full manifest as written.
+fn manifest(json: &Value) -> anyhow::Result<(String, Value)> {
+    let json = json.clone();
+    if json.get("apiVersion").is_some() {
+        let name = json["metadata"]["name"].as_str().context("a manifest without metadata.name")?.to_string();
+        return Ok((name, json));
+    }
+    let p: PodShort = serde_json::from_value(json).context("pod shorthand")?;
+    let containers: Vec<Value> = match &p.containers {
+        Some(cs) => cs.iter().enumerate().map(|(i, c)| container_json(c, &format!("c{i}"))).collect(),
+        None => vec![container_json(&p.main, "main")],
+    };
+    let mut spec = serde_json::json!({"containers": containers, "terminationGracePeriodSeconds": 1});
+    if p.policy.is_some() || p.scope.is_some() {
+        spec["topology"] = serde_json::json!({"policy": p.policy, "scope": p.scope});
+    }
+    if !p.node_selector.is_empty() {
+        spec["nodeSelector"] = serde_json::to_value(&p.node_selector)?;
+    }
+    if let Some(r) = &p.restart_policy {
+        spec["restartPolicy"] = r.clone().into();
+    }
+    if let Some(s) = &p.scheduling_strategy {
+        spec["schedulingStrategy"] = s.clone().into();
+    }
+    let pod = serde_json::json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Pod",
+        "metadata": {"name": p.name, "labels": p.labels},
+        "spec": spec,
+    });
+    Ok((p.name, pod))
+}
+
+/// What a run found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Each failed expectation: where, what was expected, what was seen.
+    pub failures: Vec<String>,
+    /// (pod, attempts) for every pod seen Running by an expectation.
+    pub attempts: Vec<(String, u32)>,
+    pub skipped: Option<String>,
+    pub out_dir: PathBuf,
+}
+
+impl Outcome {
+    pub fn attempts_summary(&self) -> String {
+        if self.attempts.is_empty() {
+            return "no pod seen running".into();
+        }
+        let total: u32 = self.attempts.iter().map(|a| a.1).sum();
+        let max = self.attempts.iter().map(|a| a.1).max().unwrap_or(0);
+        format!(
+            "{} pods placed with {total} scheduling attempts in all (mean {:.2}, max {max})",
+            self.attempts.len(),
+            f64::from(total) / self.attempts.len() as f64
+        )
+    }
+}
+
+pub fn load(path: &Path) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // Through a JSON value: serde_yaml wants enum variants as `!tags`, and a
+    // step reads better as a one-key map (`- apply: [...]`).
+    let v: Value = serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not YAML", path.display()))?;
+    serde_path_to_error::deserialize(v).map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e.inner()))
+}
+
+/// The daemons log at info level: their output is kept for reading.
+const DAEMON_LOG: &str = "info,libcgroups=error,libcontainer=error";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct NodeRun {
+    def: NodeDef,
+    relay: Relay,
+    proc: Option<Proc>,
+}
+
+struct Cluster {
+    pinion: PathBuf,
+    dir: PathBuf,
+    out: PathBuf,
+    shared: PathBuf,
+    server_def_flags: Vec<String>,
+    server: Option<Proc>,
+    server_addr: SocketAddr,
+    nodes: BTreeMap<String, NodeRun>,
+    commands: std::fs::File,
+    restarts: u32,
+    /// `status.attempts` of the pod the last passing check read.
+    last_attempts: u32,
+}
+
+/// Runs the scenario at `path` with the `pinion` binary; `out_dir` is emptied
+/// first and keeps every process's output and the CLI transcript.
+pub fn run(path: &Path, pinion: &Path, shared: &Path, out_dir: &Path) -> anyhow::Result<Outcome> {
+    let scenario = load(path)?;
+    let mut outcome = Outcome { out_dir: out_dir.to_path_buf(), ..Outcome::default() };
+    for r in &scenario.requires {
+        let missing = match r {
+            Requirement::Root => !is_root(),
+            Requirement::TwoCpus => !has_two_cpus(),
+        };
+        if missing {
+            let why = format!("needs {r:?}");
+            if std::env::var("CI").as_deref() == Ok("true") {
+                bail!("{}: {why}, and CI=true", path.display());
+            }
+            outcome.skipped = Some(why);
+            return Ok(outcome);
+        }
+    }
+    let _ = std::fs::remove_dir_all(out_dir);
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let tmp = tempfile::Builder::new().prefix("pinion-scenario-").tempdir()?;
+    let mut cluster = Cluster::start(&scenario, pinion, shared, tmp.path(), out_dir)?;
+    let mut failures = Vec::new();
+    cluster.steps(&scenario.steps, "", &mut failures, &mut outcome.attempts)?;
+    cluster.stop_cleanly();
+    outcome.failures = failures;
+    Ok(outcome)
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+fn has_two_cpus() -> bool {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
+        .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
+}
+
+/// Waits for a line starting with `prefix` in a file another process writes.
+fn wait_line(path: &Path, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.starts_with(prefix)) {
+            return Ok(l.to_string());
+        }
+        if Instant::now() > deadline {
+            bail!("no {prefix:?} line in {} after {timeout:?}:\n{text}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Cluster {
+    fn start(s: &Scenario, pinion: &Path, shared: &Path, dir: &Path, out: &Path) -> anyhow::Result<Cluster> {
+        let mut flags = Vec::new();
+        if s.server.topology_blind {
+            flags.push("--topology-blind".to_string());
+        }
+        if let Some(g) = s.server.heartbeat_grace {
+            flags.extend(["--heartbeat-grace".to_string(), g.to_string()]);
+        }
+        if let Some(st) = &s.server.scheduling_strategy {
+            flags.extend(["--scheduling-strategy".to_string(), st.clone()]);
+        }
+        let commands = std::fs::File::create(out.join("commands.log"))?;
+        let mut c = Cluster {
+            pinion: pinion.to_path_buf(),
+            dir: dir.to_path_buf(),
+            out: out.to_path_buf(),
+            shared: shared.to_path_buf(),
+            server_def_flags: flags,
+            server: None,
+            server_addr: "127.0.0.1:0".parse()?,
+            nodes: BTreeMap::new(),
+            commands,
+            restarts: 0,
+            last_attempts: 0,
+        };
+        c.start_server()?;
+        for def in &s.nodes {
+            if c.nodes.contains_key(&def.name) {
+                bail!("node {} is defined twice", def.name);
+            }
+            let relay = Relay::start(c.server_addr)?;
+            c.nodes.insert(def.name.clone(), NodeRun { def: def.clone(), relay, proc: None });
+            if !def.start_later {
+                c.start_node(&def.name)?;
+            }
+        }
+        Ok(c)
+    }
+
+    fn start_server(&mut self) -> anyhow::Result<()> {
+        let log = self.out.join(format!(
+            "server{}.out",
+            if self.restarts > 0 { format!(".{}", self.restarts) } else { String::new() }
+        ));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(&self.pinion)
+            .args(["server", "--listen", &self.server_addr.to_string(), "--data-dir"])
+            .arg(self.dir.join("srv"))
+            .args(&self.server_def_flags)
+            .env("PINION_LOG", DAEMON_LOG)
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .context("starting pinion server")?;
+        self.server = Some(Proc(child));
+        let line = wait_line(&log, "listening on", Duration::from_secs(20))?;
+        let addr = line.split_whitespace().nth(2).context("listening line")?;
+        self.server_addr = addr.parse().with_context(|| format!("server address {addr}"))?;
+        Ok(())
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.join("srv/admin.conf")
+    }
+
+    fn start_node(&mut self, name: &str) -> anyhow::Result<()> {
+        let n = self.nodes.get(name).with_context(|| format!("no node {name} in the scenario"))?;
+        let def = n.def.clone();
+        let url = format!("https://127.0.0.1:{}", n.relay.addr.port());
+        let data = self.dir.join(format!("node-{name}"));
+        let token = std::fs::read_to_string(self.dir.join("srv/join-token"))?;
+        let mut cmd = Command::new(&self.pinion);
+        cmd.args(["agent", "--server", &url, "--token", token.trim(), "--ca"])
+            .arg(self.dir.join("srv/pki/ca.crt"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--node-name", name, "--endpoint-listen", "127.0.0.1:0", "--runtime", &def.runtime]);
+        match (&def.synthetic, &def.sysfs, def.host) {
+            (Some(s), None, false) => {
+                cmd.args(["--synthetic", s]);
+            }
+            (None, Some(f), false) => {
+                cmd.arg("--sysfs-root").arg(self.fixture(f)?);
+            }
+            (None, None, true) => {}
+            _ => bail!("node {name}: give exactly one of synthetic, sysfs, host"),
+        }
+        for (flag, v) in [
+            ("--reserved-cpus", &def.reserved_cpus),
+            ("--topology-policy", &def.policy),
+            ("--topology-scope", &def.scope),
+        ] {
+            if let Some(v) = v {
+                cmd.args([flag, v]);
+            }
+        }
+        for o in &def.cpu_manager_options {
+            cmd.args(["--cpu-manager-option", o]);
+        }
+        for (k, v) in &def.labels {
+            cmd.args(["--label", &format!("{k}={v}")]);
+        }
+        if let Some(d) = &def.devices {
+            let path = self.dir.join(format!("devices-{name}.yaml"));
+            std::fs::write(&path, serde_yaml_ng::to_string(d)?)?;
+            cmd.arg("--devices").arg(path);
+        }
+        let restarts = self.restarts;
+        let log = self.out.join(format!("node-{name}.{restarts}.out"));
+        self.restarts += 1;
+        let file = std::fs::File::create(&log)?;
+        cmd.env("PINION_LOG", DAEMON_LOG).stdout(file.try_clone()?).stderr(file);
+        let child = cmd.spawn().with_context(|| format!("starting node {name}"))?;
+        if let Some(n) = self.nodes.get_mut(name) {
+            n.proc = Some(Proc(child));
+        }
+        let expect = Expectation {
+            node: Some(name.to_string()),
+            condition: Some("Ready".into()),
+            within: Some(30.0),
+            ..Expectation::default()
+        };
+        if let Err(saw) = self.eventually(&expect) {
+            bail!("node {name} did not become Ready: {saw} (see {})", log.display());
+        }
+        Ok(())
+    }
+
+    /// Extracts a fixture once per scenario.
+    fn fixture(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let root = self.dir.join("fixtures").join(name);
+        if !root.exists() {
+            let tarball = self.shared.join("fixtures/sysfs").join(format!("{name}.tar.gz"));
+            std::fs::create_dir_all(&root)?;
+            let ok = Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(&root).status()?.success();
+            if !ok {
+                bail!("cannot extract {}", tarball.display());
+            }
+        }
+        Ok(root)
+    }
+
+    fn cli(&mut self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(&self.pinion).args(args).arg("--config").arg(self.config()).output();
+        let (ok, stdout, stderr) = match out {
+            Ok(o) => (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            ),
+            Err(e) => (false, String::new(), e.to_string()),
+        };
+        let _ = writeln!(self.commands, "$ pinion {}\n{stdout}{stderr}", args.join(" "));
+        (ok, stdout, stderr)
+    }
+
+    fn get_json(&mut self, kind: &str, name: &str) -> Option<Value> {
+        let (ok, out, _) = self.cli(&["get", kind, name, "-o", "json"]);
+        if !ok {
+            return None;
+        }
+        serde_json::from_str(&out).ok()
+    }
+
+    fn steps(
+        &mut self,
+        steps: &[Step],
+        at: &str,
+        failures: &mut Vec<String>,
+        attempts: &mut Vec<(String, u32)>,
+    ) -> anyhow::Result<()> {
+        for (i, step) in steps.iter().enumerate() {
+            let here = format!("{at}step {}", i + 1);
+            match step {
+                Step::Apply(pods) => {
+                    for p in pods {
+                        let (name, m) = manifest(p).with_context(|| format!("{here}: apply"))?;
+                        let path = self.dir.join(format!("{name}.json"));
+                        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
+                        let (ok, out, err) = self.cli(&["apply", "-f", &path.to_string_lossy()]);
+                        if !ok {
+                            failures.push(format!("{here}: apply {name} failed: {out}{err}"));
+                        }
+                    }
+                }
+                Step::Delete(names) => {
+                    for name in names {
+                        let (ok, out, err) = self.cli(&["delete", "pod", name]);
+                        if !ok {
+                            failures.push(format!("{here}: delete {name} failed: {out}{err}"));
+                        }
+                        // Gone from the server, and from its node's report.
+                        let gone = Expectation { pod: Some(name.clone()), absent: true, ..Expectation::default() };
+                        if let Err(saw) = self.eventually(&gone) {
+                            failures.push(format!("{here}: pod {name} still there after delete: {saw}"));
+                        }
+                    }
+                }
+                Step::Expect(list) => {
+                    for e in list {
+                        match self.eventually(e) {
+                            Err(saw) => failures.push(format!("{here}: expected {}\n    saw: {saw}", show(e))),
+                            Ok(()) if e.phase.as_deref() == Some("Running") => {
+                                if let Some(pod) = &e.pod {
+                                    attempts.push((pod.clone(), self.last_attempts));
+                                }
+                            }
+                            Ok(()) => {}
+                        }
+                    }
+                }
+                Step::Hold { seconds, expect } => {
+                    std::thread::sleep(Duration::from_secs_f64(*seconds));
+                    for e in expect {
+                        if let Err(saw) = self.check(e) {
+                            failures.push(format!("{here}: expected to hold {}\n    saw: {saw}", show(e)));
+                        }
+                    }
+                }
+                Step::Sleep(s) => std::thread::sleep(Duration::from_secs_f64(*s)),
+                Step::ExpectAttempts { total_at_least, total_at_most } => {
+                    let total: u32 = attempts.iter().map(|a| a.1).sum();
+                    if total_at_least.is_some_and(|min| total < min) || total_at_most.is_some_and(|max| total > max) {
+                        failures.push(format!(
+                            "{here}: expected between {total_at_least:?} and {total_at_most:?} attempts in all, saw {total} over {} pods",
+                            attempts.len()
+                        ));
+                    }
+                }
+                Step::Repeat { times, steps } => {
+                    for round in 1..=*times {
+                        let before = failures.len();
+                        self.steps(steps, &format!("{here} round {round}: "), failures, attempts)?;
+                        if failures.len() > before {
+                            break; // one failed round says enough
+                        }
+                    }
+                }
+                Step::KillServer => {
+                    self.server = None; // kill -9 (Drop kills with SIGKILL)
+                }
+                Step::RestartServer => {
+                    self.server = None;
+                    self.start_server().with_context(|| format!("{here}: restarting the server"))?;
+                }
+                Step::KillNode(n) => {
+                    self.node_mut(n)?.proc = None;
+                }
+                Step::RestartNode(n) | Step::StartNode(n) => {
+                    self.node_mut(n)?.proc = None;
+                    self.start_node(n).with_context(|| format!("{here}: starting node {n}"))?;
+                }
+                Step::CutNode(n) => self.node_mut(n)?.relay.set_cut(true),
+                Step::RestoreNode(n) => self.node_mut(n)?.relay.set_cut(false),
+            }
+            if !failures.is_empty() {
+                // Later steps build on this one; their failures would only echo it.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    fn node_mut(&mut self, name: &str) -> anyhow::Result<&mut NodeRun> {
+        self.nodes.get_mut(name).with_context(|| format!("no node {name} in the scenario"))
+    }
+
+    fn eventually(&mut self, e: &Expectation) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs_f64(e.within.unwrap_or(30.0));
+        loop {
+            match self.check(e) {
+                Ok(()) => return Ok(()),
+                Err(saw) if Instant::now() > deadline => return Err(saw),
+                Err(_) => std::thread::sleep(Duration::from_millis(150)),
+            }
+        }
+    }
+
+    fn check(&mut self, e: &Expectation) -> Result<(), String> {
+        match (&e.pod, &e.node) {
+            (Some(pod), _) => self.check_pod(pod, e),
+            (None, Some(node)) => {
+                let n = self.get_json("nodes", node).ok_or_else(|| format!("no node {node}"))?;
+                match &e.condition {
+                    Some(c) if n["status"]["condition"] != c.as_str() => {
+                        Err(format!("node {node} is {}", n["status"]["condition"]))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            (None, None) => Err("an expectation names no pod and no node".into()),
+        }
+    }
+
+    fn check_pod(&mut self, name: &str, e: &Expectation) -> Result<(), String> {
+        let Some(p) = self.get_json("pods", name) else {
+            return if e.absent { Ok(()) } else { Err(format!("no pod {name}")) };
+        };
+        if e.absent {
+            return Err(format!("pod {name} exists: phase {}", p["status"]["phase"]));
+        }
+        let status = &p["status"];
+        let mut bad = String::new();
+        let mut want = |ok: bool, what: String| {
+            if !ok {
+                let _ = write!(bad, "{what}; ");
+            }
+        };
+        if let Some(ph) = &e.phase {
+            want(status["phase"] == ph.as_str(), format!("phase {}", status["phase"]));
+        }
+        if let Some(n) = &e.on_node {
+            want(p["spec"]["nodeName"] == n.as_str(), format!("node {}", p["spec"]["nodeName"]));
+        }
+        if let Some(r) = &e.reason {
+            want(status["reason"] == r.as_str(), format!("reason {}", status["reason"]));
+        }
+        if let Some(parts) = &e.message_contains {
+            let msg = status["message"].as_str().unwrap_or_default();
+            want(parts.iter().all(|s| msg.contains(s.as_str())), format!("message {msg:?}"));
+        }
+        let tries = status["attempts"].as_u64().unwrap_or(0) as u32;
+        if let Some(max) = e.attempts_at_most {
+            want(tries <= max, format!("attempts {tries}"));
+        }
+        if let Some(min) = e.attempts_at_least {
+            want(tries >= min, format!("attempts {tries}"));
+        }
+        if let Some(numa) = &e.numa_affinity {
+            let got: Vec<u32> = serde_json::from_value(status["placement"]["numaAffinity"].clone()).unwrap_or_default();
+            want(&got == numa, format!("numaAffinity {got:?}"));
+        }
+        let containers = status["placement"]["containers"].as_array().cloned().unwrap_or_default();
+        let placed = match &e.container {
+            Some(c) => containers.iter().find(|x| x["name"] == c.as_str()).cloned(),
+            None => containers.first().cloned(),
+        };
+        let cpus: Option<specs::CpuSet> = placed.as_ref().and_then(|c| serde_json::from_value(c["cpus"].clone()).ok());
+        let cpu_fields = e.cpus.is_some()
+            || e.cpus_one_of.is_some()
+            || e.cpus_within.is_some()
+            || e.cpus_disjoint_from.is_some()
+            || e.cpu_count.is_some()
+            || e.mems.is_some()
+            || e.cpu_policy.is_some()
+            || e.devices.is_some();
+        match (&cpus, &placed) {
+            (Some(cpus), Some(c)) => {
+                let list = |s: &str| specs::CpuSet::parse_list(s).unwrap_or_default();
+                if let Some(x) = &e.cpus {
+                    want(*cpus == list(x), format!("cpus {cpus}"));
+                }
+                if let Some(xs) = &e.cpus_one_of {
+                    want(xs.iter().any(|x| *cpus == list(x)), format!("cpus {cpus}"));
+                }
+                if let Some(x) = &e.cpus_within {
+                    want(cpus.is_subset(&list(x)), format!("cpus {cpus}"));
+                }
+                if let Some(x) = &e.cpus_disjoint_from {
+                    want(cpus.intersection(&list(x)).is_empty(), format!("cpus {cpus}"));
+                }
+                if let Some(n) = e.cpu_count {
+                    want(cpus.len() == n as usize, format!("cpus {cpus} ({})", cpus.len()));
+                }
+                if let Some(m) = &e.mems {
+                    let got: Vec<u32> = serde_json::from_value(c["mems"].clone()).unwrap_or_default();
+                    want(&got == m, format!("mems {got:?}"));
+                }
+                if let Some(pol) = &e.cpu_policy {
+                    want(c["cpuPolicy"] == pol.as_str(), format!("cpuPolicy {}", c["cpuPolicy"]));
+                }
+                if let Some(d) = &e.devices {
+                    let got: Vec<String> = serde_json::from_value(c["devices"].clone()).unwrap_or_default();
+                    want(&got == d, format!("devices {got:?}"));
+                }
+            }
+            _ if cpu_fields => want(false, "no placement".into()),
+            _ => {}
+        }
+        if let Some(n) = e.restart_count {
+            let got = status["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0) as u32;
+            want(got == n, format!("restartCount {got}"));
+        }
+        if let Some(parts) = &e.describe_contains {
+            let (_, text, _) = self.cli(&["describe", "pod", name]);
+            let missing: Vec<&String> = parts.iter().filter(|s| !text.contains(s.as_str())).collect();
+            if !missing.is_empty() {
+                let _ = write!(bad, "describe lacks {missing:?}:\n{text}");
+            }
+        }
+        if !bad.is_empty() {
+            return Err(format!("pod {name}: {}", bad.trim_end_matches("; ")));
+        }
+        self.last_attempts = tries;
+        Ok(())
+    }
+
+    /// Deletes every pod and waits for the nodes to drop them, so that real
+    /// containers end with the scenario; then stops the processes.
+    fn stop_cleanly(&mut self) {
+        let real = self.nodes.values().any(|n| n.def.runtime == "libcontainer" && n.proc.is_some());
+        if real && self.server.is_some() {
+            let (_, out, _) = self.cli(&["get", "pods", "-o", "json"]);
+            let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+            let names: Vec<String> = v["items"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            for n in names {
+                let _ = self.cli(&["delete", "pod", &n]);
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            for name in self.nodes.keys().cloned().collect::<Vec<_>>() {
+                let data = self.dir.join(format!("node-{name}"));
+                while Instant::now() < deadline && !node_pods(&self.pinion, &data).is_empty() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
+
+fn node_pods(pinion: &Path, data: &Path) -> Vec<String> {
+    let out = Command::new(pinion).args(["agent", "status", "-o", "json", "--data-dir"]).arg(data).output();
+    let v: Value = out.ok().and_then(|o| serde_json::from_slice(&o.stdout).ok()).unwrap_or(Value::Null);
+    v["pods"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in self.nodes.values_mut() {
+            n.proc = None;
+        }
+        self.server = None;
+        // Containers outlive their agent: whatever is left goes through the runtime.
+        for (name, n) in &self.nodes {
+            if n.def.runtime != "libcontainer" {
+                continue;
+            }
+            let data = self.dir.join(format!("node-{name}"));
+            if let Ok(rt) = nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data, &self.pinion) {
+                use nodelet::runtime::Runtime;
+                for id in rt.list().unwrap_or_default() {
+                    let _ = rt.stop(&id, Duration::ZERO);
+                    let _ = rt.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+fn show(e: &Expectation) -> String {
+    let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        m.retain(|_, x| !x.is_null() && x != &Value::Bool(false));
+    }
+    v.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shorthand_pods_expand_to_manifests() {
+        let v: Value = serde_yaml_ng::from_str(
+            "{name: p, cpu: '2', memory: 1Gi, hugepages2Mi: 2Gi, devices: {example.com/nic: 1}, policy: single-numa-node}",
+        )
+        .unwrap_or_default();
+        let (name, m) = manifest(&v).unwrap_or_default();
+        assert_eq!(name, "p");
+        let c = &m["spec"]["containers"][0];
+        assert_eq!(c["name"], "main");
+        assert_eq!(c["resources"]["limits"]["cpu"], "2");
+        assert_eq!(c["resources"]["limits"]["hugepages-2Mi"], "2Gi");
+        assert_eq!(c["resources"]["requests"]["example.com/nic"], "1");
+        assert_eq!(m["spec"]["topology"]["policy"], "single-numa-node");
+        let burst: Value = serde_yaml_ng::from_str("{name: b, cpuRequest: 500m}").unwrap_or_default();
+        let (_, m) = manifest(&burst).unwrap_or_default();
+        assert_eq!(m["spec"]["containers"][0]["resources"]["requests"]["cpu"], "500m");
+        assert!(m["spec"]["containers"][0]["resources"]["limits"].as_object().is_some_and(|l| l.is_empty()));
+    }
+
+    #[test]
+    fn every_scenario_file_parses() {
+        let dir = crate::binary::repo_root().join("e2e/scenarios");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|x| x == "yaml") {
+                if let Err(e) = load(&entry.path()) {
+                    panic!("{e:#}");
+                }
+                seen += 1;
+            }
+        }
+        assert!(seen >= 8, "only {seen} scenarios under {}", dir.display());
+    }
+
+    #[test]
+    fn a_typo_in_a_scenario_is_an_error_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("bad.yaml");
+        std::fs::write(&path, "description: x\nnodes: []\nsteps:\n- expect: [{pod: a, phase: Running, onNod: b}]\n")
+            .unwrap_or_default();
+        let err = format!("{:#}", load(&path).err().map(|e| e.to_string()).unwrap_or_default());
+        assert!(err.contains("steps[0].expect[0]") && err.contains("onNod"), "{err}");
+    }
+}
