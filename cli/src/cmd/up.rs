@@ -87,7 +87,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
     println!("credentials: {}", config_path.display());
-    println!("try:  pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
+    println!("try:  pinion run hello --cpus 1 -- grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status");
+    println!("      pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
     println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
 
     let mut term = signal(SignalKind::terminate())?;
