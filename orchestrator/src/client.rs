@@ -157,6 +157,10 @@ impl Client {
         Ok(self.call(Method::GET, &format!("/api/v1/nodes/{name}"), None).await?.1)
     }
 
+    pub async fn delete_node(&self, name: &str) -> Result<Node, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/nodes/{name}"), None).await?.1)
+    }
+
     pub async fn list_nodes(&self, selector: Option<&str>) -> Result<List<Node>, ClientError> {
         let q = selector.map(|s| format!("?labelSelector={}", percent_encode(s))).unwrap_or_default();
         Ok(self.call(Method::GET, &format!("/api/v1/nodes{q}"), None).await?.1)

@@ -196,6 +196,10 @@ async fn identities_are_enforced() {
     assert_eq!(api_code(anon.join("not-the-token", "edge-1").await), 401);
     let n1 = s.node_client(dir.path(), "edge-1").await;
     let n2 = s.node_client(dir.path(), "edge-2").await;
+    // Once a node has registered, the token cannot mint a second identity for it.
+    let own = node_object("edge-1", 1, 2);
+    n1.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", own))).await.expect("register");
+    assert_eq!(api_code(anon.join(&s.token, "edge-1").await), 409);
     s.admin.create_pod(manifest("on-1", "  nodeName: edge-1\n")).await.expect("create");
     s.admin.create_pod(manifest("on-2", "  nodeName: edge-2\n")).await.expect("create");
     assert_eq!(n1.get_pod("on-1").await.expect("own pod").metadata.name, "on-1");

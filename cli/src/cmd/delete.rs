@@ -1,4 +1,4 @@
-//! `pinion delete pod NAME...`
+//! `pinion delete pod|node NAME...`
 
 use std::process::ExitCode;
 
@@ -8,6 +8,9 @@ use crate::common::GlobalArgs;
 pub enum Kind {
     #[value(alias = "pods")]
     Pod,
+    /// Forget a node (its pods are not touched); it may then join again.
+    #[value(alias = "nodes")]
+    Node,
 }
 
 #[derive(clap::Args, Debug)]
@@ -21,10 +24,14 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let mut failed = 0;
     for name in &args.names {
-        match client.delete_pod(name).await {
-            Ok(_) => println!("pod/{name} deleted"),
+        let (kind, result) = match args.kind {
+            Kind::Pod => ("pod", client.delete_pod(name).await.map(|_| ())),
+            Kind::Node => ("node", client.delete_node(name).await.map(|_| ())),
+        };
+        match result {
+            Ok(()) => println!("{kind}/{name} deleted"),
             Err(e) => {
-                eprintln!("error: pod/{name}: {e}");
+                eprintln!("error: {kind}/{name}: {e}");
                 failed += 1;
             }
         }

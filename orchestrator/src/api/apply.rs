@@ -137,6 +137,14 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             if !token_matches(&token, &state.join_token) {
                 return Err(unauthorized("the join token is not valid"));
             }
+            // The token admits new machines; it must not mint a second identity
+            // for a node that already joined (that would be impersonation).
+            if store.get::<Node>(&request.node_name).map_err(store_error)?.is_some() {
+                return Err(conflict(format!(
+                    "node {:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {})",
+                    request.node_name, request.node_name
+                )));
+            }
             let creds = state
                 .pki
                 .credentials(&state.server_url, &format!("{NODE_CN_PREFIX}{}", request.node_name))
