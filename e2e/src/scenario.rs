@@ -162,6 +162,8 @@ pub struct Expectation {
     pub attempts_at_least: Option<u32>,
     pub restart_count: Option<u32>,
     pub describe_contains: Option<Vec<String>>,
+    /// `pinion logs POD` (through the server and the node's endpoint) contains these.
+    pub logs_contain: Option<Vec<String>>,
     pub condition: Option<String>,
     /// Seconds to wait for this to hold [default 30].
     pub within: Option<f64>,
@@ -780,6 +782,12 @@ impl Cluster {
             let missing: Vec<&String> = parts.iter().filter(|s| !text.contains(s.as_str())).collect();
             if !missing.is_empty() {
                 let _ = write!(bad, "describe lacks {missing:?}:\n{text}");
+            }
+        }
+        if let Some(parts) = &e.logs_contain {
+            let (_, text, err) = self.cli(&["logs", name]);
+            if !parts.iter().all(|s| text.contains(s.as_str())) {
+                let _ = write!(bad, "logs {text:?} {err}");
             }
         }
         if !bad.is_empty() {

@@ -57,6 +57,7 @@ macro_rules! scenarios {
 }
 
 scenarios! {
+    s0_seed_mixed_real => "0-seed-mixed-real",
     s1_alignment => "1-alignment",
     s2_knowledge_gap => "2-knowledge-gap",
     s2_knowledge_gap_blind => "2-knowledge-gap-blind",
