@@ -136,6 +136,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     if code != 201 {
         bail!("pod {} already exists: delete it (`pinion delete pod {}`) or pick another name", args.name, args.name);
     }
+    tracing::debug!(pod = %args.name, "created");
     if args.detach {
         println!("pod/{} created", args.name);
         return Ok(ExitCode::SUCCESS);
@@ -201,9 +202,11 @@ async fn follow(client: &Client, created: &Pod) -> anyhow::Result<u8> {
         }
         pod = next_version(&mut watch, &name).await?;
     }
+    tracing::debug!(pod = %name, phase = ?pod.status.as_ref().map(|s| s.phase), "started; following the output");
     if let Err(e) = crate::cmd::logs::copy_logs(client, &name, None, true).await {
         eprintln!("pinion: cannot stream the output: {e:#}");
     }
+    tracing::debug!(pod = %name, "output ended; waiting for the final status");
     // The output ends when the container exits; the final status follows.
     let done = tokio::time::timeout(FINAL_STATUS_WAIT, async {
         loop {

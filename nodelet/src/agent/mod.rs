@@ -54,7 +54,9 @@ pub struct AgentConfig {
     pub backoff: Backoff,
     /// Grace between SIGTERM and SIGKILL when the pod does not say.
     pub default_grace: Duration,
-    /// How often running containers are polled for exits.
+    /// How often running containers are polled for exits. A quarter second:
+    /// `pinion run` waits on it to see its command end, and a poll reads a
+    /// couple of small files per container.
     pub poll_interval: Duration,
     /// Limit on one runtime start.
     pub start_timeout: Duration,
@@ -74,7 +76,7 @@ impl AgentConfig {
             settings,
             backoff: Backoff::default(),
             default_grace: Duration::from_secs(30),
-            poll_interval: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(250),
             start_timeout: Duration::from_secs(90),
             op_timeout: Duration::from_secs(30),
             device_nodes: BTreeMap::new(),
