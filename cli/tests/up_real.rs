@@ -52,8 +52,10 @@ impl Up {
             .args(["up", "--listen", "127.0.0.1:0", "--runtime", "libcontainer", "--data-dir"])
             .arg(&data)
             .env("PINION_CONFIG", &config)
+            .env("PINION_LOG", "info,libcgroups=error,libcontainer=error")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // Kept for reading when the test fails.
+            .stderr(std::fs::File::create(Path::new(env!("CARGO_TARGET_TMPDIR")).join("up_real.log")).unwrap())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -86,11 +88,13 @@ impl Up {
     }
 
     fn wait(&self, what: &str, pred: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let t = Instant::now();
+        let deadline = t + Duration::from_secs(30);
         while !pred() {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(100));
         }
+        eprintln!("waited {:?} for {what}", t.elapsed());
     }
 
     fn phase(&self, pod: &str) -> Option<String> {
@@ -179,8 +183,12 @@ fn run_streams_output_and_exits_with_the_code_logs_read_through_the_server() {
     assert!(!out.status.success() && text(&out.stderr).contains("403"), "{}", text(&out.stderr));
 
     // Ctrl-C on `run` deletes the pod, and the nodelet stops its container.
-    let mut running =
-        up.cmd(&["run", &c, "--", "sleep", "100"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut running = up
+        .cmd(&["run", &c, "--grace", "1", "--", "sleep", "100"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     up.wait("pod c running", || up.phase(&c).as_deref() == Some("Running"));
     let ok = Command::new("kill").args(["-INT", &running.id().to_string()]).status().unwrap().success();
     assert!(ok);
@@ -188,6 +196,14 @@ fn run_streams_output_and_exits_with_the_code_logs_read_through_the_server() {
     assert_eq!(status.code(), Some(130));
     assert_eq!(up.phase(&c), None, "the pod is gone from the server");
     up.wait("the nodelet to drop pod c", || !up.node_pods().contains(&c));
+
+    // --timeout: a pod that cannot be placed (more CPUs than the host has)
+    // gives up with 124 and is deleted.
+    let d = format!("run-d-{tag}");
+    let out = up.cli(&["run", &d, "--cpus", "64", "--timeout", "2", "--", "true"]);
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is pending"), "it said why it waited: {}", text(&out.stderr));
+    assert_eq!(up.phase(&d), None);
 
     // Deleting the finished pods leaves the node with no container.
     let out = up.cli(&["delete", "pod", &a, &b]);

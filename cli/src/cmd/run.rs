@@ -64,6 +64,15 @@ pub struct Args {
     /// Delete the pod once it has finished.
     #[arg(long, conflicts_with = "detach")]
     pub rm: bool,
+    /// Seconds between SIGTERM and SIGKILL when the pod is deleted (Ctrl-C,
+    /// --timeout) [default: the node's, 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub grace: Option<u64>,
+    /// Give up after this many seconds, waiting and running included: the pod
+    /// is deleted and the exit status is 124, as timeout(1) does. Without it,
+    /// `run` waits as long as the pod is pending (srun waits for resources too).
+    #[arg(long, value_name = "SECONDS", conflicts_with = "detach")]
+    pub timeout: Option<u64>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -122,7 +131,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             scheduling_strategy: None,
             host_network: false,
             node_name: None,
-            termination_grace_period_seconds: None,
+            termination_grace_period_seconds: args.grace,
         },
         status: None,
     })
@@ -143,13 +152,21 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let limit = async {
+        match args.timeout {
+            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+            None => std::future::pending().await,
+        }
+    };
     let outcome = tokio::select! {
         r = follow(&client, &created) => r,
         _ = term.recv() => Err(Interrupted.into()),
         _ = int.recv() => Err(Interrupted.into()),
+        _ = limit => Err(TimedOut.into()),
     };
     let interrupted = matches!(&outcome, Err(e) if e.is::<Interrupted>());
-    if interrupted || args.rm {
+    let timed_out = matches!(&outcome, Err(e) if e.is::<TimedOut>());
+    if interrupted || timed_out || args.rm {
         if let Err(e) = client.delete_pod(&args.name).await {
             eprintln!("pinion: could not delete pod {}: {e}", args.name);
         }
@@ -159,6 +176,10 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         Err(_) if interrupted => {
             eprintln!("pinion: interrupted; pod {} deleted", args.name);
             Ok(ExitCode::from(130))
+        }
+        Err(_) if timed_out => {
+            eprintln!("pinion: no result within {}s; pod {} deleted", args.timeout.unwrap_or(0), args.name);
+            Ok(ExitCode::from(124))
         }
         Err(e) => Err(e),
     }
@@ -174,6 +195,17 @@ impl std::fmt::Display for Interrupted {
 }
 
 impl std::error::Error for Interrupted {}
+
+#[derive(Debug)]
+struct TimedOut;
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("timed out")
+    }
+}
+
+impl std::error::Error for TimedOut {}
 
 /// Waits for the pod to start, copies its output, and returns the command's
 /// exit code (as a process exit status byte).
