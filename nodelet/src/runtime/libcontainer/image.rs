@@ -222,6 +222,14 @@ pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageR
         layers: manifest.layers.len(),
     };
     write_json(&work.0.join("image.json"), &record)?;
+    // Publishing (the image directory and the name index) is one writer at a
+    // time: two imports racing would lose an index entry or trip on the rename.
+    // Unpacking above runs in parallel. The kernel drops the lock on kill -9.
+    let lock_path = images.join(".lock");
+    let lock_file =
+        fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| RuntimeError::Io { path: lock_path.clone(), source: io::Error::from(e) })?;
     let dest = images.join(&hex);
     if !dest.exists() {
         // Keep only what the image needs; the tar's layout copy goes with `work`.
