@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use e2e::host::{has_two_cpus, is_root};
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::Runtime;
 use serde_json::Value;
@@ -20,20 +21,6 @@ const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 
 /// The tests share the host's CPU 1: one at a time.
 static HOST: Mutex<()> = Mutex::new(());
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false)
-}
-
-/// Whether this host has CPUs 0 and 1 online (CPU 0 reserved, CPU 1 exclusive).
-fn has_two_cpus() -> bool {
-    std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
-        .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
-}
 
 struct Host {
     _tmp: tempfile::TempDir,

@@ -12,24 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::host::{has_two_cpus, is_root};
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::Runtime;
 use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false)
-}
-
-fn has_two_cpus() -> bool {
-    std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
-        .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
-}
 
 struct Up {
     _tmp: tempfile::TempDir,

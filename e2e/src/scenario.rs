@@ -342,8 +342,8 @@ pub fn run(path: &Path, pinion: &Path, shared: &Path, out_dir: &Path) -> anyhow:
     let mut outcome = Outcome { out_dir: out_dir.to_path_buf(), ..Outcome::default() };
     for r in &scenario.requires {
         let missing = match r {
-            Requirement::Root => !is_root(),
-            Requirement::TwoCpus => !has_two_cpus(),
+            Requirement::Root => !crate::host::is_root(),
+            Requirement::TwoCpus => !crate::host::has_two_cpus(),
         };
         if missing {
             let why = format!("needs {r:?}");
@@ -363,19 +363,6 @@ pub fn run(path: &Path, pinion: &Path, shared: &Path, out_dir: &Path) -> anyhow:
     cluster.stop_cleanly();
     outcome.failures = failures;
     Ok(outcome)
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false)
-}
-
-fn has_two_cpus() -> bool {
-    std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
-        .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
 }
 
 /// Waits for a line starting with `prefix` in a file another process writes.
