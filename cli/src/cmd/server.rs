@@ -34,6 +34,9 @@ pub struct Args {
     /// least-allocated | most-allocated | balanced | least-numa-nodes.
     #[arg(long, value_name = "S", default_value = "least-allocated", value_parser = parse_kebab::<SchedulingStrategy>)]
     pub scheduling_strategy: SchedulingStrategy,
+    /// sled's page cache, in MiB (the rest of the store is read from disk).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub store_cache_mib: u64,
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
@@ -44,6 +47,7 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.tls_sans = args.tls_sans;
     opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
     opts.api.body_limit = args.body_limit;
+    opts.store.cache_bytes = args.store_cache_mib.max(1) << 20;
     opts.controller.scheduler.topology_aware = !args.topology_blind;
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     let server = Server::bind(opts).await?;

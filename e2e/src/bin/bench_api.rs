@@ -5,7 +5,7 @@
 //! has bound every pod. Prints the create rate, the bound rate (first create to
 //! last binding), and the server's RSS with all of it in memory.
 //!
-//! Usage: `bench_api [--nodes N] [--pods P] [--connections C] [--pinion PATH]`
+//! Usage: `bench_api [--nodes N] [--pods P] [--connections C] [--store-cache-mib M] [--pinion PATH]`
 //! (defaults 5000, 50000, 64, `target/release/pinion`).
 
 use std::io::{BufRead, BufReader};
@@ -49,6 +49,7 @@ impl Rng {
 fn main() -> anyhow::Result<()> {
     let (mut nodes, mut pods, mut conns) = (5000usize, 50_000usize, 64usize);
     let mut pinion = PathBuf::from("target/release/pinion");
+    let mut cache_mib: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -57,19 +58,23 @@ fn main() -> anyhow::Result<()> {
             "--pods" => pods = value()?.parse()?,
             "--connections" => conns = value()?.parse::<usize>()?.max(1),
             "--pinion" => pinion = PathBuf::from(value()?),
+            "--store-cache-mib" => cache_mib = Some(value()?),
             other => bail!("unknown argument {other}"),
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(run(pinion, nodes, pods, conns))
+    rt.block_on(run(pinion, nodes, pods, conns, cache_mib))
 }
 
-async fn run(pinion: PathBuf, nodes: usize, pods: usize, conns: usize) -> anyhow::Result<()> {
+async fn run(pinion: PathBuf, nodes: usize, pods: usize, conns: usize, cache: Option<String>) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let data = tmp.path().join("srv");
-    let mut child = Command::new(&pinion)
-        .args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", "3600", "--data-dir"])
-        .arg(&data)
+    let mut cmd = Command::new(&pinion);
+    cmd.args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", "3600", "--data-dir"]).arg(&data);
+    if let Some(mib) = cache {
+        cmd.args(["--store-cache-mib", &mib]);
+    }
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
