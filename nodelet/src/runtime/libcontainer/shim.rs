@@ -3,7 +3,8 @@
 //! changes the process's working directory and forks, which is unsafe next to
 //! other threads. The shim detaches (new session, double fork, so the agent's
 //! `kill -9` does not reach it), closes every inherited fd, creates and starts
-//! the container, reports `ok PID` or `error MESSAGE` on its stdout pipe, then
+//! the container (setting its CFS quota between create and start, see
+//! `spec::build`), reports `ok PID` or `error MESSAGE` on its stdout pipe, then
 //! copies the container's output into the rotated log, reaps the init and
 //! records its exit status in `exit.json`.
 
@@ -132,6 +133,11 @@ fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, Strin
         let init = ProcId::of(pid.as_raw()).ok_or("the container's init vanished")?;
         if !cfg.host_network {
             super::net::loopback_up(pid.as_raw()).map_err(|e| format!("bringing lo up: {e}"))?;
+        }
+        // Not in the spec (see `spec::build`): the setup is done, the
+        // container's own process has not run yet.
+        if let Some(quota) = cfg.cpu_quota {
+            cgroups::set_cpu_quota(id, quota).map_err(|e| format!("setting the CPU quota: {e}"))?;
         }
         container.start().map_err(|e| format!("starting the container: {e}"))?;
         let shim = ProcId::of(std::process::id() as i32).ok_or("cannot read the shim's own /proc entry")?;
