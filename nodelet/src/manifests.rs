@@ -266,8 +266,10 @@ pub async fn watch(
         };
         keep_pods_of_broken_files(&seen, &mut now);
         for ch in diff(&seen, &now) {
-            if let DesiredChange::Invalid { key, message } = &ch {
-                tracing::warn!(key, message, "malformed manifest skipped");
+            match &ch {
+                DesiredChange::Invalid { key, message } => tracing::warn!(key, message, "malformed manifest skipped"),
+                DesiredChange::Apply { key, .. } => tracing::debug!(target: "podstart", key, "manifest read"),
+                _ => {}
             }
             if tx.send(ch).await.is_err() {
                 return Ok(());

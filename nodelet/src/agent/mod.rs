@@ -504,7 +504,10 @@ impl Agent {
 
     fn on_change(&mut self, ch: DesiredChange) {
         match ch {
-            DesiredChange::Apply { key, pod, plan } => self.apply(key, Desired { pod: *pod, plan }),
+            DesiredChange::Apply { key, pod, plan } => {
+                tracing::debug!(target: "podstart", key, "change received");
+                self.apply(key, Desired { pod: *pod, plan })
+            }
             DesiredChange::Remove { key } => {
                 self.invalid.remove(&key);
                 self.remove(&key);
@@ -845,6 +848,7 @@ impl Agent {
         // `start_due` clears `dirty` once it wrote).
         self.dirty = true;
         tracing::info!(key, "pod admitted");
+        tracing::debug!(target: "podstart", key, "pod admitted");
     }
 
     /// Gives every running container the cpuset it should have now (the shared
@@ -925,12 +929,14 @@ impl Agent {
             // Memory and file agree now: the end of this pass need not write
             // the same checkpoint (and fsync) again.
             self.dirty = false;
+            tracing::debug!(target: "podstart", key, id, "checkpoint written");
             if let Some(dir) = cfg.log_path.parent() {
                 let _ = std::fs::create_dir_all(dir);
             }
             let r = self.call(&format!("start {id}"), self.cfg.start_timeout, move |rt| rt.start(&cfg)).await;
             let policy = self.pods.get(key).map(|e| e.pod.spec.restart_policy).unwrap_or_default();
             let mut ctr = self.pods.get(key).expect("present").ctrs[i].clone();
+            tracing::debug!(target: "podstart", key, id, "runtime start returned");
             let message = match r {
                 Ok(()) => {
                     tracing::info!(key, container = ctr.name, id, %cpus, "container started");
