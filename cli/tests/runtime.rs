@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nodelet::runtime::libcontainer::records::ProcId;
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
-use nodelet::runtime::{ContainerConfig, ContainerState, RootfsConfig, Runtime};
+use nodelet::runtime::{ContainerConfig, ContainerState, CpuQuota, RootfsConfig, Runtime};
 use sha2::{Digest, Sha256};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_pinion");
@@ -22,15 +22,9 @@ struct Fixture {
     ids: Vec<String>,
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
-        .unwrap_or(false)
-}
-
 /// `None` (skip) when not root, outside CI.
 fn fixture() -> Option<Fixture> {
-    if !is_root() {
+    if !e2e::host::is_root() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "these tests need root under CI=true");
         eprintln!("skipping: not root");
         return None;
@@ -137,6 +131,31 @@ fn cpuset_file(id: &str, file: &str) -> String {
         .unwrap_or_default()
         .trim()
         .to_string()
+}
+
+/// A CPU controller file of the container's cgroup (v1, else v2's `cpu.max`).
+fn cpu_file(id: &str, file: &str) -> String {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/pinion/{id}/{file}"))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/pinion/{id}/cpu.max")))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn the_cpu_quota_is_in_place_once_the_container_runs() {
+    let Some(mut fx) = fixture() else { return };
+    let mut cfg = fx.cfg("quota", &["sh", "-c", "echo up; exec sleep 60"]);
+    cfg.cpu_quota = Some(CpuQuota { quota_us: 10_000, period_us: 100_000 });
+    fx.rt.start(&cfg).expect("start");
+    // The shim sets it between create and start: start() returning means the
+    // container's process runs, so it must be there already.
+    let quota = cpu_file(&cfg.id, "cpu.cfs_quota_us");
+    assert!(quota == "10000" || quota == "10000 100000", "quota {quota:?}");
+    let period = cpu_file(&cfg.id, "cpu.cfs_period_us");
+    assert!(period == "100000" || period == "10000 100000", "period {period:?}");
+    assert!(fx.wait_log(&cfg, |l| l.contains("up")).contains("up"));
+    fx.finish();
 }
 
 #[test]

@@ -1,7 +1,12 @@
-//! Whole-system test helpers: locating the built `pinion` binary, temp clusters.
+//! Whole-system test helpers: locating the built `pinion` binary, the QEMU
+//! guest, and for the benchmarks the peer runtimes (crun, runc) and latency
+//! statistics.
 
 pub mod binary;
+pub mod firstbyte;
 pub mod host;
+pub mod peers;
 pub mod qemu;
 pub mod relay;
 pub mod scenario;
+pub mod stats;

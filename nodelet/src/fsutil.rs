@@ -1,6 +1,7 @@
 //! Crash-safe file writes shared by the checkpoint, the status file and the
 //! hollow runtime's state: a reader sees the old content or the new one, never a
-//! torn file, and an acknowledged write survives `kill -9` and power loss.
+//! torn file, and an acknowledged write survives `kill -9` and (except for
+//! [`replace_atomic`]) power loss.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -9,6 +10,19 @@ use std::path::Path;
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory,
 /// fsync, rename over `path`, fsync the directory (so the rename itself is durable).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, bytes, true)
+}
+
+/// [`write_atomic`] without the fsyncs: readers and a process restarted after
+/// `kill -9` still see the old content or the new one, never a torn file; a
+/// power loss may lose the write. For files rebuilt from memory at every
+/// change and at start (the status report), where two fsyncs per change would
+/// only slow the agent's loop down.
+pub fn replace_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, bytes, false)
+}
+
+fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -21,10 +35,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let result = (|| {
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
         drop(f);
         fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
+        if durable {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         // Never leave the temporary behind: the next write would reuse it anyway,
@@ -59,6 +78,16 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("state.json")]);
+    }
+
+    #[test]
+    fn replace_atomic_replaces_content_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("status.json");
+        replace_atomic(&p, b"one").unwrap();
+        replace_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -62,6 +62,15 @@ fn is_manifest(name: &str) -> bool {
         && [".yaml", ".yml", ".json"].iter().any(|ext| name.len() > ext.len() && name.ends_with(ext))
 }
 
+/// Whether an inotify event may change the scan: one about a manifest file,
+/// or one without a name (the folder itself, a queue overflow).
+fn about_manifests(name: &Option<std::ffi::OsString>) -> bool {
+    match name {
+        None => true,
+        Some(n) => n.to_str().is_some_and(is_manifest),
+    }
+}
+
 /// Reads every manifest in `dir`: key -> what the file says.
 fn scan(dir: &Path) -> Result<BTreeMap<String, Seen>, ManifestError> {
     let derr = |source| ManifestError::Dir { path: dir.to_path_buf(), source };
@@ -193,19 +202,26 @@ impl Watch {
         Ok(Watch { fd })
     }
 
-    /// Resolves once at least one event arrived (all pending events are drained).
+    /// Resolves once an event about a manifest arrived (all pending events are
+    /// drained). Events only about ignored names (an editor's or a careful
+    /// writer's `.name.tmp` before its rename) do not count: a scan for them
+    /// would find nothing new and could still be running when the rename comes.
     async fn changed(&self) {
         loop {
             let Ok(mut guard) = self.fd.readable().await else { return };
-            match guard.get_inner().0.read_events() {
-                Ok(_) => {
-                    guard.clear_ready();
-                    // Drain whatever else is queued: one scan covers them all.
-                    while guard.get_inner().0.read_events().is_ok() {}
-                    return;
+            let mut relevant = false;
+            loop {
+                match guard.get_inner().0.read_events() {
+                    Ok(events) => relevant |= events.iter().any(|e| about_manifests(&e.name)),
+                    Err(nix::errno::Errno::EAGAIN) => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(_) => return,
                 }
-                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
-                Err(_) => return,
+            }
+            if relevant {
+                return;
             }
         }
     }
@@ -250,8 +266,10 @@ pub async fn watch(
         };
         keep_pods_of_broken_files(&seen, &mut now);
         for ch in diff(&seen, &now) {
-            if let DesiredChange::Invalid { key, message } = &ch {
-                tracing::warn!(key, message, "malformed manifest skipped");
+            match &ch {
+                DesiredChange::Invalid { key, message } => tracing::warn!(key, message, "malformed manifest skipped"),
+                DesiredChange::Apply { key, .. } => tracing::debug!(target: "podstart", key, "manifest read"),
+                _ => {}
             }
             if tx.send(ch).await.is_err() {
                 return Ok(());
@@ -364,6 +382,19 @@ mod tests {
         let dup = format!("{GOOD}---\n{GOOD}");
         let err = parse_manifest("dup.yaml", &dup).unwrap_err();
         assert!(err.contains("two pods are named \"web\""), "{err}");
+    }
+
+    #[test]
+    fn only_events_about_manifests_wake_the_scan() {
+        let check = |name: Option<&str>, expected: bool| {
+            assert_eq!(about_manifests(&name.map(std::ffi::OsString::from)), expected, "{name:?}");
+        };
+        check(Some("web.yaml"), true);
+        check(Some("web.json"), true);
+        check(Some(".web.tmp"), false);
+        check(Some("web.yaml~"), false);
+        check(Some("notes.txt"), false);
+        check(None, true);
     }
 
     #[test]

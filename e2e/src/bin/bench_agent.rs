@@ -2,24 +2,60 @@
 //!
 //! 1. Hollow: 20 pods (10 exclusive, 10 shared) on a simulated 2x10 machine;
 //!    the agent's RSS once they all run and it is idle.
-//! 2. Real containers (libcontainer, this host, CPU 0 reserved): pods started
-//!    one at a time by writing a manifest into the folder (rename into place);
-//!    the time from the rename to the container's first output byte in its log,
-//!    median and p99 over `--runs`; and the agent's RSS, idle, with 20 of them
-//!    running.
+//! 2. Pod start, side by side in one run: for each of `--runs` rounds, in a
+//!    rotating order, one pinion pod (its manifest renamed into the watched
+//!    folder -> the container's first output byte in its log file), one
+//!    `crun run` and one `runc run` of the same bundle (spawn -> first byte on
+//!    the container's stdout pipe). The bundle is the `config.json` the agent
+//!    itself wrote for a warm-up pod (host rootfs, `sh -c 'echo hi; exec sleep
+//!    1000'`, the shared pool's CPU 1, a 100m CPU limit: 102 shares and a CFS
+//!    quota of 10 ms per 100 ms, 32 MiB), the quota put back into the spec
+//!    (pinion's shim sets it between create and start). Pinion's pods
+//!    stay running (as pods do), the peers' containers are killed once they
+//!    printed. Everything, the agent included, runs in one private mount
+//!    namespace (crun needs it on this hybrid host, see `e2e::peers`).
+//!    The log file is watched with inotify (`e2e::firstbyte`): no sleep.
+//!    Also the agent's RSS, idle, with 20 real pods running.
+//! 3. Where pinion's time goes: the agent and its shims run with the
+//!    `podstart` tracing target at debug level; every event's timestamp, less
+//!    the rename's wall-clock time, per stage: median over the pods.
 //!
 //! Usage (as root): `bench_agent [--runs N] [--pinion PATH]` (default 50 runs,
-//! `target/release/pinion`).
+//! `target/release/pinion`); installs Debian `crun` and `runc` when missing.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
+use e2e::firstbyte::LogWatch;
+use e2e::peers;
+use e2e::stats::{load_average, percentile, Summary};
+use nodelet::runtime::libcontainer::records::{read_json, Layout};
+use nodelet::runtime::libcontainer::{rootfs, spec};
+use nodelet::runtime::ContainerConfig;
+use oci_spec::runtime::Spec;
 use specs::topology::{Cpu, NumaNode};
 use specs::{CpuSet, NodeTopology};
 
 const IDLE: Duration = Duration::from_secs(3);
+/// The podstart events in the order a start passes them.
+const STAGES: &[&str] = &[
+    "manifest read",
+    "change received",
+    "pod admitted",
+    "checkpoint written",
+    "bundle prepared",
+    "shim spawned",
+    "shim running",
+    "container built",
+    "container started",
+    "shim reported",
+    "runtime start returned",
+    "first output copied",
+];
+const RUNTIMES: [&str; 3] = ["pinion", "crun", "runc"];
 
 fn main() -> anyhow::Result<()> {
     let mut runs = 50usize;
@@ -33,6 +69,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let pinion = std::fs::canonicalize(&pinion).with_context(|| format!("{}", pinion.display()))?;
+    peers::ensure_tools()?;
+    peers::private_mount_namespace()?;
     hollow_rss(&pinion)?;
     real(&pinion, runs.max(20))?;
     Ok(())
@@ -44,7 +82,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(pinion: &Path, manifests: &Path, data: &Path, extra: &[&str]) -> anyhow::Result<Agent> {
+    fn start(pinion: &Path, manifests: &Path, data: &Path, extra: &[&str], log: Stdio) -> anyhow::Result<Agent> {
         let child = Command::new(pinion)
             .args(["agent", "--reserved-cpus", "0"])
             .arg("--manifests")
@@ -52,8 +90,11 @@ impl Agent {
             .arg("--data-dir")
             .arg(data)
             .args(extra)
+            .env("PINION_LOG", "warn,libcgroups=error,libcontainer=error,podstart=debug")
+            .env("PINION_SHIM_LOG", "error,podstart=debug")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .context("starting pinion agent")?;
         Ok(Agent { child, data: data.to_path_buf() })
@@ -124,12 +165,28 @@ fn manifest(name: &str, cpu: &str, command: &str) -> String {
     )
 }
 
-/// Writes a manifest the way a careful tool does: a hidden temp file renamed in.
+/// Writes a manifest the way a careful tool does: a hidden temp file, then
+/// `commit` renames it into place.
+struct Staged {
+    tmp: PathBuf,
+    dest: PathBuf,
+}
+
+impl Staged {
+    fn new(dir: &Path, stem: &str, text: &str) -> anyhow::Result<Staged> {
+        let tmp = dir.join(format!(".{stem}.tmp"));
+        std::fs::write(&tmp, text)?;
+        Ok(Staged { tmp, dest: dir.join(format!("{stem}.yaml")) })
+    }
+
+    fn commit(self) -> anyhow::Result<()> {
+        std::fs::rename(&self.tmp, &self.dest)?;
+        Ok(())
+    }
+}
+
 fn place(dir: &Path, stem: &str, text: &str) -> anyhow::Result<()> {
-    let tmp = dir.join(format!(".{stem}.tmp"));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, dir.join(format!("{stem}.yaml")))?;
-    Ok(())
+    Staged::new(dir, stem, text)?.commit()
 }
 
 fn hollow_rss(pinion: &Path) -> anyhow::Result<()> {
@@ -144,7 +201,7 @@ fn hollow_rss(pinion: &Path) -> anyhow::Result<()> {
     }
     let data = work.path().join("data");
     let topo = topology.to_string_lossy().to_string();
-    let agent = Agent::start(pinion, &manifests, &data, &["--runtime", "hollow", "--topology", &topo])?;
+    let agent = Agent::start(pinion, &manifests, &data, &["--runtime", "hollow", "--topology", &topo], Stdio::null())?;
     agent.wait("20 hollow pods running", |a| a.running() == 20)?;
     std::thread::sleep(IDLE);
     let (rss, hwm) = agent.rss()?;
@@ -156,9 +213,74 @@ fn hollow_rss(pinion: &Path) -> anyhow::Result<()> {
     agent.stop()
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn unix_us(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+/// One pinion pod start, measured.
+struct PodStart {
+    stem: String,
+    /// Wall clock of the rename, to place the podstart events.
+    renamed_at: SystemTime,
+    first_byte: Duration,
+}
+
+/// Starts pod `stem` through the manifest folder; waits for its first byte.
+fn start_pod(manifests: &Path, data: &Path, stem: &str) -> anyhow::Result<PodStart> {
+    let log = data.join(format!("logs/static_{stem}/main.log"));
+    // The agent creates the same folder (create_dir_all) before its start.
+    let watch = LogWatch::new(&log)?;
+    let staged = Staged::new(manifests, stem, &manifest(stem, "100m", "echo hi; exec sleep 1000"))?;
+    let t0 = Instant::now();
+    let renamed_at = SystemTime::now();
+    staged.commit()?;
+    let seen = watch.wait_first_byte(t0 + Duration::from_secs(30)).with_context(|| format!("pod {stem}"))?;
+    Ok(PodStart { stem: stem.to_string(), renamed_at, first_byte: seen - t0 })
+}
+
+/// The runtime id the agent gave pod `stem`'s container (from its folder name).
+fn runtime_id(data: &Path, stem: &str) -> anyhow::Result<String> {
+    let prefix = format!("static-{stem}_main_");
+    std::fs::read_dir(data.join("containers"))?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find(|n| n.starts_with(&prefix))
+        .with_context(|| format!("no container of pod {stem}"))
+}
+
+/// The bundle the peers run: the agent's own `config.json` for the warm-up
+/// pod, with a rootfs prepared the same way; `cgroupsPath` is set per run.
+struct PeerBundle {
+    dir: PathBuf,
+    spec: Spec,
+}
+
+impl PeerBundle {
+    fn copy_from(data: &Path, id: &str, dir: &Path) -> anyhow::Result<PeerBundle> {
+        let layout = Layout::new(data);
+        let src = layout.bundle(id).join("config.json");
+        let mut spec = Spec::load(&src).with_context(|| format!("{}", src.display()))?;
+        // Pinion's shim sets the CFS quota between create and start; the peers
+        // apply every limit at create, so theirs goes into the spec.
+        let cfg: ContainerConfig = read_json(&layout.config(id))?.context("container.json")?;
+        if let Some(quota) = cfg.cpu_quota {
+            spec = spec::with_cpu_quota(spec, quota);
+        }
+        rootfs::prepare_host(&dir.join("rootfs"))?;
+        Ok(PeerBundle { dir: dir.to_path_buf(), spec })
+    }
+
+    fn run(&mut self, tool: &str, id: &str) -> anyhow::Result<Duration> {
+        if let Some(l) = self.spec.linux_mut().as_mut() {
+            l.set_cgroups_path(Some(PathBuf::from(format!("/pinion-bench/{id}"))));
+        }
+        self.spec.save(self.dir.join("config.json"))?;
+        peers::run_first_byte_then_kill(tool, &self.dir, id)
+    }
 }
 
 fn real(pinion: &Path, runs: usize) -> anyhow::Result<()> {
@@ -166,47 +288,69 @@ fn real(pinion: &Path, runs: usize) -> anyhow::Result<()> {
     let manifests = work.path().join("manifests");
     std::fs::create_dir(&manifests)?;
     let data = work.path().join("data");
-    let agent = Agent::start(pinion, &manifests, &data, &["--runtime", "libcontainer"])?;
+    let agent_log = work.path().join("agent.log");
+    let log = std::fs::File::create(&agent_log)?;
+    let agent = Agent::start(pinion, &manifests, &data, &["--runtime", "libcontainer"], Stdio::from(log))?;
     agent.wait("the agent's first status", |a| a.status().is_some())?;
     let result = (|| -> anyhow::Result<()> {
-        let mut lat = Vec::new();
+        let pid = std::process::id();
+        // Warm-up (not counted): the page cache, the agent's first pass, the
+        // bundle the peers run, one run of each peer.
+        let warm = format!("w{pid}");
+        start_pod(&manifests, &data, &warm)?;
+        let mut bundle = PeerBundle::copy_from(&data, &runtime_id(&data, &warm)?, &work.path().join("bundle"))?;
+        for tool in peers::TOOLS {
+            bundle.run(tool, &format!("bench-{tool}-{pid}-warm"))?;
+        }
+        let mut pods = 1;
+        let load_before = load_average();
+        let mut firsts: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut starts = Vec::new();
         for i in 0..runs {
-            let stem = format!("b{}-{i}", std::process::id());
-            let log = data.join(format!("logs/static_{stem}/main.log"));
-            let t = Instant::now();
-            place(&manifests, &stem, &manifest(&stem, "100m", "echo hi; exec sleep 1000"))?;
-            let deadline = t + Duration::from_secs(30);
-            while std::fs::metadata(&log).map_or(true, |m| m.len() == 0) {
-                if Instant::now() > deadline {
-                    bail!(
-                        "pod {stem}: no output after 30 s: {:?}",
-                        agent.status().map(|s| s["pods"][format!("static/{stem}")].clone())
-                    );
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            lat.push(t.elapsed().as_secs_f64() * 1000.0);
-            if i == 19 {
-                agent.wait("20 real pods running", |a| a.running() == 20)?;
-                std::thread::sleep(IDLE);
-                let (rss, hwm) = agent.rss()?;
-                println!(
-                    "real: 20 pods running (libcontainer, this host): agent VmRSS {:.1} MiB, VmHWM {:.1} MiB",
-                    rss as f64 / 1024.0,
-                    hwm as f64 / 1024.0
-                );
+            for k in 0..RUNTIMES.len() {
+                // Rotate the order so no runtime always runs right after another.
+                let name = RUNTIMES[(i + k) % RUNTIMES.len()];
+                let first = if name == "pinion" {
+                    let s = start_pod(&manifests, &data, &format!("b{pid}-{i}"))?;
+                    let first = s.first_byte;
+                    starts.push(s);
+                    pods += 1;
+                    if pods == 20 {
+                        agent.wait("20 real pods running", |a| a.running() == 20)?;
+                        std::thread::sleep(IDLE);
+                        let (rss, hwm) = agent.rss()?;
+                        println!(
+                            "real: 20 pods running (libcontainer, this host): agent VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+                            rss as f64 / 1024.0,
+                            hwm as f64 / 1024.0
+                        );
+                    }
+                    first
+                } else {
+                    bundle.run(name, &format!("bench-{name}-{pid}-{i}"))?
+                };
+                firsts.entry(name).or_default().push(ms(first));
             }
         }
-        lat.sort_by(|a, b| a.total_cmp(b));
+        let load_after = load_average();
         println!(
-            "real: manifest renamed into the folder -> first output byte, {} pods one at a time: median {:.1} ms, p99 {:.1} ms, min {:.1} ms",
-            lat.len(),
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99),
-            lat[0]
+            "pod start, {runs} of each, interleaved (load average {load_before:.2} before, {load_after:.2} after); ms"
         );
-        Ok(())
+        println!("{:<46} {:>8} {:>8} {:>8}", "", "median", "p99", "min");
+        let label = |name: &str| match name {
+            "pinion" => "pinion agent: manifest renamed -> first byte".to_string(),
+            tool => format!("{tool} run: spawn -> first byte"),
+        };
+        for name in RUNTIMES {
+            let s = Summary::of(&firsts[name]);
+            println!("{:<46} {:>8.1} {:>8.1} {:>8.1}", label(name), s.median, s.p99, s.min);
+        }
+        let (ours, crun) = (Summary::of(&firsts["pinion"]).median, Summary::of(&firsts["crun"]).median);
+        println!("pinion median / crun median: {:.2}x (goal: within 1.5x)", ours / crun);
+        println!("versions: {} / {}", peers::version("crun"), peers::version("runc"));
+        breakdown(&data, &agent_log, &starts)
     })();
+    peers::remove_parent_cgroup("pinion-bench");
     // Clean up whatever happened: remove every manifest, let the agent stop them.
     for e in std::fs::read_dir(&manifests)?.flatten() {
         let _ = std::fs::remove_file(e.path());
@@ -216,4 +360,88 @@ fn real(pinion: &Path, runs: usize) -> anyhow::Result<()> {
     agent.stop()?;
     result?;
     cleaned
+}
+
+/// One `podstart` event: (unix microseconds, message, key or id).
+fn parse_event(line: &str) -> Option<(i64, String, String)> {
+    let (stamp, rest) = line.split_once(' ')?;
+    let rest = rest.trim_start().strip_prefix("DEBUG")?.trim_start().strip_prefix("podstart: ")?;
+    let field = |name: &str| {
+        let at = rest.find(&format!(" {name}="))? + name.len() + 2;
+        let v = rest[at..].split(' ').next()?;
+        Some(v.trim_matches('"').to_string())
+    };
+    let subject = field("id").or_else(|| field("key"))?;
+    let message = rest[..rest.find(" key=").or_else(|| rest.find(" id="))?].to_string();
+    Some((rfc3339_us(stamp)?, message, subject))
+}
+
+/// `2026-11-22T18:54:00.123456Z` -> microseconds since the epoch.
+fn rfc3339_us(s: &str) -> Option<i64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|x| x.parse::<i64>());
+    let (h, min, sec) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    let frac_us = format!("{frac:0<6}")[..6].parse::<i64>().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + h * 3600 + min * 60 + sec) * 1_000_000) + frac_us)
+}
+
+/// Prints, per stage, the median time since the rename and the median step
+/// from the stage before, over every measured pod.
+fn breakdown(data: &Path, agent_log: &Path, starts: &[PodStart]) -> anyhow::Result<()> {
+    let mut text = std::fs::read_to_string(agent_log)?;
+    for s in starts {
+        if let Ok(id) = runtime_id(data, &s.stem) {
+            text.push_str(&std::fs::read_to_string(data.join("containers").join(&id).join("shim.log"))?);
+        }
+    }
+    let events: Vec<(i64, String, String)> = text.lines().filter_map(parse_event).collect();
+    let mut at: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut step: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for s in starts {
+        let key = format!("static/{}", s.stem);
+        let id_prefix = format!("static-{}_main_", s.stem);
+        let t0 = unix_us(s.renamed_at);
+        let mut prev = 0.0;
+        for stage in STAGES {
+            let Some(t) = events
+                .iter()
+                .find(|(t, m, subj)| m == stage && *t >= t0 && (*subj == key || subj.starts_with(&id_prefix)))
+                .map(|e| e.0)
+            else {
+                continue;
+            };
+            let since = (t - t0) as f64 / 1000.0;
+            at.entry(stage).or_default().push(since);
+            step.entry(stage).or_default().push(since - prev);
+            prev = since;
+        }
+        let seen = ms(s.first_byte);
+        at.entry("first byte seen by the bench").or_default().push(seen);
+        step.entry("first byte seen by the bench").or_default().push(seen - prev);
+    }
+    println!("where pinion's time goes ({} pods; podstart events, ms since the rename, medians):", starts.len());
+    println!("{:<30} {:>8} {:>8} {:>8}", "stage", "at", "step", "step p99");
+    for stage in STAGES.iter().copied().chain(["first byte seen by the bench"]) {
+        if let (Some(a), Some(d)) = (at.get(stage), step.get(stage)) {
+            println!(
+                "{:<30} {:>8.1} {:>8.1} {:>8.1}",
+                stage,
+                percentile(a, 50.0),
+                percentile(d, 50.0),
+                percentile(d, 99.0)
+            );
+        }
+    }
+    Ok(())
 }

@@ -6,15 +6,18 @@
 //!
 //! Usage (as root): `bench_start [--runs N] [--pinion PATH]`; installs Debian
 //! `crun` and `runc` with apt-get when they are missing. Prints, per runtime,
-//! median and p99 of: create -> first stdout byte, and create+start+exit+delete.
+//! median and p99 of: create -> first stdout byte (pinion's seen in its log
+//! file through inotify, `e2e::firstbyte`; the peers' on their stdout pipe),
+//! and create+start+exit+delete.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use e2e::firstbyte::LogWatch;
+use e2e::peers;
+use e2e::stats::percentile as pct;
 use nodelet::runtime::libcontainer::{rootfs, spec, LibcontainerRuntime};
 use nodelet::runtime::{ContainerConfig, ContainerState, RootfsConfig, Runtime};
 
@@ -32,8 +35,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let pinion = std::fs::canonicalize(&pinion).with_context(|| format!("{}", pinion.display()))?;
-    ensure_tools()?;
-    private_mount_namespace()?;
+    peers::ensure_tools()?;
+    peers::private_mount_namespace()?;
 
     let work = tempfile::Builder::new().prefix("pinion-bench-").tempdir()?;
     let rt = LibcontainerRuntime::new(&work.path().join("data"), &pinion)?;
@@ -64,7 +67,8 @@ fn main() -> anyhow::Result<()> {
                         l.set_cgroups_path(Some(PathBuf::from(format!("/pinion-bench/{id}"))));
                     }
                     s.save(bundle.join("config.json"))?;
-                    run_oci(tool, &bundle, &id)?
+                    let t = peers::run_to_exit(tool, &bundle, &id)?;
+                    (ms(t.first_byte), ms(t.total))
                 }
             };
             let e = results.entry(name).or_default();
@@ -72,10 +76,7 @@ fn main() -> anyhow::Result<()> {
             e.1.push(total);
         }
     }
-    // The (empty) parent cgroup crun and runc ran under, in every hierarchy.
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-        let _ = std::fs::remove_dir(hierarchy.path().join("pinion-bench"));
-    }
+    peers::remove_parent_cgroup("pinion-bench");
     println!("{runs} runs each, interleaved; host rootfs, `echo hi`, cpus=1; milliseconds");
     println!(
         "{:<8} {:>14} {:>14} {:>14} {:>14}",
@@ -92,7 +93,7 @@ fn main() -> anyhow::Result<()> {
             pct(total, 99.0)
         );
     }
-    println!("versions: {} / {}", version("crun"), version("runc"));
+    println!("versions: {} / {}", peers::version("crun"), peers::version("runc"));
     Ok(())
 }
 
@@ -123,17 +124,12 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn run_pinion(rt: &LibcontainerRuntime, cfg: &ContainerConfig) -> anyhow::Result<(f64, f64)> {
+    let watch = LogWatch::new(&cfg.log_path)?;
     let t0 = Instant::now();
     rt.start(cfg)?;
     let started = t0.elapsed();
     let deadline = t0 + Duration::from_secs(30);
-    while std::fs::metadata(&cfg.log_path).map(|m| m.len()).unwrap_or(0) == 0 {
-        if Instant::now() > deadline {
-            bail!("{}: no output", cfg.id);
-        }
-        std::thread::sleep(POLL);
-    }
-    let first = t0.elapsed();
+    let first = watch.wait_first_byte(deadline).with_context(|| format!("{}: no output", cfg.id))? - t0;
     while matches!(rt.state(&cfg.id)?, ContainerState::Running { .. }) {
         if Instant::now() > deadline {
             bail!("{}: did not exit", cfg.id);
@@ -152,86 +148,4 @@ fn run_pinion(rt: &LibcontainerRuntime, cfg: &ContainerConfig) -> anyhow::Result
         );
     }
     Ok((ms(first), ms(t0.elapsed())))
-}
-
-fn run_oci(tool: &str, bundle: &Path, id: &str) -> anyhow::Result<(f64, f64)> {
-    let t0 = Instant::now();
-    let mut child = Command::new(tool)
-        .args(["run", "--bundle"])
-        .arg(bundle)
-        .arg(id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {tool}"))?;
-    let mut out = child.stdout.take().context("stdout")?;
-    let mut byte = [0u8; 1];
-    let n = out.read(&mut byte)?;
-    let first = t0.elapsed();
-    let mut rest = Vec::new();
-    out.read_to_end(&mut rest)?;
-    let status = child.wait()?;
-    let total = t0.elapsed();
-    if n == 0 || !status.success() {
-        let mut err = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        bail!("{tool} run {id}: {status}, no output: {err}");
-    }
-    Ok((ms(first), ms(total)))
-}
-
-fn pct(v: &[f64], p: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((p / 100.0) * (s.len() - 1) as f64).round() as usize;
-    s[idx.min(s.len() - 1)]
-}
-
-fn version(tool: &str) -> String {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_string())
-        .unwrap_or_default()
-}
-
-fn ensure_tools() -> anyhow::Result<()> {
-    let missing = ["crun", "runc"].iter().any(|t| Command::new(t).arg("--version").output().is_err());
-    if missing {
-        eprintln!("installing crun and runc (apt-get)");
-        let ok = Command::new("apt-get").args(["update", "-qq"]).status()?.success()
-            && Command::new("apt-get")
-                .args(["install", "-y", "-qq", "crun", "runc"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()?
-                .success();
-        if !ok {
-            bail!("apt-get install crun runc failed");
-        }
-    }
-    Ok(())
-}
-
-/// A private mount namespace for this process and its children, with the
-/// cgroup2 controllers file hidden so crun treats the host as cgroup v1.
-fn private_mount_namespace() -> anyhow::Result<()> {
-    use nix::mount::{mount, MsFlags};
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .context("making / private")?;
-    let controllers = Path::new("/sys/fs/cgroup/unified/cgroup.controllers");
-    if controllers.exists() {
-        let empty = std::env::temp_dir().join(format!("pinion-bench-empty-{}", std::process::id()));
-        std::fs::write(&empty, b"")?;
-        mount(Some(&empty), controllers, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .context("hiding cgroup.controllers")?;
-        let _ = std::fs::remove_file(&empty);
-    }
-    Ok(())
 }

@@ -506,7 +506,10 @@ impl Agent {
 
     fn on_change(&mut self, ch: DesiredChange) {
         match ch {
-            DesiredChange::Apply { key, pod, plan } => self.apply(key, Desired { pod: *pod, plan }),
+            DesiredChange::Apply { key, pod, plan } => {
+                tracing::debug!(target: "podstart", key, "change received");
+                self.apply(key, Desired { pod: *pod, plan })
+            }
             DesiredChange::Remove { key } => {
                 self.invalid.remove(&key);
                 self.remove(&key);
@@ -625,8 +628,9 @@ impl Agent {
         //    change triggered must not pay for polling every container first.
         if self.last_observe.elapsed() >= self.cfg.poll_interval {
             self.last_observe = Instant::now();
+            let states = self.poll_states().await;
             for key in &keys {
-                self.observe(key).await;
+                self.observe(key, &states).await;
             }
         }
         // 2. Stop pods being deleted or replaced (in the background).
@@ -655,23 +659,54 @@ impl Agent {
         }
     }
 
-    async fn observe(&mut self, key: &str) {
+    /// The runtime state of every running container of admitted pods, read in
+    /// one blocking call: one trip through the blocking pool per poll instead
+    /// of one per container, which under load kept a pod that arrived during
+    /// the poll waiting for its admission.
+    async fn poll_states(&self) -> BTreeMap<String, Result<ContainerState, String>> {
+        let ids: Vec<String> = self
+            .pods
+            .values()
+            .filter(|e| matches!(e.stage, Stage::Admitted))
+            .flat_map(|e| &e.ctrs)
+            .filter(|c| matches!(c.state, CtrState::Running { .. }))
+            .filter_map(|c| c.runtime_id.clone())
+            .collect();
+        if ids.is_empty() {
+            return BTreeMap::new();
+        }
+        let all = ids.clone();
+        let polled = self
+            .call("state of the running containers", self.cfg.op_timeout, move |rt| {
+                Ok(ids
+                    .into_iter()
+                    .map(|id| (id.clone(), rt.state(&id).map_err(|e| format!("state of {id}: {e}"))))
+                    .collect())
+            })
+            .await;
+        match polled {
+            Ok(states) => states,
+            Err(err) => all.into_iter().map(|id| (id, Err(err.to_string()))).collect(),
+        }
+    }
+
+    async fn observe(&mut self, key: &str, states: &BTreeMap<String, Result<ContainerState, String>>) {
         let Some(mut e) = self.pods.remove(key) else { return };
         if matches!(e.stage, Stage::Admitted) {
             let policy = e.pod.spec.restart_policy;
             for ctr in &mut e.ctrs {
                 let (CtrState::Running { since }, Some(id)) = (&ctr.state, ctr.runtime_id.clone()) else { continue };
                 let since = *since;
-                let rid = id.clone();
-                match self.call(&format!("state of {id}"), self.cfg.op_timeout, move |rt| rt.state(&rid)).await {
-                    Ok(ContainerState::Running { .. }) => {}
-                    Ok(ContainerState::Exited { code, oom_killed }) => {
-                        self.after_exit(key, policy, ctr, code, oom_killed, Some(since)).await
+                match states.get(&id) {
+                    // Started after the poll: the next one sees it.
+                    None | Some(Ok(ContainerState::Running { .. })) => {}
+                    Some(Ok(ContainerState::Exited { code, oom_killed })) => {
+                        self.after_exit(key, policy, ctr, *code, *oom_killed, Some(since)).await
                     }
-                    Ok(ContainerState::Missing) => {
+                    Some(Ok(ContainerState::Missing)) => {
                         self.after_exit(key, policy, ctr, reconcile::LOST_CODE, false, Some(since)).await
                     }
-                    Err(err) => e.message = Some(err.to_string()),
+                    Some(Err(err)) => e.message = Some(err.clone()),
                 }
             }
             if e.ctrs.iter().all(|c| c.state == CtrState::Terminated) {
@@ -811,9 +846,11 @@ impl Agent {
         // Durable before anything uses it: `start_due` writes the checkpoint
         // (allocation and runtime id) right before the first container starts,
         // and the end of this pass writes it for pods that start later. One
-        // fsync per start instead of two keeps manifest-to-running short.
+        // fsync per start instead of two keeps manifest-to-running short (and
+        // `start_due` clears `dirty` once it wrote).
         self.dirty = true;
         tracing::info!(key, "pod admitted");
+        tracing::debug!(target: "podstart", key, "pod admitted");
     }
 
     /// Gives every running container the cpuset it should have now (the shared
@@ -891,12 +928,17 @@ impl Agent {
                     CtrState::Waiting { at: now + self.cfg.poll_interval, reason: Some("CheckpointError".into()) };
                 continue;
             }
+            // Memory and file agree now: the end of this pass need not write
+            // the same checkpoint (and fsync) again.
+            self.dirty = false;
+            tracing::debug!(target: "podstart", key, id, "checkpoint written");
             if let Some(dir) = cfg.log_path.parent() {
                 let _ = std::fs::create_dir_all(dir);
             }
             let r = self.call(&format!("start {id}"), self.cfg.start_timeout, move |rt| rt.start(&cfg)).await;
             let policy = self.pods.get(key).map(|e| e.pod.spec.restart_policy).unwrap_or_default();
             let mut ctr = self.pods.get(key).expect("present").ctrs[i].clone();
+            tracing::debug!(target: "podstart", key, id, "runtime start returned");
             let message = match r {
                 Ok(()) => {
                     tracing::info!(key, container = ctr.name, id, %cpus, "container started");
@@ -907,6 +949,8 @@ impl Agent {
                 Err(err) => {
                     tracing::warn!(key, container = ctr.name, error = %err, "container did not start");
                     self.after_exit(key, policy, &mut ctr, reconcile::START_ERROR_CODE, false, None).await;
+                    // The runtime id, restart count and exit code changed.
+                    self.dirty = true;
                     Some(err.to_string())
                 }
             };

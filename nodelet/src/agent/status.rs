@@ -1,6 +1,7 @@
 //! The agent's report: each pod's phase, container states, CPUs, memory NUMA
 //! nodes and last error, built from the agent's memory and written atomically
-//! to `<data>/status.json`, where `pinion agent status` reads it.
+//! (not fsynced: it is rebuilt from memory at every change and at start) to
+//! `<data>/status.json`, where `pinion agent status` reads it.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,7 @@ use specs::status::{ContainerState as ShownState, ContainerStatus, PlacementSumm
 use specs::{PodPhase, PodStatus};
 
 use super::{reconcile, Agent, AgentError, CtrState, Stage};
-use crate::fsutil::write_atomic;
+use crate::fsutil::replace_atomic;
 use crate::source::NodeReport;
 
 pub const FILE_NAME: &str = "status.json";
@@ -38,7 +39,7 @@ pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentErr
         path: path.clone(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
     })?;
-    write_atomic(&path, &bytes).map_err(|source| AgentError::Io { path, source })
+    replace_atomic(&path, &bytes).map_err(|source| AgentError::Io { path, source })
 }
 
 pub(super) fn build(agent: &Agent) -> NodeReport {

@@ -176,7 +176,9 @@ impl LibcontainerRuntime {
             .env("NO_COLOR", "1")
             .spawn()
             .map_err(|e| cerr(id, format!("starting the shim {}: {e}", self.shim_exe.display())))?;
+        tracing::debug!(target: "podstart", id, "shim spawned");
         let report = child.stdout.take().map(|out| read_report(out, START_TIMEOUT));
+        tracing::debug!(target: "podstart", id, "shim reported");
         // The first shim process only detaches and exits at once.
         let _ = child.wait();
         // The last lines the shim (and libcontainer's helper processes) logged.
@@ -311,7 +313,10 @@ impl Runtime for LibcontainerRuntime {
             return Err(cerr(id, "a container with this id already exists"));
         }
         fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
-        let result = self.prepare(cfg).and_then(|()| self.launch_shim(id));
+        let result = self.prepare(cfg).and_then(|()| {
+            tracing::debug!(target: "podstart", id, "bundle prepared");
+            self.launch_shim(id)
+        });
         match result {
             Ok(pid) => {
                 tracing::debug!(id, pid, "container started");

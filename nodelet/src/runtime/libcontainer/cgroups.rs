@@ -1,6 +1,6 @@
 //! The container's cgroups through libcgroups (v1 and v2 alike): in-place cpuset
-//! updates, removal, OOM-kill detection, and the list of directories that exist
-//! (for leak checks).
+//! updates, the CFS quota the shim sets before start, removal, OOM-kill
+//! detection, and the list of directories that exist (for leak checks).
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +8,7 @@ use libcgroups::common::{create_cgroup_manager, CgroupConfig, CgroupManager, Cgr
 use oci_spec::runtime::LinuxResources;
 
 use super::spec::cgroup_path;
+use crate::runtime::CpuQuota;
 
 const ROOT: &str = "/sys/fs/cgroup";
 
@@ -25,6 +26,29 @@ pub fn apply(id: &str, resources: &LinuxResources) -> Result<(), String> {
     let m = manager(id)?;
     m.apply(&ControllerOpt { resources, disable_oom_killer: false, oom_score_adj: None, freezer_state: None })
         .map_err(|e| format!("applying cgroup resources: {e}"))
+}
+
+/// Sets the CFS bandwidth limit of the container's cgroup: v1
+/// `cpu.cfs_period_us` then `cpu.cfs_quota_us`, v2 `cpu.max`. Two file
+/// writes, no controller walk: the shim calls it between create and start.
+pub fn set_cpu_quota(id: &str, quota: CpuQuota) -> Result<(), String> {
+    let rel = cgroup_path(id);
+    let rel = rel.strip_prefix("/").unwrap_or(&rel).to_path_buf();
+    let write = |path: PathBuf, value: String| {
+        std::fs::write(&path, value.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    match setup() {
+        Some(CgroupSetup::Unified) => {
+            write(Path::new(ROOT).join(&rel).join("cpu.max"), format!("{} {}", quota.quota_us, quota.period_us))
+        }
+        _ => {
+            let mount = libcgroups::v1::util::get_subsystem_mount_point(&libcgroups::v1::ControllerType::Cpu)
+                .map_err(|e| format!("the cpu cgroup hierarchy: {e}"))?;
+            let dir = mount.join(&rel);
+            write(dir.join("cpu.cfs_period_us"), quota.period_us.to_string())?;
+            write(dir.join("cpu.cfs_quota_us"), quota.quota_us.to_string())
+        }
+    }
 }
 
 /// Kills what is left inside and removes the cgroup in every hierarchy; a cgroup

@@ -3,7 +3,8 @@
 //! changes the process's working directory and forks, which is unsafe next to
 //! other threads. The shim detaches (new session, double fork, so the agent's
 //! `kill -9` does not reach it), closes every inherited fd, creates and starts
-//! the container, reports `ok PID` or `error MESSAGE` on its stdout pipe, then
+//! the container (setting its CFS quota between create and start, see
+//! `spec::build`), reports `ok PID` or `error MESSAGE` on its stdout pipe, then
 //! copies the container's output into the rotated log, reaps the init and
 //! records its exit status in `exit.json`.
 
@@ -26,6 +27,7 @@ use crate::runtime::ContainerConfig;
 /// Runs the shim; returns the process exit code. The first process returns 0 at
 /// once (it only detaches); the detached one returns when the container is gone.
 pub fn run(data_dir: &Path, id: &str) -> i32 {
+    tracing::debug!(target: "podstart", id, "shim running");
     let _ = setsid();
     // SAFETY: the shim is single-threaded (main runs it before any other thread
     // exists), so the child may do anything after fork.
@@ -63,7 +65,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
     };
     let _ = writeln!(report, "ok {}", init.pid);
     drop(report);
-    let status = supervise(log_read, log, init.pid);
+    let status = supervise(id, log_read, log, init.pid);
     let record = exit_record(id, status);
     if let Err(e) = write_json(&layout.exit(id), &record) {
         eprintln!("shim {id}: {e}");
@@ -115,7 +117,10 @@ fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, Strin
         .map(|b| b.with_stdout(log_write).with_stderr(log_write2))
         .and_then(|b| b.as_init(layout.bundle(id)).with_systemd(false).with_detach(true).build());
     let mut container = match built {
-        Ok(c) => c,
+        Ok(c) => {
+            tracing::debug!(target: "podstart", id, "container built");
+            c
+        }
         Err(e) => {
             cleanup_libcontainer(layout, id);
             return Err(format!("creating the container: {e}"));
@@ -133,7 +138,13 @@ fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, Strin
         if !cfg.host_network {
             super::net::loopback_up(pid.as_raw()).map_err(|e| format!("bringing lo up: {e}"))?;
         }
+        // Not in the spec (see `spec::build`): the setup is done, the
+        // container's own process has not run yet.
+        if let Some(quota) = cfg.cpu_quota {
+            cgroups::set_cpu_quota(id, quota).map_err(|e| format!("setting the CPU quota: {e}"))?;
+        }
         container.start().map_err(|e| format!("starting the container: {e}"))?;
+        tracing::debug!(target: "podstart", id, "container started");
         let shim = ProcId::of(std::process::id() as i32).ok_or("cannot read the shim's own /proc entry")?;
         write_json(&layout.started(id), &StartedRecord { init, shim }).map_err(|e| e.to_string())?;
         Ok(init)
@@ -150,9 +161,10 @@ fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, Strin
 
 /// Copies the container's output to the log until every writer is gone, then
 /// reaps the init.
-fn supervise(log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32) -> Option<WaitStatus> {
+fn supervise(id: &str, log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32) -> Option<WaitStatus> {
     let mut pipe = File::from(log_read);
     let mut buf = vec![0u8; 64 * 1024];
+    let mut first = true;
     loop {
         match pipe.read(&mut buf) {
             Ok(0) => break,
@@ -163,6 +175,9 @@ fn supervise(log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32) -> Optio
                         eprintln!("log write failed, dropping further output: {e}");
                         log = None;
                     }
+                }
+                if std::mem::take(&mut first) {
+                    tracing::debug!(target: "podstart", id, "first output copied");
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
