@@ -280,6 +280,7 @@ impl<'de> Deserialize<'de> for IdSet {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
 
