@@ -45,7 +45,21 @@ fn host() -> Option<Host> {
 
 impl Host {
     fn start_agent(&mut self) {
-        let child = Command::new(PINION)
+        self.start_agent_confined_to(None);
+    }
+
+    /// `cpus`: run the agent under `taskset -c CPUS`, as a node that keeps its
+    /// system services on the reserved CPUs does.
+    fn start_agent_confined_to(&mut self, cpus: Option<&str>) {
+        let mut cmd = match cpus {
+            Some(list) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", list, PINION]);
+                c
+            }
+            None => Command::new(PINION),
+        };
+        let child = cmd
             .args(["agent", "--runtime", "libcontainer", "--reserved-cpus", "0", "--node-name", "real"])
             .arg("--manifests")
             .arg(&self.manifests)
@@ -255,6 +269,30 @@ fn exclusive_pod_on_cpu_1_and_a_shared_pod_that_follows_the_pool_in_place() {
     let tag = pid.to_string();
     assert_eq!(cgroups(&tag), Vec::<PathBuf>::new());
     assert_eq!(processes(&tag), Vec::<i32>::new());
+}
+
+/// On Linux 6.2 and later a task keeps the affinity it inherited even when its
+/// cpuset is wider; an agent confined to the reserved CPU must not hand that
+/// mask to its containers.
+#[test]
+fn an_agent_confined_to_the_reserved_cpu_does_not_confine_its_containers() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let (ex, sh) = (format!("cex-{pid}"), format!("csh-{pid}"));
+    h.write(&sh, &pod(&sh, "500m", SHOW_EVERY_100MS, "Always"));
+    h.start_agent_confined_to(Some("0"));
+    h.wait("sh running", |v| v["pods"][format!("static/{sh}")]["phase"] == "Running");
+    h.wait_log(&sh, "the whole pool", |l| last_line(l) == "Cpus_allowed_list:\t0-1");
+    h.write(&ex, &pod(&ex, "1", SHOW_AND_SLEEP, "Always"));
+    let log = h.wait_log(&ex, "its cpuset", |l| l.contains("Mems_allowed_list"));
+    assert!(log.contains("Cpus_allowed_list:\t1\n"), "{log}");
+    h.wait_log(&sh, "CPU 0 only", |l| last_line(l) == "Cpus_allowed_list:\t0");
+    std::fs::remove_file(h.manifests.join(format!("{ex}.yaml"))).unwrap();
+    h.wait_log(&sh, "back to 0-1", |l| last_line(l) == "Cpus_allowed_list:\t0-1");
+    std::fs::remove_file(h.manifests.join(format!("{sh}.yaml"))).unwrap();
+    h.wait("both gone", |v| v["pods"].as_object().is_some_and(|m| m.is_empty()));
+    h.signal_agent("TERM");
 }
 
 #[test]

@@ -40,6 +40,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         }
     }
     let _ = std::env::set_current_dir("/");
+    widen_affinity();
     let layout = Layout::new(data_dir);
     let mut report = match take_report_pipe() {
         Ok(f) => f,
@@ -71,6 +72,21 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         eprintln!("shim {id}: {e}");
     }
     0
+}
+
+/// Asks for every CPU, so that the container's cpuset alone decides where it
+/// runs. Since Linux 6.2 a task keeps the affinity mask it inherited (the
+/// agent's, say `taskset -c 0` or systemd's `CPUAffinity=` for system services
+/// on the reserved CPUs) even when its cpuset is wider, and the kernel
+/// intersects the two: shared containers would stay on the reserved CPU.
+fn widen_affinity() {
+    let mut all = nix::sched::CpuSet::new();
+    for cpu in 0..nix::sched::CpuSet::count() {
+        let _ = all.set(cpu);
+    }
+    if let Err(e) = nix::sched::sched_setaffinity(Pid::from_raw(0), &all) {
+        tracing::warn!(error = %e, "cannot widen the shim's CPU affinity; the container may inherit the agent's");
+    }
 }
 
 fn one_line(s: &str) -> String {
