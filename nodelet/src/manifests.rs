@@ -90,6 +90,9 @@ fn scan(dir: &Path) -> Result<BTreeMap<String, Seen>, ManifestError> {
         let path = dir.join(&name);
         let (hash, parsed) = match read_limited(&path) {
             Ok(text) => (fnv1a64(text.as_bytes()), parse_manifest(&name, &text)),
+            // Removed since the listing: gone, not malformed (a malformed file
+            // would keep its pods). A dangling symlink is still there: reported.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && std::fs::symlink_metadata(&path).is_err() => continue,
             Err(e) => (0, Err(format!("{name}: {e}"))),
         };
         if let Some(first) = stems.get(&stem) {
@@ -382,6 +385,14 @@ mod tests {
         let dup = format!("{GOOD}---\n{GOOD}");
         let err = parse_manifest("dup.yaml", &dup).unwrap_err();
         assert!(err.contains("two pods are named \"web\""), "{err}");
+    }
+
+    #[test]
+    fn a_dangling_symlink_is_reported_not_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(dir.path().join("nowhere.yaml"), dir.path().join("link.yaml")).unwrap();
+        let got = kinds(&initial(&scan(dir.path()).unwrap()));
+        assert!(got[0].starts_with("invalid static/link: link.yaml: No such file"), "{got:?}");
     }
 
     #[test]
