@@ -20,7 +20,7 @@ use bytes::Bytes;
 use hyper::Method;
 use nodelet::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
 use orchestrator::client::{Client, ClientError};
-use orchestrator::tls::Credentials;
+use orchestrator::tls::{ca_pin, Credentials, JoinToken};
 use specs::api::{List, Node, NodeSpec, NodeStatus, NodeStatusReport, PodRejection, WatchEventType};
 use specs::pod::{ObjectMeta, API_VERSION};
 use specs::{NodeSettings, NodeTopology, Pod, PodPhase};
@@ -68,14 +68,27 @@ pub async fn credentials(cfg: &LinkConfig) -> anyhow::Result<Credentials> {
     let Some(token) = &cfg.token else {
         bail!("--token is required for the first join (no {} yet)", path.display());
     };
-    let Some(ca_path) = &cfg.ca else {
-        bail!("--ca FILE (the server's pki/ca.crt) is required for the first join");
+    let parsed = JoinToken::parse(token).context("--token")?;
+    let client = match (&cfg.ca, parsed.ca_pin) {
+        (Some(ca_path), pin) => {
+            let ca = std::fs::read_to_string(ca_path).with_context(|| format!("reading {}", ca_path.display()))?;
+            if pin.is_some_and(|p| ca_pin(&ca).ok() != Some(p)) {
+                bail!("--ca {} is not the CA the join token pins", ca_path.display());
+            }
+            Client::anonymous(&cfg.server, &ca)?
+        }
+        (None, Some(pin)) => Client::pinned(&cfg.server, pin)?,
+        (None, None) => bail!(
+            "this join token has no CA pin (PIN.SECRET, as `pinion server` prints it): give the server's CA with --ca FILE"
+        ),
     };
-    let ca = std::fs::read_to_string(ca_path).with_context(|| format!("reading {}", ca_path.display()))?;
-    let joined = Client::anonymous(&cfg.server, &ca)?
+    let joined = client
         .join(token, &cfg.node_name)
         .await
         .with_context(|| format!("joining {} as node {}", cfg.server, cfg.node_name))?;
+    if parsed.ca_pin.is_some_and(|p| ca_pin(&joined.ca_cert).ok() != Some(p)) {
+        bail!("the server sent a CA that the join token does not pin");
+    }
     let creds = Credentials {
         server: cfg.server.clone(),
         ca_cert: joined.ca_cert,

@@ -49,8 +49,8 @@ fn agent(dir: &Path, url: &str, token: &str, name: &str, cores: u32) -> Proc {
     let data = dir.join(name);
     let synthetic = format!("pack:2 numa:1 core:{cores} pu:1");
     let mut cmd = Command::new(PINION);
-    cmd.args(["agent", "--server", url, "--token", token, "--ca"])
-        .arg(dir.join("srv/pki/ca.crt"))
+    // The URL and the token only, as the server prints it: the token pins the CA.
+    cmd.args(["agent", "--server", url, "--token", token])
         .arg("--data-dir")
         .arg(&data)
         .args(["--runtime", "hollow", "--synthetic", &synthetic, "--topology-policy", "single-numa-node"])
@@ -106,15 +106,34 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let (_server, line) = start(
-        &["server", "--data-dir", dir.join("srv").to_str().expect("utf-8"), "--listen", "127.0.0.1:0"],
+        &["server", "--data-dir", dir.join("srv").to_str().expect("utf-8"), "--listen", "0.0.0.0:0"],
         &[],
         "listening on",
     );
     let url = line.split('(').nth(1).and_then(|s| s.strip_suffix(')')).expect("server URL").to_string();
+    // A remote node dials the machine's own address: the wildcard listener's
+    // certificate must name it.
+    let port = url.rsplit(':').next().expect("port");
+    let hostname_i = Command::new("hostname").arg("-I").output().map(|o| o.stdout).unwrap_or_default();
+    let external = String::from_utf8_lossy(&hostname_i)
+        .split_whitespace()
+        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+        .map_or_else(|| url.clone(), |ip| format!("https://{ip}:{port}"));
     let token = std::fs::read_to_string(dir.join("srv/join-token")).expect("join token");
     let config = dir.join("srv/admin.conf");
+    // A bare secret (no CA pin) and no --ca: one clear line, nothing joined.
+    let secret = token.trim().split_once('.').expect("PIN.SECRET").1;
+    let out = Command::new(PINION)
+        .args(["agent", "--server", &url, "--token", secret, "--runtime", "hollow", "--node-name", "nopin"])
+        .arg("--data-dir")
+        .arg(dir.join("nopin"))
+        .output()
+        .expect("run pinion agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--ca FILE"), "{err}");
+    assert!(!dir.join("nopin/node.conf").exists());
     let mut big = agent(dir, &url, token.trim(), "big", 20);
-    let _small = agent(dir, &url, token.trim(), "small", 10);
+    let _small = agent(dir, &external, token.trim(), "small", 10);
 
     apply(&config, dir, "p20", 20);
     let placed = wait_pod(&config, "p20", "p20 running", |p| p["status"]["phase"] == "Running");

@@ -94,6 +94,20 @@ impl Client {
         Client::with_config(url, config)
     }
 
+    /// A client with no certificate that trusts the server only if the chain
+    /// it presents contains a CA whose SHA-256 is `pin` (from the join token)
+    /// and that CA signed the server's certificate: only for joining.
+    pub fn pinned(url: &str, pin: [u8; 32]) -> Result<Client, ClientError> {
+        let provider = crate::tls::provider();
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::from)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PinnedCa { pin, provider }))
+            .with_no_client_auth();
+        Client::with_config(url, config)
+    }
+
     pub async fn connect(&self) -> Result<Connection, ClientError> {
         let addr = self.authority.clone();
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
@@ -341,5 +355,64 @@ impl PodWatch {
                 Some(data) => self.buf.extend_from_slice(&data),
             }
         }
+    }
+}
+
+/// Verifies a server against the CA its own chain carries, once that CA's
+/// hash matches the pin: trust on a known fingerprint, then ordinary WebPKI
+/// checks (signature, validity, the server name).
+#[derive(Debug)]
+struct PinnedCa {
+    pin: [u8; 32],
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use sha2::Digest;
+        let ca = intermediates
+            .iter()
+            .find(|c| <[u8; 32]>::from(sha2::Sha256::digest(c.as_ref())) == self.pin)
+            .ok_or_else(|| {
+                rustls::Error::General(
+                    "the server's CA is not the one the join token pins (wrong server or token)".into(),
+                )
+            })?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+        verifier.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }

@@ -16,7 +16,7 @@ use crate::api::apply::ApiState;
 use crate::api::{serve, ApiConfig};
 use crate::controller::{Controller, ControllerConfig};
 use crate::store::{Store, StoreError, StoreOptions};
-use crate::tls::{load_or_create_join_token, Credentials, Pki, TlsError, ADMIN_CN};
+use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -64,7 +64,7 @@ pub struct Server {
     options: ServerOptions,
     /// First start: the CA and the join token were just made.
     pub first_start: bool,
-    pub join_token: String,
+    pub join_token: JoinToken,
     pub admin_config: PathBuf,
 }
 
@@ -76,7 +76,7 @@ impl Server {
         let store =
             Store::open(&store_dir, options.store).map_err(|source| ServerError::Store { path: store_dir, source })?;
         let (pki, created) = Pki::load_or_create(&dir)?;
-        let (join_token, _) = load_or_create_join_token(&dir)?;
+        let (join_token, _) = load_or_create_join_token(&dir, &pki.ca_cert_pem)?;
         let listener = TcpListener::bind(&options.listen)
             .await
             .map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
@@ -86,6 +86,8 @@ impl Server {
         let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
         if !host.is_empty() && host != "0.0.0.0" && host != "::" {
             names.push(host.clone());
+        } else {
+            names.extend(this_machines_names());
         }
         names.extend(options.tls_sans.iter().cloned());
         let tls = Arc::new(pki.server_config(&names)?);
@@ -128,7 +130,7 @@ impl Server {
             store: self.store.clone(),
             controller,
             pki: self.pki.clone(),
-            join_token: self.join_token.clone(),
+            join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),
             proxy_tls: Arc::new(self.pki.proxy_client_config()?),
         });
@@ -169,4 +171,32 @@ fn write_admin_config(pki: &Pki, path: &Path, server_url: &str) -> Result<(), Tl
         }
         _ => pki.credentials(server_url, ADMIN_CN)?.save(path),
     }
+}
+
+/// A wildcard listener is reached by this machine's name and addresses: the
+/// certificate carries them all, so a node can join by any of them.
+fn this_machines_names() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(h) = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()) {
+        out.push(h);
+    }
+    match nix::ifaddrs::getifaddrs() {
+        Ok(addrs) => {
+            for a in addrs {
+                let Some(sa) = a.address else { continue };
+                let ip = match (sa.as_sockaddr_in(), sa.as_sockaddr_in6()) {
+                    (Some(v4), _) => std::net::IpAddr::V4(v4.ip()),
+                    (_, Some(v6)) => std::net::IpAddr::V6(v6.ip()),
+                    _ => continue,
+                };
+                // Link-local addresses need a zone to be dialled; no one joins by them.
+                let link_local = matches!(ip, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+                if !ip.is_loopback() && !link_local {
+                    out.push(ip.to_string());
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot list this machine's addresses; use --tls-san"),
+    }
+    out
 }

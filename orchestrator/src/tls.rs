@@ -23,6 +23,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 
 pub const ADMIN_CN: &str = "admin";
 pub const NODE_CN_PREFIX: &str = "node:";
@@ -46,6 +47,8 @@ pub enum TlsError {
     Credentials { path: PathBuf, source: serde_yaml_ng::Error },
     #[error("no randomness: {0}")]
     Random(String),
+    #[error("join token: {0}")]
+    Token(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
@@ -360,15 +363,83 @@ pub fn random_token() -> Result<String, TlsError> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The SHA-256 of a CA certificate's DER bytes: what a join token pins.
+pub fn ca_pin(ca_pem: &str) -> Result<[u8; 32], TlsError> {
+    let der = pem_cert(ca_pem, "CA certificate")?;
+    Ok(sha2::Sha256::digest(der.as_ref()).into())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A bootstrap token, `PIN.SECRET`: PIN is the hex SHA-256 of the server's CA
+/// certificate, so a machine given only the URL and the token can check the
+/// server before it sends the secret (as kubeadm's `--discovery-token-ca-cert-hash`
+/// and k3s's secure tokens do). A bare SECRET (no pin) is accepted with `--ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub ca_pin: Option<[u8; 32]>,
+    pub secret: String,
+}
+
+impl JoinToken {
+    pub fn parse(text: &str) -> Result<JoinToken, TlsError> {
+        let text = text.trim();
+        let (pin, secret) = match text.split_once('.') {
+            Some((pin, secret)) => (Some(pin), secret),
+            None => (None, text),
+        };
+        if secret.is_empty() || !secret.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(TlsError::Token("the secret (after the '.') must be letters and digits".into()));
+        }
+        let ca_pin = match pin {
+            None => None,
+            Some(p) => {
+                let bytes: Vec<u8> = (0..p.len())
+                    .step_by(2)
+                    .map(|i| p.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                    .collect::<Option<_>>()
+                    .filter(|b: &Vec<u8>| b.len() == 32 && p.len() == 64)
+                    .ok_or_else(|| {
+                        TlsError::Token("the part before the '.' must be the CA's SHA-256, 64 hex digits".into())
+                    })?;
+                let mut pin = [0u8; 32];
+                pin.copy_from_slice(&bytes);
+                Some(pin)
+            }
+        };
+        Ok(JoinToken { ca_pin, secret: secret.to_string() })
+    }
+}
+
+impl std::fmt::Display for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.ca_pin {
+            Some(pin) => write!(f, "{}.{}", hex(pin), self.secret),
+            None => f.write_str(&self.secret),
+        }
+    }
+}
+
 /// Loads `dir/join-token`, creating it when absent; returns (token, created).
-pub fn load_or_create_join_token(dir: &Path) -> Result<(String, bool), TlsError> {
+/// The token always carries the pin of `ca_pem`; a file written before pins
+/// existed (a bare secret) keeps its secret.
+pub fn load_or_create_join_token(dir: &Path, ca_pem: &str) -> Result<(JoinToken, bool), TlsError> {
     let path = dir.join("join-token");
+    let pin = Some(ca_pin(ca_pem)?);
     match std::fs::read_to_string(&path) {
-        Ok(t) if !t.trim().is_empty() => Ok((t.trim().to_string(), false)),
+        Ok(t) if !t.trim().is_empty() => {
+            let token = JoinToken::parse(&t).map_err(|e| TlsError::Token(format!("{}: {e}", path.display())))?;
+            if token.ca_pin.is_some() && token.ca_pin != pin {
+                return Err(TlsError::Token(format!("{} pins another CA than pki/ca.crt", path.display())));
+            }
+            Ok((JoinToken { ca_pin: pin, secret: token.secret }, false))
+        }
         _ => {
-            let t = random_token()?;
-            write_private(&path, format!("{t}\n").as_bytes())?;
-            Ok((t, true))
+            let token = JoinToken { ca_pin: pin, secret: random_token()? };
+            write_private(&path, format!("{token}\n").as_bytes())?;
+            Ok((token, true))
         }
     }
 }
@@ -414,6 +485,43 @@ mod tests {
             &std::fs::metadata(dir.path().join("pki/ca.key")).expect("stat").permissions(),
         );
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn join_tokens_parse_and_name_what_is_wrong() {
+        let pin = "ab".repeat(32);
+        for (text, ok) in [
+            (format!("{pin}.s3cret"), Ok(true)),
+            ("s3cret\n".to_string(), Ok(false)),
+            (format!("{pin}."), Err("the secret")),
+            ("abc.s3cret".to_string(), Err("64 hex digits")),
+            (format!("{}.s3cret", "zz".repeat(32)), Err("64 hex digits")),
+            (format!("{pin}.a b"), Err("letters and digits")),
+        ] {
+            match (JoinToken::parse(&text), ok) {
+                (Ok(t), Ok(has_pin)) => {
+                    assert_eq!(t.ca_pin.is_some(), has_pin, "{text}");
+                    assert_eq!(t.to_string(), text.trim(), "round trip");
+                }
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{text}: {e}"),
+                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_join_token_file_without_a_pin_keeps_its_secret_and_gains_the_pin() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pki, _) = Pki::load_or_create(dir.path()).expect("pki");
+        std::fs::write(dir.path().join("join-token"), "oldsecret\n").expect("write");
+        let (t, created) = load_or_create_join_token(dir.path(), &pki.ca_cert_pem).expect("load");
+        assert!(!created);
+        assert_eq!(t.secret, "oldsecret");
+        assert_eq!(t.ca_pin, Some(ca_pin(&pki.ca_cert_pem).expect("pin")));
+        // A file pinning another CA is refused, not silently replaced.
+        std::fs::write(dir.path().join("join-token"), format!("{}.x\n", "00".repeat(32))).expect("write");
+        let e = load_or_create_join_token(dir.path(), &pki.ca_cert_pem).expect_err("other CA");
+        assert!(e.to_string().contains("pins another CA"), "{e}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ impl TestServer {
         opts.api.body_limit = 64 * 1024;
         let server = Server::bind(opts).await.expect("bind");
         let url = server.server_url();
-        let token = server.join_token.clone();
+        let token = server.join_token.to_string();
         let creds = Credentials::load(&server.admin_config).expect("admin config");
         assert_eq!(creds.server, url);
         let (stop, rx) = watch::channel(false);
@@ -194,6 +194,25 @@ async fn identities_are_enforced() {
     let anon = Client::anonymous(&s.url, &ca).expect("anon");
     assert_eq!(api_code(anon.list_pods(None).await), 401);
     assert_eq!(api_code(anon.join("not-the-token", "edge-1").await), 401);
+
+    // The URL and the token are enough: the token pins the CA.
+    let token = orchestrator::tls::JoinToken::parse(&s.token).expect("token");
+    let pin = token.ca_pin.expect("the printed token carries the CA pin");
+    assert_eq!(pin, orchestrator::tls::ca_pin(&ca).expect("pin of ca.crt"));
+    let joined = Client::pinned(&s.url, pin).expect("pinned").join(&s.token, "edge-0").await.expect("pinned join");
+    assert_eq!(joined.ca_cert.trim(), ca.trim());
+    // The bare secret still joins (with --ca).
+    anon.join(&token.secret, "edge-9").await.expect("a bare secret joins");
+    // Another pin: the handshake fails, so the secret is never sent.
+    let mut wrong = pin;
+    wrong[0] ^= 1;
+    match Client::pinned(&s.url, wrong).expect("pinned").join(&s.token, "edge-8").await {
+        Err(orchestrator::client::ClientError::Connect { source, .. }) => {
+            assert!(source.to_string().contains("not the one the join token pins"), "{source}")
+        }
+        other => panic!("expected a refused handshake, got {:?}", other.map(|_| ())),
+    }
+
     let n1 = s.node_client(dir.path(), "edge-1").await;
     let n2 = s.node_client(dir.path(), "edge-2").await;
     // Once a node has registered, the token cannot mint a second identity for it.

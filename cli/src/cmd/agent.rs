@@ -97,7 +97,8 @@ pub struct RunArgs {
     /// The server's bootstrap join token (first start only; `DIR/join-token` on the server).
     #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN")]
     pub token: Option<String>,
-    /// The server's CA certificate (its `pki/ca.crt`), trusted for the first join.
+    /// The server's CA certificate (its `pki/ca.crt`) for the first join; not
+    /// needed with a token that pins the CA (`PIN.SECRET`, as the server prints it).
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
     /// Node labels for the scheduler's nodeSelector (repeatable `K=V`).

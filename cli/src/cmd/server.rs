@@ -55,6 +55,11 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     if server.first_start {
         println!("first start: created a CA in {dir}/pki");
         println!("join token (also in {dir}/join-token): {}", server.join_token);
+        println!(
+            "join a node: pinion agent --server https://THIS-HOST:{} --token {} --data-dir /var/lib/pinion",
+            server.local_addr().port(),
+            server.join_token
+        );
     }
     println!("admin credentials: {} (use --config or PINION_CONFIG)", server.admin_config.display());
     println!("listening on {} ({})", server.local_addr(), server.server_url());

@@ -52,7 +52,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.heartbeat_grace = Duration::from_secs(40);
     let server = Server::bind(opts).await?;
     let url = server.server_url();
-    let token = server.join_token.clone();
+    let token = server.join_token.to_string();
     let admin = Credentials::load(&server.admin_config)?;
     let config_path = install_admin_config(&g, &admin, &server.admin_config)?;
 

@@ -18,7 +18,8 @@ pub struct ApiState {
     pub store: Store,
     pub controller: Arc<Controller>,
     pub pki: Arc<Pki>,
-    pub join_token: String,
+    /// The secret part of the join token (a caller may send it with or without the CA pin).
+    pub join_secret: String,
     /// `https://HOST:PORT` written into issued credentials.
     pub server_url: String,
     /// How the server calls nodelets (pod logs).
@@ -134,7 +135,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let Some(token) = token else {
                 return Err(unauthorized("join needs the bootstrap token as `Authorization: Bearer TOKEN`"));
             };
-            if !token_matches(&token, &state.join_token) {
+            let given = crate::tls::JoinToken::parse(&token).map(|t| t.secret).unwrap_or_default();
+            if !token_matches(&given, &state.join_secret) {
                 return Err(unauthorized("the join token is not valid"));
             }
             // The token admits new machines; it must not mint a second identity
