@@ -92,9 +92,9 @@ fn read_opt(path: &Path) -> Result<Option<String>, DiscoveryError> {
     }
 }
 
-/// Entries `PREFIXn` of a directory as `(n, path)`, sorted by n; empty when the
-/// directory does not exist.
-fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, DiscoveryError> {
+/// A directory's entries with UTF-8 names as `(name, path)`; empty when the
+/// directory does not exist (sysfs leaves out what a machine lacks).
+fn dir_entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, DiscoveryError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
@@ -103,12 +103,22 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, Dis
     let mut out = Vec::new();
     for entry in rd {
         let entry = entry.map_err(|e| DiscoveryError::Io { path: dir.to_path_buf(), source: e })?;
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else { continue };
+        if let Ok(name) = entry.file_name().into_string() {
+            out.push((name, entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// Entries `PREFIXn` of a directory as `(n, path)`, sorted by n; empty when the
+/// directory does not exist.
+fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, DiscoveryError> {
+    let mut out = Vec::new();
+    for (name, path) in dir_entries(dir)? {
+        let Some(rest) = name.strip_prefix(prefix) else { continue };
         if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
             continue; // `cpufreq`, `cpuidle`, `node/online`, ...
         }
-        let path = entry.path();
         let id: u32 = rest.parse().map_err(|_| malformed(&path, "id out of range"))?;
         if id > MAX_ID {
             return Err(malformed(&path, format!("id {id} is larger than {MAX_ID}")));
@@ -364,18 +374,9 @@ fn read_meminfo_total(path: &Path, key: &str) -> Result<Option<u64>, DiscoveryEr
 /// `hugepages-<N>kB/nr_hugepages` under `dir`, sorted by page size; sizes with zero
 /// pages are kept so the sizes the machine supports are visible.
 fn read_hugepages(dir: &Path) -> Result<Vec<HugePages>, DiscoveryError> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(DiscoveryError::Io { path: dir.to_path_buf(), source: e }),
-    };
     let mut out = Vec::new();
-    for entry in rd {
-        let entry = entry.map_err(|e| DiscoveryError::Io { path: dir.to_path_buf(), source: e })?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let Some(size) = name.to_str().and_then(|n| n.strip_prefix("hugepages-")).and_then(|n| n.strip_suffix("kB"))
-        else {
+    for (name, path) in dir_entries(dir)? {
+        let Some(size) = name.strip_prefix("hugepages-").and_then(|n| n.strip_suffix("kB")) else {
             continue;
         };
         let kib: u64 = size.parse().map_err(|_| malformed(&path, format!("page size {size:?} is not a number")))?;
