@@ -210,4 +210,24 @@ mod example_tests {
             }
         }
     }
+
+    /// Every example the project's documents name is one of those validated above.
+    #[test]
+    fn the_examples_the_docs_name_exist() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut named = 0;
+        for doc in ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md"] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+            for (i, _) in text.match_indices("specs/examples/") {
+                let rest = &text[i..];
+                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || "/-_.".contains(c))).unwrap_or(rest.len());
+                let path = rest[..end].trim_end_matches('.');
+                if path.ends_with(".yaml") {
+                    assert!(root.join(path).is_file(), "{doc} names {path}, which does not exist");
+                    named += 1;
+                }
+            }
+        }
+        assert!(named > 0, "the README's quick start names an example");
+    }
 }
