@@ -275,7 +275,7 @@ async fn bad_input_lists_every_problem_and_stores_nothing() {
     check(
         "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, bogus: 1}]}\n",
         422,
-        &["spec.containers[0]"],
+        &["spec.containers[0].bogus", "spec.containers[0].image"],
     )
     .await;
     check(

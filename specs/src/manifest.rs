@@ -1,7 +1,8 @@
 //! Manifest parsing: YAML (one or more `---` documents) or JSON (an object or a
-//! list of objects) into validated `Pod`s. Syntax errors and unknown fields carry
-//! their field path (via `serde_path_to_error`); semantic problems come from
-//! `validate::validate_pod`, all of them, for every document. The orchestrator's
+//! list of objects) into validated `Pod`s. Unknown fields, bad quantities and
+//! wrong types carry their field path (via `serde_path_to_error`), all of them
+//! (`decode_pod` takes each field at fault out and decodes again); semantic
+//! problems come from `validate::validate_pod`, for every document. The orchestrator's
 //! API and the nodelet's manifest folder both parse through here.
 
 use serde::Deserialize;
@@ -69,6 +70,104 @@ impl ManifestError {
     }
 }
 
+/// Most structural problems collected from one pod before giving up.
+const MAX_DECODE_PROBLEMS: usize = 64;
+
+/// One pod decoded with [`decode_pod`].
+#[derive(Debug)]
+pub struct Decoded {
+    /// The pod decoded from what was left after taking out the fields at
+    /// fault; `None` when the value could not be pruned to a pod.
+    pub pod: Option<Pod>,
+    /// Every structural problem (unknown fields, bad quantities, wrong types).
+    pub errors: Vec<FieldError>,
+}
+
+impl Decoded {
+    /// Adds the semantic problems found on the pruned pod (one per field).
+    /// They are true of the pod without the fields at fault: `rootfs: guest`
+    /// taken out, "set one of image or rootfs" follows, which is also what
+    /// the author must fix.
+    pub fn add_semantic(&mut self, found: Vec<FieldError>) {
+        for e in found {
+            if !self.errors.iter().any(|x| x.field == e.field) {
+                self.errors.push(e);
+            }
+        }
+    }
+}
+
+/// Deserializes one pod, collecting every structural problem, not just the
+/// first: after each error the field at fault is taken out and the rest
+/// decoded again, so one typo does not hide the next.
+pub fn decode_pod(value: &serde_yaml_ng::Value) -> Decoded {
+    let mut d = Decoded { pod: None, errors: Vec::new() };
+    let mut pruned = value.clone();
+    let mut removed: Vec<String> = Vec::new();
+    while d.errors.len() < MAX_DECODE_PROBLEMS {
+        let e = match serde_path_to_error::deserialize::<_, Pod>(&pruned) {
+            Ok(pod) => {
+                d.pod = Some(pod);
+                return d;
+            }
+            Err(e) => e,
+        };
+        let segments: Vec<serde_path_to_error::Segment> = e.path().iter().cloned().collect();
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        let message = e.into_inner().to_string();
+        // A required field we took out ourselves is not a second problem.
+        if let Some(name) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
+            let full = if field.is_empty() { name.to_string() } else { format!("{field}.{name}") };
+            if removed.contains(&full) {
+                return d;
+            }
+        }
+        d.errors.push(FieldError { field: field.clone(), message });
+        match remove_at(&mut pruned, &segments) {
+            Removed::Key => removed.push(field),
+            // Later elements' indexes moved: their paths would be wrong.
+            Removed::Element | Removed::Nothing => return d,
+        }
+    }
+    d
+}
+
+enum Removed {
+    Key,
+    Element,
+    Nothing,
+}
+
+/// Takes out the value at `path`.
+fn remove_at(v: &mut serde_yaml_ng::Value, path: &[serde_path_to_error::Segment]) -> Removed {
+    use serde_path_to_error::Segment;
+    use serde_yaml_ng::Value;
+    let Some((last, parents)) = path.split_last() else { return Removed::Nothing };
+    let mut cur = v;
+    for seg in parents {
+        let next = match (seg, cur) {
+            (Segment::Map { key }, Value::Mapping(m)) => m.get_mut(key.as_str()),
+            (Segment::Seq { index }, Value::Sequence(s)) => s.get_mut(*index),
+            (Segment::Enum { .. }, other) => Some(other),
+            _ => None,
+        };
+        let Some(next) = next else { return Removed::Nothing };
+        cur = next;
+    }
+    match (last, cur) {
+        (Segment::Map { key }, Value::Mapping(m)) => match m.remove(key.as_str()) {
+            Some(_) => Removed::Key,
+            None => Removed::Nothing,
+        },
+        (Segment::Seq { index }, Value::Sequence(s)) if *index < s.len() => {
+            s.remove(*index);
+            Removed::Element
+        }
+        _ => Removed::Nothing,
+    }
+}
+
 /// Parses and validates every pod in `text` (YAML or JSON; JSON is YAML).
 pub fn parse_pods(text: &str) -> Result<Vec<Pod>, ManifestError> {
     if text.len() > MAX_MANIFEST_BYTES {
@@ -102,18 +201,12 @@ pub fn parse_pods(text: &str) -> Result<Vec<Pod>, ManifestError> {
     let mut problems = Vec::new();
     for (i, v) in values.into_iter().enumerate() {
         let document = many.then_some(i);
-        match serde_path_to_error::deserialize::<_, Pod>(v) {
-            Ok(pod) => {
-                problems.extend(validate_pod(&pod).into_iter().map(|error| ManifestProblem { document, error }));
-                pods.push(pod);
-            }
-            Err(e) => {
-                let path = e.path().to_string();
-                let field = if path == "." { String::new() } else { path };
-                let error = FieldError { field, message: e.into_inner().to_string() };
-                problems.push(ManifestProblem { document, error });
-            }
+        let mut d = decode_pod(&v);
+        if let Some(pod) = d.pod.take() {
+            d.add_semantic(validate_pod(&pod));
+            pods.push(pod);
         }
+        problems.extend(d.errors.into_iter().map(|error| ManifestProblem { document, error }));
     }
     if problems.is_empty() {
         Ok(pods)
@@ -165,13 +258,32 @@ mod tests {
             ),
             (
                 POD.replace("rootfs: host", "rootfs: guest"),
-                Err(&["spec.containers[0].rootfs: unknown variant `guest`, expected `host`"]),
+                Err(&[
+                    "spec.containers[0].rootfs: unknown variant `guest`, expected `host`",
+                    "spec.containers[0].image: set exactly one of image or rootfs: host",
+                ]),
             ),
             (
                 format!("{two}---\n{}", POD.replace("name: a", "name: A").replace("name: c", "name: C")),
                 Err(&[
                     "document 2: metadata.name: \"A\" is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)",
                     "document 2: spec.containers[0].name: \"C\" is not a DNS-1123 label",
+                ]),
+            ),
+            (
+                // Every problem at once: two structural ones (an unknown field, a
+                // bad quantity) and the semantic ones beside them.
+                POD.replace("name: a", "name: Bad_Name").replace(
+                    "rootfs: host}",
+                    "rootfs: host, bogus: 1, resources: {limits: {cpu: '1', memory: 10Qi}}}\n  - {name: D, rootfs: host}",
+                ),
+                Err(&[
+                    "spec.containers[0].bogus: unknown field `bogus`, expected one of `name`, `image`, `rootfs`, \
+                     `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`",
+                    "spec.containers[0].resources.limits.memory: invalid quantity \"10Qi\": unknown suffix (use n, u, m, \
+                     k, M, G, T, P, E, Ki..Ei or an exponent like e3)",
+                    "metadata.name: \"Bad_Name\" is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)",
+                    "spec.containers[1].name: \"D\" is not a DNS-1123 label",
                 ]),
             ),
             ("a: [".into(), Err(&["document 0: syntax error: did not find expected node content at line 2 column 1, while parsing a flow node"])),

@@ -151,9 +151,12 @@ fn check_header(api_version: &str, kind: &str, want_kind: &str, errs: &mut Vec<F
 /// One pod from a YAML or JSON body, every problem with its field path.
 pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| bad_request("body is not UTF-8"))?;
-    let mut pod = match Pod::from_yaml(text) {
-        Ok(p) => p,
-        Err(e) => return Err(invalid("Pod", "", vec![decode_error(&e)])),
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).map_err(|e| invalid("Pod", "", vec![decode_error(&e)]))?;
+    // Structural problems first (all of them), then the semantic ones.
+    let mut decoded = specs::manifest::decode_pod(&value);
+    let Some(mut pod) = decoded.pod.take() else {
+        return Err(invalid("Pod", "", decoded.errors));
     };
     let mut errs = Vec::new();
     check_header(&pod.api_version, &pod.kind, "Pod", &mut errs);
@@ -167,8 +170,9 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
             errs.push(e);
         }
     }
-    if !errs.is_empty() {
-        return Err(invalid("Pod", &pod.metadata.name, errs));
+    decoded.add_semantic(errs);
+    if !decoded.errors.is_empty() {
+        return Err(invalid("Pod", &pod.metadata.name, decoded.errors));
     }
     // Server-owned fields are never taken from the client.
     pod.status = None;
@@ -373,7 +377,17 @@ mod tests {
         );
         check_pod(
             "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, imag: x}]}\n",
-            &["spec.containers[0]"],
+            &["spec.containers[0].imag", "spec.containers[0].image"],
+        );
+        // Structural and semantic problems together: all of them, in one reply.
+        check_pod(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: Bad_Name}\nspec: {containers: [{name: c, rootfs: host, bogus: 1, resources: {limits: {cpu: \"-2\", memory: 10Qi}}}]}\n",
+            &[
+                "spec.containers[0].bogus",
+                "spec.containers[0].resources.limits.memory",
+                "metadata.name",
+                "spec.containers[0].resources.limits.cpu",
+            ],
         );
         check_pod("{not yaml", &["(body)"]);
     }
