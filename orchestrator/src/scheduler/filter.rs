@@ -4,7 +4,10 @@
 //! a node it rules out is one the engine would reject too, so running these
 //! first never loses a placement, it only saves engine runs. Where the engine's
 //! rule is subtle (e.g. `align-by-socket`) the check stays at the totals and
-//! leaves the decision to the engine.
+//! leaves the decision to the engine. The one rule of the scheduler's own is the
+//! request accounting in `totals` (as the Kubernetes scheduler's): shared CPU
+//! millicores, and memory and huge pages of pods that are not Guaranteed, which
+//! the engine does not account. `props` checks all this on random nodes.
 
 use std::fmt;
 
@@ -201,7 +204,7 @@ impl fmt::Display for Detail<'_> {
             }
             Detail::SpanNuma { k, want, best } => write!(
                 f,
-                "restricted policy: {want} exclusive CPUs need {k} NUMA node(s) at best; the freest {k} have {best}"
+                "restricted policy: the request needs {k} NUMA node(s) at best; the freest {k} have {best} of {want} exclusive CPUs"
             ),
             Detail::JointNuma => {
                 write!(f, "no single NUMA node has all the pod's aligned resources at once")
@@ -279,7 +282,7 @@ pub(crate) fn numa<'a>(s: &NodeSummary, d: &'a Demand, settings: &NodeSettings) 
         match policy {
             TopologyPolicy::None | TopologyPolicy::BestEffort => {}
             TopologyPolicy::SingleNumaNode => single_numa(s, r, d.guaranteed)?,
-            TopologyPolicy::Restricted => restricted(s, r)?,
+            TopologyPolicy::Restricted => restricted(s, r, d.guaranteed)?,
         }
     }
     Ok(())
@@ -335,23 +338,36 @@ fn single_numa<'a>(s: &NodeSummary, r: &'a Request, guaranteed: bool) -> Result<
     Err(Detail::JointNuma)
 }
 
-/// `restricted` takes only the narrowest possible affinity: the fewest NUMA nodes
-/// whose CPUs could ever hold the request. Those nodes' free CPUs must suffice.
-fn restricted<'a>(s: &NodeSummary, r: &'a Request) -> Result<(), Detail<'a>> {
+/// `restricted` takes only the narrowest possible affinity: as many NUMA nodes
+/// as the widest of the request's resources needs at best. Those nodes' free
+/// CPUs must hold the exclusive ones.
+fn restricted<'a>(s: &NodeSummary, r: &'a Request, guaranteed: bool) -> Result<(), Detail<'a>> {
     let want = u64::from(r.exclusive_cpus);
     if want == 0 {
         return Ok(());
     }
-    let mut capacity: Vec<u64> = s.numa.iter().map(|n| u64::from(n.cpu_capacity)).collect();
-    capacity.sort_unstable_by(|a, b| b.cmp(a));
-    let mut k = 0;
-    let mut sum = 0;
-    for c in capacity {
-        if sum >= want {
-            break;
+    // The width must never be narrower than the engine's, or a node the engine
+    // admits on is ruled out: the engine's width is the widest over *every*
+    // resource of the request, so memory that no single NUMA node holds widens
+    // an exclusive-CPU request that one node could hold (found by the property
+    // test in `props`). The engine counts totals; the widths here come from
+    // amounts at most those (capacity without reserved CPUs, free memory, huge
+    // pages and devices), so they are at least the engine's. The CPU width
+    // covers the request's CPUs of any policy, since immovable and `numa`
+    // containers have their own engine CPU requests, each at most this many.
+    let cpus = r.cpu_millis.div_ceil(1000).max(want);
+    let mut k = narrowest(s.numa.iter().map(|n| u64::from(n.cpu_capacity)), 0, cpus);
+    if guaranteed {
+        k = k.max(narrowest(s.numa.iter().map(|n| n.free_memory), 0, r.memory));
+        for &(size, bytes) in &r.hugepages {
+            k = k.max(narrowest(s.numa.iter().map(|n| lookup(&n.free_hugepages, size)), 0, bytes));
         }
-        sum += c;
-        k += 1;
+    }
+    for (name, count) in &r.devices {
+        if let Some(i) = s.device_index(name) {
+            let per_numa = s.numa.iter().map(|n| u64::from(n.free_devices[i]));
+            k = k.max(narrowest(per_numa, u64::from(s.floating_devices[i]), u64::from(*count)));
+        }
     }
     let mut free: Vec<u64> = s.numa.iter().map(|n| u64::from(n.free_cpus)).collect();
     free.sort_unstable_by(|a, b| b.cmp(a));
@@ -360,6 +376,25 @@ fn restricted<'a>(s: &NodeSummary, r: &'a Request) -> Result<(), Detail<'a>> {
         return Err(Detail::SpanNuma { k, want, best });
     }
     Ok(())
+}
+
+/// The fewest NUMA nodes whose amounts (largest first) plus `anywhere` cover
+/// `want`; all of them when none do (as the engine's narrowest width).
+fn narrowest(amounts: impl Iterator<Item = u64>, anywhere: u64, want: u64) -> usize {
+    let mut v: Vec<u64> = amounts.collect();
+    let n = v.len();
+    if anywhere >= want {
+        return 1;
+    }
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    let mut sum = anywhere;
+    for (k, a) in v.into_iter().enumerate() {
+        sum = sum.saturating_add(a);
+        if sum >= want {
+            return k + 1;
+        }
+    }
+    n.max(1)
 }
 
 /// What the hot summary alone says about a node.

@@ -21,6 +21,8 @@ mod score;
 mod summary;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};

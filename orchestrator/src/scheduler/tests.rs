@@ -41,7 +41,7 @@ pub(crate) fn machine(cores_per_numa: &[u32]) -> NodeTopology {
     t
 }
 
-fn node(name: &str, cores_per_numa: &[u32]) -> NodeInfo {
+pub(super) fn node(name: &str, cores_per_numa: &[u32]) -> NodeInfo {
     NodeInfo {
         name: name.to_string(),
         labels: BTreeMap::new(),
@@ -81,9 +81,9 @@ fn snn(name: &str, cpus: u32) -> Pod {
 
 /// The engine these tests confirm with: the real one, so that the summary
 /// pre-filters are checked against what the engine admits.
-const ENGINE: AdmitFn = specs::admit;
+pub(super) const ENGINE: AdmitFn = specs::admit;
 
-fn scheduler(config: SchedulerConfig, nodes: Vec<NodeInfo>) -> Scheduler {
+pub(super) fn scheduler(config: SchedulerConfig, nodes: Vec<NodeInfo>) -> Scheduler {
     let mut s = Scheduler::with_engine(config, ENGINE);
     for n in nodes {
         s.upsert_node(n);
@@ -390,7 +390,7 @@ fn with(mut p: Pod, resource: &str, quantity: &str) -> Pod {
     p
 }
 
-const VF: &str = "pinion.io/sriov-vf";
+pub(super) const VF: &str = "pinion.io/sriov-vf";
 
 /// A 2x8 node with 512 2Mi huge pages per NUMA node, two VFs on NUMA node 1,
 /// CPU 0 reserved, and `held` CPUs taken exclusively.
@@ -458,7 +458,7 @@ fn summary_filters_rule_out_what_cannot_fit() {
     check(
         CpuSet::from_ids([1, 2, 3, 8, 9, 10]),
         restricted(6),
-        Err("restricted policy: 6 exclusive CPUs need 1 NUMA node(s) at best; the freest 1 have 5"),
+        Err("restricted policy: the request needs 1 NUMA node(s) at best; the freest 1 have 5 of 6 exclusive CPUs"),
     );
     check(none.clone(), restricted(12), Ok(()));
 }
@@ -500,4 +500,53 @@ fn a_binding_the_node_no_longer_holds_is_scheduled_afresh() {
     let again = s.schedule("p", &snn("p", 20)).unwrap();
     assert_eq!(again.node, "node-b");
     assert_eq!(s.node("node-b").unwrap().allocations.pods.len(), 1);
+}
+
+/// `restricted` widens the affinity to what the widest resource needs at best:
+/// memory or devices that no single NUMA node holds make an exclusive-CPU
+/// request that one node could hold span several, so the free CPUs of that many
+/// nodes count. The first row is the property test's shrunk counterexample
+/// (`props`), where the summary used to rule out a node the engine admits on.
+#[test]
+fn restricted_counts_the_width_every_resource_needs() {
+    let check = |n: NodeInfo, pod: Pod, expected: Result<(), &str>| {
+        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+        let d = Demand::of(&pod);
+        let got = filter::totals(&s, &d).and_then(|()| filter::numa(&s, &d, &n.settings)).map_err(|e| e.to_string());
+        assert_eq!(got, expected.map_err(str::to_string), "{:?}", d.total);
+        let engine = ENGINE(&n.topology, &n.settings, &n.allocations, "p", &pod);
+        assert_eq!(engine.is_ok(), expected.is_ok(), "the engine says {engine:?}");
+    };
+    let restricted = |cpus, memory: &str| with(pod("p", cpus, 1, Some(TopologyPolicy::Restricted)), "memory", memory);
+
+    // NUMA nodes of 4, 3 and 1 cores with 1.5Gi, 1.5Gi and 2.5Gi; CPU 0 reserved,
+    // CPUs 1-2 held: 1, 3 and 1 free. 4352Mi needs all three nodes, and so the
+    // 5 CPUs may come from all three.
+    let mut shrunk = holding(node("x", &[4, 3, 1]), CpuSet::range(1, 2));
+    let mut t = machine(&[4, 3, 1]);
+    for (numa, mib) in t.numa_nodes.iter_mut().zip([1536u64, 1536, 2560]) {
+        numa.memory_bytes = mib << 20;
+    }
+    shrunk.topology = Arc::new(t);
+    shrunk.settings.reserved_cpus = CpuSet::single(0);
+    shrunk.settings.topology_policy = TopologyPolicy::Restricted;
+    check(shrunk, restricted(5, "4352Mi"), Ok(()));
+
+    // 2x4 with 64Gi each, 2 CPUs free on each NUMA node.
+    let half = || holding(node("x", &[4, 4]), CpuSet::from_ids([0, 1, 4, 5]));
+    check(half(), restricted(4, "100Gi"), Ok(()));
+    check(
+        half(),
+        restricted(3, "1Gi"),
+        Err("restricted policy: the request needs 1 NUMA node(s) at best; the freest 1 have 2 of 3 exclusive CPUs"),
+    );
+    // One VF on each NUMA node: two VFs need both nodes, and so may 3 CPUs.
+    let mut vfs = half();
+    let mut t = machine(&[4, 4]);
+    for (numa, addr) in [(0, "0000:3b:00.1"), (1, "0000:5e:00.1")] {
+        t.devices.push(specs::topology::PciDevice { address: addr.into(), class: "0x020000".into(), numa: Some(numa) });
+    }
+    vfs.topology = Arc::new(t);
+    vfs.settings.devices.insert(VF.into(), vec!["0000:3b:00.1".into(), "0000:5e:00.1".into()]);
+    check(vfs, with(restricted(3, "1Gi"), VF, "2"), Ok(()));
 }
