@@ -55,6 +55,8 @@ impl Fixture {
             hugepage_limits: BTreeMap::new(),
             device_nodes: vec![],
             host_network: false,
+            cap_add: vec![],
+            cap_drop: vec![],
             log_path: self.dir.path().join("logs").join(format!("{id}.log")),
         }
     }
@@ -224,6 +226,63 @@ fn memory_limit_is_enforced_by_the_oom_killer() {
     cfg.memory_limit_bytes = Some(32 << 20);
     fx.rt.start(&cfg).expect("start");
     assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 137, oom_killed: true });
+    fx.finish();
+}
+
+/// `CapEff` of the container's shell, as a bit mask.
+fn cap_eff(log: &str) -> u64 {
+    log.lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no CapEff in {log}"))
+}
+
+#[test]
+fn added_capabilities_are_granted_with_their_syscalls_and_dropped_ones_are_gone() {
+    let Some(mut fx) = fixture() else { return };
+    const NET_RAW: u64 = 1 << 13;
+    const IPC_LOCK: u64 = 1 << 14;
+    const SYS_NICE: u64 = 1 << 23;
+    // renice below 0 needs CAP_SYS_NICE; numactl --membind calls set_mempolicy,
+    // which the default seccomp profile allows only with it.
+    let probe = "grep -E \"Cap(Eff|Inh)\" /proc/self/status; renice -n -5 -p $$ >/dev/null 2>&1 && echo renice: ok || echo renice: refused; \
+                 numactl --membind=0 true 2>/dev/null && echo membind: ok || echo membind: refused";
+    let plain = fx.cfg("caps-default", &["sh", "-c", probe]);
+    let mut more = fx.cfg("caps-added", &["sh", "-c", probe]);
+    more.cap_add = vec!["CAP_SYS_NICE".into(), "CAP_IPC_LOCK".into()];
+    more.cap_drop = vec!["CAP_NET_RAW".into()];
+    // Every capability whose syscalls the profile gates: the filter compiles.
+    let mut all = fx.cfg("caps-gated", &["true"]);
+    all.cap_drop = vec!["ALL".into()];
+    all.cap_add = [
+        "DAC_READ_SEARCH",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_MODULE",
+        "SYS_PACCT",
+        "SYS_PTRACE",
+        "SYS_RAWIO",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "SYS_NICE",
+        "SYSLOG",
+        "BPF",
+        "PERFMON",
+    ]
+    .iter()
+    .map(|c| format!("CAP_{c}"))
+    .collect();
+    for cfg in [&plain, &more, &all] {
+        fx.rt.start(cfg).expect("start");
+        assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", cfg.id);
+    }
+    let log = fx.log(&plain);
+    assert_eq!(cap_eff(&log) & (NET_RAW | IPC_LOCK | SYS_NICE), NET_RAW, "{log}");
+    assert!(log.contains("CapInh:\t0000000000000000"), "no inheritable capabilities: {log}");
+    assert!(log.contains("renice: refused") && log.contains("membind: refused"), "{log}");
+    let log = fx.log(&more);
+    assert_eq!(cap_eff(&log) & (NET_RAW | IPC_LOCK | SYS_NICE), IPC_LOCK | SYS_NICE, "{log}");
+    assert!(log.contains("renice: ok") && log.contains("membind: ok"), "{log}");
     fx.finish();
 }
 

@@ -301,6 +301,29 @@ fn validate_container(e: &mut Errs, p: &str, c: &Container) {
             e.push(format!("{p}.workingDir"), "must be an absolute path");
         }
     }
+    if let Some(caps) = c.security_context.as_ref().and_then(|s| s.capabilities.as_ref()) {
+        let base = format!("{p}.securityContext.capabilities");
+        for (field, list) in [("add", &caps.add), ("drop", &caps.drop)] {
+            if list.len() > crate::pod::CAPABILITIES.len() + 1 {
+                e.push(format!("{base}.{field}"), format!("at most {} entries", crate::pod::CAPABILITIES.len() + 1));
+                continue;
+            }
+            for (j, name) in list.iter().enumerate() {
+                let all = name.eq_ignore_ascii_case("ALL");
+                if all && field == "add" {
+                    e.push(
+                        format!("{base}.add[{j}]"),
+                        "ALL is not accepted here: name each capability the container needs",
+                    );
+                } else if !all && crate::pod::capability_name(name).is_none() {
+                    e.push(
+                        format!("{base}.{field}[{j}]"),
+                        format!("unknown capability {name:?} (names like NET_ADMIN, SYS_NICE, IPC_LOCK)"),
+                    );
+                }
+            }
+        }
+    }
     validate_resources(e, p, c);
 }
 
@@ -654,6 +677,32 @@ spec:
                 vec!["spec.containers[0].env"],
             ),
             (Box::new(|p| c0(p).working_dir = Some("tmp".into())), vec!["spec.containers[0].workingDir"]),
+            (
+                Box::new(|p| {
+                    c0(p).security_context = Some(crate::pod::SecurityContext {
+                        capabilities: Some(crate::pod::Capabilities {
+                            add: vec!["SYS_NICE".into(), "cap_ipc_lock".into(), "NET_ADMIN".into()],
+                            drop: vec!["ALL".into()],
+                        }),
+                    })
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).security_context = Some(crate::pod::SecurityContext {
+                        capabilities: Some(crate::pod::Capabilities {
+                            add: vec!["SYS_NICE".into(), "ALL".into(), "SYS_NICER".into()],
+                            drop: vec!["NOPE".into()],
+                        }),
+                    })
+                }),
+                vec![
+                    "spec.containers[0].securityContext.capabilities.add[1]",
+                    "spec.containers[0].securityContext.capabilities.add[2]",
+                    "spec.containers[0].securityContext.capabilities.drop[0]",
+                ],
+            ),
             (
                 Box::new(|p| {
                     c0(p).resources.limits.insert("cpu".into(), q("1"));

@@ -12,8 +12,8 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use orchestrator::client::Client;
 use specs::pod::{
-    Container, EnvVar, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource, TopologySpec, API_VERSION,
-    RESOURCE_CPU, RESOURCE_MEMORY,
+    Capabilities, Container, EnvVar, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource, SecurityContext,
+    TopologySpec, API_VERSION, RESOURCE_CPU, RESOURCE_MEMORY,
 };
 use specs::status::ContainerState;
 use specs::{CpuPolicy, Pod, PodPhase, PodSpec, Quantity, TopologyPolicy};
@@ -52,6 +52,10 @@ pub struct Args {
     /// CPU policy: exclusive | numa | immovable | shared.
     #[arg(long, value_name = "P", value_parser = parse_kebab::<CpuPolicy>)]
     pub cpu_policy: Option<CpuPolicy>,
+    /// A Linux capability on top of the default set (repeatable), e.g.
+    /// SYS_NICE for realtime priorities, IPC_LOCK for locked memory.
+    #[arg(long = "cap-add", value_name = "CAP")]
+    pub cap_add: Vec<String>,
     /// Environment variable (repeatable `K=V`).
     #[arg(short = 'e', long = "env", value_name = "K=V")]
     pub env: Vec<String>,
@@ -114,6 +118,9 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
         working_dir: None,
         resources,
         cpu_policy: args.cpu_policy,
+        security_context: (!args.cap_add.is_empty()).then(|| SecurityContext {
+            capabilities: Some(Capabilities { add: args.cap_add.clone(), drop: Vec::new() }),
+        }),
     };
     Ok(Pod {
         api_version: API_VERSION.into(),

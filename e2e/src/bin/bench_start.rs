@@ -115,6 +115,8 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         hugepage_limits: BTreeMap::new(),
         device_nodes: vec![],
         host_network: false,
+        cap_add: vec![],
+        cap_drop: vec![],
         log_path: work.join("logs").join(format!("{id}.log")),
     }
 }

@@ -175,6 +175,7 @@ pub fn container_config(
         (Some(image), _) => RootfsConfig::Image(image.clone()),
         (None, Some(RootfsSource::Host) | None) => RootfsConfig::Host,
     };
+    let caps = c.security_context.as_ref().and_then(|s| s.capabilities.as_ref());
     ContainerConfig {
         id,
         pod: pod_key.to_string(),
@@ -192,6 +193,23 @@ pub fn container_config(
         hugepage_limits,
         device_nodes,
         host_network: pod.spec.host_network,
+        cap_add: caps
+            .map(|c| c.add.iter().filter_map(|n| specs::pod::capability_name(n)).collect())
+            .unwrap_or_default(),
+        cap_drop: caps
+            .map(|c| {
+                c.drop
+                    .iter()
+                    .filter_map(|n| {
+                        if n.eq_ignore_ascii_case("ALL") {
+                            Some("ALL".into())
+                        } else {
+                            specs::pod::capability_name(n)
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         log_path: log_path(data_dir, pod_key, &c.name),
     }
 }
@@ -320,6 +338,7 @@ mod tests {
         let p = pod(concat!(
             "  - name: a\n    command: [sleep]\n    args: [inf]\n    image: busybox:1\n",
             "    env: [{name: K, value: V}]\n    workingDir: /w\n",
+            "    securityContext: {capabilities: {add: [sys_nice, CAP_IPC_LOCK], drop: [all, NET_RAW]}}\n",
             "    resources:\n      limits: {cpu: 1500m, memory: 64Mi, hugepages-2Mi: 4Mi}\n",
         ));
         let mut placement = cp("a", CpuPolicy::Shared, "0-3");
@@ -349,6 +368,13 @@ mod tests {
         assert_eq!(cfg.hugepage_limits, [(2 << 20, 4 << 20)].into());
         assert_eq!(cfg.device_nodes, vec![PathBuf::from("/dev/vfio/42")]);
         assert_eq!(cfg.log_path, PathBuf::from("/d/logs/static_p/a.log"));
+        assert_eq!(
+            (cfg.cap_add.as_slice(), cfg.cap_drop.as_slice()),
+            (
+                &["CAP_SYS_NICE".to_string(), "CAP_IPC_LOCK".to_string()][..],
+                &["ALL".to_string(), "CAP_NET_RAW".to_string()][..]
+            )
+        );
 
         // Exclusive: no quota; no image: host rootfs; no mems: no binding.
         let q = pod("  - name: a\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n");

@@ -206,6 +206,8 @@ mod tests {
             hugepage_limits: Default::default(),
             device_nodes: vec![],
             host_network: false,
+            cap_add: vec![],
+            cap_drop: vec![],
             log_path: "/dev/null".into(),
         }
     }

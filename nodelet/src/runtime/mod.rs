@@ -42,6 +42,12 @@ pub struct ContainerConfig {
     /// Device nodes to make visible (e.g. `/dev/vfio/42`).
     pub device_nodes: Vec<PathBuf>,
     pub host_network: bool,
+    /// Capabilities on top of the default set, and ones taken away (`CAP_X`
+    /// names; `ALL` in `cap_drop` empties the default set first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_drop: Vec<String>,
     /// Combined stdout+stderr log, rotated by the runtime.
     pub log_path: PathBuf,
 }

@@ -51,6 +51,72 @@ const DEFAULT_CAPS: &[Capability] = &[
     Capability::AuditWrite,
 ];
 
+/// The default set, less `cap_drop` (`ALL`: everything), plus `cap_add`.
+fn capability_set(cfg: &ContainerConfig) -> Result<std::collections::HashSet<Capability>, String> {
+    let parse = |name: &String| {
+        serde_json::from_value::<Capability>(serde_json::Value::String(name.clone()))
+            .map_err(|_| format!("unknown capability {name:?}"))
+    };
+    let mut caps: std::collections::HashSet<Capability> = if cfg.cap_drop.iter().any(|c| c == "ALL") {
+        Default::default()
+    } else {
+        DEFAULT_CAPS.iter().copied().collect()
+    };
+    for name in cfg.cap_drop.iter().filter(|c| *c != "ALL") {
+        caps.remove(&parse(name)?);
+    }
+    for name in &cfg.cap_add {
+        caps.insert(parse(name)?);
+    }
+    Ok(caps)
+}
+
+/// Syscalls the default profile allows only with a capability (Docker's
+/// `includes.caps` rules), for the capabilities a pod may add.
+fn syscalls_for_capability(cap: &str) -> &'static [&'static str] {
+    match cap {
+        "CAP_DAC_READ_SEARCH" => &["open_by_handle_at"],
+        "CAP_SYS_ADMIN" => &[
+            "bpf",
+            "fanotify_init",
+            "fsconfig",
+            "fsmount",
+            "fsopen",
+            "fspick",
+            "lookup_dcookie",
+            "mount",
+            "mount_setattr",
+            "move_mount",
+            "name_to_handle_at",
+            "open_tree",
+            "perf_event_open",
+            "quotactl",
+            "quotactl_fd",
+            "setdomainname",
+            "sethostname",
+            "setns",
+            "syslog",
+            "umount2",
+            "unshare",
+        ],
+        "CAP_SYS_BOOT" => &["reboot"],
+        "CAP_SYS_MODULE" => &["delete_module", "init_module", "finit_module"],
+        "CAP_SYS_PACCT" => &["acct"],
+        "CAP_SYS_PTRACE" => {
+            &["kcmp", "pidfd_getfd", "process_madvise", "process_vm_readv", "process_vm_writev", "ptrace"]
+        }
+        "CAP_SYS_RAWIO" => &["iopl", "ioperm"],
+        "CAP_SYS_TIME" => &["settimeofday", "clock_settime", "adjtimex", "clock_adjtime"],
+        "CAP_SYS_TTY_CONFIG" => &["vhangup"],
+        // Memory policy calls: what numactl and DPDK use inside the container.
+        "CAP_SYS_NICE" => &["get_mempolicy", "mbind", "set_mempolicy"],
+        "CAP_SYSLOG" => &["syslog"],
+        "CAP_BPF" => &["bpf"],
+        "CAP_PERFMON" => &["perf_event_open"],
+        _ => &[],
+    }
+}
+
 fn spec_err(id: &str, what: &str, e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Container { id: id.to_string(), message: format!("building the OCI spec ({what}): {e}") }
 }
@@ -93,11 +159,18 @@ pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBu
         move |err: oci_spec::OciSpecError| spec_err(id, &what, err)
     };
 
-    let caps: std::collections::HashSet<Capability> = DEFAULT_CAPS.iter().copied().collect();
+    let caps = capability_set(cfg).map_err(|m| spec_err(id, "capabilities", m))?;
+    // Inheritable and ambient empty, as containerd and Docker since
+    // CVE-2022-24769: oci-spec's builder would otherwise fill them with its
+    // default three (AUDIT_WRITE, KILL, NET_BIND_SERVICE), which an exec'd
+    // file could pick up, and which make `drop: [ALL]` fail (an inheritable
+    // capability outside the bounding set is EPERM at capset).
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
         .effective(caps.clone())
         .permitted(caps)
+        .inheritable(std::collections::HashSet::new())
+        .ambient(std::collections::HashSet::new())
         .build()
         .map_err(e("capabilities"))?;
     let proc = ProcessBuilder::default()
@@ -194,7 +267,7 @@ pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBu
         .devices(devices)
         .masked_paths(oci_spec::runtime::get_default_maskedpaths())
         .readonly_paths(oci_spec::runtime::get_default_readonly_paths())
-        .seccomp(default_seccomp().map_err(e("seccomp"))?);
+        .seccomp(default_seccomp(&cfg.cap_add).map_err(e("seccomp"))?);
     if cfg.bind_memory && !cfg.mems.is_empty() {
         linux = linux.memory_policy(
             LinuxMemoryPolicyBuilder::default()
@@ -571,8 +644,8 @@ const ARCH_SYSCALLS: &[&str] = &[];
 /// Namespace-creating clone flags a default container may not pass to `clone`.
 const CLONE_NS_FLAGS: u64 = 0x7E02_0000;
 
-/// The runtime default seccomp profile (Docker's, minus the capability-gated
-/// extras this capability set never grants).
+/// The runtime default seccomp profile: Docker's, with the capability-gated
+/// syscalls of the capabilities the pod added (`cap_add`).
 ///
 /// Architectures: the native one and its 32-bit compat ABI, but not x32 (the
 /// ILP32 ABI on x86-64, which Docker lists too). libcontainer compiles the
@@ -582,7 +655,7 @@ const CLONE_NS_FLAGS: u64 = 0x7E02_0000;
 /// or disable it at boot (Debian: `syscall.x32=n`); without it in the filter an
 /// x32 syscall is refused as a foreign architecture (the thread is killed)
 /// instead of being allowed.
-pub fn default_seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
+pub fn default_seccomp(cap_add: &[String]) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
     let architectures = if cfg!(target_arch = "x86_64") {
         vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86]
     } else if cfg!(target_arch = "aarch64") {
@@ -591,7 +664,9 @@ pub fn default_seccomp() -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
         vec![]
     };
     let mut names: Vec<String> = ALLOWED_SYSCALLS.iter().chain(ARCH_SYSCALLS).map(|s| s.to_string()).collect();
+    names.extend(cap_add.iter().flat_map(|c| syscalls_for_capability(c)).map(|s| s.to_string()));
     names.sort();
+    names.dedup();
     let syscalls = vec![
         LinuxSyscallBuilder::default().names(names).action(LinuxSeccompAction::ScmpActAllow).build()?,
         // clone without namespace flags (the flags are argument 0 on x86-64 and arm64).
@@ -653,6 +728,8 @@ mod tests {
             hugepage_limits: [(2 << 20, 4 << 20)].into_iter().collect(),
             device_nodes: vec![PathBuf::from("/dev/null")],
             host_network: false,
+            cap_add: vec![],
+            cap_drop: vec![],
             log_path: PathBuf::from("/tmp/x.log"),
         }
     }
