@@ -319,7 +319,45 @@ fn sequences_and_existing_allocations() {
     );
     taken(&mut c6.allocations, "", &[], &[]);
     c6.allocations.pods.insert("pod".into(), Placement::default());
-    for c in [c1, c2, c3, c4, c5, c6] {
+    // An 8-CPU machine without reserved CPUs: the shared pool can run dry.
+    let shared = || pod("s", vec![ctr("c", &[("cpu", "500m")], false, None)]);
+    let all8 = || pod("all", vec![gctr("c", "8", "1Gi")]);
+    let two_by_four = "pack:1 numa:1 core:4 pu:2";
+    let mut c7 = case(
+        "a shared pod cannot run on an empty pool",
+        two_by_four,
+        settings(NoPolicy),
+        shared(),
+        Reject(
+            RejectReason::InsufficientCpu,
+            "no CPU would be left in the shared pool for this pod's shared containers",
+        ),
+    );
+    c7.before = vec![all8()];
+    let mut c8 = case(
+        "an exclusive pod may not empty the pool under running shared pods",
+        two_by_four,
+        settings(NoPolicy),
+        all8(),
+        Reject(RejectReason::InsufficientCpu, "for the shared containers running here"),
+    );
+    c8.before = vec![shared()];
+    let c9 = case(
+        "with no shared container anywhere, exclusive may take every CPU",
+        two_by_four,
+        settings(NoPolicy),
+        all8(),
+        Admit("0", &[("0-7", "0")]),
+    );
+    let mut c10 = case(
+        "reserved CPUs keep the pool alive",
+        two_by_four,
+        NodeSettings { reserved_cpus: CpuSet::parse_list("0,4").expect("list"), ..settings(NoPolicy) },
+        shared(),
+        Admit("0", &[("0,4", "")]),
+    );
+    c10.before = vec![pod("six", vec![gctr("c", "6", "1Gi")])];
+    for c in [c1, c2, c3, c4, c5, c6, c7, c8, c9, c10] {
         check(c);
     }
 }

@@ -487,6 +487,24 @@ pub fn admit(
         }
     }
     let m = &ctx.m;
+    // A shared or numa container with no CPU at all cannot run: when the pool
+    // would be empty, refuse the pod that empties it or needs it. (The kubelet
+    // avoids this by requiring reserved CPUs, which never leave the pool.)
+    if free.pool.is_empty() {
+        let shares = |cp: &ContainerPlacement| matches!(cp.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
+        let here = containers.iter().any(shares);
+        let others = allocations.pods.values().flat_map(|p| &p.containers).any(shares);
+        if here || others {
+            let who = if here { "this pod's shared containers" } else { "the shared containers running here" };
+            return Err(reject(
+                RejectReason::InsufficientCpu,
+                format!(
+                    "no CPU would be left in the shared pool for {who}: every CPU would be exclusive \
+                     (reserve CPUs for the system and shared pods, e.g. --reserved-cpus 0)"
+                ),
+            ));
+        }
+    }
     // Shared and numa CPUs are the pool after this pod's exclusive CPUs left it.
     for (cp, &nodes) in containers.iter_mut().zip(&numa_nodes) {
         match cp.cpu_policy {
