@@ -244,6 +244,18 @@ fn exclusive_pod_on_cpu_1_and_a_shared_pod_that_follows_the_pool_in_place() {
     let ex_id = h.container_ids(&ex).pop().unwrap();
     assert_eq!((cgroup_file(&ex_id, "cpuset.cpus"), cgroup_file(&ex_id, "cpuset.mems")), ("1".into(), "0".into()));
 
+    // The node's own work stays on the reserved CPU: every agent thread, and
+    // the shims once their containers run.
+    let agent_pid = h.agent.as_ref().unwrap().id();
+    for task in std::fs::read_dir(format!("/proc/{agent_pid}/task")).unwrap().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        assert!(status.is_empty() || status.contains("Cpus_allowed_list:\t0\n"), "agent thread: {status}");
+    }
+    let shim: Value =
+        serde_json::from_slice(&std::fs::read(h.data.join(format!("containers/{ex_id}/shim.json"))).unwrap()).unwrap();
+    let shim_status = std::fs::read_to_string(format!("/proc/{}/status", shim["pid"])).unwrap();
+    assert!(shim_status.contains("Cpus_allowed_list:\t0\n"), "shim: {shim_status}");
+
     // The shared pod gets what is left: CPU 0.
     h.wait_log(&sh, "CPU 0 only", |l| last_line(l) == "Cpus_allowed_list:\t0");
     let sh_ids = h.container_ids(&sh);

@@ -57,6 +57,7 @@ impl Fixture {
             host_network: false,
             cap_add: vec![],
             cap_drop: vec![],
+            system_cpus: Default::default(),
             log_path: self.dir.path().join("logs").join(format!("{id}.log")),
         }
     }

@@ -2,6 +2,7 @@
 //! allocation checkpoint, container runtimes (`libcontainer`, `hollow`), the
 //! reconcile loop and status reports. The `pinion agent` subcommand only wires it.
 
+pub mod affinity;
 pub mod agent;
 pub mod checkpoint;
 pub mod discovery;

@@ -290,6 +290,16 @@ pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result
     let runtime: Arc<dyn Runtime> = match args.runtime {
         RuntimeKind::Hollow => Arc::new(nodelet::runtime::hollow::HollowRuntime::new(&data_dir)?),
         RuntimeKind::Libcontainer => {
+            // The node's own work stays on the reserved CPUs, off the pods'
+            // exclusive ones (the kubelet leaves this to systemd's CPUAffinity).
+            if !settings.reserved_cpus.is_empty() {
+                match nodelet::affinity::confine_process(&settings.reserved_cpus) {
+                    Ok(n) => {
+                        tracing::info!(cpus = %settings.reserved_cpus, threads = n, "pinion confined to the reserved CPUs")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot confine pinion to the reserved CPUs"),
+                }
+            }
             // The shim is this same binary (`pinion shim`), re-executed per container.
             let exe = std::env::current_exe().context("finding the pinion binary for the shim")?;
             Arc::new(nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data_dir, &exe)?)

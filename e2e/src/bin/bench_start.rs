@@ -117,6 +117,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         host_network: false,
         cap_add: vec![],
         cap_drop: vec![],
+        system_cpus: Default::default(),
         log_path: work.join("logs").join(format!("{id}.log")),
     }
 }

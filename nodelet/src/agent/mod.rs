@@ -906,7 +906,7 @@ impl Agent {
             let Some(cp) = reconcile::placement_of(&placement, &spec.name) else { continue };
             let id = reconcile::runtime_id(key, &spec.name, &e.hash, e.ctrs[i].restart_count);
             let cpus = self.alloc.cpuset_for(&self.cfg.topology, cp);
-            let cfg = reconcile::container_config(
+            let mut cfg = reconcile::container_config(
                 &self.cfg.data_dir,
                 &self.cfg.device_nodes,
                 key,
@@ -916,6 +916,7 @@ impl Agent {
                 cpus.clone(),
                 id.clone(),
             );
+            cfg.system_cpus = self.cfg.settings.reserved_cpus.clone();
             // The id is durable before the container exists, so a crash right
             // after the start still finds (and adopts or removes) it.
             e.ctrs[i].runtime_id = Some(id.clone());

@@ -193,6 +193,7 @@ pub fn container_config(
         hugepage_limits,
         device_nodes,
         host_network: pod.spec.host_network,
+        system_cpus: CpuSet::new(),
         cap_add: caps
             .map(|c| c.add.iter().filter_map(|n| specs::pod::capability_name(n)).collect())
             .unwrap_or_default(),

@@ -208,6 +208,7 @@ mod tests {
             host_network: false,
             cap_add: vec![],
             cap_drop: vec![],
+            system_cpus: Default::default(),
             log_path: "/dev/null".into(),
         }
     }

@@ -48,6 +48,10 @@ pub struct ContainerConfig {
     pub cap_add: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cap_drop: Vec<String>,
+    /// The node's reserved CPUs: where the shim runs once its container has
+    /// started; empty: anywhere.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub system_cpus: CpuSet,
     /// Combined stdout+stderr log, rotated by the runtime.
     pub log_path: PathBuf,
 }

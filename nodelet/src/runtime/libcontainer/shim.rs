@@ -57,7 +57,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         }
     }
     let created = create(&layout, id, &mut report);
-    let (_container, log_read, log, init) = match created {
+    let (_container, log_read, log, init, system_cpus) = match created {
         Ok(c) => c,
         Err(e) => {
             let _ = writeln!(report, "error {}", one_line(&e));
@@ -66,6 +66,12 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
     };
     let _ = writeln!(report, "ok {}", init.pid);
     drop(report);
+    // From here on the shim only copies output: keep that off the pods' CPUs.
+    if !system_cpus.is_empty() {
+        if let Err(e) = crate::affinity::confine_thread(&system_cpus) {
+            tracing::warn!(error = %e, cpus = %system_cpus, "cannot confine the shim to the reserved CPUs");
+        }
+    }
     let status = supervise(id, log_read, log, init.pid);
     let record = exit_record(id, status);
     if let Err(e) = write_json(&layout.exit(id), &record) {
@@ -75,16 +81,9 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
 }
 
 /// Asks for every CPU, so that the container's cpuset alone decides where it
-/// runs. Since Linux 6.2 a task keeps the affinity mask it inherited (the
-/// agent's, say `taskset -c 0` or systemd's `CPUAffinity=` for system services
-/// on the reserved CPUs) even when its cpuset is wider, and the kernel
-/// intersects the two: shared containers would stay on the reserved CPU.
+/// runs (see `crate::affinity`).
 fn widen_affinity() {
-    let mut all = nix::sched::CpuSet::new();
-    for cpu in 0..nix::sched::CpuSet::count() {
-        let _ = all.set(cpu);
-    }
-    if let Err(e) = nix::sched::sched_setaffinity(Pid::from_raw(0), &all) {
+    if let Err(e) = crate::affinity::widen_thread() {
         tracing::warn!(error = %e, "cannot widen the shim's CPU affinity; the container may inherit the agent's");
     }
 }
@@ -116,7 +115,7 @@ fn close_fds_except(keep: RawFd) {
     }
 }
 
-type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId);
+type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId, specs::CpuSet);
 
 fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, String> {
     let cfg: ContainerConfig = read_json(&layout.config(id))
@@ -166,7 +165,7 @@ fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, Strin
         Ok(init)
     })();
     match started {
-        Ok(init) => Ok((container, log_read, Some(log), init)),
+        Ok(init) => Ok((container, log_read, Some(log), init, cfg.system_cpus.clone())),
         Err(e) => {
             let _ = container.delete(true);
             cleanup_libcontainer(layout, id);
