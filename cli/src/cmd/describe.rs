@@ -91,6 +91,10 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                     q(&c.resources.requests),
                     q(&c.resources.limits)
                 );
+                if let Some(caps) = c.security_context.as_ref().and_then(|s| s.capabilities.as_ref()) {
+                    let list = |v: &[String]| if v.is_empty() { "-".to_string() } else { v.join(",") };
+                    let _ = writeln!(out, "    capabilities: add={} drop={}", list(&caps.add), list(&caps.drop));
+                }
             }
             if let Some(t) = &p.spec.topology {
                 let _ = writeln!(out, "Topology:    policy={:?} scope={:?}", t.policy, t.scope);
