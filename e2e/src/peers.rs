@@ -16,6 +16,26 @@ use anyhow::{bail, Context};
 /// The peers, in the order the benchmarks print them.
 pub const TOOLS: [&str; 2] = ["crun", "runc"];
 
+/// The side-by-side benchmarks' command line (`--runs N`, `--pinion PATH`) and
+/// their setup: the peers installed, the private mount namespace entered.
+/// Returns the run count and the canonical path of the pinion binary.
+pub fn bench_setup() -> anyhow::Result<(usize, std::path::PathBuf)> {
+    let mut runs = 50usize;
+    let mut pinion = std::path::PathBuf::from("target/release/pinion");
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--runs" => runs = args.next().context("--runs N")?.parse()?,
+            "--pinion" => pinion = std::path::PathBuf::from(args.next().context("--pinion PATH")?),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let pinion = std::fs::canonicalize(&pinion).with_context(|| format!("{}", pinion.display()))?;
+    ensure_tools()?;
+    private_mount_namespace()?;
+    Ok((runs, pinion))
+}
+
 /// Installs Debian's `crun` and `runc` when either is missing.
 pub fn ensure_tools() -> anyhow::Result<()> {
     let missing = TOOLS.iter().any(|t| Command::new(t).arg("--version").output().is_err());

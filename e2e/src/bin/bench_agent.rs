@@ -58,19 +58,7 @@ const STAGES: &[&str] = &[
 const RUNTIMES: [&str; 3] = ["pinion", "crun", "runc"];
 
 fn main() -> anyhow::Result<()> {
-    let mut runs = 50usize;
-    let mut pinion = PathBuf::from("target/release/pinion");
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--runs" => runs = args.next().context("--runs N")?.parse()?,
-            "--pinion" => pinion = PathBuf::from(args.next().context("--pinion PATH")?),
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    let pinion = std::fs::canonicalize(&pinion).with_context(|| format!("{}", pinion.display()))?;
-    peers::ensure_tools()?;
-    peers::private_mount_namespace()?;
+    let (runs, pinion) = peers::bench_setup()?;
     hollow_rss(&pinion)?;
     real(&pinion, runs.max(20))?;
     Ok(())

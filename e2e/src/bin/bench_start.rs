@@ -24,19 +24,7 @@ use nodelet::runtime::{ContainerConfig, ContainerState, RootfsConfig, Runtime};
 const POLL: Duration = Duration::from_micros(200);
 
 fn main() -> anyhow::Result<()> {
-    let mut runs = 50usize;
-    let mut pinion = PathBuf::from("target/release/pinion");
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--runs" => runs = args.next().context("--runs N")?.parse()?,
-            "--pinion" => pinion = PathBuf::from(args.next().context("--pinion PATH")?),
-            other => bail!("unknown argument {other}"),
-        }
-    }
-    let pinion = std::fs::canonicalize(&pinion).with_context(|| format!("{}", pinion.display()))?;
-    peers::ensure_tools()?;
-    peers::private_mount_namespace()?;
+    let (runs, pinion) = peers::bench_setup()?;
 
     let work = tempfile::Builder::new().prefix("pinion-bench-").tempdir()?;
     let rt = LibcontainerRuntime::new(&work.path().join("data"), &pinion)?;
