@@ -155,9 +155,13 @@ impl Drop for Host {
     }
 }
 
+/// A pod of one container with a CPU limit of `cpu`. A fractional limit makes a
+/// shared container that requests no CPU: with CPU 0 reserved this host has one
+/// allocatable CPU, which the exclusive pod beside it requests whole.
 fn pod(name: &str, cpu: &str, command: &str, policy: &str) -> String {
+    let requests = if cpu.ends_with('m') { "requests: {cpu: '0'}, " } else { "" };
     format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{command}']\n    resources: {{limits: {{cpu: '{cpu}', memory: 64Mi}}}}\n"
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{command}']\n    resources: {{{requests}limits: {{cpu: '{cpu}', memory: 64Mi}}}}\n"
     )
 }
 

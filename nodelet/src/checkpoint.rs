@@ -165,6 +165,7 @@ mod tests {
                 hugepages: Default::default(),
                 devices: Default::default(),
             }],
+            ..Default::default()
         }
     }
 

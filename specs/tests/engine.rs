@@ -76,7 +76,7 @@ fn taken(a: &mut Allocations, cpus: &str, memory: &[(u32, u64)], hugepages: &[(u
         devices: BTreeMap::new(),
     };
     let key = format!("existing-{}", a.pods.len());
-    a.apply(&key, Placement { numa_affinity: Default::default(), containers: vec![c] });
+    a.apply(&key, Placement { numa_affinity: Default::default(), containers: vec![c], ..Default::default() });
 }
 
 enum Expect {
@@ -251,7 +251,7 @@ fn seed_machine() {
             pod("p", vec![gctr("c", "112", "1Gi")]),
             Reject(
                 RejectReason::InsufficientCpu,
-                "requests 112 exclusive CPUs but only 110 are free on the node (2 reserved)",
+                "requests 112 CPU but only 110 of the node's 110 allocatable CPUs (2 reserved)",
             ),
         ),
         case(
@@ -320,7 +320,8 @@ fn sequences_and_existing_allocations() {
     taken(&mut c6.allocations, "", &[], &[]);
     c6.allocations.pods.insert("pod".into(), Placement::default());
     // An 8-CPU machine without reserved CPUs: the shared pool can run dry.
-    let shared = || pod("s", vec![ctr("c", &[("cpu", "500m")], false, None)]);
+    // BestEffort: no request, so only the pool rule can refuse it.
+    let shared = || pod("s", vec![ctr("c", &[], false, None)]);
     let all8 = || pod("all", vec![gctr("c", "8", "1Gi")]);
     let two_by_four = "pack:1 numa:1 core:4 pu:2";
     let mut c7 = case(
@@ -357,7 +358,25 @@ fn sequences_and_existing_allocations() {
         Admit("0", &[("0,4", "")]),
     );
     c10.before = vec![pod("six", vec![gctr("c", "6", "1Gi")])];
-    for c in [c1, c2, c3, c4, c5, c6, c7, c8, c9, c10] {
+    let mut c11 = case(
+        "node totals count every pod's requests (the kubelet's allocatable check)",
+        two_by_four,
+        settings(NoPolicy),
+        pod("b", vec![ctr("c", &[("cpu", "3"), ("memory", "1Gi")], false, None)]),
+        Reject(RejectReason::InsufficientCpu, "requests 3 CPU but only 2500m of the node's 8 allocatable CPUs"),
+    );
+    c11.before =
+        vec![pod("burst", vec![ctr("c", &[("cpu", "3500m")], false, None)]), pod("two", vec![gctr("c", "2", "1Gi")])];
+    let mut c12 = case(
+        "a pod that requests nothing fits a fully requested node",
+        two_by_four,
+        settings(NoPolicy),
+        shared(),
+        Admit("0", &[("1-3,5-7", "")]),
+    );
+    c12.before =
+        vec![pod("burst", vec![ctr("c", &[("cpu", "6")], false, None)]), pod("two", vec![gctr("c", "2", "1Gi")])];
+    for c in [c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12] {
         check(c);
     }
 }
@@ -549,7 +568,7 @@ fn memory_hugepages_and_devices() {
         SEED,
         settings(SingleNumaNode),
         mem("200Gi"),
-        Reject(RejectReason::InsufficientMemory, "requests 200Gi memory but only 128Gi are free"),
+        Reject(RejectReason::InsufficientMemory, "requests 200Gi memory but only 128Gi of the node's 128Gi"),
     );
     let restricted_mem = case(
         "restricted: memory needs two nodes, so two nodes are preferred",

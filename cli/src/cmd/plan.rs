@@ -214,7 +214,10 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             devices: BTreeMap::new(),
         };
         // A key no manifest can use (pod names are DNS labels), so it never collides.
-        allocations.apply("--allocated-cpus", Placement { numa_affinity: NumaSet::new(), containers: vec![held] });
+        allocations.apply(
+            "--allocated-cpus",
+            Placement { numa_affinity: NumaSet::new(), containers: vec![held], ..Default::default() },
+        );
     }
     let result = admit(&topology, &settings, &allocations, pod.name(), &pod);
     let d = decision(&result);

@@ -311,11 +311,15 @@ mod tests {
         let mut alloc = Allocations::default();
         alloc.apply(
             "other",
-            Placement { numa_affinity: NumaSet::single(0), containers: vec![cp("x", CpuPolicy::Exclusive, "1")] },
+            Placement {
+                numa_affinity: NumaSet::single(0),
+                containers: vec![cp("x", CpuPolicy::Exclusive, "1")],
+                ..Default::default()
+            },
         );
         let plan = |epoch, c: ContainerPlacement| BoundPlan {
             epoch,
-            placement: Placement { numa_affinity: NumaSet::single(1), containers: vec![c] },
+            placement: Placement { numa_affinity: NumaSet::single(1), containers: vec![c], ..Default::default() },
         };
         let check = |plan: BoundPlan, reserved: &str, expected: Result<(), &str>| {
             let got = check_plan(&t, &CpuSet::parse_list(reserved).unwrap(), &alloc, &p, &plan);

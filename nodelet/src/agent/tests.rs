@@ -55,7 +55,7 @@ fn first_fit(
             devices: Default::default(),
         });
     }
-    Ok(Placement { numa_affinity: t.numa_ids(), containers })
+    Ok(Placement { numa_affinity: t.numa_ids(), containers, ..Default::default() })
 }
 
 fn topology(n: u32) -> NodeTopology {
@@ -400,6 +400,7 @@ async fn plans_at_the_current_epoch_are_adopted_as_is() {
             hugepages: Default::default(),
             devices: Default::default(),
         }],
+        ..Default::default()
     };
     let plan = Some(BoundPlan { epoch: 0, placement: placement("3") });
     h.tx.send(DesiredChange::Apply { key: "p".into(), pod: Box::new(exclusive("p", 1)), plan }).await.unwrap();

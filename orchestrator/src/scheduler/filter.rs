@@ -4,10 +4,11 @@
 //! a node it rules out is one the engine would reject too, so running these
 //! first never loses a placement, it only saves engine runs. Where the engine's
 //! rule is subtle (e.g. `align-by-socket`) the check stays at the totals and
-//! leaves the decision to the engine. The one rule of the scheduler's own is the
-//! request accounting in `totals` (as the Kubernetes scheduler's): shared CPU
-//! millicores, and memory and huge pages of pods that are not Guaranteed, which
-//! the engine does not account. `props` checks all this on random nodes.
+//! leaves the decision to the engine. The request accounting in `totals` (as
+//! the Kubernetes scheduler's) matches the engine's allocatable check for CPU
+//! and memory; the one rule of the scheduler's own is huge pages of pods that
+//! are not Guaranteed, which the engine does not account. `props` checks all
+//! this on random nodes.
 
 use std::fmt;
 

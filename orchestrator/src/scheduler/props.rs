@@ -298,12 +298,11 @@ fn build_pod(name: &str, g: &PodGen) -> Pod {
 }
 
 /// A rejection by the scheduler's request accounting where the engine accounts
-/// nothing: shared CPU millicores, memory and huge pages of a pod that is not
-/// Guaranteed.
+/// nothing: huge pages of a pod that is not Guaranteed. (CPU and memory
+/// requests the engine checks against allocatable, as the kubelet does.)
 fn request_accounting_only(d: &Detail<'_>, demand: &Demand) -> bool {
     match d {
-        Detail::CpuMillis { .. } => demand.total.cpu_millis > u64::from(demand.total.exclusive_cpus) * 1000,
-        Detail::Memory { .. } | Detail::HugePages { .. } => !demand.guaranteed,
+        Detail::HugePages { .. } => !demand.guaranteed,
         _ => false,
     }
 }

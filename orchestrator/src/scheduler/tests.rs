@@ -168,7 +168,7 @@ fn holding(mut n: NodeInfo, cpus: CpuSet) -> NodeInfo {
         hugepages: BTreeMap::new(),
         devices: BTreeMap::new(),
     };
-    n.allocations.apply("held", Placement { numa_affinity: NumaSet::new(), containers: vec![c] });
+    n.allocations.apply("held", Placement { numa_affinity: NumaSet::new(), containers: vec![c], ..Default::default() });
     n
 }
 

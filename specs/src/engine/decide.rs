@@ -13,7 +13,9 @@ use crate::topology::NodeTopology;
 use super::hints::{Kind, Provider};
 use super::machine::{Free, Machine, Mask};
 use super::merge::{self, Affinity, MergeOptions};
-use super::{cpus, devices, memory, Allocations, ContainerPlacement, NodeSettings, Placement, RejectReason, Rejection};
+use super::{
+    cpus, devices, memory, Allocations, ContainerPlacement, NodeSettings, Placement, RejectReason, Rejection, Requested,
+};
 
 /// One container's requests as the engine sees them.
 struct Req {
@@ -455,6 +457,7 @@ pub fn admit(
         return Err(reject(RejectReason::AlreadyAllocated, format!("pod {pod_key} is already allocated on this node")));
     }
     let reqs = requests(pod, settings)?;
+    let requested = fits_allocatable(topology, settings, allocations, pod)?;
     let m = Machine::new(topology, settings)?;
     let mut free = Free::new(&m, allocations);
     let topo_spec = pod.spec.topology.as_ref();
@@ -519,5 +522,65 @@ pub fn admit(
     if policy == TopologyPolicy::None || union == 0 {
         union = m.all_nodes();
     }
-    Ok(Placement { numa_affinity: m.numa_set(union), containers })
+    Ok(Placement { numa_affinity: m.numa_set(union), containers, requested })
+}
+
+/// The kubelet's allocatable check, on node totals: the CPU and memory the
+/// pods here requested, plus this pod's, within what the node offers (every
+/// CPU but the reserved ones; all memory). A pod that requests nothing always
+/// fits (BestEffort). Returns this pod's requests.
+fn fits_allocatable(
+    topology: &NodeTopology,
+    settings: &NodeSettings,
+    allocations: &Allocations,
+    pod: &Pod,
+) -> Result<Requested, Rejection> {
+    let mut want = Requested::default();
+    for c in &pod.spec.containers {
+        let millis = c.resources.request(RESOURCE_CPU).map_or(0, |q| q.millis_ceil().max(0));
+        let bytes = c.resources.request(RESOURCE_MEMORY).map_or(0, |q| q.units_ceil().max(0));
+        want.cpu_millis = want.cpu_millis.saturating_add(u64::try_from(millis).unwrap_or(u64::MAX));
+        want.memory = want.memory.saturating_add(u64::try_from(bytes).unwrap_or(u64::MAX));
+    }
+    let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
+    let cpu_capacity = (topology.all_cpus().difference(&reserved).len() as u64).saturating_mul(1000);
+    let memory_capacity = topology.numa_nodes.iter().fold(0u64, |a, n| a.saturating_add(n.memory_bytes));
+    let mut used = Requested::default();
+    for p in allocations.pods.values() {
+        // Placements from before requests were recorded count what they hold.
+        let exclusive = p
+            .containers
+            .iter()
+            .filter(|c| c.cpu_policy == CpuPolicy::Exclusive)
+            .map(|c| c.cpus.difference(&reserved).len() as u64)
+            .sum::<u64>();
+        let accounted = p.containers.iter().flat_map(|c| c.memory.values()).fold(0u64, |a, b| a.saturating_add(*b));
+        used.cpu_millis = used.cpu_millis.saturating_add(p.requested.cpu_millis.max(exclusive * 1000));
+        used.memory = used.memory.saturating_add(p.requested.memory.max(accounted));
+    }
+    let cpus = |m: u64| if m.is_multiple_of(1000) { format!("{}", m / 1000) } else { format!("{m}m") };
+    if want.cpu_millis > 0 && used.cpu_millis.saturating_add(want.cpu_millis) > cpu_capacity {
+        return Err(reject(
+            RejectReason::InsufficientCpu,
+            format!(
+                "requests {} CPU but only {} of the node's {} allocatable CPUs ({} reserved) are not requested by other pods",
+                cpus(want.cpu_millis),
+                cpus(cpu_capacity.saturating_sub(used.cpu_millis)),
+                cpus(cpu_capacity),
+                reserved.len()
+            ),
+        ));
+    }
+    if want.memory > 0 && used.memory.saturating_add(want.memory) > memory_capacity {
+        return Err(reject(
+            RejectReason::InsufficientMemory,
+            format!(
+                "requests {} memory but only {} of the node's {} are not requested by other pods",
+                fmt_bytes(want.memory),
+                fmt_bytes(memory_capacity.saturating_sub(used.memory)),
+                fmt_bytes(memory_capacity)
+            ),
+        ));
+    }
+    Ok(want)
 }

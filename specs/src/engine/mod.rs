@@ -112,6 +112,25 @@ pub struct Placement {
     /// The NUMA nodes the merged topology hint chose (all nodes under `none`).
     pub numa_affinity: NumaSet,
     pub containers: Vec<ContainerPlacement>,
+    /// The pod's requests in node totals, for the allocatable check of later pods.
+    #[serde(default, skip_serializing_if = "Requested::is_zero")]
+    pub requested: Requested,
+}
+
+/// CPU and memory requested, summed over a pod's containers: what the
+/// kubelet's admission (and the Kubernetes scheduler) compare with the node's
+/// allocatable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Requested {
+    pub cpu_millis: u64,
+    pub memory: u64,
+}
+
+impl Requested {
+    pub fn is_zero(&self) -> bool {
+        self.cpu_millis == 0 && self.memory == 0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
