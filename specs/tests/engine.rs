@@ -594,7 +594,10 @@ fn memory_hugepages_and_devices() {
         SEED,
         settings(SingleNumaNode),
         hp_pod("2Gi"),
-        Reject(RejectReason::InsufficientHugePages, "requests 1024 hugepages-2Mi pages but only 624 are free"),
+        Reject(
+            RejectReason::InsufficientHugePages,
+            "requests 1024 hugepages-2Mi pages but only 624 of the node's 1024",
+        ),
     );
     hp_out.machine = with_hugepages(hp_out.machine, 512);
     taken(&mut hp_out.allocations, "", &[], &[(2 << 20, 0, 400)]);
@@ -605,6 +608,20 @@ fn memory_hugepages_and_devices() {
         hp_pod("3Mi"),
         Reject(RejectReason::InvalidRequest, "not a whole number of 2Mi pages"),
     );
+    // Burstable pods' huge pages have no NUMA node but count on the node.
+    let burst_hp = |name: &str| pod(name, vec![ctr("c", &[("cpu", "1"), ("hugepages-2Mi", "1Gi")], false, None)]);
+    let mut hp_burst = case(
+        "huge pages of Burstable pods count against the node's",
+        SEED,
+        settings(SingleNumaNode),
+        burst_hp("p"),
+        Reject(RejectReason::InsufficientHugePages, "requests 512 hugepages-2Mi pages but only 511 of the node's 1024"),
+    );
+    hp_burst.machine = with_hugepages(hp_burst.machine.clone(), 512);
+    hp_burst.before = vec![
+        burst_hp("a"),
+        pod("g", vec![ctr("c", &[("cpu", "1"), ("memory", "1Gi"), ("hugepages-2Mi", "2Mi")], true, None)]),
+    ];
 
     let mut dev_machine = machine(SEED);
     dev_machine.devices = vec![
@@ -638,7 +655,7 @@ fn memory_hugepages_and_devices() {
         Reject(RejectReason::InsufficientDevices, "offers none"),
     );
     unknown.machine = dev_machine;
-    for c in [moved, spill, too_much, restricted_mem, hp_moved, hp_out, hp_odd, far, none_left, unknown] {
+    for c in [moved, spill, too_much, restricted_mem, hp_moved, hp_out, hp_odd, hp_burst, far, none_left, unknown] {
         check(c);
     }
 }

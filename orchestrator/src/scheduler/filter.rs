@@ -5,10 +5,9 @@
 //! first never loses a placement, it only saves engine runs. Where the engine's
 //! rule is subtle (e.g. `align-by-socket`) the check stays at the totals and
 //! leaves the decision to the engine. The request accounting in `totals` (as
-//! the Kubernetes scheduler's) matches the engine's allocatable check for CPU
-//! and memory; the one rule of the scheduler's own is huge pages of pods that
-//! are not Guaranteed, which the engine does not account. `props` checks all
-//! this on random nodes.
+//! the Kubernetes scheduler's) is the engine's allocatable check (CPU, memory
+//! and huge pages requests of every pod). `props` checks all this on random
+//! nodes.
 
 use std::fmt;
 

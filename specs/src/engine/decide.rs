@@ -541,7 +541,21 @@ fn fits_allocatable(
         let bytes = c.resources.request(RESOURCE_MEMORY).map_or(0, |q| q.units_ceil().max(0));
         want.cpu_millis = want.cpu_millis.saturating_add(u64::try_from(millis).unwrap_or(u64::MAX));
         want.memory = want.memory.saturating_add(u64::try_from(bytes).unwrap_or(u64::MAX));
+        let names: std::collections::BTreeSet<&String> =
+            c.resources.requests.keys().chain(c.resources.limits.keys()).collect();
+        for name in names {
+            // Sizes and whole pages were checked by `requests`.
+            let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX).and_then(|s| Quantity::parse(s).ok()) else {
+                continue;
+            };
+            let Some(q) = c.resources.request(name) else { continue };
+            let size = u64::try_from(size.units_ceil()).unwrap_or(u64::MAX);
+            let bytes = u64::try_from(q.units_ceil().max(0)).unwrap_or(u64::MAX);
+            let e = want.hugepages.entry(size).or_insert(0);
+            *e = e.saturating_add(bytes);
+        }
     }
+    want.hugepages.retain(|_, b| *b > 0);
     let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
     let cpu_capacity = (topology.all_cpus().difference(&reserved).len() as u64).saturating_mul(1000);
     let memory_capacity = topology.numa_nodes.iter().fold(0u64, |a, n| a.saturating_add(n.memory_bytes));
@@ -557,6 +571,21 @@ fn fits_allocatable(
         let accounted = p.containers.iter().flat_map(|c| c.memory.values()).fold(0u64, |a, b| a.saturating_add(*b));
         used.cpu_millis = used.cpu_millis.saturating_add(p.requested.cpu_millis.max(exclusive * 1000));
         used.memory = used.memory.saturating_add(p.requested.memory.max(accounted));
+        let mut pages: BTreeMap<u64, u64> = BTreeMap::new();
+        for c in &p.containers {
+            for (size, per_node) in &c.hugepages {
+                let n: u64 = per_node.values().sum();
+                *pages.entry(*size).or_insert(0) += n.saturating_mul(*size);
+            }
+        }
+        for (size, bytes) in &p.requested.hugepages {
+            let e = pages.entry(*size).or_insert(0);
+            *e = (*e).max(*bytes);
+        }
+        for (size, bytes) in pages {
+            let e = used.hugepages.entry(size).or_insert(0);
+            *e = e.saturating_add(bytes);
+        }
     }
     let cpus = |m: u64| if m.is_multiple_of(1000) { format!("{}", m / 1000) } else { format!("{m}m") };
     if want.cpu_millis > 0 && used.cpu_millis.saturating_add(want.cpu_millis) > cpu_capacity {
@@ -581,6 +610,27 @@ fn fits_allocatable(
                 fmt_bytes(memory_capacity)
             ),
         ));
+    }
+    for (size, bytes) in &want.hugepages {
+        let capacity = topology
+            .numa_nodes
+            .iter()
+            .flat_map(|n| &n.hugepages)
+            .filter(|h| h.page_size_bytes == *size)
+            .fold(0u64, |a, h| a.saturating_add(h.total.saturating_mul(*size)));
+        let taken = used.hugepages.get(size).copied().unwrap_or(0);
+        if taken.saturating_add(*bytes) > capacity {
+            return Err(reject(
+                RejectReason::InsufficientHugePages,
+                format!(
+                    "requests {} hugepages-{} pages but only {} of the node's {} are not requested by other pods",
+                    bytes / size.max(&1),
+                    fmt_bytes(*size),
+                    capacity.saturating_sub(taken) / size.max(&1),
+                    capacity / size.max(&1)
+                ),
+            ));
+        }
     }
     Ok(want)
 }

@@ -120,16 +120,19 @@ pub struct Placement {
 /// CPU and memory requested, summed over a pod's containers: what the
 /// kubelet's admission (and the Kubernetes scheduler) compare with the node's
 /// allocatable.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Requested {
     pub cpu_millis: u64,
     pub memory: u64,
+    /// Page size in bytes -> bytes of huge pages.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hugepages: BTreeMap<u64, u64>,
 }
 
 impl Requested {
     pub fn is_zero(&self) -> bool {
-        self.cpu_millis == 0 && self.memory == 0
+        self.cpu_millis == 0 && self.memory == 0 && self.hugepages.is_empty()
     }
 }
 
