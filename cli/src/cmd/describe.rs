@@ -123,6 +123,22 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 s.topology_policy, s.topology_scope, s.reserved_cpus
             );
             let _ = writeln!(out, "Allocation epoch: {}", n.status.allocations.epoch);
+            // The engine's allocatable check, in numbers: what a new pod's requests must fit in.
+            let offered = specs::engine::allocatable(t, s);
+            let used = n.status.allocations.requested(&t.reserved_cpus.union(&s.reserved_cpus));
+            let cpu = |m: u64| if m.is_multiple_of(1000) { format!("{}", m / 1000) } else { format!("{m}m") };
+            let mut line = format!(
+                "Requested:   cpu {} of {} allocatable, memory {}Mi of {}Mi",
+                cpu(used.cpu_millis),
+                cpu(offered.cpu_millis),
+                used.memory >> 20,
+                offered.memory >> 20
+            );
+            for (size, total) in offered.hugepages.iter().filter(|(_, t)| **t > 0) {
+                let taken = used.hugepages.get(size).copied().unwrap_or(0);
+                line.push_str(&format!(", hugepages-{}Ki {}Mi of {}Mi", size >> 10, taken >> 20, total >> 20));
+            }
+            let _ = writeln!(out, "{line}");
             out.push_str("NUMA nodes:\n");
             let rows: Vec<Vec<String>> = n
                 .status

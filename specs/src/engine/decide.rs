@@ -14,7 +14,8 @@ use super::hints::{Kind, Provider};
 use super::machine::{Free, Machine, Mask};
 use super::merge::{self, Affinity, MergeOptions};
 use super::{
-    cpus, devices, memory, Allocations, ContainerPlacement, NodeSettings, Placement, RejectReason, Rejection, Requested,
+    allocatable, cpus, devices, memory, Allocations, ContainerPlacement, NodeSettings, Placement, RejectReason,
+    Rejection, Requested,
 };
 
 /// One container's requests as the engine sees them.
@@ -525,10 +526,10 @@ pub fn admit(
     Ok(Placement { numa_affinity: m.numa_set(union), containers, requested })
 }
 
-/// The kubelet's allocatable check, on node totals: the CPU and memory the
-/// pods here requested, plus this pod's, within what the node offers (every
-/// CPU but the reserved ones; all memory). A pod that requests nothing always
-/// fits (BestEffort). Returns this pod's requests.
+/// The kubelet's allocatable check, on node totals: what the pods here
+/// requested, plus this pod's, within what the node offers ([`allocatable`]).
+/// A pod that requests nothing always fits (BestEffort). Returns this pod's
+/// requests.
 fn fits_allocatable(
     topology: &NodeTopology,
     settings: &NodeSettings,
@@ -557,36 +558,9 @@ fn fits_allocatable(
     }
     want.hugepages.retain(|_, b| *b > 0);
     let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
-    let cpu_capacity = (topology.all_cpus().difference(&reserved).len() as u64).saturating_mul(1000);
-    let memory_capacity = topology.numa_nodes.iter().fold(0u64, |a, n| a.saturating_add(n.memory_bytes));
-    let mut used = Requested::default();
-    for p in allocations.pods.values() {
-        // Placements from before requests were recorded count what they hold.
-        let exclusive = p
-            .containers
-            .iter()
-            .filter(|c| c.cpu_policy == CpuPolicy::Exclusive)
-            .map(|c| c.cpus.difference(&reserved).len() as u64)
-            .sum::<u64>();
-        let accounted = p.containers.iter().flat_map(|c| c.memory.values()).fold(0u64, |a, b| a.saturating_add(*b));
-        used.cpu_millis = used.cpu_millis.saturating_add(p.requested.cpu_millis.max(exclusive * 1000));
-        used.memory = used.memory.saturating_add(p.requested.memory.max(accounted));
-        let mut pages: BTreeMap<u64, u64> = BTreeMap::new();
-        for c in &p.containers {
-            for (size, per_node) in &c.hugepages {
-                let n: u64 = per_node.values().sum();
-                *pages.entry(*size).or_insert(0) += n.saturating_mul(*size);
-            }
-        }
-        for (size, bytes) in &p.requested.hugepages {
-            let e = pages.entry(*size).or_insert(0);
-            *e = (*e).max(*bytes);
-        }
-        for (size, bytes) in pages {
-            let e = used.hugepages.entry(size).or_insert(0);
-            *e = e.saturating_add(bytes);
-        }
-    }
+    let offered = allocatable(topology, settings);
+    let (cpu_capacity, memory_capacity) = (offered.cpu_millis, offered.memory);
+    let used = allocations.requested(&reserved);
     let cpus = |m: u64| if m.is_multiple_of(1000) { format!("{}", m / 1000) } else { format!("{m}m") };
     if want.cpu_millis > 0 && used.cpu_millis.saturating_add(want.cpu_millis) > cpu_capacity {
         return Err(reject(
@@ -612,12 +586,7 @@ fn fits_allocatable(
         ));
     }
     for (size, bytes) in &want.hugepages {
-        let capacity = topology
-            .numa_nodes
-            .iter()
-            .flat_map(|n| &n.hugepages)
-            .filter(|h| h.page_size_bytes == *size)
-            .fold(0u64, |a, h| a.saturating_add(h.total.saturating_mul(*size)));
+        let capacity = offered.hugepages.get(size).copied().unwrap_or(0);
         let taken = used.hugepages.get(size).copied().unwrap_or(0);
         if taken.saturating_add(*bytes) > capacity {
             return Err(reject(

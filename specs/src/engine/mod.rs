@@ -136,6 +136,22 @@ impl Requested {
     }
 }
 
+/// What a node offers pods, in totals: its CPUs less the reserved ones, all
+/// its memory, all its huge pages of each size.
+pub fn allocatable(topology: &NodeTopology, settings: &NodeSettings) -> Requested {
+    let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
+    let mut out = Requested {
+        cpu_millis: (topology.all_cpus().difference(&reserved).len() as u64).saturating_mul(1000),
+        memory: topology.numa_nodes.iter().fold(0u64, |a, n| a.saturating_add(n.memory_bytes)),
+        hugepages: BTreeMap::new(),
+    };
+    for h in topology.numa_nodes.iter().flat_map(|n| &n.hugepages) {
+        let e = out.hugepages.entry(h.page_size_bytes).or_insert(0);
+        *e = e.saturating_add(h.total.saturating_mul(h.page_size_bytes));
+    }
+    out
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ContainerPlacement {
@@ -188,6 +204,41 @@ pub enum RejectReason {
 pub use self::decide::admit;
 
 impl Allocations {
+    /// What the pods here requested, in node totals. A placement from before
+    /// requests were recorded counts what it holds (exclusive CPUs outside
+    /// `reserved`, accounted memory and huge pages).
+    pub fn requested(&self, reserved: &CpuSet) -> Requested {
+        let mut used = Requested::default();
+        for p in self.pods.values() {
+            let exclusive = p
+                .containers
+                .iter()
+                .filter(|c| c.cpu_policy == CpuPolicy::Exclusive)
+                .map(|c| c.cpus.difference(reserved).len() as u64)
+                .sum::<u64>();
+            let accounted = p.containers.iter().flat_map(|c| c.memory.values()).fold(0u64, |a, b| a.saturating_add(*b));
+            used.cpu_millis = used.cpu_millis.saturating_add(p.requested.cpu_millis.max(exclusive * 1000));
+            used.memory = used.memory.saturating_add(p.requested.memory.max(accounted));
+            let mut pages: BTreeMap<u64, u64> = BTreeMap::new();
+            for c in &p.containers {
+                for (size, per_node) in &c.hugepages {
+                    let n: u64 = per_node.values().sum();
+                    let e = pages.entry(*size).or_insert(0);
+                    *e = e.saturating_add(n.saturating_mul(*size));
+                }
+            }
+            for (size, bytes) in &p.requested.hugepages {
+                let e = pages.entry(*size).or_insert(0);
+                *e = (*e).max(*bytes);
+            }
+            for (size, bytes) in pages {
+                let e = used.hugepages.entry(size).or_insert(0);
+                *e = e.saturating_add(bytes);
+            }
+        }
+        used
+    }
+
     /// Records an admitted placement and advances the epoch.
     pub fn apply(&mut self, pod_key: &str, placement: Placement) {
         self.pods.insert(pod_key.to_string(), placement);
