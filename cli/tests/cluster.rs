@@ -142,6 +142,17 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     assert_eq!(cpus(&placed), serde_json::json!(expected));
     let (ok, drawing) = cli(&config, &["topology", "big"]);
     assert!(ok && drawing.contains("node big") && drawing.contains("p20"), "{drawing}");
+    // The node's requests against what it offers, as the engine counts them
+    // (the status reaches the server with the next report).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (ok, described) = cli(&config, &["describe", "node", "big"]);
+        if ok && described.contains("Requested:   cpu 20 of 40 allocatable") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{described}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 
     // Too big for any single NUMA node: Pending, with every node's best option.
     apply(&config, dir, "p30", 30);
