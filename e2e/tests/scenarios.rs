@@ -69,4 +69,5 @@ scenarios! {
     s7_memory_hugepages => "7-memory-hugepages",
     s8_restarts => "8-restarts",
     s8_restarts_real => "8-restarts-real",
+    s9_allocatable => "9-allocatable",
 }
