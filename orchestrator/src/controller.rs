@@ -26,7 +26,9 @@ use crate::store::{Store, StoreError};
 pub struct ControllerConfig {
     /// A node that sends no heartbeat for this long becomes NotReady.
     pub heartbeat_grace: Duration,
-    /// First retry delay of a pod that could not be placed or was rejected.
+    /// First retry delay of a pod that could not be placed or was rejected
+    /// (doubling per try up to `backoff_max`); the rejection delay is the
+    /// scheduler's (`on_rejection`), set from these.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     pub scheduler: crate::scheduler::SchedulerConfig,
@@ -116,7 +118,14 @@ impl Controller {
             store: store.clone(),
             config,
             inner: Mutex::new(Inner {
-                sched: Scheduler::new(config.scheduler),
+                // One backoff: a node's rejection is timed by the scheduler
+                // (which also keeps the pod off that node's current state),
+                // with the controller's settings.
+                sched: Scheduler::new(crate::scheduler::SchedulerConfig {
+                    backoff_initial: config.backoff_base,
+                    backoff_max: config.backoff_max,
+                    ..config.scheduler
+                }),
                 nodes: HashMap::new(),
                 queue: BTreeMap::new(),
             }),
@@ -317,12 +326,11 @@ impl Controller {
             None => 0,
         };
         inner.sync_mirror(node);
-        inner.sched.on_rejection(pod, node, reason, std::time::Instant::now());
-        let delay = self.backoff(failures);
+        let retry_at = inner.sched.on_rejection(pod, node, reason, std::time::Instant::now());
         inner.queue.insert(
             pod.to_string(),
             QueueEntry {
-                not_before: Instant::now() + delay,
+                not_before: Instant::from_std(retry_at),
                 failures,
                 unschedulable: false,
                 wait_report: Some((node.to_string(), reports)),
