@@ -154,8 +154,36 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 
+    // `get pods -w` prints the table, then a row per change.
+    let mut watcher = Command::new(PINION)
+        .args(["get", "pods", "-w", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn get -w");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = watcher.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the table's header");
+    assert!(first.starts_with("NAME") && first.contains("STATUS"), "{first}");
+
     // Too big for any single NUMA node: Pending, with every node's best option.
     apply(&config, dir, "p30", 30);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.starts_with("p30 ") && l.contains("Pending")) {
+        match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no row for p30 from get -w ({e}): {seen:?}"),
+        }
+    }
+    let _ = watcher.kill();
+    let _ = watcher.wait();
     let pending = wait_pod(&config, "p30", "p30 reason", |p| p["status"]["message"].is_string());
     assert_eq!(pending["status"]["phase"], "Pending");
     let msg = pending["status"]["message"].as_str().unwrap_or_default();

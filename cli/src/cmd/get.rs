@@ -34,6 +34,9 @@ pub struct Args {
     /// Label selector, e.g. `app=web,tier!=db`.
     #[arg(short = 'l', long = "selector")]
     pub selector: Option<String>,
+    /// Pods: after the table, print a row for every change until interrupted.
+    #[arg(short = 'w', long = "watch")]
+    pub watch: bool,
 }
 
 /// Columns padded to the widest cell, three spaces apart.
@@ -137,7 +140,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let wide = args.output == Some(Format::Wide);
     let structured = args.output.filter(|f| *f != Format::Wide);
+    if args.watch && (args.kind != Kind::Pods || structured.is_some()) {
+        anyhow::bail!("--watch: only for a table of pods (`pinion get pods -w [-o wide] [-l SELECTOR]`)");
+    }
     match args.kind {
+        Kind::Pods if args.watch => return watch_pods(&client, &args, wide).await,
         Kind::Pods => {
             let pods = match &args.name {
                 Some(n) => {
@@ -198,6 +205,53 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let rows: Vec<Vec<String>> = nodes.iter().map(|n| node_row(n, wide)).collect();
             print!("{}", table(&headers, &rows));
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `get pods -w`: the table, then one row per change (a deleted pod's STATUS
+/// reads `Deleted`), in the first table's columns, until the stream ends.
+async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
+    let list = client.list_pods(args.selector.as_deref()).await?;
+    let keep = |p: &Pod| args.name.as_ref().is_none_or(|n| *n == p.metadata.name);
+    let mut headers = vec!["NAME", "STATUS", "NODE", "AGE"];
+    if wide {
+        headers.extend(["NUMA", "CPUS", "ATTEMPTS", "REASON"]);
+    }
+    let rows: Vec<Vec<String>> = list.items.iter().filter(|p| keep(p)).map(|p| pod_row(p, wide)).collect();
+    // Later rows keep these columns, widened a little for names yet to come.
+    const MIN: [usize; 8] = [16, 9, 12, 4, 4, 8, 8, 6];
+    let mut widths: Vec<usize> = headers.iter().zip(MIN).map(|(h, m)| h.len().max(m)).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let n = cells.len();
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            out.push_str(c);
+            if i + 1 < n {
+                out.push_str(&" ".repeat(widths[i].saturating_sub(c.chars().count()) + 3));
+            }
+        }
+        println!("{out}");
+    };
+    line(&headers.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+    for r in &rows {
+        line(r);
+    }
+    let mut watch = client.watch_pods(None, args.selector.as_deref(), Some(list.resource_version)).await?;
+    while let Some((ty, pod)) = watch.next().await? {
+        if !keep(&pod) {
+            continue;
+        }
+        let mut row = pod_row(&pod, wide);
+        if ty == specs::api::WatchEventType::Deleted {
+            row[1] = "Deleted".into();
+        }
+        line(&row);
     }
     Ok(ExitCode::SUCCESS)
 }
