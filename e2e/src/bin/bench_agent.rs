@@ -147,9 +147,13 @@ fn two_by_ten() -> NodeTopology {
     }
 }
 
+/// A pod limited to `cpu`: whole CPUs are Guaranteed (exclusive); a fraction
+/// is a shared pod that requests 10m, because with CPU 0 reserved this host
+/// offers one allocatable CPU and the bench keeps up to 50 pods running.
 fn manifest(name: &str, cpu: &str, command: &str) -> String {
+    let requests = if cpu.ends_with('m') { "requests: {cpu: 10m}, " } else { "" };
     format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{command}']\n    resources: {{limits: {{cpu: '{cpu}', memory: 32Mi}}}}\n"
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{command}']\n    resources: {{{requests}limits: {{cpu: '{cpu}', memory: 32Mi}}}}\n"
     )
 }
 
