@@ -365,6 +365,62 @@ async fn a_binding_reaches_the_nodes_watch() {
     s.stop().await;
 }
 
+/// 48 creates at once, over 16 connections, for one node with 8 CPUs: at most
+/// 8 pods of one exclusive CPU are bound, their planned CPUs never overlap,
+/// and the rest wait Pending with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_never_overcommit_a_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let n = s.node_client(dir.path(), "n1").await;
+    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("n1", 2, 4))))
+        .await
+        .expect("register");
+    let guaranteed =
+        "  containers:\n  - name: main\n    image: busybox:latest\n    resources: {limits: {cpu: '1', memory: 64Mi}}\n";
+    let mut tasks = Vec::new();
+    for c in 0..16 {
+        let admin = s.admin.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..3 {
+                let name = format!("p{c}-{i}");
+                let body =
+                    format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n{guaranteed}");
+                admin.create_pod(Bytes::from(body)).await.expect("create");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    eventually("every pod bound or pending with a reason", || {
+        let admin = s.admin.clone();
+        async move {
+            let pods = admin.list_pods(None).await.expect("list").items;
+            pods.len() == 48
+                && pods.iter().all(|p| {
+                    let st = p.status.clone().unwrap_or_default();
+                    st.phase == PodPhase::Scheduled || (st.phase == PodPhase::Pending && st.message.is_some())
+                })
+        }
+    })
+    .await;
+    let pods = s.admin.list_pods(None).await.expect("list").items;
+    let bound: Vec<&Pod> = pods.iter().filter(|p| p.spec.node_name.is_some()).collect();
+    assert_eq!(bound.len(), 8, "one pod per CPU");
+    let mut cpus = std::collections::BTreeSet::new();
+    for p in bound {
+        let plan = p.status.as_ref().and_then(|s| s.plan.clone()).expect("a bound pod has a plan");
+        for c in &plan.placement.containers {
+            for cpu in c.cpus.iter() {
+                assert!(cpus.insert(cpu), "CPU {cpu} planned twice");
+            }
+        }
+    }
+    assert_eq!(cpus.len(), 8);
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_update_pods_and_rejections_requeue_with_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
