@@ -338,14 +338,13 @@ impl Scheduler {
         let node = &self.nodes[i];
         let pods = &self.pods;
         let name = &node.info.name;
-        let known = |k: &str| pods.get(k).filter(|p| &p.node == name).map(|p| &p.demand);
         let blind = node
             .assumed
             .iter()
             .filter_map(|a| pods.get(&a.pod_key))
             .filter(|p| p.blind && &p.node == name)
             .map(|p| &p.demand.total);
-        let s = NodeSummary::compute(&node.info.topology, &node.info.settings, &node.info.allocations, known, blind);
+        let s = NodeSummary::compute(&node.info.topology, &node.info.settings, &node.info.allocations, blind);
         self.hot[i] = Hot::of(&s, node.info.ready, !node.info.labels.is_empty(), &node.info.settings);
         self.nodes[i].summary = s;
     }

@@ -7,12 +7,9 @@
 //! pods this checks: the engine admits => the pre-filters pass the node, and
 //! `schedule` on that node alone binds the engine's placement.
 //!
-//! One exception, by design: the request accounting the scheduler does as the
-//! Kubernetes scheduler does (CPU millicores of shared containers, memory and
-//! huge pages of pods that are not Guaranteed) is a rule of its own that the
-//! engine does not enforce (it accounts memory and huge pages only for
-//! Guaranteed pods, and shared CPUs not at all). Those rejections are counted,
-//! not asserted.
+//! No exception: the scheduler's request accounting (node totals, as the
+//! Kubernetes scheduler's) is the engine's allocatable check, counted the same
+//! way (`Placement::counted`).
 //!
 //! The converse (the filters pass a node the engine then rejects) is allowed;
 //! its rate is printed with `--nocapture`.
@@ -32,7 +29,7 @@ use specs::{
 };
 
 use super::demand::Demand;
-use super::filter::{self, Detail, Quick};
+use super::filter::{self, Quick};
 use super::tests::{node, scheduler, ENGINE, VF};
 use super::SchedulerConfig;
 
@@ -297,13 +294,6 @@ fn build_pod(name: &str, g: &PodGen) -> Pod {
     }
 }
 
-/// A rejection by the scheduler's request accounting where the engine accounts
-/// nothing. None since the engine checks CPU, memory and huge pages requests
-/// against allocatable, as the kubelet does; kept to report a regression.
-fn request_accounting_only(_d: &Detail<'_>, _demand: &Demand) -> bool {
-    false
-}
-
 #[derive(Debug, Default)]
 struct Tally {
     cases: usize,
@@ -312,8 +302,6 @@ struct Tally {
     /// The filters passed and the engine rejected (allowed: the filters are
     /// necessary conditions, not sufficient ones).
     filter_passes_engine_rejects: usize,
-    /// Ruled out by request accounting the engine does not do (see module docs).
-    request_accounting: usize,
 }
 
 /// The state the engine built, then the scheduler's pre-filters and the engine
@@ -359,7 +347,6 @@ fn check(case: &Case, tally: &mut Tally) -> Result<(), TestCaseError> {
     tally.engine_admits += usize::from(engine.is_ok());
     tally.filter_passes += usize::from(passes);
     match (&engine, &full) {
-        (Ok(_), Err(d)) if request_accounting_only(d, &demand) => tally.request_accounting += 1,
         (Ok(placement), Err(d)) => {
             return Err(TestCaseError::fail(format!(
                 "the pre-filters rule out a node the engine admits the pod on: {d} ({d:?}); the engine's placement: {placement:?}"
@@ -387,13 +374,12 @@ fn prefilters_never_rule_out_a_node_the_engine_admits() {
     let t = tally.into_inner();
     eprintln!(
         "{} cases (shrinking included): engine admits {}, filters pass {}, filters pass and the engine rejects {} \
-         ({:.1}% of passes), request accounting only {}",
+         ({:.1}% of passes)",
         t.cases,
         t.engine_admits,
         t.filter_passes,
         t.filter_passes_engine_rejects,
         100.0 * t.filter_passes_engine_rejects as f64 / t.filter_passes.max(1) as f64,
-        t.request_accounting,
     );
     if let Err(e) = result {
         panic!("{e}");

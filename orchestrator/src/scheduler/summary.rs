@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use specs::pod::TopologyPolicy;
 use specs::{Allocations, CpuPolicy, NodeSettings, NodeTopology, TopologyScope};
 
-use super::demand::{Demand, Request};
+use super::demand::Request;
 
 /// What one NUMA node has free.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,7 +76,6 @@ impl NodeSummary {
         topology: &NodeTopology,
         settings: &NodeSettings,
         allocations: &Allocations,
-        known: impl Fn(&str) -> Option<&'a Demand>,
         blind: impl Iterator<Item = &'a Request>,
     ) -> NodeSummary {
         let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
@@ -127,20 +126,16 @@ impl NodeSummary {
             }
         }
 
-        for (key, placement) in &allocations.pods {
-            let mut exclusive = 0u64;
-            let mut accounted_memory = 0u64;
+        for placement in allocations.pods.values() {
             for c in &placement.containers {
                 if c.cpu_policy == CpuPolicy::Exclusive {
                     for cpu in c.cpus.iter().filter(|c| !reserved.contains(*c)) {
-                        exclusive += 1;
                         if let Some(p) = topology.cpu(cpu).and_then(|c| numa_pos.get(&c.numa)) {
                             s.numa[*p].free_cpus = s.numa[*p].free_cpus.saturating_sub(1);
                         }
                     }
                 }
                 for (numa, bytes) in &c.memory {
-                    accounted_memory = accounted_memory.saturating_add(*bytes);
                     if let Some(p) = numa_pos.get(numa) {
                         s.numa[*p].free_memory = s.numa[*p].free_memory.saturating_sub(*bytes);
                     }
@@ -163,12 +158,10 @@ impl NodeSummary {
                     }
                 }
             }
-            let (millis, memory) = match known(key) {
-                Some(d) => (d.total.cpu_millis.max(exclusive * 1000), d.total.memory.max(accounted_memory)),
-                None => (exclusive * 1000, accounted_memory),
-            };
-            s.cpu_millis_used = s.cpu_millis_used.saturating_add(millis);
-            s.memory_used = s.memory_used.saturating_add(memory);
+            // The engine's own count (its allocatable check), so the two agree.
+            let counted = placement.counted(&reserved);
+            s.cpu_millis_used = s.cpu_millis_used.saturating_add(counted.cpu_millis);
+            s.memory_used = s.memory_used.saturating_add(counted.memory);
         }
         s.free_cpus = s.numa.iter().map(|n| n.free_cpus).sum();
 

@@ -414,7 +414,7 @@ fn rich_node(held: CpuSet) -> NodeInfo {
 fn summary_filters_rule_out_what_cannot_fit() {
     let check = |held: CpuSet, pod: Pod, expected: Result<(), &str>| {
         let n = rich_node(held);
-        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, std::iter::empty());
         let d = Demand::of(&pod);
         let got = filter::totals(&s, &d).and_then(|()| filter::numa(&s, &d, &n.settings)).map_err(|e| e.to_string());
         assert_eq!(got, expected.map_err(str::to_string), "{:?}", d.total);
@@ -466,7 +466,7 @@ fn summary_filters_rule_out_what_cannot_fit() {
 #[test]
 fn container_scope_aligns_each_container_alone() {
     let n = node("x", &[8, 8]);
-    let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+    let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, std::iter::empty());
     let mut p = pod("p", 6, 1, Some(TopologyPolicy::SingleNumaNode));
     let mut second = p.spec.containers[0].clone();
     second.name = "second".into();
@@ -510,7 +510,7 @@ fn a_binding_the_node_no_longer_holds_is_scheduled_afresh() {
 #[test]
 fn restricted_counts_the_width_every_resource_needs() {
     let check = |n: NodeInfo, pod: Pod, expected: Result<(), &str>| {
-        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, |_| None, std::iter::empty());
+        let s = NodeSummary::compute(&n.topology, &n.settings, &n.allocations, std::iter::empty());
         let d = Demand::of(&pod);
         let got = filter::totals(&s, &d).and_then(|()| filter::numa(&s, &d, &n.settings)).map_err(|e| e.to_string());
         assert_eq!(got, expected.map_err(str::to_string), "{:?}", d.total);

@@ -536,27 +536,7 @@ fn fits_allocatable(
     allocations: &Allocations,
     pod: &Pod,
 ) -> Result<Requested, Rejection> {
-    let mut want = Requested::default();
-    for c in &pod.spec.containers {
-        let millis = c.resources.request(RESOURCE_CPU).map_or(0, |q| q.millis_ceil().max(0));
-        let bytes = c.resources.request(RESOURCE_MEMORY).map_or(0, |q| q.units_ceil().max(0));
-        want.cpu_millis = want.cpu_millis.saturating_add(u64::try_from(millis).unwrap_or(u64::MAX));
-        want.memory = want.memory.saturating_add(u64::try_from(bytes).unwrap_or(u64::MAX));
-        let names: std::collections::BTreeSet<&String> =
-            c.resources.requests.keys().chain(c.resources.limits.keys()).collect();
-        for name in names {
-            // Sizes and whole pages were checked by `requests`.
-            let Some(size) = name.strip_prefix(HUGEPAGES_PREFIX).and_then(|s| Quantity::parse(s).ok()) else {
-                continue;
-            };
-            let Some(q) = c.resources.request(name) else { continue };
-            let size = u64::try_from(size.units_ceil()).unwrap_or(u64::MAX);
-            let bytes = u64::try_from(q.units_ceil().max(0)).unwrap_or(u64::MAX);
-            let e = want.hugepages.entry(size).or_insert(0);
-            *e = e.saturating_add(bytes);
-        }
-    }
-    want.hugepages.retain(|_, b| *b > 0);
+    let want = Requested::of(pod);
     let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
     let offered = allocatable(topology, settings);
     let (cpu_capacity, memory_capacity) = (offered.cpu_millis, offered.memory);

@@ -54,7 +54,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::idset::{CpuSet, NumaSet};
-use crate::pod::{CpuPolicy, TopologyPolicy, TopologyScope};
+use crate::pod::{CpuPolicy, Pod, TopologyPolicy, TopologyScope, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY};
+use crate::quantity::Quantity;
 use crate::status::{ContainerPlacementSummary, PlacementSummary};
 use crate::topology::NodeTopology;
 
@@ -134,6 +135,66 @@ impl Requested {
     pub fn is_zero(&self) -> bool {
         self.cpu_millis == 0 && self.memory == 0 && self.hugepages.is_empty()
     }
+
+    /// A pod's requests summed over its containers (a request defaults to its
+    /// limit, as `ResourceRequirements::request` says).
+    pub fn of(pod: &Pod) -> Requested {
+        let clamp = |v: i128| u64::try_from(v.max(0)).unwrap_or(u64::MAX);
+        let mut r = Requested::default();
+        for c in &pod.spec.containers {
+            let res = &c.resources;
+            r.cpu_millis = r.cpu_millis.saturating_add(res.request(RESOURCE_CPU).map_or(0, |q| clamp(q.millis_ceil())));
+            r.memory = r.memory.saturating_add(res.request(RESOURCE_MEMORY).map_or(0, |q| clamp(q.units_ceil())));
+            let names: std::collections::BTreeSet<&String> = res.requests.keys().chain(res.limits.keys()).collect();
+            for name in names {
+                let size = name.strip_prefix(HUGEPAGES_PREFIX).and_then(|s| Quantity::parse(s).ok());
+                if let (Some(size), Some(q)) = (size, res.request(name)) {
+                    let e = r.hugepages.entry(clamp(size.units_ceil())).or_insert(0);
+                    *e = e.saturating_add(clamp(q.units_ceil()));
+                }
+            }
+        }
+        r.hugepages.retain(|_, b| *b > 0);
+        r
+    }
+
+    pub fn add(&mut self, other: &Requested) {
+        self.cpu_millis = self.cpu_millis.saturating_add(other.cpu_millis);
+        self.memory = self.memory.saturating_add(other.memory);
+        for (size, bytes) in &other.hugepages {
+            let e = self.hugepages.entry(*size).or_insert(0);
+            *e = e.saturating_add(*bytes);
+        }
+    }
+}
+
+impl Placement {
+    /// What this pod counts for in node totals: its recorded requests, and at
+    /// least what it holds (exclusive CPUs outside `reserved`, accounted memory
+    /// and huge pages), which is all a placement from before requests were
+    /// recorded has.
+    pub fn counted(&self, reserved: &CpuSet) -> Requested {
+        let mut held = Requested::default();
+        for c in &self.containers {
+            if c.cpu_policy == CpuPolicy::Exclusive {
+                held.cpu_millis += c.cpus.difference(reserved).len() as u64 * 1000;
+            }
+            held.memory = c.memory.values().fold(held.memory, |a, b| a.saturating_add(*b));
+            for (size, per_node) in &c.hugepages {
+                let pages = per_node.values().fold(0u64, |a, b| a.saturating_add(*b));
+                let e = held.hugepages.entry(*size).or_insert(0);
+                *e = e.saturating_add(pages.saturating_mul(*size));
+            }
+        }
+        let r = &self.requested;
+        held.cpu_millis = held.cpu_millis.max(r.cpu_millis);
+        held.memory = held.memory.max(r.memory);
+        for (size, bytes) in &r.hugepages {
+            let e = held.hugepages.entry(*size).or_insert(0);
+            *e = (*e).max(*bytes);
+        }
+        held
+    }
 }
 
 /// What a node offers pods, in totals: its CPUs less the reserved ones, all
@@ -204,37 +265,11 @@ pub enum RejectReason {
 pub use self::decide::admit;
 
 impl Allocations {
-    /// What the pods here requested, in node totals. A placement from before
-    /// requests were recorded counts what it holds (exclusive CPUs outside
-    /// `reserved`, accounted memory and huge pages).
+    /// What the pods here requested, in node totals (see [`Placement::counted`]).
     pub fn requested(&self, reserved: &CpuSet) -> Requested {
         let mut used = Requested::default();
         for p in self.pods.values() {
-            let exclusive = p
-                .containers
-                .iter()
-                .filter(|c| c.cpu_policy == CpuPolicy::Exclusive)
-                .map(|c| c.cpus.difference(reserved).len() as u64)
-                .sum::<u64>();
-            let accounted = p.containers.iter().flat_map(|c| c.memory.values()).fold(0u64, |a, b| a.saturating_add(*b));
-            used.cpu_millis = used.cpu_millis.saturating_add(p.requested.cpu_millis.max(exclusive * 1000));
-            used.memory = used.memory.saturating_add(p.requested.memory.max(accounted));
-            let mut pages: BTreeMap<u64, u64> = BTreeMap::new();
-            for c in &p.containers {
-                for (size, per_node) in &c.hugepages {
-                    let n: u64 = per_node.values().sum();
-                    let e = pages.entry(*size).or_insert(0);
-                    *e = e.saturating_add(n.saturating_mul(*size));
-                }
-            }
-            for (size, bytes) in &p.requested.hugepages {
-                let e = pages.entry(*size).or_insert(0);
-                *e = (*e).max(*bytes);
-            }
-            for (size, bytes) in pages {
-                let e = used.hugepages.entry(size).or_insert(0);
-                *e = e.saturating_add(bytes);
-            }
+            used.add(&p.counted(reserved));
         }
         used
     }
