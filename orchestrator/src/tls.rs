@@ -360,7 +360,7 @@ impl Pki {
 pub fn random_token() -> Result<String, TlsError> {
     let mut buf = [0u8; 32];
     provider().secure_random.fill(&mut buf).map_err(|e| TlsError::Random(format!("{e:?}")))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&buf))
 }
 
 /// The SHA-256 of a CA certificate's DER bytes: what a join token pins.

@@ -41,29 +41,34 @@ pub struct Args {
 
 /// Columns padded to the widest cell, three spaces apart.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    let widths = widths(headers.iter().map(|h| h.len()).collect(), rows);
+    let mut out = line(&widths, headers);
     for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(c.chars().count());
-            }
+        out.push_str(&line(&widths, r));
+    }
+    out
+}
+
+/// `start` widened to the widest cell of each column.
+fn widths(mut start: Vec<usize>, rows: &[Vec<String>]) -> Vec<usize> {
+    for r in rows {
+        for (w, c) in start.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
         }
     }
+    start
+}
+
+/// One row, each cell but the last padded to its column's width plus three.
+fn line(widths: &[usize], cells: &[impl AsRef<str>]) -> String {
     let mut out = String::new();
-    let line = |cells: Vec<&str>, out: &mut String| {
-        let n = cells.len();
-        for (i, c) in cells.into_iter().enumerate() {
-            out.push_str(c);
-            if i + 1 < n {
-                out.push_str(&" ".repeat(widths[i] - c.chars().count() + 3));
-            }
+    for (i, c) in cells.iter().map(AsRef::as_ref).enumerate() {
+        out.push_str(c);
+        if i + 1 < cells.len() {
+            out.push_str(&" ".repeat(widths.get(i).copied().unwrap_or(0).saturating_sub(c.chars().count()) + 3));
         }
-        out.push('\n');
-    };
-    line(headers.to_vec(), &mut out);
-    for r in rows {
-        line(r.iter().map(String::as_str).collect(), &mut out);
     }
+    out.push('\n');
     out
 }
 
@@ -221,26 +226,10 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
     let rows: Vec<Vec<String>> = list.items.iter().filter(|p| keep(p)).map(|p| pod_row(p, wide)).collect();
     // Later rows keep these columns, widened a little for names yet to come.
     const MIN: [usize; 8] = [16, 9, 12, 4, 4, 8, 8, 6];
-    let mut widths: Vec<usize> = headers.iter().zip(MIN).map(|(h, m)| h.len().max(m)).collect();
+    let widths = widths(headers.iter().zip(MIN).map(|(h, m)| h.len().max(m)).collect(), &rows);
+    print!("{}", line(&widths, &headers));
     for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let n = cells.len();
-        let mut out = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            out.push_str(c);
-            if i + 1 < n {
-                out.push_str(&" ".repeat(widths[i].saturating_sub(c.chars().count()) + 3));
-            }
-        }
-        println!("{out}");
-    };
-    line(&headers.iter().map(|h| h.to_string()).collect::<Vec<_>>());
-    for r in &rows {
-        line(r);
+        print!("{}", line(&widths, r));
     }
     let mut watch = client.watch_pods(None, args.selector.as_deref(), Some(list.resource_version)).await?;
     while let Some((ty, pod)) = watch.next().await? {
@@ -251,7 +240,7 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
         if ty == specs::api::WatchEventType::Deleted {
             row[1] = "Deleted".into();
         }
-        line(&row);
+        print!("{}", line(&widths, &row));
     }
     Ok(ExitCode::SUCCESS)
 }

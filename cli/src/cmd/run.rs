@@ -165,54 +165,37 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             None => std::future::pending().await,
         }
     };
-    let outcome = tokio::select! {
-        r = follow(&client, &created) => r,
-        _ = term.recv() => Err(Interrupted.into()),
-        _ = int.recv() => Err(Interrupted.into()),
-        _ = limit => Err(TimedOut.into()),
+    let ended = tokio::select! {
+        r = follow(&client, &created) => Ended::Done(r),
+        _ = term.recv() => Ended::Interrupted,
+        _ = int.recv() => Ended::Interrupted,
+        _ = limit => Ended::TimedOut,
     };
-    let interrupted = matches!(&outcome, Err(e) if e.is::<Interrupted>());
-    let timed_out = matches!(&outcome, Err(e) if e.is::<TimedOut>());
-    if interrupted || timed_out || args.rm {
+    if args.rm || !matches!(ended, Ended::Done(_)) {
         if let Err(e) = client.delete_pod(&args.name).await {
             eprintln!("pinion: could not delete pod {}: {e}", args.name);
         }
     }
-    match outcome {
-        Ok(code) => Ok(ExitCode::from(code)),
-        Err(_) if interrupted => {
+    match ended {
+        Ended::Done(r) => r.map(ExitCode::from),
+        Ended::Interrupted => {
             eprintln!("pinion: interrupted; pod {} deleted", args.name);
             Ok(ExitCode::from(130))
         }
-        Err(_) if timed_out => {
+        Ended::TimedOut => {
             eprintln!("pinion: no result within {}s; pod {} deleted", args.timeout.unwrap_or(0), args.name);
             Ok(ExitCode::from(124))
         }
-        Err(e) => Err(e),
     }
 }
 
-#[derive(Debug)]
-struct Interrupted;
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("interrupted")
-    }
+/// How `run` stopped following: the command's exit code (or an error), a
+/// signal, or `--timeout`; the last two delete the pod.
+enum Ended {
+    Done(anyhow::Result<u8>),
+    Interrupted,
+    TimedOut,
 }
-
-impl std::error::Error for Interrupted {}
-
-#[derive(Debug)]
-struct TimedOut;
-
-impl std::fmt::Display for TimedOut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("timed out")
-    }
-}
-
-impl std::error::Error for TimedOut {}
 
 /// Waits for the pod to start, copies its output, and returns the command's
 /// exit code (as a process exit status byte).
