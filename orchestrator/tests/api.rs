@@ -45,6 +45,15 @@ impl TestServer {
         self.task.await.expect("join").expect("server run");
     }
 
+    /// A node that joined and registered `numa` NUMA nodes of `cpus` CPUs.
+    async fn registered_node(&self, dir: &Path, name: &str, numa: u32, cpus: u32) -> Client {
+        let n = self.node_client(dir, name).await;
+        n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object(name, numa, cpus))))
+            .await
+            .expect("register");
+        n
+    }
+
     async fn node_client(&self, dir: &Path, name: &str) -> Client {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
         let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
@@ -305,10 +314,7 @@ async fn bad_input_lists_every_problem_and_stores_nothing() {
 async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_ready() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), Duration::from_millis(300)).await;
-    let n = s.node_client(dir.path(), "small").await;
-    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("small", 1, 2))))
-        .await
-        .expect("register");
+    let n = s.registered_node(dir.path(), "small", 1, 2).await;
     let huge = "  topology: {policy: single-numa-node}\n";
     let body = format!(
         "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: huge}}\nspec:\n{huge}  containers:\n  - name: c\n    rootfs: host\n    resources: {{requests: {{cpu: \"64\", memory: 1Gi}}, limits: {{cpu: \"64\", memory: 1Gi}}}}\n"
@@ -349,10 +355,7 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
 async fn a_binding_reaches_the_nodes_watch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
-    let n = s.node_client(dir.path(), "n1").await;
-    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("n1", 2, 4))))
-        .await
-        .expect("register");
+    let n = s.registered_node(dir.path(), "n1", 2, 4).await;
     let mut w = n.watch_pods(None, None, None).await.expect("watch");
     s.admin.create_pod(manifest("web", "")).await.expect("create");
     let (ty, pod) =
@@ -372,10 +375,7 @@ async fn a_binding_reaches_the_nodes_watch() {
 async fn concurrent_creates_never_overcommit_a_node() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
-    let n = s.node_client(dir.path(), "n1").await;
-    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("n1", 2, 4))))
-        .await
-        .expect("register");
+    let _n = s.registered_node(dir.path(), "n1", 2, 4).await;
     let guaranteed =
         "  containers:\n  - name: main\n    image: busybox:latest\n    resources: {limits: {cpu: '1', memory: 64Mi}}\n";
     let mut tasks = Vec::new();
@@ -425,11 +425,8 @@ async fn concurrent_creates_never_overcommit_a_node() {
 async fn reports_update_pods_and_rejections_requeue_with_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
-    let n = s.node_client(dir.path(), "edge").await;
+    let n = s.registered_node(dir.path(), "edge", 2, 4).await;
     let other = s.node_client(dir.path(), "other").await;
-    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object("edge", 2, 4))))
-        .await
-        .expect("register");
     s.admin.create_pod(manifest("run", "  nodeName: edge\n")).await.expect("create");
     s.admin.create_pod(manifest("refused", "  nodeName: edge\n")).await.expect("create");
 

@@ -1,6 +1,6 @@
 //! Property test of manifest decoding: a valid pod with random fields replaced
 //! by junk (wrong types, unknown keys, bad quantities, deep nesting) is never
-//! accepted when serde refuses it, never panics, and every problem names a field.
+//! accepted when serde refuses it, never panics, and each problem has a message.
 
 use proptest::prelude::*;
 use serde_yaml_ng::Value;
