@@ -118,16 +118,27 @@ fn failed(tool: &str, id: &str, child: &mut Child, why: &str) -> anyhow::Error {
     anyhow::anyhow!("{tool} run {id}: {why}: {}", err.trim())
 }
 
+/// Spawns the run and blocks until its first output byte (or end of output):
+/// the child, the rest of its stdout, and how many bytes the first read got.
+fn spawn_until_first_byte(
+    tool: &str,
+    bundle: &Path,
+    id: &str,
+) -> anyhow::Result<(Child, std::process::ChildStdout, usize)> {
+    let mut child = spawn_run(tool, bundle, id)?;
+    let mut out = child.stdout.take().context("stdout")?;
+    let mut byte = [0u8; 1];
+    let n = out.read(&mut byte)?;
+    Ok((child, out, n))
+}
+
 /// `TOOL run --bundle BUNDLE ID` in the foreground with stdout a pipe (the
 /// container writes straight into it): the blocking read of the first byte
 /// returns as soon as the container writes. The bundle's process must exit by
 /// itself; its whole output is read.
 pub fn run_to_exit(tool: &str, bundle: &Path, id: &str) -> anyhow::Result<Timed> {
     let t0 = Instant::now();
-    let mut child = spawn_run(tool, bundle, id)?;
-    let mut out = child.stdout.take().context("stdout")?;
-    let mut byte = [0u8; 1];
-    let n = out.read(&mut byte)?;
+    let (mut child, mut out, n) = spawn_until_first_byte(tool, bundle, id)?;
     let first_byte = t0.elapsed();
     let mut rest = Vec::new();
     out.read_to_end(&mut rest)?;
@@ -145,10 +156,7 @@ pub fn run_to_exit(tool: &str, bundle: &Path, id: &str) -> anyhow::Result<Timed>
 /// the run, which deletes the container as it exits, is waited for.
 pub fn run_first_byte_then_kill(tool: &str, bundle: &Path, id: &str) -> anyhow::Result<Duration> {
     let t0 = Instant::now();
-    let mut child = spawn_run(tool, bundle, id)?;
-    let mut out = child.stdout.take().context("stdout")?;
-    let mut byte = [0u8; 1];
-    let n = out.read(&mut byte)?;
+    let (mut child, out, n) = spawn_until_first_byte(tool, bundle, id)?;
     let first_byte = t0.elapsed();
     drop(out);
     if n == 0 {
