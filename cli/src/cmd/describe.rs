@@ -126,7 +126,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             // The engine's allocatable check, in numbers: what a new pod's requests must fit in.
             let offered = specs::engine::allocatable(t, s);
             let used = n.status.allocations.requested(&t.reserved_cpus.union(&s.reserved_cpus));
-            let cpu = |m: u64| if m.is_multiple_of(1000) { format!("{}", m / 1000) } else { format!("{m}m") };
+            let cpu = |m: u64| specs::Quantity::from_millis(i64::try_from(m).unwrap_or(i64::MAX)).as_str().to_string();
             let mut line = format!(
                 "Requested:   cpu {} of {} allocatable, memory {}Mi of {}Mi",
                 cpu(used.cpu_millis),

@@ -541,7 +541,7 @@ fn fits_allocatable(
     let offered = allocatable(topology, settings);
     let (cpu_capacity, memory_capacity) = (offered.cpu_millis, offered.memory);
     let used = allocations.requested(&reserved);
-    let cpus = |m: u64| if m.is_multiple_of(1000) { format!("{}", m / 1000) } else { format!("{m}m") };
+    let cpus = |m: u64| Quantity::from_millis(i64::try_from(m).unwrap_or(i64::MAX)).as_str().to_string();
     if want.cpu_millis > 0 && used.cpu_millis.saturating_add(want.cpu_millis) > cpu_capacity {
         return Err(reject(
             RejectReason::InsufficientCpu,
