@@ -64,7 +64,26 @@ pub struct PodSpec {
     /// Seconds between SIGTERM and SIGKILL on deletion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_grace_period_seconds: Option<u64>,
+    /// Run a minimal init as each container's PID 1 (forwards signals, reaps
+    /// children), as `docker run --init`: a command that ignores SIGTERM as
+    /// PID 1 (`sleep`, a shell) then still stops at once. `pinion run` sets it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub init: bool,
+    /// Seconds a finished (Succeeded or Failed) pod is kept, with its status and
+    /// events, before the server removes it; the server's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
 }
+
+/// Label on every task pod of a job array (`pinion run --array`): the array's name.
+pub const ARRAY_LABEL: &str = "pinion.io/array";
+/// Annotation: the array task's index (also `PINION_ARRAY_TASK_ID` in its environment).
+pub const ARRAY_TASK_ANNOTATION: &str = "pinion.io/array-task";
+/// Annotation: at most this many unfinished task pods of the array are bound at once (`%N`).
+pub const ARRAY_PARALLELISM_ANNOTATION: &str = "pinion.io/array-parallelism";
+/// Annotation `"true"`: accept a pod no current node could ever run, and wait for
+/// nodes to join (by default such a pod is refused at submission).
+pub const WAIT_FOR_NODES_ANNOTATION: &str = "pinion.io/wait-for-nodes";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -139,6 +139,8 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             host_network: false,
             node_name: None,
             termination_grace_period_seconds: args.grace,
+            init: true,
+            ttl_seconds_after_finished: None,
         },
         status: None,
     })
