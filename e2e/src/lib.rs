@@ -9,4 +9,5 @@ pub mod peers;
 pub mod qemu;
 pub mod relay;
 pub mod scenario;
+pub mod slurm;
 pub mod stats;

@@ -32,6 +32,7 @@
 //! - delete: [p20]
 //! - repeat: {times: 50, steps: [...]}
 //! - expectAttempts: {totalAtLeast: 60, totalAtMost: 150}  # over pods seen Running
+//! - expectQueue: {pods: [q1, q2, q3], jobSeconds: 1, maxGapSeconds: 0.4}
 //! - killServer / restartServer / killNode: b / restartNode: b / cutNode: b / restoreNode: b / startNode: b
 //! ```
 
@@ -133,6 +134,16 @@ pub enum Step {
     StartNode(String),
     CutNode(String),
     RestoreNode(String),
+    /// A queue drains as an event-driven system drains it: `pods` (already
+    /// applied, in submission order, each running about `jobSeconds` and
+    /// needing the capacity the previous one frees) are first seen running in
+    /// that order, each within `maxGapSeconds` of the previous one's end. A
+    /// polling interval or a backoff on the path breaks the bound.
+    ExpectQueue {
+        pods: Vec<String>,
+        job_seconds: f64,
+        max_gap_seconds: f64,
+    },
 }
 
 /// What must hold about one pod (`pod:`) or one node (`node:` without `pod:`).
@@ -633,12 +644,74 @@ impl Cluster {
                     self.node_mut(n)?.proc = None;
                     self.start_node(n).with_context(|| format!("{here}: starting node {n}"))?;
                 }
+                Step::ExpectQueue { pods, job_seconds, max_gap_seconds } => {
+                    if let Err(why) = self.expect_queue(pods, *job_seconds, *max_gap_seconds) {
+                        failures.push(format!("{here}: queue {}: {why}", pods.join(",")));
+                    }
+                }
                 Step::CutNode(n) => self.node_mut(n)?.relay.set_cut(true),
                 Step::RestoreNode(n) => self.node_mut(n)?.relay.set_cut(false),
             }
             if !failures.is_empty() {
                 // Later steps build on this one; their failures would only echo it.
                 return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Watches the pods (the observer polls every 20 ms; the system under test
+    /// may not) until all succeeded; see [`Step::ExpectQueue`].
+    fn expect_queue(&mut self, pods: &[String], job_seconds: f64, max_gap: f64) -> Result<(), String> {
+        let start = Instant::now();
+        let limit = Duration::from_secs_f64(pods.len() as f64 * (job_seconds + max_gap) + 30.0);
+        let mut first_seen: BTreeMap<String, f64> = BTreeMap::new();
+        let mut done: BTreeMap<String, bool> = BTreeMap::new();
+        while done.len() < pods.len() {
+            if start.elapsed() > limit {
+                return Err(format!("not all Succeeded after {limit:?}: seen running {first_seen:?}, ended {done:?}"));
+            }
+            let out = Command::new(&self.pinion)
+                .args(["get", "pods", "-o", "json", "--config"])
+                .arg(self.config())
+                .output()
+                .map_err(|e| e.to_string())?;
+            let at = start.elapsed().as_secs_f64();
+            let list: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("get pods -o json: {e}"))?;
+            for item in list["items"].as_array().into_iter().flatten() {
+                let name = item["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                if !pods.contains(&name) {
+                    continue;
+                }
+                let phase = item["status"]["phase"].as_str().unwrap_or_default();
+                if matches!(phase, "Running" | "Succeeded" | "Failed") {
+                    first_seen.entry(name.clone()).or_insert(at);
+                }
+                match phase {
+                    "Succeeded" => {
+                        done.insert(name, true);
+                    }
+                    "Failed" => return Err(format!("{name} Failed: {}", item["status"])),
+                    _ => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut order: Vec<(&String, f64)> = first_seen.iter().map(|(k, v)| (k, *v)).collect();
+        order.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let seen: Vec<&str> = order.iter().map(|(k, _)| k.as_str()).collect();
+        if seen != pods.iter().map(String::as_str).collect::<Vec<_>>() {
+            return Err(format!("started in the order {seen:?}, not the submission order"));
+        }
+        for pair in order.windows(2) {
+            let gap = pair[1].1 - pair[0].1 - job_seconds;
+            if gap > max_gap {
+                return Err(format!(
+                    "{} started {:.2} s after {} started: {gap:.2} s after its end, more than {max_gap} s (first seen running: {order:?})",
+                    pair[1].0,
+                    pair[1].1 - pair[0].1,
+                    pair[0].0
+                ));
             }
         }
         Ok(())

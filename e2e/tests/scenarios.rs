@@ -70,4 +70,5 @@ scenarios! {
     s8_restarts => "8-restarts",
     s8_restarts_real => "8-restarts-real",
     s9_allocatable => "9-allocatable",
+    s10_job_queue => "10-job-queue",
 }
