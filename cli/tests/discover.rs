@@ -4,14 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `PINION_SHARED`, else `shared/` beside the repository, else `/work/shared`.
-fn fixtures_dir() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("PINION_SHARED").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")),
-        Some(PathBuf::from("/work/shared")),
-    ];
-    candidates.into_iter().flatten().map(|p| p.join("fixtures/sysfs")).find(|p| p.is_dir())
+/// The real machines' sysfs trees kept in the repository (`e2e/fixtures/sysfs`).
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
 }
 
 fn pinion(args: &[&str]) -> std::process::Output {
@@ -20,12 +15,8 @@ fn pinion(args: &[&str]) -> std::process::Output {
 
 /// Extracts a fixture with the system `tar` (the CLI crate keeps its dev-dependencies
 /// small; the nodelet's fixture tests unpack in-process).
-fn extract(name: &str) -> Option<tempfile::TempDir> {
-    let Some(dir) = fixtures_dir() else {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "sysfs fixtures not found and CI=true");
-        eprintln!("skipping: sysfs fixtures not found; set PINION_SHARED");
-        return None;
-    };
+fn extract(name: &str) -> tempfile::TempDir {
+    let dir = fixtures_dir();
     let tmp = tempfile::tempdir().expect("temp dir");
     let status = Command::new("tar")
         .arg("xzf")
@@ -35,12 +26,12 @@ fn extract(name: &str) -> Option<tempfile::TempDir> {
         .status()
         .expect("run tar");
     assert!(status.success(), "tar xzf {name}.tar.gz failed");
-    Some(tmp)
+    tmp
 }
 
 #[test]
 fn discover_json_on_the_intel_fixture() {
-    let Some(root) = extract("32intel64-2p8co2t+8ve") else { return };
+    let root = extract("32intel64-2p8co2t+8ve");
     let root = root.path().to_str().expect("utf-8 temp path");
     let out = pinion(&["discover", "--sysfs-root", root, "-o", "json"]);
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));

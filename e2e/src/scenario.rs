@@ -83,7 +83,7 @@ pub struct ServerDef {
 pub struct NodeDef {
     pub name: String,
     pub synthetic: Option<String>,
-    /// A fixture under `../shared/fixtures/sysfs/` (the name without `.tar.gz`).
+    /// A fixture under `e2e/fixtures/sysfs/` (the name without `.tar.gz`).
     pub sysfs: Option<String>,
     /// This host's own /sys.
     #[serde(default)]
@@ -335,7 +335,8 @@ struct Cluster {
     pinion: PathBuf,
     dir: PathBuf,
     out: PathBuf,
-    shared: PathBuf,
+    /// The folder of sysfs fixture tarballs.
+    fixtures: PathBuf,
     server_def_flags: Vec<String>,
     server: Option<Proc>,
     server_addr: SocketAddr,
@@ -348,7 +349,7 @@ struct Cluster {
 
 /// Runs the scenario at `path` with the `pinion` binary; `out_dir` is emptied
 /// first and keeps every process's output and the CLI transcript.
-pub fn run(path: &Path, pinion: &Path, shared: &Path, out_dir: &Path) -> anyhow::Result<Outcome> {
+pub fn run(path: &Path, pinion: &Path, fixtures: &Path, out_dir: &Path) -> anyhow::Result<Outcome> {
     let scenario = load(path)?;
     let mut outcome = Outcome { out_dir: out_dir.to_path_buf(), ..Outcome::default() };
     for r in &scenario.requires {
@@ -368,7 +369,7 @@ pub fn run(path: &Path, pinion: &Path, shared: &Path, out_dir: &Path) -> anyhow:
     let _ = std::fs::remove_dir_all(out_dir);
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let tmp = tempfile::Builder::new().prefix("pinion-scenario-").tempdir()?;
-    let mut cluster = Cluster::start(&scenario, pinion, shared, tmp.path(), out_dir)?;
+    let mut cluster = Cluster::start(&scenario, pinion, fixtures, tmp.path(), out_dir)?;
     let mut failures = Vec::new();
     cluster.steps(&scenario.steps, "", &mut failures, &mut outcome.attempts)?;
     cluster.stop_cleanly();
@@ -392,7 +393,7 @@ fn wait_line(path: &Path, prefix: &str, timeout: Duration) -> anyhow::Result<Str
 }
 
 impl Cluster {
-    fn start(s: &Scenario, pinion: &Path, shared: &Path, dir: &Path, out: &Path) -> anyhow::Result<Cluster> {
+    fn start(s: &Scenario, pinion: &Path, fixtures: &Path, dir: &Path, out: &Path) -> anyhow::Result<Cluster> {
         let mut flags = Vec::new();
         if s.server.topology_blind {
             flags.push("--topology-blind".to_string());
@@ -408,7 +409,7 @@ impl Cluster {
             pinion: pinion.to_path_buf(),
             dir: dir.to_path_buf(),
             out: out.to_path_buf(),
-            shared: shared.to_path_buf(),
+            fixtures: fixtures.to_path_buf(),
             server_def_flags: flags,
             server: None,
             server_addr: "127.0.0.1:0".parse()?,
@@ -524,7 +525,7 @@ impl Cluster {
     fn fixture(&self, name: &str) -> anyhow::Result<PathBuf> {
         let root = self.dir.join("fixtures").join(name);
         if !root.exists() {
-            let tarball = self.shared.join("fixtures/sysfs").join(format!("{name}.tar.gz"));
+            let tarball = self.fixtures.join(format!("{name}.tar.gz"));
             std::fs::create_dir_all(&root)?;
             let ok = Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(&root).status()?.success();
             if !ok {

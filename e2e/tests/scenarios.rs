@@ -9,15 +9,9 @@ use std::sync::Mutex;
 /// Real-container scenarios share this host's CPU 1: one at a time.
 static HOST: Mutex<()> = Mutex::new(());
 
-fn shared() -> PathBuf {
-    if let Some(p) = std::env::var_os("PINION_SHARED") {
-        return PathBuf::from(p);
-    }
-    let beside = e2e::binary::repo_root().join("../shared");
-    if beside.exists() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
+/// The real machines' sysfs trees kept in the repository.
+fn fixtures() -> PathBuf {
+    e2e::binary::repo_root().join("e2e/fixtures/sysfs")
 }
 
 fn scenario(name: &str) {
@@ -26,7 +20,7 @@ fn scenario(name: &str) {
     let _host = real.then(|| HOST.lock().unwrap_or_else(|e| e.into_inner()));
     let pinion = e2e::binary::pinion().unwrap_or_else(|e| panic!("{e:#}"));
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("scenarios").join(name);
-    let outcome = e2e::scenario::run(&path, &pinion, &shared(), &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let outcome = e2e::scenario::run(&path, &pinion, &fixtures(), &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     if let Some(why) = &outcome.skipped {
         eprintln!("skipping scenario {name}: {why}");
         return;

@@ -32,21 +32,14 @@ fn two_by_ten() -> NodeTopology {
     }
 }
 
-/// `$PINION_SHARED`, else `<repo>/../shared`, else `/work/shared`.
-fn shared_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("PINION_SHARED") {
-        return PathBuf::from(p);
-    }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    if beside.is_dir() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
+/// The real machines' sysfs trees kept in the repository (`e2e/fixtures/sysfs`).
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
 }
 
 /// Extracts a sysfs fixture and discovers its topology.
 fn fixture(name: &str, into: &Path) -> NodeTopology {
-    let tarball = shared_dir().join("fixtures/sysfs").join(format!("{name}.tar.gz"));
+    let tarball = fixtures_dir().join(format!("{name}.tar.gz"));
     assert!(tarball.is_file(), "fixture {} missing", tarball.display());
     let status = std::process::Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(into).status().unwrap();
     assert!(status.success(), "tar xzf {}", tarball.display());

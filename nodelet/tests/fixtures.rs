@@ -15,14 +15,9 @@ use specs::NodeTopology;
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 
-/// `PINION_SHARED`, else `shared/` beside the repository, else `/work/shared`.
-fn fixtures_dir() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("PINION_SHARED").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")),
-        Some(PathBuf::from("/work/shared")),
-    ];
-    candidates.into_iter().flatten().map(|p| p.join("fixtures/sysfs")).find(|p| p.is_dir())
+/// The real machines' sysfs trees kept in the repository (`e2e/fixtures/sysfs`).
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
 }
 
 fn unpack(tarball: &Path, into: &Path) {
@@ -283,14 +278,7 @@ fn check(root: &Path, e: &Expect) {
 
 #[test]
 fn every_fixture_matches_its_readme() {
-    let Some(dir) = fixtures_dir() else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "fixtures not found (PINION_SHARED, ../shared, /work/shared) and CI=true"
-        );
-        eprintln!("skipping: sysfs fixtures not found; set PINION_SHARED");
-        return;
-    };
+    let dir = fixtures_dir();
     let mut tarballs: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -314,7 +302,7 @@ fn every_fixture_matches_its_readme() {
 #[test]
 fn fixture_without_node_dir_has_no_pci_and_one_node() {
     // Guards the fallback separately so a failure names it.
-    let Some(dir) = fixtures_dir() else { return };
+    let dir = fixtures_dir();
     let tmp = tempfile::tempdir().expect("temp dir");
     unpack(&dir.join("2arm-2c.tar.gz"), tmp.path());
     assert!(!tmp.path().join("sys/devices/system/node").exists());
