@@ -154,10 +154,8 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
     Ok(result?)
 }
 
-fn stopped(mut rx: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> {
-    async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
 }
 
 struct Joined {

@@ -56,7 +56,7 @@ pub enum LinkError {
     )]
     NoPin,
     #[error("joining {server} as node {node}: {source}")]
-    Join { server: String, node: String, source: ClientError },
+    Join { server: String, node: String, source: Box<ClientError> },
     #[error("the server sent a CA that the join token does not pin")]
     WrongCa,
     #[error(transparent)]
@@ -121,7 +121,7 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
     let joined = client.join(token, &cfg.node_name).await.map_err(|source| LinkError::Join {
         server: cfg.server.clone(),
         node: cfg.node_name.clone(),
-        source,
+        source: Box::new(source),
     })?;
     if parsed.ca_pin.is_some_and(|p| ca_pin(&joined.ca_cert).ok() != Some(p)) {
         return Err(LinkError::WrongCa);

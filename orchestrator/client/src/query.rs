@@ -84,7 +84,7 @@ mod tests {
         for v in ["plain", "a b&c=d", "ünï/%+"] {
             let q = Query::parse(&format!("k={}&f", percent_encode(v))).expect("parse");
             assert_eq!(q.get("k"), Some(v));
-            assert_eq!(q.flag("f").expect("flag"), true);
+            assert!(q.flag("f").expect("flag"));
         }
         assert_eq!(Query::parse("k=%zz").err().map(|e| e.code), Some(400));
         assert!(Query::parse("f=maybe").expect("parse").flag("f").is_err());
