@@ -3,7 +3,7 @@
 //! calls (one after another, at once, and beside an open watch) cross a single
 //! TCP connection and a single TLS handshake. A counting relay in front of the
 //! server sees every connection. HTTP/1.1 still works for a client that asks
-//! only for it.
+//! only for it, and a new connection resumes the TLS session of the last.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -81,21 +81,14 @@ async fn one_client_reuses_one_connection_for_every_call() {
     task.await.expect("server task").expect("server");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_speaks_only_http1_is_served() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = Server::bind(ServerOptions::new(dir.path(), "127.0.0.1:0")).await.expect("bind");
-    let creds = Credentials::load(&server.admin_config).expect("admin config");
-    let addr = server.local_addr();
-    let (stop, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(server.run(rx));
-
-    let mut config = creds.client_config().expect("client config");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+/// One HTTP/1.1 connection with `config`: two requests on it, and the way
+/// its TLS handshake went.
+async fn http1_calls(addr: std::net::SocketAddr, config: Arc<rustls::ClientConfig>) -> rustls::HandshakeKind {
     let tcp = TcpStream::connect(addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("handshake");
+    let tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.expect("handshake");
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let kind = tls.get_ref().1.handshake_kind().expect("handshake done");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.expect("http1");
     tokio::spawn(conn);
     for _ in 0..2 {
@@ -108,6 +101,25 @@ async fn a_client_that_speaks_only_http1_is_served() {
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert!(body.starts_with(b"{"), "{body:?}");
     }
+    kind
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_is_served_and_a_second_connection_resumes_the_tls_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::bind(ServerOptions::new(dir.path(), "127.0.0.1:0")).await.expect("bind");
+    let creds = Credentials::load(&server.admin_config).expect("admin config");
+    let addr = server.local_addr();
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(server.run(rx));
+
+    // As `Client` does: every connection shares one configuration, and so its
+    // session cache.
+    let mut config = creds.client_config().expect("client config");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let config = Arc::new(config);
+    assert_eq!(http1_calls(addr, config.clone()).await, rustls::HandshakeKind::Full);
+    assert_eq!(http1_calls(addr, config).await, rustls::HandshakeKind::Resumed);
 
     let _ = stop.send(true);
     task.await.expect("server task").expect("server");
