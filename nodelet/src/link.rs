@@ -361,12 +361,14 @@ async fn reports_loop(
         let registration = *registered.borrow_and_update();
         if registration != acked.registration {
             // A new registration: the server may have missed anything, send it all.
-            acked = Acked { registration: 0, ..Acked::default() };
+            acked = Acked::default();
         }
         // The agent has not published yet when the report has no node name.
-        let outcome = match delta(&acked, &name, &report).filter(|_| !report.node_name.is_empty()) {
-            None => Ok(()),
-            Some(d) => push_report(&client, &name, d, &report, &rejected).await,
+        let outcome = if report.node_name.is_empty() {
+            Ok(())
+        } else {
+            let refusals = new_refusals(&report, &rejected);
+            push_report(&client, &name, delta(&acked, &name, &report), refusals, &rejected).await
         };
         match outcome {
             Ok(()) => {
@@ -405,15 +407,9 @@ async fn reports_loop(
     }
 }
 
-/// Sends one report, then the engine's refusals of bound pods (each once).
-async fn push_report(
-    client: &Client,
-    name: &str,
-    body: NodeStatusReport,
-    current: &NodeReport,
-    rejected: &Rejected,
-) -> Result<(), ClientError> {
-    // A bound pod the engine refused on this node's truth goes back to the queue.
+/// The engine's refusals of bound pods not reported yet (each (pod, message)
+/// once), marked as reported.
+fn new_refusals(current: &NodeReport, rejected: &Rejected) -> Vec<(String, PodRejection)> {
     let mut refusals = Vec::new();
     for (pod, status) in orchestrator_pods(current) {
         if status.phase == PodPhase::Pending {
@@ -424,25 +420,40 @@ async fn push_report(
             }
         }
     }
-    let body = serde_json::to_vec(&body).map_err(|e| ClientError::Decode(e.to_string()))?;
-    let path = format!("/api/v1/nodes/{}/status", percent_encode(name));
-    let sent = client.call::<NodeStatus>(Method::PUT, &path, Some(("application/json", Bytes::from(body)))).await;
-    if let Err(e) = sent {
-        for (pod, r) in refusals {
+    refusals
+}
+
+/// Sends the status report (when something changed), then the refusals: a
+/// bound pod the engine refused on this node's truth goes back to the queue.
+/// Refusals not delivered are unmarked, so the next attempt sends them.
+async fn push_report(
+    client: &Client,
+    name: &str,
+    report: Option<NodeStatusReport>,
+    refusals: Vec<(String, PodRejection)>,
+    rejected: &Rejected,
+) -> Result<(), ClientError> {
+    let mut refusals = refusals.into_iter();
+    let unmark = |rest: &mut dyn Iterator<Item = (String, PodRejection)>| {
+        for (pod, r) in rest {
             rejected.set().remove(&(pod, r.message));
         }
-        return Err(e);
+    };
+    if let Some(report) = report {
+        let body = serde_json::to_vec(&report).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = format!("/api/v1/nodes/{}/status", percent_encode(name));
+        let sent = client.call::<NodeStatus>(Method::PUT, &path, Some(("application/json", Bytes::from(body)))).await;
+        if let Err(e) = sent {
+            unmark(&mut refusals);
+            return Err(e);
+        }
     }
-    let mut refusals = refusals.into_iter();
     while let Some((pod, r)) = refusals.next() {
         let body = serde_json::to_vec(&r).map_err(|e| ClientError::Decode(e.to_string()))?;
         let path = format!("/api/v1/pods/{}/rejection", percent_encode(&pod));
         if let Err(e) = client.request(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await {
-            // This one and the ones not sent yet go with the next attempt.
             rejected.set().remove(&(pod, r.message));
-            for (pod, r) in refusals {
-                rejected.set().remove(&(pod, r.message));
-            }
+            unmark(&mut refusals);
             return Err(e);
         }
     }
