@@ -118,6 +118,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     })
     .await;
     assert_eq!(running.spec.node_name.as_deref(), Some("edge"));
+    assert!(dir.path().join("node/agent.lock").is_file(), "the agent runs on the node's data dir");
     // The report carried the node's allocations with the pod's status.
     let node = admin.get_node("edge").await.expect("node");
     let held = node.status.allocations.pods.get("web").expect("the pod's allocation is reported");
@@ -144,4 +145,28 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     node_task.await.expect("node task").expect("the daemon stops cleanly");
     let _ = stop_server.send(true);
     server_task.await.expect("server task").expect("the server stops cleanly");
+}
+
+#[tokio::test]
+async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = DaemonConfig {
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
+        runtime: RuntimeChoice::Hollow,
+        manifests: None,
+        join: Some(JoinConfig {
+            // Nothing listens there: the refusal must come before any connection.
+            server: "https://127.0.0.1:9".into(),
+            token: Some("s3cret".into()),
+            ca: None,
+            labels: BTreeMap::new(),
+            endpoint_listen: "127.0.0.1:0".into(),
+            advertise_address: None,
+        }),
+    };
+    let (_stop, rx) = watch::channel(false);
+    let e = nodelet::daemon::run(config, rx).await.expect_err("no pin, no CA");
+    assert!(e.to_string().contains("--ca FILE"), "{e}");
+    assert!(!dir.path().join("node/node.conf").exists());
+    assert!(!dir.path().join("node/agent.lock").exists(), "the agent never started");
 }
