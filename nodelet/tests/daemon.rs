@@ -3,7 +3,8 @@
 //! pin), register, run a bound pod, report it Running, serve its logs to the
 //! server's proxy, stop it when deleted and report the freed CPUs. A counting
 //! relay in front of the server sees the link's connections: the join's, then
-//! one for the watch, every report and every heartbeat.
+//! one for the watch, every report and every heartbeat; another in front of the
+//! node's endpoint sees the server's proxy keep one connection to the node.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -43,6 +44,10 @@ fn topology() -> NodeTopology {
 /// Forwards `127.0.0.1:PORT` to `to`, counting accepted connections.
 async fn counting_relay(to: std::net::SocketAddr) -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    relay(listener, to)
+}
+
+fn relay(listener: TcpListener, to: std::net::SocketAddr) -> (u16, Arc<AtomicUsize>) {
     let port = listener.local_addr().expect("relay addr").port();
     let count = Arc::new(AtomicUsize::new(0));
     let seen = count.clone();
@@ -86,6 +91,12 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     let (port, connections) = counting_relay(server.local_addr()).await;
     let (stop_server, rx) = watch::channel(false);
     let server_task = tokio::spawn(server.run(rx));
+    // The server reaches the node's endpoint through a counting relay too: the
+    // node advertises the relay's address (127.0.0.1:P) and listens on
+    // 127.0.0.2:P, where the relay forwards.
+    let endpoint_relay = TcpListener::bind("127.0.0.1:0").await.expect("bind the endpoint relay");
+    let p = endpoint_relay.local_addr().expect("relay addr").port();
+    let (_, endpoint_connections) = relay(endpoint_relay, ([127, 0, 0, 2], p).into());
 
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
     let config = DaemonConfig {
@@ -97,8 +108,8 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
             token: Some(token),
             ca: None,
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
-            endpoint_listen: "127.0.0.1:0".into(),
-            advertise_address: None,
+            endpoint_listen: format!("127.0.0.2:{p}"),
+            advertise_address: Some([127, 0, 0, 1].into()),
         }),
     };
     let (stop_node, rx) = watch::channel(false);
@@ -125,11 +136,15 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     assert_eq!(held.containers[0].cpus.len(), 2, "{held:?}");
 
     // The server reaches the node's endpoint through its proxy: the hollow
-    // runtime writes no log, and the node's own refusal comes back.
-    match admin.get_stream("/api/v1/pods/web/log").await {
-        Err(ClientError::Api(e)) => assert_eq!((e.code, e.reason.as_str()), (404, "NoLog"), "{e}"),
-        other => panic!("expected the node's NoLog, got {:?}", other.map(|_| ())),
+    // runtime writes no log, and the node's own refusal comes back, each time
+    // over the one connection the server keeps to this node.
+    for _ in 0..3 {
+        match admin.get_stream("/api/v1/pods/web/log").await {
+            Err(ClientError::Api(e)) => assert_eq!((e.code, e.reason.as_str()), (404, "NoLog"), "{e}"),
+            other => panic!("expected the node's NoLog, got {:?}", other.map(|_| ())),
+        }
     }
+    assert_eq!(endpoint_connections.load(Ordering::SeqCst), 1, "connections from the server to the node");
 
     admin.delete_pod("web").await.expect("delete the pod");
     eventually("the node frees the pod's CPUs", || async {
