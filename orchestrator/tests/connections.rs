@@ -96,6 +96,8 @@ async fn http1_calls(addr: std::net::SocketAddr, config: Arc<rustls::ClientConfi
             .header(hyper::header::HOST, "127.0.0.1")
             .body(Full::new(Bytes::new()))
             .expect("request");
+        // The connection takes the next request once it has finished the last.
+        sender.ready().await.expect("the connection stays open for the next request");
         let resp = sender.send_request(req).await.expect("reply");
         assert_eq!(resp.status(), 200);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
