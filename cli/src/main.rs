@@ -4,8 +4,6 @@
 mod cmd;
 mod common;
 mod config;
-mod endpoint;
-mod link;
 
 use std::process::ExitCode;
 

@@ -1,12 +1,17 @@
 //! Pinion's node agent as a library: topology discovery from sysfs, the
 //! allocation checkpoint, container runtimes (`libcontainer`, `hollow`), the
-//! reconcile loop and status reports. The `pinion agent` subcommand only wires it.
+//! reconcile loop and status reports, and the daemon around them (`daemon::run`:
+//! the agent, its static-pod folder, the link to an orchestrator and the
+//! node's HTTPS endpoint). `pinion agent` and `pinion up` only parse flags.
 
 pub mod affinity;
 pub mod agent;
 pub mod checkpoint;
+pub mod daemon;
 pub mod discovery;
+pub mod endpoint;
 pub mod fsutil;
+pub mod link;
 pub mod manifests;
 pub mod runtime;
 pub mod source;

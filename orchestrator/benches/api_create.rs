@@ -41,17 +41,16 @@ async fn run(pods: usize, conns: usize) {
     };
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(server.run(rx));
-    let client = match Client::new(&creds) {
-        Ok(c) => c,
-        Err(e) => return eprintln!("client: {e}"),
-    };
     let per = pods / conns;
     let start = Instant::now();
     let mut workers = Vec::new();
     for w in 0..conns {
-        let client = client.clone();
+        // A client per worker: its own pool, so `conns` connections in all.
+        let conn = match Client::new(&creds) {
+            Ok(c) => c,
+            Err(e) => return eprintln!("client: {e}"),
+        };
         workers.push(tokio::spawn(async move {
-            let mut conn = client.connect().await.map_err(|e| e.to_string())?;
             let mut latencies = Vec::with_capacity(per);
             for i in 0..per {
                 let body = format!(

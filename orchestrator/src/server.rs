@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::apply::ApiState;
+use crate::api::proxy::NodeClients;
 use crate::api::{serve, ApiConfig};
 use crate::controller::{Controller, ControllerConfig};
 use crate::store::{Store, StoreError, StoreOptions};
@@ -132,7 +133,7 @@ impl Server {
             pki: self.pki.clone(),
             join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),
-            proxy_tls: Arc::new(self.pki.proxy_client_config()?),
+            proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?)),
         });
         serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
         for l in loops {
@@ -169,7 +170,7 @@ fn write_admin_config(pki: &Pki, path: &Path, server_url: &str) -> Result<(), Tl
             }
             Ok(())
         }
-        _ => pki.credentials(server_url, ADMIN_CN)?.save(path),
+        _ => Ok(pki.credentials(server_url, ADMIN_CN)?.save(path)?),
     }
 }
 

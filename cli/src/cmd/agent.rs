@@ -2,26 +2,25 @@
 //! folder (static pods) and/or bound by an orchestrator (`--server URL --token T`),
 //! and `pinion agent status` prints what it last reported.
 //!
-//! This file only parses flags and wires the library: topology, settings, the
-//! runtime, the sources (manifest folder, `crate::link`) and
-//! `nodelet::agent::run`. SIGTERM or SIGINT stops the agent and leaves containers
-//! running (they outlive it; a restarted agent adopts them).
+//! This file only parses flags (topology, settings, devices, the runtime, the
+//! sources) into a `nodelet::daemon::DaemonConfig` and calls
+//! `nodelet::daemon::run`. SIGTERM or SIGINT stops the agent and leaves
+//! containers running (they outlive it; a restarted agent adopts them).
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use nodelet::agent::AgentConfig;
-use nodelet::runtime::Runtime;
+use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
 use nodelet::source::NodeReport;
 use serde::Deserialize;
 use specs::{CpuManagerOptions, CpuSet, NodeSettings, NodeTopology, TopologyPolicy, TopologyScope};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::common::{parse_kebab, GlobalArgs, Output, TopologyArgs};
 
@@ -206,8 +205,9 @@ fn host_name() -> String {
 }
 
 async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = daemon_config(args)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let node = tokio::spawn(serve(args, stop_rx));
+    let node = tokio::spawn(nodelet::daemon::run(config, stop_rx));
     tokio::pin!(node);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -228,16 +228,8 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs the node until `stop` fires (also used by `pinion up`).
-pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
-    if args.manifests.is_none() && args.server.is_none() {
-        bail!("nothing to run: give --manifests DIR (static pods) and/or --server URL (join an orchestrator)");
-    }
-    if let Some(manifests) = &args.manifests {
-        if !manifests.is_dir() {
-            bail!("--manifests {}: not a directory", manifests.display());
-        }
-    }
+/// The node daemon's configuration from the flags (also used by `pinion up`).
+pub fn daemon_config(args: RunArgs) -> anyhow::Result<DaemonConfig> {
     let mut labels = BTreeMap::new();
     for l in &args.labels {
         let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
@@ -251,97 +243,26 @@ pub async fn serve(args: RunArgs, stop: watch::Receiver<bool>) -> anyhow::Result
         settings.devices = devices.resources;
         device_nodes = devices.nodes;
     }
-    std::fs::create_dir_all(&args.data_dir).with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let data_dir = args.data_dir.canonicalize().with_context(|| format!("{}", args.data_dir.display()))?;
     let node_name = args.node_name.clone().unwrap_or_else(host_name);
-    // Join before anything runs: a bad token is a clear error, not a silent retry loop.
-    let link = match &args.server {
-        Some(server) => {
-            let cfg = crate::link::LinkConfig {
-                server: server.clone(),
-                token: args.token.clone(),
-                ca: args.ca.clone(),
-                data_dir: data_dir.clone(),
-                node_name: node_name.clone(),
-                topology: topology.clone(),
-                settings: settings.clone(),
-                labels,
-                endpoint: None,
-            };
-            let creds = crate::link::credentials(&cfg).await?;
-            let listener = tokio::net::TcpListener::bind(&args.endpoint_listen)
-                .await
-                .with_context(|| format!("--endpoint-listen {}", args.endpoint_listen))?;
-            let local = listener.local_addr().context("the endpoint's address")?;
-            let ip = match args.advertise_address {
-                Some(ip) => ip,
-                None if !local.ip().is_unspecified() => local.ip(),
-                None => route_address(server).with_context(|| {
-                    format!("finding this host's address towards {server}; give --advertise-address")
-                })?,
-            };
-            let tls = Arc::new(creds.serving_config().context("the node certificate (node.conf)")?);
-            let endpoint = std::net::SocketAddr::new(ip, local.port()).to_string();
-            let cfg = crate::link::LinkConfig { endpoint: Some(endpoint), ..cfg };
-            Some((cfg, creds, listener, tls))
-        }
-        None => None,
+    let mut agent = AgentConfig::new(node_name, args.data_dir, topology, settings);
+    agent.device_nodes = device_nodes;
+    let runtime = match args.runtime {
+        RuntimeKind::Hollow => RuntimeChoice::Hollow,
+        // The shim is this same binary (`pinion shim`), re-executed per container.
+        RuntimeKind::Libcontainer => RuntimeChoice::Libcontainer {
+            shim: std::env::current_exe().context("finding the pinion binary for the shim")?,
+        },
     };
-    let runtime: Arc<dyn Runtime> = match args.runtime {
-        RuntimeKind::Hollow => Arc::new(nodelet::runtime::hollow::HollowRuntime::new(&data_dir)?),
-        RuntimeKind::Libcontainer => {
-            // The node's own work stays on the reserved CPUs, off the pods'
-            // exclusive ones (the kubelet leaves this to systemd's CPUAffinity).
-            if !settings.reserved_cpus.is_empty() {
-                match nodelet::affinity::confine_process(&settings.reserved_cpus) {
-                    Ok(n) => {
-                        tracing::info!(cpus = %settings.reserved_cpus, threads = n, "pinion confined to the reserved CPUs")
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot confine pinion to the reserved CPUs"),
-                }
-            }
-            // The shim is this same binary (`pinion shim`), re-executed per container.
-            let exe = std::env::current_exe().context("finding the pinion binary for the shim")?;
-            Arc::new(nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data_dir, &exe)?)
-        }
-    };
-    let mut config = AgentConfig::new(node_name, data_dir, topology, settings);
-    config.device_nodes = device_nodes;
-
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let (changes_tx, changes_rx) = mpsc::channel(256);
-    let (report_tx, report_rx) = watch::channel(NodeReport::default());
-    let watcher = args.manifests.clone().map(|manifests| {
-        let rescan = Duration::from_secs(args.rescan_seconds.max(1));
-        tokio::spawn(nodelet::manifests::watch(manifests, changes_tx.clone(), rescan, stopped(stop.clone())))
+    let join = args.server.map(|server| JoinConfig {
+        server,
+        token: args.token,
+        ca: args.ca,
+        labels,
+        endpoint_listen: args.endpoint_listen,
+        advertise_address: args.advertise_address,
     });
-    let link = link.map(|(cfg, creds, listener, tls)| {
-        let endpoint = crate::endpoint::serve(listener, tls, cfg.data_dir.clone(), report_rx.clone(), stop.clone());
-        let link = crate::link::run(cfg, creds, changes_tx, report_rx, stop.clone());
-        tokio::spawn(async move { tokio::join!(endpoint, link).1 })
-    });
-    let result = nodelet::agent::run(config, runtime, changes_rx, report_tx, stopped(stop)).await;
-    if let Some(w) = watcher {
-        w.abort();
-        let _ = w.await;
-    }
-    if let Some(l) = link {
-        l.abort();
-        let _ = l.await;
-    }
-    result?;
-    Ok(())
-}
-
-/// The local address the kernel would use to reach `server` (a UDP "connect"
-/// sends nothing; it only picks the route).
-fn route_address(server: &str) -> anyhow::Result<std::net::IpAddr> {
-    let authority = server.trim_start_matches("https://").trim_end_matches('/');
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
-    sock.connect(authority)?;
-    Ok(sock.local_addr()?.ip())
+    let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
+    Ok(DaemonConfig { agent, runtime, manifests, join })
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {

@@ -83,7 +83,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         advertise_address: None,
         rescan_seconds: 10,
     };
-    let node_task = tokio::spawn(crate::cmd::agent::serve(node, stop_rx));
+    let node_task = tokio::spawn(nodelet::daemon::run(crate::cmd::agent::daemon_config(node)?, stop_rx));
 
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
     println!("credentials: {}", config_path.display());

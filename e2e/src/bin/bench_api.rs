@@ -97,7 +97,7 @@ async fn run(pinion: PathBuf, nodes: usize, pods: usize, conns: usize, cache: Op
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let bodies: Vec<String> =
         (0..nodes).map(|i| node_json(i, SHAPES[rng.range(0, 5) as usize])).collect::<Result<_, _>>()?;
-    parallel(&client, conns, bodies, "/api/v1/nodes").await?;
+    parallel(&creds, conns, bodies, "/api/v1/nodes").await?;
     let pid = server.0.id();
     println!(
         "registered {nodes} nodes in {:.1}s; server RSS {:.1} MiB",
@@ -130,7 +130,7 @@ async fn run(pinion: PathBuf, nodes: usize, pods: usize, conns: usize, cache: Op
         Ok::<_, anyhow::Error>((bound.len(), unschedulable.len()))
     });
     let start = Instant::now();
-    parallel(&client, conns, bodies, "/api/v1/pods").await?;
+    parallel(&creds, conns, bodies, "/api/v1/pods").await?;
     let created = start.elapsed();
     println!(
         "created {pods} pods over {conns} connections in {:.2}s = {:.0} pods/s (durable before each reply); server RSS {:.1} MiB",
@@ -205,9 +205,10 @@ fn pod_json(i: usize, rng: &mut Rng) -> String {
     .to_string()
 }
 
-/// POSTs every body, `conns` kept-alive connections at a time; any non-2xx fails.
+/// POSTs every body, `conns` kept-alive connections at a time (a client, and
+/// so a pool, per connection); any non-2xx fails.
 async fn parallel(
-    client: &orchestrator::client::Client,
+    creds: &orchestrator::tls::Credentials,
     conns: usize,
     bodies: Vec<String>,
     path: &'static str,
@@ -218,9 +219,8 @@ async fn parallel(
     }
     let mut tasks = Vec::new();
     for shard in shards {
-        let client = client.clone();
+        let conn = orchestrator::client::Client::new(creds)?;
         tasks.push(tokio::spawn(async move {
-            let mut conn = client.connect().await?;
             for body in shard {
                 let (code, reply) = conn
                     .request(hyper::Method::POST, path, Some(("application/json", bytes::Bytes::from(body))))

@@ -22,8 +22,8 @@ pub struct ApiState {
     pub join_secret: String,
     /// `https://HOST:PORT` written into issued credentials.
     pub server_url: String,
-    /// How the server calls nodelets (pod logs).
-    pub proxy_tls: Arc<rustls::ClientConfig>,
+    /// How the server calls nodelets (pod logs): a pooled client per node.
+    pub proxy: super::proxy::NodeClients,
 }
 
 pub enum Reply {
@@ -333,11 +333,16 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
                 ));
             };
-            let path = format!(
+            let mut path = format!(
                 "/logs?pod={}&container={}&follow={follow}",
                 super::parse::percent_encode(&name),
                 super::parse::percent_encode(&container)
             );
+            // The node keeps logs per pod uid: a pod deleted and created again
+            // under the same name is another pod with another log.
+            if let Some(uid) = &pod.metadata.uid {
+                path.push_str(&format!("&uid={}", super::parse::percent_encode(uid)));
+            }
             Ok(Reply::Proxy { node, endpoint, path })
         }
         Action::ListNodes { selector } => {

@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod error;
 pub mod parse;
+pub mod proxy;
 pub mod routes;
 
 use std::convert::Infallible;
@@ -19,7 +20,7 @@ use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use specs::api::{ApiError, WatchEventType};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -30,6 +31,9 @@ use self::routes::{match_route, routes, Matched, Route};
 use crate::tls::Identity;
 
 pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Requests (and watches) one HTTP/2 connection may have open at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ApiConfig {
@@ -120,10 +124,13 @@ async fn serve_connection<S>(
         let (identity, state, table, stop) = (identity.clone(), state.clone(), table.clone(), stop.clone());
         async move { Ok::<_, Infallible>(handle(req, &identity, state, &table, config, stop).await) }
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.read_timeout)
-        .serve_connection(TokioIo::new(io), svc);
+    // HTTP/2 when the client chose it over ALPN (one connection for all its
+    // requests and watches), HTTP/1.1 otherwise; the auto builder reads the
+    // connection preface to tell them apart.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(config.read_timeout);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "connection ended") },
@@ -243,87 +250,11 @@ async fn handle(
                 .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/x-ndjson"));
             r
         }
-        Ok(Reply::Proxy { node, endpoint, path }) => proxy(&state, &node, &endpoint, &path, shutdown).await,
+        Ok(Reply::Proxy { node, endpoint, path }) => {
+            proxy::proxy(&state.proxy, &node, &endpoint, &path, shutdown).await
+        }
         Err(e) => error_response(&e),
     }
-}
-
-const PROXY_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const PROXY_HEAD_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Streams `GET https://endpoint/path` from a nodelet, whose certificate must
-/// name `node`. Refusals from the nodelet pass through with their status.
-async fn proxy(
-    state: &ApiState,
-    node: &str,
-    endpoint: &str,
-    path: &str,
-    mut shutdown: watch::Receiver<bool>,
-) -> Response<Body> {
-    let unreachable =
-        |what: String| error_response(&error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}")));
-    let Ok(name) = rustls::pki_types::ServerName::try_from(node.to_string()) else {
-        return unreachable("the node name is not a TLS name".into());
-    };
-    let tcp = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(endpoint)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return unreachable(format!("cannot connect: {e}")),
-        Err(_) => return unreachable("connect timed out".into()),
-    };
-    let _ = tcp.set_nodelay(true);
-    let connector = tokio_rustls::TlsConnector::from(state.proxy_tls.clone());
-    let tls = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, connector.connect(name, tcp)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return unreachable(format!("TLS: {e}")),
-        Err(_) => return unreachable("TLS handshake timed out".into()),
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
-        Ok(x) => x,
-        Err(e) => return unreachable(format!("HTTP: {e}")),
-    };
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let req = match Request::get(path).header(hyper::header::HOST, endpoint).body(Full::new(Bytes::new())) {
-        Ok(r) => r,
-        Err(e) => return unreachable(format!("bad request: {e}")),
-    };
-    let resp = match tokio::time::timeout(PROXY_HEAD_TIMEOUT, sender.send_request(req)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return unreachable(format!("HTTP: {e}")),
-        Err(_) => return unreachable("no reply in time".into()),
-    };
-    let status = resp.status();
-    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
-    let mut body = resp.into_body();
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(async move {
-        let _sender = sender; // keeps the connection open while the body streams
-        loop {
-            let frame = tokio::select! {
-                f = body.frame() => f,
-                _ = shutdown.changed() => return,
-                _ = tx.closed() => return,
-            };
-            match frame {
-                Some(Ok(f)) => {
-                    if let Ok(data) = f.into_data() {
-                        if tx.send(data).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Some(Err(e)) => return tracing::debug!(error = %e, "log stream from the node broke"),
-                None => return,
-            }
-        }
-    });
-    let mut r = Response::new(BodyExt::boxed(ChannelBody { rx }));
-    *r.status_mut() = status;
-    if let Some(ct) = content_type {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, ct);
-    }
-    r
 }
 
 /// Reads and discards what is left of a refused body (up to 16 times the limit)

@@ -1,8 +1,19 @@
-//! An HTTPS client for the API (hyper 1 over tokio-rustls): used by the CLI,
-//! by benchmarks and tests, and by the nodelet for join and its watch stream.
+//! Pinion's HTTPS client, shared by the CLI, the nodelet's link and the
+//! server's proxy to nodes. It carries no server code: no store, no CA.
+//!
+//! A `Client` is bound to one server and one identity and keeps a pool of
+//! connections to it (hyper-util's pooled client over tokio-rustls): when the
+//! server offers HTTP/2 over ALPN, every request and every watch stream share
+//! one connection; over HTTP/1.1 an idle connection is reused. Clones share the
+//! pool, and the rustls configuration (with its session cache) is shared by
+//! every connection, so a reconnect resumes the TLS session.
 //!
 //! Every call has a timeout; an API refusal comes back as the server's
 //! `ApiError` (code, reason, every field problem).
+
+mod connect;
+pub mod query;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,21 +21,26 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::{Method, Request};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Request, Response};
+use hyper_util::client::legacy;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Node, WatchEventType};
 use specs::Pod;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
-use crate::api::parse::percent_encode;
-use crate::tls::{Credentials, TlsError};
+pub use crate::query::percent_encode;
+use crate::tls::{Credentials, PinnedCa, TlsError, ALPN};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_RESPONSE: usize = 256 << 20;
+/// An idle pooled connection is closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// HTTP/2 pings on a quiet connection (a long watch), so a peer that vanished
+/// without a FIN is noticed and the stream ends instead of hanging.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -37,24 +53,17 @@ pub enum ClientError {
     #[error("{0} timed out")]
     Timeout(String),
     #[error("http: {0}")]
-    Http(#[from] hyper::Error),
+    Http(String),
     #[error("{0}")]
     Api(ApiError),
     #[error("unexpected reply from the server: {0}")]
     Decode(String),
 }
 
-/// A client bound to one server and one identity.
+/// A client bound to one server and one identity; clones share its connections.
 #[derive(Clone)]
 pub struct Client {
-    connector: TlsConnector,
-    authority: String,
-    server_name: ServerName<'static>,
-}
-
-/// One kept-alive HTTP/1 connection (requests on it go one at a time).
-pub struct Connection {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    http: legacy::Client<connect::TlsConnect, Full<Bytes>>,
     authority: String,
 }
 
@@ -68,74 +77,131 @@ fn parse_url(url: &str) -> Result<(String, String), ClientError> {
     Ok((authority, host))
 }
 
+/// The message of an error and of every error under it.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        next = s.source();
+    }
+    out
+}
+
 impl Client {
     pub fn new(creds: &Credentials) -> Result<Client, ClientError> {
-        Client::with_config(&creds.server, creds.client_config()?)
+        Client::with_tls(&creds.server, None, creds.client_config()?)
     }
 
-    fn with_config(url: &str, mut config: rustls::ClientConfig) -> Result<Client, ClientError> {
+    /// A client for `url` with this TLS configuration; the server's certificate
+    /// must name `server_name` (the URL's host when `None`).
+    pub fn with_tls(
+        url: &str,
+        server_name: Option<&str>,
+        mut config: rustls::ClientConfig,
+    ) -> Result<Client, ClientError> {
         let (authority, host) = parse_url(url)?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let server_name = ServerName::try_from(host).map_err(|_| ClientError::BadUrl(url.to_string()))?;
-        Ok(Client { connector: TlsConnector::from(Arc::new(config)), authority, server_name })
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+        let name = server_name.map(str::to_string).unwrap_or(host);
+        let server_name = ServerName::try_from(name).map_err(|_| ClientError::BadUrl(url.to_string()))?;
+        let connector = connect::TlsConnect {
+            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            server_name,
+            timeout: CONNECT_TIMEOUT,
+        };
+        let http = legacy::Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .http2_keep_alive_interval(KEEP_ALIVE_EVERY)
+            .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
+            .build(connector);
+        Ok(Client { http, authority })
     }
 
     /// A client with no certificate, trusting `ca_pem`: only for joining.
     pub fn anonymous(url: &str, ca_pem: &str) -> Result<Client, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
-        let ca = rustls::pki_types::pem::PemObject::from_pem_slice(ca_pem.as_bytes())
-            .map_err(|e| TlsError::Pem { what: "CA certificate".into(), reason: e.to_string() })?;
-        roots.add(ca).map_err(TlsError::from)?;
-        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        roots.add(tls::pem_cert(ca_pem, "CA certificate")?).map_err(TlsError::from)?;
+        let config = rustls::ClientConfig::builder_with_provider(tls::provider())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::from)?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        Client::with_config(url, config)
+        Client::with_tls(url, None, config)
     }
 
     /// A client with no certificate that trusts the server only if the chain
     /// it presents contains a CA whose SHA-256 is `pin` (from the join token)
     /// and that CA signed the server's certificate: only for joining.
     pub fn pinned(url: &str, pin: [u8; 32]) -> Result<Client, ClientError> {
-        let provider = crate::tls::provider();
+        let provider = tls::provider();
         let config = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::from)?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(PinnedCa { pin, provider }))
             .with_no_client_auth();
-        Client::with_config(url, config)
+        Client::with_tls(url, None, config)
     }
 
-    pub async fn connect(&self) -> Result<Connection, ClientError> {
-        let addr = self.authority.clone();
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
-            .await
-            .map_err(|_| ClientError::Timeout(format!("connecting to {addr}")))?
-            .map_err(|source| ClientError::Connect { addr: addr.clone(), source })?;
-        let _ = tcp.set_nodelay(true);
-        let tls = tokio::time::timeout(CONNECT_TIMEOUT, self.connector.connect(self.server_name.clone(), tcp))
-            .await
-            .map_err(|_| ClientError::Timeout(format!("TLS handshake with {addr}")))?
-            .map_err(|source| ClientError::Connect { addr: addr.clone(), source })?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection ended");
+    /// `HOST:PORT` of the server.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    fn builder(&self, method: Method, path: &str) -> hyper::http::request::Builder {
+        Request::builder().method(method).uri(format!("https://{}{path}", self.authority))
+    }
+
+    /// Sends a request and returns the reply's head (the body streams).
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ClientError> {
+        let what = format!("{} {}", req.method(), req.uri().path());
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(req)).await {
+            Err(_) => Err(ClientError::Timeout(what)),
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(self.request_error(e)),
+        }
+    }
+
+    fn request_error(&self, e: legacy::Error) -> ClientError {
+        if e.is_connect() {
+            let mut next = std::error::Error::source(&e);
+            while let Some(s) = next {
+                if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                    let source = std::io::Error::new(io.kind(), chain(io));
+                    return ClientError::Connect { addr: self.authority.clone(), source };
+                }
+                next = s.source();
             }
-        });
-        Ok(Connection { sender, authority: self.authority.clone() })
+        }
+        ClientError::Http(chain(&e))
     }
 
-    /// One request on a fresh connection.
+    /// One request; the reply's status and whole body.
     pub async fn request(
         &self,
         method: Method,
         path: &str,
         body: Option<(&'static str, Bytes)>,
     ) -> Result<(u16, Bytes), ClientError> {
-        self.connect().await?.request(method, path, body).await
+        let mut b = self.builder(method, path);
+        let payload = match body {
+            Some((ct, bytes)) => {
+                b = b.header(hyper::header::CONTENT_TYPE, ct);
+                bytes
+            }
+            None => Bytes::new(),
+        };
+        let req = b.body(Full::new(payload)).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let resp = self.send(req).await?;
+        let code = resp.status().as_u16();
+        Ok((code, collect(resp.into_body()).await?))
     }
 
     /// A request whose 2xx reply is decoded as `T`; any other status is the `ApiError`.
@@ -155,7 +221,7 @@ impl Client {
     }
 
     pub async fn get_pod(&self, name: &str) -> Result<Pod, ClientError> {
-        Ok(self.call(Method::GET, &format!("/api/v1/pods/{name}"), None).await?.1)
+        Ok(self.call(Method::GET, &format!("/api/v1/pods/{}", percent_encode(name)), None).await?.1)
     }
 
     pub async fn list_pods(&self, selector: Option<&str>) -> Result<List<Pod>, ClientError> {
@@ -164,15 +230,15 @@ impl Client {
     }
 
     pub async fn delete_pod(&self, name: &str) -> Result<Pod, ClientError> {
-        Ok(self.call(Method::DELETE, &format!("/api/v1/pods/{name}"), None).await?.1)
+        Ok(self.call(Method::DELETE, &format!("/api/v1/pods/{}", percent_encode(name)), None).await?.1)
     }
 
     pub async fn get_node(&self, name: &str) -> Result<Node, ClientError> {
-        Ok(self.call(Method::GET, &format!("/api/v1/nodes/{name}"), None).await?.1)
+        Ok(self.call(Method::GET, &format!("/api/v1/nodes/{}", percent_encode(name)), None).await?.1)
     }
 
     pub async fn delete_node(&self, name: &str) -> Result<Node, ClientError> {
-        Ok(self.call(Method::DELETE, &format!("/api/v1/nodes/{name}"), None).await?.1)
+        Ok(self.call(Method::DELETE, &format!("/api/v1/nodes/{}", percent_encode(name)), None).await?.1)
     }
 
     pub async fn list_nodes(&self, selector: Option<&str>) -> Result<List<Node>, ClientError> {
@@ -189,16 +255,15 @@ impl Client {
     pub async fn join(&self, token: &str, node_name: &str) -> Result<JoinResponse, ClientError> {
         let body = serde_json::to_vec(&JoinRequest { node_name: node_name.to_string() })
             .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let mut conn = self.connect().await?;
-        let req = Request::builder()
-            .method(Method::POST)
-            .uri("/api/v1/join")
-            .header(hyper::header::HOST, &conn.authority)
+        let req = self
+            .builder(Method::POST, "/api/v1/join")
             .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let (code, bytes) = conn.send(req).await?;
+        let resp = self.send(req).await?;
+        let code = resp.status().as_u16();
+        let bytes = collect(resp.into_body()).await?;
         Ok(decode_reply(code, &bytes)?.1)
     }
 
@@ -224,32 +289,32 @@ impl Client {
         Ok(PodWatch { stream, buf: BytesMut::new() })
     }
 
+    /// A GET whose reply head is returned as it arrives, whatever its status
+    /// (the server's proxy passes a node's refusals through).
+    pub async fn get(&self, path: &str) -> Result<Response<Incoming>, ClientError> {
+        let req = self
+            .builder(Method::GET, path)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.send(req).await
+    }
+
     /// A GET whose 200 reply is read as it arrives (watches, logs); any other
     /// status is the `ApiError`. Only the reply's head has a timeout.
     pub async fn get_stream(&self, path: &str) -> Result<ByteStream, ClientError> {
-        let mut conn = self.connect().await?;
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(path)
-            .header(hyper::header::HOST, &conn.authority)
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let resp = tokio::time::timeout(REQUEST_TIMEOUT, conn.sender.send_request(req))
-            .await
-            .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
+        let resp = self.get(path).await?;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;
             return Err(api_error(code, &bytes));
         }
-        Ok(ByteStream { body: resp.into_body(), _conn: conn })
+        Ok(ByteStream { body: resp.into_body() })
     }
 }
 
 /// A streamed reply body.
 pub struct ByteStream {
     body: Incoming,
-    _conn: Connection,
 }
 
 impl ByteStream {
@@ -258,7 +323,7 @@ impl ByteStream {
         loop {
             match self.body.frame().await {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(ClientError::Http(e)),
+                Some(Err(e)) => return Err(ClientError::Http(chain(&e))),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         return Ok(Some(data));
@@ -297,34 +362,6 @@ async fn collect(body: Incoming) -> Result<Bytes, ClientError> {
     Ok(b.to_bytes())
 }
 
-impl Connection {
-    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<(u16, Bytes), ClientError> {
-        let resp = tokio::time::timeout(REQUEST_TIMEOUT, self.sender.send_request(req))
-            .await
-            .map_err(|_| ClientError::Timeout("request".into()))??;
-        let code = resp.status().as_u16();
-        Ok((code, collect(resp.into_body()).await?))
-    }
-
-    pub async fn request(
-        &mut self,
-        method: Method,
-        path: &str,
-        body: Option<(&'static str, Bytes)>,
-    ) -> Result<(u16, Bytes), ClientError> {
-        let mut b = Request::builder().method(method).uri(path).header(hyper::header::HOST, &self.authority);
-        let payload = match body {
-            Some((ct, bytes)) => {
-                b = b.header(hyper::header::CONTENT_TYPE, ct);
-                bytes
-            }
-            None => Bytes::new(),
-        };
-        let req = b.body(Full::new(payload)).map_err(|e| ClientError::Decode(e.to_string()))?;
-        self.send(req).await
-    }
-}
-
 /// A pod watch stream: one `(type, pod)` per line.
 pub struct PodWatch {
     stream: ByteStream,
@@ -355,64 +392,5 @@ impl PodWatch {
                 Some(data) => self.buf.extend_from_slice(&data),
             }
         }
-    }
-}
-
-/// Verifies a server against the CA its own chain carries, once that CA's
-/// hash matches the pin: trust on a known fingerprint, then ordinary WebPKI
-/// checks (signature, validity, the server name).
-#[derive(Debug)]
-struct PinnedCa {
-    pin: [u8; 32],
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for PinnedCa {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls::pki_types::CertificateDer<'_>,
-        intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        use sha2::Digest;
-        let ca = intermediates
-            .iter()
-            .find(|c| <[u8; 32]>::from(sha2::Sha256::digest(c.as_ref())) == self.pin)
-            .ok_or_else(|| {
-                rustls::Error::General(
-                    "the server's CA is not the one the join token pins (wrong server or token)".into(),
-                )
-            })?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca.clone().into_owned())?;
-        let verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-                .build()
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-        verifier.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }

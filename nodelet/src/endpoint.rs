@@ -4,8 +4,10 @@
 //!
 //! TLS with the node certificate from the join (it names the node); a client
 //! certificate from the same CA is required, and only the server's proxy
-//! identity or the admin may read. One route:
-//! `GET /logs?pod=KEY&container=NAME&follow=BOOL`.
+//! identity or the admin may read. HTTP/2 or HTTP/1.1 as the caller chose over
+//! ALPN (the server keeps one pooled connection per node). One route:
+//! `GET /logs?pod=KEY&container=NAME&follow=BOOL` (the server also sends the
+//! pod's `uid`).
 //!
 //! Following: the file is read to its end, then re-read when the agent
 //! publishes a report or every `POLL`, until the container is no longer
@@ -13,29 +15,35 @@
 //! file, so "not running" seen at the end of the file means nothing is missing.
 //! A rotation (the path now names another inode) is followed to the new file.
 
+use std::convert::Infallible;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use nodelet::source::NodeReport;
-use orchestrator::api::error::error;
-use orchestrator::api::parse::Query;
-use orchestrator::api::{error_response, Body, ChannelBody};
-use orchestrator::tls::{common_name, ADMIN_CN, PROXY_CN};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use pinion_client::query::Query;
+use pinion_client::tls::{common_name, ADMIN_CN, PROXY_CN};
+use specs::api::ApiError;
 use specs::status::ContainerState;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+use crate::source::NodeReport;
+
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
 const CHUNK: usize = 64 * 1024;
+
+type Body = BoxBody<Bytes, Infallible>;
 
 #[derive(Clone)]
 struct Ctx {
@@ -82,7 +90,7 @@ pub async fn serve(
                 async move {
                     if !allowed {
                         let who = caller.unwrap_or_default();
-                        return Ok::<_, std::convert::Infallible>(error_response(&error(
+                        return Ok::<_, Infallible>(error_response(&error(
                             403,
                             "Forbidden",
                             format!("certificate {who:?} may not read this node's logs"),
@@ -91,15 +99,27 @@ pub async fn serve(
                     Ok(handle(req, ctx).await)
                 }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(tls), svc);
-            if let Err(e) = conn.await {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+            builder.http2().timer(TokioTimer::new());
+            if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
                 tracing::debug!(error = %e, "endpoint: connection ended");
             }
         });
     }
+}
+
+fn error(code: u16, reason: &str, message: impl Into<String>) -> ApiError {
+    ApiError { code, reason: reason.to_string(), message: message.into(), details: Vec::new() }
+}
+
+/// The same JSON refusal the API sends, so the server's proxy passes it through.
+fn error_response(e: &ApiError) -> Response<Body> {
+    let body = serde_json::to_vec(e).unwrap_or_else(|_| b"{\"code\":500}".to_vec());
+    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+    *r.status_mut() = hyper::StatusCode::from_u16(e.code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    r
 }
 
 async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
@@ -132,7 +152,7 @@ async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         }
         Ok(_) => {}
     }
-    let path = nodelet::agent::reconcile::log_path(&ctx.data_dir, &pod, &container);
+    let path = crate::agent::reconcile::log_path(&ctx.data_dir, &pod, &container);
     let file = match tokio::fs::File::open(&path).await {
         Ok(f) => f,
         Err(e) => {
@@ -149,17 +169,13 @@ async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
             tracing::debug!(pod, container, error = %e, "endpoint: log stream ended early");
         }
     });
-    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
+    let mut r = Response::new(BodyExt::boxed(ChannelBody(rx)));
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
     r
 }
 
 /// The container's shown state and restart count, from the agent's last report.
-fn container_state(
-    report: &NodeReport,
-    pod: &str,
-    container: &str,
-) -> Result<(ContainerState, u32), specs::api::ApiError> {
+fn container_state(report: &NodeReport, pod: &str, container: &str) -> Result<(ContainerState, u32), ApiError> {
     let status =
         report.pods.get(pod).ok_or_else(|| error(404, "NotFound", format!("pod {pod:?} is not on this node")))?;
     // Before the first start the agent may not list the container yet.
@@ -220,5 +236,17 @@ async fn stream(
         if stopping {
             return Ok(());
         }
+    }
+}
+
+/// A streaming body fed by a channel (the log reader writes chunks into it).
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
     }
 }

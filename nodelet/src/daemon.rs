@@ -1,0 +1,227 @@
+//! The node daemon as a library (as `orchestrator::server` is for the control
+//! plane): `run(config, shutdown)` starts the agent with its sources (the
+//! static-pod folder, and when joined the link to the orchestrator plus the
+//! node's HTTPS endpoint) and returns once they are all stopped. `pinion agent`
+//! and `pinion up` only parse flags into a `DaemonConfig` and call it.
+//!
+//! Order at start: the data dir, then the join (a bad token is a clear error,
+//! not a silent retry loop), then the endpoint's listener, then the runtime
+//! (with the real runtime, this process confines itself to the reserved CPUs),
+//! then the agent. Containers outlive the daemon.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::agent::{AgentConfig, AgentError};
+use crate::link::{LinkConfig, LinkError};
+use crate::runtime::{Runtime, RuntimeError};
+use crate::source::NodeReport;
+
+/// How long the link and the endpoint get to end after the agent stopped.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which container runtime the agent drives.
+#[derive(Debug, Clone)]
+pub enum RuntimeChoice {
+    /// Real containers through libcontainer; `shim` is the binary re-executed
+    /// per container (`pinion shim`).
+    Libcontainer { shim: PathBuf },
+    /// Everything but the processes (simulation, benchmarks, tests).
+    Hollow,
+}
+
+/// Joining an orchestrator.
+#[derive(Debug, Clone)]
+pub struct JoinConfig {
+    /// `https://HOST:PORT`
+    pub server: String,
+    /// The bootstrap token; first start only (the credentials stay in `DATA/node.conf`).
+    pub token: Option<String>,
+    /// The server's CA certificate, for a token without a CA pin.
+    pub ca: Option<PathBuf>,
+    /// Node labels for the scheduler's nodeSelector.
+    pub labels: BTreeMap<String, String>,
+    /// Where the node's HTTPS endpoint listens; port 0 picks a free one.
+    pub endpoint_listen: String,
+    /// The address the server calls the endpoint on [default: the listener's
+    /// address, or this host's address on the route to the server].
+    pub advertise_address: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// The agent's settings; `data_dir` is created and made absolute.
+    pub agent: AgentConfig,
+    pub runtime: RuntimeChoice,
+    /// Static pods: a folder of manifests, rescanned in full this often.
+    pub manifests: Option<(PathBuf, Duration)>,
+    pub join: Option<JoinConfig>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("nothing to run: give --manifests DIR (static pods) and/or --server URL (join an orchestrator)")]
+    NothingToRun,
+    #[error("--manifests {}: not a directory", .0.display())]
+    NoManifestFolder(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("--endpoint-listen {addr}: {source}")]
+    EndpointListen { addr: String, source: std::io::Error },
+    #[error("finding this host's address towards {server}; give --advertise-address: {source}")]
+    Route { server: String, source: std::io::Error },
+    #[error("the node certificate ({}): {source}", path.display())]
+    NodeCertificate { path: PathBuf, source: pinion_client::tls::TlsError },
+    #[error("the container runtime: {0}")]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+}
+
+/// Runs the node until `shutdown` turns true (or the agent fails).
+pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
+    let DaemonConfig { mut agent, runtime, manifests, join } = config;
+    if manifests.is_none() && join.is_none() {
+        return Err(DaemonError::NothingToRun);
+    }
+    if let Some((dir, _)) = &manifests {
+        if !dir.is_dir() {
+            return Err(DaemonError::NoManifestFolder(dir.clone()));
+        }
+    }
+    let io = |path: &PathBuf| {
+        let path = path.clone();
+        move |source| DaemonError::Io { path, source }
+    };
+    std::fs::create_dir_all(&agent.data_dir).map_err(io(&agent.data_dir))?;
+    agent.data_dir = agent.data_dir.canonicalize().map_err(io(&agent.data_dir))?;
+    let joined = match join {
+        Some(join) => Some(prepare_join(&agent, join).await?),
+        None => None,
+    };
+    let runtime = start_runtime(&agent, &runtime)?;
+
+    // The link and the endpoint stop on `shutdown` or when the agent returns.
+    let (stop_tx, stop) = watch::channel(false);
+    let mut outer = shutdown.clone();
+    let forward = {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            let _ = outer.wait_for(|s| *s).await;
+            let _ = stop_tx.send(true);
+        })
+    };
+    let (changes_tx, changes_rx) = mpsc::channel(256);
+    let (report_tx, report_rx) = watch::channel(NodeReport::default());
+    let mut tasks = Vec::new();
+    if let Some((dir, rescan)) = manifests {
+        let stopped = stopped(stop.clone());
+        let changes = changes_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::manifests::watch(dir, changes, rescan.max(Duration::from_secs(1)), stopped).await {
+                tracing::error!(error = %e, "static pods: the manifest folder is no longer watched");
+            }
+        }));
+    }
+    if let Some(Joined { link, creds, listener, tls }) = joined {
+        let endpoint = crate::endpoint::serve(listener, tls, agent.data_dir.clone(), report_rx.clone(), stop.clone());
+        tasks.push(tokio::spawn(endpoint));
+        let link = crate::link::run(link, creds, changes_tx, report_rx, stop.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = link.await {
+                tracing::error!(error = %e, "the link to the server stopped");
+            }
+        }));
+    } else {
+        drop(changes_tx);
+    }
+    let result = crate::agent::run(agent, runtime, changes_rx, report_tx, stopped(shutdown)).await;
+    let _ = stop_tx.send(true);
+    forward.abort();
+    for mut t in tasks {
+        if tokio::time::timeout(STOP_TIMEOUT, &mut t).await.is_err() {
+            t.abort();
+        }
+    }
+    Ok(result?)
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+struct Joined {
+    link: LinkConfig,
+    creds: pinion_client::tls::Credentials,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+}
+
+async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, DaemonError> {
+    let mut link = LinkConfig {
+        server: join.server.clone(),
+        token: join.token,
+        ca: join.ca,
+        data_dir: agent.data_dir.clone(),
+        node_name: agent.node_name.clone(),
+        topology: agent.topology.clone(),
+        settings: agent.settings.clone(),
+        labels: join.labels,
+        endpoint: None,
+    };
+    let creds = crate::link::credentials(&link).await?;
+    let listener = TcpListener::bind(&join.endpoint_listen)
+        .await
+        .map_err(|source| DaemonError::EndpointListen { addr: join.endpoint_listen.clone(), source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| DaemonError::EndpointListen { addr: join.endpoint_listen.clone(), source })?;
+    let ip = match join.advertise_address {
+        Some(ip) => ip,
+        None if !local.ip().is_unspecified() => local.ip(),
+        None => {
+            route_address(&join.server).map_err(|source| DaemonError::Route { server: join.server.clone(), source })?
+        }
+    };
+    let tls = creds.serving_config().map_err(|source| DaemonError::NodeCertificate {
+        path: crate::link::credentials_path(&agent.data_dir),
+        source,
+    })?;
+    link.endpoint = Some(SocketAddr::new(ip, local.port()).to_string());
+    Ok(Joined { link, creds, listener, tls: Arc::new(tls) })
+}
+
+/// The local address the kernel would use to reach `server` (a UDP "connect"
+/// sends nothing; it only picks the route).
+fn route_address(server: &str) -> std::io::Result<IpAddr> {
+    let authority = server.trim_start_matches("https://").trim_end_matches('/');
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| std::net::UdpSocket::bind("[::]:0"))?;
+    sock.connect(authority)?;
+    Ok(sock.local_addr()?.ip())
+}
+
+fn start_runtime(agent: &AgentConfig, choice: &RuntimeChoice) -> Result<Arc<dyn Runtime>, DaemonError> {
+    Ok(match choice {
+        RuntimeChoice::Hollow => Arc::new(crate::runtime::hollow::HollowRuntime::new(&agent.data_dir)?),
+        RuntimeChoice::Libcontainer { shim } => {
+            // The node's own work stays on the reserved CPUs, off the pods'
+            // exclusive ones (the kubelet leaves this to systemd's CPUAffinity).
+            let reserved = &agent.settings.reserved_cpus;
+            if !reserved.is_empty() {
+                match crate::affinity::confine_process(reserved) {
+                    Ok(n) => tracing::info!(cpus = %reserved, threads = n, "pinion confined to the reserved CPUs"),
+                    Err(e) => tracing::warn!(error = %e, "cannot confine pinion to the reserved CPUs"),
+                }
+            }
+            Arc::new(crate::runtime::libcontainer::LibcontainerRuntime::new(&agent.data_dir, shim)?)
+        }
+    })
+}

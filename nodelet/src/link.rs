@@ -1,0 +1,527 @@
+//! The nodelet's link to an orchestrator: join once with the bootstrap token,
+//! register the node, then three loops for as long as the agent runs, all over
+//! one pooled client (one connection when the server speaks HTTP/2; no new
+//! handshake per report or heartbeat):
+//! - bindings: list the node's pods, then watch from that version (a stream, so a
+//!   bound pod reaches the agent at once); every reconnect starts with a full
+//!   `Resync`, so nothing missed while away survives as a ghost;
+//! - reports: as soon as the agent publishes a new `NodeReport` (a burst
+//!   coalesced into one), what changed since the last acknowledged report goes
+//!   to the node's status: the pods whose status changed and the node's
+//!   allocations; every (re)registration starts over with a full report. An
+//!   engine rejection of a bound pod is reported once;
+//! - heartbeats, only as liveness.
+//!
+//! While the server is unreachable the agent keeps running its pods; the loops
+//! retry with a capped backoff.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Method;
+use pinion_client::tls::{ca_pin, Credentials, JoinToken, TlsError};
+use pinion_client::{percent_encode, Client, ClientError};
+use specs::api::{List, Node, NodeSpec, NodeStatus, NodeStatusReport, PodRejection, WatchEventType};
+use specs::pod::{ObjectMeta, API_VERSION};
+use specs::{Allocations, NodeSettings, NodeTopology, Pod, PodPhase, PodStatus};
+use tokio::sync::{mpsc, watch};
+
+use crate::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
+
+// Well inside the server's default 40 s grace, and inside short test graces.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+/// After the agent publishes, the link waits this long for the rest of a burst
+/// (a pod's containers starting one after another) and sends one report.
+const COALESCE: Duration = Duration::from_millis(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("{path} belongs to server {has}, not {wanted}; remove it to join another server")]
+    OtherServer { path: PathBuf, has: String, wanted: String },
+    #[error("--token is required for the first join (no {} yet)", path.display())]
+    NoToken { path: PathBuf },
+    #[error("--token: {0}")]
+    BadToken(TlsError),
+    #[error("--ca {}: {source}", path.display())]
+    ReadCa { path: PathBuf, source: std::io::Error },
+    #[error("--ca {} is not the CA the join token pins", path.display())]
+    CaNotPinned { path: PathBuf },
+    #[error(
+        "this join token has no CA pin (PIN.SECRET, as `pinion server` prints it): give the server's CA with --ca FILE"
+    )]
+    NoPin,
+    #[error("joining {server} as node {node}: {source}")]
+    Join { server: String, node: String, source: Box<ClientError> },
+    #[error("the server sent a CA that the join token does not pin")]
+    WrongCa,
+    #[error(transparent)]
+    Credentials(#[from] TlsError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("the watch stream ended")]
+    WatchEnded,
+    #[error("the agent stopped taking changes")]
+    AgentGone,
+    #[error("cannot encode the node: {0}")]
+    Encode(serde_json::Error),
+}
+
+/// What the link needs to join and to register the node.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// `https://HOST:PORT`
+    pub server: String,
+    /// The bootstrap token (`PIN.SECRET` or a bare secret); first join only.
+    pub token: Option<String>,
+    /// The server's CA certificate (PEM file); needed only for a token without a pin.
+    pub ca: Option<PathBuf>,
+    pub data_dir: PathBuf,
+    pub node_name: String,
+    pub topology: NodeTopology,
+    pub settings: NodeSettings,
+    pub labels: BTreeMap<String, String>,
+    /// `HOST:PORT` of this node's HTTPS endpoint, registered for the server.
+    pub endpoint: Option<String>,
+}
+
+/// The node's credentials file under the agent's data dir.
+pub fn credentials_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("node.conf")
+}
+
+/// Loads the node's credentials, joining with the token on first start.
+pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
+    let path = credentials_path(&cfg.data_dir);
+    if path.exists() {
+        let creds = Credentials::load(&path)?;
+        if creds.server != cfg.server {
+            return Err(LinkError::OtherServer { path, has: creds.server, wanted: cfg.server.clone() });
+        }
+        return Ok(creds);
+    }
+    let Some(token) = &cfg.token else { return Err(LinkError::NoToken { path }) };
+    let parsed = JoinToken::parse(token).map_err(LinkError::BadToken)?;
+    let client = match (&cfg.ca, parsed.ca_pin) {
+        (Some(ca_path), pin) => {
+            let ca = std::fs::read_to_string(ca_path)
+                .map_err(|source| LinkError::ReadCa { path: ca_path.clone(), source })?;
+            if pin.is_some_and(|p| ca_pin(&ca).ok() != Some(p)) {
+                return Err(LinkError::CaNotPinned { path: ca_path.clone() });
+            }
+            Client::anonymous(&cfg.server, &ca)?
+        }
+        (None, Some(pin)) => Client::pinned(&cfg.server, pin)?,
+        (None, None) => return Err(LinkError::NoPin),
+    };
+    let joined = client.join(token, &cfg.node_name).await.map_err(|source| LinkError::Join {
+        server: cfg.server.clone(),
+        node: cfg.node_name.clone(),
+        source: Box::new(source),
+    })?;
+    if parsed.ca_pin.is_some_and(|p| ca_pin(&joined.ca_cert).ok() != Some(p)) {
+        return Err(LinkError::WrongCa);
+    }
+    let creds = Credentials {
+        server: cfg.server.clone(),
+        ca_cert: joined.ca_cert,
+        client_cert: joined.client_cert,
+        client_key: joined.client_key,
+    };
+    creds.save(&path)?;
+    tracing::info!(node = %cfg.node_name, server = %cfg.server, "joined");
+    Ok(creds)
+}
+
+/// Runs the link until `stop` turns true. Returns an error only for what
+/// retrying cannot fix (bad credentials on disk); network trouble is retried.
+pub async fn run(
+    cfg: LinkConfig,
+    creds: Credentials,
+    changes: mpsc::Sender<DesiredChange>,
+    reports: watch::Receiver<NodeReport>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), LinkError> {
+    let client = Client::new(&creds)?;
+    let node = Node {
+        api_version: API_VERSION.into(),
+        kind: "Node".into(),
+        metadata: ObjectMeta { name: cfg.node_name.clone(), labels: cfg.labels.clone(), ..Default::default() },
+        spec: NodeSpec {
+            topology: cfg.topology.clone(),
+            settings: cfg.settings.clone(),
+            endpoint: cfg.endpoint.clone(),
+        },
+        status: NodeStatus::default(),
+    };
+    let body = Bytes::from(serde_json::to_vec(&node).map_err(LinkError::Encode)?);
+    let name = cfg.node_name.clone();
+    let rejected = Rejected::default();
+    // Bumped by every registration and by a heartbeat that gets through after
+    // failing ones: reports and heartbeats wait for the first (the server knows
+    // no node before it), and each bump makes the next report a full one (the
+    // server may have marked pods Unknown meanwhile).
+    let (full, registered) = watch::channel(0u64);
+    let full = Arc::new(full);
+    let bindings =
+        bindings_loop(client.clone(), name.clone(), body, changes, rejected.clone(), full.clone(), stop.clone());
+    let reports = reports_loop(client.clone(), name.clone(), reports, rejected, registered.clone(), stop.clone());
+    let heartbeats = heartbeat_loop(client, name, full, registered, stop.clone());
+    tokio::select! {
+        _ = stop.wait_for(|s| *s) => {}
+        _ = bindings => {}
+        _ = reports => {}
+        _ = heartbeats => {}
+    }
+    Ok(())
+}
+
+/// (pod, message) pairs already reported as rejections, shared by the two
+/// loops: a binding that arrives again (the server retried the pod here) clears
+/// its pod's entries, so a second refusal is reported too.
+#[derive(Clone, Default)]
+struct Rejected(Arc<Mutex<BTreeSet<(String, String)>>>);
+
+impl Rejected {
+    fn set(&self) -> MutexGuard<'_, BTreeSet<(String, String)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn forget(&self, pod: &str) {
+        self.set().retain(|(p, _)| p != pod);
+    }
+}
+
+fn next_delay(d: Duration) -> Duration {
+    (d * 2).min(RETRY_MAX)
+}
+
+async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = stop.wait_for(|s| *s) => true,
+    }
+}
+
+/// Waits for the first registration; false when stopping first.
+async fn registered_or_stop(registered: &mut watch::Receiver<u64>, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        r = registered.wait_for(|n| *n > 0) => r.is_ok(),
+        _ = stop.wait_for(|s| *s) => false,
+    }
+}
+
+/// What the agent was last told about one orchestrator pod, so that status-only
+/// changes (the server echoing our own reports) are not sent again.
+#[derive(PartialEq)]
+struct Sent {
+    spec: String,
+    plan_epoch: Option<u64>,
+}
+
+fn desired(pod: &Pod, node: &str) -> Option<(Option<BoundPlan>, Sent)> {
+    if pod.spec.node_name.as_deref() != Some(node) {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    let plan = status.and_then(|s| s.plan.clone()).map(|p| BoundPlan { epoch: p.epoch, placement: p.placement });
+    let spec = serde_json::to_string(&pod.spec).unwrap_or_default();
+    let sent = Sent { spec, plan_epoch: plan.as_ref().map(|p| p.epoch) };
+    Some((plan, sent))
+}
+
+async fn bindings_loop(
+    client: Client,
+    name: String,
+    node_body: Bytes,
+    changes: mpsc::Sender<DesiredChange>,
+    rejected: Rejected,
+    registered: Arc<watch::Sender<u64>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut delay = RETRY_MIN;
+    loop {
+        match session(&client, &name, node_body.clone(), &changes, &rejected, &registered, &mut stop).await {
+            Ok(()) => return, // stopped
+            Err(LinkError::AgentGone) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "link to the server lost; pods keep running");
+            }
+        }
+        if sleep_or_stop(delay, &mut stop).await {
+            return;
+        }
+        delay = next_delay(delay);
+    }
+}
+
+/// One connected session: register, list (resync), then follow the watch.
+async fn session(
+    client: &Client,
+    name: &str,
+    node_body: Bytes,
+    changes: &mpsc::Sender<DesiredChange>,
+    rejected: &Rejected,
+    registered: &watch::Sender<u64>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), LinkError> {
+    client.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_body))).await?;
+    registered.send_modify(|n| *n += 1);
+    let path = format!("/api/v1/pods?nodeName={}", percent_encode(name));
+    let (_, list): (u16, List<Pod>) = client.call(Method::GET, &path, None).await?;
+    let mut sent: BTreeMap<String, Sent> = BTreeMap::new();
+    let mut pods = Vec::new();
+    for pod in list.items {
+        if let Some((plan, s)) = desired(&pod, name) {
+            sent.insert(pod.metadata.name.clone(), s);
+            pods.push((pod.metadata.name.clone(), pod, plan));
+        }
+    }
+    tracing::info!(pods = pods.len(), version = list.resource_version, "connected to the server");
+    let send = |ch: DesiredChange| async move { changes.send(ch).await.map_err(|_| LinkError::AgentGone) };
+    send(DesiredChange::Resync { source: SourceKind::Orchestrator, pods }).await?;
+    let mut w = client.watch_pods(Some(name), None, Some(list.resource_version)).await?;
+    loop {
+        let next = tokio::select! {
+            n = w.next() => n,
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        };
+        let Some((ty, pod)) = next? else { return Err(LinkError::WatchEnded) };
+        let key = pod.metadata.name.clone();
+        match ty {
+            WatchEventType::Added | WatchEventType::Modified => match desired(&pod, name) {
+                Some((plan, s)) => {
+                    if sent.get(&key) != Some(&s) {
+                        sent.insert(key.clone(), s);
+                        rejected.forget(&key);
+                        send(DesiredChange::Apply { key, pod: Box::new(pod), plan }).await?;
+                    }
+                }
+                None => {
+                    if sent.remove(&key).is_some() {
+                        rejected.forget(&key);
+                        send(DesiredChange::Remove { key }).await?;
+                    }
+                }
+            },
+            WatchEventType::Deleted => {
+                sent.remove(&key);
+                rejected.forget(&key);
+                send(DesiredChange::Remove { key }).await?;
+            }
+            WatchEventType::Error => return Err(LinkError::WatchEnded),
+        }
+    }
+}
+
+/// What the server acknowledged last, within one registration.
+#[derive(Default)]
+struct Acked {
+    registration: u64,
+    allocations: Allocations,
+    pods: BTreeMap<String, PodStatus>,
+}
+
+/// The report to send: the pods whose status differs from the acknowledged
+/// one and the node's allocations; `None` when nothing changed.
+fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusReport> {
+    let pods: BTreeMap<String, PodStatus> = orchestrator_pods(current)
+        .filter(|(k, s)| acked.pods.get(*k) != Some(*s))
+        .map(|(k, s)| (k.clone(), s.clone()))
+        .collect();
+    if pods.is_empty() && current.allocations == acked.allocations && acked.registration > 0 {
+        return None;
+    }
+    Some(NodeStatusReport { node_name: name.to_string(), allocations: current.allocations.clone(), pods })
+}
+
+fn orchestrator_pods(report: &NodeReport) -> impl Iterator<Item = (&String, &PodStatus)> {
+    report.pods.iter().filter(|(k, _)| SourceKind::of_key(k) == SourceKind::Orchestrator)
+}
+
+async fn reports_loop(
+    client: Client,
+    name: String,
+    mut reports: watch::Receiver<NodeReport>,
+    rejected: Rejected,
+    mut registered: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if !registered_or_stop(&mut registered, &mut stop).await {
+        return;
+    }
+    let mut acked = Acked::default();
+    let mut delay = RETRY_MIN;
+    loop {
+        let report = reports.borrow_and_update().clone();
+        let registration = *registered.borrow_and_update();
+        if registration != acked.registration {
+            // A new registration: the server may have missed anything, send it all.
+            acked = Acked::default();
+        }
+        // The agent has not published yet when the report has no node name.
+        let outcome = if report.node_name.is_empty() {
+            Ok(())
+        } else {
+            let refusals = new_refusals(&report, &rejected);
+            push_report(&client, &name, delta(&acked, &name, &report), refusals, &rejected).await
+        };
+        match outcome {
+            Ok(()) => {
+                if !report.node_name.is_empty() {
+                    acked = Acked {
+                        registration,
+                        allocations: report.allocations.clone(),
+                        pods: orchestrator_pods(&report).map(|(k, s)| (k.clone(), s.clone())).collect(),
+                    };
+                }
+                delay = RETRY_MIN;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "status report not delivered; retrying");
+                if sleep_or_stop(delay, &mut stop).await {
+                    return;
+                }
+                delay = next_delay(delay);
+                continue;
+            }
+        }
+        let published = tokio::select! {
+            r = reports.changed() => match r {
+                Ok(()) => true,
+                Err(_) => return,
+            },
+            r = registered.changed() => match r {
+                Ok(()) => false,
+                Err(_) => return,
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if published && sleep_or_stop(COALESCE, &mut stop).await {
+            return;
+        }
+    }
+}
+
+/// The engine's refusals of bound pods not reported yet (each (pod, message)
+/// once), marked as reported.
+fn new_refusals(current: &NodeReport, rejected: &Rejected) -> Vec<(String, PodRejection)> {
+    let mut refusals = Vec::new();
+    for (pod, status) in orchestrator_pods(current) {
+        if status.phase == PodPhase::Pending {
+            if let (Some(reason), Some(message)) = (&status.reason, &status.message) {
+                if rejected.set().insert((pod.clone(), message.clone())) {
+                    refusals.push((pod.clone(), PodRejection { reason: reason.clone(), message: message.clone() }));
+                }
+            }
+        }
+    }
+    refusals
+}
+
+/// Sends the status report (when something changed), then the refusals: a
+/// bound pod the engine refused on this node's truth goes back to the queue.
+/// Refusals not delivered are unmarked, so the next attempt sends them.
+async fn push_report(
+    client: &Client,
+    name: &str,
+    report: Option<NodeStatusReport>,
+    refusals: Vec<(String, PodRejection)>,
+    rejected: &Rejected,
+) -> Result<(), ClientError> {
+    let mut refusals = refusals.into_iter();
+    let unmark = |rest: &mut dyn Iterator<Item = (String, PodRejection)>| {
+        for (pod, r) in rest {
+            rejected.set().remove(&(pod, r.message));
+        }
+    };
+    if let Some(report) = report {
+        let body = serde_json::to_vec(&report).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = format!("/api/v1/nodes/{}/status", percent_encode(name));
+        let sent = client.call::<NodeStatus>(Method::PUT, &path, Some(("application/json", Bytes::from(body)))).await;
+        if let Err(e) = sent {
+            unmark(&mut refusals);
+            return Err(e);
+        }
+    }
+    while let Some((pod, r)) = refusals.next() {
+        let body = serde_json::to_vec(&r).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = format!("/api/v1/pods/{}/rejection", percent_encode(&pod));
+        if let Err(e) = client.request(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await {
+            rejected.set().remove(&(pod, r.message));
+            unmark(&mut refusals);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+async fn heartbeat_loop(
+    client: Client,
+    name: String,
+    full: Arc<watch::Sender<u64>>,
+    mut registered: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if !registered_or_stop(&mut registered, &mut stop).await {
+        return;
+    }
+    let path = format!("/api/v1/nodes/{}/heartbeat", percent_encode(&name));
+    let mut missed = false;
+    loop {
+        match client.call::<serde_json::Value>(Method::POST, &path, None).await {
+            Ok(_) if missed => {
+                missed = false;
+                full.send_modify(|n| *n += 1);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                missed = true;
+                tracing::debug!(error = %e, "heartbeat not delivered");
+            }
+        }
+        if sleep_or_stop(HEARTBEAT_EVERY, &mut stop).await {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specs::status::PodStatus;
+
+    fn status(phase: PodPhase) -> PodStatus {
+        PodStatus { phase, ..Default::default() }
+    }
+
+    fn report(pods: &[(&str, PodPhase)]) -> NodeReport {
+        NodeReport {
+            node_name: "n".into(),
+            allocations: Allocations::default(),
+            pods: pods.iter().map(|(k, p)| (k.to_string(), status(*p))).collect(),
+        }
+    }
+
+    #[test]
+    fn a_report_carries_only_what_changed_since_the_acknowledged_one() {
+        let first = report(&[("a", PodPhase::Running), ("b", PodPhase::Pending), ("static/s", PodPhase::Running)]);
+        // Nothing acknowledged in this registration: everything of the orchestrator's.
+        let full = delta(&Acked::default(), "n", &first).expect("a first report");
+        assert_eq!(full.pods.keys().collect::<Vec<_>>(), ["a", "b"]);
+        let acked = Acked {
+            registration: 1,
+            allocations: first.allocations.clone(),
+            pods: orchestrator_pods(&first).map(|(k, s)| (k.clone(), s.clone())).collect(),
+        };
+        assert_eq!(delta(&acked, "n", &first), None, "nothing changed, nothing sent");
+        let next = report(&[("a", PodPhase::Running), ("b", PodPhase::Running), ("c", PodPhase::Pending)]);
+        let d = delta(&acked, "n", &next).expect("b and c changed");
+        assert_eq!(d.pods.keys().collect::<Vec<_>>(), ["b", "c"]);
+        assert_eq!(d.node_name, "n");
+    }
+}

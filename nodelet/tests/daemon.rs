@@ -1,0 +1,187 @@
+//! The node daemon in-process against a real orchestrator `Server` (both on
+//! 127.0.0.1:0), with the hollow runtime: join with the token alone (its CA
+//! pin), register, run a bound pod, report it Running, serve its logs to the
+//! server's proxy, stop it when deleted and report the freed CPUs. A counting
+//! relay in front of the server sees the link's connections: the join's, then
+//! one for the watch, every report and every heartbeat; another in front of the
+//! node's endpoint sees the server's proxy keep one connection to the node.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nodelet::agent::AgentConfig;
+use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
+use orchestrator::client::{Client, ClientError};
+use orchestrator::server::{Server, ServerOptions};
+use orchestrator::tls::Credentials;
+use specs::api::NodeCondition;
+use specs::topology::{Cpu, NumaNode};
+use specs::{CpuSet, NodeSettings, NodeTopology, PodPhase};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Two NUMA nodes of four CPUs, one thread per core.
+fn topology() -> NodeTopology {
+    NodeTopology {
+        cpus: (0..8).map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: id / 4 }).collect(),
+        numa_nodes: (0..2)
+            .map(|id| NumaNode {
+                id,
+                cpus: CpuSet::range(id * 4, id * 4 + 3),
+                memory_bytes: 16 << 30,
+                distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
+                hugepages: vec![],
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Forwards `127.0.0.1:PORT` to `to`, counting accepted connections.
+async fn counting_relay(to: std::net::SocketAddr) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    relay(listener, to)
+}
+
+fn relay(listener: TcpListener, to: std::net::SocketAddr) -> (u16, Arc<AtomicUsize>) {
+    let port = listener.local_addr().expect("relay addr").port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (port, count)
+}
+
+/// Polls `probe` until it returns `Some`, for at most a minute.
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within a minute");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
+    opts.controller.heartbeat_grace = Duration::from_secs(60);
+    let server = Server::bind(opts).await.expect("bind the server");
+    let token = server.join_token.to_string();
+    let admin = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("admin client");
+    let (port, connections) = counting_relay(server.local_addr()).await;
+    let (stop_server, rx) = watch::channel(false);
+    let server_task = tokio::spawn(server.run(rx));
+    // The server reaches the node's endpoint through a counting relay too: the
+    // node advertises the relay's address (127.0.0.1:P) and listens on
+    // 127.0.0.2:P, where the relay forwards.
+    let endpoint_relay = TcpListener::bind("127.0.0.1:0").await.expect("bind the endpoint relay");
+    let p = endpoint_relay.local_addr().expect("relay addr").port();
+    let (_, endpoint_connections) = relay(endpoint_relay, ([127, 0, 0, 2], p).into());
+
+    let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
+    let config = DaemonConfig {
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
+        runtime: RuntimeChoice::Hollow,
+        manifests: None,
+        join: Some(JoinConfig {
+            server: format!("https://127.0.0.1:{port}"),
+            token: Some(token),
+            ca: None,
+            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+            endpoint_listen: format!("127.0.0.2:{p}"),
+            advertise_address: Some([127, 0, 0, 1].into()),
+        }),
+    };
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
+
+    let node = eventually("the node registers", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    assert_eq!(node.metadata.labels.get("zone").map(String::as_str), Some("a"));
+    assert!(dir.path().join("node/node.conf").is_file(), "the node keeps its credentials");
+
+    let manifest = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n";
+    admin.create_pod(Bytes::from(manifest)).await.expect("create the pod");
+    let running = eventually("the pod runs", || async {
+        admin.get_pod("web").await.ok().filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
+    })
+    .await;
+    assert_eq!(running.spec.node_name.as_deref(), Some("edge"));
+    assert!(dir.path().join("node/agent.lock").is_file(), "the agent runs on the node's data dir");
+    // The report carried the node's allocations with the pod's status.
+    let node = admin.get_node("edge").await.expect("node");
+    let held = node.status.allocations.pods.get("web").expect("the pod's allocation is reported");
+    assert_eq!(held.containers[0].cpus.len(), 2, "{held:?}");
+
+    // The server reaches the node's endpoint through its proxy: the hollow
+    // runtime writes no log, and the node's own refusal comes back, each time
+    // over the one connection the server keeps to this node.
+    for _ in 0..3 {
+        match admin.get_stream("/api/v1/pods/web/log").await {
+            Err(ClientError::Api(e)) => assert_eq!((e.code, e.reason.as_str()), (404, "NoLog"), "{e}"),
+            other => panic!("expected the node's NoLog, got {:?}", other.map(|_| ())),
+        }
+    }
+    assert_eq!(endpoint_connections.load(Ordering::SeqCst), 1, "connections from the server to the node");
+
+    admin.delete_pod("web").await.expect("delete the pod");
+    eventually("the node frees the pod's CPUs", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.allocations.pods.is_empty())
+    })
+    .await;
+    assert!(matches!(admin.get_pod("web").await, Err(ClientError::Api(e)) if e.code == 404));
+
+    // The join's connection, then one for everything the link sent since.
+    assert_eq!(connections.load(Ordering::SeqCst), 2, "connections from the node to the server");
+
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+    let _ = stop_server.send(true);
+    server_task.await.expect("server task").expect("the server stops cleanly");
+}
+
+#[tokio::test]
+async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = DaemonConfig {
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
+        runtime: RuntimeChoice::Hollow,
+        manifests: None,
+        join: Some(JoinConfig {
+            // Nothing listens there: the refusal must come before any connection.
+            server: "https://127.0.0.1:9".into(),
+            token: Some("s3cret".into()),
+            ca: None,
+            labels: BTreeMap::new(),
+            endpoint_listen: "127.0.0.1:0".into(),
+            advertise_address: None,
+        }),
+    };
+    let (_stop, rx) = watch::channel(false);
+    let e = nodelet::daemon::run(config, rx).await.expect_err("no pin, no CA");
+    assert!(e.to_string().contains("--ca FILE"), "{e}");
+    assert!(!dir.path().join("node/node.conf").exists());
+    assert!(!dir.path().join("node/agent.lock").exists(), "the agent never started");
+}

@@ -1,0 +1,333 @@
+//! The client side of Pinion's PKI: the credentials file the CLI and a joined
+//! node read, the rustls configurations built from it (to call the server, and
+//! for the node's own endpoint), the join token with its CA pin, and the
+//! identity names certificates carry. Issuing certificates (the CA, rcgen)
+//! stays in `orchestrator::tls`.
+//!
+//! Identity is the client certificate's common name: `admin`, `node:<name>`, or
+//! the server's proxy identity.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+pub const ADMIN_CN: &str = "admin";
+pub const NODE_CN_PREFIX: &str = "node:";
+/// The server's identity when it calls a nodelet (to proxy a pod's logs).
+pub const PROXY_CN: &str = "pinion-server";
+
+/// What both ends of a connection offer over ALPN, preferred first.
+pub const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("rustls: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("{what}: bad PEM: {reason}")]
+    Pem { what: String, reason: String },
+    #[error("{path}: not a credentials file: {source}")]
+    Credentials { path: PathBuf, source: serde_yaml_ng::Error },
+    #[error("join token: {0}")]
+    Token(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io { path: path.to_path_buf(), source }
+}
+
+/// What a CLI (or a joined node) needs to reach the server: YAML, mode 0600.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Credentials {
+    /// `https://HOST:PORT`
+    pub server: String,
+    pub ca_cert: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+impl Credentials {
+    pub fn load(path: &Path) -> Result<Credentials, TlsError> {
+        let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+        serde_yaml_ng::from_str(&text).map_err(|source| TlsError::Credentials { path: path.to_path_buf(), source })
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), TlsError> {
+        let text = serde_yaml_ng::to_string(self)
+            .map_err(|source| TlsError::Credentials { path: path.to_path_buf(), source })?;
+        write_private(path, text.as_bytes())
+    }
+
+    /// A rustls client configuration that trusts only our CA and presents the cert.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_cert(&self.ca_cert, "caCert")?)?;
+        let chain = vec![pem_cert(&self.client_cert, "clientCert")?];
+        let key = pem_key(&self.client_key, "clientKey")?;
+        Ok(rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?)
+    }
+
+    /// The nodelet's HTTPS endpoint: serves with the node certificate and
+    /// requires a client certificate from our CA (the caller checks the name).
+    pub fn serving_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_cert(&self.ca_cert, "caCert")?)?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![pem_cert(&self.client_cert, "clientCert")?, pem_cert(&self.ca_cert, "caCert")?],
+                pem_key(&self.client_key, "clientKey")?,
+            )?;
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+        Ok(config)
+    }
+}
+
+pub fn pem_cert(pem: &str, what: &str) -> Result<CertificateDer<'static>, TlsError> {
+    CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| TlsError::Pem { what: what.to_string(), reason: e.to_string() })
+}
+
+pub fn pem_key(pem: &str, what: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| TlsError::Pem { what: what.to_string(), reason: e.to_string() })
+}
+
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Writes a secret atomically with mode 0600 (temp file, fsync, rename, fsync dir).
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// The subject's common name of a DER certificate.
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let ee = webpki::EndEntityCert::try_from(cert).ok()?;
+    // webpki hands out the Name's contents; re-wrap them as a SEQUENCE for yasna.
+    let content = ee.subject();
+    let mut der = vec![0x30];
+    der.extend(der_length(content.len()));
+    der.extend_from_slice(content);
+    let cn_oid = yasna::models::ObjectIdentifier::from_slice(&[2, 5, 4, 3]);
+    let mut found = None;
+    yasna::parse_der(&der, |r| {
+        r.read_sequence_of(|r| {
+            r.read_set_of(|r| {
+                r.read_sequence(|r| {
+                    let oid = r.next().read_oid()?;
+                    let value = r.next().read_der()?;
+                    if oid == cn_oid {
+                        // Any string type: the value bytes after tag and length.
+                        let s = yasna::parse_der(&value, |r| r.read_utf8string().or_else(|_| Ok(String::new())))
+                            .ok()
+                            .filter(|s| !s.is_empty())
+                            .or_else(|| skip_header(&value).map(|b| String::from_utf8_lossy(b).into_owned()));
+                        found = s;
+                    }
+                    Ok(())
+                })
+            })
+        })
+    })
+    .ok()?;
+    found
+}
+
+fn der_length(len: usize) -> Vec<u8> {
+    if len < 0x80 {
+        return vec![len as u8];
+    }
+    let bytes: Vec<u8> = len.to_be_bytes().iter().copied().skip_while(|b| *b == 0).collect();
+    let mut out = vec![0x80 | bytes.len() as u8];
+    out.extend(bytes);
+    out
+}
+
+/// The contents of a short-form or long-form DER value.
+fn skip_header(v: &[u8]) -> Option<&[u8]> {
+    let l = *v.get(1)?;
+    if l < 0x80 {
+        v.get(2..2 + l as usize)
+    } else {
+        let n = (l & 0x7f) as usize;
+        let mut len = 0usize;
+        for b in v.get(2..2 + n)? {
+            len = (len << 8) | *b as usize;
+        }
+        v.get(2 + n..2 + n + len)
+    }
+}
+
+/// The SHA-256 of a CA certificate's DER bytes: what a join token pins.
+pub fn ca_pin(ca_pem: &str) -> Result<[u8; 32], TlsError> {
+    let der = pem_cert(ca_pem, "CA certificate")?;
+    Ok(sha2::Sha256::digest(der.as_ref()).into())
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A bootstrap token, `PIN.SECRET`: PIN is the hex SHA-256 of the server's CA
+/// certificate, so a machine given only the URL and the token can check the
+/// server before it sends the secret (as kubeadm's `--discovery-token-ca-cert-hash`
+/// and k3s's secure tokens do). A bare SECRET (no pin) is accepted with `--ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub ca_pin: Option<[u8; 32]>,
+    pub secret: String,
+}
+
+impl JoinToken {
+    pub fn parse(text: &str) -> Result<JoinToken, TlsError> {
+        let text = text.trim();
+        let (pin, secret) = match text.split_once('.') {
+            Some((pin, secret)) => (Some(pin), secret),
+            None => (None, text),
+        };
+        if secret.is_empty() || !secret.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(TlsError::Token("the secret (after the '.') must be letters and digits".into()));
+        }
+        let ca_pin = match pin {
+            None => None,
+            Some(p) => {
+                let bytes: Vec<u8> = (0..p.len())
+                    .step_by(2)
+                    .map(|i| p.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                    .collect::<Option<_>>()
+                    .filter(|b: &Vec<u8>| b.len() == 32 && p.len() == 64)
+                    .ok_or_else(|| {
+                        TlsError::Token("the part before the '.' must be the CA's SHA-256, 64 hex digits".into())
+                    })?;
+                let mut pin = [0u8; 32];
+                pin.copy_from_slice(&bytes);
+                Some(pin)
+            }
+        };
+        Ok(JoinToken { ca_pin, secret: secret.to_string() })
+    }
+}
+
+impl std::fmt::Display for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.ca_pin {
+            Some(pin) => write!(f, "{}.{}", hex(pin), self.secret),
+            None => f.write_str(&self.secret),
+        }
+    }
+}
+
+/// Verifies a server against the CA its own chain carries, once that CA's
+/// hash matches the pin: trust on a known fingerprint, then ordinary WebPKI
+/// checks (signature, validity, the server name).
+#[derive(Debug)]
+pub(crate) struct PinnedCa {
+    pub(crate) pin: [u8; 32],
+    pub(crate) provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|c| <[u8; 32]>::from(sha2::Sha256::digest(c.as_ref())) == self.pin)
+            .ok_or_else(|| {
+                rustls::Error::General(
+                    "the server's CA is not the one the join token pins (wrong server or token)".into(),
+                )
+            })?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+        verifier.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_tokens_parse_and_name_what_is_wrong() {
+        let pin = "ab".repeat(32);
+        for (text, ok) in [
+            (format!("{pin}.s3cret"), Ok(true)),
+            ("s3cret\n".to_string(), Ok(false)),
+            (format!("{pin}."), Err("the secret")),
+            ("abc.s3cret".to_string(), Err("64 hex digits")),
+            (format!("{}.s3cret", "zz".repeat(32)), Err("64 hex digits")),
+            (format!("{pin}.a b"), Err("letters and digits")),
+        ] {
+            match (JoinToken::parse(&text), ok) {
+                (Ok(t), Ok(has_pin)) => {
+                    assert_eq!(t.ca_pin.is_some(), has_pin, "{text}");
+                    assert_eq!(t.to_string(), text.trim(), "round trip");
+                }
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{text}: {e}"),
+                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The server's proxy to a nodelet's endpoint (`pinion logs` reads a
+//! container's log through it): one pooled client per node, so a second
+//! `logs` call, or many following the same node, reuse the connection (and
+//! HTTP/2 carries them all on it). The node's certificate must name the node.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::Response;
+use pinion_client::{Client, ClientError};
+use tokio::sync::{mpsc, watch};
+
+use super::error::error;
+use super::{error_response, Body, ChannelBody};
+
+/// How long the node has to send the reply's head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A pooled client per node, rebuilt when the node registers another endpoint.
+pub struct NodeClients {
+    tls: Arc<rustls::ClientConfig>,
+    clients: Mutex<HashMap<String, (String, Client)>>,
+}
+
+impl NodeClients {
+    /// `tls`: trusts only our CA and presents the proxy identity.
+    pub fn new(tls: Arc<rustls::ClientConfig>) -> NodeClients {
+        NodeClients { tls, clients: Mutex::new(HashMap::new()) }
+    }
+
+    fn client(&self, node: &str, endpoint: &str) -> Result<Client, ClientError> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, c)) = clients.get(node) {
+            if at == endpoint {
+                return Ok(c.clone());
+            }
+        }
+        // Clones of one rustls configuration share its session cache.
+        let c = Client::with_tls(&format!("https://{endpoint}"), Some(node), (*self.tls).clone())?;
+        clients.insert(node.to_string(), (endpoint.to_string(), c.clone()));
+        Ok(c)
+    }
+}
+
+/// Streams `GET https://endpoint/path` from a nodelet, whose certificate must
+/// name `node`. Refusals from the nodelet pass through with their status.
+pub async fn proxy(
+    clients: &NodeClients,
+    node: &str,
+    endpoint: &str,
+    path: &str,
+    mut shutdown: watch::Receiver<bool>,
+) -> Response<Body> {
+    let unreachable =
+        |what: String| error_response(&error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}")));
+    let client = match clients.client(node, endpoint) {
+        Ok(c) => c,
+        Err(e) => return unreachable(e.to_string()),
+    };
+    let resp = match tokio::time::timeout(HEAD_TIMEOUT, client.get(path)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return unreachable(e.to_string()),
+        Err(_) => return unreachable("no reply in time".into()),
+    };
+    let status = resp.status();
+    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
+    let mut body = resp.into_body();
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        loop {
+            let frame = tokio::select! {
+                f = body.frame() => f,
+                _ = shutdown.changed() => return,
+                _ = tx.closed() => return,
+            };
+            match frame {
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        if tx.send(data).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Some(Err(e)) => return tracing::debug!(error = %e, "log stream from the node broke"),
+                None => return,
+            }
+        }
+    });
+    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
+    *r.status_mut() = status;
+    if let Some(ct) = content_type {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, ct);
+    }
+    r
+}
