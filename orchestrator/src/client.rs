@@ -416,3 +416,77 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCa {
         self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
+
+// `pinion run`'s calls: a create and its attach stream share one connection
+// (one TLS handshake), and an attach stream resumes from a version and an
+// output offset.
+
+impl Connection {
+    /// Creates a pod on this connection; 201 created, 200 unchanged.
+    pub async fn create_pod(&mut self, manifest: Bytes) -> Result<(u16, Pod), ClientError> {
+        let (code, bytes) = self.request(Method::POST, "/api/v1/pods", Some(("application/yaml", manifest))).await?;
+        decode_reply(code, &bytes)
+    }
+
+    /// A GET on this connection whose 200 reply is read as it arrives; any
+    /// other status is the `ApiError`. Only the reply's head has a timeout.
+    pub async fn into_stream(mut self, path: &str) -> Result<ByteStream, ClientError> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(hyper::header::HOST, &self.authority)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let resp = tokio::time::timeout(REQUEST_TIMEOUT, self.sender.send_request(req))
+            .await
+            .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
+        let code = resp.status().as_u16();
+        if code != 200 {
+            let bytes = collect(resp.into_body()).await?;
+            return Err(api_error(code, &bytes));
+        }
+        Ok(ByteStream { body: resp.into_body(), _conn: self })
+    }
+
+    /// `GET /api/v1/pods/{name}/attach` on this connection: the pod's status
+    /// frames newer than `from`, its output after `offset` bytes, then its exit.
+    pub async fn attach_pod(self, name: &str, from: Option<u64>, offset: u64) -> Result<AttachStream, ClientError> {
+        let mut path = format!("/api/v1/pods/{}/attach?offset={offset}", percent_encode(name));
+        if let Some(v) = from {
+            path.push_str(&format!("&resourceVersion={v}"));
+        }
+        Ok(AttachStream { stream: self.into_stream(&path).await?, buf: BytesMut::new() })
+    }
+}
+
+impl Client {
+    /// `Connection::attach_pod` on a fresh connection.
+    pub async fn attach_pod(&self, name: &str, from: Option<u64>, offset: u64) -> Result<AttachStream, ClientError> {
+        self.connect().await?.attach_pod(name, from, offset).await
+    }
+}
+
+/// An attach stream: one `AttachFrame` per line.
+pub struct AttachStream {
+    stream: ByteStream,
+    buf: BytesMut,
+}
+
+impl AttachStream {
+    /// The next frame; `Ok(None)` when the stream ended (after a last frame, or
+    /// broken off).
+    pub async fn next(&mut self) -> Result<Option<specs::api::AttachFrame>, ClientError> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line = self.buf.split_to(pos + 1);
+                return serde_json::from_slice(&line)
+                    .map(Some)
+                    .map_err(|e| ClientError::Decode(format!("attach frame: {e}")));
+            }
+            match self.stream.next().await? {
+                None => return Ok(None),
+                Some(data) => self.buf.extend_from_slice(&data),
+            }
+        }
+    }
+}

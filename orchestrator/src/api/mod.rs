@@ -5,6 +5,7 @@
 //! end watch streams.
 
 pub mod apply;
+pub mod attach;
 pub mod error;
 pub mod parse;
 pub mod routes;
@@ -244,12 +245,67 @@ async fn handle(
             r
         }
         Ok(Reply::Proxy { node, endpoint, path }) => proxy(&state, &node, &endpoint, &path, shutdown).await,
+        Ok(Reply::Attach(a)) => attach::respond(state, *a, shutdown),
         Err(e) => error_response(&e),
     }
 }
 
 const PROXY_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const PROXY_HEAD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A nodelet's reply whose body is still to be read.
+pub struct NodeStream {
+    pub status: hyper::StatusCode,
+    pub content_type: Option<hyper::header::HeaderValue>,
+    pub body: Incoming,
+    /// Keeps the connection open while the body streams.
+    _sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+/// `GET https://endpoint/path` on a nodelet, whose certificate must name
+/// `node`; every step has a timeout. Shared by the log proxy and attach.
+pub async fn open_node_stream(
+    state: &ApiState,
+    node: &str,
+    endpoint: &str,
+    path: &str,
+) -> Result<NodeStream, ApiError> {
+    let unreachable = |what: String| error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}"));
+    let Ok(name) = rustls::pki_types::ServerName::try_from(node.to_string()) else {
+        return Err(unreachable("the node name is not a TLS name".into()));
+    };
+    let tcp = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(endpoint)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return Err(unreachable(format!("cannot connect: {e}"))),
+        Err(_) => return Err(unreachable("connect timed out".into())),
+    };
+    let _ = tcp.set_nodelay(true);
+    let connector = tokio_rustls::TlsConnector::from(state.proxy_tls.clone());
+    let tls = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, connector.connect(name, tcp)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return Err(unreachable(format!("TLS: {e}"))),
+        Err(_) => return Err(unreachable("TLS handshake timed out".into())),
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
+        Ok(x) => x,
+        Err(e) => return Err(unreachable(format!("HTTP: {e}"))),
+    };
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = match Request::get(path).header(hyper::header::HOST, endpoint).body(Full::new(Bytes::new())) {
+        Ok(r) => r,
+        Err(e) => return Err(unreachable(format!("bad request: {e}"))),
+    };
+    let resp = match tokio::time::timeout(PROXY_HEAD_TIMEOUT, sender.send_request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(unreachable(format!("HTTP: {e}"))),
+        Err(_) => return Err(unreachable("no reply in time".into())),
+    };
+    let status = resp.status();
+    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
+    Ok(NodeStream { status, content_type, body: resp.into_body(), _sender: sender })
+}
 
 /// Streams `GET https://endpoint/path` from a nodelet, whose certificate must
 /// name `node`. Refusals from the nodelet pass through with their status.
@@ -260,48 +316,17 @@ async fn proxy(
     path: &str,
     mut shutdown: watch::Receiver<bool>,
 ) -> Response<Body> {
-    let unreachable =
-        |what: String| error_response(&error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}")));
-    let Ok(name) = rustls::pki_types::ServerName::try_from(node.to_string()) else {
-        return unreachable("the node name is not a TLS name".into());
+    let upstream = match open_node_stream(state, node, endpoint, path).await {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
     };
-    let tcp = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(endpoint)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return unreachable(format!("cannot connect: {e}")),
-        Err(_) => return unreachable("connect timed out".into()),
-    };
-    let _ = tcp.set_nodelay(true);
-    let connector = tokio_rustls::TlsConnector::from(state.proxy_tls.clone());
-    let tls = match tokio::time::timeout(PROXY_CONNECT_TIMEOUT, connector.connect(name, tcp)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return unreachable(format!("TLS: {e}")),
-        Err(_) => return unreachable("TLS handshake timed out".into()),
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tls)).await {
-        Ok(x) => x,
-        Err(e) => return unreachable(format!("HTTP: {e}")),
-    };
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let req = match Request::get(path).header(hyper::header::HOST, endpoint).body(Full::new(Bytes::new())) {
-        Ok(r) => r,
-        Err(e) => return unreachable(format!("bad request: {e}")),
-    };
-    let resp = match tokio::time::timeout(PROXY_HEAD_TIMEOUT, sender.send_request(req)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return unreachable(format!("HTTP: {e}")),
-        Err(_) => return unreachable("no reply in time".into()),
-    };
-    let status = resp.status();
-    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
-    let mut body = resp.into_body();
+    let (status, content_type) = (upstream.status, upstream.content_type.clone());
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
-        let _sender = sender; // keeps the connection open while the body streams
+        let mut upstream = upstream;
         loop {
             let frame = tokio::select! {
-                f = body.frame() => f,
+                f = upstream.body.frame() => f,
                 _ = shutdown.changed() => return,
                 _ = tx.closed() => return,
             };
