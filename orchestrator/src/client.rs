@@ -437,9 +437,14 @@ impl Connection {
             .header(hyper::header::HOST, &self.authority)
             .body(Full::new(Bytes::new()))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let resp = tokio::time::timeout(REQUEST_TIMEOUT, self.sender.send_request(req))
-            .await
-            .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
+        // After an earlier request the connection takes a moment to be ready
+        // for the next one; sending before that fails ("canceled").
+        let resp = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            self.sender.ready().await?;
+            self.sender.send_request(req).await
+        })
+        .await
+        .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;
