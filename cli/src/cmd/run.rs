@@ -758,6 +758,66 @@ mod tests {
         check("0-20000", Err("more than 10000 tasks"));
     }
 
+    /// What a follower said, for tests.
+    #[derive(Default)]
+    struct Said(Vec<String>);
+
+    impl Sink for Said {
+        fn output(&mut self, data: &str) {
+            self.0.push(format!("out {data}"));
+        }
+        fn note(&mut self, line: String) {
+            self.0.push(line);
+        }
+        fn says_pending(&self) -> bool {
+            true
+        }
+    }
+
+    fn check_exit(
+        phase: PodPhase,
+        code: Option<i32>,
+        reason: Option<&str>,
+        message: Option<&str>,
+        expected: (i32, &[&str]),
+    ) {
+        let mut said = Said::default();
+        let cmd = ["/no/such/binary".to_string(), "x".to_string()];
+        let got =
+            exit_code_of("job", &cmd, phase, code, reason.map(str::to_string), message.map(str::to_string), &mut said);
+        let said: Vec<&str> = said.0.iter().map(String::as_str).collect();
+        assert_eq!((got, said.as_slice()), expected, "{phase:?} {code:?} {reason:?}");
+    }
+
+    #[test]
+    fn exit_codes_and_what_is_said_about_them() {
+        check_exit(PodPhase::Succeeded, Some(0), Some("Completed"), None, (0, &[]));
+        check_exit(PodPhase::Failed, Some(3), Some("Error"), None, (3, &[]));
+        check_exit(PodPhase::Failed, Some(137), Some("OOMKilled"), None, (137, &["pinion: pod job: OOMKilled"]));
+        check_exit(
+            PodPhase::Failed,
+            Some(127),
+            Some("StartError"),
+            None,
+            (127, &["pinion: run job: /no/such/binary: command not found (exit 127)"]),
+        );
+        check_exit(
+            PodPhase::Failed,
+            Some(126),
+            None,
+            Some("permission denied"),
+            (126, &["pinion: run job: /no/such/binary: cannot be executed (exit 126) (permission denied)"]),
+        );
+        check_exit(
+            PodPhase::Failed,
+            None,
+            Some("Evicted"),
+            Some("node lost"),
+            (1, &["pinion: pod job failed: node lost"]),
+        );
+        check_exit(PodPhase::Succeeded, None, None, None, (0, &[]));
+    }
+
     #[test]
     fn lines_are_labelled_whole() {
         let mut l = Labeler::default();
