@@ -263,10 +263,34 @@ pub fn task_pod(args: &Args, spec: &ArraySpec, task: u32) -> anyhow::Result<Pod>
     Ok(pod)
 }
 
+/// SIGINT and SIGTERM, caught from before the first create: a Ctrl-C while
+/// pods are being created still deletes them all.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn catch() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
+    let signals = Signals::catch()?;
     if let Some(spec) = args.array.clone() {
-        return run_array(&client, &args, &spec).await;
+        return run_array(&client, &args, &spec, signals).await;
     }
     let pod = pod(&args)?;
     let body = serde_json::to_vec(&pod).context("encoding the pod")?;
@@ -286,7 +310,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         let mut out = Stdout;
         follow(&client, Some(conn), &created, &args.command, &mut out).await.map(|code| code.clamp(0, 255) as u8)
     };
-    finish(&client, &args, &names, followed).await
+    finish(&client, &args, &names, followed, signals).await
 }
 
 /// Waits for `followed`, a signal or `--timeout`; deletes the pods when asked
@@ -296,9 +320,8 @@ async fn finish(
     args: &Args,
     names: &[String],
     followed: impl std::future::Future<Output = anyhow::Result<u8>>,
+    mut signals: Signals,
 ) -> anyhow::Result<ExitCode> {
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let limit = async {
         match args.timeout {
             Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
@@ -307,8 +330,7 @@ async fn finish(
     };
     let ended = tokio::select! {
         r = followed => Ended::Done(r),
-        _ = term.recv() => Ended::Interrupted,
-        _ = int.recv() => Ended::Interrupted,
+        _ = signals.recv() => Ended::Interrupted,
         _ = limit => Ended::TimedOut,
     };
     if args.rm || !matches!(ended, Ended::Done(_)) {
@@ -468,6 +490,7 @@ async fn follow(
                 Ok(Ok(Some(f))) => f,
             };
             failures = 0;
+            tracing::debug!(pod = %name, ?frame, "frame");
             match frame {
                 AttachFrame::Status { resource_version, status } => {
                     from = Some(resource_version);
@@ -593,7 +616,7 @@ impl Labeler {
     }
 }
 
-async fn run_array(client: &Client, args: &Args, spec: &ArraySpec) -> anyhow::Result<ExitCode> {
+async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Signals) -> anyhow::Result<ExitCode> {
     let pods = spec.tasks.iter().map(|t| Ok((*t, task_pod(args, spec, *t)?))).collect::<anyhow::Result<Vec<_>>>()?;
     let names: Vec<String> = pods.iter().map(|(_, p)| p.metadata.name.clone()).collect();
     // Several connections, each creating its share in turn: HTTP/1 carries
@@ -717,7 +740,7 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec) -> anyhow::Re
         }
         Ok::<u8, anyhow::Error>(worst.clamp(0, 255) as u8)
     };
-    finish(client, args, &names, followed).await
+    finish(client, args, &names, followed, signals).await
 }
 
 #[cfg(test)]
