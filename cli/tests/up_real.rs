@@ -255,6 +255,37 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     let out = up.cli(&["delete", "pod", &format!("{arr}-1"), &format!("{arr}-3"), &one]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 
+    // The connection to the server breaks while the command runs: `run`
+    // reconnects and resumes, so every byte of output comes once.
+    let creds = std::fs::read_to_string(&up.config).unwrap();
+    let url = creds.lines().find_map(|l| l.strip_prefix("server: ")).unwrap().trim().to_string();
+    let relay = e2e::relay::Relay::start(url.trim_start_matches("https://").parse().unwrap()).unwrap();
+    let relayed = up.config.with_file_name("relayed-config");
+    std::fs::write(&relayed, creds.replace(&url, &format!("https://{}", relay.addr))).unwrap();
+    let cut = format!("cut-{tag}");
+    let mut running = Command::new(PINION)
+        .args(["run", &cut, "--rm", "--", "sh", "-c", "echo before; sleep 2; echo after; exit 4"])
+        .env("PINION_CONFIG", &relayed)
+        .env("PINION_LOG", "pinion=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(running.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert_eq!(first, "before\n");
+    relay.set_cut(true);
+    std::thread::sleep(Duration::from_millis(500));
+    relay.set_cut(false);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = running.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut running.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!((status.code(), rest.as_str()), (Some(4), "after\n"), "stderr: {err}");
+    assert!(err.contains("reconnecting"), "the cut broke the stream: {err}");
+
     // `agent status` finds the node of `pinion up` under its data dir, and says so.
     let out = Command::new(PINION).args(["agent", "status", "--data-dir"]).arg(&up.data).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
