@@ -220,6 +220,9 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     let table = text(&up.cli(&["get", "pods", &one]).stdout);
     assert!(table.starts_with("NAME") && table.contains("RESTARTS"), "{table}");
     assert!(table.lines().any(|l| l.starts_with(&one) && l.contains(" Error ")), "{table}");
+    let described = text(&up.cli(&["describe", "pod", &one]).stdout);
+    assert!(described.contains("Status:      Error\n") && described.contains("Restarts:    0\n"), "{described}");
+    assert!(described.contains("state: Terminated (Error), last exit code 3"), "{described}");
 
     // An array of 4, at most 2 at once: every task ran with its index, lines
     // are labelled, the highest exit code wins.

@@ -46,6 +46,8 @@ const RECONNECTS: u32 = 10;
 /// Connections creating (and deleting) an array's pods at once: enough to
 /// overlap the server's group commits, few enough to stay polite.
 const ARRAY_CONNECTIONS: usize = 8;
+/// Array tasks followed at once (one attach stream each).
+const MAX_FOLLOWED: usize = 256;
 /// Slurm's default `MaxArraySize` is 1001; more tasks are refused with a reason.
 const MAX_ARRAY_TASKS: usize = 10_000;
 /// The environment variable holding an array task's index (Slurm's
@@ -685,11 +687,17 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
     // request each: the stream already carries the status, the output and
     // the exit code of its task, resumes on its own, and the server's log
     // follow is per container anyway.
+    // At most MAX_FOLLOWED streams at once, in task order: a task followed
+    // late loses nothing (a finished pod's stream replays its whole output),
+    // and a big array does not take all of the server's connections.
     let (tx, mut rx) = mpsc::unbounded_channel::<TaskEvent>();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_FOLLOWED));
     let mut followers = JoinSet::new();
     for (task, pod) in created {
         let (client, command, tx) = (client.clone(), args.command.clone(), tx.clone());
+        let slots = slots.clone();
         followers.spawn(async move {
+            let _slot = slots.acquire_owned().await;
             let mut sink = TaskSink { task, tx };
             let r = follow(&client, None, &pod, &command, &mut sink).await;
             (task, r)
