@@ -424,8 +424,26 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCa {
 impl Connection {
     /// Creates a pod on this connection; 201 created, 200 unchanged.
     pub async fn create_pod(&mut self, manifest: Bytes) -> Result<(u16, Pod), ClientError> {
+        self.wait_ready().await?;
         let (code, bytes) = self.request(Method::POST, "/api/v1/pods", Some(("application/yaml", manifest))).await?;
         decode_reply(code, &bytes)
+    }
+
+    /// Deletes a pod on this connection.
+    pub async fn delete_pod(&mut self, name: &str) -> Result<Pod, ClientError> {
+        self.wait_ready().await?;
+        let (code, bytes) =
+            self.request(Method::DELETE, &format!("/api/v1/pods/{}", percent_encode(name)), None).await?;
+        Ok(decode_reply(code, &bytes)?.1)
+    }
+
+    /// Waits until the connection can take the next request: right after a
+    /// reply it may not yet, and a request sent then fails ("canceled").
+    async fn wait_ready(&mut self) -> Result<(), ClientError> {
+        tokio::time::timeout(REQUEST_TIMEOUT, self.sender.ready())
+            .await
+            .map_err(|_| ClientError::Timeout("waiting for the connection".into()))??;
+        Ok(())
     }
 
     /// A GET on this connection whose 200 reply is read as it arrives; any
@@ -439,12 +457,10 @@ impl Connection {
             .map_err(|e| ClientError::Decode(e.to_string()))?;
         // After an earlier request the connection takes a moment to be ready
         // for the next one; sending before that fails ("canceled").
-        let resp = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            self.sender.ready().await?;
-            self.sender.send_request(req).await
-        })
-        .await
-        .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
+        self.wait_ready().await?;
+        let resp = tokio::time::timeout(REQUEST_TIMEOUT, self.sender.send_request(req))
+            .await
+            .map_err(|_| ClientError::Timeout(format!("GET {path}")))??;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;

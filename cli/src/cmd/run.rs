@@ -385,8 +385,7 @@ async fn delete_all(client: &Client, names: &[String]) {
             let mut conn: Option<Connection> = None;
             loop {
                 let Some(name) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { return };
-                let path = format!("/api/v1/pods/{name}");
-                let c = match conn.take() {
+                let mut c = match conn.take() {
                     Some(c) => c,
                     None => match client.connect().await {
                         Ok(c) => c,
@@ -396,11 +395,11 @@ async fn delete_all(client: &Client, names: &[String]) {
                         }
                     },
                 };
-                let mut c = c;
-                match c.request(hyper::Method::DELETE, &path, None).await {
-                    Ok((code, _)) if (200..300).contains(&code) || code == 404 => conn = Some(c),
-                    Ok((code, body)) => {
-                        eprintln!("pinion: could not delete pod {name}: {code} {}", String::from_utf8_lossy(&body));
+                match c.delete_pod(&name).await {
+                    Ok(_) => conn = Some(c),
+                    Err(ClientError::Api(e)) if e.code == 404 => conn = Some(c),
+                    Err(ClientError::Api(e)) => {
+                        eprintln!("pinion: could not delete pod {name}: {e}");
                         conn = Some(c);
                     }
                     Err(e) => eprintln!("pinion: could not delete pod {name}: {e}"),
