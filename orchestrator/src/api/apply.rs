@@ -307,9 +307,6 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             require_admin(id, "read pod logs")?;
             let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
             let container = pick_container(&pod, container)?;
-            if pod.spec.node_name.is_none() {
-                return Err(bad_request(format!("pod {name:?} is not on a node yet (it has no logs)")));
-            }
             let (node, endpoint, path) = log_target(state, &pod, &container, follow)?;
             Ok(Reply::Proxy { node, endpoint, path })
         }

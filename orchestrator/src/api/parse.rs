@@ -17,57 +17,23 @@ use super::routes::RouteId;
 pub enum Action {
     Health,
     Version,
-    Join {
-        token: Option<String>,
-        request: JoinRequest,
-    },
-    ListPods {
-        selector: LabelSelector,
-        node: Option<String>,
-    },
-    WatchPods {
-        selector: LabelSelector,
-        node: Option<String>,
-        from: Option<u64>,
-    },
+    Join { token: Option<String>, request: JoinRequest },
+    ListPods { selector: LabelSelector, node: Option<String> },
+    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64> },
     CreatePod(Box<Pod>),
     GetPod(String),
     DeletePod(String),
-    UpdatePodStatus {
-        name: String,
-        status: Box<PodStatus>,
-    },
-    RejectPod {
-        name: String,
-        rejection: PodRejection,
-    },
-    PodLog {
-        name: String,
-        container: Option<String>,
-        follow: bool,
-    },
-    /// Follow one pod to its end: status, output, exit (`api::attach`).
-    AttachPod {
-        name: String,
-        container: Option<String>,
-        known_version: Option<u64>,
-        offset: u64,
-    },
-    ListNodes {
-        selector: LabelSelector,
-    },
+    UpdatePodStatus { name: String, status: Box<PodStatus> },
+    RejectPod { name: String, rejection: PodRejection },
+    PodLog { name: String, container: Option<String>, follow: bool },
+    AttachPod { name: String, container: Option<String>, known_version: Option<u64>, offset: u64 },
+    ListNodes { selector: LabelSelector },
     RegisterNode(Box<Node>),
     GetNode(String),
     DeleteNode(String),
     Heartbeat(String),
-    ReportNodeStatus {
-        name: String,
-        report: Box<NodeStatusReport>,
-    },
-    ListEvents {
-        kind: String,
-        name: String,
-    },
+    ReportNodeStatus { name: String, report: Box<NodeStatusReport> },
+    ListEvents { kind: String, name: String },
 }
 
 pub fn parse(
