@@ -97,8 +97,62 @@ fn report(r: anyhow::Result<ExitCode>) -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line, each cause only when its text is not
+/// already in what comes before it (a wrapper that repeats its source, as
+/// `cannot connect to X: Connection refused`, would otherwise print it
+/// twice), then what to do about a refused connection.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    let refused = e.chain().find_map(|c| match c.downcast_ref::<orchestrator::client::ClientError>() {
+        Some(orchestrator::client::ClientError::Connect { addr, source })
+            if source.kind() == std::io::ErrorKind::ConnectionRefused =>
+        {
+            Some(addr.clone())
+        }
+        _ => None,
+    });
+    if let Some(addr) = refused {
+        line.push_str(&format!("; is a server running at https://{addr}? (start one with: pinion up)"));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_once_and_a_hint_for_a_refused_connection() {
+        let refused =
+            || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let e = anyhow::Error::new(orchestrator::client::ClientError::Connect {
+            addr: "127.0.0.1:7443".into(),
+            source: refused(),
+        });
+        assert_eq!(
+            error_line(&e),
+            "cannot connect to 127.0.0.1:7443: Connection refused (os error 111); is a server running at https://127.0.0.1:7443? (start one with: pinion up)"
+        );
+        // A context that repeats its cause, as a bare io::Error in anyhow does.
+        let e = anyhow::Error::new(refused()).context("Connection refused (os error 111)");
+        assert_eq!(error_line(&e), "Connection refused (os error 111)");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_line(&e), "outer: inner");
     }
 }

@@ -182,9 +182,23 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
             Err(e) => panic!("no row for p30 from get -w ({e}): {seen:?}"),
         }
     }
+    let pending = wait_pod(&config, "p30", "p30 reason", |p| p["status"]["message"].is_string());
+    // The scheduler retries p30 (each retry a change): no row repeats the
+    // pod's previous one (AGE aside, which moves with the clock).
+    std::thread::sleep(Duration::from_secs(1));
+    seen.extend(rx.try_iter());
     let _ = watcher.kill();
     let _ = watcher.wait();
-    let pending = wait_pod(&config, "p30", "p30 reason", |p| p["status"]["message"].is_string());
+    let mut last: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for l in &seen {
+        let mut cells: Vec<String> = l.split_whitespace().map(str::to_string).collect();
+        if cells.len() > 4 {
+            cells.remove(4);
+        }
+        let name = cells[0].clone();
+        assert_ne!(last.get(&name), Some(&cells), "a repeated row for {name}: {seen:?}");
+        last.insert(name, cells);
+    }
     assert_eq!(pending["status"]["phase"], "Pending");
     let msg = pending["status"]["message"].as_str().unwrap_or_default();
     assert!(msg.contains("big") && msg.contains("small"), "{msg}");

@@ -19,7 +19,11 @@ use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 
+/// One `pinion up` at a time: two would give the same CPU 1 to their pods.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Up {
+    _serial: std::sync::MutexGuard<'static, ()>,
     _tmp: tempfile::TempDir,
     data: PathBuf,
     config: PathBuf,
@@ -33,6 +37,7 @@ impl Up {
             eprintln!("skipping: needs root and CPUs 0 and 1");
             return None;
         }
+        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let tmp = tempfile::Builder::new().prefix("pinion-up-").tempdir().unwrap();
         let data = tmp.path().join("data");
         let config = tmp.path().join("config");
@@ -55,7 +60,7 @@ impl Up {
             }
         }
         std::thread::spawn(move || for _ in lines {});
-        let up = Up { _tmp: tmp, data, config, up: Some(child) };
+        let up = Up { _serial: serial, _tmp: tmp, data, config, up: Some(child) };
         // The node registers right after; `run` before that would wait Pending.
         up.wait("the node Ready", || {
             let out = up.cli(&["get", "nodes", "-o", "json"]);
@@ -188,7 +193,7 @@ fn run_streams_output_and_exits_with_the_code_logs_read_through_the_server() {
     // --timeout: a pod that cannot be placed (more CPUs than the host has)
     // gives up with 124 and is deleted.
     let d = format!("run-d-{tag}");
-    let out = up.cli(&["run", &d, "--cpus", "64", "--timeout", "2", "--", "true"]);
+    let out = up.cli(&["run", &d, "--cpus", "64", "--wait-for-nodes", "--timeout", "2", "--", "true"]);
     assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("is pending"), "it said why it waited: {}", text(&out.stderr));
     assert_eq!(up.phase(&d), None);
@@ -199,4 +204,104 @@ fn run_streams_output_and_exits_with_the_code_logs_read_through_the_server() {
     up.wait("the nodelet to drop every pod", || up.node_pods().is_empty());
     let rt = LibcontainerRuntime::new(&up.data.join("node"), Path::new(PINION)).unwrap();
     up.wait("no container left", || rt.list().unwrap_or_default().is_empty());
+}
+
+#[test]
+fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do() {
+    let Some(mut up) = Up::start() else { return };
+    let tag = std::process::id();
+
+    // The exit code and the output, both streams, through one attach stream.
+    let one = format!("three-{tag}");
+    let out = up.cli(&["run", &one, "--cpus", "1", "--", "sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\nerr\n");
+    // STATUS says how it ended, as kubectl does; RESTARTS is there.
+    let table = text(&up.cli(&["get", "pods", &one]).stdout);
+    assert!(table.starts_with("NAME") && table.contains("RESTARTS"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with(&one) && l.contains(" Error ")), "{table}");
+    let described = text(&up.cli(&["describe", "pod", &one]).stdout);
+    assert!(described.contains("Status:      Error\n") && described.contains("Restarts:    0\n"), "{described}");
+    assert!(described.contains("state: Terminated (Error), last exit code 3"), "{described}");
+
+    // An array of 4, at most 2 at once: every task ran with its index, lines
+    // are labelled, the highest exit code wins.
+    let arr = format!("arr-{tag}");
+    let script = "echo id=$PINION_ARRAY_TASK_ID; [ $PINION_ARRAY_TASK_ID = 2 ] && exit 5; exit 0";
+    let out = up.cli(&["run", &arr, "--array", "0-3%2", "--rm", "--", "sh", "-c", script]);
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "stdout: {shown}\nstderr: {}", text(&out.stderr));
+    let mut lines: Vec<&str> = shown.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["0: id=0", "1: id=1", "2: id=2", "3: id=3"]);
+    // --rm removed every task.
+    let left = up.cli(&["get", "pods", "-l", &format!("pinion.io/array={arr}"), "-o", "json"]);
+    let v: Value = serde_json::from_slice(&left.stdout).unwrap();
+    assert_eq!(v["items"].as_array().map(Vec::len), Some(0), "{v:#}");
+
+    // Detached: created with the array's label, annotations and environment.
+    let out = up.cli(&["run", &arr, "--array", "1,3%1", "-d", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = up.cli(&["get", "pods", "-l", &format!("pinion.io/array={arr}"), "-o", "json"]);
+    let v: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let items = v["items"].as_array().cloned().unwrap_or_default();
+    let mut names: Vec<String> = items.iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    names.sort();
+    assert_eq!(names, [format!("{arr}-1"), format!("{arr}-3")]);
+    for p in &items {
+        let task = p["metadata"]["name"].as_str().unwrap().rsplit('-').next().unwrap().to_string();
+        assert_eq!(p["metadata"]["annotations"]["pinion.io/array-task"], task.as_str(), "{p:#}");
+        assert_eq!(p["metadata"]["annotations"]["pinion.io/array-parallelism"], "1", "{p:#}");
+        let env = &p["spec"]["containers"][0]["env"][0];
+        assert_eq!((env["name"].as_str(), env["value"].as_str()), (Some("PINION_ARRAY_TASK_ID"), Some(task.as_str())));
+    }
+    let out = up.cli(&["delete", "pod", &format!("{arr}-1"), &format!("{arr}-3"), &one]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The connection to the server breaks while the command runs: `run`
+    // reconnects and resumes, so every byte of output comes once.
+    let creds = std::fs::read_to_string(&up.config).unwrap();
+    let url = creds.lines().find_map(|l| l.strip_prefix("server: ")).unwrap().trim().to_string();
+    let relay = e2e::relay::Relay::start(url.trim_start_matches("https://").parse().unwrap()).unwrap();
+    let relayed = up.config.with_file_name("relayed-config");
+    std::fs::write(&relayed, creds.replace(&url, &format!("https://{}", relay.addr))).unwrap();
+    let cut = format!("cut-{tag}");
+    let mut running = Command::new(PINION)
+        .args(["run", &cut, "--rm", "--", "sh", "-c", "echo before; sleep 2; echo after; exit 4"])
+        .env("PINION_CONFIG", &relayed)
+        .env("PINION_LOG", "pinion=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(running.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert_eq!(first, "before\n");
+    relay.set_cut(true);
+    std::thread::sleep(Duration::from_millis(500));
+    relay.set_cut(false);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = running.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut running.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!((status.code(), rest.as_str()), (Some(4), "after\n"), "stderr: {err}");
+    assert!(err.contains("reconnecting"), "the cut broke the stream: {err}");
+
+    // `agent status` finds the node of `pinion up` under its data dir, and says so.
+    let out = Command::new(PINION).args(["agent", "status", "--data-dir"]).arg(&up.data).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("node/status.json"), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("NODE "), "{}", text(&out.stdout));
+
+    // No server: the cause once, and what to do.
+    let mut child = up.up.take().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = up.cli(&["get", "pods"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
+    assert!(err.contains("is a server running at https://127.0.0.1:") && err.contains("pinion up"), "{err}");
 }

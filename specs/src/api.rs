@@ -228,6 +228,101 @@ pub struct WatchEvent<T> {
     pub object: T,
 }
 
+/// One line of `GET /api/v1/pods/{name}/attach`: everything `pinion run`
+/// follows about one pod, in order, on one stream. The stream ends after
+/// `exit`, `deleted` or `error`; while nothing happens the server sends a
+/// `heartbeat` every `ATTACH_HEARTBEAT_SECONDS`, so a silence longer than a few
+/// of those means the stream is dead (reconnect with the last `resourceVersion`
+/// and `offset`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase", try_from = "RawAttachFrame")]
+pub enum AttachFrame {
+    /// The pod's status, first as it is now (unless the caller's
+    /// `resourceVersion` is already that new), then at every change.
+    #[serde(rename_all = "camelCase")]
+    Status { resource_version: u64, status: PodStatus },
+    /// Container output. `offset` counts the output bytes sent so far,
+    /// this chunk included (resume with `offset=`). `data` is UTF-8 text (a
+    /// sequence split across chunks is kept whole; invalid bytes become U+FFFD).
+    #[serde(rename_all = "camelCase")]
+    Output { offset: u64, data: String },
+    /// The stream is alive and nothing happened.
+    Heartbeat,
+    /// Something the follower should know that does not end the stream (the
+    /// output cannot be read from the node).
+    #[serde(rename_all = "camelCase")]
+    Notice { message: String },
+    /// The pod finished and its output is complete: the last frame.
+    #[serde(rename_all = "camelCase")]
+    Exit {
+        phase: crate::status::PodPhase,
+        /// The container's exit code; none when it never ran.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        /// The container's reason (`Completed`, `Error`, `OOMKilled`, ...), else the pod's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// The pod was deleted before it finished: the last frame.
+    Deleted,
+    /// The stream cannot go on: the last frame.
+    #[serde(rename_all = "camelCase")]
+    Error { error: ApiError },
+}
+
+/// An `AttachFrame` as read: one flat object. serde reads an internally
+/// tagged enum through a buffer that loses JSON's number-keyed maps (a
+/// status's per-NUMA maps), so the frame is read flat, then checked.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawAttachFrame {
+    #[serde(rename = "type")]
+    kind: String,
+    resource_version: Option<u64>,
+    status: Option<PodStatus>,
+    offset: Option<u64>,
+    data: Option<String>,
+    message: Option<String>,
+    phase: Option<crate::status::PodPhase>,
+    exit_code: Option<i32>,
+    reason: Option<String>,
+    error: Option<ApiError>,
+}
+
+impl TryFrom<RawAttachFrame> for AttachFrame {
+    type Error = String;
+
+    fn try_from(r: RawAttachFrame) -> Result<Self, String> {
+        let missing = |field: &str| format!("attach frame {:?} without {field}", r.kind);
+        Ok(match r.kind.as_str() {
+            "status" => AttachFrame::Status {
+                resource_version: r.resource_version.ok_or_else(|| missing("resourceVersion"))?,
+                status: r.status.clone().ok_or_else(|| missing("status"))?,
+            },
+            "output" => AttachFrame::Output {
+                offset: r.offset.ok_or_else(|| missing("offset"))?,
+                data: r.data.clone().ok_or_else(|| missing("data"))?,
+            },
+            "heartbeat" => AttachFrame::Heartbeat,
+            "notice" => AttachFrame::Notice { message: r.message.clone().ok_or_else(|| missing("message"))? },
+            "exit" => AttachFrame::Exit {
+                phase: r.phase.ok_or_else(|| missing("phase"))?,
+                exit_code: r.exit_code,
+                reason: r.reason,
+                message: r.message,
+            },
+            "deleted" => AttachFrame::Deleted,
+            "error" => AttachFrame::Error { error: r.error.ok_or_else(|| missing("error"))? },
+            other => return Err(format!("unknown attach frame type {other:?}")),
+        })
+    }
+}
+
+/// How often an idle attach stream carries a heartbeat.
+pub const ATTACH_HEARTBEAT_SECONDS: u64 = 5;
+
 /// A list response: the items and the store version it was read at (resume a
 /// watch from it to miss nothing).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -354,6 +449,32 @@ mod tests {
         let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let got = LabelSelector::parse(selector).map(|s| s.matches(&labels)).map_err(|_| ());
         assert_eq!(got, expected, "selector {selector:?} on {labels:?}");
+    }
+
+    #[test]
+    fn attach_frames_are_tagged_camel_case() {
+        let f = AttachFrame::Exit {
+            phase: crate::status::PodPhase::Failed,
+            exit_code: Some(3),
+            reason: Some("Error".into()),
+            message: None,
+        };
+        let text = serde_json::to_string(&f).unwrap_or_default();
+        assert_eq!(text, r#"{"type":"exit","phase":"Failed","exitCode":3,"reason":"Error"}"#);
+        let back: AttachFrame = serde_json::from_str(&text).unwrap_or(AttachFrame::Heartbeat);
+        assert_eq!(back, f);
+        let out: AttachFrame =
+            serde_json::from_str(r#"{"type":"output","offset":3,"data":"hi\n"}"#).unwrap_or(AttachFrame::Heartbeat);
+        assert_eq!(out, AttachFrame::Output { offset: 3, data: "hi\n".into() });
+        // A status with number-keyed maps (per NUMA node) reads back whole.
+        let status: PodStatus =
+            serde_json::from_str(r#"{"phase":"Running","plan":{"epoch":0,"placement":{"numaAffinity":[0],"containers":[{"name":"main","cpuPolicy":"exclusive","cpus":[1],"mems":[0],"memory":{"0":268435456}}],"requested":{"cpuMillis":1000,"memory":268435456}}}}"#)
+                .unwrap_or_default();
+        assert_eq!(status.phase, crate::status::PodPhase::Running, "the fixture parses");
+        let f = AttachFrame::Status { resource_version: 9, status };
+        let text = serde_json::to_string(&f).unwrap_or_default();
+        assert_eq!(serde_json::from_str::<AttachFrame>(&text).ok(), Some(f));
+        assert!(serde_json::from_str::<AttachFrame>(r#"{"type":"output","offset":1}"#).is_err());
     }
 
     #[test]

@@ -44,11 +44,18 @@ pub enum AgentCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
-    /// The agent's data directory.
+    /// The agent's data directory (`pinion up` keeps its node's under DIR/node:
+    /// that is read when DIR itself holds no status).
     #[arg(long, value_name = "DIR", env = "PINION_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: Output,
+}
+
+/// Where the status to print is: DIR (an agent's data dir) or DIR/node (the
+/// node of `pinion up --data-dir DIR`), whichever holds one, DIR first.
+fn status_dir(dir: &Path) -> Option<PathBuf> {
+    [dir.to_path_buf(), dir.join("node")].into_iter().find(|d| nodelet::agent::status::path(d).is_file())
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +273,17 @@ pub fn daemon_config(args: RunArgs) -> anyhow::Result<DaemonConfig> {
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let report = nodelet::agent::status::read(&args.data_dir)?;
+    let Some(dir) = status_dir(&args.data_dir) else {
+        bail!(
+            "no agent status under {} or {} (is an agent or `pinion up` running with --data-dir {}?)",
+            nodelet::agent::status::path(&args.data_dir).display(),
+            nodelet::agent::status::path(&args.data_dir.join("node")).display(),
+            args.data_dir.display()
+        );
+    };
+    // Which node's status this is, on stderr so that -o json stays clean.
+    eprintln!("reading {}", nodelet::agent::status::path(&dir).display());
+    let report = nodelet::agent::status::read(&dir)?;
     let text = match args.output {
         Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
         Output::Yaml => serde_yaml_ng::to_string(&report)?,

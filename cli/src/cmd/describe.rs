@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::process::ExitCode;
 
-use crate::cmd::get::{age, table};
+use crate::cmd::get::{age, pod_restarts, pod_status, table};
 use crate::common::GlobalArgs;
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -50,6 +50,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let _ = writeln!(out, "Created:     {}", p.metadata.creation_timestamp.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Node:        {}", p.spec.node_name.as_deref().unwrap_or("<none>"));
             let _ = writeln!(out, "Phase:       {:?}", s.phase);
+            let _ = writeln!(out, "Status:      {}", pod_status(&p));
+            let _ = writeln!(out, "Restarts:    {}", pod_restarts(&p));
             let _ = writeln!(out, "Reason:      {}", s.reason.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Message:     {}", s.message.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Attempts:    {}", s.attempts);
@@ -91,6 +93,16 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                     q(&c.resources.requests),
                     q(&c.resources.limits)
                 );
+                if let Some(cs) = s.container_statuses.iter().find(|cs| cs.name == c.name) {
+                    let mut state = format!("{:?}", cs.state);
+                    if let Some(r) = &cs.reason {
+                        state.push_str(&format!(" ({r})"));
+                    }
+                    if let Some(code) = cs.last_exit_code {
+                        state.push_str(&format!(", last exit code {code}"));
+                    }
+                    let _ = writeln!(out, "    state: {state}, restarts: {}", cs.restart_count);
+                }
                 if let Some(caps) = c.security_context.as_ref().and_then(|s| s.capabilities.as_ref()) {
                     let list = |v: &[String]| if v.is_empty() { "-".to_string() } else { v.join(",") };
                     let _ = writeln!(out, "    capabilities: add={} drop={}", list(&caps.add), list(&caps.drop));

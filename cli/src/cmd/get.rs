@@ -2,9 +2,11 @@
 //! tables for people, stable JSON/YAML (the API objects as the server returns
 //! them, fields in a fixed order) for scripts.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use specs::api::{Node, NodeCondition};
+use specs::status::ContainerState;
 use specs::Pod;
 
 use crate::common::GlobalArgs;
@@ -92,11 +94,42 @@ fn print_structured<T: serde::Serialize>(v: &T, format: Format) -> anyhow::Resul
     Ok(())
 }
 
+/// What kubectl shows in STATUS: a container's waiting reason
+/// (`ContainerCreating`, `CrashLoopBackOff`) or terminated reason
+/// (`Completed`, `Error`, `OOMKilled`, else `ExitCode:N`) before the phase;
+/// `Terminating`-like states are the phase's.
+pub fn pod_status(p: &Pod) -> String {
+    let s = p.status.clone().unwrap_or_default();
+    let mut shown = None;
+    for c in &s.container_statuses {
+        let r = match c.state {
+            ContainerState::Waiting => c.reason.clone(),
+            ContainerState::Terminated => {
+                c.reason.clone().or_else(|| c.last_exit_code.map(|code| format!("ExitCode:{code}")))
+            }
+            ContainerState::Running => None,
+        };
+        // The first container with something to say, as kubectl's last wins
+        // among init containers only.
+        if let Some(r) = r.filter(|r| !r.is_empty()) {
+            shown = Some(r);
+            break;
+        }
+    }
+    shown.unwrap_or_else(|| format!("{:?}", s.phase))
+}
+
+/// Restarts of all the pod's containers.
+pub fn pod_restarts(p: &Pod) -> u32 {
+    p.status.as_ref().map_or(0, |s| s.container_statuses.iter().map(|c| c.restart_count).sum())
+}
+
 fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
     let s = p.status.clone().unwrap_or_default();
     let mut row = vec![
         p.metadata.name.clone(),
-        format!("{:?}", s.phase),
+        pod_status(p),
+        pod_restarts(p).to_string(),
         p.spec.node_name.clone().unwrap_or_else(|| "-".into()),
         age(p.metadata.creation_timestamp.as_deref()),
     ];
@@ -173,10 +206,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 eprintln!("no pods");
                 return Ok(ExitCode::SUCCESS);
             }
-            let mut headers = vec!["NAME", "STATUS", "NODE", "AGE"];
-            if wide {
-                headers.extend(["NUMA", "CPUS", "ATTEMPTS", "REASON"]);
-            }
+            let headers = pod_headers(wide);
             let rows: Vec<Vec<String>> = pods.iter().map(|p| pod_row(p, wide)).collect();
             print!("{}", table(&headers, &rows));
         }
@@ -214,23 +244,45 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn pod_headers(wide: bool) -> Vec<&'static str> {
+    let mut headers = vec!["NAME", "STATUS", "RESTARTS", "NODE", "AGE"];
+    if wide {
+        headers.extend(["NUMA", "CPUS", "ATTEMPTS", "REASON"]);
+    }
+    headers
+}
+
+/// A pod row without its AGE column.
+fn without_age(mut row: Vec<String>) -> Vec<String> {
+    row.remove(AGE_COLUMN);
+    row
+}
+
+const AGE_COLUMN: usize = 4;
+
 /// `get pods -w`: the table, then one row per change (a deleted pod's STATUS
 /// reads `Deleted`), in the first table's columns, until the stream ends.
 async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
     let list = client.list_pods(args.selector.as_deref()).await?;
     let keep = |p: &Pod| args.name.as_ref().is_none_or(|n| *n == p.metadata.name);
-    let mut headers = vec!["NAME", "STATUS", "NODE", "AGE"];
-    if wide {
-        headers.extend(["NUMA", "CPUS", "ATTEMPTS", "REASON"]);
-    }
+    let headers = pod_headers(wide);
     let rows: Vec<Vec<String>> = list.items.iter().filter(|p| keep(p)).map(|p| pod_row(p, wide)).collect();
     // Later rows keep these columns, widened a little for names yet to come.
-    const MIN: [usize; 8] = [16, 9, 12, 4, 4, 8, 8, 6];
+    const MIN: [usize; 9] = [16, 17, 8, 12, 4, 4, 8, 8, 6];
     let widths = widths(headers.iter().zip(MIN).map(|(h, m)| h.len().max(m)).collect(), &rows);
     print!("{}", line(&widths, &headers));
     for r in &rows {
         print!("{}", line(&widths, r));
     }
+    // The last row printed per pod: a change that shows nothing new (a
+    // status report with the same columns) prints no row. AGE is left out of
+    // the comparison, or every change would differ by its age.
+    let mut last: BTreeMap<String, Vec<String>> = list
+        .items
+        .iter()
+        .filter(|p| keep(p))
+        .map(|p| (p.metadata.name.clone(), without_age(pod_row(p, wide))))
+        .collect();
     let mut watch = client.watch_pods(None, args.selector.as_deref(), Some(list.resource_version)).await?;
     while let Some((ty, pod)) = watch.next().await? {
         if !keep(&pod) {
@@ -239,6 +291,15 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
         let mut row = pod_row(&pod, wide);
         if ty == specs::api::WatchEventType::Deleted {
             row[1] = "Deleted".into();
+        }
+        let seen = without_age(row.clone());
+        if last.get(&pod.metadata.name) == Some(&seen) {
+            continue;
+        }
+        if ty == specs::api::WatchEventType::Deleted {
+            last.remove(&pod.metadata.name);
+        } else {
+            last.insert(pod.metadata.name.clone(), seen);
         }
         print!("{}", line(&widths, &row));
     }
@@ -256,5 +317,56 @@ mod tests {
             &[vec!["a-long-name".into(), "Running".into()], vec!["b".into(), "Pending".into()]],
         );
         assert_eq!(t, "NAME          STATUS\na-long-name   Running\nb             Pending\n");
+    }
+
+    fn bare_pod(name: &str) -> Pod {
+        let text = format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec: {{containers: [{{name: c, rootfs: host}}]}}\n");
+        serde_yaml_ng::from_str(&text).expect("a pod")
+    }
+
+    fn check_status(
+        phase: specs::PodPhase,
+        containers: &[(ContainerState, Option<&str>, Option<i32>, u32)],
+        status: &str,
+        restarts: u32,
+    ) {
+        let mut p = bare_pod("a");
+        p.status = Some(specs::PodStatus {
+            phase,
+            container_statuses: containers
+                .iter()
+                .map(|(state, reason, code, restarts)| specs::status::ContainerStatus {
+                    name: "c".into(),
+                    state: *state,
+                    restart_count: *restarts,
+                    last_exit_code: *code,
+                    reason: reason.map(str::to_string),
+                })
+                .collect(),
+            ..Default::default()
+        });
+        assert_eq!((pod_status(&p).as_str(), pod_restarts(&p)), (status, restarts), "{containers:?}");
+    }
+
+    #[test]
+    fn status_column_says_what_kubectl_says() {
+        use specs::PodPhase as P;
+        use ContainerState as C;
+        check_status(P::Pending, &[], "Pending", 0);
+        check_status(P::Running, &[(C::Running, None, None, 0)], "Running", 0);
+        check_status(P::Running, &[(C::Waiting, Some("CrashLoopBackOff"), Some(1), 3)], "CrashLoopBackOff", 3);
+        check_status(P::Scheduled, &[(C::Waiting, Some("ContainerCreating"), None, 0)], "ContainerCreating", 0);
+        check_status(P::Succeeded, &[(C::Terminated, Some("Completed"), Some(0), 0)], "Completed", 0);
+        check_status(P::Failed, &[(C::Terminated, None, Some(3), 1)], "ExitCode:3", 1);
+        check_status(P::Running, &[(C::Running, None, None, 2), (C::Running, None, None, 1)], "Running", 3);
+    }
+
+    #[test]
+    fn a_row_without_its_age() {
+        let p = bare_pod("a");
+        let row = pod_row(&p, true);
+        assert_eq!(row.len(), pod_headers(true).len());
+        assert_eq!(pod_headers(true)[AGE_COLUMN], "AGE");
+        assert_eq!(without_age(row), ["a", "Pending", "0", "-", "-", "-", "0", "-"]);
     }
 }

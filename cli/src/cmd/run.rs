@@ -1,23 +1,35 @@
-//! `pinion run NAME [--host | --image I] [--cpus N] [--memory Q] [--policy P] -- CMD...`:
-//! the srun-like one-liner. It creates a one-container pod that is never
-//! restarted, waits for it to be placed (saying why while it is Pending),
-//! streams its output, and exits with the command's exit code. Ctrl-C deletes
-//! the pod (its container is stopped), as srun cancels its job step.
+//! `pinion run NAME [--host | --image I] [--cpus N] [--memory Q] [--policy P]
+//! [--array SPEC] -- CMD...`: the srun-like one-liner. It creates a
+//! one-container pod that is never restarted, then follows it on one stream
+//! (`GET /api/v1/pods/{name}/attach`: status changes, saying why while it is
+//! Pending, its output, its exit code) and exits with the command's exit code.
+//! Ctrl-C deletes the pod (its container is stopped), as srun cancels its job
+//! step. A silent stream (no heartbeat) is reconnected and resumed from the
+//! last version and output offset.
+//!
+//! `--array 1-100%N` (Slurm's `sbatch --array`) runs one pod per task,
+//! `NAME-<i>`, prefixes each output line with `i: ` (as `srun --label`) and
+//! exits with the highest task exit code.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::Write;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use orchestrator::client::Client;
+use orchestrator::client::{Client, ClientError};
+use specs::api::{AttachFrame, ATTACH_HEARTBEAT_SECONDS};
 use specs::pod::{
     Capabilities, Container, EnvVar, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource, SecurityContext,
-    TopologySpec, API_VERSION, RESOURCE_CPU, RESOURCE_MEMORY,
+    TopologySpec, API_VERSION, ARRAY_LABEL, ARRAY_PARALLELISM_ANNOTATION, ARRAY_TASK_ANNOTATION, RESOURCE_CPU,
+    RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
 };
-use specs::status::ContainerState;
 use specs::{CpuPolicy, Pod, PodPhase, PodSpec, Quantity, TopologyPolicy};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::common::{parse_kebab, GlobalArgs};
 
@@ -26,8 +38,22 @@ pub const RUN_LABEL: &str = "pinion.io/run";
 /// Memory given to a `--cpus` pod without `--memory`: pinned CPUs need a
 /// Guaranteed pod, and that needs a memory limit.
 const DEFAULT_MEMORY: &str = "256Mi";
-/// How long the end of the output may precede the pod's final status.
-const FINAL_STATUS_WAIT: Duration = Duration::from_secs(60);
+/// An attach stream silent this long is dead: the server sends a heartbeat
+/// every `ATTACH_HEARTBEAT_SECONDS` while idle.
+const SILENCE: Duration = Duration::from_secs(3 * ATTACH_HEARTBEAT_SECONDS + 1);
+/// Consecutive failed reconnects before `run` gives up on the server.
+const RECONNECTS: u32 = 10;
+/// Creates (and deletes) of an array's pods in flight at once, multiplexed on
+/// the client's one HTTP/2 connection: enough to overlap the server's group
+/// commits, few enough to stay polite.
+const ARRAY_CONNECTIONS: usize = 8;
+/// Array tasks followed at once (one attach stream each).
+const MAX_FOLLOWED: usize = 256;
+/// Slurm's default `MaxArraySize` is 1001; more tasks are refused with a reason.
+const MAX_ARRAY_TASKS: usize = 10_000;
+/// The environment variable holding an array task's index (Slurm's
+/// `SLURM_ARRAY_TASK_ID`).
+pub const ARRAY_TASK_ENV: &str = "PINION_ARRAY_TASK_ID";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -77,6 +103,19 @@ pub struct Args {
     /// `run` waits as long as the pod is pending (srun waits for resources too).
     #[arg(long, value_name = "SECONDS", conflicts_with = "detach")]
     pub timeout: Option<u64>,
+    /// Run the command as PID 1 itself instead of under the init that reaps
+    /// zombies and forwards signals.
+    #[arg(long)]
+    pub no_init: bool,
+    /// Accept the pod even if no node that exists could ever run it, and wait
+    /// for one to join (by default the server refuses such a pod).
+    #[arg(long)]
+    pub wait_for_nodes: bool,
+    /// A job array, as Slurm's: `1-100`, `0-15%4` (at most 4 running at
+    /// once), `1,3,5-7`, `0-20:5` (every 5th). One pod per task, NAME-<i>,
+    /// with PINION_ARRAY_TASK_ID=i; output lines prefixed `i: `.
+    #[arg(long, value_name = "SPEC", value_parser = parse_array)]
+    pub array: Option<ArraySpec>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -128,6 +167,11 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
         metadata: ObjectMeta {
             name: args.name.clone(),
             labels: BTreeMap::from([(RUN_LABEL.to_string(), args.name.clone())]),
+            annotations: if args.wait_for_nodes {
+                BTreeMap::from([(WAIT_FOR_NODES_ANNOTATION.to_string(), "true".to_string())])
+            } else {
+                BTreeMap::new()
+            },
             ..Default::default()
         },
         spec: PodSpec {
@@ -139,18 +183,122 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             host_network: false,
             node_name: None,
             termination_grace_period_seconds: args.grace,
-            init: true,
+            init: !args.no_init,
             ttl_seconds_after_finished: None,
         },
         status: None,
     })
 }
 
+/// `--array`: the task indices, in order, and the `%N` limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArraySpec {
+    pub tasks: Vec<u32>,
+    pub parallelism: Option<u32>,
+}
+
+/// Slurm's `--array` syntax: comma-separated indices and ranges `A-B`, a
+/// range optionally with a step `A-B:S`, the whole optionally followed by
+/// `%N`. Duplicates count once.
+pub fn parse_array(spec: &str) -> Result<ArraySpec, String> {
+    let err = |why: String| format!("--array {spec:?}: {why}");
+    let (list, parallelism) = match spec.split_once('%') {
+        Some((list, n)) => {
+            let n: u32 = n.trim().parse().map_err(|_| err(format!("%{n}: expected a whole number of tasks")))?;
+            if n == 0 {
+                return Err(err("%0: at least one task must be able to run".into()));
+            }
+            (list, Some(n))
+        }
+        None => (spec, None),
+    };
+    let index = |s: &str| -> Result<u32, String> {
+        s.trim().parse::<u32>().map_err(|_| err(format!("{s:?} is not a task index (a whole number)")))
+    };
+    let mut tasks = BTreeSet::new();
+    for part in list.split(',') {
+        if part.trim().is_empty() {
+            return Err(err("empty element (expected e.g. 1-100, 0-15%4 or 1,3,5-7)".into()));
+        }
+        let (range, step) = match part.split_once(':') {
+            Some((r, s)) => (r, Some(index(s)?)),
+            None => (part, None),
+        };
+        let (first, last) = match range.split_once('-') {
+            Some((a, b)) => (index(a)?, index(b)?),
+            None if step.is_some() => return Err(err(format!("{part:?}: a step needs a range (A-B:S)"))),
+            None => (index(range)?, index(range)?),
+        };
+        if last < first {
+            return Err(err(format!("{range:?}: the range ends before it starts")));
+        }
+        let step = step.unwrap_or(1);
+        if step == 0 {
+            return Err(err(format!("{part:?}: the step must be at least 1")));
+        }
+        if (last - first) / step >= MAX_ARRAY_TASKS as u32 {
+            return Err(err(format!("more than {MAX_ARRAY_TASKS} tasks")));
+        }
+        tasks.extend((first..=last).step_by(step as usize));
+        if tasks.len() > MAX_ARRAY_TASKS {
+            return Err(err(format!("more than {MAX_ARRAY_TASKS} tasks")));
+        }
+    }
+    Ok(ArraySpec { tasks: tasks.into_iter().collect(), parallelism })
+}
+
+/// The pod of array task `task`.
+pub fn task_pod(args: &Args, spec: &ArraySpec, task: u32) -> anyhow::Result<Pod> {
+    let mut pod = pod(args)?;
+    let name = format!("{}-{task}", args.name);
+    pod.metadata.name = name.clone();
+    pod.metadata.labels.insert(RUN_LABEL.to_string(), name);
+    pod.metadata.labels.insert(ARRAY_LABEL.to_string(), args.name.clone());
+    pod.metadata.annotations.insert(ARRAY_TASK_ANNOTATION.to_string(), task.to_string());
+    if let Some(n) = spec.parallelism {
+        pod.metadata.annotations.insert(ARRAY_PARALLELISM_ANNOTATION.to_string(), n.to_string());
+    }
+    for c in &mut pod.spec.containers {
+        if !c.env.iter().any(|e| e.name == ARRAY_TASK_ENV) {
+            c.env.insert(0, EnvVar { name: ARRAY_TASK_ENV.to_string(), value: task.to_string() });
+        }
+    }
+    Ok(pod)
+}
+
+/// SIGINT and SIGTERM, caught from before the first create: a Ctrl-C while
+/// pods are being created still deletes them all.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn catch() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
-    let pod = pod(&args)?;
     let client = crate::config::client(&g)?;
+    let signals = Signals::catch()?;
+    if let Some(spec) = args.array.clone() {
+        return run_array(&client, &args, &spec, signals).await;
+    }
+    let pod = pod(&args)?;
     let body = serde_json::to_vec(&pod).context("encoding the pod")?;
-    let (code, created) = client.create_pod(Bytes::from(body)).await.with_context(|| format!("pod {}", args.name))?;
+    // The create and the attach share the client's pooled connection: one TLS handshake.
+    let (code, created) = client.create_pod(Bytes::from(body)).await.map_err(|e| create_error(&args.name, e))?;
     if code != 201 {
         bail!("pod {} already exists: delete it (`pinion delete pod {}`) or pick another name", args.name, args.name);
     }
@@ -159,8 +307,23 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         println!("pod/{} created", args.name);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let names = [args.name.clone()];
+    let followed = async {
+        let mut out = Stdout;
+        follow(&client, &created, &args.command, &mut out).await.map(|code| code.clamp(0, 255) as u8)
+    };
+    finish(&client, &args, &names, followed, signals).await
+}
+
+/// Waits for `followed`, a signal or `--timeout`; deletes the pods when asked
+/// (`--rm`) or cut short, and turns the outcome into the exit status.
+async fn finish(
+    client: &Client,
+    args: &Args,
+    names: &[String],
+    followed: impl std::future::Future<Output = anyhow::Result<u8>>,
+    mut signals: Signals,
+) -> anyhow::Result<ExitCode> {
     let limit = async {
         match args.timeout {
             Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
@@ -168,24 +331,22 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     let ended = tokio::select! {
-        r = follow(&client, &created) => Ended::Done(r),
-        _ = term.recv() => Ended::Interrupted,
-        _ = int.recv() => Ended::Interrupted,
+        r = followed => Ended::Done(r),
+        _ = signals.recv() => Ended::Interrupted,
         _ = limit => Ended::TimedOut,
     };
     if args.rm || !matches!(ended, Ended::Done(_)) {
-        if let Err(e) = client.delete_pod(&args.name).await {
-            eprintln!("pinion: could not delete pod {}: {e}", args.name);
-        }
+        delete_all(client, names).await;
     }
+    let what = if names.len() == 1 { format!("pod {}", args.name) } else { format!("array {}", args.name) };
     match ended {
         Ended::Done(r) => r.map(ExitCode::from),
         Ended::Interrupted => {
-            eprintln!("pinion: interrupted; pod {} deleted", args.name);
+            eprintln!("pinion: interrupted; {what} deleted");
             Ok(ExitCode::from(130))
         }
         Ended::TimedOut => {
-            eprintln!("pinion: no result within {}s; pod {} deleted", args.timeout.unwrap_or(0), args.name);
+            eprintln!("pinion: no result within {}s; {what} deleted", args.timeout.unwrap_or(0));
             Ok(ExitCode::from(124))
         }
     }
@@ -199,81 +360,478 @@ enum Ended {
     TimedOut,
 }
 
-/// Waits for the pod to start, copies its output, and returns the command's
-/// exit code (as a process exit status byte).
-async fn follow(client: &Client, created: &Pod) -> anyhow::Result<u8> {
-    let name = created.metadata.name.clone();
-    let selector = format!("{RUN_LABEL}={name}");
-    let mut watch = client
-        .watch_pods(None, Some(&selector), created.metadata.resource_version)
-        .await
-        .context("watching the pod")?;
-    let mut said = None;
-    // Until it runs (or is already done): say why it waits.
-    let mut pod = created.clone();
-    loop {
-        let status = pod.status.clone().unwrap_or_default();
-        match status.phase {
-            PodPhase::Running | PodPhase::Succeeded | PodPhase::Failed => break,
-            PodPhase::Pending => {
-                let why = status.message.or(status.reason);
-                if why.is_some() && why != said {
-                    eprintln!("pinion: pod {name} is pending: {}", why.clone().unwrap_or_default());
-                    said = why;
+/// A refused create in one line: the server's reason (422: no node could
+/// ever run it, or a field problem).
+fn create_error(name: &str, e: ClientError) -> anyhow::Error {
+    match e {
+        ClientError::Api(api) if api.code == 422 => {
+            let mut line = format!("run {name}: {}", api.message);
+            for d in &api.details {
+                line.push_str(&format!("; {d}"));
+            }
+            anyhow::anyhow!(line)
+        }
+        e => anyhow::Error::new(e).context(format!("run {name}: creating the pod")),
+    }
+}
+
+/// Deletes pods, a few at once; failures are said, not fatal.
+async fn delete_all(client: &Client, names: &[String]) {
+    let queue = Arc::new(Mutex::new(names.iter().cloned().collect::<VecDeque<_>>()));
+    let mut workers = JoinSet::new();
+    for _ in 0..ARRAY_CONNECTIONS.min(names.len()) {
+        let (client, queue) = (client.clone(), queue.clone());
+        workers.spawn(async move {
+            loop {
+                let Some(name) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { return };
+                match client.delete_pod(&name).await {
+                    Ok(_) => {}
+                    Err(ClientError::Api(e)) if e.code == 404 => {}
+                    Err(e) => eprintln!("pinion: could not delete pod {name}: {e}"),
                 }
             }
-            PodPhase::Scheduled | PodPhase::Unknown => {}
-        }
-        pod = next_version(&mut watch, &name).await?;
+        });
     }
-    tracing::debug!(pod = %name, phase = ?pod.status.as_ref().map(|s| s.phase), "started; following the output");
-    if let Err(e) = crate::cmd::logs::copy_logs(client, &name, None, true).await {
-        eprintln!("pinion: cannot stream the output: {e:#}");
-    }
-    tracing::debug!(pod = %name, "output ended; waiting for the final status");
-    // The output ends when the container exits; the final status follows.
-    let done = tokio::time::timeout(FINAL_STATUS_WAIT, async {
-        loop {
-            if pod.status.as_ref().is_some_and(|s| s.phase.is_terminal()) {
-                return Ok::<_, anyhow::Error>(pod.clone());
-            }
-            pod = next_version(&mut watch, &name).await?;
-        }
-    })
-    .await
-    .with_context(|| format!("pod {name}: the output ended but no final status came in {FINAL_STATUS_WAIT:?}"))??;
-    Ok(exit_code(&done))
+    while workers.join_next().await.is_some() {}
 }
 
-async fn next_version(watch: &mut orchestrator::client::PodWatch, name: &str) -> anyhow::Result<Pod> {
+/// Where a followed pod's output and notes go.
+trait Sink {
+    fn output(&mut self, data: &str);
+    /// A line for stderr (`pinion: ...`).
+    fn note(&mut self, line: String);
+    /// Whether to say why the pod waits (a single run does; an array's
+    /// pending tasks would drown the output).
+    fn says_pending(&self) -> bool;
+}
+
+/// A single run: straight through, unbuffered (a follower wants each line as
+/// it comes).
+struct Stdout;
+
+impl Sink for Stdout {
+    fn output(&mut self, data: &str) {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(data.as_bytes());
+        let _ = out.flush();
+    }
+
+    fn note(&mut self, line: String) {
+        eprintln!("{line}");
+    }
+
+    fn says_pending(&self) -> bool {
+        true
+    }
+}
+
+/// Follows one pod to its end over attach streams, reconnecting (from the
+/// last version and output offset) when a stream breaks or falls silent;
+/// returns the command's exit code (1 for a pod that failed without one,
+/// after saying why).
+async fn follow(
+    client: &Client,
+    created: &Pod,
+    command: &[String],
+    sink: &mut (dyn Sink + Send),
+) -> anyhow::Result<i32> {
+    let name = created.metadata.name.clone();
+    let mut from = created.metadata.resource_version;
+    let mut offset = 0u64;
+    let mut said: Option<String> = None;
+    let mut failures = 0u32;
     loop {
-        match watch.next().await.context("watching the pod")? {
-            Some((specs::api::WatchEventType::Deleted, p)) if p.metadata.name == name => {
-                bail!("pod {name} was deleted")
+        let opened = client.attach_pod(&name, from, offset).await;
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(ClientError::Api(e)) if e.code == 404 => bail!("pod {name} was deleted"),
+            Err(ClientError::Api(e)) if e.code != 503 && e.code < 500 => {
+                return Err(anyhow::Error::new(ClientError::Api(e)).context(format!("following pod {name}")))
             }
-            Some((_, p)) if p.metadata.name == name => return Ok(p),
-            Some(_) => {}
-            None => bail!("the server ended the watch"),
+            Err(e) => {
+                failures += 1;
+                if failures >= RECONNECTS {
+                    return Err(anyhow::Error::new(e).context(format!("following pod {name}: gave up reconnecting")));
+                }
+                tracing::debug!(pod = %name, error = %e, "attach failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 << failures.min(5))).await;
+                continue;
+            }
+        };
+        loop {
+            let frame = match tokio::time::timeout(SILENCE, stream.next()).await {
+                Err(_) => {
+                    tracing::debug!(pod = %name, "attach stream silent; reconnecting");
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(pod = %name, error = %e, "attach stream broke; reconnecting");
+                    break;
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(f))) => f,
+            };
+            failures = 0;
+            tracing::debug!(pod = %name, ?frame, "frame");
+            match frame {
+                AttachFrame::Status { resource_version, status } => {
+                    from = Some(resource_version);
+                    if status.phase == PodPhase::Pending && sink.says_pending() {
+                        let why = status.message.or(status.reason);
+                        if why.is_some() && why != said {
+                            sink.note(format!("pinion: pod {name} is pending: {}", why.clone().unwrap_or_default()));
+                            said = why;
+                        }
+                    }
+                }
+                AttachFrame::Output { offset: o, data } => {
+                    offset = o;
+                    sink.output(&data);
+                }
+                AttachFrame::Heartbeat => {}
+                AttachFrame::Notice { message } => sink.note(format!("pinion: pod {name}: {message}")),
+                AttachFrame::Exit { phase, exit_code, reason, message } => {
+                    return Ok(exit_code_of(&name, command, phase, exit_code, reason, message, sink));
+                }
+                AttachFrame::Deleted => bail!("pod {name} was deleted"),
+                // Gone: the change log moved past us; a new stream starts from the pod as it is.
+                AttachFrame::Error { error } if error.code == 410 => break,
+                AttachFrame::Error { error } => {
+                    return Err(anyhow::Error::new(ClientError::Api(error)).context(format!("following pod {name}")))
+                }
+            }
         }
+        failures += 1;
+        if failures >= RECONNECTS {
+            bail!("following pod {name}: the stream kept breaking; gave up after {RECONNECTS} tries");
+        }
+        tokio::time::sleep(Duration::from_millis(100 << failures.min(5))).await;
     }
 }
 
-/// The container's exit code; 1 for a pod that failed without one (it never
-/// started), after saying why.
-fn exit_code(pod: &Pod) -> u8 {
-    let status = pod.status.clone().unwrap_or_default();
-    let ctr = status.container_statuses.first();
-    match ctr.and_then(|c| c.last_exit_code) {
-        Some(code) if ctr.is_some_and(|c| c.state == ContainerState::Terminated) => {
-            if let Some(reason) = ctr.and_then(|c| c.reason.clone()).filter(|r| r != "Completed" && r != "Error") {
-                eprintln!("pinion: pod {}: {reason}", pod.metadata.name);
-            }
-            code.clamp(0, 255) as u8
+/// The exit status for a finished pod, after a line for anything a person
+/// should know (a command that could not run, an OOM kill, a pod that never
+/// started).
+fn exit_code_of(
+    name: &str,
+    command: &[String],
+    phase: PodPhase,
+    exit_code: Option<i32>,
+    reason: Option<String>,
+    message: Option<String>,
+    sink: &mut (dyn Sink + Send),
+) -> i32 {
+    let program = command.first().map(String::as_str).unwrap_or("the command");
+    match exit_code {
+        // The exec failed (the shell's codes): say which, once.
+        Some(code @ (126 | 127)) if phase == PodPhase::Failed => {
+            let what = if code == 127 { "command not found" } else { "cannot be executed" };
+            let detail = message.filter(|m| !m.is_empty()).map(|m| format!(" ({m})")).unwrap_or_default();
+            sink.note(format!("pinion: run {name}: {program}: {what} (exit {code}){detail}"));
+            code
         }
-        _ => {
-            let why = status.message.or(status.reason).unwrap_or_else(|| format!("{:?}", status.phase));
-            eprintln!("pinion: pod {} failed: {why}", pod.metadata.name);
+        Some(code) => {
+            if let Some(reason) = reason.filter(|r| r != "Completed" && r != "Error") {
+                sink.note(format!("pinion: pod {name}: {reason}"));
+            }
+            code
+        }
+        None if phase == PodPhase::Succeeded => 0,
+        None => {
+            let why = message.or(reason).unwrap_or_else(|| format!("{phase:?}"));
+            sink.note(format!("pinion: pod {name} failed: {why}"));
             1
         }
+    }
+}
+
+/// What an array task's follower tells the printer.
+enum TaskEvent {
+    Output(u32, String),
+    Note(String),
+}
+
+/// An array task: whole lines only, each prefixed `i: ` by the printer.
+struct TaskSink {
+    task: u32,
+    tx: mpsc::UnboundedSender<TaskEvent>,
+}
+
+impl Sink for TaskSink {
+    fn output(&mut self, data: &str) {
+        let _ = self.tx.send(TaskEvent::Output(self.task, data.to_string()));
+    }
+
+    fn note(&mut self, line: String) {
+        let _ = self.tx.send(TaskEvent::Note(line));
+    }
+
+    fn says_pending(&self) -> bool {
+        false
+    }
+}
+
+/// Prefixes complete lines with their task (`srun --label`); a partial line
+/// waits for its end, or for the task's end.
+#[derive(Default)]
+struct Labeler {
+    partial: BTreeMap<u32, String>,
+}
+
+impl Labeler {
+    fn push(&mut self, task: u32, data: &str) -> String {
+        let buf = self.partial.entry(task).or_default();
+        buf.push_str(data);
+        let mut out = String::new();
+        while let Some(pos) = buf.find('\n') {
+            let line: String = buf.drain(..=pos).collect();
+            out.push_str(&format!("{task}: {line}"));
+        }
+        out
+    }
+
+    fn finish(&mut self, task: u32) -> String {
+        match self.partial.remove(&task) {
+            Some(rest) if !rest.is_empty() => format!("{task}: {rest}\n"),
+            _ => String::new(),
+        }
+    }
+}
+
+async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Signals) -> anyhow::Result<ExitCode> {
+    let pods = spec.tasks.iter().map(|t| Ok((*t, task_pod(args, spec, *t)?))).collect::<anyhow::Result<Vec<_>>>()?;
+    let names: Vec<String> = pods.iter().map(|(_, p)| p.metadata.name.clone()).collect();
+    // Several creates in flight at once (streams of one HTTP/2 connection):
+    // the server commits what arrives together in one group.
+    let queue = Arc::new(Mutex::new(pods.into_iter().collect::<VecDeque<_>>()));
+    let mut workers = JoinSet::new();
+    for _ in 0..ARRAY_CONNECTIONS.min(names.len()) {
+        let (client, queue) = (client.clone(), queue.clone());
+        workers.spawn(async move {
+            let mut made = Vec::new();
+            loop {
+                let Some((task, pod)) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+                    return (made, None);
+                };
+                let name = pod.metadata.name.clone();
+                let body = match serde_json::to_vec(&pod) {
+                    Ok(b) => b,
+                    Err(e) => return (made, Some(anyhow::anyhow!("encoding pod {name}: {e}"))),
+                };
+                match client.create_pod(Bytes::from(body)).await {
+                    Ok((201, created)) => made.push((task, created)),
+                    Ok(_) => {
+                        let why = format!(
+                            "pod {name} already exists: delete the array (`pinion delete pod` each of `pinion get pods -l {ARRAY_LABEL}={}`) or pick another name",
+                            pod.metadata.labels.get(ARRAY_LABEL).cloned().unwrap_or_default()
+                        );
+                        return (made, Some(anyhow::anyhow!(why)));
+                    }
+                    Err(e) => return (made, Some(create_error(&name, e))),
+                }
+            }
+        });
+    }
+    let mut created = Vec::new();
+    let mut failed = None;
+    while let Some(r) = workers.join_next().await {
+        let (made, err) = r.context("creating the array's pods")?;
+        created.extend(made);
+        if failed.is_none() {
+            failed = err;
+        }
+    }
+    if let Some(e) = failed {
+        // All or nothing: a half-created array would run without its peers.
+        queue.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let made: Vec<String> = created.iter().map(|(_, p): &(u32, Pod)| p.metadata.name.clone()).collect();
+        delete_all(client, &made).await;
+        return Err(e);
+    }
+    created.sort_by_key(|(t, _)| *t);
+    if args.detach {
+        println!(
+            "array {}: {} pods created (`pinion get pods -l {ARRAY_LABEL}={}`)",
+            args.name,
+            created.len(),
+            args.name
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    // One attach stream per task rather than one label watch plus a log
+    // request each: the stream already carries the status, the output and
+    // the exit code of its task, resumes on its own, and the server's log
+    // follow is per container anyway.
+    // At most MAX_FOLLOWED streams at once, in task order: a task followed
+    // late loses nothing (a finished pod's stream replays its whole output),
+    // and a big array does not take all of the server's connections.
+    let (tx, mut rx) = mpsc::unbounded_channel::<TaskEvent>();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_FOLLOWED));
+    let mut followers = JoinSet::new();
+    for (task, pod) in created {
+        let (client, command, tx) = (client.clone(), args.command.clone(), tx.clone());
+        let slots = slots.clone();
+        followers.spawn(async move {
+            let _slot = slots.acquire_owned().await;
+            let mut sink = TaskSink { task, tx };
+            let r = follow(&client, &pod, &command, &mut sink).await;
+            (task, r)
+        });
+    }
+    drop(tx);
+    let followed = async {
+        let mut labels = Labeler::default();
+        let mut worst = 0i32;
+        let mut out = std::io::stdout();
+        let mut events_open = true;
+        loop {
+            tokio::select! {
+                ev = rx.recv(), if events_open => match ev {
+                    Some(TaskEvent::Output(task, data)) => {
+                        let _ = out.write_all(labels.push(task, &data).as_bytes());
+                        let _ = out.flush();
+                    }
+                    Some(TaskEvent::Note(line)) => eprintln!("{line}"),
+                    None => events_open = false,
+                },
+                done = followers.join_next() => match done {
+                    Some(Ok((task, r))) => {
+                        // The task's own output is all in the channel before its result.
+                        while let Ok(ev) = rx.try_recv() {
+                            match ev {
+                                TaskEvent::Output(t, data) => { let _ = out.write_all(labels.push(t, &data).as_bytes()); }
+                                TaskEvent::Note(line) => eprintln!("{line}"),
+                            }
+                        }
+                        let _ = out.write_all(labels.finish(task).as_bytes());
+                        let _ = out.flush();
+                        match r {
+                            Ok(code) => worst = worst.max(code),
+                            Err(e) => {
+                                eprintln!("pinion: task {task}: {e:#}");
+                                worst = worst.max(1);
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        eprintln!("pinion: a task's follower failed: {e}");
+                        worst = worst.max(1);
+                    }
+                    None => break,
+                },
+            }
+        }
+        Ok::<u8, anyhow::Error>(worst.clamp(0, 255) as u8)
+    };
+    finish(client, args, &names, followed, signals).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(spec: &str, expected: Result<(&[u32], Option<u32>), &str>) {
+        let got = parse_array(spec);
+        match expected {
+            Ok((tasks, parallelism)) => {
+                assert_eq!(got, Ok(ArraySpec { tasks: tasks.to_vec(), parallelism }), "{spec}")
+            }
+            Err(part) => {
+                let e = got.expect_err(spec);
+                assert!(e.starts_with("--array ") && e.contains(part), "{spec}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn array_specs_as_slurm_writes_them() {
+        check("1-4", Ok((&[1, 2, 3, 4], None)));
+        check("0-3%2", Ok((&[0, 1, 2, 3], Some(2))));
+        check("1,3,5-7", Ok((&[1, 3, 5, 6, 7], None)));
+        check("7", Ok((&[7], None)));
+        check("0-10:5", Ok((&[0, 5, 10], None)));
+        check("3,1,3", Ok((&[1, 3], None)));
+        check("1-100%4", Ok((&(1..=100).collect::<Vec<_>>(), Some(4))));
+        check("5-1", Err("ends before it starts"));
+        check("1-x", Err("not a task index"));
+        check("-3", Err("not a task index"));
+        check("1,,2", Err("empty element"));
+        check("", Err("empty element"));
+        check("1-4%0", Err("%0"));
+        check("1-4%x", Err("whole number of tasks"));
+        check("3:2", Err("a step needs a range"));
+        check("1-5:0", Err("step must be at least 1"));
+        check("0-20000", Err("more than 10000 tasks"));
+    }
+
+    /// What a follower said, for tests.
+    #[derive(Default)]
+    struct Said(Vec<String>);
+
+    impl Sink for Said {
+        fn output(&mut self, data: &str) {
+            self.0.push(format!("out {data}"));
+        }
+        fn note(&mut self, line: String) {
+            self.0.push(line);
+        }
+        fn says_pending(&self) -> bool {
+            true
+        }
+    }
+
+    fn check_exit(
+        phase: PodPhase,
+        code: Option<i32>,
+        reason: Option<&str>,
+        message: Option<&str>,
+        expected: (i32, &[&str]),
+    ) {
+        let mut said = Said::default();
+        let cmd = ["/no/such/binary".to_string(), "x".to_string()];
+        let got =
+            exit_code_of("job", &cmd, phase, code, reason.map(str::to_string), message.map(str::to_string), &mut said);
+        let said: Vec<&str> = said.0.iter().map(String::as_str).collect();
+        assert_eq!((got, said.as_slice()), expected, "{phase:?} {code:?} {reason:?}");
+    }
+
+    #[test]
+    fn exit_codes_and_what_is_said_about_them() {
+        check_exit(PodPhase::Succeeded, Some(0), Some("Completed"), None, (0, &[]));
+        check_exit(PodPhase::Failed, Some(3), Some("Error"), None, (3, &[]));
+        check_exit(PodPhase::Failed, Some(137), Some("OOMKilled"), None, (137, &["pinion: pod job: OOMKilled"]));
+        check_exit(
+            PodPhase::Failed,
+            Some(127),
+            Some("StartError"),
+            None,
+            (127, &["pinion: run job: /no/such/binary: command not found (exit 127)"]),
+        );
+        check_exit(
+            PodPhase::Failed,
+            Some(126),
+            None,
+            Some("permission denied"),
+            (126, &["pinion: run job: /no/such/binary: cannot be executed (exit 126) (permission denied)"]),
+        );
+        check_exit(
+            PodPhase::Failed,
+            None,
+            Some("Evicted"),
+            Some("node lost"),
+            (1, &["pinion: pod job failed: node lost"]),
+        );
+        check_exit(PodPhase::Succeeded, None, None, None, (0, &[]));
+    }
+
+    #[test]
+    fn lines_are_labelled_whole() {
+        let mut l = Labeler::default();
+        assert_eq!(l.push(3, "a\nb"), "3: a\n");
+        assert_eq!(l.push(4, "x\n"), "4: x\n");
+        assert_eq!(l.push(3, "c\nd\n"), "3: bc\n3: d\n");
+        assert_eq!(l.push(3, "tail"), "");
+        assert_eq!(l.finish(3), "3: tail\n");
+        assert_eq!(l.finish(4), "");
     }
 }

@@ -394,3 +394,41 @@ impl PodWatch {
         }
     }
 }
+
+impl Client {
+    /// `GET /api/v1/pods/{name}/attach`: the pod's status frames newer than
+    /// `from`, its output after `offset` bytes, then its exit. Over HTTP/2 it
+    /// shares the connection of the create before it (no new handshake).
+    pub async fn attach_pod(&self, name: &str, from: Option<u64>, offset: u64) -> Result<AttachStream, ClientError> {
+        let mut path = format!("/api/v1/pods/{}/attach?offset={offset}", percent_encode(name));
+        if let Some(v) = from {
+            path.push_str(&format!("&resourceVersion={v}"));
+        }
+        Ok(AttachStream { stream: self.get_stream(&path).await?, buf: BytesMut::new() })
+    }
+}
+
+/// An attach stream: one `AttachFrame` per line.
+pub struct AttachStream {
+    stream: ByteStream,
+    buf: BytesMut,
+}
+
+impl AttachStream {
+    /// The next frame; `Ok(None)` when the stream ended (after a last frame, or
+    /// broken off).
+    pub async fn next(&mut self) -> Result<Option<specs::api::AttachFrame>, ClientError> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line = self.buf.split_to(pos + 1);
+                return serde_json::from_slice(&line)
+                    .map(Some)
+                    .map_err(|e| ClientError::Decode(format!("attach frame: {e}")));
+            }
+            match self.stream.next().await? {
+                None => return Ok(None),
+                Some(data) => self.buf.extend_from_slice(&data),
+            }
+        }
+    }
+}

@@ -35,6 +35,8 @@ pub enum Reply {
     /// Bytes streamed from a nodelet's endpoint (`GET https://ENDPOINT/PATH`,
     /// TLS name = the node's name).
     Proxy { node: String, endpoint: String, path: String },
+    /// One pod followed to its end (`api::attach`).
+    Attach(Box<super::attach::Attach>),
 }
 
 fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
@@ -304,46 +306,19 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::PodLog { name, container, follow } => {
             require_admin(id, "read pod logs")?;
             let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
-            let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
-            let container = match (container, names.as_slice()) {
-                (Some(c), _) if names.contains(&c.as_str()) => c,
-                (Some(c), _) => {
-                    return Err(bad_request(format!(
-                        "pod {name:?} has no container {c:?} (it has: {})",
-                        names.join(", ")
-                    )))
-                }
-                (None, [only]) => only.to_string(),
-                (None, _) => {
-                    return Err(bad_request(format!(
-                        "pod {name:?} has {} containers: name one with container= ({})",
-                        names.len(),
-                        names.join(", ")
-                    )))
-                }
-            };
-            let Some(node) = pod.spec.node_name.clone() else {
-                return Err(bad_request(format!("pod {name:?} is not on a node yet (it has no logs)")));
-            };
-            let n = store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
-            let Some(endpoint) = n.spec.endpoint.clone() else {
-                return Err(super::error::error(
-                    502,
-                    "NoNodeEndpoint",
-                    format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
-                ));
-            };
-            let mut path = format!(
-                "/logs?pod={}&container={}&follow={follow}",
-                super::parse::percent_encode(&name),
-                super::parse::percent_encode(&container)
-            );
-            // The node keeps logs per pod uid: a pod deleted and created again
-            // under the same name is another pod with another log.
-            if let Some(uid) = &pod.metadata.uid {
-                path.push_str(&format!("&uid={}", super::parse::percent_encode(uid)));
-            }
+            let container = pick_container(&pod, container)?;
+            let (node, endpoint, path) = log_target(state, &pod, &container, follow)?;
             Ok(Reply::Proxy { node, endpoint, path })
+        }
+        Action::AttachPod { name, container, known_version, offset } => {
+            require_admin(id, "attach to pods")?;
+            // The version is read before the pod: every change after the pod
+            // as read is in the change log after `from`, so none is missed.
+            let from = store.resource_version();
+            let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
+            let container = pick_container(&pod, container)?;
+            let watch = store.watch(from).map_err(store_error)?;
+            Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch })))
         }
         Action::ListNodes { selector } => {
             require_admin(id, "list nodes")?;
@@ -453,6 +428,56 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             json(200, &List { resource_version: store.resource_version(), items: events })
         }
     }
+}
+
+/// The container a log or attach request means: the one named, or the pod's only one.
+fn pick_container(pod: &Pod, container: Option<String>) -> Result<String, ApiError> {
+    let name = &pod.metadata.name;
+    let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
+    match (container, names.as_slice()) {
+        (Some(c), _) if names.contains(&c.as_str()) => Ok(c),
+        (Some(c), _) => Err(bad_request(format!("pod {name:?} has no container {c:?} (it has: {})", names.join(", ")))),
+        (None, [only]) => Ok(only.to_string()),
+        (None, _) => Err(bad_request(format!(
+            "pod {name:?} has {} containers: name one with container= ({})",
+            names.len(),
+            names.join(", ")
+        ))),
+    }
+}
+
+/// Where a bound pod's container log is served: its node, the node's
+/// endpoint, and the path there (the store read the log proxy and attach
+/// streams need, kept in this layer).
+pub fn log_target(
+    state: &ApiState,
+    pod: &Pod,
+    container: &str,
+    follow: bool,
+) -> Result<(String, String, String), ApiError> {
+    let name = &pod.metadata.name;
+    let Some(node) = pod.spec.node_name.clone() else {
+        return Err(bad_request(format!("pod {name:?} is not on a node yet (it has no logs)")));
+    };
+    let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
+    let Some(endpoint) = n.spec.endpoint.clone() else {
+        return Err(super::error::error(
+            502,
+            "NoNodeEndpoint",
+            format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
+        ));
+    };
+    let mut path = format!(
+        "/logs?pod={}&container={}&follow={follow}",
+        super::parse::percent_encode(name),
+        super::parse::percent_encode(container)
+    );
+    // The node keeps logs per pod uid: a pod deleted and created again
+    // under the same name is another pod with another log.
+    if let Some(uid) = &pod.metadata.uid {
+        path.push_str(&format!("&uid={}", super::parse::percent_encode(uid)));
+    }
+    Ok((node, endpoint, path))
 }
 
 /// Nodes see only their own pods: the node filter is forced to the caller.

@@ -5,6 +5,7 @@
 //! end watch streams.
 
 pub mod apply;
+pub mod attach;
 pub mod error;
 pub mod parse;
 pub mod proxy;
@@ -253,6 +254,7 @@ async fn handle(
         Ok(Reply::Proxy { node, endpoint, path }) => {
             proxy::proxy(&state.proxy, &node, &endpoint, &path, shutdown).await
         }
+        Ok(Reply::Attach(a)) => attach::respond(state, *a, shutdown),
         Err(e) => error_response(&e),
     }
 }

@@ -26,6 +26,7 @@ pub enum Action {
     UpdatePodStatus { name: String, status: Box<PodStatus> },
     RejectPod { name: String, rejection: PodRejection },
     PodLog { name: String, container: Option<String>, follow: bool },
+    AttachPod { name: String, container: Option<String>, known_version: Option<u64>, offset: u64 },
     ListNodes { selector: LabelSelector },
     RegisterNode(Box<Node>),
     GetNode(String),
@@ -94,6 +95,12 @@ pub fn parse(
             name: name()?,
             container: q.get("container").filter(|c| !c.is_empty()).map(str::to_string),
             follow: q.flag("follow")?,
+        },
+        RouteId::AttachPod => Action::AttachPod {
+            name: name()?,
+            container: q.get("container").filter(|c| !c.is_empty()).map(str::to_string),
+            known_version: q.number("resourceVersion")?,
+            offset: q.number("offset")?.unwrap_or(0),
         },
         RouteId::ListNodes => Action::ListNodes { selector: q.selector()? },
         RouteId::RegisterNode => Action::RegisterNode(Box::new(parse_node(body)?)),
@@ -299,6 +306,17 @@ impl Query {
             None | Some("false") | Some("0") => Ok(false),
             Some("true") | Some("1") | Some("") => Ok(true),
             Some(v) => Err(bad_request(format!("{key}={v:?}: expected true or false"))),
+        }
+    }
+
+    /// A non-negative integer parameter, absent when missing or empty.
+    pub fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
+        match self.get(key) {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| bad_request(format!("{key} {v:?} is not a non-negative integer"))),
         }
     }
 

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::Response;
 use pinion_client::{Client, ClientError};
+
 use tokio::sync::{mpsc, watch};
 
 use super::error::error;
@@ -45,6 +46,34 @@ impl NodeClients {
     }
 }
 
+/// A nodelet's reply whose body is still to be read.
+pub struct NodeStream {
+    pub status: hyper::StatusCode,
+    pub content_type: Option<hyper::header::HeaderValue>,
+    pub body: hyper::body::Incoming,
+}
+
+/// `GET https://endpoint/path` on a nodelet, whose certificate must name
+/// `node`, over the node's pooled connection; the reply's head has a timeout.
+/// Shared by the log proxy and attach.
+pub async fn open_node_stream(
+    clients: &NodeClients,
+    node: &str,
+    endpoint: &str,
+    path: &str,
+) -> Result<NodeStream, specs::api::ApiError> {
+    let unreachable = |what: String| error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}"));
+    let client = clients.client(node, endpoint).map_err(|e| unreachable(e.to_string()))?;
+    let resp = match tokio::time::timeout(HEAD_TIMEOUT, client.get(path)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Err(_) => return Err(unreachable("no reply in time".into())),
+    };
+    let status = resp.status();
+    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
+    Ok(NodeStream { status, content_type, body: resp.into_body() })
+}
+
 /// Streams `GET https://endpoint/path` from a nodelet, whose certificate must
 /// name `node`. Refusals from the nodelet pass through with their status.
 pub async fn proxy(
@@ -54,20 +83,12 @@ pub async fn proxy(
     path: &str,
     mut shutdown: watch::Receiver<bool>,
 ) -> Response<Body> {
-    let unreachable =
-        |what: String| error_response(&error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}")));
-    let client = match clients.client(node, endpoint) {
-        Ok(c) => c,
-        Err(e) => return unreachable(e.to_string()),
+    let upstream = match open_node_stream(clients, node, endpoint, path).await {
+        Ok(u) => u,
+        Err(e) => return error_response(&e),
     };
-    let resp = match tokio::time::timeout(HEAD_TIMEOUT, client.get(path)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return unreachable(e.to_string()),
-        Err(_) => return unreachable("no reply in time".into()),
-    };
-    let status = resp.status();
-    let content_type = resp.headers().get(hyper::header::CONTENT_TYPE).cloned();
-    let mut body = resp.into_body();
+    let NodeStream { status, content_type, body } = upstream;
+    let mut body = body;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         loop {

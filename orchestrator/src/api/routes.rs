@@ -17,6 +17,7 @@ pub enum RouteId {
     UpdatePodStatus,
     RejectPod,
     PodLog,
+    AttachPod,
     ListNodes,
     RegisterNode,
     GetNode,
@@ -47,6 +48,7 @@ pub fn routes() -> Vec<Route> {
         r(Method::PUT, "/api/v1/pods/{name}/status", UpdatePodStatus),
         r(Method::POST, "/api/v1/pods/{name}/rejection", RejectPod),
         r(Method::GET, "/api/v1/pods/{name}/log", PodLog),
+        r(Method::GET, "/api/v1/pods/{name}/attach", AttachPod),
         r(Method::GET, "/api/v1/nodes", ListNodes),
         r(Method::POST, "/api/v1/nodes", RegisterNode),
         r(Method::GET, "/api/v1/nodes/{name}", GetNode),
@@ -109,6 +111,7 @@ mod tests {
         check(Method::GET, "/api/v1/pods", Matched::Route(RouteId::ListPods, None));
         check(Method::GET, "/api/v1/pods/web", Matched::Route(RouteId::GetPod, Some("web".into())));
         check(Method::PUT, "/api/v1/pods/web/status", Matched::Route(RouteId::UpdatePodStatus, Some("web".into())));
+        check(Method::GET, "/api/v1/pods/web/attach", Matched::Route(RouteId::AttachPod, Some("web".into())));
         check(Method::PATCH, "/api/v1/pods/web", Matched::MethodNotAllowed);
         check(Method::GET, "/api/v1/pods/", Matched::NotFound);
         check(Method::GET, "/api/v2/pods", Matched::NotFound);

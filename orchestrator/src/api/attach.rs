@@ -1,0 +1,338 @@
+//! `GET /api/v1/pods/{name}/attach`: one pod followed to its end on one
+//! stream of `AttachFrame` lines, so that `pinion run` needs one request to
+//! create and one stream to follow (no watch, then a log request, then a poll
+//! for the final status).
+//!
+//! The stream starts from the pod as `apply` read it, after taking the store
+//! version, and follows the store's change log from that version: no status
+//! change is missed. Once the container has started, the node's log follow is
+//! proxied (the same request as `/log?follow`, through `open_node_stream`); the
+//! `exit` frame comes when the pod is final and the output has ended (the node
+//! ends its follow when the container stopped and the file is read to its end),
+//! or `OUTPUT_DRAIN` after the pod is final if the node never ends it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::Response;
+use specs::api::{AttachFrame, ATTACH_HEARTBEAT_SECONDS};
+use specs::status::ContainerState;
+use specs::{Pod, PodPhase};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::apply::{log_target, ApiState};
+use super::error::{internal, store_error};
+use super::proxy::{open_node_stream, NodeStream};
+use super::{Body, ChannelBody};
+use crate::store::{Kind, Watch};
+
+/// A silent stream carries a heartbeat this often, so a follower can tell a
+/// dead stream from a quiet pod.
+const HEARTBEAT: Duration = Duration::from_secs(ATTACH_HEARTBEAT_SECONDS);
+/// How long the output may go on after the pod is final (bounds a node that
+/// never ends its log follow).
+const OUTPUT_DRAIN: Duration = Duration::from_secs(10);
+
+/// What `apply` hands over: the pod as read, and the change log from the
+/// version read before it.
+pub struct Attach {
+    pub pod: Pod,
+    pub container: String,
+    /// The pod version the caller already has: an older or equal pod sends no
+    /// first status frame.
+    pub known_version: Option<u64>,
+    /// Output bytes the caller already has (a resumed stream skips them).
+    pub offset: u64,
+    pub watch: Watch,
+}
+
+/// The streaming reply; the stream runs in its own task until it ends, the
+/// caller goes away or the server shuts down.
+pub fn respond(state: Arc<ApiState>, attach: Attach, shutdown: watch::Receiver<bool>) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(follow(state, attach, Frames { tx, last: Instant::now() }, shutdown));
+    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
+    r.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/x-ndjson"));
+    r
+}
+
+struct Frames {
+    tx: mpsc::Sender<Bytes>,
+    /// When the last frame went out (the heartbeat clock).
+    last: Instant,
+}
+
+impl Frames {
+    /// False when the caller has gone.
+    async fn send(&mut self, frame: &AttachFrame) -> bool {
+        let mut line = match serde_json::to_vec(frame) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode an attach frame");
+                return false;
+            }
+        };
+        line.push(b'\n');
+        self.last = Instant::now();
+        self.tx.send(Bytes::from(line)).await.is_ok()
+    }
+}
+
+enum Output {
+    /// The container has not started (or the pod has no node yet).
+    NotStarted,
+    Streaming(NodeStream),
+    /// Ended, or could not be read.
+    Done,
+}
+
+/// The container's output as UTF-8 frames: bytes already sent by an earlier
+/// stream are skipped, a character split across chunks waits for its rest.
+struct Text {
+    /// Raw output bytes seen from the node.
+    seen: u64,
+    skip: u64,
+    held: Vec<u8>,
+}
+
+impl Text {
+    /// The frame for a chunk, if any text is ready.
+    fn push(&mut self, data: &[u8]) -> Option<AttachFrame> {
+        let start = self.seen;
+        self.seen += data.len() as u64;
+        let already = self.skip.saturating_sub(start).min(data.len() as u64) as usize;
+        self.held.extend_from_slice(&data[already..]);
+        let ready = complete_utf8(&self.held);
+        if ready == 0 {
+            return None;
+        }
+        let rest = self.held.split_off(ready);
+        let text = String::from_utf8_lossy(&self.held).into_owned();
+        self.held = rest;
+        Some(AttachFrame::Output { offset: self.seen - self.held.len() as u64, data: text })
+    }
+
+    /// What is left at the end of the output.
+    fn flush(&mut self) -> Option<AttachFrame> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&std::mem::take(&mut self.held)).into_owned();
+        Some(AttachFrame::Output { offset: self.seen, data: text })
+    }
+}
+
+/// How many leading bytes of `b` end on a character boundary: all of them but
+/// an incomplete multi-byte sequence at the very end.
+fn complete_utf8(b: &[u8]) -> usize {
+    // The last character starts at most 3 bytes before the end.
+    for back in 1..=b.len().min(4) {
+        let i = b.len() - back;
+        let lead = b[i];
+        if lead & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back
+        }
+        let need = match lead {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if back < need { i } else { b.len() };
+    }
+    b.len()
+}
+
+/// Whether the container has (or had) a process whose output can be read.
+fn output_ready(pod: &Pod, container: &str) -> bool {
+    let Some(s) = &pod.status else { return false };
+    if pod.spec.node_name.is_none() {
+        return false;
+    }
+    match s.phase {
+        PodPhase::Running => true,
+        PodPhase::Succeeded | PodPhase::Failed => s
+            .container_statuses
+            .iter()
+            .any(|c| c.name == container && (c.state != ContainerState::Waiting || c.last_exit_code.is_some())),
+        PodPhase::Pending | PodPhase::Scheduled | PodPhase::Unknown => false,
+    }
+}
+
+fn exit_frame(pod: &Pod, container: &str) -> AttachFrame {
+    let s = pod.status.clone().unwrap_or_default();
+    let c = s.container_statuses.iter().find(|c| c.name == container);
+    AttachFrame::Exit {
+        phase: s.phase,
+        exit_code: c.and_then(|c| c.last_exit_code),
+        reason: c.and_then(|c| c.reason.clone()).or(s.reason),
+        message: s.message,
+    }
+}
+
+/// The next output bytes; `None` when the output has ended. Never ready
+/// while the output is not streaming.
+async fn next_output(output: &mut Output) -> Option<Bytes> {
+    let Output::Streaming(s) = output else { return std::future::pending().await };
+    loop {
+        match s.body.frame().await {
+            Some(Ok(f)) => {
+                if let Ok(data) = f.into_data() {
+                    return Some(data);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "log stream from the node broke");
+                return None;
+            }
+            None => return None,
+        }
+    }
+}
+
+/// Opens the node's log follow; a failure is a notice (when it matters), not
+/// the end of the stream: the exit code still comes.
+async fn open_output(state: &ApiState, pod: &Pod, container: &str) -> (Output, Option<String>) {
+    let opened = match log_target(state, pod, container, true) {
+        Ok((node, endpoint, path)) => open_node_stream(&state.proxy, &node, &endpoint, &path).await,
+        Err(e) => Err(e),
+    };
+    match opened {
+        Ok(s) if s.status == hyper::StatusCode::OK => (Output::Streaming(s), None),
+        Ok(s) => {
+            let body = s.body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let why = serde_json::from_slice::<specs::api::ApiError>(&body)
+                .map(|e| e.message)
+                .unwrap_or_else(|_| format!("the node answered {}", s.status));
+            (Output::Done, Some(format!("the output cannot be read: {why}")))
+        }
+        Err(e) => (Output::Done, Some(format!("the output cannot be read: {}", e.message))),
+    }
+}
+
+async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop: watch::Receiver<bool>) {
+    let Attach { mut pod, container, known_version, offset, mut watch } = attach;
+    let name = pod.metadata.name.clone();
+    let mut version = pod.metadata.resource_version.unwrap_or(0);
+    if known_version.is_none_or(|k| k < version) {
+        let status = pod.status.clone().unwrap_or_default();
+        if !out.send(&AttachFrame::Status { resource_version: version, status }).await {
+            return;
+        }
+    }
+    let mut output = Output::NotStarted;
+    let mut text = Text { seen: 0, skip: offset, held: Vec::new() };
+    let mut final_since: Option<Instant> = None;
+    loop {
+        if matches!(output, Output::NotStarted) && output_ready(&pod, &container) {
+            let (o, notice) = open_output(&state, &pod, &container).await;
+            output = o;
+            let terminal = pod.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+            if let Some(message) = notice.filter(|_| !terminal) {
+                if !out.send(&AttachFrame::Notice { message }).await {
+                    return;
+                }
+            }
+        }
+        if pod.status.as_ref().is_some_and(|s| s.phase.is_terminal()) {
+            let since = *final_since.get_or_insert_with(Instant::now);
+            if !matches!(output, Output::Streaming(_)) || since.elapsed() >= OUTPUT_DRAIN {
+                if let Some(f) = text.flush() {
+                    if !out.send(&f).await {
+                        return;
+                    }
+                }
+                let _ = out.send(&exit_frame(&pod, &container)).await;
+                return;
+            }
+        }
+        let drain_until = final_since.map(|t| t + OUTPUT_DRAIN);
+        tokio::select! {
+            change = watch.next() => match change {
+                Ok(c) if c.kind == Kind::Pod && c.name == name && c.rv > version => {
+                    version = c.rv;
+                    if c.event_type == specs::api::WatchEventType::Deleted {
+                        let _ = out.send(&AttachFrame::Deleted).await;
+                        return;
+                    }
+                    match serde_json::from_str::<Pod>(&c.object) {
+                        Ok(p) => {
+                            let changed = p.status != pod.status;
+                            pod = p;
+                            if changed {
+                                let status = pod.status.clone().unwrap_or_default();
+                                if !out.send(&AttachFrame::Status { resource_version: version, status }).await {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            let error = internal(format!("pod {name:?} in the store: {e}"));
+                            let _ = out.send(&AttachFrame::Error { error }).await;
+                            return;
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = out.send(&AttachFrame::Error { error: store_error(e) }).await;
+                    return;
+                }
+            },
+            data = next_output(&mut output) => match data {
+                Some(bytes) => {
+                    if let Some(f) = text.push(&bytes) {
+                        if !out.send(&f).await {
+                            return;
+                        }
+                    }
+                }
+                None => output = Output::Done,
+            },
+            _ = tokio::time::sleep_until(out.last + HEARTBEAT) => {
+                if !out.send(&AttachFrame::Heartbeat).await {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(Instant::now)), if drain_until.is_some() => {}
+            _ = stop.changed() => return,
+            _ = out.tx.closed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(input: &[u8], expected: usize) {
+        assert_eq!(complete_utf8(input), expected, "{input:?}");
+    }
+
+    #[test]
+    fn characters_split_across_chunks_wait_for_their_rest() {
+        check(b"", 0);
+        check(b"abc", 3);
+        check("é".as_bytes(), 2);
+        check(&"é".as_bytes()[..1], 0);
+        check(&"a€".as_bytes()[..3], 1);
+        check("a€".as_bytes(), 4);
+        check(&"😀".as_bytes()[..3], 0);
+        check(&[b'a', 0xFF], 2); // invalid bytes pass (as U+FFFD)
+    }
+
+    #[test]
+    fn resumed_output_skips_what_was_sent() {
+        let mut t = Text { seen: 0, skip: 4, held: Vec::new() };
+        assert_eq!(t.push(b"abc"), None);
+        assert_eq!(t.push(b"de\xC3"), Some(AttachFrame::Output { offset: 5, data: "e".into() }));
+        assert_eq!(t.push(b"\xA9!"), Some(AttachFrame::Output { offset: 8, data: "é!".into() }));
+        assert_eq!(t.flush(), None);
+        assert_eq!(t.push(b"\xE2"), None);
+        assert_eq!(t.flush(), Some(AttachFrame::Output { offset: 9, data: "\u{FFFD}".into() }));
+    }
+}
