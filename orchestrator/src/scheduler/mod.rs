@@ -187,6 +187,9 @@ pub struct Scheduler {
     index: HashMap<String, usize>,
     pods: HashMap<String, PodRecord>,
     retries: HashMap<String, Retry>,
+    /// Hashes of specs some node could run when empty (`never_fits`); cleared
+    /// when a node leaves or its machine or labels change.
+    fits_some_node: std::collections::HashSet<u64>,
 }
 
 impl Default for Scheduler {
@@ -240,6 +243,7 @@ impl Scheduler {
             index: HashMap::new(),
             pods: HashMap::new(),
             retries: HashMap::new(),
+            fits_some_node: Default::default(),
         }
     }
 
@@ -257,6 +261,9 @@ impl Scheduler {
                 // state (a heartbeat re-sending the same node does not).
                 let same_machine = (Arc::ptr_eq(&n.info.topology, &node.topology) || n.info.topology == node.topology)
                     && n.info.settings == node.settings;
+                if !same_machine || n.info.labels != node.labels {
+                    self.fits_some_node.clear();
+                }
                 if !same_machine {
                     n.generation += 1;
                     n.empty = NodeSummary::compute(
@@ -296,6 +303,7 @@ impl Scheduler {
     /// Forgets a node and the bindings this scheduler made to it.
     pub fn remove_node(&mut self, name: &str) {
         let Some(i) = self.index.remove(name) else { return };
+        self.fits_some_node.clear();
         self.nodes.swap_remove(i);
         self.hot.swap_remove(i);
         self.rank.swap_remove(i);
@@ -437,10 +445,29 @@ impl Scheduler {
     /// the empty node): node name -> reason. `None` when some node could, or
     /// when no node is registered (a cluster still starting). Readiness is
     /// ignored: it is transient.
-    pub fn never_fits(&self, pod_key: &str, pod: &Pod) -> Option<BTreeMap<String, String>> {
+    pub fn never_fits(&mut self, pod_key: &str, pod: &Pod) -> Option<BTreeMap<String, String>> {
         if self.nodes.is_empty() {
             return None;
         }
+        // Most pods fit the first node tried, but that try runs the engine:
+        // remembered per spec, so a stream of equal pods pays it once.
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            serde_json::to_string(&pod.spec).unwrap_or_default().hash(&mut h);
+            h.finish()
+        };
+        if self.fits_some_node.contains(&key) {
+            return None;
+        }
+        let reasons = self.never_fits_uncached(pod_key, pod);
+        if reasons.is_none() {
+            self.fits_some_node.insert(key);
+        }
+        reasons
+    }
+
+    fn never_fits_uncached(&self, pod_key: &str, pod: &Pod) -> Option<BTreeMap<String, String>> {
         let demand = Demand::of(pod);
         let empty = Allocations::default();
         let mut reasons = BTreeMap::new();
