@@ -69,6 +69,8 @@ impl Default for ControllerConfig {
 
 /// Most pods taken from the queue per scheduling pass.
 const PASS: usize = 2048;
+/// Queued pods decided under one lock.
+const DECIDE_CHUNK: usize = 32;
 /// Binding writes in flight at once (the store folds them into shared flushes).
 const WRITES_IN_FLIGHT: usize = 4096;
 
@@ -148,6 +150,9 @@ struct ArrayState {
     group: u64,
     /// Unfinished tasks bound to a node.
     bound: HashSet<String>,
+    /// Unfinished tasks known (queued or bound); at zero the array is forgotten,
+    /// so a new array of that name queues at its own submission.
+    members: usize,
 }
 
 struct Inner {
@@ -330,8 +335,8 @@ impl Controller {
         let mut inner = self.lock();
         let name = &pod.metadata.name;
         inner.dequeue(name);
-        inner.orders.remove(name);
         inner.leave_array(pod);
+        inner.forget_order(pod);
         // A later pod of the same name is a new pod: no backoff, no stale marks.
         inner.sched.release(name);
         inner.expiring.retain(|(_, n, _)| n != name);
@@ -346,8 +351,8 @@ impl Controller {
         let mut inner = self.lock();
         let name = &pod.metadata.name;
         inner.dequeue(name);
-        inner.orders.remove(name);
         inner.leave_array(pod);
+        inner.forget_order(pod);
         inner.sched.release(name);
         if let Some(ttl) = self.ttl_of(pod) {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -572,20 +577,27 @@ impl Controller {
             }
             // Twins (equal specs) that fit nowhere in this pass.
             let mut failed: HashMap<u64, Unschedulable> = HashMap::new();
-            for name in due {
-                let decision = self.lock().decide(&name, now, &mut failed);
-                let Some((decision, pod)) = decision else { continue };
-                let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
-                let this = self.clone();
-                tokio::spawn(async move {
-                    match decision {
-                        Decision::Bind(binding, uid) => this.write_binding(&pod, binding, uid).await,
-                        Decision::Pending(reason, event_type, event_reason, message) => {
-                            this.write_pending(name, reason, event_type, event_reason, message).await
+            // A few pods per lock: most retries of waiting pods end at a twin's
+            // failure, and a create must not wait for a whole pass.
+            for chunk in due.chunks(DECIDE_CHUNK) {
+                let decisions: Vec<(Decision, Arc<Pod>)> = {
+                    let mut inner = self.lock();
+                    chunk.iter().filter_map(|name| inner.decide(name, now, &mut failed)).collect()
+                };
+                for (decision, pod) in decisions {
+                    let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        match decision {
+                            Decision::Bind(binding, uid) => this.write_binding(&pod, binding, uid).await,
+                            Decision::Pending(reason, event_type, event_reason, message) => {
+                                let name = pod.metadata.name.clone();
+                                this.write_pending(name, reason, event_type, event_reason, message).await
+                            }
                         }
-                    }
-                    drop(permit);
-                });
+                        drop(permit);
+                    });
+                }
             }
         }
     }
@@ -846,6 +858,7 @@ impl Inner {
             Some(array) => {
                 let a =
                     self.arrays.entry(array.clone()).or_insert_with(|| ArrayState { group: seq, ..Default::default() });
+                a.members += 1;
                 let task = pod
                     .metadata
                     .annotations
@@ -855,6 +868,20 @@ impl Inner {
                 Order { group: a.group, task, seq }
             }
             None => Order { group: seq, task: 0, seq },
+        }
+    }
+
+    /// The pod is finished or gone: it leaves the queue order (and its array).
+    fn forget_order(&mut self, pod: &Pod) {
+        if self.orders.remove(&pod.metadata.name).is_none() {
+            return;
+        }
+        let Some(array) = pod.metadata.labels.get(specs::pod::ARRAY_LABEL) else { return };
+        if let Some(a) = self.arrays.get_mut(array) {
+            a.members = a.members.saturating_sub(1);
+            if a.members == 0 && a.bound.is_empty() {
+                self.arrays.remove(array);
+            }
         }
     }
 
