@@ -167,6 +167,8 @@ struct Inner {
     arrays: HashMap<String, ArrayState>,
     /// Finished pods to remove: (when, name, uid).
     expiring: BTreeSet<(Instant, String, String)>,
+    /// Name -> its entry in `expiring` (a deleted pod's entry goes with it).
+    expiry_of: HashMap<String, (Instant, String)>,
     seq: u64,
 }
 
@@ -241,6 +243,7 @@ impl Controller {
                 orders: HashMap::new(),
                 arrays: HashMap::new(),
                 expiring: BTreeSet::new(),
+                expiry_of: HashMap::new(),
                 seq: 0,
             }),
             wake: Notify::new(),
@@ -267,7 +270,7 @@ impl Controller {
                 if is_terminal(&pod) {
                     // The finish time is not stored: a restart starts the TTL again.
                     if let Some(ttl) = c.ttl_of(&pod) {
-                        inner.expiring.insert((now + ttl, name, pod.metadata.uid.clone().unwrap_or_default()));
+                        inner.expire_at(now + ttl, &name, pod.metadata.uid.clone().unwrap_or_default());
                     }
                     continue;
                 }
@@ -339,7 +342,9 @@ impl Controller {
         inner.forget_order(pod);
         // A later pod of the same name is a new pod: no backoff, no stale marks.
         inner.sched.release(name);
-        inner.expiring.retain(|(_, n, _)| n != name);
+        if let Some((at, uid)) = inner.expiry_of.remove(name) {
+            inner.expiring.remove(&(at, name.clone(), uid));
+        }
         inner.wake_waiting();
         drop(inner);
         self.wake.notify_one();
@@ -356,7 +361,7 @@ impl Controller {
         inner.sched.release(name);
         if let Some(ttl) = self.ttl_of(pod) {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
-            inner.expiring.insert((Instant::now() + ttl, name.clone(), uid));
+            inner.expire_at(Instant::now() + ttl, name, uid);
         }
         inner.wake_waiting();
         drop(inner);
@@ -534,6 +539,7 @@ impl Controller {
                         break;
                     }
                     if let Some((_, name, uid)) = inner.expiring.pop_first() {
+                        inner.expiry_of.remove(&name);
                         finished.push((name, uid));
                     }
                 }
@@ -869,6 +875,14 @@ impl Inner {
             }
             None => Order { group: seq, task: 0, seq },
         }
+    }
+
+    /// Removes the finished pod `name` (this incarnation, `uid`) at `at`.
+    fn expire_at(&mut self, at: Instant, name: &str, uid: String) {
+        if let Some((old_at, old_uid)) = self.expiry_of.insert(name.to_string(), (at, uid.clone())) {
+            self.expiring.remove(&(old_at, name.to_string(), old_uid));
+        }
+        self.expiring.insert((at, name.to_string(), uid));
     }
 
     /// The pod is finished or gone: it leaves the queue order (and its array).
