@@ -60,14 +60,24 @@ impl TestServer {
 
     /// A node of one NUMA node with `cpus` CPUs, joined and registered.
     async fn node(&self, dir: &Path, name: &str, cpus: u32) -> Client {
+        let creds = self.join(dir, name).await;
+        self.register(creds, name, cpus).await
+    }
+
+    async fn join(&self, dir: &Path, name: &str) -> Credentials {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
         let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
-        let creds = Credentials {
+        Credentials {
             server: self.url.clone(),
             ca_cert: joined.ca_cert,
             client_cert: joined.client_cert,
             client_key: joined.client_key,
-        };
+        }
+    }
+
+    /// Registers a joined node (again, after a restart: the server's port moved).
+    async fn register(&self, mut creds: Credentials, name: &str, cpus: u32) -> Client {
+        creds.server = self.url.clone();
         let n = Client::new(&creds).expect("node client");
         let mut t = NodeTopology::default();
         for id in 0..cpus {
@@ -359,5 +369,49 @@ async fn an_array_binds_at_most_its_parallelism_in_task_order() {
         let p = unaided(&format!("{next} bound"), next_bound(&mut w)).await;
         assert_eq!(p.metadata.name, next);
     }
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_it_expires() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let creds = s.join(dir.path(), "one").await;
+    s.register(creds.clone(), "one", 1).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    for name in ["c", "a", "b"] {
+        s.create(name, "", "").await;
+        // Creation timestamps have millisecond resolution; the reloaded queue
+        // orders by them.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(unaided("c bound", next_bound(&mut w)).await.metadata.name, "c");
+    drop(w);
+    s.stop().await;
+
+    let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    // The node's truth is empty, but the binding of c is still in flight.
+    let node = s.register(creds, "one", 1).await;
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[], &[]).await;
+    assert_eq!(s.reason("a").await.as_deref(), Some("Unschedulable"));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    // c expires and goes back in line, behind nothing: it was first.
+    let again = unaided("c bound again", next_bound(&mut w)).await;
+    assert_eq!(again.metadata.name, "c");
+    assert!(s.event_reasons("c").await.contains(&"BindingExpired".to_string()));
+    report(&node, "one", &mut epoch, &[], &[("c", "Succeeded")]).await;
+    assert_eq!(unaided("a bound", next_bound(&mut w)).await.metadata.name, "a");
+    report(&node, "one", &mut epoch, &[], &[("a", "Succeeded")]).await;
+    assert_eq!(unaided("b bound", next_bound(&mut w)).await.metadata.name, "b");
     s.stop().await;
 }
