@@ -481,7 +481,7 @@ impl Scheduler {
                         Ok(())
                     }
                 }) {
-                Err(d) => d.to_string(),
+                Err(d) => filter::OnEmptyNode(d).to_string(),
                 Ok(()) if !self.config.topology_aware => return None,
                 Ok(()) => match (self.admit)(&node.info.topology, &node.info.settings, &empty, pod_key, pod) {
                     Ok(_) => return None,
