@@ -198,10 +198,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             require_admin(id, "create pods")?;
             let uid = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
             // Decided before the write (the scheduler's lock is not taken inside
-            // the store's committer); used only for a pod not stored yet.
+            // the store's committer); used only for a pod not stored yet. A pod
+            // that names its node skips the scheduler, and this check with it.
             let waits =
                 pod.metadata.annotations.get(specs::pod::WAIT_FOR_NODES_ANNOTATION).map(String::as_str) == Some("true");
-            let never = if waits { None } else { state.controller.never_fits(&pod) };
+            let never = if waits || pod.spec.node_name.is_some() { None } else { state.controller.never_fits(&pod) };
             let (code, pod, replaced) = store
                 .write(move |t| -> Result<(u16, Pod, Option<Pod>), Refused> {
                     let mut pod = *pod;
