@@ -178,9 +178,25 @@ enum Decision {
     Pending(&'static str, &'static str, &'static str, String),
 }
 
-fn spec_hash(pod: &Pod) -> u64 {
+/// Hash of what placing the pod depends on: its spec less what only the
+/// node's runtime reads (commands, environment, images, ...), so that the
+/// tasks of an array, which differ in their environment, are twins.
+fn twin_hash(pod: &Pod) -> u64 {
+    let mut spec = pod.spec.clone();
+    spec.termination_grace_period_seconds = None;
+    spec.ttl_seconds_after_finished = None;
+    spec.init = false;
+    for c in &mut spec.containers {
+        c.image = None;
+        c.rootfs = None;
+        c.command.clear();
+        c.args.clear();
+        c.env.clear();
+        c.working_dir = None;
+        c.security_context = None;
+    }
     let mut h = DefaultHasher::new();
-    serde_json::to_string(&pod.spec).unwrap_or_default().hash(&mut h);
+    serde_json::to_string(&spec).unwrap_or_default().hash(&mut h);
     h.finish()
 }
 
@@ -911,7 +927,7 @@ impl Inner {
         };
         self.dequeue(&name);
         let entry =
-            QueueEntry { order, twin: spec_hash(&pod), array: array_limit(&pod), pod, wait, rejected, said: None };
+            QueueEntry { order, twin: twin_hash(&pod), array: array_limit(&pod), pod, wait, rejected, said: None };
         self.order.insert(order, name.clone());
         self.queue.insert(name, entry);
     }
