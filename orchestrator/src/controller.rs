@@ -33,7 +33,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::api::error::Refused;
-use crate::scheduler::{NodeInfo, Scheduler, Unschedulable};
+use crate::scheduler::{NodeInfo, Scheduler};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, Clone, Copy)]
@@ -131,7 +131,7 @@ struct QueueEntry {
     /// `(array, parallelism)` when the pod is a throttled array task.
     array: Option<(String, usize)>,
     /// The reason last written to its status (not written again while unchanged).
-    said: Option<String>,
+    said: Option<Arc<str>>,
 }
 
 impl QueueEntry {
@@ -598,7 +598,7 @@ impl Controller {
                 return backoff.chain(expiry).chain(ttl).min();
             }
             // Twins (equal specs) that fit nowhere in this pass.
-            let mut failed: HashMap<u64, Unschedulable> = HashMap::new();
+            let mut failed: HashMap<u64, Arc<str>> = HashMap::new();
             // A few pods per lock: most retries of waiting pods end at a twin's
             // failure, and a create must not wait for a whole pass.
             for chunk in due.chunks(DECIDE_CHUNK) {
@@ -971,25 +971,27 @@ impl Inner {
         &mut self,
         name: &str,
         now: Instant,
-        failed: &mut HashMap<u64, Unschedulable>,
+        failed: &mut HashMap<u64, Arc<str>>,
     ) -> Option<(Decision, Arc<Pod>)> {
         let e = self.queue.get(name).filter(|e| e.due(now))?;
         let pod = e.pod.clone();
         if let Some((array, limit)) = &e.array {
             let bound = self.arrays.get(array).map_or(0, |a| a.bound.len());
             if bound >= *limit {
-                let message = format!("array {array} has {bound} unfinished tasks bound, its parallelism is {limit}");
+                let message: Arc<str> =
+                    format!("array {array} has {bound} unfinished tasks bound, its parallelism is {limit}").into();
                 let e = self.queue.get_mut(name)?;
                 e.wait = Wait::Throttled;
                 return Self::say(e, "ArrayThrottled", "Normal", "ArrayThrottled", message).map(|d| (d, pod));
             }
         }
         let (twin, rejected) = (e.twin, e.rejected);
-        let result = match failed.get(&twin).filter(|_| !rejected) {
-            Some(u) => Err(u.clone()),
-            None => self.sched.schedule(name, &pod, now.into_std()),
-        };
-        match result {
+        if let Some(message) = failed.get(&twin).filter(|_| !rejected).cloned() {
+            let e = self.queue.get_mut(name)?;
+            e.wait = Wait::Unschedulable;
+            return Self::say(e, "Unschedulable", "Warning", "FailedScheduling", message).map(|d| (d, pod));
+        }
+        match self.sched.schedule(name, &pod, now.into_std()) {
             Ok(binding) => {
                 self.dequeue(name);
                 if let Some((array, _)) = array_limit(&pod) {
@@ -998,13 +1000,14 @@ impl Inner {
                 Some((Decision::Bind(binding, pod.metadata.uid.clone()), pod))
             }
             Err(u) => {
-                let mut message = u.message.clone();
+                let mut message = u.message;
                 if !u.per_node.is_empty() {
                     let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
                     message = format!("{message}: {}", per.join("; "));
                 }
+                let message: Arc<str> = message.into();
                 if !rejected {
-                    failed.insert(twin, u);
+                    failed.insert(twin, message.clone());
                 }
                 let e = self.queue.get_mut(name)?;
                 e.wait = Wait::Unschedulable;
@@ -1019,13 +1022,14 @@ impl Inner {
         reason: &'static str,
         event_type: &'static str,
         event_reason: &'static str,
-        message: String,
+        message: Arc<str>,
     ) -> Option<Decision> {
-        if e.said.as_deref() == Some(message.as_str()) {
+        if e.said.as_deref() == Some(&*message) {
             return None;
         }
-        e.said = Some(message.clone());
-        Some(Decision::Pending(reason, event_type, event_reason, message))
+        let text = message.to_string();
+        e.said = Some(message);
+        Some(Decision::Pending(reason, event_type, event_reason, text))
     }
 
     /// Pushes the node's reported truth to the scheduler, which keeps the
