@@ -469,10 +469,8 @@ impl Controller {
         };
         let was_ready = n.ready;
         let truth_changed = reported && n.node.status.allocations != node.status.allocations;
-        let topology_changed = n.node.spec.topology != node.spec.topology;
-        if topology_changed {
-            n.topology = Arc::new(node.spec.topology.clone());
-        }
+        // The spec (topology, settings) changes only by registering again
+        // (`node_registered`); `n.topology` stays shared with the mirror.
         if !reported {
             // Only a report changes the truth (a NotReady/Ready write carries the old one).
             let truth = n.node.status.allocations.clone();
@@ -489,7 +487,7 @@ impl Controller {
         for pod in confirmed {
             freed |= inner.sched.confirm(pod);
         }
-        if truth_changed || became_ready || topology_changed || freed {
+        if truth_changed || became_ready || freed {
             inner.wake_waiting();
             drop(inner);
             self.wake.notify_one();
