@@ -194,6 +194,8 @@ struct PodShort {
     node_selector: BTreeMap<String, String>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
     restart_policy: Option<String>,
     scheduling_strategy: Option<String>,
 }
@@ -273,7 +275,7 @@ fn manifest(json: &Value) -> anyhow::Result<(String, Value)> {
     let pod = serde_json::json!({
         "apiVersion": "pinion.io/v1",
         "kind": "Pod",
-        "metadata": {"name": p.name, "labels": p.labels},
+        "metadata": {"name": p.name, "labels": p.labels, "annotations": p.annotations},
         "spec": spec,
     });
     Ok((p.name, pod))

@@ -136,7 +136,7 @@ fn run(node_count: usize, pod_count: usize) {
     let mut bound = 0usize;
     let mut first_error = None;
     for (n, (key, p)) in pods.iter().enumerate() {
-        match s.schedule(key, p) {
+        match s.schedule(key, p, std::time::Instant::now()) {
             Ok(_) => bound += 1,
             Err(u) => {
                 first_error.get_or_insert(u.message);

@@ -1,20 +1,34 @@
-//! The server's control loops around the scheduler: the queue of pending pods
-//! (with exponential backoff and a reason for every wait), the binding writes,
-//! the scheduler's per-node mirrors (the node's reported truth plus bindings it
-//! has not reported yet), and node lifecycle (heartbeats, NotReady after a grace
-//! period, pods marked Unknown, reconciled when the node reports again).
+//! The server's control loops around the scheduler: the queue of pending pods,
+//! the binding writes, the scheduler's per-node mirrors, node lifecycle
+//! (heartbeats, NotReady after a grace period, pods marked Unknown, reconciled
+//! when the node reports again), job-array throttling and the removal of
+//! finished pods after their TTL.
+//!
+//! The queue is event-driven, like the Kubernetes scheduler's active and
+//! unschedulable queues: waiting for capacity is not a failure. A pod that
+//! fits nowhere now waits, with no timer, until a cluster event could make it
+//! fit (a report that changes a node's allocations, a node registering or
+//! becoming Ready, a pod deleted or finished, a binding expired or given back),
+//! and is then tried at once. Only a node's rejection of a binding backs off.
+//! Pods are tried in submission order; the tasks of a job array together, at
+//! the array's first submission, by task index.
+//!
+//! In-flight bindings live in one place, the scheduler's assumed pods (see
+//! `scheduler`), which expire after `ControllerConfig::binding_timeout`; the
+//! controller then returns the pod to the queue (reason `BindingExpired`).
 //!
 //! The scheduler itself (`scheduler::Scheduler`) decides; this module feeds it
 //! and writes its decisions. The mirror is updated under one lock before the
 //! binding is written, so two concurrent binds never overcommit a node.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use specs::api::{Event, Node, NodeCondition, ObjectRef, PodPlan};
 use specs::pod::ObjectMeta;
-use specs::{Allocations, Placement, Pod, PodPhase, PodStatus};
+use specs::{Pod, PodPhase, PodStatus};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
@@ -26,11 +40,17 @@ use crate::store::{Store, StoreError};
 pub struct ControllerConfig {
     /// A node that sends no heartbeat for this long becomes NotReady.
     pub heartbeat_grace: Duration,
-    /// First retry delay of a pod that could not be placed or was rejected
-    /// (doubling per try up to `backoff_max`); the rejection delay is the
-    /// scheduler's (`on_rejection`), set from these.
+    /// First retry delay after a node rejects a binding (doubling per
+    /// rejection up to `backoff_max`). A pod that fits nowhere now does not
+    /// back off: it waits for a cluster event.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// A binding the node neither reports nor rejects within this expires: its
+    /// capacity returns to the mirror and the pod is queued again.
+    pub binding_timeout: Duration,
+    /// How long a finished pod (and its events) is kept when its spec sets no
+    /// `ttlSecondsAfterFinished`; `None` keeps it until deleted.
+    pub finished_pod_ttl: Option<Duration>,
     pub scheduler: crate::scheduler::SchedulerConfig,
 }
 
@@ -40,6 +60,8 @@ impl Default for ControllerConfig {
             heartbeat_grace: Duration::from_secs(40),
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(60),
+            binding_timeout: Duration::from_secs(30),
+            finished_pod_ttl: Some(Duration::from_secs(3600)),
             scheduler: Default::default(),
         }
     }
@@ -47,6 +69,8 @@ impl Default for ControllerConfig {
 
 /// Most pods taken from the queue per scheduling pass.
 const PASS: usize = 2048;
+/// Queued pods decided under one lock.
+const DECIDE_CHUNK: usize = 32;
 /// Binding writes in flight at once (the store folds them into shared flushes).
 const WRITES_IN_FLIGHT: usize = 4096;
 
@@ -66,32 +90,133 @@ pub fn event(kind: &str, name: &str, event_type: &str, reason: &str, message: im
 }
 
 struct NodeState {
+    /// The stored node; `node.status.allocations` is its last reported truth.
     node: Node,
     /// Shared with the scheduler's mirror; rebuilt only when the node re-registers.
     topology: Arc<specs::NodeTopology>,
     ready: bool,
     last_seen: Instant,
-    /// Status reports received; a rejected pod waits for the next one.
-    reports: u64,
-    truth: Allocations,
-    /// Bindings not yet in the node's reported allocations.
-    inflight: BTreeMap<String, Placement>,
+}
+
+/// Where a pod stands in the queue: submission order, except that the tasks
+/// of a job array go together (at the array's first submission) by task index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Order {
+    group: u64,
+    task: u64,
+    seq: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Tried at the next pass.
+    Now,
+    /// A node rejected it: tried again from then on.
+    Backoff(Instant),
+    /// Fits nowhere now: tried again on the next cluster event.
+    Unschedulable,
+    /// Its array has as many unfinished tasks bound as it allows.
+    Throttled,
 }
 
 struct QueueEntry {
-    not_before: Instant,
-    failures: u32,
-    /// Placed nowhere: retried early when a node changes.
-    unschedulable: bool,
-    /// Rejected by this node at this report count: not retried there on the same
-    /// stale mirror (waits for the node's next report, or for it to go NotReady).
-    wait_report: Option<(String, u64)>,
+    order: Order,
+    pod: Arc<Pod>,
+    wait: Wait,
+    /// The spec's hash: in one pass, a pod whose twin fit nowhere is not tried
+    /// again (binds in a pass only take capacity away).
+    twin: u64,
+    /// A node rejected it: the scheduler keeps per-pod marks, so no twin shortcut.
+    rejected: bool,
+    /// `(array, parallelism)` when the pod is a throttled array task.
+    array: Option<(String, usize)>,
+    /// The reason last written to its status (not written again while unchanged).
+    said: Option<Arc<str>>,
+}
+
+impl QueueEntry {
+    fn due(&self, now: Instant) -> bool {
+        match self.wait {
+            Wait::Now => true,
+            Wait::Backoff(at) => at <= now,
+            Wait::Unschedulable | Wait::Throttled => false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ArrayState {
+    /// Queue group of the array (its first task's submission).
+    group: u64,
+    /// Unfinished tasks bound to a node.
+    bound: HashSet<String>,
+    /// Unfinished tasks known (queued or bound); at zero the array is forgotten,
+    /// so a new array of that name queues at its own submission.
+    members: usize,
 }
 
 struct Inner {
     sched: Scheduler,
     nodes: HashMap<String, NodeState>,
-    queue: BTreeMap<String, QueueEntry>,
+    queue: HashMap<String, QueueEntry>,
+    /// The queue in the order pods are tried.
+    order: BTreeMap<Order, String>,
+    /// Every unfinished pod's place in the queue (kept when bound, so a pod
+    /// sent back keeps its place).
+    orders: HashMap<String, Order>,
+    arrays: HashMap<String, ArrayState>,
+    /// Finished pods to remove: (when, name, uid).
+    expiring: BTreeSet<(Instant, String, String)>,
+    /// Name -> its entry in `expiring` (a deleted pod's entry goes with it).
+    expiry_of: HashMap<String, (Instant, String)>,
+    seq: u64,
+}
+
+enum Decision {
+    Bind(crate::scheduler::Binding, Option<String>),
+    /// Why the pod waits: status reason, event type and reason, message.
+    Pending(&'static str, &'static str, &'static str, String),
+}
+
+/// Hash of what placing the pod depends on: its spec less what only the
+/// node's runtime reads (commands, environment, images, ...), so that the
+/// tasks of an array, which differ in their environment, are twins.
+fn twin_hash(pod: &Pod) -> u64 {
+    let mut spec = pod.spec.clone();
+    spec.termination_grace_period_seconds = None;
+    spec.ttl_seconds_after_finished = None;
+    spec.init = false;
+    for c in &mut spec.containers {
+        c.image = None;
+        c.rootfs = None;
+        c.command.clear();
+        c.args.clear();
+        c.env.clear();
+        c.working_dir = None;
+        c.security_context = None;
+    }
+    let mut h = DefaultHasher::new();
+    serde_json::to_string(&spec).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
+/// `(array, parallelism)` of a task pod that names a valid parallelism.
+fn array_limit(pod: &Pod) -> Option<(String, usize)> {
+    let array = pod.metadata.labels.get(specs::pod::ARRAY_LABEL)?;
+    let n: usize = pod.metadata.annotations.get(specs::pod::ARRAY_PARALLELISM_ANNOTATION)?.parse().ok()?;
+    (n > 0).then(|| (array.clone(), n))
+}
+
+fn is_terminal(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+}
+
+fn creation_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
+    (&a.metadata.creation_timestamp, a.metadata.resource_version, &a.metadata.name).cmp(&(
+        &b.metadata.creation_timestamp,
+        b.metadata.resource_version,
+        &b.metadata.name,
+    ))
 }
 
 pub struct Controller {
@@ -120,14 +245,22 @@ impl Controller {
             inner: Mutex::new(Inner {
                 // One backoff: a node's rejection is timed by the scheduler
                 // (which also keeps the pod off that node's current state),
-                // with the controller's settings.
+                // with the controller's settings; one record of in-flight
+                // bindings, the scheduler's, with the controller's expiry.
                 sched: Scheduler::new(crate::scheduler::SchedulerConfig {
                     backoff_initial: config.backoff_base,
                     backoff_max: config.backoff_max,
+                    assume_expiry: config.binding_timeout,
                     ..config.scheduler
                 }),
                 nodes: HashMap::new(),
-                queue: BTreeMap::new(),
+                queue: HashMap::new(),
+                order: BTreeMap::new(),
+                orders: HashMap::new(),
+                arrays: HashMap::new(),
+                expiring: BTreeSet::new(),
+                expiry_of: HashMap::new(),
+                seq: 0,
             }),
             wake: Notify::new(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
@@ -138,45 +271,42 @@ impl Controller {
             let (_, nodes) = store.list::<Node>()?;
             for node in nodes {
                 let name = node.metadata.name.clone();
-                let truth = node.status.allocations.clone();
                 let ready = node.status.condition == NodeCondition::Ready;
                 // A restart is not a missed heartbeat: every node gets a fresh grace period.
                 inner.nodes.insert(
-                    name,
-                    NodeState {
-                        topology: Arc::new(node.spec.topology.clone()),
-                        node,
-                        ready,
-                        last_seen: now,
-                        reports: 0,
-                        truth,
-                        inflight: BTreeMap::new(),
-                    },
+                    name.clone(),
+                    NodeState { topology: Arc::new(node.spec.topology.clone()), node, ready, last_seen: now },
                 );
+                inner.sync_mirror(&name);
             }
-            let (_, pods) = store.list::<Pod>()?;
+            let (_, mut pods) = store.list::<Pod>()?;
+            pods.sort_by(creation_order);
             for pod in pods {
+                let name = pod.metadata.name.clone();
+                if is_terminal(&pod) {
+                    // The finish time is not stored: a restart starts the TTL again.
+                    if let Some(ttl) = c.ttl_of(&pod) {
+                        inner.expire_at(now + ttl, &name, pod.metadata.uid.clone().unwrap_or_default());
+                    }
+                    continue;
+                }
+                let order = inner.order_of(&pod);
+                inner.orders.insert(name.clone(), order);
                 let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
-                match (&pod.spec.node_name, pod.status.as_ref().and_then(|s| s.plan.as_ref())) {
-                    (Some(node), Some(plan)) if phase == PodPhase::Scheduled => {
-                        if let Some(n) = inner.nodes.get_mut(node) {
-                            if !n.truth.pods.contains_key(&pod.metadata.name) {
-                                n.inflight.insert(pod.metadata.name.clone(), plan.placement.clone());
-                            }
+                match &pod.spec.node_name {
+                    Some(node) => {
+                        if let Some((array, _)) = array_limit(&pod) {
+                            inner.arrays.entry(array).or_default().bound.insert(name.clone());
+                        }
+                        if phase == PodPhase::Scheduled {
+                            let plan = pod.status.as_ref().and_then(|s| s.plan.as_ref());
+                            let plan = plan.filter(|p| p.epoch != crate::scheduler::Binding::NO_PLAN);
+                            let plan = plan.map(|p| (p.epoch, p.placement.clone()));
+                            inner.sched.assume(&name, &pod, node, plan, now.into_std());
                         }
                     }
-                    (None, _) if !phase.is_terminal() => {
-                        inner.queue.insert(
-                            pod.metadata.name.clone(),
-                            QueueEntry { not_before: now, failures: 0, unschedulable: false, wait_report: None },
-                        );
-                    }
-                    _ => {}
+                    None => inner.enqueue(Arc::new(pod), Wait::Now, false),
                 }
-            }
-            let names: Vec<String> = inner.nodes.keys().cloned().collect();
-            for n in names {
-                inner.sync_mirror(&n);
             }
         }
         let loops = vec![
@@ -191,33 +321,67 @@ impl Controller {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How long a finished pod is kept: its spec's TTL, else the server's.
+    fn ttl_of(&self, pod: &Pod) -> Option<Duration> {
+        match pod.spec.ttl_seconds_after_finished {
+            Some(s) => Some(Duration::from_secs(s)),
+            None => self.config.finished_pod_ttl,
+        }
+    }
+
+    /// Why no registered node could ever run the pod, even empty, as the
+    /// message of a refused submission; `None` when some node could, or when
+    /// no node is registered yet.
+    pub fn never_fits(&self, pod: &Pod) -> Option<String> {
+        let reasons = self.lock().sched.never_fits(&pod.metadata.name, pod)?;
+        let per: Vec<String> = reasons.iter().map(|(n, m)| format!("node {n}: {m}")).collect();
+        Some(format!("no node can ever run this pod: {}", per.join("; ")))
+    }
+
     pub fn pod_created(&self, pod: &Pod) {
         if pod.spec.node_name.is_some() {
             return;
         }
-        self.lock().queue.insert(
-            pod.metadata.name.clone(),
-            QueueEntry { not_before: Instant::now(), failures: 0, unschedulable: false, wait_report: None },
-        );
+        let mut inner = self.lock();
+        let order = inner.order_of(pod);
+        inner.orders.insert(pod.metadata.name.clone(), order);
+        inner.enqueue(Arc::new(pod.clone()), Wait::Now, false);
+        drop(inner);
         self.wake.notify_one();
     }
 
     pub fn pod_deleted(&self, pod: &Pod) {
         let mut inner = self.lock();
-        inner.queue.remove(&pod.metadata.name);
+        let name = &pod.metadata.name;
+        inner.dequeue(name);
+        inner.leave_array(pod);
+        inner.forget_order(pod);
         // A later pod of the same name is a new pod: no backoff, no stale marks.
-        inner.sched.release(&pod.metadata.name);
-        if let Some(node) = &pod.spec.node_name {
-            if let Some(n) = inner.nodes.get_mut(node) {
-                n.inflight.remove(&pod.metadata.name);
-                // The node frees it in its truth and reports; until then keep the
-                // mirror conservative only for what the node still reports.
-            }
-            let node = node.clone();
-            inner.sync_mirror(&node);
+        inner.sched.release(name);
+        if let Some((at, uid)) = inner.expiry_of.remove(name) {
+            inner.expiring.remove(&(at, name.clone(), uid));
         }
+        inner.wake_waiting();
         drop(inner);
-        self.wake_unschedulable();
+        self.wake.notify_one();
+    }
+
+    /// A pod reached Succeeded or Failed: its array may bind another task, and
+    /// it is removed after its TTL.
+    pub fn pod_finished(&self, pod: &Pod) {
+        let mut inner = self.lock();
+        let name = &pod.metadata.name;
+        inner.dequeue(name);
+        inner.leave_array(pod);
+        inner.forget_order(pod);
+        inner.sched.release(name);
+        if let Some(ttl) = self.ttl_of(pod) {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            inner.expire_at(Instant::now() + ttl, name, uid);
+        }
+        inner.wake_waiting();
+        drop(inner);
+        self.wake.notify_one();
     }
 
     pub fn node_registered(&self, node: &Node) {
@@ -229,9 +393,6 @@ impl Controller {
             node: node.clone(),
             ready: node.status.condition == NodeCondition::Ready,
             last_seen: now,
-            reports: 0,
-            truth: node.status.allocations.clone(),
-            inflight: BTreeMap::new(),
         });
         if entry.node.spec.topology != node.spec.topology {
             entry.topology = Arc::new(node.spec.topology.clone());
@@ -240,8 +401,9 @@ impl Controller {
         entry.ready = node.status.condition == NodeCondition::Ready;
         entry.last_seen = now;
         inner.sync_mirror(&name);
+        inner.wake_waiting();
         drop(inner);
-        self.wake_unschedulable();
+        self.wake.notify_one();
     }
 
     pub fn node_deleted(&self, name: &str) {
@@ -292,71 +454,64 @@ impl Controller {
 
     /// The node's stored object changed (Ready again, or its status report).
     pub fn node_updated(&self, node: &Node, reported: bool) {
+        self.node_reported(node, reported, &[]);
+    }
+
+    /// A node's status report was stored: its allocations are the node's truth,
+    /// and `confirmed` are the pods it reported as admitted (Running or
+    /// finished), which leave the in-flight record.
+    pub fn node_reported(&self, node: &Node, reported: bool, confirmed: &[String]) {
         let mut inner = self.lock();
         let name = node.metadata.name.clone();
         let Some(n) = inner.nodes.get_mut(&name) else {
             drop(inner);
             return self.node_registered(node);
         };
-        n.node = node.clone();
+        let was_ready = n.ready;
+        let truth_changed = reported && n.node.status.allocations != node.status.allocations;
+        // The spec (topology, settings) changes only by registering again
+        // (`node_registered`); `n.topology` stays shared with the mirror.
+        if !reported {
+            // Only a report changes the truth (a NotReady/Ready write carries the old one).
+            let truth = n.node.status.allocations.clone();
+            n.node = node.clone();
+            n.node.status.allocations = truth;
+        } else {
+            n.node = node.clone();
+        }
         n.ready = node.status.condition == NodeCondition::Ready;
         n.last_seen = Instant::now();
-        if reported {
-            n.reports += 1;
-            n.truth = node.status.allocations.clone();
-            let truth = &n.truth;
-            n.inflight.retain(|pod, _| !truth.pods.contains_key(pod));
-        }
+        let became_ready = n.ready && !was_ready;
         inner.sync_mirror(&name);
-        drop(inner);
-        self.wake_unschedulable();
+        let mut freed = false;
+        for pod in confirmed {
+            freed |= inner.sched.confirm(pod);
+        }
+        if truth_changed || became_ready || freed {
+            inner.wake_waiting();
+            drop(inner);
+            self.wake.notify_one();
+        }
     }
 
     /// A nodelet refused a binding: the pod goes back to the queue with backoff.
     /// The scheduler also marks the node stale for this pod, so the retry goes
     /// elsewhere until that node's state changes (in topology-blind mode the
     /// node's totals would otherwise invite the same binding again).
-    pub fn pod_rejected(&self, pod: &str, node: &str, reason: &str, failures: u32) {
+    pub fn pod_rejected(&self, pod: &Pod, node: &str, reason: &str) {
         let mut inner = self.lock();
-        let reports = match inner.nodes.get_mut(node) {
-            Some(n) => {
-                n.inflight.remove(pod);
-                n.reports
-            }
-            None => 0,
-        };
-        inner.sync_mirror(node);
-        let retry_at = inner.sched.on_rejection(pod, node, reason, std::time::Instant::now());
-        inner.queue.insert(
-            pod.to_string(),
-            QueueEntry {
-                not_before: Instant::from_std(retry_at),
-                failures,
-                unschedulable: false,
-                wait_report: Some((node.to_string(), reports)),
-            },
-        );
+        let name = &pod.metadata.name;
+        let retry_at = inner.sched.on_rejection(name, node, reason, Instant::now().into_std());
+        inner.leave_array(pod);
+        if !inner.orders.contains_key(name) {
+            let order = inner.order_of(pod);
+            inner.orders.insert(name.clone(), order);
+        }
+        inner.enqueue(Arc::new(pod.clone()), Wait::Backoff(Instant::from_std(retry_at)), true);
+        // The node's mirror no longer holds the pod: others may fit now.
+        inner.wake_waiting();
         drop(inner);
         self.wake.notify_one();
-    }
-
-    fn backoff(&self, failures: u32) -> Duration {
-        let f = self.config.backoff_base.saturating_mul(1u32 << failures.min(16));
-        f.min(self.config.backoff_max)
-    }
-
-    fn wake_unschedulable(&self) {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        let mut any = false;
-        for e in inner.queue.values_mut().filter(|e| e.unschedulable) {
-            e.not_before = e.not_before.min(now);
-            any = true;
-        }
-        drop(inner);
-        if any {
-            self.wake.notify_one();
-        }
     }
 
     /// Pods waiting in the queue (for status and tests).
@@ -384,77 +539,92 @@ impl Controller {
         let _ = self.writes.acquire_many(WRITES_IN_FLIGHT as u32).await;
     }
 
-    /// One scheduling pass over due pods; returns when the next one is due.
+    /// Expired bindings and finished pods past their TTL, then scheduling
+    /// passes over the due pods; returns when the next timer is due.
     async fn pass(self: &Arc<Self>) -> Option<Instant> {
         loop {
             let now = Instant::now();
+            let (expired, finished) = {
+                let mut inner = self.lock();
+                let expired = inner.sched.expire_assumed(now.into_std());
+                let mut finished = Vec::new();
+                while let Some(first) = inner.expiring.first() {
+                    if first.0 > now {
+                        break;
+                    }
+                    if let Some((_, name, uid)) = inner.expiring.pop_first() {
+                        inner.expiry_of.remove(&name);
+                        finished.push((name, uid));
+                    }
+                }
+                (expired, finished)
+            };
+            for (pod, node) in expired {
+                let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
+                let this = self.clone();
+                tokio::spawn(async move {
+                    this.requeue_expired(pod, node).await;
+                    drop(permit);
+                });
+            }
+            for (pod, uid) in finished {
+                let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
+                let this = self.clone();
+                tokio::spawn(async move {
+                    this.remove_finished(pod, uid).await;
+                    drop(permit);
+                });
+            }
             let due: Vec<String> = {
                 let inner = self.lock();
                 inner
-                    .queue
-                    .iter()
-                    .filter(|(_, e)| e.not_before <= now && !inner.waits_for_report(e))
-                    .map(|(k, _)| k.clone())
+                    .order
+                    .values()
+                    .filter(|name| inner.queue.get(*name).is_some_and(|e| e.due(now)))
                     .take(PASS)
+                    .cloned()
                     .collect()
             };
             if due.is_empty() {
                 let inner = self.lock();
-                return inner.queue.values().filter(|e| !inner.waits_for_report(e)).map(|e| e.not_before).min().or(
-                    // Rejected pods wait for a report; look again now and then.
-                    if inner.queue.is_empty() { None } else { Some(now + Duration::from_secs(1)) },
-                );
-            }
-            for name in due {
-                let pod = match self.store.get::<Pod>(&name) {
-                    Ok(Some(p)) if p.spec.node_name.is_none() => p,
-                    Ok(_) => {
-                        self.lock().queue.remove(&name);
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::error!(pod = %name, error = %e, "cannot read a queued pod");
-                        continue;
-                    }
-                };
-                let decision = {
-                    let mut inner = self.lock();
-                    let r = inner.sched.schedule(&name, &pod);
-                    match &r {
-                        Ok(b) => {
-                            inner.queue.remove(&name);
-                            if let Some(n) = inner.nodes.get_mut(&b.node) {
-                                n.inflight.insert(name.clone(), b.placement.clone());
-                            }
-                        }
-                        Err(_) => {
-                            let failures = inner.queue.get(&name).map(|e| e.failures).unwrap_or(0);
-                            let delay = self.backoff(failures);
-                            if let Some(e) = inner.queue.get_mut(&name) {
-                                e.failures = failures.saturating_add(1);
-                                e.not_before = now + delay;
-                                e.unschedulable = true;
-                                e.wait_report = None;
-                            }
-                        }
-                    }
-                    r
-                };
-                let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
-                let this = self.clone();
-                tokio::spawn(async move {
-                    match decision {
-                        Ok(binding) => this.write_binding(name, binding).await,
-                        Err(u) => this.write_unschedulable(name, u).await,
-                    }
-                    drop(permit);
+                let backoff = inner.queue.values().filter_map(|e| match e.wait {
+                    Wait::Backoff(at) => Some(at),
+                    _ => None,
                 });
+                let expiry = inner.sched.next_expiry().map(Instant::from_std);
+                let ttl = inner.expiring.first().map(|(at, _, _)| *at);
+                return backoff.chain(expiry).chain(ttl).min();
+            }
+            // Twins (equal specs) that fit nowhere in this pass.
+            let mut failed: HashMap<u64, Arc<str>> = HashMap::new();
+            // A few pods per lock: most retries of waiting pods end at a twin's
+            // failure, and a create must not wait for a whole pass.
+            for chunk in due.chunks(DECIDE_CHUNK) {
+                let decisions: Vec<(Decision, Arc<Pod>)> = {
+                    let mut inner = self.lock();
+                    chunk.iter().filter_map(|name| inner.decide(name, now, &mut failed)).collect()
+                };
+                for (decision, pod) in decisions {
+                    let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        match decision {
+                            Decision::Bind(binding, uid) => this.write_binding(&pod, binding, uid).await,
+                            Decision::Pending(reason, event_type, event_reason, message) => {
+                                let name = pod.metadata.name.clone();
+                                this.write_pending(name, reason, event_type, event_reason, message).await
+                            }
+                        }
+                        drop(permit);
+                    });
+                }
             }
         }
     }
 
-    async fn write_binding(&self, name: String, binding: crate::scheduler::Binding) {
+    async fn write_binding(&self, pod: &Pod, binding: crate::scheduler::Binding, uid: Option<String>) {
         let b = binding.clone();
+        let name = pod.metadata.name.clone();
         let pod_name = name.clone();
         let r = self
             .store
@@ -462,6 +632,9 @@ impl Controller {
                 let Some(mut pod) = t.get::<Pod>(&pod_name)? else {
                     return Err(Refused(crate::api::error::not_found("Pod", &pod_name)));
                 };
+                if pod.metadata.uid != uid {
+                    return Err(Refused(crate::api::error::conflict("replaced by a new pod of the same name")));
+                }
                 if pod.spec.node_name.is_some() {
                     return Err(Refused(crate::api::error::conflict("already bound")));
                 }
@@ -487,37 +660,127 @@ impl Controller {
         if let Err(Refused(e)) = r {
             tracing::debug!(pod = %name, error = %e, "binding not stored; releasing it");
             let mut inner = self.lock();
-            if let Some(n) = inner.nodes.get_mut(&binding.node) {
-                n.inflight.remove(&name);
+            // Only this binding: a new pod of the same name may be bound by now.
+            if inner.sched.binding(&name).is_some_and(|held| held == binding) {
+                inner.sched.release(&name);
             }
-            inner.sync_mirror(&binding.node);
+            if let Some((array, _)) = array_limit(pod) {
+                if let Some(a) = inner.arrays.get_mut(&array) {
+                    a.bound.remove(&name);
+                }
+                inner.wake_array(&array);
+            }
+            inner.wake_waiting();
+            drop(inner);
+            self.wake.notify_one();
         }
     }
 
-    async fn write_unschedulable(&self, name: String, u: crate::scheduler::Unschedulable) {
+    async fn write_pending(
+        &self,
+        name: String,
+        reason: &'static str,
+        event_type: &'static str,
+        event_reason: &'static str,
+        message: String,
+    ) {
         let r = self
             .store
             .write(move |t| -> Result<(), Refused> {
                 let Some(mut pod) = t.get::<Pod>(&name)? else { return Ok(()) };
-                let mut message = u.message.clone();
-                if !u.per_node.is_empty() {
-                    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
-                    message = format!("{message}: {}", per.join("; "));
+                if pod.spec.node_name.is_some() {
+                    return Ok(());
                 }
                 let status = pod.status.get_or_insert_with(PodStatus::default);
-                if status.reason.as_deref() == Some("Unschedulable") && status.message.as_deref() == Some(&message) {
+                if status.reason.as_deref() == Some(reason) && status.message.as_deref() == Some(&message) {
                     return Ok(()); // Nothing new to say: no write, no event.
                 }
                 status.phase = PodPhase::Pending;
-                status.reason = Some("Unschedulable".into());
+                status.reason = Some(reason.into());
                 status.message = Some(message.clone());
                 t.put(&mut pod)?;
-                t.add_event(event("Pod", &name, "Warning", "FailedScheduling", message))?;
+                t.add_event(event("Pod", &name, event_type, event_reason, message))?;
                 Ok(())
             })
             .await;
         if let Err(Refused(e)) = r {
             tracing::warn!(error = %e, "cannot record why a pod is pending");
+        }
+    }
+
+    /// A binding expired unconfirmed (the scheduler already gave its capacity
+    /// back): the pod is unbound in the store and queued again, unless the node
+    /// has reported it meanwhile.
+    async fn requeue_expired(&self, name: String, node: String) {
+        let timeout = self.config.binding_timeout;
+        let n = name.clone();
+        let r = self
+            .store
+            .write(move |t| -> Result<Option<Pod>, Refused> {
+                let Some(mut pod) = t.get::<Pod>(&n)? else { return Ok(None) };
+                let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
+                if pod.spec.node_name.as_deref() != Some(&node) || phase != PodPhase::Scheduled {
+                    return Ok(None); // Moved on, or the node reported it.
+                }
+                let message = format!(
+                    "node {node} neither confirmed nor rejected the binding within {}s; scheduling again",
+                    timeout.as_secs_f64()
+                );
+                pod.spec.node_name = None;
+                let s = pod.status.get_or_insert_with(PodStatus::default);
+                s.phase = PodPhase::Pending;
+                s.node_name = None;
+                s.plan = None;
+                s.placement = None;
+                s.reason = Some("BindingExpired".into());
+                s.message = Some(message.clone());
+                t.put(&mut pod)?;
+                t.add_event(event("Pod", &n, "Warning", "BindingExpired", message))?;
+                Ok(Some(pod))
+            })
+            .await;
+        match r {
+            Ok(Some(pod)) => {
+                let mut inner = self.lock();
+                inner.leave_array(&pod);
+                if !inner.orders.contains_key(&name) {
+                    let order = inner.order_of(&pod);
+                    inner.orders.insert(name.clone(), order);
+                }
+                inner.enqueue(Arc::new(pod), Wait::Now, false);
+                inner.wake_waiting();
+                drop(inner);
+                self.wake.notify_one();
+            }
+            Ok(None) => {
+                // The capacity came back to the mirror all the same.
+                self.lock().wake_waiting();
+                self.wake.notify_one();
+            }
+            Err(Refused(e)) => tracing::error!(pod = %name, error = %e, "cannot requeue an expired binding"),
+        }
+    }
+
+    /// A finished pod's TTL ran out: it goes with its events.
+    async fn remove_finished(&self, name: String, uid: String) {
+        let n = name.clone();
+        let r = self
+            .store
+            .write(move |t| -> Result<Option<Pod>, Refused> {
+                let Some(pod) = t.get::<Pod>(&n)? else { return Ok(None) };
+                if pod.metadata.uid.clone().unwrap_or_default() != uid || !is_terminal(&pod) {
+                    return Ok(None); // A new pod of that name.
+                }
+                Ok(t.delete::<Pod>(&n)?)
+            })
+            .await;
+        match r {
+            Ok(Some(pod)) => {
+                tracing::debug!(pod = %name, "finished pod removed after its TTL");
+                self.pod_deleted(&pod);
+            }
+            Ok(None) => {}
+            Err(Refused(e)) => tracing::error!(pod = %name, error = %e, "cannot remove a finished pod"),
         }
     }
 
@@ -604,31 +867,182 @@ impl Controller {
 }
 
 impl Inner {
-    fn waits_for_report(&self, e: &QueueEntry) -> bool {
-        match &e.wait_report {
-            Some((node, at)) => self.nodes.get(node).is_some_and(|n| n.ready && n.reports == *at),
-            None => false,
+    /// A pod's place in the queue, assigned once per pod.
+    fn order_of(&mut self, pod: &Pod) -> Order {
+        if let Some(o) = self.orders.get(&pod.metadata.name) {
+            return *o;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        match pod.metadata.labels.get(specs::pod::ARRAY_LABEL) {
+            Some(array) => {
+                let a =
+                    self.arrays.entry(array.clone()).or_insert_with(|| ArrayState { group: seq, ..Default::default() });
+                a.members += 1;
+                let task = pod
+                    .metadata
+                    .annotations
+                    .get(specs::pod::ARRAY_TASK_ANNOTATION)
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(u64::MAX);
+                Order { group: a.group, task, seq }
+            }
+            None => Order { group: seq, task: 0, seq },
         }
     }
 
-    /// Pushes the node's mirror (truth plus in-flight bindings) to the scheduler.
+    /// Removes the finished pod `name` (this incarnation, `uid`) at `at`.
+    fn expire_at(&mut self, at: Instant, name: &str, uid: String) {
+        if let Some((old_at, old_uid)) = self.expiry_of.insert(name.to_string(), (at, uid.clone())) {
+            self.expiring.remove(&(old_at, name.to_string(), old_uid));
+        }
+        self.expiring.insert((at, name.to_string(), uid));
+    }
+
+    /// The pod is finished or gone: it leaves the queue order (and its array).
+    fn forget_order(&mut self, pod: &Pod) {
+        if self.orders.remove(&pod.metadata.name).is_none() {
+            return;
+        }
+        let Some(array) = pod.metadata.labels.get(specs::pod::ARRAY_LABEL) else { return };
+        if let Some(a) = self.arrays.get_mut(array) {
+            a.members = a.members.saturating_sub(1);
+            if a.members == 0 && a.bound.is_empty() {
+                self.arrays.remove(array);
+            }
+        }
+    }
+
+    fn enqueue(&mut self, pod: Arc<Pod>, wait: Wait, rejected: bool) {
+        let name = pod.metadata.name.clone();
+        let order = match self.orders.get(&name) {
+            Some(o) => *o,
+            None => {
+                let o = self.order_of(&pod);
+                self.orders.insert(name.clone(), o);
+                o
+            }
+        };
+        self.dequeue(&name);
+        let entry =
+            QueueEntry { order, twin: twin_hash(&pod), array: array_limit(&pod), pod, wait, rejected, said: None };
+        self.order.insert(order, name.clone());
+        self.queue.insert(name, entry);
+    }
+
+    fn dequeue(&mut self, name: &str) -> Option<QueueEntry> {
+        let e = self.queue.remove(name)?;
+        self.order.remove(&e.order);
+        Some(e)
+    }
+
+    /// The pod no longer counts against its array's parallelism.
+    fn leave_array(&mut self, pod: &Pod) {
+        let Some(array) = pod.metadata.labels.get(specs::pod::ARRAY_LABEL) else { return };
+        if let Some(a) = self.arrays.get_mut(array) {
+            if a.bound.remove(&pod.metadata.name) {
+                let array = array.clone();
+                self.wake_array(&array);
+            }
+        }
+    }
+
+    /// A cluster event: every pod waiting for capacity is tried again at once.
+    fn wake_waiting(&mut self) {
+        for e in self.queue.values_mut() {
+            if e.wait == Wait::Unschedulable {
+                e.wait = Wait::Now;
+            }
+        }
+    }
+
+    fn wake_array(&mut self, array: &str) {
+        for e in self.queue.values_mut() {
+            if e.wait == Wait::Throttled && e.array.as_ref().is_some_and(|(a, _)| a == array) {
+                e.wait = Wait::Now;
+            }
+        }
+    }
+
+    /// Throttle, then schedule (or reuse a twin's failure in this pass).
+    fn decide(
+        &mut self,
+        name: &str,
+        now: Instant,
+        failed: &mut HashMap<u64, Arc<str>>,
+    ) -> Option<(Decision, Arc<Pod>)> {
+        let e = self.queue.get(name).filter(|e| e.due(now))?;
+        let pod = e.pod.clone();
+        if let Some((array, limit)) = &e.array {
+            let bound = self.arrays.get(array).map_or(0, |a| a.bound.len());
+            if bound >= *limit {
+                let message: Arc<str> =
+                    format!("array {array} has {bound} unfinished tasks bound, its parallelism is {limit}").into();
+                let e = self.queue.get_mut(name)?;
+                e.wait = Wait::Throttled;
+                return Self::say(e, "ArrayThrottled", "Normal", "ArrayThrottled", message).map(|d| (d, pod));
+            }
+        }
+        let (twin, rejected) = (e.twin, e.rejected);
+        if let Some(message) = failed.get(&twin).filter(|_| !rejected).cloned() {
+            let e = self.queue.get_mut(name)?;
+            e.wait = Wait::Unschedulable;
+            return Self::say(e, "Unschedulable", "Warning", "FailedScheduling", message).map(|d| (d, pod));
+        }
+        match self.sched.schedule(name, &pod, now.into_std()) {
+            Ok(binding) => {
+                self.dequeue(name);
+                if let Some((array, _)) = array_limit(&pod) {
+                    self.arrays.entry(array).or_default().bound.insert(name.to_string());
+                }
+                Some((Decision::Bind(binding, pod.metadata.uid.clone()), pod))
+            }
+            Err(u) => {
+                let mut message = u.message;
+                if !u.per_node.is_empty() {
+                    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
+                    message = format!("{message}: {}", per.join("; "));
+                }
+                let message: Arc<str> = message.into();
+                if !rejected {
+                    failed.insert(twin, message.clone());
+                }
+                let e = self.queue.get_mut(name)?;
+                e.wait = Wait::Unschedulable;
+                Self::say(e, "Unschedulable", "Warning", "FailedScheduling", message).map(|d| (d, pod))
+            }
+        }
+    }
+
+    /// A status write only when the reason changed since the last one.
+    fn say(
+        e: &mut QueueEntry,
+        reason: &'static str,
+        event_type: &'static str,
+        event_reason: &'static str,
+        message: Arc<str>,
+    ) -> Option<Decision> {
+        if e.said.as_deref() == Some(&*message) {
+            return None;
+        }
+        let text = message.to_string();
+        e.said = Some(message);
+        Some(Decision::Pending(reason, event_type, event_reason, text))
+    }
+
+    /// Pushes the node's reported truth to the scheduler, which keeps the
+    /// in-flight bindings on top of it.
     fn sync_mirror(&mut self, name: &str) {
         let Some(n) = self.nodes.get(name) else {
             self.sched.remove_node(name);
             return;
         };
-        let mut allocations = n.truth.clone();
-        for (pod, placement) in &n.inflight {
-            if !allocations.pods.contains_key(pod) {
-                allocations.apply(pod, placement.clone());
-            }
-        }
         self.sched.upsert_node(NodeInfo {
             name: name.to_string(),
             labels: n.node.metadata.labels.clone(),
             topology: n.topology.clone(),
             settings: n.node.spec.settings.clone(),
-            allocations,
+            allocations: n.node.status.allocations.clone(),
             ready: n.ready,
         });
     }

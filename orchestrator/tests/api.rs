@@ -316,10 +316,20 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
     let s = TestServer::start(dir.path(), Duration::from_millis(300)).await;
     let n = s.registered_node(dir.path(), "small", 1, 2).await;
     let huge = "  topology: {policy: single-numa-node}\n";
-    let body = format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: huge}}\nspec:\n{huge}  containers:\n  - name: c\n    rootfs: host\n    resources: {{requests: {{cpu: \"64\", memory: 1Gi}}, limits: {{cpu: \"64\", memory: 1Gi}}}}\n"
-    );
-    s.admin.create_pod(Bytes::from(body)).await.expect("create");
+    let body = |meta: &str| {
+        format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: huge{meta}}}\nspec:\n{huge}  containers:\n  - name: c\n    rootfs: host\n    resources: {{requests: {{cpu: \"64\", memory: 1Gi}}, limits: {{cpu: \"64\", memory: 1Gi}}}}\n"
+    )
+    };
+    // No registered node could ever run it: refused at submission, per node.
+    let refused = s.admin.create_pod(Bytes::from(body(""))).await;
+    let Err(ClientError::Api(e)) = refused else { panic!("expected a refusal, got {refused:?}") };
+    assert_eq!(e.code, 422, "{e:?}");
+    assert!(e.message.contains("no node can ever run this pod: node small: "), "{e:?}");
+    assert!(s.admin.get_pod("huge").await.is_err(), "nothing stored");
+    // Unless it asks to wait for nodes.
+    let waiting = ", annotations: {pinion.io/wait-for-nodes: \"true\"}";
+    s.admin.create_pod(Bytes::from(body(waiting))).await.expect("create");
     s.admin.create_pod(manifest("pinned", "  nodeName: small\n")).await.expect("bound pod");
     let admin = s.admin.clone();
     eventually("an Unschedulable reason", || {

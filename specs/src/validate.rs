@@ -38,6 +38,8 @@ pub const MAX_STRING_LEN: usize = 128 * 1024;
 pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 /// Labels and nodeSelector entries per pod.
 pub const MAX_LABELS: usize = 256;
+/// Longest `spec.ttlSecondsAfterFinished` (a year), so that a deadline is always representable.
+pub const MAX_TTL_SECONDS: u64 = 365 * 24 * 3600;
 /// Image reference length.
 pub const MAX_IMAGE_LEN: usize = 255;
 /// Absurd-quantity bounds: 4096 CPUs, 1 PiB of memory or hugepages, 1M devices.
@@ -216,6 +218,26 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         if !is_label_key(k) {
             e.push(format!("metadata.annotations[{k}]"), "invalid key: want [prefix/]name");
         }
+    }
+    for (key, what) in [
+        (crate::pod::ARRAY_TASK_ANNOTATION, "an array task index (a whole number)"),
+        (crate::pod::ARRAY_PARALLELISM_ANNOTATION, "a positive whole number"),
+    ] {
+        if let Some(v) = m.annotations.get(key) {
+            let ok = v.parse::<u64>().is_ok_and(|n| n > 0 || key == crate::pod::ARRAY_TASK_ANNOTATION);
+            if !ok {
+                e.push(format!("metadata.annotations[{key}]"), format!("{v:?} is not {what}"));
+            }
+        }
+    }
+    if let Some(v) = m.annotations.get(crate::pod::WAIT_FOR_NODES_ANNOTATION) {
+        if v != "true" && v != "false" {
+            let key = crate::pod::WAIT_FOR_NODES_ANNOTATION;
+            e.push(format!("metadata.annotations[{key}]"), format!("{v:?} must be \"true\" or \"false\""));
+        }
+    }
+    if pod.spec.ttl_seconds_after_finished.is_some_and(|t| t > MAX_TTL_SECONDS) {
+        e.push("spec.ttlSecondsAfterFinished", format!("at most {MAX_TTL_SECONDS} seconds (a year)"));
     }
     if pod.spec.node_name.as_deref().is_some_and(|n| !is_dns1123_subdomain(n)) {
         e.push("spec.nodeName", "must be a DNS-1123 subdomain");
@@ -603,6 +625,29 @@ spec:
                     p.metadata.annotations.insert("big".into(), "x".repeat(MAX_ANNOTATIONS_BYTES));
                 }),
                 vec!["metadata.annotations"],
+            ),
+            (Box::new(|p| p.spec.ttl_seconds_after_finished = Some(MAX_TTL_SECONDS)), vec![]),
+            (
+                Box::new(|p| p.spec.ttl_seconds_after_finished = Some(MAX_TTL_SECONDS + 1)),
+                vec!["spec.ttlSecondsAfterFinished"],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.annotations.insert(crate::pod::ARRAY_TASK_ANNOTATION.into(), "0".into());
+                    p.metadata.annotations.insert(crate::pod::ARRAY_PARALLELISM_ANNOTATION.into(), "0".into());
+                    p.metadata.annotations.insert(crate::pod::WAIT_FOR_NODES_ANNOTATION.into(), "yes".into());
+                }),
+                vec![
+                    "metadata.annotations[pinion.io/array-parallelism]",
+                    "metadata.annotations[pinion.io/wait-for-nodes]",
+                ],
+            ),
+            (
+                Box::new(|p| {
+                    p.metadata.annotations.insert(crate::pod::ARRAY_TASK_ANNOTATION.into(), "-1".into());
+                    p.metadata.annotations.insert(crate::pod::ARRAY_PARALLELISM_ANNOTATION.into(), "4".into());
+                }),
+                vec!["metadata.annotations[pinion.io/array-task]"],
             ),
             (Box::new(|p| p.spec.containers.clear()), vec!["spec.containers"]),
             (

@@ -37,6 +37,11 @@ pub struct Args {
     /// sled's page cache, in MiB (the rest of the store is read from disk).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     pub store_cache_mib: u64,
+    /// Seconds a finished pod (with its status and events) is kept when its
+    /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
+    pub finished_pod_ttl: u64,
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
@@ -46,6 +51,7 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let mut opts = ServerOptions::new(&args.data_dir, &args.listen);
     opts.tls_sans = args.tls_sans;
     opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
+    opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
     opts.api.body_limit = args.body_limit;
     opts.store.cache_bytes = args.store_cache_mib.max(1) << 20;
     opts.controller.scheduler.topology_aware = !args.topology_blind;

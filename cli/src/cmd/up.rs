@@ -37,6 +37,11 @@ pub struct Args {
     /// none | best-effort | restricted | single-numa-node (the node default).
     #[arg(long, value_name = "P")]
     pub topology_policy: Option<String>,
+    /// Seconds a finished pod (with its status and events) is kept when its
+    /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
+    pub finished_pod_ttl: u64,
     #[command(flatten)]
     pub topology: TopologyArgs,
 }
@@ -50,6 +55,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
+    opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
     let server = Server::bind(opts).await?;
     let url = server.server_url();
     let token = server.join_token.to_string();

@@ -199,16 +199,34 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::CreatePod(pod) => {
             require_admin(id, "create pods")?;
             let uid = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
-            let (code, pod) = store
-                .write(move |t| -> Result<(u16, Pod), Refused> {
+            // Decided before the write (the scheduler's lock is not taken inside
+            // the store's committer); used only for a pod not stored yet. A pod
+            // that names its node skips the scheduler, and this check with it.
+            let waits =
+                pod.metadata.annotations.get(specs::pod::WAIT_FOR_NODES_ANNOTATION).map(String::as_str) == Some("true");
+            let never = if waits || pod.spec.node_name.is_some() { None } else { state.controller.never_fits(&pod) };
+            let (code, pod, replaced) = store
+                .write(move |t| -> Result<(u16, Pod, Option<Pod>), Refused> {
                     let mut pod = *pod;
                     let name = pod.metadata.name.clone();
+                    let mut replaced = None;
                     if let Some(existing) = t.get::<Pod>(&name)? {
-                        if existing.spec == pod.spec && existing.metadata.labels == pod.metadata.labels {
-                            return Ok((200, existing));
+                        if is_finished(&existing) {
+                            // A finished pod's name is free again: the old pod and
+                            // its events go in this same write.
+                            replaced = t.delete::<Pod>(&name)?;
+                        } else if same_user_spec(&existing, &pod) {
+                            return Ok((200, existing, None));
+                        } else {
+                            return Err(Refused(conflict(format!(
+                                "pod {name:?} already exists with a different spec (pods are immutable; delete it first)"
+                            ))));
                         }
-                        return Err(Refused(conflict(format!(
-                            "pod {name:?} already exists with a different spec (pods are immutable; delete it first)"
+                    }
+                    if let Some(message) = never {
+                        return Err(Refused(super::error::error(422, "Unschedulable", format!(
+                            "{message} (annotate the pod {}: \"true\" to wait for such a node)",
+                            specs::pod::WAIT_FOR_NODES_ANNOTATION
                         ))));
                     }
                     pod.metadata.uid = Some(uid[..16].to_string());
@@ -221,10 +239,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         ..PodStatus::default()
                     });
                     t.put(&mut pod)?;
-                    Ok((201, pod))
+                    Ok((201, pod, replaced))
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
+            if let Some(old) = replaced {
+                state.controller.pod_deleted(&old);
+            }
             if code == 201 {
                 state.controller.pod_created(&pod);
             }
@@ -261,16 +282,21 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::UpdatePodStatus { name, status } => {
             require_known(id)?;
             let id2 = id.clone();
-            let pod = store
-                .write(move |t| -> Result<Pod, Refused> {
+            let (pod, finished) = store
+                .write(move |t| -> Result<(Pod, bool), Refused> {
                     let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
                     require_pod_access(&id2, &pod)?;
+                    let was_finished = is_finished(&pod);
                     merge_status(&mut pod, *status)?;
                     t.put(&mut pod)?;
-                    Ok(pod)
+                    let finished = !was_finished && is_finished(&pod);
+                    Ok((pod, finished))
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
+            if finished {
+                state.controller.pod_finished(&pod);
+            }
             json(200, &pod)
         }
         Action::RejectPod { name, rejection } => {
@@ -299,8 +325,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
-            let attempts = pod.status.as_ref().map(|s| s.attempts).unwrap_or(1);
-            state.controller.pod_rejected(&pod.metadata.name, &node, &rejection_reason, attempts);
+            state.controller.pod_rejected(&pod, &node, &rejection_reason);
             json(200, &pod)
         }
         Action::PodLog { name, container, follow } => {
@@ -391,9 +416,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             require_self(id, &name)?;
             let n = name.clone();
             let _g = state.controller.transition_guard().await;
-            let node = store
-                .write(move |t| -> Result<Node, Refused> {
+            let (node, confirmed, finished) = store
+                .write(move |t| -> Result<(Node, Vec<String>, Vec<Pod>), Refused> {
                     let Some(mut node) = t.get::<Node>(&n)? else { return Err(Refused(not_found("Node", &n))) };
+                    let (mut confirmed, mut finished) = (Vec::new(), Vec::new());
                     let was_ready = node.status.condition == NodeCondition::Ready;
                     node.status.allocations = report.allocations.clone();
                     node.status.condition = NodeCondition::Ready;
@@ -409,16 +435,27 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         if pod.spec.node_name.as_deref() != Some(&n) {
                             continue; // Not ours (any more): the node learns from its watch.
                         }
+                        // Admitted (running or done): the binding is no longer in flight.
+                        if matches!(status.phase, PodPhase::Running | PodPhase::Succeeded | PodPhase::Failed) {
+                            confirmed.push(pod_name.clone());
+                        }
                         let before = pod.status.clone();
+                        let was_finished = is_finished(&pod);
                         if merge_status(&mut pod, status).is_ok() && pod.status != before {
                             t.put(&mut pod)?;
+                            if !was_finished && is_finished(&pod) {
+                                finished.push(pod);
+                            }
                         }
                     }
-                    Ok(node)
+                    Ok((node, confirmed, finished))
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
-            state.controller.node_updated(&node, true);
+            state.controller.node_reported(&node, true, &confirmed);
+            for pod in &finished {
+                state.controller.pod_finished(pod);
+            }
             json(200, &node.status)
         }
         Action::ListEvents { kind, name } => {
@@ -478,6 +515,23 @@ pub fn log_target(
         path.push_str(&format!("&uid={}", super::parse::percent_encode(uid)));
     }
     Ok((node, endpoint, path))
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+}
+
+/// Whether a create repeats the stored pod: the same user-given spec, labels
+/// and annotations, ignoring what the system sets (the scheduler's
+/// `spec.nodeName` unless the caller named a node, the status, uid, versions).
+fn same_user_spec(stored: &Pod, given: &Pod) -> bool {
+    let mut spec = stored.spec.clone();
+    if given.spec.node_name.is_none() {
+        spec.node_name = None;
+    }
+    spec == given.spec
+        && stored.metadata.labels == given.metadata.labels
+        && stored.metadata.annotations == given.metadata.annotations
 }
 
 /// Nodes see only their own pods: the node filter is forced to the caller.

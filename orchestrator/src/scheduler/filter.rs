@@ -214,6 +214,25 @@ impl fmt::Display for Detail<'_> {
     }
 }
 
+/// A detail found on the node's empty summary (`Scheduler::never_fits`): what
+/// is "free" there is all the node can ever allocate.
+pub(crate) struct OnEmptyNode<'a>(pub Detail<'a>);
+
+impl fmt::Display for OnEmptyNode<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Detail::ExclusiveCpu { want, free } => write!(f, "needs {want} exclusive CPUs, {free} allocatable"),
+            Detail::CpuMillis { want, free } => write!(f, "needs {want}m CPU, {free}m allocatable"),
+            Detail::Memory { want, free } => write!(f, "needs {} memory, {} allocatable", bytes(*want), bytes(*free)),
+            Detail::HugePages { size, want, free } => {
+                write!(f, "needs {} of hugepages-{}, {} allocatable", bytes(*want), bytes(*size), bytes(*free))
+            }
+            Detail::Devices { name, want, free } => write!(f, "needs {want} {name}, {free} allocatable"),
+            other => other.fmt(f),
+        }
+    }
+}
+
 /// nodeSelector: every selector label must be on the node with that value.
 pub(crate) fn node_selector<'a>(
     pod: &'a Pod,

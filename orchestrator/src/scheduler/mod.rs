@@ -11,9 +11,12 @@
 //!
 //! The mirror of a node is the node's last reported truth plus the pods bound
 //! here and not yet reflected in a report ("assumed" pods, as in
-//! kube-scheduler's cache); an assumed pod leaves when a report shows it, when
-//! the node rejects it, or after `SchedulerConfig::assume_expiry_reports`
-//! reports without it.
+//! kube-scheduler's cache). This is the one record of in-flight bindings: an
+//! assumed pod leaves when a report shows it ([`Scheduler::on_node_report`]),
+//! when the node confirms it otherwise ([`Scheduler::confirm`]), when the node
+//! rejects it, or when [`Scheduler::expire_assumed`] finds it older than
+//! `SchedulerConfig::assume_expiry` (its capacity returns to the mirror and the
+//! caller requeues the pod).
 
 mod demand;
 mod filter;
@@ -94,8 +97,9 @@ pub struct SchedulerConfig {
     pub topology_aware: bool,
     /// The cluster's strategy; a pod's `spec.schedulingStrategy` overrides it.
     pub default_strategy: SchedulingStrategy,
-    /// Reports from a node that may omit an assumed pod before it is dropped.
-    pub assume_expiry_reports: u32,
+    /// How long a binding may stay unconfirmed (not in the node's reports, not
+    /// rejected) before it expires and its capacity returns to the mirror.
+    pub assume_expiry: Duration,
     /// First delay after a node rejects a pod; doubles per rejection up to `backoff_max`.
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -106,7 +110,7 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             topology_aware: true,
             default_strategy: SchedulingStrategy::LeastAllocated,
-            assume_expiry_reports: 3,
+            assume_expiry: Duration::from_secs(30),
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
         }
@@ -119,6 +123,8 @@ struct NodeState {
     info: NodeInfo,
     /// The node's last reported allocations.
     truth: Allocations,
+    /// The summary of the node with nothing allocated (what it could ever admit).
+    empty: NodeSummary,
     /// Pods bound here and not yet in a report, in bind order (so that re-applying
     /// them on top of a report advances the epoch as the nodelet will).
     assumed: Vec<Assumed>,
@@ -128,10 +134,26 @@ struct NodeState {
     generation: u64,
 }
 
+impl NodeState {
+    /// The mirror again from the truth plus the assumed pods in bind order, so
+    /// its epoch is the one the node will have once it adopts them.
+    fn rebuild_mirror(&mut self) {
+        let mut old = std::mem::take(&mut self.info.allocations);
+        let mut mirror = self.truth.clone();
+        for a in &self.assumed {
+            if let Some(p) = old.pods.remove(&a.pod_key) {
+                mirror.apply(&a.pod_key, p);
+            }
+        }
+        self.info.allocations = mirror;
+    }
+}
+
 #[derive(Debug)]
 struct Assumed {
     pod_key: String,
-    missing_reports: u32,
+    /// When the binding expires unless the node confirms it first.
+    expires: Instant,
 }
 
 #[derive(Debug)]
@@ -165,6 +187,9 @@ pub struct Scheduler {
     index: HashMap<String, usize>,
     pods: HashMap<String, PodRecord>,
     retries: HashMap<String, Retry>,
+    /// Hashes of specs some node could run when empty (`never_fits`); cleared
+    /// when a node leaves or its machine or labels change.
+    fits_some_node: std::collections::HashSet<u64>,
 }
 
 impl Default for Scheduler {
@@ -218,6 +243,7 @@ impl Scheduler {
             index: HashMap::new(),
             pods: HashMap::new(),
             retries: HashMap::new(),
+            fits_some_node: Default::default(),
         }
     }
 
@@ -235,8 +261,17 @@ impl Scheduler {
                 // state (a heartbeat re-sending the same node does not).
                 let same_machine = (Arc::ptr_eq(&n.info.topology, &node.topology) || n.info.topology == node.topology)
                     && n.info.settings == node.settings;
+                if !same_machine || n.info.labels != node.labels {
+                    self.fits_some_node.clear();
+                }
                 if !same_machine {
                     n.generation += 1;
+                    n.empty = NodeSummary::compute(
+                        &node.topology,
+                        &node.settings,
+                        &Allocations::default(),
+                        std::iter::empty(),
+                    );
                 }
                 n.info.labels = node.labels;
                 n.info.topology = node.topology;
@@ -247,8 +282,11 @@ impl Scheduler {
             None => {
                 let i = self.nodes.len();
                 self.index.insert(node.name.clone(), i);
+                let empty =
+                    NodeSummary::compute(&node.topology, &node.settings, &Allocations::default(), std::iter::empty());
                 self.nodes.push(NodeState {
                     truth: node.allocations.clone(),
+                    empty,
                     info: node,
                     assumed: Vec::new(),
                     summary: NodeSummary::default(),
@@ -265,6 +303,7 @@ impl Scheduler {
     /// Forgets a node and the bindings this scheduler made to it.
     pub fn remove_node(&mut self, name: &str) {
         let Some(i) = self.index.remove(name) else { return };
+        self.fits_some_node.clear();
         self.nodes.swap_remove(i);
         self.hot.swap_remove(i);
         self.rank.swap_remove(i);
@@ -288,32 +327,23 @@ impl Scheduler {
     }
 
     /// The node's truth arrived: its mirror becomes that truth plus the pods bound
-    /// here and not yet in it. Returns the assumed pods that expired (missing
-    /// from too many reports): they are unbound and the caller should requeue them.
-    pub fn on_node_report(&mut self, name: &str, allocations: Allocations) -> Vec<String> {
+    /// here and not yet in it. Returns whether the mirror changed.
+    pub fn on_node_report(&mut self, name: &str, allocations: Allocations) -> bool {
         match self.index.get(name) {
             Some(&i) => self.report(i, allocations),
-            None => Vec::new(),
+            None => false,
         }
     }
 
-    fn report(&mut self, i: usize, truth: Allocations) -> Vec<String> {
-        let expiry = self.config.assume_expiry_reports;
+    fn report(&mut self, i: usize, truth: Allocations) -> bool {
         let node = &mut self.nodes[i];
         let mut old_mirror = std::mem::take(&mut node.info.allocations);
         let mut mirror = truth.clone();
-        let mut expired = Vec::new();
         let mut changed = truth != node.truth;
         node.assumed.retain_mut(|a| {
             if truth.pods.contains_key(&a.pod_key) {
                 changed = true;
                 return false; // reflected: the node holds it now
-            }
-            a.missing_reports += 1;
-            if a.missing_reports > expiry {
-                changed = true;
-                expired.push(a.pod_key.clone());
-                return false;
             }
             if let Some(p) = old_mirror.pods.remove(&a.pod_key) {
                 mirror.apply(&a.pod_key, p);
@@ -325,12 +355,142 @@ impl Scheduler {
         if changed {
             node.generation += 1;
         }
-        for key in &expired {
-            tracing::warn!(pod = %key, node = %node.info.name, "assumed binding expired: the node never reported it");
-            self.pods.remove(key);
-        }
         self.refresh(i);
+        changed
+    }
+
+    /// The node reported the pod's status (it knows the binding) in a report
+    /// whose allocations were taken at the same moment: the assumed entry goes,
+    /// and the pod weighs on the mirror only as far as that truth holds it (a
+    /// short pod may start and finish between two reports). Returns whether the
+    /// pod was assumed.
+    pub fn confirm(&mut self, pod_key: &str) -> bool {
+        let Some(rec) = self.pods.get(pod_key) else { return false };
+        let Some(&i) = self.index.get(&rec.node) else { return false };
+        let node = &mut self.nodes[i];
+        let before = node.assumed.len();
+        node.assumed.retain(|a| a.pod_key != pod_key);
+        if node.assumed.len() == before {
+            return false;
+        }
+        node.rebuild_mirror();
+        if !node.truth.pods.contains_key(pod_key) {
+            self.pods.remove(pod_key);
+        }
+        node.generation += 1;
+        self.refresh(i);
+        true
+    }
+
+    /// Drops the bindings no node confirmed within `assume_expiry`: their
+    /// capacity returns to the mirrors. Returns `(pod, node)` for each, for the
+    /// caller to requeue.
+    pub fn expire_assumed(&mut self, now: Instant) -> Vec<(String, String)> {
+        let mut expired = Vec::new();
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].assumed.iter().any(|a| a.expires <= now) {
+                continue;
+            }
+            let name = self.nodes[i].info.name.clone();
+            let keys: Vec<String> =
+                self.nodes[i].assumed.iter().filter(|a| a.expires <= now).map(|a| a.pod_key.clone()).collect();
+            for key in keys {
+                tracing::warn!(pod = %key, node = %name, "binding expired: the node never confirmed it");
+                self.unbind(&key);
+                expired.push((key, name.clone()));
+            }
+        }
         expired
+    }
+
+    /// When the oldest unconfirmed binding expires (for the caller's timer).
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.nodes.iter().flat_map(|n| n.assumed.iter().map(|a| a.expires)).min()
+    }
+
+    /// Records a binding made before (a restarted server reloading a bound pod
+    /// the node has not reported yet): the pod is assumed on `node` with the
+    /// placement of its plan (none in topology-blind mode), expiring
+    /// `assume_expiry` after `now`. Returns false for an unknown node.
+    pub fn assume(
+        &mut self,
+        pod_key: &str,
+        pod: &Pod,
+        node: &str,
+        plan: Option<(u64, Placement)>,
+        now: Instant,
+    ) -> bool {
+        let Some(&i) = self.index.get(node) else { return false };
+        if self.pods.contains_key(pod_key) || self.nodes[i].truth.pods.contains_key(pod_key) {
+            return true;
+        }
+        let demand = Demand::of(pod);
+        let n = &mut self.nodes[i];
+        let (epoch, blind) = match plan {
+            Some((epoch, placement)) => {
+                n.info.allocations.apply(pod_key, placement);
+                (epoch, false)
+            }
+            None => (Binding::NO_PLAN, true),
+        };
+        n.assumed.push(Assumed { pod_key: pod_key.to_string(), expires: now + self.config.assume_expiry });
+        n.generation += 1;
+        self.pods.insert(pod_key.to_string(), PodRecord { node: node.to_string(), epoch, demand, blind });
+        self.refresh(i);
+        true
+    }
+
+    /// Why no registered node could ever admit the pod, even with nothing
+    /// allocated (labels, then totals, then per NUMA node, then the engine on
+    /// the empty node): node name -> reason. `None` when some node could, or
+    /// when no node is registered (a cluster still starting). Readiness is
+    /// ignored: it is transient.
+    pub fn never_fits(&mut self, pod_key: &str, pod: &Pod) -> Option<BTreeMap<String, String>> {
+        if self.nodes.is_empty() {
+            return None;
+        }
+        // Most pods fit the first node tried, but that try runs the engine:
+        // remembered per spec, so a stream of equal pods pays it once.
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            serde_json::to_string(&pod.spec).unwrap_or_default().hash(&mut h);
+            h.finish()
+        };
+        if self.fits_some_node.contains(&key) {
+            return None;
+        }
+        let reasons = self.never_fits_uncached(pod_key, pod);
+        if reasons.is_none() {
+            self.fits_some_node.insert(key);
+        }
+        reasons
+    }
+
+    fn never_fits_uncached(&self, pod_key: &str, pod: &Pod) -> Option<BTreeMap<String, String>> {
+        let demand = Demand::of(pod);
+        let empty = Allocations::default();
+        let mut reasons = BTreeMap::new();
+        for node in &self.nodes {
+            let why = match filter::node_selector(pod, &node.info.labels)
+                .and_then(|()| filter::totals(&node.empty, &demand))
+                .and_then(|()| {
+                    if self.config.topology_aware {
+                        filter::numa(&node.empty, &demand, &node.info.settings)
+                    } else {
+                        Ok(())
+                    }
+                }) {
+                Err(d) => filter::OnEmptyNode(d).to_string(),
+                Ok(()) if !self.config.topology_aware => return None,
+                Ok(()) => match (self.admit)(&node.info.topology, &node.info.settings, &empty, pod_key, pod) {
+                    Ok(_) => return None,
+                    Err(r) => r.message,
+                },
+            };
+            reasons.insert(node.info.name.clone(), why);
+        }
+        Some(reasons)
     }
 
     /// Recomputes a node's summary from its mirror.
@@ -395,8 +555,8 @@ impl Scheduler {
             let node = &mut self.nodes[i];
             let before = node.assumed.len();
             node.assumed.retain(|a| a.pod_key != pod_key);
-            if node.assumed.len() != before && !node.truth.pods.contains_key(pod_key) {
-                node.info.allocations.release(pod_key);
+            if node.assumed.len() != before {
+                node.rebuild_mirror();
             }
             node.generation += 1;
             self.refresh(i);
@@ -471,7 +631,9 @@ impl Scheduler {
     /// only costly step, confirms them in score order until one admits the pod.
     /// Ties go to the node name that sorts first. A pod already bound gets its
     /// binding back.
-    pub fn schedule(&mut self, pod_key: &str, pod: &Pod) -> Result<Binding, Unschedulable> {
+    ///
+    /// `now` starts the binding's expiry (`SchedulerConfig::assume_expiry`).
+    pub fn schedule(&mut self, pod_key: &str, pod: &Pod, now: Instant) -> Result<Binding, Unschedulable> {
         if let Some(b) = self.binding(pod_key) {
             return Ok(b);
         }
@@ -520,11 +682,11 @@ impl Scheduler {
         let mut engine_rejected: Vec<(usize, Rejection)> = Vec::new();
         while let Some(c) = best {
             if !aware {
-                return Ok(self.bind(c.node, pod_key, None, demand));
+                return Ok(self.bind(c.node, pod_key, None, demand, now));
             }
             let node = &self.nodes[c.node];
             match (self.admit)(&node.info.topology, &node.info.settings, &node.info.allocations, pod_key, pod) {
-                Ok(placement) => return Ok(self.bind(c.node, pod_key, Some(placement), demand)),
+                Ok(placement) => return Ok(self.bind(c.node, pod_key, Some(placement), demand, now)),
                 Err(r) => engine_rejected.push((c.node, r)),
             }
             candidates.retain(|x| x.node != c.node);
@@ -575,14 +737,15 @@ impl Scheduler {
         }
     }
 
-    fn bind(&mut self, i: usize, pod_key: &str, placement: Option<Placement>, demand: Demand) -> Binding {
+    fn bind(&mut self, i: usize, pod_key: &str, placement: Option<Placement>, demand: Demand, now: Instant) -> Binding {
+        let expires = now + self.config.assume_expiry;
         let node = &mut self.nodes[i];
         let blind = placement.is_none();
         let epoch = if blind { Binding::NO_PLAN } else { node.info.allocations.epoch };
         if let Some(p) = &placement {
             node.info.allocations.apply(pod_key, p.clone());
         }
-        node.assumed.push(Assumed { pod_key: pod_key.to_string(), missing_reports: 0 });
+        node.assumed.push(Assumed { pod_key: pod_key.to_string(), expires });
         node.generation += 1;
         let name = node.info.name.clone();
         self.pods.insert(pod_key.to_string(), PodRecord { node: name.clone(), epoch, demand, blind });

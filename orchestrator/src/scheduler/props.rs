@@ -354,7 +354,7 @@ fn check(case: &Case, tally: &mut Tally) -> Result<(), TestCaseError> {
         }
         (Ok(placement), Ok(())) => {
             // The whole pipeline on this one node binds the engine's answer.
-            let b = s.schedule("default/new", &pod);
+            let b = s.schedule("default/new", &pod, std::time::Instant::now());
             prop_assert_eq!(b.map(|b| b.placement), Ok(placement.clone()));
         }
         (Err(_), Ok(())) => tally.filter_passes_engine_rejects += 1,

@@ -109,7 +109,7 @@ fn seed_twenty_cpu_single_numa_pod_lands_on_the_2x20_node_every_time() {
         );
         for i in 0..50 {
             let key = format!("default/seed-{i}");
-            let b = s.schedule(&key, &snn("seed", 20)).unwrap();
+            let b = s.schedule(&key, &snn("seed", 20), std::time::Instant::now()).unwrap();
             assert_eq!(b.node, "node-b", "{strategy:?} attempt {i}");
             assert_eq!(b.placement.numa_affinity.len(), 1);
             assert_eq!(b.placement.containers[0].cpus.len(), 20);
@@ -137,13 +137,13 @@ fn strategies_order_nodes() {
         for (key, cpus, on) in [("b1", 6, "busy"), ("b2", 6, "busy"), ("g1", 8, "big")] {
             let mut p = snn(key, cpus);
             p.spec.node_selector.insert("name".into(), on.into());
-            assert_eq!(s.schedule(key, &p).unwrap().node, on);
+            assert_eq!(s.schedule(key, &p, std::time::Instant::now()).unwrap().node, on);
         }
         s
     }
     let check = |strategy, pod: Pod, expected: &str| {
         let mut s = cluster(strategy);
-        assert_eq!(s.schedule("x", &pod).unwrap().node, expected, "{strategy:?}");
+        assert_eq!(s.schedule("x", &pod, std::time::Instant::now()).unwrap().node, expected, "{strategy:?}");
     };
     // Spread: the least used node (idle: 0%; big: 25%; busy: 75%).
     check(SchedulingStrategy::LeastAllocated, snn("x", 2), "idle");
@@ -183,7 +183,7 @@ fn least_numa_nodes_prefers_a_placement_on_fewer_numa_nodes() {
                 holding(node("b-whole", &[8, 8]), CpuSet::range(0, 7)),
             ],
         );
-        let b = s.schedule("x", &pod("x", 8, 1, None)).unwrap();
+        let b = s.schedule("x", &pod("x", 8, 1, None), std::time::Instant::now()).unwrap();
         assert_eq!(b.node, expected, "{strategy:?}");
     };
     // Equal load: spreading falls to the name tie-break.
@@ -202,7 +202,7 @@ fn node_selector_filters_nodes() {
         let mut s = scheduler(SchedulerConfig::default(), vec![a, b]);
         let mut p = pod("p", 1, 1, None);
         p.spec.node_selector = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        match (s.schedule("p", &p), expected) {
+        match (s.schedule("p", &p, std::time::Instant::now()), expected) {
             (Ok(b), Ok(n)) => assert_eq!(b.node, n, "{selector:?}"),
             (Err(u), Err(m)) => assert_eq!(u.message, m, "{selector:?}"),
             (got, _) => panic!("{selector:?}: got {got:?}"),
@@ -227,7 +227,7 @@ fn binds_until_full_never_overcommit() {
     while failures < sizes.len() {
         let cpus = sizes[i % sizes.len()];
         let policy = if i % 2 == 0 { Some(TopologyPolicy::SingleNumaNode) } else { None };
-        match s.schedule(&format!("p{i}"), &pod("p", cpus, 1, policy)) {
+        match s.schedule(&format!("p{i}"), &pod("p", cpus, 1, policy), std::time::Instant::now()) {
             Ok(b) => {
                 failures = 0;
                 let held = bound.entry(b.node.clone()).or_default();
@@ -250,7 +250,7 @@ fn topology_blind_mode_binds_where_the_engine_would_reject() {
     let mut s =
         scheduler(SchedulerConfig { topology_aware: false, ..SchedulerConfig::default() }, vec![node("a", &[10, 10])]);
     let p = snn("p", 20);
-    let b = s.schedule("p", &p).unwrap();
+    let b = s.schedule("p", &p, std::time::Instant::now()).unwrap();
     assert_eq!(b.node, "a");
     assert!(!b.has_plan(), "a blind binding carries no plan");
     // The engine on the node's truth says no.
@@ -258,12 +258,15 @@ fn topology_blind_mode_binds_where_the_engine_would_reject() {
     let truth = ENGINE(&n.topology, &n.settings, &Allocations::default(), "p", &p).unwrap_err();
     assert_eq!(truth.reason, RejectReason::TopologyAffinity);
     // Totals are counted: a second 20-CPU pod does not fit by totals.
-    assert_eq!(s.schedule("q", &snn("q", 20)).unwrap_err().message, "0/1 nodes fit: 1 insufficient cpu");
+    assert_eq!(
+        s.schedule("q", &snn("q", 20), std::time::Instant::now()).unwrap_err().message,
+        "0/1 nodes fit: 1 insufficient cpu"
+    );
     // The nodelet rejects; the pod is not offered to the same state again, so
     // attempts are bounded.
     let now = Instant::now();
     s.on_rejection("p", "a", &truth.message, now);
-    let u = s.schedule("p", &p).unwrap_err();
+    let u = s.schedule("p", &p, std::time::Instant::now()).unwrap_err();
     assert_eq!(u.message, "0/1 nodes fit: 1 rejected by the node at this state");
     assert_eq!(s.attempts("p"), 1);
 }
@@ -272,7 +275,7 @@ fn topology_blind_mode_binds_where_the_engine_would_reject() {
 fn rejection_backs_off_and_skips_the_stale_state() {
     let mut s = seed_cluster();
     let p = snn("p", 10);
-    let b = s.schedule("p", &p).unwrap();
+    let b = s.schedule("p", &p, std::time::Instant::now()).unwrap();
     assert_eq!(b.node, "node-b");
     let t0 = Instant::now();
     let mut expected_delays = Vec::new();
@@ -290,68 +293,110 @@ fn rejection_backs_off_and_skips_the_stale_state() {
     assert!(s.due(t0 + Duration::from_secs(61)).is_empty(), "a due pod is returned once");
 
     // node-b's state is unchanged since it rejected: the pod goes to node-a.
-    let b = s.schedule("p", &p).unwrap();
+    let b = s.schedule("p", &p, std::time::Instant::now()).unwrap();
     assert_eq!(b.node, "node-a");
     s.on_rejection("p", "node-a", "state moved on", t0);
-    let u = s.schedule("p", &p).unwrap_err();
+    let u = s.schedule("p", &p, std::time::Instant::now()).unwrap_err();
     assert_eq!(u.counts.get(&ReasonKind::RejectedAtThisState), Some(&2));
     assert!(u.per_node["node-b"].ends_with("state moved on"), "{}", u.per_node["node-b"]);
 
     // A heartbeat re-sending the same node and truth is not a new state.
     s.upsert_node(node("node-b", &[20, 20]));
-    assert!(s.schedule("p", &p).is_err());
+    assert!(s.schedule("p", &p, std::time::Instant::now()).is_err());
 
     // A report from node-b that changes its state makes it eligible again.
     let mut truth = Allocations::default();
     truth.apply("other", Placement::default());
     s.on_node_report("node-b", truth);
-    assert_eq!(s.schedule("p", &p).unwrap().node, "node-b");
+    assert_eq!(s.schedule("p", &p, std::time::Instant::now()).unwrap().node, "node-b");
 }
 
 #[test]
 fn reports_keep_assumed_pods_until_reflected_or_expired() {
+    let expiry = Duration::from_secs(30);
     let mut s =
-        scheduler(SchedulerConfig { assume_expiry_reports: 2, ..SchedulerConfig::default() }, vec![node("a", &[4, 4])]);
-    let b1 = s.schedule("p1", &snn("p1", 4)).unwrap();
-    let b2 = s.schedule("p2", &snn("p2", 4)).unwrap();
+        scheduler(SchedulerConfig { assume_expiry: expiry, ..SchedulerConfig::default() }, vec![node("a", &[4, 4])]);
+    let t0 = Instant::now();
+    let b1 = s.schedule("p1", &snn("p1", 4), t0).unwrap();
+    let b2 = s.schedule("p2", &snn("p2", 4), t0 + Duration::from_secs(1)).unwrap();
     assert_eq!((b1.epoch, b2.epoch), (0, 1), "the second binding is computed on top of the first");
     assert_ne!(b1.placement.numa_affinity, b2.placement.numa_affinity);
+    assert_eq!(s.next_expiry(), Some(t0 + expiry));
 
     // The node reports p1 (it adopted it) but not yet p2.
     let mut truth = Allocations::default();
     truth.apply("p1", b1.placement.clone());
-    assert!(s.on_node_report("a", truth.clone()).is_empty());
+    assert!(s.on_node_report("a", truth.clone()));
     let mirror = &s.node("a").unwrap().allocations;
     assert_eq!(mirror.pods.len(), 2, "p2 is still assumed");
     assert_eq!(mirror.epoch, 2);
+    assert_eq!(s.next_expiry(), Some(t0 + Duration::from_secs(1) + expiry), "p1 is no longer in flight");
     // The node is full in the mirror: nothing else fits.
-    assert!(s.schedule("p3", &snn("p3", 1)).is_err());
+    assert!(s.schedule("p3", &snn("p3", 1), t0).is_err());
 
-    // p2 never shows up: after two more reports it expires and its CPUs come back.
-    assert!(s.on_node_report("a", truth.clone()).is_empty());
-    assert_eq!(s.on_node_report("a", truth.clone()), vec!["p2".to_string()]);
+    // Reports without p2 do not expire it; time does, to the instant.
+    assert!(!s.on_node_report("a", truth.clone()));
+    assert!(s.expire_assumed(t0 + expiry).is_empty());
+    assert_eq!(s.expire_assumed(t0 + Duration::from_secs(1) + expiry), vec![("p2".to_string(), "a".to_string())]);
     assert!(s.binding("p2").is_none());
+    assert_eq!(s.next_expiry(), None);
     assert_eq!(s.node("a").unwrap().allocations, truth);
-    assert!(s.schedule("p3", &snn("p3", 4)).is_ok());
+    assert!(s.schedule("p3", &snn("p3", 4), t0).is_ok());
+}
+
+#[test]
+fn a_confirmed_binding_leaves_the_in_flight_record() {
+    let mut s = scheduler(SchedulerConfig::default(), vec![node("a", &[4])]);
+    let t0 = Instant::now();
+    s.schedule("p1", &snn("p1", 4), t0).unwrap();
+    // The node ran and finished p1 between two reports: its truth never held it.
+    assert!(s.confirm("p1"));
+    assert!(!s.confirm("p1"), "confirmed once");
+    assert_eq!(s.next_expiry(), None);
+    assert!(s.binding("p1").is_none());
+    assert!(s.schedule("p2", &snn("p2", 4), t0).is_ok(), "its CPUs are free again");
+}
+
+#[test]
+fn never_fits_names_each_node_and_ignores_what_is_allocated() {
+    let mut s = scheduler(SchedulerConfig::default(), vec![node("a", &[2]), node("b", &[4])]);
+    let t0 = Instant::now();
+    assert_eq!(s.never_fits("x", &snn("x", 4)), None, "b could run it");
+    // Filling b does not make a 4-CPU pod impossible: it waits.
+    s.schedule("fill", &snn("fill", 4), t0).unwrap();
+    assert_eq!(s.never_fits("x", &snn("x", 4)), None);
+    let why = s.never_fits("x", &snn("x", 8)).expect("no node has 8 CPUs");
+    assert_eq!(why.keys().collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(why["a"], "needs 8 exclusive CPUs, 2 allocatable");
+    // What was remembered as fitting goes with the node that could run it.
+    s.remove_node("b");
+    assert!(s.never_fits("x", &snn("x", 4)).is_some());
+    assert_eq!(Scheduler::default().never_fits("x", &snn("x", 8)), None, "no node registered yet");
 }
 
 #[test]
 fn schedule_is_idempotent_and_release_frees() {
     let mut s = seed_cluster();
-    let b = s.schedule("p", &snn("p", 20)).unwrap();
-    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap(), b);
+    let b = s.schedule("p", &snn("p", 20), std::time::Instant::now()).unwrap();
+    assert_eq!(s.schedule("p", &snn("p", 20), std::time::Instant::now()).unwrap(), b);
     assert_eq!(s.binding("p"), Some(b));
     assert_eq!(s.release("p").as_deref(), Some("node-b"));
     assert_eq!(s.release("p"), None);
     assert!(s.node("node-b").unwrap().allocations.pods.is_empty());
     s.remove_node("node-b");
-    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap_err().message, "0/1 nodes fit: 1 topology affinity");
+    assert_eq!(
+        s.schedule("p", &snn("p", 20), std::time::Instant::now()).unwrap_err().message,
+        "0/1 nodes fit: 1 topology affinity"
+    );
 }
 
 #[test]
 fn no_nodes_says_so() {
     let mut s = scheduler(SchedulerConfig::default(), vec![]);
-    assert_eq!(s.schedule("p", &snn("p", 1)).unwrap_err().message, "0/0 nodes fit: no nodes registered");
+    assert_eq!(
+        s.schedule("p", &snn("p", 1), std::time::Instant::now()).unwrap_err().message,
+        "0/0 nodes fit: no nodes registered"
+    );
 }
 
 /// The packed fast path and the full summary checks must agree on every node:
@@ -377,7 +422,7 @@ fn hot_summary_agrees_with_full_summary() {
             }
             checked += 1;
         }
-        let _ = s.schedule(&format!("p{i}"), &p);
+        let _ = s.schedule(&format!("p{i}"), &p, std::time::Instant::now());
     }
     assert_eq!(checked, 800);
 }
@@ -487,17 +532,17 @@ fn container_scope_aligns_each_container_alone() {
 #[test]
 fn a_binding_the_node_no_longer_holds_is_scheduled_afresh() {
     let mut s = seed_cluster();
-    let b = s.schedule("p", &snn("p", 20)).unwrap();
+    let b = s.schedule("p", &snn("p", 20), std::time::Instant::now()).unwrap();
     assert_eq!(b.node, "node-b");
     // The caller's mirror push includes the in-flight pod: still bound.
     let mut with_p = Allocations::default();
     with_p.apply("p", b.placement.clone());
     s.upsert_node(NodeInfo { allocations: with_p, ..node("node-b", &[20, 20]) });
-    assert_eq!(s.schedule("p", &snn("p", 20)).unwrap(), b);
+    assert_eq!(s.schedule("p", &snn("p", 20), std::time::Instant::now()).unwrap(), b);
     // The node refused it; the caller pushes the mirror without it.
     s.upsert_node(node("node-b", &[20, 20]));
     assert_eq!(s.binding("p"), None);
-    let again = s.schedule("p", &snn("p", 20)).unwrap();
+    let again = s.schedule("p", &snn("p", 20), std::time::Instant::now()).unwrap();
     assert_eq!(again.node, "node-b");
     assert_eq!(s.node("node-b").unwrap().allocations.pods.len(), 1);
 }

@@ -1,0 +1,417 @@
+//! The pending queue against a real server (127.0.0.1:0, real TLS, real sled)
+//! with tokio's clock stopped: a task spins on `yield_now`, so the runtime is
+//! never idle and the clock moves only by `tokio::time::advance`. Whatever
+//! happens without an `advance` happened without any timer firing; whatever
+//! a timer should do happens at the `advance` that reaches it, not before.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Method;
+use orchestrator::client::{Client, ClientError, PodWatch};
+use orchestrator::server::{Server, ServerError, ServerOptions};
+use orchestrator::tls::Credentials;
+use specs::api::{Node, NodeSpec, NodeStatus};
+use specs::pod::ObjectMeta;
+use specs::topology::{Cpu, NumaNode};
+use specs::{Allocations, NodeTopology, Pod, PodPhase};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+struct TestServer {
+    url: String,
+    token: String,
+    admin: Client,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ServerError>>,
+    spinner: JoinHandle<()>,
+}
+
+impl TestServer {
+    /// Backoff and heartbeat grace are an hour: with the clock stopped, a pod
+    /// that needed either would never move.
+    async fn start(dir: &Path, configure: impl FnOnce(&mut ServerOptions)) -> TestServer {
+        let spinner = tokio::spawn(async {
+            loop {
+                tokio::task::yield_now().await;
+            }
+        });
+        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
+        opts.controller.heartbeat_grace = Duration::from_secs(3600);
+        opts.controller.backoff_base = Duration::from_secs(3600);
+        configure(&mut opts);
+        let server = Server::bind(opts).await.expect("bind");
+        let url = server.server_url();
+        let token = server.join_token.to_string();
+        let creds = Credentials::load(&server.admin_config).expect("admin config");
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(server.run(rx));
+        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task, spinner }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.await.expect("join").expect("server run");
+        self.spinner.abort();
+    }
+
+    /// A node of one NUMA node with `cpus` CPUs, joined and registered.
+    async fn node(&self, dir: &Path, name: &str, cpus: u32) -> Client {
+        let creds = self.join(dir, name).await;
+        self.register(creds, name, cpus).await
+    }
+
+    async fn join(&self, dir: &Path, name: &str) -> Credentials {
+        let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
+        let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
+        Credentials {
+            server: self.url.clone(),
+            ca_cert: joined.ca_cert,
+            client_cert: joined.client_cert,
+            client_key: joined.client_key,
+        }
+    }
+
+    /// Registers a joined node (again, after a restart: the server's port moved).
+    async fn register(&self, mut creds: Credentials, name: &str, cpus: u32) -> Client {
+        creds.server = self.url.clone();
+        let n = Client::new(&creds).expect("node client");
+        let mut t = NodeTopology::default();
+        for id in 0..cpus {
+            t.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: 0 });
+        }
+        t.numa_nodes.push(NumaNode {
+            id: 0,
+            cpus: (0..cpus).collect(),
+            memory_bytes: 64 << 30,
+            distances: vec![10],
+            hugepages: Vec::new(),
+        });
+        let node = Node {
+            api_version: "pinion.io/v1".into(),
+            kind: "Node".into(),
+            metadata: ObjectMeta { name: name.into(), ..Default::default() },
+            spec: NodeSpec { topology: t, settings: Default::default(), endpoint: None },
+            status: NodeStatus::default(),
+        };
+        let body = Bytes::from(serde_json::to_vec(&node).expect("encode"));
+        n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body))).await.expect("register");
+        n
+    }
+
+    async fn create(&self, name: &str, meta: &str, spec: &str) -> Pod {
+        let (code, pod) = self.admin.create_pod(one_cpu(name, meta, spec)).await.expect("create");
+        assert_eq!(code, 201, "{pod:?}");
+        pod
+    }
+
+    async fn reason(&self, name: &str) -> Option<String> {
+        self.admin.get_pod(name).await.expect("get").status.and_then(|s| s.reason)
+    }
+
+    async fn event_reasons(&self, name: &str) -> Vec<String> {
+        self.admin.events("Pod", name).await.expect("events").items.into_iter().map(|e| e.reason).collect()
+    }
+}
+
+/// A Guaranteed pod of one exclusive CPU.
+fn one_cpu(name: &str, meta: &str, spec: &str) -> Bytes {
+    Bytes::from(format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata:\n  name: {name}\n{meta}spec:\n{spec}  restartPolicy: Never\n  containers:\n  - name: main\n    image: busybox:latest\n    resources: {{requests: {{cpu: \"1\", memory: 64Mi}}, limits: {{cpu: \"1\", memory: 64Mi}}}}\n"
+    ))
+}
+
+/// Waits for `f` on wall time only: the stopped clock cannot end the wait, so
+/// a step that needed a timer fails here instead of passing late.
+async fn unaided<T>(what: &str, f: impl Future<Output = T>) -> T {
+    // A detached thread, not `spawn_blocking`: the runtime would wait for it on drop.
+    let (tx, wall) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(20));
+        let _ = tx.send(());
+    });
+    tokio::select! {
+        v = f => v,
+        _ = wall => panic!("{what}: did not happen without the clock moving"),
+    }
+}
+
+/// The next pod the watch shows bound to a node.
+async fn next_bound(w: &mut PodWatch) -> Pod {
+    loop {
+        match w.next().await.expect("watch") {
+            Some((_, p))
+                if p.spec.node_name.is_some() && p.status.as_ref().map(|s| s.phase) == Some(PodPhase::Scheduled) =>
+            {
+                return p
+            }
+            Some(_) => {}
+            None => panic!("the watch ended"),
+        }
+    }
+}
+
+/// Waits (without the clock) until the pod's status reason is `reason`.
+async fn until_reason(s: &TestServer, name: &str, reason: &str) {
+    unaided(&format!("{name} becomes {reason}"), async {
+        while s.reason(name).await.as_deref() != Some(reason) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+}
+
+/// A node's status report: it holds `running` (their planned placements) and
+/// reports `phases`.
+async fn report(node: &Client, name: &str, epoch: &mut u64, running: &[&Pod], phases: &[(&str, &str)]) {
+    let mut allocations = Allocations::default();
+    for p in running {
+        let plan = p.status.as_ref().and_then(|s| s.plan.clone()).expect("a bound pod has a plan");
+        allocations.pods.insert(p.metadata.name.clone(), plan.placement);
+    }
+    *epoch += 1;
+    allocations.epoch = *epoch;
+    let pods: BTreeMap<&str, serde_json::Value> =
+        phases.iter().map(|(n, phase)| (*n, serde_json::json!({ "phase": phase }))).collect();
+    let body = serde_json::json!({"nodeName": name, "allocations": allocations, "pods": pods});
+    let body = Bytes::from(serde_json::to_vec(&body).expect("encode"));
+    node.call::<NodeStatus>(Method::PUT, &format!("/api/v1/nodes/{name}/status"), Some(("application/json", body)))
+        .await
+        .expect("report");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_drains_in_submission_order_each_pod_bound_on_the_previous_ones_completion() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "one", 1).await;
+    let start = tokio::time::Instant::now();
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    // Submission order is not name order.
+    let order = ["job-3", "job-1", "job-4", "job-0", "job-2"];
+    for name in order {
+        s.create(name, "", "").await;
+    }
+    let mut epoch = 0;
+    for (i, name) in order.iter().enumerate() {
+        let bound = unaided(&format!("{name} bound"), next_bound(&mut w)).await;
+        assert_eq!(&bound.metadata.name, name, "bound out of submission order");
+        for waiting in &order[i + 1..] {
+            until_reason(&s, waiting, "Unschedulable").await;
+        }
+        // It runs, then finishes: the report that frees its CPU is the event
+        // that binds the next one.
+        report(&node, "one", &mut epoch, &[&bound], &[(name, "Running")]).await;
+        report(&node, "one", &mut epoch, &[], &[(name, "Succeeded")]).await;
+    }
+    for name in order {
+        let reasons = s.event_reasons(name).await;
+        assert_eq!(reasons.iter().filter(|r| *r == "Scheduled").count(), 1, "{name}: {reasons:?}");
+    }
+    assert_eq!(tokio::time::Instant::now(), start, "no timer could have fired");
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unconfirmed_binding_expires_its_capacity_returns_and_the_pod_is_requeued() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
+    let node = s.node(dir.path(), "one", 1).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    s.create("lost", "", "").await;
+    s.create("next", "", "").await;
+    let bound = unaided("lost bound", next_bound(&mut w)).await;
+    assert_eq!(bound.metadata.name, "lost");
+    until_reason(&s, "next", "Unschedulable").await;
+
+    // The node reports, but never the binding: at 29 s it still holds the CPU.
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[], &[]).await;
+    tokio::time::advance(Duration::from_secs(29)).await;
+    report(&node, "one", &mut epoch, &[], &[]).await;
+    assert_eq!(s.reason("lost").await.as_deref(), Some("Scheduled"));
+    assert_eq!(s.reason("next").await.as_deref(), Some("Unschedulable"));
+
+    // At 30 s it expires: requeued with the reason, and (first in the queue)
+    // bound again on the capacity it gave back.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let again = unaided("lost bound again", next_bound(&mut w)).await;
+    assert_eq!(again.metadata.name, "lost");
+    let reasons = s.event_reasons("lost").await;
+    assert_eq!(reasons, ["Scheduled", "BindingExpired", "Scheduled"], "{reasons:?}");
+    assert_eq!(s.reason("next").await.as_deref(), Some("Unschedulable"));
+
+    // Confirmed this time (running): it no longer expires.
+    report(&node, "one", &mut epoch, &[&again], &[("lost", "Running")]).await;
+    tokio::time::advance(Duration::from_secs(60)).await;
+    report(&node, "one", &mut epoch, &[&again], &[("lost", "Running")]).await;
+    assert_eq!(s.event_reasons("lost").await.len(), 3);
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |o| o.controller.finished_pod_ttl = Some(Duration::from_secs(120))).await;
+    let node = s.node(dir.path(), "two", 2).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    s.create("own", "", "  ttlSecondsAfterFinished: 60\n").await;
+    s.create("default", "", "").await;
+    let a = unaided("bound", next_bound(&mut w)).await;
+    let b = unaided("bound", next_bound(&mut w)).await;
+    let mut epoch = 0;
+    report(&node, "two", &mut epoch, &[&a, &b], &[("own", "Running"), ("default", "Running")]).await;
+    report(&node, "two", &mut epoch, &[], &[("own", "Succeeded"), ("default", "Failed")]).await;
+
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert_eq!(s.admin.get_pod("own").await.expect("kept").status.map(|s| s.phase), Some(PodPhase::Succeeded));
+    assert!(s.event_reasons("own").await.contains(&"Scheduled".to_string()));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    unaided("own removed at 60 s", async {
+        while s.admin.get_pod("own").await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(s.event_reasons("own").await.is_empty(), "its events went with it");
+    assert_eq!(s.admin.get_pod("default").await.expect("kept").status.map(|s| s.phase), Some(PodPhase::Failed));
+
+    tokio::time::advance(Duration::from_secs(60)).await;
+    unaided("default removed at the server's 120 s", async {
+        while s.admin.get_pod("default").await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn creating_a_pod_again_repeats_replaces_a_finished_one_or_conflicts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "one", 1).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    let first = s.create("hello", "", "").await;
+    let bound = unaided("bound", next_bound(&mut w)).await;
+    assert_eq!(bound.spec.node_name.as_deref(), Some("one"));
+
+    // The same manifest again: the scheduler's nodeName is not a difference.
+    let (code, same) = s.admin.create_pod(one_cpu("hello", "", "")).await.expect("repeat");
+    assert_eq!((code, &same.metadata.uid), (200, &first.metadata.uid));
+    // A different spec while it is unfinished: conflict.
+    let changed = s.admin.create_pod(one_cpu("hello", "", "  init: true\n")).await;
+    assert!(matches!(changed, Err(ClientError::Api(ref e)) if e.code == 409), "{changed:?}");
+
+    // Finished: the create replaces it, new uid, old events gone.
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[], &[("hello", "Succeeded")]).await;
+    let (code, new) = s.admin.create_pod(one_cpu("hello", "", "  init: true\n")).await.expect("replace");
+    assert_eq!(code, 201);
+    assert_ne!(new.metadata.uid, first.metadata.uid);
+    assert_eq!(new.status.map(|s| s.phase), Some(PodPhase::Pending));
+    let again = unaided("the new pod bound", next_bound(&mut w)).await;
+    assert_eq!(again.metadata.uid, new.metadata.uid);
+    assert_eq!(s.event_reasons("hello").await, ["Scheduled"], "only the new pod's events");
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_array_binds_at_most_its_parallelism_in_task_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    // Submitted last task first, before any node (a cluster still starting);
+    // a pod outside the array after them.
+    for task in (0..5).rev() {
+        let meta = format!(
+            "  labels: {{pinion.io/array: sweep}}\n  annotations: {{pinion.io/array-task: \"{task}\", pinion.io/array-parallelism: \"2\"}}\n"
+        );
+        s.create(&format!("sweep-{task}"), &meta, "").await;
+    }
+    s.create("other", "", "").await;
+    let node = s.node(dir.path(), "four", 4).await;
+    let mut bound = Vec::new();
+    for _ in 0..3 {
+        bound.push(unaided("bound", next_bound(&mut w)).await);
+    }
+    let names: Vec<&str> = bound.iter().map(|p| p.metadata.name.as_str()).collect();
+    assert_eq!(names, ["sweep-0", "sweep-1", "other"], "two tasks by index, then the next pod in line");
+    for task in 2..5 {
+        until_reason(&s, &format!("sweep-{task}"), "ArrayThrottled").await;
+    }
+    let mut epoch = 0;
+    for (done, next) in [("sweep-1", "sweep-2"), ("sweep-0", "sweep-3"), ("sweep-2", "sweep-4")] {
+        report(&node, "four", &mut epoch, &[], &[(done, "Succeeded")]).await;
+        let p = unaided(&format!("{next} bound"), next_bound(&mut w)).await;
+        assert_eq!(p.metadata.name, next);
+    }
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_it_expires() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let creds = s.join(dir.path(), "one").await;
+    s.register(creds.clone(), "one", 1).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    for name in ["c", "a", "b"] {
+        s.create(name, "", "").await;
+        // Creation timestamps have millisecond resolution; the reloaded queue
+        // orders by them.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(unaided("c bound", next_bound(&mut w)).await.metadata.name, "c");
+    drop(w);
+    s.stop().await;
+
+    let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
+    let mut w = s
+        .admin
+        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
+        .await
+        .expect("watch");
+    // The node's truth is empty, but the binding of c is still in flight.
+    let node = s.register(creds, "one", 1).await;
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[], &[]).await;
+    assert_eq!(s.reason("a").await.as_deref(), Some("Unschedulable"));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    // c expires and goes back in line, behind nothing: it was first.
+    let again = unaided("c bound again", next_bound(&mut w)).await;
+    assert_eq!(again.metadata.name, "c");
+    assert!(s.event_reasons("c").await.contains(&"BindingExpired".to_string()));
+    report(&node, "one", &mut epoch, &[], &[("c", "Succeeded")]).await;
+    assert_eq!(unaided("a bound", next_bound(&mut w)).await.metadata.name, "a");
+    report(&node, "one", &mut epoch, &[], &[("a", "Succeeded")]).await;
+    assert_eq!(unaided("b bound", next_bound(&mut w)).await.metadata.name, "b");
+    s.stop().await;
+}
