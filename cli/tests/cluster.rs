@@ -66,16 +66,27 @@ fn cli(config: &Path, args: &[&str]) -> (bool, String) {
 }
 
 fn apply(config: &Path, dir: &Path, name: &str, cpus: u32) {
+    let (ok, out) = try_apply(config, dir, name, cpus, "{}");
+    assert!(ok, "apply {name}: {out}");
+}
+
+/// Applies a one-container pod with these annotations (a YAML flow map);
+/// whether it was accepted, and what the CLI printed on both streams.
+fn try_apply(config: &Path, dir: &Path, name: &str, cpus: u32, annotations: &str) -> (bool, String) {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &path,
         format!(
-            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: \"{cpus}\", memory: 1Gi}}\n"
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}, annotations: {annotations}}}\nspec:\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: \"{cpus}\", memory: 1Gi}}\n"
         ),
     )
     .expect("write manifest");
-    let (ok, out) = cli(config, &["apply", "-f", path.to_str().expect("utf-8 path")]);
-    assert!(ok, "apply {name}: {out}");
+    let out = Command::new(PINION)
+        .args(["apply", "-f", path.to_str().expect("utf-8 path"), "--config"])
+        .arg(config)
+        .output()
+        .expect("run pinion");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 fn pod(config: &Path, name: &str) -> Value {
@@ -173,8 +184,13 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     let first = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the table's header");
     assert!(first.starts_with("NAME") && first.contains("STATUS"), "{first}");
 
-    // Too big for any single NUMA node: Pending, with every node's best option.
-    apply(&config, dir, "p30", 30);
+    // Too big for any single NUMA node of any node: refused at submission
+    // with each node's reason, as Slurm refuses an impossible job...
+    let (ok, out) = try_apply(&config, dir, "p30", 30, "{}");
+    assert!(!ok && out.contains("no node can ever run") && out.contains("big") && out.contains("small"), "{out}");
+    // ...unless it asks to wait for nodes to join: Pending, with every node's best option.
+    let (ok, out) = try_apply(&config, dir, "p30", 30, "{pinion.io/wait-for-nodes: \"true\"}");
+    assert!(ok, "apply p30: {out}");
     let mut seen = Vec::new();
     while !seen.iter().any(|l: &String| l.starts_with("p30 ") && l.contains("Pending")) {
         match rx.recv_timeout(std::time::Duration::from_secs(20)) {
