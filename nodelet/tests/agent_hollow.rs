@@ -70,7 +70,7 @@ struct Agent {
 
 fn start(data: &Path, topology: NodeTopology, settings: NodeSettings) -> Agent {
     let mut cfg = AgentConfig::new("n1".into(), data.to_path_buf(), topology, settings);
-    cfg.poll_interval = Duration::from_millis(10);
+    cfg.recheck_interval = Duration::from_millis(500);
     let rt = Arc::new(HollowRuntime::new(data).unwrap());
     let (tx, rx) = mpsc::channel(64);
     let (report_tx, report) = watch::channel(NodeReport::default());

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use specs::status::{ContainerState as ShownState, ContainerStatus, PlacementSummary};
 use specs::{PodPhase, PodStatus};
 
-use super::{reconcile, Agent, AgentError, CtrState, Stage};
+use super::plan::{CtrState, Stage, State};
+use super::{reconcile, AgentError};
 use crate::fsutil::replace_atomic;
 use crate::source::NodeReport;
 
@@ -42,7 +43,7 @@ pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentErr
     replace_atomic(&path, &bytes).map_err(|source| AgentError::Io { path, source })
 }
 
-pub(super) fn build(agent: &Agent) -> NodeReport {
+pub(super) fn build(agent: &State) -> NodeReport {
     let mut report = NodeReport {
         node_name: agent.cfg.node_name.clone(),
         allocations: agent.alloc.clone(),
@@ -87,16 +88,21 @@ pub(super) fn build(agent: &Agent) -> NodeReport {
             .ctrs
             .iter()
             .map(|c| {
+                let last_reason = || {
+                    c.last_reason
+                        .clone()
+                        .or_else(|| c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()))
+                };
                 let (state, reason) = match &c.state {
                     CtrState::Waiting { reason, .. } => (ShownState::Waiting, reason.clone()),
+                    CtrState::Committing { .. } | CtrState::Starting { .. } => {
+                        (ShownState::Waiting, Some("ContainerCreating".to_string()))
+                    }
                     CtrState::Running { .. } => (ShownState::Running, None),
-                    CtrState::Terminated => (
-                        ShownState::Terminated,
-                        c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()),
-                    ),
+                    CtrState::Terminated => (ShownState::Terminated, last_reason()),
                 };
                 // A running or waiting container still says how it last ended.
-                let reason = reason.or_else(|| c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()));
+                let reason = reason.or_else(last_reason);
                 ContainerStatus {
                     name: c.name.clone(),
                     state,

@@ -13,6 +13,8 @@ use tokio::task::JoinHandle;
 
 use super::*;
 use crate::runtime::hollow::HollowRuntime;
+use crate::source::{BoundPlan, SourceKind};
+use specs::{CpuSet, NumaSet};
 
 /// First-fit admission: exclusive containers take the lowest free CPUs outside
 /// the reserved set, shared ones the pool. Enough to drive the loop.
@@ -95,7 +97,7 @@ fn config(dir: &Path, cpus: u32) -> AgentConfig {
         NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() },
     );
     c.admit = first_fit;
-    c.poll_interval = Duration::from_millis(10);
+    c.recheck_interval = Duration::from_millis(500);
     // No streak reset: a slow test machine must not make a crash loop look healthy.
     c.backoff = Backoff { base: Duration::from_millis(20), cap: Duration::from_millis(80), reset_after: Duration::MAX };
     c.op_timeout = Duration::from_secs(5);

@@ -1,23 +1,29 @@
 //! The `hollow` runtime: everything a runtime does except creating processes.
 //! It records each container's config, cpuset and state in memory and in
-//! `<data>/hollow/containers.json` (written atomically on every change, so a
-//! restarted agent finds its "running" containers exactly as a real runtime's
-//! would be found). Containers run until stopped. Used to simulate big machines
-//! from sysfs fixtures and for benchmarks of everything around the runtime.
+//! `<data>/hollow/containers.json` (written atomically on every change, not
+//! fsynced, like a real runtime's process records: a restarted agent finds its
+//! "running" containers exactly as a real runtime's would be found). Used to
+//! simulate big machines from sysfs fixtures and for benchmarks of everything
+//! around the runtime.
 //!
-//! `exit` makes a container end as if its process had exited, which is how tests
-//! drive restart policies.
+//! Containers end on their own as their command says, so that benchmarks can
+//! run jobs: `true` exits 0 at once, `false` 1, `sleep N` 0 after N seconds
+//! (one timer thread for every container, not a thread each); anything else
+//! runs until stopped, or until `exit` makes it end as if its process had
+//! exited, which is how tests drive restart policies. Every exit is sent at
+//! once to the channel given to `watch_exits`.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use specs::{CpuSet, NumaSet};
 
-use super::{ContainerConfig, ContainerState, Runtime, RuntimeError};
-use crate::fsutil::write_atomic;
+use super::{ContainerConfig, ContainerState, ExitEvent, ExitSender, Runtime, RuntimeError};
+use crate::fsutil::replace_atomic;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -30,6 +36,10 @@ pub struct HollowContainer {
     /// How many times `update_cpuset` changed it (tests check "no restart").
     #[serde(default)]
     pub cpuset_updates: u32,
+    /// When a `sleep N` container ends (milliseconds since the Unix epoch), so
+    /// that a reopened runtime ends it on time too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -38,32 +48,66 @@ struct State {
     containers: BTreeMap<String, HollowContainer>,
 }
 
-pub struct HollowRuntime {
+/// What a hollow container's command does on its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Course {
+    ExitNow(i32),
+    ExitAfter(Duration),
+    Forever,
+}
+
+/// `true`, `false`, `sleep N` (seconds, with an optional s/m/h/d suffix as
+/// coreutils takes it); anything else (a shell, `sleep inf`) runs until stopped.
+fn course(args: &[String]) -> Course {
+    let name = args.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or("");
+    match (name, args.len()) {
+        ("true", _) => Course::ExitNow(0),
+        ("false", _) => Course::ExitNow(1),
+        ("sleep", 2) => {
+            let arg = args[1].as_str();
+            let (num, unit) = match arg.char_indices().last() {
+                Some((i, c @ ('s' | 'm' | 'h' | 'd'))) => (&arg[..i], c),
+                _ => (arg, 's'),
+            };
+            let scale = match unit {
+                'm' => 60.0,
+                'h' => 3600.0,
+                'd' => 86400.0,
+                _ => 1.0,
+            };
+            match num.parse::<f64>() {
+                Ok(n) if n.is_finite() && n >= 0.0 && n * scale < 1e9 => {
+                    Course::ExitAfter(Duration::from_secs_f64(n * scale))
+                }
+                _ => Course::Forever,
+            }
+        }
+        _ => Course::Forever,
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+struct Inner {
     path: PathBuf,
     state: Mutex<State>,
+    exits: Mutex<Option<ExitSender>>,
+    /// Pending `sleep` ends, earliest first; the timer thread waits on `wake`.
+    timers: Mutex<BinaryHeap<Reverse<(Instant, String)>>>,
+    wake: Condvar,
+}
+
+pub struct HollowRuntime {
+    inner: Arc<Inner>,
 }
 
 fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
     RuntimeError::Container { id: id.to_string(), message: message.into() }
 }
 
-impl HollowRuntime {
-    /// Opens (or creates) the hollow runtime's state under `data_dir/hollow`.
-    pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
-        let dir = data_dir.join("hollow");
-        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
-        let path = dir.join("containers.json");
-        let state = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Io {
-                path: path.clone(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("corrupt hollow state: {e}")),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State { next_pid: 1_000_000, ..Default::default() },
-            Err(source) => return Err(RuntimeError::Io { path, source }),
-        };
-        Ok(Self { path, state: Mutex::new(state) })
-    }
-
+impl Inner {
     /// Applies `f` to a copy of the state and keeps the copy only once it is on
     /// disk, so memory and file never disagree (a failed save changes nothing).
     fn with<T>(&self, f: impl FnOnce(&mut State) -> Result<(T, bool), RuntimeError>) -> Result<T, RuntimeError> {
@@ -74,32 +118,133 @@ impl HollowRuntime {
         let (out, changed) = f(&mut next)?;
         if changed {
             let bytes = serde_json::to_vec(&next).map_err(|e| cerr("-", e.to_string()))?;
-            write_atomic(&self.path, &bytes).map_err(|source| RuntimeError::Io { path: self.path.clone(), source })?;
+            replace_atomic(&self.path, &bytes)
+                .map_err(|source| RuntimeError::Io { path: self.path.clone(), source })?;
             *st = next;
         }
         Ok(out)
     }
 
+    fn notify(&self, id: &str, code: i32, oom_killed: bool) {
+        let tx = self.exits.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = tx.as_ref() {
+            // A closed channel: nobody listens any more, which is fine.
+            let _ = tx.send(ExitEvent { id: id.to_string(), code, oom_killed });
+        }
+    }
+
+    /// Ends a running container; `Ok(false)` when it was not running.
+    fn end(&self, id: &str, code: i32, oom_killed: bool) -> Result<bool, RuntimeError> {
+        let ended = self.with(|st| {
+            let c = st.containers.get_mut(id).ok_or_else(|| cerr(id, "no such container"))?;
+            if !matches!(c.state, ContainerState::Running { .. }) {
+                return Ok((false, false));
+            }
+            c.state = ContainerState::Exited { code, oom_killed };
+            c.ends_at_ms = None;
+            Ok((true, true))
+        })?;
+        if ended {
+            self.notify(id, code, oom_killed);
+        }
+        Ok(ended)
+    }
+
+    fn arm(self: &Arc<Self>, id: &str, at: Instant) {
+        let mut timers = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+        let first = timers.is_empty();
+        timers.push(Reverse((at, id.to_string())));
+        drop(timers);
+        if first {
+            // The thread exits when the heap is empty; (re)start it.
+            let weak = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new().name("hollow-timer".into()).spawn(move || timer_thread(weak));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the hollow timer thread; sleeps will not end");
+            }
+        } else {
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// Ends `sleep` containers when their time comes; returns when no timer is
+/// left (the next `arm` starts a new one) or the runtime is gone.
+fn timer_thread(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let mut timers = inner.timers.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        match timers.peek() {
+            None => return,
+            Some(Reverse((at, _))) if *at <= now => {
+                let Some(Reverse((_, id))) = timers.pop() else { continue };
+                drop(timers);
+                if let Err(e) = inner.end(&id, 0, false) {
+                    tracing::debug!(id, error = %e, "hollow sleep ended a container that is gone");
+                }
+            }
+            Some(Reverse((at, _))) => {
+                // Wake at the deadline, on a new earlier timer, or every second
+                // to notice that the runtime was dropped.
+                let wait = (*at - now).min(Duration::from_secs(1));
+                drop(inner.wake.wait_timeout(timers, wait).unwrap_or_else(|p| p.into_inner()));
+            }
+        }
+    }
+}
+
+impl HollowRuntime {
+    /// Opens (or creates) the hollow runtime's state under `data_dir/hollow`.
+    pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
+        let dir = data_dir.join("hollow");
+        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
+        let path = dir.join("containers.json");
+        let state: State = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("corrupt hollow state: {e}")),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State { next_pid: 1_000_000, ..Default::default() },
+            Err(source) => return Err(RuntimeError::Io { path, source }),
+        };
+        let sleeping: Vec<(String, u64)> = state
+            .containers
+            .iter()
+            .filter(|(_, c)| matches!(c.state, ContainerState::Running { .. }))
+            .filter_map(|(id, c)| c.ends_at_ms.map(|ms| (id.clone(), ms)))
+            .collect();
+        let inner = Arc::new(Inner {
+            path,
+            state: Mutex::new(state),
+            exits: Mutex::new(None),
+            timers: Mutex::new(BinaryHeap::new()),
+            wake: Condvar::new(),
+        });
+        let (now, now_ms) = (Instant::now(), unix_ms(SystemTime::now()));
+        for (id, ms) in sleeping {
+            inner.arm(&id, now + Duration::from_millis(ms.saturating_sub(now_ms)));
+        }
+        Ok(Self { inner })
+    }
+
     /// A snapshot of one container (tests and benchmarks look at cpusets).
     pub fn get(&self, id: &str) -> Option<HollowContainer> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).containers.get(id).cloned()
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).containers.get(id).cloned()
     }
 
     /// Every container, by id.
     pub fn all(&self) -> BTreeMap<String, HollowContainer> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).containers.clone()
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).containers.clone()
     }
 
     /// Makes a running container end as if its process exited with `code`.
     pub fn exit(&self, id: &str, code: i32, oom_killed: bool) -> Result<(), RuntimeError> {
-        self.with(|st| {
-            let c = st.containers.get_mut(id).ok_or_else(|| cerr(id, "no such container"))?;
-            if !matches!(c.state, ContainerState::Running { .. }) {
-                return Err(cerr(id, "not running"));
-            }
-            c.state = ContainerState::Exited { code, oom_killed };
-            Ok(((), true))
-        })
+        if self.inner.end(id, code, oom_killed)? {
+            Ok(())
+        } else {
+            Err(cerr(id, "not running"))
+        }
     }
 }
 
@@ -112,24 +257,40 @@ impl Runtime for HollowRuntime {
         if cfg.cpus.is_empty() {
             return Err(cerr(&cfg.id, "empty cpuset"));
         }
-        self.with(|st| {
+        let course = course(&cfg.args);
+        let ends_at = match course {
+            Course::ExitAfter(d) => Some((Instant::now() + d, unix_ms(SystemTime::now() + d))),
+            _ => None,
+        };
+        self.inner.with(|st| {
             if st.containers.contains_key(&cfg.id) {
                 return Err(cerr(&cfg.id, "already exists"));
             }
             st.next_pid += 1;
             let pid = st.next_pid;
+            let state = match course {
+                Course::ExitNow(code) => ContainerState::Exited { code, oom_killed: false },
+                _ => ContainerState::Running { pid },
+            };
             st.containers.insert(
                 cfg.id.clone(),
                 HollowContainer {
                     config: cfg.clone(),
                     cpus: cfg.cpus.clone(),
                     mems: cfg.mems.clone(),
-                    state: ContainerState::Running { pid },
+                    state,
                     cpuset_updates: 0,
+                    ends_at_ms: ends_at.map(|e| e.1),
                 },
             );
             Ok(((), true))
-        })
+        })?;
+        match (course, ends_at) {
+            (Course::ExitNow(code), _) => self.inner.notify(&cfg.id, code, false),
+            (_, Some((at, _))) => self.inner.arm(&cfg.id, at),
+            _ => {}
+        }
+        Ok(())
     }
 
     fn state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
@@ -140,7 +301,7 @@ impl Runtime for HollowRuntime {
         if cpus.is_empty() {
             return Err(cerr(id, "empty cpuset"));
         }
-        self.with(|st| {
+        self.inner.with(|st| {
             let c = st.containers.get_mut(id).ok_or_else(|| cerr(id, "no such container"))?;
             if !matches!(c.state, ContainerState::Running { .. }) {
                 return Err(cerr(id, "not running"));
@@ -152,20 +313,18 @@ impl Runtime for HollowRuntime {
         })
     }
 
+    /// Idempotent, like a real runtime's: a container already gone is stopped.
     fn stop(&self, id: &str, _grace: Duration) -> Result<(), RuntimeError> {
-        self.with(|st| {
-            let c = st.containers.get_mut(id).ok_or_else(|| cerr(id, "no such container"))?;
-            if matches!(c.state, ContainerState::Running { .. }) {
-                // 128 + SIGTERM: what a process that honours SIGTERM reports.
-                c.state = ContainerState::Exited { code: 143, oom_killed: false };
-                return Ok(((), true));
-            }
-            Ok(((), false))
-        })
+        // 128 + SIGTERM: what a process that honours SIGTERM reports.
+        match self.inner.end(id, 143, false) {
+            Ok(_) => Ok(()),
+            Err(_) if self.get(id).is_none() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn remove(&self, id: &str) -> Result<(), RuntimeError> {
-        self.with(|st| match st.containers.get(id) {
+        self.inner.with(|st| match st.containers.get(id) {
             None => Ok(((), false)),
             Some(c) if matches!(c.state, ContainerState::Running { .. }) => {
                 Err(cerr(id, "still running; stop it first"))
@@ -178,7 +337,12 @@ impl Runtime for HollowRuntime {
     }
 
     fn list(&self) -> Result<Vec<String>, RuntimeError> {
-        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()).containers.keys().cloned().collect())
+        Ok(self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).containers.keys().cloned().collect())
+    }
+
+    fn watch_exits(&self, tx: ExitSender) -> Result<(), RuntimeError> {
+        *self.inner.exits.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        Ok(())
     }
 }
 
@@ -210,7 +374,47 @@ mod tests {
             cap_drop: vec![],
             system_cpus: Default::default(),
             log_path: "/dev/null".into(),
+            init: false,
         }
+    }
+
+    fn with_args(id: &str, args: &[&str]) -> ContainerConfig {
+        ContainerConfig { args: args.iter().map(|a| a.to_string()).collect(), ..config(id, "1") }
+    }
+
+    #[test]
+    fn commands_decide_how_a_container_ends() {
+        let s = |args: &[&str]| course(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+        assert_eq!(s(&["true"]), Course::ExitNow(0));
+        assert_eq!(s(&["/bin/false"]), Course::ExitNow(1));
+        assert_eq!(s(&["sleep", "2"]), Course::ExitAfter(Duration::from_secs(2)));
+        assert_eq!(s(&["sleep", "0.5"]), Course::ExitAfter(Duration::from_millis(500)));
+        assert_eq!(s(&["sleep", "1m"]), Course::ExitAfter(Duration::from_secs(60)));
+        assert_eq!(s(&["sleep", "inf"]), Course::Forever);
+        assert_eq!(s(&["sleep", "-1"]), Course::Forever);
+        assert_eq!(s(&["sh", "-c", "true"]), Course::Forever);
+        assert_eq!(s(&[]), Course::Forever);
+    }
+
+    #[test]
+    fn exits_are_sent_as_they_happen() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = HollowRuntime::new(dir.path()).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        rt.watch_exits(tx).unwrap();
+        rt.start(&with_args("t", &["true"])).unwrap();
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "t".into(), code: 0, oom_killed: false }));
+        rt.start(&with_args("f", &["false"])).unwrap();
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "f".into(), code: 1, oom_killed: false }));
+        rt.start(&with_args("s", &["sleep", "0.01"])).unwrap();
+        rt.start(&with_args("forever", &["sleep", "inf"])).unwrap();
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "s".into(), code: 0, oom_killed: false }));
+        assert_eq!(rt.state("s").unwrap(), ContainerState::Exited { code: 0, oom_killed: false });
+        rt.exit("forever", 7, false).unwrap();
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "forever".into(), code: 7, oom_killed: false }));
+        // Stopping a container that is already gone is not an error.
+        rt.remove("forever").unwrap();
+        rt.stop("forever", Duration::ZERO).unwrap();
     }
 
     #[test]
