@@ -277,14 +277,22 @@ impl Executor {
                     let mut set = tokio::task::JoinSet::new();
                     for id in ids {
                         let rt = rt.clone();
+                        let key = key.clone();
                         set.spawn(async move {
                             let rid = id.clone();
-                            call(&rt, &format!("stop {id}"), limit, move |rt| {
+                            let ended = call(&rt, &format!("stop {id}"), limit, move |rt| {
                                 rt.stop(&rid, grace)?;
-                                rt.remove(&rid)
+                                // How it ended (143: it honoured SIGTERM; 137: killed after the grace).
+                                let ended = rt.state(&rid).ok();
+                                rt.remove(&rid)?;
+                                Ok(ended)
                             })
                             .await
-                            .map_err(|e| e.to_string())
+                            .map_err(|e| e.to_string())?;
+                            if let Some(ContainerState::Exited { code, oom_killed }) = ended {
+                                tracing::info!(key, id, code, oom_killed, "container stopped");
+                            }
+                            Ok::<(), String>(())
                         });
                     }
                     let mut errors = Vec::new();

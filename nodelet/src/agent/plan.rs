@@ -424,7 +424,10 @@ fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant, out: &m
             e.ctrs[i].state = CtrState::Starting { early_exit: Some((code, oom)) };
         }
         // Its stop removes it; the status still says how it ended.
-        (Stage::Terminating { .. }, _) => e.ctrs[i].last_exit = Some((code, oom)),
+        (Stage::Terminating { .. }, _) => {
+            tracing::info!(key, container = e.ctrs[i].name, code, oom, "container exited while stopping");
+            e.ctrs[i].last_exit = Some((code, oom));
+        }
         _ => {}
     }
 }

@@ -149,6 +149,17 @@ impl Harness {
         }
     }
 
+    /// Waits (at most 10 s) until the runtime satisfies `pred`.
+    async fn wait_runtime(&self, what: &str, pred: impl Fn(&HollowRuntime) -> bool) {
+        for _ in 0..1000 {
+            if pred(&self.rt) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for {what}; runtime: {:#?}", self.rt.all());
+    }
+
     async fn shutdown(self) -> Arc<HollowRuntime> {
         let _ = self.stop.send(());
         self.task.await.unwrap().unwrap();
@@ -192,11 +203,14 @@ async fn shared_pool_follows_exclusive_pods_in_place() {
     assert_eq!(cpus_of(&r, "static/shared"), "0,3");
     let (_, e) = h.container("static/excl");
     assert_eq!(e.cpus.to_string(), "1-2");
+    // Cpuset updates are tasks of their own: the report does not wait for them.
+    h.wait_runtime("shared shrunk", |rt| rt.get(&sid).is_some_and(|s| s.cpuset_updates == 1)).await;
     let (sid2, s) = h.container("static/shared");
     assert_eq!((sid2.as_str(), s.cpus.to_string(), s.cpuset_updates), (sid.as_str(), "0,3".to_string(), 1));
 
     h.remove("static/excl").await;
     h.wait("excl gone", |r| !r.pods.contains_key("static/excl")).await;
+    h.wait_runtime("shared grown", |rt| rt.get(&sid).is_some_and(|s| s.cpuset_updates == 2)).await;
     let (sid3, s) = h.container("static/shared");
     assert_eq!((sid3, s.cpus.to_string(), s.cpuset_updates), (sid, "0-3".to_string(), 2), "grown back, not restarted");
     assert_eq!(h.rt.all().len(), 1, "the exclusive container is removed from the runtime");
@@ -449,4 +463,67 @@ async fn status_file_mirrors_the_report() {
     h.shutdown().await;
     let err = status::read(&dir.path().join("nope")).unwrap_err().to_string();
     assert!(err.contains("nope/status.json"), "{err}");
+}
+
+fn job(name: &str, command: &str) -> Pod {
+    Pod::from_yaml(&format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    command: [{command}]\n    resources:\n      limits: {{cpu: '1', memory: 64Mi}}\n"
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn jobs_pass_through_one_cpu_as_each_one_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    // CPU 0 reserved: one allocatable CPU, so the jobs run strictly one at a time.
+    let mut h = start(config(dir.path(), 2));
+    let keys: Vec<String> = (0..30).map(|i| format!("static/j{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let command = match i % 3 {
+            0 => "'true'",
+            1 => "'false'",
+            _ => "sleep, '0.01'",
+        };
+        h.apply(k, job(&format!("j{i}"), command)).await;
+    }
+    let r = h
+        .wait("every job finished", |r| {
+            keys.iter().all(|k| matches!(phase(r, k), Some(PodPhase::Succeeded | PodPhase::Failed)))
+        })
+        .await;
+    for (i, k) in keys.iter().enumerate() {
+        let want = if i % 3 == 1 { PodPhase::Failed } else { PodPhase::Succeeded };
+        assert_eq!(phase(&r, k), Some(want), "{k}");
+        assert_eq!(r.pods[k].container_statuses[0].restart_count, 0, "{k}: no restart under Never");
+    }
+    assert!(r.allocations.pods.is_empty(), "every CPU free again: {:?}", r.allocations);
+    assert!(h.rt.all().is_empty(), "every finished container removed: {:?}", h.rt.all().keys());
+    h.shutdown().await;
+    let cp = Checkpoint::load(dir.path()).unwrap();
+    assert!(cp.allocations.pods.is_empty());
+    assert_eq!(cp.pods.values().filter(|p| p.finished.is_some()).count(), 30);
+}
+
+#[tokio::test]
+async fn a_pod_log_folder_goes_with_the_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/a", exclusive("a", 1)).await;
+    h.wait("a running", |r| running(r, "static/a")).await;
+    let (_, c) = h.container("static/a");
+    let logs = c.config.log_path.parent().unwrap().to_path_buf();
+    assert!(logs.is_dir(), "{}", logs.display());
+    assert!(logs.starts_with(dir.path().join("logs")), "{}", logs.display());
+    assert_eq!(reconcile::log_path(dir.path(), "static/a", "main"), c.config.log_path);
+    h.remove("static/a").await;
+    h.wait("a gone", |r| !r.pods.contains_key("static/a")).await;
+    // Removed by its own task, right after the pod was forgotten.
+    for _ in 0..500 {
+        if !logs.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!logs.exists(), "{} outlived its pod", logs.display());
+    h.shutdown().await;
 }
