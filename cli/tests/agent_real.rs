@@ -67,6 +67,7 @@ impl Host {
             .arg(&self.data)
             // The topology is this host's, discovered from /sys.
             .env("PINION_LOG", "warn,nodelet=info,libcgroups=error,libcontainer=error")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(self.agent_log_file())
             .spawn()

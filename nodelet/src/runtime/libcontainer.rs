@@ -594,7 +594,9 @@ impl Runtime for LibcontainerRuntime {
         let io = |e: nix::errno::Errno| RuntimeError::Io { path: dir.clone(), source: e.into() };
         let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(io)?;
         // Set up before the first scan, so no exit falls between the two.
-        ino.add_watch(&dir, F::IN_MOVED_TO | F::IN_CLOSE_WRITE).map_err(io)?;
+        // Renames only: the shim's writer closes its file after the rename,
+        // and that close would be a second event under the final name.
+        ino.add_watch(&dir, F::IN_MOVED_TO).map_err(io)?;
         let d = dir.clone();
         std::thread::Builder::new()
             .name("exit-watcher".into())
@@ -617,6 +619,32 @@ mod tests {
         check(".hidden", false);
         check("a/b", false);
         check(&"x".repeat(129), false);
+    }
+
+    #[test]
+    fn exit_notices_become_exit_events() -> Result<(), RuntimeError> {
+        let dir = tempfile::tempdir().map_err(ioerr(Path::new("tmp")))?;
+        let layout = Layout::new(dir.path());
+        fs::create_dir_all(layout.exits()).map_err(ioerr(&layout.exits()))?;
+        let before = ExitRecord { code: 3, signal: None, oom_killed: false };
+        write_json(&layout.exit_notice("old_1"), &before)?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
+        let ino =
+            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|e| ioerr(dir.path())(e.into()))?;
+        ino.add_watch(&layout.exits(), F::IN_MOVED_TO).map_err(|e| ioerr(dir.path())(e.into()))?;
+        let exits = layout.exits();
+        let watcher = std::thread::spawn(move || watch_exit_notices(ino, exits, tx));
+        // An exit from before the watch, then one while it watches.
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "old_1".into(), code: 3, oom_killed: false }));
+        let rec = ExitRecord { code: 143, signal: Some(15), oom_killed: false };
+        write_json(&layout.exit_notice("new_1"), &rec)?;
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "new_1".into(), code: 143, oom_killed: false }));
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(rx.try_recv().ok(), None, "one event per exit");
+        drop(rx);
+        let _ = watcher.join();
+        Ok(())
     }
 
     #[test]
