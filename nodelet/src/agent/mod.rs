@@ -140,10 +140,11 @@ pub async fn run(
         op_timeout: state.cfg.op_timeout,
     };
     let mut published = Publisher::default();
+    let status_file = tokio::spawn(status::follow(state.cfg.data_dir.clone(), report.subscribe()));
     for a in plan::plan(&mut state, Event::Tick, Instant::now()) {
         exec.spawn(a);
     }
-    published.publish_or_log(&state, &report);
+    published.publish(&state, &report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
     loop {
@@ -179,7 +180,7 @@ pub async fn run(
         for a in plan::plan_batch(&mut state, batch, Instant::now()) {
             exec.spawn(a);
         }
-        published.publish_or_log(&state, &report);
+        published.publish(&state, &report);
     }
     // What memory knows that the file does not (a finished or removed pod)
     // is written before returning, after any write still in flight.
@@ -188,6 +189,16 @@ pub async fn run(
         if let Err(e) = exec.write(checkpoint).await {
             tracing::error!(error = e, "cannot write the checkpoint at shutdown");
         }
+    }
+    // The file ends up with the last report, whatever the follower had done.
+    status_file.abort();
+    let _ = status_file.await;
+    let last = report.borrow().clone();
+    let dir = state.cfg.data_dir.clone();
+    match tokio::task::spawn_blocking(move || status::write(&dir, &last)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
+        Err(e) => tracing::warn!(error = %e, "cannot write the status file"),
     }
     tracing::info!("agent stopping; containers keep running");
     Ok(())
@@ -388,23 +399,19 @@ async fn write_checkpoint(
     }
 }
 
-/// Publishes the report when it changed, and writes `<data>/status.json`.
+/// Publishes the report when it changed. `<data>/status.json` follows it from
+/// its own task (`status::follow`): serializing every pod at every change on
+/// the loop thread cost more than the rest of a pass.
 #[derive(Default)]
 struct Publisher {
     last: Option<NodeReport>,
 }
 
 impl Publisher {
-    /// A status file that cannot be written (disk full) must not stop the agent:
-    /// the pods matter more than their report. Retried on the next pass.
-    fn publish_or_log(&mut self, state: &State, tx: &watch::Sender<NodeReport>) {
+    fn publish(&mut self, state: &State, tx: &watch::Sender<NodeReport>) {
         let report = status::build(state);
         if self.last.as_ref() == Some(&report) {
             return;
-        }
-        if let Err(e) = status::write(&state.cfg.data_dir, &report) {
-            tracing::warn!(error = %e, "cannot write the status file");
-            // Sent anyway: the server and `pinion run` wait on it.
         }
         tx.send_replace(report.clone());
         self.last = Some(report);

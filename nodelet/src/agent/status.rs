@@ -1,6 +1,7 @@
 //! The agent's report: each pod's phase, container states, CPUs, memory NUMA
-//! nodes and last error, built from the agent's memory and written atomically
-//! (not fsynced: it is rebuilt from memory at every change and at start) to
+//! nodes and last error, built from the agent's memory after every change and
+//! written atomically (not fsynced: it is rebuilt from memory at every change
+//! and at start), by a task that follows the published report, to
 //! `<data>/status.json`, where `pinion agent status` reads it.
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,22 @@ pub fn read(data_dir: &Path) -> Result<NodeReport, StatusError> {
     let path = path(data_dir);
     let bytes = std::fs::read(&path).map_err(|source| StatusError::Io { path: path.clone(), source })?;
     serde_json::from_slice(&bytes).map_err(|e| StatusError::Malformed { path, reason: e.to_string() })
+}
+
+/// Writes every report published on `rx` to `<data>/status.json`, the latest
+/// one first when several came meanwhile, until the sender is gone. A file
+/// that cannot be written (disk full) must not stop the agent: the pods
+/// matter more than their report; the next change tries again.
+pub(super) async fn follow(data_dir: PathBuf, mut rx: tokio::sync::watch::Receiver<NodeReport>) {
+    while rx.changed().await.is_ok() {
+        let report = rx.borrow_and_update().clone();
+        let dir = data_dir.clone();
+        match tokio::task::spawn_blocking(move || write(&dir, &report)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
+            Err(e) => tracing::warn!(error = %e, "status file writer failed"),
+        }
+    }
 }
 
 pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentError> {

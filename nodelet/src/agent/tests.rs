@@ -457,10 +457,21 @@ async fn status_file_mirrors_the_report() {
     let mut h = start(config(dir.path(), 4));
     h.apply("static/a", exclusive("a", 1)).await;
     let r = h.wait("a running", |r| running(r, "static/a")).await;
-    // The file is written before the report is sent.
-    let on_disk = status::read(dir.path()).unwrap();
-    assert_eq!(on_disk, r);
+    // The file follows the report from its own task.
+    let mut on_disk = None;
+    for _ in 0..500 {
+        on_disk = status::read(dir.path()).ok();
+        if on_disk.as_ref() == Some(&r) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(on_disk, Some(r));
+    h.apply("static/b", exclusive("b", 1)).await;
+    let r = h.wait("b running", |r| running(r, "static/b")).await;
     h.shutdown().await;
+    // At shutdown the file holds the last report.
+    assert_eq!(status::read(dir.path()).unwrap(), r);
     let err = status::read(&dir.path().join("nope")).unwrap_err().to_string();
     assert!(err.contains("nope/status.json"), "{err}");
 }

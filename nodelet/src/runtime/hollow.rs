@@ -46,6 +46,57 @@ pub struct HollowContainer {
 struct State {
     next_pid: i32,
     containers: BTreeMap<String, HollowContainer>,
+    /// Each container's JSON, so that a change serializes one container and
+    /// the file is put together from the others as they are (with a thousand
+    /// jobs a second, serializing every container at every change was the
+    /// runtime's whole cost).
+    #[serde(skip)]
+    json: BTreeMap<String, String>,
+}
+
+/// What an operation does to the one container it is about.
+enum Change {
+    Keep,
+    Put(HollowContainer),
+    Delete,
+}
+
+fn json_err(e: serde_json::Error) -> RuntimeError {
+    cerr("-", format!("serializing the hollow state: {e}"))
+}
+
+/// The state file's bytes: `cached` with `id` replaced by `new` (or left out).
+fn render(cached: &BTreeMap<String, String>, next_pid: i32, id: &str, new: Option<&str>) -> Vec<u8> {
+    let mut out = format!("{{\"next_pid\":{next_pid},\"containers\":{{");
+    let mut first = true;
+    let mut push = |k: &str, v: &str| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        out.push_str(&serde_json::Value::String(k.to_string()).to_string());
+        out.push(':');
+        out.push_str(v);
+    };
+    let mut placed = new.is_none();
+    for (k, v) in cached {
+        if k == id {
+            if let Some(n) = new {
+                push(k, n);
+            }
+            placed = true;
+            continue;
+        }
+        if !placed && k.as_str() > id {
+            push(id, new.unwrap_or_default());
+            placed = true;
+        }
+        push(k, v);
+    }
+    if !placed {
+        push(id, new.unwrap_or_default());
+    }
+    out.push_str("}}");
+    out.into_bytes()
 }
 
 /// What a hollow container's command does on its own.
@@ -108,19 +159,35 @@ fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
 }
 
 impl Inner {
-    /// Applies `f` to a copy of the state and keeps the copy only once it is on
+    /// Applies `f` to container `id` and keeps the change only once it is on
     /// disk, so memory and file never disagree (a failed save changes nothing).
-    fn with<T>(&self, f: impl FnOnce(&mut State) -> Result<(T, bool), RuntimeError>) -> Result<T, RuntimeError> {
+    fn with<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(Option<&HollowContainer>, &mut i32) -> Result<(T, Change), RuntimeError>,
+    ) -> Result<T, RuntimeError> {
         // A poisoned lock means another thread panicked between lock and unlock;
-        // the state itself is only ever replaced whole, so it is consistent.
+        // the state is only changed after a successful save, so it is consistent.
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut next = State { next_pid: st.next_pid, containers: st.containers.clone() };
-        let (out, changed) = f(&mut next)?;
-        if changed {
-            let bytes = serde_json::to_vec(&next).map_err(|e| cerr("-", e.to_string()))?;
-            replace_atomic(&self.path, &bytes)
-                .map_err(|source| RuntimeError::Io { path: self.path.clone(), source })?;
-            *st = next;
+        let mut next_pid = st.next_pid;
+        let (out, change) = f(st.containers.get(id), &mut next_pid)?;
+        let new = match &change {
+            Change::Keep => return Ok(out),
+            Change::Put(c) => Some(serde_json::to_string(c).map_err(json_err)?),
+            Change::Delete => None,
+        };
+        let bytes = render(&st.json, next_pid, id, new.as_deref());
+        replace_atomic(&self.path, &bytes).map_err(|source| RuntimeError::Io { path: self.path.clone(), source })?;
+        st.next_pid = next_pid;
+        match (change, new) {
+            (Change::Put(c), Some(json)) => {
+                st.containers.insert(id.to_string(), c);
+                st.json.insert(id.to_string(), json);
+            }
+            _ => {
+                st.containers.remove(id);
+                st.json.remove(id);
+            }
         }
         Ok(out)
     }
@@ -135,14 +202,15 @@ impl Inner {
 
     /// Ends a running container; `Ok(false)` when it was not running.
     fn end(&self, id: &str, code: i32, oom_killed: bool) -> Result<bool, RuntimeError> {
-        let ended = self.with(|st| {
-            let c = st.containers.get_mut(id).ok_or_else(|| cerr(id, "no such container"))?;
+        let ended = self.with(id, |c, _| {
+            let c = c.ok_or_else(|| cerr(id, "no such container"))?;
             if !matches!(c.state, ContainerState::Running { .. }) {
-                return Ok((false, false));
+                return Ok((false, Change::Keep));
             }
+            let mut c = c.clone();
             c.state = ContainerState::Exited { code, oom_killed };
             c.ends_at_ms = None;
-            Ok((true, true))
+            Ok((true, Change::Put(c)))
         })?;
         if ended {
             self.notify(id, code, oom_killed);
@@ -200,7 +268,7 @@ impl HollowRuntime {
         let dir = data_dir.join("hollow");
         std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
         let path = dir.join("containers.json");
-        let state: State = match std::fs::read(&path) {
+        let mut state: State = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Io {
                 path: path.clone(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("corrupt hollow state: {e}")),
@@ -208,6 +276,10 @@ impl HollowRuntime {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => State { next_pid: 1_000_000, ..Default::default() },
             Err(source) => return Err(RuntimeError::Io { path, source }),
         };
+        for (id, c) in &state.containers {
+            let json = serde_json::to_string(c).map_err(json_err)?;
+            state.json.insert(id.clone(), json);
+        }
         let sleeping: Vec<(String, u64)> = state
             .containers
             .iter()
@@ -262,28 +334,24 @@ impl Runtime for HollowRuntime {
             Course::ExitAfter(d) => Some((Instant::now() + d, unix_ms(SystemTime::now() + d))),
             _ => None,
         };
-        self.inner.with(|st| {
-            if st.containers.contains_key(&cfg.id) {
+        self.inner.with(&cfg.id, |c, next_pid| {
+            if c.is_some() {
                 return Err(cerr(&cfg.id, "already exists"));
             }
-            st.next_pid += 1;
-            let pid = st.next_pid;
+            *next_pid += 1;
             let state = match course {
                 Course::ExitNow(code) => ContainerState::Exited { code, oom_killed: false },
-                _ => ContainerState::Running { pid },
+                _ => ContainerState::Running { pid: *next_pid },
             };
-            st.containers.insert(
-                cfg.id.clone(),
-                HollowContainer {
-                    config: cfg.clone(),
-                    cpus: cfg.cpus.clone(),
-                    mems: cfg.mems.clone(),
-                    state,
-                    cpuset_updates: 0,
-                    ends_at_ms: ends_at.map(|e| e.1),
-                },
-            );
-            Ok(((), true))
+            let c = HollowContainer {
+                config: cfg.clone(),
+                cpus: cfg.cpus.clone(),
+                mems: cfg.mems.clone(),
+                state,
+                cpuset_updates: 0,
+                ends_at_ms: ends_at.map(|e| e.1),
+            };
+            Ok(((), Change::Put(c)))
         })?;
         match (course, ends_at) {
             (Course::ExitNow(code), _) => self.inner.notify(&cfg.id, code, false),
@@ -301,15 +369,16 @@ impl Runtime for HollowRuntime {
         if cpus.is_empty() {
             return Err(cerr(id, "empty cpuset"));
         }
-        self.inner.with(|st| {
-            let c = st.containers.get_mut(id).ok_or_else(|| cerr(id, "no such container"))?;
+        self.inner.with(id, |c, _| {
+            let c = c.ok_or_else(|| cerr(id, "no such container"))?;
             if !matches!(c.state, ContainerState::Running { .. }) {
                 return Err(cerr(id, "not running"));
             }
+            let mut c = c.clone();
             c.cpus = cpus.clone();
             c.mems = mems.clone();
             c.cpuset_updates += 1;
-            Ok(((), true))
+            Ok(((), Change::Put(c)))
         })
     }
 
@@ -324,15 +393,12 @@ impl Runtime for HollowRuntime {
     }
 
     fn remove(&self, id: &str) -> Result<(), RuntimeError> {
-        self.inner.with(|st| match st.containers.get(id) {
-            None => Ok(((), false)),
+        self.inner.with(id, |c, _| match c {
+            None => Ok(((), Change::Keep)),
             Some(c) if matches!(c.state, ContainerState::Running { .. }) => {
                 Err(cerr(id, "still running; stop it first"))
             }
-            Some(_) => {
-                st.containers.remove(id);
-                Ok(((), true))
-            }
+            Some(_) => Ok(((), Change::Delete)),
         })
     }
 
@@ -445,6 +511,19 @@ mod tests {
         assert_eq!(rt.state("a").unwrap(), ContainerState::Missing);
         drop(rt);
         assert!(HollowRuntime::new(dir.path()).unwrap().list().unwrap().is_empty());
+        // The file is the whole state as plain JSON.
+        let rt = HollowRuntime::new(dir.path()).unwrap();
+        rt.start(&config("b", "1")).unwrap();
+        rt.start(&config("a", "2")).unwrap();
+        rt.start(&config("c", "3")).unwrap();
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("hollow/containers.json")).unwrap()).unwrap();
+        let ids: Vec<&String> = file["containers"].as_object().unwrap().keys().collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(
+            serde_json::from_value::<HollowContainer>(file["containers"]["a"].clone()).unwrap(),
+            rt.get("a").unwrap()
+        );
     }
 
     #[test]
