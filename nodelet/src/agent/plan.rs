@@ -593,8 +593,6 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
         tracing::error!(error = err, "cannot write the checkpoint");
         st.dirty = true;
         st.write_retry_at = Some(now + RETRY_AFTER);
-    } else {
-        tracing::debug!(target: "podstart", generation, "checkpoint written");
     }
     let covered: Vec<(String, usize)> = st
         .pods
@@ -616,6 +614,7 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
         let ctr = &mut e.ctrs[i];
         match (config, &result) {
             (Some(config), _) => {
+                tracing::debug!(target: "podstart", key, id = config.id, "checkpoint written");
                 ctr.applied = Some((config.cpus.clone(), config.mems.clone()));
                 ctr.state = CtrState::Starting { early_exit: None };
                 out.push(Action::Start { key: key.clone(), config: Box::new(config) });

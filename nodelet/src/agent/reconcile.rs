@@ -146,6 +146,12 @@ pub fn container_log_path(data_dir: &Path, pod_key: &str, uid: &str, container: 
     pod_log_dir(data_dir, pod_key, uid).join(format!("{}.log", sanitize(container, 120)))
 }
 
+/// [`container_log_path`] of `pod` as the agent names it (its uid, or its
+/// spec hash for a static pod): for a caller that holds the pod itself.
+pub fn pod_container_log_path(data_dir: &Path, pod_key: &str, pod: &Pod, container: &str) -> PathBuf {
+    container_log_path(data_dir, pod_key, &log_uid(pod, &spec_hash(pod)), container)
+}
+
 /// The log of `container` of the newest pod under `pod_key` (the most
 /// recently changed folder of the key), for callers that know no uid; a path
 /// that does not exist when the key has no logs.
@@ -249,7 +255,7 @@ pub fn container_config(
                     .collect()
             })
             .unwrap_or_default(),
-        log_path: container_log_path(data_dir, pod_key, &log_uid(pod, &spec_hash(pod)), &c.name),
+        log_path: pod_container_log_path(data_dir, pod_key, pod, &c.name),
         init: pod.spec.init,
     }
 }

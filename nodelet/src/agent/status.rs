@@ -35,10 +35,15 @@ pub fn read(data_dir: &Path) -> Result<NodeReport, StatusError> {
     serde_json::from_slice(&bytes).map_err(|e| StatusError::Malformed { path, reason: e.to_string() })
 }
 
-/// Writes every report published on `rx` to `<data>/status.json`, the latest
-/// one first when several came meanwhile, until the sender is gone. A file
-/// that cannot be written (disk full) must not stop the agent: the pods
-/// matter more than their report; the next change tries again.
+/// At most this many status file writes a second: the file is for people and
+/// scripts, and with jobs finishing by the thousand a write per change (every
+/// pod, pretty-printed) would take the CPU the pods' starts need.
+const WRITES_PER_SECOND: u32 = 20;
+
+/// Writes the reports published on `rx` to `<data>/status.json`, the latest
+/// one when several came meanwhile, until the sender is gone. A file that
+/// cannot be written (disk full) must not stop the agent: the pods matter
+/// more than their report; the next change tries again.
 pub(super) async fn follow(data_dir: PathBuf, mut rx: tokio::sync::watch::Receiver<NodeReport>) {
     while rx.changed().await.is_ok() {
         let report = rx.borrow_and_update().clone();
@@ -48,6 +53,8 @@ pub(super) async fn follow(data_dir: PathBuf, mut rx: tokio::sync::watch::Receiv
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
             Err(e) => tracing::warn!(error = %e, "status file writer failed"),
         }
+        // What changes meanwhile is written once, after the pause.
+        tokio::time::sleep(std::time::Duration::from_secs(1) / WRITES_PER_SECOND).await;
     }
 }
 
