@@ -537,7 +537,12 @@ fn on_started(
                     let msg = format!("container {container}: {message} (exit code {code})");
                     (code, Some("ContainerCannotRun".to_string()), msg)
                 }
-                StartFailure::Other(message) => (reconcile::START_ERROR_CODE, None, message),
+                StartFailure::Other(message) => {
+                    // Nothing should be left, but a start that timed out may
+                    // still finish after it was given up on.
+                    out.push(Action::Remove { id: id.to_string() });
+                    (reconcile::START_ERROR_CODE, None, message)
+                }
             };
             tracing::warn!(key, container, error = message, "container did not start");
             e.message = Some(message);
@@ -829,7 +834,10 @@ fn try_admit(st: &mut State, key: &str) {
     let placement = match decided {
         Ok(p) => p,
         Err(rejection) => {
-            tracing::info!(key, reason = ?rejection.reason, message = rejection.message, "pod rejected");
+            // Retried at every change of the allocations: say it once.
+            if rejected.as_ref().map(|r| &r.1) != Some(&rejection) {
+                tracing::info!(key, reason = ?rejection.reason, message = rejection.message, "pod rejected");
+            }
             e.stage = Stage::Pending { rejected: Some((epoch, rejection)) };
             return;
         }

@@ -57,7 +57,7 @@ struct State {
 /// What an operation does to the one container it is about.
 enum Change {
     Keep,
-    Put(HollowContainer),
+    Put(Box<HollowContainer>),
     Delete,
 }
 
@@ -181,7 +181,7 @@ impl Inner {
         st.next_pid = next_pid;
         match (change, new) {
             (Change::Put(c), Some(json)) => {
-                st.containers.insert(id.to_string(), c);
+                st.containers.insert(id.to_string(), *c);
                 st.json.insert(id.to_string(), json);
             }
             _ => {
@@ -210,7 +210,7 @@ impl Inner {
             let mut c = c.clone();
             c.state = ContainerState::Exited { code, oom_killed };
             c.ends_at_ms = None;
-            Ok((true, Change::Put(c)))
+            Ok((true, Change::Put(Box::new(c))))
         })?;
         if ended {
             self.notify(id, code, oom_killed);
@@ -351,7 +351,7 @@ impl Runtime for HollowRuntime {
                 cpuset_updates: 0,
                 ends_at_ms: ends_at.map(|e| e.1),
             };
-            Ok(((), Change::Put(c)))
+            Ok(((), Change::Put(Box::new(c))))
         })?;
         match (course, ends_at) {
             (Course::ExitNow(code), _) => self.inner.notify(&cfg.id, code, false),
@@ -378,7 +378,7 @@ impl Runtime for HollowRuntime {
             c.cpus = cpus.clone();
             c.mems = mems.clone();
             c.cpuset_updates += 1;
-            Ok(((), Change::Put(c)))
+            Ok(((), Change::Put(Box::new(c))))
         })
     }
 

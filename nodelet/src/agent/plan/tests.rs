@@ -284,6 +284,26 @@ fn a_command_that_cannot_run_fails_a_never_pod_without_retry() {
 }
 
 #[test]
+fn a_failed_start_is_a_crash_of_the_container() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "OnFailure"))]), t);
+    plan(&mut st, written(1), t);
+    let event = Event::Started {
+        key: "static/a".into(),
+        container: "main".into(),
+        id: id_of(&st, "static/a"),
+        result: Err(StartFailure::Other("start x: timed out after 90s".into())),
+    };
+    // Removed in case the start still finishes; restarted after the backoff.
+    check(&mut st, event, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/a] ids=[]"]);
+    let p = &status::build(&st).pods["static/a"];
+    let c = &p.container_statuses[0];
+    assert_eq!((c.last_exit_code, c.reason.as_deref()), (Some(128), Some("CrashLoopBackOff")));
+    assert_eq!(p.message.as_deref(), Some("start x: timed out after 90s"));
+}
+
+#[test]
 fn a_failed_checkpoint_write_starts_nothing_and_is_retried() {
     let t = Instant::now();
     let mut st = state(t);
