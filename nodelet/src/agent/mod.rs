@@ -17,7 +17,7 @@
 //! exit whose notification was lost; it is not on any pod's critical path.
 //!
 //! Each pod is in one `plan::Stage`: `Pending` (not admitted; a rejection is
-//! retried only when the allocation epoch moves), `Admitted` (holds its
+//! retried only once something was freed since), `Admitted` (holds its
 //! allocation; each container is waiting, committing its runtime id, starting,
 //! running or terminated), `Terminating` (being stopped in a background task;
 //! keeps its allocation until every container is gone, so a CPU is never
@@ -526,7 +526,7 @@ async fn adopt(st: &mut State, runtime: &Arc<dyn Runtime>, key: &str) {
         }
     } else {
         // Nothing runs: give the CPUs back now, then restart policy decides.
-        st.alloc.release(key);
+        st.release(key);
         let Some(e) = st.pods.get_mut(key) else { return };
         let policy = e.pod.spec.restart_policy;
         for (ctr, d) in e.ctrs.iter_mut().zip(&dead) {

@@ -259,9 +259,18 @@ pub struct State {
     pub write_retry_at: Option<Instant>,
     pub recheck_in_flight: bool,
     pub next_recheck: Instant,
+    /// The allocation epoch the latest release left (see `reconcile::retry_admission`).
+    pub released_at: u64,
 }
 
 impl State {
+    /// Frees a pod's allocation; pods the engine rejected are tried again.
+    pub fn release(&mut self, key: &str) {
+        if self.alloc.release(key).is_some() {
+            self.released_at = self.alloc.epoch;
+        }
+    }
+
     pub fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
         let next_recheck = now + cfg.recheck_interval;
         State {
@@ -275,6 +284,7 @@ impl State {
             write_retry_at: None,
             recheck_in_flight: false,
             next_recheck,
+            released_at: 0,
         }
     }
 
@@ -485,7 +495,7 @@ fn finish_if_done(st: &mut State, key: &str) {
     let phase = reconcile::finished_phase(&codes);
     tracing::info!(key, ?phase, "pod finished");
     e.stage = Stage::Finished(phase);
-    st.alloc.release(key);
+    st.release(key);
     st.dirty = true;
 }
 
@@ -574,7 +584,7 @@ fn on_stopped(st: &mut State, key: &str, errors: Vec<String>, now: Instant, out:
 fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Action>) {
     let Some(e) = st.pods.remove(key) else { return };
     tracing::info!(key, "pod stopped");
-    st.alloc.release(key);
+    st.release(key);
     st.dirty = true;
     let old_logs = e.log_dir(&st.cfg.data_dir, key);
     let next = match e.stage {
@@ -814,7 +824,7 @@ fn try_admit(st: &mut State, key: &str) {
     let epoch = st.alloc.epoch;
     let Some(e) = st.pods.get_mut(key) else { return };
     let Stage::Pending { rejected } = &e.stage else { return };
-    if !reconcile::retry_admission(rejected.as_ref().map(|r| r.0), epoch) {
+    if !reconcile::retry_admission(rejected.as_ref().map(|r| r.0), st.released_at) {
         return;
     }
     e.attempts += 1;

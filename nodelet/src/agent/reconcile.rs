@@ -56,10 +56,13 @@ pub fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
 }
 
 /// Whether a pod the engine rejected at `rejected_at` (an allocation epoch) is
-/// tried again now: only once the node's allocations changed, so a rejection is
-/// never retried in a loop against the same state.
-pub fn retry_admission(rejected_at: Option<u64>, epoch: u64) -> bool {
-    rejected_at != Some(epoch)
+/// tried again now: only once something was freed after it (`last_release`:
+/// the epoch a release left the allocations at). Admissions only take
+/// resources, and a pod that did not fit does not fit in less, so neither the
+/// same state nor a fuller one is tried again: with a queue of jobs, every
+/// admission would otherwise run the engine for every pod still waiting.
+pub fn retry_admission(rejected_at: Option<u64>, last_release: u64) -> bool {
+    rejected_at.is_none_or(|r| r < last_release)
 }
 
 /// Checks a scheduler's plan before adopting it without running the engine:
@@ -296,9 +299,13 @@ mod tests {
 
     #[test]
     fn rejections_retry_only_after_the_epoch_moves() {
-        assert!(retry_admission(None, 0), "never tried");
-        assert!(!retry_admission(Some(4), 4), "same state: no retry");
-        assert!(retry_admission(Some(4), 5), "allocations changed");
+        let check = |rejected_at, last_release, expected: bool, why: &str| {
+            assert_eq!(retry_admission(rejected_at, last_release), expected, "{why}")
+        };
+        check(None, 0, true, "never tried");
+        check(Some(4), 4, false, "same state");
+        check(Some(4), 5, true, "something was freed since");
+        check(Some(6), 5, false, "only admissions since: less room, not more");
     }
 
     #[test]
