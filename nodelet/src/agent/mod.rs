@@ -333,11 +333,12 @@ impl Executor {
             }
             Action::UpdateCpuset { key, container, id, cpus, mems } => {
                 tokio::spawn(async move {
-                    let (c2, m2) = (cpus.clone(), mems.clone());
-                    let r = call(&rt, &format!("update cpuset of {id}"), op, move |rt| rt.update_cpuset(&id, &c2, &m2))
-                        .await
-                        .map_err(|e| e.to_string());
-                    let _ = tx.send(Event::CpusetUpdated { key, container, cpus, mems, result: r });
+                    let (c2, m2, rid) = (cpus.clone(), mems.clone(), id.clone());
+                    let r =
+                        call(&rt, &format!("update cpuset of {id}"), op, move |rt| rt.update_cpuset(&rid, &c2, &m2))
+                            .await
+                            .map_err(|e| e.to_string());
+                    let _ = tx.send(Event::CpusetUpdated { key, container, id, cpus, mems, result: r });
                 });
             }
             Action::Recheck { ids } => {

@@ -191,6 +191,7 @@ pub enum Event {
     CpusetUpdated {
         key: String,
         container: String,
+        id: String,
         cpus: CpuSet,
         mems: NumaSet,
         result: Result<(), String>,
@@ -327,19 +328,16 @@ impl State {
             wake = wake.min(t);
         }
         for e in self.pods.values() {
-            match &e.stage {
-                Stage::Admitted => {
-                    for c in &e.ctrs {
-                        if let CtrState::Waiting { at, .. } = c.state {
-                            wake = wake.min(at);
-                        }
-                        if let Some(t) = c.update_after {
-                            wake = wake.min(t);
-                        }
-                    }
+            let admitted = matches!(e.stage, Stage::Admitted);
+            for c in &e.ctrs {
+                match (&c.state, c.update_after) {
+                    (CtrState::Waiting { at, .. }, _) if admitted => wake = wake.min(*at),
+                    (_, Some(t)) => wake = wake.min(t),
+                    _ => {}
                 }
-                Stage::Terminating { not_before: Some(t), .. } => wake = wake.min(*t),
-                _ => {}
+            }
+            if let Stage::Terminating { not_before: Some(t), .. } = &e.stage {
+                wake = wake.min(*t);
             }
         }
         wake
@@ -390,9 +388,13 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
         Event::Started { key, container, id, result } => on_started(st, &key, &container, &id, result, now, out),
         Event::Stopped { key, errors } => on_stopped(st, &key, errors, now, out),
         Event::CheckpointWritten { generation, result } => on_written(st, generation, result, now, out),
-        Event::CpusetUpdated { key, container, cpus, mems, result } => {
+        Event::CpusetUpdated { key, container, id, cpus, mems, result } => {
             let Some(e) = st.pods.get_mut(&key) else { return };
-            let Some(c) = e.ctrs.iter_mut().find(|c| c.name == container) else { return };
+            // An update of an incarnation that has since ended says nothing.
+            let Some(c) = e.ctrs.iter_mut().find(|c| c.name == container && c.runtime_id.as_deref() == Some(&id))
+            else {
+                return;
+            };
             c.updating = false;
             match result {
                 Ok(()) => {

@@ -342,6 +342,7 @@ fn exclusive_admissions_move_the_shared_pool_in_place() {
     let done = Event::CpusetUpdated {
         key: "static/s".into(),
         container: "main".into(),
+        id: id_of(&st, "static/s"),
         cpus: CpuSet::single(0),
         mems: NumaSet::new(),
         result: Ok(()),
