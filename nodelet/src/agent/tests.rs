@@ -538,3 +538,81 @@ async fn a_pod_log_folder_goes_with_the_pod() {
     assert!(!logs.exists(), "{} outlived its pod", logs.display());
     h.shutdown().await;
 }
+
+/// The hollow runtime whose start of one pod waits until the test lets it go:
+/// a start stuck in an image unpack or a libcontainer build under load.
+struct StuckStart {
+    inner: Arc<HollowRuntime>,
+    pod: String,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Runtime for StuckStart {
+    fn name(&self) -> &'static str {
+        "stuck-start"
+    }
+    fn start(&self, cfg: &crate::runtime::ContainerConfig) -> Result<(), RuntimeError> {
+        if cfg.pod == self.pod {
+            let rx = self.release.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = rx.recv_timeout(Duration::from_secs(30));
+        }
+        self.inner.start(cfg)
+    }
+    fn state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
+        self.inner.state(id)
+    }
+    fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError> {
+        self.inner.update_cpuset(id, cpus, mems)
+    }
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        self.inner.stop(id, grace)
+    }
+    fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        self.inner.remove(id)
+    }
+    fn list(&self) -> Result<Vec<String>, RuntimeError> {
+        self.inner.list()
+    }
+    fn watch_exits(&self, tx: crate::runtime::ExitSender) -> Result<(), RuntimeError> {
+        self.inner.watch_exits(tx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_start_holds_up_no_other_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 8);
+    let hollow = Arc::new(HollowRuntime::new(&cfg.data_dir).unwrap());
+    let (release, rx) = std::sync::mpsc::channel();
+    let rt =
+        Arc::new(StuckStart { inner: hollow.clone(), pod: "static/slow".into(), release: std::sync::Mutex::new(rx) });
+    let (tx, changes) = mpsc::channel(64);
+    let (report_tx, report) = watch::channel(NodeReport::default());
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(run(cfg, rt, changes, report_tx, async {
+        let _ = stop_rx.await;
+    }));
+    let mut h = Harness { rt: hollow, tx, report, stop, task };
+    h.apply("static/done", job("done", "sleep, inf")).await;
+    h.wait("done running", |r| running(r, "static/done")).await;
+    h.apply("static/slow", exclusive("slow", 1)).await;
+    h.wait("slow starting", |r| {
+        r.pods.get("static/slow").is_some_and(|p| p.reason.as_deref() == Some("ContainerCreating"))
+    })
+    .await;
+    // While slow's start hangs: another pod is admitted and started, a
+    // running one's exit is reported (and frees its CPU), a third is deleted.
+    h.apply("static/fast", exclusive("fast", 1)).await;
+    h.apply("static/gone", exclusive("gone", 1)).await;
+    h.wait("fast and gone running", |r| running(r, "static/fast") && running(r, "static/gone")).await;
+    let (id, _) = h.container("static/done");
+    h.rt.exit(&id, 0, false).unwrap();
+    let r = h.wait("done finished", |r| phase(r, "static/done") == Some(PodPhase::Succeeded)).await;
+    assert!(r.pods["static/done"].placement.is_none(), "its CPU is free");
+    h.remove("static/gone").await;
+    h.wait("gone gone", |r| !r.pods.contains_key("static/gone")).await;
+    assert_eq!(h.report.borrow().pods["static/slow"].reason.as_deref(), Some("ContainerCreating"), "still stuck");
+    release.send(()).unwrap();
+    h.wait("slow running", |r| running(r, "static/slow")).await;
+    h.shutdown().await;
+}
