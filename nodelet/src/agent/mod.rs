@@ -140,7 +140,8 @@ pub async fn run(
         op_timeout: state.cfg.op_timeout,
     };
     let mut published = Publisher::default();
-    let status_file = tokio::spawn(status::follow(state.cfg.data_dir.clone(), report.subscribe()));
+    let status_lock = Arc::new(std::sync::Mutex::new(()));
+    let status_file = tokio::spawn(status::follow(state.cfg.data_dir.clone(), report.subscribe(), status_lock.clone()));
     for a in plan::plan(&mut state, Event::Tick, Instant::now()) {
         exec.spawn(a);
     }
@@ -195,7 +196,11 @@ pub async fn run(
     let _ = status_file.await;
     let last = report.borrow().clone();
     let dir = state.cfg.data_dir.clone();
-    match tokio::task::spawn_blocking(move || status::write(&dir, &last)).await {
+    let written = tokio::task::spawn_blocking(move || {
+        let _guard = status_lock.lock().unwrap_or_else(|p| p.into_inner());
+        status::write(&dir, &last)
+    });
+    match written.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
         Err(e) => tracing::warn!(error = %e, "cannot write the status file"),

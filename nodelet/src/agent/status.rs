@@ -44,11 +44,22 @@ const WRITES_PER_SECOND: u32 = 20;
 /// one when several came meanwhile, until the sender is gone. A file that
 /// cannot be written (disk full) must not stop the agent: the pods matter
 /// more than their report; the next change tries again.
-pub(super) async fn follow(data_dir: PathBuf, mut rx: tokio::sync::watch::Receiver<NodeReport>) {
+/// `lock` keeps two writers (this task's last write, still running after the
+/// task was aborted, and the agent's final one) from sharing the temp file.
+pub(super) async fn follow(
+    data_dir: PathBuf,
+    mut rx: tokio::sync::watch::Receiver<NodeReport>,
+    lock: std::sync::Arc<std::sync::Mutex<()>>,
+) {
     while rx.changed().await.is_ok() {
         let report = rx.borrow_and_update().clone();
         let dir = data_dir.clone();
-        match tokio::task::spawn_blocking(move || write(&dir, &report)).await {
+        let lock = lock.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            write(&dir, &report)
+        });
+        match written.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
             Err(e) => tracing::warn!(error = %e, "status file writer failed"),
