@@ -55,6 +55,16 @@ enum Command {
     /// Internal: the per-container helper process (single-threaded).
     #[command(hide = true)]
     Shim(cmd::shim::Args),
+    /// Internal: PID 1 of a container with `spec.init` (`pinion init -- CMD...`).
+    #[command(hide = true)]
+    Init(InitArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InitArgs {
+    /// The container's command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -64,6 +74,11 @@ fn main() -> ExitCode {
     // forks), so it runs before any runtime with worker threads exists.
     if let Command::Shim(args) = cli.command {
         return report(cmd::shim::run(args));
+    }
+    // A container's PID 1 forks its command: no threads may exist yet.
+    if let Command::Init(args) = cli.command {
+        let code = nodelet::runtime::init::run(&args.command);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -86,7 +101,7 @@ fn main() -> ExitCode {
             Command::Plan(a) => cmd::plan::run(g, a).await,
             Command::Image(a) => cmd::image::run(g, a).await,
             Command::Completions(a) => cmd::completions::run::<Cli>(a),
-            Command::Shim(_) => unreachable!("handled above"),
+            Command::Shim(_) | Command::Init(_) => unreachable!("handled above"),
         }
     }))
 }

@@ -23,7 +23,7 @@ const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 static HOST: Mutex<()> = Mutex::new(());
 
 struct Host {
-    _tmp: tempfile::TempDir,
+    tmp: tempfile::TempDir,
     manifests: PathBuf,
     data: PathBuf,
     agent: Option<Child>,
@@ -40,7 +40,7 @@ fn host() -> Option<Host> {
     let manifests = tmp.path().join("manifests");
     std::fs::create_dir(&manifests).unwrap();
     let data = tmp.path().join("data");
-    Some(Host { manifests, data, agent: None, _tmp: tmp })
+    Some(Host { manifests, data, agent: None, tmp })
 }
 
 impl Host {
@@ -66,11 +66,22 @@ impl Host {
             .arg("--data-dir")
             .arg(&self.data)
             // The topology is this host's, discovered from /sys.
+            .env("PINION_LOG", "warn,nodelet=info,libcgroups=error,libcontainer=error")
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(self.agent_log_file())
             .spawn()
             .unwrap();
         self.agent = Some(child);
+    }
+
+    /// The agent's stderr, appended to across restarts.
+    fn agent_log_file(&self) -> std::fs::File {
+        std::fs::OpenOptions::new().create(true).append(true).open(self.tmp.path().join("agent.log")).unwrap()
+    }
+
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.tmp.path().join("agent.log")).unwrap_or_default()
     }
 
     fn signal_agent(&mut self, sig: &str) {
@@ -113,7 +124,9 @@ impl Host {
     }
 
     fn log(&self, stem: &str) -> String {
-        std::fs::read_to_string(self.data.join(format!("logs/static_{stem}/main.log"))).unwrap_or_default()
+        // Log folders are per pod uid; the newest one of the key is this pod's.
+        let path = nodelet::agent::reconcile::log_path(&self.data, &format!("static/{stem}"), "main");
+        std::fs::read_to_string(path).unwrap_or_default()
     }
 
     fn wait_log(&self, stem: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
@@ -381,4 +394,80 @@ fn oom_kill_and_exit_codes_show_in_the_status() {
     h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
     h.signal_agent("TERM");
     assert_eq!(cgroups(&pid.to_string()), Vec::<PathBuf>::new());
+}
+
+/// A pod of one container running `command` (a YAML flow sequence) as is,
+/// without a shell.
+fn job(name: &str, command: &str, init: bool, grace: u32) -> String {
+    format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  init: {init}\n  terminationGracePeriodSeconds: {grace}\n  containers:\n  - name: main\n    rootfs: host\n    command: {command}\n    resources: {{requests: {{cpu: '0'}}, limits: {{cpu: 500m, memory: 64Mi}}}}\n"
+    )
+}
+
+#[test]
+fn a_command_that_cannot_run_fails_the_job_at_once() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let (missing, plain) = (format!("missing-{pid}"), format!("plain-{pid}"));
+    h.write(&missing, &job(&missing, &format!("[no-such-command-{pid}, x]"), false, 1));
+    // Found, but not executable.
+    h.write(&plain, &job(&plain, "[/etc/passwd]", false, 1));
+    h.start_agent();
+    for (stem, code, what) in [(&missing, 127, format!("no-such-command-{pid}")), (&plain, 126, "/etc/passwd".into())] {
+        let v = h.wait("the job failed", |v| v["pods"][format!("static/{stem}")]["phase"] == "Failed");
+        let p = &v["pods"][format!("static/{stem}")];
+        let c = &p["containerStatuses"][0];
+        assert_eq!(
+            (c["lastExitCode"].as_i64(), c["reason"].as_str()),
+            (Some(code), Some("ContainerCannotRun")),
+            "{p:#}"
+        );
+        assert_eq!(c["restartCount"], 0, "{p:#}");
+        let message = p["message"].as_str().unwrap_or("");
+        assert!(message.contains(&what) && !message.contains('\n') && message.len() < 200, "{message:?}");
+        assert!(h.container_ids(stem).is_empty(), "nothing left of {stem}");
+    }
+    std::fs::remove_file(h.manifests.join(format!("{missing}.yaml"))).unwrap();
+    std::fs::remove_file(h.manifests.join(format!("{plain}.yaml"))).unwrap();
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}
+
+/// `sleep` as PID 1 ignores SIGTERM (the kernel gives PID 1 no default
+/// actions); with `init: true` the init passes it on, so the pod stops on
+/// SIGTERM long before its 600 s grace would end in SIGKILL.
+#[test]
+fn init_forwards_sigterm_so_a_deleted_pod_stops_at_once() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let stem = format!("init-{pid}");
+    h.write(&stem, &job(&stem, "[sleep, '1000']", true, 600));
+    h.start_agent();
+    h.wait("running", |v| v["pods"][format!("static/{stem}")]["phase"] == "Running");
+    let id = h.container_ids(&stem).pop().unwrap();
+    // PID 1 is the init, its child the command.
+    let mut cmdlines: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cmdlines.len() < 2 && Instant::now() < deadline {
+        cmdlines = processes(&id)
+            .iter()
+            .map(|p| {
+                String::from_utf8_lossy(&std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default())
+                    .replace('\0', " ")
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cmdlines.sort();
+    assert_eq!(cmdlines, vec!["/.pinion-init init -- sleep 1000 ".to_string(), "sleep 1000 ".to_string()]);
+
+    std::fs::remove_file(h.manifests.join(format!("{stem}.yaml"))).unwrap();
+    h.wait("stopped", |v| v["pods"][format!("static/{stem}")].is_null());
+    let log = h.agent_log();
+    let stopped = log.lines().find(|l| l.contains("container stopped") && l.contains(&id)).unwrap_or("");
+    assert!(stopped.contains("code=143"), "stopped by SIGTERM (128 + 15), not SIGKILL: {stopped:?}\n{log}");
+    h.signal_agent("TERM");
+    assert_eq!(processes(&pid.to_string()), Vec::<i32>::new());
 }

@@ -59,6 +59,7 @@ impl Fixture {
             cap_drop: vec![],
             system_cpus: Default::default(),
             log_path: self.dir.path().join("logs").join(format!("{id}.log")),
+            init: false,
         }
     }
 

@@ -90,10 +90,12 @@ impl Checkpoint {
         Ok(cp)
     }
 
-    /// Writes atomically (temp file, fsync, rename, fsync dir).
+    /// Writes atomically (temp file, fsync, rename, fsync dir). Compact JSON:
+    /// it is written before every start, and it holds every pod the agent
+    /// remembers, finished ones included (`jq` prints it for people).
     pub fn save(&self, data_dir: &Path) -> Result<(), CheckpointError> {
         let path = Self::path(data_dir);
-        let bytes = serde_json::to_vec_pretty(self)
+        let bytes = serde_json::to_vec(self)
             .map_err(|e| CheckpointError::Corrupt { path: path.clone(), reason: e.to_string() })?;
         write_atomic(&path, &bytes).map_err(|source| CheckpointError::Io { path, source })
     }

@@ -152,7 +152,12 @@ async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         }
         Ok(_) => {}
     }
-    let path = crate::agent::reconcile::log_path(&ctx.data_dir, &pod, &container);
+    // The log of this pod, not of an earlier one of the same name: the server
+    // passes the uid; without one (an older server), the newest of the name.
+    let path = match q.get("uid") {
+        Some(uid) => crate::agent::reconcile::container_log_path(&ctx.data_dir, &pod, uid, &container),
+        None => crate::agent::reconcile::log_path(&ctx.data_dir, &pod, &container),
+    };
     let file = match tokio::fs::File::open(&path).await {
         Ok(f) => f,
         Err(e) => {

@@ -63,7 +63,7 @@ struct Agent {
 
 fn start(data: &Path, topology: NodeTopology, settings: NodeSettings) -> Agent {
     let mut cfg = AgentConfig::new("n1".into(), data.to_path_buf(), topology, settings);
-    cfg.poll_interval = Duration::from_millis(10);
+    cfg.recheck_interval = Duration::from_millis(500);
     let rt = Arc::new(HollowRuntime::new(data).unwrap());
     let (tx, rx) = mpsc::channel(64);
     let (report_tx, report) = watch::channel(NodeReport::default());
@@ -200,5 +200,47 @@ async fn fixture_machine_admits_on_one_numa_node() {
     a.apply("static/p3", pod("p3", 3)).await;
     let r = a.wait("p3 rejected", |r| r.pods.get("static/p3").is_some_and(|p| p.reason.is_some())).await;
     assert_eq!(r.pods["static/p3"].reason.as_deref(), Some("TopologyAffinity"), "{:?}", r.pods["static/p3"]);
+    a.shutdown().await;
+}
+
+/// Throughput of the loop itself: `true` jobs of one CPU each through a
+/// 64-CPU synthetic node on the hollow runtime. A measurement, not a test of
+/// speed (it asserts only that every job finished): run it with
+/// `cargo test -p nodelet --release --test agent_hollow -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn hollow_job_throughput_on_64_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = NodeTopology {
+        cpus: (0..64).map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: id / 32 }).collect(),
+        numa_nodes: (0..2)
+            .map(|id| NumaNode {
+                id,
+                cpus: CpuSet::range(id * 32, id * 32 + 31),
+                memory_bytes: 256 << 30,
+                distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
+                hugepages: vec![],
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let mut a = start(dir.path(), t, settings);
+    let n: usize = std::env::var("JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let job = |i: usize| {
+        Pod::from_yaml(&format!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: j{i}}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    command: ['true']\n    resources:\n      limits: {{cpu: 1, memory: 64Mi}}\n"
+        ))
+        .unwrap()
+    };
+    let started = std::time::Instant::now();
+    for i in 0..n {
+        a.apply(&format!("j{i}"), job(i)).await;
+    }
+    let done = |r: &NodeReport| r.pods.values().filter(|p| p.phase == PodPhase::Succeeded).count() == n;
+    let r = tokio::time::timeout(Duration::from_secs(600), a.report.wait_for(|r| done(r))).await.map(|r| r.is_ok());
+    assert_eq!(r, Ok(true), "not every job finished");
+    let took = started.elapsed();
+    println!("{n} jobs in {took:?}: {:.0} jobs/s", n as f64 / took.as_secs_f64());
     a.shutdown().await;
 }

@@ -223,10 +223,13 @@ struct PodStart {
 
 /// Starts pod `stem` through the manifest folder; waits for its first byte.
 fn start_pod(manifests: &Path, data: &Path, stem: &str) -> anyhow::Result<PodStart> {
-    let log = data.join(format!("logs/static_{stem}/main.log"));
+    let text = manifest(stem, "100m", "echo hi; exec sleep 1000");
+    // The log folder is the pod's own (key and spec hash for a static pod).
+    let pod = nodelet::manifests::parse_manifest(&format!("{stem}.yaml"), &text).map_err(anyhow::Error::msg)?.remove(0);
+    let log = nodelet::agent::reconcile::pod_container_log_path(data, &format!("static/{stem}"), &pod, "main");
     // The agent creates the same folder (create_dir_all) before its start.
     let watch = LogWatch::new(&log)?;
-    let staged = Staged::new(manifests, stem, &manifest(stem, "100m", "echo hi; exec sleep 1000"))?;
+    let staged = Staged::new(manifests, stem, &text)?;
     let t0 = Instant::now();
     let renamed_at = SystemTime::now();
     staged.commit()?;

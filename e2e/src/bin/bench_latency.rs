@@ -695,15 +695,15 @@ impl Agent {
     }
 
     fn log(&self, stem: &str) -> PathBuf {
-        self.data.join(format!("logs/static_{stem}/main.log"))
+        nodelet::agent::reconcile::log_path(&self.data, &format!("static/{stem}"), "main")
     }
 
     /// The value on the first line a pod printed (`Cpus_allowed_list:\tN`).
     fn first_line(&self, stem: &str, timeout: Duration) -> anyhow::Result<String> {
-        let path = self.log(stem);
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
+            // Found anew each time: the pod's log folder appears with its start.
+            if let Ok(text) = std::fs::read_to_string(self.log(stem)) {
                 if let Some(line) = text.lines().next().filter(|_| text.contains('\n')) {
                     return Ok(line.split_once(':').map_or(line, |(_, v)| v).trim().to_string());
                 }

@@ -107,6 +107,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         cap_drop: vec![],
         system_cpus: Default::default(),
         log_path: work.join("logs").join(format!("{id}.log")),
+        init: false,
     }
 }
 

@@ -11,6 +11,7 @@ use specs::pod::{RootfsSource, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY};
 use specs::{Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeTopology, Placement, Pod, PodPhase};
 use specs::{Quantity, RestartPolicy};
 
+use crate::checkpoint::spec_hash;
 use crate::fsutil::fnv1a64;
 use crate::runtime::{ContainerConfig, CpuQuota, RootfsConfig};
 use crate::source::BoundPlan;
@@ -55,10 +56,13 @@ pub fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
 }
 
 /// Whether a pod the engine rejected at `rejected_at` (an allocation epoch) is
-/// tried again now: only once the node's allocations changed, so a rejection is
-/// never retried in a loop against the same state.
-pub fn retry_admission(rejected_at: Option<u64>, epoch: u64) -> bool {
-    rejected_at != Some(epoch)
+/// tried again now: only once something was freed after it (`last_release`:
+/// the epoch a release left the allocations at). Admissions only take
+/// resources, and a pod that did not fit does not fit in less, so neither the
+/// same state nor a fuller one is tried again: with a queue of jobs, every
+/// admission would otherwise run the engine for every pod still waiting.
+pub fn retry_admission(rejected_at: Option<u64>, last_release: u64) -> bool {
+    rejected_at.is_none_or(|r| r < last_release)
 }
 
 /// Checks a scheduler's plan before adopting it without running the engine:
@@ -117,11 +121,54 @@ pub fn runtime_id(pod_key: &str, container: &str, spec_hash: &str, incarnation: 
     format!("{key}_{}_{hash:08x}_{incarnation}", sanitize(container, 40))
 }
 
-/// Where a container's log goes: `<data>/logs/<pod key, sanitized>/<container>.log`.
+/// The folder name of a pod key: `/` becomes `_` (which `sanitize` never
+/// produces), so two keys never share a folder.
+fn key_dir(pod_key: &str) -> String {
+    pod_key.split('/').map(|part| sanitize(part, 120)).collect::<Vec<_>>().join("_")
+}
+
+/// What tells one pod of a key from another for its logs: `metadata.uid`, or
+/// for a pod without one (static pods) `h` and its spec hash.
+pub fn log_uid(pod: &Pod, spec_hash: &str) -> String {
+    match pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+        Some(uid) => uid.to_string(),
+        None => format!("h{spec_hash}"),
+    }
+}
+
+/// A pod's log folder: `<data>/logs/<pod key, sanitized>_<uid, sanitized>/`.
+/// Keyed by the uid, so a pod re-created under the same name starts with no
+/// logs; the agent removes the folder when it forgets the pod.
+pub fn pod_log_dir(data_dir: &Path, pod_key: &str, uid: &str) -> PathBuf {
+    data_dir.join("logs").join(format!("{}_{}", key_dir(pod_key), sanitize(uid, 80)))
+}
+
+/// Where a container's log goes: `<pod log folder>/<container>.log` (see
+/// [`pod_log_dir`]); the node's log endpoint finds a log with this.
+pub fn container_log_path(data_dir: &Path, pod_key: &str, uid: &str, container: &str) -> PathBuf {
+    pod_log_dir(data_dir, pod_key, uid).join(format!("{}.log", sanitize(container, 120)))
+}
+
+/// [`container_log_path`] of `pod` as the agent names it (its uid, or its
+/// spec hash for a static pod): for a caller that holds the pod itself.
+pub fn pod_container_log_path(data_dir: &Path, pod_key: &str, pod: &Pod, container: &str) -> PathBuf {
+    container_log_path(data_dir, pod_key, &log_uid(pod, &spec_hash(pod)), container)
+}
+
+/// The log of `container` of the newest pod under `pod_key` (the most
+/// recently changed folder of the key), for callers that know no uid; a path
+/// that does not exist when the key has no logs.
 pub fn log_path(data_dir: &Path, pod_key: &str, container: &str) -> PathBuf {
-    // `/` becomes `_` (which `sanitize` never produces), so two keys never share a folder.
-    let dir: String = pod_key.split('/').map(|part| sanitize(part, 120)).collect::<Vec<_>>().join("_");
-    data_dir.join("logs").join(dir).join(format!("{}.log", sanitize(container, 120)))
+    let prefix = format!("{}_", key_dir(pod_key));
+    let logs = data_dir.join("logs");
+    let newest = std::fs::read_dir(&logs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().and_then(|n| n.strip_prefix(&prefix)).is_some_and(|uid| !uid.contains('_')))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+    let dir = newest.map_or_else(|| logs.join(key_dir(pod_key)), |e| e.path());
+    dir.join(format!("{}.log", sanitize(container, 120)))
 }
 
 fn quantity_u64(q: Option<&Quantity>) -> Option<u64> {
@@ -211,7 +258,8 @@ pub fn container_config(
                     .collect()
             })
             .unwrap_or_default(),
-        log_path: log_path(data_dir, pod_key, &c.name),
+        log_path: pod_container_log_path(data_dir, pod_key, pod, &c.name),
+        init: pod.spec.init,
     }
 }
 
@@ -251,9 +299,43 @@ mod tests {
 
     #[test]
     fn rejections_retry_only_after_the_epoch_moves() {
-        assert!(retry_admission(None, 0), "never tried");
-        assert!(!retry_admission(Some(4), 4), "same state: no retry");
-        assert!(retry_admission(Some(4), 5), "allocations changed");
+        let check = |rejected_at, last_release, expected: bool, why: &str| {
+            assert_eq!(retry_admission(rejected_at, last_release), expected, "{why}")
+        };
+        check(None, 0, true, "never tried");
+        check(Some(4), 4, false, "same state");
+        check(Some(4), 5, true, "something was freed since");
+        check(Some(6), 5, false, "only admissions since: less room, not more");
+    }
+
+    #[test]
+    fn log_folders_belong_to_one_pod() {
+        let d = Path::new("/d");
+        let mut p = pod("  - name: a\n");
+        assert_eq!(log_uid(&p, "0123"), "h0123", "a static pod: its spec hash");
+        p.metadata.uid = Some("7f3e-11".into());
+        assert_eq!(log_uid(&p, "0123"), "7f3e-11");
+        let check = |key: &str, uid: &str, want: &str| {
+            assert_eq!(container_log_path(d, key, uid, "main"), PathBuf::from(want), "{key} {uid}")
+        };
+        check("static/web", "h1", "/d/logs/static_web_h1/main.log");
+        check("web", "u/../x", "/d/logs/web_u-..-x/main.log");
+        check("static/web/x", "u", "/d/logs/static_web_x_u/main.log");
+        // Two pods of one key never share a folder, nor do two keys.
+        assert_ne!(pod_log_dir(d, "web", "u1"), pod_log_dir(d, "web", "u2"));
+        assert_ne!(pod_log_dir(d, "static/a", "u"), pod_log_dir(d, "static-a", "u"));
+    }
+
+    #[test]
+    fn the_newest_log_of_a_key_is_found_without_its_uid() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = container_log_path(dir.path(), "static/web", "h1", "main");
+        std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+        // Another key that shares the prefix is never taken for this one.
+        let other = container_log_path(dir.path(), "static/web/x", "u", "main");
+        std::fs::create_dir_all(other.parent().unwrap()).unwrap();
+        assert_eq!(log_path(dir.path(), "static/web", "main"), old);
+        assert_eq!(log_path(dir.path(), "static/none", "main"), dir.path().join("logs/static_none/main.log"));
     }
 
     #[test]
@@ -372,7 +454,9 @@ mod tests {
         assert_eq!(cfg.cpu_shares, Some(1536), "request defaults to the limit");
         assert_eq!(cfg.hugepage_limits, [(2 << 20, 4 << 20)].into());
         assert_eq!(cfg.device_nodes, vec![PathBuf::from("/dev/vfio/42")]);
-        assert_eq!(cfg.log_path, PathBuf::from("/d/logs/static_p/a.log"));
+        let uid = log_uid(&p, &spec_hash(&p));
+        assert_eq!(cfg.log_path, PathBuf::from(format!("/d/logs/static_p_{uid}/a.log")));
+        assert!(!cfg.init);
         assert_eq!(
             (cfg.cap_add.as_slice(), cfg.cap_drop.as_slice()),
             (

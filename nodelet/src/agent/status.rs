@@ -1,6 +1,7 @@
 //! The agent's report: each pod's phase, container states, CPUs, memory NUMA
-//! nodes and last error, built from the agent's memory and written atomically
-//! (not fsynced: it is rebuilt from memory at every change and at start) to
+//! nodes and last error, built from the agent's memory after every change and
+//! written atomically (not fsynced: it is rebuilt from memory at every change
+//! and at start), by a task that follows the published report, to
 //! `<data>/status.json`, where `pinion agent status` reads it.
 
 use std::path::{Path, PathBuf};
@@ -8,7 +9,8 @@ use std::path::{Path, PathBuf};
 use specs::status::{ContainerState as ShownState, ContainerStatus, PlacementSummary};
 use specs::{PodPhase, PodStatus};
 
-use super::{reconcile, Agent, AgentError, CtrState, Stage};
+use super::plan::{CtrState, Stage, State};
+use super::{reconcile, AgentError};
 use crate::fsutil::replace_atomic;
 use crate::source::NodeReport;
 
@@ -33,6 +35,40 @@ pub fn read(data_dir: &Path) -> Result<NodeReport, StatusError> {
     serde_json::from_slice(&bytes).map_err(|e| StatusError::Malformed { path, reason: e.to_string() })
 }
 
+/// At most this many status file writes a second: the file is for people and
+/// scripts, and with jobs finishing by the thousand a write per change (every
+/// pod, pretty-printed) would take the CPU the pods' starts need.
+const WRITES_PER_SECOND: u32 = 20;
+
+/// Writes the reports published on `rx` to `<data>/status.json`, the latest
+/// one when several came meanwhile, until the sender is gone. A file that
+/// cannot be written (disk full) must not stop the agent: the pods matter
+/// more than their report; the next change tries again.
+/// `lock` keeps two writers (this task's last write, still running after the
+/// task was aborted, and the agent's final one) from sharing the temp file.
+pub(super) async fn follow(
+    data_dir: PathBuf,
+    mut rx: tokio::sync::watch::Receiver<NodeReport>,
+    lock: std::sync::Arc<std::sync::Mutex<()>>,
+) {
+    while rx.changed().await.is_ok() {
+        let report = rx.borrow_and_update().clone();
+        let dir = data_dir.clone();
+        let lock = lock.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            write(&dir, &report)
+        });
+        match written.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
+            Err(e) => tracing::warn!(error = %e, "status file writer failed"),
+        }
+        // What changes meanwhile is written once, after the pause.
+        tokio::time::sleep(std::time::Duration::from_secs(1) / WRITES_PER_SECOND).await;
+    }
+}
+
 pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentError> {
     let path = path(data_dir);
     let bytes = serde_json::to_vec_pretty(report).map_err(|e| AgentError::Io {
@@ -42,7 +78,7 @@ pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentErr
     replace_atomic(&path, &bytes).map_err(|source| AgentError::Io { path, source })
 }
 
-pub(super) fn build(agent: &Agent) -> NodeReport {
+pub(super) fn build(agent: &State) -> NodeReport {
     let mut report = NodeReport {
         node_name: agent.cfg.node_name.clone(),
         allocations: agent.alloc.clone(),
@@ -87,16 +123,21 @@ pub(super) fn build(agent: &Agent) -> NodeReport {
             .ctrs
             .iter()
             .map(|c| {
+                let last_reason = || {
+                    c.last_reason
+                        .clone()
+                        .or_else(|| c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()))
+                };
                 let (state, reason) = match &c.state {
                     CtrState::Waiting { reason, .. } => (ShownState::Waiting, reason.clone()),
+                    CtrState::Committing { .. } | CtrState::Starting { .. } => {
+                        (ShownState::Waiting, Some("ContainerCreating".to_string()))
+                    }
                     CtrState::Running { .. } => (ShownState::Running, None),
-                    CtrState::Terminated => (
-                        ShownState::Terminated,
-                        c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()),
-                    ),
+                    CtrState::Terminated => (ShownState::Terminated, last_reason()),
                 };
                 // A running or waiting container still says how it last ended.
-                let reason = reason.or_else(|| c.last_exit.map(|(code, oom)| reconcile::exit_reason(code, oom).into()));
+                let reason = reason.or_else(last_reason);
                 ContainerStatus {
                     name: c.name.clone(),
                     state,

@@ -13,6 +13,8 @@ use tokio::task::JoinHandle;
 
 use super::*;
 use crate::runtime::hollow::HollowRuntime;
+use crate::source::{BoundPlan, SourceKind};
+use specs::{CpuSet, NumaSet};
 
 /// First-fit admission: exclusive containers take the lowest free CPUs outside
 /// the reserved set, shared ones the pool. Enough to drive the loop.
@@ -95,7 +97,7 @@ fn config(dir: &Path, cpus: u32) -> AgentConfig {
         NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() },
     );
     c.admit = first_fit;
-    c.poll_interval = Duration::from_millis(10);
+    c.recheck_interval = Duration::from_millis(500);
     // No streak reset: a slow test machine must not make a crash loop look healthy.
     c.backoff = Backoff { base: Duration::from_millis(20), cap: Duration::from_millis(80), reset_after: Duration::MAX };
     c.op_timeout = Duration::from_secs(5);
@@ -147,6 +149,17 @@ impl Harness {
         }
     }
 
+    /// Waits (at most 10 s) until the runtime satisfies `pred`.
+    async fn wait_runtime(&self, what: &str, pred: impl Fn(&HollowRuntime) -> bool) {
+        for _ in 0..1000 {
+            if pred(&self.rt) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for {what}; runtime: {:#?}", self.rt.all());
+    }
+
     async fn shutdown(self) -> Arc<HollowRuntime> {
         let _ = self.stop.send(());
         self.task.await.unwrap().unwrap();
@@ -190,11 +203,14 @@ async fn shared_pool_follows_exclusive_pods_in_place() {
     assert_eq!(cpus_of(&r, "static/shared"), "0,3");
     let (_, e) = h.container("static/excl");
     assert_eq!(e.cpus.to_string(), "1-2");
+    // Cpuset updates are tasks of their own: the report does not wait for them.
+    h.wait_runtime("shared shrunk", |rt| rt.get(&sid).is_some_and(|s| s.cpuset_updates == 1)).await;
     let (sid2, s) = h.container("static/shared");
     assert_eq!((sid2.as_str(), s.cpus.to_string(), s.cpuset_updates), (sid.as_str(), "0,3".to_string(), 1));
 
     h.remove("static/excl").await;
     h.wait("excl gone", |r| !r.pods.contains_key("static/excl")).await;
+    h.wait_runtime("shared grown", |rt| rt.get(&sid).is_some_and(|s| s.cpuset_updates == 2)).await;
     let (sid3, s) = h.container("static/shared");
     assert_eq!((sid3, s.cpus.to_string(), s.cpuset_updates), (sid, "0-3".to_string(), 2), "grown back, not restarted");
     assert_eq!(h.rt.all().len(), 1, "the exclusive container is removed from the runtime");
@@ -441,10 +457,162 @@ async fn status_file_mirrors_the_report() {
     let mut h = start(config(dir.path(), 4));
     h.apply("static/a", exclusive("a", 1)).await;
     let r = h.wait("a running", |r| running(r, "static/a")).await;
-    // The file is written before the report is sent.
-    let on_disk = status::read(dir.path()).unwrap();
-    assert_eq!(on_disk, r);
+    // The file follows the report from its own task.
+    let mut on_disk = None;
+    for _ in 0..500 {
+        on_disk = status::read(dir.path()).ok();
+        if on_disk.as_ref() == Some(&r) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(on_disk, Some(r));
+    h.apply("static/b", exclusive("b", 1)).await;
+    let r = h.wait("b running", |r| running(r, "static/b")).await;
     h.shutdown().await;
+    // At shutdown the file holds the last report.
+    assert_eq!(status::read(dir.path()).unwrap(), r);
     let err = status::read(&dir.path().join("nope")).unwrap_err().to_string();
     assert!(err.contains("nope/status.json"), "{err}");
+}
+
+fn job(name: &str, command: &str) -> Pod {
+    Pod::from_yaml(&format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    command: [{command}]\n    resources:\n      limits: {{cpu: '1', memory: 64Mi}}\n"
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn jobs_pass_through_one_cpu_as_each_one_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    // CPU 0 reserved: one allocatable CPU, so the jobs run strictly one at a time.
+    let mut h = start(config(dir.path(), 2));
+    let keys: Vec<String> = (0..30).map(|i| format!("static/j{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let command = match i % 3 {
+            0 => "'true'",
+            1 => "'false'",
+            _ => "sleep, '0.01'",
+        };
+        h.apply(k, job(&format!("j{i}"), command)).await;
+    }
+    let r = h
+        .wait("every job finished", |r| {
+            keys.iter().all(|k| matches!(phase(r, k), Some(PodPhase::Succeeded | PodPhase::Failed)))
+        })
+        .await;
+    for (i, k) in keys.iter().enumerate() {
+        let want = if i % 3 == 1 { PodPhase::Failed } else { PodPhase::Succeeded };
+        assert_eq!(phase(&r, k), Some(want), "{k}");
+        assert_eq!(r.pods[k].container_statuses[0].restart_count, 0, "{k}: no restart under Never");
+    }
+    assert!(r.allocations.pods.is_empty(), "every CPU free again: {:?}", r.allocations);
+    assert!(h.rt.all().is_empty(), "every finished container removed: {:?}", h.rt.all().keys());
+    h.shutdown().await;
+    let cp = Checkpoint::load(dir.path()).unwrap();
+    assert!(cp.allocations.pods.is_empty());
+    assert_eq!(cp.pods.values().filter(|p| p.finished.is_some()).count(), 30);
+}
+
+#[tokio::test]
+async fn a_pod_log_folder_goes_with_the_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/a", exclusive("a", 1)).await;
+    h.wait("a running", |r| running(r, "static/a")).await;
+    let (_, c) = h.container("static/a");
+    let logs = c.config.log_path.parent().unwrap().to_path_buf();
+    assert!(logs.is_dir(), "{}", logs.display());
+    assert!(logs.starts_with(dir.path().join("logs")), "{}", logs.display());
+    assert_eq!(reconcile::log_path(dir.path(), "static/a", "main"), c.config.log_path);
+    h.remove("static/a").await;
+    h.wait("a gone", |r| !r.pods.contains_key("static/a")).await;
+    // Removed by its own task, right after the pod was forgotten.
+    for _ in 0..500 {
+        if !logs.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!logs.exists(), "{} outlived its pod", logs.display());
+    h.shutdown().await;
+}
+
+/// The hollow runtime whose start of one pod waits until the test lets it go:
+/// a start stuck in an image unpack or a libcontainer build under load.
+struct StuckStart {
+    inner: Arc<HollowRuntime>,
+    pod: String,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Runtime for StuckStart {
+    fn name(&self) -> &'static str {
+        "stuck-start"
+    }
+    fn start(&self, cfg: &crate::runtime::ContainerConfig) -> Result<(), RuntimeError> {
+        if cfg.pod == self.pod {
+            let rx = self.release.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = rx.recv_timeout(Duration::from_secs(30));
+        }
+        self.inner.start(cfg)
+    }
+    fn state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
+        self.inner.state(id)
+    }
+    fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError> {
+        self.inner.update_cpuset(id, cpus, mems)
+    }
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        self.inner.stop(id, grace)
+    }
+    fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        self.inner.remove(id)
+    }
+    fn list(&self) -> Result<Vec<String>, RuntimeError> {
+        self.inner.list()
+    }
+    fn watch_exits(&self, tx: crate::runtime::ExitSender) -> Result<(), RuntimeError> {
+        self.inner.watch_exits(tx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_start_holds_up_no_other_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 8);
+    let hollow = Arc::new(HollowRuntime::new(&cfg.data_dir).unwrap());
+    let (release, rx) = std::sync::mpsc::channel();
+    let rt =
+        Arc::new(StuckStart { inner: hollow.clone(), pod: "static/slow".into(), release: std::sync::Mutex::new(rx) });
+    let (tx, changes) = mpsc::channel(64);
+    let (report_tx, report) = watch::channel(NodeReport::default());
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(run(cfg, rt, changes, report_tx, async {
+        let _ = stop_rx.await;
+    }));
+    let mut h = Harness { rt: hollow, tx, report, stop, task };
+    h.apply("static/done", job("done", "sleep, inf")).await;
+    h.wait("done running", |r| running(r, "static/done")).await;
+    h.apply("static/slow", exclusive("slow", 1)).await;
+    h.wait("slow starting", |r| {
+        r.pods.get("static/slow").is_some_and(|p| p.reason.as_deref() == Some("ContainerCreating"))
+    })
+    .await;
+    // While slow's start hangs: another pod is admitted and started, a
+    // running one's exit is reported (and frees its CPU), a third is deleted.
+    h.apply("static/fast", exclusive("fast", 1)).await;
+    h.apply("static/gone", exclusive("gone", 1)).await;
+    h.wait("fast and gone running", |r| running(r, "static/fast") && running(r, "static/gone")).await;
+    let (id, _) = h.container("static/done");
+    h.rt.exit(&id, 0, false).unwrap();
+    let r = h.wait("done finished", |r| phase(r, "static/done") == Some(PodPhase::Succeeded)).await;
+    assert!(r.pods["static/done"].placement.is_none(), "its CPU is free");
+    h.remove("static/gone").await;
+    h.wait("gone gone", |r| !r.pods.contains_key("static/gone")).await;
+    assert_eq!(h.report.borrow().pods["static/slow"].reason.as_deref(), Some("ContainerCreating"), "still stuck");
+    release.send(()).unwrap();
+    h.wait("slow running", |r| running(r, "static/slow")).await;
+    h.shutdown().await;
 }

@@ -7,7 +7,8 @@
 //!
 //! Layout under the data directory: `containers/<id>/` (bundle, rootfs, overlay
 //! upper/work, `container.json`, `shim.json`, `started.json`, `exit.json`,
-//! `shim.log`), `libcontainer/<id>/` (libcontainer's state) and `images/`.
+//! `shim.log`), `libcontainer/<id>/` (libcontainer's state), `exits/<id>.json`
+//! (the exit notices `watch_exits` waits for with inotify) and `images/`.
 
 pub mod cgroups;
 pub mod image;
@@ -18,6 +19,7 @@ pub mod rootfs;
 pub mod shim;
 pub mod spec;
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -32,7 +34,8 @@ use oci_spec::runtime::{LinuxCpuBuilder, LinuxResourcesBuilder, Spec};
 use specs::{CpuSet, NumaSet};
 
 use self::records::{read_json, write_json, ExitRecord, Layout, ProcId, StartedRecord, UNKNOWN_EXIT_CODE};
-use super::{ContainerConfig, ContainerState, RootfsConfig, Runtime, RuntimeError};
+use super::{ContainerConfig, ContainerState, ExitEvent, ExitSender, RootfsConfig, Runtime, RuntimeError};
+use super::{NOT_EXECUTABLE_CODE, NOT_FOUND_CODE};
 
 /// How long `start` waits for the shim's report before giving up.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -72,7 +75,7 @@ impl LibcontainerRuntime {
     /// directories and removes containers whose creation never finished.
     pub fn new(data_dir: &Path, shim_exe: &Path) -> Result<Self, RuntimeError> {
         let layout = Layout::new(data_dir);
-        for dir in [layout.containers(), layout.state_root(), layout.images()] {
+        for dir in [layout.containers(), layout.state_root(), layout.images(), layout.exits()] {
             fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
         }
         let rt = Self { layout, shim_exe: shim_exe.to_path_buf() };
@@ -136,7 +139,7 @@ impl LibcontainerRuntime {
     fn prepare(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError> {
         let id = cfg.id.as_str();
         let rootfs = self.layout.rootfs(id);
-        let (process, binds) = match &cfg.rootfs {
+        let (mut process, binds) = match &cfg.rootfs {
             RootfsConfig::Host => {
                 let binds = rootfs::prepare_host(&rootfs).map_err(ioerr(&rootfs))?;
                 (Self::process_spec(cfg, None), binds)
@@ -152,7 +155,32 @@ impl LibcontainerRuntime {
         if process.args.is_empty() {
             return Err(cerr(id, "no command: the container config and the image give none"));
         }
-        let spec = spec::build(cfg, &process, &binds)?;
+        // Before libcontainer's own check (which it makes inside the new
+        // container, after the whole setup): a missing command is the job's
+        // failure with a one-line reason, and `init` would otherwise hide it.
+        let root = match &cfg.rootfs {
+            RootfsConfig::Host => PathBuf::from("/"),
+            RootfsConfig::Image(_) => rootfs.clone(),
+        };
+        check_command(id, &root, &process)?;
+        let use_init = cfg.init && matches!(cfg.rootfs, RootfsConfig::Host);
+        if cfg.init && !use_init {
+            // The init is this (dynamically linked) binary: an image need not
+            // hold the C library it needs, so image containers run without it.
+            tracing::warn!(id, "init is only available to rootfs: host containers; running the command as PID 1");
+        }
+        if use_init {
+            let mut args = vec![spec::INIT_PATH.to_string(), "init".to_string(), "--".to_string()];
+            args.append(&mut process.args);
+            process.args = args;
+            // The bind mount's target must exist: the host rootfs is read-only.
+            let target = rootfs.join(spec::INIT_PATH.trim_start_matches('/'));
+            File::create(&target).map_err(ioerr(&target))?;
+        }
+        let mut spec = spec::build(cfg, &process, &binds)?;
+        if use_init {
+            spec = spec::with_init(spec, &self.shim_exe).map_err(|e| cerr(id, format!("init mount: {e}")))?;
+        }
         let spec_path = self.layout.bundle(id).join("config.json");
         spec.save(&spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
         write_json(&self.layout.config(id), cfg)
@@ -192,6 +220,9 @@ impl LibcontainerRuntime {
                 if let Some(pid) = line.strip_prefix("ok ") {
                     pid.trim().parse().map_err(|_| cerr(id, format!("the shim reported {line:?}")))
                 } else if let Some(msg) = line.strip_prefix("error ") {
+                    if let Some(code) = cannot_run_code(msg) {
+                        return Err(RuntimeError::CannotRun { id: id.to_string(), code, message: msg.to_string() });
+                    }
                     let log = shim_log();
                     Err(cerr(id, if log.is_empty() { msg.to_string() } else { format!("{msg} (shim log: {log})") }))
                 } else {
@@ -241,6 +272,101 @@ fn read_report(mut out: std::process::ChildStdout, timeout: Duration) -> Result<
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("reading the shim's report: {e}")),
+        }
+    }
+}
+
+/// libcontainer validates the command inside the new container and reports it
+/// in words only (`executable 'x' not found in $PATH`, `... does not have
+/// correct permissions`): the exit code a shell would give, if that is the error.
+pub fn cannot_run_code(message: &str) -> Option<i32> {
+    if message.contains("not found in $PATH") {
+        Some(NOT_FOUND_CODE)
+    } else if message.contains("does not have correct permissions")
+        || message.contains("failed to check permissions for executable")
+    {
+        Some(NOT_EXECUTABLE_CODE)
+    } else {
+        None
+    }
+}
+
+/// Finds the command as `execvp` inside the container would (`PATH` from the
+/// process's environment, `root` as `/`): `CannotRun` 127 when nothing is
+/// there, 126 when it is a regular file without an execute bit or a folder.
+/// Lenient where the host cannot tell: anything behind a symlink counts as
+/// found (an absolute link inside an image points into the image, not the
+/// host), and libcontainer's own check still runs.
+fn check_command(id: &str, root: &Path, process: &spec::ProcessSpec) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(cmd) = process.args.first() else { return Ok(()) };
+    let path_var = process.env.iter().find_map(|e| e.strip_prefix("PATH=")).unwrap_or("");
+    let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    let candidates: Vec<PathBuf> = if cmd.contains('/') {
+        let p = Path::new(cmd);
+        vec![if p.is_absolute() { inside(p) } else { inside(&Path::new(&process.cwd).join(p)) }]
+    } else {
+        path_var.split(':').filter(|d| !d.is_empty()).map(|d| inside(&Path::new(d).join(cmd))).collect()
+    };
+    let mut not_executable = None;
+    for c in &candidates {
+        let Ok(meta) = fs::symlink_metadata(c) else { continue };
+        if meta.file_type().is_symlink() || (meta.is_file() && meta.permissions().mode() & 0o111 != 0) {
+            return Ok(());
+        }
+        not_executable.get_or_insert(c);
+    }
+    let (code, why) = match not_executable {
+        Some(_) => (NOT_EXECUTABLE_CODE, "is not executable"),
+        None if cmd.contains('/') => (NOT_FOUND_CODE, "not found"),
+        None => (NOT_FOUND_CODE, "not found in $PATH"),
+    };
+    Err(RuntimeError::CannotRun { id: id.to_string(), code, message: format!("command {cmd:?} {why}") })
+}
+
+/// Reads every exit notice in `dir` (names `<id>.json`; `.`-names are a
+/// writer's temporaries).
+fn read_notices(dir: &Path, names: impl IntoIterator<Item = std::ffi::OsString>) -> BTreeMap<String, ExitRecord> {
+    let mut out = BTreeMap::new();
+    for name in names {
+        let Some(name) = name.to_str() else { continue };
+        let Some(id) = name.strip_suffix(".json").filter(|_| !name.starts_with('.')) else { continue };
+        if let Ok(Some(rec)) = read_json::<ExitRecord>(&dir.join(name)) {
+            out.insert(id.to_string(), rec);
+        }
+    }
+    out
+}
+
+/// The exit watcher's thread: inotify on `<data>/exits`, one event per notice
+/// renamed into place; returns once the receiver is gone (checked every second).
+fn watch_exit_notices(ino: nix::sys::inotify::Inotify, dir: PathBuf, tx: ExitSender) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let send = |found: BTreeMap<String, ExitRecord>| {
+        for (id, rec) in found {
+            let _ = tx.send(ExitEvent { id, code: rec.code, oom_killed: rec.oom_killed });
+        }
+    };
+    // Exits from before the watch: the receiver ignores the ones it knows of.
+    let existing = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>());
+    send(read_notices(&dir, existing.unwrap_or_default()));
+    while !tx.is_closed() {
+        let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "exit watcher: poll failed; exits are found by the re-check only");
+                return;
+            }
+        }
+        match ino.read_events() {
+            Ok(events) => send(read_notices(&dir, events.into_iter().filter_map(|e| e.name))),
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "exit watcher: read failed; exits are found by the re-check only");
+                return;
+            }
         }
     }
 }
@@ -426,6 +552,11 @@ impl Runtime for LibcontainerRuntime {
         }
         let dir = self.layout.container(id);
         rootfs::unmount_all(&dir).map_err(|e| cerr(id, e.to_string()))?;
+        match fs::remove_file(self.layout.exit_notice(id)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(RuntimeError::Io { path: self.layout.exit_notice(id), source: e }),
+        }
         if !rootfs::mounts_under(&dir).is_empty() {
             return Err(cerr(id, format!("{} is still mounted", dir.display())));
         }
@@ -456,6 +587,23 @@ impl Runtime for LibcontainerRuntime {
         ids.dedup();
         Ok(ids)
     }
+
+    fn watch_exits(&self, tx: ExitSender) -> Result<(), RuntimeError> {
+        use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
+        let dir = self.layout.exits();
+        let io = |e: nix::errno::Errno| RuntimeError::Io { path: dir.clone(), source: e.into() };
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(io)?;
+        // Set up before the first scan, so no exit falls between the two.
+        // Renames only: the shim's writer closes its file after the rename,
+        // and that close would be a second event under the final name.
+        ino.add_watch(&dir, F::IN_MOVED_TO).map_err(io)?;
+        let d = dir.clone();
+        std::thread::Builder::new()
+            .name("exit-watcher".into())
+            .spawn(move || watch_exit_notices(ino, d, tx))
+            .map_err(|source| RuntimeError::Io { path: dir, source })?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -471,5 +619,70 @@ mod tests {
         check(".hidden", false);
         check("a/b", false);
         check(&"x".repeat(129), false);
+    }
+
+    #[test]
+    fn exit_notices_become_exit_events() -> Result<(), RuntimeError> {
+        let dir = tempfile::tempdir().map_err(ioerr(Path::new("tmp")))?;
+        let layout = Layout::new(dir.path());
+        fs::create_dir_all(layout.exits()).map_err(ioerr(&layout.exits()))?;
+        let before = ExitRecord { code: 3, signal: None, oom_killed: false };
+        write_json(&layout.exit_notice("old_1"), &before)?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
+        let ino =
+            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|e| ioerr(dir.path())(e.into()))?;
+        ino.add_watch(&layout.exits(), F::IN_MOVED_TO).map_err(|e| ioerr(dir.path())(e.into()))?;
+        let exits = layout.exits();
+        let watcher = std::thread::spawn(move || watch_exit_notices(ino, exits, tx));
+        // An exit from before the watch, then one while it watches.
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "old_1".into(), code: 3, oom_killed: false }));
+        let rec = ExitRecord { code: 143, signal: Some(15), oom_killed: false };
+        write_json(&layout.exit_notice("new_1"), &rec)?;
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "new_1".into(), code: 143, oom_killed: false }));
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(rx.try_recv().ok(), None, "one event per exit");
+        drop(rx);
+        let _ = watcher.join();
+        Ok(())
+    }
+
+    #[test]
+    fn commands_that_cannot_run_are_typed_with_their_exit_code() -> Result<(), RuntimeError> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().map_err(ioerr(Path::new("tmp")))?;
+        let bin = dir.path().join("bin");
+        fs::create_dir_all(&bin).map_err(ioerr(&bin))?;
+        for (name, mode) in [("ok", 0o755), ("plain", 0o644)] {
+            let p = bin.join(name);
+            fs::write(&p, "#!/bin/sh\n").map_err(ioerr(&p))?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(ioerr(&p))?;
+        }
+        let process = |cmd: &str| spec::ProcessSpec {
+            args: vec![cmd.to_string()],
+            env: vec!["PATH=/nowhere:/bin".into()],
+            cwd: "/".into(),
+        };
+        let check = |cmd: &str, expected: Option<(i32, &str)>| {
+            let got = check_command("c", dir.path(), &process(cmd));
+            match (got, expected) {
+                (Ok(()), None) => {}
+                (Err(RuntimeError::CannotRun { code, message, .. }), Some((want, text))) => {
+                    assert_eq!(code, want, "{cmd}: {message}");
+                    assert!(message.contains(text), "{cmd}: {message}");
+                }
+                (got, want) => panic!("{cmd}: got {got:?}, want {want:?}"),
+            }
+        };
+        check("ok", None);
+        check("/bin/ok", None);
+        check("nope", Some((127, "\"nope\" not found in $PATH")));
+        check("/bin/nope", Some((127, "\"/bin/nope\" not found")));
+        check("plain", Some((126, "is not executable")));
+        check("/bin", Some((126, "is not executable")));
+        assert_eq!(cannot_run_code("starting the container: executable 'x' not found in $PATH"), Some(127));
+        assert_eq!(cannot_run_code("executable 'x' at path '/x' does not have correct permissions"), Some(126));
+        assert_eq!(cannot_run_code("creating the container: cgroup busy"), None);
+        Ok(())
     }
 }

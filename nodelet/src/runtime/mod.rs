@@ -2,9 +2,12 @@
 //! by a single-threaded shim process per container) and `hollow` (everything but
 //! the processes, for simulating big machines).
 //!
-//! Calls are blocking; the agent calls them from `spawn_blocking`.
+//! Calls are blocking; the agent calls them from `spawn_blocking`. Exits are
+//! pushed, not polled: `watch_exits` hands the runtime a channel on which it
+//! sends an `ExitEvent` as soon as a container's process has ended.
 
 pub mod hollow;
+pub mod init;
 pub mod libcontainer;
 
 use std::collections::BTreeMap;
@@ -54,6 +57,10 @@ pub struct ContainerConfig {
     pub system_cpus: CpuSet,
     /// Combined stdout+stderr log, rotated by the runtime.
     pub log_path: PathBuf,
+    /// Run a minimal init as PID 1 (signal forwarding, zombie reaping), as
+    /// `docker run --init`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub init: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,8 +93,29 @@ pub enum ContainerState {
     Missing,
 }
 
+/// A container's process ended, as the runtime recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitEvent {
+    pub id: String,
+    /// The exit code, or 128 + signal when killed by a signal.
+    pub code: i32,
+    pub oom_killed: bool,
+}
+
+/// Where a runtime sends exit events; sending never blocks.
+pub type ExitSender = tokio::sync::mpsc::UnboundedSender<ExitEvent>;
+
+/// Exit code of a command that does not exist (the shells' and Docker's).
+pub const NOT_FOUND_CODE: i32 = 127;
+/// Exit code of a command that exists but cannot be executed.
+pub const NOT_EXECUTABLE_CODE: i32 = 126;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// The command cannot be executed: the job's own failure, never retried
+    /// as a runtime fault. `code` is 127 (not found) or 126 (not executable).
+    #[error("container {id}: {message}")]
+    CannotRun { id: String, code: i32, message: String },
     #[error("container {id}: {message}")]
     Container { id: String, message: String },
     #[error("image {reference}: {message}")]
@@ -110,4 +138,12 @@ pub trait Runtime: Send + Sync + 'static {
     fn remove(&self, id: &str) -> Result<(), RuntimeError>;
     /// Ids of every container this runtime holds, running or not (for adoption).
     fn list(&self) -> Result<Vec<String>, RuntimeError>;
+    /// From now on, sends an `ExitEvent` on `tx` as soon as a container exits
+    /// (events for containers the receiver does not know are its to ignore).
+    /// A runtime without notifications keeps the default: the agent's slow
+    /// safety re-check of `state` then finds the exits.
+    fn watch_exits(&self, tx: ExitSender) -> Result<(), RuntimeError> {
+        drop(tx);
+        Ok(())
+    }
 }

@@ -53,6 +53,15 @@ impl Layout {
     pub fn shim_log(&self, id: &str) -> PathBuf {
         self.container(id).join("shim.log")
     }
+    /// One folder for every container's exit notice, so that one inotify watch
+    /// sees every exit (`exit.json` lives in each container's own folder).
+    pub fn exits(&self) -> PathBuf {
+        self.root.join("exits")
+    }
+    /// A copy of `exit.json`, written (atomically, by rename) after it.
+    pub fn exit_notice(&self, id: &str) -> PathBuf {
+        self.exits().join(format!("{id}.json"))
+    }
 }
 
 /// A process identified by PID and kernel start time (PIDs are reused).

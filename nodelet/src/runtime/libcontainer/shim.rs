@@ -6,7 +6,8 @@
 //! the container (setting its CFS quota between create and start, see
 //! `spec::build`), reports `ok PID` or `error MESSAGE` on its stdout pipe, then
 //! copies the container's output into the rotated log, reaps the init and
-//! records its exit status in `exit.json`.
+//! records its exit status in `exit.json` and then in `<data>/exits/<id>.json`,
+//! the notice the agent's exit watcher waits for.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -75,6 +76,11 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
     let status = supervise(id, log_read, log, init.pid);
     let record = exit_record(id, status);
     if let Err(e) = write_json(&layout.exit(id), &record) {
+        eprintln!("shim {id}: {e}");
+    }
+    // After `exit.json`, so that an agent woken by the notice reads the same
+    // state from `state`. Renamed into place: the watcher never sees half.
+    if let Err(e) = write_json(&layout.exit_notice(id), &record) {
         eprintln!("shim {id}: {e}");
     }
     0

@@ -301,6 +301,19 @@ pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBu
     Ok(spec)
 }
 
+/// Where the minimal init (`pinion init`) is bind-mounted inside a container.
+pub const INIT_PATH: &str = "/.pinion-init";
+
+/// `spec` with `host_init` (the pinion binary) bind-mounted read-only at
+/// [`INIT_PATH`]; the caller puts `INIT_PATH init --` before the command.
+pub fn with_init(mut spec: Spec, host_init: &Path) -> Result<Spec, oci_spec::OciSpecError> {
+    let m = mount(INIT_PATH, "bind", host_init, &["bind", "ro", "nosuid", "nodev"])?;
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    mounts.push(m);
+    spec.set_mounts(Some(mounts));
+    Ok(spec)
+}
+
 /// `spec` with `quota` in its CPU resources, as a runtime that applies every
 /// limit at create time expects it.
 pub fn with_cpu_quota(mut spec: Spec, quota: CpuQuota) -> Spec {
@@ -732,6 +745,7 @@ mod tests {
             cap_drop: vec![],
             system_cpus: Default::default(),
             log_path: PathBuf::from("/tmp/x.log"),
+            init: false,
         }
     }
 

@@ -1,0 +1,950 @@
+//! The agent's planner: `plan(state, event, now) -> Vec<Action>`, the
+//! reconciler's pure step (kube-runtime's shape). It folds one event (desired
+//! changes, a container exit, the result of an action) into the agent's memory
+//! and returns what must happen next; it reads no clock (`now` comes in), calls
+//! no runtime and touches no file, so every decision is table-tested. The
+//! executor (`super::execute`) runs each action as its own task with its own
+//! timeout and feeds the result back as an event, so a slow start never delays
+//! another pod's admission, start, stop or exit.
+//!
+//! After the event, one pass: stop pods being deleted or replaced, admit
+//! pending pods (the engine on the node's truth), move shared containers'
+//! cpusets with the pool, give due containers a runtime id, and write ONE
+//! checkpoint covering every allocation and runtime id of the pass (group
+//! commit). A container starts only when the write that holds its id is
+//! durable (`Event::CheckpointWritten`); one write is in flight at a time, and
+//! what a pass adds meanwhile goes into the next one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use specs::{Allocations, CpuSet, NumaSet, Pod, PodPhase, RejectReason, Rejection};
+use tokio::time::Instant;
+
+use super::reconcile;
+use super::AgentConfig;
+use crate::checkpoint::{spec_hash, Checkpoint, ContainerRecord, PodRecord, VERSION};
+use crate::runtime::{ContainerConfig, ContainerState};
+use crate::source::{BoundPlan, DesiredChange, SourceKind};
+
+/// How long a failed checkpoint write, cpuset update or stop waits before it
+/// is tried again (each failure is also an event: retrying at once would spin).
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub enum Stage {
+    /// Not admitted. `rejected`: the epoch and rejection of the last failed try.
+    Pending {
+        rejected: Option<(u64, Rejection)>,
+    },
+    Admitted,
+    /// Being stopped; `then` replaces it once every container is gone.
+    /// `stopping`: a stop is in flight; `not_before`: a failed stop's retry time.
+    Terminating {
+        then: Option<Box<Desired>>,
+        stopping: bool,
+        not_before: Option<Instant>,
+    },
+    Finished(PodPhase),
+}
+
+#[derive(Debug, Clone)]
+pub struct Desired {
+    pub pod: Pod,
+    pub plan: Option<BoundPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CtrState {
+    /// Not running; start at `at` (`reason`: why it waits, e.g. `CrashLoopBackOff`).
+    Waiting {
+        at: Instant,
+        reason: Option<String>,
+    },
+    /// Has a runtime id, not yet durable: in the checkpoint write `generation`
+    /// (`None`: the next one).
+    Committing {
+        generation: Option<u64>,
+    },
+    /// The runtime start is in flight. An exit the runtime reported before
+    /// the start's own result (a command that ends at once) waits here.
+    Starting {
+        early_exit: Option<(i32, bool)>,
+    },
+    Running {
+        since: Instant,
+    },
+    /// Exited and will not run again.
+    Terminated,
+}
+
+#[derive(Debug, Clone)]
+pub struct Ctr {
+    pub name: String,
+    /// The current incarnation's runtime id (it may have exited but not been removed).
+    pub runtime_id: Option<String>,
+    pub restart_count: u32,
+    /// Consecutive crashes, for the backoff (not persisted: a restarted agent is lenient).
+    pub streak: u32,
+    pub state: CtrState,
+    pub last_exit: Option<(i32, bool)>,
+    /// Why the last run ended, when the exit code alone does not say (`ContainerCannotRun`).
+    pub last_reason: Option<String>,
+    /// The cpuset last given to the runtime; `None` forces an update.
+    pub applied: Option<(CpuSet, NumaSet)>,
+    /// A cpuset update is in flight.
+    pub updating: bool,
+    /// A failed cpuset update is not retried before this.
+    pub update_after: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PodEntry {
+    pub pod: Pod,
+    pub hash: String,
+    pub plan: Option<BoundPlan>,
+    pub stage: Stage,
+    pub ctrs: Vec<Ctr>,
+    /// The last error worth showing (runtime failure, checkpoint failure).
+    pub message: Option<String>,
+    pub attempts: u32,
+}
+
+impl PodEntry {
+    pub fn new(d: Desired, now: Instant) -> Self {
+        let ctrs = d
+            .pod
+            .spec
+            .containers
+            .iter()
+            .map(|c| Ctr {
+                name: c.name.clone(),
+                runtime_id: None,
+                restart_count: 0,
+                streak: 0,
+                state: CtrState::Waiting { at: now, reason: None },
+                last_exit: None,
+                last_reason: None,
+                applied: None,
+                updating: false,
+                update_after: None,
+            })
+            .collect();
+        PodEntry {
+            hash: spec_hash(&d.pod),
+            pod: d.pod,
+            plan: d.plan,
+            stage: Stage::Pending { rejected: None },
+            ctrs,
+            message: None,
+            attempts: 0,
+        }
+    }
+
+    fn grace(&self, default: Duration) -> Duration {
+        self.pod.spec.termination_grace_period_seconds.map_or(default, Duration::from_secs)
+    }
+
+    /// The pod's log folder (see `reconcile::pod_log_dir`).
+    pub fn log_dir(&self, data_dir: &std::path::Path, key: &str) -> PathBuf {
+        reconcile::pod_log_dir(data_dir, key, &reconcile::log_uid(&self.pod, &self.hash))
+    }
+}
+
+/// Why a start failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartFailure {
+    /// The command cannot be executed: the job's failure, with its exit code.
+    CannotRun { code: i32, message: String },
+    /// Anything else (runtime fault, timeout): recorded as `START_ERROR_CODE`.
+    Other(String),
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Desired changes, everything queued at once (one pass, one checkpoint).
+    Changes(Vec<DesiredChange>),
+    /// The runtime says a container's process ended.
+    Exited {
+        id: String,
+        code: i32,
+        oom_killed: bool,
+    },
+    /// The safety re-check's view of the running containers.
+    Observed(Vec<(String, Result<ContainerState, String>)>),
+    Started {
+        key: String,
+        container: String,
+        id: String,
+        result: Result<(), StartFailure>,
+    },
+    /// A pod's stop finished; `errors` is empty when every container is gone.
+    Stopped {
+        key: String,
+        errors: Vec<String>,
+    },
+    CheckpointWritten {
+        generation: u64,
+        result: Result<(), String>,
+    },
+    CpusetUpdated {
+        key: String,
+        container: String,
+        id: String,
+        cpus: CpuSet,
+        mems: NumaSet,
+        result: Result<(), String>,
+    },
+    /// A timer: backoffs, retries, the safety re-check.
+    Tick,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Write (and fsync) this checkpoint; answered by `CheckpointWritten`.
+    WriteCheckpoint { generation: u64, checkpoint: Box<Checkpoint> },
+    /// Start a container whose id is durable; answered by `Started`.
+    Start { key: String, config: Box<ContainerConfig> },
+    /// Stop and remove every container of a pod; answered by `Stopped`.
+    Stop { key: String, ids: Vec<String>, grace: Duration },
+    /// Remove a dead incarnation (errors are only logged).
+    Remove { id: String },
+    /// Answered by `CpusetUpdated`.
+    UpdateCpuset { key: String, container: String, id: String, cpus: CpuSet, mems: NumaSet },
+    /// Read the state of these running containers; answered by `Observed`.
+    Recheck { ids: Vec<String> },
+    /// A forgotten pod's log folder.
+    RemoveLogs { dir: PathBuf },
+}
+
+impl Action {
+    /// A one-line summary, for logs and the planner's tests.
+    pub fn summary(&self) -> String {
+        match self {
+            Action::WriteCheckpoint { generation, checkpoint } => {
+                let ids: Vec<&str> = checkpoint
+                    .pods
+                    .values()
+                    .flat_map(|p| p.containers.values())
+                    .filter_map(|c| c.runtime_id.as_deref())
+                    .collect();
+                let pods: Vec<&str> = checkpoint.allocations.pods.keys().map(String::as_str).collect();
+                format!("checkpoint {generation} alloc={} ids={}", pods.join(","), ids.join(","))
+            }
+            Action::Start { key, config } => {
+                format!("start {key}/{} {} cpus={}", config.container, config.id, config.cpus)
+            }
+            Action::Stop { key, ids, grace } => format!("stop {key} {} grace={}s", ids.join(","), grace.as_secs()),
+            Action::Remove { id } => format!("remove {id}"),
+            Action::UpdateCpuset { key, container, cpus, .. } => format!("cpuset {key}/{container} {cpus}"),
+            Action::Recheck { ids } => format!("recheck {}", ids.join(",")),
+            Action::RemoveLogs { dir } => format!("remove logs {}", dir.display()),
+        }
+    }
+}
+
+/// The agent's memory: the node's allocations and every pod it knows.
+pub struct State {
+    pub cfg: AgentConfig,
+    pub alloc: Allocations,
+    pub pods: BTreeMap<String, PodEntry>,
+    /// Keys whose latest manifest is malformed: the message, shown in the status.
+    pub invalid: BTreeMap<String, String>,
+    /// The checkpoint in memory differs from the file.
+    pub dirty: bool,
+    /// The checkpoint write in flight, and the last generation handed out.
+    pub writing: Option<u64>,
+    pub generation: u64,
+    /// After a failed write, the next one waits until then.
+    pub write_retry_at: Option<Instant>,
+    pub recheck_in_flight: bool,
+    pub next_recheck: Instant,
+    /// The allocation epoch the latest release left (see `reconcile::retry_admission`).
+    pub released_at: u64,
+}
+
+impl State {
+    /// Frees a pod's allocation; pods the engine rejected are tried again.
+    pub fn release(&mut self, key: &str) {
+        if self.alloc.release(key).is_some() {
+            self.released_at = self.alloc.epoch;
+        }
+    }
+
+    pub fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
+        let next_recheck = now + cfg.recheck_interval;
+        State {
+            cfg,
+            alloc,
+            pods: BTreeMap::new(),
+            invalid: BTreeMap::new(),
+            dirty: false,
+            writing: None,
+            generation: 0,
+            write_retry_at: None,
+            recheck_in_flight: false,
+            next_recheck,
+            released_at: 0,
+        }
+    }
+
+    /// The checkpoint as a projection of memory: allocations plus every admitted,
+    /// terminating or finished pod.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let mut cp = Checkpoint { version: VERSION, allocations: self.alloc.clone(), pods: BTreeMap::new() };
+        for (key, e) in &self.pods {
+            let finished = match &e.stage {
+                // A pending pod holds nothing the checkpoint must protect.
+                Stage::Pending { .. } => continue,
+                Stage::Finished(phase) => Some(*phase),
+                Stage::Admitted | Stage::Terminating { .. } => None,
+            };
+            let containers = e
+                .ctrs
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.clone(),
+                        ContainerRecord {
+                            runtime_id: c.runtime_id.clone(),
+                            restart_count: c.restart_count,
+                            last_exit_code: c.last_exit.map(|x| x.0),
+                        },
+                    )
+                })
+                .collect();
+            cp.pods
+                .insert(key.clone(), PodRecord { spec_hash: e.hash.clone(), pod: e.pod.clone(), containers, finished });
+        }
+        cp
+    }
+
+    /// When the loop must wake up at the latest with no event: the next due
+    /// start, retry or safety re-check.
+    pub fn next_wake(&self) -> Instant {
+        let mut wake = self.next_recheck;
+        if let Some(t) = self.write_retry_at {
+            wake = wake.min(t);
+        }
+        for e in self.pods.values() {
+            let admitted = matches!(e.stage, Stage::Admitted);
+            for c in &e.ctrs {
+                match (&c.state, c.update_after) {
+                    (CtrState::Waiting { at, .. }, _) if admitted => wake = wake.min(*at),
+                    (_, Some(t)) => wake = wake.min(t),
+                    _ => {}
+                }
+            }
+            if let Stage::Terminating { not_before: Some(t), .. } = &e.stage {
+                wake = wake.min(*t);
+            }
+        }
+        wake
+    }
+}
+
+/// Folds `event` into `state` and plans what follows (see the module docs).
+pub fn plan(state: &mut State, event: Event, now: Instant) -> Vec<Action> {
+    plan_batch(state, vec![event], now)
+}
+
+/// `plan` for every event already queued, with one pass (and so at most one
+/// checkpoint write) after all of them.
+pub fn plan_batch(state: &mut State, events: Vec<Event>, now: Instant) -> Vec<Action> {
+    let mut out = Vec::new();
+    for event in events {
+        on_event(state, event, now, &mut out);
+    }
+    pass(state, now, &mut out);
+    out
+}
+
+fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
+    match event {
+        Event::Changes(changes) => {
+            for ch in changes {
+                on_change(st, ch, now, out);
+            }
+        }
+        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now, out),
+        Event::Observed(states) => {
+            st.recheck_in_flight = false;
+            for (id, state) in states {
+                match state {
+                    Ok(ContainerState::Running { .. }) => {}
+                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now, out),
+                    Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now, out),
+                    Err(err) => {
+                        if let Some((key, _)) = find(st, &id) {
+                            if let Some(e) = st.pods.get_mut(&key) {
+                                e.message = Some(err);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Event::Started { key, container, id, result } => on_started(st, &key, &container, &id, result, now, out),
+        Event::Stopped { key, errors } => on_stopped(st, &key, errors, now, out),
+        Event::CheckpointWritten { generation, result } => on_written(st, generation, result, now, out),
+        Event::CpusetUpdated { key, container, id, cpus, mems, result } => {
+            let Some(e) = st.pods.get_mut(&key) else { return };
+            // An update of an incarnation that has since ended says nothing.
+            let Some(c) = e.ctrs.iter_mut().find(|c| c.name == container && c.runtime_id.as_deref() == Some(&id))
+            else {
+                return;
+            };
+            c.updating = false;
+            match result {
+                Ok(()) => {
+                    tracing::debug!(key, container, %cpus, "cpuset updated");
+                    c.applied = Some((cpus, mems));
+                    c.update_after = None;
+                }
+                // The container may have just exited; its exit event follows.
+                Err(err) => {
+                    c.applied = None;
+                    c.update_after = Some(now + RETRY_AFTER);
+                    e.message = Some(err);
+                }
+            }
+        }
+        Event::Tick => {}
+    }
+}
+
+/// The pod key and container index holding runtime id `id`.
+fn find(st: &State, id: &str) -> Option<(String, usize)> {
+    st.pods
+        .iter()
+        .find_map(|(key, e)| e.ctrs.iter().position(|c| c.runtime_id.as_deref() == Some(id)).map(|i| (key.clone(), i)))
+}
+
+fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant, out: &mut Vec<Action>) {
+    let Some((key, i)) = find(st, id) else {
+        tracing::debug!(id, code, "exit of a container the agent does not run");
+        return;
+    };
+    let Some(e) = st.pods.get_mut(&key) else { return };
+    match (&e.stage, e.ctrs[i].state.clone()) {
+        (Stage::Admitted, CtrState::Running { since }) => {
+            after_exit(st, &key, i, code, oom, None, Some(now.saturating_duration_since(since)), now, out);
+            finish_if_done(st, &key);
+        }
+        (Stage::Admitted, CtrState::Starting { .. }) => {
+            e.ctrs[i].state = CtrState::Starting { early_exit: Some((code, oom)) };
+        }
+        // Its stop removes it; the status still says how it ended.
+        (Stage::Terminating { .. }, _) => {
+            tracing::info!(key, container = e.ctrs[i].name, code, oom, "container exited while stopping");
+            e.ctrs[i].last_exit = Some((code, oom));
+        }
+        _ => {}
+    }
+}
+
+/// A container ended (or could not start): record it, remove the dead
+/// incarnation, and wait to restart it or mark it terminated.
+#[allow(clippy::too_many_arguments)]
+pub fn after_exit(
+    st: &mut State,
+    key: &str,
+    i: usize,
+    code: i32,
+    oom: bool,
+    reason: Option<String>,
+    ran: Option<Duration>,
+    now: Instant,
+    out: &mut Vec<Action>,
+) {
+    let backoff = st.cfg.backoff;
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let policy = e.pod.spec.restart_policy;
+    let ctr = &mut e.ctrs[i];
+    tracing::info!(key, container = ctr.name, code, oom, "container exited");
+    ctr.last_exit = Some((code, oom));
+    ctr.last_reason = reason;
+    ctr.applied = None;
+    ctr.updating = false;
+    ctr.update_after = None;
+    if ran.is_some_and(|r| backoff.resets_after(r)) {
+        ctr.streak = 0;
+    }
+    if let Some(id) = ctr.runtime_id.take() {
+        out.push(Action::Remove { id });
+    }
+    if reconcile::restarts(policy, code) {
+        let delay = backoff.delay(ctr.streak);
+        ctr.streak = ctr.streak.saturating_add(1);
+        ctr.restart_count += 1;
+        ctr.state = CtrState::Waiting { at: now + delay, reason: Some("CrashLoopBackOff".into()) };
+    } else {
+        ctr.state = CtrState::Terminated;
+    }
+    // Runtime id, restart count and exit code changed.
+    st.dirty = true;
+}
+
+/// An admitted pod none of whose containers will run again is finished: its
+/// allocation is free at once (every process of it has exited).
+fn finish_if_done(st: &mut State, key: &str) {
+    let Some(e) = st.pods.get_mut(key) else { return };
+    if !matches!(e.stage, Stage::Admitted) || !e.ctrs.iter().all(|c| c.state == CtrState::Terminated) {
+        return;
+    }
+    let codes: Vec<i32> = e.ctrs.iter().map(|c| c.last_exit.map_or(0, |x| x.0)).collect();
+    let phase = reconcile::finished_phase(&codes);
+    tracing::info!(key, ?phase, "pod finished");
+    e.stage = Stage::Finished(phase);
+    st.release(key);
+    st.dirty = true;
+}
+
+fn on_started(
+    st: &mut State,
+    key: &str,
+    container: &str,
+    id: &str,
+    result: Result<(), StartFailure>,
+    now: Instant,
+    out: &mut Vec<Action>,
+) {
+    let found = st.pods.get(key).and_then(|e| {
+        e.ctrs.iter().position(|c| {
+            c.name == container && c.runtime_id.as_deref() == Some(id) && matches!(c.state, CtrState::Starting { .. })
+        })
+    });
+    let Some(i) = found else {
+        // Nothing planned this start any more: whatever it left must not run.
+        if result.is_ok() {
+            out.push(Action::Remove { id: id.to_string() });
+        }
+        return;
+    };
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let early = match e.ctrs[i].state {
+        CtrState::Starting { early_exit } => early_exit,
+        _ => None,
+    };
+    match result {
+        Ok(()) => {
+            tracing::info!(key, container, id, "container started");
+            tracing::debug!(target: "podstart", key, id, "runtime start returned");
+            e.ctrs[i].state = CtrState::Running { since: now };
+            if let Some((code, oom)) = early {
+                if matches!(e.stage, Stage::Admitted) {
+                    after_exit(st, key, i, code, oom, None, Some(Duration::ZERO), now, out);
+                    finish_if_done(st, key);
+                } else {
+                    e.ctrs[i].last_exit = Some((code, oom));
+                }
+            }
+        }
+        Err(failure) => {
+            // A failed start leaves nothing behind in the runtime.
+            e.ctrs[i].runtime_id = None;
+            let (code, reason, message) = match failure {
+                StartFailure::CannotRun { code, message } => {
+                    let msg = format!("container {container}: {message} (exit code {code})");
+                    (code, Some("ContainerCannotRun".to_string()), msg)
+                }
+                StartFailure::Other(message) => {
+                    // Nothing should be left, but a start that timed out may
+                    // still finish after it was given up on.
+                    out.push(Action::Remove { id: id.to_string() });
+                    (reconcile::START_ERROR_CODE, None, message)
+                }
+            };
+            tracing::warn!(key, container, error = message, "container did not start");
+            e.message = Some(message);
+            if matches!(e.stage, Stage::Admitted) {
+                after_exit(st, key, i, code, false, reason, None, now, out);
+                finish_if_done(st, key);
+            } else {
+                e.ctrs[i].state = CtrState::Waiting { at: now, reason: None };
+            }
+        }
+    }
+}
+
+fn on_stopped(st: &mut State, key: &str, errors: Vec<String>, now: Instant, out: &mut Vec<Action>) {
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let Stage::Terminating { stopping, not_before, .. } = &mut e.stage else { return };
+    *stopping = false;
+    if !errors.is_empty() {
+        // Keep the allocation: a process may still hold the CPUs.
+        *not_before = Some(now + RETRY_AFTER);
+        e.message = Some(errors.join("; "));
+        return;
+    }
+    finish_termination(st, key, now, out);
+}
+
+/// Every container of a terminating pod is gone: free its allocation, forget
+/// it (and its logs), and admit what replaces it.
+fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Action>) {
+    let Some(e) = st.pods.remove(key) else { return };
+    tracing::info!(key, "pod stopped");
+    st.release(key);
+    st.dirty = true;
+    let old_logs = e.log_dir(&st.cfg.data_dir, key);
+    let next = match e.stage {
+        Stage::Terminating { then: Some(d), .. } => Some(PodEntry::new(*d, now)),
+        _ => None,
+    };
+    // A static pod deleted and re-created unchanged keeps its log folder.
+    if next.as_ref().map(|n| n.log_dir(&st.cfg.data_dir, key)) != Some(old_logs.clone()) {
+        out.push(Action::RemoveLogs { dir: old_logs });
+    }
+    if let Some(n) = next {
+        st.pods.insert(key.to_string(), n);
+    }
+}
+
+fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: Instant, out: &mut Vec<Action>) {
+    if st.writing == Some(generation) {
+        st.writing = None;
+    }
+    if let Err(err) = &result {
+        tracing::error!(error = err, "cannot write the checkpoint");
+        st.dirty = true;
+        st.write_retry_at = Some(now + RETRY_AFTER);
+    }
+    let covered: Vec<(String, usize)> = st
+        .pods
+        .iter()
+        .flat_map(|(key, e)| {
+            e.ctrs
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.state == CtrState::Committing { generation: Some(generation) })
+                .map(move |(i, _)| (key.clone(), i))
+        })
+        .collect();
+    for (key, i) in covered {
+        let config = match (&result, st.pods.get(&key).map(|e| matches!(e.stage, Stage::Admitted))) {
+            (Ok(()), Some(true)) => start_config(st, &key, i),
+            _ => None,
+        };
+        let Some(e) = st.pods.get_mut(&key) else { continue };
+        let ctr = &mut e.ctrs[i];
+        match (config, &result) {
+            (Some(config), _) => {
+                tracing::debug!(target: "podstart", key, id = config.id, "checkpoint written");
+                ctr.applied = Some((config.cpus.clone(), config.mems.clone()));
+                ctr.state = CtrState::Starting { early_exit: None };
+                out.push(Action::Start { key: key.clone(), config: Box::new(config) });
+            }
+            (None, Ok(())) => {
+                // The pod is no longer admitted: the id was never used.
+                ctr.runtime_id = None;
+                ctr.state = CtrState::Waiting { at: now, reason: None };
+            }
+            (None, Err(err)) => {
+                ctr.runtime_id = None;
+                ctr.state = CtrState::Waiting { at: now + RETRY_AFTER, reason: Some("CheckpointError".into()) };
+                e.message = Some(err.clone());
+            }
+        }
+    }
+}
+
+/// The config of container `i` of an admitted pod, with the cpuset it gets now.
+fn start_config(st: &State, key: &str, i: usize) -> Option<ContainerConfig> {
+    let e = st.pods.get(key)?;
+    let placement = st.alloc.pods.get(key)?;
+    let spec = e.pod.spec.containers.get(i)?;
+    let cp = reconcile::placement_of(placement, &spec.name)?;
+    let id = e.ctrs[i].runtime_id.clone()?;
+    let cpus = st.alloc.cpuset_for(&st.cfg.topology, cp);
+    let mut cfg = reconcile::container_config(&st.cfg.data_dir, &st.cfg.device_nodes, key, &e.pod, spec, cp, cpus, id);
+    cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
+    Some(cfg)
+}
+
+// ---- desired changes ----
+
+fn on_change(st: &mut State, ch: DesiredChange, now: Instant, out: &mut Vec<Action>) {
+    match ch {
+        DesiredChange::Apply { key, pod, plan } => {
+            tracing::debug!(target: "podstart", key, "change received");
+            apply(st, key, Desired { pod: *pod, plan }, now, out)
+        }
+        DesiredChange::Remove { key } => {
+            st.invalid.remove(&key);
+            remove(st, &key, out);
+        }
+        DesiredChange::Invalid { key, message } => {
+            tracing::warn!(key, message, "manifest skipped");
+            st.invalid.insert(key, message);
+        }
+        DesiredChange::Resync { source, pods } => {
+            let listed: BTreeSet<String> = pods.iter().map(|(k, _, _)| k.clone()).collect();
+            let stale: Vec<String> = st
+                .pods
+                .keys()
+                .filter(|k| SourceKind::of_key(k) == source && !listed.contains(*k) && !is_invalid(st, k))
+                .cloned()
+                .collect();
+            for key in stale {
+                remove(st, &key, out);
+            }
+            for (key, pod, plan) in pods {
+                apply(st, key, Desired { pod, plan }, now, out);
+            }
+        }
+    }
+}
+
+/// Whether the key's manifest (or the file holding it, `static/<stem>` for
+/// `static/<stem>/<name>`) is currently malformed: its pods keep running.
+fn is_invalid(st: &State, key: &str) -> bool {
+    st.invalid.contains_key(key) || key.rsplit_once('/').is_some_and(|(file, _)| st.invalid.contains_key(file))
+}
+
+fn apply(st: &mut State, key: String, d: Desired, now: Instant, out: &mut Vec<Action>) {
+    st.invalid.remove(&key);
+    let hash = spec_hash(&d.pod);
+    let Some(e) = st.pods.get_mut(&key) else {
+        st.pods.insert(key, PodEntry::new(d, now));
+        return;
+    };
+    let same_uid = e.pod.metadata.uid == d.pod.metadata.uid;
+    if e.hash == hash && same_uid {
+        if let Stage::Terminating { then, .. } = &mut e.stage {
+            // Deleted and re-created with the same spec: run it again once stopped.
+            *then = Some(Box::new(d));
+        } else {
+            e.plan = d.plan;
+        }
+        return;
+    }
+    match &mut e.stage {
+        Stage::Pending { .. } | Stage::Finished(_) => {
+            let old_logs = e.log_dir(&st.cfg.data_dir, &key);
+            let next = PodEntry::new(d, now);
+            if next.log_dir(&st.cfg.data_dir, &key) != old_logs {
+                out.push(Action::RemoveLogs { dir: old_logs });
+            }
+            st.pods.insert(key, next);
+            st.dirty = true;
+        }
+        Stage::Admitted => e.stage = Stage::Terminating { then: Some(Box::new(d)), stopping: false, not_before: None },
+        Stage::Terminating { then, .. } => *then = Some(Box::new(d)),
+    }
+}
+
+fn remove(st: &mut State, key: &str, out: &mut Vec<Action>) {
+    let Some(e) = st.pods.get_mut(key) else { return };
+    match &mut e.stage {
+        Stage::Pending { .. } | Stage::Finished(_) => {
+            let logs = e.log_dir(&st.cfg.data_dir, key);
+            st.pods.remove(key);
+            st.dirty = true;
+            out.push(Action::RemoveLogs { dir: logs });
+        }
+        Stage::Admitted => e.stage = Stage::Terminating { then: None, stopping: false, not_before: None },
+        Stage::Terminating { then, .. } => *then = None,
+    }
+}
+
+// ---- the pass ----
+
+fn pass(st: &mut State, now: Instant, out: &mut Vec<Action>) {
+    let keys: Vec<String> = st.pods.keys().cloned().collect();
+    for key in &keys {
+        begin_termination(st, key, now, out);
+    }
+    // Key order: deterministic.
+    let keys: Vec<String> = st.pods.keys().cloned().collect();
+    for key in &keys {
+        try_admit(st, key);
+    }
+    // Issued in the same pass as the admission that moved the pool, before
+    // the checkpoint write that gates the new containers' starts, so they
+    // normally land first; not waited for, as a slow update must not hold
+    // back every start.
+    sync_cpusets(st, now, out);
+    for key in &keys {
+        assign_due(st, key, now);
+    }
+    write_checkpoint(st, now, out);
+    if now >= st.next_recheck {
+        st.next_recheck = now + st.cfg.recheck_interval;
+        if !st.recheck_in_flight {
+            let ids: Vec<String> = st
+                .pods
+                .values()
+                .filter(|e| matches!(e.stage, Stage::Admitted))
+                .flat_map(|e| &e.ctrs)
+                .filter(|c| matches!(c.state, CtrState::Running { .. }))
+                .filter_map(|c| c.runtime_id.clone())
+                .collect();
+            if !ids.is_empty() {
+                st.recheck_in_flight = true;
+                out.push(Action::Recheck { ids });
+            }
+        }
+    }
+}
+
+fn begin_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Action>) {
+    let default_grace = st.cfg.default_grace;
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let Stage::Terminating { stopping: false, not_before, .. } = &e.stage else { return };
+    if not_before.is_some_and(|t| t > now) {
+        return;
+    }
+    // A start in flight is waited for: stopping before it returns could miss
+    // the container it creates.
+    if e.ctrs.iter().any(|c| matches!(c.state, CtrState::Starting { .. })) {
+        return;
+    }
+    for c in &mut e.ctrs {
+        if matches!(c.state, CtrState::Committing { .. }) {
+            // Never started: nothing to stop.
+            c.runtime_id = None;
+            c.state = CtrState::Waiting { at: now, reason: None };
+        }
+    }
+    let ids: Vec<String> = e.ctrs.iter().filter_map(|c| c.runtime_id.clone()).collect();
+    if ids.is_empty() {
+        finish_termination(st, key, now, out);
+        return;
+    }
+    let grace = e.grace(default_grace);
+    tracing::info!(key, ?grace, "stopping pod");
+    if let Stage::Terminating { stopping, not_before, .. } = &mut e.stage {
+        *stopping = true;
+        *not_before = None;
+    }
+    out.push(Action::Stop { key: key.to_string(), ids, grace });
+}
+
+fn try_admit(st: &mut State, key: &str) {
+    let epoch = st.alloc.epoch;
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let Stage::Pending { rejected } = &e.stage else { return };
+    if !reconcile::retry_admission(rejected.as_ref().map(|r| r.0), st.released_at) {
+        return;
+    }
+    e.attempts += 1;
+    let adopted = e.plan.as_ref().and_then(|plan| {
+        match reconcile::check_plan(&st.cfg.topology, &st.cfg.settings.reserved_cpus, &st.alloc, &e.pod, plan) {
+            Ok(()) => Some(plan.placement.clone()),
+            Err(why) => {
+                tracing::debug!(key, why, "re-running the engine instead of adopting the plan");
+                None
+            }
+        }
+    });
+    let decided = match adopted {
+        Some(p) => Ok(p),
+        None => (st.cfg.admit)(&st.cfg.topology, &st.cfg.settings, &st.alloc, key, &e.pod),
+    };
+    let placement = match decided {
+        Ok(p) => p,
+        Err(rejection) => {
+            // Retried at every change of the allocations: say it once.
+            if rejected.as_ref().map(|r| &r.1) != Some(&rejection) {
+                tracing::info!(key, reason = ?rejection.reason, message = rejection.message, "pod rejected");
+            }
+            e.stage = Stage::Pending { rejected: Some((epoch, rejection)) };
+            return;
+        }
+    };
+    if let Some(missing) =
+        e.ctrs.iter().find(|c| reconcile::placement_of(&placement, &c.name).is_none()).map(|c| c.name.clone())
+    {
+        let rejection = Rejection {
+            reason: RejectReason::InvalidRequest,
+            message: format!("the placement has no container {missing:?}"),
+        };
+        e.stage = Stage::Pending { rejected: Some((epoch, rejection)) };
+        return;
+    }
+    e.stage = Stage::Admitted;
+    e.message = None;
+    st.alloc.apply(key, placement);
+    // Durable before anything uses it: the pass's checkpoint write holds it,
+    // and the pod's containers start only once that write is done.
+    st.dirty = true;
+    tracing::info!(key, "pod admitted");
+    tracing::debug!(target: "podstart", key, "pod admitted");
+}
+
+/// Gives every running container the cpuset it should have now (the shared
+/// pool moves when exclusive CPUs are taken or freed). In place: no restart.
+fn sync_cpusets(st: &mut State, now: Instant, out: &mut Vec<Action>) {
+    let State { pods, alloc, cfg, .. } = st;
+    for (key, e) in pods.iter_mut() {
+        if !matches!(e.stage, Stage::Admitted | Stage::Terminating { .. }) {
+            continue;
+        }
+        let Some(placement) = alloc.pods.get(key) else { continue };
+        for ctr in &mut e.ctrs {
+            let (CtrState::Running { .. }, Some(id)) = (&ctr.state, &ctr.runtime_id) else { continue };
+            if ctr.updating || ctr.update_after.is_some_and(|t| t > now) {
+                continue;
+            }
+            let Some(cp) = reconcile::placement_of(placement, &ctr.name) else { continue };
+            let want = (alloc.cpuset_for(&cfg.topology, cp), cp.mems.clone());
+            if ctr.applied.as_ref() != Some(&want) {
+                ctr.updating = true;
+                out.push(Action::UpdateCpuset {
+                    key: key.clone(),
+                    container: ctr.name.clone(),
+                    id: id.clone(),
+                    cpus: want.0,
+                    mems: want.1,
+                });
+            }
+        }
+    }
+}
+
+/// Gives every due container of an admitted pod its runtime id; it starts
+/// once a checkpoint holding the id is written.
+fn assign_due(st: &mut State, key: &str, now: Instant) {
+    let Some(e) = st.pods.get_mut(key) else { return };
+    if !matches!(e.stage, Stage::Admitted) {
+        return;
+    }
+    for ctr in &mut e.ctrs {
+        if matches!(ctr.state, CtrState::Waiting { at, .. } if at <= now) {
+            ctr.runtime_id = Some(reconcile::runtime_id(key, &ctr.name, &e.hash, ctr.restart_count));
+            ctr.state = CtrState::Committing { generation: None };
+        }
+    }
+}
+
+fn write_checkpoint(st: &mut State, now: Instant, out: &mut Vec<Action>) {
+    if st.writing.is_some() || st.write_retry_at.is_some_and(|t| t > now) {
+        return;
+    }
+    let mut waiting = false;
+    for e in st.pods.values() {
+        waiting |= e.ctrs.iter().any(|c| c.state == CtrState::Committing { generation: None });
+    }
+    if !st.dirty && !waiting {
+        return;
+    }
+    st.generation += 1;
+    let generation = st.generation;
+    for e in st.pods.values_mut() {
+        for c in &mut e.ctrs {
+            if c.state == (CtrState::Committing { generation: None }) {
+                c.state = CtrState::Committing { generation: Some(generation) };
+            }
+        }
+    }
+    st.dirty = false;
+    st.write_retry_at = None;
+    st.writing = Some(generation);
+    out.push(Action::WriteCheckpoint { generation, checkpoint: Box::new(st.checkpoint()) });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;

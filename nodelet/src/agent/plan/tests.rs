@@ -1,0 +1,362 @@
+//! The planner alone: a state, an event, the actions it plans. No runtime, no
+//! clock (every `now` is a fixed instant plus an offset), no files.
+
+use std::path::Path;
+
+use specs::topology::{Cpu, NumaNode};
+use specs::{NodeSettings, NodeTopology, PodPhase};
+
+use super::super::status;
+use super::*;
+
+/// Two CPUs, CPU 0 reserved: one allocatable CPU, as on the test host.
+fn state(t0: Instant) -> State {
+    let topology = NodeTopology {
+        cpus: (0..2).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0 }).collect(),
+        numa_nodes: vec![NumaNode { id: 0, cpus: CpuSet::range(0, 1), memory_bytes: 1 << 30, ..Default::default() }],
+        ..Default::default()
+    };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let mut cfg = AgentConfig::new("n1".into(), "/d".into(), topology, settings);
+    cfg.backoff = super::super::Backoff {
+        base: Duration::from_secs(10),
+        cap: Duration::from_secs(40),
+        reset_after: Duration::from_secs(600),
+    };
+    cfg.recheck_interval = Duration::from_secs(3600);
+    State::new(cfg, Allocations::default(), t0)
+}
+
+fn pod(name: &str, command: &str, policy: &str) -> Pod {
+    Pod::from_yaml(&format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 3\n  containers:\n  - name: main\n    command: [{command}]\n    resources:\n      limits: {{cpu: '1', memory: 64Mi}}\n"
+    ))
+    .unwrap()
+}
+
+/// A fractional limit and no request: a shared container that takes none
+/// of the one allocatable CPU.
+fn shared_cpu(p: &mut Pod) {
+    let r = &mut p.spec.containers[0].resources;
+    r.limits.insert("cpu".into(), specs::Quantity::parse("500m").unwrap());
+    r.requests.insert("cpu".into(), specs::Quantity::parse("0").unwrap());
+}
+
+fn apply(key: &str, p: Pod) -> DesiredChange {
+    DesiredChange::Apply { key: key.into(), pod: Box::new(p), plan: None }
+}
+
+/// An action in a few words: runtime ids lose their hash (`static-a_main_0`).
+fn brief(a: &Action) -> String {
+    let short = |id: &str| {
+        let parts: Vec<&str> = id.split('_').collect();
+        match parts.as_slice() {
+            [key, ctr, _hash, n] => format!("{key}_{ctr}_{n}"),
+            _ => id.to_string(),
+        }
+    };
+    match a {
+        Action::WriteCheckpoint { generation, checkpoint } => {
+            let alloc: Vec<&str> = checkpoint.allocations.pods.keys().map(String::as_str).collect();
+            let ids: Vec<String> = checkpoint
+                .pods
+                .values()
+                .flat_map(|p| p.containers.values())
+                .filter_map(|c| c.runtime_id.as_deref())
+                .map(short)
+                .collect();
+            format!("checkpoint {generation} alloc=[{}] ids=[{}]", alloc.join(" "), ids.join(" "))
+        }
+        Action::Start { config, .. } => format!("start {} cpus={}", short(&config.id), config.cpus),
+        Action::Stop { key, ids, grace } => {
+            format!("stop {key} [{}] {}s", ids.iter().map(|i| short(i)).collect::<Vec<_>>().join(" "), grace.as_secs())
+        }
+        Action::Remove { id } => format!("remove {}", short(id)),
+        Action::UpdateCpuset { key, container, cpus, .. } => format!("cpuset {key}/{container} {cpus}"),
+        Action::Recheck { ids } => format!("recheck [{}]", ids.iter().map(|i| short(i)).collect::<Vec<_>>().join(" ")),
+        Action::RemoveLogs { dir } => {
+            format!("remove logs {}", dir.strip_prefix("/d/logs").unwrap_or(dir).display())
+        }
+    }
+}
+
+/// Plans `event` at `now` and checks the actions, in order.
+#[track_caller]
+fn check(st: &mut State, event: Event, now: Instant, expected: &[&str]) -> Vec<Action> {
+    let actions = plan(st, event, now);
+    let got: Vec<String> = actions.iter().map(brief).collect();
+    assert_eq!(got, expected, "actions");
+    actions
+}
+
+fn id_of(st: &State, key: &str) -> String {
+    st.pods[key].ctrs[0].runtime_id.clone().unwrap()
+}
+
+fn phase(st: &State, key: &str) -> Option<PodPhase> {
+    status::build(st).pods.get(key).map(|p| p.phase)
+}
+
+fn written(generation: u64) -> Event {
+    Event::CheckpointWritten { generation, result: Ok(()) }
+}
+
+fn started(st: &State, key: &str) -> Event {
+    Event::Started { key: key.into(), container: "main".into(), id: id_of(st, key), result: Ok(()) }
+}
+
+fn exited(st: &State, key: &str, code: i32) -> Event {
+    Event::Exited { id: id_of(st, key), code, oom_killed: false }
+}
+
+/// Runs `key` up to Running; returns the next checkpoint generation.
+fn run_pod(st: &mut State, t: Instant, key: &str, p: Pod, generation: u64) {
+    let a = plan(st, Event::Changes(vec![apply(key, p)]), t);
+    assert!(matches!(a.as_slice(), [Action::WriteCheckpoint { .. }]), "{a:?}");
+    let a = plan(st, written(generation), t);
+    assert!(matches!(a.as_slice(), [Action::Start { .. }]), "{a:?}");
+    let ev = started(st, key);
+    plan(st, ev, t);
+}
+
+#[test]
+fn a_new_pod_starts_only_after_the_checkpoint_holding_it() {
+    let t = Instant::now();
+    let mut st = state(t);
+    check(
+        &mut st,
+        Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Never"))]),
+        t,
+        &["checkpoint 1 alloc=[static/a] ids=[static-a_main_0]"],
+    );
+    assert_eq!(phase(&st, "static/a"), Some(PodPhase::Pending), "admitted, not started");
+    check(&mut st, written(1), t, &["start static-a_main_0 cpus=1"]);
+    let ev = started(&st, "static/a");
+    check(&mut st, ev, t, &[]);
+    assert_eq!(phase(&st, "static/a"), Some(PodPhase::Running));
+}
+
+#[test]
+fn one_checkpoint_covers_every_pod_of_a_pass_and_waits_for_the_write_in_flight() {
+    let t = Instant::now();
+    let mut st = state(t);
+    // Shared pods (no exclusive CPU) fit together.
+    let shared = |n: &str| {
+        let mut p = pod(n, "sleep, inf", "Never");
+        shared_cpu(&mut p);
+        p
+    };
+    check(
+        &mut st,
+        Event::Changes(vec![
+            apply("static/a", shared("a")),
+            apply("static/b", shared("b")),
+            apply("static/c", shared("c")),
+        ]),
+        t,
+        &["checkpoint 1 alloc=[static/a static/b static/c] ids=[static-a_main_0 static-b_main_0 static-c_main_0]"],
+    );
+    // A pod arriving while the write is in flight waits for the next one.
+    check(&mut st, Event::Changes(vec![apply("static/d", shared("d"))]), t, &[]);
+    check(
+        &mut st,
+        written(1),
+        t,
+        &[
+            "start static-a_main_0 cpus=0-1",
+            "start static-b_main_0 cpus=0-1",
+            "start static-c_main_0 cpus=0-1",
+            "checkpoint 2 alloc=[static/a static/b static/c static/d] ids=[static-a_main_0 static-b_main_0 static-c_main_0 static-d_main_0]",
+        ],
+    );
+    check(&mut st, written(2), t, &["start static-d_main_0 cpus=0-1"]);
+}
+
+#[test]
+fn an_exit_frees_the_cpus_at_once_for_the_next_pod() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "true", "Never"), 1);
+    check(&mut st, written(1), t, &[]);
+    // b does not fit beside a.
+    check(&mut st, Event::Changes(vec![apply("static/b", pod("b", "true", "Never"))]), t, &[]);
+    assert_eq!(status::build(&st).pods["static/b"].reason.as_deref(), Some("InsufficientCpu"));
+    // a's exit: removed, its CPU freed and b admitted in the same pass, one write.
+    let ev = exited(&st, "static/a", 0);
+    check(&mut st, ev, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/b] ids=[static-b_main_0]"]);
+    assert_eq!(phase(&st, "static/a"), Some(PodPhase::Succeeded));
+    assert!(status::build(&st).pods["static/a"].placement.is_none());
+    check(&mut st, written(2), t, &["start static-b_main_0 cpus=1"]);
+}
+
+#[test]
+fn an_exit_reported_before_the_start_returned_is_kept() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "false", "Never"))]), t);
+    plan(&mut st, written(1), t);
+    let ev = exited(&st, "static/a", 1);
+    check(&mut st, ev, t, &[]);
+    let ev = started(&st, "static/a");
+    check(&mut st, ev, t, &["remove static-a_main_0", "checkpoint 2 alloc=[] ids=[]"]);
+    assert_eq!(phase(&st, "static/a"), Some(PodPhase::Failed));
+}
+
+#[test]
+fn restarts_wait_for_their_backoff_with_a_new_incarnation() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    check(&mut st, written(1), t, &[]);
+    let ev = exited(&st, "static/a", 2);
+    check(&mut st, ev, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/a] ids=[]"]);
+    check(&mut st, written(2), t, &[]);
+    assert_eq!(st.next_wake(), t + Duration::from_secs(10), "the first backoff");
+    check(&mut st, Event::Tick, t + Duration::from_secs(9), &[]);
+    check(&mut st, Event::Tick, t + Duration::from_secs(10), &["checkpoint 3 alloc=[static/a] ids=[static-a_main_1]"]);
+    check(&mut st, written(3), t + Duration::from_secs(10), &["start static-a_main_1 cpus=1"]);
+}
+
+#[test]
+fn a_deleted_pod_is_stopped_and_forgotten_with_its_logs() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    check(&mut st, written(1), t, &[]);
+    let logs = reconcile::pod_log_dir(
+        Path::new(""),
+        "static/a",
+        &reconcile::log_uid(&st.pods["static/a"].pod, &st.pods["static/a"].hash),
+    );
+    check(
+        &mut st,
+        Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]),
+        t,
+        &["stop static/a [static-a_main_0] 3s"],
+    );
+    // The container's exit on SIGTERM changes nothing: the stop's result decides.
+    let ev = exited(&st, "static/a", 143);
+    check(&mut st, ev, t, &[]);
+    assert!(st.alloc.pods.contains_key("static/a"), "CPUs held until the stop returns");
+    check(
+        &mut st,
+        Event::Stopped { key: "static/a".into(), errors: vec![] },
+        t,
+        &[&format!("remove logs {}", logs.strip_prefix("logs").unwrap().display()), "checkpoint 2 alloc=[] ids=[]"],
+    );
+    assert!(!st.pods.contains_key("static/a"));
+}
+
+#[test]
+fn a_failed_stop_keeps_the_cpus_and_is_retried_later() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    check(&mut st, written(1), t, &[]);
+    plan(&mut st, Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]), t);
+    check(&mut st, Event::Stopped { key: "static/a".into(), errors: vec!["stop: busy".into()] }, t, &[]);
+    assert!(st.alloc.pods.contains_key("static/a"));
+    check(&mut st, Event::Tick, t + RETRY_AFTER, &["stop static/a [static-a_main_0] 3s"]);
+}
+
+#[test]
+fn a_command_that_cannot_run_fails_a_never_pod_without_retry() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "nope", "Never"))]), t);
+    plan(&mut st, written(1), t);
+    let failure = StartFailure::CannotRun { code: 127, message: "command \"nope\" not found in $PATH".into() };
+    let event = Event::Started {
+        key: "static/a".into(),
+        container: "main".into(),
+        id: id_of(&st, "static/a"),
+        result: Err(failure),
+    };
+    // Nothing to remove: a failed start leaves nothing behind.
+    check(&mut st, event, t, &["checkpoint 2 alloc=[] ids=[]"]);
+    let report = status::build(&st);
+    let p = &report.pods["static/a"];
+    assert_eq!(p.phase, PodPhase::Failed);
+    let c = &p.container_statuses[0];
+    assert_eq!((c.last_exit_code, c.reason.as_deref()), (Some(127), Some("ContainerCannotRun")));
+    assert_eq!(p.message.as_deref(), Some("container main: command \"nope\" not found in $PATH (exit code 127)"));
+    check(&mut st, Event::Tick, t + Duration::from_secs(60), &[]);
+}
+
+#[test]
+fn a_failed_start_is_a_crash_of_the_container() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "OnFailure"))]), t);
+    plan(&mut st, written(1), t);
+    let event = Event::Started {
+        key: "static/a".into(),
+        container: "main".into(),
+        id: id_of(&st, "static/a"),
+        result: Err(StartFailure::Other("start x: timed out after 90s".into())),
+    };
+    // Removed in case the start still finishes; restarted after the backoff.
+    check(&mut st, event, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/a] ids=[]"]);
+    let p = &status::build(&st).pods["static/a"];
+    let c = &p.container_statuses[0];
+    assert_eq!((c.last_exit_code, c.reason.as_deref()), (Some(128), Some("CrashLoopBackOff")));
+    assert_eq!(p.message.as_deref(), Some("start x: timed out after 90s"));
+}
+
+#[test]
+fn a_failed_checkpoint_write_starts_nothing_and_is_retried() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Never"))]), t);
+    check(&mut st, Event::CheckpointWritten { generation: 1, result: Err("disk full".into()) }, t, &[]);
+    assert_eq!(status::build(&st).pods["static/a"].message.as_deref(), Some("disk full"));
+    check(&mut st, Event::Tick, t + RETRY_AFTER, &["checkpoint 2 alloc=[static/a] ids=[static-a_main_0]"]);
+    check(&mut st, written(2), t + RETRY_AFTER, &["start static-a_main_0 cpus=1"]);
+}
+
+#[test]
+fn a_pod_deleted_while_starting_is_stopped_once_the_start_returns() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Never"))]), t);
+    plan(&mut st, written(1), t);
+    check(&mut st, Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]), t, &[]);
+    let ev = started(&st, "static/a");
+    check(&mut st, ev, t, &["stop static/a [static-a_main_0] 3s"]);
+}
+
+#[test]
+fn exclusive_admissions_move_the_shared_pool_in_place() {
+    let t = Instant::now();
+    let mut st = state(t);
+    let mut shared = pod("s", "sleep, inf", "Always");
+    shared_cpu(&mut shared);
+    run_pod(&mut st, t, "static/s", shared, 1);
+    check(&mut st, written(1), t, &[]);
+    check(
+        &mut st,
+        Event::Changes(vec![apply("static/x", pod("x", "sleep, inf", "Always"))]),
+        t,
+        &["cpuset static/s/main 0", "checkpoint 2 alloc=[static/s static/x] ids=[static-s_main_0 static-x_main_0]"],
+    );
+    let done = Event::CpusetUpdated {
+        key: "static/s".into(),
+        container: "main".into(),
+        id: id_of(&st, "static/s"),
+        cpus: CpuSet::single(0),
+        mems: NumaSet::new(),
+        result: Ok(()),
+    };
+    check(&mut st, done, t, &[]);
+}
+
+#[test]
+fn exits_of_unknown_containers_and_stale_results_change_nothing() {
+    let t = Instant::now();
+    let mut st = state(t);
+    check(&mut st, Event::Exited { id: "other_main_0".into(), code: 1, oom_killed: false }, t, &[]);
+    // A start nobody waits for any more: what it created is removed.
+    let stale =
+        Event::Started { key: "static/gone".into(), container: "main".into(), id: "x_main_h_0".into(), result: Ok(()) };
+    check(&mut st, stale, t, &["remove x_main_0"]);
+}
