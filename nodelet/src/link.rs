@@ -5,8 +5,8 @@
 //! - bindings: list the node's pods, then watch from that version (a stream, so a
 //!   bound pod reaches the agent at once); every reconnect starts with a full
 //!   `Resync`, so nothing missed while away survives as a ghost;
-//! - reports: as soon as the agent publishes a new `NodeReport` (a burst
-//!   coalesced into one), what changed since the last acknowledged report goes
+//! - reports: as soon as the agent publishes a new `NodeReport` (what it
+//!   publishes while a report is in flight goes in the next one), what changed since the last acknowledged report goes
 //!   to the node's status: the pods whose status changed and the node's
 //!   allocations; every (re)registration starts over with a full report. An
 //!   engine rejection of a bound pod is reported once;
@@ -35,9 +35,6 @@ use crate::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
-/// After the agent publishes, the link waits this long for the rest of a burst
-/// (a pod's containers starting one after another) and sends one report.
-const COALESCE: Duration = Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -390,19 +387,14 @@ async fn reports_loop(
                 continue;
             }
         }
-        let published = tokio::select! {
-            r = reports.changed() => match r {
-                Ok(()) => true,
-                Err(_) => return,
-            },
-            r = registered.changed() => match r {
-                Ok(()) => false,
-                Err(_) => return,
-            },
+        // No timer here: a report goes as soon as the agent publishes, and
+        // what it publishes while one is in flight goes together in the next
+        // (the watch keeps only the latest), so a burst costs few reports and
+        // no change waits for a clock.
+        tokio::select! {
+            r = reports.changed() => if r.is_err() { return },
+            r = registered.changed() => if r.is_err() { return },
             _ = stop.wait_for(|s| *s) => return,
-        };
-        if published && sleep_or_stop(COALESCE, &mut stop).await {
-            return;
         }
     }
 }
