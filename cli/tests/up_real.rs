@@ -258,6 +258,45 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     let out = up.cli(&["delete", "pod", &format!("{arr}-1"), &format!("{arr}-3"), &one]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 
+    // Ctrl-C of an array deletes every task, running or waiting, and their
+    // containers go (init as PID 1 passes the SIGTERM on to `sleep`).
+    let stop = format!("stop-{tag}");
+    let mut running = Command::new(PINION)
+        .args(["run", &stop, "--array", "1-3%1", "--cpus", "1", "--", "sleep", "1000"])
+        .env("PINION_CONFIG", &up.config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first = format!("{stop}-1");
+    up.wait(
+        &format!("the array's first task running ({})", text(&up.cli(&["describe", "pod", &first]).stdout)),
+        || up.phase(&first).as_deref() == Some("Running"),
+    );
+    let sent = Command::new("kill").args(["-INT", &running.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let status = running.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut running.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "stderr: {err}");
+    assert!(err.contains(&format!("array {stop} deleted")), "{err}");
+    up.wait("every task of the interrupted array gone", || {
+        let listed = up.cli(&["get", "pods", "-l", &format!("pinion.io/array={stop}"), "-o", "json"]);
+        let v: Value = serde_json::from_slice(&listed.stdout).unwrap_or_default();
+        v["items"].as_array().is_some_and(Vec::is_empty)
+    });
+    up.wait("the node runs none of the array's pods", || !up.node_pods().iter().any(|p| p.starts_with(&stop)));
+
+    // A command that cannot be executed is the job's failure: exit 127 and one
+    // line; running the same name again replaces the finished pod.
+    let missing = format!("missing-{tag}");
+    for _ in 0..2 {
+        let out = up.cli(&["run", &missing, "--", "/no/such/binary"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(127), "stderr: {err}");
+        assert!(err.contains("/no/such/binary") && err.contains("not found") && err.lines().count() == 1, "{err}");
+    }
+
     // The connection to the server breaks while the command runs: `run`
     // reconnects and resumes, so every byte of output comes once.
     let creds = std::fs::read_to_string(&up.config).unwrap();

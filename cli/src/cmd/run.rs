@@ -476,7 +476,9 @@ async fn follow(
             match frame {
                 AttachFrame::Status { resource_version, status } => {
                     from = Some(resource_version);
-                    if status.phase == PodPhase::Pending && sink.says_pending() {
+                    // Why it waits for a node (capacity, throttling); once bound,
+                    // the short steps before it runs are not worth a line.
+                    if status.phase == PodPhase::Pending && status.node_name.is_none() && sink.says_pending() {
                         let why = status.message.or(status.reason);
                         if why.is_some() && why != said {
                             sink.note(format!("pinion: pod {name} is pending: {}", why.clone().unwrap_or_default()));
@@ -526,7 +528,10 @@ fn exit_code_of(
         // The exec failed (the shell's codes): say which, once.
         Some(code @ (126 | 127)) if phase == PodPhase::Failed => {
             let what = if code == 127 { "command not found" } else { "cannot be executed" };
-            let detail = message.filter(|m| !m.is_empty()).map(|m| format!(" ({m})")).unwrap_or_default();
+            // "Not found" says it all; "cannot be executed" has reasons (the
+            // node's message: permission denied, a bad interpreter...).
+            let detail =
+                message.filter(|m| code == 126 && !m.is_empty()).map(|m| format!(" ({m})")).unwrap_or_default();
             sink.note(format!("pinion: run {name}: {program}: {what} (exit {code}){detail}"));
             code
         }
