@@ -109,8 +109,9 @@ pub fn pem_key(pem: &str, what: &str) -> Result<PrivateKeyDer<'static>, TlsError
         .map_err(|e| TlsError::Pem { what: what.to_string(), reason: e.to_string() })
 }
 
+/// The one crypto provider (see the workspace's `Cargo.toml` for why ring).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// Writes a secret atomically with mode 0600 (temp file, fsync, rename, fsync dir).
