@@ -46,7 +46,7 @@ const RECONNECTS: u32 = 10;
 /// Creates (and deletes) of an array's pods in flight at once, multiplexed on
 /// the client's one HTTP/2 connection: enough to overlap the server's group
 /// commits, few enough to stay polite.
-const ARRAY_CONNECTIONS: usize = 8;
+const ARRAY_IN_FLIGHT: usize = 64;
 /// Array tasks followed at once (one attach stream each).
 const MAX_FOLLOWED: usize = 256;
 /// Slurm's default `MaxArraySize` is 1001; more tasks are refused with a reason.
@@ -379,7 +379,7 @@ fn create_error(name: &str, e: ClientError) -> anyhow::Error {
 async fn delete_all(client: &Client, names: &[String]) {
     let queue = Arc::new(Mutex::new(names.iter().cloned().collect::<VecDeque<_>>()));
     let mut workers = JoinSet::new();
-    for _ in 0..ARRAY_CONNECTIONS.min(names.len()) {
+    for _ in 0..ARRAY_IN_FLIGHT.min(names.len()) {
         let (client, queue) = (client.clone(), queue.clone());
         workers.spawn(async move {
             loop {
@@ -610,7 +610,7 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
     // the server commits what arrives together in one group.
     let queue = Arc::new(Mutex::new(pods.into_iter().collect::<VecDeque<_>>()));
     let mut workers = JoinSet::new();
-    for _ in 0..ARRAY_CONNECTIONS.min(names.len()) {
+    for _ in 0..ARRAY_IN_FLIGHT.min(names.len()) {
         let (client, queue) = (client.clone(), queue.clone());
         workers.spawn(async move {
             let mut made = Vec::new();

@@ -11,10 +11,14 @@
 //!    true` followed by `squeue` every 10 ms until the queue is empty. Jobs per
 //!    second from the submission to the last completion.
 //! 3. Control path alone: the same queue with the hollow runtime on a
-//!    synthetic 64-CPU node (`true` ends at once there), `--hollow-jobs` tasks.
+//!    synthetic 64-CPU node (`true` ends at once there), `--hollow-jobs`
+//!    tasks, twice: submitted with `run --array -d` and their completions
+//!    counted from one label watch the benchmark opens before the submission
+//!    (the control path: API, scheduler, node, reports), and with `run
+//!    --array` following every task's attach stream as a user would.
 //!
 //! Usage (as root): `bench_job [--runs N] [--queue N] [--hollow-jobs N]
-//! [--pinion PATH] [--no-slurm]` (defaults 50, 200, 2000,
+//! [--pinion PATH] [--no-slurm]` (defaults 50, 200, 1000,
 //! `target/release/pinion`).
 
 use std::path::{Path, PathBuf};
@@ -35,7 +39,7 @@ struct Opts {
 
 fn opts() -> anyhow::Result<Opts> {
     let mut o =
-        Opts { runs: 50, queue: 200, hollow_jobs: 2000, pinion: PathBuf::from("target/release/pinion"), slurm: true };
+        Opts { runs: 50, queue: 200, hollow_jobs: 1000, pinion: PathBuf::from("target/release/pinion"), slurm: true };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> anyhow::Result<usize> {
@@ -180,6 +184,43 @@ fn pinion_queue(up: &Up, name: &str, n: usize) -> anyhow::Result<f64> {
     Ok(n as f64 / (ms / 1e3))
 }
 
+/// Jobs per second of an array submitted with `run -d`, counted done by a
+/// watch on its label opened before the submission: no polling.
+fn pinion_queue_watched(up: &Up, name: &str, n: usize) -> anyhow::Result<f64> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let creds = orchestrator::tls::Credentials::load(&up.dir.path().join("config"))?;
+        let client = orchestrator::client::Client::new(&creds)?;
+        let selector = format!("{}={name}", specs::pod::ARRAY_LABEL);
+        let list = client.list_pods(Some(&selector)).await?;
+        let mut watch = client.watch_pods(None, Some(&selector), Some(list.resource_version)).await?;
+        let start = Instant::now();
+        let submit = up
+            .cmd()
+            .args(["run", name, "--array", &format!("1-{n}"), "--cpus", "1", "--memory", "16Mi", "-d", "--", "true"])
+            .stdout(Stdio::null())
+            .status()?;
+        if !submit.success() {
+            bail!("pinion run --array -d: {submit}");
+        }
+        let mut done = std::collections::BTreeSet::new();
+        while done.len() < n {
+            let next = tokio::time::timeout(Duration::from_secs(120), watch.next()).await;
+            let Ok(Some((_, pod))) = next.context("no change for 120 s")?.map_err(anyhow::Error::from) else {
+                bail!("the watch ended after {} of {n} jobs", done.len());
+            };
+            match pod.status.as_ref().map(|s| s.phase) {
+                Some(specs::PodPhase::Succeeded) => {
+                    done.insert(pod.metadata.name);
+                }
+                Some(specs::PodPhase::Failed) => bail!("{} failed: {:?}", pod.metadata.name, pod.status),
+                _ => {}
+            }
+        }
+        Ok(n as f64 / start.elapsed().as_secs_f64())
+    })
+}
+
 fn slurm_queue(s: &Slurm, n: usize) -> anyhow::Result<f64> {
     let start = Instant::now();
     let out = s
@@ -225,6 +266,12 @@ fn main() -> anyhow::Result<()> {
         &o.pinion,
         &["--runtime", "hollow", "--synthetic", "pack:1 numa:1 core:64 pu:1", "--reserved-cpus", "0"],
     )?;
+    let hw = pinion_queue_watched(&hollow, "hw", o.hollow_jobs)?;
+    drop(hollow);
+    let hollow = Up::start(
+        &o.pinion,
+        &["--runtime", "hollow", "--synthetic", "pack:1 numa:1 core:64 pu:1", "--reserved-cpus", "0"],
+    )?;
     let hq = pinion_queue(&hollow, "h", o.hollow_jobs)?;
     drop(hollow);
     let load_after = load_average();
@@ -244,6 +291,7 @@ fn main() -> anyhow::Result<()> {
         println!("   sbatch --array:     {sq:.1} jobs/s ({:.1} ms per job)", 1e3 / sq);
     }
     println!("3. hollow runtime, synthetic 64-CPU node, {} jobs", o.hollow_jobs);
-    println!("   pinion run --array: {hq:.1} jobs/s");
+    println!("   run --array -d, one watch: {hw:.1} jobs/s (the control path)");
+    println!("   run --array, following:   {hq:.1} jobs/s (every task's attach stream)");
     Ok(())
 }
