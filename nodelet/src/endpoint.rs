@@ -75,6 +75,9 @@ pub async fn serve(
                 continue;
             }
         };
+        // A log stream's last small frame must not wait for the previous
+        // one's ACK (Nagle against delayed ACK: 40 ms at the end of a `run`).
+        let _ = tcp.set_nodelay(true);
         let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

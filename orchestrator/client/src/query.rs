@@ -1,5 +1,5 @@
-//! Query strings as the API and the node endpoint speak them: percent-encoded
-//! values in, decoded pairs out.
+//! Query strings as the API, the server and the node endpoint speak them:
+//! percent-encoded values in, decoded pairs out (one parser for all of them).
 
 use specs::api::ApiError;
 
@@ -37,6 +37,17 @@ impl Query {
             None | Some("false") | Some("0") => Ok(false),
             Some("true") | Some("1") | Some("") => Ok(true),
             Some(v) => Err(bad_request(format!("{key}={v:?}: expected true or false"))),
+        }
+    }
+
+    /// A non-negative integer parameter, absent when missing or empty.
+    pub fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
+        match self.get(key) {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| bad_request(format!("{key} {v:?} is not a non-negative integer"))),
         }
     }
 }

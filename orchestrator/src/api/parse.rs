@@ -71,7 +71,7 @@ pub fn parse(
             Action::Join { token, request }
         }
         RouteId::ListPods => {
-            let selector = q.selector()?;
+            let selector = selector(&q)?;
             let node = q.get("nodeName").map(str::to_string);
             if q.flag("watch")? {
                 let from = match q.get("resourceVersion") {
@@ -102,7 +102,7 @@ pub fn parse(
             known_version: q.number("resourceVersion")?,
             offset: q.number("offset")?.unwrap_or(0),
         },
-        RouteId::ListNodes => Action::ListNodes { selector: q.selector()? },
+        RouteId::ListNodes => Action::ListNodes { selector: selector(&q)? },
         RouteId::RegisterNode => Action::RegisterNode(Box::new(parse_node(body)?)),
         RouteId::GetNode => Action::GetNode(name()?),
         RouteId::DeleteNode => Action::DeleteNode(name()?),
@@ -284,86 +284,11 @@ fn check_quantities(pod: &Pod, errs: &mut Vec<FieldError>) {
     }
 }
 
-/// The query string, percent-decoded.
-pub struct Query(Vec<(String, String)>);
+pub use pinion_client::query::{percent_encode, Query};
 
-impl Query {
-    pub fn parse(query: &str) -> Result<Query, ApiError> {
-        let mut out = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            out.push((percent_decode(k)?, percent_decode(v)?));
-        }
-        Ok(Query(out))
-    }
-
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
-    }
-
-    pub fn flag(&self, key: &str) -> Result<bool, ApiError> {
-        match self.get(key) {
-            None | Some("false") | Some("0") => Ok(false),
-            Some("true") | Some("1") | Some("") => Ok(true),
-            Some(v) => Err(bad_request(format!("{key}={v:?}: expected true or false"))),
-        }
-    }
-
-    /// A non-negative integer parameter, absent when missing or empty.
-    pub fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
-        match self.get(key) {
-            None | Some("") => Ok(None),
-            Some(v) => v
-                .parse::<u64>()
-                .map(Some)
-                .map_err(|_| bad_request(format!("{key} {v:?} is not a non-negative integer"))),
-        }
-    }
-
-    fn selector(&self) -> Result<LabelSelector, ApiError> {
-        LabelSelector::parse(self.get("labelSelector").unwrap_or("")).map_err(|e| bad_request(e.to_string()))
-    }
-}
-
-fn percent_decode(s: &str) -> Result<String, ApiError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                let v = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
-                match v {
-                    Some(v) => out.push(v),
-                    None => return Err(bad_request(format!("bad percent-encoding in query {s:?}"))),
-                }
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| bad_request("query is not UTF-8"))
-}
-
-/// Percent-encodes a query value (used by the client).
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+/// The `labelSelector` parameter.
+fn selector(q: &Query) -> Result<LabelSelector, ApiError> {
+    LabelSelector::parse(q.get("labelSelector").unwrap_or("")).map_err(|e| bad_request(e.to_string()))
 }
 
 #[cfg(test)]
@@ -415,8 +340,8 @@ mod tests {
         assert_eq!(name_problem("web-1.a"), None);
         assert!(name_problem("-web").is_some());
         assert!(name_problem(&"a".repeat(64)).is_some());
-        assert_eq!(percent_decode("a%3Db%2Cc%21%3Dd").ok().as_deref(), Some("a=b,c!=d"));
-        assert_eq!(percent_decode(&percent_encode("a=b,c!=d")).ok().as_deref(), Some("a=b,c!=d"));
-        assert!(percent_decode("%zz").is_err());
+        let q = Query::parse(&format!("s={}", percent_encode("a=b,c!=d"))).ok();
+        assert_eq!(q.as_ref().and_then(|q| q.get("s")), Some("a=b,c!=d"));
+        assert!(Query::parse("s=%zz").is_err());
     }
 }
