@@ -268,11 +268,25 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let first = format!("{stop}-1");
-    up.wait(
-        &format!("the array's first task running ({})", text(&up.cli(&["describe", "pod", &first]).stdout)),
-        || up.phase(&first).as_deref() == Some("Running"),
-    );
+    // Tasks are created concurrently, so any of them may be the one running.
+    let tasks: Vec<String> = (1..=3).map(|i| format!("{stop}-{i}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !tasks.iter().any(|t| up.phase(t).as_deref() == Some("Running")) {
+        if let Ok(Some(status)) = running.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut running.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("run --array ended ({status}) before a task ran: {err}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no task of the array is running after 60 s:\n{}",
+            text(&up.cli(&["get", "pods", "-o", "wide"]).stdout)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // %1: one at a time.
+    let running_now = tasks.iter().filter(|t| up.phase(t).as_deref() == Some("Running")).count();
+    assert_eq!(running_now, 1, "{}", text(&up.cli(&["get", "pods", "-o", "wide"]).stdout));
     let sent = Command::new("kill").args(["-INT", &running.id().to_string()]).status().unwrap();
     assert!(sent.success());
     let status = running.wait().unwrap();

@@ -443,10 +443,19 @@ async fn push_report(
     while let Some((pod, r)) = refusals.next() {
         let body = serde_json::to_vec(&r).map_err(|e| ClientError::Decode(e.to_string()))?;
         let path = format!("/api/v1/pods/{}/rejection", percent_encode(&pod));
-        if let Err(e) = client.request(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await {
-            rejected.set().remove(&(pod, r.message));
-            unmark(&mut refusals);
-            return Err(e);
+        match client.request(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await {
+            Ok(_) => {}
+            // The binding it refuses is gone (the pod was deleted, unbound or
+            // bound elsewhere since the report it came from): nothing to
+            // refuse, and no reason to hold back every later report retrying it.
+            Err(ClientError::Api(e)) if matches!(e.code, 403 | 404 | 409) => {
+                tracing::debug!(pod, code = e.code, "refusal of a binding that is gone; dropped");
+            }
+            Err(e) => {
+                rejected.set().remove(&(pod, r.message));
+                unmark(&mut refusals);
+                return Err(e);
+            }
         }
     }
     Ok(())
