@@ -491,5 +491,37 @@ async fn reports_update_pods_and_rejections_requeue_with_an_event() {
     assert!(events.items.iter().any(|e| e.reason == "Rejected"), "{events:?}");
     // No longer bound to edge: its node may not read it.
     assert_eq!(api_code(n.get_pod("refused").await), 403);
+
+    // A pod deleted and created again under its name is another pod: a
+    // report still about the first (its uid) neither ends nor starts the new one.
+    let first = s.admin.get_pod("run").await.expect("run").metadata.uid.expect("uid");
+    s.admin.delete_pod("run").await.expect("delete");
+    s.admin.create_pod(manifest("run", "  nodeName: edge\n")).await.expect("create again");
+    let stale = serde_json::json!({
+        "nodeName": "edge", "allocations": {"epoch": 4, "pods": {}},
+        "pods": {"run": {"phase": "Failed", "podUid": first}}
+    });
+    n.call::<NodeStatus>(
+        Method::PUT,
+        "/api/v1/nodes/edge/status",
+        Some(("application/json", Bytes::from(serde_json::to_vec(&stale).expect("encode")))),
+    )
+    .await
+    .expect("report");
+    let again = s.admin.get_pod("run").await.expect("run");
+    assert_ne!(again.status.as_ref().map(|s| s.phase), Some(PodPhase::Failed), "{again:?}");
+    let current = serde_json::json!({
+        "nodeName": "edge", "allocations": {"epoch": 5, "pods": {}},
+        "pods": {"run": {"phase": "Running", "podUid": again.metadata.uid}}
+    });
+    n.call::<NodeStatus>(
+        Method::PUT,
+        "/api/v1/nodes/edge/status",
+        Some(("application/json", Bytes::from(serde_json::to_vec(&current).expect("encode")))),
+    )
+    .await
+    .expect("report");
+    let status = s.admin.get_pod("run").await.expect("run").status.expect("status");
+    assert_eq!((status.phase, status.pod_uid), (PodPhase::Running, None));
     s.stop().await;
 }

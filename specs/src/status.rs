@@ -55,6 +55,12 @@ pub struct PodStatus {
     /// against; the nodelet adopts it when the epoch still matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::api::PodPlan>,
+    /// In a node's report: the uid of the pod this status is about. A pod
+    /// deleted and created again under the same name is another pod; the
+    /// server applies a reported status only to the pod with this uid (a
+    /// report still about the old one must not end or start the new one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
 }
 
 /// The placement a pod received, as reported and shown by `describe`.

@@ -89,6 +89,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
             node_name: Some(agent.cfg.node_name.clone()),
             attempts: e.attempts,
             message: e.message.clone(),
+            pod_uid: e.pod.metadata.uid.clone(),
             ..Default::default()
         };
         let ever_started = e.ctrs.iter().any(|c| matches!(c.state, CtrState::Running { .. }) || c.restart_count > 0);

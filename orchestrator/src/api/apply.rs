@@ -286,6 +286,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .write(move |t| -> Result<(Pod, bool), Refused> {
                     let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
                     require_pod_access(&id2, &pod)?;
+                    if status.pod_uid.is_some() && status.pod_uid != pod.metadata.uid {
+                        return Err(Refused(conflict(format!("the status is about an earlier pod {name:?}"))));
+                    }
                     let was_finished = is_finished(&pod);
                     merge_status(&mut pod, *status)?;
                     t.put(&mut pod)?;
@@ -435,6 +438,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         if pod.spec.node_name.as_deref() != Some(&n) {
                             continue; // Not ours (any more): the node learns from its watch.
                         }
+                        if status.pod_uid.is_some() && status.pod_uid != pod.metadata.uid {
+                            continue; // About an earlier pod of this name.
+                        }
                         // Admitted (running or done): the binding is no longer in flight.
                         if matches!(status.phase, PodPhase::Running | PodPhase::Succeeded | PodPhase::Failed) {
                             confirmed.push(pod_name.clone());
@@ -563,6 +569,8 @@ fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ApiError> 
         reported.placement = current.placement;
     }
     reported.node_name = pod.spec.node_name.clone();
+    // The node's tag, checked by the caller; not part of the stored status.
+    reported.pod_uid = None;
     pod.status = Some(reported);
     Ok(())
 }
