@@ -40,8 +40,11 @@ pub struct Checkpoint {
 pub struct PodRecord {
     /// `spec_hash(pod)`: a source re-sending the same pod is not a change.
     pub spec_hash: String,
-    /// The pod as admitted, so that restart policies apply before the source resyncs.
-    pub pod: Pod,
+    /// The pod as admitted, so that restart policies apply before the source
+    /// resyncs. Shared with the agent's entry: a checkpoint is taken at every
+    /// write, and copying every pod each time made the write's cost grow with
+    /// the pods held.
+    pub pod: std::sync::Arc<Pod>,
     /// Container name -> its runtime record.
     #[serde(default)]
     pub containers: BTreeMap<String, ContainerRecord>,
@@ -178,7 +181,7 @@ mod tests {
             "static/a".into(),
             PodRecord {
                 spec_hash: spec_hash(&pod("a")),
-                pod: pod("a"),
+                pod: std::sync::Arc::new(pod("a")),
                 containers: [(
                     "main".to_string(),
                     ContainerRecord {

@@ -139,13 +139,12 @@ pub async fn run(
         start_timeout: state.cfg.start_timeout,
         op_timeout: state.cfg.op_timeout,
     };
-    let mut published = Publisher::default();
     let status_lock = Arc::new(std::sync::Mutex::new(()));
     let status_file = tokio::spawn(status::follow(state.cfg.data_dir.clone(), report.subscribe(), status_lock.clone()));
     for a in plan::plan(&mut state, Event::Tick, Instant::now()) {
         exec.spawn(a);
     }
-    published.publish(&state, &report);
+    publish(&state, &report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
     loop {
@@ -181,7 +180,7 @@ pub async fn run(
         for a in plan::plan_batch(&mut state, batch, Instant::now()) {
             exec.spawn(a);
         }
-        published.publish(&state, &report);
+        publish(&state, &report);
     }
     // What memory knows that the file does not (a finished or removed pod)
     // is written before returning, after any write still in flight.
@@ -405,23 +404,20 @@ async fn write_checkpoint(
     }
 }
 
-/// Publishes the report when it changed. `<data>/status.json` follows it from
-/// its own task (`status::follow`): serializing every pod at every change on
-/// the loop thread cost more than the rest of a pass.
-#[derive(Default)]
-struct Publisher {
-    last: Option<NodeReport>,
-}
-
-impl Publisher {
-    fn publish(&mut self, state: &State, tx: &watch::Sender<NodeReport>) {
-        let report = status::build(state);
-        if self.last.as_ref() == Some(&report) {
-            return;
+/// Publishes the report when it changed, compared with the published one in
+/// place (no second copy of a report that grows with the pods held).
+/// `<data>/status.json` follows it from its own task (`status::follow`):
+/// serializing every pod at every change on the loop thread cost more than
+/// the rest of a pass.
+fn publish(state: &State, tx: &watch::Sender<NodeReport>) {
+    let report = status::build(state);
+    tx.send_if_modified(|current| {
+        if *current == report {
+            return false;
         }
-        tx.send_replace(report.clone());
-        self.last = Some(report);
-    }
+        *current = report;
+        true
+    });
 }
 
 /// Loads the checkpoint and brings it in line with what the runtime holds.
@@ -432,7 +428,8 @@ async fn recover(cfg: AgentConfig, runtime: &Arc<dyn Runtime>) -> Result<State, 
     let listed: BTreeSet<String> = call(runtime, "list containers", op, |rt| rt.list()).await?.into_iter().collect();
     let mut known = BTreeSet::new();
     for (key, rec) in cp.pods {
-        let mut entry = PodEntry::new(Desired { pod: rec.pod, plan: None }, Instant::now());
+        let mut entry =
+            PodEntry::new(Desired { pod: std::sync::Arc::unwrap_or_clone(rec.pod), plan: None }, Instant::now());
         entry.hash = rec.spec_hash;
         for ctr in &mut entry.ctrs {
             let r = rec.containers.get(&ctr.name).cloned().unwrap_or_default();

@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use specs::{Allocations, CpuSet, NumaSet, Pod, PodPhase, RejectReason, Rejection};
@@ -101,7 +102,8 @@ pub struct Ctr {
 
 #[derive(Debug, Clone)]
 pub struct PodEntry {
-    pub pod: Pod,
+    /// Shared with the checkpoints taken of it (see `PodRecord::pod`).
+    pub pod: Arc<Pod>,
     pub hash: String,
     pub plan: Option<BoundPlan>,
     pub stage: Stage,
@@ -133,7 +135,7 @@ impl PodEntry {
             .collect();
         PodEntry {
             hash: spec_hash(&d.pod),
-            pod: d.pod,
+            pod: Arc::new(d.pod),
             plan: d.plan,
             stage: Stage::Pending { rejected: None },
             ctrs,
