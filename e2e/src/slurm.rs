@@ -108,10 +108,6 @@ impl Slurm {
         }
         Ok(out.stdout.iter().all(u8::is_ascii_whitespace))
     }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
 }
 
 impl Drop for Slurm {

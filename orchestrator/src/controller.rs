@@ -353,11 +353,7 @@ impl Controller {
     pub fn pod_deleted(&self, pod: &Pod) {
         let mut inner = self.lock();
         let name = &pod.metadata.name;
-        inner.dequeue(name);
-        inner.leave_array(pod);
-        inner.forget_order(pod);
-        // A later pod of the same name is a new pod: no backoff, no stale marks.
-        inner.sched.release(name);
+        inner.let_go(pod);
         if let Some((at, uid)) = inner.expiry_of.remove(name) {
             inner.expiring.remove(&(at, name.clone(), uid));
         }
@@ -371,10 +367,7 @@ impl Controller {
     pub fn pod_finished(&self, pod: &Pod) {
         let mut inner = self.lock();
         let name = &pod.metadata.name;
-        inner.dequeue(name);
-        inner.leave_array(pod);
-        inner.forget_order(pod);
-        inner.sched.release(name);
+        inner.let_go(pod);
         if let Some(ttl) = self.ttl_of(pod) {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             inner.expire_at(Instant::now() + ttl, name, uid);
@@ -897,6 +890,16 @@ impl Inner {
             self.expiring.remove(&(old_at, name.to_string(), old_uid));
         }
         self.expiring.insert((at, name.to_string(), uid));
+    }
+
+    /// The pod finished or was deleted: out of the queue, its array and the
+    /// queue order, and the scheduler forgets it (a later pod of the same
+    /// name is a new pod: no backoff, no stale marks).
+    fn let_go(&mut self, pod: &Pod) {
+        self.dequeue(&pod.metadata.name);
+        self.leave_array(pod);
+        self.forget_order(pod);
+        self.sched.release(&pod.metadata.name);
     }
 
     /// The pod is finished or gone: it leaves the queue order (and its array).

@@ -108,6 +108,12 @@ impl TestServer {
         pod
     }
 
+    /// Every pod change from now on (a list, then a watch from its version).
+    async fn watch_from_now(&self) -> PodWatch {
+        let from = self.admin.list_pods(None).await.expect("list").resource_version;
+        self.admin.watch_pods(None, None, Some(from)).await.expect("watch")
+    }
+
     async fn reason(&self, name: &str) -> Option<String> {
         self.admin.get_pod(name).await.expect("get").status.and_then(|s| s.reason)
     }
@@ -189,11 +195,7 @@ async fn a_queue_drains_in_submission_order_each_pod_bound_on_the_previous_ones_
     let s = TestServer::start(dir.path(), |_| {}).await;
     let node = s.node(dir.path(), "one", 1).await;
     let start = tokio::time::Instant::now();
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     // Submission order is not name order.
     let order = ["job-3", "job-1", "job-4", "job-0", "job-2"];
     for name in order {
@@ -224,11 +226,7 @@ async fn an_unconfirmed_binding_expires_its_capacity_returns_and_the_pod_is_requ
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
     let node = s.node(dir.path(), "one", 1).await;
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     s.create("lost", "", "").await;
     s.create("next", "", "").await;
     let bound = unaided("lost bound", next_bound(&mut w)).await;
@@ -265,11 +263,7 @@ async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events(
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), |o| o.controller.finished_pod_ttl = Some(Duration::from_secs(120))).await;
     let node = s.node(dir.path(), "two", 2).await;
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     s.create("own", "", "  ttlSecondsAfterFinished: 60\n").await;
     s.create("default", "", "").await;
     let a = unaided("bound", next_bound(&mut w)).await;
@@ -306,11 +300,7 @@ async fn creating_a_pod_again_repeats_replaces_a_finished_one_or_conflicts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), |_| {}).await;
     let node = s.node(dir.path(), "one", 1).await;
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     let first = s.create("hello", "", "").await;
     let bound = unaided("bound", next_bound(&mut w)).await;
     assert_eq!(bound.spec.node_name.as_deref(), Some("one"));
@@ -339,11 +329,7 @@ async fn creating_a_pod_again_repeats_replaces_a_finished_one_or_conflicts() {
 async fn an_array_binds_at_most_its_parallelism_in_task_order() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), |_| {}).await;
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     // Submitted last task first, before any node (a cluster still starting);
     // a pod outside the array after them.
     for task in (0..5).rev() {
@@ -378,11 +364,7 @@ async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_i
     let s = TestServer::start(dir.path(), |_| {}).await;
     let creds = s.join(dir.path(), "one").await;
     s.register(creds.clone(), "one", 1).await;
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     for name in ["c", "a", "b"] {
         s.create(name, "", "").await;
         // Creation timestamps have millisecond resolution; the reloaded queue
@@ -394,11 +376,7 @@ async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_i
     s.stop().await;
 
     let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
-    let mut w = s
-        .admin
-        .watch_pods(None, None, Some(s.admin.list_pods(None).await.expect("list").resource_version))
-        .await
-        .expect("watch");
+    let mut w = s.watch_from_now().await;
     // The node's truth is empty, but the binding of c is still in flight.
     let node = s.register(creds, "one", 1).await;
     let mut epoch = 0;
