@@ -6,7 +6,6 @@ use bytes::Bytes;
 use hyper::HeaderMap;
 use specs::api::ApiError;
 use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
-use specs::pod::API_VERSION;
 use specs::validate::FieldError;
 use specs::{Pod, PodStatus};
 
@@ -146,15 +145,6 @@ fn decode_error(e: &serde_yaml_ng::Error) -> FieldError {
     }
 }
 
-fn check_header(api_version: &str, kind: &str, want_kind: &str, errs: &mut Vec<FieldError>) {
-    if api_version != API_VERSION {
-        errs.push(FieldError { field: "apiVersion".into(), message: format!("must be {API_VERSION:?}") });
-    }
-    if kind != want_kind {
-        errs.push(FieldError { field: "kind".into(), message: format!("must be {want_kind:?}") });
-    }
-}
-
 /// One pod from a YAML or JSON body, every problem with its field path.
 pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| bad_request("body is not UTF-8"))?;
@@ -165,19 +155,9 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     let Some(mut pod) = decoded.pod.take() else {
         return Err(invalid("Pod", "", decoded.errors));
     };
-    let mut errs = Vec::new();
-    check_header(&pod.api_version, &pod.kind, "Pod", &mut errs);
-    if let Some(p) = name_problem(&pod.metadata.name) {
-        errs.push(FieldError { field: "metadata.name".into(), message: p });
-    }
-    check_labels(&pod.metadata.labels, &mut errs);
-    check_quantities(&pod, &mut errs);
-    for e in specs::validate::validate_pod(&pod) {
-        if !errs.iter().any(|x| x.field == e.field) {
-            errs.push(e);
-        }
-    }
-    decoded.add_semantic(errs);
+    // The bounds are the validator's alone (`specs::limits`), so the API and
+    // `pinion apply`'s own check refuse exactly the same pods.
+    decoded.add_semantic(specs::validate::validate_pod(&pod));
     if !decoded.errors.is_empty() {
         return Err(invalid("Pod", &pod.metadata.name, decoded.errors));
     }
@@ -189,100 +169,23 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     Ok(pod)
 }
 
+/// A node's registration. Its topology is bounded and coherent like a pod is
+/// (`specs::validate::validate_node`): the controller indexes it under its lock
+/// and every placement on it is stored, so an id the store cannot read back, or
+/// a CPU on a NUMA node that is not listed, never gets in.
 pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
     let node: Node = serde_json::from_slice(body).map_err(|e| {
         invalid("Node", "", vec![FieldError { field: "(body)".into(), message: format!("malformed JSON: {e}") }])
     })?;
-    let mut errs = Vec::new();
-    check_header(&node.api_version, &node.kind, "Node", &mut errs);
-    if let Some(p) = name_problem(&node.metadata.name) {
-        errs.push(FieldError { field: "metadata.name".into(), message: p });
-    }
-    check_labels(&node.metadata.labels, &mut errs);
-    let t = &node.spec.topology;
-    if t.cpus.is_empty() {
-        errs.push(FieldError { field: "spec.topology.cpus".into(), message: "must not be empty".into() });
-    }
-    if t.cpus.len() > specs::idset::MAX_ID as usize + 1 {
-        errs.push(FieldError { field: "spec.topology.cpus".into(), message: "more CPUs than Linux supports".into() });
-    }
-    if t.numa_nodes.is_empty() || t.numa_nodes.len() > 1024 {
-        errs.push(FieldError {
-            field: "spec.topology.numaNodes".into(),
-            message: "must list 1 to 1024 NUMA nodes".into(),
-        });
-    }
-    for (i, c) in t.cpus.iter().enumerate() {
-        if t.numa_node(c.numa).is_none() {
-            errs.push(FieldError {
-                field: format!("spec.topology.cpus[{i}].numa"),
-                message: format!("NUMA node {} is not in numaNodes", c.numa),
-            });
-        }
-    }
+    let errs = specs::validate::validate_node(&node);
     if !errs.is_empty() {
         return Err(invalid("Node", &node.metadata.name, errs));
     }
     Ok(node)
 }
 
-/// DNS-label names: they become store keys, cgroup and file names.
-pub fn name_problem(name: &str) -> Option<String> {
-    if name.is_empty() {
-        return Some("must not be empty".into());
-    }
-    if name.len() > 63 {
-        return Some(format!("must be at most 63 characters (has {})", name.len()));
-    }
-    if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.') {
-        return Some("must consist of lower-case letters, digits, '-' and '.'".into());
-    }
-    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
-        return Some("must start and end with a letter or digit".into());
-    }
-    None
-}
-
-fn check_labels(labels: &std::collections::BTreeMap<String, String>, errs: &mut Vec<FieldError>) {
-    let ok = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
-    for (k, v) in labels {
-        if k.is_empty() || k.len() > 253 || !ok(k) {
-            errs.push(FieldError { field: format!("metadata.labels.{k}"), message: "invalid label key".into() });
-        }
-        if v.len() > 63 || !ok(v) {
-            errs.push(FieldError { field: format!("metadata.labels.{k}"), message: "invalid label value".into() });
-        }
-    }
-}
-
-/// Quantities no machine has: caught here so they never reach the scheduler.
-fn check_quantities(pod: &Pod, errs: &mut Vec<FieldError>) {
-    const MAX_CPU_MILLIS: i128 = 8192 * 1000;
-    const MAX_BYTES: i128 = 1 << 50; // 1 PiB
-    for (i, c) in pod.spec.containers.iter().enumerate() {
-        for (section, map) in [("requests", &c.resources.requests), ("limits", &c.resources.limits)] {
-            for (res, q) in map {
-                let field = format!("spec.containers[{i}].resources.{section}.{res}");
-                if q.is_negative() {
-                    errs.push(FieldError { field, message: format!("{} must not be negative", q.as_str()) });
-                } else if res == "cpu" && q.millis_ceil() > MAX_CPU_MILLIS {
-                    errs.push(FieldError { field, message: format!("{} CPUs is more than any node has", q.as_str()) });
-                } else if res != "cpu"
-                    && q.units_ceil() > MAX_BYTES
-                    && (res == "memory" || res.starts_with("hugepages-"))
-                {
-                    errs.push(FieldError { field, message: format!("{} is more than any node has", q.as_str()) });
-                } else if res.contains('/') && q.units_ceil() > 1024 {
-                    errs.push(FieldError {
-                        field,
-                        message: format!("{} devices is more than any node has", q.as_str()),
-                    });
-                }
-            }
-        }
-    }
-}
+/// Names in paths, node names and join requests: one rule, in `specs`.
+pub use specs::validate::name_problem;
 
 pub use pinion_client::query::{percent_encode, Query};
 

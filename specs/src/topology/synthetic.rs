@@ -27,8 +27,8 @@ pub struct SyntheticError {
 
 /// Default memory of a synthetic NUMA node.
 pub const DEFAULT_NODE_MEMORY: u64 = 64 << 30;
-/// Most NUMA nodes a synthetic machine may have (Linux's usual `MAX_NUMNODES`).
-pub const MAX_NUMA_NODES: u64 = 1024;
+/// Most NUMA nodes a synthetic machine may have: the shared limit.
+pub const MAX_NUMA_NODES: u64 = crate::limits::MAX_NUMA_NODES as u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -167,7 +167,8 @@ pub fn parse(desc: &str) -> Result<NodeTopology, SyntheticError> {
         // Die within its package.
         let die = die_span.map(|d| ((leaf % pack_span.max(d)) / d) as u32);
         cpus.push(Cpu { id, core: core as u32, socket, die, numa });
-        node_cpus[numa as usize].insert(id);
+        // `total` was checked against the sets' capacity above.
+        let _ = node_cpus[numa as usize].insert(id);
         if node_socket[numa as usize] == u32::MAX {
             node_socket[numa as usize] = socket;
         }
