@@ -238,6 +238,102 @@ mod tests {
         check_pod("{not yaml", &["(body)"]);
     }
 
+    /// One set of limits: the API's parser, `specs`' validator (what `pinion
+    /// apply` checks before sending) and the engine accept exactly up to each
+    /// limit and refuse one past it. Rows: what is varied, the value at the
+    /// limit, whether one past it is refused by each.
+    #[test]
+    fn parser_validator_and_engine_refuse_at_the_same_boundary() {
+        use specs::limits::{MAX_CPUS, MAX_DEVICES, MAX_ID, MAX_NAME_LEN, MAX_NUMA_NODES, MAX_POD_MEMORY_BYTES};
+
+        fn pod_yaml(name: &str, resources: &str) -> String {
+            format!(
+                "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec: {{containers: [{{name: c, rootfs: host, resources: {resources}}}]}}\n"
+            )
+        }
+        // (the pod at a limit, the pod one past it)
+        let both = |res: &str, n: u128| {
+            let r = |n: u128| format!("{{requests: {{{res}: \"{n}\"}}, limits: {{{res}: \"{n}\"}}}}");
+            (pod_yaml("p", &r(n)), pod_yaml("p", &r(n + 1)))
+        };
+        let pods = [
+            ("name", (pod_yaml(&"a".repeat(MAX_NAME_LEN), "{}"), pod_yaml(&"a".repeat(MAX_NAME_LEN + 1), "{}"))),
+            ("cpu", both("cpu", MAX_CPUS as u128)),
+            ("memory", both("memory", u128::from(MAX_POD_MEMORY_BYTES))),
+            ("devices", both("example.com/gpu", MAX_DEVICES as u128)),
+        ];
+        let check_pod = |what: &str, yaml: &str, ok: bool| {
+            let parsed = parse_pod(&Bytes::from(yaml.to_string()));
+            let pod = specs::Pod::from_yaml(yaml).expect(what);
+            let validated = specs::validate::validate_pod(&pod);
+            assert_eq!(parsed.is_ok(), ok, "{what}: parser: {:?}", parsed.err());
+            assert_eq!(validated.is_empty(), ok, "{what}: validator: {validated:?}");
+        };
+        for (what, (at, over)) in &pods {
+            check_pod(what, at, true);
+            check_pod(what, over, false);
+        }
+
+        // Topologies: NUMA nodes, and the largest CPU and NUMA id.
+        let topo = |numa_ids: &[u32], cpu_id: u32| {
+            let cpus: Vec<_> = numa_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let id = if i == 0 { cpu_id } else { i as u32 - 1 };
+                    serde_json::json!({"id": id, "core": id, "socket": 0, "numa": n})
+                })
+                .collect();
+            let mut cpus = cpus;
+            cpus.sort_by_key(|c| c["id"].as_u64());
+            let nodes: Vec<_> = numa_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let id = if i == 0 { cpu_id } else { i as u32 - 1 };
+                    // A set cannot even hold an id past MAX_ID: leave it out there.
+                    let cpus = if id > MAX_ID { vec![] } else { vec![id] };
+                    serde_json::json!({"id": n, "cpus": cpus, "memoryBytes": 1u64 << 30, "distances": []})
+                })
+                .collect();
+            serde_json::json!({"apiVersion": API, "kind": "Node", "metadata": {"name": "n"},
+                "spec": {"topology": {"cpus": cpus, "numaNodes": nodes}}})
+        };
+        const API: &str = specs::pod::API_VERSION;
+        let ids = |n: usize| (0..n as u32).collect::<Vec<_>>();
+        let high_numa = |last: u32| {
+            let mut v = ids(2);
+            v[1] = last;
+            v
+        };
+        let nodes = [
+            ("numa nodes", topo(&ids(MAX_NUMA_NODES), MAX_NUMA_NODES as u32), topo(&ids(MAX_NUMA_NODES + 1), 4096)),
+            ("cpu id", topo(&ids(1), MAX_ID), topo(&ids(1), MAX_ID + 1)),
+            ("numa id", topo(&high_numa(MAX_ID), 5), topo(&high_numa(MAX_ID + 1), 5)),
+        ];
+        let small = specs::Pod::from_yaml(&pod_yaml("p", "{requests: {cpu: \"1\"}}")).expect("pod");
+        let check_node = |what: &str, json: &serde_json::Value, ok: bool| {
+            let parsed = parse_node(&Bytes::from(json.to_string()));
+            assert_eq!(parsed.is_ok(), ok, "{what}: parser: {:?}", parsed.err());
+            let node: Node = serde_json::from_value(json.clone()).expect(what);
+            let validated = specs::validate::validate_topology(&node.spec.topology);
+            assert_eq!(validated.is_empty(), ok, "{what}: validator: {validated:?}");
+            let t = &node.spec.topology;
+            let admitted = specs::admit(t, &Default::default(), &Default::default(), "p", &small);
+            match admitted {
+                Ok(_) => assert!(ok, "{what}: the engine admits a pod there"),
+                Err(r) => {
+                    assert!(!ok, "{what}: engine: {r:?}");
+                    assert_eq!(r.reason, specs::RejectReason::InvalidRequest, "{what}: {r:?}");
+                }
+            }
+        };
+        for (what, at, over) in &nodes {
+            check_node(what, at, true);
+            check_node(what, over, false);
+        }
+    }
+
     #[test]
     fn names_and_queries() {
         assert_eq!(name_problem("web-1.a"), None);

@@ -105,24 +105,33 @@ fn bad_topology(reason: String) -> Rejection {
     Rejection { reason: RejectReason::InvalidRequest, message: format!("topology: {reason}") }
 }
 
+/// The bounds the engine relies on (the shared limits): checked before any
+/// accounting, so that a topology out of bounds is refused as such, not as a
+/// lack of CPUs its sets could not hold.
+pub(crate) fn check_bounds(topo: &NodeTopology) -> Result<(), Rejection> {
+    let n = topo.numa_nodes.len();
+    if n == 0 {
+        return Err(bad_topology("no NUMA nodes".into()));
+    }
+    if n > MAX_NODES {
+        return Err(bad_topology(format!("{n} NUMA nodes; the engine handles at most {MAX_NODES}")));
+    }
+    if let Some(big) = topo.cpus.iter().map(|c| c.id).find(|&id| id > MAX_ID) {
+        return Err(bad_topology(format!("cpu id {big} is larger than {MAX_ID}")));
+    }
+    // A NUMA node's id goes into the placement's NumaSet.
+    if let Some(big) = topo.numa_nodes.iter().map(|nn| nn.id).find(|&id| id > MAX_ID) {
+        return Err(bad_topology(format!("NUMA node id {big} is larger than {MAX_ID}")));
+    }
+    Ok(())
+}
+
 impl<'a> Machine<'a> {
     pub fn new(topo: &'a NodeTopology, settings: &NodeSettings) -> Result<Machine<'a>, Rejection> {
+        check_bounds(topo)?;
         let n = topo.numa_nodes.len();
-        if n == 0 {
-            return Err(bad_topology("no NUMA nodes".into()));
-        }
-        if n > MAX_NODES {
-            return Err(bad_topology(format!("{n} NUMA nodes; the engine handles at most {MAX_NODES}")));
-        }
         let node_index = |id: u32| topo.numa_nodes.iter().position(|nn| nn.id == id);
         let max_id = topo.cpus.iter().map(|c| c.id).max().unwrap_or(0);
-        if max_id > MAX_ID {
-            return Err(bad_topology(format!("cpu id {max_id} is larger than {MAX_ID}")));
-        }
-        // A NUMA node's id goes into the placement's NumaSet.
-        if let Some(big) = topo.numa_nodes.iter().map(|nn| nn.id).find(|&id| id > MAX_ID) {
-            return Err(bad_topology(format!("NUMA node id {big} is larger than {MAX_ID}")));
-        }
         let len = max_id as usize + 1;
         let mut cpu_node = vec![u32::MAX; len];
         let mut cpu_core = vec![u32::MAX; len];
