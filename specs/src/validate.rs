@@ -794,10 +794,17 @@ spec:
             ),
             (
                 Box::new(|p| {
-                    c0(p).resources.requests.insert("cpu".into(), q("5000"));
-                    c0(p).resources.limits.insert("cpu".into(), q("5000"));
+                    c0(p).resources.requests.insert("cpu".into(), q("8193"));
+                    c0(p).resources.limits.insert("cpu".into(), q("8193"));
                 }),
                 vec!["spec.containers[0].resources.requests.cpu", "spec.containers[0].resources.limits.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("8192"));
+                    c0(p).resources.limits.insert("cpu".into(), q("8192"));
+                }),
+                vec![],
             ),
             (
                 Box::new(|p| {

@@ -283,7 +283,7 @@ mod tests {
             ("core:2(foo=1)", "unsupported attribute"),
             ("numa:2(memory=1G core:1", "unclosed"),
             ("pack:100 core:100 pu:2", "at most 8192"),
-            ("numa:2000 pu:2", "at most 1024"),
+            ("numa:2000 pu:2", "at most 128"),
         ] {
             let e = parse(desc).expect_err(desc).to_string();
             assert!(e.contains(needle), "{desc}: {e}");
