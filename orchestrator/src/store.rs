@@ -258,6 +258,24 @@ impl Txn<'_> {
         Ok(Some(prev))
     }
 
+    /// Removes a record of `kind` that does not decode, and its events, as
+    /// `delete` would; with no change-log entry, since no watcher could have
+    /// read it. The way out of a record that `list` skips. Returns whether
+    /// there was such a record (a readable one is left alone).
+    pub fn purge_unreadable<T: Object>(&mut self, name: &str) -> Result<bool, StoreError> {
+        let key = object_key(T::KIND, name);
+        let Some(raw) = self.read_raw(&key)? else { return Ok(false) };
+        if let Err(e) = decode::<T>(&key, &raw) {
+            tracing::warn!(key = %String::from_utf8_lossy(&key), reason = %e, "removing a stored record that cannot be decoded");
+            self.writes.insert(key, None);
+            for (k, _) in self.batch.tree.scan_prefix(event_prefix(T::KIND, name)).flatten() {
+                self.writes.insert(k.to_vec(), None);
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// Takes `name` in `space` for good (a node name at its join): true if it
     /// was free. A claim is no object: it has no version and no watcher sees it;
     /// being in the same batch as the check, two claims never both succeed.

@@ -267,5 +267,13 @@ async fn an_unreadable_record_is_skipped_and_counted() {
     }
     seen.sort();
     assert_eq!(seen, ["good", "later"]);
+    // An operator can remove what cannot be read; the lists are whole again.
+    assert_eq!(s.admin.delete_pod("poisoned").await.expect("delete the unreadable pod").metadata.name, "poisoned");
+    assert_eq!(s.admin.delete_node("garbage").await.expect("delete the unreadable node").metadata.name, "garbage");
+    let (_, pods) = s.admin.call::<Value>(Method::GET, "/api/v1/pods", None).await.expect("list pods");
+    assert_eq!(pods["unreadable"], Value::Null);
+    assert_eq!(pods["items"].as_array().map(Vec::len), Some(2));
+    let (_, nodes) = s.admin.call::<Value>(Method::GET, "/api/v1/nodes", None).await.expect("list nodes");
+    assert_eq!(nodes["unreadable"], Value::Null);
     s.stop().await;
 }

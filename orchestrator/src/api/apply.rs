@@ -290,16 +290,23 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::DeletePod(name) => {
             require_admin(id, "delete pods")?;
             let n = name.clone();
-            let pod = store
-                .write(move |t| -> Result<Option<Pod>, Refused> { Ok(t.delete::<Pod>(&n)?) })
+            // An unreadable record (lists skip it) can be deleted too.
+            let (pod, purged) = store
+                .write(move |t| -> Result<(Option<Pod>, bool), Refused> {
+                    if t.purge_unreadable::<Pod>(&n)? {
+                        return Ok((None, true));
+                    }
+                    Ok((t.delete::<Pod>(&n)?, false))
+                })
                 .await
                 .map_err(|Refused(e)| e)?;
-            match pod {
-                Some(p) => {
+            match (pod, purged) {
+                (Some(p), _) => {
                     state.controller.pod_deleted(&p);
                     json(200, &p)
                 }
-                None => Err(not_found("Pod", &name)),
+                (None, true) => json(200, &named_pod(&name)),
+                (None, false) => Err(not_found("Pod", &name)),
             }
         }
         Action::UpdatePodStatus { name, status } => {
@@ -423,10 +430,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::DeleteNode(name) => {
             require_admin(id, "delete nodes")?;
             let n = name.clone();
-            // The name's join claim goes too, so the machine can join again.
+            // The name's join claim goes too, so the machine can join again;
+            // an unreadable record (lists skip it) is removed as well.
             let (node, claimed) = store
                 .write(move |t| -> Result<(Option<Node>, bool), Refused> {
-                    Ok((t.delete::<Node>(&n)?, t.release(JOIN_CLAIMS, &n)?))
+                    let purged = t.purge_unreadable::<Node>(&n)?;
+                    let node = if purged { None } else { t.delete::<Node>(&n)? };
+                    Ok((node, t.release(JOIN_CLAIMS, &n)? || purged))
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
@@ -435,7 +445,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     state.controller.node_deleted(&name);
                     json(200, &node)
                 }
-                // Joined but never registered: only its name was held.
+                // Joined but never registered (only its name was held), or unreadable.
                 (None, true) => json(200, &joined_only(&name)),
                 (None, false) => Err(not_found("Node", &name)),
             }
@@ -507,6 +517,17 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
 
 /// The claim space of node names taken by a join (`Txn::claim`).
 const JOIN_CLAIMS: &str = "join";
+
+/// What a delete answers for an unreadable pod: only its name is known.
+fn named_pod(name: &str) -> Pod {
+    Pod {
+        api_version: specs::pod::API_VERSION.to_string(),
+        kind: "Pod".into(),
+        metadata: specs::pod::ObjectMeta { name: name.to_string(), ..Default::default() },
+        spec: Default::default(),
+        status: None,
+    }
+}
 
 /// What a delete answers for a node that joined but never registered.
 fn joined_only(name: &str) -> Node {
