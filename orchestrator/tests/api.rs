@@ -83,7 +83,7 @@ fn topology(numa: u32, cpus: u32) -> NodeTopology {
         }
         t.numa_nodes.push(NumaNode {
             id: n,
-            cpus: ids.into_iter().collect(),
+            cpus: specs::CpuSet::from_ids(ids).expect("ids within MAX_ID"),
             memory_bytes: 64 << 30,
             distances: (0..numa).map(|m| if m == n { 10 } else { 20 }).collect(),
             hugepages: Vec::new(),

@@ -31,7 +31,7 @@ async fn node_client(url: &str, token: &str, dir: &Path, name: &str) -> Client {
     }
     topology.numa_nodes.push(NumaNode {
         id: 0,
-        cpus: (0..2).collect(),
+        cpus: specs::CpuSet::range(0, 1).expect("ids within MAX_ID"),
         memory_bytes: 8 << 30,
         distances: vec![10],
         hugepages: Vec::new(),

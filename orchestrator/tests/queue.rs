@@ -85,7 +85,7 @@ impl TestServer {
         }
         t.numa_nodes.push(NumaNode {
             id: 0,
-            cpus: (0..cpus).collect(),
+            cpus: specs::CpuSet::from_ids(0..cpus).expect("ids within MAX_ID"),
             memory_bytes: 64 << 30,
             distances: vec![10],
             hugepages: Vec::new(),

@@ -330,6 +330,14 @@ pub const ATTACH_HEARTBEAT_SECONDS: u64 = 5;
 pub struct List<T> {
     pub resource_version: u64,
     pub items: Vec<T>,
+    /// Stored objects left out because the server cannot read them (each is
+    /// logged with its key); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unreadable: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Every error body: a summary, a machine word, and each field problem.
