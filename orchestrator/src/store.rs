@@ -276,15 +276,16 @@ impl Txn<'_> {
         Ok(false)
     }
 
-    /// Takes `name` in `space` for good (a node name at its join): true if it
-    /// was free. A claim is no object: it has no version and no watcher sees it;
-    /// being in the same batch as the check, two claims never both succeed.
-    pub fn claim(&mut self, space: &str, name: &str) -> Result<bool, StoreError> {
+    /// Takes `name` in `space` for `holder` for good (a node name at its join):
+    /// true if it was free, or is held by the same non-empty `holder` already
+    /// (a retry). A claim is no object: it has no version and no watcher sees
+    /// it; being in the same batch as the check, two claims never both succeed.
+    pub fn claim(&mut self, space: &str, name: &str, holder: &[u8]) -> Result<bool, StoreError> {
         let key = claim_key(space, name);
-        if self.read_raw(&key)?.is_some() {
-            return Ok(false);
+        if let Some(held) = self.read_raw(&key)? {
+            return Ok(!holder.is_empty() && held.as_slice() == holder);
         }
-        self.writes.insert(key, Some(Vec::new()));
+        self.writes.insert(key, Some(holder.to_vec()));
         Ok(true)
     }
 

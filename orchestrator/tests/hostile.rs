@@ -47,7 +47,7 @@ impl TestServer {
     }
 
     async fn node_client(&self, dir: &Path, name: &str) -> Client {
-        let joined = self.anonymous(dir).join(&self.token, name).await.expect("join");
+        let joined = self.anonymous(dir).join(&self.token, name, None).await.expect("join");
         let creds = Credentials {
             server: self.url.clone(),
             ca_cert: joined.ca_cert,
@@ -154,7 +154,7 @@ async fn racing_joins_mint_one_certificate_per_node_name() {
     let tries: Vec<_> = (0..16)
         .map(|_| {
             let (anon, token) = (anon.clone(), s.token.clone());
-            tokio::spawn(async move { anon.join(&token, "twin").await })
+            tokio::spawn(async move { anon.join(&token, "twin", None).await })
         })
         .collect();
     let (mut won, mut conflicts) = (0, 0);
@@ -168,8 +168,8 @@ async fn racing_joins_mint_one_certificate_per_node_name() {
     assert_eq!((won, conflicts), (1, 15));
     // Joined, never registered: an admin can still free the name.
     s.admin.delete_node("twin").await.expect("delete the joined name");
-    anon.join(&s.token, "twin").await.expect("the name is free again");
-    assert_eq!(refusal(anon.join(&s.token, "twin").await).0, 409);
+    anon.join(&s.token, "twin", None).await.expect("the name is free again");
+    assert_eq!(refusal(anon.join(&s.token, "twin", None).await).0, 409);
     s.stop().await;
 }
 
@@ -191,6 +191,32 @@ async fn a_resource_version_from_the_future_is_refused() {
     s.stop().await;
 }
 
+/// A join whose reply was lost: the same attempt, retried before the node
+/// registered, is given credentials again; another attempt is 409; once the
+/// node has registered even the same attempt is refused (it was delivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_join_attempt_gets_its_credentials_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path()).await;
+    let anon = s.anonymous(dir.path());
+    let attempt = Some("3f1c0ffee0ddba11");
+    anon.join(&s.token, "edge", attempt).await.expect("first join (reply lost)");
+    let again = anon.join(&s.token, "edge", attempt).await.expect("the same attempt joins again");
+    assert_eq!(refusal(anon.join(&s.token, "edge", Some("0badcafe")).await).0, 409);
+    assert_eq!(refusal(anon.join(&s.token, "edge", None).await).0, 409);
+    let (code, fields) = refusal(anon.join(&s.token, "edge", Some("no spaces")).await);
+    assert_eq!((code, fields), (422, vec!["attempt".to_string()]));
+    let creds = Credentials {
+        server: s.url.clone(),
+        ca_cert: again.ca_cert,
+        client_cert: again.client_cert,
+        client_key: again.client_key,
+    };
+    let node = Client::new(&creds).expect("node client");
+    assert_eq!(register(&node, &node_json("edge", &[0])).await.expect("register").0, 201);
+    assert_eq!(refusal(anon.join(&s.token, "edge", attempt).await).0, 409);
+    s.stop().await;
+}
 /// The API refuses a node exactly where the engine would: a node at the NUMA
 /// node limit registers and runs a pod; one NUMA node more is refused at
 /// registration, not accepted and then unable to run anything. Device and

@@ -66,7 +66,8 @@ impl TestServer {
 
     async fn join(&self, dir: &Path, name: &str) -> Credentials {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
+        let joined =
+            Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name, None).await.expect("join");
         Credentials {
             server: self.url.clone(),
             ca_cert: joined.ca_cert,

@@ -145,11 +145,14 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             // for a node that already joined (that would be impersonation). The
             // name is claimed in one store write, so of two joins racing for it
             // (the node registers only later) exactly one gets a certificate.
+            // A retry of the same attempt (its reply was lost) before the node
+            // registered holds the claim already and is answered again.
             let name = request.node_name.clone();
+            let attempt = request.attempt.clone().unwrap_or_default();
             store
                 .write(move |t| -> Result<(), Refused> {
                     // A node registered before claims existed has no claim.
-                    if t.get::<Node>(&name)?.is_some() || !t.claim(JOIN_CLAIMS, &name)? {
+                    if t.get::<Node>(&name)?.is_some() || !t.claim(JOIN_CLAIMS, &name, attempt.as_bytes())? {
                         return Err(Refused(conflict(format!(
                             "node {name:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {name})"
                         ))));

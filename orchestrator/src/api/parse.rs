@@ -67,6 +67,24 @@ pub fn parse(
                     vec![FieldError { field: "nodeName".into(), message: p }],
                 ));
             }
+            if let Some(a) = &request.attempt {
+                if a.is_empty()
+                    || a.len() > specs::api::MAX_JOIN_ATTEMPT_LEN
+                    || !a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                {
+                    return Err(invalid(
+                        "JoinRequest",
+                        &request.node_name,
+                        vec![FieldError {
+                            field: "attempt".into(),
+                            message: format!(
+                                "must be 1 to {} letters, digits or '-'",
+                                specs::api::MAX_JOIN_ATTEMPT_LEN
+                            ),
+                        }],
+                    ));
+                }
+            }
             Action::Join { token, request }
         }
         RouteId::ListPods => {
