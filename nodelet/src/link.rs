@@ -400,16 +400,22 @@ async fn reports_loop(
 }
 
 /// The engine's refusals of bound pods not reported yet (each (pod, message)
-/// once), marked as reported.
+/// once), marked as reported. Only the report's typed `rejections` count: a
+/// pending pod whose status carries a reason and a message because a local
+/// step failed (a checkpoint write, a start) stays bound while the agent
+/// retries it.
 fn new_refusals(current: &NodeReport, rejected: &Rejected) -> Vec<(String, PodRejection)> {
     let mut refusals = Vec::new();
-    for (pod, status) in orchestrator_pods(current) {
-        if status.phase == PodPhase::Pending {
-            if let (Some(reason), Some(message)) = (&status.reason, &status.message) {
-                if rejected.set().insert((pod.clone(), message.clone())) {
-                    refusals.push((pod.clone(), PodRejection { reason: reason.clone(), message: message.clone() }));
-                }
-            }
+    for (pod, r) in &current.rejections {
+        if SourceKind::of_key(pod) != SourceKind::Orchestrator {
+            continue;
+        }
+        if current.pods.get(pod).is_some_and(|s| s.phase != PodPhase::Pending) {
+            continue;
+        }
+        if rejected.set().insert((pod.clone(), r.message.clone())) {
+            refusals
+                .push((pod.clone(), PodRejection { reason: format!("{:?}", r.reason), message: r.message.clone() }));
         }
     }
     refusals
@@ -505,6 +511,36 @@ mod tests {
             node_name: "n".into(),
             allocations: Allocations::default(),
             pods: pods.iter().map(|(k, p)| (k.to_string(), status(*p))).collect(),
+            rejections: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn only_the_engines_rejections_are_reported_as_refusals() {
+        use specs::{RejectReason, Rejection};
+        let failed_step = |message: &str| PodStatus {
+            phase: PodPhase::Pending,
+            reason: Some("ContainerCreating".into()),
+            message: Some(message.into()),
+            ..Default::default()
+        };
+        let refused = Rejection { reason: RejectReason::InsufficientCpu, message: "no 4 free CPUs".into() };
+        // (what, report, expected refusals as (pod, reason, message))
+        type Case = (&'static str, NodeReport, Vec<(&'static str, &'static str, &'static str)>);
+        let mut with_rejection = report(&[("a", PodPhase::Pending), ("static/s", PodPhase::Pending)]);
+        with_rejection.rejections.insert("a".into(), refused.clone());
+        with_rejection.rejections.insert("static/s".into(), refused.clone());
+        let mut failed = report(&[]);
+        failed.pods.insert("a".into(), failed_step("checkpoint.json: Is a directory (os error 21)"));
+        let cases: Vec<Case> = vec![
+            ("an engine refusal of a bound pod", with_rejection, vec![("a", "InsufficientCpu", "no 4 free CPUs")]),
+            ("a failed checkpoint write", failed, vec![]),
+        ];
+        for (what, current, want) in cases {
+            let got = new_refusals(&current, &Rejected::default());
+            let got: Vec<(&str, &str, &str)> =
+                got.iter().map(|(p, r)| (p.as_str(), r.reason.as_str(), r.message.as_str())).collect();
+            assert_eq!(got, want, "{what}");
         }
     }
 

@@ -83,6 +83,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
         node_name: agent.cfg.node_name.clone(),
         allocations: agent.alloc.clone(),
         pods: Default::default(),
+        rejections: Default::default(),
     };
     for (key, e) in &agent.pods {
         let mut st = PodStatus {
@@ -99,6 +100,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
                 if let Some((_, r)) = rejected {
                     st.reason = Some(format!("{:?}", r.reason));
                     st.message = Some(r.message.clone());
+                    report.rejections.insert(key.clone(), r.clone());
                 }
             }
             Stage::Admitted if ever_started => st.phase = PodPhase::Running,
