@@ -81,6 +81,14 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
     Ok(NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() })
 }
 
+/// The CPUs online now under `root`, by the same rules as `discover`: what the
+/// agent re-reads to notice a CPU taken offline (or brought back) while it
+/// runs. sysfs gives no inotify events, so this is polled; it reads a few
+/// small files per CPU.
+pub fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
+    Ok(read_cpus(&root.join("sys/devices/system/cpu"))?.iter().map(|t| t.id).collect())
+}
+
 // ---------------------------------------------------------------------------
 // File helpers
 

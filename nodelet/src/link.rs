@@ -321,6 +321,7 @@ struct Acked {
     registration: u64,
     allocations: Allocations,
     pods: BTreeMap<String, PodStatus>,
+    offline_cpus: specs::CpuSet,
 }
 
 /// The report to send: the pods whose status differs from the acknowledged
@@ -330,10 +331,19 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
         .filter(|(k, s)| acked.pods.get(*k) != Some(*s))
         .map(|(k, s)| (k.clone(), s.clone()))
         .collect();
-    if pods.is_empty() && current.allocations == acked.allocations && acked.registration > 0 {
+    if pods.is_empty()
+        && current.allocations == acked.allocations
+        && current.offline_cpus == acked.offline_cpus
+        && acked.registration > 0
+    {
         return None;
     }
-    Some(NodeStatusReport { node_name: name.to_string(), allocations: current.allocations.clone(), pods })
+    Some(NodeStatusReport {
+        node_name: name.to_string(),
+        allocations: current.allocations.clone(),
+        pods,
+        offline_cpus: current.offline_cpus.clone(),
+    })
 }
 
 fn orchestrator_pods(report: &NodeReport) -> impl Iterator<Item = (&String, &PodStatus)> {
@@ -374,6 +384,7 @@ async fn reports_loop(
                         registration,
                         allocations: report.allocations.clone(),
                         pods: orchestrator_pods(&report).map(|(k, s)| (k.clone(), s.clone())).collect(),
+                        offline_cpus: report.offline_cpus.clone(),
                     };
                 }
                 delay = RETRY_MIN;
@@ -512,6 +523,7 @@ mod tests {
             allocations: Allocations::default(),
             pods: pods.iter().map(|(k, p)| (k.to_string(), status(*p))).collect(),
             rejections: BTreeMap::new(),
+            offline_cpus: Default::default(),
         }
     }
 
@@ -554,11 +566,18 @@ mod tests {
             registration: 1,
             allocations: first.allocations.clone(),
             pods: orchestrator_pods(&first).map(|(k, s)| (k.clone(), s.clone())).collect(),
+            offline_cpus: Default::default(),
         };
         assert_eq!(delta(&acked, "n", &first), None, "nothing changed, nothing sent");
         let next = report(&[("a", PodPhase::Running), ("b", PodPhase::Running), ("c", PodPhase::Pending)]);
         let d = delta(&acked, "n", &next).expect("b and c changed");
         assert_eq!(d.pods.keys().collect::<Vec<_>>(), ["b", "c"]);
         assert_eq!(d.node_name, "n");
+        // A CPU going offline is news on its own.
+        let mut offline = first.clone();
+        offline.offline_cpus = specs::CpuSet::single(3);
+        let d = delta(&acked, "n", &offline).expect("a CPU went offline");
+        assert!(d.pods.is_empty());
+        assert_eq!(d.offline_cpus, specs::CpuSet::single(3));
     }
 }

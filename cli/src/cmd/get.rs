@@ -154,9 +154,11 @@ fn node_row(n: &Node, wide: bool) -> Vec<String> {
     let free: usize = n.status.numa.iter().map(|z| z.free_cpus.len()).sum();
     let mut row = vec![
         n.metadata.name.clone(),
-        match n.status.condition {
-            NodeCondition::Ready => "Ready".into(),
-            NodeCondition::NotReady => "NotReady".into(),
+        match (n.status.condition, n.status.offline_cpus.is_empty()) {
+            (NodeCondition::Ready, true) => "Ready".into(),
+            (NodeCondition::NotReady, true) => "NotReady".into(),
+            // As kubectl's "Ready,SchedulingDisabled".
+            (c, false) => format!("{c:?},CpusOffline"),
         },
         t.cpus.len().to_string(),
         free.to_string(),
