@@ -97,6 +97,38 @@ impl Cli {
     }
 }
 
+/// Seconds since the epoch of an RFC 3339 UTC time (`2026-11-24T13:57:20.123Z`).
+fn unix_secs(t: &str) -> Option<i64> {
+    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+/// A libfaketime shift in seconds (`+0`, `-10m`, `+2h`, `-1d`).
+fn shift_secs(by: &str) -> i64 {
+    let (n, unit) = by.split_at(by.len() - 1);
+    let scale = match unit {
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return by.parse().unwrap_or(0),
+    };
+    n.parse::<i64>().unwrap_or(0) * scale
+}
+
+fn now_secs() -> i64 {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
 #[test]
 fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
     let Some(lib) = libfaketime() else {
@@ -162,5 +194,10 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
             Duration::from_secs(60),
             || cli.running(&name).then_some(()),
         );
+        // The jump was real: the server stamped the pod with its shifted clock.
+        let pod = cli.get("pod", &name).expect("the pod");
+        let created = pod["metadata"]["creationTimestamp"].as_str().and_then(unix_secs).expect("a creation time");
+        let off = created - now_secs() - shift_secs(server_by);
+        assert!(off.abs() < 120, "{name}: created at {created}, {off} s away from the server's shifted clock");
     }
 }
