@@ -364,6 +364,21 @@ mod tests {
     }
 
     #[test]
+    fn a_node_with_offline_cpus_says_so_in_its_status() {
+        let mut n = Node {
+            api_version: "pinion.io/v1".into(),
+            kind: "Node".into(),
+            metadata: Default::default(),
+            spec: Default::default(),
+            status: Default::default(),
+        };
+        n.status.condition = NodeCondition::Ready;
+        assert_eq!(node_row(&n, false)[1], "Ready");
+        n.status.offline_cpus = specs::CpuSet::single(3);
+        assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline");
+    }
+
+    #[test]
     fn a_row_without_its_age() {
         let p = bare_pod("a");
         let row = pod_row(&p, true);
