@@ -457,7 +457,7 @@ fn on_cpus_online(st: &mut State, online: &CpuSet) {
     if !back.is_empty() {
         tracing::info!(cpus = %back, "CPUs are online again");
     }
-    st.cfg.topology = reconcile::online_part(&st.discovered, &offline);
+    st.cfg.topology = st.discovered.without_cpus(&offline);
     st.offline = offline;
     st.alloc.epoch += 1;
     st.released_at = st.alloc.epoch;

@@ -105,18 +105,6 @@ pub fn check_plan(
     Ok(())
 }
 
-/// The machine without the CPUs in `offline`: what the engine may place on
-/// while they are offline (the NUMA nodes stay, with their memory).
-pub fn online_part(discovered: &NodeTopology, offline: &CpuSet) -> NodeTopology {
-    let mut t = discovered.clone();
-    t.cpus.retain(|c| !offline.contains(c.id));
-    for n in &mut t.numa_nodes {
-        n.cpus.difference_with(offline);
-    }
-    t.reserved_cpus.difference_with(offline);
-    t
-}
-
 /// Keeps `[A-Za-z0-9.-]`, turns everything else into `-`, at most `max` bytes.
 fn sanitize(s: &str, max: usize) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '-' }).take(max).collect()
