@@ -46,6 +46,15 @@ pub struct TopologyArgs {
 }
 
 impl TopologyArgs {
+    /// The sysfs root the topology is read from, when it is one (the host's
+    /// `/` by default): the agent reads its CPUs' online state there again.
+    pub fn sysfs_source(&self) -> Option<PathBuf> {
+        if self.synthetic.is_some() || self.topology.is_some() {
+            return None;
+        }
+        Some(self.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/")))
+    }
+
     pub fn load(&self) -> anyhow::Result<NodeTopology> {
         if let Some(desc) = &self.synthetic {
             return Ok(specs::topology::synthetic::parse(desc)?);
@@ -54,7 +63,7 @@ impl TopologyArgs {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             return serde_json::from_str(&text).with_context(|| format!("{}: not a topology document", path.display()));
         }
-        let root = self.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/"));
+        let root = self.sysfs_source().unwrap_or_else(|| PathBuf::from("/"));
         Ok(nodelet::discovery::discover(&root)?)
     }
 }

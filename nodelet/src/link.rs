@@ -371,6 +371,7 @@ struct Acked {
     registration: u64,
     allocations: Allocations,
     pods: BTreeMap<String, PodStatus>,
+    offline_cpus: specs::CpuSet,
 }
 
 /// The report to send: the pods whose status differs from the acknowledged
@@ -380,10 +381,19 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
         .filter(|(k, s)| acked.pods.get(*k) != Some(*s))
         .map(|(k, s)| (k.clone(), s.clone()))
         .collect();
-    if pods.is_empty() && current.allocations == acked.allocations && acked.registration > 0 {
+    if pods.is_empty()
+        && current.allocations == acked.allocations
+        && current.offline_cpus == acked.offline_cpus
+        && acked.registration > 0
+    {
         return None;
     }
-    Some(NodeStatusReport { node_name: name.to_string(), allocations: current.allocations.clone(), pods })
+    Some(NodeStatusReport {
+        node_name: name.to_string(),
+        allocations: current.allocations.clone(),
+        pods,
+        offline_cpus: current.offline_cpus.clone(),
+    })
 }
 
 fn orchestrator_pods(report: &NodeReport) -> impl Iterator<Item = (&String, &PodStatus)> {
@@ -424,6 +434,7 @@ async fn reports_loop(
                         registration,
                         allocations: report.allocations.clone(),
                         pods: orchestrator_pods(&report).map(|(k, s)| (k.clone(), s.clone())).collect(),
+                        offline_cpus: report.offline_cpus.clone(),
                     };
                 }
                 delay = RETRY_MIN;
@@ -450,16 +461,22 @@ async fn reports_loop(
 }
 
 /// The engine's refusals of bound pods not reported yet (each (pod, message)
-/// once), marked as reported.
+/// once), marked as reported. Only the report's typed `rejections` count: a
+/// pending pod whose status carries a reason and a message because a local
+/// step failed (a checkpoint write, a start) stays bound while the agent
+/// retries it.
 fn new_refusals(current: &NodeReport, rejected: &Rejected) -> Vec<(String, PodRejection)> {
     let mut refusals = Vec::new();
-    for (pod, status) in orchestrator_pods(current) {
-        if status.phase == PodPhase::Pending {
-            if let (Some(reason), Some(message)) = (&status.reason, &status.message) {
-                if rejected.set().insert((pod.clone(), message.clone())) {
-                    refusals.push((pod.clone(), PodRejection { reason: reason.clone(), message: message.clone() }));
-                }
-            }
+    for (pod, r) in &current.rejections {
+        if SourceKind::of_key(pod) != SourceKind::Orchestrator {
+            continue;
+        }
+        if current.pods.get(pod).is_some_and(|s| s.phase != PodPhase::Pending) {
+            continue;
+        }
+        if rejected.set().insert((pod.clone(), r.message.clone())) {
+            refusals
+                .push((pod.clone(), PodRejection { reason: format!("{:?}", r.reason), message: r.message.clone() }));
         }
     }
     refusals
@@ -567,6 +584,37 @@ mod tests {
             node_name: "n".into(),
             allocations: Allocations::default(),
             pods: pods.iter().map(|(k, p)| (k.to_string(), status(*p))).collect(),
+            rejections: BTreeMap::new(),
+            offline_cpus: Default::default(),
+        }
+    }
+
+    #[test]
+    fn only_the_engines_rejections_are_reported_as_refusals() {
+        use specs::{RejectReason, Rejection};
+        let failed_step = |message: &str| PodStatus {
+            phase: PodPhase::Pending,
+            reason: Some("ContainerCreating".into()),
+            message: Some(message.into()),
+            ..Default::default()
+        };
+        let refused = Rejection { reason: RejectReason::InsufficientCpu, message: "no 4 free CPUs".into() };
+        // (what, report, expected refusals as (pod, reason, message))
+        type Case = (&'static str, NodeReport, Vec<(&'static str, &'static str, &'static str)>);
+        let mut with_rejection = report(&[("a", PodPhase::Pending), ("static/s", PodPhase::Pending)]);
+        with_rejection.rejections.insert("a".into(), refused.clone());
+        with_rejection.rejections.insert("static/s".into(), refused.clone());
+        let mut failed = report(&[]);
+        failed.pods.insert("a".into(), failed_step("checkpoint.json: Is a directory (os error 21)"));
+        let cases: Vec<Case> = vec![
+            ("an engine refusal of a bound pod", with_rejection, vec![("a", "InsufficientCpu", "no 4 free CPUs")]),
+            ("a failed checkpoint write", failed, vec![]),
+        ];
+        for (what, current, want) in cases {
+            let got = new_refusals(&current, &Rejected::default());
+            let got: Vec<(&str, &str, &str)> =
+                got.iter().map(|(p, r)| (p.as_str(), r.reason.as_str(), r.message.as_str())).collect();
+            assert_eq!(got, want, "{what}");
         }
     }
 
@@ -580,11 +628,18 @@ mod tests {
             registration: 1,
             allocations: first.allocations.clone(),
             pods: orchestrator_pods(&first).map(|(k, s)| (k.clone(), s.clone())).collect(),
+            offline_cpus: Default::default(),
         };
         assert_eq!(delta(&acked, "n", &first), None, "nothing changed, nothing sent");
         let next = report(&[("a", PodPhase::Running), ("b", PodPhase::Running), ("c", PodPhase::Pending)]);
         let d = delta(&acked, "n", &next).expect("b and c changed");
         assert_eq!(d.pods.keys().collect::<Vec<_>>(), ["b", "c"]);
         assert_eq!(d.node_name, "n");
+        // A CPU going offline is news on its own.
+        let mut offline = first.clone();
+        offline.offline_cpus = specs::CpuSet::single(3);
+        let d = delta(&acked, "n", &offline).expect("a CPU went offline");
+        assert!(d.pods.is_empty());
+        assert_eq!(d.offline_cpus, specs::CpuSet::single(3));
     }
 }

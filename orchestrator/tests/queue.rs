@@ -394,3 +394,43 @@ async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_i
     assert_eq!(unaided("b bound", next_bound(&mut w)).await.metadata.name, "b");
     s.stop().await;
 }
+
+/// Issue 12 (a CPU going offline under the agent): CPUs a node reports
+/// offline are not the scheduler's to place on; once they are reported back,
+/// the pod waiting for them is bound (the report is the event, no timer).
+#[tokio::test(start_paused = true)]
+async fn cpus_a_node_reports_offline_are_not_scheduled_until_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "two", 2).await;
+    let status = |epoch: u64, offline: &str| {
+        let body = serde_json::json!({
+            "nodeName": "two",
+            "allocations": {"epoch": epoch, "pods": {}},
+            "pods": {},
+            "offlineCpus": specs::CpuSet::parse_list(offline).expect("cpus"),
+        });
+        Bytes::from(serde_json::to_vec(&body).expect("encode"))
+    };
+    let put = |body: Bytes| {
+        let node = node.clone();
+        async move {
+            node.call::<NodeStatus>(Method::PUT, "/api/v1/nodes/two/status", Some(("application/json", body)))
+                .await
+                .expect("report")
+        }
+    };
+    let (_, shown) = put(status(1, "0-1")).await;
+    assert_eq!(shown.offline_cpus, specs::CpuSet::range(0, 1), "the node's status keeps what it reported");
+    assert!(shown.numa.iter().all(|z| z.free_cpus.is_empty()), "offline CPUs are not free: {:?}", shown.numa);
+
+    let mut w = s.watch_from_now().await;
+    s.create("p", "", "").await;
+    until_reason(&s, "p", "Unschedulable").await;
+
+    // Same allocations: the CPUs coming back is the event on its own.
+    put(status(1, "")).await;
+    let bound = unaided("p bound once the CPUs are back", next_bound(&mut w)).await;
+    assert_eq!(bound.spec.node_name.as_deref(), Some("two"));
+    s.stop().await;
+}

@@ -59,6 +59,11 @@ pub struct NodeStatus {
     /// Capacity and free resources per NUMA node, computed from the allocations.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub numa: Vec<NumaStatus>,
+    /// CPUs of the registered topology that the node reports offline now
+    /// (taken offline while its agent runs); it hands none of them out until
+    /// they are back, and they do not count as free.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub offline_cpus: CpuSet,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +170,9 @@ pub struct NodeStatusReport {
     /// Pod name -> status. Pods of other sources (static pods) are ignored.
     #[serde(default)]
     pub pods: BTreeMap<String, PodStatus>,
+    /// CPUs offline now (see `NodeStatus::offline_cpus`).
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub offline_cpus: CpuSet,
 }
 
 /// A nodelet's refusal of a binding (its truth moved on since the plan).

@@ -114,6 +114,21 @@ impl NodeTopology {
         s.len()
     }
 
+    /// The machine without `cpus` (CPUs taken offline while it runs): what
+    /// may be placed on meanwhile. The NUMA nodes stay, with their memory.
+    pub fn without_cpus(&self, cpus: &CpuSet) -> NodeTopology {
+        let mut t = self.clone();
+        if cpus.is_empty() {
+            return t;
+        }
+        t.cpus.retain(|c| !cpus.contains(c.id));
+        for n in &mut t.numa_nodes {
+            n.cpus.difference_with(cpus);
+        }
+        t.reserved_cpus.difference_with(cpus);
+        t
+    }
+
     /// Distance between two NUMA node ids (10 for local when the table is absent).
     pub fn distance(&self, from: u32, to: u32) -> u32 {
         let idx = |id| self.numa_nodes.iter().position(|n| n.id == id);

@@ -253,6 +253,7 @@ pub fn daemon_config(args: RunArgs) -> anyhow::Result<DaemonConfig> {
     let node_name = args.node_name.clone().unwrap_or_else(host_name);
     let mut agent = AgentConfig::new(node_name, args.data_dir, topology, settings);
     agent.device_nodes = device_nodes;
+    agent.sysfs_root = args.topology.sysfs_source();
     let runtime = match args.runtime {
         RuntimeKind::Hollow => RuntimeChoice::Hollow,
         // The shim is this same binary (`pinion shim`), re-executed per container.

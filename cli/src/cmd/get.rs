@@ -154,9 +154,11 @@ fn node_row(n: &Node, wide: bool) -> Vec<String> {
     let free: usize = n.status.numa.iter().map(|z| z.free_cpus.len()).sum();
     let mut row = vec![
         n.metadata.name.clone(),
-        match n.status.condition {
-            NodeCondition::Ready => "Ready".into(),
-            NodeCondition::NotReady => "NotReady".into(),
+        match (n.status.condition, n.status.offline_cpus.is_empty()) {
+            (NodeCondition::Ready, true) => "Ready".into(),
+            (NodeCondition::NotReady, true) => "NotReady".into(),
+            // As kubectl's "Ready,SchedulingDisabled".
+            (c, false) => format!("{c:?},CpusOffline"),
         },
         t.cpus.len().to_string(),
         free.to_string(),
@@ -359,6 +361,21 @@ mod tests {
         check_status(P::Succeeded, &[(C::Terminated, Some("Completed"), Some(0), 0)], "Completed", 0);
         check_status(P::Failed, &[(C::Terminated, None, Some(3), 1)], "ExitCode:3", 1);
         check_status(P::Running, &[(C::Running, None, None, 2), (C::Running, None, None, 1)], "Running", 3);
+    }
+
+    #[test]
+    fn a_node_with_offline_cpus_says_so_in_its_status() {
+        let mut n = Node {
+            api_version: "pinion.io/v1".into(),
+            kind: "Node".into(),
+            metadata: Default::default(),
+            spec: Default::default(),
+            status: Default::default(),
+        };
+        n.status.condition = NodeCondition::Ready;
+        assert_eq!(node_row(&n, false)[1], "Ready");
+        n.status.offline_cpus = specs::CpuSet::single(3);
+        assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline");
     }
 
     #[test]

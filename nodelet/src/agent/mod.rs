@@ -78,6 +78,16 @@ pub struct AgentConfig {
     /// PCI address -> device nodes handed to a container that is allocated the device.
     pub device_nodes: BTreeMap<String, Vec<PathBuf>>,
     pub admit: AdmitFn,
+    /// The sysfs root `topology` was discovered from, when it was: its CPUs'
+    /// online state is read again every `cpu_recheck_interval`, so that a CPU
+    /// taken offline while the agent runs is never handed out (and one
+    /// brought back is). `None` (a synthetic or saved topology): fixed.
+    pub sysfs_root: Option<PathBuf>,
+    /// How often `sysfs_root` is read again. sysfs sends no inotify events,
+    /// so this is a poll; a CPU going offline is rare, and until it is seen
+    /// the engine may only plan a pod onto it, whose start then fails and is
+    /// retried.
+    pub cpu_recheck_interval: Duration,
 }
 
 impl AgentConfig {
@@ -94,6 +104,8 @@ impl AgentConfig {
             op_timeout: Duration::from_secs(30),
             device_nodes: BTreeMap::new(),
             admit: specs::admit,
+            sysfs_root: None,
+            cpu_recheck_interval: Duration::from_secs(10),
         }
     }
 }
@@ -139,6 +151,16 @@ pub async fn run(
         start_timeout: state.cfg.start_timeout,
         op_timeout: state.cfg.op_timeout,
     };
+    // Aborted when `run` returns (the guard's drop).
+    let _cpu_watch = state.cfg.sysfs_root.clone().map(|root| {
+        AbortOnDrop(tokio::spawn(watch_cpus(
+            root,
+            state.cfg.cpu_recheck_interval,
+            state.cfg.op_timeout,
+            state.cfg.topology.all_cpus(),
+            exec.events.clone(),
+        )))
+    });
     let status_lock = Arc::new(std::sync::Mutex::new(()));
     let status_file = tokio::spawn(status::follow(state.cfg.data_dir.clone(), report.subscribe(), status_lock.clone()));
     for a in plan::plan(&mut state, Event::Tick, Instant::now()) {
@@ -381,6 +403,59 @@ impl Executor {
     /// A checkpoint write as `run` waits for it at shutdown.
     async fn write(&self, checkpoint: Checkpoint) -> Result<(), String> {
         write_checkpoint(self.write_lock.clone(), self.data_dir.clone(), checkpoint, self.op_timeout).await
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads the online CPUs under `root` every `every` (each read bounded by
+/// `limit`, on the blocking pool) and sends them to the loop when they differ
+/// from the last ones sent. A read that fails keeps the last view: a sysfs
+/// that cannot be read says nothing about the CPUs.
+async fn watch_cpus(
+    root: PathBuf,
+    every: Duration,
+    limit: Duration,
+    mut last: specs::CpuSet,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let dir = root.clone();
+        let read =
+            tokio::time::timeout(limit, tokio::task::spawn_blocking(move || crate::discovery::online_cpus(&dir))).await;
+        let online = match read {
+            Ok(Ok(Ok(online))) => online,
+            Ok(Ok(Err(e))) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read which CPUs are online; keeping the last view");
+                }
+                failing = true;
+                continue;
+            }
+            Ok(Err(join)) => {
+                tracing::warn!(error = %join, "reading which CPUs are online failed");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(after = ?limit, "reading which CPUs are online timed out");
+                continue;
+            }
+        };
+        failing = false;
+        if online != last {
+            last = online.clone();
+            if events.send(Event::CpusOnline(online)).is_err() {
+                return;
+            }
+        }
     }
 }
 

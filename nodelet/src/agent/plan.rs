@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specs::{Allocations, CpuSet, NumaSet, Pod, PodPhase, RejectReason, Rejection};
+use specs::{Allocations, CpuSet, NodeTopology, NumaSet, Pod, PodPhase, RejectReason, Rejection};
 use tokio::time::Instant;
 
 use super::reconcile;
@@ -198,6 +198,8 @@ pub enum Event {
         mems: NumaSet,
         result: Result<(), String>,
     },
+    /// The CPUs online now (read again from sysfs, see `AgentConfig::sysfs_root`).
+    CpusOnline(CpuSet),
     /// A timer: backoffs, retries, the safety re-check.
     Tick,
 }
@@ -264,6 +266,10 @@ pub struct State {
     pub next_recheck: Instant,
     /// The allocation epoch the latest release left (see `reconcile::retry_admission`).
     pub released_at: u64,
+    /// The machine as discovered at start; `cfg.topology` is its online part.
+    pub discovered: NodeTopology,
+    /// CPUs of `discovered` offline now: never handed out while offline.
+    pub offline: CpuSet,
 }
 
 impl State {
@@ -276,7 +282,10 @@ impl State {
 
     pub fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
         let next_recheck = now + cfg.recheck_interval;
+        let discovered = cfg.topology.clone();
         State {
+            discovered,
+            offline: CpuSet::new(),
             cfg,
             alloc,
             pods: BTreeMap::new(),
@@ -412,8 +421,46 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 }
             }
         }
+        Event::CpusOnline(online) => on_cpus_online(st, &online),
         Event::Tick => {}
     }
+}
+
+/// A CPU went offline (or came back) under the agent. The engine sees only
+/// the online part of the machine from now on, so an offline CPU is never
+/// handed out; containers holding one keep running (the kernel moved their
+/// threads to their other CPUs) and the report says which CPUs are offline.
+/// Shared containers follow the smaller pool at this pass's cpuset sync.
+/// The allocation epoch moves, so a scheduler's plan made before is checked
+/// against the engine again, and a pod refused before is tried again.
+fn on_cpus_online(st: &mut State, online: &CpuSet) {
+    // A CPU that was offline when the machine was discovered is unknown here
+    // (no core, no NUMA node): it waits for a restart of the agent.
+    let offline = st.discovered.all_cpus().difference(online);
+    if offline == st.offline {
+        return;
+    }
+    let gone = offline.difference(&st.offline);
+    let back = st.offline.difference(&offline);
+    for (key, p) in &st.alloc.pods {
+        let held: CpuSet = p.containers.iter().fold(CpuSet::new(), |mut s, c| {
+            s.union_with(&c.cpus.intersection(&gone));
+            s
+        });
+        if !held.is_empty() {
+            tracing::warn!(key, cpus = %held, "CPUs held by a pod went offline; it keeps running on the others");
+        }
+    }
+    if !gone.is_empty() {
+        tracing::warn!(cpus = %gone, "CPUs went offline; not handed out until they are back");
+    }
+    if !back.is_empty() {
+        tracing::info!(cpus = %back, "CPUs are online again");
+    }
+    st.cfg.topology = st.discovered.without_cpus(&offline);
+    st.offline = offline;
+    st.alloc.epoch += 1;
+    st.released_at = st.alloc.epoch;
 }
 
 /// The pod key and container index holding runtime id `id`.

@@ -474,6 +474,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     node.status.last_report = Some(now_rfc3339());
                     node.status.numa =
                         NodeStatus::numa_summary(&node.spec.topology, &node.spec.settings, &node.status.allocations);
+                    node.status.offline_cpus = report.offline_cpus.clone();
+                    for z in &mut node.status.numa {
+                        z.free_cpus.difference_with(&report.offline_cpus);
+                    }
                     t.put(&mut node)?;
                     if !was_ready {
                         t.add_event(event("Node", &n, "Normal", "NodeReady", "status reports resumed"))?;

@@ -249,6 +249,25 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// The nodes a memory binding over `mask` may name: those of `mask` that
+    /// have memory (regular or huge pages); when none has, the nodes with
+    /// memory nearest to `mask` (a CPU-only node's CPUs use remote memory
+    /// anyway, and binding a node without memory would fail every
+    /// allocation); 0 (no binding) when the machine reports no memory at all.
+    pub fn with_memory(&self, mask: Mask) -> Mask {
+        let has_memory = |i: usize| {
+            let node = &self.topo.numa_nodes[i];
+            node.memory_bytes > 0 || node.hugepages.iter().any(|h| h.total > 0)
+        };
+        let own = bits(mask).filter(|&i| has_memory(i)).fold(0, |m, i| m | (1 << i));
+        if own != 0 || mask == 0 {
+            return own;
+        }
+        let reach = |j: usize| bits(mask).map(|i| self.distance(i, j)).min().unwrap_or(u32::MAX);
+        let Some(nearest) = (0..self.n).filter(|&j| has_memory(j)).map(reach).min() else { return 0 };
+        (0..self.n).filter(|&j| has_memory(j) && reach(j) == nearest).fold(0, |m, j| m | (1 << j))
+    }
+
     pub fn node_id(&self, idx: usize) -> u32 {
         self.topo.numa_nodes[idx].id
     }
