@@ -86,7 +86,8 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
 /// runs. sysfs gives no inotify events, so this is polled; it reads a few
 /// small files per CPU.
 pub fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
-    Ok(read_cpus(&root.join("sys/devices/system/cpu"))?.iter().map(|t| t.id).collect())
+    let cpu_dir = root.join("sys/devices/system/cpu");
+    CpuSet::from_ids(read_cpus(&cpu_dir)?.iter().map(|t| t.id)).map_err(|e| malformed(&cpu_dir, e.to_string()))
 }
 
 // ---------------------------------------------------------------------------

@@ -637,9 +637,9 @@ mod tests {
         assert_eq!(d.node_name, "n");
         // A CPU going offline is news on its own.
         let mut offline = first.clone();
-        offline.offline_cpus = specs::CpuSet::single(3);
+        offline.offline_cpus = specs::CpuSet::single(3).expect("cpus");
         let d = delta(&acked, "n", &offline).expect("a CPU went offline");
         assert!(d.pods.is_empty());
-        assert_eq!(d.offline_cpus, specs::CpuSet::single(3));
+        assert_eq!(d.offline_cpus, specs::CpuSet::single(3).expect("cpus"));
     }
 }

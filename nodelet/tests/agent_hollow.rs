@@ -278,7 +278,7 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
     four_cpu_sysfs(&root);
     let topology = nodelet::discovery::discover(&root).unwrap();
     let data = dir.path().join("data");
-    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0).expect("cpus"), ..Default::default() };
     let mut cfg = AgentConfig::new("n1".into(), data.clone(), topology, settings);
     cfg.sysfs_root = Some(root.clone());
     // A short poll keeps the test quick; nothing below depends on its timing.
@@ -295,10 +295,10 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
     a.apply("static/a", pod("a", 1)).await;
     let r = a.wait("a running", |r| running(r, "static/a")).await;
     let held = placed(&r, "static/a").0;
-    assert_eq!(held, CpuSet::single(1), "the first free CPU after the reserved one");
+    assert_eq!(held, CpuSet::single(1).expect("cpus"), "the first free CPU after the reserved one");
 
     set_online(&root, 1, false, "0,2-3");
-    let r = a.wait("CPU 1 reported offline", |r| r.offline_cpus == CpuSet::single(1)).await;
+    let r = a.wait("CPU 1 reported offline", |r| r.offline_cpus == CpuSet::single(1).expect("cpus")).await;
     let st = &r.pods["static/a"];
     assert_eq!(st.phase, PodPhase::Running, "the pod keeps running: {st:?}");
     assert!(st.message.as_deref().is_some_and(|m| m.contains("offline")), "the pod's status says so: {st:?}");
@@ -312,13 +312,13 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
     assert_eq!(r.pods["static/big"].phase, PodPhase::Pending, "{:?}", r.pods["static/big"]);
     a.apply("static/two", pod("two", 2)).await;
     let r = a.wait("two running", |r| running(r, "static/two")).await;
-    assert_eq!(placed(&r, "static/two").0, CpuSet::range(2, 3));
+    assert_eq!(placed(&r, "static/two").0, CpuSet::range(2, 3).expect("cpus"));
     a.tx.send(DesiredChange::Remove { key: "static/two".into() }).await.unwrap();
 
     // Back online: usable again, and the refused pod is tried again.
     set_online(&root, 1, true, "0-3");
     let r = a.wait("big running on CPUs 1-3", |r| running(r, "static/big")).await;
     assert!(r.offline_cpus.is_empty(), "{:?}", r.offline_cpus);
-    assert_eq!(placed(&r, "static/big").0, CpuSet::range(1, 3));
+    assert_eq!(placed(&r, "static/big").0, CpuSet::range(1, 3).expect("cpus"));
     a.shutdown().await;
 }

@@ -421,7 +421,11 @@ async fn cpus_a_node_reports_offline_are_not_scheduled_until_back() {
         }
     };
     let (_, shown) = put(status(1, "0-1")).await;
-    assert_eq!(shown.offline_cpus, specs::CpuSet::range(0, 1), "the node's status keeps what it reported");
+    assert_eq!(
+        shown.offline_cpus,
+        specs::CpuSet::range(0, 1).expect("cpus"),
+        "the node's status keeps what it reported"
+    );
     assert!(shown.numa.iter().all(|z| z.free_cpus.is_empty()), "offline CPUs are not free: {:?}", shown.numa);
 
     let mut w = s.watch_from_now().await;

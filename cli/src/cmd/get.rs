@@ -374,7 +374,7 @@ mod tests {
         };
         n.status.condition = NodeCondition::Ready;
         assert_eq!(node_row(&n, false)[1], "Ready");
-        n.status.offline_cpus = specs::CpuSet::single(3);
+        n.status.offline_cpus = specs::CpuSet::single(3).expect("cpu 3");
         assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline");
     }
 
