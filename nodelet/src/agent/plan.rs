@@ -210,7 +210,8 @@ pub enum Action {
     Start { key: String, config: Box<ContainerConfig> },
     /// Stop and remove every container of a pod; answered by `Stopped`.
     Stop { key: String, ids: Vec<String>, grace: Duration },
-    /// Remove a dead incarnation (errors are only logged).
+    /// Remove a dead incarnation (errors are only logged); planned once no
+    /// durable checkpoint names it.
     Remove { id: String },
     /// Answered by `CpusetUpdated`.
     UpdateCpuset { key: String, container: String, id: String, cpus: CpuSet, mems: NumaSet },
@@ -264,6 +265,13 @@ pub struct State {
     pub next_recheck: Instant,
     /// The allocation epoch the latest release left (see `reconcile::retry_admission`).
     pub released_at: u64,
+    /// Dead incarnations to remove once a checkpoint that no longer names
+    /// them is durable, and the ones each write in flight clears. Removed
+    /// earlier, a crash before that write would leave the checkpoint naming
+    /// a container the runtime lacks, which a restarted agent must be able
+    /// to read as "never created" (its start is still to come).
+    pub doomed: Vec<String>,
+    pub doomed_by: BTreeMap<u64, Vec<String>>,
 }
 
 impl State {
@@ -288,6 +296,8 @@ impl State {
             recheck_in_flight: false,
             next_recheck,
             released_at: 0,
+            doomed: Vec::new(),
+            doomed_by: BTreeMap::new(),
         }
     }
 
@@ -369,14 +379,14 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 on_change(st, ch, now, out);
             }
         }
-        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now, out),
+        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now),
         Event::Observed(states) => {
             st.recheck_in_flight = false;
             for (id, state) in states {
                 match state {
                     Ok(ContainerState::Running { .. }) => {}
-                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now, out),
-                    Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now, out),
+                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now),
+                    Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now),
                     Err(err) => {
                         if let Some((key, _)) = find(st, &id) {
                             if let Some(e) = st.pods.get_mut(&key) {
@@ -423,7 +433,7 @@ fn find(st: &State, id: &str) -> Option<(String, usize)> {
         .find_map(|(key, e)| e.ctrs.iter().position(|c| c.runtime_id.as_deref() == Some(id)).map(|i| (key.clone(), i)))
 }
 
-fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant, out: &mut Vec<Action>) {
+fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant) {
     let Some((key, i)) = find(st, id) else {
         tracing::debug!(id, code, "exit of a container the agent does not run");
         return;
@@ -431,7 +441,7 @@ fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant, out: &m
     let Some(e) = st.pods.get_mut(&key) else { return };
     match (&e.stage, e.ctrs[i].state.clone()) {
         (Stage::Admitted, CtrState::Running { since }) => {
-            after_exit(st, &key, i, code, oom, None, Some(now.saturating_duration_since(since)), now, out);
+            after_exit(st, &key, i, code, oom, None, Some(now.saturating_duration_since(since)), now);
             finish_if_done(st, &key);
         }
         (Stage::Admitted, CtrState::Starting { .. }) => {
@@ -458,7 +468,6 @@ pub fn after_exit(
     reason: Option<String>,
     ran: Option<Duration>,
     now: Instant,
-    out: &mut Vec<Action>,
 ) {
     let backoff = st.cfg.backoff;
     let Some(e) = st.pods.get_mut(key) else { return };
@@ -473,9 +482,7 @@ pub fn after_exit(
     if ran.is_some_and(|r| backoff.resets_after(r)) {
         ctr.streak = 0;
     }
-    if let Some(id) = ctr.runtime_id.take() {
-        out.push(Action::Remove { id });
-    }
+    let dead = ctr.runtime_id.take();
     if reconcile::restarts(policy, code) {
         let delay = backoff.delay(ctr.streak);
         ctr.streak = ctr.streak.saturating_add(1);
@@ -484,6 +491,8 @@ pub fn after_exit(
     } else {
         ctr.state = CtrState::Terminated;
     }
+    // Removed after the write that records the exit (see `State::doomed`).
+    st.doomed.extend(dead);
     // Runtime id, restart count and exit code changed.
     st.dirty = true;
 }
@@ -536,7 +545,7 @@ fn on_started(
             e.ctrs[i].state = CtrState::Running { since: now };
             if let Some((code, oom)) = early {
                 if matches!(e.stage, Stage::Admitted) {
-                    after_exit(st, key, i, code, oom, None, Some(Duration::ZERO), now, out);
+                    after_exit(st, key, i, code, oom, None, Some(Duration::ZERO), now);
                     finish_if_done(st, key);
                 } else {
                     e.ctrs[i].last_exit = Some((code, oom));
@@ -561,7 +570,7 @@ fn on_started(
             tracing::warn!(key, container, error = message, "container did not start");
             e.message = Some(message);
             if matches!(e.stage, Stage::Admitted) {
-                after_exit(st, key, i, code, false, reason, None, now, out);
+                after_exit(st, key, i, code, false, reason, None, now);
                 finish_if_done(st, key);
             } else {
                 e.ctrs[i].state = CtrState::Waiting { at: now, reason: None };
@@ -607,6 +616,13 @@ fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Act
 fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: Instant, out: &mut Vec<Action>) {
     if st.writing == Some(generation) {
         st.writing = None;
+    }
+    if let Some(ids) = st.doomed_by.remove(&generation) {
+        match result {
+            Ok(()) => out.extend(ids.into_iter().map(|id| Action::Remove { id })),
+            // The next write clears them.
+            Err(_) => st.doomed.extend(ids),
+        }
     }
     if let Err(err) = &result {
         tracing::error!(error = err, "cannot write the checkpoint");
@@ -929,11 +945,14 @@ fn write_checkpoint(st: &mut State, now: Instant, out: &mut Vec<Action>) {
     for e in st.pods.values() {
         waiting |= e.ctrs.iter().any(|c| c.state == CtrState::Committing { generation: None });
     }
-    if !st.dirty && !waiting {
+    if !st.dirty && !waiting && st.doomed.is_empty() {
         return;
     }
     st.generation += 1;
     let generation = st.generation;
+    if !st.doomed.is_empty() {
+        st.doomed_by.insert(generation, std::mem::take(&mut st.doomed));
+    }
     for e in st.pods.values_mut() {
         for c in &mut e.ctrs {
             if c.state == (CtrState::Committing { generation: None }) {
