@@ -615,7 +615,7 @@ fn commit_batch(shared: &Shared, b: &mut Batcher, options: StoreOptions) -> Resu
 /// bytes free for this process (`f_bavail`: what root keeps back is not ours).
 fn check_space(dir: &Path, needed: u64) -> Result<(), StoreError> {
     let available = match nix::sys::statvfs::statvfs(dir) {
-        Ok(st) => u64::from(st.blocks_available()).saturating_mul(u64::from(st.fragment_size())),
+        Ok(st) => st.blocks_available().saturating_mul(st.fragment_size()),
         Err(e) => {
             // Not knowing is no reason to refuse: sled's own error still stops a failed write.
             tracing::warn!(dir = %dir.display(), error = %e, "cannot read the free space of the data dir");
