@@ -312,7 +312,6 @@ impl Executor {
                                 // How it ended (143: it honoured SIGTERM; 137: killed after the grace).
                                 let ended = rt.state(&rid).ok();
                                 crate::fault::hit(Fault::DuringStop);
-                                rt.remove(&rid)?;
                                 Ok(ended)
                             })
                             .await
@@ -346,6 +345,7 @@ impl Executor {
                     if let Err(e) = r {
                         tracing::warn!(id, error = %e, "cannot remove container");
                     }
+                    let _ = tx.send(Event::Removed { id });
                 });
             }
             Action::UpdateCpuset { key, container, id, cpus, mems } => {

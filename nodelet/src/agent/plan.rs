@@ -198,6 +198,10 @@ pub enum Event {
         mems: NumaSet,
         result: Result<(), String>,
     },
+    /// A `Remove` finished (its errors are only logged): the id is free again.
+    Removed {
+        id: String,
+    },
     /// A timer: backoffs, retries, the safety re-check.
     Tick,
 }
@@ -208,10 +212,11 @@ pub enum Action {
     WriteCheckpoint { generation: u64, checkpoint: Box<Checkpoint> },
     /// Start a container whose id is durable; answered by `Started`.
     Start { key: String, config: Box<ContainerConfig> },
-    /// Stop and remove every container of a pod; answered by `Stopped`.
+    /// Stop every container of a pod; answered by `Stopped`. Their removal
+    /// follows once a checkpoint without the pod is durable.
     Stop { key: String, ids: Vec<String>, grace: Duration },
-    /// Remove a dead incarnation (errors are only logged); planned once no
-    /// durable checkpoint names it.
+    /// Remove a dead incarnation, once no durable checkpoint names it;
+    /// answered by `Removed` (errors are only logged).
     Remove { id: String },
     /// Answered by `CpusetUpdated`.
     UpdateCpuset { key: String, container: String, id: String, cpus: CpuSet, mems: NumaSet },
@@ -272,6 +277,9 @@ pub struct State {
     /// to read as "never created" (its start is still to come).
     pub doomed: Vec<String>,
     pub doomed_by: BTreeMap<u64, Vec<String>>,
+    /// Removals in flight. An id is not used again (a pod replaced by an
+    /// equal spec gets the same ids) before its old container is gone.
+    pub removing: BTreeSet<String>,
 }
 
 impl State {
@@ -298,6 +306,7 @@ impl State {
             released_at: 0,
             doomed: Vec::new(),
             doomed_by: BTreeMap::new(),
+            removing: BTreeSet::new(),
         }
     }
 
@@ -422,6 +431,9 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 }
             }
         }
+        Event::Removed { id } => {
+            st.removing.remove(&id);
+        }
         Event::Tick => {}
     }
 }
@@ -529,6 +541,7 @@ fn on_started(
     let Some(i) = found else {
         // Nothing planned this start any more: whatever it left must not run.
         if result.is_ok() {
+            st.removing.insert(id.to_string());
             out.push(Action::Remove { id: id.to_string() });
         }
         return;
@@ -563,6 +576,7 @@ fn on_started(
                 StartFailure::Other(message) => {
                     // Nothing should be left, but a start that timed out may
                     // still finish after it was given up on.
+                    st.removing.insert(id.to_string());
                     out.push(Action::Remove { id: id.to_string() });
                     (reconcile::START_ERROR_CODE, None, message)
                 }
@@ -598,6 +612,8 @@ fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Act
     let Some(e) = st.pods.remove(key) else { return };
     tracing::info!(key, "pod stopped");
     st.release(key);
+    // Stopped, not removed: see `State::doomed`.
+    st.doomed.extend(e.ctrs.iter().filter_map(|c| c.runtime_id.clone()));
     st.dirty = true;
     let old_logs = e.log_dir(&st.cfg.data_dir, key);
     let next = match e.stage {
@@ -619,7 +635,12 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
     }
     if let Some(ids) = st.doomed_by.remove(&generation) {
         match result {
-            Ok(()) => out.extend(ids.into_iter().map(|id| Action::Remove { id })),
+            Ok(()) => {
+                for id in ids {
+                    st.removing.insert(id.clone());
+                    out.push(Action::Remove { id });
+                }
+            }
             // The next write clears them.
             Err(_) => st.doomed.extend(ids),
         }
@@ -925,13 +946,20 @@ fn sync_cpusets(st: &mut State, now: Instant, out: &mut Vec<Action>) {
 /// Gives every due container of an admitted pod its runtime id; it starts
 /// once a checkpoint holding the id is written.
 fn assign_due(st: &mut State, key: &str, now: Instant) {
-    let Some(e) = st.pods.get_mut(key) else { return };
+    let State { pods, doomed, doomed_by, removing, .. } = st;
+    let Some(e) = pods.get_mut(key) else { return };
     if !matches!(e.stage, Stage::Admitted) {
         return;
     }
+    // The id's old container is still to be removed: wait for its `Removed`.
+    let busy = |id: &String| removing.contains(id) || doomed.contains(id) || doomed_by.values().any(|d| d.contains(id));
     for ctr in &mut e.ctrs {
         if matches!(ctr.state, CtrState::Waiting { at, .. } if at <= now) {
-            ctr.runtime_id = Some(reconcile::runtime_id(key, &ctr.name, &e.hash, ctr.restart_count));
+            let id = reconcile::runtime_id(key, &ctr.name, &e.hash, ctr.restart_count);
+            if busy(&id) {
+                continue;
+            }
+            ctr.runtime_id = Some(id);
             ctr.state = CtrState::Committing { generation: None };
         }
     }

@@ -264,6 +264,29 @@ fn a_deleted_pod_is_stopped_and_forgotten_with_its_logs() {
         &[&format!("remove logs {}", logs.strip_prefix("logs").unwrap().display()), "checkpoint 2 alloc=[] ids=[]"],
     );
     assert!(!st.pods.contains_key("static/a"));
+    // Stopped, then removed once the checkpoint without it is durable.
+    check(&mut st, written(2), t, &["remove static-a_main_0"]);
+}
+
+/// A pod deleted and applied again unchanged gets the same runtime id: its
+/// container starts only once the old one is removed.
+#[test]
+fn a_pod_replaced_by_an_equal_spec_starts_after_the_old_container_is_removed() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    check(&mut st, written(1), t, &[]);
+    let old = id_of(&st, "static/a");
+    let remove = Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]);
+    check(&mut st, remove, t, &["stop static/a [static-a_main_0] 3s"]);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Always"))]), t);
+    let stopped = Event::Stopped { key: "static/a".into(), errors: vec![] };
+    check(&mut st, stopped, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
+    check(&mut st, written(2), t, &["remove static-a_main_0"]);
+    let removed = Event::Removed { id: old.clone() };
+    check(&mut st, removed, t, &["checkpoint 3 alloc=[static/a] ids=[static-a_main_0]"]);
+    assert_eq!(id_of(&st, "static/a"), old, "the same id, free again");
+    check(&mut st, written(3), t, &["start static-a_main_0 cpus=1"]);
 }
 
 #[test]
