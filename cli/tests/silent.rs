@@ -8,7 +8,8 @@
 //! - the nodelet's binding watch: a pod bound after the silence still reaches
 //!   the node, and the node stays Ready;
 //! - `pinion get pods -w`: a pod created after the silence gets its row;
-//! - `pinion logs -f`: lines written after the silence are printed, each once.
+//! - `pinion logs -f`: lines written after the silence are printed, each once;
+//! - `pinion run`: its attach stream resumes and it exits with the code.
 //!
 //! Without a bound on silence the streams hang until the OS gives up (or,
 //! over HTTP/2, until the pings of the old 15 s + 20 s rule), far beyond
@@ -149,11 +150,11 @@ impl Cluster {
     fn cli(&self, args: &[&str]) -> (Proc, mpsc::Receiver<String>) {
         let mut child = Command::new(PINION)
             .args(args)
-            .arg("--config")
-            .arg(&self.relayed_config)
+            .env("PINION_CONFIG", &self.relayed_config)
             .env("PINION_STREAM_HEARTBEAT_MS", HEARTBEAT.as_millis().to_string())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // What it says on failure shows with the test's.
+            .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn pinion");
         let stdout = child.stdout.take().expect("stdout");
@@ -262,6 +263,32 @@ async fn logs_follow_whose_stream_went_silent_resumes_and_prints_each_line_once(
     printed.extend(lines_until(&rx, "the next line", SOON, |l| l == "three"));
     assert_eq!(printed, ["one", "two", "three"], "each line once, in order");
     assert!(c.relay.connections() > silenced, "the follow resumed over a new connection");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_whose_attach_stream_went_silent_resumes_to_the_exit_code() {
+    let mut c = Cluster::start().await;
+    let direct = c.admin.authority().to_string();
+    c.node(false, &format!("https://{direct}"));
+    eventually("the node is Ready", SOON, || async {
+        c.admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    // The hollow runtime ends `sleep 4` after four seconds, with code 0.
+    let (mut run, _out) = c.cli(&["run", "job", "--host", "--no-init", "--", "sleep", "4"]);
+    c.running("job", SOON).await;
+    let silenced = c.relay.silence_established();
+    let deadline = Instant::now() + SOON;
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait for pinion run") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "pinion run did not exit within {SOON:?} of the silence");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(0), "the command's exit code");
+    assert!(c.relay.connections() > silenced, "the attach stream resumed over a new connection");
     c.stop().await;
 }
 
