@@ -60,7 +60,7 @@ mod tests {
     fn check(max: usize, chunks: &[&str], expected: Result<&[&str], LineTooLong>) {
         let mut lines = Lines::new(max);
         let mut got = Vec::new();
-        let outcome = (|| {
+        let outcome = (|| -> Result<(), LineTooLong> {
             for c in chunks {
                 lines.extend(c.as_bytes());
                 while let Some(l) = lines.next_line()? {
