@@ -49,7 +49,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
     if threads.is_empty() {
         return Err(malformed(&cpu_dir, "no online CPU (no cpuN directory with a topology/ directory)"));
     }
-    let online: CpuSet = threads.iter().map(|t| t.id).collect();
+    let online = CpuSet::from_ids(threads.iter().map(|t| t.id)).map_err(|e| malformed(&cpu_dir, e.to_string()))?;
 
     let nodes = read_nodes(root, &online)?;
     let numa_of = numa_map(&threads, &nodes, &cpu_dir)?;
@@ -65,7 +65,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         .map(|n| NumaNode {
             id: n.id,
             // Derived from the final map so that `cpus` and `Cpu::numa` never disagree.
-            cpus: cpus.iter().filter(|c| c.numa == n.id).map(|c| c.id).collect(),
+            cpus: online.filter(|id| numa_of.get(&id) == Some(&n.id)),
             memory_bytes: n.memory_bytes,
             distances: n.distances,
             hugepages: n.hugepages,
@@ -251,7 +251,7 @@ fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u
     let socket_key = |t: &Thread| match (t.package, &t.core_siblings) {
         (Some(p), _) => SocketKey::Package(p),
         (None, Some(s)) => SocketKey::Siblings(with_self(s, online, t.id)),
-        (None, None) => SocketKey::Siblings(CpuSet::single(t.id)),
+        (None, None) => SocketKey::Siblings(online.filter(|id| id == t.id)),
     };
     let mut socket_of_key: BTreeMap<SocketKey, u32> = BTreeMap::new();
     let mut sockets = BTreeMap::new();
@@ -288,9 +288,7 @@ fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u
 /// A sibling mask restricted to online CPUs and always holding the CPU itself, so a
 /// stale or one-sided mask cannot merge a CPU into a group it does not belong to.
 fn with_self(siblings: &CpuSet, online: &CpuSet, id: u32) -> CpuSet {
-    let mut s = siblings.intersection(online);
-    s.insert(id);
-    s
+    siblings.intersection(online).union(&online.filter(|c| c == id))
 }
 
 // ---------------------------------------------------------------------------
@@ -510,7 +508,7 @@ mod tests {
         assert_eq!((t.sockets(), t.cores()), (1, 2));
         assert_eq!(t.numa_nodes.len(), 1);
         assert_eq!(t.numa_nodes[0].memory_bytes, 1024 * 1024);
-        assert_eq!(t.numa_nodes[0].cpus, CpuSet::range(0, 1));
+        assert_eq!(t.numa_nodes[0].cpus, CpuSet::range(0, 1).expect("id within MAX_ID"));
     }
 
     #[test]
@@ -577,7 +575,7 @@ mod tests {
             ("sys/devices/system/cpu/cpu1/online", "0\n"),
         ]));
         let t = discover(dir.path()).expect("discover");
-        assert_eq!(t.all_cpus(), CpuSet::single(0));
+        assert_eq!(t.all_cpus(), CpuSet::single(0).expect("id within MAX_ID"));
     }
 
     #[test]
@@ -594,7 +592,7 @@ mod tests {
         let t = discover(dir.path()).expect("discover");
         let numa: Vec<(u32, u32)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
         assert_eq!(numa, vec![(0, 0), (1, 1)]);
-        assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1));
+        assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1).expect("id within MAX_ID"));
         assert_eq!(t.numa_nodes[1].memory_bytes, 4096);
     }
 

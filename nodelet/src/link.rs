@@ -35,6 +35,8 @@ use crate::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// How long a first join keeps retrying a server that does not answer.
+const JOIN_DEADLINE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -54,6 +56,8 @@ pub enum LinkError {
     NoPin,
     #[error("joining {server} as node {node}: {source}")]
     Join { server: String, node: String, source: Box<ClientError> },
+    #[error("{}: the join attempt id: {source}", path.display())]
+    JoinAttempt { path: PathBuf, source: std::io::Error },
     #[error("the server sent a CA that the join token does not pin")]
     WrongCa,
     #[error(transparent)]
@@ -117,10 +121,9 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
         (None, Some(pin)) => Client::pinned(&cfg.server, pin)?,
         (None, None) => return Err(LinkError::NoPin),
     };
-    let joined = client.join(token, &cfg.node_name).await.map_err(|source| LinkError::Join {
-        server: cfg.server.clone(),
-        node: cfg.node_name.clone(),
-        source: Box::new(source),
+    let attempt = join_attempt(&cfg.data_dir)?;
+    let joined = join_with_retries(&client, token, &cfg.node_name, &attempt).await.map_err(|source| {
+        LinkError::Join { server: cfg.server.clone(), node: cfg.node_name.clone(), source: Box::new(source) }
     })?;
     if parsed.ca_pin.is_some_and(|p| ca_pin(&joined.ca_cert).ok() != Some(p)) {
         return Err(LinkError::WrongCa);
@@ -132,8 +135,55 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
         client_key: joined.client_key,
     };
     creds.save(&path)?;
+    // Joined for good: a later join (after `pinion delete node`) is a new attempt.
+    let _ = std::fs::remove_file(join_attempt_path(&cfg.data_dir));
     tracing::info!(node = %cfg.node_name, server = %cfg.server, "joined");
     Ok(creds)
+}
+
+fn join_attempt_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("join-attempt")
+}
+
+/// This machine's join attempt id, kept on disk (durably, before the first
+/// try) until the join succeeds: a join whose reply was lost, retried here or
+/// by running the agent again, is the same attempt and gets its credentials.
+fn join_attempt(data_dir: &Path) -> Result<String, LinkError> {
+    let path = join_attempt_path(data_dir);
+    let io = |source| LinkError::JoinAttempt { path: path.clone(), source };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let attempt = pinion_client::tls::new_join_attempt()?;
+    std::fs::create_dir_all(data_dir).map_err(io)?;
+    crate::fsutil::write_atomic(&path, attempt.as_bytes()).map_err(io)?;
+    Ok(attempt)
+}
+
+/// Joins, retrying what the network or a restarting server may fix (no
+/// answer, 5xx) for up to `JOIN_DEADLINE`; a refusal (4xx) is final.
+async fn join_with_retries(
+    client: &Client,
+    token: &str,
+    node: &str,
+    attempt: &str,
+) -> Result<specs::api::JoinResponse, ClientError> {
+    let deadline = tokio::time::Instant::now() + JOIN_DEADLINE;
+    let mut wait = RETRY_MIN;
+    loop {
+        match client.join(token, node, Some(attempt)).await {
+            Err(ClientError::Api(e)) if e.code < 500 => return Err(ClientError::Api(e)),
+            Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                tracing::warn!(node, error = %e, retry_in = ?wait, "join failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Runs the link until `stop` turns true. Returns an error only for what
@@ -515,6 +565,18 @@ mod tests {
 
     fn status(phase: PodPhase) -> PodStatus {
         PodStatus { phase, ..Default::default() }
+    }
+
+    /// The attempt id outlives the process until the join succeeds: an agent
+    /// run again after a lost reply retries the same attempt.
+    #[test]
+    fn the_join_attempt_is_kept_until_the_join_succeeds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = join_attempt(dir.path()).expect("attempt");
+        assert_eq!(first.len(), 32);
+        assert_eq!(join_attempt(dir.path()).expect("again"), first);
+        std::fs::remove_file(join_attempt_path(dir.path())).expect("joined");
+        assert_ne!(join_attempt(dir.path()).expect("a new join"), first);
     }
 
     fn report(pods: &[(&str, PodPhase)]) -> NodeReport {

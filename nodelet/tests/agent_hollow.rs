@@ -22,7 +22,7 @@ fn two_by_ten() -> NodeTopology {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 10, id * 10 + 9),
+                cpus: CpuSet::range(id * 10, id * 10 + 9).expect("id within MAX_ID"),
                 memory_bytes: 64 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],
@@ -107,7 +107,7 @@ fn placed(r: &NodeReport, key: &str) -> (CpuSet, NumaSet) {
 
 /// The NUMA nodes whose CPUs `cpus` touches.
 fn nodes_of(t: &NodeTopology, cpus: &CpuSet) -> NumaSet {
-    cpus.iter().filter_map(|c| t.cpu(c)).map(|c| c.numa).collect()
+    NumaSet::from_ids(cpus.iter().filter_map(|c| t.cpu(c)).map(|c| c.numa)).expect("ids within MAX_ID")
 }
 
 #[tokio::test]
@@ -153,7 +153,7 @@ async fn restarted_agent_keeps_every_pod_on_its_cpus() {
     let t = two_by_ten();
     let settings = || NodeSettings {
         topology_policy: TopologyPolicy::SingleNumaNode,
-        reserved_cpus: CpuSet::single(0),
+        reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"),
         ..Default::default()
     };
     let mut a = start(dir.path(), t.clone(), settings());
@@ -216,7 +216,7 @@ async fn hollow_job_throughput_on_64_cpus() {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 32, id * 32 + 31),
+                cpus: CpuSet::range(id * 32, id * 32 + 31).expect("id within MAX_ID"),
                 memory_bytes: 256 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],
@@ -224,7 +224,7 @@ async fn hollow_job_throughput_on_64_cpus() {
             .collect(),
         ..Default::default()
     };
-    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"), ..Default::default() };
     let mut a = start(dir.path(), t, settings);
     let n: usize = std::env::var("JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let job = |i: usize| {

@@ -31,7 +31,7 @@ fn topology() -> NodeTopology {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 4, id * 4 + 3),
+                cpus: CpuSet::range(id * 4, id * 4 + 3).expect("id within MAX_ID"),
                 memory_bytes: 16 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],

@@ -268,8 +268,7 @@ impl Controller {
         });
         {
             let mut inner = c.lock();
-            let (_, nodes) = store.list::<Node>()?;
-            for node in nodes {
+            for node in store.list::<Node>()?.items {
                 let name = node.metadata.name.clone();
                 let ready = node.status.condition == NodeCondition::Ready;
                 // A restart is not a missed heartbeat: every node gets a fresh grace period.
@@ -279,7 +278,7 @@ impl Controller {
                 );
                 inner.sync_mirror(&name);
             }
-            let (_, mut pods) = store.list::<Pod>()?;
+            let mut pods = store.list::<Pod>()?.items;
             pods.sort_by(creation_order);
             for pod in pods {
                 let name = pod.metadata.name.clone();
@@ -812,7 +811,7 @@ impl Controller {
             return;
         }
         let pods = match self.store.list::<Pod>() {
-            Ok((_, pods)) => pods,
+            Ok(listed) => listed.items,
             Err(e) => return tracing::error!(error = %e, "cannot list pods"),
         };
         let mine: Vec<String> = pods

@@ -11,7 +11,7 @@
 //! that a crash could take back.
 //!
 //! Everything lives in one sled tree under key prefixes (`pod/`, `node/`,
-//! `event/`, `log/`, `meta/`) because a sled batch is atomic within one tree.
+//! `event/`, `log/`, `meta/`, `claim/`) because a sled batch is atomic within one tree.
 //! Reads go straight to sled; they may see a batch that is being flushed (not
 //! yet acknowledged), which is the price of not copying the tree.
 
@@ -48,6 +48,8 @@ pub enum StoreError {
     Closed,
     #[error("resource version {requested} is too old: changes before {oldest} were compacted; list again and watch from the list's version")]
     Gone { requested: u64, oldest: u64 },
+    #[error("resourceVersion {requested} is newer than the store's current version {current}; list again and watch from the list's version")]
+    Future { requested: u64, current: u64 },
 }
 
 /// The kinds of objects stored.
@@ -145,6 +147,10 @@ fn log_key(rv: u64) -> Vec<u8> {
     let mut k = LOG_PREFIX.as_bytes().to_vec();
     k.extend_from_slice(&rv.to_be_bytes());
     k
+}
+
+fn claim_key(space: &str, name: &str) -> Vec<u8> {
+    format!("claim/{space}/{name}").into_bytes()
 }
 
 fn event_prefix(kind: Kind, name: &str) -> String {
@@ -250,6 +256,45 @@ impl Txn<'_> {
             self.writes.insert(k.to_vec(), None);
         }
         Ok(Some(prev))
+    }
+
+    /// Removes a record of `kind` that does not decode, and its events, as
+    /// `delete` would; with no change-log entry, since no watcher could have
+    /// read it. The way out of a record that `list` skips. Returns whether
+    /// there was such a record (a readable one is left alone).
+    pub fn purge_unreadable<T: Object>(&mut self, name: &str) -> Result<bool, StoreError> {
+        let key = object_key(T::KIND, name);
+        let Some(raw) = self.read_raw(&key)? else { return Ok(false) };
+        if let Err(e) = decode::<T>(&key, &raw) {
+            tracing::warn!(key = %String::from_utf8_lossy(&key), reason = %e, "removing a stored record that cannot be decoded");
+            self.writes.insert(key, None);
+            for (k, _) in self.batch.tree.scan_prefix(event_prefix(T::KIND, name)).flatten() {
+                self.writes.insert(k.to_vec(), None);
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Takes `name` in `space` for `holder` for good (a node name at its join):
+    /// true if it was free, or is held by the same non-empty `holder` already
+    /// (a retry). A claim is no object: it has no version and no watcher sees
+    /// it; being in the same batch as the check, two claims never both succeed.
+    pub fn claim(&mut self, space: &str, name: &str, holder: &[u8]) -> Result<bool, StoreError> {
+        let key = claim_key(space, name);
+        if let Some(held) = self.read_raw(&key)? {
+            return Ok(!holder.is_empty() && held.as_slice() == holder);
+        }
+        self.writes.insert(key, Some(holder.to_vec()));
+        Ok(true)
+    }
+
+    /// Frees a claimed name; returns whether it was claimed.
+    pub fn release(&mut self, space: &str, name: &str) -> Result<bool, StoreError> {
+        let key = claim_key(space, name);
+        let held = self.read_raw(&key)?.is_some();
+        self.writes.insert(key, None);
+        Ok(held)
     }
 
     /// Records an event about an object; keeps the newest few per object.
@@ -387,15 +432,26 @@ impl Store {
     }
 
     /// Every object of a kind, with the version to watch from to miss nothing.
-    pub fn list<T: Object>(&self) -> Result<(u64, Vec<T>), StoreError> {
+    /// A record that does not decode (written by an older version, or damaged)
+    /// is left out, logged with its key and counted in `Listed::unreadable`:
+    /// one bad record must not stop every list, watch and restart.
+    pub fn list<T: Object>(&self) -> Result<Listed<T>, StoreError> {
         // Read the version first: a change after it is replayed by a watch from it.
         let rv = self.resource_version();
         let mut items = Vec::new();
+        let mut unreadable = 0;
         for kv in self.shared.tree.scan_prefix(T::KIND.prefix()) {
             let (k, v) = kv?;
-            items.push(decode(&k, &v)?);
+            match decode(&k, &v) {
+                Ok(item) => items.push(item),
+                Err(e) => {
+                    let key = String::from_utf8_lossy(&k);
+                    tracing::warn!(%key, reason = %e, "skipping a stored record that cannot be decoded");
+                    unreadable += 1;
+                }
+            }
         }
-        Ok((rv, items))
+        Ok(Listed { rv, items, unreadable })
     }
 
     /// Events about one object, oldest first.
@@ -413,8 +469,14 @@ impl Store {
         self.shared.published.load(Ordering::Acquire)
     }
 
-    /// Changes after version `from`, first from the log, then live.
+    /// Changes after version `from`, first from the log, then live. A version
+    /// the store has not reached is refused: a watch from it would skip every
+    /// change up to it without a word.
     pub fn watch(&self, from: u64) -> Result<Watch, StoreError> {
+        let current = self.resource_version();
+        if from > current {
+            return Err(StoreError::Future { requested: from, current });
+        }
         let rx = self.shared.changes.subscribe();
         let mut w = Watch { shared: self.shared.clone(), rx, last: from, backlog: Default::default() };
         w.refill()?;
@@ -436,6 +498,16 @@ impl Store {
         self.shared.db.flush_async().await?;
         Ok(())
     }
+}
+
+/// What `Store::list` read.
+#[derive(Debug)]
+pub struct Listed<T> {
+    /// The version to watch from to miss nothing after this list.
+    pub rv: u64,
+    pub items: Vec<T>,
+    /// Stored records of this kind left out because they do not decode.
+    pub unreadable: u64,
 }
 
 /// A resumable stream of changes.
@@ -597,10 +669,10 @@ mod tests {
             }
         };
         assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
-        let (rv, pods) = store.list::<Pod>().expect("list");
-        assert_eq!(pods.len(), 20);
-        assert_eq!(rv, *versions.last().expect("some"));
-        assert!(create(&store, "after").await > rv);
+        let listed = store.list::<Pod>().expect("list");
+        assert_eq!(listed.items.len(), 20);
+        assert_eq!(listed.rv, *versions.last().expect("some"));
+        assert!(create(&store, "after").await > listed.rv);
     }
 
     #[tokio::test]

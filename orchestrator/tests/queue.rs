@@ -66,7 +66,8 @@ impl TestServer {
 
     async fn join(&self, dir: &Path, name: &str) -> Credentials {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
+        let joined =
+            Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name, None).await.expect("join");
         Credentials {
             server: self.url.clone(),
             ca_cert: joined.ca_cert,
@@ -85,7 +86,7 @@ impl TestServer {
         }
         t.numa_nodes.push(NumaNode {
             id: 0,
-            cpus: (0..cpus).collect(),
+            cpus: specs::CpuSet::from_ids(0..cpus).expect("ids within MAX_ID"),
             memory_bytes: 64 << 30,
             distances: vec![10],
             hugepages: Vec::new(),

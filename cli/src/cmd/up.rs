@@ -119,7 +119,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 /// The threads of the machine's first core, like a kubelet's usual `--reserved-cpus`.
 fn first_core(t: &specs::NodeTopology) -> CpuSet {
     match t.cpus.first() {
-        Some(c0) => t.cpus.iter().filter(|c| c.core == c0.core).map(|c| c.id).collect(),
+        Some(c0) => t.all_cpus().filter(|id| t.cpu(id).is_some_and(|c| c.core == c0.core)),
         None => CpuSet::new(),
     }
 }

@@ -296,9 +296,12 @@ impl Client {
     }
 
     /// Asks for a node certificate with the bootstrap token (on an anonymous client).
-    pub async fn join(&self, token: &str, node_name: &str) -> Result<JoinResponse, ClientError> {
-        let body = serde_json::to_vec(&JoinRequest { node_name: node_name.to_string() })
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
+    /// Joins as `node_name`; `attempt` (see `JoinRequest::attempt`) makes a
+    /// retry after a lost reply succeed.
+    pub async fn join(&self, token: &str, node_name: &str, attempt: Option<&str>) -> Result<JoinResponse, ClientError> {
+        let body =
+            serde_json::to_vec(&JoinRequest { node_name: node_name.to_string(), attempt: attempt.map(str::to_string) })
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
         let req = self
             .builder(Method::POST, "/api/v1/join")
             .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))

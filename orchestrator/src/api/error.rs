@@ -62,6 +62,11 @@ impl From<ApiError> for Refused {
 pub fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Gone { .. } => error(410, "Gone", e.to_string()),
+        StoreError::Future { .. } => {
+            let message = e.to_string();
+            let field = FieldError { field: "resourceVersion".into(), message: message.clone() };
+            ApiError { details: vec![field], ..bad_request(message) }
+        }
         StoreError::Closed => error(503, "ShuttingDown", e.to_string()),
         other => internal(other.to_string()),
     }

@@ -458,6 +458,7 @@ pub fn admit(
         return Err(reject(RejectReason::AlreadyAllocated, format!("pod {pod_key} is already allocated on this node")));
     }
     let reqs = requests(pod, settings)?;
+    super::machine::check_bounds(topology)?;
     let requested = fits_allocatable(topology, settings, allocations, pod)?;
     let m = Machine::new(topology, settings)?;
     let mut free = Free::new(&m, allocations);

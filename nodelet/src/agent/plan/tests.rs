@@ -13,10 +13,15 @@ use super::*;
 fn state(t0: Instant) -> State {
     let topology = NodeTopology {
         cpus: (0..2).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0 }).collect(),
-        numa_nodes: vec![NumaNode { id: 0, cpus: CpuSet::range(0, 1), memory_bytes: 1 << 30, ..Default::default() }],
+        numa_nodes: vec![NumaNode {
+            id: 0,
+            cpus: CpuSet::range(0, 1).expect("id within MAX_ID"),
+            memory_bytes: 1 << 30,
+            ..Default::default()
+        }],
         ..Default::default()
     };
-    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"), ..Default::default() };
     let mut cfg = AgentConfig::new("n1".into(), "/d".into(), topology, settings);
     cfg.backoff = super::super::Backoff {
         base: Duration::from_secs(10),
@@ -343,7 +348,7 @@ fn exclusive_admissions_move_the_shared_pool_in_place() {
         key: "static/s".into(),
         container: "main".into(),
         id: id_of(&st, "static/s"),
-        cpus: CpuSet::single(0),
+        cpus: CpuSet::single(0).expect("id within MAX_ID"),
         mems: NumaSet::new(),
         result: Ok(()),
     };
