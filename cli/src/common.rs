@@ -15,6 +15,20 @@ pub struct GlobalArgs {
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
     #[arg(long, global = true, env = "PINION_LOG", default_value = "warn,libcgroups=error,libcontainer=error")]
     pub log: String,
+    /// How often an idle stream carries a heartbeat, in milliseconds (the
+    /// server's and agent's send period, every reader's bound is three of
+    /// them); client and server must agree. For tests of dead connections.
+    #[arg(long, global = true, env = "PINION_STREAM_HEARTBEAT_MS", value_name = "MS", hide = true)]
+    pub stream_heartbeat_ms: Option<u64>,
+}
+
+impl GlobalArgs {
+    pub fn liveness(&self) -> specs::api::Liveness {
+        match self.stream_heartbeat_ms {
+            Some(ms) => specs::api::Liveness { heartbeat: std::time::Duration::from_millis(ms.max(1)) },
+            None => specs::api::Liveness::default(),
+        }
+    }
 }
 
 pub fn init_tracing(g: &GlobalArgs) {

@@ -88,6 +88,8 @@ pub struct LinkConfig {
     pub labels: BTreeMap<String, String>,
     /// `HOST:PORT` of this node's HTTPS endpoint, registered for the server.
     pub endpoint: Option<String>,
+    /// The watch's bound on silence (the server's heartbeat, times three).
+    pub liveness: specs::api::Liveness,
 }
 
 /// The node's credentials file under the agent's data dir.
@@ -193,7 +195,7 @@ pub async fn run(
     reports: watch::Receiver<NodeReport>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LinkError> {
-    let client = Client::new(&creds)?;
+    let client = Client::new(&creds)?.with_liveness(cfg.liveness);
     let node = Node {
         api_version: API_VERSION.into(),
         kind: "Node".into(),
@@ -337,7 +339,20 @@ async fn session(
             n = w.next() => n,
             _ = stop.wait_for(|s| *s) => return Ok(()),
         };
-        let Some((ty, pod)) = next? else { return Err(LinkError::WatchEnded) };
+        let (ty, pod) = match next {
+            Ok(Some(change)) => change,
+            // A dead path (silence past the bound, a broken connection, a
+            // mangled line): resume from the version reached, on a new
+            // connection; a refusal (410 Gone) starts the session over.
+            Err(e) if e.is_dead_stream() => {
+                let from = w.resource_version().unwrap_or(list.resource_version);
+                tracing::warn!(error = %e, from, "binding watch lost; resuming");
+                w = client.watch_pods(Some(name), None, Some(from)).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+            Ok(None) => return Err(LinkError::WatchEnded),
+        };
         let key = pod.metadata.name.clone();
         match ty {
             WatchEventType::Added | WatchEventType::Modified => match desired(&pod, name) {
@@ -361,6 +376,8 @@ async fn session(
                 send(DesiredChange::Remove { key }).await?;
             }
             WatchEventType::Error => return Err(LinkError::WatchEnded),
+            // Read inside the client; never returned.
+            WatchEventType::Bookmark => {}
         }
     }
 }

@@ -225,6 +225,12 @@ pub enum WatchEventType {
     /// The stream cannot go on (e.g. the requested version was compacted); the
     /// object is a `Status` error.
     Error,
+    /// Nothing changed for the watcher: the object carries only
+    /// `metadata.resourceVersion`, the version the watch has reached (resume
+    /// from it). Sent only to a watcher that asked (`allowWatchBookmarks=true`),
+    /// every `Liveness::heartbeat` while nothing else is sent, so that a
+    /// silent stream can be told from a quiet cluster.
+    Bookmark,
 }
 
 /// One line of a watch stream.
@@ -328,8 +334,42 @@ impl TryFrom<RawAttachFrame> for AttachFrame {
     }
 }
 
-/// How often an idle attach stream carries a heartbeat.
+/// How often an idle attach stream carries a heartbeat (`Liveness`'s default).
 pub const ATTACH_HEARTBEAT_SECONDS: u64 = 5;
+
+/// Longest line a stream reader buffers (a watch event, an attach frame): a
+/// longer one is refused and the stream dropped, so a hostile or broken peer
+/// cannot grow the reader's memory without bound. A pod's JSON is a few KiB.
+pub const MAX_STREAM_LINE: usize = 4 << 20;
+
+/// The one liveness rule of every long-lived stream (watches, attach, log
+/// follows) and of the connections under them: the sender sends something
+/// every `heartbeat` while it has nothing else to send (a watch's BOOKMARK,
+/// an attach `heartbeat` frame, an HTTP/2 PING on a quiet connection), and a
+/// reader treats a silence longer than `silence()` as a dead stream and
+/// resumes from where it was. A NAT or relay that forgets an idle flow leaves
+/// the socket open and silent; only this bound notices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    pub heartbeat: std::time::Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness { heartbeat: std::time::Duration::from_secs(ATTACH_HEARTBEAT_SECONDS) }
+    }
+}
+
+impl Liveness {
+    /// How many heartbeats may go missing before a stream counts as dead:
+    /// one late heartbeat is jitter, three missed is a dead path.
+    pub const MISSED: u32 = 3;
+
+    /// Silence longer than this means the stream (or its connection) is dead.
+    pub fn silence(&self) -> std::time::Duration {
+        self.heartbeat * Self::MISSED
+    }
+}
 
 /// A list response: the items and the store version it was read at (resume a
 /// watch from it to miss nothing).
@@ -512,5 +552,25 @@ mod tests {
         check("!a", &[("a", "x")], Ok(false));
         check("a=b,,c=d", &[], Err(()));
         check("=b", &[], Err(()));
+    }
+
+    #[test]
+    fn a_bookmark_is_a_watch_event_type() {
+        let e: WatchEvent<serde_json::Value> =
+            serde_json::from_str(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":7}}}"#)
+                .unwrap_or(WatchEvent { event_type: WatchEventType::Error, object: serde_json::Value::Null });
+        assert_eq!(e.event_type, WatchEventType::Bookmark);
+        assert_eq!(e.object["metadata"]["resourceVersion"], 7);
+    }
+
+    #[test]
+    fn silence_is_three_missed_heartbeats() {
+        let check = |heartbeat_ms: u64, silence_ms: u64| {
+            let l = Liveness { heartbeat: std::time::Duration::from_millis(heartbeat_ms) };
+            assert_eq!(l.silence(), std::time::Duration::from_millis(silence_ms), "{heartbeat_ms}");
+        };
+        check(5000, 15000);
+        check(200, 600);
+        assert_eq!(Liveness::default().heartbeat, std::time::Duration::from_secs(ATTACH_HEARTBEAT_SECONDS));
     }
 }

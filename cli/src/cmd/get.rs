@@ -262,6 +262,31 @@ fn without_age(mut row: Vec<String>) -> Vec<String> {
 
 const AGE_COLUMN: usize = 4;
 
+/// Tries to reopen a dead watch before `get -w` gives up.
+const RESUMES: u32 = 8;
+
+/// Reopens the pod watch from `from`, retrying (with a growing pause) while
+/// the server cannot be reached.
+async fn resume_watch(
+    client: &orchestrator::client::Client,
+    selector: Option<&str>,
+    from: u64,
+) -> anyhow::Result<orchestrator::client::PodWatch> {
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match client.watch_pods(None, selector, Some(from)).await {
+            Ok(w) => return Ok(w),
+            Err(e @ orchestrator::client::ClientError::Api(_)) => return Err(e.into()),
+            Err(e) if tries >= RESUMES => {
+                return Err(anyhow::Error::new(e).context(format!("resuming the watch: gave up after {tries} tries")))
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot resume the watch yet"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100 << tries.min(6))).await;
+    }
+}
+
 /// `get pods -w`: the table, then one row per change (a deleted pod's STATUS
 /// reads `Deleted`), in the first table's columns, until the stream ends.
 async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
@@ -286,7 +311,20 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
         .map(|p| (p.metadata.name.clone(), without_age(pod_row(p, wide))))
         .collect();
     let mut watch = client.watch_pods(None, args.selector.as_deref(), Some(list.resource_version)).await?;
-    while let Some((ty, pod)) = watch.next().await? {
+    loop {
+        let (ty, pod) = match watch.next().await {
+            Ok(Some(change)) => change,
+            Ok(None) => break,
+            // A dead stream: resume from the version reached (the server's
+            // bookmarks keep it current), so no row is missed or repeated.
+            Err(e) if e.is_dead_stream() => {
+                let from = watch.resource_version().unwrap_or(list.resource_version);
+                tracing::debug!(error = %e, from, "watch lost; resuming");
+                watch = resume_watch(client, args.selector.as_deref(), from).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if !keep(&pod) {
             continue;
         }

@@ -31,7 +31,15 @@ pub enum Reply {
     /// `serde_json::Value` tree would cost several times its bytes).
     Json(u16, Vec<u8>),
     /// A newline-delimited JSON stream: initial lines, then filtered changes.
-    Watch { initial: Vec<String>, watch: Watch, filter: PodFilter },
+    Watch {
+        initial: Vec<String>,
+        watch: Watch,
+        filter: PodFilter,
+        /// The version the watch starts after (a bookmark's first value).
+        from: u64,
+        /// Send a BOOKMARK on an idle stream.
+        bookmarks: bool,
+    },
     /// Bytes streamed from a nodelet's endpoint (`GET https://ENDPOINT/PATH`,
     /// TLS name = the node's name).
     Proxy { node: String, endpoint: String, path: String },
@@ -75,12 +83,25 @@ impl PodFilter {
     }
 }
 
+/// A BOOKMARK line: the watch has reached `version` and nothing the watcher
+/// sees changed since its last line.
+pub fn bookmark_line(version: u64) -> String {
+    watch_line(
+        WatchEventType::Bookmark,
+        &format!(
+            "{{\"apiVersion\":\"{}\",\"kind\":\"Pod\",\"metadata\":{{\"resourceVersion\":{version}}}}}",
+            specs::pod::API_VERSION
+        ),
+    )
+}
+
 pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
     let ty = match ty {
         WatchEventType::Added => "ADDED",
         WatchEventType::Modified => "MODIFIED",
         WatchEventType::Deleted => "DELETED",
         WatchEventType::Error => "ERROR",
+        WatchEventType::Bookmark => "BOOKMARK",
     };
     format!("{{\"type\":\"{ty}\",\"object\":{object_json}}}\n")
 }
@@ -199,7 +220,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .collect();
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
-        Action::WatchPods { selector, node, from } => {
+        Action::WatchPods { selector, node, from, bookmarks } => {
             let node = scope_to_node(id, node)?;
             let filter = PodFilter { selector, node };
             let mut initial = Vec::new();
@@ -220,7 +241,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 }
             };
             let watch = store.watch(from).map_err(store_error)?;
-            Ok(Reply::Watch { initial, watch, filter })
+            Ok(Reply::Watch { initial, watch, filter, from, bookmarks })
         }
         Action::CreatePod(pod) => {
             require_admin(id, "create pods")?;

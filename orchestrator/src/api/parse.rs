@@ -18,7 +18,7 @@ pub enum Action {
     Version,
     Join { token: Option<String>, request: JoinRequest },
     ListPods { selector: LabelSelector, node: Option<String> },
-    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64> },
+    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64>, bookmarks: bool },
     CreatePod(Box<Pod>),
     GetPod(String),
     DeletePod(String),
@@ -98,7 +98,10 @@ pub fn parse(
                             .map_err(|_| bad_request(format!("resourceVersion {v:?} is not a non-negative integer")))?,
                     ),
                 };
-                Action::WatchPods { selector, node, from }
+                // Opt-in, as in Kubernetes: a client older than BOOKMARK would
+                // refuse the event type.
+                let bookmarks = q.flag("allowWatchBookmarks")?;
+                Action::WatchPods { selector, node, from, bookmarks }
             } else {
                 Action::ListPods { selector, node }
             }
