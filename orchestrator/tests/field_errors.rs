@@ -68,6 +68,7 @@ async fn every_bad_request_names_its_field() {
         (Method::GET, "/api/v1/pods?watch=maybe", None, 400, "watch"),
         (Method::GET, "/api/v1/pods?watch=true&resourceVersion=x", None, 400, "resourceVersion"),
         (Method::GET, "/api/v1/pods?labelSelector=a%3D%3D%2C", None, 400, "labelSelector"),
+        (Method::GET, "/api/v1/pods?resourceVersion=18446744073709551616", None, 400, "resourceVersion"),
         (Method::GET, "/api/v1/pods?k=%zz", None, 400, "k"),
         (Method::GET, "/api/v1/nodes?labelSelector=%2C", None, 400, "labelSelector"),
         (Method::GET, "/api/v1/events", None, 400, "name"),
@@ -96,6 +97,7 @@ async fn every_bad_request_names_its_field() {
             "spec.topology.cpus",
         ),
         (Method::POST, "/api/v1/pods", Some("{}"), 422, "apiVersion"),
+        (Method::POST, "/api/v1/pods", Some("[null, null]"), 422, "(body)"),
         (
             Method::POST,
             "/api/v1/pods",

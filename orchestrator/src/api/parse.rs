@@ -73,14 +73,9 @@ pub fn parse(
         RouteId::ListPods => {
             let selector = selector(&q)?;
             let node = q.get("nodeName").map(str::to_string);
+            // Checked for a list too (where it is unused): a bad value is the caller's mistake either way.
+            let from = q.number("resourceVersion")?;
             if q.flag("watch")? {
-                let from =
-                    match q.get("resourceVersion") {
-                        None | Some("") => None,
-                        Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                            bad_field("resourceVersion", format!("{v:?} is not a non-negative integer"))
-                        })?),
-                    };
                 Action::WatchPods { selector, node, from }
             } else {
                 Action::ListPods { selector, node }
@@ -186,6 +181,10 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
         serde_yaml_ng::from_str(text).map_err(|e| invalid("Pod", "", vec![decode_error(&e)]))?;
     // Structural problems first (all of them), then the semantic ones.
     let mut decoded = specs::manifest::decode_pod(&value);
+    // A problem with the document as a whole (a list, a string) has the empty path.
+    for e in decoded.errors.iter_mut().filter(|e| e.field.is_empty()) {
+        e.field = "(body)".into();
+    }
     let Some(mut pod) = decoded.pod.take() else {
         return Err(invalid("Pod", "", decoded.errors));
     };
