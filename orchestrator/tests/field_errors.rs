@@ -96,6 +96,16 @@ async fn every_bad_request_names_its_field() {
             422,
             "spec.topology.cpus",
         ),
+        (
+            Method::POST,
+            "/api/v1/nodes",
+            Some(
+                r#"{"apiVersion":"pinion.io/v1","kind":"Node","metadata":{"name":"n","annotations":{"":"x"}},
+                "spec":{"topology":{"cpus":[{"id":0,"core":0,"socket":0,"numa":0}],"numaNodes":[{"id":0,"cpus":[0],"memoryBytes":1024}]}}}"#,
+            ),
+            422,
+            "metadata.annotations[]",
+        ),
         (Method::POST, "/api/v1/pods", Some("{}"), 422, "apiVersion"),
         (Method::POST, "/api/v1/pods", Some("[null, null]"), 422, "(body)"),
         (

@@ -138,8 +138,7 @@ fn pod() -> Value {
         "spec": {
             "containers": [{
                 "name": "main",
-                "image": "busybox:latest",
-                "rootfs": "host",
+                "image": "registry.example:5000/team/busybox:1.36",
                 "command": ["sleep"],
                 "args": ["10"],
                 "env": [{"name": "A", "value": "b"}],
@@ -147,6 +146,10 @@ fn pod() -> Value {
                 "resources": {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi", "hugepages-2Mi": "8Mi"}},
                 "cpuPolicy": "exclusive",
                 "securityContext": {"capabilities": {"add": ["SYS_NICE"], "drop": ["ALL"]}}
+            }, {
+                "name": "side",
+                "rootfs": "host",
+                "resources": {"requests": {"cpu": "500m", "pinion.io/sriov-vf": "1"}}
             }],
             "restartPolicy": "OnFailure",
             "nodeSelector": {"zone": "a"},

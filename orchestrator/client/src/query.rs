@@ -59,7 +59,7 @@ fn bad_field(field: &str, problem: String) -> ApiError {
     ApiError {
         code: 400,
         reason: "BadRequest".into(),
-        message: format!("query parameter {field}: {problem}"),
+        message: format!("query parameter {field} is invalid"),
         details: vec![FieldError { field: field.to_string(), message: problem }],
     }
 }

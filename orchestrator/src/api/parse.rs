@@ -220,6 +220,13 @@ pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
         errs.push(FieldError { field: "metadata.name".into(), message: p });
     }
     check_labels(&node.metadata.labels, &mut errs);
+    // The same rule as a pod's: annotation keys are qualified names.
+    for k in node.metadata.annotations.keys().filter(|k| !specs::validate::is_label_key(k)) {
+        errs.push(FieldError {
+            field: format!("metadata.annotations[{k}]"),
+            message: "invalid key: want [prefix/]name".into(),
+        });
+    }
     let t = &node.spec.topology;
     if t.cpus.is_empty() {
         errs.push(FieldError { field: "spec.topology.cpus".into(), message: "must not be empty".into() });
