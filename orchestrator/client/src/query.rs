@@ -43,10 +43,11 @@ impl Query {
         }
     }
 
-    /// A non-negative integer parameter, absent when missing or empty.
+    /// A non-negative integer parameter, absent when missing (an empty value
+    /// is no number: refused rather than read as absent).
     pub fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
         match self.get(key) {
-            None | Some("") => Ok(None),
+            None => Ok(None),
             Some(v) => {
                 v.parse::<u64>().map(Some).map_err(|_| bad_field(key, format!("{v:?} is not a non-negative integer")))
             }

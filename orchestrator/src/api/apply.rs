@@ -506,8 +506,10 @@ pub fn log_target(
     };
     let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
     let Some(endpoint) = n.spec.endpoint.clone() else {
+        // Nothing upstream failed (that is 502 NodeUnreachable): the node's
+        // registration lacks what a log needs, a state to change, not a server fault.
         return Err(super::error::error(
-            502,
+            409,
             "NoNodeEndpoint",
             format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
         ));
