@@ -1,22 +1,34 @@
 //! The contract test: `openapi.yaml` lists exactly the routes the server
-//! answers (paths and methods), and its version is the crate's.
+//! answers (paths and methods), its version is the crate's, and its schemas
+//! are the wire types: a representative value of each type, written out in
+//! full, reads into the Rust type and serializes back to the same JSON (so it
+//! is the serde shape), and validates against the schema with every object
+//! closed (so a field renamed, added or dropped on either side fails here).
 
 use std::collections::BTreeSet;
 
 use orchestrator::api::routes::routes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use specs::api::{ApiError, AttachFrame, Event, JoinRequest, JoinResponse, List, Node, NodeStatus};
+use specs::api::{NodeStatusReport, PodRejection, WatchEvent};
+use specs::{Pod, PodStatus};
+
+fn document() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml");
+    let text = std::fs::read_to_string(path).expect("openapi.yaml");
+    serde_yaml_ng::from_str(&text).expect("openapi.yaml parses")
+}
 
 #[test]
 fn openapi_matches_the_route_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml");
-    let text = std::fs::read_to_string(path).expect("openapi.yaml");
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("openapi.yaml parses");
+    let doc = document();
     assert_eq!(doc["info"]["version"].as_str(), Some(env!("CARGO_PKG_VERSION")), "info.version");
     let methods = ["get", "put", "post", "delete", "patch", "head", "options"];
     let mut documented = BTreeSet::new();
-    for (p, item) in doc["paths"].as_mapping().expect("paths") {
-        let p = p.as_str().expect("path string").to_string();
-        for (m, _) in item.as_mapping().expect("path item") {
-            let m = m.as_str().expect("method").to_string();
+    for (p, item) in doc["paths"].as_object().expect("paths") {
+        for (m, _) in item.as_object().expect("path item") {
             if methods.contains(&m.as_str()) {
                 documented.insert((m.to_uppercase(), p.clone()));
             }
@@ -30,4 +42,269 @@ fn openapi_matches_the_route_table() {
         missing.is_empty() && stale.is_empty(),
         "undocumented routes: {missing:?}; documented but not served: {stale:?}"
     );
+}
+
+/// Every object schema that lists its properties and says nothing about
+/// others gets `additionalProperties: false` (types that ignore unknown
+/// fields on input leave it open in the document; their output must still
+/// be only the listed fields).
+fn close_objects(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            if m.contains_key("properties") && !m.contains_key("additionalProperties") {
+                m.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            m.values_mut().for_each(close_objects);
+        }
+        Value::Array(a) => a.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+struct Schemas(Value);
+
+impl Schemas {
+    fn load() -> Schemas {
+        let mut components = document()["components"].take();
+        close_objects(&mut components);
+        Schemas(components)
+    }
+
+    fn validator(&self, name: &str) -> jsonschema::Validator {
+        let root = json!({"$ref": format!("#/components/schemas/{name}"), "components": self.0});
+        jsonschema::draft202012::new(&root).unwrap_or_else(|e| panic!("schema {name}: {e}"))
+    }
+
+    /// `value` is exactly what `T` writes, and the schema `name` accepts it.
+    fn check<T: Serialize + DeserializeOwned>(&self, name: &str, value: Value) {
+        let typed: T = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{name}: {e}\n{value:#}"));
+        let written = serde_json::to_value(&typed).expect("serialize");
+        assert_eq!(written, value, "{name}: the example is not what the Rust type writes");
+        let problems: Vec<String> =
+            self.validator(name).iter_errors(&value).map(|e| format!("{}: {e}", e.instance_path)).collect();
+        assert!(problems.is_empty(), "{name} does not match openapi.yaml:\n{}", problems.join("\n"));
+    }
+}
+
+fn placement() -> Value {
+    json!({
+        "numaAffinity": [0],
+        "containers": [{
+            "name": "main",
+            "cpuPolicy": "exclusive",
+            "cpus": [2, 3],
+            "mems": [0],
+            "memory": {"0": 1073741824u64},
+            "hugepages": {"2097152": {"0": 4}},
+            "devices": {"pinion.io/sriov-vf": ["0000:3b:00.1"]}
+        }],
+        "requested": {"cpuMillis": 2000, "memory": 1073741824u64, "hugepages": {"2097152": 8388608}}
+    })
+}
+
+fn pod_status() -> Value {
+    json!({
+        "phase": "Running",
+        "nodeName": "n1",
+        "reason": "Started",
+        "message": "all containers started",
+        "placement": {
+            "numaAffinity": [0],
+            "containers": [{"name": "main", "cpuPolicy": "exclusive", "cpus": [2, 3], "mems": [0], "devices": ["0000:3b:00.1"]}]
+        },
+        "containerStatuses": [{"name": "main", "state": "Running", "restartCount": 1, "lastExitCode": 137, "reason": "OOMKilled"}],
+        "attempts": 1,
+        "plan": {"epoch": 7, "placement": placement()},
+        "podUid": "0123456789abcdef"
+    })
+}
+
+fn metadata(name: &str) -> Value {
+    json!({
+        "name": name,
+        "labels": {"app": "web"},
+        "annotations": {"pinion.io/wait-for-nodes": "true"},
+        "uid": "0123456789abcdef",
+        "resourceVersion": 42,
+        "creationTimestamp": "2026-01-02T03:04:05Z"
+    })
+}
+
+fn pod() -> Value {
+    json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Pod",
+        "metadata": metadata("web"),
+        "spec": {
+            "containers": [{
+                "name": "main",
+                "image": "registry.example:5000/team/busybox:1.36",
+                "command": ["sleep"],
+                "args": ["10"],
+                "env": [{"name": "A", "value": "b"}],
+                "workingDir": "/tmp",
+                "resources": {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi", "hugepages-2Mi": "8Mi"}},
+                "cpuPolicy": "exclusive",
+                "securityContext": {"capabilities": {"add": ["SYS_NICE"], "drop": ["ALL"]}}
+            }, {
+                "name": "side",
+                "rootfs": "host",
+                "resources": {"requests": {"cpu": "500m", "pinion.io/sriov-vf": "1"}}
+            }],
+            "restartPolicy": "OnFailure",
+            "nodeSelector": {"zone": "a"},
+            "topology": {"policy": "single-numa-node", "scope": "pod"},
+            "schedulingStrategy": "least-numa-nodes",
+            "hostNetwork": true,
+            "nodeName": "n1",
+            "terminationGracePeriodSeconds": 30,
+            "init": true,
+            "ttlSecondsAfterFinished": 600
+        },
+        "status": pod_status()
+    })
+}
+
+fn node_status() -> Value {
+    json!({
+        "condition": "Ready",
+        "lastReport": "2026-01-02T03:04:05Z",
+        "allocations": {"epoch": 7, "pods": {"web": placement()}},
+        "numa": [{
+            "id": 0,
+            "cpus": [0, 1, 2, 3],
+            "freeCpus": [1],
+            "memoryBytes": 68719476736u64,
+            "freeMemoryBytes": 67645734912u64,
+            "hugepages": [{"pageSizeBytes": 2097152, "total": 16, "free": 12}],
+            "devices": {"pinion.io/sriov-vf": {"total": 2, "free": 1}}
+        }]
+    })
+}
+
+fn node() -> Value {
+    json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Node",
+        "metadata": metadata("n1"),
+        "spec": {
+            "topology": {
+                "cpus": [
+                    {"id": 0, "core": 0, "socket": 0, "die": 0, "numa": 0},
+                    {"id": 1, "core": 1, "socket": 0, "numa": 0}
+                ],
+                "numaNodes": [{
+                    "id": 0,
+                    "cpus": [0, 1],
+                    "memoryBytes": 68719476736u64,
+                    "distances": [10],
+                    "hugepages": [{"pageSizeBytes": 2097152, "total": 16}]
+                }],
+                "devices": [
+                    {"address": "0000:3b:00.1", "class": "0x020000", "numa": 0},
+                    {"address": "0000:00:02.0", "class": "0x030000", "numa": null}
+                ],
+                "reservedCpus": [0]
+            },
+            "settings": {
+                "reservedCpus": [0],
+                "topologyPolicy": "restricted",
+                "topologyScope": "container",
+                "cpuManager": {"fullPcpusOnly": true, "distributeCpusAcrossNuma": false, "alignBySocket": false},
+                "preferClosestNumaNodes": true,
+                "devices": {"pinion.io/sriov-vf": ["0000:3b:00.1"]}
+            },
+            "endpoint": "10.0.0.1:7444"
+        },
+        "status": node_status()
+    })
+}
+
+fn api_error() -> Value {
+    json!({
+        "code": 422,
+        "reason": "Invalid",
+        "message": "pod \"web\" is invalid (1 problem)",
+        "details": [{"field": "spec.containers[0].resources.limits.cpu", "message": "must be >= requests.cpu"}]
+    })
+}
+
+fn event() -> Value {
+    json!({
+        "metadata": {"name": "web.17", "resourceVersion": 17},
+        "involvedObject": {"kind": "Pod", "name": "web"},
+        "type": "Warning",
+        "reason": "Rejected",
+        "message": "node n1 rejected the binding",
+        "timestamp": "2026-01-02T03:04:05Z"
+    })
+}
+
+#[test]
+fn the_wire_types_match_their_schemas() {
+    let s = Schemas::load();
+    s.check::<Pod>("Pod", pod());
+    s.check::<PodStatus>("PodStatus", pod_status());
+    s.check::<Node>("Node", node());
+    s.check::<NodeStatus>("NodeStatus", node_status());
+    s.check::<NodeStatusReport>(
+        "NodeStatusReport",
+        json!({"nodeName": "n1", "allocations": {"epoch": 7, "pods": {"web": placement()}}, "pods": {"web": pod_status()}}),
+    );
+    s.check::<PodRejection>("PodRejection", json!({"reason": "InsufficientCpu", "message": "no CPUs left"}));
+    s.check::<JoinRequest>("JoinRequest", json!({"nodeName": "n1"}));
+    s.check::<JoinResponse>(
+        "JoinResponse",
+        json!({"nodeName": "n1", "caCert": "PEM", "clientCert": "PEM", "clientKey": "PEM"}),
+    );
+    s.check::<ApiError>("ApiError", api_error());
+    s.check::<ApiError>("ApiError", json!({"code": 404, "reason": "NotFound", "message": "pod \"x\" not found"}));
+    s.check::<Event>("Event", event());
+    s.check::<List<Pod>>("PodList", json!({"resourceVersion": 42, "items": [pod()]}));
+    s.check::<List<Node>>("NodeList", json!({"resourceVersion": 42, "items": [node()]}));
+    s.check::<List<Event>>("EventList", json!({"resourceVersion": 42, "items": [event()]}));
+    s.check::<WatchEvent<Pod>>("WatchEvent", json!({"type": "MODIFIED", "object": pod()}));
+    s.check::<WatchEvent<ApiError>>("WatchEvent", json!({"type": "ERROR", "object": api_error()}));
+    for frame in [
+        json!({"type": "status", "resourceVersion": 42, "status": pod_status()}),
+        json!({"type": "output", "offset": 6, "data": "hello\n"}),
+        json!({"type": "heartbeat"}),
+        json!({"type": "notice", "message": "the node's log cannot be read"}),
+        json!({"type": "exit", "phase": "Failed", "exitCode": 1, "reason": "Error", "message": "exit code 1"}),
+        json!({"type": "exit", "phase": "Succeeded"}),
+        json!({"type": "deleted"}),
+        json!({"type": "error", "error": api_error()}),
+    ] {
+        s.check::<AttachFrame>("AttachFrame", frame);
+    }
+}
+
+#[test]
+fn every_schema_compiles_and_every_reference_resolves() {
+    let s = Schemas::load();
+    let names: Vec<String> = s.0["schemas"].as_object().expect("schemas").keys().cloned().collect();
+    for name in &names {
+        let _ = s.validator(name);
+    }
+    // References outside the schemas (responses, parameters, request bodies).
+    let doc = document();
+    let mut refs = BTreeSet::new();
+    collect_refs(&doc, &mut refs);
+    for r in refs {
+        let pointer = r.strip_prefix('#').unwrap_or_else(|| panic!("{r}: only local references"));
+        assert!(doc.pointer(pointer).is_some(), "{r} does not resolve");
+    }
+}
+
+fn collect_refs(v: &Value, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get("$ref") {
+                out.insert(r.clone());
+            }
+            m.values().for_each(|v| collect_refs(v, out));
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_refs(v, out)),
+        _ => {}
+    }
 }

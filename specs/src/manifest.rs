@@ -116,14 +116,18 @@ pub fn decode_pod(value: &serde_yaml_ng::Value) -> Decoded {
         let path = e.path().to_string();
         let field = if path == "." { String::new() } else { path };
         let message = e.into_inner().to_string();
-        // A required field we took out ourselves is not a second problem.
+        // A missing field is named by its own path (`spec.containers`, not
+        // `spec`; `apiVersion`, not the empty root).
+        let mut named = field.clone();
         if let Some(name) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
             let full = if field.is_empty() { name.to_string() } else { format!("{field}.{name}") };
+            // A required field we took out ourselves is not a second problem.
             if removed.contains(&full) {
                 return d;
             }
+            named = full;
         }
-        d.errors.push(FieldError { field: field.clone(), message });
+        d.errors.push(FieldError { field: named, message });
         match remove_at(&mut pruned, &segments) {
             Removed::Key => removed.push(field),
             // Later elements' indexes moved: their paths would be wrong.

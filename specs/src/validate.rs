@@ -79,6 +79,10 @@ pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
         e.push("metadata.name", p);
     }
     check_string_map(&mut e, "metadata.labels", &node.metadata.labels);
+    // The same rule as a pod's: annotation keys are qualified names.
+    for k in node.metadata.annotations.keys().filter(|k| !is_label_key(k)) {
+        e.push(format!("metadata.annotations[{k}]"), "invalid key: want [prefix/]name");
+    }
     for t in validate_topology(&node.spec.topology) {
         e.push(format!("spec.topology.{}", t.field), t.message);
     }

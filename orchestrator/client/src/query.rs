@@ -2,6 +2,7 @@
 //! percent-encoded values in, decoded pairs out (one parser for all of them).
 
 use specs::api::ApiError;
+use specs::validate::FieldError;
 
 pub fn percent_encode(s: &str) -> String {
     let mut out = String::new();
@@ -23,7 +24,9 @@ impl Query {
         let mut out = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            out.push((percent_decode(k)?, percent_decode(v)?));
+            let key = percent_decode(k).map_err(|problem| bad_field("(query)", format!("{problem} in {k:?}")))?;
+            let value = percent_decode(v).map_err(|problem| bad_field(&key, format!("{problem} in {v:?}")))?;
+            out.push((key, value));
         }
         Ok(Query(out))
     }
@@ -36,27 +39,33 @@ impl Query {
         match self.get(key) {
             None | Some("false") | Some("0") => Ok(false),
             Some("true") | Some("1") | Some("") => Ok(true),
-            Some(v) => Err(bad_request(format!("{key}={v:?}: expected true or false"))),
+            Some(v) => Err(bad_field(key, format!("{v:?}: expected true or false"))),
         }
     }
 
-    /// A non-negative integer parameter, absent when missing or empty.
+    /// A non-negative integer parameter, absent when missing (an empty value
+    /// is no number: refused rather than read as absent).
     pub fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
         match self.get(key) {
-            None | Some("") => Ok(None),
-            Some(v) => v
-                .parse::<u64>()
-                .map(Some)
-                .map_err(|_| bad_request(format!("{key} {v:?} is not a non-negative integer"))),
+            None => Ok(None),
+            Some(v) => {
+                v.parse::<u64>().map(Some).map_err(|_| bad_field(key, format!("{v:?} is not a non-negative integer")))
+            }
         }
     }
 }
 
-fn bad_request(message: String) -> ApiError {
-    ApiError { code: 400, reason: "BadRequest".into(), message, details: Vec::new() }
+/// 400 naming the parameter at fault (`(query)` when even its name is unreadable).
+fn bad_field(field: &str, problem: String) -> ApiError {
+    ApiError {
+        code: 400,
+        reason: "BadRequest".into(),
+        message: format!("query parameter {field} is invalid"),
+        details: vec![FieldError { field: field.to_string(), message: problem }],
+    }
 }
 
-fn percent_decode(s: &str) -> Result<String, ApiError> {
+fn percent_decode(s: &str) -> Result<String, &'static str> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -69,7 +78,7 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
                     .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match v {
                     Some(v) => out.push(v),
-                    None => return Err(bad_request(format!("bad percent-encoding in query {s:?}"))),
+                    None => return Err("bad percent-encoding"),
                 }
                 i += 3;
             }
@@ -83,7 +92,7 @@ fn percent_decode(s: &str) -> Result<String, ApiError> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| bad_request(format!("query {s:?} is not UTF-8")))
+    String::from_utf8(out).map_err(|_| "not UTF-8 once decoded")
 }
 
 #[cfg(test)]
@@ -97,7 +106,10 @@ mod tests {
             assert_eq!(q.get("k"), Some(v));
             assert!(q.flag("f").expect("flag"));
         }
-        assert_eq!(Query::parse("k=%zz").err().map(|e| e.code), Some(400));
+        let fields = |q: &str| Query::parse(q).err().map(|e| (e.code, e.details[0].field.clone()));
+        assert_eq!(fields("k=%zz"), Some((400, "k".to_string())));
+        assert_eq!(fields("%zz=1"), Some((400, "(query)".to_string())));
+        assert_eq!(fields("k=%ff"), Some((400, "k".to_string())));
         assert!(Query::parse("f=maybe").expect("parse").flag("f").is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
 use specs::{Pod, PodPhase, PodStatus};
 
-use super::error::{bad_request, conflict, forbidden, not_found, store_error, unauthorized, Refused};
+use super::error::{bad_field, conflict, forbidden, not_found, store_error, unauthorized, Refused};
 use super::parse::Action;
 use crate::controller::{event, now_rfc3339, Controller};
 use crate::store::{Change, Kind, Store, Watch};
@@ -574,13 +574,14 @@ fn pick_container(pod: &Pod, container: Option<String>) -> Result<String, ApiErr
     let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
     match (container, names.as_slice()) {
         (Some(c), _) if names.contains(&c.as_str()) => Ok(c),
-        (Some(c), _) => Err(bad_request(format!("pod {name:?} has no container {c:?} (it has: {})", names.join(", ")))),
+        (Some(c), _) => {
+            Err(bad_field("container", format!("pod {name:?} has no container {c:?} (it has: {})", names.join(", "))))
+        }
         (None, [only]) => Ok(only.to_string()),
-        (None, _) => Err(bad_request(format!(
-            "pod {name:?} has {} containers: name one with container= ({})",
-            names.len(),
-            names.join(", ")
-        ))),
+        (None, _) => Err(bad_field(
+            "container",
+            format!("pod {name:?} has {} containers: name one ({})", names.len(), names.join(", ")),
+        )),
     }
 }
 
@@ -595,12 +596,15 @@ pub fn log_target(
 ) -> Result<(String, String, String), ApiError> {
     let name = &pod.metadata.name;
     let Some(node) = pod.spec.node_name.clone() else {
-        return Err(bad_request(format!("pod {name:?} is not on a node yet (it has no logs)")));
+        // The pod's state, not the request, is at fault: as for a rejection of an unbound pod.
+        return Err(conflict(format!("pod {name:?} is not on a node yet (it has no logs)")));
     };
     let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
     let Some(endpoint) = n.spec.endpoint.clone() else {
+        // Nothing upstream failed (that is 502 NodeUnreachable): the node's
+        // registration lacks what a log needs, a state to change, not a server fault.
         return Err(super::error::error(
-            502,
+            409,
             "NoNodeEndpoint",
             format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
         ));

@@ -14,6 +14,20 @@ pub fn bad_request(message: impl Into<String>) -> ApiError {
     error(400, "BadRequest", message)
 }
 
+/// 400 caused by one field (of the body, the query or the path), named in
+/// `details` so that a client can point at it without parsing the message.
+/// As with `invalid`, the problem travels in `details` (which `Display`
+/// lists) and the message is the summary.
+pub fn bad_field(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+    let (field, message) = (field.into(), message.into());
+    ApiError {
+        code: 400,
+        reason: "BadRequest".into(),
+        message: format!("{field} is invalid"),
+        details: vec![FieldError { field, message }],
+    }
+}
+
 /// 422 with every field problem.
 pub fn invalid(kind: &str, name: &str, details: Vec<FieldError>) -> ApiError {
     // The problems travel in `details` (and `Display` lists them): the message is the summary.

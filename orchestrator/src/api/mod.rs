@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
-use hyper::{Request, Response};
+use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
@@ -179,11 +179,17 @@ async fn handle(
     let (route, param) = match match_route(table, req.method(), req.uri().path()) {
         Matched::Route(r, p) => (r, p),
         Matched::MethodNotAllowed => {
-            return error_response(&error(
+            let allowed = routes::allowed_methods(table, req.uri().path());
+            let allow = allowed.iter().map(Method::as_str).collect::<Vec<_>>().join(", ");
+            let mut r = error_response(&error(
                 405,
                 "MethodNotAllowed",
-                format!("{} is not allowed on {}", req.method(), req.uri().path()),
-            ))
+                format!("{} is not allowed on {} (allowed: {allow})", req.method(), req.uri().path()),
+            ));
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&allow) {
+                r.headers_mut().insert(hyper::header::ALLOW, v);
+            }
+            return r;
         }
         Matched::NotFound => return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path()))),
     };

@@ -9,7 +9,7 @@ use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejectio
 use specs::validate::FieldError;
 use specs::{Pod, PodStatus};
 
-use super::error::{bad_request, invalid};
+use super::error::{bad_field, invalid};
 use super::routes::RouteId;
 
 #[derive(Debug)]
@@ -47,7 +47,7 @@ pub fn parse(
         let n = param.clone().unwrap_or_default();
         match name_problem(&n) {
             None => Ok(n),
-            Some(p) => Err(bad_request(format!("invalid name {n:?} in the path: {p}"))),
+            Some(p) => Err(bad_field("name", format!("{n:?} in the path {p}"))),
         }
     };
     Ok(match route {
@@ -90,14 +90,9 @@ pub fn parse(
         RouteId::ListPods => {
             let selector = selector(&q)?;
             let node = q.get("nodeName").map(str::to_string);
+            // Checked for a list too (where it is unused): a bad value is the caller's mistake either way.
+            let from = q.number("resourceVersion")?;
             if q.flag("watch")? {
-                let from = match q.get("resourceVersion") {
-                    None | Some("") => None,
-                    Some(v) => Some(
-                        v.parse::<u64>()
-                            .map_err(|_| bad_request(format!("resourceVersion {v:?} is not a non-negative integer")))?,
-                    ),
-                };
                 // Opt-in, as in Kubernetes: a client older than BOOKMARK would
                 // refuse the event type.
                 let bookmarks = q.flag("allowWatchBookmarks")?;
@@ -131,27 +126,51 @@ pub fn parse(
             let name = name()?;
             let report: NodeStatusReport = decode_json(body)?;
             if !report.node_name.is_empty() && report.node_name != name {
-                return Err(bad_request(format!(
-                    "nodeName {:?} in the body does not match the path's {name:?}",
-                    report.node_name
-                )));
+                return Err(bad_field(
+                    "nodeName",
+                    format!("{:?} does not match the path's {name:?}", report.node_name),
+                ));
             }
             Action::ReportNodeStatus { name, report: Box::new(report) }
         }
         RouteId::ListEvents => {
             let kind = q.get("kind").unwrap_or("Pod").to_string();
             if kind != "Pod" && kind != "Node" {
-                return Err(bad_request(format!("kind {kind:?}: must be Pod or Node")));
+                return Err(bad_field("kind", format!("{kind:?}: must be Pod or Node")));
             }
-            let name = q.get("name").ok_or_else(|| bad_request("the `name` query parameter is required"))?;
+            let name = q.get("name").ok_or_else(|| bad_field("name", "the query parameter is required"))?;
             Action::ListEvents { kind, name: name.to_string() }
         }
     })
 }
 
-/// A JSON body with a clear error naming the position.
+/// A JSON body; an error names the field at fault (`pods.web.phase`), or
+/// `(body)` when the body as a whole is not JSON of the right shape.
 fn decode_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("malformed JSON body: {e}")))
+    from_json(body).map_err(|FieldError { field, message }| bad_field(field, message))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, FieldError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| json_field_error(&e))?;
+    de.end().map_err(|e| FieldError { field: "(body)".into(), message: e.to_string() })?;
+    Ok(value)
+}
+
+/// The field a JSON decoding error is about: its path, else for a missing
+/// field that field's name, else `(body)`.
+fn json_field_error(e: &serde_path_to_error::Error<serde_json::Error>) -> FieldError {
+    let path = e.path().to_string();
+    let path = if path == "." { String::new() } else { path };
+    let message = e.inner().to_string();
+    let missing = message.strip_prefix("missing field `").and_then(|m| m.split_once('`')).map(|(name, _)| name);
+    let field = match (path.is_empty(), missing) {
+        (true, Some(name)) => name.to_string(),
+        (false, Some(name)) => format!("{path}.{name}"),
+        (false, None) => path,
+        (true, None) => "(body)".to_string(),
+    };
+    FieldError { field, message }
 }
 
 /// The YAML parser reads JSON too; its message starts with the field path when
@@ -168,11 +187,15 @@ fn decode_error(e: &serde_yaml_ng::Error) -> FieldError {
 
 /// One pod from a YAML or JSON body, every problem with its field path.
 pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| bad_request("body is not UTF-8"))?;
+    let text = std::str::from_utf8(body).map_err(|_| bad_field("(body)", "not UTF-8"))?;
     let value: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(text).map_err(|e| invalid("Pod", "", vec![decode_error(&e)]))?;
     // Structural problems first (all of them), then the semantic ones.
     let mut decoded = specs::manifest::decode_pod(&value);
+    // A problem with the document as a whole (a list, a string) has the empty path.
+    for e in decoded.errors.iter_mut().filter(|e| e.field.is_empty()) {
+        e.field = "(body)".into();
+    }
     let Some(mut pod) = decoded.pod.take() else {
         return Err(invalid("Pod", "", decoded.errors));
     };
@@ -195,9 +218,7 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
 /// and every placement on it is stored, so an id the store cannot read back, or
 /// a CPU on a NUMA node that is not listed, never gets in.
 pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
-    let node: Node = serde_json::from_slice(body).map_err(|e| {
-        invalid("Node", "", vec![FieldError { field: "(body)".into(), message: format!("malformed JSON: {e}") }])
-    })?;
+    let node: Node = from_json(body).map_err(|e| invalid("Node", "", vec![e]))?;
     let errs = specs::validate::validate_node(&node);
     if !errs.is_empty() {
         return Err(invalid("Node", &node.metadata.name, errs));
@@ -212,7 +233,7 @@ pub use pinion_client::query::{percent_encode, Query};
 
 /// The `labelSelector` parameter.
 fn selector(q: &Query) -> Result<LabelSelector, ApiError> {
-    LabelSelector::parse(q.get("labelSelector").unwrap_or("")).map_err(|e| bad_request(e.to_string()))
+    LabelSelector::parse(q.get("labelSelector").unwrap_or("")).map_err(|e| bad_field("labelSelector", e.reason))
 }
 
 #[cfg(test)]

@@ -81,6 +81,12 @@ fn match_path(pattern: &str, path: &str) -> Option<Option<String>> {
     }
 }
 
+/// The methods a path is served with, for a 405's `Allow` header (RFC 9110
+/// requires it there).
+pub fn allowed_methods(table: &[Route], path: &str) -> Vec<Method> {
+    table.iter().filter(|r| match_path(r.path, path).is_some()).map(|r| r.method.clone()).collect()
+}
+
 pub fn match_route(table: &[Route], method: &Method, path: &str) -> Matched {
     let mut path_known = false;
     for r in table {
@@ -115,5 +121,7 @@ mod tests {
         check(Method::PATCH, "/api/v1/pods/web", Matched::MethodNotAllowed);
         check(Method::GET, "/api/v1/pods/", Matched::NotFound);
         check(Method::GET, "/api/v2/pods", Matched::NotFound);
+        assert_eq!(allowed_methods(&routes(), "/api/v1/pods/web"), [Method::GET, Method::DELETE]);
+        assert_eq!(allowed_methods(&routes(), "/healthz"), [Method::GET]);
     }
 }
