@@ -91,6 +91,17 @@ impl Cluster {
 
     /// A hollow node `edge` that reaches the server through the relay, or directly.
     fn node(&mut self, through_relay: bool, direct: &str) -> PathBuf {
+        self.node_with_endpoint(through_relay, direct, "127.0.0.1:0".into(), None)
+    }
+
+    /// `node`, its endpoint listening on `listen` and registered as `advertise`.
+    fn node_with_endpoint(
+        &mut self,
+        through_relay: bool,
+        direct: &str,
+        listen: String,
+        advertise: Option<std::net::IpAddr>,
+    ) -> PathBuf {
         let data = self.dir.path().join("edge");
         let server =
             if through_relay { format!("https://127.0.0.1:{}", self.relay.addr.port()) } else { direct.into() };
@@ -105,8 +116,8 @@ impl Cluster {
                 token: Some(self.token.clone()),
                 ca: None,
                 labels: BTreeMap::new(),
-                endpoint_listen: "127.0.0.1:0".into(),
-                advertise_address: None,
+                endpoint_listen: listen,
+                advertise_address: advertise,
                 liveness: liveness(),
                 endpoint_max_connections: 16,
             }),
@@ -263,6 +274,42 @@ async fn logs_follow_whose_stream_went_silent_resumes_and_prints_each_line_once(
     printed.extend(lines_until(&rx, "the next line", SOON, |l| l == "three"));
     assert_eq!(printed, ["one", "two", "three"], "each line once, in order");
     assert!(c.relay.connections() > silenced, "the follow resumed over a new connection");
+    c.stop().await;
+}
+
+/// The other hop of `logs -f`: the server's stream from the node breaks (a
+/// relay in front of the node's endpoint drops every connection for a
+/// moment). The server must end its reply with an error, not cleanly, so
+/// that the follower resumes instead of taking it for the end of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_follow_whose_node_stream_broke_resumes_and_prints_each_line_once() {
+    let mut c = Cluster::start().await;
+    let direct = c.admin.authority().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let endpoint: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    // The node registers its address with its listening port: the relay
+    // takes that port on another loopback address.
+    let node_relay = Relay::start_on(format!("127.0.0.2:{port}").parse().expect("addr"), endpoint)
+        .expect("relay in front of the node");
+    let advertise = Some("127.0.0.2".parse().expect("ip"));
+    let data = c.node_with_endpoint(false, &format!("https://{direct}"), endpoint.to_string(), advertise);
+    c.create("chatter").await;
+    let pod = c.running("chatter", SOON).await;
+    let log = nodelet::agent::reconcile::pod_container_log_path(&data, "chatter", &pod, "main");
+    std::fs::create_dir_all(log.parent().expect("log folder")).expect("log folder");
+    append(&log, "one\n");
+
+    let (mut logs, rx) = c.cli(&["logs", "-f", "chatter"]);
+    let mut printed = lines_until(&rx, "the first line", SOON, |l| l == "one");
+    let before = node_relay.connections();
+    node_relay.set_cut(true);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(logs.0.try_wait().expect("poll pinion logs").is_none(), "logs -f ended when the node's stream broke");
+    node_relay.set_cut(false);
+    append(&log, "two\n");
+    printed.extend(lines_until(&rx, "a line written after the break", SOON, |l| l == "two"));
+    assert_eq!(printed, ["one", "two"], "each line once, in order");
+    assert!(node_relay.connections() > before, "the server reached the node again over a new connection");
     c.stop().await;
 }
 

@@ -31,7 +31,13 @@ struct Lines {
 impl Relay {
     /// Listens on a free loopback port and forwards every connection to `to`.
     pub fn start(to: SocketAddr) -> std::io::Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Relay::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?, to)
+    }
+
+    /// Listens on `at` (another loopback address, say, with the port of the
+    /// service it stands in front of) and forwards every connection to `to`.
+    pub fn start_on(at: SocketAddr, to: SocketAddr) -> std::io::Result<Relay> {
+        let listener = TcpListener::bind(at)?;
         let addr = listener.local_addr()?;
         let cut = Arc::new(AtomicBool::new(false));
         let lines = Arc::new(Lines::default());

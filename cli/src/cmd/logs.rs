@@ -47,7 +47,9 @@ pub async fn copy_logs(client: &Client, pod: &str, container: Option<&str>, foll
     loop {
         let mut stream = match client.get_stream(&path).await {
             Ok(s) => s,
-            Err(e) if follow && tries > 0 && tries < RESUMES && !matches!(e, ClientError::Api(_)) => {
+            // Resuming, what may pass is retried: no answer, or the server
+            // not reaching the node yet (502) or busy (503).
+            Err(e) if follow && tries > 0 && tries < RESUMES && !matches!(&e, ClientError::Api(a) if a.code < 500) => {
                 tries += 1;
                 tracing::debug!(error = %e, "cannot resume the log follow yet");
                 tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;

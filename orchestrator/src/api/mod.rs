@@ -33,7 +33,10 @@ use self::error::{bad_request, error};
 use self::routes::{match_route, routes, Matched, Route};
 use crate::tls::Identity;
 
-pub type Body = BoxBody<Bytes, Infallible>;
+/// A reply body. Its error ends a stream abruptly (HTTP/2 RST_STREAM, an
+/// HTTP/1 connection closed mid-body), which is how a proxied stream whose
+/// upstream broke tells its reader to resume rather than to stop.
+pub type Body = BoxBody<Bytes, std::io::Error>;
 
 /// Requests (and watches) one HTTP/2 connection may have open at once.
 const MAX_STREAMS_PER_CONNECTION: u32 = 256;
@@ -157,7 +160,7 @@ async fn serve_connection<S>(
 }
 
 pub fn json_response(code: u16, body: Vec<u8>) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
     *r.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
     r
@@ -326,9 +329,12 @@ impl ChannelBody {
 
 impl hyper::body::Body for ChannelBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = std::io::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
             Poll::Ready(None) => Poll::Ready(None),

@@ -15,7 +15,7 @@ use pinion_client::{Client, ClientError};
 use tokio::sync::{mpsc, watch};
 
 use super::error::error;
-use super::{error_response, Body, ChannelBody};
+use super::{error_response, Body};
 
 /// How long the node has to send the reply's head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
@@ -75,7 +75,9 @@ pub async fn open_node_stream(
 }
 
 /// Streams `GET https://endpoint/path` from a nodelet, whose certificate must
-/// name `node`. Refusals from the nodelet pass through with their status.
+/// name `node`. Refusals from the nodelet pass through with their status. A
+/// node stream that breaks (or the server shutting down) ends the reply with
+/// an error, never cleanly: `logs -f` must resume, not take it for the end.
 pub async fn proxy(
     clients: &NodeClients,
     node: &str,
@@ -89,31 +91,52 @@ pub async fn proxy(
     };
     let NodeStream { status, content_type, body } = upstream;
     let mut body = body;
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
-        loop {
+        let broke = loop {
             let frame = tokio::select! {
                 f = body.frame() => f,
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => break "the server is shutting down".to_string(),
                 _ = tx.closed() => return,
             };
             match frame {
                 Some(Ok(f)) => {
                     if let Ok(data) = f.into_data() {
-                        if tx.send(data).await.is_err() {
+                        if tx.send(Ok(data)).await.is_err() {
                             return;
                         }
                     }
                 }
-                Some(Err(e)) => return tracing::debug!(error = %e, "log stream from the node broke"),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "log stream from the node broke");
+                    break format!("the stream from the node broke: {e}");
+                }
                 None => return,
             }
-        }
+        };
+        let _ = tx.send(Err(std::io::Error::other(broke))).await;
     });
-    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
+    let mut r = Response::new(BodyExt::boxed(ResultBody { rx }));
     *r.status_mut() = status;
     if let Some(ct) = content_type {
         r.headers_mut().insert(hyper::header::CONTENT_TYPE, ct);
     }
     r
+}
+
+/// A body fed by a channel whose last item may be the error that ends it.
+struct ResultBody {
+    rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
+}
+
+impl hyper::body::Body for ResultBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        self.rx.poll_recv(cx).map(|item| item.map(|r| r.map(hyper::body::Frame::data)))
+    }
 }
