@@ -313,6 +313,50 @@ async fn logs_follow_whose_node_stream_broke_resumes_and_prints_each_line_once()
     c.stop().await;
 }
 
+/// `pinion run`'s output when the server's stream from the node breaks: the
+/// server opens it again and skips what it sent, so the output goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_whose_output_stream_from_the_node_broke_goes_on() {
+    let mut c = Cluster::start().await;
+    let direct = c.admin.authority().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let endpoint: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let node_relay = Relay::start_on(format!("127.0.0.2:{port}").parse().expect("addr"), endpoint)
+        .expect("relay in front of the node");
+    let data = c.node_with_endpoint(
+        false,
+        &format!("https://{direct}"),
+        endpoint.to_string(),
+        Some("127.0.0.2".parse().expect("ip")),
+    );
+    eventually("the node is Ready", SOON, || async {
+        c.admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    // Long enough for the steps below; the hollow runtime ends it with code 0.
+    let (mut run, rx) = c.cli(&["run", "job", "--host", "--no-init", "--", "sleep", "8"]);
+    let pod = c.running("job", SOON).await;
+    let log = nodelet::agent::reconcile::pod_container_log_path(&data, "job", &pod, "main");
+    append(&log, "one\n");
+    let mut printed = lines_until(&rx, "the first line", SOON, |l| l == "one");
+    node_relay.set_cut(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node_relay.set_cut(false);
+    append(&log, "two\n");
+    printed.extend(lines_until(&rx, "a line written after the break", SOON, |l| l == "two"));
+    assert_eq!(printed, ["one", "two"], "each line once, in order");
+    let deadline = Instant::now() + SOON;
+    let status = loop {
+        if let Some(s) = run.0.try_wait().expect("wait for pinion run") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "pinion run did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(0), "the command's exit code");
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_whose_attach_stream_went_silent_resumes_to_the_exit_code() {
     let mut c = Cluster::start().await;

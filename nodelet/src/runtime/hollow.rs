@@ -329,6 +329,15 @@ impl Runtime for HollowRuntime {
         if cfg.cpus.is_empty() {
             return Err(cerr(&cfg.id, "empty cpuset"));
         }
+        // No process writes it, but a started container has its log, as a
+        // real one does: `logs -f` and attach follow it from the start.
+        if let Some(dir) =
+            cfg.log_path.parent().filter(|d| !d.as_os_str().is_empty() && !cfg.log_path.starts_with("/dev"))
+        {
+            std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&cfg.log_path))
+                .map_err(|e| cerr(&cfg.id, &format!("{}: {e}", cfg.log_path.display())))?;
+        }
         let course = course(&cfg.args);
         let ends_at = match course {
             Course::ExitAfter(d) => Some((Instant::now() + d, unix_ms(SystemTime::now() + d))),

@@ -88,6 +88,11 @@ impl Frames {
     }
 }
 
+/// Times a broken output stream from the node is opened again (the bytes
+/// already sent skipped), waiting `REOPEN_DELAY` times the try before each.
+const MAX_REOPENS: u32 = 6;
+const REOPEN_DELAY: Duration = Duration::from_millis(200);
+
 enum Output {
     /// The container has not started (or the pod has no node yet).
     NotStarted,
@@ -120,6 +125,13 @@ impl Text {
         let text = String::from_utf8_lossy(&self.held).into_owned();
         self.held = rest;
         Some(AttachFrame::Output { offset: self.seen - self.held.len() as u64, data: text })
+    }
+
+    /// The node's stream is read again from its start: what was sent is skipped.
+    fn restart(&mut self) {
+        self.skip = self.skip.max(self.seen - self.held.len() as u64);
+        self.seen = 0;
+        self.held.clear();
     }
 
     /// What is left at the end of the output.
@@ -180,22 +192,29 @@ fn exit_frame(pod: &Pod, container: &str) -> AttachFrame {
     }
 }
 
-/// The next output bytes; `None` when the output has ended. Never ready
-/// while the output is not streaming.
-async fn next_output(output: &mut Output) -> Option<Bytes> {
+enum Chunk {
+    Data(Bytes),
+    /// The output ended.
+    End,
+    /// The stream from the node broke: the output goes on, read it again.
+    Broke,
+}
+
+/// The next output bytes. Never ready while the output is not streaming.
+async fn next_output(output: &mut Output) -> Chunk {
     let Output::Streaming(s) = output else { return std::future::pending().await };
     loop {
         match s.body.frame().await {
             Some(Ok(f)) => {
                 if let Ok(data) = f.into_data() {
-                    return Some(data);
+                    return Chunk::Data(data);
                 }
             }
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "log stream from the node broke");
-                return None;
+                return Chunk::Broke;
             }
-            None => return None,
+            None => return Chunk::End,
         }
     }
 }
@@ -233,9 +252,16 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
     let mut output = Output::NotStarted;
     let mut text = Text { seen: 0, skip: offset, held: Vec::new() };
     let mut final_since: Option<Instant> = None;
+    let mut reopens = 0u32;
     loop {
         if matches!(output, Output::NotStarted) && output_ready(&pod, &container) {
             let (o, notice) = open_output(&state, &pod, &container).await;
+            // Reopening after a break: the node may be unreachable a moment longer.
+            if matches!(o, Output::Done) && reopens > 0 && reopens < MAX_REOPENS {
+                reopens += 1;
+                tokio::time::sleep(REOPEN_DELAY * reopens).await;
+                continue;
+            }
             output = o;
             let terminal = pod.status.as_ref().is_some_and(|s| s.phase.is_terminal());
             if let Some(message) = notice.filter(|_| !terminal) {
@@ -290,14 +316,21 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
                 }
             },
             data = next_output(&mut output) => match data {
-                Some(bytes) => {
+                Chunk::Data(bytes) => {
                     if let Some(f) = text.push(&bytes) {
                         if !out.send(&f).await {
                             return;
                         }
                     }
                 }
-                None => output = Output::Done,
+                Chunk::End => output = Output::Done,
+                Chunk::Broke if reopens < MAX_REOPENS => {
+                    reopens += 1;
+                    text.restart();
+                    tokio::time::sleep(REOPEN_DELAY * reopens).await;
+                    output = Output::NotStarted;
+                }
+                Chunk::Broke => output = Output::Done,
             },
             _ = tokio::time::sleep_until(out.last + out.heartbeat) => {
                 if !out.send(&AttachFrame::Heartbeat).await {
