@@ -283,6 +283,18 @@ async fn logs_follow_whose_stream_went_silent_resumes_and_prints_each_line_once(
 /// that the follower resumes instead of taking it for the end of the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_follow_whose_node_stream_broke_resumes_and_prints_each_line_once() {
+    logs_follow_across_the_node_hop(false).await;
+}
+
+/// The same hop gone silent: the server's client to the node has the
+/// server's silence bound, so it finds the connection dead and the follow
+/// resumes over a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_follow_whose_node_stream_went_silent_resumes_and_prints_each_line_once() {
+    logs_follow_across_the_node_hop(true).await;
+}
+
+async fn logs_follow_across_the_node_hop(silent: bool) {
     let mut c = Cluster::start().await;
     let direct = c.admin.authority().to_string();
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
@@ -302,12 +314,20 @@ async fn logs_follow_whose_node_stream_broke_resumes_and_prints_each_line_once()
     let (mut logs, rx) = c.cli(&["logs", "-f", "chatter"]);
     let mut printed = lines_until(&rx, "the first line", SOON, |l| l == "one");
     let before = node_relay.connections();
-    node_relay.set_cut(true);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(logs.0.try_wait().expect("poll pinion logs").is_none(), "logs -f ended when the node's stream broke");
-    node_relay.set_cut(false);
+    if silent {
+        node_relay.silence_established();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    } else {
+        node_relay.set_cut(true);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(logs.0.try_wait().expect("poll pinion logs").is_none(), "logs -f ended when the node's stream broke");
+        node_relay.set_cut(false);
+    }
     append(&log, "two\n");
-    printed.extend(lines_until(&rx, "a line written after the break", SOON, |l| l == "two"));
+    // Silent, the server's client finds the connection dead within a few of
+    // its silence bounds (0.9 s here), not its default one (15 s).
+    let within = if silent { Duration::from_secs(6) } else { SOON };
+    printed.extend(lines_until(&rx, "a line written after the break", within, |l| l == "two"));
     assert_eq!(printed, ["one", "two"], "each line once, in order");
     assert!(node_relay.connections() > before, "the server reached the node again over a new connection");
     c.stop().await;

@@ -133,7 +133,7 @@ impl Server {
             pki: self.pki.clone(),
             join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),
-            proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?)),
+            proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?), self.options.api.liveness),
         });
         serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
         for l in loops {

@@ -23,13 +23,16 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
 /// A pooled client per node, rebuilt when the node registers another endpoint.
 pub struct NodeClients {
     tls: Arc<rustls::ClientConfig>,
+    /// The server's own: a node connection that goes silent is found dead
+    /// within the same bound as a client's.
+    liveness: specs::api::Liveness,
     clients: Mutex<HashMap<String, (String, Client)>>,
 }
 
 impl NodeClients {
     /// `tls`: trusts only our CA and presents the proxy identity.
-    pub fn new(tls: Arc<rustls::ClientConfig>) -> NodeClients {
-        NodeClients { tls, clients: Mutex::new(HashMap::new()) }
+    pub fn new(tls: Arc<rustls::ClientConfig>, liveness: specs::api::Liveness) -> NodeClients {
+        NodeClients { tls, liveness, clients: Mutex::new(HashMap::new()) }
     }
 
     fn client(&self, node: &str, endpoint: &str) -> Result<Client, ClientError> {
@@ -40,7 +43,8 @@ impl NodeClients {
             }
         }
         // Clones of one rustls configuration share its session cache.
-        let c = Client::with_tls(&format!("https://{endpoint}"), Some(node), (*self.tls).clone())?;
+        let c = Client::with_tls(&format!("https://{endpoint}"), Some(node), (*self.tls).clone())?
+            .with_liveness(self.liveness);
         clients.insert(node.to_string(), (endpoint.to_string(), c.clone()));
         Ok(c)
     }
