@@ -94,6 +94,20 @@ impl Cluster {
         self.node_with_endpoint(through_relay, direct, "127.0.0.1:0".into(), None)
     }
 
+    /// `node` (reaching the server directly) whose endpoint the server
+    /// reaches through a relay of its own, returned.
+    fn node_behind_relay(&mut self) -> (PathBuf, Relay) {
+        let direct = format!("https://{}", self.admin.authority());
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+        let endpoint: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        // The node registers its address with its listening port: the relay
+        // takes that port on another loopback address.
+        let relay = Relay::start_on(format!("127.0.0.2:{port}").parse().expect("addr"), endpoint)
+            .expect("relay in front of the node");
+        let advertise = Some("127.0.0.2".parse().expect("ip"));
+        (self.node_with_endpoint(false, &direct, endpoint.to_string(), advertise), relay)
+    }
+
     /// `node`, its endpoint listening on `listen` and registered as `advertise`.
     fn node_with_endpoint(
         &mut self,
@@ -296,15 +310,7 @@ async fn logs_follow_whose_node_stream_went_silent_resumes_and_prints_each_line_
 
 async fn logs_follow_across_the_node_hop(silent: bool) {
     let mut c = Cluster::start().await;
-    let direct = c.admin.authority().to_string();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-    let endpoint: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    // The node registers its address with its listening port: the relay
-    // takes that port on another loopback address.
-    let node_relay = Relay::start_on(format!("127.0.0.2:{port}").parse().expect("addr"), endpoint)
-        .expect("relay in front of the node");
-    let advertise = Some("127.0.0.2".parse().expect("ip"));
-    let data = c.node_with_endpoint(false, &format!("https://{direct}"), endpoint.to_string(), advertise);
+    let (data, node_relay) = c.node_behind_relay();
     c.create("chatter").await;
     let pod = c.running("chatter", SOON).await;
     let log = nodelet::agent::reconcile::pod_container_log_path(&data, "chatter", &pod, "main");
@@ -338,17 +344,7 @@ async fn logs_follow_across_the_node_hop(silent: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_whose_output_stream_from_the_node_broke_goes_on() {
     let mut c = Cluster::start().await;
-    let direct = c.admin.authority().to_string();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-    let endpoint: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let node_relay = Relay::start_on(format!("127.0.0.2:{port}").parse().expect("addr"), endpoint)
-        .expect("relay in front of the node");
-    let data = c.node_with_endpoint(
-        false,
-        &format!("https://{direct}"),
-        endpoint.to_string(),
-        Some("127.0.0.2".parse().expect("ip")),
-    );
+    let (data, node_relay) = c.node_behind_relay();
     eventually("the node is Ready", SOON, || async {
         c.admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })
@@ -365,15 +361,7 @@ async fn run_whose_output_stream_from_the_node_broke_goes_on() {
     append(&log, "two\n");
     printed.extend(lines_until(&rx, "a line written after the break", SOON, |l| l == "two"));
     assert_eq!(printed, ["one", "two"], "each line once, in order");
-    let deadline = Instant::now() + SOON;
-    let status = loop {
-        if let Some(s) = run.0.try_wait().expect("wait for pinion run") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "pinion run did not exit");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(status.code(), Some(0), "the command's exit code");
+    assert_eq!(exit_code(&mut run, "the break").await, Some(0), "the command's exit code");
     c.stop().await;
 }
 
@@ -390,17 +378,21 @@ async fn run_whose_attach_stream_went_silent_resumes_to_the_exit_code() {
     let (mut run, _out) = c.cli(&["run", "job", "--host", "--no-init", "--", "sleep", "4"]);
     c.running("job", SOON).await;
     let silenced = c.relay.silence_established();
-    let deadline = Instant::now() + SOON;
-    let status = loop {
-        if let Some(s) = run.0.try_wait().expect("wait for pinion run") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "pinion run did not exit within {SOON:?} of the silence");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(status.code(), Some(0), "the command's exit code");
+    assert_eq!(exit_code(&mut run, "the silence").await, Some(0), "the command's exit code");
     assert!(c.relay.connections() > silenced, "the attach stream resumed over a new connection");
     c.stop().await;
+}
+
+/// The exit code of `pinion run`, which must exit within `SOON` of `after`.
+async fn exit_code(run: &mut Proc, after: &str) -> Option<i32> {
+    let deadline = Instant::now() + SOON;
+    loop {
+        if let Some(s) = run.0.try_wait().expect("wait for pinion run") {
+            return s.code();
+        }
+        assert!(Instant::now() < deadline, "pinion run did not exit within {SOON:?} of {after}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn append(path: &Path, text: &str) {
