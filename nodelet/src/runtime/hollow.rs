@@ -336,7 +336,7 @@ impl Runtime for HollowRuntime {
         {
             std::fs::create_dir_all(dir)
                 .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&cfg.log_path))
-                .map_err(|e| cerr(&cfg.id, &format!("{}: {e}", cfg.log_path.display())))?;
+                .map_err(|e| cerr(&cfg.id, format!("{}: {e}", cfg.log_path.display())))?;
         }
         let course = course(&cfg.args);
         let ends_at = match course {
