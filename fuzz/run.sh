@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Long fuzz runs, bench-style (not CI): each target in turn, one process, niced,
+# Long fuzz runs, bench-style (not CI): each target in turn, one in-process
+# libFuzzer (no -jobs: workers would log elsewhere and share two cores), niced,
 # for SECONDS (default 600) or 10 million executions, whichever comes first.
 # Prints per target: executions, exec/s, seconds, corpus size, findings.
 # OOM (-rss_limit_mb, and the malloc limit that follows it) and timeouts
@@ -41,7 +42,7 @@ for t in "${TARGETS[@]}"; do
     start=$(date +%s)
     set +e
     nice -n 19 "$BIN/$t" "corpus/$t" "seeds/$t" -runs="$RUNS" -max_total_time="$SECONDS_PER_TARGET" \
-        -rss_limit_mb="$RSS_MB" -timeout="$TIMEOUT_S" -max_len="$max_len" -jobs=1 -workers=1 \
+        -rss_limit_mb="$RSS_MB" -timeout="$TIMEOUT_S" -max_len="$max_len" \
         -print_final_stats=1 -artifact_prefix="artifacts/$t/" >"$log" 2>&1
     rc=$?
     set -e
