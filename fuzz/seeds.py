@@ -151,6 +151,13 @@ def main():
     for n, r in requests.items():
         put("api_request", n, r)
 
+    # Every input a target once failed on stays a seed.
+    for kept in ("specs/tests/fuzz-regressions", "nodelet/tests/fuzz-regressions"):
+        kept = os.path.join(REPO, kept)
+        for target in sorted(os.listdir(kept)) if os.path.isdir(kept) else []:
+            for n in sorted(os.listdir(os.path.join(kept, target))):
+                put(target, "kept-" + n, open(os.path.join(kept, target, n), "rb").read())
+
 
 if __name__ == "__main__":
     sys.exit(main())

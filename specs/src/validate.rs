@@ -502,7 +502,9 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
         if i > 0 && t.numa_nodes[i - 1].id >= n.id {
             e.push(format!("{p}.id"), "NUMA node ids must be unique and sorted ascending");
         }
-        let claimed: CpuSet = t.cpus.iter().filter(|c| c.numa == n.id).map(|c| c.id).collect();
+        // Ids beyond MAX_ID are reported above; a set holding one would be
+        // hundreds of MiB (found by fuzzing), so they stay out of every set here.
+        let claimed: CpuSet = t.cpus.iter().filter(|c| c.numa == n.id && c.id <= MAX_ID).map(|c| c.id).collect();
         if n.cpus != claimed {
             e.push(format!("{p}.cpus"), format!("is {} but the cpus on node {} are {}", n.cpus, n.id, claimed));
         }
@@ -534,7 +536,7 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
             }
         }
     }
-    let all = t.all_cpus();
+    let all: CpuSet = t.cpus.iter().map(|c| c.id).filter(|&id| id <= MAX_ID).collect();
     let outside: CpuSet = t.reserved_cpus.iter().filter(|c| !all.contains(*c)).collect();
     if !outside.is_empty() {
         e.push("reservedCpus", format!("{outside} are not cpus of this machine"));
