@@ -3,7 +3,7 @@
 # when everything is already there.
 set -euo pipefail
 need=()
-for pkg in libseccomp-dev pkg-config numactl; do
+for pkg in libseccomp-dev pkg-config numactl faketime; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

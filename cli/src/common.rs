@@ -15,6 +15,20 @@ pub struct GlobalArgs {
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
     #[arg(long, global = true, env = "PINION_LOG", default_value = "warn,libcgroups=error,libcontainer=error")]
     pub log: String,
+    /// How often an idle stream carries a heartbeat, in milliseconds (the
+    /// server's and agent's send period, every reader's bound is three of
+    /// them); client and server must agree. For tests of dead connections.
+    #[arg(long, global = true, env = "PINION_STREAM_HEARTBEAT_MS", value_name = "MS", hide = true)]
+    pub stream_heartbeat_ms: Option<u64>,
+}
+
+impl GlobalArgs {
+    pub fn liveness(&self) -> specs::api::Liveness {
+        match self.stream_heartbeat_ms {
+            Some(ms) => specs::api::Liveness { heartbeat: std::time::Duration::from_millis(ms.max(1)) },
+            None => specs::api::Liveness::default(),
+        }
+    }
 }
 
 pub fn init_tracing(g: &GlobalArgs) {
@@ -46,6 +60,15 @@ pub struct TopologyArgs {
 }
 
 impl TopologyArgs {
+    /// The sysfs root the topology is read from, when it is one (the host's
+    /// `/` by default): the agent reads its CPUs' online state there again.
+    pub fn sysfs_source(&self) -> Option<PathBuf> {
+        if self.synthetic.is_some() || self.topology.is_some() {
+            return None;
+        }
+        Some(self.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/")))
+    }
+
     pub fn load(&self) -> anyhow::Result<NodeTopology> {
         if let Some(desc) = &self.synthetic {
             return Ok(specs::topology::synthetic::parse(desc)?);
@@ -54,7 +77,7 @@ impl TopologyArgs {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             return serde_json::from_str(&text).with_context(|| format!("{}: not a topology document", path.display()));
         }
-        let root = self.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/"));
+        let root = self.sysfs_source().unwrap_or_else(|| PathBuf::from("/"));
         Ok(nodelet::discovery::discover(&root)?)
     }
 }

@@ -37,5 +37,5 @@ pub fn load(g: &GlobalArgs) -> anyhow::Result<Credentials> {
 }
 
 pub fn client(g: &GlobalArgs) -> anyhow::Result<Client> {
-    Ok(Client::new(&load(g)?)?)
+    Ok(Client::new(&load(g)?)?.with_liveness(g.liveness()))
 }

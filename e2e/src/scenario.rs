@@ -34,6 +34,8 @@
 //! - expectAttempts: {totalAtLeast: 60, totalAtMost: 150}  # over pods seen Running
 //! - expectQueue: {pods: [q1, q2, q3], jobSeconds: 1, maxGapSeconds: 0.4}
 //! - killServer / restartServer / killNode: b / restartNode: b / cutNode: b / restoreNode: b / startNode: b
+//! - faultNode: {node: b, fault: after-checkpoint}   # agent restarted with PINION_FAULT
+//! - awaitNodeKilled: b / expectNodeClean: b
 //! ```
 
 use std::collections::BTreeMap;
@@ -134,6 +136,20 @@ pub enum Step {
     StartNode(String),
     CutNode(String),
     RestoreNode(String),
+    /// Restarts a node's agent (kill -9 first) with `PINION_FAULT=<fault>`
+    /// (see `nodelet::fault`): it kills itself with SIGKILL at that point of
+    /// the next pod start or stop.
+    FaultNode {
+        node: String,
+        fault: String,
+    },
+    /// The node's agent died by SIGKILL (its fault fired), within 30 s.
+    AwaitNodeKilled(String),
+    /// Nothing leaked on the node, within 30 s: its runtime holds exactly the
+    /// containers its checkpoint names (no second container of a pod, none
+    /// orphaned), and with real containers no cgroup directory, process
+    /// (container or shim) or mount is left of a container it does not hold.
+    ExpectNodeClean(String),
     /// A queue drains as an event-driven system drains it: `pods` (already
     /// applied, in submission order, each running about `jobSeconds` and
     /// needing the capacity the previous one frees) are first seen running in
@@ -347,6 +363,9 @@ struct Cluster {
     restarts: u32,
     /// `status.attempts` of the pod the last passing check read.
     last_attempts: u32,
+    /// Every pod name applied: a container id (and its cgroup) starts with
+    /// `NAME_`, which tells this scenario's leftovers from other tests'.
+    applied: std::collections::BTreeSet<String>,
 }
 
 /// Runs the scenario at `path` with the `pinion` binary; `out_dir` is emptied
@@ -419,6 +438,7 @@ impl Cluster {
             commands,
             restarts: 0,
             last_attempts: 0,
+            applied: Default::default(),
         };
         c.start_server()?;
         for def in &s.nodes {
@@ -461,6 +481,11 @@ impl Cluster {
     }
 
     fn start_node(&mut self, name: &str) -> anyhow::Result<()> {
+        self.start_node_with(name, None)
+    }
+
+    /// `fault`: the `PINION_FAULT` point the agent dies at.
+    fn start_node_with(&mut self, name: &str, fault: Option<&str>) -> anyhow::Result<()> {
         let n = self.nodes.get(name).with_context(|| format!("no node {name} in the scenario"))?;
         let def = n.def.clone();
         let url = format!("https://127.0.0.1:{}", n.relay.addr.port());
@@ -506,7 +531,10 @@ impl Cluster {
         let log = self.out.join(format!("node-{name}.{restarts}.out"));
         self.restarts += 1;
         let file = std::fs::File::create(&log)?;
-        cmd.env("PINION_LOG", DAEMON_LOG).stdout(file.try_clone()?).stderr(file);
+        cmd.env("PINION_LOG", DAEMON_LOG).env_remove(nodelet::fault::ENV).stdout(file.try_clone()?).stderr(file);
+        if let Some(f) = fault {
+            cmd.env(nodelet::fault::ENV, f);
+        }
         let child = cmd.spawn().with_context(|| format!("starting node {name}"))?;
         if let Some(n) = self.nodes.get_mut(name) {
             n.proc = Some(Proc(child));
@@ -572,6 +600,7 @@ impl Cluster {
                 Step::Apply(pods) => {
                     for p in pods {
                         let (name, m) = manifest(p).with_context(|| format!("{here}: apply"))?;
+                        self.applied.insert(name.clone());
                         let path = self.dir.join(format!("{name}.json"));
                         std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
                         let (ok, out, err) = self.cli(&["apply", "-f", &path.to_string_lossy()]);
@@ -652,6 +681,32 @@ impl Cluster {
                         failures.push(format!("{here}: queue {}: {why}", pods.join(",")));
                     }
                 }
+                Step::FaultNode { node, fault } => {
+                    if nodelet::fault::Fault::parse(fault).is_none() {
+                        bail!("{here}: no fault point {fault:?} (see nodelet::fault)");
+                    }
+                    self.node_mut(node)?.proc = None;
+                    self.start_node_with(node, Some(fault))
+                        .with_context(|| format!("{here}: starting node {node} with fault {fault}"))?;
+                }
+                Step::AwaitNodeKilled(n) => {
+                    if let Err(why) = self.await_killed(n) {
+                        failures.push(format!("{here}: node {n}: {why}"));
+                    }
+                }
+                Step::ExpectNodeClean(n) => {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    loop {
+                        match self.node_clean(n) {
+                            Ok(()) => break,
+                            Err(why) if Instant::now() > deadline => {
+                                failures.push(format!("{here}: node {n} is not clean: {why}"));
+                                break;
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                        }
+                    }
+                }
                 Step::CutNode(n) => self.node_mut(n)?.relay.set_cut(true),
                 Step::RestoreNode(n) => self.node_mut(n)?.relay.set_cut(false),
             }
@@ -718,6 +773,113 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Waits for the node's agent to die by itself, and checks it was SIGKILL.
+    fn await_killed(&mut self, name: &str) -> Result<(), String> {
+        use std::os::unix::process::ExitStatusExt;
+        let n = self.nodes.get_mut(name).ok_or_else(|| format!("no node {name}"))?;
+        let Some(proc) = n.proc.as_mut() else { return Err("its agent is not running".into()) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match proc.0.try_wait() {
+                Ok(Some(status)) => {
+                    n.proc = None;
+                    return match status.signal() {
+                        Some(9) => Ok(()),
+                        _ => Err(format!("its agent ended with {status}, not by SIGKILL")),
+                    };
+                }
+                Ok(None) if Instant::now() > deadline => return Err("its agent is still alive after 30 s".into()),
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// See [`Step::ExpectNodeClean`].
+    fn node_clean(&self, name: &str) -> Result<(), String> {
+        let n = self.nodes.get(name).ok_or_else(|| format!("no node {name}"))?;
+        let data = self.dir.join(format!("node-{name}"));
+        let cp = nodelet::checkpoint::Checkpoint::load(&data).map_err(|e| e.to_string())?;
+        let mut held = std::collections::BTreeSet::new();
+        for (key, pod) in &cp.pods {
+            for (ctr, rec) in &pod.containers {
+                if let Some(id) = &rec.runtime_id {
+                    if pod.finished.is_some() {
+                        return Err(format!("finished pod {key} still names container {ctr}: {id}"));
+                    }
+                    held.insert(id.clone());
+                }
+            }
+        }
+        let real = n.def.runtime == "libcontainer";
+        let present = if real {
+            let mut ids = std::collections::BTreeSet::new();
+            for dir in ["containers", "libcontainer"] {
+                for e in std::fs::read_dir(data.join(dir)).into_iter().flatten().flatten() {
+                    ids.insert(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+            ids
+        } else {
+            let file: Value = std::fs::read(data.join("hollow/containers.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(Value::Null);
+            file["containers"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+        };
+        if present != held {
+            return Err(format!("the runtime holds {present:?}, the checkpoint names {held:?}"));
+        }
+        if !real {
+            return Ok(());
+        }
+        let ours = |id: &str| self.applied.iter().any(|p| id.starts_with(&format!("{p}_")));
+        let stray = |id: &str| ours(id) && !held.contains(id);
+        let mut left = Vec::new();
+        for base in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            for dir in [base.path().join("pinion"), base.path()] {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let id = e.file_name().to_string_lossy().into_owned();
+                    if stray(&id) && e.path().is_dir() {
+                        left.push(format!("cgroup {}", e.path().display()));
+                    }
+                }
+            }
+        }
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> =
+                cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+            let in_container = cgroup
+                .lines()
+                .filter_map(|l| l.split_once("/pinion/").map(|(_, id)| id.to_string()))
+                .find(|id| stray(id));
+            let shim_of = (args.get(1).map(String::as_str) == Some("shim")
+                && args.iter().any(|a| Path::new(a) == data))
+            .then(|| args.iter().skip_while(|a| *a != "--id").nth(1).cloned())
+            .flatten()
+            .filter(|id| !held.contains(id));
+            if let Some(id) = in_container.or(shim_of) {
+                left.push(format!("process {pid} ({}) of {id}", args.join(" ").trim()));
+            }
+        }
+        let root = data.to_string_lossy().into_owned();
+        for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
+            let Some(point) = line.split(' ').nth(4) else { continue };
+            let under_held = held.iter().any(|id| point.starts_with(&format!("{root}/containers/{id}")));
+            if point.starts_with(&root) && !under_held {
+                left.push(format!("mount {point}"));
+            }
+        }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(left.join("; "))
+        }
     }
 
     fn node_mut(&mut self, name: &str) -> anyhow::Result<&mut NodeRun> {

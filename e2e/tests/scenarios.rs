@@ -65,4 +65,6 @@ scenarios! {
     s8_restarts_real => "8-restarts-real",
     s9_allocatable => "9-allocatable",
     s10_job_queue => "10-job-queue",
+    s11_nodelet_kills => "11-nodelet-kills",
+    s11_nodelet_kills_real => "11-nodelet-kills-real",
 }

@@ -160,12 +160,12 @@ mod tests {
 
     fn placement(cpus: &str) -> Placement {
         Placement {
-            numa_affinity: NumaSet::single(0),
+            numa_affinity: NumaSet::single(0).expect("id within MAX_ID"),
             containers: vec![ContainerPlacement {
                 name: "main".into(),
                 cpu_policy: CpuPolicy::Exclusive,
                 cpus: CpuSet::parse_list(cpus).unwrap(),
-                mems: NumaSet::single(0),
+                mems: NumaSet::single(0).expect("id within MAX_ID"),
                 memory: Default::default(),
                 hugepages: Default::default(),
                 devices: Default::default(),

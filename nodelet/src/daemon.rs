@@ -52,6 +52,10 @@ pub struct JoinConfig {
     /// The address the server calls the endpoint on [default: the listener's
     /// address, or this host's address on the route to the server].
     pub advertise_address: Option<IpAddr>,
+    /// The streams' heartbeat and silence bound; must match the server's.
+    pub liveness: specs::api::Liveness,
+    /// Connections the endpoint serves at once; its accept loop waits beyond.
+    pub endpoint_max_connections: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -131,8 +135,9 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
             }
         }));
     }
-    if let Some(Joined { link, creds, listener, tls }) = joined {
-        let endpoint = crate::endpoint::serve(listener, tls, agent.data_dir.clone(), report_rx.clone(), stop.clone());
+    if let Some(Joined { link, creds, listener, tls, endpoint }) = joined {
+        let endpoint =
+            crate::endpoint::serve(listener, tls, endpoint, agent.data_dir.clone(), report_rx.clone(), stop.clone());
         tasks.push(tokio::spawn(endpoint));
         let link = crate::link::run(link, creds, changes_tx, report_rx, stop.clone());
         tasks.push(tokio::spawn(async move {
@@ -163,6 +168,7 @@ struct Joined {
     creds: pinion_client::tls::Credentials,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    endpoint: crate::endpoint::EndpointConfig,
 }
 
 async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, DaemonError> {
@@ -176,6 +182,7 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
         settings: agent.settings.clone(),
         labels: join.labels,
         endpoint: None,
+        liveness: join.liveness,
     };
     let creds = crate::link::credentials(&link).await?;
     let listener = TcpListener::bind(&join.endpoint_listen)
@@ -196,7 +203,9 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
         source,
     })?;
     link.endpoint = Some(SocketAddr::new(ip, local.port()).to_string());
-    Ok(Joined { link, creds, listener, tls: Arc::new(tls) })
+    let endpoint =
+        crate::endpoint::EndpointConfig { liveness: join.liveness, max_connections: join.endpoint_max_connections };
+    Ok(Joined { link, creds, listener, tls: Arc::new(tls), endpoint })
 }
 
 /// The local address the kernel would use to reach `server` (a UDP "connect"

@@ -17,7 +17,12 @@
 //!   -1 (POWER7), numbered 0.. by lowest CPU id;
 //! - a CPU's NUMA node comes from the node `cpulist` (or `cpumap`), else from a
 //!   `cpuN/nodeM` link; without `node/` the machine is one node 0 with the memory of
-//!   `proc/meminfo`.
+//!   `proc/meminfo`;
+//! - a NUMA node is a `nodeN` folder whose id is in `node/online` (if any): a
+//!   possible node that is offline is not part of the machine; an online node
+//!   may have no CPUs, no memory (`node/has_memory`, else its `meminfo`), or
+//!   neither; a `distance` row may list the node folders, the online nodes or
+//!   every possible node, and is read by node id.
 //!
 //! An absent file is tolerated; a present file that does not parse is an error naming
 //! the file.
@@ -53,7 +58,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
     if threads.is_empty() {
         return Err(malformed(&cpu_dir, "no online CPU (no cpuN directory with a topology/ directory)"));
     }
-    let online: CpuSet = threads.iter().map(|t| t.id).collect();
+    let online = CpuSet::from_ids(threads.iter().map(|t| t.id)).map_err(|e| malformed(&cpu_dir, e.to_string()))?;
 
     let nodes = read_nodes(root, &online)?;
     let numa_of = numa_map(&threads, &nodes, &cpu_dir)?;
@@ -69,7 +74,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         .map(|n| NumaNode {
             id: n.id,
             // Derived from the final map so that `cpus` and `Cpu::numa` never disagree.
-            cpus: cpus.iter().filter(|c| c.numa == n.id).map(|c| c.id).collect(),
+            cpus: online.filter(|id| numa_of.get(&id) == Some(&n.id)),
             memory_bytes: n.memory_bytes,
             distances: n.distances,
             hugepages: n.hugepages,
@@ -86,6 +91,15 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         return Err(DiscoveryError::Inconsistent { root: root.to_path_buf(), problems });
     }
     Ok(topology)
+}
+
+/// The CPUs online now under `root`, by the same rules as `discover`: what the
+/// agent re-reads to notice a CPU taken offline (or brought back) while it
+/// runs. sysfs gives no inotify events, so this is polled; it reads a few
+/// small files per CPU.
+pub fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
+    let cpu_dir = root.join("sys/devices/system/cpu");
+    CpuSet::from_ids(read_cpus(&cpu_dir)?.iter().map(|t| t.id)).map_err(|e| malformed(&cpu_dir, e.to_string()))
 }
 
 // ---------------------------------------------------------------------------
@@ -263,7 +277,7 @@ fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u
     let socket_key = |t: &Thread| match (t.package, &t.core_siblings) {
         (Some(p), _) => SocketKey::Package(p),
         (None, Some(s)) => SocketKey::Siblings(with_self(s, online, t.id)),
-        (None, None) => SocketKey::Siblings(CpuSet::single(t.id)),
+        (None, None) => SocketKey::Siblings(online.filter(|id| id == t.id)),
     };
     let mut socket_of_key: BTreeMap<SocketKey, u32> = BTreeMap::new();
     let mut sockets = BTreeMap::new();
@@ -300,9 +314,7 @@ fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u
 /// A sibling mask restricted to online CPUs and always holding the CPU itself, so a
 /// stale or one-sided mask cannot merge a CPU into a group it does not belong to.
 fn with_self(siblings: &CpuSet, online: &CpuSet, id: u32) -> CpuSet {
-    let mut s = siblings.intersection(online);
-    s.insert(id);
-    s
+    siblings.intersection(online).union(&online.filter(|c| c == id))
 }
 
 // ---------------------------------------------------------------------------
@@ -334,12 +346,44 @@ fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryErr
             hugepages,
         }]);
     }
-    let count = entries.len();
-    let mut nodes = Vec::with_capacity(count);
+    // The kernel's own lists of node states; any may be absent (old kernels,
+    // the dumps). A folder of a node that is not online is left out: nothing
+    // can be placed there.
+    let state = |name: &str| -> Result<Option<IdSet>, DiscoveryError> {
+        let p = node_dir.join(name);
+        read_opt(&p)?.map(|t| parse_list(&p, &t)).transpose()
+    };
+    let (possible, online, has_memory) = (state("possible")?, state("online")?, state("has_memory")?);
+    let folders: Vec<u32> = entries.iter().map(|(id, _)| *id).collect();
+    let entries: Vec<(u32, PathBuf)> = entries
+        .into_iter()
+        .filter(|(id, _)| {
+            let on = online.as_ref().is_none_or(|o| o.contains(*id));
+            if !on {
+                tracing::info!(node = id, "NUMA node is not online; left out");
+            }
+            on
+        })
+        .collect();
+    let kept: Vec<u32> = entries.iter().map(|(id, _)| *id).collect();
+    // Which node each entry of a `distance` row is about: a row may list the
+    // node folders, the online nodes or every possible node, depending on the
+    // kernel, so it is matched by its length, in that order.
+    let columns: Vec<Vec<u32>> =
+        [Some(folders), online.map(|s| s.iter().collect()), possible.map(|s| s.iter().collect())]
+            .into_iter()
+            .flatten()
+            .collect();
+    let mut nodes = Vec::with_capacity(entries.len());
     for (id, path) in entries {
         let cpus = read_set_from(&path, "cpulist", "cpumap")?;
         let meminfo = path.join("meminfo");
-        let memory_bytes = read_meminfo_total(&meminfo, "MemTotal:")?.unwrap_or(0);
+        let memory_bytes = match &has_memory {
+            // The kernel's word on which nodes have memory wins over a
+            // meminfo that still counts memory being taken offline.
+            Some(with) if !with.contains(id) => 0,
+            _ => read_meminfo_total(&meminfo, "MemTotal:")?.unwrap_or(0),
+        };
         let distance_path = path.join("distance");
         let distances = match read_opt(&distance_path)? {
             None => Vec::new(),
@@ -350,10 +394,19 @@ fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryErr
                         w.parse::<u32>().map_err(|_| malformed(&distance_path, format!("{w:?} is not a distance")))
                     })
                     .collect::<Result<Vec<u32>, _>>()?;
-                if row.len() != count {
-                    return Err(malformed(&distance_path, format!("{} distances for {count} NUMA nodes", row.len())));
-                }
-                row
+                let Some(ids) = columns.iter().find(|c| c.len() == row.len()) else {
+                    return Err(malformed(
+                        &distance_path,
+                        format!("{} distances for {} NUMA nodes", row.len(), kept.len()),
+                    ));
+                };
+                kept.iter()
+                    .map(|to| {
+                        ids.iter().position(|c| c == to).map(|i| row[i]).ok_or_else(|| {
+                            malformed(&distance_path, format!("no distance to node {to} (the row lists nodes {ids:?})"))
+                        })
+                    })
+                    .collect::<Result<Vec<u32>, _>>()?
             }
         };
         let hugepages = read_hugepages(&path.join("hugepages"))?;
@@ -522,7 +575,7 @@ mod tests {
         assert_eq!((t.sockets(), t.cores()), (1, 2));
         assert_eq!(t.numa_nodes.len(), 1);
         assert_eq!(t.numa_nodes[0].memory_bytes, 1024 * 1024);
-        assert_eq!(t.numa_nodes[0].cpus, CpuSet::range(0, 1));
+        assert_eq!(t.numa_nodes[0].cpus, CpuSet::range(0, 1).expect("id within MAX_ID"));
     }
 
     #[test]
@@ -589,7 +642,7 @@ mod tests {
             ("sys/devices/system/cpu/cpu1/online", "0\n"),
         ]));
         let t = discover(dir.path()).expect("discover");
-        assert_eq!(t.all_cpus(), CpuSet::single(0));
+        assert_eq!(t.all_cpus(), CpuSet::single(0).expect("id within MAX_ID"));
     }
 
     #[test]
@@ -606,7 +659,7 @@ mod tests {
         let t = discover(dir.path()).expect("discover");
         let numa: Vec<(u32, u32)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
         assert_eq!(numa, vec![(0, 0), (1, 1)]);
-        assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1));
+        assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1).expect("id within MAX_ID"));
         assert_eq!(t.numa_nodes[1].memory_bytes, 4096);
     }
 
@@ -693,6 +746,105 @@ mod tests {
         match discover(dir.path()) {
             Err(DiscoveryError::Malformed { path, .. }) => assert_eq!(path, dir.path().join("sys/devices/system/cpu")),
             other => panic!("expected Malformed, got {other:?}"),
+        }
+    }
+
+    /// Machines that are not tidy (issue 12, hole 8): the `distance` rows may
+    /// list every *possible* node, a possible node may be offline (and may even
+    /// have a stale folder), and an online node may have no CPUs, no memory, or
+    /// neither. Discovery accepts each; an offline node is not part of the
+    /// machine, so nothing can be placed on it.
+    #[test]
+    fn untidy_numa_machines_are_accepted() {
+        // (what, sysfs files added to BASE, expected (node id, cpus, memory bytes, distances))
+        type Node = (u32, &'static str, u64, &'static [u32]);
+        type Case = (&'static str, &'static [(&'static str, &'static str)], &'static [Node]);
+        let cases: &[Case] = &[
+            (
+                "possible 0-3, online 0-1: rows list every possible node",
+                &[
+                    ("sys/devices/system/node/possible", "0-3\n"),
+                    ("sys/devices/system/node/online", "0-1\n"),
+                    ("sys/devices/system/node/has_cpu", "0-1\n"),
+                    ("sys/devices/system/node/has_memory", "0-1\n"),
+                    ("sys/devices/system/node/node0/cpulist", "0\n"),
+                    ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 8 kB\n"),
+                    ("sys/devices/system/node/node0/distance", "10 20 30 40\n"),
+                    ("sys/devices/system/node/node1/cpulist", "1\n"),
+                    ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
+                    ("sys/devices/system/node/node1/distance", "20 10 40 30\n"),
+                ],
+                &[(0, "0", 8192, &[10, 20]), (1, "1", 4096, &[20, 10])],
+            ),
+            (
+                "an offline node's stale folder is left out",
+                &[
+                    ("sys/devices/system/node/possible", "0-2\n"),
+                    ("sys/devices/system/node/online", "0,2\n"),
+                    ("sys/devices/system/node/node0/cpulist", "0-1\n"),
+                    ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 8 kB\n"),
+                    ("sys/devices/system/node/node0/distance", "10 20 30\n"),
+                    ("sys/devices/system/node/node1/cpulist", "\n"),
+                    ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
+                    ("sys/devices/system/node/node1/distance", "20 10 20\n"),
+                    ("sys/devices/system/node/node2/cpulist", "\n"),
+                    ("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 4 kB\n"),
+                    ("sys/devices/system/node/node2/distance", "30 20 10\n"),
+                ],
+                &[(0, "0-1", 8192, &[10, 30]), (2, "", 4096, &[30, 10])],
+            ),
+            (
+                "online nodes without CPUs, without memory, or both",
+                &[
+                    ("sys/devices/system/node/possible", "0-3\n"),
+                    ("sys/devices/system/node/online", "0-3\n"),
+                    ("sys/devices/system/node/has_cpu", "0-1\n"),
+                    ("sys/devices/system/node/has_memory", "0,2\n"),
+                    ("sys/devices/system/node/node0/cpulist", "0\n"),
+                    ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 8 kB\n"),
+                    ("sys/devices/system/node/node0/distance", "10 20 20 20\n"),
+                    // CPUs, no memory.
+                    ("sys/devices/system/node/node1/cpulist", "1\n"),
+                    ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 0 kB\n"),
+                    ("sys/devices/system/node/node1/distance", "20 10 20 20\n"),
+                    // Memory, no CPUs.
+                    ("sys/devices/system/node/node2/cpulist", "\n"),
+                    ("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 4 kB\n"),
+                    ("sys/devices/system/node/node2/distance", "20 20 10 20\n"),
+                    // Neither (and no meminfo at all).
+                    ("sys/devices/system/node/node3/cpulist", "\n"),
+                    ("sys/devices/system/node/node3/distance", "20 20 20 10\n"),
+                ],
+                &[
+                    (0, "0", 8192, &[10, 20, 20, 20]),
+                    (1, "1", 0, &[20, 10, 20, 20]),
+                    (2, "", 4096, &[20, 20, 10, 20]),
+                    (3, "", 0, &[20, 20, 20, 10]),
+                ],
+            ),
+            (
+                "has_memory has the last word over a stale meminfo",
+                &[
+                    ("sys/devices/system/node/online", "0-1\n"),
+                    ("sys/devices/system/node/has_memory", "0\n"),
+                    ("sys/devices/system/node/node0/cpulist", "0\n"),
+                    ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 8 kB\n"),
+                    ("sys/devices/system/node/node1/cpulist", "1\n"),
+                    ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
+                ],
+                &[(0, "0", 8192, &[]), (1, "1", 0, &[])],
+            ),
+        ];
+        for (what, extra, want) in cases {
+            let dir = tree(&with(extra));
+            let t = discover(dir.path()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got: Vec<(u32, String, u64, Vec<u32>)> =
+                t.numa_nodes.iter().map(|n| (n.id, n.cpus.to_string(), n.memory_bytes, n.distances.clone())).collect();
+            let want: Vec<(u32, String, u64, Vec<u32>)> =
+                want.iter().map(|(id, cpus, mem, d)| (*id, cpus.to_string(), *mem, d.to_vec())).collect();
+            assert_eq!(got, want, "{what}");
+            let problems = specs::validate::validate_topology(&t);
+            assert!(problems.is_empty(), "{what}: the discovered machine does not validate: {problems:?}");
         }
     }
 

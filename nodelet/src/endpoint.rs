@@ -14,6 +14,11 @@
 //! running. The shim writes the exit record only after the last byte is in the
 //! file, so "not running" seen at the end of the file means nothing is missing.
 //! A rotation (the path now names another inode) is followed to the new file.
+//!
+//! At most `EndpointConfig::max_connections` connections are served at once
+//! (the accept loop waits beyond, so a flood of callers costs a backlog, not
+//! memory); a quiet connection gets an HTTP/2 PING every heartbeat and TCP
+//! keepalive, so a caller whose path went silent is let go.
 
 use std::convert::Infallible;
 use std::os::unix::fs::MetadataExt;
@@ -30,11 +35,11 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pinion_client::query::Query;
 use pinion_client::tls::{common_name, ADMIN_CN, PROXY_CN};
-use specs::api::ApiError;
+use specs::api::{ApiError, Liveness};
 use specs::status::ContainerState;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::source::NodeReport;
 
@@ -44,6 +49,21 @@ const POLL: Duration = Duration::from_millis(200);
 const CHUNK: usize = 64 * 1024;
 
 type Body = BoxBody<Bytes, Infallible>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointConfig {
+    pub liveness: Liveness,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        // The server's proxy keeps one connection per node; the rest is the
+        // admin reading logs directly.
+        EndpointConfig { liveness: Liveness::default(), max_connections: 256 }
+    }
+}
 
 #[derive(Clone)]
 struct Ctx {
@@ -56,13 +76,19 @@ struct Ctx {
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    config: EndpointConfig,
     data_dir: PathBuf,
     reports: watch::Receiver<NodeReport>,
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let ctx = Ctx { data_dir, reports, stop: stop.clone() };
+    let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stop.wait_for(|s| *s) => return,
+        };
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = stop.wait_for(|s| *s) => return,
@@ -78,8 +104,10 @@ pub async fn serve(
         // A log stream's last small frame must not wait for the previous
         // one's ACK (Nagle against delayed ACK: 40 ms at the end of a `run`).
         let _ = tcp.set_nodelay(true);
+        pinion_client::keep_alive(&tcp, &config.liveness);
         let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "endpoint: TLS handshake failed"),
@@ -104,7 +132,11 @@ pub async fn serve(
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-            builder.http2().timer(TokioTimer::new());
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(config.liveness.heartbeat)
+                .keep_alive_timeout(config.liveness.silence().saturating_sub(config.liveness.heartbeat));
             if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
                 tracing::debug!(error = %e, "endpoint: connection ended");
             }

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod daemon;
 pub mod discovery;
 pub mod endpoint;
+pub mod fault;
 pub mod fsutil;
 pub mod link;
 pub mod manifests;

@@ -35,6 +35,8 @@ use crate::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// How long a first join keeps retrying a server that does not answer.
+const JOIN_DEADLINE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -54,6 +56,8 @@ pub enum LinkError {
     NoPin,
     #[error("joining {server} as node {node}: {source}")]
     Join { server: String, node: String, source: Box<ClientError> },
+    #[error("{}: the join attempt id: {source}", path.display())]
+    JoinAttempt { path: PathBuf, source: std::io::Error },
     #[error("the server sent a CA that the join token does not pin")]
     WrongCa,
     #[error(transparent)]
@@ -84,6 +88,8 @@ pub struct LinkConfig {
     pub labels: BTreeMap<String, String>,
     /// `HOST:PORT` of this node's HTTPS endpoint, registered for the server.
     pub endpoint: Option<String>,
+    /// The watch's bound on silence (the server's heartbeat, times three).
+    pub liveness: specs::api::Liveness,
 }
 
 /// The node's credentials file under the agent's data dir.
@@ -115,10 +121,9 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
         (None, Some(pin)) => Client::pinned(&cfg.server, pin)?,
         (None, None) => return Err(LinkError::NoPin),
     };
-    let joined = client.join(token, &cfg.node_name).await.map_err(|source| LinkError::Join {
-        server: cfg.server.clone(),
-        node: cfg.node_name.clone(),
-        source: Box::new(source),
+    let attempt = join_attempt(&cfg.data_dir)?;
+    let joined = join_with_retries(&client, token, &cfg.node_name, &attempt).await.map_err(|source| {
+        LinkError::Join { server: cfg.server.clone(), node: cfg.node_name.clone(), source: Box::new(source) }
     })?;
     if parsed.ca_pin.is_some_and(|p| ca_pin(&joined.ca_cert).ok() != Some(p)) {
         return Err(LinkError::WrongCa);
@@ -130,8 +135,55 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
         client_key: joined.client_key,
     };
     creds.save(&path)?;
+    // Joined for good: a later join (after `pinion delete node`) is a new attempt.
+    let _ = std::fs::remove_file(join_attempt_path(&cfg.data_dir));
     tracing::info!(node = %cfg.node_name, server = %cfg.server, "joined");
     Ok(creds)
+}
+
+fn join_attempt_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("join-attempt")
+}
+
+/// This machine's join attempt id, kept on disk (durably, before the first
+/// try) until the join succeeds: a join whose reply was lost, retried here or
+/// by running the agent again, is the same attempt and gets its credentials.
+fn join_attempt(data_dir: &Path) -> Result<String, LinkError> {
+    let path = join_attempt_path(data_dir);
+    let io = |source| LinkError::JoinAttempt { path: path.clone(), source };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let attempt = pinion_client::tls::new_join_attempt()?;
+    std::fs::create_dir_all(data_dir).map_err(io)?;
+    crate::fsutil::write_atomic(&path, attempt.as_bytes()).map_err(io)?;
+    Ok(attempt)
+}
+
+/// Joins, retrying what the network or a restarting server may fix (no
+/// answer, 5xx) for up to `JOIN_DEADLINE`; a refusal (4xx) is final.
+async fn join_with_retries(
+    client: &Client,
+    token: &str,
+    node: &str,
+    attempt: &str,
+) -> Result<specs::api::JoinResponse, ClientError> {
+    let deadline = tokio::time::Instant::now() + JOIN_DEADLINE;
+    let mut wait = RETRY_MIN;
+    loop {
+        match client.join(token, node, Some(attempt)).await {
+            Err(ClientError::Api(e)) if e.code < 500 => return Err(ClientError::Api(e)),
+            Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                tracing::warn!(node, error = %e, retry_in = ?wait, "join failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Runs the link until `stop` turns true. Returns an error only for what
@@ -143,7 +195,7 @@ pub async fn run(
     reports: watch::Receiver<NodeReport>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LinkError> {
-    let client = Client::new(&creds)?;
+    let client = Client::new(&creds)?.with_liveness(cfg.liveness);
     let node = Node {
         api_version: API_VERSION.into(),
         kind: "Node".into(),
@@ -287,7 +339,20 @@ async fn session(
             n = w.next() => n,
             _ = stop.wait_for(|s| *s) => return Ok(()),
         };
-        let Some((ty, pod)) = next? else { return Err(LinkError::WatchEnded) };
+        let (ty, pod) = match next {
+            Ok(Some(change)) => change,
+            // A dead path (silence past the bound, a broken connection, a
+            // mangled line): resume from the version reached, on a new
+            // connection; a refusal (410 Gone) starts the session over.
+            Err(e) if e.is_dead_stream() => {
+                let from = w.resource_version().unwrap_or(list.resource_version);
+                tracing::warn!(error = %e, from, "binding watch lost; resuming");
+                w = client.watch_pods(Some(name), None, Some(from)).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+            Ok(None) => return Err(LinkError::WatchEnded),
+        };
         let key = pod.metadata.name.clone();
         match ty {
             WatchEventType::Added | WatchEventType::Modified => match desired(&pod, name) {
@@ -311,6 +376,8 @@ async fn session(
                 send(DesiredChange::Remove { key }).await?;
             }
             WatchEventType::Error => return Err(LinkError::WatchEnded),
+            // Read inside the client; never returned.
+            WatchEventType::Bookmark => {}
         }
     }
 }
@@ -321,6 +388,7 @@ struct Acked {
     registration: u64,
     allocations: Allocations,
     pods: BTreeMap<String, PodStatus>,
+    offline_cpus: specs::CpuSet,
 }
 
 /// The report to send: the pods whose status differs from the acknowledged
@@ -330,10 +398,19 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
         .filter(|(k, s)| acked.pods.get(*k) != Some(*s))
         .map(|(k, s)| (k.clone(), s.clone()))
         .collect();
-    if pods.is_empty() && current.allocations == acked.allocations && acked.registration > 0 {
+    if pods.is_empty()
+        && current.allocations == acked.allocations
+        && current.offline_cpus == acked.offline_cpus
+        && acked.registration > 0
+    {
         return None;
     }
-    Some(NodeStatusReport { node_name: name.to_string(), allocations: current.allocations.clone(), pods })
+    Some(NodeStatusReport {
+        node_name: name.to_string(),
+        allocations: current.allocations.clone(),
+        pods,
+        offline_cpus: current.offline_cpus.clone(),
+    })
 }
 
 fn orchestrator_pods(report: &NodeReport) -> impl Iterator<Item = (&String, &PodStatus)> {
@@ -374,6 +451,7 @@ async fn reports_loop(
                         registration,
                         allocations: report.allocations.clone(),
                         pods: orchestrator_pods(&report).map(|(k, s)| (k.clone(), s.clone())).collect(),
+                        offline_cpus: report.offline_cpus.clone(),
                     };
                 }
                 delay = RETRY_MIN;
@@ -400,16 +478,22 @@ async fn reports_loop(
 }
 
 /// The engine's refusals of bound pods not reported yet (each (pod, message)
-/// once), marked as reported.
+/// once), marked as reported. Only the report's typed `rejections` count: a
+/// pending pod whose status carries a reason and a message because a local
+/// step failed (a checkpoint write, a start) stays bound while the agent
+/// retries it.
 fn new_refusals(current: &NodeReport, rejected: &Rejected) -> Vec<(String, PodRejection)> {
     let mut refusals = Vec::new();
-    for (pod, status) in orchestrator_pods(current) {
-        if status.phase == PodPhase::Pending {
-            if let (Some(reason), Some(message)) = (&status.reason, &status.message) {
-                if rejected.set().insert((pod.clone(), message.clone())) {
-                    refusals.push((pod.clone(), PodRejection { reason: reason.clone(), message: message.clone() }));
-                }
-            }
+    for (pod, r) in &current.rejections {
+        if SourceKind::of_key(pod) != SourceKind::Orchestrator {
+            continue;
+        }
+        if current.pods.get(pod).is_some_and(|s| s.phase != PodPhase::Pending) {
+            continue;
+        }
+        if rejected.set().insert((pod.clone(), r.message.clone())) {
+            refusals
+                .push((pod.clone(), PodRejection { reason: format!("{:?}", r.reason), message: r.message.clone() }));
         }
     }
     refusals
@@ -500,11 +584,54 @@ mod tests {
         PodStatus { phase, ..Default::default() }
     }
 
+    /// The attempt id outlives the process until the join succeeds: an agent
+    /// run again after a lost reply retries the same attempt.
+    #[test]
+    fn the_join_attempt_is_kept_until_the_join_succeeds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = join_attempt(dir.path()).expect("attempt");
+        assert_eq!(first.len(), 32);
+        assert_eq!(join_attempt(dir.path()).expect("again"), first);
+        std::fs::remove_file(join_attempt_path(dir.path())).expect("joined");
+        assert_ne!(join_attempt(dir.path()).expect("a new join"), first);
+    }
+
     fn report(pods: &[(&str, PodPhase)]) -> NodeReport {
         NodeReport {
             node_name: "n".into(),
             allocations: Allocations::default(),
             pods: pods.iter().map(|(k, p)| (k.to_string(), status(*p))).collect(),
+            rejections: BTreeMap::new(),
+            offline_cpus: Default::default(),
+        }
+    }
+
+    #[test]
+    fn only_the_engines_rejections_are_reported_as_refusals() {
+        use specs::{RejectReason, Rejection};
+        let failed_step = |message: &str| PodStatus {
+            phase: PodPhase::Pending,
+            reason: Some("ContainerCreating".into()),
+            message: Some(message.into()),
+            ..Default::default()
+        };
+        let refused = Rejection { reason: RejectReason::InsufficientCpu, message: "no 4 free CPUs".into() };
+        // (what, report, expected refusals as (pod, reason, message))
+        type Case = (&'static str, NodeReport, Vec<(&'static str, &'static str, &'static str)>);
+        let mut with_rejection = report(&[("a", PodPhase::Pending), ("static/s", PodPhase::Pending)]);
+        with_rejection.rejections.insert("a".into(), refused.clone());
+        with_rejection.rejections.insert("static/s".into(), refused.clone());
+        let mut failed = report(&[]);
+        failed.pods.insert("a".into(), failed_step("checkpoint.json: Is a directory (os error 21)"));
+        let cases: Vec<Case> = vec![
+            ("an engine refusal of a bound pod", with_rejection, vec![("a", "InsufficientCpu", "no 4 free CPUs")]),
+            ("a failed checkpoint write", failed, vec![]),
+        ];
+        for (what, current, want) in cases {
+            let got = new_refusals(&current, &Rejected::default());
+            let got: Vec<(&str, &str, &str)> =
+                got.iter().map(|(p, r)| (p.as_str(), r.reason.as_str(), r.message.as_str())).collect();
+            assert_eq!(got, want, "{what}");
         }
     }
 
@@ -518,11 +645,18 @@ mod tests {
             registration: 1,
             allocations: first.allocations.clone(),
             pods: orchestrator_pods(&first).map(|(k, s)| (k.clone(), s.clone())).collect(),
+            offline_cpus: Default::default(),
         };
         assert_eq!(delta(&acked, "n", &first), None, "nothing changed, nothing sent");
         let next = report(&[("a", PodPhase::Running), ("b", PodPhase::Running), ("c", PodPhase::Pending)]);
         let d = delta(&acked, "n", &next).expect("b and c changed");
         assert_eq!(d.pods.keys().collect::<Vec<_>>(), ["b", "c"]);
         assert_eq!(d.node_name, "n");
+        // A CPU going offline is news on its own.
+        let mut offline = first.clone();
+        offline.offline_cpus = specs::CpuSet::single(3).expect("cpus");
+        let d = delta(&acked, "n", &offline).expect("a CPU went offline");
+        assert!(d.pods.is_empty());
+        assert_eq!(d.offline_cpus, specs::CpuSet::single(3).expect("cpus"));
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use specs::{Allocations, Placement, Pod, PodStatus};
+use specs::{Allocations, CpuSet, Placement, Pod, PodStatus, Rejection};
 
 /// A plan the scheduler computed, with the allocation epoch it was computed
 /// against. The agent adopts it as is when the epoch still matches and re-runs
@@ -57,4 +57,15 @@ pub struct NodeReport {
     pub node_name: String,
     pub allocations: Allocations,
     pub pods: BTreeMap<String, PodStatus>,
+    /// The engine's refusal of each pod it did not admit on this node's truth,
+    /// by key: the only thing the link reports to the server as a refusal
+    /// (which unbinds the pod). A local step that failed (a checkpoint write,
+    /// a runtime call) is the node's own trouble, retried here: it shows in
+    /// the pod's status text and container reason, never in this map.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rejections: BTreeMap<String, Rejection>,
+    /// CPUs of the machine as discovered that are offline now: none is
+    /// handed out until it is back (see `AgentConfig::sysfs_root`).
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub offline_cpus: CpuSet,
 }

@@ -22,7 +22,7 @@ fn two_by_ten() -> NodeTopology {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 10, id * 10 + 9),
+                cpus: CpuSet::range(id * 10, id * 10 + 9).expect("id within MAX_ID"),
                 memory_bytes: 64 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],
@@ -107,7 +107,7 @@ fn placed(r: &NodeReport, key: &str) -> (CpuSet, NumaSet) {
 
 /// The NUMA nodes whose CPUs `cpus` touches.
 fn nodes_of(t: &NodeTopology, cpus: &CpuSet) -> NumaSet {
-    cpus.iter().filter_map(|c| t.cpu(c)).map(|c| c.numa).collect()
+    NumaSet::from_ids(cpus.iter().filter_map(|c| t.cpu(c)).map(|c| c.numa)).expect("ids within MAX_ID")
 }
 
 #[tokio::test]
@@ -153,7 +153,7 @@ async fn restarted_agent_keeps_every_pod_on_its_cpus() {
     let t = two_by_ten();
     let settings = || NodeSettings {
         topology_policy: TopologyPolicy::SingleNumaNode,
-        reserved_cpus: CpuSet::single(0),
+        reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"),
         ..Default::default()
     };
     let mut a = start(dir.path(), t.clone(), settings());
@@ -216,7 +216,7 @@ async fn hollow_job_throughput_on_64_cpus() {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 32, id * 32 + 31),
+                cpus: CpuSet::range(id * 32, id * 32 + 31).expect("id within MAX_ID"),
                 memory_bytes: 256 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],
@@ -224,7 +224,7 @@ async fn hollow_job_throughput_on_64_cpus() {
             .collect(),
         ..Default::default()
     };
-    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"), ..Default::default() };
     let mut a = start(dir.path(), t, settings);
     let n: usize = std::env::var("JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let job = |i: usize| {
@@ -242,5 +242,83 @@ async fn hollow_job_throughput_on_64_cpus() {
     assert_eq!(r, Ok(true), "not every job finished");
     let took = started.elapsed();
     println!("{n} jobs in {took:?}: {:.0} jobs/s", n as f64 / took.as_secs_f64());
+    a.shutdown().await;
+}
+
+/// A sysfs tree of four single-thread CPUs in one package, no NUMA folder.
+fn four_cpu_sysfs(root: &Path) {
+    let cpu = root.join("sys/devices/system/cpu");
+    for id in 0..4 {
+        let topo = cpu.join(format!("cpu{id}/topology"));
+        std::fs::create_dir_all(&topo).unwrap();
+        std::fs::write(topo.join("physical_package_id"), "0\n").unwrap();
+        std::fs::write(topo.join("core_id"), format!("{id}\n")).unwrap();
+        std::fs::write(topo.join("thread_siblings_list"), format!("{id}\n")).unwrap();
+        std::fs::write(cpu.join(format!("cpu{id}/online")), "1\n").unwrap();
+    }
+    std::fs::write(cpu.join("online"), "0-3\n").unwrap();
+    std::fs::create_dir_all(root.join("proc")).unwrap();
+    std::fs::write(root.join("proc/meminfo"), "MemTotal: 16777216 kB\n").unwrap();
+}
+
+/// What the kernel shows when CPU `id` goes offline (`on` false) or comes back.
+fn set_online(root: &Path, id: u32, on: bool, online_list: &str) {
+    let cpu = root.join("sys/devices/system/cpu");
+    std::fs::write(cpu.join(format!("cpu{id}/online")), if on { "1\n" } else { "0\n" }).unwrap();
+    std::fs::write(cpu.join("online"), format!("{online_list}\n")).unwrap();
+}
+
+/// Issue 12 (the node's /sys changing under the agent): a CPU a running pod
+/// holds goes offline. The agent keeps the pod running, reports the CPU
+/// offline, never hands it out while it is, and uses it again once it is back.
+#[tokio::test]
+async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    four_cpu_sysfs(&root);
+    let topology = nodelet::discovery::discover(&root).unwrap();
+    let data = dir.path().join("data");
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0).expect("cpus"), ..Default::default() };
+    let mut cfg = AgentConfig::new("n1".into(), data.clone(), topology, settings);
+    cfg.sysfs_root = Some(root.clone());
+    // A short poll keeps the test quick; nothing below depends on its timing.
+    cfg.cpu_recheck_interval = Duration::from_millis(20);
+    let rt = Arc::new(HollowRuntime::new(&data).unwrap());
+    let (tx, rx) = mpsc::channel(64);
+    let (report_tx, report) = watch::channel(NodeReport::default());
+    let (stop, stop_rx) = oneshot::channel();
+    let task = tokio::spawn(nodelet::agent::run(cfg, rt.clone(), rx, report_tx, async {
+        let _ = stop_rx.await;
+    }));
+    let mut a = Agent { rt, tx, report, stop, task };
+
+    a.apply("static/a", pod("a", 1)).await;
+    let r = a.wait("a running", |r| running(r, "static/a")).await;
+    let held = placed(&r, "static/a").0;
+    assert_eq!(held, CpuSet::single(1).expect("cpus"), "the first free CPU after the reserved one");
+
+    set_online(&root, 1, false, "0,2-3");
+    let r = a.wait("CPU 1 reported offline", |r| r.offline_cpus == CpuSet::single(1).expect("cpus")).await;
+    let st = &r.pods["static/a"];
+    assert_eq!(st.phase, PodPhase::Running, "the pod keeps running: {st:?}");
+    assert!(st.message.as_deref().is_some_and(|m| m.contains("offline")), "the pod's status says so: {st:?}");
+
+    // Once its pod is gone CPU 1 is free but offline: a pod asking for three
+    // CPUs does not get it; one asking for two gets the online ones.
+    a.tx.send(DesiredChange::Remove { key: "static/a".into() }).await.unwrap();
+    a.wait("a gone", |r| !r.pods.contains_key("static/a") && r.allocations.pods.is_empty()).await;
+    a.apply("static/big", pod("big", 3)).await;
+    let r = a.wait("big refused", |r| r.pods.get("static/big").is_some_and(|p| p.reason.is_some())).await;
+    assert_eq!(r.pods["static/big"].phase, PodPhase::Pending, "{:?}", r.pods["static/big"]);
+    a.apply("static/two", pod("two", 2)).await;
+    let r = a.wait("two running", |r| running(r, "static/two")).await;
+    assert_eq!(placed(&r, "static/two").0, CpuSet::range(2, 3).expect("cpus"));
+    a.tx.send(DesiredChange::Remove { key: "static/two".into() }).await.unwrap();
+
+    // Back online: usable again, and the refused pod is tried again.
+    set_online(&root, 1, true, "0-3");
+    let r = a.wait("big running on CPUs 1-3", |r| running(r, "static/big")).await;
+    assert!(r.offline_cpus.is_empty(), "{:?}", r.offline_cpus);
+    assert_eq!(placed(&r, "static/big").0, CpuSet::range(1, 3).expect("cpus"));
     a.shutdown().await;
 }

@@ -31,7 +31,7 @@ fn topology() -> NodeTopology {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 4, id * 4 + 3),
+                cpus: CpuSet::range(id * 4, id * 4 + 3).expect("id within MAX_ID"),
                 memory_bytes: 16 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],
@@ -110,6 +110,8 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
             endpoint_listen: format!("127.0.0.2:{p}"),
             advertise_address: Some([127, 0, 0, 1].into()),
+            liveness: Default::default(),
+            endpoint_max_connections: 16,
         }),
     };
     let (stop_node, rx) = watch::channel(false);
@@ -177,6 +179,8 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
             labels: BTreeMap::new(),
             endpoint_listen: "127.0.0.1:0".into(),
             advertise_address: None,
+            liveness: Default::default(),
+            endpoint_max_connections: 16,
         }),
     };
     let (_stop, rx) = watch::channel(false);
@@ -184,4 +188,134 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
     assert!(e.to_string().contains("--ca FILE"), "{e}");
     assert!(!dir.path().join("node/node.conf").exists());
     assert!(!dir.path().join("node/agent.lock").exists(), "the agent never started");
+}
+
+/// A flood of connections costs the endpoint a backlog, not a task and a
+/// buffer each: beyond its cap the accept loop waits for a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_serves_at_most_its_connection_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
+    let server = Server::bind(opts).await.expect("bind the server");
+    let creds = Credentials::load(&server.admin_config).expect("admin config");
+    let admin = Client::new(&creds).expect("admin client");
+    let url = format!("https://{}", server.local_addr());
+    let token = server.join_token.to_string();
+    let (stop_server, rx) = watch::channel(false);
+    let server_task = tokio::spawn(server.run(rx));
+    let config = DaemonConfig {
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
+        runtime: RuntimeChoice::Hollow,
+        manifests: None,
+        join: Some(JoinConfig {
+            server: url,
+            token: Some(token),
+            ca: None,
+            labels: BTreeMap::new(),
+            endpoint_listen: "127.0.0.1:0".into(),
+            advertise_address: None,
+            liveness: Default::default(),
+            endpoint_max_connections: 2,
+        }),
+    };
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
+    let node = eventually("the node registers", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    let endpoint = node.spec.endpoint.expect("the node's endpoint");
+
+    // Two connections that never start TLS hold both slots (until the
+    // handshake timeout).
+    let hogs = [
+        TcpStream::connect(&endpoint).await.expect("first connection"),
+        TcpStream::connect(&endpoint).await.expect("second connection"),
+    ];
+    let client = Client::with_tls(&format!("https://{endpoint}"), Some("edge"), creds.client_config().expect("tls"))
+        .expect("endpoint client");
+    let call = tokio::spawn(async move { client.get("/logs?pod=none&container=main").await.map(|r| r.status()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!call.is_finished(), "a third connection was served while two held the slots");
+    drop(hogs);
+    let status = call.await.expect("call task").expect("served once a slot is free");
+    assert_eq!(status.as_u16(), 404, "the node's refusal: no such pod");
+
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+    let _ = stop_server.send(true);
+    server_task.await.expect("server task").expect("the server stops cleanly");
+}
+
+/// Hole 3 of issue 12: a local step that fails (here the checkpoint write) is
+/// the node's own trouble, not the engine refusing the pod, so the server must
+/// keep the binding while the node retries; only an engine refusal unbinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
+    opts.controller.heartbeat_grace = Duration::from_secs(60);
+    let server = Server::bind(opts).await.expect("bind the server");
+    let token = server.join_token.to_string();
+    let admin = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("admin client");
+    let addr = server.local_addr();
+    let (stop_server, rx) = watch::channel(false);
+    let server_task = tokio::spawn(server.run(rx));
+
+    let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
+    let node_dir = dir.path().join("node");
+    let config = DaemonConfig {
+        agent: AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings),
+        runtime: RuntimeChoice::Hollow,
+        manifests: None,
+        join: Some(JoinConfig {
+            server: format!("https://{addr}"),
+            token: Some(token),
+            ca: None,
+            labels: BTreeMap::new(),
+            endpoint_listen: "127.0.0.1:0".into(),
+            advertise_address: None,
+            liveness: Default::default(),
+            endpoint_max_connections: 256,
+        }),
+    };
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
+    eventually("the node registers", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    let checkpoint = node_dir.join("checkpoint.json");
+    eventually("the agent writes its first checkpoint", || async { checkpoint.is_file().then_some(()) }).await;
+    // A folder where the checkpoint goes makes every write fail (rename(2)
+    // onto a non-empty folder), root or not, until it is taken away.
+    std::fs::remove_file(&checkpoint).expect("remove the checkpoint");
+    std::fs::create_dir_all(checkpoint.join("in-the-way")).expect("block the checkpoint");
+
+    let manifest = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n";
+    admin.create_pod(Bytes::from(manifest)).await.expect("create the pod");
+    let failing =
+        eventually("the node reports the failed checkpoint write", || async {
+            admin.get_pod("web").await.ok().filter(|p| {
+                p.status.as_ref().and_then(|s| s.message.as_deref()).is_some_and(|m| m.contains("checkpoint"))
+            })
+        })
+        .await;
+    assert_eq!(failing.spec.node_name.as_deref(), Some("edge"), "still bound while the node retries: {failing:?}");
+
+    std::fs::remove_dir_all(&checkpoint).expect("unblock the checkpoint");
+    let running = eventually("the node's retry runs the pod", || async {
+        admin.get_pod("web").await.ok().filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
+    })
+    .await;
+    assert_eq!(running.spec.node_name.as_deref(), Some("edge"));
+    let events = admin.events("Pod", "web").await.expect("the pod's events");
+    let refusals: Vec<_> = events.items.iter().filter(|e| e.reason == "Rejected").map(|e| &e.message).collect();
+    assert!(refusals.is_empty(), "a failed local step was reported as a refusal: {refusals:?}");
+    assert!(checkpoint.is_file(), "the retried write made the allocation durable");
+
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+    let _ = stop_server.send(true);
+    server_task.await.expect("server task").expect("the server stops cleanly");
 }

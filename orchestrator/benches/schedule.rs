@@ -45,7 +45,7 @@ fn machine(numa: u32, cores: u32) -> NodeTopology {
             let core = n * cores + c;
             for thread in 0..2 {
                 let id = core + thread * total_cores;
-                cpus.insert(id);
+                cpus.insert(id).expect("a benchmark machine fits in a CpuSet");
                 t.cpus.push(Cpu { id, core, socket: n / per_socket, die: None, numa: n });
             }
         }
@@ -72,7 +72,10 @@ fn nodes(count: usize, rng: &mut Rng) -> Vec<NodeInfo> {
                 name: format!("node-{i:05}"),
                 labels: BTreeMap::from([("rack".to_string(), format!("r{}", i % 40))]),
                 topology,
-                settings: NodeSettings { reserved_cpus: CpuSet::single(0), ..NodeSettings::default() },
+                settings: NodeSettings {
+                    reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"),
+                    ..NodeSettings::default()
+                },
                 allocations: Allocations::default(),
                 ready: true,
             }

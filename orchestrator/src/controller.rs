@@ -211,6 +211,37 @@ fn is_terminal(pod: &Pod) -> bool {
     pod.status.as_ref().is_some_and(|s| s.phase.is_terminal())
 }
 
+/// Where the scheduler's mirror keeps the CPUs a node reports offline: a key
+/// no pod can have (names have no `/`), as the node's static pods do.
+const OFFLINE_KEY: &str = "node/offline-cpus";
+
+/// The node's reported allocations, plus its offline CPUs held as one
+/// exclusive allocation: the scheduler places nothing on them and does not
+/// count them free, while the submission check, which asks whether the
+/// registered machine could ever run a pod, still sees every CPU.
+fn mirror_allocations(node: &Node) -> specs::Allocations {
+    let mut a = node.status.allocations.clone();
+    let offline = node
+        .status
+        .offline_cpus
+        .difference(&a.exclusive_cpus())
+        .difference(&node.spec.settings.reserved_cpus)
+        .difference(&node.spec.topology.reserved_cpus);
+    if !offline.is_empty() {
+        let held = specs::ContainerPlacement {
+            name: "offline".into(),
+            cpu_policy: specs::CpuPolicy::Exclusive,
+            cpus: offline,
+            mems: Default::default(),
+            memory: Default::default(),
+            hugepages: Default::default(),
+            devices: Default::default(),
+        };
+        a.pods.insert(OFFLINE_KEY.into(), specs::Placement { containers: vec![held], ..Default::default() });
+    }
+    a
+}
+
 fn creation_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
     (&a.metadata.creation_timestamp, a.metadata.resource_version, &a.metadata.name).cmp(&(
         &b.metadata.creation_timestamp,
@@ -268,8 +299,7 @@ impl Controller {
         });
         {
             let mut inner = c.lock();
-            let (_, nodes) = store.list::<Node>()?;
-            for node in nodes {
+            for node in store.list::<Node>()?.items {
                 let name = node.metadata.name.clone();
                 let ready = node.status.condition == NodeCondition::Ready;
                 // A restart is not a missed heartbeat: every node gets a fresh grace period.
@@ -279,7 +309,7 @@ impl Controller {
                 );
                 inner.sync_mirror(&name);
             }
-            let (_, mut pods) = store.list::<Pod>()?;
+            let mut pods = store.list::<Pod>()?.items;
             pods.sort_by(creation_order);
             for pod in pods {
                 let name = pod.metadata.name.clone();
@@ -461,7 +491,10 @@ impl Controller {
             return self.node_registered(node);
         };
         let was_ready = n.ready;
-        let truth_changed = reported && n.node.status.allocations != node.status.allocations;
+        // CPUs back online are capacity, as freed ones are.
+        let truth_changed = reported
+            && (n.node.status.allocations != node.status.allocations
+                || n.node.status.offline_cpus != node.status.offline_cpus);
         // The spec (topology, settings) changes only by registering again
         // (`node_registered`); `n.topology` stays shared with the mirror.
         if !reported {
@@ -812,7 +845,7 @@ impl Controller {
             return;
         }
         let pods = match self.store.list::<Pod>() {
-            Ok((_, pods)) => pods,
+            Ok(listed) => listed.items,
             Err(e) => return tracing::error!(error = %e, "cannot list pods"),
         };
         let mine: Vec<String> = pods
@@ -1045,7 +1078,7 @@ impl Inner {
             labels: n.node.metadata.labels.clone(),
             topology: n.topology.clone(),
             settings: n.node.spec.settings.clone(),
-            allocations: n.node.status.allocations.clone(),
+            allocations: mirror_allocations(&n.node),
             ready: n.ready,
         });
     }

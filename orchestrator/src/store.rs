@@ -11,12 +11,12 @@
 //! that a crash could take back.
 //!
 //! Everything lives in one sled tree under key prefixes (`pod/`, `node/`,
-//! `event/`, `log/`, `meta/`) because a sled batch is atomic within one tree.
+//! `event/`, `log/`, `meta/`, `claim/`) because a sled batch is atomic within one tree.
 //! Reads go straight to sled; they may see a batch that is being flushed (not
 //! yet acknowledged), which is the price of not copying the tree.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -43,11 +43,35 @@ pub enum StoreError {
     #[error("cannot encode {key}: {source}")]
     Encode { key: String, source: serde_json::Error },
     #[error("the write was not stored: {0}")]
-    Failed(String),
+    Failed(Arc<StoreError>),
+    /// Checked before every batch, so that sled never meets ENOSPC (it
+    /// poisons itself on a write error until it is opened again).
+    #[error("the data dir {} is full: {available} bytes free, writes need {needed}; free space there and writes resume", dir.display())]
+    DiskFull { dir: PathBuf, available: u64, needed: u64 },
+    /// A batch failed inside sled: sled keeps refusing after a write error,
+    /// and a batch it applied in memory may show in reads without being
+    /// durable, so every later write is refused until the server restarts.
+    #[error("the store under {} refuses writes since a write failed ({cause}); restart the server{}", dir.display(), if *disk_full { " once the data dir has free space (it is full)" } else { "" })]
+    Broken { dir: PathBuf, cause: String, disk_full: bool },
     #[error("the store is closed")]
     Closed,
     #[error("resource version {requested} is too old: changes before {oldest} were compacted; list again and watch from the list's version")]
     Gone { requested: u64, oldest: u64 },
+    #[error("resourceVersion {requested} is newer than the store's current version {current}; list again and watch from the list's version")]
+    Future { requested: u64, current: u64 },
+}
+
+impl StoreError {
+    /// Whether the data dir's file system is full (the API's 507).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::DiskFull { .. } => true,
+            StoreError::Broken { disk_full, .. } => *disk_full,
+            StoreError::Failed(inner) => inner.is_disk_full(),
+            StoreError::Sled(sled::Error::Io(e)) => e.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
 }
 
 /// The kinds of objects stored.
@@ -145,6 +169,10 @@ fn log_key(rv: u64) -> Vec<u8> {
     let mut k = LOG_PREFIX.as_bytes().to_vec();
     k.extend_from_slice(&rv.to_be_bytes());
     k
+}
+
+fn claim_key(space: &str, name: &str) -> Vec<u8> {
+    format!("claim/{space}/{name}").into_bytes()
 }
 
 fn event_prefix(kind: Kind, name: &str) -> String {
@@ -252,6 +280,45 @@ impl Txn<'_> {
         Ok(Some(prev))
     }
 
+    /// Removes a record of `kind` that does not decode, and its events, as
+    /// `delete` would; with no change-log entry, since no watcher could have
+    /// read it. The way out of a record that `list` skips. Returns whether
+    /// there was such a record (a readable one is left alone).
+    pub fn purge_unreadable<T: Object>(&mut self, name: &str) -> Result<bool, StoreError> {
+        let key = object_key(T::KIND, name);
+        let Some(raw) = self.read_raw(&key)? else { return Ok(false) };
+        if let Err(e) = decode::<T>(&key, &raw) {
+            tracing::warn!(key = %String::from_utf8_lossy(&key), reason = %e, "removing a stored record that cannot be decoded");
+            self.writes.insert(key, None);
+            for (k, _) in self.batch.tree.scan_prefix(event_prefix(T::KIND, name)).flatten() {
+                self.writes.insert(k.to_vec(), None);
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Takes `name` in `space` for `holder` for good (a node name at its join):
+    /// true if it was free, or is held by the same non-empty `holder` already
+    /// (a retry). A claim is no object: it has no version and no watcher sees
+    /// it; being in the same batch as the check, two claims never both succeed.
+    pub fn claim(&mut self, space: &str, name: &str, holder: &[u8]) -> Result<bool, StoreError> {
+        let key = claim_key(space, name);
+        if let Some(held) = self.read_raw(&key)? {
+            return Ok(!holder.is_empty() && held.as_slice() == holder);
+        }
+        self.writes.insert(key, Some(holder.to_vec()));
+        Ok(true)
+    }
+
+    /// Frees a claimed name; returns whether it was claimed.
+    pub fn release(&mut self, space: &str, name: &str) -> Result<bool, StoreError> {
+        let key = claim_key(space, name);
+        let held = self.read_raw(&key)?.is_some();
+        self.writes.insert(key, None);
+        Ok(held)
+    }
+
     /// Records an event about an object; keeps the newest few per object.
     pub fn add_event(&mut self, mut event: Event) -> Result<(), StoreError> {
         let kind = match event.involved_object.kind.as_str() {
@@ -295,6 +362,10 @@ struct Shared {
     /// Oldest version still in the change log (watch from `log_start - 1` or later).
     log_start: AtomicU64,
     changes: broadcast::Sender<Arc<Change>>,
+    /// The data dir, named in disk-full errors and checked for free space.
+    dir: PathBuf,
+    /// Set by the first failed batch; see `StoreError::Broken`.
+    broken: std::sync::Mutex<Option<(String, bool)>>,
 }
 
 /// The store handle; cheap to clone.
@@ -314,13 +385,22 @@ pub struct StoreOptions {
     /// server several times larger than its live objects; reads here are mostly
     /// of recent objects, which a small cache holds.
     pub cache_bytes: u64,
+    /// Free bytes the data dir's file system must have for a batch to be
+    /// tried, on top of the batch itself: sled grows its file by whole
+    /// segments and writes its own metadata, and must never hit ENOSPC.
+    pub min_free_bytes: u64,
 }
 
 pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+pub const DEFAULT_MIN_FREE_BYTES: u64 = 4 << 20;
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { log_keep: DEFAULT_LOG_KEEP, cache_bytes: DEFAULT_CACHE_BYTES }
+        StoreOptions {
+            log_keep: DEFAULT_LOG_KEEP,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            min_free_bytes: DEFAULT_MIN_FREE_BYTES,
+        }
     }
 }
 
@@ -333,8 +413,15 @@ impl Store {
         let rv = read_u64(&tree, KEY_RV)?;
         let log_start = read_u64(&tree, KEY_LOG_START)?.max(1);
         let (changes, _) = broadcast::channel(4096);
-        let shared =
-            Arc::new(Shared { db, tree, published: AtomicU64::new(rv), log_start: AtomicU64::new(log_start), changes });
+        let shared = Arc::new(Shared {
+            db,
+            tree,
+            published: AtomicU64::new(rv),
+            log_start: AtomicU64::new(log_start),
+            changes,
+            dir: dir.to_path_buf(),
+            broken: std::sync::Mutex::new(None),
+        });
         let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 4);
         let (closed_tx, closed) = watch::channel(false);
         let committer = shared.clone();
@@ -368,7 +455,7 @@ impl Store {
             }
             Box::new(move |flushed: Result<(), Arc<StoreError>>| {
                 let answer = match (flushed, outcome) {
-                    (Err(e), Ok(_)) => Err(E::from(StoreError::Failed(e.to_string()))),
+                    (Err(e), Ok(_)) => Err(E::from(StoreError::Failed(e))),
                     (_, o) => o,
                 };
                 let _ = tx.send(answer);
@@ -387,15 +474,26 @@ impl Store {
     }
 
     /// Every object of a kind, with the version to watch from to miss nothing.
-    pub fn list<T: Object>(&self) -> Result<(u64, Vec<T>), StoreError> {
+    /// A record that does not decode (written by an older version, or damaged)
+    /// is left out, logged with its key and counted in `Listed::unreadable`:
+    /// one bad record must not stop every list, watch and restart.
+    pub fn list<T: Object>(&self) -> Result<Listed<T>, StoreError> {
         // Read the version first: a change after it is replayed by a watch from it.
         let rv = self.resource_version();
         let mut items = Vec::new();
+        let mut unreadable = 0;
         for kv in self.shared.tree.scan_prefix(T::KIND.prefix()) {
             let (k, v) = kv?;
-            items.push(decode(&k, &v)?);
+            match decode(&k, &v) {
+                Ok(item) => items.push(item),
+                Err(e) => {
+                    let key = String::from_utf8_lossy(&k);
+                    tracing::warn!(%key, reason = %e, "skipping a stored record that cannot be decoded");
+                    unreadable += 1;
+                }
+            }
         }
-        Ok((rv, items))
+        Ok(Listed { rv, items, unreadable })
     }
 
     /// Events about one object, oldest first.
@@ -413,8 +511,14 @@ impl Store {
         self.shared.published.load(Ordering::Acquire)
     }
 
-    /// Changes after version `from`, first from the log, then live.
+    /// Changes after version `from`, first from the log, then live. A version
+    /// the store has not reached is refused: a watch from it would skip every
+    /// change up to it without a word.
     pub fn watch(&self, from: u64) -> Result<Watch, StoreError> {
+        let current = self.resource_version();
+        if from > current {
+            return Err(StoreError::Future { requested: from, current });
+        }
         let rx = self.shared.changes.subscribe();
         let mut w = Watch { shared: self.shared.clone(), rx, last: from, backlog: Default::default() };
         w.refill()?;
@@ -436,6 +540,16 @@ impl Store {
         self.shared.db.flush_async().await?;
         Ok(())
     }
+}
+
+/// What `Store::list` read.
+#[derive(Debug)]
+pub struct Listed<T> {
+    /// The version to watch from to miss nothing after this list.
+    pub rv: u64,
+    pub items: Vec<T>,
+    /// Stored records of this kind left out because they do not decode.
+    pub unreadable: u64,
 }
 
 /// A resumable stream of changes.
@@ -506,6 +620,12 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
             }
         }
         let result = commit_batch(&shared, &mut b, options).map_err(Arc::new);
+        if let Err(e) = &result {
+            if matches!(**e, StoreError::Sled(_)) {
+                let mut broken = shared.broken.lock().unwrap_or_else(|p| p.into_inner());
+                broken.get_or_insert_with(|| (e.to_string(), e.is_disk_full()));
+            }
+        }
         if result.is_ok() {
             rv = b.rv;
             shared.published.store(rv, Ordering::Release);
@@ -513,7 +633,9 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
                 let _ = shared.changes.send(Arc::new(c));
             }
         } else {
-            tracing::error!(error = ?result, "store batch failed; its writes were not acknowledged");
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "store batch failed; its writes were not acknowledged");
+            }
         }
         for reply in replies {
             reply(result.clone());
@@ -528,6 +650,11 @@ fn commit_batch(shared: &Shared, b: &mut Batcher, options: StoreOptions) -> Resu
     if b.overlay.is_empty() {
         return Ok(());
     }
+    if let Some((cause, disk_full)) = shared.broken.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        return Err(StoreError::Broken { dir: shared.dir.clone(), cause, disk_full });
+    }
+    let size: usize = b.overlay.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum();
+    check_space(&shared.dir, options.min_free_bytes.saturating_add(2 * size as u64))?;
     let mut batch = sled::Batch::default();
     for c in &b.changes {
         let bytes =
@@ -553,6 +680,23 @@ fn commit_batch(shared: &Shared, b: &mut Batcher, options: StoreOptions) -> Resu
     shared.tree.apply_batch(batch)?;
     shared.db.flush()?;
     shared.log_start.store(new_start, Ordering::Release);
+    Ok(())
+}
+
+/// Refuses a batch when the data dir's file system has less than `needed`
+/// bytes free for this process (`f_bavail`: what root keeps back is not ours).
+fn check_space(dir: &Path, needed: u64) -> Result<(), StoreError> {
+    let available = match nix::sys::statvfs::statvfs(dir) {
+        Ok(st) => st.blocks_available().saturating_mul(st.fragment_size()),
+        Err(e) => {
+            // Not knowing is no reason to refuse: sled's own error still stops a failed write.
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot read the free space of the data dir");
+            return Ok(());
+        }
+    };
+    if available < needed {
+        return Err(StoreError::DiskFull { dir: dir.to_path_buf(), available, needed });
+    }
     Ok(())
 }
 
@@ -597,10 +741,50 @@ mod tests {
             }
         };
         assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
-        let (rv, pods) = store.list::<Pod>().expect("list");
-        assert_eq!(pods.len(), 20);
-        assert_eq!(rv, *versions.last().expect("some"));
-        assert!(create(&store, "after").await > rv);
+        let listed = store.list::<Pod>().expect("list");
+        assert_eq!(listed.items.len(), 20);
+        assert_eq!(listed.rv, *versions.last().expect("some"));
+        assert!(create(&store, "after").await > listed.rv);
+    }
+
+    /// The free-space check, without filling a disk: a margin no file
+    /// system has refuses every write, clearly and with nothing stored; the
+    /// same data opened with the default margin takes writes again.
+    #[tokio::test]
+    async fn a_write_without_free_space_is_refused_whole_and_names_the_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let before = {
+            let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
+            create(&store, "before").await
+        };
+        let full = StoreOptions { min_free_bytes: u64::MAX, ..StoreOptions::default() };
+        let store = loop {
+            match Store::open(dir.path(), full) {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        };
+        let mut p = pod("refused");
+        let err = match store.write(move |t| -> Result<u64, StoreError> { t.put(&mut p) }).await {
+            Err(e) => e,
+            Ok(rv) => panic!("stored at {rv} without free space"),
+        };
+        assert!(err.is_disk_full(), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&dir.path().display().to_string()) && text.contains("is full"), "{text}");
+        assert!(store.get::<Pod>("refused").expect("get").is_none(), "nothing of it stored");
+        assert_eq!(store.resource_version(), before);
+        // Not a broken store: only the space was missing.
+        assert!(store.shared.broken.lock().map(|b| b.is_none()).unwrap_or(false));
+        drop(store);
+        let store = loop {
+            match Store::open(dir.path(), StoreOptions::default()) {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        };
+        assert!(create(&store, "after").await > before);
+        assert!(store.get::<Pod>("refused").expect("get").is_none());
     }
 
     #[tokio::test]

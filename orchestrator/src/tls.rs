@@ -28,6 +28,18 @@ pub use pinion_client::tls::{
 
 const CA_CN: &str = "pinion-ca";
 
+/// Every certificate's validity, set explicitly rather than left to rcgen's
+/// default: valid from 1975, so that a node or server whose realtime clock is
+/// wrong or jumps back by minutes, hours or days (no NTP yet at boot, a VM
+/// restored from a snapshot) never sees a fresh certificate as "not yet
+/// valid"; and without a practical end, because nothing rotates certificates
+/// yet (a joined node keeps its certificate for life; revoking is deleting the
+/// node). Shortening it belongs with rotation.
+fn set_validity(p: &mut CertificateParams) {
+    p.not_before = rcgen::date_time_ymd(1975, 1, 1);
+    p.not_after = rcgen::date_time_ymd(4096, 1, 1);
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{path}: {source}")]
@@ -99,6 +111,7 @@ fn ca_params() -> Result<CertificateParams, TlsError> {
     p.distinguished_name = dn;
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    set_validity(&mut p);
     Ok(p)
 }
 
@@ -134,6 +147,7 @@ impl Pki {
         p.distinguished_name = dn;
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        set_validity(&mut p);
         if let Some(node) = common_name.strip_prefix(NODE_CN_PREFIX) {
             p.subject_alt_names.push(SanType::DnsName(node.to_string().try_into()?));
             p.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth);
@@ -161,6 +175,7 @@ impl Pki {
         p.distinguished_name = dn;
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        set_validity(&mut p);
         let key = KeyPair::generate()?;
         let cert = p.signed_by(&key, &self.ca_issuer, &self.ca_key)?;
         Ok((cert.pem(), key.serialize_pem()))
@@ -277,6 +292,55 @@ mod tests {
             &std::fs::metadata(dir.path().join("pki/ca.key")).expect("stat").permissions(),
         );
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// Issue 12 (clock jumps): a node or server whose realtime clock jumps
+    /// back (or forward) still accepts the certificates just issued, on both
+    /// sides: the server's certificate as the node checks it, the node's
+    /// client certificate as the server checks it.
+    #[test]
+    fn fresh_certificates_verify_on_clocks_that_jumped() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{ServerName, UnixTime};
+        use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pki, _) = Pki::load_or_create(dir.path()).expect("pki");
+        let ca = pem_cert(&pki.ca_cert_pem, "ca").expect("ca");
+        let roots = || {
+            let mut r = rustls::RootCertStore::empty();
+            r.add(ca.clone()).expect("add the CA");
+            Arc::new(r)
+        };
+        let server_verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots(), provider()).build().expect("verifier");
+        let client_verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots(), provider()).build().expect("verifier");
+        let (server_pem, _) = pki.issue_server(&["127.0.0.1".into(), "pinion.test".into()]).expect("issue");
+        let server = pem_cert(&server_pem, "server").expect("pem");
+        let (node_pem, _) = pki.issue_client("node:edge").expect("issue");
+        let node = pem_cert(&node_pem, "node").expect("pem");
+
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("a clock after 1970");
+        let minute = Duration::from_secs(60);
+        // (how the verifying side's clock is off, seconds since the epoch it reads)
+        let clocks = [
+            ("on time", now),
+            ("10 minutes back", now - 10 * minute),
+            ("10 minutes ahead", now + 10 * minute),
+            ("a day back", now - 24 * 60 * minute),
+            ("ten years ahead", now + 10 * 365 * 24 * 60 * minute),
+        ];
+        for (what, at) in clocks {
+            let at = UnixTime::since_unix_epoch(at);
+            let name = ServerName::try_from("pinion.test").expect("name");
+            server_verifier
+                .verify_server_cert(&server, &[], &name, &[], at)
+                .unwrap_or_else(|e| panic!("{what}: the node refuses the server's certificate: {e}"));
+            client_verifier
+                .verify_client_cert(&node, &[], at)
+                .unwrap_or_else(|e| panic!("{what}: the server refuses the node's certificate: {e}"));
+        }
     }
 
     #[test]

@@ -56,7 +56,8 @@ impl TestServer {
 
     async fn node_client(&self, dir: &Path, name: &str) -> Client {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
+        let joined =
+            Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name, None).await.expect("join");
         let creds = Credentials {
             server: self.url.clone(),
             ca_cert: joined.ca_cert,
@@ -83,7 +84,7 @@ fn topology(numa: u32, cpus: u32) -> NodeTopology {
         }
         t.numa_nodes.push(NumaNode {
             id: n,
-            cpus: ids.into_iter().collect(),
+            cpus: specs::CpuSet::from_ids(ids).expect("ids within MAX_ID"),
             memory_bytes: 64 << 30,
             distances: (0..numa).map(|m| if m == n { 10 } else { 20 }).collect(),
             hugepages: Vec::new(),
@@ -202,20 +203,21 @@ async fn identities_are_enforced() {
     let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).expect("ca");
     let anon = Client::anonymous(&s.url, &ca).expect("anon");
     assert_eq!(api_code(anon.list_pods(None).await), 401);
-    assert_eq!(api_code(anon.join("not-the-token", "edge-1").await), 401);
+    assert_eq!(api_code(anon.join("not-the-token", "edge-1", None).await), 401);
 
     // The URL and the token are enough: the token pins the CA.
     let token = orchestrator::tls::JoinToken::parse(&s.token).expect("token");
     let pin = token.ca_pin.expect("the printed token carries the CA pin");
     assert_eq!(pin, orchestrator::tls::ca_pin(&ca).expect("pin of ca.crt"));
-    let joined = Client::pinned(&s.url, pin).expect("pinned").join(&s.token, "edge-0").await.expect("pinned join");
+    let joined =
+        Client::pinned(&s.url, pin).expect("pinned").join(&s.token, "edge-0", None).await.expect("pinned join");
     assert_eq!(joined.ca_cert.trim(), ca.trim());
     // The bare secret still joins (with --ca).
-    anon.join(&token.secret, "edge-9").await.expect("a bare secret joins");
+    anon.join(&token.secret, "edge-9", None).await.expect("a bare secret joins");
     // Another pin: the handshake fails, so the secret is never sent.
     let mut wrong = pin;
     wrong[0] ^= 1;
-    match Client::pinned(&s.url, wrong).expect("pinned").join(&s.token, "edge-8").await {
+    match Client::pinned(&s.url, wrong).expect("pinned").join(&s.token, "edge-8", None).await {
         Err(orchestrator::client::ClientError::Connect { source, .. }) => {
             assert!(source.to_string().contains("not the one the join token pins"), "{source}")
         }
@@ -227,7 +229,7 @@ async fn identities_are_enforced() {
     // Once a node has registered, the token cannot mint a second identity for it.
     let own = node_object("edge-1", 1, 2);
     n1.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", own))).await.expect("register");
-    assert_eq!(api_code(anon.join(&s.token, "edge-1").await), 409);
+    assert_eq!(api_code(anon.join(&s.token, "edge-1", None).await), 409);
     s.admin.create_pod(manifest("on-1", "  nodeName: edge-1\n")).await.expect("create");
     s.admin.create_pod(manifest("on-2", "  nodeName: edge-2\n")).await.expect("create");
     assert_eq!(n1.get_pod("on-1").await.expect("own pod").metadata.name, "on-1");

@@ -17,7 +17,7 @@ use specs::{NodeTopology, PodPhase};
 
 async fn node_client(url: &str, token: &str, dir: &Path, name: &str) -> Client {
     let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-    let joined = Client::anonymous(url, &ca).expect("anon").join(token, name).await.expect("join");
+    let joined = Client::anonymous(url, &ca).expect("anon").join(token, name, None).await.expect("join");
     let creds = Credentials {
         server: url.to_string(),
         ca_cert: joined.ca_cert,
@@ -31,7 +31,7 @@ async fn node_client(url: &str, token: &str, dir: &Path, name: &str) -> Client {
     }
     topology.numa_nodes.push(NumaNode {
         id: 0,
-        cpus: (0..2).collect(),
+        cpus: specs::CpuSet::range(0, 1).expect("ids within MAX_ID"),
         memory_bytes: 8 << 30,
         distances: vec![10],
         hugepages: Vec::new(),

@@ -126,3 +126,143 @@ async fn http1_is_served_and_a_second_connection_resumes_the_tls_session() {
     let _ = stop.send(true);
     task.await.expect("server task").expect("server");
 }
+
+/// A stream read line by line, each as JSON.
+struct JsonLines {
+    stream: orchestrator::client::ByteStream,
+    buf: Vec<u8>,
+}
+
+impl JsonLines {
+    async fn next(&mut self) -> serde_json::Value {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                return serde_json::from_slice(&line).expect("a JSON line");
+            }
+            let next = tokio::time::timeout(Duration::from_secs(30), self.stream.next()).await.expect("a line in time");
+            self.buf.extend_from_slice(&next.expect("stream").expect("still open"));
+        }
+    }
+}
+
+/// An idle watch that asked for bookmarks carries one every heartbeat, at
+/// the version the watch reached, so a reader can tell a dead stream from a
+/// quiet cluster; one that did not ask (an older client) sees only changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_watch_carries_bookmarks_when_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ServerOptions::new(dir.path(), "127.0.0.1:0");
+    opts.api.liveness = specs::api::Liveness { heartbeat: Duration::from_millis(100) };
+    let server = Server::bind(opts).await.expect("bind");
+    let client = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("client");
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(server.run(rx));
+    let manifest = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  containers:\n  - name: main\n    image: busybox\n";
+    let (_, a) = client.create_pod(Bytes::from(manifest)).await.expect("create");
+    let version = a.metadata.resource_version.expect("a version");
+
+    let path = "/api/v1/pods?watch=true&resourceVersion=0";
+    let stream = client.get_stream(&format!("{path}&allowWatchBookmarks=true")).await.expect("watch");
+    let mut asked = JsonLines { stream, buf: Vec::new() };
+    let mut old = JsonLines { stream: client.get_stream(path).await.expect("watch"), buf: Vec::new() };
+    // The changes so far (the create, the scheduler's verdict), then a bookmark
+    // at least as new as every one of them.
+    let mut newest = 0;
+    let bookmark = loop {
+        let line = asked.next().await;
+        if line["type"] == "BOOKMARK" {
+            break line;
+        }
+        newest = newest.max(line["object"]["metadata"]["resourceVersion"].as_u64().expect("a version"));
+    };
+    let reached = bookmark["object"]["metadata"]["resourceVersion"].as_u64().expect("the bookmark's version");
+    assert!(reached >= newest && newest >= version, "{bookmark} after version {newest}");
+    // Heartbeats later, the old client has seen only changes, up to the delete.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.delete_pod("a").await.expect("delete");
+    loop {
+        let line = old.next().await;
+        assert_ne!(line["type"], "BOOKMARK", "a bookmark to a watcher that did not ask");
+        if line["type"] == "DELETED" {
+            break;
+        }
+    }
+
+    let _ = stop.send(true);
+    task.await.expect("server task").expect("server");
+}
+
+/// The server's accept loop serves at most `max_connections` at once: a
+/// third connection waits for a slot instead of costing a task and buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_serves_at_most_its_connection_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ServerOptions::new(dir.path(), "127.0.0.1:0");
+    opts.api.max_connections = 2;
+    let server = Server::bind(opts).await.expect("bind");
+    let addr = server.local_addr();
+    let client = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("client");
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(server.run(rx));
+    // Two connections that never start TLS hold both slots.
+    let hogs = [TcpStream::connect(addr).await.expect("first"), TcpStream::connect(addr).await.expect("second")];
+    let call = tokio::spawn(async move { client.list_pods(None).await.map(|l| l.items.len()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!call.is_finished(), "a third connection was served while two held the slots");
+    drop(hogs);
+    assert_eq!(call.await.expect("call task").expect("served once a slot is free"), 0);
+    let _ = stop.send(true);
+    task.await.expect("server task").expect("server");
+}
+
+/// A peer that sends a stream line without end: the client refuses it once
+/// it passes the cap (a clear error, the stream dropped) instead of
+/// buffering it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_line_longer_than_the_cap_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pki, _) = orchestrator::tls::Pki::load_or_create(dir.path()).expect("pki");
+    let mut tls = pki.server_config(&["127.0.0.1".to_string()]).expect("server tls");
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    tokio::spawn(async move {
+        let Ok((tcp, _)) = listener.accept().await else { return };
+        let Ok(mut s) = acceptor.accept(tcp).await else { return };
+        let mut head = Vec::new();
+        let mut b = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&b[..n]),
+            }
+        }
+        let reply = "HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n";
+        if s.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+        // 64 MiB of one line, then silence with the connection open.
+        let chunk = format!("{:x}\r\n{}\r\n", 1 << 16, "x".repeat(1 << 16));
+        for _ in 0..1024 {
+            if s.write_all(chunk.as_bytes()).await.is_err() {
+                return;
+            }
+            counter.fetch_add(1 << 16, Ordering::SeqCst);
+        }
+        std::future::pending::<()>().await;
+    });
+    let creds = pki.credentials(&format!("https://{addr}"), "admin").expect("credentials");
+    let client = Client::new(&creds).expect("client");
+    let mut watch = client.watch_pods(None, None, Some(0)).await.expect("the reply's head");
+    let next = tokio::time::timeout(Duration::from_secs(60), watch.next()).await.expect("refused in time");
+    match next {
+        Err(orchestrator::client::ClientError::LineTooLong(e)) => assert_eq!(e.max, specs::api::MAX_STREAM_LINE),
+        other => panic!("expected LineTooLong, got {:?}", other.map(|o| o.map(|(t, _)| t))),
+    }
+    assert!(sent.load(Ordering::SeqCst) < 64 << 20, "the client stopped reading before the line's end");
+}

@@ -66,7 +66,8 @@ impl TestServer {
 
     async fn join(&self, dir: &Path, name: &str) -> Credentials {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        let joined = Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name).await.expect("join");
+        let joined =
+            Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name, None).await.expect("join");
         Credentials {
             server: self.url.clone(),
             ca_cert: joined.ca_cert,
@@ -85,7 +86,7 @@ impl TestServer {
         }
         t.numa_nodes.push(NumaNode {
             id: 0,
-            cpus: (0..cpus).collect(),
+            cpus: specs::CpuSet::from_ids(0..cpus).expect("ids within MAX_ID"),
             memory_bytes: 64 << 30,
             distances: vec![10],
             hugepages: Vec::new(),
@@ -391,5 +392,49 @@ async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_i
     assert_eq!(unaided("a bound", next_bound(&mut w)).await.metadata.name, "a");
     report(&node, "one", &mut epoch, &[], &[("a", "Succeeded")]).await;
     assert_eq!(unaided("b bound", next_bound(&mut w)).await.metadata.name, "b");
+    s.stop().await;
+}
+
+/// Issue 12 (a CPU going offline under the agent): CPUs a node reports
+/// offline are not the scheduler's to place on; once they are reported back,
+/// the pod waiting for them is bound (the report is the event, no timer).
+#[tokio::test(start_paused = true)]
+async fn cpus_a_node_reports_offline_are_not_scheduled_until_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "two", 2).await;
+    let status = |epoch: u64, offline: &str| {
+        let body = serde_json::json!({
+            "nodeName": "two",
+            "allocations": {"epoch": epoch, "pods": {}},
+            "pods": {},
+            "offlineCpus": specs::CpuSet::parse_list(offline).expect("cpus"),
+        });
+        Bytes::from(serde_json::to_vec(&body).expect("encode"))
+    };
+    let put = |body: Bytes| {
+        let node = node.clone();
+        async move {
+            node.call::<NodeStatus>(Method::PUT, "/api/v1/nodes/two/status", Some(("application/json", body)))
+                .await
+                .expect("report")
+        }
+    };
+    let (_, shown) = put(status(1, "0-1")).await;
+    assert_eq!(
+        shown.offline_cpus,
+        specs::CpuSet::range(0, 1).expect("cpus"),
+        "the node's status keeps what it reported"
+    );
+    assert!(shown.numa.iter().all(|z| z.free_cpus.is_empty()), "offline CPUs are not free: {:?}", shown.numa);
+
+    let mut w = s.watch_from_now().await;
+    s.create("p", "", "").await;
+    until_reason(&s, "p", "Unschedulable").await;
+
+    // Same allocations: the CPUs coming back is the event on its own.
+    put(status(1, "")).await;
+    let bound = unaided("p bound once the CPUs are back", next_bound(&mut w)).await;
+    assert_eq!(bound.spec.node_name.as_deref(), Some("two"));
     s.stop().await;
 }

@@ -4,19 +4,25 @@
 //! word vector, not a `BTreeSet`. On the wire a set is a sorted array of integers;
 //! on the command line and in cgroup files it is the Linux cpulist syntax
 //! (`0-3,8,10-11`).
+//!
+//! A set holds ids `0..=MAX_ID` and no others: every way in that takes an id
+//! (`insert`, `from_ids`, `single`, `range`, the parsers, deserialization)
+//! refuses a larger one with an error, so a set is never larger than
+//! `MAX_ID / 8 + 1` bytes, and whatever a set holds serializes and reads back.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Largest id a set accepts. Linux's `NR_CPUS` tops out at 8192.
-pub const MAX_ID: u32 = 8191;
+/// Largest id a set accepts (the shared limit: see `limits`).
+pub use crate::limits::MAX_ID;
 
 /// A set of ids. `CpuSet` and `NumaSet` are the names used in the field.
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IdSet {
-    // Invariant: no trailing zero words, so derived equality is set equality.
+    // Invariants: no trailing zero words, so derived equality is set equality;
+    // no id above MAX_ID, so at most MAX_ID / 64 + 1 words.
     words: Vec<u64>,
 }
 
@@ -29,6 +35,8 @@ pub type NumaSet = IdSet;
 pub enum IdSetError {
     #[error("invalid list {input:?}: {reason}")]
     Invalid { input: String, reason: String },
+    #[error("id {id} is larger than {MAX_ID}")]
+    TooLarge { id: u32 },
 }
 
 impl IdSet {
@@ -36,29 +44,51 @@ impl IdSet {
         IdSet { words: Vec::new() }
     }
 
-    pub fn from_ids<I: IntoIterator<Item = u32>>(ids: I) -> Self {
+    /// The set of `ids`; refused if one is larger than `MAX_ID`.
+    pub fn from_ids<I: IntoIterator<Item = u32>>(ids: I) -> Result<Self, IdSetError> {
         let mut s = IdSet::new();
         for id in ids {
-            s.insert(id);
+            s.insert(id)?;
         }
-        s
+        Ok(s)
     }
 
-    /// The set `lo..=hi`.
-    pub fn range(lo: u32, hi: u32) -> Self {
+    /// The set `lo..=hi` (empty when `lo > hi`); refused if `hi` is larger than `MAX_ID`.
+    pub fn range(lo: u32, hi: u32) -> Result<Self, IdSetError> {
+        if hi > MAX_ID && lo <= hi {
+            return Err(IdSetError::TooLarge { id: hi });
+        }
         IdSet::from_ids(lo..=hi)
     }
 
-    pub fn single(id: u32) -> Self {
+    pub fn single(id: u32) -> Result<Self, IdSetError> {
         IdSet::from_ids([id])
     }
 
-    pub fn insert(&mut self, id: u32) {
+    /// Adds `id`; refused (the set unchanged) if it is larger than `MAX_ID`,
+    /// since a set's words grow to fit its largest id.
+    pub fn insert(&mut self, id: u32) -> Result<(), IdSetError> {
+        if id > MAX_ID {
+            return Err(IdSetError::TooLarge { id });
+        }
         let (w, b) = ((id / 64) as usize, id % 64);
         if self.words.len() <= w {
             self.words.resize(w + 1, 0);
         }
         self.words[w] |= 1 << b;
+        Ok(())
+    }
+
+    /// The ids of this set for which `keep` is true (a subset, so never refused).
+    pub fn filter(&self, mut keep: impl FnMut(u32) -> bool) -> IdSet {
+        let mut s = self.clone();
+        for id in self.iter() {
+            if !keep(id) {
+                s.words[(id / 64) as usize] &= !(1 << (id % 64));
+            }
+        }
+        s.trim();
+        s
     }
 
     pub fn remove(&mut self, id: u32) {
@@ -176,11 +206,10 @@ impl IdSet {
                     if lo > hi {
                         return Err(bad(format!("range {lo}-{hi} is reversed")));
                     }
-                    for id in lo..=hi {
-                        s.insert(id);
-                    }
+                    let range = IdSet::range(lo, hi).map_err(|e| bad(e.to_string()))?;
+                    s.union_with(&range);
                 }
-                None => s.insert(num(part)?),
+                None => s.insert(num(part)?).map_err(|e| bad(e.to_string()))?,
             }
         }
         Ok(s)
@@ -205,7 +234,7 @@ impl IdSet {
                     if id > u64::from(MAX_ID) {
                         return Err(bad(format!("bit {id} is larger than {MAX_ID}")));
                     }
-                    s.insert(id as u32);
+                    s.insert(id as u32).map_err(|e| bad(e.to_string()))?;
                 }
             }
         }
@@ -257,12 +286,6 @@ impl fmt::Debug for IdSet {
     }
 }
 
-impl FromIterator<u32> for IdSet {
-    fn from_iter<T: IntoIterator<Item = u32>>(iter: T) -> Self {
-        IdSet::from_ids(iter)
-    }
-}
-
 impl Serialize for IdSet {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(self.iter())
@@ -271,11 +294,22 @@ impl Serialize for IdSet {
 
 impl<'de> Deserialize<'de> for IdSet {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let ids = Vec::<u32>::deserialize(d)?;
-        if let Some(bad) = ids.iter().find(|&&id| id > MAX_ID) {
-            return Err(serde::de::Error::custom(format!("id {bad} is larger than {MAX_ID}")));
+        // Checked id by id as they arrive, so a hostile array never grows the set.
+        struct Ids;
+        impl<'de> serde::de::Visitor<'de> for Ids {
+            type Value = IdSet;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "an array of ids from 0 to {MAX_ID}")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<IdSet, A::Error> {
+                let mut s = IdSet::new();
+                while let Some(id) = seq.next_element::<u32>()? {
+                    s.insert(id).map_err(serde::de::Error::custom)?;
+                }
+                Ok(s)
+            }
         }
-        Ok(IdSet::from_ids(ids))
+        d.deserialize_seq(Ids)
     }
 }
 
@@ -319,23 +353,48 @@ mod tests {
 
     #[test]
     fn set_algebra() {
-        let a = IdSet::range(0, 69);
-        let b = IdSet::range(64, 127);
-        assert_eq!(a.intersection(&b), IdSet::range(64, 69));
-        assert_eq!(a.difference(&b), IdSet::range(0, 63));
-        assert_eq!(a.union(&b), IdSet::range(0, 127));
-        assert!(IdSet::range(64, 69).is_subset(&a));
+        let r = |lo, hi| IdSet::range(lo, hi).unwrap();
+        let a = r(0, 69);
+        let b = r(64, 127);
+        assert_eq!(a.intersection(&b), r(64, 69));
+        assert_eq!(a.difference(&b), r(0, 63));
+        assert_eq!(a.union(&b), r(0, 127));
+        assert!(r(64, 69).is_subset(&a));
         assert!(!a.is_disjoint(&b));
         // Trailing empty words must not break equality.
-        assert_eq!(b.difference(&IdSet::range(0, 127)), IdSet::new());
+        assert_eq!(b.difference(&r(0, 127)), IdSet::new());
+        assert_eq!(a.filter(|id| id >= 64), r(64, 69));
+        assert_eq!(a.filter(|id| id < 3), r(0, 2));
     }
 
     #[test]
     fn serde_is_a_sorted_array() {
-        let s = IdSet::from_ids([5, 1, 3]);
+        let s = IdSet::from_ids([5, 1, 3]).unwrap();
         assert_eq!(serde_json::to_string(&s).unwrap(), "[1,3,5]");
         let back: IdSet = serde_json::from_str("[3,1,5]").unwrap();
         assert_eq!(back, s);
         assert!(serde_json::from_str::<IdSet>("[9999]").is_err());
+    }
+
+    /// Capacity is part of the type: no way in takes an id above MAX_ID, and
+    /// every set that exists reads back from what it serializes to.
+    #[test]
+    fn no_way_in_takes_an_id_beyond_the_capacity() {
+        let too_large = IdSetError::TooLarge { id: 4_000_000_000 };
+        let mut s = IdSet::single(MAX_ID).unwrap();
+        assert_eq!(s.insert(4_000_000_000), Err(too_large.clone()));
+        assert_eq!(s.insert(MAX_ID + 1), Err(IdSetError::TooLarge { id: MAX_ID + 1 }));
+        assert_eq!(s, IdSet::single(MAX_ID).unwrap(), "a refused insert leaves the set as it was");
+        assert_eq!(IdSet::single(4_000_000_000), Err(too_large.clone()));
+        assert_eq!(IdSet::from_ids([1, 4_000_000_000]), Err(too_large));
+        assert_eq!(IdSet::range(0, MAX_ID + 1), Err(IdSetError::TooLarge { id: MAX_ID + 1 }));
+        assert_eq!(IdSet::range(5, 4), Ok(IdSet::new()));
+        assert!(IdSet::parse_list("0-4000000000").is_err());
+        assert!(IdSet::parse_mask(&format!("1{}", ",00000000".repeat(256))).is_err());
+        let e = serde_json::from_str::<IdSet>("[1,4000000000]").unwrap_err().to_string();
+        assert!(e.contains("4000000000 is larger than 8191"), "{e}");
+        let full = IdSet::range(0, MAX_ID).unwrap();
+        let back: IdSet = serde_json::from_str(&serde_json::to_string(&full).unwrap()).unwrap();
+        assert_eq!(back, full);
     }
 }

@@ -73,12 +73,23 @@ pub struct PciDevice {
 }
 
 impl NodeTopology {
+    /// Every CPU of the machine. A CPU id beyond `MAX_ID` is left out:
+    /// `validate::validate_topology` refuses such a topology on the way in.
     pub fn all_cpus(&self) -> CpuSet {
-        self.cpus.iter().map(|c| c.id).collect()
+        let mut s = CpuSet::new();
+        for c in &self.cpus {
+            let _ = s.insert(c.id);
+        }
+        s
     }
 
+    /// The NUMA node ids; one beyond `MAX_ID` is left out, as in `all_cpus`.
     pub fn numa_ids(&self) -> NumaSet {
-        self.numa_nodes.iter().map(|n| n.id).collect()
+        let mut s = NumaSet::new();
+        for n in &self.numa_nodes {
+            let _ = s.insert(n.id);
+        }
+        s
     }
 
     pub fn numa_node(&self, id: u32) -> Option<&NumaNode> {
@@ -101,6 +112,21 @@ impl NodeTopology {
         s.sort_unstable();
         s.dedup();
         s.len()
+    }
+
+    /// The machine without `cpus` (CPUs taken offline while it runs): what
+    /// may be placed on meanwhile. The NUMA nodes stay, with their memory.
+    pub fn without_cpus(&self, cpus: &CpuSet) -> NodeTopology {
+        let mut t = self.clone();
+        if cpus.is_empty() {
+            return t;
+        }
+        t.cpus.retain(|c| !cpus.contains(c.id));
+        for n in &mut t.numa_nodes {
+            n.cpus.difference_with(cpus);
+        }
+        t.reserved_cpus.difference_with(cpus);
+        t
     }
 
     /// Distance between two NUMA node ids (10 for local when the table is absent).

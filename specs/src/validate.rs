@@ -24,28 +24,17 @@ impl std::fmt::Display for FieldError {
     }
 }
 
-/// DNS-1123 label length (Kubernetes).
-pub const MAX_NAME_LEN: usize = 63;
-/// Containers per pod: far above any real pod, low enough to bound engine work.
-pub const MAX_CONTAINERS: usize = 64;
-/// Env vars per container.
-pub const MAX_ENV: usize = 1024;
-/// Command plus args entries per container.
-pub const MAX_ARGS: usize = 4096;
-/// Bytes of one command/arg/env value/working dir.
-pub const MAX_STRING_LEN: usize = 128 * 1024;
-/// Total bytes of all annotation keys and values (Kubernetes: 256 KiB).
-pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
-/// Labels and nodeSelector entries per pod.
-pub const MAX_LABELS: usize = 256;
-/// Longest `spec.ttlSecondsAfterFinished` (a year), so that a deadline is always representable.
-pub const MAX_TTL_SECONDS: u64 = 365 * 24 * 3600;
-/// Image reference length.
-pub const MAX_IMAGE_LEN: usize = 255;
-/// Absurd-quantity bounds: 4096 CPUs, 1 PiB of memory or hugepages, 1M devices.
-pub const MAX_CPU_NANOS: i128 = 4096 * 1_000_000_000;
-pub const MAX_MEMORY_NANOS: i128 = (1i128 << 50) * 1_000_000_000;
-pub const MAX_DEVICE_NANOS: i128 = 1_000_000 * 1_000_000_000;
+pub use crate::limits::{
+    MAX_ANNOTATIONS_BYTES, MAX_ARGS, MAX_CONTAINERS, MAX_CPUS, MAX_DEVICES, MAX_ENV, MAX_HUGEPAGE_BYTES, MAX_IMAGE_LEN,
+    MAX_LABELS, MAX_NAME_LEN, MAX_NODE_MEMORY_BYTES, MAX_NUMA_NODES, MAX_POD_MEMORY_BYTES, MAX_STRING_LEN,
+    MAX_TTL_SECONDS,
+};
+
+/// The request bounds in nano-units (a `Quantity`'s scale): no node can hold more.
+const NANO: i128 = 1_000_000_000;
+pub const MAX_CPU_NANOS: i128 = MAX_CPUS as i128 * NANO;
+pub const MAX_MEMORY_NANOS: i128 = MAX_POD_MEMORY_BYTES as i128 * NANO;
+pub const MAX_DEVICE_NANOS: i128 = MAX_DEVICES as i128 * NANO;
 
 struct Errs(Vec<FieldError>);
 
@@ -53,6 +42,47 @@ impl Errs {
     fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
         self.0.push(FieldError { field: field.into(), message: message.into() });
     }
+}
+
+/// The rule for names in request paths, node names and join requests: they
+/// become store keys, certificate names, cgroup and file names. Node names come
+/// from host names, so dots are allowed; a pod's name is stricter (a DNS-1123
+/// label, `validate_pod`). Both are at most `MAX_NAME_LEN` long.
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Some(format!("must be at most {MAX_NAME_LEN} characters (has {})", name.len()));
+    }
+    if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.') {
+        return Some("must consist of lower-case letters, digits, '-' and '.'".into());
+    }
+    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
+        return Some("must start and end with a letter or digit".into());
+    }
+    None
+}
+
+/// Every problem in a node's registration: its header, name, labels and topology
+/// (field paths as in the `Node` object, `spec.topology.cpus[3].numa`).
+pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
+    let mut e = Errs(Vec::new());
+    if node.api_version != API_VERSION {
+        e.push("apiVersion", format!("must be {API_VERSION:?}, got {:?}", node.api_version));
+    }
+    if node.kind != "Node" {
+        e.push("kind", format!("must be \"Node\", got {:?}", node.kind));
+    }
+    if let Some(p) = name_problem(&node.metadata.name) {
+        e.push("metadata.name", p);
+    }
+    check_string_map(&mut e, "metadata.labels", &node.metadata.labels);
+    for t in validate_topology(&node.spec.topology) {
+        e.push(format!("spec.topology.{}", t.field), t.message);
+    }
+    e.0
 }
 
 /// True for a DNS-1123 label: 1..=63 chars of `[a-z0-9-]`, alphanumeric at both ends.
@@ -366,9 +396,9 @@ fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
                 continue;
             }
             let (max, what) = match kind {
-                ResKind::Cpu => (MAX_CPU_NANOS, "4096 CPUs"),
-                ResKind::Memory | ResKind::Hugepages => (MAX_MEMORY_NANOS, "1Pi bytes"),
-                ResKind::Device => (MAX_DEVICE_NANOS, "1000000"),
+                ResKind::Cpu => (MAX_CPU_NANOS, format!("{MAX_CPUS} CPUs, more than any node has")),
+                ResKind::Memory | ResKind::Hugepages => (MAX_MEMORY_NANOS, "1Pi bytes".to_string()),
+                ResKind::Device => (MAX_DEVICE_NANOS, format!("{MAX_DEVICES} devices, more than any node has")),
             };
             if q.nanos() > max {
                 e.push(f.clone(), format!("{q} is more than {what}"));
@@ -440,14 +470,6 @@ fn validate_resources(e: &mut Errs, p: &str, c: &Container) {
     }
 }
 
-/// Most NUMA nodes a topology may have (the engine never enumerates subsets).
-pub const MAX_NUMA_NODES: usize = 1024;
-/// Most memory (or hugepage bytes of one size) per NUMA node: 64 PiB, so that a
-/// sum over `MAX_NUMA_NODES` nodes never overflows a u64.
-pub const MAX_NODE_MEMORY_BYTES: u64 = 1 << 56;
-/// Largest hugepage size accepted (16 GiB is the largest any CPU offers).
-pub const MAX_HUGEPAGE_BYTES: u64 = 16 << 30;
-
 /// Internal consistency of a topology. The admission engine relies on this: a
 /// topology that passes never makes it panic (ids are bounded, cross-references
 /// resolve, sums cannot overflow).
@@ -502,9 +524,11 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
         if i > 0 && t.numa_nodes[i - 1].id >= n.id {
             e.push(format!("{p}.id"), "NUMA node ids must be unique and sorted ascending");
         }
-        // Ids beyond MAX_ID are reported above; a set holding one would be
-        // hundreds of MiB (found by fuzzing), so they stay out of every set here.
-        let claimed: CpuSet = t.cpus.iter().filter(|c| c.numa == n.id && c.id <= MAX_ID).map(|c| c.id).collect();
+        // Ids beyond MAX_ID are reported above; left out here.
+        let claimed = t.cpus.iter().filter(|c| c.numa == n.id).fold(CpuSet::new(), |mut s, c| {
+            let _ = s.insert(c.id);
+            s
+        });
         if n.cpus != claimed {
             e.push(format!("{p}.cpus"), format!("is {} but the cpus on node {} are {}", n.cpus, n.id, claimed));
         }
@@ -536,8 +560,8 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
             }
         }
     }
-    let all: CpuSet = t.cpus.iter().map(|c| c.id).filter(|&id| id <= MAX_ID).collect();
-    let outside: CpuSet = t.reserved_cpus.iter().filter(|c| !all.contains(*c)).collect();
+    let all = t.all_cpus();
+    let outside = t.reserved_cpus.filter(|c| !all.contains(c));
     if !outside.is_empty() {
         e.push("reservedCpus", format!("{outside} are not cpus of this machine"));
     }
@@ -770,10 +794,17 @@ spec:
             ),
             (
                 Box::new(|p| {
-                    c0(p).resources.requests.insert("cpu".into(), q("5000"));
-                    c0(p).resources.limits.insert("cpu".into(), q("5000"));
+                    c0(p).resources.requests.insert("cpu".into(), q("8193"));
+                    c0(p).resources.limits.insert("cpu".into(), q("8193"));
                 }),
                 vec!["spec.containers[0].resources.requests.cpu", "spec.containers[0].resources.limits.cpu"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("8192"));
+                    c0(p).resources.limits.insert("cpu".into(), q("8192"));
+                }),
+                vec![],
             ),
             (
                 Box::new(|p| {

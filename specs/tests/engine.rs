@@ -127,6 +127,12 @@ fn check(c: Case) {
             // Never a reserved CPU among exclusive ones, never a CPU given twice.
             let reserved = c.settings.reserved_cpus.union(&c.machine.reserved_cpus);
             for x in &p.containers {
+                // Memory is never bound to a node that has none.
+                for n in x.mems.iter() {
+                    let node = c.machine.numa_node(n).unwrap_or_else(|| panic!("{}: mems names node {n}", c.name));
+                    let has_memory = node.memory_bytes > 0 || node.hugepages.iter().any(|h| h.total > 0);
+                    assert!(has_memory, "{}: container {} bound to node {n}, which has no memory", c.name, x.name);
+                }
                 if x.cpu_policy == CpuPolicy::Exclusive {
                     assert!(x.cpus.is_disjoint(&reserved), "{}: reserved CPU handed out", c.name);
                     assert!(x.cpus.is_disjoint(&alloc.pinned_cpus()), "{}: CPU given twice", c.name);
@@ -758,4 +764,56 @@ fn cpuset_type_round_trip_is_what_plan_prints() {
     // The CLI prints CPU lists as sorted arrays; the engine's CpuSet serializes so.
     let s: CpuSet = "3,1-2".parse().expect("test input");
     assert_eq!(serde_json::to_string(&s).expect("test input"), "[1,2,3]");
+}
+
+/// Two NUMA nodes of four CPUs; node 1 has CPUs but no memory (issue 12,
+/// hole 8: an online node may have CPUs and no memory).
+fn memoryless_node_1() -> NodeTopology {
+    let mut t = machine("pack:1 numa:2 core:4 pu:1");
+    t.numa_nodes[1].memory_bytes = 0;
+    t
+}
+
+#[test]
+fn memory_is_never_bound_to_a_node_without_memory() {
+    let numa_ctr = |cpu: &str| ctr("c", &[("cpu", cpu)], false, Some(CpuPolicy::Numa));
+    let mut cases = vec![
+        Case {
+            machine: memoryless_node_1(),
+            ..case(
+                "guaranteed, the only free CPUs on the memoryless node: memory from node 0",
+                "pack:1 numa:2 core:4 pu:1",
+                settings(BestEffort),
+                pod("p", vec![gctr("c", "1", "1Gi")]),
+                Admit("0-1", &[("4", "0")]),
+            )
+        },
+        Case {
+            machine: memoryless_node_1(),
+            ..case(
+                "a numa container on the memoryless node binds the nearest node with memory",
+                "pack:1 numa:2 core:4 pu:1",
+                settings(NoPolicy),
+                pod("p", vec![numa_ctr("1")]),
+                Admit("0-1", &[("4-7", "0")]),
+            )
+        },
+        Case {
+            machine: memoryless_node_1(),
+            ..case(
+                "single-numa-node: no node has both the CPU and the memory",
+                "pack:1 numa:2 core:4 pu:1",
+                settings(SingleNumaNode),
+                pod("p", vec![gctr("c", "1", "1Gi")]),
+                Reject(RejectReason::TopologyAffinity, ""),
+            )
+        },
+    ];
+    for c in &mut cases {
+        // Node 0's CPUs are all held exclusively, so CPUs come from node 1 only.
+        taken(&mut c.allocations, "0-3", &[], &[]);
+    }
+    for c in cases {
+        check(c);
+    }
 }

@@ -80,7 +80,7 @@ fn scope_strategy() -> impl Strategy<Value = TopologyScope> {
 fn settings_strategy() -> impl Strategy<Value = NodeSettings> {
     (policy_strategy(), scope_strategy(), any::<[bool; 4]>(), proptest::collection::vec(0u32..64, 0..4)).prop_map(
         |(policy, scope, b, reserved)| NodeSettings {
-            reserved_cpus: CpuSet::from_ids(reserved),
+            reserved_cpus: CpuSet::from_ids(reserved).expect("ids below 64"),
             topology_policy: policy,
             topology_scope: scope,
             cpu_manager: CpuManagerOptions {
@@ -129,7 +129,8 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
                 prop_assert!(c.cpus.is_disjoint(&reserved), "reserved CPU handed out: {:?}", c.cpus);
                 prop_assert!(c.cpus.is_disjoint(&before), "CPU given twice: {:?} vs {:?}", c.cpus, before);
                 if effective == TopologyPolicy::SingleNumaNode {
-                    let nodes: CpuSet = c.cpus.iter().filter_map(|id| t.cpu(id)).map(|x| x.numa).collect();
+                    let nodes =
+                        CpuSet::from_ids(c.cpus.iter().filter_map(|id| t.cpu(id)).map(|x| x.numa)).expect("small ids");
                     prop_assert!(nodes.len() <= 1, "single-numa-node spans {:?}", nodes);
                     pod_nodes.union_with(&nodes);
                 }
@@ -193,7 +194,7 @@ proptest! {
             .into_iter()
             .map(|(id, memory_bytes, distances)| NumaNode {
                 id,
-                cpus: cpus.iter().filter(|c| c.numa == id).map(|c| c.id).collect(),
+                cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == id).map(|c| c.id)).expect("small ids"),
                 memory_bytes,
                 distances,
                 hugepages: vec![],

@@ -123,10 +123,10 @@ pub struct RunArgs {
     pub rescan_seconds: u64,
 }
 
-pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Some(AgentCommand::Status(s)) => status(s),
-        None => run_agent(*args.run).await,
+        None => run_agent(*args.run, g.liveness()).await,
     }
 }
 
@@ -211,8 +211,8 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let config = daemon_config(args)?;
+async fn run_agent(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Result<ExitCode> {
+    let config = daemon_config(args, liveness)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let node = tokio::spawn(nodelet::daemon::run(config, stop_rx));
     tokio::pin!(node);
@@ -236,7 +236,7 @@ async fn run_agent(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The node daemon's configuration from the flags (also used by `pinion up`).
-pub fn daemon_config(args: RunArgs) -> anyhow::Result<DaemonConfig> {
+pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Result<DaemonConfig> {
     let mut labels = BTreeMap::new();
     for l in &args.labels {
         let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
@@ -253,6 +253,7 @@ pub fn daemon_config(args: RunArgs) -> anyhow::Result<DaemonConfig> {
     let node_name = args.node_name.clone().unwrap_or_else(host_name);
     let mut agent = AgentConfig::new(node_name, args.data_dir, topology, settings);
     agent.device_nodes = device_nodes;
+    agent.sysfs_root = args.topology.sysfs_source();
     let runtime = match args.runtime {
         RuntimeKind::Hollow => RuntimeChoice::Hollow,
         // The shim is this same binary (`pinion shim`), re-executed per container.
@@ -267,6 +268,8 @@ pub fn daemon_config(args: RunArgs) -> anyhow::Result<DaemonConfig> {
         labels,
         endpoint_listen: args.endpoint_listen,
         advertise_address: args.advertise_address,
+        liveness,
+        endpoint_max_connections: nodelet::endpoint::EndpointConfig::default().max_connections,
     });
     let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
     Ok(DaemonConfig { agent, runtime, manifests, join })

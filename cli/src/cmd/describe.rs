@@ -120,6 +120,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let _ = writeln!(out, "Name:        {}", n.metadata.name);
             let _ = writeln!(out, "Condition:   {:?}", n.status.condition);
             let _ = writeln!(out, "Last report: {}", n.status.last_report.as_deref().unwrap_or("-"));
+            if !n.status.offline_cpus.is_empty() {
+                let _ = writeln!(out, "Offline:     CPUs {} (not handed out until back online)", n.status.offline_cpus);
+            }
             let _ = writeln!(
                 out,
                 "Topology:    {} sockets, {} NUMA nodes, {} cores, {} CPUs",

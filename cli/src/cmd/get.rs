@@ -154,9 +154,11 @@ fn node_row(n: &Node, wide: bool) -> Vec<String> {
     let free: usize = n.status.numa.iter().map(|z| z.free_cpus.len()).sum();
     let mut row = vec![
         n.metadata.name.clone(),
-        match n.status.condition {
-            NodeCondition::Ready => "Ready".into(),
-            NodeCondition::NotReady => "NotReady".into(),
+        match (n.status.condition, n.status.offline_cpus.is_empty()) {
+            (NodeCondition::Ready, true) => "Ready".into(),
+            (NodeCondition::NotReady, true) => "NotReady".into(),
+            // As kubectl's "Ready,SchedulingDisabled".
+            (c, false) => format!("{c:?},CpusOffline"),
         },
         t.cpus.len().to_string(),
         free.to_string(),
@@ -260,6 +262,31 @@ fn without_age(mut row: Vec<String>) -> Vec<String> {
 
 const AGE_COLUMN: usize = 4;
 
+/// Tries to reopen a dead watch before `get -w` gives up.
+const RESUMES: u32 = 8;
+
+/// Reopens the pod watch from `from`, retrying (with a growing pause) while
+/// the server cannot be reached.
+async fn resume_watch(
+    client: &orchestrator::client::Client,
+    selector: Option<&str>,
+    from: u64,
+) -> anyhow::Result<orchestrator::client::PodWatch> {
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match client.watch_pods(None, selector, Some(from)).await {
+            Ok(w) => return Ok(w),
+            Err(e @ orchestrator::client::ClientError::Api(_)) => return Err(e.into()),
+            Err(e) if tries >= RESUMES => {
+                return Err(anyhow::Error::new(e).context(format!("resuming the watch: gave up after {tries} tries")))
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot resume the watch yet"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100 << tries.min(6))).await;
+    }
+}
+
 /// `get pods -w`: the table, then one row per change (a deleted pod's STATUS
 /// reads `Deleted`), in the first table's columns, until the stream ends.
 async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
@@ -284,7 +311,20 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
         .map(|p| (p.metadata.name.clone(), without_age(pod_row(p, wide))))
         .collect();
     let mut watch = client.watch_pods(None, args.selector.as_deref(), Some(list.resource_version)).await?;
-    while let Some((ty, pod)) = watch.next().await? {
+    loop {
+        let (ty, pod) = match watch.next().await {
+            Ok(Some(change)) => change,
+            Ok(None) => break,
+            // A dead stream: resume from the version reached (the server's
+            // bookmarks keep it current), so no row is missed or repeated.
+            Err(e) if e.is_dead_stream() => {
+                let from = watch.resource_version().unwrap_or(list.resource_version);
+                tracing::debug!(error = %e, from, "watch lost; resuming");
+                watch = resume_watch(client, args.selector.as_deref(), from).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if !keep(&pod) {
             continue;
         }
@@ -359,6 +399,21 @@ mod tests {
         check_status(P::Succeeded, &[(C::Terminated, Some("Completed"), Some(0), 0)], "Completed", 0);
         check_status(P::Failed, &[(C::Terminated, None, Some(3), 1)], "ExitCode:3", 1);
         check_status(P::Running, &[(C::Running, None, None, 2), (C::Running, None, None, 1)], "Running", 3);
+    }
+
+    #[test]
+    fn a_node_with_offline_cpus_says_so_in_its_status() {
+        let mut n = Node {
+            api_version: "pinion.io/v1".into(),
+            kind: "Node".into(),
+            metadata: Default::default(),
+            spec: Default::default(),
+            status: Default::default(),
+        };
+        n.status.condition = NodeCondition::Ready;
+        assert_eq!(node_row(&n, false)[1], "Ready");
+        n.status.offline_cpus = specs::CpuSet::single(3).expect("cpu 3");
+        assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use orchestrator::client::{Client, ClientError};
-use specs::api::{AttachFrame, ATTACH_HEARTBEAT_SECONDS};
+use specs::api::AttachFrame;
 use specs::pod::{
     Capabilities, Container, EnvVar, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource, SecurityContext,
     TopologySpec, API_VERSION, ARRAY_LABEL, ARRAY_PARALLELISM_ANNOTATION, ARRAY_TASK_ANNOTATION, RESOURCE_CPU,
@@ -38,9 +38,6 @@ pub const RUN_LABEL: &str = "pinion.io/run";
 /// Memory given to a `--cpus` pod without `--memory`: pinned CPUs need a
 /// Guaranteed pod, and that needs a memory limit.
 const DEFAULT_MEMORY: &str = "256Mi";
-/// An attach stream silent this long is dead: the server sends a heartbeat
-/// every `ATTACH_HEARTBEAT_SECONDS` while idle.
-const SILENCE: Duration = Duration::from_secs(3 * ATTACH_HEARTBEAT_SECONDS + 1);
 /// Consecutive failed reconnects before `run` gives up on the server.
 const RECONNECTS: u32 = 10;
 /// Creates (and deletes) of an array's pods in flight at once, multiplexed on
@@ -459,17 +456,15 @@ async fn follow(
             }
         };
         loop {
-            let frame = match tokio::time::timeout(SILENCE, stream.next()).await {
-                Err(_) => {
-                    tracing::debug!(pod = %name, "attach stream silent; reconnecting");
+            // A silent stream (no heartbeat within the client's bound) ends
+            // with `ClientError::Silent`, its connection out of the pool.
+            let frame = match stream.next().await {
+                Err(e) => {
+                    tracing::debug!(pod = %name, error = %e, "attach stream broke or fell silent; reconnecting");
                     break;
                 }
-                Ok(Err(e)) => {
-                    tracing::debug!(pod = %name, error = %e, "attach stream broke; reconnecting");
-                    break;
-                }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(f))) => f,
+                Ok(None) => break,
+                Ok(Some(f)) => f,
             };
             failures = 0;
             tracing::debug!(pod = %name, ?frame, "frame");

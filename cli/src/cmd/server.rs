@@ -47,8 +47,9 @@ pub struct Args {
     pub body_limit: usize,
 }
 
-pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let mut opts = ServerOptions::new(&args.data_dir, &args.listen);
+    opts.api.liveness = g.liveness();
     opts.tls_sans = args.tls_sans;
     opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
     opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));

@@ -55,6 +55,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
+    opts.api.liveness = g.liveness();
     opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
     let server = Server::bind(opts).await?;
     let url = server.server_url();
@@ -89,7 +90,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         advertise_address: None,
         rescan_seconds: 10,
     };
-    let node_task = tokio::spawn(nodelet::daemon::run(crate::cmd::agent::daemon_config(node)?, stop_rx));
+    let node_task = tokio::spawn(nodelet::daemon::run(crate::cmd::agent::daemon_config(node, g.liveness())?, stop_rx));
 
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
     println!("credentials: {}", config_path.display());
@@ -118,7 +119,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 /// The threads of the machine's first core, like a kubelet's usual `--reserved-cpus`.
 fn first_core(t: &specs::NodeTopology) -> CpuSet {
     match t.cpus.first() {
-        Some(c0) => t.cpus.iter().filter(|c| c.core == c0.core).map(|c| c.id).collect(),
+        Some(c0) => t.all_cpus().filter(|id| t.cpu(id).is_some_and(|c| c.core == c0.core)),
         None => CpuSet::new(),
     }
 }

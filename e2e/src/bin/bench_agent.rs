@@ -137,7 +137,7 @@ fn two_by_ten() -> NodeTopology {
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 10, id * 10 + 9),
+                cpus: CpuSet::range(id * 10, id * 10 + 9).expect("id within MAX_ID"),
                 memory_bytes: 64 << 30,
                 distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![],

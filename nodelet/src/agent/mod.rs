@@ -46,6 +46,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::fault::Fault;
 use crate::runtime::{ContainerState, ExitEvent, Runtime, RuntimeError};
 use crate::source::{DesiredChange, NodeReport};
 use plan::{Action, CtrState, Desired, Event, PodEntry, Stage, StartFailure, State};
@@ -78,6 +79,16 @@ pub struct AgentConfig {
     /// PCI address -> device nodes handed to a container that is allocated the device.
     pub device_nodes: BTreeMap<String, Vec<PathBuf>>,
     pub admit: AdmitFn,
+    /// The sysfs root `topology` was discovered from, when it was: its CPUs'
+    /// online state is read again every `cpu_recheck_interval`, so that a CPU
+    /// taken offline while the agent runs is never handed out (and one
+    /// brought back is). `None` (a synthetic or saved topology): fixed.
+    pub sysfs_root: Option<PathBuf>,
+    /// How often `sysfs_root` is read again. sysfs sends no inotify events,
+    /// so this is a poll; a CPU going offline is rare, and until it is seen
+    /// the engine may only plan a pod onto it, whose start then fails and is
+    /// retried.
+    pub cpu_recheck_interval: Duration,
 }
 
 impl AgentConfig {
@@ -94,6 +105,8 @@ impl AgentConfig {
             op_timeout: Duration::from_secs(30),
             device_nodes: BTreeMap::new(),
             admit: specs::admit,
+            sysfs_root: None,
+            cpu_recheck_interval: Duration::from_secs(10),
         }
     }
 }
@@ -139,6 +152,16 @@ pub async fn run(
         start_timeout: state.cfg.start_timeout,
         op_timeout: state.cfg.op_timeout,
     };
+    // Aborted when `run` returns (the guard's drop).
+    let _cpu_watch = state.cfg.sysfs_root.clone().map(|root| {
+        AbortOnDrop(tokio::spawn(watch_cpus(
+            root,
+            state.cfg.cpu_recheck_interval,
+            state.cfg.op_timeout,
+            state.cfg.topology.all_cpus(),
+            exec.events.clone(),
+        )))
+    });
     let status_lock = Arc::new(std::sync::Mutex::new(()));
     let status_file = tokio::spawn(status::follow(state.cfg.data_dir.clone(), report.subscribe(), status_lock.clone()));
     for a in plan::plan(&mut state, Event::Tick, Instant::now()) {
@@ -261,8 +284,16 @@ impl Executor {
         match action {
             Action::WriteCheckpoint { generation, checkpoint } => {
                 let (lock, dir) = (self.write_lock.clone(), self.data_dir.clone());
+                let ids = if crate::fault::is(Fault::AfterCheckpoint) { held_ids(&checkpoint) } else { Vec::new() };
                 tokio::spawn(async move {
                     let result = write_checkpoint(lock, dir, *checkpoint, op).await;
+                    if !ids.is_empty() && result.is_ok() {
+                        // An id the runtime does not hold yet: this write is the one its start waits for.
+                        let listed = call(&rt, "list containers", op, |rt| rt.list()).await.unwrap_or_default();
+                        if ids.iter().any(|id| !listed.contains(id)) {
+                            crate::fault::hit(Fault::AfterCheckpoint);
+                        }
+                    }
                     let _ = tx.send(Event::CheckpointWritten { generation, result });
                 });
             }
@@ -276,7 +307,10 @@ impl Executor {
                         }
                     }
                     let result = match call(&rt, &format!("start {id}"), limit, move |rt| rt.start(&config)).await {
-                        Ok(()) => Ok(()),
+                        Ok(()) => {
+                            crate::fault::hit(Fault::AfterStart);
+                            Ok(())
+                        }
                         Err(AgentError::Runtime { source: RuntimeError::CannotRun { code, message, .. }, .. }) => {
                             Err(StartFailure::CannotRun { code, message })
                         }
@@ -299,7 +333,7 @@ impl Executor {
                                 rt.stop(&rid, grace)?;
                                 // How it ended (143: it honoured SIGTERM; 137: killed after the grace).
                                 let ended = rt.state(&rid).ok();
-                                rt.remove(&rid)?;
+                                crate::fault::hit(Fault::DuringStop);
                                 Ok(ended)
                             })
                             .await
@@ -333,6 +367,7 @@ impl Executor {
                     if let Err(e) = r {
                         tracing::warn!(id, error = %e, "cannot remove container");
                     }
+                    let _ = tx.send(Event::Removed { id });
                 });
             }
             Action::UpdateCpuset { key, container, id, cpus, mems } => {
@@ -382,6 +417,64 @@ impl Executor {
     async fn write(&self, checkpoint: Checkpoint) -> Result<(), String> {
         write_checkpoint(self.write_lock.clone(), self.data_dir.clone(), checkpoint, self.op_timeout).await
     }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads the online CPUs under `root` every `every` (each read bounded by
+/// `limit`, on the blocking pool) and sends them to the loop when they differ
+/// from the last ones sent. A read that fails keeps the last view: a sysfs
+/// that cannot be read says nothing about the CPUs.
+async fn watch_cpus(
+    root: PathBuf,
+    every: Duration,
+    limit: Duration,
+    mut last: specs::CpuSet,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let dir = root.clone();
+        let read =
+            tokio::time::timeout(limit, tokio::task::spawn_blocking(move || crate::discovery::online_cpus(&dir))).await;
+        let online = match read {
+            Ok(Ok(Ok(online))) => online,
+            Ok(Ok(Err(e))) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read which CPUs are online; keeping the last view");
+                }
+                failing = true;
+                continue;
+            }
+            Ok(Err(join)) => {
+                tracing::warn!(error = %join, "reading which CPUs are online failed");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(after = ?limit, "reading which CPUs are online timed out");
+                continue;
+            }
+        };
+        failing = false;
+        if online != last {
+            last = online.clone();
+            if events.send(Event::CpusOnline(online)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The runtime ids a checkpoint holds (for `PINION_FAULT=after-checkpoint`).
+fn held_ids(checkpoint: &Checkpoint) -> Vec<String> {
+    checkpoint.pods.values().flat_map(|p| p.containers.values().filter_map(|c| c.runtime_id.clone())).collect()
 }
 
 /// Writes (and fsyncs) the checkpoint on the blocking pool, one write at a
@@ -470,111 +563,131 @@ async fn recover(cfg: AgentConfig, runtime: &Arc<dyn Runtime>) -> Result<State, 
     }
     st.checkpoint().save(&st.cfg.data_dir)?;
     st.dirty = false;
+    // Dead incarnations go only now that no durable checkpoint names them
+    // (see `State::doomed`).
+    for id in std::mem::take(&mut st.doomed) {
+        let rid = id.clone();
+        let grace = Duration::from_secs(1);
+        if let Err(e) = call(runtime, &format!("remove {id}"), op + grace, move |rt| {
+            rt.stop(&rid, grace)?;
+            rt.remove(&rid)
+        })
+        .await
+        {
+            tracing::warn!(id, error = %e, "cannot remove container");
+        }
+    }
     Ok(st)
+}
+
+/// What recovery found of one checkpointed container.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    Running,
+    Exited(i32, bool),
+    /// The checkpoint names it, the runtime never had it: the agent died
+    /// between the checkpoint write and the start (a dead incarnation is
+    /// removed only after a write that no longer names it). It never ran, so
+    /// it starts now, with no restart counted, whatever the restart policy.
+    NeverCreated,
 }
 
 /// Re-finds one checkpointed pod's containers. Running ones are adopted with
 /// their CPUs; a pod none of whose containers runs gives its allocation back
-/// and goes through its restart policy (re-admitted, or finished).
+/// and goes through its restart policy (re-admitted, or finished); a
+/// container that was never created starts as if for the first time.
 async fn adopt(st: &mut State, runtime: &Arc<dyn Runtime>, key: &str) {
     let now = Instant::now();
     let op = st.cfg.op_timeout;
     let Some(ids) = st.pods.get(key).map(|e| e.ctrs.iter().map(|c| c.runtime_id.clone()).collect::<Vec<_>>()) else {
         return;
     };
-    let mut any_running = false;
-    let mut dead = vec![None; ids.len()];
+    let mut found = vec![None; ids.len()];
     for (i, id) in ids.into_iter().enumerate() {
         let Some(id) = id else { continue };
         let rid = id.clone();
         let r = call(runtime, &format!("state of {id}"), op, move |rt| rt.state(&rid)).await;
         let Some(e) = st.pods.get_mut(key) else { return };
-        match r {
-            Ok(ContainerState::Running { .. }) => {
-                any_running = true;
-                e.ctrs[i].state = CtrState::Running { since: now };
+        found[i] = Some(match r {
+            Ok(ContainerState::Running { .. }) => Found::Running,
+            Ok(ContainerState::Exited { code, oom_killed }) => Found::Exited(code, oom_killed),
+            Ok(ContainerState::Missing) => {
+                tracing::info!(key, id, "the checkpoint names a container that was never created; starting it");
+                Found::NeverCreated
             }
-            Ok(ContainerState::Exited { code, oom_killed }) => dead[i] = Some((code, oom_killed)),
-            Ok(ContainerState::Missing) => dead[i] = Some((reconcile::LOST_CODE, false)),
             Err(err) => {
                 // Unknown is treated as running: freeing CPUs a live process
                 // may hold is the one mistake that cannot be undone.
                 tracing::error!(key, id, error = %err, "cannot read container state; keeping it");
                 e.message = Some(err.to_string());
-                any_running = true;
-                e.ctrs[i].state = CtrState::Running { since: now };
+                Found::Running
             }
-        }
+        });
     }
+    let any_running = found.iter().any(|f| matches!(f, Some(Found::Running)));
     let placement = st.alloc.pods.get(key).cloned();
     let Some(e) = st.pods.get_mut(key) else { return };
-    for ctr in &mut e.ctrs {
-        if let (CtrState::Running { .. }, Some(p)) = (&ctr.state, &placement) {
-            // Exclusive containers already have their CPUs; shared ones get
-            // the current pool on the first pass (applied = None).
-            if let Some(cp) = reconcile::placement_of(p, &ctr.name) {
-                if matches!(cp.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
+    for (ctr, f) in e.ctrs.iter_mut().zip(&found) {
+        match f {
+            Some(Found::Running) => {
+                ctr.state = CtrState::Running { since: now };
+                // Exclusive containers already have their CPUs; shared ones get
+                // the current pool on the first pass (applied = None).
+                let cp = placement.as_ref().and_then(|p| reconcile::placement_of(p, &ctr.name));
+                if let Some(cp) = cp.filter(|cp| matches!(cp.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable)) {
                     ctr.applied = Some((cp.cpus.clone(), cp.mems.clone()));
                 }
             }
+            Some(Found::NeverCreated) => {
+                ctr.runtime_id = None;
+                ctr.state = CtrState::Waiting { at: now, reason: None };
+            }
+            _ => {}
         }
     }
-    let mut actions = Vec::new();
     if any_running {
         // Siblings of running containers restart in place, on the same CPUs.
-        for (i, d) in dead.iter().enumerate() {
-            if let Some((code, oom)) = d {
-                plan::after_exit(st, key, i, *code, *oom, None, None, now, &mut actions);
+        for (i, f) in found.iter().enumerate() {
+            if let Some(Found::Exited(code, oom)) = f {
+                plan::after_exit(st, key, i, *code, *oom, None, None, now);
             }
         }
+        return;
+    }
+    // Nothing runs: give the CPUs back now, then restart policy decides.
+    st.release(key);
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let policy = e.pod.spec.restart_policy;
+    let mut dead = Vec::new();
+    for (ctr, f) in e.ctrs.iter_mut().zip(&found) {
+        if let Some(Found::Exited(code, oom)) = f {
+            ctr.last_exit = Some((*code, *oom));
+            dead.extend(ctr.runtime_id.take());
+        }
+    }
+    let again = e.ctrs.iter().zip(&found).any(|(c, f)| match (f, c.last_exit) {
+        (Some(Found::NeverCreated), _) => true,
+        (_, Some((code, _))) => reconcile::restarts(policy, code),
+        (_, None) => true,
+    });
+    if again {
+        let delay = st.cfg.backoff.delay(0);
+        for (ctr, f) in e.ctrs.iter_mut().zip(&found) {
+            if ctr.last_exit.is_some() && !matches!(f, Some(Found::NeverCreated)) {
+                ctr.restart_count += 1;
+                ctr.state = CtrState::Waiting { at: now + delay, reason: Some("CrashLoopBackOff".into()) };
+            }
+        }
+        e.stage = Stage::Pending { rejected: None };
     } else {
-        // Nothing runs: give the CPUs back now, then restart policy decides.
-        st.release(key);
-        let Some(e) = st.pods.get_mut(key) else { return };
-        let policy = e.pod.spec.restart_policy;
-        for (ctr, d) in e.ctrs.iter_mut().zip(&dead) {
-            if let Some(exit) = d {
-                ctr.last_exit = Some(*exit);
-            }
-            if let Some(id) = ctr.runtime_id.take() {
-                actions.push(Action::Remove { id });
-            }
+        let codes: Vec<i32> = e.ctrs.iter().map(|c| c.last_exit.map_or(0, |x| x.0)).collect();
+        for ctr in &mut e.ctrs {
+            ctr.state = CtrState::Terminated;
         }
-        let again = e.ctrs.iter().any(|c| match c.last_exit {
-            Some((code, _)) => reconcile::restarts(policy, code),
-            None => true,
-        });
-        if again {
-            let delay = st.cfg.backoff.delay(0);
-            for ctr in &mut e.ctrs {
-                if ctr.last_exit.is_some() {
-                    ctr.restart_count += 1;
-                    ctr.state = CtrState::Waiting { at: now + delay, reason: Some("CrashLoopBackOff".into()) };
-                }
-            }
-            e.stage = Stage::Pending { rejected: None };
-        } else {
-            let codes: Vec<i32> = e.ctrs.iter().map(|c| c.last_exit.map_or(0, |x| x.0)).collect();
-            for ctr in &mut e.ctrs {
-                ctr.state = CtrState::Terminated;
-            }
-            e.stage = Stage::Finished(reconcile::finished_phase(&codes));
-        }
+        e.stage = Stage::Finished(reconcile::finished_phase(&codes));
     }
-    for a in actions {
-        if let Action::Remove { id } = a {
-            let rid = id.clone();
-            let grace = Duration::from_secs(1);
-            if let Err(e) = call(runtime, &format!("remove {id}"), op + grace, move |rt| {
-                rt.stop(&rid, grace)?;
-                rt.remove(&rid)
-            })
-            .await
-            {
-                tracing::warn!(id, error = %e, "cannot remove container");
-            }
-        }
-    }
+    // Removed by `recover` once the checkpoint that no longer names them is saved.
+    st.doomed.extend(dead);
 }
 
 #[cfg(test)]

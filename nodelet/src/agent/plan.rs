@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use specs::{Allocations, CpuSet, NumaSet, Pod, PodPhase, RejectReason, Rejection};
+use specs::{Allocations, CpuSet, NodeTopology, NumaSet, Pod, PodPhase, RejectReason, Rejection};
 use tokio::time::Instant;
 
 use super::reconcile;
@@ -198,6 +198,12 @@ pub enum Event {
         mems: NumaSet,
         result: Result<(), String>,
     },
+    /// The CPUs online now (read again from sysfs, see `AgentConfig::sysfs_root`).
+    CpusOnline(CpuSet),
+    /// A `Remove` finished (its errors are only logged): the id is free again.
+    Removed {
+        id: String,
+    },
     /// A timer: backoffs, retries, the safety re-check.
     Tick,
 }
@@ -208,9 +214,11 @@ pub enum Action {
     WriteCheckpoint { generation: u64, checkpoint: Box<Checkpoint> },
     /// Start a container whose id is durable; answered by `Started`.
     Start { key: String, config: Box<ContainerConfig> },
-    /// Stop and remove every container of a pod; answered by `Stopped`.
+    /// Stop every container of a pod; answered by `Stopped`. Their removal
+    /// follows once a checkpoint without the pod is durable.
     Stop { key: String, ids: Vec<String>, grace: Duration },
-    /// Remove a dead incarnation (errors are only logged).
+    /// Remove a dead incarnation, once no durable checkpoint names it;
+    /// answered by `Removed` (errors are only logged).
     Remove { id: String },
     /// Answered by `CpusetUpdated`.
     UpdateCpuset { key: String, container: String, id: String, cpus: CpuSet, mems: NumaSet },
@@ -264,6 +272,20 @@ pub struct State {
     pub next_recheck: Instant,
     /// The allocation epoch the latest release left (see `reconcile::retry_admission`).
     pub released_at: u64,
+    /// The machine as discovered at start; `cfg.topology` is its online part.
+    pub discovered: NodeTopology,
+    /// CPUs of `discovered` offline now: never handed out while offline.
+    pub offline: CpuSet,
+    /// Dead incarnations to remove once a checkpoint that no longer names
+    /// them is durable, and the ones each write in flight clears. Removed
+    /// earlier, a crash before that write would leave the checkpoint naming
+    /// a container the runtime lacks, which a restarted agent must be able
+    /// to read as "never created" (its start is still to come).
+    pub doomed: Vec<String>,
+    pub doomed_by: BTreeMap<u64, Vec<String>>,
+    /// Removals in flight. An id is not used again (a pod replaced by an
+    /// equal spec gets the same ids) before its old container is gone.
+    pub removing: BTreeSet<String>,
 }
 
 impl State {
@@ -276,7 +298,10 @@ impl State {
 
     pub fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
         let next_recheck = now + cfg.recheck_interval;
+        let discovered = cfg.topology.clone();
         State {
+            discovered,
+            offline: CpuSet::new(),
             cfg,
             alloc,
             pods: BTreeMap::new(),
@@ -288,6 +313,9 @@ impl State {
             recheck_in_flight: false,
             next_recheck,
             released_at: 0,
+            doomed: Vec::new(),
+            doomed_by: BTreeMap::new(),
+            removing: BTreeSet::new(),
         }
     }
 
@@ -369,14 +397,14 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 on_change(st, ch, now, out);
             }
         }
-        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now, out),
+        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now),
         Event::Observed(states) => {
             st.recheck_in_flight = false;
             for (id, state) in states {
                 match state {
                     Ok(ContainerState::Running { .. }) => {}
-                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now, out),
-                    Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now, out),
+                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now),
+                    Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now),
                     Err(err) => {
                         if let Some((key, _)) = find(st, &id) {
                             if let Some(e) = st.pods.get_mut(&key) {
@@ -412,8 +440,49 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 }
             }
         }
+        Event::CpusOnline(online) => on_cpus_online(st, &online),
+        Event::Removed { id } => {
+            st.removing.remove(&id);
+        }
         Event::Tick => {}
     }
+}
+
+/// A CPU went offline (or came back) under the agent. The engine sees only
+/// the online part of the machine from now on, so an offline CPU is never
+/// handed out; containers holding one keep running (the kernel moved their
+/// threads to their other CPUs) and the report says which CPUs are offline.
+/// Shared containers follow the smaller pool at this pass's cpuset sync.
+/// The allocation epoch moves, so a scheduler's plan made before is checked
+/// against the engine again, and a pod refused before is tried again.
+fn on_cpus_online(st: &mut State, online: &CpuSet) {
+    // A CPU that was offline when the machine was discovered is unknown here
+    // (no core, no NUMA node): it waits for a restart of the agent.
+    let offline = st.discovered.all_cpus().difference(online);
+    if offline == st.offline {
+        return;
+    }
+    let gone = offline.difference(&st.offline);
+    let back = st.offline.difference(&offline);
+    for (key, p) in &st.alloc.pods {
+        let held: CpuSet = p.containers.iter().fold(CpuSet::new(), |mut s, c| {
+            s.union_with(&c.cpus.intersection(&gone));
+            s
+        });
+        if !held.is_empty() {
+            tracing::warn!(key, cpus = %held, "CPUs held by a pod went offline; it keeps running on the others");
+        }
+    }
+    if !gone.is_empty() {
+        tracing::warn!(cpus = %gone, "CPUs went offline; not handed out until they are back");
+    }
+    if !back.is_empty() {
+        tracing::info!(cpus = %back, "CPUs are online again");
+    }
+    st.cfg.topology = st.discovered.without_cpus(&offline);
+    st.offline = offline;
+    st.alloc.epoch += 1;
+    st.released_at = st.alloc.epoch;
 }
 
 /// The pod key and container index holding runtime id `id`.
@@ -423,7 +492,7 @@ fn find(st: &State, id: &str) -> Option<(String, usize)> {
         .find_map(|(key, e)| e.ctrs.iter().position(|c| c.runtime_id.as_deref() == Some(id)).map(|i| (key.clone(), i)))
 }
 
-fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant, out: &mut Vec<Action>) {
+fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant) {
     let Some((key, i)) = find(st, id) else {
         tracing::debug!(id, code, "exit of a container the agent does not run");
         return;
@@ -431,7 +500,7 @@ fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant, out: &m
     let Some(e) = st.pods.get_mut(&key) else { return };
     match (&e.stage, e.ctrs[i].state.clone()) {
         (Stage::Admitted, CtrState::Running { since }) => {
-            after_exit(st, &key, i, code, oom, None, Some(now.saturating_duration_since(since)), now, out);
+            after_exit(st, &key, i, code, oom, None, Some(now.saturating_duration_since(since)), now);
             finish_if_done(st, &key);
         }
         (Stage::Admitted, CtrState::Starting { .. }) => {
@@ -458,7 +527,6 @@ pub fn after_exit(
     reason: Option<String>,
     ran: Option<Duration>,
     now: Instant,
-    out: &mut Vec<Action>,
 ) {
     let backoff = st.cfg.backoff;
     let Some(e) = st.pods.get_mut(key) else { return };
@@ -473,9 +541,7 @@ pub fn after_exit(
     if ran.is_some_and(|r| backoff.resets_after(r)) {
         ctr.streak = 0;
     }
-    if let Some(id) = ctr.runtime_id.take() {
-        out.push(Action::Remove { id });
-    }
+    let dead = ctr.runtime_id.take();
     if reconcile::restarts(policy, code) {
         let delay = backoff.delay(ctr.streak);
         ctr.streak = ctr.streak.saturating_add(1);
@@ -484,6 +550,8 @@ pub fn after_exit(
     } else {
         ctr.state = CtrState::Terminated;
     }
+    // Removed after the write that records the exit (see `State::doomed`).
+    st.doomed.extend(dead);
     // Runtime id, restart count and exit code changed.
     st.dirty = true;
 }
@@ -520,6 +588,7 @@ fn on_started(
     let Some(i) = found else {
         // Nothing planned this start any more: whatever it left must not run.
         if result.is_ok() {
+            st.removing.insert(id.to_string());
             out.push(Action::Remove { id: id.to_string() });
         }
         return;
@@ -536,7 +605,7 @@ fn on_started(
             e.ctrs[i].state = CtrState::Running { since: now };
             if let Some((code, oom)) = early {
                 if matches!(e.stage, Stage::Admitted) {
-                    after_exit(st, key, i, code, oom, None, Some(Duration::ZERO), now, out);
+                    after_exit(st, key, i, code, oom, None, Some(Duration::ZERO), now);
                     finish_if_done(st, key);
                 } else {
                     e.ctrs[i].last_exit = Some((code, oom));
@@ -554,6 +623,7 @@ fn on_started(
                 StartFailure::Other(message) => {
                     // Nothing should be left, but a start that timed out may
                     // still finish after it was given up on.
+                    st.removing.insert(id.to_string());
                     out.push(Action::Remove { id: id.to_string() });
                     (reconcile::START_ERROR_CODE, None, message)
                 }
@@ -561,7 +631,7 @@ fn on_started(
             tracing::warn!(key, container, error = message, "container did not start");
             e.message = Some(message);
             if matches!(e.stage, Stage::Admitted) {
-                after_exit(st, key, i, code, false, reason, None, now, out);
+                after_exit(st, key, i, code, false, reason, None, now);
                 finish_if_done(st, key);
             } else {
                 e.ctrs[i].state = CtrState::Waiting { at: now, reason: None };
@@ -589,6 +659,8 @@ fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Act
     let Some(e) = st.pods.remove(key) else { return };
     tracing::info!(key, "pod stopped");
     st.release(key);
+    // Stopped, not removed: see `State::doomed`.
+    st.doomed.extend(e.ctrs.iter().filter_map(|c| c.runtime_id.clone()));
     st.dirty = true;
     let old_logs = e.log_dir(&st.cfg.data_dir, key);
     let next = match e.stage {
@@ -607,6 +679,18 @@ fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Act
 fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: Instant, out: &mut Vec<Action>) {
     if st.writing == Some(generation) {
         st.writing = None;
+    }
+    if let Some(ids) = st.doomed_by.remove(&generation) {
+        match result {
+            Ok(()) => {
+                for id in ids {
+                    st.removing.insert(id.clone());
+                    out.push(Action::Remove { id });
+                }
+            }
+            // The next write clears them.
+            Err(_) => st.doomed.extend(ids),
+        }
     }
     if let Err(err) = &result {
         tracing::error!(error = err, "cannot write the checkpoint");
@@ -909,13 +993,20 @@ fn sync_cpusets(st: &mut State, now: Instant, out: &mut Vec<Action>) {
 /// Gives every due container of an admitted pod its runtime id; it starts
 /// once a checkpoint holding the id is written.
 fn assign_due(st: &mut State, key: &str, now: Instant) {
-    let Some(e) = st.pods.get_mut(key) else { return };
+    let State { pods, doomed, doomed_by, removing, .. } = st;
+    let Some(e) = pods.get_mut(key) else { return };
     if !matches!(e.stage, Stage::Admitted) {
         return;
     }
+    // The id's old container is still to be removed: wait for its `Removed`.
+    let busy = |id: &String| removing.contains(id) || doomed.contains(id) || doomed_by.values().any(|d| d.contains(id));
     for ctr in &mut e.ctrs {
         if matches!(ctr.state, CtrState::Waiting { at, .. } if at <= now) {
-            ctr.runtime_id = Some(reconcile::runtime_id(key, &ctr.name, &e.hash, ctr.restart_count));
+            let id = reconcile::runtime_id(key, &ctr.name, &e.hash, ctr.restart_count);
+            if busy(&id) {
+                continue;
+            }
+            ctr.runtime_id = Some(id);
             ctr.state = CtrState::Committing { generation: None };
         }
     }
@@ -929,11 +1020,14 @@ fn write_checkpoint(st: &mut State, now: Instant, out: &mut Vec<Action>) {
     for e in st.pods.values() {
         waiting |= e.ctrs.iter().any(|c| c.state == CtrState::Committing { generation: None });
     }
-    if !st.dirty && !waiting {
+    if !st.dirty && !waiting && st.doomed.is_empty() {
         return;
     }
     st.generation += 1;
     let generation = st.generation;
+    if !st.doomed.is_empty() {
+        st.doomed_by.insert(generation, std::mem::take(&mut st.doomed));
+    }
     for e in st.pods.values_mut() {
         for c in &mut e.ctrs {
             if c.state == (CtrState::Committing { generation: None }) {

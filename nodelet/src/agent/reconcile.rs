@@ -359,7 +359,7 @@ mod tests {
         let numa_nodes = (0..2)
             .map(|id| NumaNode {
                 id,
-                cpus: CpuSet::range(id * 2, id * 2 + 1),
+                cpus: CpuSet::range(id * 2, id * 2 + 1).expect("id within MAX_ID"),
                 memory_bytes: 1 << 30,
                 ..Default::default()
             })
@@ -394,14 +394,18 @@ mod tests {
         alloc.apply(
             "other",
             Placement {
-                numa_affinity: NumaSet::single(0),
+                numa_affinity: NumaSet::single(0).expect("id within MAX_ID"),
                 containers: vec![cp("x", CpuPolicy::Exclusive, "1")],
                 ..Default::default()
             },
         );
         let plan = |epoch, c: ContainerPlacement| BoundPlan {
             epoch,
-            placement: Placement { numa_affinity: NumaSet::single(1), containers: vec![c], ..Default::default() },
+            placement: Placement {
+                numa_affinity: NumaSet::single(1).expect("id within MAX_ID"),
+                containers: vec![c],
+                ..Default::default()
+            },
         };
         let check = |plan: BoundPlan, reserved: &str, expected: Result<(), &str>| {
             let got = check_plan(&t, &CpuSet::parse_list(reserved).unwrap(), &alloc, &p, &plan);
@@ -429,7 +433,7 @@ mod tests {
             "    resources:\n      limits: {cpu: 1500m, memory: 64Mi, hugepages-2Mi: 4Mi}\n",
         ));
         let mut placement = cp("a", CpuPolicy::Shared, "0-3");
-        placement.mems = NumaSet::single(1);
+        placement.mems = NumaSet::single(1).expect("id within MAX_ID");
         placement.devices.insert("pinion.io/vf".into(), vec!["0000:3b:00.1".into()]);
         let nodes: BTreeMap<String, Vec<PathBuf>> =
             [("0000:3b:00.1".to_string(), vec![PathBuf::from("/dev/vfio/42")])].into();

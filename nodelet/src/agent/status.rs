@@ -83,6 +83,8 @@ pub(super) fn build(agent: &State) -> NodeReport {
         node_name: agent.cfg.node_name.clone(),
         allocations: agent.alloc.clone(),
         pods: Default::default(),
+        rejections: Default::default(),
+        offline_cpus: agent.offline.clone(),
     };
     for (key, e) in &agent.pods {
         let mut st = PodStatus {
@@ -99,6 +101,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
                 if let Some((_, r)) = rejected {
                     st.reason = Some(format!("{:?}", r.reason));
                     st.message = Some(r.message.clone());
+                    report.rejections.insert(key.clone(), r.clone());
                 }
             }
             Stage::Admitted if ever_started => st.phase = PodPhase::Running,
@@ -119,6 +122,13 @@ pub(super) fn build(agent: &State) -> NodeReport {
                 shown.cpus = agent.alloc.cpuset_for(&agent.cfg.topology, c);
             }
             st.placement = Some(summary);
+            let held = p.containers.iter().fold(specs::CpuSet::new(), |mut s, c| {
+                s.union_with(&c.cpus.intersection(&agent.offline));
+                s
+            });
+            if !held.is_empty() && st.message.is_none() {
+                st.message = Some(format!("CPUs {held} of this pod went offline; it keeps running on the others"));
+            }
         }
         st.container_statuses = e
             .ctrs

@@ -428,7 +428,7 @@ mod tests {
             cwd: "/".into(),
             rootfs: RootfsConfig::Host,
             cpus: CpuSet::parse_list(cpus).unwrap(),
-            mems: NumaSet::single(0),
+            mems: NumaSet::single(0).expect("id within MAX_ID"),
             bind_memory: false,
             memory_limit_bytes: None,
             cpu_quota: None,
@@ -490,7 +490,8 @@ mod tests {
         rt.start(&config("a", "1")).unwrap();
         rt.start(&config("b", "0-3")).unwrap();
         assert!(rt.start(&config("a", "1")).is_err(), "duplicate id");
-        rt.update_cpuset("b", &CpuSet::parse_list("0,2-3").unwrap(), &NumaSet::single(0)).unwrap();
+        rt.update_cpuset("b", &CpuSet::parse_list("0,2-3").unwrap(), &NumaSet::single(0).expect("id within MAX_ID"))
+            .unwrap();
         drop(rt);
 
         let rt = HollowRuntime::new(dir.path()).unwrap();
@@ -504,7 +505,13 @@ mod tests {
         assert_eq!(rt.state("a").unwrap(), ContainerState::Exited { code: 3, oom_killed: true });
         rt.stop("b", Duration::ZERO).unwrap();
         assert_eq!(rt.state("b").unwrap(), ContainerState::Exited { code: 143, oom_killed: false });
-        assert!(rt.update_cpuset("b", &CpuSet::single(0), &NumaSet::single(0)).is_err());
+        assert!(rt
+            .update_cpuset(
+                "b",
+                &CpuSet::single(0).expect("id within MAX_ID"),
+                &NumaSet::single(0).expect("id within MAX_ID")
+            )
+            .is_err());
         rt.remove("a").unwrap();
         rt.remove("b").unwrap();
         rt.remove("b").unwrap();

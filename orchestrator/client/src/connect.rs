@@ -12,6 +12,7 @@ use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use specs::api::Liveness;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -20,6 +21,19 @@ pub(crate) struct TlsConnect {
     pub(crate) tls: tokio_rustls::TlsConnector,
     pub(crate) server_name: ServerName<'static>,
     pub(crate) timeout: Duration,
+    pub(crate) liveness: Liveness,
+}
+
+/// TCP keepalive on a connection (both ends set it: the server's listener,
+/// the nodelet's endpoint, this connector): probes after a heartbeat of
+/// quiet, so a NAT keeps the flow and a peer that is gone is noticed by the
+/// kernel. The kernel counts in whole seconds.
+pub fn keep_alive(tcp: &TcpStream, liveness: &Liveness) {
+    let every = liveness.heartbeat.max(Duration::from_secs(1));
+    let params = socket2::TcpKeepalive::new().with_time(every).with_interval(every).with_retries(Liveness::MISSED);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&params) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive");
+    }
 }
 
 /// One TLS connection as the pool holds it.
@@ -46,6 +60,7 @@ impl tower_service::Service<Uri> for TlsConnect {
                 .await
                 .map_err(|_| timed_out("connecting"))??;
             let _ = tcp.set_nodelay(true);
+            keep_alive(&tcp, &this.liveness);
             let tls = tokio::time::timeout(this.timeout, this.tls.connect(this.server_name.clone(), tcp))
                 .await
                 .map_err(|_| timed_out("the TLS handshake"))??;

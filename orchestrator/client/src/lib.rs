@@ -9,26 +9,36 @@
 //! every connection, so a reconnect resumes the TLS session.
 //!
 //! Every call has a timeout; an API refusal comes back as the server's
-//! `ApiError` (code, reason, every field problem).
+//! `ApiError` (code, reason, every field problem). Every stream has a bound on
+//! silence (`specs::api::Liveness`): a watch or attach stream that carries
+//! nothing, not even the server's heartbeat, for `silence()` ends with
+//! `ClientError::Silent` and its connection is not reused; a quiet connection
+//! is pinged every heartbeat (HTTP/2) and dropped when the ping goes
+//! unanswered, which is what ends a log follow through a dead path.
 
 mod connect;
+mod lines;
 pub mod query;
 pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
 use hyper_util::client::legacy;
+use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
-use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Node, WatchEventType};
+use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Liveness, Node, WatchEventType, MAX_STREAM_LINE};
 use specs::Pod;
 
+pub use crate::connect::keep_alive;
+pub use crate::lines::LineTooLong;
+use crate::lines::Lines;
 pub use crate::query::percent_encode;
 use crate::tls::{Credentials, PinnedCa, TlsError, ALPN};
 
@@ -37,10 +47,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_RESPONSE: usize = 256 << 20;
 /// An idle pooled connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// HTTP/2 pings on a quiet connection (a long watch), so a peer that vanished
-/// without a FIN is noticed and the stream ends instead of hanging.
-const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -58,6 +64,21 @@ pub enum ClientError {
     Api(ApiError),
     #[error("unexpected reply from the server: {0}")]
     Decode(String),
+    /// Nothing arrived on a stream, not even a heartbeat, for longer than the
+    /// liveness bound: the path to the server is dead although the socket is
+    /// open (a NAT or relay forgot the flow). Resume on a new connection.
+    #[error("the stream was silent for more than {0:?}; the connection is dead")]
+    Silent(Duration),
+    #[error(transparent)]
+    LineTooLong(#[from] LineTooLong),
+}
+
+impl ClientError {
+    /// The stream (or its connection) died: resume from where it was, on a
+    /// new connection. A refusal or a reply that makes no sense is not this.
+    pub fn is_dead_stream(&self) -> bool {
+        matches!(self, ClientError::Silent(_) | ClientError::Http(_) | ClientError::LineTooLong(_))
+    }
 }
 
 /// A client bound to one server and one identity; clones share its connections.
@@ -65,6 +86,8 @@ pub enum ClientError {
 pub struct Client {
     http: legacy::Client<connect::TlsConnect, Full<Bytes>>,
     authority: String,
+    connector: connect::TlsConnect,
+    liveness: Liveness,
 }
 
 fn parse_url(url: &str) -> Result<(String, String), ClientError> {
@@ -108,20 +131,41 @@ impl Client {
         config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         let name = server_name.map(str::to_string).unwrap_or(host);
         let server_name = ServerName::try_from(name).map_err(|_| ClientError::BadUrl(url.to_string()))?;
+        let liveness = Liveness::default();
         let connector = connect::TlsConnect {
             tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
             server_name,
             timeout: CONNECT_TIMEOUT,
+            liveness,
         };
+        Ok(Client::build(authority, connector, liveness))
+    }
+
+    fn build(authority: String, mut connector: connect::TlsConnect, liveness: Liveness) -> Client {
+        connector.liveness = liveness;
+        // A ping every heartbeat on a quiet connection, and the connection is
+        // dead when its answer has not come by the silence bound: this ends
+        // every stream on a path that went silent (a log follow has no
+        // heartbeat of its own) and takes the connection out of the pool.
         let http = legacy::Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE_TIMEOUT)
-            .http2_keep_alive_interval(KEEP_ALIVE_EVERY)
-            .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .http2_keep_alive_interval(liveness.heartbeat)
+            .http2_keep_alive_timeout(liveness.silence().saturating_sub(liveness.heartbeat))
             .http2_keep_alive_while_idle(true)
-            .build(connector);
-        Ok(Client { http, authority })
+            .build(connector.clone());
+        Client { http, authority, connector, liveness }
+    }
+
+    /// The same client with another liveness rule (a fresh pool); tests
+    /// shorten the heartbeat with it, and it must match the server's.
+    pub fn with_liveness(self, liveness: Liveness) -> Client {
+        Client::build(self.authority, self.connector, liveness)
+    }
+
+    pub fn liveness(&self) -> Liveness {
+        self.liveness
     }
 
     /// A client with no certificate, trusting `ca_pem`: only for joining.
@@ -252,9 +296,12 @@ impl Client {
     }
 
     /// Asks for a node certificate with the bootstrap token (on an anonymous client).
-    pub async fn join(&self, token: &str, node_name: &str) -> Result<JoinResponse, ClientError> {
-        let body = serde_json::to_vec(&JoinRequest { node_name: node_name.to_string() })
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
+    /// Joins as `node_name`; `attempt` (see `JoinRequest::attempt`) makes a
+    /// retry after a lost reply succeed.
+    pub async fn join(&self, token: &str, node_name: &str, attempt: Option<&str>) -> Result<JoinResponse, ClientError> {
+        let body =
+            serde_json::to_vec(&JoinRequest { node_name: node_name.to_string(), attempt: attempt.map(str::to_string) })
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
         let req = self
             .builder(Method::POST, "/api/v1/join")
             .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
@@ -285,8 +332,9 @@ impl Client {
         if let Some(v) = from {
             path.push_str(&format!("&resourceVersion={v}"));
         }
-        let stream = self.get_stream(&path).await?;
-        Ok(PodWatch { stream, buf: BytesMut::new() })
+        path.push_str("&allowWatchBookmarks=true");
+        let stream = self.open_stream(&path, true).await?;
+        Ok(PodWatch { stream, lines: Lines::new(MAX_STREAM_LINE), version: from })
     }
 
     /// A GET whose reply head is returned as it arrives, whatever its status
@@ -299,29 +347,60 @@ impl Client {
         self.send(req).await
     }
 
-    /// A GET whose 200 reply is read as it arrives (watches, logs); any other
-    /// status is the `ApiError`. Only the reply's head has a timeout.
+    /// A GET whose 200 reply is read as it arrives (a log follow); any other
+    /// status is the `ApiError`. Only the reply's head has a timeout; the body
+    /// may be quiet for any time (a container that prints nothing), so its
+    /// liveness is the connection's pings.
     pub async fn get_stream(&self, path: &str) -> Result<ByteStream, ClientError> {
-        let resp = self.get(path).await?;
+        self.open_stream(path, false).await
+    }
+
+    /// `heartbeats`: the server sends something at least every heartbeat on
+    /// this stream, so a longer silence is a dead stream.
+    async fn open_stream(&self, path: &str, heartbeats: bool) -> Result<ByteStream, ClientError> {
+        let mut req = self
+            .builder(Method::GET, path)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let connection = capture_connection(&mut req);
+        let resp = self.send(req).await?;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;
             return Err(api_error(code, &bytes));
         }
-        Ok(ByteStream { body: resp.into_body() })
+        let silence = heartbeats.then(|| self.liveness.silence());
+        Ok(ByteStream { body: resp.into_body(), silence, connection })
     }
 }
 
 /// A streamed reply body.
 pub struct ByteStream {
     body: Incoming,
+    /// The bound on silence, for a stream with heartbeats.
+    silence: Option<Duration>,
+    connection: CaptureConnection,
 }
 
 impl ByteStream {
     /// The next bytes; `Ok(None)` at the end of the reply.
     pub async fn next(&mut self) -> Result<Option<Bytes>, ClientError> {
         loop {
-            match self.body.frame().await {
+            let frame = match self.silence {
+                None => self.body.frame().await,
+                Some(bound) => match tokio::time::timeout(bound, self.body.frame()).await {
+                    Ok(f) => f,
+                    Err(_) => {
+                        // Over HTTP/2 the next request would go on the same
+                        // dead connection: take it out of the pool.
+                        if let Some(c) = self.connection.connection_metadata().as_ref() {
+                            c.poison();
+                        }
+                        return Err(ClientError::Silent(bound));
+                    }
+                },
+            };
+            match frame {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(ClientError::Http(chain(&e))),
                 Some(Ok(frame)) => {
@@ -362,18 +441,25 @@ async fn collect(body: Incoming) -> Result<Bytes, ClientError> {
     Ok(b.to_bytes())
 }
 
-/// A pod watch stream: one `(type, pod)` per line.
+/// A pod watch stream: one `(type, pod)` per line. The server's bookmarks
+/// are read here (they only move `resource_version` on).
 pub struct PodWatch {
     stream: ByteStream,
-    buf: BytesMut,
+    lines: Lines,
+    version: Option<u64>,
 }
 
 impl PodWatch {
+    /// The version this watch has reached: resume from it to miss nothing
+    /// and see nothing twice.
+    pub fn resource_version(&self) -> Option<u64> {
+        self.version
+    }
+
     /// The next change; `Ok(None)` when the server ended the stream.
     pub async fn next(&mut self) -> Result<Option<(WatchEventType, Pod)>, ClientError> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line = self.buf.split_to(pos + 1);
+            if let Some(line) = self.lines.next_line()? {
                 let v: serde_json::Value =
                     serde_json::from_slice(&line).map_err(|e| ClientError::Decode(format!("watch line: {e}")))?;
                 let ty: WatchEventType = serde_json::from_value(v["type"].clone())
@@ -383,13 +469,23 @@ impl PodWatch {
                         .map_err(|e| ClientError::Decode(format!("watch error: {e}")))?;
                     return Err(ClientError::Api(e));
                 }
+                if ty == WatchEventType::Bookmark {
+                    let v = v["object"]["metadata"]["resourceVersion"]
+                        .as_u64()
+                        .ok_or_else(|| ClientError::Decode("watch bookmark without metadata.resourceVersion".into()))?;
+                    self.version = Some(self.version.map_or(v, |have| have.max(v)));
+                    continue;
+                }
                 let pod: Pod = serde_json::from_value(v["object"].clone())
                     .map_err(|e| ClientError::Decode(format!("watch object: {e}")))?;
+                if let Some(v) = pod.metadata.resource_version {
+                    self.version = Some(self.version.map_or(v, |have| have.max(v)));
+                }
                 return Ok(Some((ty, pod)));
             }
             match self.stream.next().await? {
                 None => return Ok(None),
-                Some(data) => self.buf.extend_from_slice(&data),
+                Some(data) => self.lines.extend(&data),
             }
         }
     }
@@ -404,14 +500,14 @@ impl Client {
         if let Some(v) = from {
             path.push_str(&format!("&resourceVersion={v}"));
         }
-        Ok(AttachStream { stream: self.get_stream(&path).await?, buf: BytesMut::new() })
+        Ok(AttachStream { stream: self.open_stream(&path, true).await?, lines: Lines::new(MAX_STREAM_LINE) })
     }
 }
 
 /// An attach stream: one `AttachFrame` per line.
 pub struct AttachStream {
     stream: ByteStream,
-    buf: BytesMut,
+    lines: Lines,
 }
 
 impl AttachStream {
@@ -419,15 +515,14 @@ impl AttachStream {
     /// broken off).
     pub async fn next(&mut self) -> Result<Option<specs::api::AttachFrame>, ClientError> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line = self.buf.split_to(pos + 1);
+            if let Some(line) = self.lines.next_line()? {
                 return serde_json::from_slice(&line)
                     .map(Some)
                     .map_err(|e| ClientError::Decode(format!("attach frame: {e}")));
             }
             match self.stream.next().await? {
                 None => return Ok(None),
-                Some(data) => self.buf.extend_from_slice(&data),
+                Some(data) => self.lines.extend(&data),
             }
         }
     }

@@ -45,6 +45,16 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
     move |source| TlsError::Io { path: path.to_path_buf(), source }
 }
 
+/// A fresh join attempt id (`JoinRequest::attempt`): 128 random bits in hex.
+pub fn new_join_attempt() -> Result<String, TlsError> {
+    let mut bytes = [0u8; 16];
+    provider()
+        .secure_random
+        .fill(&mut bytes)
+        .map_err(|_| TlsError::Token("no random numbers from the system".into()))?;
+    Ok(hex(&bytes))
+}
+
 /// What a CLI (or a joined node) needs to reach the server: YAML, mode 0600.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

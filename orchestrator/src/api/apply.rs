@@ -31,7 +31,15 @@ pub enum Reply {
     /// `serde_json::Value` tree would cost several times its bytes).
     Json(u16, Vec<u8>),
     /// A newline-delimited JSON stream: initial lines, then filtered changes.
-    Watch { initial: Vec<String>, watch: Watch, filter: PodFilter },
+    Watch {
+        initial: Vec<String>,
+        watch: Watch,
+        filter: PodFilter,
+        /// The version the watch starts after (a bookmark's first value).
+        from: u64,
+        /// Send a BOOKMARK on an idle stream.
+        bookmarks: bool,
+    },
     /// Bytes streamed from a nodelet's endpoint (`GET https://ENDPOINT/PATH`,
     /// TLS name = the node's name).
     Proxy { node: String, endpoint: String, path: String },
@@ -75,12 +83,25 @@ impl PodFilter {
     }
 }
 
+/// A BOOKMARK line: the watch has reached `version` and nothing the watcher
+/// sees changed since its last line.
+pub fn bookmark_line(version: u64) -> String {
+    watch_line(
+        WatchEventType::Bookmark,
+        &format!(
+            "{{\"apiVersion\":\"{}\",\"kind\":\"Pod\",\"metadata\":{{\"resourceVersion\":{version}}}}}",
+            specs::pod::API_VERSION
+        ),
+    )
+}
+
 pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
     let ty = match ty {
         WatchEventType::Added => "ADDED",
         WatchEventType::Modified => "MODIFIED",
         WatchEventType::Deleted => "DELETED",
         WatchEventType::Error => "ERROR",
+        WatchEventType::Bookmark => "BOOKMARK",
     };
     format!("{{\"type\":\"{ty}\",\"object\":{object_json}}}\n")
 }
@@ -142,17 +163,41 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 return Err(unauthorized("the join token is not valid"));
             }
             // The token admits new machines; it must not mint a second identity
-            // for a node that already joined (that would be impersonation).
-            if store.get::<Node>(&request.node_name).map_err(store_error)?.is_some() {
-                return Err(conflict(format!(
-                    "node {:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {})",
-                    request.node_name, request.node_name
-                )));
-            }
-            let creds = state
+            // for a node that already joined (that would be impersonation). The
+            // name is claimed in one store write, so of two joins racing for it
+            // (the node registers only later) exactly one gets a certificate.
+            // A retry of the same attempt (its reply was lost) before the node
+            // registered holds the claim already and is answered again.
+            let name = request.node_name.clone();
+            let attempt = request.attempt.clone().unwrap_or_default();
+            store
+                .write(move |t| -> Result<(), Refused> {
+                    // A node registered before claims existed has no claim.
+                    if t.get::<Node>(&name)?.is_some() || !t.claim(JOIN_CLAIMS, &name, attempt.as_bytes())? {
+                        return Err(Refused(conflict(format!(
+                            "node {name:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {name})"
+                        ))));
+                    }
+                    Ok(())
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            let creds = match state
                 .pki
                 .credentials(&state.server_url, &format!("{NODE_CN_PREFIX}{}", request.node_name))
-                .map_err(|e| super::error::internal(e.to_string()))?;
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    // No certificate was issued: the name is free again.
+                    let name = request.node_name.clone();
+                    if let Err(Refused(r)) =
+                        store.write(move |t| -> Result<bool, Refused> { Ok(t.release(JOIN_CLAIMS, &name)?) }).await
+                    {
+                        tracing::error!(node = %request.node_name, error = %r.message, "cannot free the node name after a failed join");
+                    }
+                    return Err(super::error::internal(e.to_string()));
+                }
+            };
             tracing::info!(node = %request.node_name, "node joined");
             json(
                 200,
@@ -166,23 +211,25 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::ListPods { selector, node } => {
             let node = scope_to_node(id, node)?;
-            let (rv, pods) = store.list::<Pod>().map_err(store_error)?;
-            let items: Vec<Pod> = pods
+            let listed = store.list::<Pod>().map_err(store_error)?;
+            let items: Vec<Pod> = listed
+                .items
                 .into_iter()
                 .filter(|p| selector.matches(&p.metadata.labels))
                 .filter(|p| node.is_none() || p.spec.node_name == node)
                 .collect();
-            json(200, &List { resource_version: rv, items })
+            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
-        Action::WatchPods { selector, node, from } => {
+        Action::WatchPods { selector, node, from, bookmarks } => {
             let node = scope_to_node(id, node)?;
             let filter = PodFilter { selector, node };
             let mut initial = Vec::new();
             let from = match from {
                 Some(v) => v,
                 None => {
-                    let (rv, pods) = store.list::<Pod>().map_err(store_error)?;
-                    for p in pods {
+                    let listed = store.list::<Pod>().map_err(store_error)?;
+                    let rv = listed.rv;
+                    for p in listed.items {
                         if filter.selector.matches(&p.metadata.labels)
                             && (filter.node.is_none() || p.spec.node_name == filter.node)
                         {
@@ -194,7 +241,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 }
             };
             let watch = store.watch(from).map_err(store_error)?;
-            Ok(Reply::Watch { initial, watch, filter })
+            Ok(Reply::Watch { initial, watch, filter, from, bookmarks })
         }
         Action::CreatePod(pod) => {
             require_admin(id, "create pods")?;
@@ -267,16 +314,23 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::DeletePod(name) => {
             require_admin(id, "delete pods")?;
             let n = name.clone();
-            let pod = store
-                .write(move |t| -> Result<Option<Pod>, Refused> { Ok(t.delete::<Pod>(&n)?) })
+            // An unreadable record (lists skip it) can be deleted too.
+            let (pod, purged) = store
+                .write(move |t| -> Result<(Option<Pod>, bool), Refused> {
+                    if t.purge_unreadable::<Pod>(&n)? {
+                        return Ok((None, true));
+                    }
+                    Ok((t.delete::<Pod>(&n)?, false))
+                })
                 .await
                 .map_err(|Refused(e)| e)?;
-            match pod {
-                Some(p) => {
+            match (pod, purged) {
+                (Some(p), _) => {
                     state.controller.pod_deleted(&p);
                     json(200, &p)
                 }
-                None => Err(not_found("Pod", &name)),
+                (None, true) => json(200, &named_pod(&name)),
+                (None, false) => Err(not_found("Pod", &name)),
             }
         }
         Action::UpdatePodStatus { name, status } => {
@@ -343,6 +397,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             // The version is read before the pod: every change after the pod
             // as read is in the change log after `from`, so none is missed.
             let from = store.resource_version();
+            if let Some(known) = known_version.filter(|&k| k > from) {
+                // A version from the future would hold back the pod's status frames.
+                return Err(store_error(crate::store::StoreError::Future { requested: known, current: from }));
+            }
             let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
             let container = pick_container(&pod, container)?;
             let watch = store.watch(from).map_err(store_error)?;
@@ -350,9 +408,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::ListNodes { selector } => {
             require_admin(id, "list nodes")?;
-            let (rv, nodes) = store.list::<Node>().map_err(store_error)?;
-            let items: Vec<Node> = nodes.into_iter().filter(|n| selector.matches(&n.metadata.labels)).collect();
-            json(200, &List { resource_version: rv, items })
+            let listed = store.list::<Node>().map_err(store_error)?;
+            let items: Vec<Node> = listed.items.into_iter().filter(|n| selector.matches(&n.metadata.labels)).collect();
+            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::RegisterNode(node) => {
             require_self(id, &node.metadata.name)?;
@@ -396,16 +454,24 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::DeleteNode(name) => {
             require_admin(id, "delete nodes")?;
             let n = name.clone();
-            let node = store
-                .write(move |t| -> Result<Option<Node>, Refused> { Ok(t.delete::<Node>(&n)?) })
+            // The name's join claim goes too, so the machine can join again;
+            // an unreadable record (lists skip it) is removed as well.
+            let (node, claimed) = store
+                .write(move |t| -> Result<(Option<Node>, bool), Refused> {
+                    let purged = t.purge_unreadable::<Node>(&n)?;
+                    let node = if purged { None } else { t.delete::<Node>(&n)? };
+                    Ok((node, t.release(JOIN_CLAIMS, &n)? || purged))
+                })
                 .await
                 .map_err(|Refused(e)| e)?;
-            match node {
-                Some(node) => {
+            match (node, claimed) {
+                (Some(node), _) => {
                     state.controller.node_deleted(&name);
                     json(200, &node)
                 }
-                None => Err(not_found("Node", &name)),
+                // Joined but never registered (only its name was held), or unreadable.
+                (None, true) => json(200, &joined_only(&name)),
+                (None, false) => Err(not_found("Node", &name)),
             }
         }
         Action::Heartbeat(name) => {
@@ -429,6 +495,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     node.status.last_report = Some(now_rfc3339());
                     node.status.numa =
                         NodeStatus::numa_summary(&node.spec.topology, &node.spec.settings, &node.status.allocations);
+                    node.status.offline_cpus = report.offline_cpus.clone();
+                    for z in &mut node.status.numa {
+                        z.free_cpus.difference_with(&report.offline_cpus);
+                    }
                     t.put(&mut node)?;
                     if !was_ready {
                         t.add_event(event("Node", &n, "Normal", "NodeReady", "status reports resumed"))?;
@@ -468,8 +538,33 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             require_admin(id, "list events")?;
             let kind = if kind == "Node" { Kind::Node } else { Kind::Pod };
             let events = store.events(kind, &name).map_err(store_error)?;
-            json(200, &List { resource_version: store.resource_version(), items: events })
+            json(200, &List { resource_version: store.resource_version(), items: events, unreadable: 0 })
         }
+    }
+}
+
+/// The claim space of node names taken by a join (`Txn::claim`).
+const JOIN_CLAIMS: &str = "join";
+
+/// What a delete answers for an unreadable pod: only its name is known.
+fn named_pod(name: &str) -> Pod {
+    Pod {
+        api_version: specs::pod::API_VERSION.to_string(),
+        kind: "Pod".into(),
+        metadata: specs::pod::ObjectMeta { name: name.to_string(), ..Default::default() },
+        spec: Default::default(),
+        status: None,
+    }
+}
+
+/// What a delete answers for a node that joined but never registered.
+fn joined_only(name: &str) -> Node {
+    Node {
+        api_version: specs::pod::API_VERSION.to_string(),
+        kind: "Node".into(),
+        metadata: specs::pod::ObjectMeta { name: name.to_string(), ..Default::default() },
+        spec: Default::default(),
+        status: Default::default(),
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::Response;
-use specs::api::{AttachFrame, ATTACH_HEARTBEAT_SECONDS};
+use specs::api::{AttachFrame, Liveness};
 use specs::status::ContainerState;
 use specs::{Pod, PodPhase};
 use tokio::sync::{mpsc, watch};
@@ -29,9 +29,6 @@ use super::proxy::{open_node_stream, NodeStream};
 use super::{Body, ChannelBody};
 use crate::store::{Kind, Watch};
 
-/// A silent stream carries a heartbeat this often, so a follower can tell a
-/// dead stream from a quiet pod.
-const HEARTBEAT: Duration = Duration::from_secs(ATTACH_HEARTBEAT_SECONDS);
 /// How long the output may go on after the pod is final (bounds a node that
 /// never ends its log follow).
 const OUTPUT_DRAIN: Duration = Duration::from_secs(10);
@@ -51,9 +48,17 @@ pub struct Attach {
 
 /// The streaming reply; the stream runs in its own task until it ends, the
 /// caller goes away or the server shuts down.
-pub fn respond(state: Arc<ApiState>, attach: Attach, shutdown: watch::Receiver<bool>) -> Response<Body> {
+/// A silent stream carries a heartbeat every `liveness.heartbeat`, so a
+/// follower can tell a dead stream from a quiet pod.
+pub fn respond(
+    state: Arc<ApiState>,
+    attach: Attach,
+    liveness: Liveness,
+    shutdown: watch::Receiver<bool>,
+) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(follow(state, attach, Frames { tx, last: Instant::now() }, shutdown));
+    let frames = Frames { tx, last: Instant::now(), heartbeat: liveness.heartbeat };
+    tokio::spawn(follow(state, attach, frames, shutdown));
     let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
     r.headers_mut()
         .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/x-ndjson"));
@@ -64,6 +69,7 @@ struct Frames {
     tx: mpsc::Sender<Bytes>,
     /// When the last frame went out (the heartbeat clock).
     last: Instant,
+    heartbeat: Duration,
 }
 
 impl Frames {
@@ -293,7 +299,7 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
                 }
                 None => output = Output::Done,
             },
-            _ = tokio::time::sleep_until(out.last + HEARTBEAT) => {
+            _ = tokio::time::sleep_until(out.last + out.heartbeat) => {
                 if !out.send(&AttachFrame::Heartbeat).await {
                     return;
                 }

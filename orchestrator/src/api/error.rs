@@ -62,7 +62,49 @@ impl From<ApiError> for Refused {
 pub fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Gone { .. } => error(410, "Gone", e.to_string()),
+        StoreError::Future { .. } => {
+            let message = e.to_string();
+            let field = FieldError { field: "resourceVersion".into(), message: message.clone() };
+            ApiError { details: vec![field], ..bad_request(message) }
+        }
         StoreError::Closed => error(503, "ShuttingDown", e.to_string()),
+        // The client may retry later; the message names the data dir and what to do.
+        ref full if full.is_disk_full() => error(507, "InsufficientStorage", full.to_string()),
         other => internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn check(e: StoreError, code: u16, reason: &str) {
+        let text = e.to_string();
+        let api = store_error(e);
+        assert_eq!((api.code, api.reason.as_str()), (code, reason), "{text}");
+        assert_eq!(api.message, text);
+    }
+
+    #[test]
+    fn store_errors_map_to_their_status() {
+        let full = || StoreError::DiskFull { dir: PathBuf::from("/d/store"), available: 0, needed: 4 << 20 };
+        let enospc = || sled::Error::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        check(full(), 507, "InsufficientStorage");
+        check(StoreError::Failed(Arc::new(full())), 507, "InsufficientStorage");
+        check(StoreError::Failed(Arc::new(StoreError::Sled(enospc()))), 507, "InsufficientStorage");
+        let broken =
+            |disk_full| StoreError::Broken { dir: PathBuf::from("/d/store"), cause: "sled: x".into(), disk_full };
+        check(broken(true), 507, "InsufficientStorage");
+        check(broken(false), 500, "InternalError");
+        check(
+            StoreError::Failed(Arc::new(StoreError::Sled(sled::Error::Unsupported("x".into())))),
+            500,
+            "InternalError",
+        );
+        check(StoreError::Closed, 503, "ShuttingDown");
+        check(StoreError::Gone { requested: 1, oldest: 5 }, 410, "Gone");
     }
 }

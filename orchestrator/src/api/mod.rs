@@ -2,7 +2,9 @@
 //! identity from the verified certificate, body limits and read timeouts, then
 //! route -> `parse` (typed `Action`) -> `apply` (store) -> JSON or a watch
 //! stream. Graceful shutdown: stop accepting, let in-flight requests finish,
-//! end watch streams.
+//! end watch streams. Liveness (`ApiConfig::liveness`): TCP keepalive on every
+//! accepted socket, an HTTP/2 PING on a quiet connection, a BOOKMARK on an idle
+//! watch that asked for them, a heartbeat frame on an idle attach stream.
 
 pub mod apply;
 pub mod attach;
@@ -22,11 +24,11 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use specs::api::{ApiError, WatchEventType};
+use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use self::apply::{apply, watch_line, ApiState, Reply};
+use self::apply::{apply, bookmark_line, watch_line, ApiState, Reply};
 use self::error::{bad_request, error};
 use self::routes::{match_route, routes, Matched, Route};
 use crate::tls::Identity;
@@ -47,6 +49,9 @@ pub struct ApiConfig {
     pub read_timeout: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_timeout: Duration,
+    /// How often an idle stream or connection carries something; clients
+    /// bound silence by the same rule.
+    pub liveness: Liveness,
 }
 
 impl Default for ApiConfig {
@@ -57,6 +62,7 @@ impl Default for ApiConfig {
             handshake_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(10),
+            liveness: Liveness::default(),
         }
     }
 }
@@ -90,6 +96,7 @@ pub async fn serve(
             _ = shutdown.changed() => break,
         };
         let _ = tcp.set_nodelay(true);
+        pinion_client::keep_alive(&tcp, &config.liveness);
         let (acceptor, state, table, shutdown) = (acceptor.clone(), state.clone(), table.clone(), shutdown.clone());
         tokio::spawn(async move {
             let _permit = permit;
@@ -130,7 +137,14 @@ async fn serve_connection<S>(
     // connection preface to tell them apart.
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(config.read_timeout);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    // Pings on a quiet connection: a client whose path went silent is let go
+    // (its watches and follows with it) instead of held until the OS gives up.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .keep_alive_interval(config.liveness.heartbeat)
+        .keep_alive_timeout(config.liveness.silence().saturating_sub(config.liveness.heartbeat));
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
@@ -214,26 +228,41 @@ async fn handle(
     };
     match apply(&state, identity, action).await {
         Ok(Reply::Json(code, v)) => json_response(code, v),
-        Ok(Reply::Watch { initial, mut watch, filter }) => {
+        Ok(Reply::Watch { initial, mut watch, filter, from, bookmarks }) => {
             let (tx, rx) = mpsc::channel::<Bytes>(256);
             let mut stop = shutdown;
+            let heartbeat = config.liveness.heartbeat;
             tokio::spawn(async move {
                 for line in initial {
                     if tx.send(Bytes::from(line)).await.is_err() {
                         return;
                     }
                 }
+                // Every change read so far was sent or filtered out: a bookmark
+                // at this version skips nothing.
+                let mut version = from;
+                let mut last_sent = tokio::time::Instant::now();
                 loop {
                     let change = tokio::select! {
                         c = watch.next() => c,
+                        _ = tokio::time::sleep_until(last_sent + heartbeat), if bookmarks => {
+                            if tx.send(Bytes::from(bookmark_line(version))).await.is_err() {
+                                return;
+                            }
+                            last_sent = tokio::time::Instant::now();
+                            continue;
+                        }
                         _ = stop.changed() => return,
                         _ = tx.closed() => return,
                     };
                     let line = match change {
-                        Ok(c) => match filter.line(&c) {
-                            Some(l) => l,
-                            None => continue,
-                        },
+                        Ok(c) => {
+                            version = version.max(c.rv);
+                            match filter.line(&c) {
+                                Some(l) => l,
+                                None => continue,
+                            }
+                        }
                         Err(e) => {
                             let err = error::store_error(e);
                             let obj = serde_json::to_string(&err).unwrap_or_default();
@@ -244,6 +273,7 @@ async fn handle(
                     if tx.send(Bytes::from(line)).await.is_err() {
                         return;
                     }
+                    last_sent = tokio::time::Instant::now();
                 }
             });
             let mut r = Response::new(BodyExt::boxed(ChannelBody { rx }));
@@ -254,7 +284,7 @@ async fn handle(
         Ok(Reply::Proxy { node, endpoint, path }) => {
             proxy::proxy(&state.proxy, &node, &endpoint, &path, shutdown).await
         }
-        Ok(Reply::Attach(a)) => attach::respond(state, *a, shutdown),
+        Ok(Reply::Attach(a)) => attach::respond(state, *a, config.liveness, shutdown),
         Err(e) => error_response(&e),
     }
 }

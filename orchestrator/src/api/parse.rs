@@ -6,7 +6,6 @@ use bytes::Bytes;
 use hyper::HeaderMap;
 use specs::api::ApiError;
 use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
-use specs::pod::API_VERSION;
 use specs::validate::FieldError;
 use specs::{Pod, PodStatus};
 
@@ -19,7 +18,7 @@ pub enum Action {
     Version,
     Join { token: Option<String>, request: JoinRequest },
     ListPods { selector: LabelSelector, node: Option<String> },
-    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64> },
+    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64>, bookmarks: bool },
     CreatePod(Box<Pod>),
     GetPod(String),
     DeletePod(String),
@@ -68,6 +67,24 @@ pub fn parse(
                     vec![FieldError { field: "nodeName".into(), message: p }],
                 ));
             }
+            if let Some(a) = &request.attempt {
+                if a.is_empty()
+                    || a.len() > specs::api::MAX_JOIN_ATTEMPT_LEN
+                    || !a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                {
+                    return Err(invalid(
+                        "JoinRequest",
+                        &request.node_name,
+                        vec![FieldError {
+                            field: "attempt".into(),
+                            message: format!(
+                                "must be 1 to {} letters, digits or '-'",
+                                specs::api::MAX_JOIN_ATTEMPT_LEN
+                            ),
+                        }],
+                    ));
+                }
+            }
             Action::Join { token, request }
         }
         RouteId::ListPods => {
@@ -81,7 +98,10 @@ pub fn parse(
                             .map_err(|_| bad_request(format!("resourceVersion {v:?} is not a non-negative integer")))?,
                     ),
                 };
-                Action::WatchPods { selector, node, from }
+                // Opt-in, as in Kubernetes: a client older than BOOKMARK would
+                // refuse the event type.
+                let bookmarks = q.flag("allowWatchBookmarks")?;
+                Action::WatchPods { selector, node, from, bookmarks }
             } else {
                 Action::ListPods { selector, node }
             }
@@ -146,15 +166,6 @@ fn decode_error(e: &serde_yaml_ng::Error) -> FieldError {
     }
 }
 
-fn check_header(api_version: &str, kind: &str, want_kind: &str, errs: &mut Vec<FieldError>) {
-    if api_version != API_VERSION {
-        errs.push(FieldError { field: "apiVersion".into(), message: format!("must be {API_VERSION:?}") });
-    }
-    if kind != want_kind {
-        errs.push(FieldError { field: "kind".into(), message: format!("must be {want_kind:?}") });
-    }
-}
-
 /// One pod from a YAML or JSON body, every problem with its field path.
 pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| bad_request("body is not UTF-8"))?;
@@ -165,19 +176,9 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     let Some(mut pod) = decoded.pod.take() else {
         return Err(invalid("Pod", "", decoded.errors));
     };
-    let mut errs = Vec::new();
-    check_header(&pod.api_version, &pod.kind, "Pod", &mut errs);
-    if let Some(p) = name_problem(&pod.metadata.name) {
-        errs.push(FieldError { field: "metadata.name".into(), message: p });
-    }
-    check_labels(&pod.metadata.labels, &mut errs);
-    check_quantities(&pod, &mut errs);
-    for e in specs::validate::validate_pod(&pod) {
-        if !errs.iter().any(|x| x.field == e.field) {
-            errs.push(e);
-        }
-    }
-    decoded.add_semantic(errs);
+    // The bounds are the validator's alone (`specs::limits`), so the API and
+    // `pinion apply`'s own check refuse exactly the same pods.
+    decoded.add_semantic(specs::validate::validate_pod(&pod));
     if !decoded.errors.is_empty() {
         return Err(invalid("Pod", &pod.metadata.name, decoded.errors));
     }
@@ -189,100 +190,23 @@ pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
     Ok(pod)
 }
 
+/// A node's registration. Its topology is bounded and coherent like a pod is
+/// (`specs::validate::validate_node`): the controller indexes it under its lock
+/// and every placement on it is stored, so an id the store cannot read back, or
+/// a CPU on a NUMA node that is not listed, never gets in.
 pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
     let node: Node = serde_json::from_slice(body).map_err(|e| {
         invalid("Node", "", vec![FieldError { field: "(body)".into(), message: format!("malformed JSON: {e}") }])
     })?;
-    let mut errs = Vec::new();
-    check_header(&node.api_version, &node.kind, "Node", &mut errs);
-    if let Some(p) = name_problem(&node.metadata.name) {
-        errs.push(FieldError { field: "metadata.name".into(), message: p });
-    }
-    check_labels(&node.metadata.labels, &mut errs);
-    let t = &node.spec.topology;
-    if t.cpus.is_empty() {
-        errs.push(FieldError { field: "spec.topology.cpus".into(), message: "must not be empty".into() });
-    }
-    if t.cpus.len() > specs::idset::MAX_ID as usize + 1 {
-        errs.push(FieldError { field: "spec.topology.cpus".into(), message: "more CPUs than Linux supports".into() });
-    }
-    if t.numa_nodes.is_empty() || t.numa_nodes.len() > 1024 {
-        errs.push(FieldError {
-            field: "spec.topology.numaNodes".into(),
-            message: "must list 1 to 1024 NUMA nodes".into(),
-        });
-    }
-    for (i, c) in t.cpus.iter().enumerate() {
-        if t.numa_node(c.numa).is_none() {
-            errs.push(FieldError {
-                field: format!("spec.topology.cpus[{i}].numa"),
-                message: format!("NUMA node {} is not in numaNodes", c.numa),
-            });
-        }
-    }
+    let errs = specs::validate::validate_node(&node);
     if !errs.is_empty() {
         return Err(invalid("Node", &node.metadata.name, errs));
     }
     Ok(node)
 }
 
-/// DNS-label names: they become store keys, cgroup and file names.
-pub fn name_problem(name: &str) -> Option<String> {
-    if name.is_empty() {
-        return Some("must not be empty".into());
-    }
-    if name.len() > 63 {
-        return Some(format!("must be at most 63 characters (has {})", name.len()));
-    }
-    if !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.') {
-        return Some("must consist of lower-case letters, digits, '-' and '.'".into());
-    }
-    let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    if !ends_ok(name.chars().next()) || !ends_ok(name.chars().last()) {
-        return Some("must start and end with a letter or digit".into());
-    }
-    None
-}
-
-fn check_labels(labels: &std::collections::BTreeMap<String, String>, errs: &mut Vec<FieldError>) {
-    let ok = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
-    for (k, v) in labels {
-        if k.is_empty() || k.len() > 253 || !ok(k) {
-            errs.push(FieldError { field: format!("metadata.labels.{k}"), message: "invalid label key".into() });
-        }
-        if v.len() > 63 || !ok(v) {
-            errs.push(FieldError { field: format!("metadata.labels.{k}"), message: "invalid label value".into() });
-        }
-    }
-}
-
-/// Quantities no machine has: caught here so they never reach the scheduler.
-fn check_quantities(pod: &Pod, errs: &mut Vec<FieldError>) {
-    const MAX_CPU_MILLIS: i128 = 8192 * 1000;
-    const MAX_BYTES: i128 = 1 << 50; // 1 PiB
-    for (i, c) in pod.spec.containers.iter().enumerate() {
-        for (section, map) in [("requests", &c.resources.requests), ("limits", &c.resources.limits)] {
-            for (res, q) in map {
-                let field = format!("spec.containers[{i}].resources.{section}.{res}");
-                if q.is_negative() {
-                    errs.push(FieldError { field, message: format!("{} must not be negative", q.as_str()) });
-                } else if res == "cpu" && q.millis_ceil() > MAX_CPU_MILLIS {
-                    errs.push(FieldError { field, message: format!("{} CPUs is more than any node has", q.as_str()) });
-                } else if res != "cpu"
-                    && q.units_ceil() > MAX_BYTES
-                    && (res == "memory" || res.starts_with("hugepages-"))
-                {
-                    errs.push(FieldError { field, message: format!("{} is more than any node has", q.as_str()) });
-                } else if res.contains('/') && q.units_ceil() > 1024 {
-                    errs.push(FieldError {
-                        field,
-                        message: format!("{} devices is more than any node has", q.as_str()),
-                    });
-                }
-            }
-        }
-    }
-}
+/// Names in paths, node names and join requests: one rule, in `specs`.
+pub use specs::validate::name_problem;
 
 pub use pinion_client::query::{percent_encode, Query};
 
@@ -333,6 +257,102 @@ mod tests {
             ],
         );
         check_pod("{not yaml", &["(body)"]);
+    }
+
+    /// One set of limits: the API's parser, `specs`' validator (what `pinion
+    /// apply` checks before sending) and the engine accept exactly up to each
+    /// limit and refuse one past it. Rows: what is varied, the value at the
+    /// limit, whether one past it is refused by each.
+    #[test]
+    fn parser_validator_and_engine_refuse_at_the_same_boundary() {
+        use specs::limits::{MAX_CPUS, MAX_DEVICES, MAX_ID, MAX_NAME_LEN, MAX_NUMA_NODES, MAX_POD_MEMORY_BYTES};
+
+        fn pod_yaml(name: &str, resources: &str) -> String {
+            format!(
+                "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec: {{containers: [{{name: c, rootfs: host, resources: {resources}}}]}}\n"
+            )
+        }
+        // (the pod at a limit, the pod one past it)
+        let both = |res: &str, n: u128| {
+            let r = |n: u128| format!("{{requests: {{{res}: \"{n}\"}}, limits: {{{res}: \"{n}\"}}}}");
+            (pod_yaml("p", &r(n)), pod_yaml("p", &r(n + 1)))
+        };
+        let pods = [
+            ("name", (pod_yaml(&"a".repeat(MAX_NAME_LEN), "{}"), pod_yaml(&"a".repeat(MAX_NAME_LEN + 1), "{}"))),
+            ("cpu", both("cpu", MAX_CPUS as u128)),
+            ("memory", both("memory", u128::from(MAX_POD_MEMORY_BYTES))),
+            ("devices", both("example.com/gpu", MAX_DEVICES as u128)),
+        ];
+        let check_pod = |what: &str, yaml: &str, ok: bool| {
+            let parsed = parse_pod(&Bytes::from(yaml.to_string()));
+            let pod = specs::Pod::from_yaml(yaml).expect(what);
+            let validated = specs::validate::validate_pod(&pod);
+            assert_eq!(parsed.is_ok(), ok, "{what}: parser: {:?}", parsed.err());
+            assert_eq!(validated.is_empty(), ok, "{what}: validator: {validated:?}");
+        };
+        for (what, (at, over)) in &pods {
+            check_pod(what, at, true);
+            check_pod(what, over, false);
+        }
+
+        // Topologies: NUMA nodes, and the largest CPU and NUMA id.
+        let topo = |numa_ids: &[u32], cpu_id: u32| {
+            let cpus: Vec<_> = numa_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let id = if i == 0 { cpu_id } else { i as u32 - 1 };
+                    serde_json::json!({"id": id, "core": id, "socket": 0, "numa": n})
+                })
+                .collect();
+            let mut cpus = cpus;
+            cpus.sort_by_key(|c| c["id"].as_u64());
+            let nodes: Vec<_> = numa_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let id = if i == 0 { cpu_id } else { i as u32 - 1 };
+                    // A set cannot even hold an id past MAX_ID: leave it out there.
+                    let cpus = if id > MAX_ID { vec![] } else { vec![id] };
+                    serde_json::json!({"id": n, "cpus": cpus, "memoryBytes": 1u64 << 30, "distances": []})
+                })
+                .collect();
+            serde_json::json!({"apiVersion": API, "kind": "Node", "metadata": {"name": "n"},
+                "spec": {"topology": {"cpus": cpus, "numaNodes": nodes}}})
+        };
+        const API: &str = specs::pod::API_VERSION;
+        let ids = |n: usize| (0..n as u32).collect::<Vec<_>>();
+        let high_numa = |last: u32| {
+            let mut v = ids(2);
+            v[1] = last;
+            v
+        };
+        let nodes = [
+            ("numa nodes", topo(&ids(MAX_NUMA_NODES), MAX_NUMA_NODES as u32), topo(&ids(MAX_NUMA_NODES + 1), 4096)),
+            ("cpu id", topo(&ids(1), MAX_ID), topo(&ids(1), MAX_ID + 1)),
+            ("numa id", topo(&high_numa(MAX_ID), 5), topo(&high_numa(MAX_ID + 1), 5)),
+        ];
+        let small = specs::Pod::from_yaml(&pod_yaml("p", "{requests: {cpu: \"1\"}}")).expect("pod");
+        let check_node = |what: &str, json: &serde_json::Value, ok: bool| {
+            let parsed = parse_node(&Bytes::from(json.to_string()));
+            assert_eq!(parsed.is_ok(), ok, "{what}: parser: {:?}", parsed.err());
+            let node: Node = serde_json::from_value(json.clone()).expect(what);
+            let validated = specs::validate::validate_topology(&node.spec.topology);
+            assert_eq!(validated.is_empty(), ok, "{what}: validator: {validated:?}");
+            let t = &node.spec.topology;
+            let admitted = specs::admit(t, &Default::default(), &Default::default(), "p", &small);
+            match admitted {
+                Ok(_) => assert!(ok, "{what}: the engine admits a pod there"),
+                Err(r) => {
+                    assert!(!ok, "{what}: engine: {r:?}");
+                    assert_eq!(r.reason, specs::RejectReason::InvalidRequest, "{what}: {r:?}");
+                }
+            }
+        };
+        for (what, at, over) in &nodes {
+            check_node(what, at, true);
+            check_node(what, over, false);
+        }
     }
 
     #[test]

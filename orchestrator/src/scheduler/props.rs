@@ -198,7 +198,7 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
         }
         t.numa_nodes.push(NumaNode {
             id,
-            cpus: CpuSet::from_ids(ids),
+            cpus: CpuSet::from_ids(ids).expect("id within MAX_ID"),
             memory_bytes: numa.memory_mib * MI,
             distances: (0..n).map(|j| if j == i { 10 } else { 20 }).collect(),
             hugepages: vec![HugePages { page_size_bytes: PAGE, total: numa.hugepages }],
@@ -218,7 +218,7 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
         ..NodeSettings::default()
     };
     if all > 0 {
-        settings.reserved_cpus = CpuSet::from_ids(g.reserved.iter().map(|r| r % all));
+        settings.reserved_cpus = CpuSet::from_ids(g.reserved.iter().map(|r| r % all)).expect("id within MAX_ID");
     }
     let mut addrs = Vec::new();
     for (k, numa) in g.devices.iter().enumerate() {

@@ -32,7 +32,7 @@ pub(crate) fn machine(cores_per_numa: &[u32]) -> NodeTopology {
         next += cores;
         t.numa_nodes.push(NumaNode {
             id: numa,
-            cpus: CpuSet::from_ids(ids),
+            cpus: CpuSet::from_ids(ids).expect("id within MAX_ID"),
             memory_bytes: 64 * GI,
             distances: (0..n).map(|j| if j as u32 == numa { 10 } else { 20 }).collect(),
             hugepages: Vec::new(),
@@ -179,8 +179,11 @@ fn least_numa_nodes_prefers_a_placement_on_fewer_numa_nodes() {
         let mut s = scheduler(
             SchedulerConfig { default_strategy: strategy, ..SchedulerConfig::default() },
             vec![
-                holding(node("a-split", &[8, 8]), CpuSet::from_ids([0, 1, 2, 3, 8, 9, 10, 11])),
-                holding(node("b-whole", &[8, 8]), CpuSet::range(0, 7)),
+                holding(
+                    node("a-split", &[8, 8]),
+                    CpuSet::from_ids([0, 1, 2, 3, 8, 9, 10, 11]).expect("id within MAX_ID"),
+                ),
+                holding(node("b-whole", &[8, 8]), CpuSet::range(0, 7).expect("id within MAX_ID")),
             ],
         );
         let b = s.schedule("x", &pod("x", 8, 1, None), std::time::Instant::now()).unwrap();
@@ -449,7 +452,7 @@ fn rich_node(held: CpuSet) -> NodeInfo {
         t.devices.push(specs::topology::PciDevice { address: addr.into(), class: "0x020000".into(), numa: Some(1) });
     }
     n.topology = Arc::new(t);
-    n.settings.reserved_cpus = CpuSet::single(0);
+    n.settings.reserved_cpus = CpuSet::single(0).expect("id within MAX_ID");
     n.settings.devices.insert(VF.into(), vec!["0000:3b:00.1".into(), "0000:3b:00.2".into()]);
     n
 }
@@ -472,7 +475,11 @@ fn summary_filters_rule_out_what_cannot_fit() {
     check(none.clone(), pod("p", 16, 1, None), Err("needs 16 exclusive CPUs; 15 free"));
     check(none.clone(), snn(8), Ok(()));
     // Holding CPU 8 (NUMA node 1) leaves 7 on each NUMA node.
-    check(CpuSet::range(8, 8), snn(8), Err("no single NUMA node has 8 free exclusive CPUs; best is node 0 with 7"));
+    check(
+        CpuSet::range(8, 8).expect("id within MAX_ID"),
+        snn(8),
+        Err("no single NUMA node has 8 free exclusive CPUs; best is node 0 with 7"),
+    );
     // Memory aligns for a Guaranteed pod: 64Gi per NUMA node.
     check(
         none.clone(),
@@ -492,16 +499,20 @@ fn summary_filters_rule_out_what_cannot_fit() {
     check(none.clone(), with(snn(4), VF, "2"), Ok(()));
     check(none.clone(), with(snn(4), VF, "3"), Err("needs 3 pinion.io/sriov-vf; 2 free"));
     check(
-        CpuSet::range(8, 13),
+        CpuSet::range(8, 13).expect("id within MAX_ID"),
         with(snn(4), VF, "1"),
         Err("no single NUMA node has all the pod's aligned resources at once"),
     );
-    check(CpuSet::range(8, 13), with(pod("p", 4, 1, Some(TopologyPolicy::BestEffort)), VF, "1"), Ok(()));
+    check(
+        CpuSet::range(8, 13).expect("id within MAX_ID"),
+        with(pod("p", 4, 1, Some(TopologyPolicy::BestEffort)), VF, "1"),
+        Ok(()),
+    );
     // Restricted: the narrowest possible span must have room.
     check(none.clone(), restricted(8), Ok(()));
-    check(CpuSet::range(1, 4), restricted(6), Ok(()));
+    check(CpuSet::range(1, 4).expect("id within MAX_ID"), restricted(6), Ok(()));
     check(
-        CpuSet::from_ids([1, 2, 3, 8, 9, 10]),
+        CpuSet::from_ids([1, 2, 3, 8, 9, 10]).expect("id within MAX_ID"),
         restricted(6),
         Err("restricted policy: the request needs 1 NUMA node(s) at best; the freest 1 have 5 of 6 exclusive CPUs"),
     );
@@ -567,18 +578,18 @@ fn restricted_counts_the_width_every_resource_needs() {
     // NUMA nodes of 4, 3 and 1 cores with 1.5Gi, 1.5Gi and 2.5Gi; CPU 0 reserved,
     // CPUs 1-2 held: 1, 3 and 1 free. 4352Mi needs all three nodes, and so the
     // 5 CPUs may come from all three.
-    let mut shrunk = holding(node("x", &[4, 3, 1]), CpuSet::range(1, 2));
+    let mut shrunk = holding(node("x", &[4, 3, 1]), CpuSet::range(1, 2).expect("id within MAX_ID"));
     let mut t = machine(&[4, 3, 1]);
     for (numa, mib) in t.numa_nodes.iter_mut().zip([1536u64, 1536, 2560]) {
         numa.memory_bytes = mib << 20;
     }
     shrunk.topology = Arc::new(t);
-    shrunk.settings.reserved_cpus = CpuSet::single(0);
+    shrunk.settings.reserved_cpus = CpuSet::single(0).expect("id within MAX_ID");
     shrunk.settings.topology_policy = TopologyPolicy::Restricted;
     check(shrunk, restricted(5, "4352Mi"), Ok(()));
 
     // 2x4 with 64Gi each, 2 CPUs free on each NUMA node.
-    let half = || holding(node("x", &[4, 4]), CpuSet::from_ids([0, 1, 4, 5]));
+    let half = || holding(node("x", &[4, 4]), CpuSet::from_ids([0, 1, 4, 5]).expect("id within MAX_ID"));
     check(half(), restricted(4, "100Gi"), Ok(()));
     check(
         half(),

@@ -65,7 +65,8 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize) -> CpuSet {
         let c = m.core(core);
         if c.iter().all(|&id| avail.contains(id)) && c.len() <= need {
             for &id in c {
-                taken.insert(id);
+                // A CPU of `m`, so within the set's capacity (`Machine::new`).
+                let _ = taken.insert(id);
                 avail.remove(id);
             }
             need -= c.len();
@@ -77,7 +78,7 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize) -> CpuSet {
     let order = core_order(m, &avail);
     for &core in &order {
         for &id in m.core(core).iter().filter(|&&id| avail.contains(id)) {
-            taken.insert(id);
+            let _ = taken.insert(id); // a CPU of `m`, as above
             need -= 1;
             if need == 0 {
                 return taken;
@@ -186,7 +187,7 @@ pub(crate) fn whole_core_cpus(m: &Machine<'_>, avail: &CpuSet) -> CpuSet {
         let c = m.core(i);
         if !c.is_empty() && c.iter().all(|&id| avail.contains(id)) {
             for &id in c {
-                s.insert(id);
+                let _ = s.insert(id); // a CPU of `m`: within capacity (`Machine::new`)
             }
         }
     }

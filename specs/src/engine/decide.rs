@@ -426,9 +426,9 @@ impl Ctx<'_> {
             })?;
             cp.memory = mem;
             cp.hugepages = hp;
-            cp.mems = m.numa_set(mask | numa_nodes);
+            cp.mems = m.numa_set(m.with_memory(mask | numa_nodes));
         } else if numa_nodes != 0 {
-            cp.mems = m.numa_set(numa_nodes);
+            cp.mems = m.numa_set(m.with_memory(numa_nodes));
         }
         for (name, n) in &r.devices {
             let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
@@ -458,6 +458,7 @@ pub fn admit(
         return Err(reject(RejectReason::AlreadyAllocated, format!("pod {pod_key} is already allocated on this node")));
     }
     let reqs = requests(pod, settings)?;
+    super::machine::check_bounds(topology)?;
     let requested = fits_allocatable(topology, settings, allocations, pod)?;
     let m = Machine::new(topology, settings)?;
     let mut free = Free::new(&m, allocations);

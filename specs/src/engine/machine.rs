@@ -17,8 +17,10 @@ use super::{Allocations, NodeSettings, RejectReason, Rejection};
 
 /// A set of NUMA nodes by *index* into `NodeTopology::numa_nodes` (not by id).
 pub(crate) type Mask = u128;
-/// The most NUMA nodes a machine may have for the engine.
-pub(crate) const MAX_NODES: usize = 128;
+/// The most NUMA nodes a machine may have for the engine: the shared limit,
+/// which a `Mask` must hold.
+pub(crate) const MAX_NODES: usize = crate::limits::MAX_NUMA_NODES;
+const _: () = assert!(MAX_NODES <= Mask::BITS as usize);
 
 pub(crate) fn bits(mut m: Mask) -> impl Iterator<Item = usize> {
     std::iter::from_fn(move || {
@@ -103,20 +105,33 @@ fn bad_topology(reason: String) -> Rejection {
     Rejection { reason: RejectReason::InvalidRequest, message: format!("topology: {reason}") }
 }
 
+/// The bounds the engine relies on (the shared limits): checked before any
+/// accounting, so that a topology out of bounds is refused as such, not as a
+/// lack of CPUs its sets could not hold.
+pub(crate) fn check_bounds(topo: &NodeTopology) -> Result<(), Rejection> {
+    let n = topo.numa_nodes.len();
+    if n == 0 {
+        return Err(bad_topology("no NUMA nodes".into()));
+    }
+    if n > MAX_NODES {
+        return Err(bad_topology(format!("{n} NUMA nodes; the engine handles at most {MAX_NODES}")));
+    }
+    if let Some(big) = topo.cpus.iter().map(|c| c.id).find(|&id| id > MAX_ID) {
+        return Err(bad_topology(format!("cpu id {big} is larger than {MAX_ID}")));
+    }
+    // A NUMA node's id goes into the placement's NumaSet.
+    if let Some(big) = topo.numa_nodes.iter().map(|nn| nn.id).find(|&id| id > MAX_ID) {
+        return Err(bad_topology(format!("NUMA node id {big} is larger than {MAX_ID}")));
+    }
+    Ok(())
+}
+
 impl<'a> Machine<'a> {
     pub fn new(topo: &'a NodeTopology, settings: &NodeSettings) -> Result<Machine<'a>, Rejection> {
+        check_bounds(topo)?;
         let n = topo.numa_nodes.len();
-        if n == 0 {
-            return Err(bad_topology("no NUMA nodes".into()));
-        }
-        if n > MAX_NODES {
-            return Err(bad_topology(format!("{n} NUMA nodes; the engine handles at most {MAX_NODES}")));
-        }
         let node_index = |id: u32| topo.numa_nodes.iter().position(|nn| nn.id == id);
         let max_id = topo.cpus.iter().map(|c| c.id).max().unwrap_or(0);
-        if max_id > MAX_ID {
-            return Err(bad_topology(format!("cpu id {max_id} is larger than {MAX_ID}")));
-        }
         let len = max_id as usize + 1;
         let mut cpu_node = vec![u32::MAX; len];
         let mut cpu_core = vec![u32::MAX; len];
@@ -148,10 +163,11 @@ impl<'a> Machine<'a> {
             cpu_node[c.id as usize] = ni as u32;
             cpu_core[c.id as usize] = core as u32;
             cpu_socket[c.id as usize] = socket as u32;
-            node_cpus[ni].insert(c.id);
+            // Every id is at most `max_id`, checked above against the sets' capacity.
+            let _ = node_cpus[ni].insert(c.id);
             core_count[core + 1] += 1;
-            sockets[socket].insert(c.id);
-            all_cpus.insert(c.id);
+            let _ = sockets[socket].insert(c.id);
+            let _ = all_cpus.insert(c.id);
         }
         let node_socket = node_cpus
             .iter()
@@ -233,12 +249,36 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// The nodes a memory binding over `mask` may name: those of `mask` that
+    /// have memory (regular or huge pages); when none has, the nodes with
+    /// memory nearest to `mask` (a CPU-only node's CPUs use remote memory
+    /// anyway, and binding a node without memory would fail every
+    /// allocation); 0 (no binding) when the machine reports no memory at all.
+    pub fn with_memory(&self, mask: Mask) -> Mask {
+        let has_memory = |i: usize| {
+            let node = &self.topo.numa_nodes[i];
+            node.memory_bytes > 0 || node.hugepages.iter().any(|h| h.total > 0)
+        };
+        let own = bits(mask).filter(|&i| has_memory(i)).fold(0, |m, i| m | (1 << i));
+        if own != 0 || mask == 0 {
+            return own;
+        }
+        let reach = |j: usize| bits(mask).map(|i| self.distance(i, j)).min().unwrap_or(u32::MAX);
+        let Some(nearest) = (0..self.n).filter(|&j| has_memory(j)).map(reach).min() else { return 0 };
+        (0..self.n).filter(|&j| has_memory(j) && reach(j) == nearest).fold(0, |m, j| m | (1 << j))
+    }
+
     pub fn node_id(&self, idx: usize) -> u32 {
         self.topo.numa_nodes[idx].id
     }
 
     pub fn numa_set(&self, m: Mask) -> crate::idset::NumaSet {
-        bits(m).map(|i| self.node_id(i)).collect()
+        let mut s = crate::idset::NumaSet::new();
+        for i in bits(m) {
+            // `new` refused ids beyond the set's capacity.
+            let _ = s.insert(self.node_id(i));
+        }
+        s
     }
 
     pub fn cpus_of(&self, m: Mask) -> CpuSet {

@@ -26,7 +26,10 @@
 //!
 //! For every policy, a Guaranteed pod's container gets `mems` = the NUMA nodes
 //! its memory and huge pages were accounted on (`memory`, `hugepages`); other
-//! pods' containers get no memory binding (empty `mems`) except `numa`.
+//! pods' containers get no memory binding (empty `mems`) except `numa`. `mems`
+//! never names a node without memory (an online node may have CPUs and none):
+//! such a node is left out, and a binding that would hold only such nodes
+//! names the nearest nodes with memory instead.
 //!
 //! `numaAffinity` is the merged hint: the pod's under scope `pod`, the union of
 //! the containers' hints under scope `container` (containers without any hint

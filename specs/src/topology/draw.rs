@@ -254,7 +254,7 @@ mod tests {
         let numa_nodes = (0..2)
             .map(|n| NumaNode {
                 id: n,
-                cpus: cpus.iter().filter(|c| c.numa == n).map(|c| c.id).collect(),
+                cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == n).map(|c| c.id)).expect("small ids"),
                 memory_bytes: 64 << 30,
                 distances: if n == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![HugePages { page_size_bytes: 2 << 20, total: 1024 }],
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn small_machine_exact_text() {
         let mut t = machine(2);
-        t.reserved_cpus = CpuSet::from_ids([0, 4]);
+        t.reserved_cpus = CpuSet::from_ids([0, 4]).expect("small ids");
         let holders = BTreeMap::from([(1, "web".to_string()), (5, "web".to_string()), (3, "db".to_string())]);
         let want = "\
 machine: 2 sockets, 2 NUMA nodes, 4 cores, 8 CPUs

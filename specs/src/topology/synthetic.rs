@@ -27,8 +27,8 @@ pub struct SyntheticError {
 
 /// Default memory of a synthetic NUMA node.
 pub const DEFAULT_NODE_MEMORY: u64 = 64 << 30;
-/// Most NUMA nodes a synthetic machine may have (Linux's usual `MAX_NUMNODES`).
-pub const MAX_NUMA_NODES: u64 = 1024;
+/// Most NUMA nodes a synthetic machine may have: the shared limit.
+pub const MAX_NUMA_NODES: u64 = crate::limits::MAX_NUMA_NODES as u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -167,7 +167,8 @@ pub fn parse(desc: &str) -> Result<NodeTopology, SyntheticError> {
         // Die within its package.
         let die = die_span.map(|d| ((leaf % pack_span.max(d)) / d) as u32);
         cpus.push(Cpu { id, core: core as u32, socket, die, numa });
-        node_cpus[numa as usize].insert(id);
+        // `total` was checked against the sets' capacity above.
+        let _ = node_cpus[numa as usize].insert(id);
         if node_socket[numa as usize] == u32::MAX {
             node_socket[numa as usize] = socket;
         }
@@ -282,7 +283,7 @@ mod tests {
             ("core:2(foo=1)", "unsupported attribute"),
             ("numa:2(memory=1G core:1", "unclosed"),
             ("pack:100 core:100 pu:2", "at most 8192"),
-            ("numa:2000 pu:2", "at most 1024"),
+            ("numa:2000 pu:2", "at most 128"),
         ] {
             let e = parse(desc).expect_err(desc).to_string();
             assert!(e.contains(needle), "{desc}: {e}");

@@ -13,10 +13,15 @@ use super::*;
 fn state(t0: Instant) -> State {
     let topology = NodeTopology {
         cpus: (0..2).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0 }).collect(),
-        numa_nodes: vec![NumaNode { id: 0, cpus: CpuSet::range(0, 1), memory_bytes: 1 << 30, ..Default::default() }],
+        numa_nodes: vec![NumaNode {
+            id: 0,
+            cpus: CpuSet::range(0, 1).expect("id within MAX_ID"),
+            memory_bytes: 1 << 30,
+            ..Default::default()
+        }],
         ..Default::default()
     };
-    let settings = NodeSettings { reserved_cpus: CpuSet::single(0), ..Default::default() };
+    let settings = NodeSettings { reserved_cpus: CpuSet::single(0).expect("id within MAX_ID"), ..Default::default() };
     let mut cfg = AgentConfig::new("n1".into(), "/d".into(), topology, settings);
     cfg.backoff = super::super::Backoff {
         base: Duration::from_secs(10),
@@ -181,12 +186,13 @@ fn an_exit_frees_the_cpus_at_once_for_the_next_pod() {
     // b does not fit beside a.
     check(&mut st, Event::Changes(vec![apply("static/b", pod("b", "true", "Never"))]), t, &[]);
     assert_eq!(status::build(&st).pods["static/b"].reason.as_deref(), Some("InsufficientCpu"));
-    // a's exit: removed, its CPU freed and b admitted in the same pass, one write.
+    // a's exit: its CPU freed and b admitted in the same pass, one write;
+    // a's container is removed once that write (which no longer names it) is durable.
     let ev = exited(&st, "static/a", 0);
-    check(&mut st, ev, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/b] ids=[static-b_main_0]"]);
+    check(&mut st, ev, t, &["checkpoint 2 alloc=[static/b] ids=[static-b_main_0]"]);
     assert_eq!(phase(&st, "static/a"), Some(PodPhase::Succeeded));
     assert!(status::build(&st).pods["static/a"].placement.is_none());
-    check(&mut st, written(2), t, &["start static-b_main_0 cpus=1"]);
+    check(&mut st, written(2), t, &["remove static-a_main_0", "start static-b_main_0 cpus=1"]);
 }
 
 #[test]
@@ -198,8 +204,26 @@ fn an_exit_reported_before_the_start_returned_is_kept() {
     let ev = exited(&st, "static/a", 1);
     check(&mut st, ev, t, &[]);
     let ev = started(&st, "static/a");
-    check(&mut st, ev, t, &["remove static-a_main_0", "checkpoint 2 alloc=[] ids=[]"]);
+    check(&mut st, ev, t, &["checkpoint 2 alloc=[] ids=[]"]);
     assert_eq!(phase(&st, "static/a"), Some(PodPhase::Failed));
+    check(&mut st, written(2), t, &["remove static-a_main_0"]);
+}
+
+/// A restarted agent reads a checkpointed id the runtime lacks as "never
+/// created": so a dead incarnation goes only once a checkpoint that no longer
+/// names it is durable, and a failed write keeps it for the next one.
+#[test]
+fn a_dead_container_is_removed_only_once_a_checkpoint_without_it_is_durable() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "true", "Never"), 1);
+    check(&mut st, written(1), t, &[]);
+    let ev = exited(&st, "static/a", 0);
+    check(&mut st, ev, t, &["checkpoint 2 alloc=[] ids=[]"]);
+    check(&mut st, Event::CheckpointWritten { generation: 2, result: Err("disk full".into()) }, t, &[]);
+    check(&mut st, Event::Tick, t + RETRY_AFTER, &["checkpoint 3 alloc=[] ids=[]"]);
+    check(&mut st, written(3), t + RETRY_AFTER, &["remove static-a_main_0"]);
+    check(&mut st, Event::Tick, t + RETRY_AFTER * 2, &[]);
 }
 
 #[test]
@@ -209,8 +233,8 @@ fn restarts_wait_for_their_backoff_with_a_new_incarnation() {
     run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
     check(&mut st, written(1), t, &[]);
     let ev = exited(&st, "static/a", 2);
-    check(&mut st, ev, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/a] ids=[]"]);
-    check(&mut st, written(2), t, &[]);
+    check(&mut st, ev, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
+    check(&mut st, written(2), t, &["remove static-a_main_0"]);
     assert_eq!(st.next_wake(), t + Duration::from_secs(10), "the first backoff");
     check(&mut st, Event::Tick, t + Duration::from_secs(9), &[]);
     check(&mut st, Event::Tick, t + Duration::from_secs(10), &["checkpoint 3 alloc=[static/a] ids=[static-a_main_1]"]);
@@ -245,6 +269,29 @@ fn a_deleted_pod_is_stopped_and_forgotten_with_its_logs() {
         &[&format!("remove logs {}", logs.strip_prefix("logs").unwrap().display()), "checkpoint 2 alloc=[] ids=[]"],
     );
     assert!(!st.pods.contains_key("static/a"));
+    // Stopped, then removed once the checkpoint without it is durable.
+    check(&mut st, written(2), t, &["remove static-a_main_0"]);
+}
+
+/// A pod deleted and applied again unchanged gets the same runtime id: its
+/// container starts only once the old one is removed.
+#[test]
+fn a_pod_replaced_by_an_equal_spec_starts_after_the_old_container_is_removed() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    check(&mut st, written(1), t, &[]);
+    let old = id_of(&st, "static/a");
+    let remove = Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]);
+    check(&mut st, remove, t, &["stop static/a [static-a_main_0] 3s"]);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Always"))]), t);
+    let stopped = Event::Stopped { key: "static/a".into(), errors: vec![] };
+    check(&mut st, stopped, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
+    check(&mut st, written(2), t, &["remove static-a_main_0"]);
+    let removed = Event::Removed { id: old.clone() };
+    check(&mut st, removed, t, &["checkpoint 3 alloc=[static/a] ids=[static-a_main_0]"]);
+    assert_eq!(id_of(&st, "static/a"), old, "the same id, free again");
+    check(&mut st, written(3), t, &["start static-a_main_0 cpus=1"]);
 }
 
 #[test]
@@ -343,7 +390,7 @@ fn exclusive_admissions_move_the_shared_pool_in_place() {
         key: "static/s".into(),
         container: "main".into(),
         id: id_of(&st, "static/s"),
-        cpus: CpuSet::single(0),
+        cpus: CpuSet::single(0).expect("id within MAX_ID"),
         mems: NumaSet::new(),
         result: Ok(()),
     };

@@ -29,6 +29,8 @@ use crate::runtime::ContainerConfig;
 /// once (it only detaches); the detached one returns when the container is gone.
 pub fn run(data_dir: &Path, id: &str) -> i32 {
     tracing::debug!(target: "podstart", id, "shim running");
+    // Before the detach: the agent that started this shim (for `PINION_FAULT`).
+    let agent = nix::unistd::getppid().as_raw();
     let _ = setsid();
     // SAFETY: the shim is single-threaded (main runs it before any other thread
     // exists), so the child may do anything after fork.
@@ -57,7 +59,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
             return 1;
         }
     }
-    let created = create(&layout, id, &mut report);
+    let created = create(&layout, id, &mut report, agent);
     let (_container, log_read, log, init, system_cpus) = match created {
         Ok(c) => c,
         Err(e) => {
@@ -123,7 +125,7 @@ fn close_fds_except(keep: RawFd) {
 
 type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId, specs::CpuSet);
 
-fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, String> {
+fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Created, String> {
     let cfg: ContainerConfig = read_json(&layout.config(id))
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{} is missing", layout.config(id).display()))?;
@@ -155,6 +157,7 @@ fn create(layout: &Layout, id: &str, report: &mut File) -> Result<Created, Strin
             let _ = writeln!(report, "ok {pid}");
             std::process::exit(101);
         }
+        crate::fault::kill_agent_at(crate::fault::Fault::AfterCreate, agent);
         let init = ProcId::of(pid.as_raw()).ok_or("the container's init vanished")?;
         if !cfg.host_network {
             super::net::loopback_up(pid.as_raw()).map_err(|e| format!("bringing lo up: {e}"))?;

@@ -1,0 +1,40 @@
+//! The one set of bounds on what the API accepts, shared by `validate`, the
+//! server's request parser and the engine, so that nothing one of them accepts
+//! can be refused by another (or fail to read back from the store).
+
+/// Largest CPU, core, socket or NUMA node id: Linux's `NR_CPUS` tops out at
+/// 8192. It is also the capacity of an `IdSet` (ids `0..=MAX_ID`), so every id
+/// a validated topology holds fits in a set.
+pub const MAX_ID: u32 = 8191;
+/// Most CPUs a node may list, and so the largest cpu request any node can hold.
+pub const MAX_CPUS: usize = MAX_ID as usize + 1;
+/// Most NUMA nodes a topology may have: the engine keeps a set of NUMA nodes
+/// in one `u128` (it never enumerates subsets).
+pub const MAX_NUMA_NODES: usize = 128;
+/// Most PCI devices a topology may list, and so the largest device request.
+pub const MAX_DEVICES: usize = 4096;
+/// Object names (pods, nodes, containers): a DNS-1123 label's length.
+pub const MAX_NAME_LEN: usize = 63;
+/// Most memory (or huge page bytes) one pod may ask for: 1 PiB.
+pub const MAX_POD_MEMORY_BYTES: u64 = 1 << 50;
+/// Most memory (or hugepage bytes of one size) per NUMA node: 64 PiB, so that a
+/// sum over `MAX_NUMA_NODES` nodes never overflows a u64.
+pub const MAX_NODE_MEMORY_BYTES: u64 = 1 << 56;
+/// Largest hugepage size accepted (16 GiB is the largest any CPU offers).
+pub const MAX_HUGEPAGE_BYTES: u64 = 16 << 30;
+/// Containers per pod: far above any real pod, low enough to bound engine work.
+pub const MAX_CONTAINERS: usize = 64;
+/// Env vars per container.
+pub const MAX_ENV: usize = 1024;
+/// Command plus args entries per container.
+pub const MAX_ARGS: usize = 4096;
+/// Bytes of one command/arg/env value/working dir.
+pub const MAX_STRING_LEN: usize = 128 * 1024;
+/// Total bytes of all annotation keys and values (Kubernetes: 256 KiB).
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+/// Labels and nodeSelector entries per object.
+pub const MAX_LABELS: usize = 256;
+/// Longest `spec.ttlSecondsAfterFinished` (a year), so that a deadline is always representable.
+pub const MAX_TTL_SECONDS: u64 = 365 * 24 * 3600;
+/// Image reference length.
+pub const MAX_IMAGE_LEN: usize = 255;
