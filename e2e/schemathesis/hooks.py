@@ -6,7 +6,7 @@
 - Watches and log follows never end on their own, so `before_call` turns
   `watch` and `follow` off (the attach stream is excluded on the command line).
 - `after_call` counts requests and status codes into $PINION_SCHEMATHESIS_STATS
-  (JSON), for the figure in RESULTS.md.
+  (JSON), for the figure in RELIABILITY.md.
 """
 
 import atexit

@@ -8,7 +8,7 @@
 //! panic in the server, or its exit, fails it too. `e2e/schemathesis/setup.sh`
 //! installs the pinned Schemathesis under `target/`; without python3 the test
 //! is skipped, except under `CI=true`. The longer run by hand and its figures:
-//! `e2e/schemathesis/RESULTS.md`.
+//! `RELIABILITY.md` (Schemathesis).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -41,6 +41,10 @@ pub enum DiscoveryError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {reason}")]
     Malformed { path: PathBuf, reason: String },
+    /// Every file parsed but together they describe no machine (siblings across
+    /// sockets, more memory than any node has): `validate_topology`'s problems.
+    #[error("{root}: inconsistent topology: {problems}")]
+    Inconsistent { root: PathBuf, problems: String },
 }
 
 fn malformed(path: &Path, reason: impl Into<String>) -> DiscoveryError {
@@ -78,7 +82,15 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         .collect();
 
     let devices = read_pci(&root.join("sys/bus/pci/devices"))?;
-    Ok(NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() })
+    let topology = NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() };
+    // The engine's precondition: a tree no kernel writes (found by fuzzing) is a
+    // clear error here rather than a topology the engine was never meant to see.
+    let problems = specs::validate::validate_topology(&topology);
+    if !problems.is_empty() {
+        let problems = problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        return Err(DiscoveryError::Inconsistent { root: root.to_path_buf(), problems });
+    }
+    Ok(topology)
 }
 
 /// The CPUs online now under `root`, by the same rules as `discover`: what the
