@@ -137,14 +137,21 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     let held = node.status.allocations.pods.get("web").expect("the pod's allocation is reported");
     assert_eq!(held.containers[0].cpus.len(), 2, "{held:?}");
 
-    // The server reaches the node's endpoint through its proxy: the hollow
-    // runtime writes no log, and the node's own refusal comes back, each time
-    // over the one connection the server keeps to this node.
+    // The server reaches the node's endpoint through its proxy: a hollow
+    // container's log is empty (no process writes it), and it comes back each
+    // time over the one connection the server keeps to this node.
     for _ in 0..3 {
-        match admin.get_stream("/api/v1/pods/web/log").await {
-            Err(ClientError::Api(e)) => assert_eq!((e.code, e.reason.as_str()), (404, "NoLog"), "{e}"),
-            other => panic!("expected the node's NoLog, got {:?}", other.map(|_| ())),
+        let mut log = admin.get_stream("/api/v1/pods/web/log").await.expect("the pod's log");
+        let mut bytes = Vec::new();
+        while let Some(chunk) = log.next().await.expect("log bytes") {
+            bytes.extend_from_slice(&chunk);
         }
+        assert!(bytes.is_empty(), "a hollow container's log: {bytes:?}");
+    }
+    // A container the pod does not have is refused, naming it.
+    match admin.get_stream("/api/v1/pods/web/log?container=other").await {
+        Err(ClientError::Api(e)) => assert_eq!(e.code, 400, "{e}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
     assert_eq!(endpoint_connections.load(Ordering::SeqCst), 1, "connections from the server to the node");
 

@@ -71,6 +71,7 @@ async fn every_bad_request_names_its_field() {
         (Method::GET, "/api/v1/pods/UPPER", None, 400, "name"),
         (Method::POST, "/api/v1/nodes/a_b/heartbeat", None, 400, "name"),
         (Method::GET, "/api/v1/pods?watch=maybe", None, 400, "watch"),
+        (Method::GET, "/api/v1/pods?allowWatchBookmarks=null", None, 400, "allowWatchBookmarks"),
         (Method::GET, "/api/v1/pods?watch=true&resourceVersion=x", None, 400, "resourceVersion"),
         (Method::GET, "/api/v1/pods?labelSelector=a%3D%3D%2C", None, 400, "labelSelector"),
         (Method::GET, "/api/v1/pods?resourceVersion=18446744073709551616", None, 400, "resourceVersion"),
@@ -92,6 +93,7 @@ async fn every_bad_request_names_its_field() {
         (Method::POST, "/api/v1/pods/two/rejection", Some(r#"{"reason":"R"}"#), 400, "message"),
         (Method::POST, "/api/v1/join", Some("{}"), 400, "nodeName"),
         (Method::POST, "/api/v1/join", Some("[]"), 400, "(body)"),
+        (Method::POST, "/api/v1/join", Some(r#"{"nodeName":"a","attempt":7}"#), 400, "attempt"),
         // 422 Invalid: the same for a node and a pod.
         (
             Method::POST,

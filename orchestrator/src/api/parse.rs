@@ -92,10 +92,10 @@ pub fn parse(
             let node = q.get("nodeName").map(str::to_string);
             // Checked for a list too (where it is unused): a bad value is the caller's mistake either way.
             let from = q.number("resourceVersion")?;
+            let bookmarks = q.flag("allowWatchBookmarks")?;
             if q.flag("watch")? {
                 // Opt-in, as in Kubernetes: a client older than BOOKMARK would
                 // refuse the event type.
-                let bookmarks = q.flag("allowWatchBookmarks")?;
                 Action::WatchPods { selector, node, from, bookmarks }
             } else {
                 Action::ListPods { selector, node }
