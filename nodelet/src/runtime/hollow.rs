@@ -329,16 +329,22 @@ impl Runtime for HollowRuntime {
         if cfg.cpus.is_empty() {
             return Err(cerr(&cfg.id, "empty cpuset"));
         }
-        // No process writes it, but a started container has its log, as a
-        // real one does: `logs -f` and attach follow it from the start.
-        if let Some(dir) =
-            cfg.log_path.parent().filter(|d| !d.as_os_str().is_empty() && !cfg.log_path.starts_with("/dev"))
+        let course = course(&cfg.args);
+        // No process writes it, but a container that runs a while has its log,
+        // as a real one does: `logs -f` and attach follow it from the start.
+        // One that ends at once (`true`, `false`) gets none: the file and its
+        // folder cost the control-path benchmark 15% (960-1,008 jobs/s
+        // without, 809-855 with) for a log nobody could read anything in.
+        if let Some(dir) = cfg
+            .log_path
+            .parent()
+            .filter(|d| !matches!(course, Course::ExitNow(_)) && !d.as_os_str().is_empty())
+            .filter(|_| !cfg.log_path.starts_with("/dev"))
         {
             std::fs::create_dir_all(dir)
                 .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&cfg.log_path))
                 .map_err(|e| cerr(&cfg.id, format!("{}: {e}", cfg.log_path.display())))?;
         }
-        let course = course(&cfg.args);
         let ends_at = match course {
             Course::ExitAfter(d) => Some((Instant::now() + d, unix_ms(SystemTime::now() + d))),
             _ => None,
