@@ -207,11 +207,39 @@ pub async fn run(
     }
     // What memory knows that the file does not (a finished or removed pod)
     // is written before returning, after any write still in flight.
-    if state.dirty || state.writing.is_some() {
+    let doomed: Vec<String> =
+        state.doomed.drain(..).chain(std::mem::take(&mut state.doomed_by).into_values().flatten()).collect();
+    let mut durable = true;
+    if state.dirty || state.writing.is_some() || !doomed.is_empty() {
         let checkpoint = state.checkpoint();
         if let Err(e) = exec.write(checkpoint).await {
             tracing::error!(error = e, "cannot write the checkpoint at shutdown");
+            durable = false;
         }
+    }
+    // A graceful stop leaves no dead container behind: the ones waiting for
+    // that write go now that it is durable (else a restart removes them),
+    // and removals already running are waited for, each within its bound.
+    if durable {
+        for id in doomed {
+            exec.spawn(Action::Remove { id: id.clone() });
+            state.removing.insert(id);
+        }
+    }
+    let removals = async {
+        while !state.removing.is_empty() {
+            match events.recv().await {
+                Some(Event::Removed { id }) => {
+                    state.removing.remove(&id);
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+    };
+    let bound = state.cfg.op_timeout + Duration::from_secs(2);
+    if tokio::time::timeout(bound, removals).await.is_err() {
+        tracing::warn!(after = ?bound, "containers still being removed at shutdown; a restart removes them");
     }
     // The file ends up with the last report, whatever the follower had done.
     status_file.abort();
