@@ -111,6 +111,10 @@ pub struct PodEntry {
     /// The last error worth showing (runtime failure, checkpoint failure).
     pub message: Option<String>,
     pub attempts: u32,
+    /// When the agent learned of it (`State::arrivals`): pods waiting for
+    /// admission are tried in this order, first come first served, as the
+    /// scheduler's queue bound them.
+    pub arrival: u64,
 }
 
 impl PodEntry {
@@ -141,6 +145,7 @@ impl PodEntry {
             ctrs,
             message: None,
             attempts: 0,
+            arrival: 0,
         }
     }
 
@@ -286,6 +291,8 @@ pub struct State {
     /// Removals in flight. An id is not used again (a pod replaced by an
     /// equal spec gets the same ids) before its old container is gone.
     pub removing: BTreeSet<String>,
+    /// Pods learned of so far (see `PodEntry::arrival`).
+    pub arrivals: u64,
 }
 
 impl State {
@@ -316,6 +323,7 @@ impl State {
             doomed: Vec::new(),
             doomed_by: BTreeMap::new(),
             removing: BTreeSet::new(),
+            arrivals: 0,
         }
     }
 
@@ -664,7 +672,7 @@ fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Act
     st.dirty = true;
     let old_logs = e.log_dir(&st.cfg.data_dir, key);
     let next = match e.stage {
-        Stage::Terminating { then: Some(d), .. } => Some(PodEntry::new(*d, now)),
+        Stage::Terminating { then: Some(d), .. } => Some(arrived(st, *d, now)),
         _ => None,
     };
     // A static pod deleted and re-created unchanged keeps its log folder.
@@ -789,11 +797,18 @@ fn is_invalid(st: &State, key: &str) -> bool {
     st.invalid.contains_key(key) || key.rsplit_once('/').is_some_and(|(file, _)| st.invalid.contains_key(file))
 }
 
+/// A new entry for a pod the agent just learned of, numbered in arrival order.
+fn arrived(st: &mut State, d: Desired, now: Instant) -> PodEntry {
+    st.arrivals += 1;
+    PodEntry { arrival: st.arrivals, ..PodEntry::new(d, now) }
+}
+
 fn apply(st: &mut State, key: String, d: Desired, now: Instant, out: &mut Vec<Action>) {
     st.invalid.remove(&key);
     let hash = spec_hash(&d.pod);
     let Some(e) = st.pods.get_mut(&key) else {
-        st.pods.insert(key, PodEntry::new(d, now));
+        let e = arrived(st, d, now);
+        st.pods.insert(key, e);
         return;
     };
     let same_uid = e.pod.metadata.uid == d.pod.metadata.uid;
@@ -809,7 +824,7 @@ fn apply(st: &mut State, key: String, d: Desired, now: Instant, out: &mut Vec<Ac
     match &mut e.stage {
         Stage::Pending { .. } | Stage::Finished(_) => {
             let old_logs = e.log_dir(&st.cfg.data_dir, &key);
-            let next = PodEntry::new(d, now);
+            let next = arrived(st, d, now);
             if next.log_dir(&st.cfg.data_dir, &key) != old_logs {
                 out.push(Action::RemoveLogs { dir: old_logs });
             }
@@ -842,8 +857,9 @@ fn pass(st: &mut State, now: Instant, out: &mut Vec<Action>) {
     for key in &keys {
         begin_termination(st, key, now, out);
     }
-    // Key order: deterministic.
-    let keys: Vec<String> = st.pods.keys().cloned().collect();
+    // First come, first served (ties, as at recovery, in key order).
+    let mut keys: Vec<String> = st.pods.keys().cloned().collect();
+    keys.sort_by_key(|k| st.pods.get(k).map_or(0, |e| e.arrival));
     for key in &keys {
         try_admit(st, key);
     }

@@ -124,6 +124,23 @@ fn run_pod(st: &mut State, t: Instant, key: &str, p: Pod, generation: u64) {
     plan(st, ev, t);
 }
 
+/// Two pods learned of in one pass, room for one: the first to arrive is
+/// admitted, whatever the names (the scheduler bound them in that order).
+#[test]
+fn pods_arriving_together_are_admitted_first_come_first_served() {
+    let t = Instant::now();
+    let mut st = state(t);
+    check(
+        &mut st,
+        Event::Changes(vec![
+            apply("static/zed", pod("zed", "sleep, inf", "Never")),
+            apply("static/abe", pod("abe", "sleep, inf", "Never")),
+        ]),
+        t,
+        &["checkpoint 1 alloc=[static/zed] ids=[static-zed_main_0]"],
+    );
+}
+
 #[test]
 fn a_new_pod_starts_only_after_the_checkpoint_holding_it() {
     let t = Instant::now();
