@@ -6,22 +6,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::process::Proc;
 use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");
-
-/// Kills the process when the test ends, even on failure.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Starts `pinion ARGS` and waits for a stdout line starting with `ready`; returns
 /// the process and that line.

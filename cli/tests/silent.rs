@@ -18,11 +18,12 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use e2e::process::Proc;
 use e2e::relay::Relay;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
@@ -41,16 +42,6 @@ const SOON: Duration = Duration::from_secs(15);
 
 fn liveness() -> Liveness {
     Liveness { heartbeat: HEARTBEAT }
-}
-
-/// Kills the process when the test ends, even on failure.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 struct Cluster {

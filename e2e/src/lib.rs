@@ -6,6 +6,7 @@ pub mod binary;
 pub mod firstbyte;
 pub mod host;
 pub mod peers;
+pub mod process;
 pub mod qemu;
 pub mod relay;
 pub mod scenario;

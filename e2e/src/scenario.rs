@@ -43,13 +43,14 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::process::Proc;
 use crate::relay::Relay;
 
 #[derive(Debug, Deserialize)]
@@ -333,15 +334,6 @@ pub fn load(path: &Path) -> anyhow::Result<Scenario> {
 
 /// The daemons log at info level: their output is kept for reading.
 const DAEMON_LOG: &str = "info,libcgroups=error,libcontainer=error";
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct NodeRun {
     def: NodeDef,

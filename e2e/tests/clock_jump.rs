@@ -10,9 +10,10 @@
 //! skipped without it on a laptop, a failure under `CI=true`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use e2e::process::Proc;
 use serde_json::Value;
 
 const GRACE_SECS: u64 = 3;
@@ -22,16 +23,6 @@ fn libfaketime() -> Option<PathBuf> {
         .iter()
         .map(|d| Path::new(d).join("faketime/libfaketime.so.1"))
         .find(|p| p.is_file())
-}
-
-/// Kills the process when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `cmd` with its realtime clock shifted by what `shift` holds (re-read

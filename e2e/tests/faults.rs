@@ -9,24 +9,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use e2e::process::Proc;
 use orchestrator::client::tls::Credentials;
 use orchestrator::client::{Client, ClientError};
 use serde_json::Value;
-
-/// Kills (SIGKILL) and reaps its process when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Server {
     pinion: PathBuf,

@@ -17,6 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use e2e::process::Proc;
 use orchestrator::tls::Credentials;
 
 /// The whole Schemathesis run is killed after this long.
@@ -25,16 +26,6 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_EXAMPLES: &str = "20";
 const DEFAULT_SEED: &str = "12";
-
-/// Kills the server when the test ends, even on failure.
-struct ServerProcess(Child);
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Runs `cmd` to its end or `limit`; its status (None: killed at the limit).
 fn wait_bounded(mut child: Child, limit: Duration) -> anyhow::Result<Option<std::process::ExitStatus>> {
@@ -76,7 +67,7 @@ fn schemathesis(repo: &Path, out: &Path) -> anyhow::Result<Option<PathBuf>> {
     }
 }
 
-fn start_server(pinion: &Path, data: &Path, stderr: &Path) -> anyhow::Result<(ServerProcess, String)> {
+fn start_server(pinion: &Path, data: &Path, stderr: &Path) -> anyhow::Result<(Proc, String)> {
     let mut child = Command::new(pinion)
         .args(["server", "--data-dir"])
         .arg(data)
@@ -86,7 +77,7 @@ fn start_server(pinion: &Path, data: &Path, stderr: &Path) -> anyhow::Result<(Se
         .spawn()
         .context("spawning pinion server")?;
     let stdout = child.stdout.take().context("server stdout")?;
-    let server = ServerProcess(child);
+    let server = Proc(child);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut sent = false;
