@@ -87,3 +87,58 @@ impl TopologyArgs {
 pub fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
 }
+
+/// Reopening a stream that broke (`logs -f`, `get -w`): a growing pause
+/// between tries, and an end to trying. A stream that lived a while before
+/// it broke starts the count over, so a follow that runs for days on a
+/// flaky path is not given up on, while one that dies at once every time is.
+pub struct Resumes {
+    tries: u32,
+    opened: std::time::Instant,
+}
+
+impl Resumes {
+    /// Tries before giving up.
+    const MAX: u32 = 8;
+    /// A stream open this long before it broke was healthy.
+    const HEALTHY: std::time::Duration = std::time::Duration::from_secs(30);
+
+    pub fn new() -> Resumes {
+        Resumes { tries: 0, opened: std::time::Instant::now() }
+    }
+
+    /// The stream is open again.
+    pub fn opened(&mut self) {
+        self.opened = std::time::Instant::now();
+    }
+
+    /// After a break or a failed reopen: the pause before the next try, or
+    /// `None` when it is time to give up.
+    pub fn pause(&mut self) -> Option<std::time::Duration> {
+        if self.opened.elapsed() >= Self::HEALTHY {
+            self.tries = 0;
+        }
+        self.tries += 1;
+        (self.tries < Self::MAX).then(|| std::time::Duration::from_millis(100 << self.tries.min(6)))
+    }
+
+    pub fn tries(&self) -> u32 {
+        self.tries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resumes_grow_their_pause_give_up_and_start_over_after_a_healthy_stream() {
+        let mut r = Resumes::new();
+        let pauses: Vec<u64> = std::iter::from_fn(|| r.pause()).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(pauses, [200, 400, 800, 1600, 3200, 6400, 6400]);
+        assert_eq!(r.pause(), None, "still given up");
+        // A stream that stayed open a while: the count starts over.
+        r.opened = std::time::Instant::now() - Resumes::HEALTHY;
+        assert_eq!(r.pause(), Some(std::time::Duration::from_millis(200)));
+    }
+}

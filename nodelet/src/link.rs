@@ -334,6 +334,7 @@ async fn session(
     let send = |ch: DesiredChange| async move { changes.send(ch).await.map_err(|_| LinkError::AgentGone) };
     send(DesiredChange::Resync { source: SourceKind::Orchestrator, pods }).await?;
     let mut w = client.watch_pods(Some(name), None, Some(list.resource_version)).await?;
+    let mut resumed_from = None;
     loop {
         let next = tokio::select! {
             n = w.next() => n,
@@ -341,11 +342,18 @@ async fn session(
         };
         let (ty, pod) = match next {
             Ok(Some(change)) => change,
-            // A dead path (silence past the bound, a broken connection, a
-            // mangled line): resume from the version reached, on a new
-            // connection; a refusal (410 Gone) starts the session over.
+            // A dead path (silence past the bound, a broken connection):
+            // resume from the version reached, on a new connection, at once
+            // if the stream made progress since the last resume, else through
+            // the session's backoff (a stream that dies at once every time
+            // must not be reopened in a tight loop); a refusal (410 Gone)
+            // starts the session over.
             Err(e) if e.is_dead_stream() => {
                 let from = w.resource_version().unwrap_or(list.resource_version);
+                if resumed_from == Some(from) {
+                    return Err(e.into());
+                }
+                resumed_from = Some(from);
                 tracing::warn!(error = %e, from, "binding watch lost; resuming");
                 w = client.watch_pods(Some(name), None, Some(from)).await?;
                 continue;

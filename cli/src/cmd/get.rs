@@ -9,7 +9,7 @@ use specs::api::{Node, NodeCondition};
 use specs::status::ContainerState;
 use specs::Pod;
 
-use crate::common::GlobalArgs;
+use crate::common::{GlobalArgs, Resumes};
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -262,28 +262,27 @@ fn without_age(mut row: Vec<String>) -> Vec<String> {
 
 const AGE_COLUMN: usize = 4;
 
-/// Tries to reopen a dead watch before `get -w` gives up.
-const RESUMES: u32 = 8;
-
-/// Reopens the pod watch from `from`, retrying (with a growing pause) while
-/// the server cannot be reached.
+/// Reopens the pod watch from `from` after a pause, retrying (with growing
+/// pauses) while the server cannot be reached or is failing.
 async fn resume_watch(
     client: &orchestrator::client::Client,
     selector: Option<&str>,
     from: u64,
+    resumes: &mut Resumes,
 ) -> anyhow::Result<orchestrator::client::PodWatch> {
-    let mut tries = 0u32;
     loop {
-        tries += 1;
+        let Some(pause) = resumes.pause() else {
+            anyhow::bail!("resuming the watch: gave up after {} tries", resumes.tries());
+        };
+        tokio::time::sleep(pause).await;
         match client.watch_pods(None, selector, Some(from)).await {
-            Ok(w) => return Ok(w),
-            Err(e @ orchestrator::client::ClientError::Api(_)) => return Err(e.into()),
-            Err(e) if tries >= RESUMES => {
-                return Err(anyhow::Error::new(e).context(format!("resuming the watch: gave up after {tries} tries")))
+            Ok(w) => {
+                resumes.opened();
+                return Ok(w);
             }
-            Err(e) => tracing::debug!(error = %e, "cannot resume the watch yet"),
+            Err(e) if e.is_retryable() => tracing::debug!(error = %e, "cannot resume the watch yet"),
+            Err(e) => return Err(e.into()),
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100 << tries.min(6))).await;
     }
 }
 
@@ -311,6 +310,7 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
         .map(|p| (p.metadata.name.clone(), without_age(pod_row(p, wide))))
         .collect();
     let mut watch = client.watch_pods(None, args.selector.as_deref(), Some(list.resource_version)).await?;
+    let mut resumes = Resumes::new();
     loop {
         let (ty, pod) = match watch.next().await {
             Ok(Some(change)) => change,
@@ -320,7 +320,7 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
             Err(e) if e.is_dead_stream() => {
                 let from = watch.resource_version().unwrap_or(list.resource_version);
                 tracing::debug!(error = %e, from, "watch lost; resuming");
-                watch = resume_watch(client, args.selector.as_deref(), from).await?;
+                watch = resume_watch(client, args.selector.as_deref(), from, &mut resumes).await?;
                 continue;
             }
             Err(e) => return Err(e.into()),

@@ -3,13 +3,12 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use orchestrator::api::parse::percent_encode;
-use orchestrator::client::{Client, ClientError};
+use orchestrator::client::Client;
 
-use crate::common::GlobalArgs;
+use crate::common::{GlobalArgs, Resumes};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -29,9 +28,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Opens of a broken follow before `logs -f` gives up.
-const RESUMES: u32 = 8;
-
 /// Writes the log to stdout as it arrives. A follow whose stream breaks (its
 /// connection died: the client's pings went unanswered for the liveness
 /// bound) is opened again and the bytes already printed are skipped, so each
@@ -43,20 +39,24 @@ pub async fn copy_logs(client: &Client, pod: &str, container: Option<&str>, foll
     }
     let mut out = std::io::stdout();
     let mut printed = 0u64;
-    let mut tries = 0u32;
+    let mut resumes = Resumes::new();
+    let mut resuming = false;
     loop {
         let mut stream = match client.get_stream(&path).await {
             Ok(s) => s,
             // Resuming, what may pass is retried: no answer, or the server
             // not reaching the node yet (502) or busy (503).
-            Err(e) if follow && tries > 0 && tries < RESUMES && !matches!(&e, ClientError::Api(a) if a.code < 500) => {
-                tries += 1;
+            Err(e) if resuming && e.is_retryable() => {
+                let Some(pause) = resumes.pause() else {
+                    anyhow::bail!("logs of pod {pod}: {e}; gave up resuming after {} tries", resumes.tries());
+                };
                 tracing::debug!(error = %e, "cannot resume the log follow yet");
-                tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;
+                tokio::time::sleep(pause).await;
                 continue;
             }
             Err(e) => return Err(anyhow::Error::new(e).context(format!("logs of pod {pod}"))),
         };
+        resumes.opened();
         // What the earlier streams printed comes again first: skip it.
         let mut skip = printed;
         loop {
@@ -75,15 +75,15 @@ pub async fn copy_logs(client: &Client, pod: &str, container: Option<&str>, foll
             if new.is_empty() {
                 continue;
             }
-            tries = 0;
             // Straight through, unbuffered: a follower wants each line as it comes.
             out.write_all(new).context("writing to stdout")?;
             out.flush().context("writing to stdout")?;
             printed += new.len() as u64;
         }
-        tries += 1;
-        if tries >= RESUMES {
-            anyhow::bail!("logs of pod {pod}: the follow kept breaking; gave up after {tries} tries");
-        }
+        let Some(pause) = resumes.pause() else {
+            anyhow::bail!("logs of pod {pod}: the follow kept breaking; gave up after {} tries", resumes.tries());
+        };
+        tokio::time::sleep(pause).await;
+        resuming = true;
     }
 }

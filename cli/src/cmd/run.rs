@@ -442,9 +442,7 @@ async fn follow(
         let mut stream = match opened {
             Ok(s) => s,
             Err(ClientError::Api(e)) if e.code == 404 => bail!("pod {name} was deleted"),
-            Err(ClientError::Api(e)) if e.code != 503 && e.code < 500 => {
-                return Err(anyhow::Error::new(ClientError::Api(e)).context(format!("following pod {name}")))
-            }
+            Err(e) if !e.is_retryable() => return Err(anyhow::Error::new(e).context(format!("following pod {name}"))),
             Err(e) => {
                 failures += 1;
                 if failures >= RECONNECTS {

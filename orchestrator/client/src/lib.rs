@@ -75,9 +75,23 @@ pub enum ClientError {
 
 impl ClientError {
     /// The stream (or its connection) died: resume from where it was, on a
-    /// new connection. A refusal or a reply that makes no sense is not this.
+    /// new connection. A refusal or a reply that makes no sense is not this:
+    /// nor is a line past the cap, which a resume would only read again.
     pub fn is_dead_stream(&self) -> bool {
-        matches!(self, ClientError::Silent(_) | ClientError::Http(_) | ClientError::LineTooLong(_))
+        matches!(self, ClientError::Silent(_) | ClientError::Http(_))
+    }
+
+    /// Worth trying again after a pause: no answer, a dead stream, or the
+    /// server (or the node behind it) failing or busy (5xx). A refusal (4xx)
+    /// or a reply that makes no sense is final.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Api(e) => e.code >= 500,
+            ClientError::Decode(_) | ClientError::LineTooLong(_) | ClientError::BadUrl(_) | ClientError::Tls(_) => {
+                false
+            }
+            _ => true,
+        }
     }
 }
 
