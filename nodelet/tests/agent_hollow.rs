@@ -47,10 +47,13 @@ fn fixture(name: &str, into: &Path) -> NodeTopology {
 }
 
 fn pod(name: &str, cpus: u32) -> Pod {
-    Pod::from_yaml(&format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpus}, memory: 1Gi}}\n"
-    ))
-    .unwrap()
+    Pod::from_yaml(&pod_yaml(name, &cpus.to_string())).unwrap()
+}
+
+fn pod_yaml(name: &str, cpu: &str) -> String {
+    format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpu}, memory: 1Gi}}\n"
+    )
 }
 
 struct Agent {
@@ -292,6 +295,11 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
     }));
     let mut a = Agent { rt, tx, report, stop, task };
 
+    // A shared pod first: its cpuset is the pool, CPU 1 included when it
+    // was admitted, but it holds no CPU of its own.
+    let shared = Pod::from_yaml(&pod_yaml("s", "500m")).unwrap();
+    a.apply("static/s", shared).await;
+    a.wait("s running", |r| running(r, "static/s")).await;
     a.apply("static/a", pod("a", 1)).await;
     let r = a.wait("a running", |r| running(r, "static/a")).await;
     let held = placed(&r, "static/a").0;
@@ -302,6 +310,9 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
     let st = &r.pods["static/a"];
     assert_eq!(st.phase, PodPhase::Running, "the pod keeps running: {st:?}");
     assert!(st.message.as_deref().is_some_and(|m| m.contains("offline")), "the pod's status says so: {st:?}");
+    let s = &r.pods["static/s"];
+    assert!(s.message.as_deref().is_none_or(|m| !m.contains("offline")), "a shared pod holds no CPU: {s:?}");
+    a.tx.send(DesiredChange::Remove { key: "static/s".into() }).await.unwrap();
 
     // Once its pod is gone CPU 1 is free but offline: a pod asking for three
     // CPUs does not get it; one asking for two gets the online ones.

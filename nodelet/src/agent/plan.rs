@@ -473,10 +473,7 @@ fn on_cpus_online(st: &mut State, online: &CpuSet) {
     let gone = offline.difference(&st.offline);
     let back = st.offline.difference(&offline);
     for (key, p) in &st.alloc.pods {
-        let held: CpuSet = p.containers.iter().fold(CpuSet::new(), |mut s, c| {
-            s.union_with(&c.cpus.intersection(&gone));
-            s
-        });
+        let held = p.pinned_cpus().intersection(&gone);
         if !held.is_empty() {
             tracing::warn!(key, cpus = %held, "CPUs held by a pod went offline; it keeps running on the others");
         }
@@ -489,8 +486,12 @@ fn on_cpus_online(st: &mut State, online: &CpuSet) {
     }
     st.cfg.topology = st.discovered.without_cpus(&offline);
     st.offline = offline;
+    // Older plans were made on another machine; waiting pods are tried
+    // again only when there is more room, not less.
     st.alloc.epoch += 1;
-    st.released_at = st.alloc.epoch;
+    if !back.is_empty() {
+        st.released_at = st.alloc.epoch;
+    }
 }
 
 /// The pod key and container index holding runtime id `id`.

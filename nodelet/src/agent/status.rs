@@ -122,12 +122,11 @@ pub(super) fn build(agent: &State) -> NodeReport {
                 shown.cpus = agent.alloc.cpuset_for(&agent.cfg.topology, c);
             }
             st.placement = Some(summary);
-            let held = p.containers.iter().fold(specs::CpuSet::new(), |mut s, c| {
-                s.union_with(&c.cpus.intersection(&agent.offline));
-                s
-            });
-            if !held.is_empty() && st.message.is_none() {
-                st.message = Some(format!("CPUs {held} of this pod went offline; it keeps running on the others"));
+            if !agent.offline.is_empty() && st.message.is_none() {
+                let held = p.pinned_cpus().intersection(&agent.offline);
+                if !held.is_empty() {
+                    st.message = Some(format!("CPUs {held} of this pod went offline; it keeps running on the others"));
+                }
             }
         }
         st.container_statuses = e

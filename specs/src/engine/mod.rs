@@ -310,11 +310,7 @@ impl Allocations {
     pub fn pinned_cpus(&self) -> CpuSet {
         let mut s = CpuSet::new();
         for p in self.pods.values() {
-            for c in &p.containers {
-                if matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
-                    s.union_with(&c.cpus);
-                }
-            }
+            s.union_with(&p.pinned_cpus());
         }
         s
     }
@@ -349,6 +345,17 @@ impl Allocations {
 }
 
 impl Placement {
+    /// The CPUs this pod holds as its own (exclusive and immovable
+    /// containers); a shared container's cpuset is the pool, not held.
+    pub fn pinned_cpus(&self) -> CpuSet {
+        let mut s = CpuSet::new();
+        for c in self.containers.iter().filter(|c| matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable))
+        {
+            s.union_with(&c.cpus);
+        }
+        s
+    }
+
     pub fn summary(&self) -> PlacementSummary {
         PlacementSummary {
             numa_affinity: self.numa_affinity.clone(),
