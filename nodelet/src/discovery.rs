@@ -277,7 +277,7 @@ fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u
     let socket_key = |t: &Thread| match (t.package, &t.core_siblings) {
         (Some(p), _) => SocketKey::Package(p),
         (None, Some(s)) => SocketKey::Siblings(with_self(s, online, t.id)),
-        (None, None) => SocketKey::Siblings(online.filter(|id| id == t.id)),
+        (None, None) => SocketKey::Siblings(with_self(&CpuSet::new(), online, t.id)),
     };
     let mut socket_of_key: BTreeMap<SocketKey, u32> = BTreeMap::new();
     let mut sockets = BTreeMap::new();
@@ -314,7 +314,10 @@ fn group(threads: &[Thread], online: &CpuSet) -> (BTreeMap<u32, u32>, BTreeMap<u
 /// A sibling mask restricted to online CPUs and always holding the CPU itself, so a
 /// stale or one-sided mask cannot merge a CPU into a group it does not belong to.
 fn with_self(siblings: &CpuSet, online: &CpuSet, id: u32) -> CpuSet {
-    siblings.intersection(online).union(&online.filter(|c| c == id))
+    let mut s = siblings.intersection(online);
+    // `id` is an online CPU, read into a set already: within the capacity.
+    let _ = s.insert(id);
+    s
 }
 
 // ---------------------------------------------------------------------------

@@ -565,9 +565,12 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
         }
     }
     let all = t.all_cpus();
-    let outside = t.reserved_cpus.filter(|c| !all.contains(c));
+    let outside = t.reserved_cpus.difference(&all);
     if !outside.is_empty() {
         e.push("reservedCpus", format!("{outside} are not cpus of this machine"));
+    }
+    if t.devices.len() > MAX_DEVICES {
+        e.push("devices", format!("{} devices, more than {MAX_DEVICES}", t.devices.len()));
     }
     let mut addrs = BTreeSet::new();
     for (i, d) in t.devices.iter().enumerate() {
@@ -973,6 +976,15 @@ spec:
                     t.devices.push(PciDevice { numa: None, ..d });
                 }),
                 vec!["devices[1].address"],
+            ),
+            (
+                Box::new(|t| {
+                    let d = t.devices[0].clone();
+                    t.devices = (0..=MAX_DEVICES)
+                        .map(|i| PciDevice { address: format!("0000:{:02x}:{:02x}.0", i / 256, i % 256), ..d.clone() })
+                        .collect();
+                }),
+                vec!["devices"],
             ),
             (
                 Box::new(|t| {

@@ -859,9 +859,9 @@ fn pass(st: &mut State, now: Instant, out: &mut Vec<Action>) {
         begin_termination(st, key, now, out);
     }
     // First come, first served (ties, as at recovery, in key order).
-    let mut keys: Vec<String> = st.pods.keys().cloned().collect();
-    keys.sort_by_key(|k| st.pods.get(k).map_or(0, |e| e.arrival));
-    for key in &keys {
+    let mut waiting: Vec<(u64, String)> = st.pods.iter().map(|(k, e)| (e.arrival, k.clone())).collect();
+    waiting.sort();
+    for (_, key) in &waiting {
         try_admit(st, key);
     }
     // Issued in the same pass as the admission that moved the pool, before
