@@ -209,6 +209,10 @@ pub async fn run(
     // is written before returning, after any write still in flight.
     let doomed: Vec<String> =
         state.doomed.drain(..).chain(std::mem::take(&mut state.doomed_by).into_values().flatten()).collect();
+    // Failed removals due again later are tried once more now.
+    for id in std::mem::take(&mut state.remove_retry).into_keys() {
+        exec.spawn(Action::Remove { id });
+    }
     let mut durable = true;
     if state.dirty || state.writing.is_some() || !doomed.is_empty() {
         let checkpoint = state.checkpoint();
@@ -229,7 +233,7 @@ pub async fn run(
     let removals = async {
         while !state.removing.is_empty() {
             match events.recv().await {
-                Some(Event::Removed { id }) => {
+                Some(Event::Removed { id, .. }) => {
                     state.removing.remove(&id);
                 }
                 Some(_) => {}
@@ -392,10 +396,10 @@ impl Executor {
                         rt.remove(&rid)
                     })
                     .await;
-                    if let Err(e) = r {
-                        tracing::warn!(id, error = %e, "cannot remove container");
+                    if let Err(e) = &r {
+                        tracing::warn!(id, error = %e, "cannot remove container; trying again later");
                     }
-                    let _ = tx.send(Event::Removed { id });
+                    let _ = tx.send(Event::Removed { id, ok: r.is_ok() });
                 });
             }
             Action::UpdateCpuset { key, container, id, cpus, mems } => {

@@ -205,9 +205,11 @@ pub enum Event {
     },
     /// The CPUs online now (read again from sysfs, see `AgentConfig::sysfs_root`).
     CpusOnline(CpuSet),
-    /// A `Remove` finished (its errors are only logged): the id is free again.
+    /// A `Remove` returned: the id is free again, or, when it failed, its
+    /// removal is tried again after `RETRY_AFTER`, the id staying busy.
     Removed {
         id: String,
+        ok: bool,
     },
     /// A timer: backoffs, retries, the safety re-check.
     Tick,
@@ -223,7 +225,7 @@ pub enum Action {
     /// follows once a checkpoint without the pod is durable.
     Stop { key: String, ids: Vec<String>, grace: Duration },
     /// Remove a dead incarnation, once no durable checkpoint names it;
-    /// answered by `Removed` (errors are only logged).
+    /// answered by `Removed`.
     Remove { id: String },
     /// Answered by `CpusetUpdated`.
     UpdateCpuset { key: String, container: String, id: String, cpus: CpuSet, mems: NumaSet },
@@ -291,6 +293,9 @@ pub struct State {
     /// Removals in flight. An id is not used again (a pod replaced by an
     /// equal spec gets the same ids) before its old container is gone.
     pub removing: BTreeSet<String>,
+    /// Removals that failed (their ids still in `removing`), tried again at
+    /// these times.
+    pub remove_retry: BTreeMap<String, Instant>,
     /// Pods learned of so far (see `PodEntry::arrival`).
     pub arrivals: u64,
 }
@@ -323,6 +328,7 @@ impl State {
             doomed: Vec::new(),
             doomed_by: BTreeMap::new(),
             removing: BTreeSet::new(),
+            remove_retry: BTreeMap::new(),
             arrivals: 0,
         }
     }
@@ -364,6 +370,9 @@ impl State {
         let mut wake = self.next_recheck;
         if let Some(t) = self.write_retry_at {
             wake = wake.min(t);
+        }
+        if let Some(t) = self.remove_retry.values().min() {
+            wake = wake.min(*t);
         }
         for e in self.pods.values() {
             let admitted = matches!(e.stage, Stage::Admitted);
@@ -449,8 +458,12 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
             }
         }
         Event::CpusOnline(online) => on_cpus_online(st, &online),
-        Event::Removed { id } => {
+        Event::Removed { id, ok: true } => {
             st.removing.remove(&id);
+        }
+        // Still in `removing`: busy until a removal succeeds.
+        Event::Removed { id, ok: false } => {
+            st.remove_retry.insert(id, now + RETRY_AFTER);
         }
         Event::Tick => {}
     }
@@ -873,6 +886,11 @@ fn pass(st: &mut State, now: Instant, out: &mut Vec<Action>) {
         assign_due(st, key, now);
     }
     write_checkpoint(st, now, out);
+    let due: Vec<String> = st.remove_retry.iter().filter(|(_, at)| **at <= now).map(|(id, _)| id.clone()).collect();
+    for id in due {
+        st.remove_retry.remove(&id);
+        out.push(Action::Remove { id });
+    }
     if now >= st.next_recheck {
         st.next_recheck = now + st.cfg.recheck_interval;
         if !st.recheck_in_flight {

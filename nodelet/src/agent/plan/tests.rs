@@ -305,10 +305,13 @@ fn a_pod_replaced_by_an_equal_spec_starts_after_the_old_container_is_removed() {
     let stopped = Event::Stopped { key: "static/a".into(), errors: vec![] };
     check(&mut st, stopped, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
     check(&mut st, written(2), t, &["remove static-a_main_0"]);
-    let removed = Event::Removed { id: old.clone() };
-    check(&mut st, removed, t, &["checkpoint 3 alloc=[static/a] ids=[static-a_main_0]"]);
+    // A removal that fails keeps the id busy and is tried again later.
+    check(&mut st, Event::Removed { id: old.clone(), ok: false }, t, &[]);
+    check(&mut st, Event::Tick, t + RETRY_AFTER, &["remove static-a_main_0"]);
+    let removed = Event::Removed { id: old.clone(), ok: true };
+    check(&mut st, removed, t + RETRY_AFTER, &["checkpoint 3 alloc=[static/a] ids=[static-a_main_0]"]);
     assert_eq!(id_of(&st, "static/a"), old, "the same id, free again");
-    check(&mut st, written(3), t, &["start static-a_main_0 cpus=1"]);
+    check(&mut st, written(3), t + RETRY_AFTER, &["start static-a_main_0 cpus=1"]);
 }
 
 #[test]
