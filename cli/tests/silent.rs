@@ -330,6 +330,34 @@ async fn logs_follow_across_the_node_hop(silent: bool) {
     c.stop().await;
 }
 
+/// A node whose endpoint accepts connections and never answers: while the
+/// server waits to open the output, the attach stream keeps its heartbeats,
+/// so `pinion run` does not take it for dead and reconnect again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_keeps_its_stream_while_the_node_does_not_answer() {
+    let mut c = Cluster::start().await;
+    let direct = format!("https://{}", c.admin.authority());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let hole = std::net::TcpListener::bind(("127.0.0.3", port)).expect("a listener that never answers");
+    std::thread::spawn(move || {
+        let held: Vec<_> = hole.incoming().collect();
+        drop(held);
+    });
+    c.node_with_endpoint(false, &direct, format!("127.0.0.1:{port}"), Some("127.0.0.3".parse().expect("ip")));
+    eventually("the node is Ready", SOON, || async {
+        c.admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    let (mut run, _out) = c.cli(&["run", "job", "--host", "--no-init", "--", "sleep", "inf"]);
+    c.running("job", SOON).await;
+    let before = c.relay.connections();
+    // Several silence bounds (0.9 s each) while the open hangs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(run.0.try_wait().expect("poll pinion run").is_none(), "pinion run ended");
+    assert_eq!(c.relay.connections(), before, "pinion run reconnected: its stream fell silent");
+    c.stop().await;
+}
+
 /// `pinion run`'s output when the server's stream from the node breaks: the
 /// server opens it again and skips what it sent, so the output goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

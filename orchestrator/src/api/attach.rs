@@ -11,6 +11,8 @@
 //! ends its follow when the container stopped and the file is read to its end),
 //! or `OUTPUT_DRAIN` after the pod is final if the node never ends it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,7 +98,13 @@ const REOPEN_DELAY: Duration = Duration::from_millis(200);
 enum Output {
     /// The container has not started (or the pod has no node yet).
     NotStarted,
+    /// The node's log follow is being opened: a future polled beside the
+    /// heartbeats and the pod's changes, so a slow node never silences the
+    /// stream.
+    Opening(Pin<Box<dyn Future<Output = (Output, Option<String>)> + Send>>),
     Streaming(NodeStream),
+    /// The stream from the node broke: opened again at this time.
+    Reopen(Instant),
     /// Ended, or could not be read.
     Done,
 }
@@ -198,11 +206,27 @@ enum Chunk {
     End,
     /// The stream from the node broke: the output goes on, read it again.
     Broke,
+    /// An open finished: the output, and a notice if it cannot be read.
+    Opened(Output, Option<String>),
+    /// Time to open a broken stream again.
+    Reopen,
 }
 
-/// The next output bytes. Never ready while the output is not streaming.
+/// What the output does next. Never ready while there is nothing to read,
+/// open or wait for.
 async fn next_output(output: &mut Output) -> Chunk {
-    let Output::Streaming(s) = output else { return std::future::pending().await };
+    let s = match output {
+        Output::Streaming(s) => s,
+        Output::Opening(opening) => {
+            let (o, notice) = opening.await;
+            return Chunk::Opened(o, notice);
+        }
+        Output::Reopen(at) => {
+            tokio::time::sleep_until(*at).await;
+            return Chunk::Reopen;
+        }
+        Output::NotStarted | Output::Done => return std::future::pending().await,
+    };
     loop {
         match s.body.frame().await {
             Some(Ok(f)) => {
@@ -219,9 +243,25 @@ async fn next_output(output: &mut Output) -> Chunk {
     }
 }
 
+fn kept_breaking() -> AttachFrame {
+    AttachFrame::Notice { message: "the output stream from the node kept breaking; the exit code still comes".into() }
+}
+
+/// After a break: open again after a growing pause, or, after
+/// `MAX_REOPENS` breaks with no output between them, stop reading.
+fn reopen_or_give_up(reopens: &mut u32) -> Output {
+    *reopens += 1;
+    if *reopens > MAX_REOPENS {
+        tracing::debug!(reopens = *reopens, "the output stream from the node kept breaking; no more output");
+        return Output::Done;
+    }
+    Output::Reopen(Instant::now() + REOPEN_DELAY * *reopens)
+}
+
 /// Opens the node's log follow; a failure is a notice (when it matters), not
 /// the end of the stream: the exit code still comes.
-async fn open_output(state: &ApiState, pod: &Pod, container: &str) -> (Output, Option<String>) {
+async fn open_output(state: Arc<ApiState>, pod: Pod, container: String) -> (Output, Option<String>) {
+    let (state, pod, container) = (&*state, &pod, container.as_str());
     let opened = match log_target(state, pod, container, true) {
         Ok((node, endpoint, path)) => open_node_stream(&state.proxy, &node, &endpoint, &path).await,
         Err(e) => Err(e),
@@ -252,27 +292,17 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
     let mut output = Output::NotStarted;
     let mut text = Text { seen: 0, skip: offset, held: Vec::new() };
     let mut final_since: Option<Instant> = None;
+    // Breaks in a row with no output between them.
     let mut reopens = 0u32;
     loop {
         if matches!(output, Output::NotStarted) && output_ready(&pod, &container) {
-            let (o, notice) = open_output(&state, &pod, &container).await;
-            // Reopening after a break: the node may be unreachable a moment longer.
-            if matches!(o, Output::Done) && reopens > 0 && reopens < MAX_REOPENS {
-                reopens += 1;
-                tokio::time::sleep(REOPEN_DELAY * reopens).await;
-                continue;
-            }
-            output = o;
-            let terminal = pod.status.as_ref().is_some_and(|s| s.phase.is_terminal());
-            if let Some(message) = notice.filter(|_| !terminal) {
-                if !out.send(&AttachFrame::Notice { message }).await {
-                    return;
-                }
-            }
+            output = Output::Opening(Box::pin(open_output(state.clone(), pod.clone(), container.clone())));
         }
-        if pod.status.as_ref().is_some_and(|s| s.phase.is_terminal()) {
+        let terminal = pod.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+        if terminal {
             let since = *final_since.get_or_insert_with(Instant::now);
-            if !matches!(output, Output::Streaming(_)) || since.elapsed() >= OUTPUT_DRAIN {
+            let reading = matches!(output, Output::Streaming(_) | Output::Opening(_));
+            if !reading || since.elapsed() >= OUTPUT_DRAIN {
                 if let Some(f) = text.flush() {
                     if !out.send(&f).await {
                         return;
@@ -317,6 +347,7 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
             },
             data = next_output(&mut output) => match data {
                 Chunk::Data(bytes) => {
+                    reopens = 0;
                     if let Some(f) = text.push(&bytes) {
                         if !out.send(&f).await {
                             return;
@@ -324,13 +355,29 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
                     }
                 }
                 Chunk::End => output = Output::Done,
-                Chunk::Broke if reopens < MAX_REOPENS => {
-                    reopens += 1;
+                Chunk::Broke => {
                     text.restart();
-                    tokio::time::sleep(REOPEN_DELAY * reopens).await;
-                    output = Output::NotStarted;
+                    output = reopen_or_give_up(&mut reopens);
+                    if matches!(output, Output::Done) && !terminal && !out.send(&kept_breaking()).await {
+                        return;
+                    }
                 }
-                Chunk::Broke => output = Output::Done,
+                // Reopening after a break: the node may be unreachable a moment longer.
+                Chunk::Opened(Output::Done, _) if reopens > 0 => {
+                    output = reopen_or_give_up(&mut reopens);
+                    if matches!(output, Output::Done) && !terminal && !out.send(&kept_breaking()).await {
+                        return;
+                    }
+                }
+                Chunk::Reopen => output = Output::NotStarted,
+                Chunk::Opened(o, notice) => {
+                    output = o;
+                    if let Some(message) = notice.filter(|_| !terminal) {
+                        if !out.send(&AttachFrame::Notice { message }).await {
+                            return;
+                        }
+                    }
+                }
             },
             _ = tokio::time::sleep_until(out.last + out.heartbeat) => {
                 if !out.send(&AttachFrame::Heartbeat).await {
