@@ -75,7 +75,7 @@ impl Cluster {
         let token = server.join_token.to_string();
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(async move {
-            let _ = server.run(rx).await;
+            server.run(rx).await.expect("the server runs and stops cleanly");
         });
         Cluster { dir, admin, relay, relayed_config, token, stop, tasks: vec![task] }
     }
@@ -138,8 +138,9 @@ impl Cluster {
 
     async fn stop(self) {
         let _ = self.stop.send(true);
+        // A task that panicked (the server or a node failing) fails the test.
         for t in self.tasks {
-            let _ = t.await;
+            t.await.expect("a cluster task");
         }
     }
 

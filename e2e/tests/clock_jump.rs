@@ -40,7 +40,11 @@ fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T
         if let Some(v) = probe() {
             return v;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?} (the daemons' output: {}/clock_jump)",
+            env!("CARGO_TARGET_TMPDIR")
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -133,13 +137,17 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
     std::fs::write(&srv_shift, "+0\n").expect("shift file");
     std::fs::write(&node_shift, "+0\n").expect("shift file");
 
+    // The daemons' output outlives a failing run.
+    let logs = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("clock_jump");
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).expect("the log folder");
     let srv = dir.path().join("srv");
-    let srv_log = dir.path().join("server.out");
+    let srv_log = logs.join("server.out");
     let mut cmd = Command::new(&pinion);
     cmd.args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", &GRACE_SECS.to_string(), "--data-dir"])
         .arg(&srv)
         .stdout(std::fs::File::create(&srv_log).expect("log"))
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(logs.join("server.err")).expect("log"));
     faked(&mut cmd, &lib, &srv_shift);
     let _server = Proc(cmd.spawn().expect("start pinion server"));
     let addr = wait_for("the server listens", Duration::from_secs(30), || {
@@ -157,7 +165,7 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
         .args(["--node-name", "edge", "--endpoint-listen", "127.0.0.1:0", "--runtime", "hollow"])
         .args(["--synthetic", "pack:1 core:8 pu:1", "--reserved-cpus", "0"])
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("node.out")).expect("log"));
+        .stderr(std::fs::File::create(logs.join("node.err")).expect("log"));
     faked(&mut cmd, &lib, &node_shift);
     let _node = Proc(cmd.spawn().expect("start pinion agent"));
 

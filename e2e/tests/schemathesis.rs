@@ -127,6 +127,8 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
     let seed = std::env::var("PINION_SCHEMATHESIS_SEED").unwrap_or_else(|_| DEFAULT_SEED.into());
     let stats = dir.path().join("stats.json");
     let report = dir.path().join("schemathesis.txt");
+    // One file for both streams, one offset: they must not write over each other.
+    let report_file = std::fs::File::create(&report)?;
     let child = Command::new("bash")
         .arg(repo.join("e2e/schemathesis/run.sh"))
         .arg(&st)
@@ -136,8 +138,8 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
         .args(["--seed", &seed])
         .current_dir(dir.path())
         .env("PINION_SCHEMATHESIS_STATS", &stats)
-        .stdout(std::fs::File::create(&report)?)
-        .stderr(Stdio::from(std::fs::File::create(&report)?.try_clone()?))
+        .stdout(report_file.try_clone()?)
+        .stderr(Stdio::from(report_file))
         .spawn()
         .context("running e2e/schemathesis/run.sh")?;
     let started = Instant::now();

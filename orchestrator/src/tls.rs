@@ -297,7 +297,9 @@ mod tests {
     /// Issue 12 (clock jumps): a node or server whose realtime clock jumps
     /// back (or forward) still accepts the certificates just issued, on both
     /// sides: the server's certificate as the node checks it, the node's
-    /// client certificate as the server checks it.
+    /// client certificate as the server checks it. A guard, not a fix's
+    /// proof: rcgen's default validity was already this wide; the test fails
+    /// if `set_validity` (or a new rcgen default) narrows it.
     #[test]
     fn fresh_certificates_verify_on_clocks_that_jumped() {
         use rustls::client::danger::ServerCertVerifier;

@@ -178,7 +178,8 @@ fn node_status() -> Value {
             "freeMemoryBytes": 67645734912u64,
             "hugepages": [{"pageSizeBytes": 2097152, "total": 16, "free": 12}],
             "devices": {"pinion.io/sriov-vf": {"total": 2, "free": 1}}
-        }]
+        }],
+        "offlineCpus": [3]
     })
 }
 
@@ -249,10 +250,16 @@ fn the_wire_types_match_their_schemas() {
     s.check::<NodeStatus>("NodeStatus", node_status());
     s.check::<NodeStatusReport>(
         "NodeStatusReport",
-        json!({"nodeName": "n1", "allocations": {"epoch": 7, "pods": {"web": placement()}}, "pods": {"web": pod_status()}}),
+        json!({
+            "nodeName": "n1",
+            "allocations": {"epoch": 7, "pods": {"web": placement()}},
+            "pods": {"web": pod_status()},
+            "offlineCpus": [3]
+        }),
     );
     s.check::<PodRejection>("PodRejection", json!({"reason": "InsufficientCpu", "message": "no CPUs left"}));
     s.check::<JoinRequest>("JoinRequest", json!({"nodeName": "n1"}));
+    s.check::<JoinRequest>("JoinRequest", json!({"nodeName": "n1", "attempt": "3f1c0ffee0ddba11"}));
     s.check::<JoinResponse>(
         "JoinResponse",
         json!({"nodeName": "n1", "caCert": "PEM", "clientCert": "PEM", "clientKey": "PEM"}),
@@ -260,11 +267,15 @@ fn the_wire_types_match_their_schemas() {
     s.check::<ApiError>("ApiError", api_error());
     s.check::<ApiError>("ApiError", json!({"code": 404, "reason": "NotFound", "message": "pod \"x\" not found"}));
     s.check::<Event>("Event", event());
-    s.check::<List<Pod>>("PodList", json!({"resourceVersion": 42, "items": [pod()]}));
-    s.check::<List<Node>>("NodeList", json!({"resourceVersion": 42, "items": [node()]}));
+    s.check::<List<Pod>>("PodList", json!({"resourceVersion": 42, "items": [pod()], "unreadable": 1}));
+    s.check::<List<Node>>("NodeList", json!({"resourceVersion": 42, "items": [node()], "unreadable": 1}));
     s.check::<List<Event>>("EventList", json!({"resourceVersion": 42, "items": [event()]}));
     s.check::<WatchEvent<Pod>>("WatchEvent", json!({"type": "MODIFIED", "object": pod()}));
     s.check::<WatchEvent<ApiError>>("WatchEvent", json!({"type": "ERROR", "object": api_error()}));
+    // What `apply::bookmark_line` writes, read as the clients read it.
+    let bookmark: Value =
+        serde_json::from_str(orchestrator::api::apply::bookmark_line(42).trim()).expect("a JSON line");
+    s.check::<WatchEvent<Value>>("WatchEvent", bookmark);
     for frame in [
         json!({"type": "status", "resourceVersion": 42, "status": pod_status()}),
         json!({"type": "output", "offset": 6, "data": "hello\n"}),

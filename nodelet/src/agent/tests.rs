@@ -511,13 +511,7 @@ async fn jobs_pass_through_one_cpu_as_each_one_exits() {
     assert!(r.allocations.pods.is_empty(), "every CPU free again: {:?}", r.allocations);
     // The last exit frees its CPU at once; removing the dead container is an
     // action of its own that may still be in flight when the report says so.
-    let removed = tokio::time::timeout(Duration::from_secs(10), async {
-        while !h.rt.all().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(removed.is_ok(), "every finished container removed: {:?}", h.rt.all().keys());
+    h.wait_runtime("every finished container removed", |rt| rt.all().is_empty()).await;
     h.shutdown().await;
     let cp = Checkpoint::load(dir.path()).unwrap();
     assert!(cp.allocations.pods.is_empty());
