@@ -171,6 +171,17 @@ fn log_key(rv: u64) -> Vec<u8> {
     k
 }
 
+/// What `Txn::claim` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The name was free; it is this holder's now.
+    New,
+    /// This holder had it already (a retry).
+    Again,
+    /// Another holder has it.
+    Taken,
+}
+
 fn claim_key(space: &str, name: &str) -> Vec<u8> {
     format!("claim/{space}/{name}").into_bytes()
 }
@@ -274,9 +285,7 @@ impl Txn<'_> {
             labels: prev.meta().labels.clone(),
         });
         self.writes.insert(key, None);
-        for (k, _) in self.batch.tree.scan_prefix(event_prefix(T::KIND, name)).flatten() {
-            self.writes.insert(k.to_vec(), None);
-        }
+        self.remove_events(T::KIND, name);
         Ok(Some(prev))
     }
 
@@ -290,25 +299,30 @@ impl Txn<'_> {
         if let Err(e) = decode::<T>(&key, &raw) {
             tracing::warn!(key = %String::from_utf8_lossy(&key), reason = %e, "removing a stored record that cannot be decoded");
             self.writes.insert(key, None);
-            for (k, _) in self.batch.tree.scan_prefix(event_prefix(T::KIND, name)).flatten() {
-                self.writes.insert(k.to_vec(), None);
-            }
+            self.remove_events(T::KIND, name);
             return Ok(true);
         }
         Ok(false)
     }
 
-    /// Takes `name` in `space` for `holder` for good (a node name at its join):
-    /// true if it was free, or is held by the same non-empty `holder` already
-    /// (a retry). A claim is no object: it has no version and no watcher sees
-    /// it; being in the same batch as the check, two claims never both succeed.
-    pub fn claim(&mut self, space: &str, name: &str, holder: &[u8]) -> Result<bool, StoreError> {
+    /// An object's events go with it.
+    fn remove_events(&mut self, kind: Kind, name: &str) {
+        for (k, _) in self.batch.tree.scan_prefix(event_prefix(kind, name)).flatten() {
+            self.writes.insert(k.to_vec(), None);
+        }
+    }
+
+    /// Takes `name` in `space` for `holder` for good (a node name at its join).
+    /// A claim is no object: it has no version and no watcher sees it; being
+    /// in the same batch as the check, two claims never both succeed.
+    pub fn claim(&mut self, space: &str, name: &str, holder: &[u8]) -> Result<Claim, StoreError> {
         let key = claim_key(space, name);
         if let Some(held) = self.read_raw(&key)? {
-            return Ok(!holder.is_empty() && held.as_slice() == holder);
+            let again = !holder.is_empty() && held.as_slice() == holder;
+            return Ok(if again { Claim::Again } else { Claim::Taken });
         }
         self.writes.insert(key, Some(holder.to_vec()));
-        Ok(true)
+        Ok(Claim::New)
     }
 
     /// Frees a claimed name; returns whether it was claimed.

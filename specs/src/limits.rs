@@ -38,3 +38,5 @@ pub const MAX_LABELS: usize = 256;
 pub const MAX_TTL_SECONDS: u64 = 365 * 24 * 3600;
 /// Image reference length.
 pub const MAX_IMAGE_LEN: usize = 255;
+/// The longest join attempt id (`JoinRequest::attempt`).
+pub const MAX_JOIN_ATTEMPT_LEN: usize = 64;

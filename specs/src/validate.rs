@@ -67,6 +67,23 @@ pub fn name_problem(name: &str) -> Option<String> {
 
 /// Every problem in a node's registration: its header, name, labels and topology
 /// (field paths as in the `Node` object, `spec.topology.cpus[3].numa`).
+/// A join's request: the node name, and the attempt id if any.
+pub fn validate_join(request: &crate::api::JoinRequest) -> Vec<FieldError> {
+    let mut e = Errs(Vec::new());
+    if let Some(p) = name_problem(&request.node_name) {
+        e.push("nodeName", p);
+    }
+    if let Some(a) = &request.attempt {
+        let ok = !a.is_empty()
+            && a.len() <= crate::limits::MAX_JOIN_ATTEMPT_LEN
+            && a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !ok {
+            e.push("attempt", format!("must be 1 to {} letters, digits or '-'", crate::limits::MAX_JOIN_ATTEMPT_LEN));
+        }
+    }
+    e.0
+}
+
 pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
     let mut e = Errs(Vec::new());
     if node.api_version != API_VERSION {

@@ -2,7 +2,6 @@
 //! percent-encoded values in, decoded pairs out (one parser for all of them).
 
 use specs::api::ApiError;
-use specs::validate::FieldError;
 
 pub fn percent_encode(s: &str) -> String {
     let mut out = String::new();
@@ -57,12 +56,7 @@ impl Query {
 
 /// 400 naming the parameter at fault (`(query)` when even its name is unreadable).
 fn bad_field(field: &str, problem: String) -> ApiError {
-    ApiError {
-        code: 400,
-        reason: "BadRequest".into(),
-        message: format!("query parameter {field} is invalid"),
-        details: vec![FieldError { field: field.to_string(), message: problem }],
-    }
+    ApiError::bad_field(field, problem)
 }
 
 fn percent_decode(s: &str) -> Result<String, &'static str> {

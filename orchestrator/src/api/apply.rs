@@ -10,7 +10,7 @@ use specs::{Pod, PodPhase, PodStatus};
 use super::error::{bad_field, conflict, forbidden, not_found, store_error, unauthorized, Refused};
 use super::parse::Action;
 use crate::controller::{event, now_rfc3339, Controller};
-use crate::store::{Change, Kind, Store, Watch};
+use crate::store::{Change, Claim, Kind, Store, Watch};
 use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
 
 /// What the API layer needs, shared by every connection.
@@ -170,15 +170,19 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             // registered holds the claim already and is answered again.
             let name = request.node_name.clone();
             let attempt = request.attempt.clone().unwrap_or_default();
-            store
-                .write(move |t| -> Result<(), Refused> {
+            let claim = store
+                .write(move |t| -> Result<Claim, Refused> {
                     // A node registered before claims existed has no claim.
-                    if t.get::<Node>(&name)?.is_some() || !t.claim(JOIN_CLAIMS, &name, attempt.as_bytes())? {
+                    let claim = match t.get::<Node>(&name)? {
+                        Some(_) => Claim::Taken,
+                        None => t.claim(JOIN_CLAIMS, &name, attempt.as_bytes())?,
+                    };
+                    if claim == Claim::Taken {
                         return Err(Refused(conflict(format!(
                             "node {name:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {name})"
                         ))));
                     }
-                    Ok(())
+                    Ok(claim)
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
@@ -188,12 +192,16 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             {
                 Ok(c) => c,
                 Err(e) => {
-                    // No certificate was issued: the name is free again.
+                    // No certificate was issued this time: a name this
+                    // request claimed is free again (a retry's claim stays:
+                    // its first try may have delivered one).
                     let name = request.node_name.clone();
-                    if let Err(Refused(r)) =
-                        store.write(move |t| -> Result<bool, Refused> { Ok(t.release(JOIN_CLAIMS, &name)?) }).await
-                    {
-                        tracing::error!(node = %request.node_name, error = %r.message, "cannot free the node name after a failed join");
+                    if claim == Claim::New {
+                        if let Err(Refused(r)) =
+                            store.write(move |t| -> Result<bool, Refused> { Ok(t.release(JOIN_CLAIMS, &name)?) }).await
+                        {
+                            tracing::error!(node = %request.node_name, error = %r.message, "cannot free the node name after a failed join");
+                        }
                     }
                     return Err(super::error::internal(e.to_string()));
                 }
@@ -340,7 +348,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .write(move |t| -> Result<(Pod, bool), Refused> {
                     let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
                     require_pod_access(&id2, &pod)?;
-                    if status.pod_uid.is_some() && status.pod_uid != pod.metadata.uid {
+                    if !reported_for(&status, &pod) {
                         return Err(Refused(conflict(format!("the status is about an earlier pod {name:?}"))));
                     }
                     let was_finished = is_finished(&pod);
@@ -433,8 +441,12 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     };
                     node.status.condition = NodeCondition::Ready;
                     node.status.last_report = Some(now_rfc3339());
-                    node.status.numa =
-                        NodeStatus::numa_summary(&node.spec.topology, &node.spec.settings, &node.status.allocations);
+                    node.status.numa = NodeStatus::numa_summary(
+                        &node.spec.topology,
+                        &node.spec.settings,
+                        &node.status.allocations,
+                        &node.status.offline_cpus,
+                    );
                     t.put(&mut node)?;
                     t.add_event(event("Node", &name, "Normal", "Registered", "node registered"))?;
                     Ok((code, node))
@@ -493,12 +505,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     node.status.allocations = report.allocations.clone();
                     node.status.condition = NodeCondition::Ready;
                     node.status.last_report = Some(now_rfc3339());
-                    node.status.numa =
-                        NodeStatus::numa_summary(&node.spec.topology, &node.spec.settings, &node.status.allocations);
                     node.status.offline_cpus = report.offline_cpus.clone();
-                    for z in &mut node.status.numa {
-                        z.free_cpus.difference_with(&report.offline_cpus);
-                    }
+                    node.status.numa = NodeStatus::numa_summary(
+                        &node.spec.topology,
+                        &node.spec.settings,
+                        &node.status.allocations,
+                        &node.status.offline_cpus,
+                    );
                     t.put(&mut node)?;
                     if !was_ready {
                         t.add_event(event("Node", &n, "Normal", "NodeReady", "status reports resumed"))?;
@@ -508,7 +521,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         if pod.spec.node_name.as_deref() != Some(&n) {
                             continue; // Not ours (any more): the node learns from its watch.
                         }
-                        if status.pod_uid.is_some() && status.pod_uid != pod.metadata.uid {
+                        if !reported_for(&status, &pod) {
                             continue; // About an earlier pod of this name.
                         }
                         // Admitted (running or done): the binding is no longer in flight.
@@ -672,4 +685,11 @@ fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ApiError> 
     reported.pod_uid = None;
     pod.status = Some(reported);
     Ok(())
+}
+
+/// Whether a node's status report is about this incarnation of the pod: a
+/// report naming another uid (the pod was replaced under the same name) is
+/// about a pod that is gone.
+fn reported_for(status: &PodStatus, pod: &Pod) -> bool {
+    status.pod_uid.is_none() || status.pod_uid == pod.metadata.uid
 }

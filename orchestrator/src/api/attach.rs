@@ -58,7 +58,7 @@ pub fn respond(
     liveness: Liveness,
     shutdown: watch::Receiver<bool>,
 ) -> Response<Body> {
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let frames = Frames { tx, last: Instant::now(), heartbeat: liveness.heartbeat };
     tokio::spawn(follow(state, attach, frames, shutdown));
     let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
@@ -68,7 +68,7 @@ pub fn respond(
 }
 
 struct Frames {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
     /// When the last frame went out (the heartbeat clock).
     last: Instant,
     heartbeat: Duration,
@@ -86,7 +86,7 @@ impl Frames {
         };
         line.push(b'\n');
         self.last = Instant::now();
-        self.tx.send(Bytes::from(line)).await.is_ok()
+        self.tx.send(Ok(Bytes::from(line))).await.is_ok()
     }
 }
 

@@ -19,13 +19,7 @@ pub fn bad_request(message: impl Into<String>) -> ApiError {
 /// As with `invalid`, the problem travels in `details` (which `Display`
 /// lists) and the message is the summary.
 pub fn bad_field(field: impl Into<String>, message: impl Into<String>) -> ApiError {
-    let (field, message) = (field.into(), message.into());
-    ApiError {
-        code: 400,
-        reason: "BadRequest".into(),
-        message: format!("{field} is invalid"),
-        details: vec![FieldError { field, message }],
-    }
+    ApiError::bad_field(field, message)
 }
 
 /// 422 with every field problem.

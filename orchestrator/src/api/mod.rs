@@ -238,12 +238,12 @@ async fn handle(
     match apply(&state, identity, action).await {
         Ok(Reply::Json(code, v)) => json_response(code, v),
         Ok(Reply::Watch { initial, mut watch, filter, from, bookmarks }) => {
-            let (tx, rx) = mpsc::channel::<Bytes>(256);
+            let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(256);
             let mut stop = shutdown;
             let heartbeat = config.liveness.heartbeat;
             tokio::spawn(async move {
                 for line in initial {
-                    if tx.send(Bytes::from(line)).await.is_err() {
+                    if tx.send(Ok(Bytes::from(line))).await.is_err() {
                         return;
                     }
                 }
@@ -255,7 +255,7 @@ async fn handle(
                     let change = tokio::select! {
                         c = watch.next() => c,
                         _ = tokio::time::sleep_until(last_sent + heartbeat), if bookmarks => {
-                            if tx.send(Bytes::from(bookmark_line(version))).await.is_err() {
+                            if tx.send(Ok(Bytes::from(bookmark_line(version)))).await.is_err() {
                                 return;
                             }
                             last_sent = tokio::time::Instant::now();
@@ -275,11 +275,11 @@ async fn handle(
                         Err(e) => {
                             let err = error::store_error(e);
                             let obj = serde_json::to_string(&err).unwrap_or_default();
-                            let _ = tx.send(Bytes::from(watch_line(WatchEventType::Error, &obj))).await;
+                            let _ = tx.send(Ok(Bytes::from(watch_line(WatchEventType::Error, &obj)))).await;
                             return;
                         }
                     };
-                    if tx.send(Bytes::from(line)).await.is_err() {
+                    if tx.send(Ok(Bytes::from(line))).await.is_err() {
                         return;
                     }
                     last_sent = tokio::time::Instant::now();
@@ -316,13 +316,14 @@ async fn drain(mut body: Incoming, config: ApiConfig) {
     .await;
 }
 
-/// A streaming body fed by a channel (the watch task writes lines into it).
+/// A streaming body fed by a channel (a watch's lines, attach frames, a
+/// node's log bytes); an error item ends it abruptly (see `Body`).
 pub struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
+    rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
 }
 
 impl ChannelBody {
-    pub fn new(rx: mpsc::Receiver<Bytes>) -> ChannelBody {
+    pub fn new(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> ChannelBody {
         ChannelBody { rx }
     }
 }
@@ -335,10 +336,6 @@ impl hyper::body::Body for ChannelBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        self.rx.poll_recv(cx).map(|item| item.map(|r| r.map(Frame::data)))
     }
 }

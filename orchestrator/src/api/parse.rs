@@ -60,30 +60,9 @@ pub fn parse(
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(|t| t.trim().to_string());
             let request: JoinRequest = decode_json(body)?;
-            if let Some(p) = name_problem(&request.node_name) {
-                return Err(invalid(
-                    "JoinRequest",
-                    &request.node_name,
-                    vec![FieldError { field: "nodeName".into(), message: p }],
-                ));
-            }
-            if let Some(a) = &request.attempt {
-                if a.is_empty()
-                    || a.len() > specs::api::MAX_JOIN_ATTEMPT_LEN
-                    || !a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                {
-                    return Err(invalid(
-                        "JoinRequest",
-                        &request.node_name,
-                        vec![FieldError {
-                            field: "attempt".into(),
-                            message: format!(
-                                "must be 1 to {} letters, digits or '-'",
-                                specs::api::MAX_JOIN_ATTEMPT_LEN
-                            ),
-                        }],
-                    ));
-                }
+            let problems = specs::validate::validate_join(&request);
+            if !problems.is_empty() {
+                return Err(invalid("JoinRequest", &request.node_name, problems));
             }
             Action::Join { token, request }
         }

@@ -15,7 +15,7 @@ use pinion_client::{Client, ClientError};
 use tokio::sync::{mpsc, watch};
 
 use super::error::error;
-use super::{error_response, Body};
+use super::{error_response, Body, ChannelBody};
 
 /// How long the node has to send the reply's head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(15);
@@ -120,27 +120,10 @@ pub async fn proxy(
         };
         let _ = tx.send(Err(std::io::Error::other(broke))).await;
     });
-    let mut r = Response::new(BodyExt::boxed(ResultBody { rx }));
+    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
     *r.status_mut() = status;
     if let Some(ct) = content_type {
         r.headers_mut().insert(hyper::header::CONTENT_TYPE, ct);
     }
     r
-}
-
-/// A body fed by a channel whose last item may be the error that ends it.
-struct ResultBody {
-    rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
-}
-
-impl hyper::body::Body for ResultBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
-        self.rx.poll_recv(cx).map(|item| item.map(|r| r.map(hyper::body::Frame::data)))
-    }
 }
