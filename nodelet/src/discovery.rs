@@ -66,12 +66,13 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
 
     let cpus: Vec<Cpu> = threads
         .iter()
-        .map(|t| Cpu { id: t.id, core: cores[&t.id], socket: sockets[&t.id], die: t.die, numa: numa_of[&t.id] })
+        .map(|t| Cpu { id: t.id, core: cores[&t.id], socket: sockets[&t.id], die: t.die, numa: numa_of[&t.id], uncore_cache: None })
         .collect();
 
     let numa_nodes = nodes
         .into_iter()
         .map(|n| NumaNode {
+            kind: Default::default(),
             id: n.id,
             // Derived from the final map so that `cpus` and `Cpu::numa` never disagree.
             cpus: online.filter(|id| numa_of.get(&id) == Some(&n.id)),

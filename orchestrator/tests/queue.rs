@@ -82,9 +82,10 @@ impl TestServer {
         let n = Client::new(&creds).expect("node client");
         let mut t = NodeTopology::default();
         for id in 0..cpus {
-            t.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: 0 });
+            t.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: 0, uncore_cache: None });
         }
         t.numa_nodes.push(NumaNode {
+            kind: Default::default(),
             id: 0,
             cpus: specs::CpuSet::from_ids(0..cpus).expect("ids within MAX_ID"),
             memory_bytes: 64 << 30,

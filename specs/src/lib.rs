@@ -22,4 +22,4 @@ pub use idset::{CpuSet, IdSet, NumaSet};
 pub use pod::{Container, CpuPolicy, Pod, PodSpec, RestartPolicy, TopologyPolicy, TopologyScope};
 pub use quantity::Quantity;
 pub use status::{PodPhase, PodStatus};
-pub use topology::NodeTopology;
+pub use topology::{NodeTopology, NumaKind};

@@ -39,12 +39,21 @@ pub struct Cpu {
     pub die: Option<u32>,
     /// NUMA node id.
     pub numa: u32,
+    /// Last-level (L3) cache group: CPUs sharing one uncore cache (a CCX on
+    /// AMD), renumbered 0.. in order of first appearance; `None` where the
+    /// machine names no shared L3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncore_cache: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NumaNode {
     pub id: u32,
+    /// What the node is: CPUs with their memory, or memory alone (HBM, a
+    /// CXL expander, GPU memory exposed as a node).
+    #[serde(default, skip_serializing_if = "NumaKind::is_cpus_and_memory")]
+    pub kind: NumaKind,
     pub cpus: CpuSet,
     pub memory_bytes: u64,
     /// Distances to every node, in the order of `NodeTopology::numa_nodes`.
@@ -52,6 +61,23 @@ pub struct NumaNode {
     pub distances: Vec<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hugepages: Vec<HugePages>,
+}
+
+/// A NUMA node's kind. A node with no CPUs and no memory is neither kind
+/// of interest and stays `CpusAndMemory`, placed on by nobody.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NumaKind {
+    #[default]
+    CpusAndMemory,
+    /// Memory and no CPUs: never a pod's only memory node unless it asks.
+    MemoryOnly,
+}
+
+impl NumaKind {
+    pub fn is_cpus_and_memory(&self) -> bool {
+        *self == NumaKind::CpusAndMemory
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

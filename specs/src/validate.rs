@@ -1008,6 +1008,7 @@ spec:
                     let n = t.numa_nodes[1].clone();
                     t.numa_nodes = (0..=MAX_NUMA_NODES as u32)
                         .map(|id| crate::topology::NumaNode {
+                            kind: Default::default(),
                             id,
                             cpus: Default::default(),
                             distances: vec![],

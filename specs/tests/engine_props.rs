@@ -87,6 +87,7 @@ fn settings_strategy() -> impl Strategy<Value = NodeSettings> {
                 full_pcpus_only: b[0],
                 distribute_cpus_across_numa: b[1],
                 align_by_socket: b[2],
+                ..CpuManagerOptions::default()
             },
             prefer_closest_numa_nodes: b[3],
             devices: BTreeMap::new(),
@@ -188,11 +189,12 @@ proptest! {
         s in settings_strategy(),
         pods in pods_strategy(),
     ) {
-        let mut cpus: Vec<Cpu> = cpus.into_iter().map(|(id, core, socket, numa)| Cpu { id, core, socket, die: None, numa }).collect();
+        let mut cpus: Vec<Cpu> = cpus.into_iter().map(|(id, core, socket, numa)| Cpu { id, core, socket, die: None, numa, uncore_cache: None }).collect();
         cpus.sort_by_key(|c| c.id);
         let numa_nodes = nodes
             .into_iter()
             .map(|(id, memory_bytes, distances)| NumaNode {
+                kind: Default::default(),
                 id,
                 cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == id).map(|c| c.id)).expect("small ids"),
                 memory_bytes,

@@ -133,9 +133,10 @@ impl Agent {
 
 fn two_by_ten() -> NodeTopology {
     NodeTopology {
-        cpus: (0..20).map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10 }).collect(),
+        cpus: (0..20).map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None }).collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
+                kind: Default::default(),
                 id,
                 cpus: CpuSet::range(id * 10, id * 10 + 9).expect("id within MAX_ID"),
                 memory_bytes: 64 << 30,

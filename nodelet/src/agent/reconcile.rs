@@ -355,9 +355,10 @@ mod tests {
     }
 
     fn topo() -> NodeTopology {
-        let cpus = (0..4).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: id / 2 }).collect();
+        let cpus = (0..4).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: id / 2, uncore_cache: None }).collect();
         let numa_nodes = (0..2)
             .map(|id| NumaNode {
+                kind: Default::default(),
                 id,
                 cpus: CpuSet::range(id * 2, id * 2 + 1).expect("id within MAX_ID"),
                 memory_bytes: 1 << 30,

@@ -62,8 +62,9 @@ fn first_fit(
 
 fn topology(n: u32) -> NodeTopology {
     NodeTopology {
-        cpus: (0..n).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0 }).collect(),
+        cpus: (0..n).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0, uncore_cache: None }).collect(),
         numa_nodes: vec![NumaNode {
+            kind: Default::default(),
             id: 0,
             cpus: CpuSet::range(0, n - 1).expect("id within MAX_ID"),
             memory_bytes: 1 << 30,

@@ -192,11 +192,12 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
             for th in 0..threads {
                 let cpu = core + th * total_cores;
                 ids.push(cpu);
-                t.cpus.push(Cpu { id: cpu, core, socket, die: None, numa: id });
+                t.cpus.push(Cpu { id: cpu, core, socket, die: None, numa: id, uncore_cache: None });
             }
             core += 1;
         }
         t.numa_nodes.push(NumaNode {
+            kind: Default::default(),
             id,
             cpus: CpuSet::from_ids(ids).expect("id within MAX_ID"),
             memory_bytes: numa.memory_mib * MI,
@@ -213,6 +214,7 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
             full_pcpus_only: g.options[0],
             distribute_cpus_across_numa: g.options[1],
             align_by_socket: g.options[2],
+            ..CpuManagerOptions::default()
         },
         prefer_closest_numa_nodes: g.options[3],
         ..NodeSettings::default()

@@ -27,10 +27,11 @@ pub(crate) fn machine(cores_per_numa: &[u32]) -> NodeTopology {
         let numa = numa as u32;
         let ids: Vec<u32> = (next..next + cores).collect();
         for &id in &ids {
-            t.cpus.push(Cpu { id, core: id, socket: numa, die: None, numa });
+            t.cpus.push(Cpu { id, core: id, socket: numa, die: None, numa, uncore_cache: None });
         }
         next += cores;
         t.numa_nodes.push(NumaNode {
+            kind: Default::default(),
             id: numa,
             cpus: CpuSet::from_ids(ids).expect("id within MAX_ID"),
             memory_bytes: 64 * GI,

@@ -96,6 +96,17 @@ pub struct CpuManagerOptions {
     /// `align-by-socket`: align to the socket rather than the NUMA node.
     #[serde(default)]
     pub align_by_socket: bool,
+    /// `distribute-cpus-across-cores`: one thread per core before a core's
+    /// second thread.
+    #[serde(default)]
+    pub distribute_cpus_across_cores: bool,
+    /// `prefer-align-cpus-by-uncorecache`: keep an exclusive allocation in as
+    /// few last-level-cache groups as possible.
+    #[serde(default)]
+    pub prefer_align_cpus_by_uncore_cache: bool,
+    /// `strict-cpu-reservation`: reserved CPUs are out of the shared pool too.
+    #[serde(default)]
+    pub strict_cpu_reservation: bool,
 }
 
 /// What a node has handed out. The checkpoint and the scheduler's mirror are both

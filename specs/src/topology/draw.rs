@@ -247,12 +247,13 @@ mod tests {
             .map(|id| {
                 let core = id % half;
                 let socket = core / cores;
-                Cpu { id, core, socket, die: None, numa: socket }
+                Cpu { id, core, socket, die: None, numa: socket, uncore_cache: None }
             })
             .collect();
         cpus.sort_by_key(|c| c.id);
         let numa_nodes = (0..2)
             .map(|n| NumaNode {
+                kind: Default::default(),
                 id: n,
                 cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == n).map(|c| c.id)).expect("small ids"),
                 memory_bytes: 64 << 30,
@@ -297,12 +298,12 @@ NUMA distances:
     }
 
     fn cpu(id: u32, socket: u32, numa: u32) -> Cpu {
-        Cpu { id, core: id, socket, die: None, numa }
+        Cpu { id, core: id, socket, die: None, numa, uncore_cache: None }
     }
 
     fn node(id: u32, cpus: &str, memory_bytes: u64) -> NumaNode {
         let cpus = CpuSet::parse_list(cpus).unwrap_or_default();
-        NumaNode { id, cpus, memory_bytes, distances: vec![], hugepages: vec![] }
+        NumaNode { kind: Default::default(), id, cpus, memory_bytes, distances: vec![], hugepages: vec![] }
     }
 
     #[test]
