@@ -2,8 +2,9 @@
 """Seed corpora for the fuzz targets, generated from the repo's own examples and
 fixtures into fuzz/seeds/<target>/ (not committed: they follow the repo).
 
-The sysfs seeds use the input format of fuzz_targets/sysfs.rs: a flags byte, then
-file contents separated by NUL in the target's FILES order (\\x01 = absent)."""
+The sysfs seeds use the input format of nodelet/tests/sysfs_input/mod.rs (shared
+by fuzz_targets/sysfs.rs and its regression test): a flags byte, then file
+contents separated by NUL in the order of its `files()` (\\x01 = absent)."""
 
 import json
 import os

@@ -100,6 +100,8 @@ fn pump(mut from: TcpStream, mut into: TcpStream, cut: &AtomicBool, lines: &Line
                 }
             }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            // A silent path sends no FIN for a read error either.
+            Err(_) if number < lines.silent_below.load(Ordering::SeqCst) => return,
             Err(_) => break,
         }
     }

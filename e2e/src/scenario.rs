@@ -848,7 +848,8 @@ impl Cluster {
                 cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
             let in_container = cgroup
                 .lines()
-                .filter_map(|l| l.split_once("/pinion/").map(|(_, id)| id.to_string()))
+                // A container's sub-cgroups are its own: the id ends at the next `/`.
+                .filter_map(|l| l.split_once("/pinion/").and_then(|(_, rest)| rest.split('/').next()).map(str::to_string))
                 .find(|id| stray(id));
             let shim_of = (args.get(1).map(String::as_str) == Some("shim")
                 && args.iter().any(|a| Path::new(a) == data))
@@ -862,7 +863,11 @@ impl Cluster {
         let root = data.to_string_lossy().into_owned();
         for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
             let Some(point) = line.split(' ').nth(4) else { continue };
-            let under_held = held.iter().any(|id| point.starts_with(&format!("{root}/containers/{id}")));
+            // Whole path components: `x_1` does not cover `x_10`'s mounts.
+            let under_held = held.iter().any(|id| {
+                let dir = format!("{root}/containers/{id}");
+                point == dir || point.starts_with(&format!("{dir}/"))
+            });
             if point.starts_with(&root) && !under_held {
                 left.push(format!("mount {point}"));
             }
