@@ -234,7 +234,8 @@ fn device_manifest(name: &str, cpu: &str, resource: &str) -> String {
 
 /// The hollow runtime's record of a pod's container (its config as the agent built it).
 fn hollow_config(data: &Path, pod: &str) -> Value {
-    let all: Value = serde_json::from_str(&std::fs::read_to_string(data.join("hollow/containers.json")).unwrap()).unwrap();
+    let all: Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("hollow/containers.json")).unwrap()).unwrap();
     let found = all["containers"].as_object().unwrap().values().find(|c| c["config"]["pod"] == pod);
     found.unwrap_or_else(|| panic!("no container of {pod}: {all:#}"))["config"].clone()
 }

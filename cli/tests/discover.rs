@@ -107,7 +107,8 @@ fn discover_shows_offered_devices_in_every_format() {
     let out = pinion(&["discover", "--sysfs-root", root, "-o", "json"]);
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
-    let gpu1 = v["devices"].as_array().expect("devices").iter().find(|d| d["address"] == device_tree::GPU1).expect("GPU1");
+    let gpu1 =
+        v["devices"].as_array().expect("devices").iter().find(|d| d["address"] == device_tree::GPU1).expect("GPU1");
     assert_eq!(
         *gpu1,
         serde_json::json!({"address": device_tree::GPU1, "class": "0x030000", "numa": 1, "resource": "nvidia.com/gpu",

@@ -184,7 +184,8 @@ fn discovered_gpus_are_planned_and_device_replaces_them() {
     .expect("write manifest");
     let base = ["plan", "-f", pod.to_str().expect("utf-8"), "--sysfs-root", root.to_str().expect("utf-8")];
     let plan = |extra: &[&str]| {
-        let args: Vec<&str> = base.iter().chain(extra).copied().chain(["--topology-policy", "single-numa-node", "-o", "json"]).collect();
+        let args: Vec<&str> =
+            base.iter().chain(extra).copied().chain(["--topology-policy", "single-numa-node", "-o", "json"]).collect();
         json(&pinion(&args))
     };
     let v = plan(&[]);

@@ -172,7 +172,8 @@ pub fn rename_sriov(topology: &mut NodeTopology, names: &BTreeMap<String, String
         if !renamed {
             let found: BTreeSet<&str> =
                 topology.devices.iter().filter_map(|d| d.resource.as_deref()?.strip_prefix(SRIOV_PREFIX)).collect();
-            let found = if found.is_empty() { "none".to_string() } else { found.into_iter().collect::<Vec<_>>().join(", ") };
+            let found =
+                if found.is_empty() { "none".to_string() } else { found.into_iter().collect::<Vec<_>>().join(", ") };
             return Err(DevicesError::UnknownPf { pf: pf.clone(), found });
         }
     }
@@ -252,8 +253,10 @@ mod tests {
         t
     }
 
-    /// (address, resource, device nodes) of every offered device.
-    fn offered(t: &NodeTopology) -> Vec<(String, String, Vec<String>)> {
+    /// (address, resource, device nodes) of an offered device.
+    type Offered = (String, String, Vec<String>);
+
+    fn offered(t: &NodeTopology) -> Vec<Offered> {
         t.devices
             .iter()
             .filter_map(|d| {
@@ -263,7 +266,7 @@ mod tests {
             .collect()
     }
 
-    fn row(address: &str, resource: &str, nodes: &[&str]) -> (String, String, Vec<String>) {
+    fn row(address: &str, resource: &str, nodes: &[&str]) -> Offered {
         (address.into(), resource.into(), nodes.iter().map(|n| n.to_string()).collect())
     }
 
@@ -273,10 +276,14 @@ mod tests {
         let gpu1 = row("0000:3c:00.0", NVIDIA_GPU, &["/dev/nvidia1", "/dev/nvidiactl"]);
         let vf2 = row("0000:5e:00.2", "pinion.io/sriov-vf-ens1f0", &["/dev/vfio/42"]);
         let vf3 = row("0000:5e:00.3", "pinion.io/sriov-vf-ens1f0", &[]);
-        let cases: Vec<(&str, &str, Vec<(String, String, Vec<String>)>)> = vec![
+        let cases: Vec<(&str, &str, Vec<Offered>)> = vec![
             ("nothing said", "{}", vec![gpu0.clone(), gpu1.clone(), vf2.clone(), vf3.clone()]),
             // Naming a resource keeps only what is listed under it.
-            ("one GPU kept", "nvidia.com/gpu: [{address: '0000:3c:00.0'}]", vec![gpu1.clone(), vf2.clone(), vf3.clone()]),
+            (
+                "one GPU kept",
+                "nvidia.com/gpu: [{address: '0000:3c:00.0'}]",
+                vec![gpu1.clone(), vf2.clone(), vf3.clone()],
+            ),
             ("no GPU", "nvidia.com/gpu: []", vec![vf2.clone(), vf3.clone()]),
             // A rename keeps the discovered nodes unless the entry gives its own.
             (
@@ -298,15 +305,19 @@ mod tests {
             (
                 "NIC added",
                 "example.com/nic: [{address: '0000:60:00.0', deviceNodes: [/dev/vfio/7]}]",
-                vec![gpu0.clone(), gpu1.clone(), vf2.clone(), vf3.clone(), row("0000:60:00.0", "example.com/nic", &["/dev/vfio/7"])],
+                vec![
+                    gpu0.clone(),
+                    gpu1.clone(),
+                    vf2.clone(),
+                    vf3.clone(),
+                    row("0000:60:00.0", "example.com/nic", &["/dev/vfio/7"]),
+                ],
             ),
-            ("NIC added bare", "example.com/nic: [{address: '0000:60:00.0'}]", vec![
-                gpu0.clone(),
-                gpu1.clone(),
-                vf2.clone(),
-                vf3.clone(),
-                row("0000:60:00.0", "example.com/nic", &[]),
-            ]),
+            (
+                "NIC added bare",
+                "example.com/nic: [{address: '0000:60:00.0'}]",
+                vec![gpu0.clone(), gpu1.clone(), vf2.clone(), vf3.clone(), row("0000:60:00.0", "example.com/nic", &[])],
+            ),
         ];
         for (what, yaml, expected) in cases {
             let file: DevicesFile = serde_yaml_ng::from_str(yaml).unwrap();
@@ -322,7 +333,10 @@ mod tests {
         let cases = [
             (
                 "example.com/x: [{address: '0000:99:00.0'}]",
-                DevicesError::UnknownAddress { field: "example.com/x[0].address".into(), address: "0000:99:00.0".into() },
+                DevicesError::UnknownAddress {
+                    field: "example.com/x[0].address".into(),
+                    address: "0000:99:00.0".into(),
+                },
             ),
             (
                 "a.io/x: [{address: '0000:3b:00.0'}]\nb.io/y: [{address: '0000:3b:00.0'}]",

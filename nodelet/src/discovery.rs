@@ -873,7 +873,12 @@ mod tests {
         assert_eq!(
             t.devices,
             vec![
-                PciDevice { address: "0000:00:01.0".into(), class: "0x020000".into(), numa: None, ..Default::default() },
+                PciDevice {
+                    address: "0000:00:01.0".into(),
+                    class: "0x020000".into(),
+                    numa: None,
+                    ..Default::default()
+                },
                 PciDevice { address: "0000:00:02.0".into(), class: String::new(), numa: Some(3), ..Default::default() },
             ]
         );

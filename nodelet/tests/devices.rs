@@ -88,7 +88,9 @@ fn what_is_missing_is_not_offered() {
 fn a_driver_file_without_a_minor_names_the_file() {
     let dir = machine();
     let info = dir.path().join(format!("proc/driver/nvidia/gpus/{GPU1}/information"));
-    for (content, reason) in [("Model: H100\n", "no \"Device Minor:\" line"), ("Device Minor: \t x\n", "is not a number")] {
+    for (content, reason) in
+        [("Model: H100\n", "no \"Device Minor:\" line"), ("Device Minor: \t x\n", "is not a number")]
+    {
         std::fs::write(&info, content).unwrap();
         match discover(dir.path()) {
             Err(DiscoveryError::Malformed { path, reason: got }) => {
@@ -112,10 +114,20 @@ fn two_nodes_per_socket_share_the_locality() {
     std::fs::write(dir.path().join("sys/devices/system/node/node0/distance"), "10 11\n").unwrap();
     std::fs::write(dir.path().join("sys/devices/system/node/node1/distance"), "11 10\n").unwrap();
     let t = discover(dir.path()).unwrap();
-    let dra: Vec<(&str, &[u32])> =
-        t.devices.iter().filter(|d| d.resource.is_some()).map(|d| (d.address.as_str(), d.numa_node.as_slice())).collect();
+    let dra: Vec<(&str, &[u32])> = t
+        .devices
+        .iter()
+        .filter(|d| d.resource.is_some())
+        .map(|d| (d.address.as_str(), d.numa_node.as_slice()))
+        .collect();
     assert_eq!(
         dra,
-        [(GPU0, &[0, 1][..]), (VF_VFIO, &[0, 1][..]), (VF_KERNEL, &[0, 1][..]), (VF_NO_NODE, &[][..]), (GPU1, &[1, 0][..])]
+        [
+            (GPU0, &[0, 1][..]),
+            (VF_VFIO, &[0, 1][..]),
+            (VF_KERNEL, &[0, 1][..]),
+            (VF_NO_NODE, &[][..]),
+            (GPU1, &[1, 0][..])
+        ]
     );
 }

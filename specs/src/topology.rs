@@ -282,7 +282,17 @@ mod tests {
         );
         // AMD NPS4 on two sockets: 12 within a socket, 32 across.
         let row = |own: usize| -> Vec<u32> {
-            (0..8).map(|j| if j == own { 10 } else if j / 4 == own / 4 { 12 } else { 32 }).collect()
+            (0..8)
+                .map(|j| {
+                    if j == own {
+                        10
+                    } else if j / 4 == own / 4 {
+                        12
+                    } else {
+                        32
+                    }
+                })
+                .collect()
         };
         let rows: Vec<Vec<u32>> = (0..8).map(row).collect();
         let rows: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
@@ -329,7 +339,10 @@ mod tests {
         assert_eq!(lists, [&[1, 0][..], &[], &[]]);
         assert_eq!(
             t.device_resources(),
-            BTreeMap::from([("nvidia.com/gpu".to_string(), vec!["0000:01:00.0".to_string(), "0000:02:00.0".to_string()])])
+            BTreeMap::from([(
+                "nvidia.com/gpu".to_string(),
+                vec!["0000:01:00.0".to_string(), "0000:02:00.0".to_string()]
+            )])
         );
         assert_eq!(
             t.device_nodes(),

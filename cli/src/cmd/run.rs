@@ -784,7 +784,8 @@ mod tests {
             match (got, expected) {
                 (Ok(got), Ok(want)) => {
                     let got: Vec<(String, String)> = got.into_iter().map(|(k, q)| (k, q.to_string())).collect();
-                    let want: Vec<(String, String)> = want.iter().map(|(k, q)| (k.to_string(), q.to_string())).collect();
+                    let want: Vec<(String, String)> =
+                        want.iter().map(|(k, q)| (k.to_string(), q.to_string())).collect();
                     assert_eq!(got, want, "{devices:?} {gpus:?}");
                 }
                 (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{devices:?} {gpus:?}: {e}"),
