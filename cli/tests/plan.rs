@@ -168,20 +168,15 @@ fn text_output_and_bad_input() {
     assert!(err.contains("bad.yaml") && err.contains("bogus"), "{err}");
 }
 
-/// A GPU pod planned on a tree with discovered GPUs (`device_tree`: GPU0 on
-/// node 0, GPU1 on node 1): discovery offers both, `--device` replaces the
-/// resource's list.
+/// `specs/examples/gpu.yaml` planned on a tree with discovered GPUs
+/// (`device_tree`: GPU0 on node 0, GPU1 on node 1): discovery offers both,
+/// `--device` replaces the resource's list.
 #[test]
 fn discovered_gpus_are_planned_and_device_replaces_them() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().join("root");
     device_tree::gpu_machine(&root);
-    let pod = dir.path().join("gpu.yaml");
-    std::fs::write(
-        &pod,
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: gpu}\nspec:\n  containers:\n  - name: c\n    rootfs: host\n    command: [/bin/true]\n    resources: {limits: {cpu: '2', memory: 1Gi, nvidia.com/gpu: 1}}\n",
-    )
-    .expect("write manifest");
+    let pod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/examples/gpu.yaml");
     let base = ["plan", "-f", pod.to_str().expect("utf-8"), "--sysfs-root", root.to_str().expect("utf-8")];
     let plan = |extra: &[&str]| {
         let args: Vec<&str> =
