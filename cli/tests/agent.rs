@@ -10,6 +10,9 @@ use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 
+#[path = "../../nodelet/tests/device_tree/mod.rs"]
+mod device_tree;
+
 /// Two NUMA nodes, two CPUs each.
 const TOPOLOGY: &str = r#"{"cpus":[{"id":0,"core":0,"socket":0,"numa":0},{"id":1,"core":1,"socket":0,"numa":0},
 {"id":2,"core":2,"socket":1,"numa":1},{"id":3,"core":3,"socket":1,"numa":1}],
@@ -50,14 +53,19 @@ impl Drop for AgentProc {
 }
 
 fn agent(s: &Setup, extra: &[&str]) -> AgentProc {
+    agent_on(s, "--topology", &s.topology, extra)
+}
+
+/// `agent` on another topology source (`--sysfs-root DIR`).
+fn agent_on(s: &Setup, source: &str, path: &Path, extra: &[&str]) -> AgentProc {
     let child = Command::new(PINION)
         .args(["agent", "--runtime", "hollow", "--reserved-cpus", "0", "--node-name", "t1"])
         .arg("--manifests")
         .arg(&s.manifests)
         .arg("--data-dir")
         .arg(&s.data)
-        .arg("--topology")
-        .arg(&s.topology)
+        .arg(source)
+        .arg(path)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -166,6 +174,10 @@ fn bad_flags_and_files_are_clear_errors() {
     let devices = s.data.parent().unwrap().join("devices.yaml");
     std::fs::write(&devices, "pinion.io/vf:\n- address: '0000:3b:00.1'\n").unwrap();
     check(&["--devices", devices.to_str().unwrap()], "pinion.io/vf[0].address: 0000:3b:00.1 is not a PCI device");
+    std::fs::write(&devices, "pinion.io/vf: []\ngpu: []\n").unwrap();
+    check(&["--devices", devices.to_str().unwrap()], "gpu: \"gpu\" is not a device resource name");
+    check(&["--sriov-resource", "ens1f0"], "--sriov-resource \"ens1f0\": expected PF=NAME");
+    check(&["--sriov-resource", "ens1f0=example.com/x"], "ens1f0: no SR-IOV virtual functions");
 
     std::fs::create_dir_all(&s.data).unwrap();
     std::fs::write(s.data.join("checkpoint.json"), "{").unwrap();
@@ -211,4 +223,70 @@ fn hollow_pods_survive_kill_9_of_the_agent() {
     for id in ids(&containers_after) {
         assert!(ids(&containers_before).contains(&id), "{id} is not a new container");
     }
+}
+
+/// A pod asking for devices, with a Guaranteed CPU and memory and one NUMA node.
+fn device_manifest(name: &str, cpu: &str, resource: &str) -> String {
+    format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  topology: {{policy: single-numa-node}}\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources: {{limits: {{cpu: '{cpu}', memory: 64Mi, {resource}: 1}}}}\n"
+    )
+}
+
+/// The hollow runtime's record of a pod's container (its config as the agent built it).
+fn hollow_config(data: &Path, pod: &str) -> Value {
+    let all: Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("hollow/containers.json")).unwrap()).unwrap();
+    let found = all["containers"].as_object().unwrap().values().find(|c| c["config"]["pod"] == pod);
+    found.unwrap_or_else(|| panic!("no container of {pod}: {all:#}"))["config"].clone()
+}
+
+/// No devices file: the GPUs come from discovery (`nodelet/tests/device_tree`:
+/// GPU0 on node 0, GPU1 on node 1, CPU 0 reserved). Two CPUs and a GPU on one
+/// node fit only on node 1, so the pod gets GPU1, CPUs 2-3 and node 1's
+/// memory, and its container the GPU's device nodes with the control nodes.
+#[test]
+fn discovered_gpus_are_placed_aligned_with_their_device_nodes() {
+    let s = setup();
+    let root = s.data.parent().unwrap().join("root");
+    device_tree::gpu_machine(&root);
+    std::fs::write(s.manifests.join("train.yaml"), device_manifest("train", "2", "nvidia.com/gpu")).unwrap();
+    let _a = agent_on(&s, "--sysfs-root", &root, &[]);
+    let v = wait_status(&s.data, "train running", |v| v["pods"]["static/train"]["phase"] == "Running");
+    let placed = &v["pods"]["static/train"]["placement"]["containers"][0];
+    assert_eq!(placed["devices"], serde_json::json!([device_tree::GPU1]), "{v:#}");
+    assert_eq!(placed["cpus"], serde_json::json!([2, 3]), "{v:#}");
+    assert_eq!(placed["mems"], serde_json::json!([1]), "{v:#}");
+    let config = hollow_config(&s.data, "static/train");
+    assert_eq!(config["deviceNodes"], serde_json::json!(["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]));
+}
+
+/// The devices file over discovery: GPU0 renamed (keeping its nodes), no
+/// `nvidia.com/gpu` left, the ens1f0 VFs under the operator's name.
+#[test]
+fn the_devices_file_and_sriov_names_override_discovery() {
+    let s = setup();
+    let root = s.data.parent().unwrap().join("root");
+    device_tree::gpu_machine(&root);
+    let devices = s.data.parent().unwrap().join("devices.yaml");
+    std::fs::write(&devices, format!("example.com/h100:\n- address: '{}'\nnvidia.com/gpu: []\n", device_tree::GPU0))
+        .unwrap();
+    std::fs::write(s.manifests.join("renamed.yaml"), device_manifest("renamed", "1", "example.com/h100")).unwrap();
+    std::fs::write(s.manifests.join("gone.yaml"), device_manifest("gone", "1", "nvidia.com/gpu")).unwrap();
+    std::fs::write(s.manifests.join("vf.yaml"), device_manifest("vf", "500m", "example.com/fast-nic")).unwrap();
+    let extra = ["--devices", devices.to_str().unwrap(), "--sriov-resource", "ens1f0=example.com/fast-nic"];
+    let _a = agent_on(&s, "--sysfs-root", &root, &extra);
+    let v = wait_status(&s.data, "renamed and vf running, gone refused", |v| {
+        let pods = &v["pods"];
+        pods["static/renamed"]["phase"] == "Running"
+            && pods["static/vf"]["phase"] == "Running"
+            && pods["static/gone"]["reason"].is_string()
+    });
+    let devices_of = |pod: &str| v["pods"][pod]["placement"]["containers"][0]["devices"].clone();
+    assert_eq!(devices_of("static/renamed"), serde_json::json!([device_tree::GPU0]));
+    assert_eq!(devices_of("static/vf"), serde_json::json!([device_tree::VF_VFIO]));
+    assert_eq!(v["pods"]["static/gone"]["phase"], "Pending", "{v:#}");
+    let config = hollow_config(&s.data, "static/renamed");
+    assert_eq!(config["deviceNodes"], serde_json::json!(["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]));
+    let config = hollow_config(&s.data, "static/vf");
+    assert_eq!(config["deviceNodes"], serde_json::json!(["/dev/vfio/42", "/dev/vfio/vfio"]));
 }

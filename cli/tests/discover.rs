@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../../nodelet/tests/device_tree/mod.rs"]
+mod device_tree;
+
 /// The real machines' sysfs trees kept in the repository (`e2e/fixtures/sysfs`).
 fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
@@ -91,4 +94,45 @@ fn discover_names_the_malformed_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cpu0/topology/physical_package_id") && stderr.contains("not an integer"), "{stderr}");
     assert!(out.stdout.is_empty(), "nothing half-written on stdout");
+}
+
+/// GPUs and VFs found on a tree built by `device_tree`: each offered device
+/// with its resource, NUMA node, DRA locality and device nodes, in every format.
+#[test]
+fn discover_shows_offered_devices_in_every_format() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    device_tree::gpu_machine(tmp.path());
+    let root = tmp.path().to_str().expect("utf-8 temp path");
+
+    let out = pinion(&["discover", "--sysfs-root", root, "-o", "json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let gpu1 =
+        v["devices"].as_array().expect("devices").iter().find(|d| d["address"] == device_tree::GPU1).expect("GPU1");
+    assert_eq!(
+        *gpu1,
+        serde_json::json!({"address": device_tree::GPU1, "class": "0x030000", "numa": 1, "resource": "nvidia.com/gpu",
+            "deviceNodes": ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"], "numaNode": [1]})
+    );
+
+    let yaml = pinion(&["discover", "--sysfs-root", root, "-o", "yaml"]);
+    let y: serde_json::Value = serde_yaml_ng::from_slice(&yaml.stdout).expect("YAML on stdout");
+    assert_eq!(y, v, "the YAML says what the JSON says");
+
+    let text = pinion(&["discover", "--sysfs-root", root, "-o", "text"]);
+    let text = String::from_utf8(text.stdout).expect("utf-8");
+    let offered = text.split("devices offered:\n").nth(1).unwrap_or_else(|| panic!("no devices section: {text}"));
+    let rows: Vec<Vec<&str>> = offered.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        rows,
+        [
+            vec!["RESOURCE", "ADDRESS", "NUMA", "NUMANODE", "DEVICE", "NODES"],
+            vec!["nvidia.com/gpu", device_tree::GPU0, "0", "[0]", "/dev/nvidia0,/dev/nvidiactl,/dev/nvidia-uvm"],
+            vec!["nvidia.com/gpu", device_tree::GPU1, "1", "[1]", "/dev/nvidia1,/dev/nvidiactl,/dev/nvidia-uvm"],
+            vec!["pinion.io/sriov-vf-ens1f0", device_tree::VF_VFIO, "0", "[0]", "/dev/vfio/42,/dev/vfio/vfio"],
+            vec!["pinion.io/sriov-vf-ens1f0", device_tree::VF_KERNEL, "0", "[0]", "-"],
+            vec!["pinion.io/sriov-vf-ens1f1", device_tree::VF_NO_NODE, "-", "[]", "-"],
+        ],
+        "{text}"
+    );
 }

@@ -5,6 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../../nodelet/tests/device_tree/mod.rs"]
+mod device_tree;
+
 fn pinion(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_pinion")).args(args).output().expect("run pinion")
 }
@@ -163,4 +166,28 @@ fn text_output_and_bad_input() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml") && err.contains("bogus"), "{err}");
+}
+
+/// `specs/examples/gpu.yaml` planned on a tree with discovered GPUs
+/// (`device_tree`: GPU0 on node 0, GPU1 on node 1): discovery offers both,
+/// `--device` replaces the resource's list.
+#[test]
+fn discovered_gpus_are_planned_and_device_replaces_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("root");
+    device_tree::gpu_machine(&root);
+    let pod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/examples/gpu.yaml");
+    let base = ["plan", "-f", pod.to_str().expect("utf-8"), "--sysfs-root", root.to_str().expect("utf-8")];
+    let plan = |extra: &[&str]| {
+        let args: Vec<&str> =
+            base.iter().chain(extra).copied().chain(["--topology-policy", "single-numa-node", "-o", "json"]).collect();
+        json(&pinion(&args))
+    };
+    let v = plan(&[]);
+    assert_eq!(v["containers"][0]["devices"], serde_json::json!([device_tree::GPU0]), "{v}");
+    assert_eq!(ids(&v["containers"][0]["cpus"]), [0, 1]);
+    let only_gpu1 = format!("nvidia.com/gpu={}", device_tree::GPU1);
+    let v = plan(&["--device", &only_gpu1]);
+    assert_eq!(v["containers"][0]["devices"], serde_json::json!([device_tree::GPU1]), "{v}");
+    assert_eq!(ids(&v["containers"][0]["cpus"]), [2, 3]);
 }

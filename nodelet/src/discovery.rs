@@ -47,7 +47,7 @@ pub enum DiscoveryError {
     Inconsistent { root: PathBuf, problems: String },
 }
 
-fn malformed(path: &Path, reason: impl Into<String>) -> DiscoveryError {
+pub(crate) fn malformed(path: &Path, reason: impl Into<String>) -> DiscoveryError {
     DiscoveryError::Malformed { path: path.to_path_buf(), reason: reason.into() }
 }
 
@@ -83,7 +83,8 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         .collect();
 
     let devices = read_pci(&root.join("sys/bus/pci/devices"))?;
-    let topology = NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() };
+    let mut topology = NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() };
+    crate::devices::offer(root, &mut topology)?;
     // The engine's precondition: a tree no kernel writes (found by fuzzing) is a
     // clear error here rather than a topology the engine was never meant to see.
     let problems = specs::validate::validate_topology(&topology);
@@ -108,7 +109,7 @@ pub fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
 
 /// The file's text with whitespace and the NUL bytes some old kernels append
 /// trimmed; `None` when the file (or a link on its way) does not exist.
-fn read_opt(path: &Path) -> Result<Option<String>, DiscoveryError> {
+pub(crate) fn read_opt(path: &Path) -> Result<Option<String>, DiscoveryError> {
     match std::fs::read(path) {
         Ok(bytes) => {
             let text = String::from_utf8(bytes).map_err(|_| malformed(path, "not UTF-8 text"))?;
@@ -121,7 +122,7 @@ fn read_opt(path: &Path) -> Result<Option<String>, DiscoveryError> {
 
 /// A directory's entries with UTF-8 names as `(name, path)`; empty when the
 /// directory does not exist (sysfs leaves out what a machine lacks).
-fn dir_entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, DiscoveryError> {
+pub(crate) fn dir_entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, DiscoveryError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
@@ -520,7 +521,7 @@ fn read_pci(dir: &Path) -> Result<Vec<PciDevice>, DiscoveryError> {
         // -1 (and an absent file, e.g. a dangling link) mean "no NUMA affinity".
         let numa = non_negative_u32(&numa_path, read_id(&numa_path)?)?;
         let class = read_opt(&path.join("class"))?.unwrap_or_default();
-        out.push(PciDevice { address, class, numa });
+        out.push(PciDevice { address, class, numa, ..Default::default() });
     }
     out.sort_by(|a, b| a.address.cmp(&b.address));
     Ok(out)
@@ -872,8 +873,13 @@ mod tests {
         assert_eq!(
             t.devices,
             vec![
-                PciDevice { address: "0000:00:01.0".into(), class: "0x020000".into(), numa: None },
-                PciDevice { address: "0000:00:02.0".into(), class: String::new(), numa: Some(3) },
+                PciDevice {
+                    address: "0000:00:01.0".into(),
+                    class: "0x020000".into(),
+                    numa: None,
+                    ..Default::default()
+                },
+                PciDevice { address: "0000:00:02.0".into(), class: String::new(), numa: Some(3), ..Default::default() },
             ]
         );
     }

@@ -8,6 +8,7 @@ pub mod affinity;
 pub mod agent;
 pub mod checkpoint;
 pub mod daemon;
+pub mod devices;
 pub mod discovery;
 pub mod endpoint;
 pub mod fault;

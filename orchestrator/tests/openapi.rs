@@ -202,7 +202,8 @@ fn node() -> Value {
                     "hugepages": [{"pageSizeBytes": 2097152, "total": 16}]
                 }],
                 "devices": [
-                    {"address": "0000:3b:00.1", "class": "0x020000", "numa": 0},
+                    {"address": "0000:3b:00.1", "class": "0x020000", "numa": 0, "resource": "pinion.io/sriov-vf",
+                     "deviceNodes": ["/dev/vfio/42", "/dev/vfio/vfio"], "numaNode": [0]},
                     {"address": "0000:00:02.0", "class": "0x030000", "numa": null}
                 ],
                 "reservedCpus": [0]

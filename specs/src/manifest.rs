@@ -308,6 +308,7 @@ mod example_tests {
     fn examples_parse() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
         let want = [
+            ("gpu.yaml", 1),
             ("hpc-job.yaml", 1),
             ("numa-policies.yaml", 4),
             ("pinned.yaml", 1),

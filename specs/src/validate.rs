@@ -237,9 +237,10 @@ fn resource_kind(name: &str) -> Result<ResKind, String> {
             Err(format!("invalid hugepage size {size:?}: want a power of two between 4Ki and 16Gi"))
         };
     }
-    match name.split_once('/') {
-        Some((domain, n)) if is_dns1123_subdomain(domain) && is_qualified_name_part(n) => Ok(ResKind::Device),
-        _ => Err("unknown resource: want cpu, memory, hugepages-<size> or a domain/name device resource".into()),
+    if is_device_resource_name(name) {
+        Ok(ResKind::Device)
+    } else {
+        Err("unknown resource: want cpu, memory, hugepages-<size> or a domain/name device resource".into())
     }
 }
 
@@ -602,8 +603,30 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
                 e.push(format!("{p}.numa"), format!("NUMA node {n} is not in numaNodes"));
             }
         }
+        if let Some(r) = &d.resource {
+            if !is_device_resource_name(r) {
+                e.push(format!("{p}.resource"), format!("{r:?} is not a device resource name (want domain/name)"));
+            }
+        }
+        for (j, node) in d.device_nodes.iter().enumerate() {
+            if !node.is_absolute() {
+                e.push(format!("{p}.deviceNodes[{j}]"), format!("{} is not an absolute path", node.display()));
+            }
+        }
+        // The DRA list starts with the device's own node and names nodes of this machine.
+        if d.numa_node.first().is_some_and(|first| Some(*first) != d.numa) {
+            e.push(format!("{p}.numaNode"), "must start with the device's numa".to_string());
+        } else if let Some(n) = d.numa_node.iter().find(|n| !numa_ids.contains(n)) {
+            e.push(format!("{p}.numaNode"), format!("NUMA node {n} is not in numaNodes"));
+        }
     }
     e.0
+}
+
+/// A device resource's name as pods request it: `domain/name`, the domain
+/// a DNS-1123 subdomain, the name a qualified name part (`nvidia.com/gpu`).
+pub fn is_device_resource_name(name: &str) -> bool {
+    matches!(name.split_once('/'), Some((domain, n)) if is_dns1123_subdomain(domain) && is_qualified_name_part(n))
 }
 
 #[cfg(test)]
@@ -987,6 +1010,18 @@ spec:
             (Box::new(|t| t.reserved_cpus = "0,8".parse().unwrap()), vec!["reservedCpus"]),
             (Box::new(|t| t.devices[0].numa = Some(5)), vec!["devices[0].numa"]),
             (Box::new(|t| t.devices[0].numa = None), vec![]),
+            (
+                Box::new(|t| {
+                    t.devices[0].resource = Some("nvidia.com/gpu".into());
+                    t.devices[0].device_nodes = vec!["/dev/nvidia0".into()];
+                    t.devices[0].numa_node = vec![1, 0];
+                }),
+                vec![],
+            ),
+            (Box::new(|t| t.devices[0].resource = Some("gpu".into())), vec!["devices[0].resource"]),
+            (Box::new(|t| t.devices[0].device_nodes = vec!["dev/nvidia0".into()]), vec!["devices[0].deviceNodes[0]"]),
+            (Box::new(|t| t.devices[0].numa_node = vec![0, 1]), vec!["devices[0].numaNode"]),
+            (Box::new(|t| t.devices[0].numa_node = vec![1, 4]), vec!["devices[0].numaNode"]),
             (
                 Box::new(|t| {
                     let d = t.devices[0].clone();

@@ -631,8 +631,8 @@ fn memory_hugepages_and_devices() {
 
     let mut dev_machine = machine(SEED);
     dev_machine.devices = vec![
-        PciDevice { address: "0000:3b:00.0".into(), class: "0x020000".into(), numa: Some(1) },
-        PciDevice { address: "0000:3b:00.1".into(), class: "0x020000".into(), numa: Some(1) },
+        PciDevice { address: "0000:3b:00.0".into(), class: "0x020000".into(), numa: Some(1), ..Default::default() },
+        PciDevice { address: "0000:3b:00.1".into(), class: "0x020000".into(), numa: Some(1), ..Default::default() },
     ];
     let mut dev_settings = settings(SingleNumaNode);
     dev_settings.devices.insert("pinion.io/nic".into(), vec!["0000:3b:00.0".into(), "0000:3b:00.1".into()]);
@@ -669,7 +669,12 @@ fn memory_hugepages_and_devices() {
 #[test]
 fn device_placement_records_addresses() {
     let mut t = machine(SEED);
-    t.devices = vec![PciDevice { address: "0000:3b:00.0".into(), class: "0x020000".into(), numa: Some(1) }];
+    t.devices = vec![PciDevice {
+        address: "0000:3b:00.0".into(),
+        class: "0x020000".into(),
+        numa: Some(1),
+        ..Default::default()
+    }];
     let mut s = settings(SingleNumaNode);
     s.devices.insert("pinion.io/nic".into(), vec!["0000:3b:00.0".into()]);
     let p = pod("p", vec![ctr("c", &[("cpu", "2"), ("memory", "1Gi"), ("pinion.io/nic", "1")], true, None)]);

@@ -18,7 +18,6 @@ use clap::{Subcommand, ValueEnum};
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
 use nodelet::source::NodeReport;
-use serde::Deserialize;
 use specs::{CpuManagerOptions, CpuSet, NodeSettings, NodeTopology, TopologyPolicy, TopologyScope};
 use tokio::sync::watch;
 
@@ -91,9 +90,15 @@ pub struct RunArgs {
     /// prefer-closest-numa-nodes=true (repeatable).
     #[arg(long = "cpu-manager-option", value_name = "K=V")]
     pub cpu_manager_options: Vec<String>,
-    /// YAML: resource name -> list of {address, deviceNodes}.
+    /// YAML: resource name -> list of {address, deviceNodes}, over what
+    /// discovery offers: a resource named here has exactly the devices listed
+    /// (`[]`: none); a listed address moves to it.
     #[arg(long, value_name = "CONFIG")]
     pub devices: Option<PathBuf>,
+    /// Offer the SR-IOV VFs of the PF with netdev PF as NAME rather than
+    /// `pinion.io/sriov-vf-PF` (repeatable `PF=NAME`).
+    #[arg(long = "sriov-resource", value_name = "PF=NAME")]
+    pub sriov_resources: Vec<String>,
     /// This node's name in reports [default: the host name].
     #[arg(long, value_name = "N")]
     pub node_name: Option<String>,
@@ -130,45 +135,22 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// One device as the `--devices` file lists it.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct DeviceEntry {
-    address: String,
-    #[serde(default)]
-    device_nodes: Vec<PathBuf>,
-}
-
-/// What `--devices` says, split for its two readers.
-struct Devices {
-    /// Resource name -> PCI addresses (for the engine).
-    resources: BTreeMap<String, Vec<String>>,
-    /// PCI address -> device nodes (for the runtime).
-    nodes: BTreeMap<String, Vec<PathBuf>>,
-}
-
-/// Reads `--devices`; every address must be a PCI device of this machine.
-fn load_devices(path: &Path, topology: &NodeTopology) -> anyhow::Result<Devices> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let parsed: BTreeMap<String, Vec<DeviceEntry>> =
-        serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a devices config", path.display()))?;
-    let mut resources = BTreeMap::new();
-    let mut nodes = BTreeMap::new();
-    let known: Vec<&str> = topology.devices.iter().map(|d| d.address.as_str()).collect();
-    for (resource, entries) in parsed {
-        let mut addrs = Vec::new();
-        for (i, e) in entries.into_iter().enumerate() {
-            if !known.contains(&e.address.as_str()) {
-                bail!("{}: {resource}[{i}].address: {} is not a PCI device of this machine", path.display(), e.address);
-            }
-            if nodes.insert(e.address.clone(), e.device_nodes).is_some() {
-                bail!("{}: {resource}[{i}].address: {} is listed twice", path.display(), e.address);
-            }
-            addrs.push(e.address);
-        }
-        resources.insert(resource, addrs);
+/// Applies `--sriov-resource` and `--devices` to what discovery offered
+/// (`nodelet::devices` has the rule).
+fn adjust_devices(args: &RunArgs, topology: &mut NodeTopology) -> anyhow::Result<()> {
+    let mut names = BTreeMap::new();
+    for m in &args.sriov_resources {
+        let (pf, name) = m.split_once('=').with_context(|| format!("--sriov-resource {m:?}: expected PF=NAME"))?;
+        names.insert(pf.to_string(), name.to_string());
     }
-    Ok(Devices { resources, nodes })
+    nodelet::devices::rename_sriov(topology, &names).context("--sriov-resource")?;
+    if let Some(path) = &args.devices {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file: nodelet::devices::DevicesFile =
+            serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a devices config", path.display()))?;
+        nodelet::devices::apply_file(topology, &file).with_context(|| path.display().to_string())?;
+    }
+    Ok(())
 }
 
 fn settings(args: &RunArgs, topology: &NodeTopology) -> anyhow::Result<NodeSettings> {
@@ -242,13 +224,13 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
         let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
         labels.insert(k.to_string(), v.to_string());
     }
-    let topology = args.topology.load().context("loading the topology")?;
+    let mut topology = args.topology.load().context("loading the topology")?;
+    adjust_devices(&args, &mut topology)?;
     let mut settings = settings(&args, &topology)?;
-    let mut device_nodes = BTreeMap::new();
-    if let Some(path) = &args.devices {
-        let devices = load_devices(path, &topology)?;
-        settings.devices = devices.resources;
-        device_nodes = devices.nodes;
+    settings.devices = topology.device_resources();
+    let device_nodes = topology.device_nodes();
+    for (resource, addrs) in &settings.devices {
+        tracing::info!(%resource, devices = addrs.len(), "device resource offered");
     }
     let node_name = args.node_name.clone().unwrap_or_else(host_name);
     let mut agent = AgentConfig::new(node_name, args.data_dir, topology, settings);

@@ -1,8 +1,12 @@
 //! `pinion describe pod|node NAME`: everything a person asks first: where it
 //! runs, on which CPUs and NUMA nodes, and why (events).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::process::ExitCode;
+
+use specs::engine::Allocations;
+use specs::{NodeSettings, NodeTopology};
 
 use crate::cmd::get::{age, pod_restarts, pod_status, table};
 use crate::common::GlobalArgs;
@@ -32,6 +36,43 @@ fn events_section(out: &mut String, events: &[specs::api::Event]) {
         .map(|e| vec![age(Some(&e.timestamp)), e.event_type.clone(), e.reason.clone(), e.message.clone()])
         .collect();
     for line in table(&["AGE", "TYPE", "REASON", "MESSAGE"], &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+/// The devices a node offers (its settings' resources, as the scheduler
+/// counts them): NUMA node, DRA locality (the topology's, else computed from
+/// its distances) and the pod holding each.
+fn devices_section(out: &mut String, t: &NodeTopology, s: &NodeSettings, allocations: &Allocations) {
+    if s.devices.is_empty() {
+        return;
+    }
+    let mut holders = BTreeMap::new();
+    for (pod, p) in &allocations.pods {
+        for addr in p.containers.iter().flat_map(|c| c.devices.values().flatten()) {
+            holders.insert(addr.as_str(), pod.as_str());
+        }
+    }
+    let mut rows = Vec::new();
+    for (resource, addrs) in &s.devices {
+        for addr in addrs {
+            let d = t.devices.iter().find(|d| &d.address == addr);
+            let numa = d.and_then(|d| d.numa);
+            let locality = match d {
+                Some(d) if !d.numa_node.is_empty() => d.numa_node.clone(),
+                _ => numa.map(|n| t.dra_numa_nodes(n)).unwrap_or_default(),
+            };
+            rows.push(vec![
+                resource.clone(),
+                addr.clone(),
+                numa.map_or_else(|| "-".into(), |n| n.to_string()),
+                format!("[{}]", locality.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+                holders.get(addr.as_str()).map_or_else(|| "-".into(), |p| p.to_string()),
+            ]);
+        }
+    }
+    out.push_str("Devices:\n");
+    for line in table(&["RESOURCE", "ADDRESS", "NUMA", "NUMANODE", "POD"], &rows).lines() {
         let _ = writeln!(out, "  {line}");
     }
 }
@@ -181,6 +222,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             for line in table(&["NUMA", "CPUS", "FREE", "MEMORY(FREE/TOTAL)", "HUGEPAGES", "DEVICES"], &rows).lines() {
                 let _ = writeln!(out, "  {line}");
             }
+            devices_section(&mut out, t, s, &n.status.allocations);
             out.push_str("Pods:\n");
             if n.status.allocations.pods.is_empty() {
                 out.push_str("  <none>\n");
@@ -195,4 +237,45 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     print!("{out}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_show_their_locality_and_holder() {
+        let mut t = specs::topology::synthetic::parse("pack:2 numa:1 core:1 pu:1").unwrap();
+        let gpu = |address: &str, numa: u32| specs::topology::PciDevice {
+            address: address.into(),
+            class: "0x030200".into(),
+            numa: Some(numa),
+            resource: Some("nvidia.com/gpu".into()),
+            ..Default::default()
+        };
+        t.devices = vec![gpu("0000:3b:00.0", 0), gpu("0000:86:00.0", 1)];
+        t.set_device_locality();
+        t.devices[1].numa_node.clear(); // a node that registered before DRA lists: computed
+        let s = NodeSettings { devices: t.device_resources(), ..Default::default() };
+        let mut allocations = Allocations::default();
+        let pod: specs::engine::Placement = serde_json::from_value(serde_json::json!({
+            "numaAffinity": [1],
+            "containers": [{"name": "main", "cpuPolicy": "exclusive", "cpus": [1], "mems": [1],
+                            "devices": {"nvidia.com/gpu": ["0000:86:00.0"]}}]
+        }))
+        .unwrap();
+        allocations.pods.insert("default/train".into(), pod);
+        let mut out = String::new();
+        devices_section(&mut out, &t, &s, &allocations);
+        assert_eq!(
+            out,
+            "\
+Devices:
+  RESOURCE         ADDRESS        NUMA   NUMANODE   POD
+  nvidia.com/gpu   0000:3b:00.0   0      [0]        -
+  nvidia.com/gpu   0000:86:00.0   1      [1]        default/train
+"
+        );
+    }
 }

@@ -62,7 +62,8 @@ pub struct Args {
     #[arg(long)]
     pub prefer_closest_numa_nodes: bool,
     /// A device resource and its PCI addresses, e.g.
-    /// `pinion.io/nic=0000:3b:00.0,0000:3b:00.1`; repeatable.
+    /// `pinion.io/nic=0000:3b:00.0,0000:3b:00.1`; repeatable. Replaces a
+    /// resource of that name the topology offers (discovered GPUs, VFs).
     #[arg(long = "device", value_name = "NAME=ADDR,...")]
     pub devices: Vec<String>,
     /// Output format [default: text on a terminal, json otherwise].
@@ -189,7 +190,7 @@ fn text(d: &Decision) -> String {
 }
 
 pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
-    let settings = settings(&args)?;
+    let mut settings = settings(&args)?;
     let manifest = read_manifest(&args.file)?;
     let mut pods =
         specs::manifest::parse_pods(&manifest).map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
@@ -198,6 +199,10 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     let pod = pods.remove(0);
     let topology = args.source.load().context("loading the topology")?;
+    // What discovery offers (or a saved topology records), unless `--device` names the resource.
+    for (resource, addrs) in topology.device_resources() {
+        settings.devices.entry(resource).or_insert(addrs);
+    }
     let mut allocations = Allocations::default();
     if let Some(cpus) = &args.allocated_cpus {
         let outside = cpus.difference(&topology.all_cpus());

@@ -1,4 +1,5 @@
 //! `pinion run NAME [--host | --image I] [--cpus N] [--memory Q] [--policy P]
+//! [--gpus N] [--device NAME=N]
 //! [--array SPEC] -- CMD...`: the srun-like one-liner. It creates a
 //! one-container pod that is never restarted, then follows it on one stream
 //! (`GET /api/v1/pods/{name}/attach`: status changes, saying why while it is
@@ -69,6 +70,13 @@ pub struct Args {
     /// Memory request and limit (e.g. 512Mi, 4Gi).
     #[arg(long, value_name = "Q")]
     pub memory: Option<Quantity>,
+    /// A device resource and how many (repeatable `NAME=N`), e.g.
+    /// `nvidia.com/gpu=1`, `pinion.io/sriov-vf-ens1f0=2`.
+    #[arg(long = "device", value_name = "NAME=N")]
+    pub devices: Vec<String>,
+    /// GPUs: `--device nvidia.com/gpu=N`.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
     /// Topology policy for this pod: none | best-effort | restricted | single-numa-node.
     #[arg(long, value_name = "P", value_parser = parse_kebab::<TopologyPolicy>)]
     pub policy: Option<TopologyPolicy>,
@@ -137,6 +145,10 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             resources.limits.insert(name.to_string(), q.clone());
         }
     }
+    for (name, q) in device_requests(&args.devices, args.gpus)? {
+        resources.requests.insert(name.clone(), q.clone());
+        resources.limits.insert(name, q);
+    }
     let env = args
         .env
         .iter()
@@ -185,6 +197,29 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
         },
         status: None,
     })
+}
+
+/// `--device NAME=N` and `--gpus N`: resource name -> count, each named
+/// once, each count a whole number of at least 1 (a device is not shared).
+fn device_requests(devices: &[String], gpus: Option<u32>) -> anyhow::Result<BTreeMap<String, Quantity>> {
+    let mut out = BTreeMap::new();
+    // (the flag and its value as given, the NAME=N it means)
+    let asked = devices.iter().map(|d| (format!("--device {d:?}"), d.clone()));
+    let gpus = gpus.map(|n| (format!("--gpus {n}"), format!("{}={n}", nodelet::devices::NVIDIA_GPU)));
+    for (flag, d) in asked.chain(gpus) {
+        let (name, count) = d.split_once('=').with_context(|| format!("{flag}: expected NAME=N"))?;
+        if !specs::validate::is_device_resource_name(name) {
+            bail!("{flag}: {name:?} is not a device resource (want domain/name, e.g. nvidia.com/gpu; cpu and memory have their own flags)");
+        }
+        let n: u32 = count.parse().map_err(|_| anyhow::anyhow!("{flag}: {count:?} is not a whole number"))?;
+        if n == 0 {
+            bail!("{flag}: ask for at least 1");
+        }
+        if out.insert(name.to_string(), Quantity::from_units(i64::from(n))).is_some() {
+            bail!("{flag}: {name} is asked for twice");
+        }
+    }
+    Ok(out)
 }
 
 /// `--array`: the task indices, in order, and the `%N` limit.
@@ -739,6 +774,38 @@ mod tests {
                 assert!(e.starts_with("--array ") && e.contains(part), "{spec}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn device_flags_become_whole_requests() {
+        let check = |devices: &[&str], gpus: Option<u32>, expected: Result<&[(&str, &str)], &str>| {
+            let devices: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+            let got = device_requests(&devices, gpus);
+            match (got, expected) {
+                (Ok(got), Ok(want)) => {
+                    let got: Vec<(String, String)> = got.into_iter().map(|(k, q)| (k, q.to_string())).collect();
+                    let want: Vec<(String, String)> =
+                        want.iter().map(|(k, q)| (k.to_string(), q.to_string())).collect();
+                    assert_eq!(got, want, "{devices:?} {gpus:?}");
+                }
+                (Err(e), Err(part)) => assert!(e.to_string().contains(part), "{devices:?} {gpus:?}: {e}"),
+                (got, _) => panic!("{devices:?} {gpus:?}: {got:?}"),
+            }
+        };
+        check(&[], None, Ok(&[]));
+        check(&[], Some(2), Ok(&[("nvidia.com/gpu", "2")]));
+        check(
+            &["nvidia.com/gpu=1", "pinion.io/sriov-vf-ens1f0=2"],
+            None,
+            Ok(&[("nvidia.com/gpu", "1"), ("pinion.io/sriov-vf-ens1f0", "2")]),
+        );
+        check(&["nvidia.com/gpu"], None, Err("--device \"nvidia.com/gpu\": expected NAME=N"));
+        check(&["gpu=1"], None, Err("--device \"gpu=1\": \"gpu\" is not a device resource"));
+        check(&["cpu=1"], None, Err("cpu and memory have their own flags"));
+        check(&["nvidia.com/gpu=0.5"], None, Err("\"0.5\" is not a whole number"));
+        check(&["nvidia.com/gpu=0"], None, Err("--device \"nvidia.com/gpu=0\": ask for at least 1"));
+        check(&[], Some(0), Err("--gpus 0: ask for at least 1"));
+        check(&["nvidia.com/gpu=1"], Some(1), Err("--gpus 1: nvidia.com/gpu is asked for twice"));
     }
 
     #[test]

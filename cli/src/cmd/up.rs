@@ -81,6 +81,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         topology_scope: None,
         cpu_manager_options: Vec::new(),
         devices: None,
+        sriov_resources: Vec::new(),
         node_name: args.node_name.clone(),
         server: Some(url.clone()),
         token: Some(token),

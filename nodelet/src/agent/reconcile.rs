@@ -212,11 +212,15 @@ pub fn container_config(
             }
         }
     }
+    // Devices share nodes (every GPU brings /dev/nvidiactl): each once, as
+    // a runtime creates each node once.
+    let mut seen = std::collections::BTreeSet::new();
     let device_nodes = placement
         .devices
         .values()
         .flatten()
         .flat_map(|addr| device_nodes.get(addr).cloned().unwrap_or_default())
+        .filter(|node| seen.insert(node.clone()))
         .collect();
     let rootfs = match (&c.image, c.rootfs) {
         (Some(image), _) => RootfsConfig::Image(image.clone()),
@@ -355,7 +359,8 @@ mod tests {
     }
 
     fn topo() -> NodeTopology {
-        let cpus = (0..4).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: id / 2, uncore_cache: None }).collect();
+        let cpus =
+            (0..4).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: id / 2, uncore_cache: None }).collect();
         let numa_nodes = (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
@@ -436,8 +441,13 @@ mod tests {
         let mut placement = cp("a", CpuPolicy::Shared, "0-3");
         placement.mems = NumaSet::single(1).expect("id within MAX_ID");
         placement.devices.insert("pinion.io/vf".into(), vec!["0000:3b:00.1".into()]);
-        let nodes: BTreeMap<String, Vec<PathBuf>> =
-            [("0000:3b:00.1".to_string(), vec![PathBuf::from("/dev/vfio/42")])].into();
+        placement.devices.insert("nvidia.com/gpu".into(), vec!["0000:3c:00.0".into(), "0000:3d:00.0".into()]);
+        let nodes: BTreeMap<String, Vec<PathBuf>> = [
+            ("0000:3b:00.1".to_string(), vec![PathBuf::from("/dev/vfio/42")]),
+            ("0000:3c:00.0".to_string(), vec![PathBuf::from("/dev/nvidia0"), PathBuf::from("/dev/nvidiactl")]),
+            ("0000:3d:00.0".to_string(), vec![PathBuf::from("/dev/nvidia1"), PathBuf::from("/dev/nvidiactl")]),
+        ]
+        .into();
         let cfg = container_config(
             Path::new("/d"),
             &nodes,
@@ -458,7 +468,9 @@ mod tests {
         assert_eq!(cfg.cpu_quota, Some(CpuQuota { quota_us: 150_000, period_us: 100_000 }));
         assert_eq!(cfg.cpu_shares, Some(1536), "request defaults to the limit");
         assert_eq!(cfg.hugepage_limits, [(2 << 20, 4 << 20)].into());
-        assert_eq!(cfg.device_nodes, vec![PathBuf::from("/dev/vfio/42")]);
+        // By resource, then address; the shared control node once.
+        let nodes: Vec<&str> = cfg.device_nodes.iter().filter_map(|p| p.to_str()).collect();
+        assert_eq!(nodes, ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia1", "/dev/vfio/42"]);
         let uid = log_uid(&p, &spec_hash(&p));
         assert_eq!(cfg.log_path, PathBuf::from(format!("/d/logs/static_p_{uid}/a.log")));
         assert!(!cfg.init);

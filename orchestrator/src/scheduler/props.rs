@@ -229,6 +229,7 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
             address: address.clone(),
             class: "0x020000".into(),
             numa: numa.map(|x| x % n as u32),
+            ..Default::default()
         });
         addrs.push(address);
     }

@@ -450,7 +450,12 @@ fn rich_node(held: CpuSet) -> NodeInfo {
         numa.hugepages = vec![specs::topology::HugePages { page_size_bytes: 2 << 20, total: 512 }];
     }
     for addr in ["0000:3b:00.1", "0000:3b:00.2"] {
-        t.devices.push(specs::topology::PciDevice { address: addr.into(), class: "0x020000".into(), numa: Some(1) });
+        t.devices.push(specs::topology::PciDevice {
+            address: addr.into(),
+            class: "0x020000".into(),
+            numa: Some(1),
+            ..Default::default()
+        });
     }
     n.topology = Arc::new(t);
     n.settings.reserved_cpus = CpuSet::single(0).expect("id within MAX_ID");
@@ -601,7 +606,12 @@ fn restricted_counts_the_width_every_resource_needs() {
     let mut vfs = half();
     let mut t = machine(&[4, 4]);
     for (numa, addr) in [(0, "0000:3b:00.1"), (1, "0000:5e:00.1")] {
-        t.devices.push(specs::topology::PciDevice { address: addr.into(), class: "0x020000".into(), numa: Some(numa) });
+        t.devices.push(specs::topology::PciDevice {
+            address: addr.into(),
+            class: "0x020000".into(),
+            numa: Some(numa),
+            ..Default::default()
+        });
     }
     vfs.topology = Arc::new(t);
     vfs.settings.devices.insert(VF.into(), vec!["0000:3b:00.1".into(), "0000:5e:00.1".into()]);

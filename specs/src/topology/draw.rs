@@ -119,7 +119,49 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
             .collect();
         let _ = writeln!(out, "PCI devices: {} ({})", t.devices.len(), parts.join(", "));
     }
+    offered(&mut out, t);
     out
+}
+
+/// The devices offered to pods, by resource then address: NUMA node, DRA
+/// locality (`numaNode`) and device nodes.
+fn offered(out: &mut String, t: &NodeTopology) {
+    let mut rows: Vec<[String; 5]> = t
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let list = |v: Vec<String>| if v.is_empty() { "-".to_string() } else { v.join(",") };
+            Some([
+                d.resource.clone()?,
+                d.address.clone(),
+                d.numa.map_or_else(|| "-".to_string(), |n| n.to_string()),
+                format!("[{}]", d.numa_node.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+                list(d.device_nodes.iter().map(|p| p.display().to_string()).collect()),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    rows.sort();
+    rows.insert(0, ["RESOURCE", "ADDRESS", "NUMA", "NUMANODE", "DEVICE NODES"].map(String::from));
+    let widths: Vec<usize> = (0..4).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let _ = writeln!(out, "devices offered:");
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "  {:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        );
+    }
 }
 
 fn plural(n: usize) -> &'static str {
@@ -347,6 +389,37 @@ socket 1: 1 core, 1 CPU
     core 2: [2]
 ";
         assert_eq!(draw(&t, &BTreeMap::new()), want);
+    }
+
+    #[test]
+    fn offered_devices_are_listed_with_their_locality() {
+        use crate::topology::PciDevice;
+        let mut t = machine(1);
+        let dev = |address: &str, numa: Option<u32>, resource: Option<&str>, nodes: &[&str]| PciDevice {
+            address: address.into(),
+            class: "0x030200".into(),
+            numa,
+            resource: resource.map(String::from),
+            device_nodes: nodes.iter().map(std::path::PathBuf::from).collect(),
+            numa_node: Vec::new(),
+        };
+        t.devices = vec![
+            dev("0000:86:00.0", Some(1), Some("nvidia.com/gpu"), &["/dev/nvidia1", "/dev/nvidiactl"]),
+            dev("0000:3b:00.0", Some(0), Some("nvidia.com/gpu"), &["/dev/nvidia0", "/dev/nvidiactl"]),
+            dev("0000:5e:02.1", None, Some("pinion.io/sriov-vf-ens1f0"), &[]),
+            dev("0000:00:00.0", Some(0), None, &[]),
+        ];
+        t.set_device_locality();
+        let text = draw(&t, &BTreeMap::new());
+        let want = "\
+PCI devices: 4 (no node: 1, numa 0: 2, numa 1: 1)
+devices offered:
+  RESOURCE                   ADDRESS       NUMA  NUMANODE  DEVICE NODES
+  nvidia.com/gpu             0000:3b:00.0  0     [0]       /dev/nvidia0,/dev/nvidiactl
+  nvidia.com/gpu             0000:86:00.0  1     [1]       /dev/nvidia1,/dev/nvidiactl
+  pinion.io/sriov-vf-ens1f0  0000:5e:02.1  -     []        -
+";
+        assert!(text.ends_with(want), "{text}");
     }
 
     #[test]

@@ -785,7 +785,17 @@ mod tests {
         for want in ["pid", "network", "ipc", "uts", "mount"] {
             assert!(ns.contains(&want), "{want} missing from {ns:?}");
         }
-        assert!(v.pointer("/linux/devices/0/path") == Some(&"/dev/null".into()));
+        // A device node (a GPU's /dev/nvidiaN on a GPU host) is created in the
+        // container and allowed in its cgroup, after a deny-all rule.
+        check(
+            "/linux/devices/0",
+            serde_json::json!({"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666, "uid": 0, "gid": 0}),
+        );
+        check("/linux/resources/devices/0", serde_json::json!({"allow": false, "access": "rwm"}));
+        check(
+            "/linux/resources/devices/1",
+            serde_json::json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}),
+        );
     }
 
     #[test]
