@@ -1015,7 +1015,8 @@ mod tests {
     #[test]
     fn memory_only_nodes() {
         // (what, node2's files, whether node2 is memory-only)
-        let cases: &[(&str, &[(&'static str, &'static str)], NumaKind)] = &[
+        type Case<'a> = (&'a str, &'a [(&'static str, &'static str)], NumaKind);
+        let cases: &[Case] = &[
             (
                 "memory, no CPUs",
                 &[("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 4 kB\n")],

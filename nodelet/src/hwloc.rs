@@ -595,8 +595,9 @@ mod tests {
                </object>"#,
         ))
         .expect("parse");
-        let cpus: Vec<(u32, u32, u32, Option<u32>, u32, Option<u32>)> =
-            t.cpus.iter().map(|c| (c.id, c.core, c.socket, c.die, c.numa, c.uncore_cache)).collect();
+        // (id, core, socket, die, numa, uncore cache)
+        type Row = (u32, u32, u32, Option<u32>, u32, Option<u32>);
+        let cpus: Vec<Row> = t.cpus.iter().map(|c| (c.id, c.core, c.socket, c.die, c.numa, c.uncore_cache)).collect();
         assert_eq!(
             cpus,
             vec![

@@ -40,13 +40,15 @@ fn lstopo(root: &Path) -> String {
     String::from_utf8(out.stdout).expect("lstopo writes UTF-8")
 }
 
+/// (id, kind, cpus, memory bytes, distances, huge pages (size, total))
+type Numa = (u32, String, String, u64, Vec<u32>, Vec<(u64, u64)>);
+
 /// The fields the two sources must agree on, in a form whose `Debug` diff reads well.
 #[derive(Debug, PartialEq, Eq)]
 struct View {
     /// (id, core, socket, numa, uncore_cache)
     cpus: Vec<(u32, u32, u32, u32, Option<u32>)>,
-    /// (id, kind, cpus, memory bytes, distances, huge pages (size, total))
-    numa: Vec<(u32, String, String, u64, Vec<u32>, Vec<(u64, u64)>)>,
+    numa: Vec<Numa>,
     /// (address, class, numa)
     devices: Vec<(String, String, Option<u32>)>,
 }
