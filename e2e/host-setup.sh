@@ -3,7 +3,8 @@
 # when everything is already there.
 set -euo pipefail
 need=()
-for pkg in libseccomp-dev pkg-config numactl faketime python3-venv; do
+# hwloc-nox: lstopo-no-graphics, which nodelet/tests/hwloc_lstopo.rs runs on the sysfs fixtures.
+for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -44,8 +44,8 @@ pub enum Output {
     Text,
 }
 
-/// Where a machine's topology comes from; at most one of the three, default the
-/// host's own `/sys`.
+/// Where a machine's topology comes from; at most one of the four (clap refuses
+/// two, naming both), default the host's own `/sys`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TopologyArgs {
     /// Read the topology from a sysfs tree under DIR (e.g. an extracted fixture).
@@ -57,13 +57,16 @@ pub struct TopologyArgs {
     /// A synthetic machine in hwloc's words, e.g. "pack:2 numa:1 core:28 pu:2".
     #[arg(long, value_name = "DESC", group = "topology_source")]
     pub synthetic: Option<String>,
+    /// Read the topology from hwloc XML (`lstopo --of xml`, 1.x or 2.x).
+    #[arg(long, value_name = "FILE", group = "topology_source")]
+    pub hwloc_xml: Option<PathBuf>,
 }
 
 impl TopologyArgs {
     /// The sysfs root the topology is read from, when it is one (the host's
     /// `/` by default): the agent reads its CPUs' online state there again.
     pub fn sysfs_source(&self) -> Option<PathBuf> {
-        if self.synthetic.is_some() || self.topology.is_some() {
+        if self.synthetic.is_some() || self.topology.is_some() || self.hwloc_xml.is_some() {
             return None;
         }
         Some(self.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/")))
@@ -72,6 +75,9 @@ impl TopologyArgs {
     pub fn load(&self) -> anyhow::Result<NodeTopology> {
         if let Some(desc) = &self.synthetic {
             return Ok(specs::topology::synthetic::parse(desc)?);
+        }
+        if let Some(path) = &self.hwloc_xml {
+            return Ok(nodelet::hwloc::read(path)?);
         }
         if let Some(path) = &self.topology {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -79,7 +79,8 @@ fn discover_json_on_the_intel_fixture() {
     // Text draws sockets, nodes and cores.
     let text = pinion(&["discover", "--sysfs-root", root, "-o", "text"]);
     let text = String::from_utf8(text.stdout).expect("utf-8");
-    assert!(text.starts_with("machine: 2 sockets, 2 NUMA nodes, 16 cores, 32 CPUs\n"), "{text}");
+    assert!(text.starts_with("machine: 2 sockets, 2 NUMA nodes, 16 cores, 32 CPUs, 2 L3 groups\n"), "{text}");
+    assert!(text.contains("    L3: 0-7,16-23\n"), "{text}");
     assert!(text.contains("core 0: [0 16]"), "{text}");
 }
 
@@ -134,5 +135,71 @@ fn discover_shows_offered_devices_in_every_format() {
             vec!["pinion.io/sriov-vf-ens1f1", device_tree::VF_NO_NODE, "-", "[]", "-"],
         ],
         "{text}"
+    );
+}
+
+/// lstopo's XML of the same Intel machine (e2e/fixtures/hwloc/README.md).
+fn intel_xml() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/hwloc/32intel64-2p8co2t+8ve.xml")
+}
+
+#[test]
+fn discover_hwloc_xml_equals_the_sysfs_tree_it_was_made_from() {
+    let root = extract("32intel64-2p8co2t+8ve");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = pinion(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+    };
+    let mut sysfs = json(&["discover", "--sysfs-root", root.path().to_str().expect("utf-8"), "-o", "json"]);
+    let xml = json(&["discover", "--hwloc-xml", intel_xml().to_str().expect("utf-8"), "-o", "json"]);
+    // The one field that differs: the kernel's die_id 0, where hwloc writes no
+    // Die object for a package of one die.
+    for cpu in sysfs["cpus"].as_array_mut().expect("cpus") {
+        assert_eq!(cpu.as_object_mut().expect("cpu").remove("die"), Some(serde_json::json!(0)));
+    }
+    assert_eq!(sysfs, xml);
+
+    let text = pinion(&["discover", "--hwloc-xml", intel_xml().to_str().expect("utf-8"), "-o", "text"]);
+    let text = String::from_utf8(text.stdout).expect("utf-8");
+    assert!(text.starts_with("machine: 2 sockets, 2 NUMA nodes, 16 cores, 32 CPUs, 2 L3 groups\n"), "{text}");
+    assert!(text.contains("    L3: 8-15,24-31\n"), "{text}");
+}
+
+#[test]
+fn one_topology_source_at_a_time() {
+    let xml = intel_xml();
+    let xml = xml.to_str().expect("utf-8");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let pod = tmp.path().join("pod.yaml");
+    std::fs::write(&pod, "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n")
+        .expect("write");
+    let pod = pod.to_str().expect("utf-8");
+    let data = tmp.path().to_str().expect("utf-8");
+    // (verb and its own arguments) x (a second source beside --hwloc-xml)
+    let verbs: &[&[&str]] =
+        &[&["discover"], &["plan", "-f", pod], &["agent", "--data-dir", data], &["up", "--data-dir", data]];
+    let others: &[&[&str]] = &[&["--sysfs-root", "/"], &["--synthetic", "core:2"], &["--topology", "t.json"]];
+    for verb in verbs {
+        for other in others {
+            let mut args: Vec<&str> = verb.to_vec();
+            args.extend(["--hwloc-xml", xml]);
+            args.extend_from_slice(other);
+            let out = pinion(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("--hwloc-xml <FILE>") && err.contains("cannot be used with"), "{args:?}: {err}");
+            assert!(err.contains(other[0]), "{args:?}: {err}");
+        }
+    }
+    // A bad file is named, with the element and the reason.
+    let bad = tmp.path().join("bad.xml");
+    std::fs::write(&bad, "<topology version=\"2.0\">\n<object type=\"PU\" os_index=\"x\"/></topology>").expect("write");
+    let out = pinion(&["discover", "--hwloc-xml", bad.to_str().expect("utf-8"), "-o", "json"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.xml: line 2: <object type=\"PU\" os_index=\"x\">: attribute os_index: \"x\" is not"),
+        "{err}"
     );
 }

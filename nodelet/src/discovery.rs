@@ -18,11 +18,17 @@
 //! - a CPU's NUMA node comes from the node `cpulist` (or `cpumap`), else from a
 //!   `cpuN/nodeM` link; without `node/` the machine is one node 0 with the memory of
 //!   `proc/meminfo`;
+//! - a CPU's uncore cache group is the online part of the `shared_cpu_list` (or
+//!   `shared_cpu_map`) of its level-3 data or unified cache (`cpuN/cache/indexM/`),
+//!   numbered 0.. by lowest CPU id; a CPU without one (old kernels, machines with
+//!   no L3) has none;
 //! - a NUMA node is a `nodeN` folder whose id is in `node/online` (if any): a
 //!   possible node that is offline is not part of the machine; an online node
 //!   may have no CPUs, no memory (`node/has_memory`, else its `meminfo`), or
 //!   neither; a `distance` row may list the node folders, the online nodes or
-//!   every possible node, and is read by node id.
+//!   every possible node, and is read by node id;
+//! - a node is memory-only when it has memory and none of the online CPUs (see
+//!   `numa_kind`).
 //!
 //! An absent file is tolerated; a present file that does not parse is an error naming
 //! the file.
@@ -32,7 +38,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use specs::idset::{CpuSet, IdSet, MAX_ID};
-use specs::topology::{Cpu, HugePages, NumaNode, PciDevice};
+use specs::topology::{Cpu, HugePages, NumaKind, NumaNode, PciDevice};
 use specs::NodeTopology;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,22 +69,33 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
     let nodes = read_nodes(root, &online)?;
     let numa_of = numa_map(&threads, &nodes, &cpu_dir)?;
     let (cores, sockets) = group(&threads, &online);
+    let l3 = uncore_caches(&threads, &online);
 
     let cpus: Vec<Cpu> = threads
         .iter()
-        .map(|t| Cpu { id: t.id, core: cores[&t.id], socket: sockets[&t.id], die: t.die, numa: numa_of[&t.id], uncore_cache: None })
+        .map(|t| Cpu {
+            id: t.id,
+            core: cores[&t.id],
+            socket: sockets[&t.id],
+            die: t.die,
+            numa: numa_of[&t.id],
+            uncore_cache: l3.get(&t.id).copied(),
+        })
         .collect();
 
     let numa_nodes = nodes
         .into_iter()
-        .map(|n| NumaNode {
-            kind: Default::default(),
-            id: n.id,
+        .map(|n| {
             // Derived from the final map so that `cpus` and `Cpu::numa` never disagree.
-            cpus: online.filter(|id| numa_of.get(&id) == Some(&n.id)),
-            memory_bytes: n.memory_bytes,
-            distances: n.distances,
-            hugepages: n.hugepages,
+            let cpus = online.filter(|id| numa_of.get(&id) == Some(&n.id));
+            NumaNode {
+                kind: numa_kind(&cpus, n.memory_bytes),
+                id: n.id,
+                cpus,
+                memory_bytes: n.memory_bytes,
+                distances: n.distances,
+                hugepages: n.hugepages,
+            }
         })
         .collect();
 
@@ -215,6 +232,8 @@ struct Thread {
     core_id: Option<i64>,
     thread_siblings: Option<CpuSet>,
     core_siblings: Option<CpuSet>,
+    /// The CPUs sharing its level-3 cache, as the kernel lists them.
+    l3_shared: Option<CpuSet>,
 }
 
 fn read_cpus(cpu_dir: &Path) -> Result<Vec<Thread>, DiscoveryError> {
@@ -261,9 +280,49 @@ fn read_cpus(cpu_dir: &Path) -> Result<Vec<Thread>, DiscoveryError> {
         if core_siblings.is_none() {
             core_siblings = read_set(&topo, "package_cpus_list", "package_cpus")?;
         }
-        threads.push(Thread { id, package, die, core_id, thread_siblings, core_siblings });
+        let l3_shared = read_l3(&dir.join("cache"))?;
+        threads.push(Thread { id, package, die, core_id, thread_siblings, core_siblings, l3_shared });
     }
     Ok(threads)
+}
+
+/// The `shared_cpu_list` (or `shared_cpu_map`) of the level-3 data or unified
+/// cache under a `cpuN/cache` directory; `None` when it names no such cache.
+fn read_l3(cache_dir: &Path) -> Result<Option<CpuSet>, DiscoveryError> {
+    for (_, index) in numbered_entries(cache_dir, "index")? {
+        let level_path = index.join("level");
+        let Some(level) = read_opt(&level_path)? else { continue };
+        let level: u32 =
+            level.parse().map_err(|_| malformed(&level_path, format!("{level:?} is not a cache level")))?;
+        if level != 3 {
+            continue;
+        }
+        let type_path = index.join("type");
+        match read_opt(&type_path)?.as_deref() {
+            // An absent type (never seen) is taken as unified.
+            None | Some("Unified") | Some("Data") => {}
+            Some("Instruction") => continue,
+            Some(other) => return Err(malformed(&type_path, format!("{other:?} is not Data, Instruction or Unified"))),
+        }
+        if let Some(shared) = read_set(&index, "shared_cpu_list", "shared_cpu_map")? {
+            return Ok(Some(shared));
+        }
+    }
+    Ok(None)
+}
+
+/// Every CPU's uncore (L3) cache group, numbered 0.. by the lowest CPU id of
+/// the group. CPUs whose cache the kernel does not describe are left out.
+fn uncore_caches(threads: &[Thread], online: &CpuSet) -> BTreeMap<u32, u32> {
+    let mut group_of_set: BTreeMap<CpuSet, u32> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    // `threads` is sorted by id, so groups are numbered in order of first appearance.
+    for t in threads {
+        let Some(shared) = &t.l3_shared else { continue };
+        let n = group_of_set.len() as u32;
+        out.insert(t.id, *group_of_set.entry(with_self(shared, online, t.id)).or_insert(n));
+    }
+    out
 }
 
 /// Core and socket number of every online CPU, both renumbered 0.. in order of the
@@ -333,6 +392,21 @@ struct RawNode {
     memory_bytes: u64,
     distances: Vec<u32>,
     hugepages: Vec<HugePages>,
+}
+
+/// A node with memory and none of the CPUs discovery keeps (the online ones) is
+/// memory-only. Offline CPUs do not count: a CPU offline when the machine is
+/// read is never handed out before the next discovery (the agent only takes
+/// away CPUs that go offline later), so such a node offers memory alone, just
+/// like HBM or a CXL expander. `has_cpu` is not read for this: old kernels
+/// lack it (the Itanium dump), and where present it says the same (the nodes
+/// with an online CPU).
+pub(crate) fn numa_kind(cpus: &CpuSet, memory_bytes: u64) -> NumaKind {
+    if cpus.is_empty() && memory_bytes > 0 {
+        NumaKind::MemoryOnly
+    } else {
+        NumaKind::CpusAndMemory
+    }
 }
 
 fn read_nodes(root: &Path, online: &CpuSet) -> Result<Vec<RawNode>, DiscoveryError> {
@@ -850,6 +924,141 @@ mod tests {
             assert_eq!(got, want, "{what}");
             let problems = specs::validate::validate_topology(&t);
             assert!(problems.is_empty(), "{what}: the discovered machine does not validate: {problems:?}");
+        }
+    }
+
+    /// Four CPUs in two L3 groups per the `cache/index*` files of each.
+    #[test]
+    fn uncore_cache_groups() {
+        const L3: &str = "sys/devices/system/cpu/cpu";
+        fn cache(cpu: u32, index: u32, file: &str, content: &str) -> (String, String) {
+            (format!("{L3}{cpu}/cache/index{index}/{file}"), content.to_string())
+        }
+        fn four_cpus() -> Vec<(String, String)> {
+            let mut files = vec![("proc/meminfo".to_string(), "MemTotal: 4 kB\n".to_string())];
+            for cpu in 0..4 {
+                files.push((format!("{L3}{cpu}/topology/physical_package_id"), "0\n".into()));
+                files.push((format!("{L3}{cpu}/topology/thread_siblings_list"), format!("{cpu}\n")));
+                // An L2 of its own on index2: never taken for the L3.
+                files.push(cache(cpu, 2, "level", "2\n"));
+                files.push(cache(cpu, 2, "type", "Unified\n"));
+                files.push(cache(cpu, 2, "shared_cpu_list", &format!("{cpu}\n")));
+            }
+            files
+        }
+        // (what, files added to four CPUs, expected uncore_cache of CPUs 0..4)
+        type Case = (&'static str, Vec<(String, String)>, [Option<u32>; 4]);
+        let l3_of_all = |f: &dyn Fn(u32) -> Vec<(String, String)>| (0..4).flat_map(f).collect::<Vec<_>>();
+        let cases: Vec<Case> = vec![
+            ("no L3 described", vec![], [None; 4]),
+            (
+                "lists: 0,2 and 1,3, numbered by lowest CPU",
+                l3_of_all(&|c| {
+                    vec![
+                        cache(c, 3, "level", "3\n"),
+                        cache(c, 3, "type", "Unified\n"),
+                        cache(c, 3, "shared_cpu_list", if c % 2 == 0 { "0,2\n" } else { "1,3\n" }),
+                    ]
+                }),
+                [Some(0), Some(1), Some(0), Some(1)],
+            ),
+            (
+                "masks naming offline CPUs 4-7 too; a Data L3 after an Instruction one",
+                l3_of_all(&|c| {
+                    vec![
+                        cache(c, 3, "level", "3\n"),
+                        cache(c, 3, "type", "Instruction\n"),
+                        cache(c, 3, "shared_cpu_map", "ff\n"),
+                        cache(c, 4, "level", "3\n"),
+                        cache(c, 4, "type", "Data\n"),
+                        cache(c, 4, "shared_cpu_map", if c < 2 { "00000000,00000033\n" } else { "cc\n" }),
+                    ]
+                }),
+                [Some(0), Some(0), Some(1), Some(1)],
+            ),
+            (
+                "only CPU 3 describes its L3",
+                vec![cache(3, 3, "level", "3\n"), cache(3, 3, "shared_cpu_list", "0-3\n")],
+                [None, None, None, Some(0)],
+            ),
+        ];
+        for (what, extra, want) in cases {
+            let mut files = four_cpus();
+            files.extend(extra);
+            let files: Vec<(&str, &str)> = files.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect();
+            let dir = tree(&files);
+            let t = discover(dir.path()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got: Vec<Option<u32>> = t.cpus.iter().map(|c| c.uncore_cache).collect();
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn malformed_cache_files_name_the_file() {
+        const LEVEL: &str = "sys/devices/system/cpu/cpu1/cache/index3/level";
+        const TYPE: &str = "sys/devices/system/cpu/cpu1/cache/index3/type";
+        const SHARED: &str = "sys/devices/system/cpu/cpu1/cache/index3/shared_cpu_list";
+        let good = [(LEVEL, "3\n"), (TYPE, "Unified\n"), (SHARED, "0-1\n")];
+        // (file replaced, its content, words in the reason)
+        let cases: &[(&'static str, &'static str, &str)] = &[
+            (LEVEL, "three\n", "not a cache level"),
+            (TYPE, "Victim\n", "not Data, Instruction or Unified"),
+            (SHARED, "1-0\n", "reversed"),
+        ];
+        for (file, content, reason) in cases {
+            let mut extra: Vec<(&'static str, &'static str)> =
+                good.iter().copied().filter(|(p, _)| p != file).collect();
+            extra.push((file, content));
+            check_malformed(&extra, file, reason);
+        }
+    }
+
+    #[test]
+    fn memory_only_nodes() {
+        // (what, node2's files, whether node2 is memory-only)
+        type Case<'a> = (&'a str, &'a [(&'static str, &'static str)], NumaKind);
+        let cases: &[Case] = &[
+            (
+                "memory, no CPUs",
+                &[("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 4 kB\n")],
+                NumaKind::MemoryOnly,
+            ),
+            (
+                "neither CPUs nor memory",
+                &[("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 0 kB\n")],
+                NumaKind::CpusAndMemory,
+            ),
+            (
+                "its CPU is offline (present, listed nowhere online)",
+                &[
+                    ("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 4 kB\n"),
+                    ("sys/devices/system/node/node2/cpulist", "2\n"),
+                    ("sys/devices/system/cpu/cpu2/online", "0\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "0\n"),
+                ],
+                NumaKind::MemoryOnly,
+            ),
+            (
+                "memory and a CPU",
+                &[
+                    ("sys/devices/system/node/node2/meminfo", "Node 2 MemTotal: 4 kB\n"),
+                    ("sys/devices/system/node/node2/cpulist", "2\n"),
+                    ("sys/devices/system/cpu/online", "0-2\n"),
+                    ("sys/devices/system/cpu/cpu2/topology/physical_package_id", "0\n"),
+                ],
+                NumaKind::CpusAndMemory,
+            ),
+        ];
+        for (what, node2, want) in cases {
+            let mut extra = vec![
+                ("sys/devices/system/node/node0/cpulist", "0-1\n"),
+                ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 8 kB\n"),
+            ];
+            extra.extend_from_slice(node2);
+            let dir = tree(&with(&extra));
+            let t = discover(dir.path()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let kinds: Vec<(u32, NumaKind)> = t.numa_nodes.iter().map(|n| (n.id, n.kind)).collect();
+            assert_eq!(kinds, vec![(0, NumaKind::CpusAndMemory), (2, *want)], "{what}");
         }
     }
 

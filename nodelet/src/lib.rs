@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod endpoint;
 pub mod fault;
 pub mod fsutil;
+pub mod hwloc;
 pub mod link;
 pub mod manifests;
 pub mod runtime;

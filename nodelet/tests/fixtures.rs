@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use nodelet::discovery::discover;
 use specs::idset::CpuSet;
+use specs::topology::NumaKind;
 use specs::NodeTopology;
 
 const GIB: u64 = 1 << 30;
@@ -35,6 +36,11 @@ struct Expect {
     threads: usize,
     /// NUMA node id -> its CPUs (cpulist syntax).
     numa_cpus: &'static [(u32, &'static str)],
+    /// How many uncore (L3) cache groups the kernel describes; `None` for a
+    /// dump without level-3 caches (every CPU's `uncore_cache` is `None`).
+    l3_groups: Option<usize>,
+    /// The memory-only NUMA nodes.
+    memory_only: &'static [u32],
     /// Fixture-specific checks.
     extra: fn(&NodeTopology),
 }
@@ -55,6 +61,8 @@ const EXPECTATIONS: &[Expect] = &[
         cores: 16,
         threads: 32,
         numa_cpus: &[(0, "0-7,16-23"), (1, "8-15,24-31")],
+        l3_groups: Some(2),
+        memory_only: &[],
         extra: |t| {
             for n in 0..16 {
                 assert_eq!(core_of(t, n), core_of(t, n + 16), "cpu {n} and {} are HT siblings", n + 16);
@@ -86,6 +94,8 @@ const EXPECTATIONS: &[Expect] = &[
             (6, "48-55"),
             (7, "56-63"),
         ],
+        l3_groups: Some(8),
+        memory_only: &[],
         extra: |t| {
             assert_eq!(t.numa_nodes[0].distances, vec![10, 16, 16, 22, 16, 22, 16, 22]);
             let mut seen: Vec<u32> = t.numa_nodes.iter().flat_map(|n| n.distances.clone()).collect();
@@ -97,6 +107,10 @@ const EXPECTATIONS: &[Expect] = &[
             // core_id 0-7 repeats per die inside a package: cpu 0 and cpu 8 are different cores.
             assert_ne!(core_of(t, 0), core_of(t, 8));
             assert_eq!(core_of(t, 0), core_of(t, 1));
+            // Two L3 groups per package, one per die (= NUMA node): 0-7 and 8-15 on package 0.
+            let l3 = |cpu: u32| t.cpu(cpu).and_then(|c| c.uncore_cache);
+            assert_eq!((l3(0), l3(7), l3(8), l3(15), l3(16)), (Some(0), Some(0), Some(1), Some(1), Some(2)));
+            assert_eq!(t.cpu(8).map(|c| c.socket), t.cpu(0).map(|c| c.socket));
             assert!(t.devices.is_empty());
         },
     },
@@ -107,6 +121,8 @@ const EXPECTATIONS: &[Expect] = &[
         cores: 128,
         threads: 128,
         numa_cpus: &[(0, "0-31"), (1, "32-63"), (2, "64-95"), (3, "96-127")],
+        l3_groups: Some(4),
+        memory_only: &[],
         extra: |t| {
             assert_eq!(t.numa_nodes[0].distances, vec![10, 16, 32, 33]);
             let sizes: Vec<u64> = t.numa_nodes[0].hugepages.iter().map(|h| h.page_size_bytes).collect();
@@ -132,6 +148,8 @@ const EXPECTATIONS: &[Expect] = &[
             (12, "192-223"),
             (13, "224-255"),
         ],
+        l3_groups: Some(64),
+        memory_only: &[],
         extra: |t| {
             for c in (0..256).step_by(4) {
                 assert_eq!(core_of(t, c), core_of(t, c + 3), "SMT4: cpu {c}..{}", c + 3);
@@ -168,6 +186,8 @@ const EXPECTATIONS: &[Expect] = &[
             (15, "120-127"),
             (16, ""),
         ],
+        l3_groups: None,
+        memory_only: &[16],
         extra: |t| {
             assert!((GIB - 64 * MIB..=GIB).contains(&mem(t, 16)), "node16 1 GiB: {}", mem(t, 16));
             assert!(t.numa_nodes.iter().all(|n| n.distances.len() == 17));
@@ -181,6 +201,8 @@ const EXPECTATIONS: &[Expect] = &[
         cores: 7,
         threads: 12,
         numa_cpus: &[(0, "0-1,3-4,6-12,15")],
+        l3_groups: Some(4),
+        memory_only: &[],
         extra: |t| {
             for offline in [2, 5, 13, 14] {
                 assert!(t.cpu(offline).is_none(), "cpu {offline} is offline");
@@ -195,6 +217,8 @@ const EXPECTATIONS: &[Expect] = &[
         cores: 14,
         threads: 20,
         numa_cpus: &[(0, "0-19")],
+        l3_groups: Some(1),
+        memory_only: &[],
         extra: |t| {
             assert_eq!(core_of(t, 0), core_of(t, 1));
             assert_ne!(core_of(t, 12), core_of(t, 13), "E-cores have one thread");
@@ -208,6 +232,8 @@ const EXPECTATIONS: &[Expect] = &[
         cores: 16,
         threads: 16,
         numa_cpus: &[(0, "0-7"), (1, "8-15")],
+        l3_groups: Some(2),
+        memory_only: &[],
         extra: |t| {
             assert_eq!(t.devices.len(), 137);
             let count = |n: Option<u32>| t.devices.iter().filter(|d| d.numa == n).count();
@@ -224,6 +250,8 @@ const EXPECTATIONS: &[Expect] = &[
         cores: 2,
         threads: 2,
         numa_cpus: &[(0, "0-1")],
+        l3_groups: None,
+        memory_only: &[],
         extra: |t| {
             // No node/ directory: one implicit node with /proc/meminfo's MemTotal (274 MiB).
             assert_eq!(mem(t, 0) / MIB, 274, "{}", mem(t, 0));
@@ -272,6 +300,32 @@ fn check(root: &Path, e: &Expect) {
     let json = serde_json::to_string(&t).expect("serialize");
     let back: NodeTopology = serde_json::from_str(&json).expect("deserialize");
     assert_eq!(back, t, "{}: JSON round trip", e.name);
+
+    let l3: Vec<Option<u32>> = t.cpus.iter().map(|c| c.uncore_cache).collect();
+    let groups = match e.l3_groups {
+        None => {
+            assert!(l3.iter().all(Option::is_none), "{}: no L3 in the dump, none in the topology", e.name);
+            0
+        }
+        Some(_) => {
+            assert!(l3.iter().all(Option::is_some), "{}: every CPU in an L3 group", e.name);
+            let max = l3.iter().flatten().max().copied().unwrap_or(0) as usize + 1;
+            // Numbered 0.. in order of first appearance.
+            let mut next = 0;
+            for g in l3.iter().flatten() {
+                assert!(*g <= next, "{}: L3 group {g} appears before {next}", e.name);
+                next = next.max(*g + 1);
+            }
+            max
+        }
+    };
+    assert_eq!(groups, e.l3_groups.unwrap_or(0), "{}: L3 groups", e.name);
+    for c in &t.cpus {
+        let same = t.cpus.iter().filter(|d| c.uncore_cache.is_some() && d.uncore_cache == c.uncore_cache);
+        assert!(same.clone().all(|d| d.socket == c.socket), "{}: L3 of cpu {} spans sockets", e.name, c.id);
+    }
+    let memory_only: Vec<u32> = t.numa_nodes.iter().filter(|n| n.kind == NumaKind::MemoryOnly).map(|n| n.id).collect();
+    assert_eq!(memory_only, e.memory_only, "{}: memory-only NUMA nodes", e.name);
 
     (e.extra)(&t);
 }

@@ -1,5 +1,6 @@
 //! `pinion discover`: prints a machine's `NodeTopology`, from this host's `/sys`, a
-//! sysfs tree (`--sysfs-root`), a synthetic description or a saved topology file.
+//! sysfs tree (`--sysfs-root`), hwloc XML (`--hwloc-xml`), a synthetic description or a
+//! saved topology file.
 //!
 //! Without `-o`, a terminal gets the text drawing and a pipe gets JSON, so
 //! `pinion discover > node.json` writes what `--topology FILE` reads back.

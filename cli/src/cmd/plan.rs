@@ -1,5 +1,5 @@
 //! `pinion plan`: runs the admission engine once, as a dry run, and prints the
-//! decision for one pod on one machine (from `/sys`, a sysfs tree, a saved
+//! decision for one pod on one machine (from `/sys`, a sysfs tree, hwloc XML, a saved
 //! topology or a synthetic description).
 //!
 //! JSON is `{admit, reason, numaAffinity, containers: [{name, cpus, mems, devices}]}`

@@ -1,17 +1,20 @@
 //! A machine drawn as text: sockets, their NUMA nodes (memory, hugepages), the cores
-//! of each node with their sibling threads, reserved CPUs and which pod holds which
-//! CPU. `pinion discover -o text` and `pinion topology` print it.
+//! of each node with their sibling threads, the L3 (uncore cache) groups, reserved
+//! CPUs and which pod holds which CPU. `pinion discover -o text` and `pinion
+//! topology` print it.
 //!
 //! Cores are laid out several per line (`core 0: [0 56]`), grouped per socket and
 //! NUMA node, so a 112-CPU machine fits a screen. A NUMA node spanning several
 //! sockets appears under each (marked "continued"); a socket spanning several NUMA
-//! nodes lists each. Pure: the same topology gives the same text.
+//! nodes lists each. Each block of cores is followed by the L3 groups its CPUs
+//! belong to (`L3: 0-7 | 8-15`, each group's CPUs in full). Memory-only nodes are
+//! listed after the others. Pure: the same topology gives the same text.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::idset::CpuSet;
-use crate::topology::{HugePages, NodeTopology};
+use crate::topology::{HugePages, NodeTopology, NumaKind};
 
 /// Line width the core grid wraps at.
 const WIDTH: usize = 100;
@@ -25,18 +28,25 @@ type Cores = BTreeMap<u32, Vec<u32>>;
 pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String {
     let mut out = String::new();
     let t = topology;
-    let _ = writeln!(
+    let l3 = l3_groups(t);
+    let memory_only = t.numa_nodes.iter().filter(|n| n.kind == NumaKind::MemoryOnly).count();
+    let _ = write!(
         out,
-        "machine: {} socket{}, {} NUMA node{}, {} core{}, {} CPU{}",
+        "machine: {} socket{}, {} NUMA node{}{}, {} core{}, {} CPU{}",
         t.sockets(),
         plural(t.sockets()),
         t.numa_nodes.len(),
         plural(t.numa_nodes.len()),
+        if memory_only > 0 { format!(" ({memory_only} memory-only)") } else { String::new() },
         t.cores(),
         plural(t.cores()),
         t.cpus.len(),
         plural(t.cpus.len()),
     );
+    if !l3.is_empty() {
+        let _ = write!(out, ", {} L3 group{}", l3.len(), plural(l3.len()));
+    }
+    out.push('\n');
     if !t.reserved_cpus.is_empty() {
         let _ = writeln!(out, "reserved CPUs (marked *): {}", t.reserved_cpus);
     }
@@ -85,6 +95,8 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
                 let label = format!("  {:<label_width$}  ", format!("socket {socket}:"));
                 grid_labelled(&mut out, &label, width, &cells);
             }
+            let cpus = t.numa_node(numa).map(|n| n.cpus.clone()).unwrap_or_default();
+            l3_line(&mut out, "  ", &l3, &cpus);
         }
     } else {
         let mut drawn_nodes: BTreeMap<u32, ()> = BTreeMap::new();
@@ -97,11 +109,14 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
                 let _ = writeln!(out, "  {}", node_header(t, *numa, continued));
                 let cells: Vec<String> = cores.iter().map(|(core, threads)| cell(core, threads)).collect();
                 grid_labelled(&mut out, "    ", width, &cells);
+                let cpus = CpuSet::from_ids(cores.values().flatten().copied()).unwrap_or_default();
+                l3_line(&mut out, "    ", &l3, &cpus);
             }
         }
     }
     for n in t.numa_nodes.iter().filter(|n| n.cpus.is_empty()) {
-        let _ = writeln!(out, "{} (no CPUs)", node_header(t, n.id, false));
+        let what = if n.kind == NumaKind::MemoryOnly { "memory only" } else { "no CPUs" };
+        let _ = writeln!(out, "{} ({what})", node_header(t, n.id, false));
     }
 
     distances(&mut out, t);
@@ -162,6 +177,41 @@ fn offered(out: &mut String, t: &NodeTopology) {
             w3 = widths[3]
         );
     }
+}
+
+/// The L3 groups with their CPUs, by group number.
+fn l3_groups(t: &NodeTopology) -> BTreeMap<u32, CpuSet> {
+    let mut groups: BTreeMap<u32, CpuSet> = BTreeMap::new();
+    for c in &t.cpus {
+        if let Some(g) = c.uncore_cache {
+            // A CPU id beyond MAX_ID is refused by validation on the way in.
+            let _ = groups.entry(g).or_default().insert(c.id);
+        }
+    }
+    groups
+}
+
+/// `L3: 0-7 | 8-15`: the groups holding any of `cpus`, each in full (a group
+/// wider than the block shows it), wrapped at `WIDTH`.
+fn l3_line(out: &mut String, indent: &str, groups: &BTreeMap<u32, CpuSet>, cpus: &CpuSet) {
+    let parts: Vec<String> = groups.values().filter(|g| !g.is_disjoint(cpus)).map(ToString::to_string).collect();
+    if parts.is_empty() {
+        return;
+    }
+    let mut line = format!("{indent}L3: ");
+    let continuation = " ".repeat(line.len());
+    for (i, part) in parts.iter().enumerate() {
+        let sep = if i == 0 { "" } else { " | " };
+        // Room kept for the " |" that ends a wrapped line.
+        if i > 0 && line.len() + sep.len() + part.len() + 2 > WIDTH {
+            let _ = writeln!(out, "{} |", line);
+            line = format!("{continuation}{part}");
+        } else {
+            line.push_str(sep);
+            line.push_str(part);
+        }
+    }
+    let _ = writeln!(out, "{line}");
 }
 
 fn plural(n: usize) -> &'static str {
@@ -337,6 +387,47 @@ NUMA distances:
         assert!(text.lines().count() < 30, "{} lines:\n{text}", text.lines().count());
         assert!(text.contains("core 0: [0 56]"), "{text}");
         assert!(text.contains("core 55: [55 111]"), "{text}");
+        // An L3 per core (POWER-like): 56 groups, wrapped, each shown once.
+        let mut t = t;
+        for c in &mut t.cpus {
+            c.uncore_cache = Some(c.core);
+        }
+        let text = draw(&t, &BTreeMap::new());
+        assert!(text.lines().all(|l| l.len() <= WIDTH), "{text}");
+        assert!(text.lines().count() < 40, "{} lines:\n{text}", text.lines().count());
+        assert!(text.starts_with("machine: 2 sockets, 2 NUMA nodes, 56 cores, 112 CPUs, 56 L3 groups\n"), "{text}");
+        assert!(text.contains("    L3: 0,56 | 1,57 | "), "{text}");
+        assert!(text.contains(" | 55,111\n"), "{text}");
+    }
+
+    #[test]
+    fn l3_groups_under_their_node() {
+        // One L3 per socket on the small machine; then two per node (AMD CCXs).
+        let mut t = machine(2);
+        for c in &mut t.cpus {
+            c.uncore_cache = Some(c.socket);
+        }
+        let want = "\
+machine: 2 sockets, 2 NUMA nodes, 4 cores, 8 CPUs, 2 L3 groups
+socket 0: 2 cores, 4 CPUs
+  numa 0: 64 GiB, hugepages 1024 x 2 MiB, CPUs 0-1,4-5
+    core 0: [0 4]  core 1: [1 5]
+    L3: 0-1,4-5
+socket 1: 2 cores, 4 CPUs
+  numa 1: 64 GiB, hugepages 1024 x 2 MiB, CPUs 2-3,6-7
+    core 2: [2 6]  core 3: [3 7]
+    L3: 2-3,6-7
+NUMA distances:
+         0   1
+     0  10  21
+     1  21  10
+";
+        assert_eq!(draw(&t, &BTreeMap::new()), want);
+        for c in &mut t.cpus {
+            c.uncore_cache = Some(c.core);
+        }
+        let text = draw(&t, &BTreeMap::new());
+        assert!(text.contains("    core 0: [0 4]  core 1: [1 5]\n    L3: 0,4 | 1,5\n"), "{text}");
     }
 
     fn cpu(id: u32, socket: u32, numa: u32) -> Cpu {
@@ -354,16 +445,21 @@ NUMA distances:
         // memory-only node.
         let t = NodeTopology {
             cpus: vec![cpu(0, 0, 0), cpu(1, 1, 0)],
-            numa_nodes: vec![node(0, "0-1", 3 << 29), node(1, "", 1 << 30)],
+            numa_nodes: vec![
+                node(0, "0-1", 3 << 29),
+                NumaNode { kind: NumaKind::MemoryOnly, ..node(1, "", 1 << 30) },
+                node(2, "", 0),
+            ],
             devices: vec![],
             reserved_cpus: CpuSet::new(),
         };
         let want = "\
-machine: 2 sockets, 2 NUMA nodes, 2 cores, 2 CPUs
+machine: 2 sockets, 3 NUMA nodes (1 memory-only), 2 cores, 2 CPUs
 numa 0: 1.5 GiB, CPUs 0-1
   socket 0:  core 0: [0]
   socket 1:  core 1: [1]
-numa 1: 1 GiB (no CPUs)
+numa 1: 1 GiB (memory only)
+numa 2: 0 B (no CPUs)
 ";
         assert_eq!(draw(&t, &BTreeMap::new()), want);
     }
