@@ -280,7 +280,7 @@ pub enum RejectReason {
 }
 
 pub use self::decide::admit;
-pub use self::recheck::{recheck, Misfit, MisfitReason};
+pub use self::recheck::{recheck, Misfit, MisfitReason, SETTINGS_MISFIT};
 
 impl Allocations {
     /// What the pods here requested, in node totals (see [`Placement::counted`]).

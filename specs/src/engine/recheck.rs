@@ -42,6 +42,10 @@ use crate::topology::NodeTopology;
 use super::hints::{Kind, Provider};
 use super::{Allocations, ContainerPlacement, NodeSettings, Placement};
 
+/// The pod status reason (and the server's event reason) of a pod whose
+/// placement the node's settings no longer allow.
+pub const SETTINGS_MISFIT: &str = "SettingsMisfit";
+
 /// Why a placement no longer fits; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MisfitReason {
