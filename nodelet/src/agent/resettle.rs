@@ -115,3 +115,37 @@ pub fn status_message(m: &Misfit, on_change: OnSettingsChange) -> String {
     };
     format!("{}: {}; {then}", m.reason, m.message)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use specs::engine::MisfitReason;
+    use specs::{CpuSet, TopologyPolicy};
+
+    #[test]
+    fn changes_name_each_setting_that_moved() {
+        let old = NodeSettings { reserved_cpus: CpuSet::parse_list("0").unwrap(), ..Default::default() };
+        assert!(changes(&old, &old).is_empty());
+        let mut new = old.clone();
+        new.reserved_cpus = CpuSet::parse_list("0-1").unwrap();
+        new.topology_policy = TopologyPolicy::SingleNumaNode;
+        new.devices.insert("pinion.io/nic".into(), vec!["0000:3b:00.0".into()]);
+        let got = changes(&old, &new);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0], "reserved CPUs 0 -> 0-1");
+        assert_eq!(got[1], "topology policy None -> SingleNumaNode");
+        assert!(got[2].starts_with("devices {} -> "), "{got:?}");
+        assert_eq!(changes(&NodeSettings::default(), &old), vec!["reserved CPUs none -> 0".to_string()]);
+    }
+
+    #[test]
+    fn the_status_says_what_the_agent_does() {
+        let m = Misfit { reason: MisfitReason::ReservedCpus, message: "container main holds CPUs 1".into() };
+        assert_eq!(
+            status_message(&m, OnSettingsChange::Keep),
+            "ReservedCpus: container main holds CPUs 1; it keeps running where it is (--on-settings-change keep)"
+        );
+        assert!(status_message(&m, OnSettingsChange::Restart).ends_with("(--on-settings-change restart)"));
+    }
+}
