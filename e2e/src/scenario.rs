@@ -23,6 +23,7 @@
 //!   devices: {example.com/nic: [{address: "0000:81:00.0"}]}
 //!   labels: {zone: edge}
 //!   startLater: true                          # started by a `startNode` step
+//!   onSettingsChange: keep                    # or restart
 //! steps:
 //! - apply:
 //!   - {name: p20, cpu: 20, memory: 1Gi}       # shorthand, or a full manifest
@@ -35,6 +36,8 @@
 //! - expectQueue: {pods: [q1, q2, q3], jobSeconds: 1, maxGapSeconds: 0.4}
 //! - killServer / restartServer / killNode: b / restartNode: b / cutNode: b / restoreNode: b / startNode: b
 //! - faultNode: {node: b, fault: after-checkpoint}   # agent restarted with PINION_FAULT
+//! - reconfigureNode: {node: b, reservedCpus: "0-1", onSettingsChange: restart}  # restarted with these
+//! - recordProcesses: [p20]                    # then `sameProcesses: true` in an expectation
 //! - awaitNodeKilled: b / expectNodeClean: b
 //! ```
 
@@ -103,6 +106,8 @@ pub struct NodeDef {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub start_later: bool,
+    /// `--on-settings-change`: what a restart does with a pod the settings no longer allow.
+    pub on_settings_change: Option<String>,
 }
 
 fn hollow() -> String {
@@ -144,6 +149,19 @@ pub enum Step {
         node: String,
         fault: String,
     },
+    /// Restarts a node's agent (kill -9 first) with these settings changed
+    /// (kept for later restarts); the others stay as they were.
+    ReconfigureNode {
+        node: String,
+        reserved_cpus: Option<String>,
+        policy: Option<String>,
+        scope: Option<String>,
+        cpu_manager_options: Option<Vec<String>>,
+        on_settings_change: Option<String>,
+    },
+    /// Notes the processes of each pod's containers (real containers), for
+    /// `sameProcesses` expectations later.
+    RecordProcesses(Vec<String>),
     /// The node's agent died by SIGKILL (its fault fired), within 30 s.
     AwaitNodeKilled(String),
     /// Nothing leaked on the node, within 30 s: its runtime holds exactly the
@@ -193,6 +211,11 @@ pub struct Expectation {
     /// `pinion logs POD` (through the server and the node's endpoint) contains these.
     pub logs_contain: Option<Vec<String>>,
     pub condition: Option<String>,
+    /// A node's `spec.settings.reservedCpus` (what the scheduler counts with).
+    pub reserved_cpus: Option<String>,
+    /// The pod's containers run the very processes `recordProcesses` noted.
+    #[serde(default)]
+    pub same_processes: bool,
     /// Seconds to wait for this to hold [default 30].
     pub within: Option<f64>,
 }
@@ -358,6 +381,8 @@ struct Cluster {
     /// Every pod name applied: a container id (and its cgroup) starts with
     /// `NAME_`, which tells this scenario's leftovers from other tests'.
     applied: std::collections::BTreeSet<String>,
+    /// Pod -> the processes `recordProcesses` noted.
+    processes: BTreeMap<String, std::collections::BTreeSet<u32>>,
 }
 
 /// Runs the scenario at `path` with the `pinion` binary; `out_dir` is emptied
@@ -431,6 +456,7 @@ impl Cluster {
             restarts: 0,
             last_attempts: 0,
             applied: Default::default(),
+            processes: BTreeMap::new(),
         };
         c.start_server()?;
         for def in &s.nodes {
@@ -510,6 +536,9 @@ impl Cluster {
         }
         for o in &def.cpu_manager_options {
             cmd.args(["--cpu-manager-option", o]);
+        }
+        if let Some(w) = &def.on_settings_change {
+            cmd.args(["--on-settings-change", w]);
         }
         for (k, v) in &def.labels {
             cmd.args(["--label", &format!("{k}={v}")]);
@@ -680,6 +709,43 @@ impl Cluster {
                     self.node_mut(node)?.proc = None;
                     self.start_node_with(node, Some(fault))
                         .with_context(|| format!("{here}: starting node {node} with fault {fault}"))?;
+                }
+                Step::ReconfigureNode {
+                    node,
+                    reserved_cpus,
+                    policy,
+                    scope,
+                    cpu_manager_options,
+                    on_settings_change,
+                } => {
+                    let n = self.node_mut(node)?;
+                    let def = &mut n.def;
+                    for (field, v) in [
+                        (&mut def.reserved_cpus, reserved_cpus),
+                        (&mut def.policy, policy),
+                        (&mut def.scope, scope),
+                        (&mut def.on_settings_change, on_settings_change),
+                    ] {
+                        if v.is_some() {
+                            field.clone_from(v);
+                        }
+                    }
+                    if let Some(o) = cpu_manager_options {
+                        def.cpu_manager_options.clone_from(o);
+                    }
+                    n.proc = None;
+                    self.start_node(node).with_context(|| format!("{here}: restarting node {node} reconfigured"))?;
+                }
+                Step::RecordProcesses(pods) => {
+                    for pod in pods {
+                        match self.pod_processes(pod) {
+                            Ok(p) if !p.is_empty() => {
+                                self.processes.insert(pod.clone(), p);
+                            }
+                            Ok(_) => failures.push(format!("{here}: pod {pod} runs no process")),
+                            Err(why) => failures.push(format!("{here}: processes of {pod}: {why}")),
+                        }
+                    }
                 }
                 Step::AwaitNodeKilled(n) => {
                     if let Err(why) = self.await_killed(n) {
@@ -879,6 +945,29 @@ impl Cluster {
         }
     }
 
+    /// The processes in the cgroups of a pod's current containers (as the
+    /// checkpoint of the node running it names them), real containers only.
+    fn pod_processes(&self, pod: &str) -> Result<std::collections::BTreeSet<u32>, String> {
+        let mut ids = Vec::new();
+        for name in self.nodes.keys() {
+            let data = self.dir.join(format!("node-{name}"));
+            let cp = nodelet::checkpoint::Checkpoint::load(&data).map_err(|e| e.to_string())?;
+            if let Some(rec) = cp.pods.get(pod).filter(|r| r.finished.is_none()) {
+                ids.extend(rec.containers.values().filter_map(|c| c.runtime_id.clone()));
+            }
+        }
+        let mut pids = std::collections::BTreeSet::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let inside = cgroup.lines().filter_map(|l| l.split_once("/pinion/").map(|(_, id)| id.to_string()));
+            if inside.into_iter().any(|id| ids.contains(&id)) {
+                pids.insert(pid);
+            }
+        }
+        Ok(pids)
+    }
+
     fn node_mut(&mut self, name: &str) -> anyhow::Result<&mut NodeRun> {
         self.nodes.get_mut(name).with_context(|| format!("no node {name} in the scenario"))
     }
@@ -899,9 +988,14 @@ impl Cluster {
             (Some(pod), _) => self.check_pod(pod, e),
             (None, Some(node)) => {
                 let n = self.get_json("nodes", node).ok_or_else(|| format!("no node {node}"))?;
-                match &e.condition {
-                    Some(c) if n["status"]["condition"] != c.as_str() => {
+                let reserved: Option<specs::CpuSet> =
+                    serde_json::from_value(n["spec"]["settings"]["reservedCpus"].clone()).ok();
+                match (&e.condition, &e.reserved_cpus) {
+                    (Some(c), _) if n["status"]["condition"] != c.as_str() => {
                         Err(format!("node {node} is {}", n["status"]["condition"]))
+                    }
+                    (_, Some(r)) if reserved != specs::CpuSet::parse_list(r).ok() => {
+                        Err(format!("node {node} has reservedCpus {}", n["spec"]["settings"]["reservedCpus"]))
                     }
                     _ => Ok(()),
                 }
@@ -998,6 +1092,13 @@ impl Cluster {
         if let Some(n) = e.restart_count {
             let got = status["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0) as u32;
             want(got == n, format!("restartCount {got}"));
+        }
+        if e.same_processes {
+            match (self.processes.get(name), self.pod_processes(name)) {
+                (Some(noted), Ok(now)) => want(*noted == now, format!("processes {now:?}, noted {noted:?}")),
+                (None, _) => want(false, "no recordProcesses before".into()),
+                (_, Err(why)) => want(false, format!("processes: {why}")),
+            }
         }
         if let Some(parts) = &e.describe_contains {
             let (_, text, _) = self.cli(&["describe", "pod", name]);

@@ -67,4 +67,5 @@ scenarios! {
     s10_job_queue => "10-job-queue",
     s11_nodelet_kills => "11-nodelet-kills",
     s11_nodelet_kills_real => "11-nodelet-kills-real",
+    s12_settings_change_real => "12-settings-change-real",
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use specs::{Allocations, Pod, PodPhase};
+use specs::{Allocations, NodeSettings, Pod, PodPhase};
 
 use crate::fsutil::write_atomic;
 
@@ -33,6 +33,10 @@ pub struct Checkpoint {
     pub allocations: Allocations,
     /// Pod key -> what the agent knows about it (admitted pods and finished ones).
     pub pods: BTreeMap<String, PodRecord>,
+    /// The settings the allocations were made under, so that an agent
+    /// restarted with others knows (absent from an older agent's file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<NodeSettings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -209,6 +213,23 @@ mod tests {
     fn round_trips() {
         let dir = tempfile::tempdir().unwrap();
         let cp = sample();
+        cp.save(dir.path()).unwrap();
+        assert_eq!(Checkpoint::load(dir.path()).unwrap(), cp);
+    }
+
+    /// An agent from before the checkpoint recorded its settings wrote no
+    /// `settings`: its file still loads (a restart then re-checks every pod),
+    /// and one written with settings reads them back.
+    #[test]
+    fn settings_are_optional_and_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = sample();
+        let old = serde_json::to_string(&cp).unwrap();
+        assert!(!old.contains("settings"), "{old}");
+        std::fs::write(Checkpoint::path(dir.path()), &old).unwrap();
+        assert_eq!(Checkpoint::load(dir.path()).unwrap().settings, None);
+        cp.settings =
+            Some(specs::NodeSettings { reserved_cpus: CpuSet::parse_list("0,8").unwrap(), ..Default::default() });
         cp.save(dir.path()).unwrap();
         assert_eq!(Checkpoint::load(dir.path()).unwrap(), cp);
     }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nodelet::agent::resettle::{OnSettingsChange, SETTINGS_MISFIT};
 use nodelet::agent::{AgentConfig, AgentError};
 use nodelet::runtime::hollow::HollowRuntime;
 use nodelet::runtime::Runtime;
@@ -18,7 +19,9 @@ use tokio::task::JoinHandle;
 /// Two sockets, one NUMA node each, ten cores each, no SMT.
 fn two_by_ten() -> NodeTopology {
     NodeTopology {
-        cpus: (0..20).map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None }).collect(),
+        cpus: (0..20)
+            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
@@ -66,8 +69,13 @@ struct Agent {
 }
 
 fn start(data: &Path, topology: NodeTopology, settings: NodeSettings) -> Agent {
+    start_with(data, topology, settings, OnSettingsChange::Keep)
+}
+
+fn start_with(data: &Path, topology: NodeTopology, settings: NodeSettings, on_change: OnSettingsChange) -> Agent {
     let mut cfg = AgentConfig::new("n1".into(), data.to_path_buf(), topology, settings);
     cfg.recheck_interval = Duration::from_millis(500);
+    cfg.on_settings_change = on_change;
     let rt = Arc::new(HollowRuntime::new(data).unwrap());
     let (tx, rx) = mpsc::channel(64);
     let (report_tx, report) = watch::channel(NodeReport::default());
@@ -216,7 +224,9 @@ async fn fixture_machine_admits_on_one_numa_node() {
 async fn hollow_job_throughput_on_64_cpus() {
     let dir = tempfile::tempdir().unwrap();
     let t = NodeTopology {
-        cpus: (0..64).map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: id / 32, uncore_cache: None }).collect(),
+        cpus: (0..64)
+            .map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: id / 32, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
@@ -333,5 +343,111 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
     let r = a.wait("big running on CPUs 1-3", |r| running(r, "static/big")).await;
     assert!(r.offline_cpus.is_empty(), "{:?}", r.offline_cpus);
     assert_eq!(placed(&r, "static/big").0, CpuSet::range(1, 3).expect("cpus"));
+    a.shutdown().await;
+}
+
+/// Each pod's container id and the process it runs, as the runtime holds them.
+fn processes(rt: &HollowRuntime) -> std::collections::BTreeMap<String, (String, nodelet::runtime::ContainerState)> {
+    rt.all().into_iter().map(|(id, c)| (c.config.pod.clone(), (id, c.state))).collect()
+}
+
+fn misfit(r: &NodeReport, key: &str) -> Option<String> {
+    let st = r.pods.get(key)?;
+    (st.reason.as_deref() == Some(SETTINGS_MISFIT)).then(|| st.message.clone().unwrap_or_default())
+}
+
+fn reserved(list: &str) -> NodeSettings {
+    NodeSettings { reserved_cpus: CpuSet::parse_list(list).expect("cpus"), ..Default::default() }
+}
+
+/// Issue 13 (kubernetes#79603): the agent restarts over its data dir with
+/// more reserved CPUs, one of them held by a running pod. It starts; the pod
+/// that still fits keeps its container and CPUs; the other is reported with
+/// the reason and, by default, left running. Restarted again with
+/// `--on-settings-change restart`, that pod is stopped and admitted again on
+/// CPUs the settings allow; and when no CPU is left for it at all, the
+/// engine's rejection is reported (the scheduler gets it back).
+#[tokio::test]
+async fn a_restart_with_more_reserved_cpus_reports_the_pod_holding_one_and_restarts_it_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = two_by_ten();
+    let mut a = start(dir.path(), t.clone(), reserved("0"));
+    a.apply("static/a", pod("a", 3)).await;
+    a.wait("a running", |r| running(r, "static/a")).await;
+    a.apply("static/b", pod("b", 3)).await;
+    let before = a.wait("b running", |r| running(r, "static/b")).await;
+    assert_eq!(placed(&before, "static/a").0, CpuSet::range(1, 3).unwrap());
+    let procs = processes(&a.rt);
+    drop(a.shutdown().await);
+
+    // CPU 1 is reserved now; the default is to keep the pod running.
+    let mut a = start(dir.path(), t.clone(), reserved("0-1"));
+    let r = a.wait("a reported", |r| misfit(r, "static/a").is_some() && running(r, "static/b")).await;
+    let said = misfit(&r, "static/a").unwrap();
+    assert!(said.starts_with("ReservedCpus: container main holds CPUs 1, which are reserved now"), "{said}");
+    assert!(said.contains("keeps running"), "{said}");
+    assert!(running(&r, "static/a"), "kept running: {:?}", r.pods["static/a"]);
+    assert_eq!(misfit(&r, "static/b"), None, "b fits: {:?}", r.pods["static/b"]);
+    assert_eq!(r.allocations.pods, before.allocations.pods, "nothing re-allocated");
+    assert_eq!(processes(&a.rt), procs, "the same containers, the same processes");
+    let cp = nodelet::checkpoint::Checkpoint::load(dir.path()).unwrap();
+    assert_eq!(cp.settings, Some(reserved("0-1")), "the checkpoint records the settings it was made under");
+    drop(a.shutdown().await);
+
+    // The same settings, now restarting misfits: a moves, b stays.
+    let mut a = start_with(dir.path(), t.clone(), reserved("0-1"), OnSettingsChange::Restart);
+    let r = a.wait("a admitted again", |r| running(r, "static/a") && misfit(r, "static/a").is_none()).await;
+    let (moved, _) = placed(&r, "static/a");
+    assert_eq!(moved.len(), 3);
+    assert!(moved.is_disjoint(&CpuSet::range(0, 1).unwrap()), "a on CPUs the settings allow: {moved}");
+    assert_eq!(placed(&r, "static/b"), placed(&before, "static/b"), "b kept its CPUs");
+    let now = processes(&a.rt);
+    assert_eq!(now["static/b"], procs["static/b"], "b's container untouched");
+    assert_ne!(now["static/a"].1, procs["static/a"].1, "a runs a new process");
+    assert_eq!(a.rt.get(&now["static/a"].0).unwrap().cpus, moved, "the new container has the new CPUs");
+    drop(a.shutdown().await);
+
+    // Every CPU reserved: a cannot be placed anywhere here; the engine says so.
+    let all = format!("0-{}", t.cpus.len() - 1);
+    let mut a = start_with(dir.path(), t, reserved(&all), OnSettingsChange::Restart);
+    let r = a.wait("a and b refused", |r| r.rejections.len() == 2).await;
+    for key in ["static/a", "static/b"] {
+        assert_eq!(r.pods[key].phase, PodPhase::Pending, "{key}: {:?}", r.pods[key]);
+        assert_eq!(r.rejections[key].reason, specs::RejectReason::InsufficientCpu, "{key}: {:?}", r.rejections[key]);
+    }
+    assert!(r.allocations.pods.is_empty(), "{:?}", r.allocations);
+    let rt = a.shutdown().await;
+    assert!(rt.list().unwrap().is_empty(), "their containers are gone: {:?}", rt.list());
+}
+
+/// A new `single-numa-node` policy: the pod spread over both NUMA nodes is
+/// reported, then (restart) placed on one node; the aligned one stays.
+#[tokio::test]
+async fn a_restart_under_single_numa_node_moves_only_the_pod_spanning_two_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = two_by_ten();
+    let mut a = start(dir.path(), t.clone(), reserved("0"));
+    a.apply("static/a", pod("a", 8)).await;
+    a.wait("a running", |r| running(r, "static/a")).await;
+    a.apply("static/b", pod("b", 4)).await;
+    let before = a.wait("b running", |r| running(r, "static/b")).await;
+    assert_eq!(nodes_of(&t, &placed(&before, "static/b").0).len(), 2, "b spans both nodes: {before:?}");
+    let procs = processes(&a.rt);
+    drop(a.shutdown().await);
+
+    let single = NodeSettings { topology_policy: TopologyPolicy::SingleNumaNode, ..reserved("0") };
+    let mut a = start(dir.path(), t.clone(), single.clone());
+    let r = a.wait("b reported", |r| misfit(r, "static/b").is_some()).await;
+    let said = misfit(&r, "static/b").unwrap();
+    assert!(said.starts_with("TopologyAffinity: container main spans NUMA nodes 0-1"), "{said}");
+    assert_eq!(misfit(&r, "static/a"), None);
+    assert_eq!(processes(&a.rt), procs, "keep: nothing restarted");
+    drop(a.shutdown().await);
+
+    let mut a = start_with(dir.path(), t.clone(), single, OnSettingsChange::Restart);
+    let r = a.wait("b on one node", |r| running(r, "static/b") && misfit(r, "static/b").is_none()).await;
+    assert_eq!(nodes_of(&t, &placed(&r, "static/b").0).len(), 1, "{:?}", r.pods["static/b"]);
+    assert_eq!(placed(&r, "static/a"), placed(&before, "static/a"));
+    assert_eq!(processes(&a.rt)["static/a"], procs["static/a"], "a untouched");
     a.shutdown().await;
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use nodelet::agent::resettle::OnSettingsChange;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
 use orchestrator::client::{Client, ClientError};
@@ -27,7 +28,9 @@ use tokio::sync::watch;
 /// Two NUMA nodes of four CPUs, one thread per core.
 fn topology() -> NodeTopology {
     NodeTopology {
-        cpus: (0..8).map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: id / 4, uncore_cache: None }).collect(),
+        cpus: (0..8)
+            .map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: id / 4, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
@@ -321,6 +324,131 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let refusals: Vec<_> = events.items.iter().filter(|e| e.reason == "Rejected").map(|e| &e.message).collect();
     assert!(refusals.is_empty(), "a failed local step was reported as a refusal: {refusals:?}");
     assert!(checkpoint.is_file(), "the retried write made the allocation durable");
+
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+    let _ = stop_server.send(true);
+    server_task.await.expect("server task").expect("the server stops cleanly");
+}
+
+/// Issue 13: the node restarts with more reserved CPUs, one of them held by
+/// a running pod. The server's node object has the new settings as soon as
+/// the node registers again, and the scheduler counts with them; the pod is
+/// reported with the reason and an event. Restarted again asking for misfits
+/// to be restarted, with no room left for the pod, it goes back to the
+/// scheduler through the node's rejection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_reports_its_misfit_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
+    opts.controller.heartbeat_grace = Duration::from_secs(60);
+    let server = Server::bind(opts).await.expect("bind the server");
+    let token = server.join_token.to_string();
+    let admin = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("admin client");
+    let addr = server.local_addr();
+    let (stop_server, rx) = watch::channel(false);
+    let server_task = tokio::spawn(server.run(rx));
+    let node_dir = dir.path().join("node");
+    let config = |reserved: &str, on_change| {
+        let settings =
+            NodeSettings { reserved_cpus: CpuSet::parse_list(reserved).expect("cpus"), ..Default::default() };
+        let mut agent = AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings);
+        agent.on_settings_change = on_change;
+        DaemonConfig {
+            agent,
+            runtime: RuntimeChoice::Hollow,
+            manifests: None,
+            join: Some(JoinConfig {
+                server: format!("https://{addr}"),
+                token: Some(token.clone()),
+                ca: None,
+                labels: BTreeMap::new(),
+                endpoint_listen: "127.0.0.1:0".into(),
+                advertise_address: None,
+                liveness: Default::default(),
+                endpoint_max_connections: 16,
+            }),
+        }
+    };
+    let reserved_of = |n: &specs::api::Node| n.spec.settings.reserved_cpus.to_string();
+
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config("0", OnSettingsChange::Keep), rx));
+    let manifest = |name: &str, cpu: u32| {
+        Bytes::from(format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpu}, memory: 1Gi}}\n"))
+    };
+    eventually("the node registers", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    admin.create_pod(manifest("web", 2)).await.expect("create the pod");
+    let running = eventually("the pod runs", || async {
+        admin.get_pod("web").await.ok().filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
+    })
+    .await;
+    let held = running.status.and_then(|s| s.placement).expect("placement").containers[0].cpus.clone();
+    assert_eq!(held.to_string(), "1-2");
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+
+    // CPU 1 is reserved now.
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config("0-1", OnSettingsChange::Keep), rx));
+    let node = eventually("the node registers its new settings", || async {
+        admin.get_node("edge").await.ok().filter(|n| reserved_of(n) == "0-1")
+    })
+    .await;
+    let offered = specs::engine::allocatable(&node.spec.topology, &node.spec.settings);
+    assert_eq!(offered.cpu_millis, 6000, "8 CPUs less 2 reserved");
+    assert!(node.status.numa.iter().all(|n| !n.free_cpus.contains(1)), "CPU 1 is not free: {:?}", node.status.numa);
+    let pod =
+        eventually("the node reports the misfit", || async {
+            admin.get_pod("web").await.ok().filter(|p| {
+                p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some(specs::engine::SETTINGS_MISFIT))
+            })
+        })
+        .await;
+    let status = pod.status.expect("status");
+    assert_eq!(status.phase, PodPhase::Running, "kept running: {status:?}");
+    let message = status.message.unwrap_or_default();
+    assert!(message.starts_with("ReservedCpus: container main holds CPUs 1, which are reserved now"), "{message}");
+    let events = admin.events("Pod", "web").await.expect("the pod's events");
+    let warned: Vec<_> = events.items.iter().filter(|e| e.reason == "SettingsMisfit").collect();
+    assert_eq!(warned.len(), 1, "one event: {:?}", events.items);
+    assert_eq!(warned[0].message, message);
+    // The scheduler counts with 6 allocatable CPUs, 2 of them requested: a
+    // pod of 5 would have fit on the node as it was, and does not now.
+    admin.create_pod(manifest("big", 5)).await.expect("create big");
+    let big = eventually("the scheduler says why big does not fit", || async {
+        admin
+            .get_pod("big")
+            .await
+            .ok()
+            .filter(|p| p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some("Unschedulable")))
+    })
+    .await;
+    assert_eq!(big.spec.node_name, None, "{big:?}");
+    admin.delete_pod("big").await.expect("delete big");
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+
+    // One CPU left for pods, misfits restarted: web (2 CPUs) fits nowhere
+    // here any more; the node's rejection hands it back to the scheduler.
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config("0-6", OnSettingsChange::Restart), rx));
+    let pod = eventually("web is handed back", || async {
+        admin.get_pod("web").await.ok().filter(|p| p.spec.node_name.is_none())
+    })
+    .await;
+    assert_ne!(pod.status.as_ref().map(|s| s.phase), Some(PodPhase::Running), "{pod:?}");
+    let node = admin.get_node("edge").await.expect("node");
+    assert_eq!(reserved_of(&node), "0-6");
+    eventually("the node freed web's CPUs", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.allocations.pods.is_empty())
+    })
+    .await;
+    let events = admin.events("Pod", "web").await.expect("the pod's events");
+    assert!(events.items.iter().any(|e| e.reason == "Rejected"), "{:?}", events.items);
 
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");

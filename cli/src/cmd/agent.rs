@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
+use nodelet::agent::resettle::OnSettingsChange;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
 use nodelet::source::NodeReport;
@@ -126,6 +127,12 @@ pub struct RunArgs {
     /// How often the manifest folder is rescanned in full (inotify covers the rest).
     #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
     pub rescan_seconds: u64,
+    /// A running pod whose CPUs or alignment the settings no longer allow
+    /// (after a restart with other --reserved-cpus, policy, options or
+    /// devices): keep (report it, leave it running) | restart (report it,
+    /// admit it again under the new settings, else hand it back to the scheduler).
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_kebab::<OnSettingsChange>)]
+    pub on_settings_change: OnSettingsChange,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -236,6 +243,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
     let mut agent = AgentConfig::new(node_name, args.data_dir, topology, settings);
     agent.device_nodes = device_nodes;
     agent.sysfs_root = args.topology.sysfs_source();
+    agent.on_settings_change = args.on_settings_change;
     let runtime = match args.runtime {
         RuntimeKind::Hollow => RuntimeChoice::Hollow,
         // The shim is this same binary (`pinion shim`), re-executed per container.

@@ -116,7 +116,10 @@ pub fn pod_status(p: &Pod) -> String {
             break;
         }
     }
-    shown.unwrap_or_else(|| format!("{:?}", s.phase))
+    // A running pod the node's changed settings no longer allow says so
+    // (as kubectl's STATUS says Terminating); `describe` says why.
+    let misfit = s.reason.filter(|r| r == specs::engine::SETTINGS_MISFIT && s.phase == specs::PodPhase::Running);
+    shown.or(misfit).unwrap_or_else(|| format!("{:?}", s.phase))
 }
 
 /// Restarts of all the pod's containers.
@@ -399,6 +402,27 @@ mod tests {
         check_status(P::Succeeded, &[(C::Terminated, Some("Completed"), Some(0), 0)], "Completed", 0);
         check_status(P::Failed, &[(C::Terminated, None, Some(3), 1)], "ExitCode:3", 1);
         check_status(P::Running, &[(C::Running, None, None, 2), (C::Running, None, None, 1)], "Running", 3);
+    }
+
+    #[test]
+    fn a_pod_whose_node_settings_changed_under_it_says_so() {
+        let mut p = bare_pod("a");
+        let status = |phase| specs::PodStatus {
+            phase,
+            reason: Some(specs::engine::SETTINGS_MISFIT.into()),
+            container_statuses: vec![specs::status::ContainerStatus {
+                name: "c".into(),
+                state: ContainerState::Running,
+                restart_count: 0,
+                last_exit_code: None,
+                reason: None,
+            }],
+            ..Default::default()
+        };
+        p.status = Some(status(specs::PodPhase::Running));
+        assert_eq!(pod_status(&p), "SettingsMisfit");
+        p.status = Some(status(specs::PodPhase::Pending));
+        assert_eq!(pod_status(&p), "Pending");
     }
 
     #[test]

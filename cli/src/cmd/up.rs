@@ -10,13 +10,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use nodelet::agent::resettle::OnSettingsChange;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
 use specs::CpuSet;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cmd::agent::{RunArgs, RuntimeKind};
-use crate::common::{GlobalArgs, TopologyArgs};
+use crate::common::{parse_kebab, GlobalArgs, TopologyArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -44,6 +45,10 @@ pub struct Args {
     pub finished_pod_ttl: u64,
     #[command(flatten)]
     pub topology: TopologyArgs,
+    /// A running pod the new settings no longer allow, at a restart: keep | restart
+    /// (see `pinion agent --help`).
+    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_kebab::<OnSettingsChange>)]
+    pub on_settings_change: OnSettingsChange,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -90,6 +95,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         endpoint_listen: "127.0.0.1:0".into(),
         advertise_address: None,
         rescan_seconds: 10,
+        on_settings_change: args.on_settings_change,
     };
     let node_task = tokio::spawn(nodelet::daemon::run(crate::cmd::agent::daemon_config(node, g.liveness())?, stop_rx));
 

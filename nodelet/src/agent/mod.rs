@@ -27,11 +27,14 @@
 //! the runtime still runs (same CPUs), frees the allocations of pods whose
 //! containers all died meanwhile (then applies their restart policy) and removes
 //! runtime containers the checkpoint does not know. Every runtime call has a
-//! timeout.
+//! timeout. The pods it adopts are re-checked against the settings it starts
+//! with, which may differ from the checkpoint's (`resettle`): the node never
+//! refuses to start over them.
 
 pub mod backoff;
 pub mod plan;
 pub mod reconcile;
+pub mod resettle;
 pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -89,6 +92,9 @@ pub struct AgentConfig {
     /// the engine may only plan a pod onto it, whose start then fails and is
     /// retried.
     pub cpu_recheck_interval: Duration,
+    /// What a restart does with a running pod whose placement the settings
+    /// no longer allow (see `resettle`): report it, and restart it or not.
+    pub on_settings_change: resettle::OnSettingsChange,
 }
 
 impl AgentConfig {
@@ -107,6 +113,7 @@ impl AgentConfig {
             admit: specs::admit,
             sysfs_root: None,
             cpu_recheck_interval: Duration::from_secs(10),
+            on_settings_change: resettle::OnSettingsChange::Keep,
         }
     }
 }
@@ -577,6 +584,8 @@ async fn recover(cfg: AgentConfig, runtime: &Arc<dyn Runtime>) -> Result<State, 
         st.pods.insert(key.clone(), entry);
         adopt(&mut st, runtime, &key).await;
     }
+    // The pods still running meet the settings this agent starts with.
+    resettle::resettle(&mut st, cp.settings.as_ref());
     // Containers the checkpoint does not know: left by a crash between a
     // runtime start and a checkpoint write that never happened, or by another
     // tool. They hold no allocation, so they must not keep running.

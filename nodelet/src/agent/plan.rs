@@ -115,6 +115,9 @@ pub struct PodEntry {
     /// admission are tried in this order, first come first served, as the
     /// scheduler's queue bound them.
     pub arrival: u64,
+    /// Its placement does not fit the settings the agent restarted with
+    /// (`super::resettle`); reported until the pod goes.
+    pub misfit: Option<specs::engine::Misfit>,
 }
 
 impl PodEntry {
@@ -146,6 +149,7 @@ impl PodEntry {
             message: None,
             attempts: 0,
             arrival: 0,
+            misfit: None,
         }
     }
 
@@ -336,7 +340,12 @@ impl State {
     /// The checkpoint as a projection of memory: allocations plus every admitted,
     /// terminating or finished pod.
     pub fn checkpoint(&self) -> Checkpoint {
-        let mut cp = Checkpoint { version: VERSION, allocations: self.alloc.clone(), pods: BTreeMap::new() };
+        let mut cp = Checkpoint {
+            version: VERSION,
+            allocations: self.alloc.clone(),
+            pods: BTreeMap::new(),
+            settings: Some(self.cfg.settings.clone()),
+        };
         for (key, e) in &self.pods {
             let finished = match &e.stage {
                 // A pending pod holds nothing the checkpoint must protect.

@@ -163,6 +163,10 @@ pub(super) fn build(agent: &State) -> NodeReport {
                 st.message = Some(format!("container {} was OOM-killed (exit code {code})", c.name));
             }
         }
+        if let Some(m) = &e.misfit {
+            st.reason = Some(super::resettle::SETTINGS_MISFIT.into());
+            st.message = Some(super::resettle::status_message(m, agent.cfg.on_settings_change));
+        }
         if let Some(msg) = agent.invalid.get(key) {
             st.message = Some(format!("manifest skipped, the previous version keeps running: {msg}"));
         }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
+use specs::engine::SETTINGS_MISFIT;
 use specs::{Pod, PodPhase, PodStatus};
 
 use super::error::{bad_field, conflict, forbidden, not_found, store_error, unauthorized, Refused};
@@ -531,6 +532,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         let before = pod.status.clone();
                         let was_finished = is_finished(&pod);
                         if merge_status(&mut pod, status).is_ok() && pod.status != before {
+                            if let Some(message) = new_misfit(before.as_ref(), pod.status.as_ref()) {
+                                t.add_event(event("Pod", &pod_name, "Warning", SETTINGS_MISFIT, message))?;
+                            }
                             t.put(&mut pod)?;
                             if !was_finished && is_finished(&pod) {
                                 finished.push(pod);
@@ -685,6 +689,15 @@ fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ApiError> 
     reported.pod_uid = None;
     pod.status = Some(reported);
     Ok(())
+}
+
+/// The message of a node's report that a pod's placement no longer fits
+/// the node's settings (after the node restarted with others), when it did
+/// not say so before: one event per finding, not one per report.
+fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Option<String> {
+    let now = now.filter(|s| s.reason.as_deref() == Some(SETTINGS_MISFIT))?;
+    let said = |s: &PodStatus| (s.reason.clone(), s.message.clone());
+    (before.map(said) != Some(said(now))).then(|| now.message.clone().unwrap_or_default())
 }
 
 /// Whether a node's status report is about this incarnation of the pod: a

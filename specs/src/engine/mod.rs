@@ -10,6 +10,8 @@
 //! `machine` (indexes and the free ledger), `hints` (providers and candidate
 //! masks, polynomial instead of 2^n), `merge` (the topology-manager policies),
 //! `cpus` (`takeByTopology`), `memory`, `devices`, and `decide`, which runs them.
+//! `recheck` asks whether a placement made earlier still fits the node's
+//! settings now (a nodelet restarted with other settings).
 //!
 //! What each Crane-style `cpuPolicy` records in its `ContainerPlacement`:
 //! - `exclusive`: `cpus` = its own CPUs, taken out of the shared pool; never a
@@ -49,6 +51,7 @@ mod hints;
 mod machine;
 mod memory;
 mod merge;
+mod recheck;
 
 pub(crate) use decide::fmt_amount;
 
@@ -277,6 +280,7 @@ pub enum RejectReason {
 }
 
 pub use self::decide::admit;
+pub use self::recheck::{recheck, Misfit, MisfitReason, SETTINGS_MISFIT};
 
 impl Allocations {
     /// What the pods here requested, in node totals (see [`Placement::counted`]).
