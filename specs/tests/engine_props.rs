@@ -54,7 +54,11 @@ fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<Top
             k
         })
         .collect();
-    let topology = (policy.is_some() || scope.is_some()).then_some(specs::pod::TopologySpec { policy, scope });
+    let topology = (policy.is_some() || scope.is_some()).then_some(specs::pod::TopologySpec {
+        policy,
+        scope,
+        ..Default::default()
+    });
     Pod {
         api_version: "pinion.io/v1".into(),
         kind: "Pod".into(),
