@@ -1,5 +1,7 @@
 //! Machines with memory-only NUMA nodes (HBM, CXL expanders) for the engine's
 //! tests: a synthetic machine plus memory-only nodes at given distances.
+//! Shared by `engine_memory_tiers` and `engine_props`; each uses a part.
+#![allow(dead_code)]
 
 use specs::topology::{HugePages, NodeTopology, NumaKind, NumaNode};
 use specs::CpuSet;
