@@ -251,6 +251,9 @@ pub struct WatchEvent<T> {
 /// `heartbeat` every `ATTACH_HEARTBEAT_SECONDS`, so a silence longer than a few
 /// of those means the stream is dead (reconnect with the last `resourceVersion`
 /// and `offset`).
+// A frame is built, sent and dropped one at a time, never stored in bulk: the
+// status variant's size costs nothing, and boxing it would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase", try_from = "RawAttachFrame")]
 pub enum AttachFrame {

@@ -308,9 +308,11 @@ mod example_tests {
     fn examples_parse() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
         let want = [
+            ("hbm-memory.yaml", 1),
             ("hpc-job.yaml", 1),
             ("numa-policies.yaml", 4),
             ("pinned.yaml", 1),
+            ("relaxed-nic.yaml", 1),
             ("shared.yaml", 1),
             ("telecom-upf.yaml", 1),
         ];

@@ -605,3 +605,37 @@ fn relaxed_resources() {
         check(c);
     }
 }
+
+fn example(name: &str) -> Pod {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut pods = specs::manifest::parse_pods(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(pods.len(), 1, "{name}");
+    pods.remove(0)
+}
+
+/// The example manifests do what their comments say.
+#[test]
+fn the_examples_do_what_they_say() {
+    check(case(
+        "hbm-memory.yaml: CPUs on node 0, memory on its HBM",
+        hbm_machine(8, 0),
+        settings(NoPolicy),
+        example("hbm-memory.yaml"),
+        Admit("0", &[("0-3", "2", "2=8Gi")], &[]),
+    ));
+    check(after(
+        case(
+            "relaxed-nic.yaml: node 0's CPUs taken, the VFs there: the VF remote",
+            nic_machine(0),
+            nic_settings(NoPolicy),
+            example("relaxed-nic.yaml"),
+            Admit(
+                "1",
+                &[("4-5", "1", "1=1Gi,1=256p")],
+                &[["upf", VF, "0", "relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 1"]],
+            ),
+        ),
+        vec![plain(vec![g("4", "1Gi")])],
+    ));
+}

@@ -504,7 +504,8 @@ impl Ctx<'_> {
                         _ => (RESOURCE_MEMORY.to_string(), Some(&mem)),
                     };
                     let nodes = per_node.into_iter().flat_map(|n| n.keys()).copied();
-                    self.note_remote(remote, r, resource, p, aligned, nodes);
+                    let amounts = (fmt_amount(p.kind, p.request), fmt_amount(p.kind, p.free_in(aligned)));
+                    self.note_remote(remote, r, resource, amounts, aligned, nodes);
                 }
             }
             cp.memory = mem;
@@ -515,15 +516,13 @@ impl Ctx<'_> {
         }
         for (name, n) in &r.devices {
             let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
-            let count = *n;
+            let requested = n.to_string();
             let n = usize::try_from(*n).unwrap_or(usize::MAX);
             let relaxed = affinity.filter(|_| self.is_relaxed(Kind::Device(0), name));
             // What the affinity had free, for the remote note.
-            let before = relaxed.map(|_| {
-                let (total, fr, anywhere) = devices::counts(m, free, addrs);
-                let mut p = Provider::new(Kind::Device(0), format!("{name} devices"), count, total, fr, anywhere);
-                p.relaxed = true;
-                p
+            let aligned_free = relaxed.map(|a| {
+                let (_, fr, anywhere) = devices::counts(m, free, addrs);
+                bits(a).fold(anywhere.1, |acc, i| acc.saturating_add(fr[i]))
             });
             let got = devices::take(m, free, addrs, n, affinity);
             if got.len() < n {
@@ -532,23 +531,24 @@ impl Ctx<'_> {
                     format!("container {} requests {n} {name} but only {} are free", r.name, got.len()),
                 ));
             }
-            if let (Some(aligned), Some(p)) = (relaxed, before) {
+            if let (Some(aligned), Some(there)) = (relaxed, aligned_free) {
                 let nodes = got.iter().filter_map(|a| m.device_node.get(a.as_str()).copied().flatten());
                 let ids: Vec<u32> = nodes.map(|i| m.node_id(i)).collect();
-                self.note_remote(remote, r, name.clone(), &p, aligned, ids.into_iter());
+                self.note_remote(remote, r, name.clone(), (requested, there.to_string()), aligned, ids.into_iter());
             }
             cp.devices.insert(name.clone(), got);
         }
         Ok((cp, numa_nodes))
     }
 
-    /// Records a relaxed resource placed on `nodes` (ids) when some lie outside `aligned`.
+    /// Records a relaxed resource placed on `nodes` (ids) when some lie
+    /// outside `aligned`; `amounts`: what was requested, what `aligned` had free.
     fn note_remote(
         &self,
         remote: &mut Vec<RemotePlacement>,
         r: &Req,
         resource: String,
-        p: &Provider,
+        (requested, there): (String, String),
         aligned: Mask,
         nodes: impl Iterator<Item = u32>,
     ) {
@@ -561,7 +561,6 @@ impl Ctx<'_> {
         if outside.is_empty() {
             return;
         }
-        let (requested, there) = (fmt_amount(p.kind, p.request), fmt_amount(p.kind, p.free_in(aligned)));
         remote.push(RemotePlacement {
             container: r.name.clone(),
             resource,

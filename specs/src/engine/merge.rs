@@ -154,7 +154,9 @@ fn best_of(
     opts: &MergeOptions,
     masks: impl IntoIterator<Item = Mask>,
 ) -> Option<(Affinity, usize)> {
-    let mut best: Option<(Affinity, (u8, usize, usize, u64, Mask))> = None;
+    // (class, width or distance to the target, relaxed misfits, closeness, mask): smaller is better.
+    type Rank = (u8, usize, usize, u64, Mask);
+    let mut best: Option<(Affinity, Rank)> = None;
     for mask in masks {
         if !providers.iter().all(|p| p.feasible(mask)) {
             continue;
