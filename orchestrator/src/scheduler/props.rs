@@ -285,8 +285,11 @@ fn build_pod(name: &str, g: &PodGen) -> Pod {
             }
         })
         .collect();
-    let topology =
-        (g.policy.is_some() || g.scope.is_some()).then_some(TopologySpec { policy: g.policy, scope: g.scope, ..Default::default() });
+    let topology = (g.policy.is_some() || g.scope.is_some()).then_some(TopologySpec {
+        policy: g.policy,
+        scope: g.scope,
+        ..Default::default()
+    });
     Pod {
         api_version: "pinion.io/v1".into(),
         kind: "Pod".into(),
