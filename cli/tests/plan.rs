@@ -191,3 +191,85 @@ fn discovered_gpus_are_planned_and_device_replaces_them() {
     assert_eq!(v["containers"][0]["devices"], serde_json::json!([device_tree::GPU1]), "{v}");
     assert_eq!(ids(&v["containers"][0]["cpus"]), [2, 3]);
 }
+
+/// Two nodes of 4 CPUs, a VF on node 0, and node 2: 16 GiB of memory-only
+/// HBM next to node 0 (distance 12), written as `pinion discover -o json` does.
+fn tiered_machine(dir: &Path) -> PathBuf {
+    use specs::topology::{NumaKind, NumaNode, PciDevice};
+    let mut t = specs::topology::synthetic::parse("pack:2 numa:1 core:4 pu:1").expect("synthetic");
+    t.numa_nodes[0].distances.push(12);
+    t.numa_nodes[1].distances.push(32);
+    t.numa_nodes.push(NumaNode {
+        id: 2,
+        kind: NumaKind::MemoryOnly,
+        cpus: specs::CpuSet::new(),
+        memory_bytes: 16 << 30,
+        distances: vec![12, 32, 10],
+        hugepages: vec![],
+    });
+    t.devices.push(PciDevice { address: "0000:3b:00.1".into(), class: "0x020000".into(), numa: Some(0), ..PciDevice::default() });
+    let path = dir.join("tiered.json");
+    std::fs::write(&path, serde_json::to_string(&t).expect("serialize")).expect("write topology");
+    path
+}
+
+#[test]
+fn relaxed_device_placed_remotely_and_memory_on_hbm() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let topo = tiered_machine(dir.path());
+    let pod = |name: &str, topology: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        let res = "{cpu: \"2\", memory: 1Gi, pinion.io/sriov-vf: \"1\"}";
+        let y = format!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  topology: {topology}\n  containers:\n  - name: upf\n    rootfs: host\n    command: [\"/bin/true\"]\n    resources: {{requests: {res}, limits: {res}}}\n"
+        );
+        std::fs::write(&path, y).expect("write manifest");
+        path
+    };
+    let plan = |f: &Path, output: &str| {
+        pinion(&[
+            "plan",
+            "-f",
+            f.to_str().expect("utf-8"),
+            "--topology",
+            topo.to_str().expect("utf-8"),
+            "--allocated-cpus",
+            "0-3",
+            "--topology-policy",
+            "single-numa-node",
+            "--device",
+            "pinion.io/sriov-vf=0000:3b:00.1",
+            "-o",
+            output,
+        ])
+    };
+    // Node 0's CPUs are taken and the VF is there: strict, refused.
+    let strict = pod("strict", "{}");
+    let out = plan(&strict, "json");
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert!(v["reason"].as_str().expect("reason").starts_with("TopologyAffinity: "), "{v}");
+    assert!(v.get("remote").is_none(), "{v}");
+    // Relaxed: on node 1, the VF remote, and plan says so.
+    let relaxed = pod("relaxed", "{relaxed: [pinion.io/sriov-vf]}");
+    let out = plan(&relaxed, "json");
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    assert_eq!(ids(&v["numaAffinity"]), [1]);
+    assert_eq!(ids(&v["containers"][0]["cpus"]), [4, 5]);
+    assert_eq!(ids(&v["containers"][0]["mems"]), [1]);
+    let why = "relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 1";
+    assert_eq!(
+        v["remote"],
+        serde_json::json!([{"container": "upf", "resource": "pinion.io/sriov-vf", "numaNodes": [0], "reason": why}])
+    );
+    let text = String::from_utf8_lossy(&plan(&relaxed, "text").stdout).into_owned();
+    assert!(text.contains(&format!("remote: container upf: pinion.io/sriov-vf on NUMA node 0 ({why})")), "{text}");
+    let yaml = String::from_utf8_lossy(&plan(&relaxed, "yaml").stdout).into_owned();
+    assert!(yaml.contains("remote:") && yaml.contains("resource: pinion.io/sriov-vf"), "{yaml}");
+    // Memory on the HBM nearest the CPUs: node 2 is next to node 0, the nearest memory-only node to node 1 too.
+    let hbm = pod("hbm", "{memory: nearest-memory-only, relaxed: [pinion.io/sriov-vf]}");
+    let v = json(&plan(&hbm, "json"));
+    assert_eq!(v["admit"], true, "{v}");
+    assert_eq!(ids(&v["containers"][0]["mems"]), [2]);
+}

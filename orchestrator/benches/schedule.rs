@@ -102,7 +102,7 @@ fn pod(i: usize, rng: &mut Rng) -> Pod {
                 resources: ResourceRequirements { requests: res.clone(), limits: res },
                 ..Container::default()
             }],
-            topology: Some(TopologySpec { policy: Some(policy), scope: None }),
+            topology: Some(TopologySpec { policy: Some(policy), ..Default::default() }),
             ..PodSpec::default()
         },
         status: None,

@@ -98,7 +98,13 @@ fn placement() -> Value {
             "hugepages": {"2097152": {"0": 4}},
             "devices": {"pinion.io/sriov-vf": ["0000:3b:00.1"]}
         }],
-        "requested": {"cpuMillis": 2000, "memory": 1073741824u64, "hugepages": {"2097152": 8388608}}
+        "requested": {"cpuMillis": 2000, "memory": 1073741824u64, "hugepages": {"2097152": 8388608}},
+        "remote": [{
+            "container": "main",
+            "resource": "pinion.io/sriov-vf",
+            "numaNodes": [1],
+            "reason": "relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 0"
+        }]
     })
 }
 
@@ -153,7 +159,7 @@ fn pod() -> Value {
             }],
             "restartPolicy": "OnFailure",
             "nodeSelector": {"zone": "a"},
-            "topology": {"policy": "single-numa-node", "scope": "pod"},
+            "topology": {"policy": "single-numa-node", "scope": "pod", "memory": "nearest-memory-only", "relaxed": ["pinion.io/sriov-vf"]},
             "schedulingStrategy": "least-numa-nodes",
             "hostNetwork": true,
             "nodeName": "n1",

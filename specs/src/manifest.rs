@@ -309,9 +309,11 @@ mod example_tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
         let want = [
             ("gpu.yaml", 1),
+            ("hbm-memory.yaml", 1),
             ("hpc-job.yaml", 1),
             ("numa-policies.yaml", 4),
             ("pinned.yaml", 1),
+            ("relaxed-nic.yaml", 1),
             ("shared.yaml", 1),
             ("telecom-upf.yaml", 1),
         ];

@@ -267,6 +267,36 @@ pub struct TopologySpec {
     pub policy: Option<TopologyPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<TopologyScope>,
+    /// Where a Guaranteed pod's memory and huge pages go: the CPU nodes'
+    /// memory (the default), or the memory-only nodes nearest its CPUs.
+    #[serde(default, skip_serializing_if = "MemoryPlacement::is_cpu_nodes")]
+    pub memory: MemoryPlacement,
+    /// Resources whose NUMA alignment is preferred, not required: they do not
+    /// constrain (or fail) the merged affinity and are placed elsewhere when
+    /// the affinity's nodes have none free (`memory`, `hugepages-<size>`,
+    /// device resources; never `cpu`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relaxed: Vec<String>,
+}
+
+/// `spec.topology.memory`: which NUMA nodes hold a Guaranteed pod's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryPlacement {
+    /// The nodes of the merged affinity (the Memory Manager's rule); never a
+    /// memory-only node.
+    #[default]
+    CpuNodes,
+    /// The memory-only nodes (HBM, CXL) nearest to the pod's CPU nodes by the
+    /// distance matrix that have room, nearest first; the CPUs are aligned as
+    /// usual.
+    NearestMemoryOnly,
+}
+
+impl MemoryPlacement {
+    pub fn is_cpu_nodes(&self) -> bool {
+        *self == MemoryPlacement::CpuNodes
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -311,7 +311,48 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         }
         validate_container(&mut e, &p, c);
     }
+    if let Some(t) = &pod.spec.topology {
+        validate_topology_spec(&mut e, pod, t);
+    }
     e.0
+}
+
+/// `spec.topology.memory` and `spec.topology.relaxed`.
+fn validate_topology_spec(e: &mut Errs, pod: &Pod, t: &crate::pod::TopologySpec) {
+    let tier = t.memory == crate::pod::MemoryPlacement::NearestMemoryOnly;
+    if tier && crate::qos::qos_class(pod) != crate::qos::QosClass::Guaranteed {
+        e.push(
+            "spec.topology.memory",
+            "nearest-memory-only needs a Guaranteed pod (cpu and memory limits equal to requests in every \
+             container): only a Guaranteed pod's memory is placed on NUMA nodes",
+        );
+    }
+    let requested: BTreeSet<&str> = pod
+        .spec
+        .containers
+        .iter()
+        .flat_map(|c| c.resources.requests.keys().chain(c.resources.limits.keys()))
+        .map(String::as_str)
+        .collect();
+    let mut seen = BTreeSet::new();
+    for (i, name) in t.relaxed.iter().enumerate() {
+        let field = format!("spec.topology.relaxed[{i}]");
+        if !seen.insert(name.as_str()) {
+            e.push(field, format!("{name:?} is listed twice"));
+        } else if name == RESOURCE_CPU {
+            e.push(field, "cpu cannot be relaxed: the pod's CPUs are what the other resources align to");
+        } else if !requested.contains(name.as_str()) {
+            e.push(field, format!("{name:?} is not a resource any container requests"));
+        } else if tier && (name == RESOURCE_MEMORY || name.starts_with(HUGEPAGES_PREFIX)) {
+            e.push(
+                field,
+                format!(
+                    "{name} is placed on memory-only nodes, apart from the CPUs, by spec.topology.memory: \
+                     nearest-memory-only; it cannot be relaxed as well"
+                ),
+            );
+        }
+    }
 }
 
 fn check_string_map(e: &mut Errs, path: &str, map: &std::collections::BTreeMap<String, String>) {
@@ -553,6 +594,12 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
         });
         if n.cpus != claimed {
             e.push(format!("{p}.cpus"), format!("is {} but the cpus on node {} are {}", n.cpus, n.id, claimed));
+        }
+        if n.kind == crate::topology::NumaKind::MemoryOnly && !(n.cpus.is_empty() && claimed.is_empty()) {
+            e.push(
+                format!("{p}.kind"),
+                format!("node {} is memory-only but has cpus {}", n.id, n.cpus.union(&claimed)),
+            );
         }
         if n.memory_bytes > MAX_NODE_MEMORY_BYTES {
             e.push(format!("{p}.memoryBytes"), format!("more than {MAX_NODE_MEMORY_BYTES} bytes"));
@@ -933,6 +980,57 @@ spec:
     }
 
     #[test]
+    fn topology_spec_rules() {
+        use crate::pod::{MemoryPlacement, TopologySpec};
+        let topo = |memory: MemoryPlacement, relaxed: &[&str]| {
+            let relaxed = relaxed.iter().map(|s| s.to_string()).collect();
+            move |p: &mut Pod| {
+                c0(p).resources.requests.insert("pinion.io/nic".into(), q("1"));
+                c0(p).resources.limits.insert("hugepages-2Mi".into(), q("4Mi"));
+                p.spec.topology = Some(TopologySpec { memory, relaxed, ..Default::default() });
+            }
+        };
+        use MemoryPlacement::{CpuNodes, NearestMemoryOnly};
+        let r0 = "spec.topology.relaxed[0]";
+        let cases: Vec<(MemoryPlacement, Vec<&str>, Vec<&str>)> = vec![
+            (CpuNodes, vec![], vec![]),
+            (CpuNodes, vec!["pinion.io/nic", "memory", "hugepages-2Mi"], vec![]),
+            (CpuNodes, vec!["cpu"], vec![r0]),
+            (CpuNodes, vec!["pinion.io/gpu"], vec![r0]),
+            (CpuNodes, vec!["hugepages-1Gi"], vec![r0]),
+            (CpuNodes, vec!["memory", "memory"], vec!["spec.topology.relaxed[1]"]),
+            (NearestMemoryOnly, vec![], vec![]),
+            (NearestMemoryOnly, vec!["pinion.io/nic"], vec![]),
+            (NearestMemoryOnly, vec!["memory"], vec![r0]),
+            (NearestMemoryOnly, vec!["hugepages-2Mi"], vec![r0]),
+        ];
+        for (memory, relaxed, expected) in cases {
+            check(topo(memory, &relaxed), &expected);
+        }
+        // Only a Guaranteed pod's memory is placed on nodes.
+        check(
+            |p| {
+                topo(NearestMemoryOnly, &[])(p);
+                c0(p).resources.limits.remove("memory");
+            },
+            &["spec.topology.memory"],
+        );
+        let msg = |edit: Box<dyn FnOnce(&mut Pod)>| {
+            let mut pod = Pod::from_yaml(BASE).unwrap();
+            edit(&mut pod);
+            validate_pod(&pod).into_iter().map(|e| e.message).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            msg(Box::new(topo(CpuNodes, &["cpu"]))),
+            ["cpu cannot be relaxed: the pod's CPUs are what the other resources align to"]
+        );
+        assert_eq!(
+            msg(Box::new(topo(CpuNodes, &["pinion.io/gpu"]))),
+            ["\"pinion.io/gpu\" is not a resource any container requests"]
+        );
+    }
+
+    #[test]
     fn reports_every_problem() {
         check(
             |p| {
@@ -967,7 +1065,7 @@ spec:
 
     #[test]
     fn topology_rules() {
-        use crate::topology::{HugePages, NodeTopology, PciDevice};
+        use crate::topology::{HugePages, NodeTopology, NumaKind, PciDevice};
         type Edit = Box<dyn FnOnce(&mut NodeTopology)>;
         let cases: Vec<(Edit, Vec<&str>)> = vec![
             (Box::new(|_| {}), vec![]),
@@ -1010,6 +1108,17 @@ spec:
             (Box::new(|t| t.reserved_cpus = "0,8".parse().unwrap()), vec!["reservedCpus"]),
             (Box::new(|t| t.devices[0].numa = Some(5)), vec!["devices[0].numa"]),
             (Box::new(|t| t.devices[0].numa = None), vec![]),
+            (Box::new(|t| t.numa_nodes[1].kind = NumaKind::MemoryOnly), vec!["numaNodes[1].kind"]),
+            (
+                Box::new(|t| {
+                    // A memory-only node after a CPU-less one: ids, cpus and distances stay consistent.
+                    t.cpus.truncate(2);
+                    t.numa_nodes[1].cpus = Default::default();
+                    t.numa_nodes[1].kind = NumaKind::MemoryOnly;
+                    t.devices.clear();
+                }),
+                vec![],
+            ),
             (
                 Box::new(|t| {
                     t.devices[0].resource = Some("nvidia.com/gpu".into());

@@ -52,7 +52,7 @@ fn pod(name: &str, containers: Vec<Container>) -> Pod {
 }
 
 fn with_topology(mut p: Pod, policy: Option<TopologyPolicy>, scope: Option<TopologyScope>) -> Pod {
-    p.spec.topology = Some(TopologySpec { policy, scope });
+    p.spec.topology = Some(TopologySpec { policy, scope, ..Default::default() });
     p
 }
 

@@ -1,14 +1,17 @@
 //! Property tests of the admission engine: invariants over random machines
-//! (synthetic descriptions and raw, possibly inconsistent topologies), random
-//! settings and random sequences of pods.
+//! (synthetic descriptions, with or without memory-only nodes, and raw,
+//! possibly inconsistent topologies), random settings and random sequences of
+//! pods (some asking for the memory-only nodes, some relaxing their memory).
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use specs::engine::{admit, Allocations, CpuManagerOptions, NodeSettings};
-use specs::pod::{Container, CpuPolicy, ObjectMeta, Pod, PodSpec, TopologyPolicy, TopologyScope};
-use specs::topology::{Cpu, NodeTopology, NumaNode};
-use specs::{CpuSet, Quantity};
+use specs::pod::{Container, CpuPolicy, MemoryPlacement, ObjectMeta, Pod, PodSpec, TopologyPolicy, TopologyScope};
+use specs::topology::{Cpu, NodeTopology, NumaKind, NumaNode};
+use specs::{CpuSet, NumaSet, Quantity};
+
+mod tiers;
 
 #[derive(Debug, Clone)]
 struct Ctr {
@@ -34,7 +37,16 @@ fn ctr_strategy() -> impl Strategy<Value = Ctr> {
         .prop_map(|(millis, mem_mib, guaranteed, policy)| Ctr { millis, mem_mib, guaranteed, policy })
 }
 
-fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<TopologyScope>) -> Pod {
+/// What a pod says in `spec.topology` besides policy and scope.
+#[derive(Debug, Clone, Copy, Default)]
+struct Asks {
+    /// `memory: nearest-memory-only`.
+    tier: bool,
+    /// `relaxed: [memory]`.
+    relax_memory: bool,
+}
+
+fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<TopologyScope>, asks: Asks) -> Pod {
     let containers = ctrs
         .iter()
         .enumerate()
@@ -54,7 +66,13 @@ fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<Top
             k
         })
         .collect();
-    let topology = (policy.is_some() || scope.is_some()).then_some(specs::pod::TopologySpec { policy, scope });
+    let topology =
+        (policy.is_some() || scope.is_some() || asks.tier || asks.relax_memory).then(|| specs::pod::TopologySpec {
+            policy,
+            scope,
+            memory: if asks.tier { MemoryPlacement::NearestMemoryOnly } else { MemoryPlacement::CpuNodes },
+            relaxed: if asks.relax_memory { vec!["memory".into()] } else { vec![] },
+        });
     Pod {
         api_version: "pinion.io/v1".into(),
         kind: "Pod".into(),
@@ -95,7 +113,7 @@ fn settings_strategy() -> impl Strategy<Value = NodeSettings> {
     )
 }
 
-type PodPlan = (Vec<Ctr>, Option<TopologyPolicy>, Option<TopologyScope>);
+type PodPlan = (Vec<Ctr>, Option<TopologyPolicy>, Option<TopologyScope>, Asks);
 
 fn pods_strategy() -> impl Strategy<Value = Vec<PodPlan>> {
     proptest::collection::vec(
@@ -103,17 +121,29 @@ fn pods_strategy() -> impl Strategy<Value = Vec<PodPlan>> {
             proptest::collection::vec(ctr_strategy(), 1..4),
             proptest::option::of(policy_strategy()),
             proptest::option::of(scope_strategy()),
+            // A pod asks for memory-only nodes or relaxes its memory one time in four each.
+            (0u8..4, 0u8..4).prop_map(|(t, r)| Asks { tier: t == 0, relax_memory: r == 0 && t != 0 }),
         ),
         1..8,
     )
 }
 
 /// Admits the pods in order and checks every invariant after each admission.
+///
+/// What `single-numa-node` promises, with memory-only nodes: each container's
+/// exclusive CPUs are on one node and its `mems` name at most one node (a
+/// memory-only one for a pod that asked for those); under scope `pod`, the
+/// pod touches one CPU node, where "touches" is: holds exclusive or
+/// immovable CPUs there, or is bound to its memory. The near-memory node of
+/// a pod that asked is not a CPU node it touches, and a pod that relaxed its
+/// memory may have it on more nodes.
 fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestCaseError> {
     let mut a = Allocations::default();
     let reserved = s.reserved_cpus.union(&t.reserved_cpus);
-    for (i, (ctrs, policy, scope)) in pods.iter().enumerate() {
-        let p = pod(i, ctrs, *policy, *scope);
+    let memory_only = NumaSet::from_ids(t.numa_nodes.iter().filter(|n| n.kind == NumaKind::MemoryOnly).map(|n| n.id))
+        .expect("small ids");
+    for (i, (ctrs, policy, scope, asks)) in pods.iter().enumerate() {
+        let p = pod(i, ctrs, *policy, *scope, *asks);
         let key = format!("p{i}");
         let got = admit(t, s, &a, &key, &p);
         // Same inputs, same answer, byte for byte.
@@ -136,9 +166,22 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
                     pod_nodes.union_with(&nodes);
                 }
             }
-            if effective == TopologyPolicy::SingleNumaNode {
+            let accounted: NumaSet =
+                NumaSet::from_ids(c.memory.keys().chain(c.hugepages.values().flat_map(|n| n.keys())).copied())
+                    .expect("small ids");
+            if asks.tier {
+                // Accounted memory only on memory-only nodes, and bound there.
+                prop_assert!(accounted.is_subset(&memory_only), "tier memory on {:?}", accounted);
+                if !accounted.is_empty() {
+                    prop_assert_eq!(&c.mems, &accounted);
+                }
+            } else {
+                prop_assert!(c.mems.is_disjoint(&memory_only), "default pod bound to memory-only {:?}", c.mems);
+                prop_assert!(accounted.is_disjoint(&memory_only), "default pod's memory on {:?}", accounted);
+            }
+            if effective == TopologyPolicy::SingleNumaNode && !asks.relax_memory {
                 prop_assert!(c.mems.len() <= 1, "single-numa-node mems {:?}", c.mems);
-                pod_nodes.union_with(&c.mems);
+                pod_nodes.union_with(&c.mems.difference(&memory_only));
             }
         }
         if effective == TopologyPolicy::SingleNumaNode {
@@ -180,12 +223,30 @@ proptest! {
         run(&t, &s, &pods)?;
     }
 
+    /// The same on machines with memory-only nodes (HBM, CXL) at random distances.
+    #[test]
+    fn invariants_hold_with_memory_only_nodes(
+        desc in synthetic_strategy(),
+        extra in proptest::collection::vec((1u64..=64, proptest::collection::vec(11u32..=60, 24)), 1..=3),
+        s in settings_strategy(),
+        pods in pods_strategy(),
+    ) {
+        let mut t = specs::topology::synthetic::parse(&desc).expect("test input");
+        for (gib, distances) in extra {
+            let n = t.numa_nodes.len();
+            tiers::add_memory_only(&mut t, gib << 30, 0, &distances[..n]);
+        }
+        prop_assert!(specs::validate::validate_topology(&t).is_empty());
+        run(&t, &s, &pods)?;
+    }
+
     /// Any topology serde accepts, however inconsistent (CPUs on unlisted nodes,
-    /// short distance rows, duplicate ids, CPU-less nodes), gives an answer, never a panic.
+    /// short distance rows, duplicate ids, CPU-less nodes, memory-only nodes
+    /// with CPUs), gives an answer, never a panic.
     #[test]
     fn never_panics_on_raw_topologies(
         cpus in proptest::collection::vec((0u32..40, 0u32..10, 0u32..4, 0u32..5), 0..40),
-        nodes in proptest::collection::vec((0u32..5, 0u64..(1 << 36), proptest::collection::vec(0u32..50, 0..6)), 0..6),
+        nodes in proptest::collection::vec((0u32..5, 0u64..(1 << 36), proptest::collection::vec(0u32..50, 0..6), any::<bool>()), 0..6),
         s in settings_strategy(),
         pods in pods_strategy(),
     ) {
@@ -193,8 +254,9 @@ proptest! {
         cpus.sort_by_key(|c| c.id);
         let numa_nodes = nodes
             .into_iter()
-            .map(|(id, memory_bytes, distances)| NumaNode {
-                kind: Default::default(),
+            .map(|(id, memory_bytes, distances, memory_only)| NumaNode {
+                // Memory-only or not, with CPUs or without.
+                kind: if memory_only { NumaKind::MemoryOnly } else { NumaKind::CpusAndMemory },
                 id,
                 cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == id).map(|c| c.id)).expect("small ids"),
                 memory_bytes,
@@ -203,8 +265,8 @@ proptest! {
             })
             .collect();
         let t = NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new() };
-        for (i, (ctrs, policy, scope)) in pods.iter().enumerate() {
-            let _ = admit(&t, &s, &Allocations::default(), "k", &pod(i, ctrs, *policy, *scope));
+        for (i, (ctrs, policy, scope, asks)) in pods.iter().enumerate() {
+            let _ = admit(&t, &s, &Allocations::default(), "k", &pod(i, ctrs, *policy, *scope, *asks));
         }
     }
 

@@ -4,7 +4,9 @@
 //!
 //! JSON is `{admit, reason, numaAffinity, containers: [{name, cpus, mems, devices}]}`
 //! with CPU and node lists as sorted integer arrays; `reason` is null when
-//! admitted, else `"<RejectReason>: <message>"`. Exit code 0 when the pod is
+//! admitted, else `"<RejectReason>: <message>"`. When a relaxed resource
+//! (`spec.topology.relaxed`) was placed outside the NUMA affinity, `remote`
+//! lists it: `[{container, resource, numaNodes, reason}]` (absent otherwise). Exit code 0 when the pod is
 //! admitted, 1 when it is rejected (the decision is still printed), 2 never
 //! (clap's usage errors), and 1 with an `error:` line for bad input.
 
@@ -15,7 +17,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use specs::engine::{admit, Allocations, ContainerPlacement, NodeSettings, Placement, Rejection};
+use specs::engine::{admit, Allocations, ContainerPlacement, NodeSettings, Placement, Rejection, RemotePlacement};
 use specs::pod::{CpuPolicy, TopologyPolicy, TopologyScope};
 use specs::{CpuSet, NumaSet};
 
@@ -78,6 +80,8 @@ struct Decision {
     reason: Option<String>,
     numa_affinity: NumaSet,
     containers: Vec<ContainerOut>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    remote: Vec<RemotePlacement>,
 }
 
 #[derive(Serialize)]
@@ -152,12 +156,14 @@ fn decision(r: &Result<Placement, Rejection>) -> Decision {
             reason: None,
             numa_affinity: p.numa_affinity.clone(),
             containers: p.containers.iter().map(container_out).collect(),
+            remote: p.remote.clone(),
         },
         Err(rej) => Decision {
             admit: false,
             reason: Some(format!("{:?}: {}", rej.reason, rej.message)),
             numa_affinity: NumaSet::new(),
             containers: Vec::new(),
+            remote: Vec::new(),
         },
     }
 }
@@ -181,6 +187,12 @@ fn text(d: &Decision) -> String {
                 c.cpus.len(),
                 or_dash(c.mems.to_string()),
                 or_dash(c.devices.join(","))
+            ));
+        }
+        for r in &d.remote {
+            out.push_str(&format!(
+                "remote: container {}: {} on NUMA node {} ({})\n",
+                r.container, r.resource, r.numa_nodes, r.reason
             ));
         }
     } else {

@@ -187,7 +187,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             containers: vec![container],
             restart_policy: RestartPolicy::Never,
             node_selector,
-            topology: args.policy.map(|p| TopologySpec { policy: Some(p), scope: None }),
+            topology: args.policy.map(|p| TopologySpec { policy: Some(p), ..Default::default() }),
             scheduling_strategy: None,
             host_network: false,
             node_name: None,

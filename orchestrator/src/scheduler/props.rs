@@ -286,8 +286,11 @@ fn build_pod(name: &str, g: &PodGen) -> Pod {
             }
         })
         .collect();
-    let topology =
-        (g.policy.is_some() || g.scope.is_some()).then_some(TopologySpec { policy: g.policy, scope: g.scope });
+    let topology = (g.policy.is_some() || g.scope.is_some()).then_some(TopologySpec {
+        policy: g.policy,
+        scope: g.scope,
+        ..Default::default()
+    });
     Pod {
         api_version: "pinion.io/v1".into(),
         kind: "Pod".into(),

@@ -69,7 +69,7 @@ fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Po
                 resources: ResourceRequirements { requests: res.clone(), limits: res },
                 ..Container::default()
             }],
-            topology: policy.map(|p| TopologySpec { policy: Some(p), scope: None }),
+            topology: policy.map(|p| TopologySpec { policy: Some(p), ..Default::default() }),
             ..PodSpec::default()
         },
         status: None,

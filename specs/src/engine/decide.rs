@@ -4,18 +4,20 @@
 
 use std::collections::BTreeMap;
 
-use crate::idset::CpuSet;
-use crate::pod::{CpuPolicy, Pod, TopologyPolicy, TopologyScope, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY};
+use crate::idset::{CpuSet, NumaSet};
+use crate::pod::{
+    CpuPolicy, MemoryPlacement, Pod, TopologyPolicy, TopologyScope, HUGEPAGES_PREFIX, RESOURCE_CPU, RESOURCE_MEMORY,
+};
 use crate::qos::{effective_cpu_policy, qos_class, QosClass};
 use crate::quantity::Quantity;
 use crate::topology::NodeTopology;
 
 use super::hints::{Kind, Provider};
-use super::machine::{Free, Machine, Mask};
+use super::machine::{bits, Free, Machine, Mask};
 use super::merge::{self, Affinity, MergeOptions};
 use super::{
     allocatable, cpus, devices, memory, Allocations, ContainerPlacement, NodeSettings, Placement, RejectReason,
-    Rejection, Requested,
+    Rejection, RemotePlacement, Requested,
 };
 
 /// One container's requests as the engine sees them.
@@ -169,6 +171,10 @@ struct Ctx<'a> {
     m: Machine<'a>,
     settings: &'a NodeSettings,
     policy: TopologyPolicy,
+    /// `spec.topology.memory: nearest-memory-only`.
+    tier: bool,
+    /// `spec.topology.relaxed`.
+    relaxed: &'a [String],
 }
 
 impl Ctx<'_> {
@@ -179,6 +185,25 @@ impl Ctx<'_> {
         } else {
             free.assignable.clone()
         }
+    }
+
+    /// Whether the pod named this resource in `spec.topology.relaxed`.
+    fn is_relaxed(&self, kind: Kind, device: &str) -> bool {
+        let page_size = |r: &str| {
+            let size = r.strip_prefix(HUGEPAGES_PREFIX).and_then(|s| Quantity::parse(s).ok());
+            size.map(|q| q.units_ceil())
+        };
+        self.relaxed.iter().any(|r| match kind {
+            Kind::Memory => r == RESOURCE_MEMORY,
+            Kind::HugePages(size) => page_size(r) == Some(i128::from(size)),
+            Kind::Device(_) => r == device,
+            Kind::Cpu | Kind::PoolCpu => false,
+        })
+    }
+
+    /// The memory kinds of a tier pod are placed apart from the CPU nodes: no hint.
+    fn aligned_with_cpus(&self, p: &Provider) -> bool {
+        !(self.tier && matches!(p.kind, Kind::Memory | Kind::HugePages(_)))
     }
 
     /// The providers for a group of containers (one container, or the whole pod).
@@ -212,32 +237,33 @@ impl Ctx<'_> {
         for (k, (name, n)) in dev.into_iter().enumerate() {
             let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
             let (total, fr, anywhere) = devices::counts(m, free, addrs);
-            if total.iter().all(|&t| t == 0) {
+            let mut p = if total.iter().all(|&t| t == 0) {
                 // No device of this resource has a NUMA node: "don't care", but the
                 // count still has to be there.
-                out.push(Provider::new(
-                    Kind::Device(k),
-                    format!("{name} devices"),
-                    n,
-                    vec![0; m.n],
-                    vec![0; m.n],
-                    anywhere,
-                ));
-                continue;
-            }
-            out.push(Provider::new(Kind::Device(k), format!("{name} devices"), n, total, fr, anywhere));
+                Provider::new(Kind::Device(k), format!("{name} devices"), n, vec![0; m.n], vec![0; m.n], anywhere)
+            } else {
+                Provider::new(Kind::Device(k), format!("{name} devices"), n, total, fr, anywhere)
+            };
+            p.relaxed = self.is_relaxed(p.kind, name);
+            out.push(p);
         }
         out
     }
 
+    /// Memory and huge pages: on the memory-only nodes for a tier pod, on the
+    /// others for every other pod.
     fn memory_providers(&self, free: &Free, reqs: &[&Req]) -> Vec<Provider> {
         let m = &self.m;
         let mut out = Vec::new();
+        let counted = |i: usize| (m.memory_only & (1 << i) != 0) == self.tier;
+        let on = |i: usize, v: u64| if counted(i) { v } else { 0 };
         let mem = reqs.iter().fold(0u64, |a, r| a.saturating_add(r.memory));
         if mem > 0 {
-            let total = m.topo.numa_nodes.iter().map(|nn| nn.memory_bytes).collect();
-            let fr = (0..m.n).map(|i| free.mem_free(m, i)).collect();
-            out.push(Provider::new(Kind::Memory, "memory".into(), mem, total, fr, (0, 0)));
+            let total = (0..m.n).map(|i| on(i, m.topo.numa_nodes[i].memory_bytes)).collect();
+            let fr = (0..m.n).map(|i| on(i, free.mem_free(m, i))).collect();
+            let mut p = Provider::new(Kind::Memory, "memory".into(), mem, total, fr, (0, 0));
+            p.relaxed = self.is_relaxed(p.kind, "");
+            out.push(p);
         }
         let mut hp: BTreeMap<u64, u64> = BTreeMap::new();
         for r in reqs {
@@ -247,15 +273,16 @@ impl Ctx<'_> {
             }
         }
         for (size, pages) in hp {
-            let (total, fr): (Vec<u64>, Vec<u64>) = (0..m.n).map(|i| free.hp(m, size, i)).unzip();
-            out.push(Provider::new(
-                Kind::HugePages(size),
-                format!("hugepages-{} pages", fmt_bytes(size)),
-                pages,
-                total,
-                fr,
-                (0, 0),
-            ));
+            let (total, fr): (Vec<u64>, Vec<u64>) = (0..m.n)
+                .map(|i| {
+                    let (t, f) = free.hp(m, size, i);
+                    (on(i, t), on(i, f))
+                })
+                .unzip();
+            let what = format!("hugepages-{} pages", fmt_bytes(size));
+            let mut p = Provider::new(Kind::HugePages(size), what, pages, total, fr, (0, 0));
+            p.relaxed = self.is_relaxed(p.kind, "");
+            out.push(p);
         }
         out
     }
@@ -297,8 +324,8 @@ impl Ctx<'_> {
                     (RejectReason::InsufficientCpu, format!(" ({} reserved)", self.m.reserved.len()))
                 }
                 Kind::PoolCpu => (RejectReason::InsufficientCpu, String::new()),
-                Kind::Memory => (RejectReason::InsufficientMemory, String::new()),
-                Kind::HugePages(_) => (RejectReason::InsufficientHugePages, String::new()),
+                Kind::Memory => (RejectReason::InsufficientMemory, self.memory_note()),
+                Kind::HugePages(_) => (RejectReason::InsufficientHugePages, self.memory_note()),
                 Kind::Device(_) => (RejectReason::InsufficientDevices, String::new()),
             };
             return Err(reject(
@@ -314,6 +341,19 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Which nodes a memory shortage was counted on, when not simply all.
+    fn memory_note(&self) -> String {
+        if self.tier && self.m.memory_only == 0 {
+            ", which has no memory-only NUMA node (spec.topology.memory: nearest-memory-only)".into()
+        } else if self.tier {
+            "'s memory-only NUMA nodes (spec.topology.memory: nearest-memory-only)".into()
+        } else if self.m.memory_only != 0 {
+            " outside its memory-only NUMA nodes (spec.topology.memory: nearest-memory-only asks for those)".into()
+        } else {
+            String::new()
+        }
+    }
+
     fn merge_opts(&self) -> MergeOptions {
         MergeOptions {
             prefer_closest: self.settings.prefer_closest_numa_nodes,
@@ -323,16 +363,24 @@ impl Ctx<'_> {
 
     /// The affinity for a group, or None under policy `none` or when no provider cares.
     fn affinity(&self, free: &Free, reqs: &[&Req]) -> Result<Option<Affinity>, Rejection> {
-        let providers = self.providers(free, reqs);
+        let mut providers = self.providers(free, reqs);
         self.check_totals(free, &providers, reqs)?;
+        providers.retain(|p| self.aligned_with_cpus(p));
         if self.policy == TopologyPolicy::None || providers.is_empty() {
             return Ok(None);
         }
         merge::merge(&self.m, &providers, self.policy, &self.merge_opts()).map(Some)
     }
 
-    /// Places one container given the affinity of its group.
-    fn place(&self, free: &mut Free, r: &Req, affinity: Option<Mask>) -> Result<(ContainerPlacement, Mask), Rejection> {
+    /// Places one container given the affinity of its group; relaxed
+    /// resources placed outside it go to `remote`.
+    fn place(
+        &self,
+        free: &mut Free,
+        r: &Req,
+        affinity: Option<Mask>,
+        remote: &mut Vec<RemotePlacement>,
+    ) -> Result<(ContainerPlacement, Mask), Rejection> {
         let m = &self.m;
         let opts = self.settings.cpu_manager;
         let mut cp = ContainerPlacement {
@@ -393,14 +441,33 @@ impl Ctx<'_> {
                         // Policy none (or nobody cared): a numa container still
                         // needs nodes, chosen as best-effort would.
                         let mut ps = self.providers(free, &[r]);
-                        ps.retain(|p| matches!(p.kind, Kind::PoolCpu | Kind::Memory | Kind::HugePages(_)));
+                        ps.retain(|p| {
+                            matches!(p.kind, Kind::PoolCpu | Kind::Memory | Kind::HugePages(_))
+                                && self.aligned_with_cpus(p)
+                        });
                         merge::merge(m, &ps, TopologyPolicy::BestEffort, &self.merge_opts())?.mask
                     }
                 };
             }
             CpuPolicy::Shared => {}
         }
-        if r.guaranteed && (r.memory > 0 || !r.hugepages.is_empty()) {
+        if r.guaranteed && (r.memory > 0 || !r.hugepages.is_empty()) && self.tier {
+            let cpu_nodes = match r.policy {
+                CpuPolicy::Exclusive | CpuPolicy::Immovable => m.nodes_of(&cp.cpus),
+                CpuPolicy::Numa => numa_nodes,
+                CpuPolicy::Shared => affinity.unwrap_or(0),
+            };
+            let cpu_nodes = match cpu_nodes & !m.memory_only {
+                0 => m.all_nodes() & !m.memory_only,
+                x => x,
+            };
+            let single = self.policy == TopologyPolicy::SingleNumaNode;
+            let ((mem, hp), nodes) =
+                memory::take_nearest_memory_only(m, free, &r.name, cpu_nodes, single, r.memory, &r.hugepages)?;
+            cp.memory = mem;
+            cp.hugepages = hp;
+            cp.mems = m.numa_set(nodes);
+        } else if r.guaranteed && (r.memory > 0 || !r.hugepages.is_empty()) {
             let providers = self.memory_providers(free, &[r]);
             let refs: Vec<&Provider> = providers.iter().collect();
             let base = if numa_nodes != 0 { Some(numa_nodes) } else { affinity };
@@ -421,9 +488,26 @@ impl Ctx<'_> {
                     ),
                 )
             })?;
-            let (mem, hp) = memory::take(m, free, mask, r.memory, &r.hugepages).ok_or_else(|| {
+            // Relaxed memory is taken on the aligned nodes first; otherwise in
+            // index order, as the kubelet does.
+            let aligned = base.unwrap_or(0);
+            let first = if providers.iter().any(|p| p.relaxed) { aligned } else { mask };
+            let usable = mask & !m.memory_only;
+            let order = bits(usable & first).chain(bits(usable & !first));
+            let (mem, hp) = memory::take(m, free, order, r.memory, &r.hugepages).ok_or_else(|| {
                 reject(RejectReason::InsufficientMemory, format!("container {}: memory no longer fits", r.name))
             })?;
+            if aligned != 0 && affinity.is_some() {
+                for p in providers.iter().filter(|p| p.relaxed) {
+                    let (resource, per_node) = match p.kind {
+                        Kind::HugePages(size) => (format!("hugepages-{}", fmt_bytes(size)), hp.get(&size)),
+                        _ => (RESOURCE_MEMORY.to_string(), Some(&mem)),
+                    };
+                    let nodes = per_node.into_iter().flat_map(|n| n.keys()).copied();
+                    let amounts = (fmt_amount(p.kind, p.request), fmt_amount(p.kind, p.free_in(aligned)));
+                    self.note_remote(remote, r, resource, amounts, aligned, nodes);
+                }
+            }
             cp.memory = mem;
             cp.hugepages = hp;
             cp.mems = m.numa_set(m.with_memory(mask | numa_nodes));
@@ -432,7 +516,14 @@ impl Ctx<'_> {
         }
         for (name, n) in &r.devices {
             let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
+            let requested = n.to_string();
             let n = usize::try_from(*n).unwrap_or(usize::MAX);
+            let relaxed = affinity.filter(|_| self.is_relaxed(Kind::Device(0), name));
+            // What the affinity had free, for the remote note.
+            let aligned_free = relaxed.map(|a| {
+                let (_, fr, anywhere) = devices::counts(m, free, addrs);
+                bits(a).fold(anywhere.1, |acc, i| acc.saturating_add(fr[i]))
+            });
             let got = devices::take(m, free, addrs, n, affinity);
             if got.len() < n {
                 return Err(reject(
@@ -440,9 +531,42 @@ impl Ctx<'_> {
                     format!("container {} requests {n} {name} but only {} are free", r.name, got.len()),
                 ));
             }
+            if let (Some(aligned), Some(there)) = (relaxed, aligned_free) {
+                let nodes = got.iter().filter_map(|a| m.device_node.get(a.as_str()).copied().flatten());
+                let ids: Vec<u32> = nodes.map(|i| m.node_id(i)).collect();
+                self.note_remote(remote, r, name.clone(), (requested, there.to_string()), aligned, ids.into_iter());
+            }
             cp.devices.insert(name.clone(), got);
         }
         Ok((cp, numa_nodes))
+    }
+
+    /// Records a relaxed resource placed on `nodes` (ids) when some lie
+    /// outside `aligned`; `amounts`: what was requested, what `aligned` had free.
+    fn note_remote(
+        &self,
+        remote: &mut Vec<RemotePlacement>,
+        r: &Req,
+        resource: String,
+        (requested, there): (String, String),
+        aligned: Mask,
+        nodes: impl Iterator<Item = u32>,
+    ) {
+        let inside = self.m.numa_set(aligned);
+        let mut outside = NumaSet::new();
+        for id in nodes.filter(|id| !inside.contains(*id)) {
+            // A node id of this machine: `Machine::new` bounded them.
+            let _ = outside.insert(id);
+        }
+        if outside.is_empty() {
+            return;
+        }
+        remote.push(RemotePlacement {
+            container: r.name.clone(),
+            resource,
+            numa_nodes: outside,
+            reason: format!("relaxed: {requested} requested, {there} free on the affinity's NUMA node(s) {inside}"),
+        });
     }
 }
 
@@ -465,7 +589,10 @@ pub fn admit(
     let topo_spec = pod.spec.topology.as_ref();
     let policy = topo_spec.and_then(|t| t.policy).unwrap_or(settings.topology_policy);
     let scope = topo_spec.and_then(|t| t.scope).unwrap_or(settings.topology_scope);
-    let ctx = Ctx { m, settings, policy };
+    let tier = topo_spec.is_some_and(|t| t.memory == MemoryPlacement::NearestMemoryOnly);
+    let relaxed = topo_spec.map_or(&[][..], |t| &t.relaxed[..]);
+    let ctx = Ctx { m, settings, policy, tier, relaxed };
+    let mut remote = Vec::new();
 
     let mut containers = Vec::with_capacity(reqs.len());
     let mut numa_nodes: Vec<Mask> = Vec::with_capacity(reqs.len());
@@ -475,7 +602,7 @@ pub fn admit(
             let all: Vec<&Req> = reqs.iter().collect();
             let aff = ctx.affinity(&free, &all)?;
             for r in &reqs {
-                let (cp, nodes) = ctx.place(&mut free, r, aff.map(|a| a.mask))?;
+                let (cp, nodes) = ctx.place(&mut free, r, aff.map(|a| a.mask), &mut remote)?;
                 containers.push(cp);
                 numa_nodes.push(nodes);
             }
@@ -484,7 +611,7 @@ pub fn admit(
         TopologyScope::Container => {
             for r in &reqs {
                 let aff = ctx.affinity(&free, &[r])?;
-                let (cp, nodes) = ctx.place(&mut free, r, aff.map(|a| a.mask))?;
+                let (cp, nodes) = ctx.place(&mut free, r, aff.map(|a| a.mask), &mut remote)?;
                 containers.push(cp);
                 numa_nodes.push(nodes);
                 union |= aff.map_or(0, |a| a.mask);
@@ -524,7 +651,7 @@ pub fn admit(
     if policy == TopologyPolicy::None || union == 0 {
         union = m.all_nodes();
     }
-    Ok(Placement { numa_affinity: m.numa_set(union), containers, requested })
+    Ok(Placement { numa_affinity: m.numa_set(union), containers, requested, remote })
 }
 
 /// The kubelet's allocatable check, on node totals: what the pods here

@@ -66,6 +66,8 @@ pub(crate) struct Provider {
     pub anywhere_free: u64,
     /// Narrowest width whose total covers the request (n when none does, as the kubelet).
     pub min_width: usize,
+    /// Named in `spec.topology.relaxed`: its hint breaks ties, never constrains.
+    pub relaxed: bool,
 }
 
 impl Provider {
@@ -101,6 +103,7 @@ impl Provider {
             anywhere_total: anywhere.0,
             anywhere_free: anywhere.1,
             min_width: min_width.max(1),
+            relaxed: false,
         }
     }
 

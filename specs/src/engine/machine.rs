@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::idset::{CpuSet, MAX_ID};
 use crate::pod::CpuPolicy;
-use crate::topology::NodeTopology;
+use crate::topology::{NodeTopology, NumaKind};
 
 use super::{Allocations, NodeSettings, RejectReason, Rejection};
 
@@ -22,7 +22,7 @@ pub(crate) type Mask = u128;
 pub(crate) const MAX_NODES: usize = crate::limits::MAX_NUMA_NODES;
 const _: () = assert!(MAX_NODES <= Mask::BITS as usize);
 
-pub(crate) fn bits(mut m: Mask) -> impl Iterator<Item = usize> {
+pub(crate) fn bits(mut m: Mask) -> impl Iterator<Item = usize> + Clone {
     std::iter::from_fn(move || {
         if m == 0 {
             return None;
@@ -58,6 +58,9 @@ pub(crate) struct Machine<'a> {
     pub reserved: CpuSet,
     /// Device address -> node index.
     pub device_node: BTreeMap<&'a str, Option<usize>>,
+    /// The memory-only nodes (`NumaKind::MemoryOnly`): memory only for pods
+    /// that ask for it.
+    pub memory_only: Mask,
 }
 
 /// Renumbers arbitrary ids (huge, sparse) to 0.. in ascending order: a direct
@@ -199,6 +202,8 @@ impl<'a> Machine<'a> {
         }
         let reserved = settings.reserved_cpus.union(&topo.reserved_cpus).intersection(&all_cpus);
         let device_node = topo.devices.iter().map(|d| (d.address.as_str(), d.numa.and_then(node_index))).collect();
+        let memory_only =
+            (0..n).filter(|&i| topo.numa_nodes[i].kind == NumaKind::MemoryOnly).fold(0, |m: Mask, i| m | (1 << i));
         Ok(Machine {
             topo,
             n,
@@ -216,6 +221,7 @@ impl<'a> Machine<'a> {
             all_cpus,
             reserved,
             device_node,
+            memory_only,
         })
     }
 
@@ -250,14 +256,15 @@ impl<'a> Machine<'a> {
     }
 
     /// The nodes a memory binding over `mask` may name: those of `mask` that
-    /// have memory (regular or huge pages); when none has, the nodes with
-    /// memory nearest to `mask` (a CPU-only node's CPUs use remote memory
-    /// anyway, and binding a node without memory would fail every
-    /// allocation); 0 (no binding) when the machine reports no memory at all.
+    /// have memory (regular or huge pages) and are not memory-only; when none
+    /// has, the nearest such nodes to `mask` (a CPU-only node's CPUs use
+    /// remote memory anyway, and binding a node without memory would fail
+    /// every allocation); 0 (no binding) when only memory-only nodes, or no
+    /// node at all, report memory.
     pub fn with_memory(&self, mask: Mask) -> Mask {
         let has_memory = |i: usize| {
             let node = &self.topo.numa_nodes[i];
-            node.memory_bytes > 0 || node.hugepages.iter().any(|h| h.total > 0)
+            self.memory_only & (1 << i) == 0 && (node.memory_bytes > 0 || node.hugepages.iter().any(|h| h.total > 0))
         };
         let own = bits(mask).filter(|&i| has_memory(i)).fold(0, |m, i| m | (1 << i));
         if own != 0 || mask == 0 {
@@ -279,6 +286,12 @@ impl<'a> Machine<'a> {
             let _ = s.insert(self.node_id(i));
         }
         s
+    }
+
+    /// The nodes holding CPUs of `cpus`.
+    pub fn nodes_of(&self, cpus: &CpuSet) -> Mask {
+        let node = |id: u32| self.cpu_node.get(id as usize).copied().filter(|&k| k != u32::MAX);
+        cpus.iter().filter_map(node).fold(0, |a, k| a | (1 << k))
     }
 
     pub fn cpus_of(&self, m: Mask) -> CpuSet {

@@ -10,11 +10,32 @@
 //!
 //! Not reproduced: the kubelet's rule that a node already holding part of a
 //! multi-node memory group may only be reused by exactly that group.
+//!
+//! Memory-only nodes (HBM, CXL expanders: `NumaKind::MemoryOnly`) are a tier
+//! apart. A pod that does not ask for them never has memory or huge pages
+//! accounted there, nor a binding naming them (the providers count nothing
+//! on them and `Machine::with_memory` leaves them out). A pod with
+//! `spec.topology.memory: nearest-memory-only` has its CPUs (and devices)
+//! aligned as usual, without its memory and huge pages in the merge; then
+//! each container's memory and huge pages go to the memory-only nodes
+//! nearest its CPU nodes: ordered by the distance from the closest of its
+//! CPU nodes, then by id, and taken from them in that order, so the request
+//! spills to the next nearest only where the nearer ones are full (as the
+//! kernel's `MPOL_BIND` allocates from the nearest node of its set first).
+//! Its `mems` are the memory-only nodes it got some of; none with room is
+//! `InsufficientMemory` (or `InsufficientHugePages`). Under
+//! `single-numa-node` the CPUs stay on one node and the memory must be on
+//! one memory-only node too, the nearest that holds all of it; when only
+//! several together hold it, the pod is refused with `TopologyAffinity`.
+//! So "one NUMA node" means one CPU node plus, for such a pod, its one
+//! near-memory node.
 
 use std::collections::BTreeMap;
 
+use super::decide::fmt_bytes;
 use super::hints::{self, Provider};
 use super::machine::{bits, Free, Machine, Mask};
+use super::{RejectReason, Rejection};
 
 /// The mask memory comes from: `affinity` itself when every memory provider fits
 /// it, else the narrowest feasible candidate containing it.
@@ -36,21 +57,23 @@ pub(crate) fn choose_mask(m: &Machine<'_>, providers: &[&Provider], affinity: Op
         .find(|&c| c & base == base && providers.iter().all(|p| p.feasible(c)))
 }
 
-/// Takes `bytes` of memory and `pages` huge pages (size -> count) from the nodes
-/// of `mask` in index order. Returns what was taken per node id, or `None` when
-/// the mask does not hold it (nothing is changed then).
-#[allow(clippy::type_complexity)]
+/// Memory and huge pages accounted: bytes per node id; page size -> node id -> pages.
+pub(crate) type Taken = (BTreeMap<u32, u64>, BTreeMap<u64, BTreeMap<u32, u64>>);
+
+/// Takes `bytes` of memory and `pages` huge pages (size -> count) from `nodes`
+/// (indexes) in that order. Returns what was taken per node id, or `None` when
+/// they do not hold it (nothing is changed then).
 pub(crate) fn take(
     m: &Machine<'_>,
     free: &mut Free,
-    mask: Mask,
+    nodes: impl Iterator<Item = usize> + Clone,
     bytes: u64,
     pages: &[(u64, u64)],
-) -> Option<(BTreeMap<u32, u64>, BTreeMap<u64, BTreeMap<u32, u64>>)> {
+) -> Option<Taken> {
     let mut mem = BTreeMap::new();
     let mut left = bytes;
     let mut plan_mem: Vec<(usize, u64)> = Vec::new();
-    for i in bits(mask) {
+    for i in nodes.clone() {
         if left == 0 {
             break;
         }
@@ -66,7 +89,7 @@ pub(crate) fn take(
     let mut plan_hp: Vec<(u64, usize, u64)> = Vec::new();
     for &(size, count) in pages {
         let mut left = count;
-        for i in bits(mask) {
+        for i in nodes.clone() {
             if left == 0 {
                 break;
             }
@@ -91,4 +114,94 @@ pub(crate) fn take(
         *hp.entry(size).or_default().entry(m.node_id(i)).or_default() += t;
     }
     Some((mem, hp))
+}
+
+/// The memory-only nodes by distance from the closest of `cpu_nodes`, then index.
+pub(crate) fn memory_only_by_distance(m: &Machine<'_>, cpu_nodes: Mask) -> Vec<usize> {
+    let reach = |j: usize| bits(cpu_nodes).map(|i| m.distance(i, j)).min().unwrap_or(u32::MAX);
+    let mut order: Vec<usize> = bits(m.memory_only).collect();
+    order.sort_by_key(|&j| (reach(j), j));
+    order
+}
+
+/// Places a container's memory and huge pages on the memory-only nodes nearest
+/// `cpu_nodes` (module docs); `single`: on one node only. Returns what was
+/// taken and the nodes it was taken from.
+pub(crate) fn take_nearest_memory_only(
+    m: &Machine<'_>,
+    free: &mut Free,
+    container: &str,
+    cpu_nodes: Mask,
+    single: bool,
+    bytes: u64,
+    pages: &[(u64, u64)],
+) -> Result<(Taken, Mask), Rejection> {
+    let order = memory_only_by_distance(m, cpu_nodes);
+    let asks = "on memory-only NUMA nodes (spec.topology.memory: nearest-memory-only)";
+    if order.is_empty() {
+        return Err(Rejection {
+            reason: RejectReason::InsufficientMemory,
+            message: format!("container {container} asks for its memory {asks} but this node has none"),
+        });
+    }
+    let fits = |nodes: &[usize]| {
+        let mem = nodes.iter().fold(0u64, |a, &i| a.saturating_add(free.mem_free(m, i)));
+        let short_hp = pages
+            .iter()
+            .find(|&&(size, count)| nodes.iter().fold(0u64, |a, &i| a.saturating_add(free.hp(m, size, i).1)) < count);
+        (mem >= bytes, short_hp.copied(), mem)
+    };
+    let nodes: Vec<usize> = match (fits(&order), single) {
+        ((false, _, have), _) => {
+            return Err(Rejection {
+                reason: RejectReason::InsufficientMemory,
+                message: format!(
+                    "container {container} requests {} memory {asks} but they have only {} free (nodes {})",
+                    fmt_bytes(bytes),
+                    fmt_bytes(have),
+                    node_ids(m, &order)
+                ),
+            })
+        }
+        ((true, Some((size, count)), _), _) => {
+            let have = order.iter().fold(0u64, |a, &i| a.saturating_add(free.hp(m, size, i).1));
+            return Err(Rejection {
+                reason: RejectReason::InsufficientHugePages,
+                message: format!(
+                    "container {container} requests {count} hugepages-{} pages {asks} but they have only {have} free (nodes {})",
+                    fmt_bytes(size),
+                    node_ids(m, &order)
+                ),
+            });
+        }
+        ((true, None, _), false) => order,
+        ((true, None, _), true) => {
+            let one = order.iter().copied().find(|&i| matches!(fits(&[i]), (true, None, _)));
+            let Some(one) = one else {
+                return Err(Rejection {
+                    reason: RejectReason::TopologyAffinity,
+                    message: format!(
+                        "no single memory-only NUMA node has {}{} free for container {container}'s memory \
+                         (single-numa-node with spec.topology.memory: nearest-memory-only); nodes {} hold it only together",
+                        fmt_bytes(bytes),
+                        if pages.is_empty() { "" } else { " and its huge pages" },
+                        node_ids(m, &order)
+                    ),
+                });
+            };
+            vec![one]
+        }
+    };
+    let taken = take(m, free, nodes.iter().copied(), bytes, pages).ok_or_else(|| Rejection {
+        reason: RejectReason::InsufficientMemory,
+        message: format!("container {container}: memory no longer fits {asks}"),
+    })?;
+    let index = |id: u32| (0..m.n).find(|&i| m.node_id(i) == id);
+    let used = taken.0.keys().chain(taken.1.values().flat_map(|per_node| per_node.keys()));
+    let mask = used.filter_map(|&id| index(id)).fold(0, |a: Mask, i| a | (1 << i));
+    Ok((taken, mask))
+}
+
+fn node_ids(m: &Machine<'_>, nodes: &[usize]) -> String {
+    nodes.iter().map(|&i| m.node_id(i).to_string()).collect::<Vec<_>>().join(",")
 }

@@ -20,6 +20,13 @@
 //! looks at single nodes only and admits only a preferred one. `none` never calls
 //! the merge for alignment.
 //!
+//! Relaxed providers (the resources of `spec.topology.relaxed`) are merged as
+//! best-effort hints: only the others decide which masks are feasible,
+//! preferred and admitted, and among masks equal by those rules (same class,
+//! same width) one where the relaxed resources fit too comes first. So a
+//! relaxed resource is aligned whenever that costs the others nothing, and a
+//! pod is never refused for it (beyond the machine having too few of it).
+//!
 //! With `align-by-socket`, a CPU-carrying mask is also preferred when it spans no
 //! more sockets than the narrowest width needs (the kubelet's `isHintSocketAligned`).
 //! The kubelet refuses `align-by-socket` with `single-numa-node`; since a pod may
@@ -60,14 +67,36 @@ pub(crate) fn merge(
     policy: TopologyPolicy,
     opts: &MergeOptions,
 ) -> Result<Affinity, Rejection> {
+    if providers.iter().any(|p| p.relaxed) {
+        let (relaxed, strict): (Vec<Provider>, Vec<Provider>) = providers.iter().cloned().partition(|p| p.relaxed);
+        return merge_strict(m, &strict, &relaxed, policy, opts);
+    }
+    merge_strict(m, providers, &[], policy, opts)
+}
+
+/// The merge over `providers`, with `relaxed` only breaking ties (module docs).
+fn merge_strict(
+    m: &Machine<'_>,
+    providers: &[Provider],
+    relaxed: &[Provider],
+    policy: TopologyPolicy,
+    opts: &MergeOptions,
+) -> Result<Affinity, Rejection> {
     if providers.is_empty() {
         // Nobody cares: the kubelet's default hint, every node, preferred.
         return Ok(Affinity { mask: m.all_nodes(), preferred: true });
     }
+    // The first single node that fits every provider, one that fits the relaxed ones too first.
+    let first_single = || {
+        let fits = |x: &Mask| providers.iter().all(|p| p.feasible(*x));
+        let singles = hints::single_nodes(m);
+        let aligned = singles.iter().copied().find(|x| fits(x) && relaxed.iter().all(|p| p.feasible(*x)));
+        aligned.or_else(|| singles.into_iter().find(fits))
+    };
     if policy == TopologyPolicy::SingleNumaNode {
         let all_single = providers.iter().all(|p| p.min_width == 1);
         if all_single {
-            if let Some(mask) = hints::single_nodes(m).into_iter().find(|&x| providers.iter().all(|p| p.feasible(x))) {
+            if let Some(mask) = first_single() {
                 return Ok(Affinity { mask, preferred: true });
             }
         }
@@ -81,18 +110,30 @@ pub(crate) fn merge(
     if target == 1 {
         // Fast path: a feasible single node is preferred and as narrow as any
         // mask can be; the lowest index wins ties, as in the full search.
-        if let Some(mask) = hints::single_nodes(m).into_iter().find(|&x| providers.iter().all(|p| p.feasible(x))) {
+        if let Some(mask) = first_single() {
             return Ok(Affinity { mask, preferred: true });
         }
     }
     let refs: Vec<&Provider> = providers.iter().collect();
+    // With relaxed providers, also the masks grown for all of them together.
+    let all: Vec<&Provider> = providers.iter().chain(relaxed).collect();
+    let family = |width: usize| {
+        let mut masks = hints::candidates(m, &refs, width);
+        if !relaxed.is_empty() {
+            masks.extend(hints::candidates(m, &all, width));
+        }
+        masks
+    };
     // Masks of the preferred width first: a preferred one there beats anything
     // wider, so the full family is only built when none fits.
-    let mut best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs, target));
-    if !best.is_some_and(|b| b.preferred && b.mask.count_ones() as usize == target) {
-        best = best_of(m, providers, target, min_sockets, opts, hints::candidates(m, &refs, m.n));
+    let fine = |b: &Option<(Affinity, usize)>| {
+        b.is_some_and(|(b, misfits)| b.preferred && b.mask.count_ones() as usize == target && misfits == 0)
+    };
+    let mut best = best_of(m, providers, relaxed, target, min_sockets, opts, family(target));
+    if !fine(&best) {
+        best = best_of(m, providers, relaxed, target, min_sockets, opts, family(m.n));
     }
-    let best = best.unwrap_or(Affinity { mask: m.all_nodes(), preferred: false });
+    let best = best.map_or(Affinity { mask: m.all_nodes(), preferred: false }, |(b, _)| b);
     if policy == TopologyPolicy::Restricted && !best.preferred {
         return Err(Rejection {
             reason: RejectReason::TopologyAffinity,
@@ -102,16 +143,20 @@ pub(crate) fn merge(
     Ok(best)
 }
 
-/// The best feasible mask among `masks` in the kubelet's order (module docs).
+/// The best feasible mask among `masks` in the kubelet's order (module docs),
+/// and how many `relaxed` providers it does not hold.
 fn best_of(
     m: &Machine<'_>,
     providers: &[Provider],
+    relaxed: &[Provider],
     target: usize,
     min_sockets: Option<usize>,
     opts: &MergeOptions,
     masks: impl IntoIterator<Item = Mask>,
-) -> Option<Affinity> {
-    let mut best: Option<(Affinity, (u8, usize, u64, Mask))> = None;
+) -> Option<(Affinity, usize)> {
+    // (class, width or distance to the target, relaxed misfits, closeness, mask): smaller is better.
+    type Rank = (u8, usize, usize, u64, Mask);
+    let mut best: Option<(Affinity, Rank)> = None;
     for mask in masks {
         if !providers.iter().all(|p| p.feasible(mask)) {
             continue;
@@ -120,12 +165,13 @@ fn best_of(
         let aligned = min_sockets.is_some_and(|s| w >= target && m.sockets_of(mask) == s);
         let preferred = w == target || aligned;
         let closeness = if opts.prefer_closest { distance_sum(m, mask) } else { 0 };
+        let misfits = relaxed.iter().filter(|p| !p.feasible(mask)).count();
         let key = if preferred {
-            (0, w, closeness, mask)
+            (0, w, misfits, closeness, mask)
         } else if w >= target {
-            (1, w, closeness, mask)
+            (1, w, misfits, closeness, mask)
         } else {
-            (2, target - w, closeness, mask)
+            (2, target - w, misfits, closeness, mask)
         };
         let better = match &best {
             Some((_, k)) => key < *k,
@@ -135,7 +181,7 @@ fn best_of(
             best = Some((Affinity { mask, preferred }, key));
         }
     }
-    best.map(|(a, _)| a)
+    best.map(|(a, k)| (a, k.2))
 }
 
 fn node_list(m: &Machine<'_>, mask: Mask) -> String {
@@ -243,8 +289,8 @@ mod tests {
             let target = ps.iter().map(|p| p.min_width).max().expect("test input");
             let min_sockets = (align && m.n / m.sockets.len() > 0).then(|| ps[0].min_width.div_ceil(m.n / m.sockets.len()));
             let refs: Vec<&Provider> = ps.iter().collect();
-            let fast = best_of(&m, &ps, target, min_sockets, &opts, hints::candidates(&m, &refs, m.n));
-            let exhaustive = best_of(&m, &ps, target, min_sockets, &opts, 1..=m.all_nodes());
+            let fast = best_of(&m, &ps, &[], target, min_sockets, &opts, hints::candidates(&m, &refs, m.n)).map(|b| b.0);
+            let exhaustive = best_of(&m, &ps, &[], target, min_sockets, &opts, 1..=m.all_nodes()).map(|b| b.0);
             let shape = |a: Option<Affinity>| a.map(|a| (a.preferred, a.mask.count_ones()));
             if ps.len() == 1 {
                 prop_assert_eq!(shape(fast), shape(exhaustive));

@@ -31,7 +31,19 @@
 //! pods' containers get no memory binding (empty `mems`) except `numa`. `mems`
 //! never names a node without memory (an online node may have CPUs and none):
 //! such a node is left out, and a binding that would hold only such nodes
-//! names the nearest nodes with memory instead.
+//! names the nearest nodes with memory instead. Nor does it name a
+//! memory-only node (`NumaKind::MemoryOnly`), and no memory is accounted on
+//! one, unless the pod asks with `spec.topology.memory: nearest-memory-only`;
+//! then its memory goes to the memory-only nodes nearest its CPUs (`memory`
+//! says how, and what `single-numa-node` means then).
+//!
+//! `spec.topology.relaxed` names resources (memory, huge pages, devices; never
+//! CPUs, which are what the others align to) whose alignment is preferred, not
+//! required: `merge` uses their hints only to break ties, and each is then
+//! taken on the affinity's nodes first, else elsewhere. Each relaxed resource
+//! placed outside the affinity is a `Placement::remote` entry saying where
+//! and why. (Under `best-effort`, a resource that is not relaxed may end up
+//! outside the affinity too, as in the kubelet; that is not recorded.)
 //!
 //! `numaAffinity` is the merged hint: the pod's under scope `pod`, the union of
 //! the containers' hints under scope `container` (containers without any hint
@@ -133,6 +145,23 @@ pub struct Placement {
     /// The pod's requests in node totals, for the allocatable check of later pods.
     #[serde(default, skip_serializing_if = "Requested::is_zero")]
     pub requested: Requested,
+    /// Relaxed resources (`spec.topology.relaxed`) placed outside `numa_affinity`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote: Vec<RemotePlacement>,
+}
+
+/// A relaxed resource of one container placed, at least in part, on NUMA
+/// nodes outside the pod's affinity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemotePlacement {
+    pub container: String,
+    /// `memory`, `hugepages-2Mi`, a device resource.
+    pub resource: String,
+    /// The nodes outside the affinity it was placed on.
+    pub numa_nodes: NumaSet,
+    /// Why: how much of it the affinity's nodes had free.
+    pub reason: String,
 }
 
 /// CPU and memory requested, summed over a pod's containers: what the
