@@ -197,15 +197,21 @@ fn node() -> Value {
         "spec": {
             "topology": {
                 "cpus": [
-                    {"id": 0, "core": 0, "socket": 0, "die": 0, "numa": 0},
-                    {"id": 1, "core": 1, "socket": 0, "numa": 0}
+                    {"id": 0, "core": 0, "socket": 0, "die": 0, "numa": 0, "uncoreCache": 0},
+                    {"id": 1, "core": 1, "socket": 0, "numa": 0, "uncoreCache": 0}
                 ],
                 "numaNodes": [{
                     "id": 0,
                     "cpus": [0, 1],
                     "memoryBytes": 68719476736u64,
-                    "distances": [10],
+                    "distances": [10, 12],
                     "hugepages": [{"pageSizeBytes": 2097152, "total": 16}]
+                }, {
+                    "id": 1,
+                    "kind": "memory-only",
+                    "cpus": [],
+                    "memoryBytes": 17179869184u64,
+                    "distances": [12, 10]
                 }],
                 "devices": [
                     {"address": "0000:3b:00.1", "class": "0x020000", "numa": 0, "resource": "pinion.io/sriov-vf",

@@ -157,7 +157,7 @@ fn alignment_under_a_new_policy() {
     let single = || with(reserved("0"), policy(SingleNumaNode));
     let own_policy = {
         let mut p = exclusive("12");
-        p.spec.topology = Some(TopologySpec { policy: Some(BestEffort), scope: None });
+        p.spec.topology = Some(TopologySpec { policy: Some(BestEffort), scope: None, ..Default::default() });
         p
     };
     // Two containers of 6 CPUs: under scope container each is on one node.
