@@ -66,7 +66,14 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
 
     let cpus: Vec<Cpu> = threads
         .iter()
-        .map(|t| Cpu { id: t.id, core: cores[&t.id], socket: sockets[&t.id], die: t.die, numa: numa_of[&t.id], uncore_cache: None })
+        .map(|t| Cpu {
+            id: t.id,
+            core: cores[&t.id],
+            socket: sockets[&t.id],
+            die: t.die,
+            numa: numa_of[&t.id],
+            uncore_cache: None,
+        })
         .collect();
 
     let numa_nodes = nodes

@@ -18,7 +18,9 @@ use tokio::task::JoinHandle;
 /// Two sockets, one NUMA node each, ten cores each, no SMT.
 fn two_by_ten() -> NodeTopology {
     NodeTopology {
-        cpus: (0..20).map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None }).collect(),
+        cpus: (0..20)
+            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
@@ -216,7 +218,9 @@ async fn fixture_machine_admits_on_one_numa_node() {
 async fn hollow_job_throughput_on_64_cpus() {
     let dir = tempfile::tempdir().unwrap();
     let t = NodeTopology {
-        cpus: (0..64).map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: id / 32, uncore_cache: None }).collect(),
+        cpus: (0..64)
+            .map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: id / 32, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),

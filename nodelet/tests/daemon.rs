@@ -27,7 +27,9 @@ use tokio::sync::watch;
 /// Two NUMA nodes of four CPUs, one thread per core.
 fn topology() -> NodeTopology {
     NodeTopology {
-        cpus: (0..8).map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: id / 4, uncore_cache: None }).collect(),
+        cpus: (0..8)
+            .map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: id / 4, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
