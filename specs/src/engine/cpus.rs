@@ -41,6 +41,9 @@
 //! balance better as a second group on one node than as the first on another,
 //! the closed form still gives each node at most one.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::idset::CpuSet;
 
 use super::machine::Machine;
@@ -114,8 +117,7 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize, how: Strate
     }
     // 2. Whole cores, then 3. single threads, both in the order: outer group
     // (fewest free first), inner group, core (fewest free first), id.
-    let order = core_order(m, &avail);
-    for &core in &order {
+    for core in core_order(m, &avail) {
         let c = m.core(core);
         if c.iter().all(|&id| avail.contains(id)) && c.len() <= need {
             for &id in c {
@@ -129,8 +131,7 @@ pub(crate) fn take_packed(m: &Machine<'_>, avail: &CpuSet, n: usize, how: Strate
             }
         }
     }
-    let order = core_order(m, &avail);
-    for &core in &order {
+    for core in core_order(m, &avail) {
         for &id in m.core(core).iter().filter(|&&id| avail.contains(id)) {
             let _ = taken.insert(id); // a CPU of `m`, as above
             need -= 1;
@@ -260,7 +261,9 @@ fn take_uncore(m: &Machine<'_>, avail: &mut CpuSet, taken: &mut CpuSet, need: &m
 }
 
 /// Cores holding a free CPU, ordered as the kubelet's `sortAvailableCores`.
-fn core_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<usize> {
+/// Lazily: a request takes a few of thousands of cores, so a heap (built in
+/// linear time) yields them in order instead of a full sort.
+fn core_order(m: &Machine<'_>, avail: &CpuSet) -> impl Iterator<Item = usize> {
     // Free CPUs per core, per node and per socket, counted in one pass.
     let mut core_free = vec![0usize; m.core_count()];
     let mut node_free = vec![0usize; m.n];
@@ -274,7 +277,7 @@ fn core_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<usize> {
         node_free[m.cpu_node[i] as usize] += 1;
         sock_free[m.cpu_socket[i] as usize] += 1;
     }
-    let mut v: Vec<(usize, usize, usize, usize, usize, usize)> = (0..m.core_count())
+    let v: Vec<Reverse<(usize, usize, usize, usize, usize, usize)>> = (0..m.core_count())
         .filter(|&i| core_free[i] > 0)
         .filter_map(|i| {
             let first = *m.core(i).first()? as usize;
@@ -284,11 +287,11 @@ fn core_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<usize> {
             } else {
                 ((sock_free[sock], sock), (node_free[node], node))
             };
-            Some((outer.0, outer.1, inner.0, inner.1, core_free[i], i))
+            Some(Reverse((outer.0, outer.1, inner.0, inner.1, core_free[i], i)))
         })
         .collect();
-    v.sort_unstable();
-    v.into_iter().map(|t| t.5).collect()
+    let mut heap = BinaryHeap::from(v);
+    std::iter::from_fn(move || heap.pop().map(|Reverse(t)| t.5))
 }
 
 /// Most (combination, leftover subset) pairs the exact enumeration may visit

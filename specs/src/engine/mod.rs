@@ -292,7 +292,9 @@ impl Placement {
         let mut held = Requested::default();
         for c in &self.containers {
             if c.cpu_policy == CpuPolicy::Exclusive {
-                held.cpu_millis += c.cpus.difference(reserved).len() as u64 * 1000;
+                // Counted without a new set: this runs for every pod on every decision.
+                let outside = c.cpus.iter().filter(|&id| !reserved.contains(id)).count();
+                held.cpu_millis += outside as u64 * 1000;
             }
             held.memory = c.memory.values().fold(held.memory, |a, b| a.saturating_add(*b));
             for (size, per_node) in &c.hugepages {
