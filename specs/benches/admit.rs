@@ -52,7 +52,10 @@ fn machines() -> Vec<(&'static str, NodeTopology)> {
         ("112cpu-2numa", specs::topology::synthetic::parse("pack:2 numa:1 core:28 pu:2").expect("constant")),
         ("128cpu-17numa", seventeen),
         ("1024cpu-64numa", specs::topology::synthetic::parse("pack:8 numa:8 core:8 pu:2").expect("constant")),
-        ("4096cpu-8socket", specs::topology::synthetic::parse("pack:8 numa:1(memory=1024GiB) core:256 pu:2").expect("constant")),
+        (
+            "4096cpu-8socket",
+            specs::topology::synthetic::parse("pack:8 numa:1(memory=1024GiB) core:256 pu:2").expect("constant"),
+        ),
     ]
 }
 

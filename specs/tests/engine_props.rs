@@ -156,7 +156,13 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
         // refuses a pod that would empty it).
         if s.cpu_manager.strict_cpu_reservation {
             for c in placed.containers.iter().filter(|c| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa)) {
-                prop_assert!(c.cpus.is_disjoint(&reserved), "strict: {:?} cpus {:?} include reserved {:?}", c.cpu_policy, c.cpus, reserved);
+                prop_assert!(
+                    c.cpus.is_disjoint(&reserved),
+                    "strict: {:?} cpus {:?} include reserved {:?}",
+                    c.cpu_policy,
+                    c.cpus,
+                    reserved
+                );
             }
         }
         // Containers of the same pod never share exclusive CPUs either.
@@ -170,9 +176,19 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
         a.apply(&key, placed);
         // The live cpusets (the pool moves as pods come) keep the rule too.
         if s.cpu_manager.strict_cpu_reservation {
-            for c in a.pods.values().flat_map(|p| &p.containers).filter(|c| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa)) {
+            for c in a
+                .pods
+                .values()
+                .flat_map(|p| &p.containers)
+                .filter(|c| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa))
+            {
                 let live = a.cpuset_for(t, s, c);
-                prop_assert!(live.is_disjoint(&reserved), "strict: live cpuset {:?} includes reserved {:?}", live, reserved);
+                prop_assert!(
+                    live.is_disjoint(&reserved),
+                    "strict: live cpuset {:?} includes reserved {:?}",
+                    live,
+                    reserved
+                );
             }
         }
         // Memory accounted never exceeds a node's memory.
@@ -192,10 +208,8 @@ fn synthetic_strategy() -> impl Strategy<Value = String> {
 
 /// Last-level-cache groups of `cores` consecutive cores (0: none named).
 fn with_l3(mut t: NodeTopology, cores: u32) -> NodeTopology {
-    if cores > 0 {
-        for c in &mut t.cpus {
-            c.uncore_cache = Some(c.core / cores);
-        }
+    for c in &mut t.cpus {
+        c.uncore_cache = c.core.checked_div(cores);
     }
     t
 }

@@ -249,7 +249,7 @@ fn take_uncore(m: &Machine<'_>, avail: &mut CpuSet, taken: &mut CpuSet, need: &m
         cores.truncate(need.div_ceil(tpc));
         let mut cpus: Vec<u32> =
             here.iter().filter(|&id| cores.binary_search(&m.cpu_core[id as usize]).is_ok()).collect();
-        if *need % 2 != 0 && tpc > 1 && cpus.len() > *need {
+        if !need.is_multiple_of(2) && tpc > 1 && cpus.len() > *need {
             cpus.pop();
         }
         if cpus.len() == *need {
@@ -259,6 +259,10 @@ fn take_uncore(m: &Machine<'_>, avail: &mut CpuSet, taken: &mut CpuSet, need: &m
         }
     }
 }
+
+/// A core's sort key: outer group (free CPUs, index), inner group (free, index),
+/// the core's free CPUs, its index.
+type CoreKey = (usize, usize, usize, usize, usize, usize);
 
 /// Cores holding a free CPU, ordered as the kubelet's `sortAvailableCores`.
 /// Lazily: a request takes a few of thousands of cores, so a heap (built in
@@ -277,7 +281,7 @@ fn core_order(m: &Machine<'_>, avail: &CpuSet) -> impl Iterator<Item = usize> {
         node_free[m.cpu_node[i] as usize] += 1;
         sock_free[m.cpu_socket[i] as usize] += 1;
     }
-    let v: Vec<Reverse<(usize, usize, usize, usize, usize, usize)>> = (0..m.core_count())
+    let v: Vec<Reverse<CoreKey>> = (0..m.core_count())
         .filter(|&i| core_free[i] > 0)
         .filter_map(|i| {
             let first = *m.core(i).first()? as usize;
@@ -312,7 +316,7 @@ pub(crate) struct Choice {
 pub(crate) fn take_distributed(m: &Machine<'_>, avail: &CpuSet, n: usize, group: usize, how: Strategy) -> CpuSet {
     let group = group.max(1);
     let within = Strategy { uncore: false, ..how };
-    if n == 0 || n % group != 0 || avail.len() < n {
+    if n == 0 || !n.is_multiple_of(group) || avail.len() < n {
         return take_packed(m, avail, n, within);
     }
     let free = m.per_node(avail);

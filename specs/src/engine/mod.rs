@@ -129,7 +129,7 @@ pub enum OptionError {
     Unknown(String),
     #[error("value {value:?} of {key} must be true or false")]
     NotBool { key: String, value: String },
-    #[error("{0:?}: expected KEY=VALUE, e.g. full-pcpus-only=true")]
+    #[error("expected KEY=VALUE, e.g. full-pcpus-only=true, got {0:?}")]
     NotKeyValue(String),
     /// Two settings the kubelet refuses together, with its reason.
     #[error("{first} and {second} cannot be used together: {reason}")]
