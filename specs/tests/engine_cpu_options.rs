@@ -202,6 +202,18 @@ fn distribute_cpus_across_numa() {
             cpus: "0-1,18-19,22-23,32-33,50-51,54-55",
         },
         Case {
+            // 64 nodes of 16 CPUs: too many combinations to try each, the
+            // closed form answers. 40 CPUs: 3 nodes, 13 each and one left
+            // over; all tie, so socket 0's first three nodes, the extra CPU
+            // on the first.
+            name: "64 nodes: 40 CPUs over three nodes, 14+13+13",
+            machine: "pack:8 numa:8 core:8 pu:2",
+            settings: settings(NONE, "", &[NUMA]),
+            allocations: Allocations::default(),
+            pod: guaranteed("40"),
+            cpus: "0-6,8-14,16-22,512-518,520-525,528-533",
+        },
+        Case {
             // Aligned first: the hint picks node 1 and the distribution
             // happens inside it.
             name: "with single-numa-node, the split stays inside the chosen node",

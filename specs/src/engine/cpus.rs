@@ -33,8 +33,8 @@
 //! every choice), and where the combinations are many a closed form gives the
 //! same answer: with the totals fixed, the lowest spread takes the nodes with
 //! the most free CPUs and gives the leftover groups to the largest of them
-//! (proved equal to the enumeration by `engine_cpu_options`' property test
-//! wherever the closed form says it is exact). Two differences remain, both
+//! (equal to the enumeration wherever the closed form says it is exact: the
+//! property test below checks it on small machines). Two differences remain, both
 //! deliberate: the kubelet rounds the standard deviation to 0.001, so two
 //! nearly equal spreads tie there and the earlier wins; and on a machine with
 //! more combinations than [`ENUMERATION_BUDGET`], when a leftover group would
@@ -182,9 +182,10 @@ fn spread_order(m: &Machine<'_>, avail: &CpuSet) -> Vec<u32> {
     let mut sockets: Vec<usize> = Vec::new();
     if kubelet_numa_first(m) {
         for node in numa_order(m, &m.per_node(avail)) {
-            let mut here: Vec<usize> = (0..m.sockets.len())
-                .filter(|&s| sock_free[s] > 0 && !m.sockets[s].is_disjoint(&m.node_cpus[node]))
-                .collect();
+            // The sockets holding this node's free CPUs (the kubelet's `SocketsInNUMANodes`).
+            let free_here = avail.intersection(&m.node_cpus[node]);
+            let mut here: Vec<usize> =
+                (0..m.sockets.len()).filter(|&s| !m.sockets[s].is_disjoint(&free_here)).collect();
             here.sort_unstable_by_key(by_free);
             sockets.extend(here.into_iter().filter(|s| !sockets.contains(s)).collect::<Vec<_>>());
         }

@@ -9,7 +9,8 @@
 //! static policy, device hints, Topology Manager), module by module:
 //! `machine` (indexes and the free ledger), `hints` (providers and candidate
 //! masks, polynomial instead of 2^n), `merge` (the topology-manager policies),
-//! `cpus` (`takeByTopology`), `memory`, `devices`, and `decide`, which runs them.
+//! `cpus` (`takeByTopologyNUMAPacked` and `...Distributed`, with the
+//! CPU-manager options), `memory`, `devices`, and `decide`, which runs them.
 //!
 //! What each Crane-style `cpuPolicy` records in its `ContainerPlacement`:
 //! - `exclusive`: `cpus` = its own CPUs, taken out of the shared pool; never a
@@ -23,6 +24,11 @@
 //!   on the nodes; nothing is taken. Under topology policy `none` it still picks
 //!   its nodes with the best-effort merge, since choosing nodes is its point.
 //! - `shared`: `cpus` = the shared pool at decision time.
+//!
+//! The shared pool holds the reserved CPUs too, as the kubelet's default
+//! cpuset does, unless `strict-cpu-reservation`: then neither `shared` nor
+//! `numa` containers (BestEffort, Burstable, fractional Guaranteed) ever run
+//! on a reserved CPU.
 //!
 //! For every policy, a Guaranteed pod's container gets `mems` = the NUMA nodes
 //! its memory and huge pages were accounted on (`memory`, `hugepages`); other
