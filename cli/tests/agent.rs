@@ -169,8 +169,12 @@ fn bad_flags_and_files_are_clear_errors() {
     check(&["--reserved-cpus", "7"], "--reserved-cpus: CPUs 7 are not on this machine");
     check(&["--reserved-cpus", "x"], "--reserved-cpus");
     check(&["--topology-policy", "tight"], "tight");
-    check(&["--cpu-manager-option", "full-pcpus-only"], "expected K=V");
-    check(&["--cpu-manager-option", "smt=true"], "smt: unknown");
+    check(&["--cpu-manager-option", "full-pcpus-only"], "expected KEY=VALUE");
+    check(&["--cpu-manager-option", "smt=true"], "unknown option \"smt\"");
+    check(
+        &["--cpu-manager-option", "full-pcpus-only=true", "--cpu-manager-option", "distribute-cpus-across-cores=true"],
+        "full-pcpus-only and distribute-cpus-across-cores cannot be used together",
+    );
     let devices = s.data.parent().unwrap().join("devices.yaml");
     std::fs::write(&devices, "pinion.io/vf:\n- address: '0000:3b:00.1'\n").unwrap();
     check(&["--devices", devices.to_str().unwrap()], "pinion.io/vf[0].address: 0000:3b:00.1 is not a PCI device");

@@ -145,6 +145,17 @@ fn text_output_and_bad_input() {
     for (args, needle) in [
         (vec!["--synthetic", SEED, "--cpu-manager-option", "fast=true"], "unknown option \"fast\""),
         (vec!["--synthetic", SEED, "--cpu-manager-option", "full-pcpus-only=yes"], "must be true or false"),
+        (
+            vec![
+                "--synthetic",
+                SEED,
+                "--topology-policy",
+                "single-numa-node",
+                "--cpu-manager-option",
+                "align-by-socket=true",
+            ],
+            "align-by-socket and topology policy single-numa-node cannot be used together",
+        ),
         (vec!["--synthetic", SEED, "--allocated-cpus", "200"], "--allocated-cpus: CPUs 200 are not on this machine"),
         (vec!["--synthetic", "pack:0 core:1"], "count must be at least 1"),
         (vec!["--synthetic", SEED, "--reserved-cpus", "3-1"], "reversed"),

@@ -224,7 +224,14 @@ fn node() -> Value {
                 "reservedCpus": [0],
                 "topologyPolicy": "restricted",
                 "topologyScope": "container",
-                "cpuManager": {"fullPcpusOnly": true, "distributeCpusAcrossNuma": false, "alignBySocket": false},
+                "cpuManager": {
+                    "fullPcpusOnly": true,
+                    "distributeCpusAcrossNuma": false,
+                    "alignBySocket": false,
+                    "distributeCpusAcrossCores": false,
+                    "preferAlignCpusByUncoreCache": false,
+                    "strictCpuReservation": true
+                },
                 "preferClosestNumaNodes": true,
                 "devices": {"pinion.io/sriov-vf": ["0000:3b:00.1"]}
             },

@@ -103,6 +103,9 @@ pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
     for t in validate_topology(&node.spec.topology) {
         e.push(format!("spec.topology.{}", t.field), t.message);
     }
+    if let Err(err) = node.spec.settings.validate() {
+        e.push("spec.settings.cpuManager", err.to_string());
+    }
     e.0
 }
 

@@ -96,7 +96,9 @@ fn scope_strategy() -> impl Strategy<Value = TopologyScope> {
 }
 
 fn settings_strategy() -> impl Strategy<Value = NodeSettings> {
-    (policy_strategy(), scope_strategy(), any::<[bool; 4]>(), proptest::collection::vec(0u32..64, 0..4)).prop_map(
+    // Every combination, the kubelet's incompatible ones too: the engine must
+    // keep its invariants whatever settings reach it.
+    (policy_strategy(), scope_strategy(), any::<[bool; 7]>(), proptest::collection::vec(0u32..64, 0..4)).prop_map(
         |(policy, scope, b, reserved)| NodeSettings {
             reserved_cpus: CpuSet::from_ids(reserved).expect("ids below 64"),
             topology_policy: policy,
@@ -105,7 +107,9 @@ fn settings_strategy() -> impl Strategy<Value = NodeSettings> {
                 full_pcpus_only: b[0],
                 distribute_cpus_across_numa: b[1],
                 align_by_socket: b[2],
-                ..CpuManagerOptions::default()
+                distribute_cpus_across_cores: b[4],
+                prefer_align_cpus_by_uncore_cache: b[5],
+                strict_cpu_reservation: b[6],
             },
             prefer_closest_numa_nodes: b[3],
             devices: BTreeMap::new(),
@@ -190,6 +194,20 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
                 prop_assert!(pod_nodes.len() <= 1, "pod scope spans {:?}", pod_nodes);
             }
         }
+        // Under strict-cpu-reservation no shared or numa container runs on a
+        // reserved CPU (unless the pool had nothing else: never, the engine
+        // refuses a pod that would empty it).
+        if s.cpu_manager.strict_cpu_reservation {
+            for c in placed.containers.iter().filter(|c| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa)) {
+                prop_assert!(
+                    c.cpus.is_disjoint(&reserved),
+                    "strict: {:?} cpus {:?} include reserved {:?}",
+                    c.cpu_policy,
+                    c.cpus,
+                    reserved
+                );
+            }
+        }
         // Containers of the same pod never share exclusive CPUs either.
         let mut seen = CpuSet::new();
         for c in
@@ -199,6 +217,23 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
             seen.union_with(&c.cpus);
         }
         a.apply(&key, placed);
+        // The live cpusets (the pool moves as pods come) keep the rule too.
+        if s.cpu_manager.strict_cpu_reservation {
+            for c in a
+                .pods
+                .values()
+                .flat_map(|p| &p.containers)
+                .filter(|c| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa))
+            {
+                let live = a.cpuset_for(t, s, c);
+                prop_assert!(
+                    live.is_disjoint(&reserved),
+                    "strict: live cpuset {:?} includes reserved {:?}",
+                    live,
+                    reserved
+                );
+            }
+        }
         // Memory accounted never exceeds a node's memory.
         for n in &t.numa_nodes {
             let used: u64 =
@@ -214,12 +249,20 @@ fn synthetic_strategy() -> impl Strategy<Value = String> {
         .prop_map(|(p, n, c, t, gib)| format!("pack:{p} numa:{n}(memory={}GiB) core:{c} pu:{t}", gib * 16))
 }
 
+/// Last-level-cache groups of `cores` consecutive cores (0: none named).
+fn with_l3(mut t: NodeTopology, cores: u32) -> NodeTopology {
+    for c in &mut t.cpus {
+        c.uncore_cache = c.core.checked_div(cores);
+    }
+    t
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn invariants_hold_on_synthetic_machines(desc in synthetic_strategy(), s in settings_strategy(), pods in pods_strategy()) {
-        let t = specs::topology::synthetic::parse(&desc).expect("test input");
+    fn invariants_hold_on_synthetic_machines(desc in synthetic_strategy(), l3 in 0u32..=3, s in settings_strategy(), pods in pods_strategy()) {
+        let t = with_l3(specs::topology::synthetic::parse(&desc).expect("test input"), l3);
         run(&t, &s, &pods)?;
     }
 
@@ -245,12 +288,12 @@ proptest! {
     /// with CPUs), gives an answer, never a panic.
     #[test]
     fn never_panics_on_raw_topologies(
-        cpus in proptest::collection::vec((0u32..40, 0u32..10, 0u32..4, 0u32..5), 0..40),
+        cpus in proptest::collection::vec((0u32..40, 0u32..10, 0u32..4, 0u32..5, proptest::option::of(0u32..6)), 0..40),
         nodes in proptest::collection::vec((0u32..5, 0u64..(1 << 36), proptest::collection::vec(0u32..50, 0..6), any::<bool>()), 0..6),
         s in settings_strategy(),
         pods in pods_strategy(),
     ) {
-        let mut cpus: Vec<Cpu> = cpus.into_iter().map(|(id, core, socket, numa)| Cpu { id, core, socket, die: None, numa, uncore_cache: None }).collect();
+        let mut cpus: Vec<Cpu> = cpus.into_iter().map(|(id, core, socket, numa, uncore_cache)| Cpu { id, core, socket, die: None, numa, uncore_cache }).collect();
         cpus.sort_by_key(|c| c.id);
         let numa_nodes = nodes
             .into_iter()

@@ -87,8 +87,10 @@ pub struct RunArgs {
     /// container | pod
     #[arg(long, value_name = "S", value_parser = parse_kebab::<TopologyScope>)]
     pub topology_scope: Option<TopologyScope>,
-    /// full-pcpus-only=true, distribute-cpus-across-numa=true, align-by-socket=true,
-    /// prefer-closest-numa-nodes=true (repeatable).
+    /// KEY=true|false, the kubelet's CPU-manager options: full-pcpus-only,
+    /// distribute-cpus-across-numa, align-by-socket, distribute-cpus-across-cores,
+    /// prefer-align-cpus-by-uncorecache, strict-cpu-reservation; also
+    /// prefer-closest-numa-nodes (repeatable).
     #[arg(long = "cpu-manager-option", value_name = "K=V")]
     pub cpu_manager_options: Vec<String>,
     /// YAML: resource name -> list of {address, deviceNodes}, over what
@@ -169,27 +171,24 @@ fn settings(args: &RunArgs, topology: &NodeTopology) -> anyhow::Result<NodeSetti
     if !reserved.is_subset(&all) {
         bail!("--reserved-cpus: CPUs {} are not on this machine (it has {all})", reserved.difference(&all));
     }
-    let mut s = NodeSettings {
+    let s = NodeSettings {
         reserved_cpus: reserved,
         topology_policy: args.topology_policy.unwrap_or_default(),
         topology_scope: args.topology_scope.unwrap_or_default(),
         cpu_manager: CpuManagerOptions::default(),
         ..Default::default()
     };
-    for opt in &args.cpu_manager_options {
-        let (k, v) = opt.split_once('=').with_context(|| format!("--cpu-manager-option {opt:?}: expected K=V"))?;
-        let v: bool = v.parse().map_err(|_| anyhow::anyhow!("--cpu-manager-option {k}: {v:?} is not true or false"))?;
-        match k {
-            "full-pcpus-only" => s.cpu_manager.full_pcpus_only = v,
-            "distribute-cpus-across-numa" => s.cpu_manager.distribute_cpus_across_numa = v,
-            "align-by-socket" => s.cpu_manager.align_by_socket = v,
-            "prefer-closest-numa-nodes" => s.prefer_closest_numa_nodes = v,
-            _ => bail!(
-                "--cpu-manager-option {k}: unknown (known: full-pcpus-only, distribute-cpus-across-numa, align-by-socket, prefer-closest-numa-nodes)"
-            ),
-        }
+    with_cpu_manager_options(s, &args.cpu_manager_options)
+}
+
+/// Applies `--cpu-manager-option` flags to `settings` and refuses the
+/// kubelet's incompatible combinations (`agent`, `up` and `plan`).
+pub(crate) fn with_cpu_manager_options(mut settings: NodeSettings, options: &[String]) -> anyhow::Result<NodeSettings> {
+    for opt in options {
+        settings.set_option_flag(opt).map_err(|e| anyhow::anyhow!("--cpu-manager-option {opt}: {e}"))?;
     }
-    Ok(s)
+    settings.validate().map_err(|e| anyhow::anyhow!("--cpu-manager-option: {e}"))?;
+    Ok(settings)
 }
 
 fn host_name() -> String {

@@ -56,8 +56,9 @@ pub struct Args {
     /// The node's topology-manager scope (a pod's `spec.topology` overrides it).
     #[arg(long, value_enum, default_value = "container")]
     pub topology_scope: ScopeArg,
-    /// CPU-manager option: `full-pcpus-only`, `distribute-cpus-across-numa` or
-    /// `align-by-socket`, `=true` or `=false`; repeatable.
+    /// CPU-manager option as KEY=true|false (the kubelet's names: full-pcpus-only,
+    /// distribute-cpus-across-numa, align-by-socket, distribute-cpus-across-cores,
+    /// prefer-align-cpus-by-uncorecache, strict-cpu-reservation); repeatable.
     #[arg(long = "cpu-manager-option", value_name = "KEY=VALUE")]
     pub cpu_manager_options: Vec<String>,
     /// Among equally narrow NUMA sets, prefer the closest by the distance matrix.
@@ -108,22 +109,7 @@ fn settings(args: &Args) -> anyhow::Result<NodeSettings> {
         prefer_closest_numa_nodes: args.prefer_closest_numa_nodes,
         ..Default::default()
     };
-    for opt in &args.cpu_manager_options {
-        let (key, value) = opt.split_once('=').unwrap_or((opt.as_str(), "true"));
-        let on = match value {
-            "true" => true,
-            "false" => false,
-            _ => bail!("--cpu-manager-option {opt}: value {value:?} must be true or false"),
-        };
-        match key {
-            "full-pcpus-only" => s.cpu_manager.full_pcpus_only = on,
-            "distribute-cpus-across-numa" => s.cpu_manager.distribute_cpus_across_numa = on,
-            "align-by-socket" => s.cpu_manager.align_by_socket = on,
-            _ => bail!(
-                "--cpu-manager-option {opt}: unknown option {key:?} (full-pcpus-only, distribute-cpus-across-numa, align-by-socket)"
-            ),
-        }
-    }
+    s = crate::cmd::agent::with_cpu_manager_options(s, &args.cpu_manager_options)?;
     for d in &args.devices {
         let Some((name, addrs)) = d.split_once('=') else {
             bail!("--device {d}: expected NAME=ADDR[,ADDR...]");

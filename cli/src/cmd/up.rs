@@ -38,6 +38,10 @@ pub struct Args {
     /// none | best-effort | restricted | single-numa-node (the node default).
     #[arg(long, value_name = "P")]
     pub topology_policy: Option<String>,
+    /// The node's CPU-manager options as KEY=true|false, as for `pinion agent`
+    /// (repeatable).
+    #[arg(long = "cpu-manager-option", value_name = "K=V")]
+    pub cpu_manager_options: Vec<String>,
     /// Seconds a finished pod (with its status and events) is kept when its
     /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600,
@@ -57,6 +61,17 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         Some(list) => list.clone(),
         None => first_core(&topology).to_string(),
     };
+    let policy: Option<specs::pod::TopologyPolicy> = match &args.topology_policy {
+        Some(p) => Some(serde_json::from_value(serde_json::Value::String(p.clone())).map_err(|_| {
+            anyhow::anyhow!("--topology-policy {p:?}: expected none, best-effort, restricted or single-numa-node")
+        })?),
+        None => None,
+    };
+    // Refused before anything starts, as `pinion agent` refuses them.
+    crate::cmd::agent::with_cpu_manager_options(
+        specs::engine::NodeSettings { topology_policy: policy.unwrap_or_default(), ..Default::default() },
+        &args.cpu_manager_options,
+    )?;
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
@@ -70,12 +85,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server_task = tokio::spawn(server.run(stop_rx.clone()));
-    let policy = match &args.topology_policy {
-        Some(p) => Some(serde_json::from_value(serde_json::Value::String(p.clone())).map_err(|_| {
-            anyhow::anyhow!("--topology-policy {p:?}: expected none, best-effort, restricted or single-numa-node")
-        })?),
-        None => None,
-    };
     let node = RunArgs {
         manifests: None,
         data_dir: args.data_dir.join("node"),
@@ -84,7 +93,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         reserved_cpus: Some(reserved.clone()),
         topology_policy: policy,
         topology_scope: None,
-        cpu_manager_options: Vec::new(),
+        cpu_manager_options: args.cpu_manager_options.clone(),
         devices: None,
         sriov_resources: Vec::new(),
         node_name: args.node_name.clone(),

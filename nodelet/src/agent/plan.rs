@@ -774,7 +774,7 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<ContainerConfig> {
     let spec = e.pod.spec.containers.get(i)?;
     let cp = reconcile::placement_of(placement, &spec.name)?;
     let id = e.ctrs[i].runtime_id.clone()?;
-    let cpus = st.alloc.cpuset_for(&st.cfg.topology, cp);
+    let cpus = st.alloc.cpuset_for(&st.cfg.topology, &st.cfg.settings, cp);
     let mut cfg = reconcile::container_config(&st.cfg.data_dir, &st.cfg.device_nodes, key, &e.pod, spec, cp, cpus, id);
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
     Some(cfg)
@@ -1019,7 +1019,7 @@ fn sync_cpusets(st: &mut State, now: Instant, out: &mut Vec<Action>) {
                 continue;
             }
             let Some(cp) = reconcile::placement_of(placement, &ctr.name) else { continue };
-            let want = (alloc.cpuset_for(&cfg.topology, cp), cp.mems.clone());
+            let want = (alloc.cpuset_for(&cfg.topology, &cfg.settings, cp), cp.mems.clone());
             if ctr.applied.as_ref() != Some(&want) {
                 ctr.updating = true;
                 out.push(Action::UpdateCpuset {

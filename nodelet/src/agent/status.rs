@@ -119,7 +119,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
             // Show the live cpusets: shared containers follow the pool.
             let mut summary: PlacementSummary = p.summary();
             for (shown, c) in summary.containers.iter_mut().zip(&p.containers) {
-                shown.cpus = agent.alloc.cpuset_for(&agent.cfg.topology, c);
+                shown.cpus = agent.alloc.cpuset_for(&agent.cfg.topology, &agent.cfg.settings, c);
             }
             st.placement = Some(summary);
             if !agent.offline.is_empty() && st.message.is_none() {

@@ -45,7 +45,7 @@ fn first_fit(
             free.difference_with(&take);
             take
         } else {
-            a.shared_pool(t)
+            a.shared_pool(t, s)
         };
         containers.push(ContainerPlacement {
             name: c.name.clone(),

@@ -404,11 +404,15 @@ impl Ctx<'_> {
                     ));
                 }
                 let group = if opts.full_pcpus_only { m.threads_per_core } else { 1 };
+                let how = cpus::Strategy {
+                    spread: opts.distribute_cpus_across_cores,
+                    uncore: opts.prefer_align_cpus_by_uncore_cache,
+                };
                 let take = |set: &CpuSet, k: usize| {
                     if opts.distribute_cpus_across_numa {
-                        cpus::take_distributed(m, set, k, group)
+                        cpus::take_distributed(m, set, k, group, how)
                     } else {
-                        cpus::take_packed(m, set, k)
+                        cpus::take_packed(m, set, k, how)
                     }
                 };
                 let taken = match affinity {
@@ -422,7 +426,7 @@ impl Ctx<'_> {
                         let k = aligned.len().min(n);
                         let mut t = take(&aligned, k);
                         if k < n {
-                            t.union_with(&cpus::take_packed(m, &avail.difference(&t), n - k));
+                            t.union_with(&cpus::take_packed(m, &avail.difference(&t), n - k, how));
                         }
                         t
                     }
@@ -585,7 +589,7 @@ pub fn admit(
     super::machine::check_bounds(topology)?;
     let requested = fits_allocatable(topology, settings, allocations, pod)?;
     let m = Machine::new(topology, settings)?;
-    let mut free = Free::new(&m, allocations);
+    let mut free = Free::new(&m, allocations, settings.cpu_manager.strict_cpu_reservation);
     let topo_spec = pod.spec.topology.as_ref();
     let policy = topo_spec.and_then(|t| t.policy).unwrap_or(settings.topology_policy);
     let scope = topo_spec.and_then(|t| t.scope).unwrap_or(settings.topology_scope);
@@ -621,19 +625,22 @@ pub fn admit(
     let m = &ctx.m;
     // A shared or numa container with no CPU at all cannot run: when the pool
     // would be empty, refuse the pod that empties it or needs it. (The kubelet
-    // avoids this by requiring reserved CPUs, which never leave the pool.)
+    // avoids this by requiring reserved CPUs, which stay in the pool unless
+    // `strict-cpu-reservation`; it does not guard that case.)
     if free.pool.is_empty() {
         let shares = |cp: &ContainerPlacement| matches!(cp.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
         let here = containers.iter().any(shares);
         let others = allocations.pods.values().flat_map(|p| &p.containers).any(shares);
         if here || others {
             let who = if here { "this pod's shared containers" } else { "the shared containers running here" };
+            let hint = if settings.cpu_manager.strict_cpu_reservation {
+                "every other CPU would be exclusive and strict-cpu-reservation keeps the reserved ones out of the pool"
+            } else {
+                "every CPU would be exclusive (reserve CPUs for the system and shared pods, e.g. --reserved-cpus 0)"
+            };
             return Err(reject(
                 RejectReason::InsufficientCpu,
-                format!(
-                    "no CPU would be left in the shared pool for {who}: every CPU would be exclusive \
-                     (reserve CPUs for the system and shared pods, e.g. --reserved-cpus 0)"
-                ),
+                format!("no CPU would be left in the shared pool for {who}: {hint}"),
             ));
         }
     }

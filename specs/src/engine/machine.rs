@@ -48,6 +48,10 @@ pub(crate) struct Machine<'a> {
     core_list: Vec<u32>,
     core_start: Vec<u32>,
     pub sockets: Vec<CpuSet>,
+    /// CPU id -> last-level-cache group index (`u32::MAX`: none named), and
+    /// each group's CPUs; both empty when the machine names no L3 groups.
+    pub cpu_uncore: Vec<u32>,
+    pub uncores: Vec<CpuSet>,
     pub threads_per_core: usize,
     /// A NUMA node spans several sockets: take whole NUMA nodes before sockets.
     pub numa_first: bool,
@@ -200,6 +204,19 @@ impl<'a> Machine<'a> {
                 dist[i * n + j] = node.distances.get(j).copied().unwrap_or(if i == j { 10 } else { 20 });
             }
         }
+        let (mut cpu_uncore, mut uncores) = (Vec::new(), Vec::new());
+        if topo.cpus.iter().any(|c| c.uncore_cache.is_some()) {
+            let ids = Dense::new(topo.cpus.iter().filter_map(|c| c.uncore_cache));
+            cpu_uncore = vec![u32::MAX; len];
+            uncores = vec![CpuSet::new(); ids.len];
+            for c in &topo.cpus {
+                if let Some(u) = c.uncore_cache {
+                    let k = ids.index(u);
+                    cpu_uncore[c.id as usize] = k as u32;
+                    let _ = uncores[k].insert(c.id); // bounded as above
+                }
+            }
+        }
         let reserved = settings.reserved_cpus.union(&topo.reserved_cpus).intersection(&all_cpus);
         let device_node = topo.devices.iter().map(|d| (d.address.as_str(), d.numa.and_then(node_index))).collect();
         let memory_only =
@@ -215,6 +232,8 @@ impl<'a> Machine<'a> {
             core_list,
             core_start,
             sockets,
+            cpu_uncore,
+            uncores,
             threads_per_core,
             numa_first,
             dist,
@@ -334,7 +353,8 @@ pub(crate) struct Free {
     /// CPUs that may be given out as exclusive or immovable: all minus reserved,
     /// exclusive and immovable ones.
     pub assignable: CpuSet,
-    /// The shared pool: all minus exclusive CPUs.
+    /// The shared pool: all minus exclusive CPUs (and minus the reserved ones
+    /// under `strict-cpu-reservation`).
     pub pool: CpuSet,
     /// Bytes used per node index.
     pub mem_used: Vec<u64>,
@@ -345,7 +365,7 @@ pub(crate) struct Free {
 }
 
 impl Free {
-    pub fn new(m: &Machine<'_>, a: &Allocations) -> Free {
+    pub fn new(m: &Machine<'_>, a: &Allocations, strict_reservation: bool) -> Free {
         let mut pinned = CpuSet::new();
         let mut exclusive = CpuSet::new();
         let mut mem_used = vec![0u64; m.n];
@@ -381,7 +401,10 @@ impl Free {
             }
         }
         let assignable = m.all_cpus.difference(&m.reserved).difference(&pinned);
-        let pool = m.all_cpus.difference(&exclusive);
+        let mut pool = m.all_cpus.difference(&exclusive);
+        if strict_reservation {
+            pool.difference_with(&m.reserved);
+        }
         Free { assignable, pool, mem_used, hp_used, devices_taken }
     }
 

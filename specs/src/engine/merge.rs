@@ -273,7 +273,7 @@ mod tests {
             let t = crate::topology::synthetic::parse(&format!("pack:{packs} numa:{nodes} core:{cores} pu:1")).expect("test input");
             let s = NodeSettings::default();
             let m = Machine::new(&t, &s).expect("test input");
-            let mut free = Free::new(&m, &Allocations::default());
+            let mut free = Free::new(&m, &Allocations::default(), false);
             for (i, &b) in taken.iter().enumerate() {
                 if b { free.assignable.remove(i as u32); }
             }

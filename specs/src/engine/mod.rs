@@ -9,7 +9,8 @@
 //! static policy, device hints, Topology Manager), module by module:
 //! `machine` (indexes and the free ledger), `hints` (providers and candidate
 //! masks, polynomial instead of 2^n), `merge` (the topology-manager policies),
-//! `cpus` (`takeByTopology`), `memory`, `devices`, and `decide`, which runs them.
+//! `cpus` (`takeByTopologyNUMAPacked` and `...Distributed`, with the
+//! CPU-manager options), `memory`, `devices`, and `decide`, which runs them.
 //! `recheck` asks whether a placement made earlier still fits the node's
 //! settings now (a nodelet restarted with other settings).
 //!
@@ -25,6 +26,11 @@
 //!   on the nodes; nothing is taken. Under topology policy `none` it still picks
 //!   its nodes with the best-effort merge, since choosing nodes is its point.
 //! - `shared`: `cpus` = the shared pool at decision time.
+//!
+//! The shared pool holds the reserved CPUs too, as the kubelet's default
+//! cpuset does, unless `strict-cpu-reservation`: then neither `shared` nor
+//! `numa` containers (BestEffort, Burstable, fractional Guaranteed) ever run
+//! on a reserved CPU.
 //!
 //! For every policy, a Guaranteed pod's container gets `mems` = the NUMA nodes
 //! its memory and huge pages were accounted on (`memory`, `hugepages`); other
@@ -122,6 +128,107 @@ pub struct CpuManagerOptions {
     /// `strict-cpu-reservation`: reserved CPUs are out of the shared pool too.
     #[serde(default)]
     pub strict_cpu_reservation: bool,
+}
+
+/// The kubelet's names of the CPU-manager options (`--cpu-manager-policy-options`),
+/// plus `prefer-closest-numa-nodes` (a topology-manager option there), which
+/// `pinion` takes the same way.
+pub const CPU_MANAGER_OPTIONS: [&str; 7] = [
+    "full-pcpus-only",
+    "distribute-cpus-across-numa",
+    "align-by-socket",
+    "distribute-cpus-across-cores",
+    "prefer-align-cpus-by-uncorecache",
+    "strict-cpu-reservation",
+    "prefer-closest-numa-nodes",
+];
+
+/// A CPU-manager option that cannot be set, or settings that do not go together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionError {
+    #[error("unknown option {0:?} (known: {known})", known = CPU_MANAGER_OPTIONS.join(", "))]
+    Unknown(String),
+    #[error("value {value:?} of {key} must be true or false")]
+    NotBool { key: String, value: String },
+    #[error("expected KEY=VALUE, e.g. full-pcpus-only=true, got {0:?}")]
+    NotKeyValue(String),
+    /// Two settings the kubelet refuses together, with its reason.
+    #[error("{first} and {second} cannot be used together: {reason}")]
+    Incompatible { first: &'static str, second: &'static str, reason: &'static str },
+}
+
+impl NodeSettings {
+    /// Sets one option by the kubelet's name (`full-pcpus-only`, ...) from
+    /// `true` or `false`: the one parser behind every `--cpu-manager-option`.
+    pub fn set_option(&mut self, key: &str, value: &str) -> Result<(), OptionError> {
+        let on = match value {
+            "true" => true,
+            "false" => false,
+            _ => return Err(OptionError::NotBool { key: key.to_string(), value: value.to_string() }),
+        };
+        let o = &mut self.cpu_manager;
+        let field = match key {
+            "full-pcpus-only" => &mut o.full_pcpus_only,
+            "distribute-cpus-across-numa" => &mut o.distribute_cpus_across_numa,
+            "align-by-socket" => &mut o.align_by_socket,
+            "distribute-cpus-across-cores" => &mut o.distribute_cpus_across_cores,
+            "prefer-align-cpus-by-uncorecache" => &mut o.prefer_align_cpus_by_uncore_cache,
+            "strict-cpu-reservation" => &mut o.strict_cpu_reservation,
+            "prefer-closest-numa-nodes" => &mut self.prefer_closest_numa_nodes,
+            _ => return Err(OptionError::Unknown(key.to_string())),
+        };
+        *field = on;
+        Ok(())
+    }
+
+    /// Sets one option from `KEY=VALUE` (a `--cpu-manager-option` flag).
+    pub fn set_option_flag(&mut self, flag: &str) -> Result<(), OptionError> {
+        let (key, value) = flag.split_once('=').ok_or_else(|| OptionError::NotKeyValue(flag.to_string()))?;
+        self.set_option(key, value)
+    }
+
+    /// Refuses the combinations the kubelet refuses (its
+    /// `NewStaticPolicyOptions` and `ValidateStaticPolicyOptions`), naming
+    /// the first conflict found.
+    pub fn validate(&self) -> Result<(), OptionError> {
+        let o = &self.cpu_manager;
+        let conflicts = [
+            (
+                o.full_pcpus_only && o.distribute_cpus_across_cores,
+                "full-pcpus-only",
+                "distribute-cpus-across-cores",
+                "whole cores and one thread per core first contradict each other",
+            ),
+            (
+                o.distribute_cpus_across_numa && o.distribute_cpus_across_cores,
+                "distribute-cpus-across-numa",
+                "distribute-cpus-across-cores",
+                "the kubelet has not tested the two spreads together and refuses them",
+            ),
+            (
+                o.prefer_align_cpus_by_uncore_cache && o.distribute_cpus_across_cores,
+                "prefer-align-cpus-by-uncorecache",
+                "distribute-cpus-across-cores",
+                "packing into last-level-cache groups contradicts spreading over cores",
+            ),
+            (
+                o.prefer_align_cpus_by_uncore_cache && o.distribute_cpus_across_numa,
+                "prefer-align-cpus-by-uncorecache",
+                "distribute-cpus-across-numa",
+                "packing into last-level-cache groups contradicts spreading over NUMA nodes",
+            ),
+            (
+                o.align_by_socket && self.topology_policy == TopologyPolicy::SingleNumaNode,
+                "align-by-socket",
+                "topology policy single-numa-node",
+                "a socket-wide alignment cannot hold within one NUMA node",
+            ),
+        ];
+        match conflicts.into_iter().find(|c| c.0) {
+            Some((_, first, second, reason)) => Err(OptionError::Incompatible { first, second, reason }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What a node has handed out. The checkpoint and the scheduler's mirror are both
@@ -223,7 +330,9 @@ impl Placement {
         let mut held = Requested::default();
         for c in &self.containers {
             if c.cpu_policy == CpuPolicy::Exclusive {
-                held.cpu_millis += c.cpus.difference(reserved).len() as u64 * 1000;
+                // Counted without a new set: this runs for every pod on every decision.
+                let outside = c.cpus.iter().filter(|&id| !reserved.contains(id)).count();
+                held.cpu_millis += outside as u64 * 1000;
             }
             held.memory = c.memory.values().fold(held.memory, |a, b| a.saturating_add(*b));
             for (size, per_node) in &c.hugepages {
@@ -360,26 +469,32 @@ impl Allocations {
     }
 
     /// The shared pool: every CPU minus exclusive ones. Reserved CPUs stay in the
-    /// pool (the kubelet runs shared pods on them too).
-    pub fn shared_pool(&self, topology: &NodeTopology) -> CpuSet {
-        topology.all_cpus().difference(&self.exclusive_cpus())
+    /// pool (the kubelet runs shared pods on them too) unless the settings say
+    /// `strict-cpu-reservation`.
+    pub fn shared_pool(&self, topology: &NodeTopology, settings: &NodeSettings) -> CpuSet {
+        let mut pool = topology.all_cpus().difference(&self.exclusive_cpus());
+        if settings.cpu_manager.strict_cpu_reservation {
+            pool.difference_with(&topology.reserved_cpus.union(&settings.reserved_cpus));
+        }
+        pool
     }
 
     /// The cpuset a container should have now: its own CPUs when exclusive or
     /// immovable, its NUMA nodes' part of the pool for `numa`, the pool for `shared`.
-    pub fn cpuset_for(&self, topology: &NodeTopology, c: &ContainerPlacement) -> CpuSet {
+    pub fn cpuset_for(&self, topology: &NodeTopology, settings: &NodeSettings, c: &ContainerPlacement) -> CpuSet {
         match c.cpu_policy {
             CpuPolicy::Exclusive | CpuPolicy::Immovable => c.cpus.clone(),
-            CpuPolicy::Shared => self.shared_pool(topology),
+            CpuPolicy::Shared => self.shared_pool(topology, settings),
             CpuPolicy::Numa => {
                 let mut node_cpus = CpuSet::new();
                 for n in c.mems.iter().filter_map(|id| topology.numa_node(id)) {
                     node_cpus.union_with(&n.cpus);
                 }
-                let s = self.shared_pool(topology).intersection(&node_cpus);
+                let pool = self.shared_pool(topology, settings);
+                let s = pool.intersection(&node_cpus);
                 // A NUMA node whose shared CPUs are all taken falls back to the pool.
                 if s.is_empty() {
-                    self.shared_pool(topology)
+                    pool
                 } else {
                     s
                 }

@@ -312,14 +312,12 @@ fn check_pool(
     others: &Allocations,
     placement: &Placement,
 ) -> Result<(), Misfit> {
-    let mut pool = others.shared_pool(topology);
+    // Strict reservation leaves the reserved CPUs out of the pool already.
+    let mut pool = others.shared_pool(topology, settings);
     for c in placement.containers.iter().filter(|c| c.cpu_policy == CpuPolicy::Exclusive) {
         pool.difference_with(&c.cpus);
     }
     let strict = settings.cpu_manager.strict_cpu_reservation;
-    if strict {
-        pool.difference_with(reserved);
-    }
     if !pool.is_empty() {
         return Ok(());
     }
