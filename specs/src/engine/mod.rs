@@ -357,7 +357,8 @@ impl Placement {
 pub fn allocatable(topology: &NodeTopology, settings: &NodeSettings) -> Requested {
     let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
     let mut out = Requested {
-        cpu_millis: (topology.all_cpus().difference(&reserved).len() as u64).saturating_mul(1000),
+        // Counted, not collected: this runs on every decision.
+        cpu_millis: (topology.cpus.iter().filter(|c| !reserved.contains(c.id)).count() as u64).saturating_mul(1000),
         memory: topology.numa_nodes.iter().fold(0u64, |a, n| a.saturating_add(n.memory_bytes)),
         hugepages: BTreeMap::new(),
     };
