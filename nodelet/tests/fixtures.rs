@@ -6,6 +6,8 @@
 //! Pinion deliberately groups threads by `thread_siblings` (32 cores x 2) while hwloc
 //! reports 64 cores x 1.
 
+mod sysfs_fixtures;
+
 use std::path::{Path, PathBuf};
 
 use nodelet::discovery::discover;
@@ -15,18 +17,6 @@ use specs::NodeTopology;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
-
-/// The real machines' sysfs trees kept in the repository (`e2e/fixtures/sysfs`).
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
-}
-
-fn unpack(tarball: &Path, into: &Path) {
-    let file = std::fs::File::open(tarball).unwrap_or_else(|e| panic!("{}: {e}", tarball.display()));
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    // The dumps hold many dangling (relative, in-root) symlinks; tar creates them as is.
-    archive.unpack(into).unwrap_or_else(|e| panic!("unpacking {}: {e}", tarball.display()));
-}
 
 struct Expect {
     name: &'static str,
@@ -332,13 +322,8 @@ fn check(root: &Path, e: &Expect) {
 
 #[test]
 fn every_fixture_matches_its_readme() {
-    let dir = fixtures_dir();
-    let mut tarballs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_str().is_some_and(|s| s.ends_with(".tar.gz")))
-        .collect();
-    tarballs.sort();
+    let dir = sysfs_fixtures::dir();
+    let tarballs = sysfs_fixtures::tarballs();
     let names: Vec<String> =
         tarballs.iter().filter_map(|p| p.file_name()?.to_str()?.strip_suffix(".tar.gz").map(str::to_string)).collect();
     let mut expected: Vec<String> = EXPECTATIONS.iter().map(|e| e.name.to_string()).collect();
@@ -348,7 +333,7 @@ fn every_fixture_matches_its_readme() {
     for (tarball, name) in tarballs.iter().zip(&names) {
         let e = EXPECTATIONS.iter().find(|e| e.name == name).expect("checked above");
         let tmp = tempfile::tempdir().expect("temp dir");
-        unpack(tarball, tmp.path());
+        sysfs_fixtures::unpack(tarball, tmp.path());
         check(tmp.path(), e);
     }
 }
@@ -356,9 +341,9 @@ fn every_fixture_matches_its_readme() {
 #[test]
 fn fixture_without_node_dir_has_no_pci_and_one_node() {
     // Guards the fallback separately so a failure names it.
-    let dir = fixtures_dir();
+    let dir = sysfs_fixtures::dir();
     let tmp = tempfile::tempdir().expect("temp dir");
-    unpack(&dir.join("2arm-2c.tar.gz"), tmp.path());
+    sysfs_fixtures::unpack(&dir.join("2arm-2c.tar.gz"), tmp.path());
     assert!(!tmp.path().join("sys/devices/system/node").exists());
     let t = discover(tmp.path()).expect("discover");
     assert_eq!(t.numa_ids().to_vec(), vec![0]);

@@ -8,21 +8,13 @@
 //!
 //! Fails, never skips, when `lstopo-no-graphics` is missing.
 
+mod sysfs_fixtures;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nodelet::discovery::discover;
 use specs::NodeTopology;
-
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
-}
-
-fn unpack(tarball: &Path, into: &Path) {
-    let file = std::fs::File::open(tarball).unwrap_or_else(|e| panic!("{}: {e}", tarball.display()));
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    archive.unpack(into).unwrap_or_else(|e| panic!("unpacking {}: {e}", tarball.display()));
-}
 
 /// hwloc's own view of the tree under `root`, as XML. `--whole-io` keeps every
 /// PCI function (lstopo's default keeps only "important" ones), as sysfs
@@ -148,19 +140,14 @@ fn normalise(root: &Path, mut sysfs: View, mut hwloc: View) -> (View, View) {
 
 #[test]
 fn hwloc_xml_of_every_fixture_equals_sysfs_discovery() {
-    let dir = fixtures_dir();
-    let mut tarballs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_str().is_some_and(|s| s.ends_with(".tar.gz")))
-        .collect();
-    tarballs.sort();
+    let dir = sysfs_fixtures::dir();
+    let tarballs = sysfs_fixtures::tarballs();
     assert!(tarballs.len() >= 9, "the fixtures are in {}", dir.display());
     let mut failures = Vec::new();
     for tarball in &tarballs {
         let name = tarball.file_name().and_then(|n| n.to_str()).unwrap_or("?").trim_end_matches(".tar.gz");
         let tmp = tempfile::tempdir().expect("temp dir");
-        unpack(tarball, tmp.path());
+        sysfs_fixtures::unpack(tarball, tmp.path());
         let sysfs = discover(tmp.path()).unwrap_or_else(|e| panic!("{name}: sysfs: {e}"));
         let xml = lstopo(tmp.path());
         let hwloc = nodelet::hwloc::parse(&xml).unwrap_or_else(|e| panic!("{name}: hwloc XML: {e}"));
