@@ -8,7 +8,7 @@
 
 mod sysfs_fixtures;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nodelet::discovery::discover;
 use specs::idset::CpuSet;
@@ -322,7 +322,6 @@ fn check(root: &Path, e: &Expect) {
 
 #[test]
 fn every_fixture_matches_its_readme() {
-    let dir = sysfs_fixtures::dir();
     let tarballs = sysfs_fixtures::tarballs();
     let names: Vec<String> =
         tarballs.iter().filter_map(|p| p.file_name()?.to_str()?.strip_suffix(".tar.gz").map(str::to_string)).collect();

@@ -10,7 +10,7 @@
 
 mod sysfs_fixtures;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use nodelet::discovery::discover;
