@@ -218,7 +218,12 @@ fn tiered_machine(dir: &Path) -> PathBuf {
         distances: vec![12, 32, 10],
         hugepages: vec![],
     });
-    t.devices.push(PciDevice { address: "0000:3b:00.1".into(), class: "0x020000".into(), numa: Some(0), ..PciDevice::default() });
+    t.devices.push(PciDevice {
+        address: "0000:3b:00.1".into(),
+        class: "0x020000".into(),
+        numa: Some(0),
+        ..PciDevice::default()
+    });
     let path = dir.join("tiered.json");
     std::fs::write(&path, serde_json::to_string(&t).expect("serialize")).expect("write topology");
     path

@@ -915,7 +915,9 @@ impl Cluster {
             let in_container = cgroup
                 .lines()
                 // A container's sub-cgroups are its own: the id ends at the next `/`.
-                .filter_map(|l| l.split_once("/pinion/").and_then(|(_, rest)| rest.split('/').next()).map(str::to_string))
+                .filter_map(|l| {
+                    l.split_once("/pinion/").and_then(|(_, rest)| rest.split('/').next()).map(str::to_string)
+                })
                 .find(|id| stray(id));
             let shim_of = (args.get(1).map(String::as_str) == Some("shim")
                 && args.iter().any(|a| Path::new(a) == data))

@@ -624,7 +624,12 @@ mod tests {
         assert_eq!(t.numa_nodes[0].hugepages, vec![HugePages { page_size_bytes: 2 << 20, total: 4 }]);
         assert_eq!(
             t.devices,
-            vec![PciDevice { address: "0000:00:1f.2".into(), class: "0x010600".into(), numa: Some(0), ..PciDevice::default() }]
+            vec![PciDevice {
+                address: "0000:00:1f.2".into(),
+                class: "0x010600".into(),
+                numa: Some(0),
+                ..PciDevice::default()
+            }]
         );
     }
 

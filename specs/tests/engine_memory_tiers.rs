@@ -474,7 +474,12 @@ fn nic_machine(vf_node: u32) -> NodeTopology {
         n.hugepages = vec![HugePages { page_size_bytes: 2 << 20, total: 512 }];
     }
     for a in [VF1, "0000:3b:00.2"] {
-        t.devices.push(PciDevice { address: a.into(), class: "0x020000".into(), numa: Some(vf_node), ..PciDevice::default() });
+        t.devices.push(PciDevice {
+            address: a.into(),
+            class: "0x020000".into(),
+            numa: Some(vf_node),
+            ..PciDevice::default()
+        });
     }
     t
 }

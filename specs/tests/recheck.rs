@@ -273,7 +273,12 @@ fn devices_removed_from_the_settings() {
     for c in &mut cases {
         c.machine.devices = vec![
             PciDevice { address: NIC.into(), class: "0x020000".into(), numa: Some(0), ..PciDevice::default() },
-            PciDevice { address: "0000:af:00.0".into(), class: "0x020000".into(), numa: Some(1), ..PciDevice::default() },
+            PciDevice {
+                address: "0000:af:00.0".into(),
+                class: "0x020000".into(),
+                numa: Some(1),
+                ..PciDevice::default()
+            },
         ];
     }
     for c in cases {

@@ -133,7 +133,9 @@ impl Agent {
 
 fn two_by_ten() -> NodeTopology {
     NodeTopology {
-        cpus: (0..20).map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None }).collect(),
+        cpus: (0..20)
+            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None })
+            .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),
