@@ -6,30 +6,13 @@ use std::process::Command;
 
 #[path = "../../nodelet/tests/device_tree/mod.rs"]
 mod device_tree;
+#[path = "../../nodelet/tests/sysfs_fixtures/mod.rs"]
+mod sysfs_fixtures;
 
-/// The real machines' sysfs trees kept in the repository (`e2e/fixtures/sysfs`).
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/fixtures/sysfs")
-}
+use sysfs_fixtures::extract;
 
 fn pinion(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_pinion")).args(args).output().expect("run pinion")
-}
-
-/// Extracts a fixture with the system `tar` (the CLI crate keeps its dev-dependencies
-/// small; the nodelet's fixture tests unpack in-process).
-fn extract(name: &str) -> tempfile::TempDir {
-    let dir = fixtures_dir();
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let status = Command::new("tar")
-        .arg("xzf")
-        .arg(dir.join(format!("{name}.tar.gz")))
-        .arg("-C")
-        .arg(tmp.path())
-        .status()
-        .expect("run tar");
-    assert!(status.success(), "tar xzf {name}.tar.gz failed");
-    tmp
 }
 
 #[test]

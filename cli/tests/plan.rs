@@ -7,6 +7,8 @@ use std::process::Command;
 
 #[path = "../../nodelet/tests/device_tree/mod.rs"]
 mod device_tree;
+#[path = "../../nodelet/tests/sysfs_fixtures/mod.rs"]
+mod sysfs_fixtures;
 
 fn pinion(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_pinion")).args(args).output().expect("run pinion")
@@ -288,4 +290,63 @@ fn relaxed_device_placed_remotely_and_memory_on_hbm() {
     let v = json(&plan(&hbm, "json"));
     assert_eq!(v["admit"], true, "{v}");
     assert_eq!(ids(&v["containers"][0]["mems"]), [2]);
+}
+
+/// The CPU-manager options on a real machine read through discovery (the
+/// 2-socket Intel dump: HT siblings N and N+16, one L3 group per socket): each
+/// changes the choice as the kubelet's does, and a pair the kubelet refuses
+/// is refused with the reason.
+#[test]
+fn cpu_manager_options_on_a_real_machine() {
+    let root = sysfs_fixtures::extract("32intel64-2p8co2t+8ve");
+    let root = root.path().to_str().expect("utf-8");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let four = manifest(dir.path(), "four", &[("c", "4", "1Gi")], "");
+    let twenty = manifest(dir.path(), "twenty", &[("c", "20", "1Gi")], "");
+    let shared = dir.path().join("shared.yaml");
+    std::fs::write(
+        &shared,
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: be}\nspec:\n  containers:\n  - {name: c, rootfs: host, command: [/bin/true]}\n",
+    )
+    .expect("write manifest");
+    let cpus = |pod: &Path, extra: &[&str]| -> Vec<u64> {
+        let mut args = vec!["plan", "-f", pod.to_str().expect("utf-8"), "--sysfs-root", root, "-o", "json"];
+        args.extend_from_slice(extra);
+        let v = json(&pinion(&args));
+        assert_eq!(v["admit"], true, "{extra:?}: {v}");
+        ids(&v["containers"][0]["cpus"])
+    };
+    let opt = "--cpu-manager-option";
+    // Whole cores first; one thread per core first.
+    assert_eq!(cpus(&four, &[]), [0, 1, 16, 17]);
+    assert_eq!(cpus(&four, &[opt, "distribute-cpus-across-cores=true"]), [0, 1, 2, 3]);
+    // 20 CPUs: packed fills socket 0's cores, then two of socket 1's;
+    // distributed takes 10 (five whole cores) on each node.
+    let packed: Vec<u64> = (0..10).chain(16..26).collect();
+    assert_eq!(cpus(&twenty, &[]), packed);
+    let spread: Vec<u64> = (0..5).chain(8..13).chain(16..21).chain(24..29).collect();
+    assert_eq!(cpus(&twenty, &[opt, "distribute-cpus-across-numa=true"]), spread);
+    // A BestEffort pod's pool keeps the reserved CPUs unless the reservation is strict.
+    let all: Vec<u64> = (0..32).collect();
+    assert_eq!(cpus(&shared, &["--reserved-cpus", "0,16"]), all);
+    let strict: Vec<u64> = (1..16).chain(17..32).collect();
+    assert_eq!(cpus(&shared, &["--reserved-cpus", "0,16", opt, "strict-cpu-reservation=true"]), strict);
+    // The kubelet's incompatible pair.
+    let out = pinion(&[
+        "plan",
+        "-f",
+        four.to_str().expect("utf-8"),
+        "--sysfs-root",
+        root,
+        opt,
+        "prefer-align-cpus-by-uncorecache=true",
+        opt,
+        "distribute-cpus-across-numa=true",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("prefer-align-cpus-by-uncorecache and distribute-cpus-across-numa cannot be used together"),
+        "{err}"
+    );
 }

@@ -1,5 +1,7 @@
 //! The real machines' sysfs trees kept in the repository
-//! (`e2e/fixtures/sysfs/*.tar.gz`), shared by the tests that read them all.
+//! (`e2e/fixtures/sysfs/*.tar.gz`), shared by the nodelet's tests and, by
+//! `#[path]`, the CLI's.
+#![allow(dead_code)] // each test crate uses a part
 
 use std::path::{Path, PathBuf};
 
@@ -24,4 +26,11 @@ pub fn unpack(tarball: &Path, into: &Path) {
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
     // The dumps hold many dangling (relative, in-root) symlinks; tar creates them as is.
     archive.unpack(into).unwrap_or_else(|e| panic!("unpacking {}: {e}", tarball.display()));
+}
+
+/// One fixture, by name, unpacked into a fresh temporary folder (the root).
+pub fn extract(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    unpack(&dir().join(format!("{name}.tar.gz")), tmp.path());
+    tmp
 }
