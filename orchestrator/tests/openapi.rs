@@ -116,7 +116,9 @@ fn pod_status() -> Value {
         "message": "all containers started",
         "placement": {
             "numaAffinity": [0],
-            "containers": [{"name": "main", "cpuPolicy": "exclusive", "cpus": [2, 3], "mems": [0], "devices": ["0000:3b:00.1"]}]
+            "containers": [{"name": "main", "cpuPolicy": "exclusive", "cpus": [2, 3], "mems": [0], "devices": ["0000:3b:00.1"]}],
+            "remote": [{"container": "main", "resource": "pinion.io/sriov-vf", "numaNodes": [1],
+                        "reason": "relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 0"}]
         },
         "containerStatuses": [{"name": "main", "state": "Running", "restartCount": 1, "lastExitCode": 137, "reason": "OOMKilled"}],
         "attempts": 1,

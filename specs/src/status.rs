@@ -69,6 +69,9 @@ pub struct PodStatus {
 pub struct PlacementSummary {
     pub numa_affinity: NumaSet,
     pub containers: Vec<ContainerPlacementSummary>,
+    /// Relaxed resources placed outside the affinity, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote: Vec<crate::engine::RemotePlacement>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

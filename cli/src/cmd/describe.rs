@@ -77,6 +77,36 @@ fn devices_section(out: &mut String, t: &NodeTopology, s: &NodeSettings, allocat
     }
 }
 
+/// The pod's placement: its NUMA affinity, a row per container, and each
+/// relaxed resource placed elsewhere with the reason.
+fn placement_section(out: &mut String, placement: Option<&specs::status::PlacementSummary>) {
+    match placement {
+        Some(pl) => {
+            let _ = writeln!(out, "Placement:\n  NUMA affinity: {}", pl.numa_affinity);
+            let rows: Vec<Vec<String>> = pl
+                .containers
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.name.clone(),
+                        format!("{:?}", c.cpu_policy).to_lowercase(),
+                        c.cpus.to_string(),
+                        c.mems.to_string(),
+                        if c.devices.is_empty() { "-".into() } else { c.devices.join(",") },
+                    ]
+                })
+                .collect();
+            for line in table(&["CONTAINER", "POLICY", "CPUS", "MEMS", "DEVICES"], &rows).lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+            for r in &pl.remote {
+                let _ = writeln!(out, "  Remote: {r}");
+            }
+        }
+        None => out.push_str("Placement:   <none>\n"),
+    }
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let mut out = String::new();
@@ -99,28 +129,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             if let Some(plan) = &s.plan {
                 let _ = writeln!(out, "Plan epoch:  {}", plan.epoch);
             }
-            match &s.placement {
-                Some(pl) => {
-                    let _ = writeln!(out, "Placement:\n  NUMA affinity: {}", pl.numa_affinity);
-                    let rows: Vec<Vec<String>> = pl
-                        .containers
-                        .iter()
-                        .map(|c| {
-                            vec![
-                                c.name.clone(),
-                                format!("{:?}", c.cpu_policy).to_lowercase(),
-                                c.cpus.to_string(),
-                                c.mems.to_string(),
-                                if c.devices.is_empty() { "-".into() } else { c.devices.join(",") },
-                            ]
-                        })
-                        .collect();
-                    for line in table(&["CONTAINER", "POLICY", "CPUS", "MEMS", "DEVICES"], &rows).lines() {
-                        let _ = writeln!(out, "  {line}");
-                    }
-                }
-                None => out.push_str("Placement:   <none>\n"),
-            }
+            placement_section(&mut out, s.placement.as_ref());
             out.push_str("Containers:\n");
             for c in &p.spec.containers {
                 let q = |m: &std::collections::BTreeMap<String, specs::Quantity>| {
@@ -243,6 +252,38 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placement_names_what_was_placed_remotely() {
+        let mut out = String::new();
+        placement_section(&mut out, None);
+        assert_eq!(out, "Placement:   <none>\n");
+        let pl = specs::status::PlacementSummary {
+            numa_affinity: specs::NumaSet::parse_list("1").unwrap(),
+            containers: vec![specs::status::ContainerPlacementSummary {
+                name: "upf".into(),
+                cpu_policy: specs::CpuPolicy::Exclusive,
+                cpus: specs::CpuSet::parse_list("4-5").unwrap(),
+                mems: specs::NumaSet::parse_list("1").unwrap(),
+                devices: vec!["0000:3b:00.1".into()],
+            }],
+            remote: vec![specs::engine::RemotePlacement {
+                container: "upf".into(),
+                resource: "pinion.io/sriov-vf".into(),
+                numa_nodes: specs::NumaSet::parse_list("0").unwrap(),
+                reason: "relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 1".into(),
+            }],
+        };
+        let mut out = String::new();
+        placement_section(&mut out, Some(&pl));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "Placement:");
+        assert_eq!(lines[1], "  NUMA affinity: 1");
+        assert_eq!(
+            lines.last().copied(),
+            Some("  Remote: container upf: pinion.io/sriov-vf on NUMA node 0 (relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 1)")
+        );
+    }
 
     #[test]
     fn devices_show_their_locality_and_holder() {

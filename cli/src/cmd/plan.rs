@@ -176,10 +176,7 @@ fn text(d: &Decision) -> String {
             ));
         }
         for r in &d.remote {
-            out.push_str(&format!(
-                "remote: container {}: {} on NUMA node {} ({})\n",
-                r.container, r.resource, r.numa_nodes, r.reason
-            ));
+            out.push_str(&format!("remote: {r}\n"));
         }
     } else {
         out.push_str(&format!("admit: no\nreason: {}\n", d.reason.as_deref().unwrap_or("")));

@@ -271,6 +271,14 @@ pub struct RemotePlacement {
     pub reason: String,
 }
 
+/// `container upf: pinion.io/sriov-vf on NUMA node 0 (relaxed: ...)`, as
+/// `plan` and `describe pod` print it.
+impl std::fmt::Display for RemotePlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "container {}: {} on NUMA node {} ({})", self.container, self.resource, self.numa_nodes, self.reason)
+    }
+}
+
 /// CPU and memory requested, summed over a pod's containers: what the
 /// kubelet's admission (and the Kubernetes scheduler) compare with the node's
 /// allocatable.
@@ -530,6 +538,7 @@ impl Placement {
                     devices: c.devices.values().flatten().cloned().collect(),
                 })
                 .collect(),
+            remote: self.remote.clone(),
         }
     }
 }
