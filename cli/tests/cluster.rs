@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use e2e::process::Proc;
 use serde_json::Value;
 
+#[path = "../../nodelet/tests/device_tree/mod.rs"]
+mod device_tree;
+
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 
 /// Starts `pinion ARGS` and waits for a stdout line starting with `ready`; returns
@@ -261,6 +264,84 @@ fn up_runs_server_and_node_in_one_process() {
     let p = wait_pod(&config, "two", "two running", |p| p["status"]["phase"] == "Running");
     let got: Vec<u64> = serde_json::from_value(cpus(&p)).expect("cpus");
     assert_eq!(got, vec![1, 5], "a whole core, not the reserved one");
+}
+
+/// `pinion up` takes the node's device flags as `pinion agent` does: on a tree
+/// with GPUs and VFs, `--sriov-resource` renames a PF's VFs and `--devices`
+/// withdraws the GPUs, and `describe node` shows what the node offers.
+#[test]
+fn up_takes_the_node_device_flags() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let root = dir.join("root");
+    device_tree::gpu_machine(&root);
+    let devices = dir.join("devices.yaml");
+    std::fs::write(&devices, "nvidia.com/gpu: []\n").expect("write devices");
+    let xdg = dir.join("xdg");
+    let (_up, _) = start(
+        &[
+            "up",
+            "--data-dir",
+            dir.join("d").to_str().expect("utf-8"),
+            "--listen",
+            "127.0.0.1:0",
+            "--runtime",
+            "hollow",
+            "--sysfs-root",
+            root.to_str().expect("utf-8"),
+            "--sriov-resource",
+            "ens1f0=example.com/fast-nic",
+            "--devices",
+            devices.to_str().expect("utf-8"),
+            "--node-name",
+            "edge",
+        ],
+        &[("XDG_CONFIG_HOME", &xdg)],
+        "pinion is up",
+    );
+    let config = xdg.join("pinion/config");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let (ok, text) = cli(&config, &["describe", "node", "edge"]);
+        if ok && text.contains("Devices:") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no node with devices after 30s: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("0000:")).collect();
+    assert!(rows.iter().any(|l| l.contains("example.com/fast-nic") && l.contains(device_tree::VF_VFIO)), "{text}");
+    assert!(!text.contains("nvidia.com/gpu"), "the file withdrew the GPUs: {text}");
+}
+
+/// A node flag `pinion up` cannot honour stops it before anything starts:
+/// no server state is written, and the message names the flag.
+#[test]
+fn up_refuses_bad_node_flags_before_starting() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("d");
+    let check = |extra: &[&str], expected: &str| {
+        let out = Command::new(PINION)
+            .args(["up", "--listen", "127.0.0.1:0", "--runtime", "hollow", "--synthetic", "pack:1 numa:1 core:4 pu:2"])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(extra)
+            .env("XDG_CONFIG_HOME", tmp.path().join("xdg"))
+            .output()
+            .expect("run pinion up");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} succeeded");
+        assert!(err.contains(expected), "{extra:?}: {err}");
+        assert!(!data.join("server").exists(), "{extra:?}: the server started");
+    };
+    check(&["--sriov-resource", "bogus"], "--sriov-resource \"bogus\": expected PF=NAME");
+    check(
+        &["--cpu-manager-option", "full-pcpus-only=true", "--cpu-manager-option", "distribute-cpus-across-cores=true"],
+        "full-pcpus-only and distribute-cpus-across-cores cannot be used together",
+    );
+    check(&["--reserved-cpus", "9"], "--reserved-cpus: CPUs 9 are not on this machine");
+    check(&["--topology-scope", "wide"], "wide");
+    check(&["--devices", "/nonexistent/devices.yaml"], "devices.yaml");
 }
 
 fn node_condition(config: &Path, name: &str) -> String {

@@ -13,7 +13,7 @@ use anyhow::Context;
 use nodelet::agent::resettle::OnSettingsChange;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
-use specs::CpuSet;
+use specs::{CpuSet, TopologyPolicy, TopologyScope};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cmd::agent::{RunArgs, RuntimeKind};
@@ -36,12 +36,22 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub node_name: Option<String>,
     /// none | best-effort | restricted | single-numa-node (the node default).
-    #[arg(long, value_name = "P")]
-    pub topology_policy: Option<String>,
+    #[arg(long, value_name = "P", value_parser = parse_kebab::<TopologyPolicy>)]
+    pub topology_policy: Option<TopologyPolicy>,
+    /// container | pod (the node default).
+    #[arg(long, value_name = "S", value_parser = parse_kebab::<TopologyScope>)]
+    pub topology_scope: Option<TopologyScope>,
     /// The node's CPU-manager options as KEY=true|false, as for `pinion agent`
     /// (repeatable).
     #[arg(long = "cpu-manager-option", value_name = "K=V")]
     pub cpu_manager_options: Vec<String>,
+    /// Devices over what discovery offers, as for `pinion agent --devices`.
+    #[arg(long, value_name = "CONFIG")]
+    pub devices: Option<PathBuf>,
+    /// Offer the SR-IOV VFs of the PF with netdev PF as NAME (repeatable
+    /// `PF=NAME`), as for `pinion agent`.
+    #[arg(long = "sriov-resource", value_name = "PF=NAME")]
+    pub sriov_resources: Vec<String>,
     /// Seconds a finished pod (with its status and events) is kept when its
     /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600,
@@ -61,17 +71,35 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         Some(list) => list.clone(),
         None => first_core(&topology).to_string(),
     };
-    let policy: Option<specs::pod::TopologyPolicy> = match &args.topology_policy {
-        Some(p) => Some(serde_json::from_value(serde_json::Value::String(p.clone())).map_err(|_| {
-            anyhow::anyhow!("--topology-policy {p:?}: expected none, best-effort, restricted or single-numa-node")
-        })?),
-        None => None,
+    // The node's flags as `pinion agent` takes them; the join is filled in
+    // once the server is up.
+    let node = |join: Option<(String, String, PathBuf)>| {
+        let (server, token, ca) = join.map_or((None, None, None), |(s, t, c)| (Some(s), Some(t), Some(c)));
+        RunArgs {
+            manifests: None,
+            data_dir: args.data_dir.join("node"),
+            topology: args.topology.clone(),
+            runtime: args.runtime,
+            reserved_cpus: Some(reserved.clone()),
+            topology_policy: args.topology_policy,
+            topology_scope: args.topology_scope,
+            cpu_manager_options: args.cpu_manager_options.clone(),
+            devices: args.devices.clone(),
+            sriov_resources: args.sriov_resources.clone(),
+            node_name: args.node_name.clone(),
+            server,
+            token,
+            ca,
+            labels: Vec::new(),
+            endpoint_listen: "127.0.0.1:0".into(),
+            advertise_address: None,
+            rescan_seconds: 10,
+            on_settings_change: args.on_settings_change,
+        }
     };
-    // Refused before anything starts, as `pinion agent` refuses them.
-    crate::cmd::agent::with_cpu_manager_options(
-        specs::engine::NodeSettings { topology_policy: policy.unwrap_or_default(), ..Default::default() },
-        &args.cpu_manager_options,
-    )?;
+    // Every node flag (options, devices, reserved CPUs) is refused before
+    // anything starts, as `pinion agent` refuses it.
+    crate::cmd::agent::daemon_config(node(None), g.liveness())?;
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
@@ -85,27 +113,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server_task = tokio::spawn(server.run(stop_rx.clone()));
-    let node = RunArgs {
-        manifests: None,
-        data_dir: args.data_dir.join("node"),
-        topology: args.topology.clone(),
-        runtime: args.runtime,
-        reserved_cpus: Some(reserved.clone()),
-        topology_policy: policy,
-        topology_scope: None,
-        cpu_manager_options: args.cpu_manager_options.clone(),
-        devices: None,
-        sriov_resources: Vec::new(),
-        node_name: args.node_name.clone(),
-        server: Some(url.clone()),
-        token: Some(token),
-        ca: Some(server_dir.join("pki/ca.crt")),
-        labels: Vec::new(),
-        endpoint_listen: "127.0.0.1:0".into(),
-        advertise_address: None,
-        rescan_seconds: 10,
-        on_settings_change: args.on_settings_change,
-    };
+    let node = node(Some((url.clone(), token, server_dir.join("pki/ca.crt"))));
     let node_task = tokio::spawn(nodelet::daemon::run(crate::cmd::agent::daemon_config(node, g.liveness())?, stop_rx));
 
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
