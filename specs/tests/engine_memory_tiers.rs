@@ -273,33 +273,33 @@ fn nearest_memory_only() {
     cases.extend([
         after(
             case(
-                "HBM 2 has 4Gi left: the rest spills to the next nearest, CXL 4",
+                "node 1's CPUs taken, HBM 2 has 4Gi left: the rest spills to the next nearest, CXL 4",
                 m(),
                 settings(BestEffort),
                 t12(),
                 Admit("0", &[("2-3", "2,4", "2=4Gi,4=8Gi")], &[]),
             ),
-            vec![t12()],
+            vec![t12(), plain(vec![g("4", "1Gi")])],
         ),
         after(
             case(
-                "single-numa-node: one memory node, the nearest that holds it all",
+                "single-numa-node, node 1's CPUs taken: one memory node, the nearest that holds it all",
                 m(),
                 settings(SingleNumaNode),
                 t12(),
                 Admit("0", &[("2-3", "4", "4=12Gi")], &[]),
             ),
-            vec![t12()],
+            vec![t12(), plain(vec![g("4", "1Gi")])],
         ),
         after(
             case(
-                "HBM 2 full: CXL 4 (30) before the far socket's HBM 3 (32)",
+                "HBM 2 full, node 1's CPUs taken: CXL 4 (30) before the far socket's HBM 3 (32)",
                 m(),
                 settings(Restricted),
                 tier(vec![g("2", "4Gi")]),
                 Admit("0", &[("2-3", "4", "4=4Gi")], &[]),
             ),
-            vec![tier(vec![g("2", "16Gi")])],
+            vec![tier(vec![g("2", "16Gi")]), plain(vec![g("4", "1Gi")])],
         ),
         case(
             "single-numa-node: no memory-only node holds 80Gi alone",
@@ -643,4 +643,113 @@ fn the_examples_do_what_they_say() {
         ),
         vec![plain(vec![g("4", "1Gi")])],
     ));
+}
+
+/// A tier pod's CPU node is chosen where its nearest memory-only node has
+/// room (the tier's hint), among the CPU nodes its CPUs and devices accept
+/// equally; it never widens or refuses the CPUs' choice.
+#[test]
+fn tier_hint_chooses_the_cpu_node() {
+    let m = || hbm_machine(4, 0);
+    // Fills HBM 2 (node 0's) and takes CPUs 0-1.
+    let fill_hbm2 = || tier(vec![g("2", "16Gi")]);
+    let mut cases = Vec::new();
+    for policy in POLICIES {
+        let aff = |node: &'static str| if policy == NoPolicy { "0-5" } else { node };
+        cases.extend([
+            after(
+                case(
+                    "HBM 2 full: CPU node 1 and its HBM 3, not node 0 with far memory",
+                    m(),
+                    settings(policy),
+                    tier(vec![g("2", "4Gi")]),
+                    Admit(aff("1"), &[("4-5", "3", "3=4Gi")], &[]),
+                ),
+                vec![fill_hbm2()],
+            ),
+            after(
+                case(
+                    "both HBMs have room: the lowest CPU node, as before",
+                    m(),
+                    settings(policy),
+                    tier(vec![g("2", "4Gi")]),
+                    Admit(aff("0"), &[("2-3", "2", "2=4Gi")], &[]),
+                ),
+                vec![tier(vec![g("2", "8Gi")])],
+            ),
+            after(
+                case(
+                    "the CPUs fit node 0 only: there, the memory spills to CXL 4",
+                    m(),
+                    settings(policy),
+                    tier(vec![g("2", "4Gi")]),
+                    Admit(aff("0"), &[("2-3", "4", "4=4Gi")], &[]),
+                ),
+                vec![fill_hbm2(), plain(vec![g("4", "1Gi")])],
+            ),
+            case(
+                "no CPU node's HBM holds 20Gi: node 0, spilled (one CXL node under single-numa-node)",
+                m(),
+                settings(policy),
+                tier(vec![g("2", "20Gi")]),
+                if policy == SingleNumaNode {
+                    Admit("0", &[("0-1", "4", "4=20Gi")], &[])
+                } else {
+                    Admit(aff("0"), &[("0-1", "2,4", "2=16Gi,4=4Gi")], &[])
+                },
+            ),
+        ]);
+    }
+    cases.extend([
+        after(
+            case(
+                "HBM 2's huge pages taken: node 1, its HBM's pages",
+                hbm_machine(4, 512),
+                settings(BestEffort),
+                tier(vec![ctr("main", &[("cpu", "2"), ("memory", "1Gi"), ("hugepages-2Mi", "64Mi")])]),
+                Admit("1", &[("4-5", "3", "3=1Gi,3=32p")], &[]),
+            ),
+            vec![tier(vec![ctr("main", &[("cpu", "2"), ("memory", "1Gi"), ("hugepages-2Mi", "1Gi")])])],
+        ),
+        after(
+            case(
+                "single-numa-node, HBM 2 with 4Gi left, 8Gi asked: node 1's HBM 3 holds it alone",
+                m(),
+                settings(SingleNumaNode),
+                tier(vec![g("2", "8Gi")]),
+                Admit("1", &[("4-5", "3", "3=8Gi")], &[]),
+            ),
+            vec![tier(vec![g("2", "12Gi")])],
+        ),
+        after(
+            case(
+                "pod scope: the containers' memory together (12Gi) decides: node 1",
+                m(),
+                settings(Restricted),
+                two_6gi(Some(TopologyScope::Pod)),
+                Admit("1", &[("4", "3", "3=6Gi"), ("5", "3", "3=6Gi")], &[]),
+            ),
+            vec![tier(vec![g("2", "8Gi")])],
+        ),
+        after(
+            case(
+                "container scope: the first fits HBM 2's 8Gi, the second goes to node 1",
+                m(),
+                settings(SingleNumaNode),
+                two_6gi(Some(TopologyScope::Container)),
+                Admit("0-1", &[("2", "2", "2=6Gi"), ("4", "3", "3=6Gi")], &[]),
+            ),
+            vec![tier(vec![g("2", "8Gi")])],
+        ),
+    ]);
+    for c in cases {
+        check(c);
+    }
+}
+
+/// Two containers of 1 CPU and 6Gi, with their memory on memory-only nodes.
+fn two_6gi(scope: Option<TopologyScope>) -> Pod {
+    let mut p = tier(vec![ctr("a", &[("cpu", "1"), ("memory", "6Gi")]), ctr("b", &[("cpu", "1"), ("memory", "6Gi")])]);
+    p.spec.topology.as_mut().expect("set").scope = scope;
+    p
 }

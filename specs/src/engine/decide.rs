@@ -1,6 +1,12 @@
 //! `admit`: reads the pod's requests, builds the hint providers, runs the merge
 //! for the pod (scope `pod`) or for each container in order (scope `container`),
 //! then places CPUs, memory and devices. See the parent module for semantics.
+//!
+//! A pod with `spec.topology.memory: nearest-memory-only` gives the merge no
+//! memory providers; its memory's hint, whether the memory-only nodes nearest
+//! a mask hold it (`memory::near_holds`), only breaks ties between masks, and
+//! under policy `none` such a pod is merged as under `best-effort` for its
+//! own placement (the `memory` module docs say what each policy does).
 
 use std::collections::BTreeMap;
 
@@ -361,15 +367,41 @@ impl Ctx<'_> {
         }
     }
 
-    /// The affinity for a group, or None under policy `none` or when no provider cares.
+    /// The affinity for a group, or None under policy `none` or when no provider
+    /// cares. A tier pod's memory hints at the CPU nodes whose nearest
+    /// memory-only nodes hold it (module docs of `memory`); under `none` such a
+    /// pod is aligned as under `best-effort`.
     fn affinity(&self, free: &Free, reqs: &[&Req]) -> Result<Option<Affinity>, Rejection> {
         let mut providers = self.providers(free, reqs);
         self.check_totals(free, &providers, reqs)?;
         providers.retain(|p| self.aligned_with_cpus(p));
-        if self.policy == TopologyPolicy::None || providers.is_empty() {
+        let (bytes, pages) = self.tier_request(reqs);
+        let single = self.policy == TopologyPolicy::SingleNumaNode;
+        let near = |mask: Mask| memory::near_holds(&self.m, free, mask, single, bytes, &pages);
+        let wish: Option<merge::Wish<'_>> = (bytes > 0 || !pages.is_empty()).then_some(&near as merge::Wish<'_>);
+        let policy = match self.policy {
+            TopologyPolicy::None if wish.is_some() => TopologyPolicy::BestEffort,
+            p => p,
+        };
+        if policy == TopologyPolicy::None || providers.is_empty() {
             return Ok(None);
         }
-        merge::merge(&self.m, &providers, self.policy, &self.merge_opts()).map(Some)
+        merge::merge(&self.m, &providers, policy, &self.merge_opts(), wish).map(Some)
+    }
+
+    /// The memory and huge pages (size, pages) a group puts on the memory-only
+    /// nodes: none unless the pod asks for them.
+    fn tier_request(&self, reqs: &[&Req]) -> (u64, Vec<(u64, u64)>) {
+        let mut bytes = 0u64;
+        let mut pages: BTreeMap<u64, u64> = BTreeMap::new();
+        for r in reqs.iter().filter(|r| self.tier && r.guaranteed) {
+            bytes = bytes.saturating_add(r.memory);
+            for &(size, n) in &r.hugepages {
+                let e = pages.entry(size).or_default();
+                *e = e.saturating_add(n);
+            }
+        }
+        (bytes, pages.into_iter().collect())
     }
 
     /// Places one container given the affinity of its group; relaxed
@@ -449,7 +481,7 @@ impl Ctx<'_> {
                             matches!(p.kind, Kind::PoolCpu | Kind::Memory | Kind::HugePages(_))
                                 && self.aligned_with_cpus(p)
                         });
-                        merge::merge(m, &ps, TopologyPolicy::BestEffort, &self.merge_opts())?.mask
+                        merge::merge(m, &ps, TopologyPolicy::BestEffort, &self.merge_opts(), None)?.mask
                     }
                 };
             }
@@ -460,10 +492,6 @@ impl Ctx<'_> {
                 CpuPolicy::Exclusive | CpuPolicy::Immovable => m.nodes_of(&cp.cpus),
                 CpuPolicy::Numa => numa_nodes,
                 CpuPolicy::Shared => affinity.unwrap_or(0),
-            };
-            let cpu_nodes = match cpu_nodes & !m.memory_only {
-                0 => m.all_nodes() & !m.memory_only,
-                x => x,
             };
             let single = self.policy == TopologyPolicy::SingleNumaNode;
             let ((mem, hp), nodes) =
@@ -522,7 +550,10 @@ impl Ctx<'_> {
             let addrs = self.settings.devices.get(name).map_or(&[][..], |v| &v[..]);
             let requested = n.to_string();
             let n = usize::try_from(*n).unwrap_or(usize::MAX);
-            let relaxed = affinity.filter(|_| self.is_relaxed(Kind::Device(0), name));
+            // Under `none` a tier pod has an affinity for its own placement only:
+            // nothing is remote from it.
+            let reported = affinity.filter(|_| self.policy != TopologyPolicy::None);
+            let relaxed = reported.filter(|_| self.is_relaxed(Kind::Device(0), name));
             // What the affinity had free, for the remote note.
             let aligned_free = relaxed.map(|a| {
                 let (_, fr, anywhere) = devices::counts(m, free, addrs);

@@ -16,12 +16,12 @@
 //! accounted there, nor a binding naming them (the providers count nothing
 //! on them and `Machine::with_memory` leaves them out). A pod with
 //! `spec.topology.memory: nearest-memory-only` has its CPUs (and devices)
-//! aligned as usual, without its memory and huge pages in the merge; then
-//! each container's memory and huge pages go to the memory-only nodes
-//! nearest its CPU nodes: ordered by the distance from the closest of its
-//! CPU nodes, then by id, and taken from them in that order, so the request
-//! spills to the next nearest only where the nearer ones are full (as the
-//! kernel's `MPOL_BIND` allocates from the nearest node of its set first).
+//! aligned as usual, without its memory and huge pages as providers in the
+//! merge; then each container's memory and huge pages go to the memory-only
+//! nodes nearest its CPU nodes: ordered by the distance from the closest of
+//! its CPU nodes, then by id, and taken from them in that order, so the
+//! request spills to the next nearest only where the nearer ones are full (as
+//! the kernel's `MPOL_BIND` allocates from the nearest node of its set first).
 //! Its `mems` are the memory-only nodes it got some of; none with room is
 //! `InsufficientMemory` (or `InsufficientHugePages`). Under
 //! `single-numa-node` the CPUs stay on one node and the memory must be on
@@ -29,7 +29,33 @@
 //! several together hold it, the pod is refused with `TopologyAffinity`.
 //! So "one NUMA node" means one CPU node plus, for such a pod, its one
 //! near-memory node.
-
+//!
+//! The tier's hint: which CPU nodes such a pod gets still depends on where
+//! the tier has room. A mask of CPU nodes is *near-holding* ([`near_holds`])
+//! when the memory-only nodes nearest it, those at the smallest distance in
+//! the order above (HBM next to a CPU node, not the CXL behind it), have the
+//! group's memory and every huge-page size free (the pod's under scope
+//! `pod`, the container's under scope `container`); under `single-numa-node`,
+//! when one of them holds it all. The merge uses this only to break ties,
+//! as it does a relaxed resource's hint: among the masks the CPUs and
+//! devices find equally good (same class, same width) a near-holding one
+//! comes first, the lowest otherwise. It never widens, moves or refuses
+//! what the CPUs and devices decide. Per policy:
+//!   - `best-effort`, `restricted`: a CPU node with local room when the CPUs
+//!     fit one equally well; else the CPUs' choice, the memory spilled nearest
+//!     first (`restricted` refuses only for the CPUs and devices, as before);
+//!   - `single-numa-node`: the first CPU node that fits the CPUs and devices
+//!     and whose nearest memory-only nodes include one holding it all; else
+//!     the first that fits, and the memory goes to the nearest single
+//!     memory-only node holding it all, refused only when none does (the rule
+//!     above, unchanged);
+//!   - `none`: a tier pod with memory is aligned as under `best-effort` (its
+//!     CPUs, and devices, on the chosen nodes), since local memory is what
+//!     it asked for; `numaAffinity` still says all nodes and no relaxed
+//!     resource is reported remote.
+//!
+//! The hint looks at the mask, not at the CPUs then taken in it; they are
+//! the same node for a request one node holds.
 use std::collections::BTreeMap;
 
 use super::decide::fmt_bytes;
@@ -116,12 +142,58 @@ pub(crate) fn take(
     Some((mem, hp))
 }
 
-/// The memory-only nodes by distance from the closest of `cpu_nodes`, then index.
-pub(crate) fn memory_only_by_distance(m: &Machine<'_>, cpu_nodes: Mask) -> Vec<usize> {
+/// The memory-only nodes with their distance from the closest of `cpu_nodes`
+/// (its CPU nodes; all CPU nodes when it has none), nearest first, then by index.
+fn memory_only_by_distance(m: &Machine<'_>, cpu_nodes: Mask) -> Vec<(u32, usize)> {
+    let cpu_nodes = match cpu_nodes & !m.memory_only {
+        0 => m.all_nodes() & !m.memory_only,
+        x => x,
+    };
     let reach = |j: usize| bits(cpu_nodes).map(|i| m.distance(i, j)).min().unwrap_or(u32::MAX);
-    let mut order: Vec<usize> = bits(m.memory_only).collect();
-    order.sort_by_key(|&j| (reach(j), j));
+    let mut order: Vec<(u32, usize)> = bits(m.memory_only).map(|j| (reach(j), j)).collect();
+    order.sort_unstable();
     order
+}
+
+/// Whether `nodes` together have `bytes` of memory free, and which page size
+/// (size, count) they are short of, if any; and how much memory they have free.
+fn fits(
+    m: &Machine<'_>,
+    free: &Free,
+    nodes: &[usize],
+    bytes: u64,
+    pages: &[(u64, u64)],
+) -> (bool, Option<(u64, u64)>, u64) {
+    let mem = nodes.iter().fold(0u64, |a, &i| a.saturating_add(free.mem_free(m, i)));
+    let short_hp = pages
+        .iter()
+        .find(|&&(size, count)| nodes.iter().fold(0u64, |a, &i| a.saturating_add(free.hp(m, size, i).1)) < count);
+    (mem >= bytes, short_hp.copied(), mem)
+}
+
+/// A tier pod's hint for a mask of CPU nodes (module docs): whether the
+/// memory-only nodes nearest it, those at the smallest distance from it, hold
+/// `bytes` and `pages` (`single`: one of them holds it all), so that
+/// [`take_nearest_memory_only`] would take it all there.
+pub(crate) fn near_holds(
+    m: &Machine<'_>,
+    free: &Free,
+    cpu_nodes: Mask,
+    single: bool,
+    bytes: u64,
+    pages: &[(u64, u64)],
+) -> bool {
+    let order = memory_only_by_distance(m, cpu_nodes);
+    let Some(&(nearest, _)) = order.first() else {
+        return false;
+    };
+    let near: Vec<usize> = order.iter().take_while(|&&(d, _)| d == nearest).map(|&(_, j)| j).collect();
+    let holds = |nodes: &[usize]| matches!(fits(m, free, nodes, bytes, pages), (true, None, _));
+    if single {
+        near.iter().any(|&j| holds(&[j]))
+    } else {
+        holds(&near)
+    }
 }
 
 /// Places a container's memory and huge pages on the memory-only nodes nearest
@@ -136,7 +208,7 @@ pub(crate) fn take_nearest_memory_only(
     bytes: u64,
     pages: &[(u64, u64)],
 ) -> Result<(Taken, Mask), Rejection> {
-    let order = memory_only_by_distance(m, cpu_nodes);
+    let order: Vec<usize> = memory_only_by_distance(m, cpu_nodes).into_iter().map(|(_, j)| j).collect();
     let asks = "on memory-only NUMA nodes (spec.topology.memory: nearest-memory-only)";
     if order.is_empty() {
         return Err(Rejection {
@@ -144,14 +216,8 @@ pub(crate) fn take_nearest_memory_only(
             message: format!("container {container} asks for its memory {asks} but this node has none"),
         });
     }
-    let fits = |nodes: &[usize]| {
-        let mem = nodes.iter().fold(0u64, |a, &i| a.saturating_add(free.mem_free(m, i)));
-        let short_hp = pages
-            .iter()
-            .find(|&&(size, count)| nodes.iter().fold(0u64, |a, &i| a.saturating_add(free.hp(m, size, i).1)) < count);
-        (mem >= bytes, short_hp.copied(), mem)
-    };
-    let nodes: Vec<usize> = match (fits(&order), single) {
+    let fit = |nodes: &[usize]| fits(m, free, nodes, bytes, pages);
+    let nodes: Vec<usize> = match (fit(&order), single) {
         ((false, _, have), _) => {
             return Err(Rejection {
                 reason: RejectReason::InsufficientMemory,
@@ -176,7 +242,7 @@ pub(crate) fn take_nearest_memory_only(
         }
         ((true, None, _), false) => order,
         ((true, None, _), true) => {
-            let one = order.iter().copied().find(|&i| matches!(fits(&[i]), (true, None, _)));
+            let one = order.iter().copied().find(|&i| matches!(fit(&[i]), (true, None, _)));
             let Some(one) = one else {
                 return Err(Rejection {
                     reason: RejectReason::TopologyAffinity,

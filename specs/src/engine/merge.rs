@@ -26,6 +26,8 @@
 //! same width) one where the relaxed resources fit too comes first. So a
 //! relaxed resource is aligned whenever that costs the others nothing, and a
 //! pod is never refused for it (beyond the machine having too few of it).
+//! A *wish* breaks ties the same way, for a hint no per-node count expresses:
+//! a tier pod's memory on the memory-only nodes nearest the mask (`memory`).
 //!
 //! With `align-by-socket`, a CPU-carrying mask is also preferred when it spans no
 //! more sockets than the narrowest width needs (the kubelet's `isHintSocketAligned`).
@@ -66,31 +68,39 @@ pub(crate) fn merge(
     providers: &[Provider],
     policy: TopologyPolicy,
     opts: &MergeOptions,
+    wish: Option<Wish<'_>>,
 ) -> Result<Affinity, Rejection> {
     if providers.iter().any(|p| p.relaxed) {
         let (relaxed, strict): (Vec<Provider>, Vec<Provider>) = providers.iter().cloned().partition(|p| p.relaxed);
-        return merge_strict(m, &strict, &relaxed, policy, opts);
+        return merge_strict(m, &strict, &relaxed, policy, opts, wish);
     }
-    merge_strict(m, providers, &[], policy, opts)
+    merge_strict(m, providers, &[], policy, opts, wish)
 }
 
-/// The merge over `providers`, with `relaxed` only breaking ties (module docs).
+/// A hint that only breaks ties, as a relaxed provider's does, but that no
+/// per-node count expresses: a tier pod's (`memory::near_holds`).
+pub(crate) type Wish<'a> = &'a dyn Fn(Mask) -> bool;
+
+/// The merge over `providers`, with `relaxed` and `wish` only breaking ties (module docs).
 fn merge_strict(
     m: &Machine<'_>,
     providers: &[Provider],
     relaxed: &[Provider],
     policy: TopologyPolicy,
     opts: &MergeOptions,
+    wish: Option<Wish<'_>>,
 ) -> Result<Affinity, Rejection> {
     if providers.is_empty() {
         // Nobody cares: the kubelet's default hint, every node, preferred.
         return Ok(Affinity { mask: m.all_nodes(), preferred: true });
     }
-    // The first single node that fits every provider, one that fits the relaxed ones too first.
+    // How many tie-breaking hints a mask misses.
+    let misses = |x: Mask| relaxed.iter().filter(|p| !p.feasible(x)).count() + usize::from(wish.is_some_and(|w| !w(x)));
+    // The first single node that fits every provider, one that misses no tie-breaking hint first.
     let first_single = || {
         let fits = |x: &Mask| providers.iter().all(|p| p.feasible(*x));
         let singles = hints::single_nodes(m);
-        let aligned = singles.iter().copied().find(|x| fits(x) && relaxed.iter().all(|p| p.feasible(*x)));
+        let aligned = singles.iter().copied().find(|&x| fits(&x) && misses(x) == 0);
         aligned.or_else(|| singles.into_iter().find(fits))
     };
     if policy == TopologyPolicy::SingleNumaNode {
@@ -129,9 +139,9 @@ fn merge_strict(
     let fine = |b: &Option<(Affinity, usize)>| {
         b.is_some_and(|(b, misfits)| b.preferred && b.mask.count_ones() as usize == target && misfits == 0)
     };
-    let mut best = best_of(m, providers, relaxed, target, min_sockets, opts, family(target));
+    let mut best = best_of(m, providers, &misses, target, min_sockets, opts, family(target));
     if !fine(&best) {
-        best = best_of(m, providers, relaxed, target, min_sockets, opts, family(m.n));
+        best = best_of(m, providers, &misses, target, min_sockets, opts, family(m.n));
     }
     let best = best.map_or(Affinity { mask: m.all_nodes(), preferred: false }, |(b, _)| b);
     if policy == TopologyPolicy::Restricted && !best.preferred {
@@ -144,11 +154,11 @@ fn merge_strict(
 }
 
 /// The best feasible mask among `masks` in the kubelet's order (module docs),
-/// and how many `relaxed` providers it does not hold.
+/// and how many tie-breaking hints it `misses`.
 fn best_of(
     m: &Machine<'_>,
     providers: &[Provider],
-    relaxed: &[Provider],
+    misses: &dyn Fn(Mask) -> usize,
     target: usize,
     min_sockets: Option<usize>,
     opts: &MergeOptions,
@@ -165,7 +175,7 @@ fn best_of(
         let aligned = min_sockets.is_some_and(|s| w >= target && m.sockets_of(mask) == s);
         let preferred = w == target || aligned;
         let closeness = if opts.prefer_closest { distance_sum(m, mask) } else { 0 };
-        let misfits = relaxed.iter().filter(|p| !p.feasible(mask)).count();
+        let misfits = misses(mask);
         let key = if preferred {
             (0, w, misfits, closeness, mask)
         } else if w >= target {
@@ -289,8 +299,8 @@ mod tests {
             let target = ps.iter().map(|p| p.min_width).max().expect("test input");
             let min_sockets = (align && m.n / m.sockets.len() > 0).then(|| ps[0].min_width.div_ceil(m.n / m.sockets.len()));
             let refs: Vec<&Provider> = ps.iter().collect();
-            let fast = best_of(&m, &ps, &[], target, min_sockets, &opts, hints::candidates(&m, &refs, m.n)).map(|b| b.0);
-            let exhaustive = best_of(&m, &ps, &[], target, min_sockets, &opts, 1..=m.all_nodes()).map(|b| b.0);
+            let fast = best_of(&m, &ps, &|_| 0, target, min_sockets, &opts, hints::candidates(&m, &refs, m.n)).map(|b| b.0);
+            let exhaustive = best_of(&m, &ps, &|_| 0, target, min_sockets, &opts, 1..=m.all_nodes()).map(|b| b.0);
             let shape = |a: Option<Affinity>| a.map(|a| (a.preferred, a.mask.count_ones()));
             if ps.len() == 1 {
                 prop_assert_eq!(shape(fast), shape(exhaustive));
