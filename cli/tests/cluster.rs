@@ -139,6 +139,10 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     assert!(!dir.join("nopin/node.conf").exists());
     let mut big = agent(dir, &url, token.trim(), "big", 20);
     let _small = agent(dir, &external, token.trim(), "small", 10);
+    // Both joined first: with only `small` registered, a 20-CPU pod is one no
+    // node could ever run, and the server refuses it (a CI run lost this race).
+    wait_for("big Ready", || node_condition(&config, "big") == "Ready");
+    wait_for("small Ready", || node_condition(&config, "small") == "Ready");
 
     apply(&config, dir, "p20", 20);
     let placed = wait_pod(&config, "p20", "p20 running", |p| p["status"]["phase"] == "Running");
