@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use orchestrator::scheduler::{NodeInfo, Scheduler, SchedulerConfig};
-use specs::pod::{ObjectMeta, ResourceRequirements, TopologySpec};
+use specs::pod::{ResourceRequirements, TopologySpec};
 use specs::topology::{Cpu, NumaNode};
 use specs::{Allocations, Container, CpuSet, NodeSettings, NodeTopology, Pod, PodSpec, Quantity, TopologyPolicy};
 
@@ -92,11 +92,9 @@ fn pod(i: usize, rng: &mut Rng) -> Pod {
         ("cpu".to_string(), Quantity::from_units(cpus)),
         ("memory".to_string(), Quantity::from_units((mem * GI) as i64)),
     ]);
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: format!("pod-{i}"), ..ObjectMeta::default() },
-        spec: PodSpec {
+    Pod::new(
+        format!("pod-{i}"),
+        PodSpec {
             containers: vec![Container {
                 name: "main".into(),
                 resources: ResourceRequirements { requests: res.clone(), limits: res },
@@ -105,8 +103,7 @@ fn pod(i: usize, rng: &mut Rng) -> Pod {
             topology: Some(TopologySpec { policy: Some(policy), ..Default::default() }),
             ..PodSpec::default()
         },
-        status: None,
-    }
+    )
 }
 
 /// CPU seconds this thread has used (utime + stime from `/proc/thread-self/stat`,

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use specs::engine::{admit, Allocations, NodeSettings};
-use specs::pod::{Container, ObjectMeta, Pod, PodSpec, TopologyPolicy};
+use specs::pod::{Container, Pod, PodSpec, TopologyPolicy};
 use specs::topology::NodeTopology;
 use specs::Quantity;
 
@@ -36,13 +36,7 @@ fn pod(cpus: &str) -> Pod {
     let mut c = Container { name: "c".into(), ..Default::default() };
     c.resources.requests = res.clone();
     c.resources.limits = res;
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: "bench".into(), ..Default::default() },
-        spec: PodSpec { containers: vec![c], ..Default::default() },
-        status: None,
-    }
+    Pod::new("bench", PodSpec { containers: vec![c], ..Default::default() })
 }
 
 fn machines() -> Vec<(&'static str, NodeTopology)> {

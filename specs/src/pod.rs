@@ -310,6 +310,18 @@ pub enum SchedulingStrategy {
 }
 
 impl Pod {
+    /// A `pinion.io/v1` pod of this name and spec, with no other metadata and
+    /// no status.
+    pub fn new(name: impl Into<String>, spec: PodSpec) -> Pod {
+        Pod {
+            api_version: API_VERSION.to_string(),
+            kind: "Pod".into(),
+            metadata: ObjectMeta { name: name.into(), ..Default::default() },
+            spec,
+            status: None,
+        }
+    }
+
     /// Parses a manifest in YAML or JSON (JSON is YAML; the YAML parser is used for
     /// both so that error positions read the same).
     pub fn from_yaml(text: &str) -> Result<Pod, serde_yaml_ng::Error> {

@@ -74,14 +74,7 @@ mod tests {
     }
 
     fn check(containers: Vec<Container>, qos: QosClass, policies: &[CpuPolicy]) {
-        let mut pod = Pod {
-            api_version: crate::pod::API_VERSION.into(),
-            kind: "Pod".into(),
-            metadata: Default::default(),
-            spec: Default::default(),
-            status: None,
-        };
-        pod.spec.containers = containers;
+        let pod = Pod::new("", crate::pod::PodSpec { containers, ..Default::default() });
         let got = qos_class(&pod);
         assert_eq!(got, qos, "{:?}", pod.spec.containers);
         let got: Vec<CpuPolicy> = pod.spec.containers.iter().map(|c| effective_cpu_policy(got, c)).collect();

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use specs::engine::{admit, Allocations, ContainerPlacement, NodeSettings, OptionError, Placement};
-use specs::pod::{Container, CpuPolicy, ObjectMeta, Pod, PodSpec, TopologyPolicy};
+use specs::pod::{Container, CpuPolicy, Pod, PodSpec, TopologyPolicy};
 use specs::topology::NodeTopology;
 use specs::{CpuSet, Quantity};
 
@@ -44,13 +44,7 @@ fn guaranteed(cpus: &str) -> Pod {
 }
 
 fn pod(containers: Vec<Container>) -> Pod {
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: "p".into(), ..Default::default() },
-        spec: PodSpec { containers, ..Default::default() },
-        status: None,
-    }
+    Pod::new("p", PodSpec { containers, ..Default::default() })
 }
 
 /// A pod with one BestEffort or Burstable container of the given policy.

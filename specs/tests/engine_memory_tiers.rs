@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use specs::engine::{admit, Allocations, NodeSettings, Placement, RejectReason};
 use specs::pod::{
-    Container, CpuPolicy, MemoryPlacement, ObjectMeta, Pod, PodSpec, RootfsSource, TopologyPolicy, TopologyScope,
-    TopologySpec,
+    Container, CpuPolicy, MemoryPlacement, Pod, PodSpec, RootfsSource, TopologyPolicy, TopologyScope, TopologySpec,
 };
 use specs::topology::{HugePages, NodeTopology, NumaKind, PciDevice};
 use specs::Quantity;
@@ -31,13 +30,7 @@ fn g(cpu: &str, mem: &str) -> Container {
 }
 
 fn pod(containers: Vec<Container>, topology: TopologySpec) -> Pod {
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: "p".into(), ..Default::default() },
-        spec: PodSpec { containers, topology: Some(topology), ..Default::default() },
-        status: None,
-    }
+    Pod::new("p", PodSpec { containers, topology: Some(topology), ..Default::default() })
 }
 
 /// A pod with its memory on the nearest memory-only nodes.

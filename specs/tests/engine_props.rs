@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use specs::engine::{admit, Allocations, CpuManagerOptions, NodeSettings};
-use specs::pod::{Container, CpuPolicy, MemoryPlacement, ObjectMeta, Pod, PodSpec, TopologyPolicy, TopologyScope};
+use specs::pod::{Container, CpuPolicy, MemoryPlacement, Pod, PodSpec, TopologyPolicy, TopologyScope};
 use specs::topology::{Cpu, NodeTopology, NumaKind, NumaNode};
 use specs::{CpuSet, NumaSet, Quantity};
 
@@ -73,13 +73,7 @@ fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<Top
             memory: if asks.tier { MemoryPlacement::NearestMemoryOnly } else { MemoryPlacement::CpuNodes },
             relaxed: if asks.relax_memory { vec!["memory".into()] } else { vec![] },
         });
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: format!("p{i}"), ..Default::default() },
-        spec: PodSpec { containers, topology, ..Default::default() },
-        status: None,
-    }
+    Pod::new(format!("p{i}"), PodSpec { containers, topology, ..Default::default() })
 }
 
 fn policy_strategy() -> impl Strategy<Value = TopologyPolicy> {

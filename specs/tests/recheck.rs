@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use specs::engine::{admit, recheck, Allocations, MisfitReason, NodeSettings};
-use specs::pod::{Container, ObjectMeta, Pod, PodSpec, TopologyPolicy, TopologyScope, TopologySpec};
+use specs::pod::{Container, Pod, PodSpec, TopologyPolicy, TopologyScope, TopologySpec};
 use specs::topology::{NodeTopology, PciDevice};
 use specs::{CpuSet, Quantity};
 
@@ -34,13 +34,7 @@ fn ctr(name: &str, res: &[(&str, &str)], guaranteed: bool) -> Container {
 }
 
 fn pod_of(containers: Vec<Container>) -> Pod {
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: "p".into(), ..Default::default() },
-        spec: PodSpec { containers, ..Default::default() },
-        status: None,
-    }
+    Pod::new("p", PodSpec { containers, ..Default::default() })
 }
 
 /// A Guaranteed pod of one container with `cpus` exclusive CPUs.

@@ -338,7 +338,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     state.controller.pod_deleted(&p);
                     json(200, &p)
                 }
-                (None, true) => json(200, &named_pod(&name)),
+                // An unreadable pod was purged: only its name is known.
+                (None, true) => json(200, &Pod::new(name.as_str(), Default::default())),
                 (None, false) => Err(not_found("Pod", &name)),
             }
         }
@@ -562,17 +563,6 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
 
 /// The claim space of node names taken by a join (`Txn::claim`).
 const JOIN_CLAIMS: &str = "join";
-
-/// What a delete answers for an unreadable pod: only its name is known.
-fn named_pod(name: &str) -> Pod {
-    Pod {
-        api_version: specs::pod::API_VERSION.to_string(),
-        kind: "Pod".into(),
-        metadata: specs::pod::ObjectMeta { name: name.to_string(), ..Default::default() },
-        spec: Default::default(),
-        status: None,
-    }
-}
 
 /// What a delete answers for a node that joined but never registered.
 fn joined_only(name: &str) -> Node {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use specs::pod::{ObjectMeta, ResourceRequirements, TopologySpec};
+use specs::pod::{ResourceRequirements, TopologySpec};
 use specs::topology::{Cpu, HugePages, NumaNode, PciDevice};
 use specs::{
     Allocations, Container, CpuManagerOptions, CpuPolicy, CpuSet, NodeSettings, NodeTopology, Pod, PodSpec, Quantity,
@@ -291,13 +291,7 @@ fn build_pod(name: &str, g: &PodGen) -> Pod {
         scope: g.scope,
         ..Default::default()
     });
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: name.into(), ..ObjectMeta::default() },
-        spec: PodSpec { containers, topology, ..PodSpec::default() },
-        status: None,
-    }
+    Pod::new(name, PodSpec { containers, topology, ..PodSpec::default() })
 }
 
 #[derive(Debug, Default)]

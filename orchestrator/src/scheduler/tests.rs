@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use specs::pod::{ObjectMeta, ResourceRequirements, SchedulingStrategy, TopologySpec};
+use specs::pod::{ResourceRequirements, SchedulingStrategy, TopologySpec};
 use specs::topology::{Cpu, NumaNode};
 use specs::{
     Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeSettings, NodeTopology, NumaSet, Placement, Pod,
@@ -59,11 +59,9 @@ fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Po
     let mut res = BTreeMap::new();
     res.insert("cpu".to_string(), Quantity::from_units(i64::from(cpus)));
     res.insert("memory".to_string(), Quantity::parse(&format!("{mem_gi}Gi")).unwrap());
-    Pod {
-        api_version: "pinion.io/v1".into(),
-        kind: "Pod".into(),
-        metadata: ObjectMeta { name: name.into(), ..ObjectMeta::default() },
-        spec: PodSpec {
+    Pod::new(
+        name,
+        PodSpec {
             containers: vec![Container {
                 name: "main".into(),
                 resources: ResourceRequirements { requests: res.clone(), limits: res },
@@ -72,8 +70,7 @@ fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Po
             topology: policy.map(|p| TopologySpec { policy: Some(p), ..Default::default() }),
             ..PodSpec::default()
         },
-        status: None,
-    }
+    )
 }
 
 fn snn(name: &str, cpus: u32) -> Pod {
