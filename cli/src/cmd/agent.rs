@@ -75,10 +75,43 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR", env = "PINION_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     #[command(flatten)]
+    pub node: NodeArgs,
+    /// Join this orchestrator (`https://HOST:PORT`) and run the pods it binds here.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// The server's bootstrap join token (first start only; `DIR/join-token` on the server).
+    #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN")]
+    pub token: Option<String>,
+    /// The server's CA certificate (its `pki/ca.crt`) for the first join; not
+    /// needed with a token that pins the CA (`PIN.SECRET`, as the server prints it).
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// Node labels for the scheduler's nodeSelector (repeatable `K=V`).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Where the node's HTTPS endpoint (container logs, for the server) listens
+    /// when joined; port 0 picks a free one. Open it to the server only.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:10250")]
+    pub endpoint_listen: String,
+    /// The address the server should call the endpoint on [default: this
+    /// host's address on the route to the server].
+    #[arg(long, value_name = "IP")]
+    pub advertise_address: Option<std::net::IpAddr>,
+    /// How often the manifest folder is rescanned in full (inotify covers the rest).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
+    pub rescan_seconds: u64,
+}
+
+/// What the node is and how it admits pods: the flags `pinion agent` and
+/// `pinion up` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    #[command(flatten)]
     pub topology: TopologyArgs,
     #[arg(long, value_enum, default_value = "libcontainer")]
     pub runtime: RuntimeKind,
-    /// CPUs kept for the system: never exclusive (e.g. `0` or `0,32`).
+    /// CPUs kept for the system: never exclusive (e.g. `0` or `0,32`);
+    /// `pinion up` keeps the first core's threads when it is not given.
     #[arg(long, value_name = "LIST")]
     pub reserved_cpus: Option<String>,
     /// none | best-effort | restricted | single-numa-node
@@ -105,30 +138,6 @@ pub struct RunArgs {
     /// This node's name in reports [default: the host name].
     #[arg(long, value_name = "N")]
     pub node_name: Option<String>,
-    /// Join this orchestrator (`https://HOST:PORT`) and run the pods it binds here.
-    #[arg(long, value_name = "URL")]
-    pub server: Option<String>,
-    /// The server's bootstrap join token (first start only; `DIR/join-token` on the server).
-    #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN")]
-    pub token: Option<String>,
-    /// The server's CA certificate (its `pki/ca.crt`) for the first join; not
-    /// needed with a token that pins the CA (`PIN.SECRET`, as the server prints it).
-    #[arg(long, value_name = "FILE")]
-    pub ca: Option<PathBuf>,
-    /// Node labels for the scheduler's nodeSelector (repeatable `K=V`).
-    #[arg(long = "label", value_name = "K=V")]
-    pub labels: Vec<String>,
-    /// Where the node's HTTPS endpoint (container logs, for the server) listens
-    /// when joined; port 0 picks a free one. Open it to the server only.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:10250")]
-    pub endpoint_listen: String,
-    /// The address the server should call the endpoint on [default: this
-    /// host's address on the route to the server].
-    #[arg(long, value_name = "IP")]
-    pub advertise_address: Option<std::net::IpAddr>,
-    /// How often the manifest folder is rescanned in full (inotify covers the rest).
-    #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
-    pub rescan_seconds: u64,
     /// A running pod whose CPUs or alignment the settings no longer allow
     /// (after a restart with other --reserved-cpus, policy, options or
     /// devices): keep (report it, leave it running) | restart (report it,
@@ -146,7 +155,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
 /// Applies `--sriov-resource` and `--devices` to what discovery offered
 /// (`nodelet::devices` has the rule).
-fn adjust_devices(args: &RunArgs, topology: &mut NodeTopology) -> anyhow::Result<()> {
+fn adjust_devices(args: &NodeArgs, topology: &mut NodeTopology) -> anyhow::Result<()> {
     let mut names = BTreeMap::new();
     for m in &args.sriov_resources {
         let (pf, name) = m.split_once('=').with_context(|| format!("--sriov-resource {m:?}: expected PF=NAME"))?;
@@ -162,7 +171,7 @@ fn adjust_devices(args: &RunArgs, topology: &mut NodeTopology) -> anyhow::Result
     Ok(())
 }
 
-fn settings(args: &RunArgs, topology: &NodeTopology) -> anyhow::Result<NodeSettings> {
+fn settings(args: &NodeArgs, topology: &NodeTopology) -> anyhow::Result<NodeSettings> {
     let reserved = match &args.reserved_cpus {
         Some(list) => CpuSet::parse_list(list).context("--reserved-cpus")?,
         None => topology.reserved_cpus.clone(),
@@ -230,20 +239,20 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
         let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
         labels.insert(k.to_string(), v.to_string());
     }
-    let mut topology = args.topology.load().context("loading the topology")?;
-    adjust_devices(&args, &mut topology)?;
-    let mut settings = settings(&args, &topology)?;
+    let mut topology = args.node.topology.load().context("loading the topology")?;
+    adjust_devices(&args.node, &mut topology)?;
+    let mut settings = settings(&args.node, &topology)?;
     settings.devices = topology.device_resources();
     let device_nodes = topology.device_nodes();
     for (resource, addrs) in &settings.devices {
         tracing::info!(%resource, devices = addrs.len(), "device resource offered");
     }
-    let node_name = args.node_name.clone().unwrap_or_else(host_name);
+    let node_name = args.node.node_name.clone().unwrap_or_else(host_name);
     let mut agent = AgentConfig::new(node_name, args.data_dir, topology, settings);
     agent.device_nodes = device_nodes;
-    agent.sysfs_root = args.topology.sysfs_source();
-    agent.on_settings_change = args.on_settings_change;
-    let runtime = match args.runtime {
+    agent.sysfs_root = args.node.topology.sysfs_source();
+    agent.on_settings_change = args.node.on_settings_change;
+    let runtime = match args.node.runtime {
         RuntimeKind::Hollow => RuntimeChoice::Hollow,
         // The shim is this same binary (`pinion shim`), re-executed per container.
         RuntimeKind::Libcontainer => RuntimeChoice::Libcontainer {

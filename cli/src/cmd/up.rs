@@ -10,14 +10,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use nodelet::agent::resettle::OnSettingsChange;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
-use specs::{CpuSet, TopologyPolicy, TopologyScope};
+use specs::CpuSet;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cmd::agent::{RunArgs, RuntimeKind};
-use crate::common::{parse_kebab, GlobalArgs, TopologyArgs};
+use crate::cmd::agent::{NodeArgs, RunArgs};
+use crate::common::GlobalArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -27,50 +26,19 @@ pub struct Args {
     /// Address the API listens on (HTTPS). Loopback by default: open it up with care.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
     pub listen: String,
-    /// CPUs kept for the system [default: the threads of the first core].
-    #[arg(long, value_name = "LIST")]
-    pub reserved_cpus: Option<String>,
-    #[arg(long, value_enum, default_value = "libcontainer")]
-    pub runtime: RuntimeKind,
-    /// The node's name [default: the host name].
-    #[arg(long, value_name = "N")]
-    pub node_name: Option<String>,
-    /// none | best-effort | restricted | single-numa-node (the node default).
-    #[arg(long, value_name = "P", value_parser = parse_kebab::<TopologyPolicy>)]
-    pub topology_policy: Option<TopologyPolicy>,
-    /// container | pod (the node default).
-    #[arg(long, value_name = "S", value_parser = parse_kebab::<TopologyScope>)]
-    pub topology_scope: Option<TopologyScope>,
-    /// The node's CPU-manager options as KEY=true|false, as for `pinion agent`
-    /// (repeatable).
-    #[arg(long = "cpu-manager-option", value_name = "K=V")]
-    pub cpu_manager_options: Vec<String>,
-    /// Devices over what discovery offers, as for `pinion agent --devices`.
-    #[arg(long, value_name = "CONFIG")]
-    pub devices: Option<PathBuf>,
-    /// Offer the SR-IOV VFs of the PF with netdev PF as NAME (repeatable
-    /// `PF=NAME`), as for `pinion agent`.
-    #[arg(long = "sriov-resource", value_name = "PF=NAME")]
-    pub sriov_resources: Vec<String>,
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Seconds a finished pod (with its status and events) is kept when its
     /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
     pub finished_pod_ttl: u64,
-    #[command(flatten)]
-    pub topology: TopologyArgs,
-    /// A running pod the new settings no longer allow, at a restart: keep | restart
-    /// (see `pinion agent --help`).
-    #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_kebab::<OnSettingsChange>)]
-    pub on_settings_change: OnSettingsChange,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
-    let topology = args.topology.load().context("loading the topology")?;
-    let reserved = match &args.reserved_cpus {
-        Some(list) => list.clone(),
-        None => first_core(&topology).to_string(),
-    };
+    let topology = args.node.topology.load().context("loading the topology")?;
+    let mut node_args = args.node.clone();
+    let reserved = node_args.reserved_cpus.get_or_insert_with(|| first_core(&topology).to_string()).clone();
     // The node's flags as `pinion agent` takes them; the join is filled in
     // once the server is up.
     let node = |join: Option<(String, String, PathBuf)>| {
@@ -78,15 +46,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         RunArgs {
             manifests: None,
             data_dir: args.data_dir.join("node"),
-            topology: args.topology.clone(),
-            runtime: args.runtime,
-            reserved_cpus: Some(reserved.clone()),
-            topology_policy: args.topology_policy,
-            topology_scope: args.topology_scope,
-            cpu_manager_options: args.cpu_manager_options.clone(),
-            devices: args.devices.clone(),
-            sriov_resources: args.sriov_resources.clone(),
-            node_name: args.node_name.clone(),
+            node: node_args.clone(),
             server,
             token,
             ca,
@@ -94,7 +54,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             endpoint_listen: "127.0.0.1:0".into(),
             advertise_address: None,
             rescan_seconds: 10,
-            on_settings_change: args.on_settings_change,
         }
     };
     // Every node flag (options, devices, reserved CPUs) is refused before
