@@ -658,22 +658,16 @@ pub fn admit(
     // would be empty, refuse the pod that empties it or needs it. (The kubelet
     // avoids this by requiring reserved CPUs, which stay in the pool unless
     // `strict-cpu-reservation`; it does not guard that case.)
-    if free.pool.is_empty() {
-        let shares = |cp: &ContainerPlacement| matches!(cp.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
-        let here = containers.iter().any(shares);
-        let others = allocations.pods.values().flat_map(|p| &p.containers).any(shares);
-        if here || others {
-            let who = if here { "this pod's shared containers" } else { "the shared containers running here" };
-            let hint = if settings.cpu_manager.strict_cpu_reservation {
-                "every other CPU would be exclusive and strict-cpu-reservation keeps the reserved ones out of the pool"
-            } else {
-                "every CPU would be exclusive (reserve CPUs for the system and shared pods, e.g. --reserved-cpus 0)"
-            };
-            return Err(reject(
-                RejectReason::InsufficientCpu,
-                format!("no CPU would be left in the shared pool for {who}: {hint}"),
-            ));
-        }
+    if let Some(who) = super::starved_by_empty_pool(&free.pool, &containers, allocations) {
+        let hint = if settings.cpu_manager.strict_cpu_reservation {
+            "every other CPU would be exclusive and strict-cpu-reservation keeps the reserved ones out of the pool"
+        } else {
+            "every CPU would be exclusive (reserve CPUs for the system and shared pods, e.g. --reserved-cpus 0)"
+        };
+        return Err(reject(
+            RejectReason::InsufficientCpu,
+            format!("no CPU would be left in the shared pool for {who}: {hint}"),
+        ));
     }
     // Shared and numa CPUs are the pool after this pod's exclusive CPUs left it.
     for (cp, &nodes) in containers.iter_mut().zip(&numa_nodes) {

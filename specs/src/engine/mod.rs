@@ -427,6 +427,27 @@ pub enum RejectReason {
 }
 
 pub use self::decide::admit;
+
+/// The shared-pool rule `admit` and `recheck` share: a shared or numa
+/// container with no CPU at all cannot run. With `pool` empty, who would go
+/// without: this pod's containers (`here`) or those already placed.
+pub(crate) fn starved_by_empty_pool(
+    pool: &CpuSet,
+    here: &[ContainerPlacement],
+    placed: &Allocations,
+) -> Option<&'static str> {
+    if !pool.is_empty() {
+        return None;
+    }
+    let shares = |c: &ContainerPlacement| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
+    if here.iter().any(shares) {
+        Some("this pod's shared containers")
+    } else if placed.pods.values().flat_map(|p| &p.containers).any(shares) {
+        Some("the shared containers running here")
+    } else {
+        None
+    }
+}
 pub use self::recheck::{recheck, Misfit, MisfitReason, SETTINGS_MISFIT};
 
 impl Allocations {

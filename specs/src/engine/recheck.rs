@@ -317,18 +317,10 @@ fn check_pool(
     for c in placement.containers.iter().filter(|c| c.cpu_policy == CpuPolicy::Exclusive) {
         pool.difference_with(&c.cpus);
     }
-    let strict = settings.cpu_manager.strict_cpu_reservation;
-    if !pool.is_empty() {
+    let Some(who) = super::starved_by_empty_pool(&pool, &placement.containers, others) else {
         return Ok(());
-    }
-    let shares = |c: &ContainerPlacement| matches!(c.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
-    let here = placement.containers.iter().any(shares);
-    let there = others.pods.values().flat_map(|p| &p.containers).any(shares);
-    if !here && !there {
-        return Ok(());
-    }
-    let who = if here { "this pod's shared containers" } else { "the shared containers running here" };
-    let why = if strict {
+    };
+    let why = if settings.cpu_manager.strict_cpu_reservation {
         format!("strict-cpu-reservation keeps reserved CPUs {reserved} out of it and every other CPU is exclusive")
     } else {
         "every CPU is exclusive".to_string()
