@@ -190,7 +190,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let _ = writeln!(out, "Allocation epoch: {}", n.status.allocations.epoch);
             // The engine's allocatable check, in numbers: what a new pod's requests must fit in.
             let offered = specs::engine::allocatable(t, s);
-            let used = n.status.allocations.requested(&t.reserved_cpus.union(&s.reserved_cpus));
+            let used = n.status.allocations.requested(&s.reserved(t));
             let cpu = |m: u64| specs::Quantity::from_millis(i64::try_from(m).unwrap_or(i64::MAX)).as_str().to_string();
             let mut line = format!(
                 "Requested:   cpu {} of {} allocatable, memory {}Mi of {}Mi",

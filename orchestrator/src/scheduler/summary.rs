@@ -78,7 +78,7 @@ impl NodeSummary {
         allocations: &Allocations,
         blind: impl Iterator<Item = &'a Request>,
     ) -> NodeSummary {
-        let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
+        let reserved = settings.reserved(topology);
         let mut s = NodeSummary::default();
         // Dense index from NUMA id to position; ids are small and may be sparse.
         let mut numa_pos: HashMap<u32, usize> = HashMap::with_capacity(topology.numa_nodes.len());

@@ -697,7 +697,7 @@ fn fits_allocatable(
     pod: &Pod,
 ) -> Result<Requested, Rejection> {
     let want = Requested::of(pod);
-    let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
+    let reserved = settings.reserved(topology);
     let offered = allocatable(topology, settings);
     let (cpu_capacity, memory_capacity) = (offered.cpu_millis, offered.memory);
     let used = allocations.requested(&reserved);

@@ -217,7 +217,7 @@ impl<'a> Machine<'a> {
                 }
             }
         }
-        let reserved = settings.reserved_cpus.union(&topo.reserved_cpus).intersection(&all_cpus);
+        let reserved = settings.reserved(topo).intersection(&all_cpus);
         let device_node = topo.devices.iter().map(|d| (d.address.as_str(), d.numa.and_then(node_index))).collect();
         let memory_only =
             (0..n).filter(|&i| topo.numa_nodes[i].kind == NumaKind::MemoryOnly).fold(0, |m: Mask, i| m | (1 << i));

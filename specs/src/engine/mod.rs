@@ -158,6 +158,12 @@ pub enum OptionError {
 }
 
 impl NodeSettings {
+    /// The CPUs kept for the system: the machine's own (`NodeTopology::reserved_cpus`)
+    /// and these settings'.
+    pub fn reserved(&self, topology: &NodeTopology) -> CpuSet {
+        topology.reserved_cpus.union(&self.reserved_cpus)
+    }
+
     /// Sets one option by the kubelet's name (`full-pcpus-only`, ...) from
     /// `true` or `false`: the one parser behind every `--cpu-manager-option`.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<(), OptionError> {
@@ -363,7 +369,7 @@ impl Placement {
 /// What a node offers pods, in totals: its CPUs less the reserved ones, all
 /// its memory, all its huge pages of each size.
 pub fn allocatable(topology: &NodeTopology, settings: &NodeSettings) -> Requested {
-    let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
+    let reserved = settings.reserved(topology);
     let mut out = Requested {
         // Counted, not collected: this runs on every decision.
         cpu_millis: (topology.cpus.iter().filter(|c| !reserved.contains(c.id)).count() as u64).saturating_mul(1000),
@@ -504,7 +510,7 @@ impl Allocations {
     pub fn shared_pool(&self, topology: &NodeTopology, settings: &NodeSettings) -> CpuSet {
         let mut pool = topology.all_cpus().difference(&self.exclusive_cpus());
         if settings.cpu_manager.strict_cpu_reservation {
-            pool.difference_with(&topology.reserved_cpus.union(&settings.reserved_cpus));
+            pool.difference_with(&settings.reserved(topology));
         }
         pool
     }

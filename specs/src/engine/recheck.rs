@@ -102,7 +102,7 @@ pub fn recheck(
     placement: &Placement,
 ) -> Result<(), Misfit> {
     let online = topology.all_cpus();
-    let reserved = topology.reserved_cpus.union(&settings.reserved_cpus);
+    let reserved = settings.reserved(topology);
     for c in placement.containers.iter().filter(|c| holds_cpus(c)) {
         let gone = c.cpus.difference(&online);
         if !gone.is_empty() {
