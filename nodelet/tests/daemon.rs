@@ -26,6 +26,37 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// Two NUMA nodes of four CPUs, one thread per core.
+/// A real server in this process, on loopback. Its heartbeat grace is a
+/// minute: a node a test stops or restarts is not declared lost meanwhile.
+struct TestServer {
+    token: String,
+    creds: Credentials,
+    admin: Client,
+    addr: std::net::SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), orchestrator::server::ServerError>>,
+}
+
+impl TestServer {
+    async fn start(dir: &std::path::Path) -> TestServer {
+        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
+        opts.controller.heartbeat_grace = Duration::from_secs(60);
+        let server = Server::bind(opts).await.expect("bind the server");
+        let token = server.join_token.to_string();
+        let creds = Credentials::load(&server.admin_config).expect("admin config");
+        let admin = Client::new(&creds).expect("admin client");
+        let addr = server.local_addr();
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(server.run(rx));
+        TestServer { token, creds, admin, addr, stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.await.expect("server task").expect("the server stops cleanly");
+    }
+}
+
 fn topology() -> NodeTopology {
     NodeTopology {
         cpus: (0..8)
@@ -87,14 +118,9 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
-    opts.controller.heartbeat_grace = Duration::from_secs(60);
-    let server = Server::bind(opts).await.expect("bind the server");
-    let token = server.join_token.to_string();
-    let admin = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("admin client");
-    let (port, connections) = counting_relay(server.local_addr()).await;
-    let (stop_server, rx) = watch::channel(false);
-    let server_task = tokio::spawn(server.run(rx));
+    let server = TestServer::start(&dir.path().join("server")).await;
+    let (token, admin) = (server.token.clone(), server.admin.clone());
+    let (port, connections) = counting_relay(server.addr).await;
     // The server reaches the node's endpoint through a counting relay too: the
     // node advertises the relay's address (127.0.0.1:P) and listens on
     // 127.0.0.2:P, where the relay forwards.
@@ -171,8 +197,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
 
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");
-    let _ = stop_server.send(true);
-    server_task.await.expect("server task").expect("the server stops cleanly");
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -206,14 +231,9 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_serves_at_most_its_connection_cap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
-    let server = Server::bind(opts).await.expect("bind the server");
-    let creds = Credentials::load(&server.admin_config).expect("admin config");
-    let admin = Client::new(&creds).expect("admin client");
-    let url = format!("https://{}", server.local_addr());
-    let token = server.join_token.to_string();
-    let (stop_server, rx) = watch::channel(false);
-    let server_task = tokio::spawn(server.run(rx));
+    let server = TestServer::start(&dir.path().join("server")).await;
+    let (token, admin) = (server.token.clone(), server.admin.clone());
+    let url = format!("https://{}", server.addr);
     let config = DaemonConfig {
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
@@ -243,8 +263,9 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
         TcpStream::connect(&endpoint).await.expect("first connection"),
         TcpStream::connect(&endpoint).await.expect("second connection"),
     ];
-    let client = Client::with_tls(&format!("https://{endpoint}"), Some("edge"), creds.client_config().expect("tls"))
-        .expect("endpoint client");
+    let client =
+        Client::with_tls(&format!("https://{endpoint}"), Some("edge"), server.creds.client_config().expect("tls"))
+            .expect("endpoint client");
     let call = tokio::spawn(async move { client.get("/logs?pod=none&container=main").await.map(|r| r.status()) });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!call.is_finished(), "a third connection was served while two held the slots");
@@ -254,8 +275,7 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
 
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");
-    let _ = stop_server.send(true);
-    server_task.await.expect("server task").expect("the server stops cleanly");
+    server.stop().await;
 }
 
 /// Hole 3 of issue 12: a local step that fails (here the checkpoint write) is
@@ -264,14 +284,8 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
-    opts.controller.heartbeat_grace = Duration::from_secs(60);
-    let server = Server::bind(opts).await.expect("bind the server");
-    let token = server.join_token.to_string();
-    let admin = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("admin client");
-    let addr = server.local_addr();
-    let (stop_server, rx) = watch::channel(false);
-    let server_task = tokio::spawn(server.run(rx));
+    let server = TestServer::start(&dir.path().join("server")).await;
+    let (token, admin, addr) = (server.token.clone(), server.admin.clone(), server.addr);
 
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
     let node_dir = dir.path().join("node");
@@ -327,8 +341,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
 
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");
-    let _ = stop_server.send(true);
-    server_task.await.expect("server task").expect("the server stops cleanly");
+    server.stop().await;
 }
 
 /// Issue 13: the node restarts with more reserved CPUs, one of them held by
@@ -340,14 +353,8 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_reports_its_misfit_pod() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
-    opts.controller.heartbeat_grace = Duration::from_secs(60);
-    let server = Server::bind(opts).await.expect("bind the server");
-    let token = server.join_token.to_string();
-    let admin = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("admin client");
-    let addr = server.local_addr();
-    let (stop_server, rx) = watch::channel(false);
-    let server_task = tokio::spawn(server.run(rx));
+    let server = TestServer::start(&dir.path().join("server")).await;
+    let (token, admin, addr) = (server.token.clone(), server.admin.clone(), server.addr);
     let node_dir = dir.path().join("node");
     let config = |reserved: &str, on_change| {
         let settings =
@@ -452,6 +459,5 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
 
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");
-    let _ = stop_server.send(true);
-    server_task.await.expect("server task").expect("the server stops cleanly");
+    server.stop().await;
 }
