@@ -1,50 +1,21 @@
 //! In-process API tests: a real server on 127.0.0.1:0 with real TLS and a real
 //! sled store in a temp dir, driven through the real client.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::TestServer;
 use hyper::Method;
 use orchestrator::client::{Client, ClientError};
-use orchestrator::server::{Server, ServerError, ServerOptions};
-use orchestrator::tls::Credentials;
 use specs::api::{Node, NodeCondition, NodeSpec, NodeStatus, WatchEventType};
 use specs::pod::ObjectMeta;
 use specs::topology::{Cpu, NumaNode};
 use specs::{NodeTopology, Pod, PodPhase};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-struct TestServer {
-    url: String,
-    token: String,
-    admin: Client,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), ServerError>>,
-}
 
 impl TestServer {
-    async fn start(dir: &Path, grace: Duration) -> TestServer {
-        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
-        opts.controller.heartbeat_grace = grace;
-        opts.controller.backoff_base = Duration::from_millis(50);
-        opts.api.body_limit = 64 * 1024;
-        let server = Server::bind(opts).await.expect("bind");
-        let url = server.server_url();
-        let token = server.join_token.to_string();
-        let creds = Credentials::load(&server.admin_config).expect("admin config");
-        assert_eq!(creds.server, url);
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(server.run(rx));
-        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.task.await.expect("join").expect("server run");
-    }
-
     /// A node that joined and registered `numa` NUMA nodes of `cpus` CPUs.
     async fn registered_node(&self, dir: &Path, name: &str, numa: u32, cpus: u32) -> Client {
         let n = self.node_client(dir, name).await;
@@ -53,19 +24,16 @@ impl TestServer {
             .expect("register");
         n
     }
+}
 
-    async fn node_client(&self, dir: &Path, name: &str) -> Client {
-        let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        let joined =
-            Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name, None).await.expect("join");
-        let creds = Credentials {
-            server: self.url.clone(),
-            ca_cert: joined.ca_cert,
-            client_cert: joined.client_cert,
-            client_key: joined.client_key,
-        };
-        Client::new(&creds).expect("node client")
-    }
+/// A server with this heartbeat grace, a fast backoff and a small body limit.
+async fn server(dir: &Path, grace: Duration) -> TestServer {
+    TestServer::start(dir, |o| {
+        o.controller.heartbeat_grace = grace;
+        o.controller.backoff_base = Duration::from_millis(50);
+        o.api.body_limit = 64 * 1024;
+    })
+    .await
 }
 
 fn manifest(name: &str, extra_spec: &str) -> Bytes {
@@ -130,7 +98,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_pods_survive_a_restart_with_monotonic_versions() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let mut versions = Vec::new();
     for i in 0..10 {
         let (code, pod) = s.admin.create_pod(manifest(&format!("p{i}"), "")).await.expect("create");
@@ -145,7 +113,7 @@ async fn acknowledged_pods_survive_a_restart_with_monotonic_versions() {
     let before = s.admin.list_pods(None).await.expect("list");
     s.stop().await;
 
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let list = s.admin.list_pods(None).await.expect("list");
     assert_eq!(list.items.len(), 10);
     assert!(list.resource_version >= *versions.last().expect("some"));
@@ -164,7 +132,7 @@ async fn acknowledged_pods_survive_a_restart_with_monotonic_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_resumes_from_a_resource_version() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let (_, a) = s.admin.create_pod(manifest("a", "")).await.expect("a");
     s.admin.create_pod(manifest("b", "")).await.expect("b");
     let mut w = s.admin.watch_pods(None, Some("app=web"), a.metadata.resource_version).await.expect("watch");
@@ -200,7 +168,7 @@ async fn watch_resumes_from_a_resource_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identities_are_enforced() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).expect("ca");
     let anon = Client::anonymous(&s.url, &ca).expect("anon");
     assert_eq!(api_code(anon.list_pods(None).await), 401);
@@ -269,7 +237,7 @@ async fn identities_are_enforced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_lists_every_problem_and_stores_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let check = |body: &'static str, code: u16, fields: &'static [&'static str]| {
         let admin = s.admin.clone();
         async move {
@@ -316,7 +284,7 @@ async fn bad_input_lists_every_problem_and_stores_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_ready() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_millis(300)).await;
+    let s = server(dir.path(), Duration::from_millis(300)).await;
     let n = s.registered_node(dir.path(), "small", 1, 2).await;
     let huge = "  topology: {policy: single-numa-node}\n";
     let body = |meta: &str| {
@@ -367,7 +335,7 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_reaches_the_nodes_watch() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let n = s.registered_node(dir.path(), "n1", 2, 4).await;
     let mut w = n.watch_pods(None, None, None).await.expect("watch");
     s.admin.create_pod(manifest("web", "")).await.expect("create");
@@ -387,7 +355,7 @@ async fn a_binding_reaches_the_nodes_watch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_creates_never_overcommit_a_node() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let _n = s.registered_node(dir.path(), "n1", 2, 4).await;
     let guaranteed =
         "  containers:\n  - name: main\n    image: busybox:latest\n    resources: {limits: {cpu: '1', memory: 64Mi}}\n";
@@ -437,7 +405,7 @@ async fn concurrent_creates_never_overcommit_a_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_update_pods_and_rejections_requeue_with_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), Duration::from_secs(60)).await;
+    let s = server(dir.path(), Duration::from_secs(60)).await;
     let n = s.registered_node(dir.path(), "edge", 2, 4).await;
     let other = s.node_client(dir.path(), "other").await;
     s.admin.create_pod(manifest("run", "  nodeName: edge\n")).await.expect("create");

@@ -4,41 +4,17 @@
 //! path parameter, `(body)`); a log request for a pod not on a node yet is
 //! a conflict, not a bad request.
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::TestServer;
 use http_body_util::Full;
 use hyper::{Method, Request};
-use orchestrator::client::Client;
-use orchestrator::server::{Server, ServerError, ServerOptions};
-use orchestrator::tls::Credentials;
 use specs::api::ApiError;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-struct TestServer {
-    admin: Client,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), ServerError>>,
-}
 
 impl TestServer {
-    async fn start(dir: &Path) -> TestServer {
-        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
-        opts.controller.heartbeat_grace = Duration::from_secs(60);
-        let server = Server::bind(opts).await.expect("bind");
-        let creds = Credentials::load(&server.admin_config).expect("admin config");
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(server.run(rx));
-        TestServer { admin: Client::new(&creds).expect("client"), stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.task.await.expect("join").expect("server run");
-    }
-
     /// The status and the error body of a request expected to be refused.
     async fn refused(&self, method: Method, path: &str, body: Option<&str>) -> (u16, ApiError) {
         let payload = body.map(|b| ("application/json", Bytes::from(b.to_string())));
@@ -57,7 +33,7 @@ impl TestServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_request_names_its_field() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |o| o.controller.heartbeat_grace = Duration::from_secs(60)).await;
     let two = r#"{"apiVersion":"pinion.io/v1","kind":"Pod","metadata":{"name":"two"},
         "spec":{"containers":[{"name":"a","rootfs":"host"},{"name":"b","rootfs":"host"}]}}"#;
     let (code, _) = s
@@ -160,7 +136,7 @@ async fn every_bad_request_names_its_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_method_lists_the_allowed_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |o| o.controller.heartbeat_grace = Duration::from_secs(60)).await;
     for (method, path, allow) in [
         (Method::TRACE, "/healthz", "GET"),
         (Method::PATCH, "/api/v1/pods/web", "GET, DELETE"),

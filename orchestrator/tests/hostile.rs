@@ -4,59 +4,17 @@
 //! unreadable record on disk neither stops the server nor fails a list.
 //! A real server on 127.0.0.1:0 with a real sled store in a temp dir.
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::TestServer;
 use hyper::Method;
 use orchestrator::client::{Client, ClientError};
-use orchestrator::server::{Server, ServerError, ServerOptions};
 use orchestrator::tls::Credentials;
 use serde_json::{json, Value};
 use specs::api::Node;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-struct TestServer {
-    url: String,
-    token: String,
-    admin: Client,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), ServerError>>,
-}
-
-impl TestServer {
-    async fn start(dir: &Path) -> TestServer {
-        let server = Server::bind(ServerOptions::new(dir, "127.0.0.1:0")).await.expect("bind");
-        let url = server.server_url();
-        let token = server.join_token.to_string();
-        let creds = Credentials::load(&server.admin_config).expect("admin config");
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(server.run(rx));
-        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.task.await.expect("join").expect("server run");
-    }
-
-    fn anonymous(&self, dir: &Path) -> Client {
-        let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        Client::anonymous(&self.url, &ca).expect("anonymous client")
-    }
-
-    async fn node_client(&self, dir: &Path, name: &str) -> Client {
-        let joined = self.anonymous(dir).join(&self.token, name, None).await.expect("join");
-        let creds = Credentials {
-            server: self.url.clone(),
-            ca_cert: joined.ca_cert,
-            client_cert: joined.client_cert,
-            client_key: joined.client_key,
-        };
-        Client::new(&creds).expect("node client")
-    }
-}
 
 /// A node of `numa_ids.len()` NUMA nodes with one CPU each (CPU i on the i-th node).
 fn node_json(name: &str, numa_ids: &[u64]) -> Value {
@@ -116,7 +74,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_an_unbounded_or_incoherent_topology_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     let n = s.node_client(dir.path(), "evil").await;
     let (code, fields) = refusal(register(&n, &node_json("evil", &[4_000_000_000])).await);
     assert_eq!(code, 422);
@@ -149,7 +107,7 @@ async fn a_node_with_an_unbounded_or_incoherent_topology_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_joins_mint_one_certificate_per_node_name() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     let anon = s.anonymous(dir.path());
     let tries: Vec<_> = (0..16)
         .map(|_| {
@@ -178,7 +136,7 @@ async fn racing_joins_mint_one_certificate_per_node_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resource_version_from_the_future_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     let (_, p) = s.admin.create_pod(pod("now", "")).await.expect("create");
     let (code, fields) = refusal(s.admin.watch_pods(None, None, Some(999_999_999)).await.map(|_| ()));
     assert_eq!((code, fields), (400, vec!["resourceVersion".to_string()]));
@@ -197,7 +155,7 @@ async fn a_resource_version_from_the_future_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_join_attempt_gets_its_credentials_again() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     let anon = s.anonymous(dir.path());
     let attempt = Some("3f1c0ffee0ddba11");
     anon.join(&s.token, "edge", attempt).await.expect("first join (reply lost)");
@@ -225,7 +183,7 @@ async fn a_retried_join_attempt_gets_its_credentials_again() {
 async fn the_api_refuses_exactly_where_the_engine_does() {
     use specs::validate::{MAX_CPU_NANOS, MAX_DEVICE_NANOS, MAX_NUMA_NODES};
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     let n = s.node_client(dir.path(), "wide").await;
     let over: Vec<u64> = (0..=MAX_NUMA_NODES as u64).collect();
     let (code, fields) = refusal(register(&n, &node_json("wide", &over)).await);
@@ -261,7 +219,7 @@ async fn the_api_refuses_exactly_where_the_engine_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_record_is_skipped_and_counted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     s.admin.create_pod(pod("good", "")).await.expect("create");
     s.stop().await;
     {
@@ -276,7 +234,7 @@ async fn an_unreadable_record_is_skipped_and_counted() {
         tree.insert("node/garbage", &b"{not json"[..]).expect("insert");
         db.flush().expect("flush");
     }
-    let s = TestServer::start(dir.path()).await;
+    let s = TestServer::start(dir.path(), |_| {}).await;
     let (_, pods) = s.admin.call::<Value>(Method::GET, "/api/v1/pods", None).await.expect("list pods");
     let names: Vec<&str> =
         pods["items"].as_array().expect("items").iter().filter_map(|p| p["metadata"]["name"].as_str()).collect();

@@ -4,76 +4,30 @@
 //! happens without an `advance` happened without any timer firing; whatever
 //! a timer should do happens at the `advance` that reaches it, not before.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::TestServer;
 use hyper::Method;
 use orchestrator::client::{Client, ClientError, PodWatch};
-use orchestrator::server::{Server, ServerError, ServerOptions};
+use orchestrator::server::ServerOptions;
 use orchestrator::tls::Credentials;
 use specs::api::{Node, NodeSpec, NodeStatus};
 use specs::pod::ObjectMeta;
 use specs::topology::{Cpu, NumaNode};
 use specs::{Allocations, NodeTopology, Pod, PodPhase};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-struct TestServer {
-    url: String,
-    token: String,
-    admin: Client,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), ServerError>>,
-    spinner: JoinHandle<()>,
-}
-
 impl TestServer {
-    /// Backoff and heartbeat grace are an hour: with the clock stopped, a pod
-    /// that needed either would never move.
-    async fn start(dir: &Path, configure: impl FnOnce(&mut ServerOptions)) -> TestServer {
-        let spinner = tokio::spawn(async {
-            loop {
-                tokio::task::yield_now().await;
-            }
-        });
-        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
-        opts.controller.heartbeat_grace = Duration::from_secs(3600);
-        opts.controller.backoff_base = Duration::from_secs(3600);
-        configure(&mut opts);
-        let server = Server::bind(opts).await.expect("bind");
-        let url = server.server_url();
-        let token = server.join_token.to_string();
-        let creds = Credentials::load(&server.admin_config).expect("admin config");
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(server.run(rx));
-        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task, spinner }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.task.await.expect("join").expect("server run");
-        self.spinner.abort();
-    }
-
     /// A node of one NUMA node with `cpus` CPUs, joined and registered.
     async fn node(&self, dir: &Path, name: &str, cpus: u32) -> Client {
         let creds = self.join(dir, name).await;
         self.register(creds, name, cpus).await
-    }
-
-    async fn join(&self, dir: &Path, name: &str) -> Credentials {
-        let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        let joined =
-            Client::anonymous(&self.url, &ca).expect("anon").join(&self.token, name, None).await.expect("join");
-        Credentials {
-            server: self.url.clone(),
-            ca_cert: joined.ca_cert,
-            client_cert: joined.client_cert,
-            client_key: joined.client_key,
-        }
     }
 
     /// Registers a joined node (again, after a restart: the server's port moved).
@@ -191,10 +145,37 @@ async fn report(node: &Client, name: &str, epoch: &mut u64, running: &[&Pod], ph
         .expect("report");
 }
 
+/// Keeps a runtime thread busy, so that the paused clock never jumps ahead
+/// while a test waits; stops with the test.
+struct Spinner(JoinHandle<()>);
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Backoff and heartbeat grace are an hour: with the clock stopped, a pod
+/// that needed either would never move.
+async fn server(dir: &Path, configure: impl FnOnce(&mut ServerOptions)) -> (TestServer, Spinner) {
+    let spinner = Spinner(tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    }));
+    let s = TestServer::start(dir, |o| {
+        o.controller.heartbeat_grace = Duration::from_secs(3600);
+        o.controller.backoff_base = Duration::from_secs(3600);
+        configure(o);
+    })
+    .await;
+    (s, spinner)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_queue_drains_in_submission_order_each_pod_bound_on_the_previous_ones_completion() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
     let node = s.node(dir.path(), "one", 1).await;
     let start = tokio::time::Instant::now();
     let mut w = s.watch_from_now().await;
@@ -226,7 +207,7 @@ async fn a_queue_drains_in_submission_order_each_pod_bound_on_the_previous_ones_
 #[tokio::test(start_paused = true)]
 async fn an_unconfirmed_binding_expires_its_capacity_returns_and_the_pod_is_requeued() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
+    let (s, _spinner) = server(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
     let node = s.node(dir.path(), "one", 1).await;
     let mut w = s.watch_from_now().await;
     s.create("lost", "", "").await;
@@ -263,7 +244,7 @@ async fn an_unconfirmed_binding_expires_its_capacity_returns_and_the_pod_is_requ
 #[tokio::test(start_paused = true)]
 async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |o| o.controller.finished_pod_ttl = Some(Duration::from_secs(120))).await;
+    let (s, _spinner) = server(dir.path(), |o| o.controller.finished_pod_ttl = Some(Duration::from_secs(120))).await;
     let node = s.node(dir.path(), "two", 2).await;
     let mut w = s.watch_from_now().await;
     s.create("own", "", "  ttlSecondsAfterFinished: 60\n").await;
@@ -300,7 +281,7 @@ async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events(
 #[tokio::test(start_paused = true)]
 async fn creating_a_pod_again_repeats_replaces_a_finished_one_or_conflicts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
     let node = s.node(dir.path(), "one", 1).await;
     let mut w = s.watch_from_now().await;
     let first = s.create("hello", "", "").await;
@@ -330,7 +311,7 @@ async fn creating_a_pod_again_repeats_replaces_a_finished_one_or_conflicts() {
 #[tokio::test(start_paused = true)]
 async fn an_array_binds_at_most_its_parallelism_in_task_order() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
     let mut w = s.watch_from_now().await;
     // Submitted last task first, before any node (a cluster still starting);
     // a pod outside the array after them.
@@ -363,7 +344,7 @@ async fn an_array_binds_at_most_its_parallelism_in_task_order() {
 #[tokio::test(start_paused = true)]
 async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_it_expires() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
     let creds = s.join(dir.path(), "one").await;
     s.register(creds.clone(), "one", 1).await;
     let mut w = s.watch_from_now().await;
@@ -377,7 +358,7 @@ async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_i
     drop(w);
     s.stop().await;
 
-    let s = TestServer::start(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
+    let (s, _spinner) = server(dir.path(), |o| o.controller.binding_timeout = Duration::from_secs(30)).await;
     let mut w = s.watch_from_now().await;
     // The node's truth is empty, but the binding of c is still in flight.
     let node = s.register(creds, "one", 1).await;
@@ -402,7 +383,7 @@ async fn after_a_restart_an_unconfirmed_binding_still_holds_its_capacity_until_i
 #[tokio::test(start_paused = true)]
 async fn cpus_a_node_reports_offline_are_not_scheduled_until_back() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
     let node = s.node(dir.path(), "two", 2).await;
     let status = |epoch: u64, offline: &str| {
         let body = serde_json::json!({

@@ -1,0 +1,63 @@
+//! A real server for the API tests: 127.0.0.1:0, real TLS, a real sled store
+//! in the test's folder, the admin's client, and nodes that join it.
+#![allow(dead_code)] // each test crate uses a part
+
+use std::path::Path;
+
+use orchestrator::client::Client;
+use orchestrator::server::{Server, ServerError, ServerOptions};
+use orchestrator::tls::Credentials;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub struct TestServer {
+    pub url: String,
+    pub token: String,
+    pub admin: Client,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl TestServer {
+    /// Starts a server on `dir`, its options as `configure` leaves them.
+    pub async fn start(dir: &Path, configure: impl FnOnce(&mut ServerOptions)) -> TestServer {
+        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
+        configure(&mut opts);
+        let server = Server::bind(opts).await.expect("bind");
+        let url = server.server_url();
+        let token = server.join_token.to_string();
+        let creds = Credentials::load(&server.admin_config).expect("admin config");
+        assert_eq!(creds.server, url);
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(server.run(rx));
+        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
+    }
+
+    /// Stops the server; it must end without an error.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.await.expect("join").expect("server run");
+    }
+
+    /// A client with no identity that trusts the server's CA (in `dir/pki`).
+    pub fn anonymous(&self, dir: &Path) -> Client {
+        let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
+        Client::anonymous(&self.url, &ca).expect("anonymous client")
+    }
+
+    /// Joins `name` with the server's token: the node's credentials.
+    pub async fn join(&self, dir: &Path, name: &str) -> Credentials {
+        let joined = self.anonymous(dir).join(&self.token, name, None).await.expect("join");
+        Credentials {
+            server: self.url.clone(),
+            ca_cert: joined.ca_cert,
+            client_cert: joined.client_cert,
+            client_key: joined.client_key,
+        }
+    }
+
+    /// A joined node's client.
+    pub async fn node_client(&self, dir: &Path, name: &str) -> Client {
+        Client::new(&self.join(dir, name).await).expect("node client")
+    }
+}
