@@ -234,11 +234,7 @@ async fn run_agent(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Res
 
 /// The node daemon's configuration from the flags (also used by `pinion up`).
 pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Result<DaemonConfig> {
-    let mut labels = BTreeMap::new();
-    for l in &args.labels {
-        let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
-        labels.insert(k.to_string(), v.to_string());
-    }
+    let join = join_config(&args, liveness)?;
     let mut topology = args.node.topology.load().context("loading the topology")?;
     adjust_devices(&args.node, &mut topology)?;
     let mut settings = settings(&args.node, &topology)?;
@@ -259,18 +255,28 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
             shim: std::env::current_exe().context("finding the pinion binary for the shim")?,
         },
     };
-    let join = args.server.map(|server| JoinConfig {
+    let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
+    Ok(DaemonConfig { agent, runtime, manifests, join })
+}
+
+/// The join half of the node's configuration: none without `--server`.
+/// (`pinion up` fills it in once its server is up.)
+pub fn join_config(args: &RunArgs, liveness: specs::api::Liveness) -> anyhow::Result<Option<JoinConfig>> {
+    let mut labels = BTreeMap::new();
+    for l in &args.labels {
+        let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
+        labels.insert(k.to_string(), v.to_string());
+    }
+    Ok(args.server.clone().map(|server| JoinConfig {
         server,
-        token: args.token,
-        ca: args.ca,
+        token: args.token.clone(),
+        ca: args.ca.clone(),
         labels,
-        endpoint_listen: args.endpoint_listen,
+        endpoint_listen: args.endpoint_listen.clone(),
         advertise_address: args.advertise_address,
         liveness,
         endpoint_max_connections: nodelet::endpoint::EndpointConfig::default().max_connections,
-    });
-    let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
-    Ok(DaemonConfig { agent, runtime, manifests, join })
+    }))
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {

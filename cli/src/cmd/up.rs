@@ -56,9 +56,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             rescan_seconds: 10,
         }
     };
-    // Every node flag (options, devices, reserved CPUs) is refused before
-    // anything starts, as `pinion agent` refuses it.
-    crate::cmd::agent::daemon_config(node(None), g.liveness())?;
+    // The node's configuration before anything starts: a flag `pinion agent`
+    // would refuse stops `up` here.
+    let mut config = crate::cmd::agent::daemon_config(node(None), g.liveness())?;
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
@@ -72,8 +72,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server_task = tokio::spawn(server.run(stop_rx.clone()));
-    let node = node(Some((url.clone(), token, server_dir.join("pki/ca.crt"))));
-    let node_task = tokio::spawn(nodelet::daemon::run(crate::cmd::agent::daemon_config(node, g.liveness())?, stop_rx));
+    config.join =
+        crate::cmd::agent::join_config(&node(Some((url.clone(), token, server_dir.join("pki/ca.crt")))), g.liveness())?;
+    let node_task = tokio::spawn(nodelet::daemon::run(config, stop_rx));
 
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
     println!("credentials: {}", config_path.display());
