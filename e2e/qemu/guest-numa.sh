@@ -307,9 +307,49 @@ else
     wait_shared_cpus "$(minus "$ALL_CPUS" "${pod_cpus[pin-c]:-}")" &&
       ok "shared pod grew after the adopted pin-b left" || fail "shared pod did not grow after pin-b left"
   fi
+  # The cgroup v2 device filter (libcgroups' cgroupsv2_devices; without it v2 ignores
+  # device rules and a container with CAP_MKNOD opens any device, a GPU it was not
+  # given included): /dev/kmsg (1:11) is not in the allow list, /dev/null (1:3) is.
+  devpod() { # NAME MAJOR:MINOR
+    cat >"$MANIFESTS/$1.yaml.tmp" <<EOF
+apiVersion: pinion.io/v1
+kind: Pod
+metadata:
+  name: $1
+spec:
+  restartPolicy: Never
+  containers:
+  - name: mk
+    rootfs: host
+    command: [/bin/sh, -c, "mknod /tmp/d c ${2%:*} ${2#*:} && exec head -c0 /tmp/d"]
+EOF
+    mv "$MANIFESTS/$1.yaml.tmp" "$MANIFESTS/$1.yaml"
+  }
+  phase_of() { # NAME: the pod's phase in the agent's status file
+    python3 -c 'import json,sys
+pods = json.load(open(sys.argv[1])).get("pods", {})
+print(next((p.get("phase", "") for k, p in pods.items() if k.split("/")[-1] == sys.argv[2]), ""))' "$DATA/status.json" "$1" 2>/dev/null
+  }
+  wait_phase() { # NAME: waits for Succeeded or Failed, prints it
+    local deadline=$(($(date +%s) + 60)) p
+    while [ "$(date +%s)" -lt "$deadline" ]; do
+      p=$(phase_of "$1")
+      case "$p" in Succeeded | Failed) echo "$p"; return 0 ;; esac
+      sleep 0.5
+    done
+    echo "${p:-none}"
+  }
+  devpod dev-kmsg 1:11
+  devpod dev-null 1:3
+  p=$(wait_phase dev-kmsg)
+  [ "$p" = Failed ] && ok "device filter: a container cannot open a device it was not given (1:11 made with mknod)" ||
+    fail "device filter: opening a mknod'd 1:11 ended $p, expected Failed (cgroup v2 device rules not applied?)"
+  p=$(wait_phase dev-null)
+  [ "$p" = Succeeded ] && ok "device filter: the allowed /dev/null (1:3) opens" ||
+    fail "device filter: the allowed 1:3 ended $p, expected Succeeded"
   # Cleanup: every pod away, no container left behind.
   rm -f "$MANIFESTS"/*.yaml
-  for name in pin-a pin-b pin-c shared; do
+  for name in pin-a pin-b pin-c shared dev-kmsg dev-null; do
     wait_gone "$name" 60 || fail "$name still runs after its manifest was removed (leak)"
   done
   kill "$agent_pid" 2>/dev/null
