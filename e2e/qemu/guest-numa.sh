@@ -310,6 +310,7 @@ else
   # The cgroup v2 device filter (libcgroups' cgroupsv2_devices; without it v2 ignores
   # device rules and a container with CAP_MKNOD opens any device, a GPU it was not
   # given included): /dev/kmsg (1:11) is not in the allow list, /dev/null (1:3) is.
+  # The node is made in /dev (a tmpfs without nodev): /tmp would refuse both.
   devpod() { # NAME MAJOR:MINOR
     cat >"$MANIFESTS/$1.yaml.tmp" <<EOF
 apiVersion: pinion.io/v1
@@ -321,7 +322,7 @@ spec:
   containers:
   - name: mk
     rootfs: host
-    command: [/bin/sh, -c, "mknod /tmp/d c ${2%:*} ${2#*:} && exec head -c0 /tmp/d"]
+    command: [/bin/sh, -c, "mknod /dev/probe c ${2%:*} ${2#*:} && exec head -c0 /dev/probe"]
 EOF
     mv "$MANIFESTS/$1.yaml.tmp" "$MANIFESTS/$1.yaml"
   }
