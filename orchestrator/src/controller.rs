@@ -26,7 +26,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use specs::api::{Event, Node, NodeCondition, ObjectRef, PodPlan};
+use specs::api::{Event, Node, NodeCondition, ObjectRef, PodPlan, WatchEventType};
 use specs::pod::ObjectMeta;
 use specs::{Pod, PodPhase, PodStatus};
 use tokio::sync::{watch, Notify, Semaphore};
@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::api::error::Refused;
 use crate::scheduler::{NodeInfo, Scheduler};
-use crate::store::{Store, StoreError};
+use crate::store::{Change, Kind, Store, StoreError};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ControllerConfig {
@@ -259,6 +259,8 @@ pub struct Controller {
     /// Serializes node condition changes (NotReady, Ready, status reports) so a
     /// heartbeat racing the NotReady marking cannot be lost.
     transitions: tokio::sync::Mutex<()>,
+    /// The store version its pods were loaded at: `follow` watches from it.
+    loaded_at: std::sync::atomic::AtomicU64,
 }
 
 impl Controller {
@@ -296,6 +298,7 @@ impl Controller {
             wake: Notify::new(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
             transitions: tokio::sync::Mutex::new(()),
+            loaded_at: std::sync::atomic::AtomicU64::new(0),
         });
         {
             let mut inner = c.lock();
@@ -309,7 +312,9 @@ impl Controller {
                 );
                 inner.sync_mirror(&name);
             }
-            let mut pods = store.list::<Pod>()?.items;
+            let listed = store.list::<Pod>()?;
+            c.loaded_at.store(listed.rv, std::sync::atomic::Ordering::Release);
+            let mut pods = listed.items;
             pods.sort_by(creation_order);
             for pod in pods {
                 let name = pod.metadata.name.clone();
@@ -538,6 +543,46 @@ impl Controller {
         inner.wake_waiting();
         drop(inner);
         self.wake.notify_one();
+    }
+
+    /// On a store shared by several servers: the users' changes made through
+    /// any server (pods created or deleted, nodes deleted) reach the leader's
+    /// controller here, from the store's watch (see `leading`). Returns when
+    /// `shutdown` turns true, or with the error that ended the watch (the
+    /// leader then starts a fresh controller from the store).
+    pub async fn follow(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {
+        let mut changes = self.store.watch(self.loaded_at.load(std::sync::atomic::Ordering::Acquire))?;
+        loop {
+            let change = tokio::select! {
+                c = changes.next() => c?,
+                _ = shutdown.changed() => return Ok(()),
+            };
+            self.on_change(&change);
+        }
+    }
+
+    fn on_change(&self, change: &Change) {
+        let pod = || match serde_json::from_str::<Pod>(&change.object) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(pod = %change.name, error = %e, "a pod change that does not decode: skipped");
+                None
+            }
+        };
+        match (change.kind, change.event_type) {
+            (Kind::Pod, WatchEventType::Added) => {
+                if let Some(p) = pod() {
+                    self.pod_created(&p);
+                }
+            }
+            (Kind::Pod, WatchEventType::Deleted) => {
+                if let Some(p) = pod() {
+                    self.pod_deleted(&p);
+                }
+            }
+            (Kind::Node, WatchEventType::Deleted) => self.node_deleted(&change.name),
+            _ => {}
+        }
     }
 
     /// Pods waiting in the queue (for status and tests).

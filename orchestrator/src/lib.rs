@@ -6,6 +6,9 @@ pub mod api;
 /// nodelet can use it without this one; re-exported for the CLI and tests.
 pub use pinion_client as client;
 pub mod controller;
+pub mod identity;
+pub mod leader;
+pub mod leading;
 pub mod scheduler;
 pub mod server;
 pub mod store;

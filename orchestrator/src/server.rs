@@ -16,6 +16,7 @@ use crate::api::apply::ApiState;
 use crate::api::proxy::NodeClients;
 use crate::api::{serve, ApiConfig};
 use crate::controller::{Controller, ControllerConfig};
+use crate::leading::Leading;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
 
@@ -129,7 +130,7 @@ impl Server {
             .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
         let state = Arc::new(ApiState {
             store: self.store.clone(),
-            controller,
+            controller: Leading::single(controller),
             pki: self.pki.clone(),
             join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),

@@ -136,6 +136,11 @@ impl Pki {
         Ok((Pki { ca_cert_pem, ca_key, ca_issuer }, true))
     }
 
+    /// The CA's private key, for sharing the identity between the servers of one cluster.
+    pub fn ca_key_pem(&self) -> String {
+        self.ca_key.serialize_pem()
+    }
+
     /// Issues a client certificate with the given common name; returns (cert PEM, key PEM).
     /// A node's (`node:<name>`) also serves the nodelet's own HTTPS endpoint: it
     /// carries the server usage and the node name as its DNS name, which is what

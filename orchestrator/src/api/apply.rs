@@ -10,14 +10,15 @@ use specs::{Pod, PodPhase, PodStatus};
 
 use super::error::{bad_field, conflict, forbidden, not_found, store_error, unauthorized, Refused};
 use super::parse::Action;
-use crate::controller::{event, now_rfc3339, Controller};
+use crate::controller::{event, now_rfc3339};
+use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Store, Watch};
 use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
 
 /// What the API layer needs, shared by every connection.
 pub struct ApiState {
     pub store: Store,
-    pub controller: Arc<Controller>,
+    pub controller: Leading,
     pub pki: Arc<Pki>,
     /// The secret part of the join token (a caller may send it with or without the CA pin).
     pub join_secret: String,
@@ -260,7 +261,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             // that names its node skips the scheduler, and this check with it.
             let waits =
                 pod.metadata.annotations.get(specs::pod::WAIT_FOR_NODES_ANNOTATION).map(String::as_str) == Some("true");
-            let never = if waits || pod.spec.node_name.is_some() { None } else { state.controller.never_fits(&pod) };
+            let never = if waits || pod.spec.node_name.is_some() {
+                None
+            } else {
+                state.controller.current().and_then(|c| c.never_fits(&pod))
+            };
             let (code, pod, replaced) = store
                 .write(move |t| -> Result<(u16, Pod, Option<Pod>), Refused> {
                     let mut pod = *pod;
@@ -299,11 +304,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
-            if let Some(old) = replaced {
-                state.controller.pod_deleted(&old);
-            }
-            if code == 201 {
-                state.controller.pod_created(&pod);
+            if let Some(c) = state.controller.direct() {
+                if let Some(old) = replaced {
+                    c.pod_deleted(&old);
+                }
+                if code == 201 {
+                    c.pod_created(&pod);
+                }
             }
             json(code, &pod)
         }
@@ -335,7 +342,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .map_err(|Refused(e)| e)?;
             match (pod, purged) {
                 (Some(p), _) => {
-                    state.controller.pod_deleted(&p);
+                    if let Some(c) = state.controller.direct() {
+                        c.pod_deleted(&p);
+                    }
                     json(200, &p)
                 }
                 // An unreadable pod was purged: only its name is known.
@@ -345,6 +354,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::UpdatePodStatus { name, status } => {
             require_known(id)?;
+            let controller = state.controller.required()?;
             let id2 = id.clone();
             let (pod, finished) = store
                 .write(move |t| -> Result<(Pod, bool), Refused> {
@@ -362,12 +372,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .await
                 .map_err(|Refused(e)| e)?;
             if finished {
-                state.controller.pod_finished(&pod);
+                controller.pod_finished(&pod);
             }
             json(200, &pod)
         }
         Action::RejectPod { name, rejection } => {
             require_known(id)?;
+            let controller = state.controller.required()?;
             let rejection_reason = format!("{}: {}", rejection.reason, rejection.message);
             let id2 = id.clone();
             let (pod, node) = store
@@ -392,7 +403,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
-            state.controller.pod_rejected(&pod, &node, &rejection_reason);
+            controller.pod_rejected(&pod, &node, &rejection_reason);
             json(200, &pod)
         }
         Action::PodLog { name, container, follow } => {
@@ -424,6 +435,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::RegisterNode(node) => {
             require_self(id, &node.metadata.name)?;
+            let controller = state.controller.required()?;
             let (code, node) = store
                 .write(move |t| -> Result<(u16, Node), Refused> {
                     let mut node = *node;
@@ -455,7 +467,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
-            state.controller.node_registered(&node);
+            controller.node_registered(&node);
             json(code, &node)
         }
         Action::GetNode(name) => {
@@ -480,7 +492,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .map_err(|Refused(e)| e)?;
             match (node, claimed) {
                 (Some(node), _) => {
-                    state.controller.node_deleted(&name);
+                    if let Some(c) = state.controller.direct() {
+                        c.node_deleted(&name);
+                    }
                     json(200, &node)
                 }
                 // Joined but never registered (only its name was held), or unreadable.
@@ -490,7 +504,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::Heartbeat(name) => {
             require_self(id, &name)?;
-            match state.controller.heartbeat(&name).await.map_err(|Refused(e)| e)? {
+            match state.controller.required()?.heartbeat(&name).await.map_err(|Refused(e)| e)? {
                 false => Err(not_found("Node", &name)),
                 true => json(200, &serde_json::json!({"condition": "Ready"})),
             }
@@ -498,7 +512,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::ReportNodeStatus { name, report } => {
             require_self(id, &name)?;
             let n = name.clone();
-            let _g = state.controller.transition_guard().await;
+            let controller = state.controller.required()?;
+            let _g = controller.transition_guard().await;
             let (node, confirmed, finished) = store
                 .write(move |t| -> Result<(Node, Vec<String>, Vec<Pod>), Refused> {
                     let Some(mut node) = t.get::<Node>(&n)? else { return Err(Refused(not_found("Node", &n))) };
@@ -546,9 +561,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 })
                 .await
                 .map_err(|Refused(e)| e)?;
-            state.controller.node_reported(&node, true, &confirmed);
+            controller.node_reported(&node, true, &confirmed);
             for pod in &finished {
-                state.controller.pod_finished(pod);
+                controller.pod_finished(pod);
             }
             json(200, &node.status)
         }

@@ -1,0 +1,241 @@
+//! Leader election on an etcd lease: of the servers sharing one etcd, exactly
+//! one at a time runs the scheduler and the controller.
+//!
+//! A server campaigns by creating the leader key bound to a fresh lease (a
+//! transaction that succeeds only while the key does not exist); the others
+//! watch the key and campaign again when it goes (its lease expired, or its
+//! holder revoked it on shutdown). The leader renews the lease every third of
+//! its TTL and steps down by itself, before the lease can have expired on
+//! etcd's side, when renewals stop getting through: its deadline is the time
+//! it SENT the last successful renewal plus the TTL etcd answered, measured on
+//! this process's monotonic clock, which etcd's own clock can only be later
+//! than. Stepping down is therefore local and bounded even when etcd cannot be
+//! reached at all. Bindings are written in transactions that also compare the
+//! key's lease with the term's (see `store::LeaderGuard`), so a leader that has
+//! not noticed its deposition yet cannot bind anything.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use tokio::sync::watch;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+#[derive(Debug, Clone)]
+pub struct ElectionConfig {
+    /// The full etcd key (prefix included).
+    pub key: Vec<u8>,
+    /// Written as the key's value: who leads (the server's URL), for `pinion
+    /// get leader`-style reads and logs.
+    pub identity: String,
+    /// The lease's time to live: a killed leader is replaced within about
+    /// this long. etcd rounds a TTL below its minimum up.
+    pub ttl: Duration,
+    /// Bound on every etcd call.
+    pub request_timeout: Duration,
+}
+
+impl ElectionConfig {
+    pub fn new(key: impl Into<Vec<u8>>, identity: impl Into<String>) -> ElectionConfig {
+        ElectionConfig {
+            key: key.into(),
+            identity: identity.into(),
+            ttl: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One leadership term: the lease the leader key is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Term {
+    pub key: Vec<u8>,
+    pub lease: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ElectionError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the lease ended (etcd answered a renewal with TTL 0)")]
+    LeaseEnded,
+}
+
+async fn bounded<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, ElectionError> {
+    match timeout(limit, f).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(ElectionError::Timeout(limit)),
+    }
+}
+
+/// Campaigns until `shutdown` turns true; the receiver holds the current term
+/// while this server leads, `None` otherwise. On shutdown a leader revokes its
+/// lease so that another server takes over at once rather than after the TTL.
+pub fn spawn(
+    client: Client,
+    config: ElectionConfig,
+    shutdown: watch::Receiver<bool>,
+) -> (watch::Receiver<Option<Term>>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(None);
+    let task = tokio::spawn(run(client, config, tx, shutdown));
+    (rx, task)
+}
+
+async fn run(
+    mut client: Client,
+    config: ElectionConfig,
+    tx: watch::Sender<Option<Term>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // After a failure, wait a little before campaigning again (etcd may be
+    // unreachable); never longer than a third of the TTL, the failover bound.
+    let pause = (config.ttl / 3).max(Duration::from_millis(100));
+    while !*shutdown.borrow() {
+        // Every step of a campaign is bounded and watches `shutdown` itself.
+        let outcome = campaign(&mut client, &config, &tx, &mut shutdown).await;
+        tx.send_replace(None);
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, "leader election: campaigning again");
+            tokio::select! {
+                _ = sleep(pause) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+}
+
+/// One attempt: takes the key or waits for it to go, then leads until the
+/// term ends. `Ok` when it ended by shutdown or by losing the key.
+async fn campaign(
+    client: &mut Client,
+    config: &ElectionConfig,
+    tx: &watch::Sender<Option<Term>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ElectionError> {
+    let rt = config.request_timeout;
+    let ttl_s = config.ttl.as_secs().max(1) as i64;
+    let sent = Instant::now();
+    let lease = bounded(rt, client.lease_grant(ttl_s, None)).await?;
+    let (lease, granted_ttl) = (lease.id(), lease.ttl());
+    let take = Txn::new()
+        .when([Compare::create_revision(config.key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(config.key.clone(), config.identity.clone(), Some(PutOptions::new().with_lease(lease)))])
+        .or_else([TxnOp::get(config.key.clone(), None)]);
+    let taken = match bounded(rt, client.txn(take)).await {
+        Ok(r) => r,
+        Err(e) => {
+            // Whether or not the put went through, the lease is ours to end.
+            let _ = bounded(rt, client.lease_revoke(lease)).await;
+            return Err(e);
+        }
+    };
+    if !taken.succeeded() {
+        let _ = bounded(rt, client.lease_revoke(lease)).await;
+        let revision = taken.header().map_or(0, |h| h.revision());
+        return wait_for_vacancy(client, config, revision, shutdown).await;
+    }
+    let term = Term { key: config.key.clone(), lease };
+    tracing::info!(lease, identity = %config.identity, "leader election: this server leads");
+    tx.send_replace(Some(term));
+    let result = lead(client, config, lease, sent + Duration::from_secs(granted_ttl.max(0) as u64), shutdown).await;
+    tx.send_replace(None);
+    // Ending the lease deletes the key: the next server need not wait out the TTL.
+    let _ = bounded(rt, client.lease_revoke(lease)).await;
+    tracing::info!(lease, "leader election: this server no longer leads");
+    result
+}
+
+/// Renews the lease until shutdown, a failed renewal past the deadline, or the
+/// key changing hands.
+async fn lead(
+    client: &mut Client,
+    config: &ElectionConfig,
+    lease: i64,
+    mut deadline: Instant,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ElectionError> {
+    let rt = config.request_timeout;
+    // Step down a margin before etcd could expire the lease.
+    let margin = (config.ttl / 6).max(Duration::from_millis(100));
+    let every = config.ttl / 3;
+    let (mut keeper, mut responses) = bounded(rt, client.lease_keep_alive(lease)).await?;
+    let mut key_watch = bounded(rt, client.watch(config.key.clone(), None)).await?;
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return Ok(()),
+            _ = sleep_until(deadline - margin) => {
+                tracing::warn!(lease, "leader election: renewals did not get through; stepping down");
+                return Ok(());
+            }
+            msg = key_watch.message() => {
+                let gone = match msg {
+                    Ok(Some(resp)) => resp.canceled()
+                        || resp.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete || e.kv().is_some_and(|kv| kv.lease() != lease)
+                        }),
+                    Ok(None) | Err(_) => true,
+                };
+                if gone {
+                    tracing::warn!(lease, "leader election: the leader key went or changed; stepping down");
+                    return Ok(());
+                }
+            }
+            _ = sleep_until(next) => {
+                next = Instant::now() + every;
+                let sent = Instant::now();
+                let left = deadline.saturating_duration_since(sent).min(rt);
+                let renewed = async {
+                    keeper.keep_alive().await?;
+                    responses.message().await
+                };
+                match timeout(left, renewed).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => deadline = sent + Duration::from_secs(r.ttl() as u64),
+                    Ok(Ok(Some(_))) => return Err(ElectionError::LeaseEnded),
+                    Ok(Ok(None)) => return Err(ElectionError::LeaseEnded),
+                    Ok(Err(e)) => {
+                        tracing::warn!(lease, error = %e, "leader election: renewal failed");
+                        // The stream is broken: open a new one, within the deadline.
+                        let left = deadline.saturating_duration_since(Instant::now()).min(rt);
+                        if let Ok((k, s)) = bounded(left, client.lease_keep_alive(lease)).await {
+                            (keeper, responses) = (k, s);
+                        }
+                    }
+                    Err(_) => tracing::warn!(lease, "leader election: renewal unanswered"),
+                }
+            }
+        }
+    }
+}
+
+/// Waits until the leader key is gone (or a TTL passes: the watch may have
+/// missed it, and a bound on this silence costs one transaction).
+async fn wait_for_vacancy(
+    client: &mut Client,
+    config: &ElectionConfig,
+    revision: i64,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), ElectionError> {
+    let options = WatchOptions::new().with_start_revision(revision + 1);
+    let mut stream = bounded(config.request_timeout, client.watch(config.key.clone(), Some(options))).await?;
+    let until = Instant::now() + config.ttl;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return Ok(()),
+            _ = sleep_until(until) => return Ok(()),
+            msg = stream.message() => match msg {
+                Ok(Some(resp)) => {
+                    if resp.canceled() || resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            },
+        }
+    }
+}
