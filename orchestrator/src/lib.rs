@@ -9,4 +9,6 @@ pub mod controller;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
