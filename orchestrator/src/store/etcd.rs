@@ -22,20 +22,21 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity,
-    KeyValue, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KeyValue,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::watch;
 
 use super::{
     decode, log_key, read_counter, Base, Batcher, Change, Committed, LeaderGuard, Limits, Published, StoreError,
-    StoreOptions, KEY_LOG_START, KEY_RV, LOG_PREFIX,
+    StoreOptions, Visit, KEY_LOG_START, KEY_RV, LOG_PREFIX,
 };
 
 /// Where a cluster's keys live in etcd unless configured otherwise.
 pub const DEFAULT_PREFIX: &str = "/pinion/";
-/// Keys per range read: a page stays well under gRPC's message limit.
-const PAGE: i64 = 500;
+/// Keys per range read: a page stays well under gRPC's message limit. Small
+/// in tests, so that their few hundred keys take several pages.
+const PAGE: i64 = if cfg!(test) { 64 } else { 500 };
 
 /// How to reach etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,9 +91,8 @@ pub async fn connect(config: &EtcdConfig) -> Result<Client, StoreError> {
     }
     let mut https = false;
     for e in &config.endpoints {
-        let (scheme, rest) = e
-            .split_once("://")
-            .ok_or_else(|| bad(format!("endpoints: {e:?} has no scheme (http:// or https://)")))?;
+        let (scheme, rest) =
+            e.split_once("://").ok_or_else(|| bad(format!("endpoints: {e:?} has no scheme (http:// or https://)")))?;
         let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h).trim_matches(['[', ']']);
         match scheme {
             "https" => https = true,
@@ -217,13 +217,12 @@ impl Follow {
         let mut from = start;
         loop {
             let options = GetOptions::new().with_range(end.to_vec()).with_limit(PAGE).with_revision(revision);
-            let mut resp = match tokio::time::timeout(self.options.request_timeout, kv.get(from.clone(), Some(options)))
-                .await
-            {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => return Err(etcd_error("range read", e)),
-                Err(_) => return Err(timed_out("range read", self.options)),
-            };
+            let mut resp =
+                match tokio::time::timeout(self.options.request_timeout, kv.get(from.clone(), Some(options))).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => return Err(etcd_error("range read", e)),
+                    Err(_) => return Err(timed_out("range read", self.options)),
+                };
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
             }
@@ -377,7 +376,9 @@ impl Follow {
                     }
                 },
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot watch etcd; trying again"),
-                Err(_) => tracing::warn!(timeout = ?self.options.request_timeout, "etcd did not answer a watch; trying again"),
+                Err(_) => {
+                    tracing::warn!(timeout = ?self.options.request_timeout, "etcd did not answer a watch; trying again")
+                }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -422,11 +423,7 @@ impl EtcdBackend {
         self.follow.read().kv.get(key).cloned()
     }
 
-    pub(super) fn scan(
-        &self,
-        prefix: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    pub(super) fn scan(&self, prefix: &[u8], f: &mut Visit<'_>) -> Result<(), StoreError> {
         let m = self.follow.read();
         for (k, v) in m.kv.range(prefix.to_vec()..).take_while(|(k, _)| k.starts_with(prefix)) {
             f(k, v)?;
@@ -441,7 +438,7 @@ impl EtcdBackend {
 
     pub(super) fn limits(&self) -> Limits {
         let o = self.follow.options;
-        Limits { max_ops: o.max_txn_ops, max_bytes: o.max_request_bytes }
+        Limits { max_ops: o.max_txn_ops, max_bytes: o.max_request_bytes, key_prefix: self.follow.prefix.len() }
     }
 
     pub(super) async fn log_range(&self, from: u64, to: u64) -> Result<Vec<Change>, StoreError> {
@@ -495,9 +492,7 @@ impl EtcdBackend {
                 return Err(StoreError::Etcd(format!("the write was refused: {}", s.message())));
             }
             Ok(Err(e)) => return Err(StoreError::Unconfirmed(e.to_string())),
-            Err(_) => {
-                return Err(StoreError::Unconfirmed(format!("no answer within {:?}", f.options.request_timeout)))
-            }
+            Err(_) => return Err(StoreError::Unconfirmed(format!("no answer within {:?}", f.options.request_timeout))),
         };
         if resp.succeeded() {
             let revision = resp.header().map_or(0, |h| h.revision());

@@ -453,14 +453,16 @@ struct Base {
 struct Limits {
     max_ops: usize,
     max_bytes: usize,
+    /// Bytes every key takes besides its own (etcd's prefix).
+    key_prefix: usize,
 }
 
 /// Operations and bytes every transaction spends besides the writes: the
 /// version counter, the log start, the log's compaction and the compares.
 const FIXED_OPS: usize = 3;
 const FIXED_BYTES: usize = 4096;
-/// A generous bound on a protobuf operation's framing and the key prefix.
-const OP_BYTES: usize = 128;
+/// A generous bound on a protobuf operation's framing.
+const OP_BYTES: usize = 64;
 
 /// The committer's state for one batch.
 struct Batcher {
@@ -516,12 +518,12 @@ impl Batcher {
                 Err(source) => return Admit::Refused(StoreError::Encode { key: format!("log/{}", c.rv), source }),
             }
         }
+        let op_bytes = OP_BYTES + limits.key_prefix;
         let ops = s.writes.len() + log.len();
-        let bytes = s.writes.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + OP_BYTES).sum::<usize>()
-            + log.iter().map(|(_, v)| v.len() + 12 + OP_BYTES).sum::<usize>();
-        let fits = |ops: usize, bytes: usize| {
-            ops + FIXED_OPS <= limits.max_ops && bytes + FIXED_BYTES <= limits.max_bytes
-        };
+        let bytes = s.writes.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + op_bytes).sum::<usize>()
+            + log.iter().map(|(_, v)| v.len() + 12 + op_bytes).sum::<usize>();
+        let fits =
+            |ops: usize, bytes: usize| ops + FIXED_OPS <= limits.max_ops && bytes + FIXED_BYTES <= limits.max_bytes;
         if self.is_empty() {
             if !fits(ops, bytes) {
                 return Admit::Refused(StoreError::TooLarge {
@@ -563,6 +565,9 @@ enum Committed {
     Conflict,
 }
 
+/// What `Backend::scan` calls with each key and value.
+type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
 /// The two backends. An enum, not a trait: there are two, and the
 /// committer, `Txn` and `Watch` call each through one match.
 enum Backend {
@@ -579,11 +584,7 @@ impl Backend {
     }
 
     /// Calls `f` with every stored key under `prefix` and its value, in key order.
-    fn scan(
-        &self,
-        prefix: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, prefix: &[u8], f: &mut Visit<'_>) -> Result<(), StoreError> {
         match self {
             Backend::Sled(b) => b.scan(prefix, f),
             Backend::Etcd(b) => b.scan(prefix, f),
@@ -599,7 +600,7 @@ impl Backend {
 
     fn limits(&self) -> Limits {
         match self {
-            Backend::Sled(_) => Limits { max_ops: usize::MAX / 4, max_bytes: usize::MAX / 4 },
+            Backend::Sled(_) => Limits { max_ops: usize::MAX / 4, max_bytes: usize::MAX / 4, key_prefix: 0 },
             Backend::Etcd(b) => b.limits(),
         }
     }

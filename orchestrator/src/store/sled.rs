@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::{
-    decode, log_key, read_counter, Base, Batcher, Change, Published, StoreError, StoreOptions, KEY_LOG_START,
+    decode, log_key, read_counter, Base, Batcher, Change, Published, StoreError, StoreOptions, Visit, KEY_LOG_START,
     KEY_RV,
 };
 
@@ -36,11 +36,7 @@ impl SledBackend {
         Ok(self.tree.get(key)?.map(|v| v.to_vec()))
     }
 
-    pub(super) fn scan(
-        &self,
-        prefix: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    pub(super) fn scan(&self, prefix: &[u8], f: &mut Visit<'_>) -> Result<(), StoreError> {
         for kv in self.tree.scan_prefix(prefix) {
             let (k, v) = kv?;
             f(&k, &v)?;
@@ -78,7 +74,12 @@ impl SledBackend {
     }
 
     /// Applies the batch as one sled batch, flushes, then publishes it.
-    pub(super) fn commit(&self, b: &mut Batcher, published: &Published, options: StoreOptions) -> Result<(), StoreError> {
+    pub(super) fn commit(
+        &self,
+        b: &mut Batcher,
+        published: &Published,
+        options: StoreOptions,
+    ) -> Result<(), StoreError> {
         let result = self.apply(b, options);
         if let Err(e @ StoreError::Sled(_)) = &result {
             let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
@@ -143,4 +144,3 @@ fn check_space(dir: &Path, needed: u64) -> Result<(), StoreError> {
     }
     Ok(())
 }
-
