@@ -5,7 +5,9 @@ set -euo pipefail
 need=()
 # hwloc-nox: lstopo-no-graphics, which nodelet/tests/hwloc_lstopo.rs runs on the sysfs fixtures.
 # libelf-dev, zlib1g-dev: libbpf (built by libbpf-sys) for the cgroup v2 device filter.
-for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev; do
+# etcd-server, etcd-client: the store's etcd tests start their own etcd; protobuf-compiler:
+# protoc, which the etcd-client crate's build runs.
+for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -770,7 +770,7 @@ impl Controller {
                 status.reason = Some(reason.into());
                 status.message = Some(message.clone());
                 t.put(&mut pod)?;
-                t.add_event(event("Pod", &name, event_type, event_reason, message))?;
+                t.add_event(event("Pod", &name, event_type, event_reason, message.clone()))?;
                 Ok(())
             })
             .await;

@@ -12,4 +12,6 @@ pub mod leading;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;

@@ -250,7 +250,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     rv
                 }
             };
-            let watch = store.watch(from).map_err(store_error)?;
+            let watch = store.watch(from).await.map_err(store_error)?;
             Ok(Reply::Watch { initial, watch, filter, from, bookmarks })
         }
         Action::CreatePod(pod) => {
@@ -268,7 +268,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             };
             let (code, pod, replaced) = store
                 .write(move |t| -> Result<(u16, Pod, Option<Pod>), Refused> {
-                    let mut pod = *pod;
+                    let mut pod = (*pod).clone();
                     let name = pod.metadata.name.clone();
                     let mut replaced = None;
                     if let Some(existing) = t.get::<Pod>(&name)? {
@@ -284,7 +284,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                             ))));
                         }
                     }
-                    if let Some(message) = never {
+                    if let Some(message) = &never {
                         return Err(Refused(super::error::error(422, "Unschedulable", format!(
                             "{message} (annotate the pod {}: \"true\" to wait for such a node)",
                             specs::pod::WAIT_FOR_NODES_ANNOTATION
@@ -364,7 +364,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                         return Err(Refused(conflict(format!("the status is about an earlier pod {name:?}"))));
                     }
                     let was_finished = is_finished(&pod);
-                    merge_status(&mut pod, *status)?;
+                    merge_status(&mut pod, (*status).clone())?;
                     t.put(&mut pod)?;
                     let finished = !was_finished && is_finished(&pod);
                     Ok((pod, finished))
@@ -424,7 +424,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             }
             let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
             let container = pick_container(&pod, container)?;
-            let watch = store.watch(from).map_err(store_error)?;
+            let watch = store.watch(from).await.map_err(store_error)?;
             Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch })))
         }
         Action::ListNodes { selector } => {
@@ -438,7 +438,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let controller = state.controller.required()?;
             let (code, node) = store
                 .write(move |t| -> Result<(u16, Node), Refused> {
-                    let mut node = *node;
+                    let mut node = (*node).clone();
                     let name = node.metadata.name.clone();
                     let code = match t.get::<Node>(&name)? {
                         Some(existing) => {
@@ -533,7 +533,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     if !was_ready {
                         t.add_event(event("Node", &n, "Normal", "NodeReady", "status reports resumed"))?;
                     }
-                    for (pod_name, status) in report.pods {
+                    for (pod_name, status) in report.pods.clone() {
                         let Some(mut pod) = t.get::<Pod>(&pod_name)? else { continue };
                         if pod.spec.node_name.as_deref() != Some(&n) {
                             continue; // Not ours (any more): the node learns from its watch.

@@ -76,6 +76,14 @@ pub fn store_error(e: StoreError) -> ApiError {
             ApiError { details: vec![field], ..bad_request(message) }
         }
         StoreError::Closed => error(503, "ShuttingDown", e.to_string()),
+        // Another server leads: the client may try again (there, or here later).
+        StoreError::NotLeader => error(503, "NotLeader", e.to_string()),
+        StoreError::TooLarge { .. } => error(413, "TooLarge", e.to_string()),
+        // etcd out of reach: the write was not acknowledged, and may be retried
+        // (an unconfirmed one after reading it back, as the message says).
+        StoreError::Failed(ref inner) if matches!(**inner, StoreError::Etcd(_) | StoreError::Unconfirmed(_)) => {
+            error(503, "StoreUnavailable", e.to_string())
+        }
         // The client may retry later; the message names the data dir and what to do.
         ref full if full.is_disk_full() => error(507, "InsufficientStorage", full.to_string()),
         other => internal(other.to_string()),
@@ -113,6 +121,13 @@ mod tests {
             "InternalError",
         );
         check(StoreError::Closed, 503, "ShuttingDown");
+        check(StoreError::NotLeader, 503, "NotLeader");
+        check(
+            StoreError::Failed(Arc::new(StoreError::Unconfirmed("no answer within 5s".into()))),
+            503,
+            "StoreUnavailable",
+        );
+        check(StoreError::Failed(Arc::new(StoreError::Etcd("connection refused".into()))), 503, "StoreUnavailable");
         check(StoreError::Gone { requested: 1, oldest: 5 }, 410, "Gone");
     }
 }

@@ -1,0 +1,541 @@
+//! The store on etcd: several servers share one cluster's state.
+//!
+//! Reads come from a mirror of the prefix in memory (the kube-apiserver's
+//! watch cache, in small), loaded by a range read at open and kept current by
+//! one etcd watch on the prefix. The change log (`log/<rv>`) stays out of the
+//! mirror (50,000 entries by default); a watch that replays it reads etcd.
+//!
+//! A batch commits as one etcd transaction that compares the revision of
+//! `meta/rv` with the one the batch was built on: every batch writes
+//! `meta/rv`, so the compare fails exactly when another server wrote since,
+//! and the batch runs again once the mirror has caught up. etcd answers only
+//! once a quorum has the transaction on disk.
+//!
+//! The feed from the watch and this server's own commits both apply to the
+//! mirror and publish to watchers under the mirror's lock, so watchers get
+//! every change once and in version order; the feed skips what a commit
+//! already applied (its revision is not newer than the mirror's).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KeyValue,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::watch;
+
+use super::{
+    decode, log_key, read_counter, Base, Batcher, Change, Committed, LeaderGuard, Limits, Published, StoreError,
+    StoreOptions, Visit, KEY_LOG_START, KEY_RV, LOG_PREFIX,
+};
+
+/// Where a cluster's keys live in etcd unless configured otherwise.
+pub const DEFAULT_PREFIX: &str = "/pinion/";
+/// Keys per range read: a page stays well under gRPC's message limit. Small
+/// in tests, so that their few hundred keys take several pages.
+const PAGE: i64 = if cfg!(test) { 64 } else { 500 };
+
+/// How to reach etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `http://host:port` (loopback only) or `https://host:port`.
+    pub endpoints: Vec<String>,
+    /// The CA that signed etcd's server certificates (needed for https).
+    pub ca: Option<PathBuf>,
+    /// This server's client certificate and key, when etcd asks for one.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// The key prefix this cluster's data lives under.
+    pub prefix: String,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            ca: None,
+            cert: None,
+            key: None,
+            prefix: DEFAULT_PREFIX.into(),
+        }
+    }
+}
+
+/// Bounds on the talk with etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// Every request's bound: a server cut off from etcd answers writes with
+    /// an error within it.
+    pub request_timeout: Duration,
+    /// etcd's `--max-txn-ops` (its default 128): a batch never holds more.
+    pub max_txn_ops: usize,
+    /// etcd's `--max-request-bytes` (its default 1.5 MiB).
+    pub max_request_bytes: usize,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions { request_timeout: Duration::from_secs(5), max_txn_ops: 128, max_request_bytes: 1536 * 1024 }
+    }
+}
+
+/// Connects to etcd (rustls for https). Plain http is refused except to
+/// loopback: etcd holds the cluster's state, claims included.
+pub async fn connect(config: &EtcdConfig) -> Result<Client, StoreError> {
+    let bad = |m: String| StoreError::Etcd(m);
+    if config.endpoints.is_empty() {
+        return Err(bad("endpoints: at least one etcd endpoint is needed".into()));
+    }
+    let mut https = false;
+    for e in &config.endpoints {
+        let (scheme, rest) =
+            e.split_once("://").ok_or_else(|| bad(format!("endpoints: {e:?} has no scheme (http:// or https://)")))?;
+        let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h).trim_matches(['[', ']']);
+        match scheme {
+            "https" => https = true,
+            "http" if host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback()) => {}
+            "http" => {
+                return Err(bad(format!("endpoints: {e:?} is plain http to another machine; use https with a CA")))
+            }
+            _ => return Err(bad(format!("endpoints: {e:?}: the scheme must be http or https"))),
+        }
+    }
+    let read = |what: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|err| bad(format!("{what} {}: {err}", path.display())))
+    };
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        // A dead connection is found by keepalive, not by a request that hangs.
+        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
+        .with_keep_alive_while_idle(true);
+    if https {
+        let ca = config.ca.as_ref().ok_or_else(|| bad("ca: an https endpoint needs the etcd CA certificate".into()))?;
+        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read("ca", ca)?));
+        match (&config.cert, &config.key) {
+            (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?)),
+            (None, None) => {}
+            _ => return Err(bad("cert, key: give both the client certificate and its key, or neither".into())),
+        }
+        options = options.with_tls(tls);
+    }
+    match tokio::time::timeout(Duration::from_secs(10), Client::connect(&config.endpoints, Some(options))).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(bad(format!("connecting to {}: {e}", config.endpoints.join(",")))),
+        Err(_) => Err(bad(format!("connecting to {}: no answer within 10 s", config.endpoints.join(",")))),
+    }
+}
+
+/// The keys under the prefix, without it, the log left out.
+#[derive(Default)]
+struct Mirror {
+    kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The etcd revision the mirror is current to.
+    revision: i64,
+    /// The revision that last wrote `meta/rv`: what a transaction compares.
+    rv_revision: i64,
+}
+
+impl Mirror {
+    fn counter(&self, key: &[u8]) -> u64 {
+        read_counter(self.kv.get(key).map(Vec::as_slice))
+    }
+}
+
+/// What the backend and its feed task share.
+struct Follow {
+    client: Client,
+    prefix: Vec<u8>,
+    options: EtcdOptions,
+    mirror: RwLock<Mirror>,
+    /// The mirror's revision, for a committer waiting to catch up.
+    revision: watch::Sender<i64>,
+    published: Arc<Published>,
+}
+
+pub(super) struct EtcdBackend {
+    follow: Arc<Follow>,
+    /// The committer thread is no tokio thread; it runs etcd calls on this.
+    runtime: tokio::runtime::Handle,
+    feed: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        self.feed.abort();
+    }
+}
+
+fn etcd_error(during: &str, e: etcd_client::Error) -> StoreError {
+    StoreError::Etcd(format!("{during}: {e}"))
+}
+
+fn timed_out(during: &str, options: EtcdOptions) -> StoreError {
+    StoreError::Etcd(format!("{during}: no answer within {:?}", options.request_timeout))
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff (or empty): to the end of the key space.
+    vec![0]
+}
+
+impl Follow {
+    fn key(&self, rel: &[u8]) -> Vec<u8> {
+        let mut k = self.prefix.clone();
+        k.extend_from_slice(rel);
+        k
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Mirror> {
+        self.mirror.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Mirror> {
+        self.mirror.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every key in `[start, end)` at `revision` (0: the newest), page by page;
+    /// returns the revision read at.
+    async fn range(
+        &self,
+        start: Vec<u8>,
+        end: &[u8],
+        mut revision: i64,
+        f: &mut (dyn FnMut(KeyValue) -> Result<(), StoreError> + Send),
+    ) -> Result<i64, StoreError> {
+        let mut kv = self.client.kv_client();
+        let mut from = start;
+        loop {
+            let options = GetOptions::new().with_range(end.to_vec()).with_limit(PAGE).with_revision(revision);
+            let mut resp =
+                match tokio::time::timeout(self.options.request_timeout, kv.get(from.clone(), Some(options))).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => return Err(etcd_error("range read", e)),
+                    Err(_) => return Err(timed_out("range read", self.options)),
+                };
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            let next = kvs.last().map(|kv| {
+                let mut k = kv.key().to_vec();
+                k.push(0);
+                k
+            });
+            for kv in kvs {
+                f(kv)?;
+            }
+            match next {
+                Some(next) if more => from = next,
+                _ => return Ok(revision),
+            }
+        }
+    }
+
+    /// Reads the prefix, the log left out, at one revision.
+    async fn load(&self) -> Result<Mirror, StoreError> {
+        let mut m = Mirror::default();
+        let prefix_len = self.prefix.len();
+        let mut take = |kv: KeyValue| {
+            if kv.key().get(prefix_len..) == Some(KEY_RV) {
+                m.rv_revision = kv.mod_revision();
+            }
+            let (k, v) = kv.into_key_value();
+            m.kv.insert(k[prefix_len..].to_vec(), v);
+            Ok(())
+        };
+        let log = self.key(LOG_PREFIX.as_bytes());
+        // `0` follows `/`: the first key after the whole log.
+        let after_log = self.key(b"log0");
+        let revision = self.range(self.prefix.clone(), &log, 0, &mut take).await?;
+        self.range(after_log, &prefix_end(&self.prefix), revision, &mut take).await?;
+        m.revision = revision;
+        Ok(m)
+    }
+
+    async fn log_range(&self, from: u64, to: u64) -> Result<Vec<Change>, StoreError> {
+        let mut out = Vec::new();
+        let end = self.key(&log_key(to.saturating_add(1)));
+        self.range(self.key(&log_key(from)), &end, 0, &mut |kv| {
+            out.push(decode(kv.key(), kv.value())?);
+            Ok(())
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// Applies one watch response: newer events go into the mirror, the
+    /// log entries among them are published.
+    fn apply_events(&self, events: &[etcd_client::Event]) {
+        let mut m = self.write();
+        let mut top = m.revision;
+        let mut changes = Vec::new();
+        for ev in events {
+            let Some(kv) = ev.kv() else { continue };
+            if kv.mod_revision() <= m.revision {
+                continue;
+            }
+            top = top.max(kv.mod_revision());
+            let Some(rel) = kv.key().strip_prefix(self.prefix.as_slice()) else { continue };
+            let put = ev.event_type() == EventType::Put;
+            if rel.starts_with(LOG_PREFIX.as_bytes()) {
+                if put {
+                    match decode::<Change>(kv.key(), kv.value()) {
+                        Ok(c) => changes.push(c),
+                        // Its watchers find the gap and read the log, which names the key.
+                        Err(e) => tracing::warn!(error = %e, "a change-log entry from etcd does not decode"),
+                    }
+                }
+                continue;
+            }
+            if rel == KEY_RV {
+                m.rv_revision = kv.mod_revision();
+            }
+            if put {
+                m.kv.insert(rel.to_vec(), kv.value().to_vec());
+            } else {
+                m.kv.remove(rel);
+            }
+        }
+        m.revision = top;
+        changes.sort_by_key(|c| c.rv);
+        self.published.publish(m.counter(KEY_RV), m.counter(KEY_LOG_START), changes);
+        self.revision.send_replace(top);
+    }
+
+    /// Reloads the mirror after the watch lost its place (its revision was
+    /// compacted) and publishes the changes missed meanwhile from the log.
+    async fn reload(&self) -> Result<(), StoreError> {
+        let fresh = self.load().await?;
+        let from = self.published.rv.load(std::sync::atomic::Ordering::Acquire) + 1;
+        let top = fresh.counter(KEY_RV);
+        let missed = if top >= from { self.log_range(from, top).await? } else { Vec::new() };
+        let mut m = self.write();
+        // A commit of this server's may have moved the mirror past the reload.
+        if fresh.revision > m.revision {
+            *m = fresh;
+        }
+        self.published.publish(m.counter(KEY_RV), m.counter(KEY_LOG_START), missed);
+        self.revision.send_replace(m.revision);
+        Ok(())
+    }
+
+    /// Follows the prefix until aborted: one watch from the mirror's next
+    /// revision, set up again whenever it ends.
+    async fn feed(self: Arc<Follow>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let from = self.read().revision + 1;
+            let options = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
+            let mut client = self.client.clone();
+            match tokio::time::timeout(self.options.request_timeout, client.watch(self.prefix.clone(), Some(options)))
+                .await
+            {
+                Ok(Ok(mut stream)) => loop {
+                    match stream.message().await {
+                        Ok(Some(resp)) if resp.canceled() => {
+                            if resp.compact_revision() > 0 {
+                                tracing::warn!(
+                                    from,
+                                    compacted = resp.compact_revision(),
+                                    "etcd compacted past the store's watch; reloading"
+                                );
+                                if let Err(e) = self.reload().await {
+                                    tracing::warn!(error = %e, "reloading the store from etcd failed; trying again");
+                                }
+                            } else {
+                                tracing::warn!(reason = resp.cancel_reason(), "etcd cancelled the store's watch");
+                            }
+                            break;
+                        }
+                        Ok(Some(resp)) => {
+                            backoff = Duration::from_millis(100);
+                            if !resp.events().is_empty() {
+                                self.apply_events(resp.events());
+                            }
+                        }
+                        Ok(None) => {
+                            tracing::warn!("the store's etcd watch ended; watching again");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the store's etcd watch broke; watching again");
+                            break;
+                        }
+                    }
+                },
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot watch etcd; trying again"),
+                Err(_) => {
+                    tracing::warn!(timeout = ?self.options.request_timeout, "etcd did not answer a watch; trying again")
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+/// gRPC codes with which etcd refuses a request before applying it
+/// (invalid argument, permission denied, resource exhausted, failed
+/// precondition, out of range, unauthenticated): the write surely is not stored.
+const REFUSED: [i32; 6] = [3, 7, 8, 9, 11, 16];
+
+impl EtcdBackend {
+    pub(super) async fn open(
+        client: Client,
+        prefix: &str,
+        options: EtcdOptions,
+    ) -> Result<(EtcdBackend, Arc<Published>), StoreError> {
+        if prefix.is_empty() {
+            return Err(StoreError::Etcd("prefix: must not be empty (e.g. /pinion/)".into()));
+        }
+        let (revision, _) = watch::channel(0);
+        let mut follow = Follow {
+            client,
+            prefix: prefix.as_bytes().to_vec(),
+            options,
+            mirror: RwLock::new(Mirror::default()),
+            revision,
+            published: Arc::new(Published::new(0, 1)),
+        };
+        let mirror = follow.load().await?;
+        follow.published = Arc::new(Published::new(mirror.counter(KEY_RV), mirror.counter(KEY_LOG_START).max(1)));
+        follow.revision.send_replace(mirror.revision);
+        follow.mirror = RwLock::new(mirror);
+        let follow = Arc::new(follow);
+        let published = follow.published.clone();
+        let feed = tokio::spawn(follow.clone().feed());
+        Ok((EtcdBackend { follow, runtime: tokio::runtime::Handle::current(), feed }, published))
+    }
+
+    pub(super) fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.follow.read().kv.get(key).cloned()
+    }
+
+    pub(super) fn scan(&self, prefix: &[u8], f: &mut Visit<'_>) -> Result<(), StoreError> {
+        let m = self.follow.read();
+        for (k, v) in m.kv.range(prefix.to_vec()..).take_while(|(k, _)| k.starts_with(prefix)) {
+            f(k, v)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn base(&self) -> Base {
+        let m = self.follow.read();
+        Base { rv: m.counter(KEY_RV), revision: m.rv_revision, log_start: m.counter(KEY_LOG_START).max(1) }
+    }
+
+    pub(super) fn limits(&self) -> Limits {
+        let o = self.follow.options;
+        Limits { max_ops: o.max_txn_ops, max_bytes: o.max_request_bytes, key_prefix: self.follow.prefix.len() }
+    }
+
+    pub(super) async fn log_range(&self, from: u64, to: u64) -> Result<Vec<Change>, StoreError> {
+        self.follow.log_range(from, to).await
+    }
+
+    /// One transaction for the batch; see the module's comment.
+    pub(super) fn commit(
+        &self,
+        b: &mut Batcher,
+        published: &Published,
+        guard: Option<LeaderGuard>,
+        options: StoreOptions,
+    ) -> Result<Committed, StoreError> {
+        let f = &self.follow;
+        let rv_key = f.key(KEY_RV);
+        let mut compares = vec![Compare::mod_revision(rv_key.clone(), CompareOp::Equal, b.base.revision)];
+        let mut on_failure = vec![TxnOp::get(rv_key.clone(), None)];
+        let leader = b.leader == Some(true);
+        if leader {
+            let Some(guard) = &guard else { return Err(StoreError::NotLeader) };
+            compares.push(Compare::lease(guard.key.clone(), CompareOp::Equal, guard.lease));
+            on_failure.push(TxnOp::get(guard.key.clone(), None));
+        }
+        let mut ops = Vec::with_capacity(b.log.len() + b.writes.len() + 3);
+        for (rv, bytes) in &b.log {
+            ops.push(TxnOp::put(f.key(&log_key(*rv)), bytes.clone(), None));
+        }
+        for (k, v) in &b.writes {
+            ops.push(match v {
+                Some(v) => TxnOp::put(f.key(k), v.clone(), None),
+                None => TxnOp::delete(f.key(k), None),
+            });
+        }
+        ops.push(TxnOp::put(rv_key, b.rv.to_be_bytes().to_vec(), None));
+        // Compact the log to its bound in the same transaction.
+        let start = b.base.log_start;
+        let new_start = b.rv.saturating_sub(options.log_keep).max(start);
+        if new_start > start {
+            let range = DeleteOptions::new().with_range(f.key(&log_key(new_start)));
+            ops.push(TxnOp::delete(f.key(&log_key(start)), Some(range)));
+            ops.push(TxnOp::put(f.key(KEY_LOG_START), new_start.to_be_bytes().to_vec(), None));
+        }
+        let txn = Txn::new().when(compares).and_then(ops).or_else(on_failure);
+        let mut kv = f.client.kv_client();
+        // The timer is made inside `block_on`: this thread is no runtime's.
+        let sent = self.runtime.block_on(async { tokio::time::timeout(f.options.request_timeout, kv.txn(txn)).await });
+        let resp = match sent {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(etcd_client::Error::GRpcStatus(s))) if REFUSED.contains(&i32::from(s.code())) => {
+                return Err(StoreError::Etcd(format!("the write was refused: {}", s.message())));
+            }
+            Ok(Err(e)) => return Err(StoreError::Unconfirmed(e.to_string())),
+            Err(_) => return Err(StoreError::Unconfirmed(format!("no answer within {:?}", f.options.request_timeout))),
+        };
+        if resp.succeeded() {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            let mut m = f.write();
+            for (k, v) in std::mem::take(&mut b.writes) {
+                match v {
+                    Some(v) => m.kv.insert(k, v),
+                    None => m.kv.remove(&k),
+                };
+            }
+            m.kv.insert(KEY_RV.to_vec(), b.rv.to_be_bytes().to_vec());
+            if new_start > start {
+                m.kv.insert(KEY_LOG_START.to_vec(), new_start.to_be_bytes().to_vec());
+            }
+            m.rv_revision = revision;
+            m.revision = m.revision.max(revision);
+            // Published before the callers are answered: a caller that
+            // watches from its write's version must find it.
+            published.publish(b.rv, new_start, std::mem::take(&mut b.changes));
+            f.revision.send_replace(m.revision);
+            return Ok(Committed::Done);
+        }
+        let responses = resp.op_responses();
+        let revision_of = |i: usize| match responses.get(i) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| (kv.mod_revision(), kv.lease())),
+            _ => None,
+        };
+        if let Some(guard) = guard.filter(|_| leader) {
+            if revision_of(1).map(|(_, lease)| lease) != Some(guard.lease) {
+                return Err(StoreError::NotLeader);
+            }
+        }
+        let wanted = revision_of(0).map_or(0, |(rev, _)| rev);
+        let mut caught_up = f.revision.subscribe();
+        let waited = self.runtime.block_on(async {
+            tokio::time::timeout(f.options.request_timeout, caught_up.wait_for(|r| *r >= wanted)).await
+        });
+        match waited {
+            Ok(Ok(_)) => Ok(Committed::Conflict),
+            _ => Err(StoreError::Etcd(format!(
+                "another server wrote first and this server's view of etcd did not reach revision {wanted} within {:?}",
+                f.options.request_timeout
+            ))),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Real etcd clusters for tests: one or three members on free loopback
+//! ports, each with its own data dir in a temporary directory; a member can
+//! be killed with SIGKILL and started again on its data; every member is
+//! killed when the cluster is dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::store::EtcdConfig;
+
+/// Whether `etcd` can be run here. Outside CI a missing etcd prints SKIPPED
+/// and the test returns; under `CI=true` it is a failure, never a skip.
+pub fn available(test: &str) -> bool {
+    let found = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: etcd is not installed (e2e/host-setup.sh installs etcd-server)");
+        }
+        eprintln!("SKIPPED {test}: etcd is not installed (apt-get install etcd-server)");
+    }
+    found
+}
+
+struct Member {
+    name: String,
+    data_dir: PathBuf,
+    client_url: String,
+    peer_url: String,
+    child: Option<Child>,
+}
+
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial_cluster: String,
+    dir: tempfile::TempDir,
+}
+
+fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    // Held together until all are known, so that no two are the same.
+    let listeners: Vec<_> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
+}
+
+impl EtcdCluster {
+    /// Starts `members` members and waits (30 s at most) until each answers.
+    pub async fn start(members: usize) -> Result<EtcdCluster, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        let ports = free_ports(2 * members).map_err(|e| format!("free ports: {e}"))?;
+        let members: Vec<Member> = (0..members)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                data_dir: dir.path().join(format!("m{i}")),
+                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+                peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                child: None,
+            })
+            .collect();
+        let initial_cluster =
+            members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect::<Vec<_>>().join(",");
+        let mut cluster = EtcdCluster { members, initial_cluster, dir };
+        for i in 0..cluster.members.len() {
+            cluster.spawn(i)?;
+        }
+        for i in 0..cluster.members.len() {
+            cluster.wait_ready(i).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), String> {
+        let m = &self.members[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", m.name)))
+            .map_err(|e| format!("etcd log: {e}"))?;
+        let log2 = log.try_clone().map_err(|e| format!("etcd log: {e}"))?;
+        let child = Command::new("etcd")
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&m.data_dir)
+            .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
+            .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
+            .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "pinion-test"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| format!("starting etcd: {e}"))?;
+        self.members[i].child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until member `i` answers a linearizable read (so it has a quorum).
+    async fn wait_ready(&mut self, i: usize) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let endpoint = self.members[i].client_url.clone();
+        loop {
+            if let Some(child) = self.members[i].child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("etcd member {i} exited: {status}; see {}", self.log_path(i).display()));
+                }
+            }
+            let probe = async {
+                let mut c = etcd_client::Client::connect([endpoint.as_str()], None).await.ok()?;
+                c.get("probe", None).await.ok()
+            };
+            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("etcd member {i} not ready within 30 s; see {}", self.log_path(i).display()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log_path(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("{}.log", self.members[i].name))
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// How to reach this cluster, with the cluster's keys under `prefix`.
+    pub fn config(&self, prefix: &str) -> EtcdConfig {
+        EtcdConfig { endpoints: self.endpoints(), prefix: prefix.into(), ..EtcdConfig::default() }
+    }
+
+    /// SIGKILL to member `i`, and waits until it is gone.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data dir and waits until it answers.
+    pub async fn restart(&mut self, i: usize) -> Result<(), String> {
+        self.kill(i);
+        self.spawn(i)?;
+        self.wait_ready(i).await
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}

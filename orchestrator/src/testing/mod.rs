@@ -1,0 +1,3 @@
+//! Test fixtures other crates' tests reuse (feature `testing`).
+
+pub mod etcd;
