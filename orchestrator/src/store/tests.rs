@@ -463,3 +463,64 @@ async fn etcd_server_cut_off_while_others_write_misses_nothing() {
     assert!(a.get::<Pod>("p9").expect("get").is_some());
     assert_eq!(a.resource_version(), written[9].0);
 }
+
+/// etcd over https with client certificates (rustls): the store works with
+/// the CA and this server's certificate, and is refused without the certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_client_certificates() {
+    let test = "etcd_over_tls_with_client_certificates";
+    if !available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pki, _) = crate::tls::Pki::load_or_create(dir.path()).expect("pki");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write pem");
+        path
+    };
+    let (server_cert, server_key) = pki.issue_server(&["127.0.0.1".into()]).expect("server cert");
+    let (client_cert, client_key) = pki.issue_client("pinion-server").expect("client cert");
+    let tls = crate::testing::etcd::ClientTls {
+        ca: write("ca.pem", &pki.ca_cert_pem),
+        server_cert: write("server.pem", &server_cert),
+        server_key: write("server.key", &server_key),
+        client_cert: write("client.pem", &client_cert),
+        client_key: write("client.key", &client_key),
+    };
+    let cluster = EtcdCluster::start_with(1, Some(tls)).await.unwrap_or_else(|e| panic!("{test}: {e}"));
+    let config = cluster.config(PREFIX);
+    assert!(config.endpoints[0].starts_with("https://"), "{config:?}");
+    let client = connect(&config).await.expect("connect over https");
+    let store = Store::open_etcd(client, PREFIX, StoreOptions::default(), EtcdOptions::default()).await.expect("open");
+    assert_eq!(create(&store, "secure").await, 1);
+
+    let anonymous = EtcdConfig { cert: None, key: None, ..config.clone() };
+    let opened = match connect(&anonymous).await {
+        Ok(client) => Store::open_etcd(client, PREFIX, StoreOptions::default(), EtcdOptions::default()).await.err(),
+        Err(e) => Some(e),
+    };
+    assert!(opened.is_some(), "etcd asks for a client certificate; a server without one must not get in");
+}
+
+/// What `connect` refuses before it dials, each naming the field.
+#[tokio::test]
+async fn etcd_config_errors_name_the_field() {
+    let check = |config: EtcdConfig, field: &'static str| async move {
+        match connect(&config).await {
+            Err(e) => assert!(e.to_string().contains(field), "{e}"),
+            Ok(_) => panic!("{config:?} accepted"),
+        }
+    };
+    let base = EtcdConfig::default();
+    check(EtcdConfig { endpoints: vec![], ..base.clone() }, "endpoints").await;
+    check(EtcdConfig { endpoints: vec!["http://10.1.2.3:2379".into()], ..base.clone() }, "plain http").await;
+    check(EtcdConfig { endpoints: vec!["127.0.0.1:2379".into()], ..base.clone() }, "scheme").await;
+    check(EtcdConfig { endpoints: vec!["https://10.1.2.3:2379".into()], ..base.clone() }, "ca:").await;
+    let with_ca = EtcdConfig {
+        endpoints: vec!["https://10.1.2.3:2379".into()],
+        ca: Some("missing/ca.pem".into()),
+        ..base.clone()
+    };
+    check(with_ca.clone(), "ca missing/ca.pem").await;
+}

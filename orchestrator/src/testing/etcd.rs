@@ -27,6 +27,17 @@ pub fn available(test: &str) -> bool {
     found
 }
 
+/// TLS on the members' client port: the server certificate etcd presents,
+/// and the client certificate it asks for (both signed by `ca`).
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
 struct Member {
     name: String,
     data_dir: PathBuf,
@@ -38,6 +49,7 @@ struct Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     initial_cluster: String,
+    tls: Option<ClientTls>,
     dir: tempfile::TempDir,
 }
 
@@ -51,20 +63,27 @@ fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
 impl EtcdCluster {
     /// Starts `members` members and waits (30 s at most) until each answers.
     pub async fn start(members: usize) -> Result<EtcdCluster, String> {
+        EtcdCluster::start_with(members, None).await
+    }
+
+    /// As `start`, with https and client certificates on the client port
+    /// when `tls` is given (the peers talk plain http on loopback).
+    pub async fn start_with(members: usize, tls: Option<ClientTls>) -> Result<EtcdCluster, String> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let ports = free_ports(2 * members).map_err(|e| format!("free ports: {e}"))?;
         let members: Vec<Member> = (0..members)
             .map(|i| Member {
                 name: format!("m{i}"),
                 data_dir: dir.path().join(format!("m{i}")),
-                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+                client_url: format!("{scheme}://127.0.0.1:{}", ports[2 * i]),
                 peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
                 child: None,
             })
             .collect();
         let initial_cluster =
             members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect::<Vec<_>>().join(",");
-        let mut cluster = EtcdCluster { members, initial_cluster, dir };
+        let mut cluster = EtcdCluster { members, initial_cluster, tls, dir };
         for i in 0..cluster.members.len() {
             cluster.spawn(i)?;
         }
@@ -82,7 +101,18 @@ impl EtcdCluster {
             .open(self.dir.path().join(format!("{}.log", m.name)))
             .map_err(|e| format!("etcd log: {e}"))?;
         let log2 = log.try_clone().map_err(|e| format!("etcd log: {e}"))?;
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&m.data_dir)
@@ -102,7 +132,8 @@ impl EtcdCluster {
     /// Waits until member `i` answers a linearizable read (so it has a quorum).
     async fn wait_ready(&mut self, i: usize) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let endpoint = self.members[i].client_url.clone();
+        let mut config = self.config("/probe/");
+        config.endpoints = vec![self.members[i].client_url.clone()];
         loop {
             if let Some(child) = self.members[i].child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
@@ -110,7 +141,7 @@ impl EtcdCluster {
                 }
             }
             let probe = async {
-                let mut c = etcd_client::Client::connect([endpoint.as_str()], None).await.ok()?;
+                let mut c = crate::store::connect(&config).await.ok()?;
                 c.get("probe", None).await.ok()
             };
             if let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
@@ -133,7 +164,13 @@ impl EtcdCluster {
 
     /// How to reach this cluster, with the cluster's keys under `prefix`.
     pub fn config(&self, prefix: &str) -> EtcdConfig {
-        EtcdConfig { endpoints: self.endpoints(), prefix: prefix.into(), ..EtcdConfig::default() }
+        EtcdConfig {
+            endpoints: self.endpoints(),
+            ca: self.tls.as_ref().map(|t| t.ca.clone()),
+            cert: self.tls.as_ref().map(|t| t.client_cert.clone()),
+            key: self.tls.as_ref().map(|t| t.client_key.clone()),
+            prefix: prefix.into(),
+        }
     }
 
     /// SIGKILL to member `i`, and waits until it is gone.
