@@ -18,7 +18,9 @@
 //! controller then returns the pod to the queue (reason `BindingExpired`).
 //!
 //! The scheduler itself (`scheduler::Scheduler`) decides; this module feeds it
-//! and writes its decisions. The mirror is updated under one lock before the
+//! and writes its decisions. Every write here is `Txn::as_leader`: on a store shared by
+//! several servers (etcd) it commits only under the leader's lease, so a
+//! leader deposed a moment ago cannot bind or unbind anything. The mirror is updated under one lock before the
 //! binding is written, so two concurrent binds never overcommit a node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -464,6 +466,7 @@ impl Controller {
         let node = self
             .store
             .write(move |t| -> Result<Option<Node>, Refused> {
+                t.as_leader();
                 let Some(mut node) = t.get::<Node>(&n)? else { return Ok(None) };
                 node.status.condition = NodeCondition::Ready;
                 t.put(&mut node)?;
@@ -551,7 +554,7 @@ impl Controller {
     /// `shutdown` turns true, or with the error that ended the watch (the
     /// leader then starts a fresh controller from the store).
     pub async fn follow(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {
-        let mut changes = self.store.watch(self.loaded_at.load(std::sync::atomic::Ordering::Acquire))?;
+        let mut changes = self.store.watch(self.loaded_at.load(std::sync::atomic::Ordering::Acquire)).await?;
         loop {
             let change = tokio::select! {
                 c = changes.next() => c?,
@@ -700,6 +703,7 @@ impl Controller {
         let r = self
             .store
             .write(move |t| -> Result<(), Refused> {
+                t.as_leader();
                 let Some(mut pod) = t.get::<Pod>(&pod_name)? else {
                     return Err(Refused(crate::api::error::not_found("Pod", &pod_name)));
                 };
@@ -758,6 +762,7 @@ impl Controller {
         let r = self
             .store
             .write(move |t| -> Result<(), Refused> {
+                t.as_leader();
                 let Some(mut pod) = t.get::<Pod>(&name)? else { return Ok(()) };
                 if pod.spec.node_name.is_some() {
                     return Ok(());
@@ -788,6 +793,7 @@ impl Controller {
         let r = self
             .store
             .write(move |t| -> Result<Option<Pod>, Refused> {
+                t.as_leader();
                 let Some(mut pod) = t.get::<Pod>(&n)? else { return Ok(None) };
                 let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
                 if pod.spec.node_name.as_deref() != Some(&node) || phase != PodPhase::Scheduled {
@@ -838,6 +844,7 @@ impl Controller {
         let r = self
             .store
             .write(move |t| -> Result<Option<Pod>, Refused> {
+                t.as_leader();
                 let Some(pod) = t.get::<Pod>(&n)? else { return Ok(None) };
                 if pod.metadata.uid.clone().unwrap_or_default() != uid || !is_terminal(&pod) {
                     return Ok(None); // A new pod of that name.
@@ -903,6 +910,7 @@ impl Controller {
         let r = self
             .store
             .write(move |t| -> Result<Option<Node>, Refused> {
+                t.as_leader();
                 let Some(mut node) = t.get::<Node>(&node_name)? else { return Ok(None) };
                 node.status.condition = NodeCondition::NotReady;
                 t.put(&mut node)?;

@@ -123,3 +123,62 @@ fn adopt(identity: &Identity, dir: &Path, key: &str) -> Result<(), IdentityError
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::etcd::{available, EtcdCluster};
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    fn read(dir: &Path, file: &str) -> String {
+        std::fs::read_to_string(dir.join(file)).unwrap_or_default()
+    }
+
+    /// Three servers starting at once end with one CA and one token; a
+    /// server whose data dir holds another cluster's CA is refused, naming
+    /// the dir, and its files are left as they were.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn servers_share_one_identity_and_a_foreign_data_dir_is_refused() {
+        let test = "servers_share_one_identity_and_a_foreign_data_dir_is_refused";
+        if !available(test) {
+            return;
+        }
+        let cluster = EtcdCluster::start(1).await.unwrap_or_else(|e| panic!("{test}: {e}"));
+        let client = crate::store::connect(&cluster.config("/t/")).await.expect("connect");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("s{i}"))).collect();
+        let mut starts = Vec::new();
+        for d in &dirs {
+            let (mut c, d) = (client.clone(), d.clone());
+            starts.push(tokio::spawn(async move { share(&mut c, b"/t/identity", &d, LIMIT).await }));
+        }
+        let mut created = 0;
+        for s in starts {
+            created += usize::from(s.await.expect("join").expect("share"));
+        }
+        assert_eq!(created, 1, "exactly one server creates the identity");
+        for d in &dirs[1..] {
+            assert_eq!(read(d, "pki/ca.crt"), read(&dirs[0], "pki/ca.crt"));
+            assert_eq!(read(d, "pki/ca.key"), read(&dirs[0], "pki/ca.key"));
+            assert_eq!(read(d, "join-token"), read(&dirs[0], "join-token"));
+        }
+        // What the servers load from their dirs is the shared identity.
+        let (pki, made) = Pki::load_or_create(&dirs[2]).expect("load");
+        assert!(!made);
+        let (token, _) = load_or_create_join_token(&dirs[2], &pki.ca_cert_pem).expect("token");
+        assert_eq!(format!("{token}\n"), read(&dirs[0], "join-token"));
+
+        // Another cluster's data dir.
+        let foreign = tmp.path().join("foreign");
+        let (other, _) = Pki::load_or_create(&foreign).expect("other CA");
+        let mut c = client.clone();
+        let err = share(&mut c, b"/t/identity", &foreign, LIMIT).await.expect_err("a foreign CA is refused");
+        let text = err.to_string();
+        assert!(
+            matches!(err, IdentityError::OtherCluster { .. }) && text.contains(&foreign.display().to_string()),
+            "{text}"
+        );
+        assert_eq!(read(&foreign, "pki/ca.crt"), other.ca_cert_pem, "left as it was");
+    }
+}

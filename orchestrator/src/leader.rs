@@ -239,3 +239,74 @@ async fn wait_for_vacancy(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::etcd::{available, EtcdCluster};
+
+    fn config(identity: &str) -> ElectionConfig {
+        ElectionConfig { ttl: Duration::from_secs(4), ..ElectionConfig::new("/t/leader", identity) }
+    }
+
+    async fn wait_until(
+        rx: &mut watch::Receiver<Option<Term>>,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&Option<Term>) -> bool,
+    ) {
+        let r = timeout(limit, rx.wait_for(|t| pred(t))).await;
+        assert!(matches!(r, Ok(Ok(_))), "{what}: not within {limit:?}");
+    }
+
+    /// Two campaigners (TTL 4 s): exactly one leads; when it shuts down the
+    /// other takes over at once (the lease is revoked, not left to expire);
+    /// when etcd goes away the leader steps down by itself within the TTL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_leader_handover_on_shutdown_and_step_down_without_etcd() {
+        let test = "one_leader_handover_on_shutdown_and_step_down_without_etcd";
+        if !available(test) {
+            return;
+        }
+        let mut cluster = EtcdCluster::start(1).await.unwrap_or_else(|e| panic!("{test}: {e}"));
+        let client = crate::store::connect(&cluster.config("/t/")).await.expect("connect");
+        let (stop_a, stopped_a) = watch::channel(false);
+        let (stop_b, stopped_b) = watch::channel(false);
+        let (mut a, task_a) = spawn(client.clone(), config("a"), stopped_a);
+        let mut b_client = client.clone();
+        let (b, task_b) = spawn(client.clone(), config("b"), stopped_b);
+        wait_until(&mut a, "a or b leads", Duration::from_secs(10), |_| true).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (leader, mut leader_rx, leader_stop, mut other_rx) = loop {
+            match (a.borrow().clone(), b.borrow().clone()) {
+                (Some(_), Some(_)) => panic!("two leaders at once"),
+                (Some(t), None) => break (t, a.clone(), stop_a, b.clone()),
+                (None, Some(t)) => break (t, b.clone(), stop_b, a.clone()),
+                (None, None) => {}
+            }
+            assert!(Instant::now() < deadline, "nobody leads");
+            sleep(Duration::from_millis(20)).await;
+        };
+        // The key names the leader and carries its term's lease.
+        let got = b_client.get(leader.key.clone(), None).await.expect("get");
+        assert_eq!(got.kvs().first().map(|kv| kv.lease()), Some(leader.lease));
+        // Still exactly one after a few renewals.
+        sleep(Duration::from_secs(3)).await;
+        assert_eq!(leader_rx.borrow().as_ref(), Some(&leader));
+        assert!(other_rx.borrow().is_none(), "two leaders after renewals");
+
+        let t = Instant::now();
+        let _ = leader_stop.send(true);
+        // Well under the TTL: the lease was revoked, not left to expire.
+        wait_until(&mut other_rx, "the other leads after a shutdown", Duration::from_millis(1500), Option::is_some)
+            .await;
+        println!("handover after a shutdown: {:?}", t.elapsed());
+        wait_until(&mut leader_rx, "the stopped one does not lead", Duration::from_secs(1), Option::is_none).await;
+
+        // etcd gone: the remaining leader steps down by itself, within the TTL.
+        cluster.kill(0);
+        wait_until(&mut other_rx, "step down without etcd", Duration::from_secs(4), Option::is_none).await;
+        task_a.abort();
+        task_b.abort();
+    }
+}

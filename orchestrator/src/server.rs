@@ -4,10 +4,15 @@
 //! server` only parses flags and calls these.
 //!
 //! Data dir layout: `store/` (sled), `pki/`, `admin.conf`, `join-token`.
+//!
+//! With `ServerOptions::etcd` the store is etcd's instead of `store/`, the CA
+//! and the join token are the cluster's (`identity`), and the scheduler and
+//! the controller run only while this server leads (`leader`, `leading`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -16,8 +21,10 @@ use crate::api::apply::ApiState;
 use crate::api::proxy::NodeClients;
 use crate::api::{serve, ApiConfig};
 use crate::controller::{Controller, ControllerConfig};
+use crate::identity::IdentityError;
+use crate::leader::{ElectionConfig, Term};
 use crate::leading::Leading;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{EtcdConfig, EtcdOptions, LeaderGuard, Store, StoreError, StoreOptions};
 use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +37,10 @@ pub enum ServerError {
     Bind { addr: String, source: std::io::Error },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("etcd {endpoints}: {source}")]
+    Etcd { endpoints: String, source: StoreError },
+    #[error("the cluster identity: {0}")]
+    Identity(#[from] IdentityError),
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +53,13 @@ pub struct ServerOptions {
     pub api: ApiConfig,
     pub controller: ControllerConfig,
     pub store: StoreOptions,
+    /// Keep the store in etcd, shared with the other servers of the cluster.
+    pub etcd: Option<EtcdConfig>,
+    /// Bounds on the talk with etcd.
+    pub etcd_options: EtcdOptions,
+    /// The leader lease's time to live (etcd only): a dead leader is replaced
+    /// within about this long.
+    pub leader_ttl: Duration,
 }
 
 impl ServerOptions {
@@ -53,6 +71,9 @@ impl ServerOptions {
             api: ApiConfig::default(),
             controller: ControllerConfig::default(),
             store: StoreOptions::default(),
+            etcd: None,
+            etcd_options: EtcdOptions::default(),
+            leader_ttl: Duration::from_secs(3),
         }
     }
 }
@@ -62,6 +83,8 @@ pub struct Server {
     addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
     store: Store,
+    /// The etcd client and key prefix of a shared store.
+    etcd: Option<(etcd_client::Client, String)>,
     pki: Arc<Pki>,
     options: ServerOptions,
     /// First start: the CA and the join token were just made.
@@ -74,9 +97,28 @@ impl Server {
     pub async fn bind(options: ServerOptions) -> Result<Server, ServerError> {
         let dir = options.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
-        let store_dir = dir.join("store");
-        let store =
-            Store::open(&store_dir, options.store).map_err(|source| ServerError::Store { path: store_dir, source })?;
+        // On etcd the first server to start creates the cluster's identity.
+        let mut identity_created = false;
+        let (store, etcd) = match &options.etcd {
+            None => {
+                let store_dir = dir.join("store");
+                let store = Store::open(&store_dir, options.store)
+                    .map_err(|source| ServerError::Store { path: store_dir, source })?;
+                (store, None)
+            }
+            Some(config) => {
+                let endpoints = config.endpoints.join(",");
+                let etcd_err = |source| ServerError::Etcd { endpoints: endpoints.clone(), source };
+                let mut client = crate::store::etcd::connect(config).await.map_err(etcd_err)?;
+                let key = format!("{}identity", config.prefix);
+                let limit = options.etcd_options.request_timeout;
+                identity_created = crate::identity::share(&mut client, key.as_bytes(), &dir, limit).await?;
+                let store = Store::open_etcd(client.clone(), &config.prefix, options.store, options.etcd_options)
+                    .await
+                    .map_err(etcd_err)?;
+                (store, Some((client, config.prefix.clone())))
+            }
+        };
         let (pki, created) = Pki::load_or_create(&dir)?;
         let (join_token, _) = load_or_create_join_token(&dir, &pki.ca_cert_pem)?;
         let listener = TcpListener::bind(&options.listen)
@@ -107,9 +149,10 @@ impl Server {
             addr,
             tls,
             store,
+            etcd,
             pki: Arc::new(pki),
             options,
-            first_start: created,
+            first_start: created || identity_created,
             join_token,
             admin_config,
         })
@@ -126,11 +169,31 @@ impl Server {
     /// Serves until `shutdown` turns true; returns after in-flight requests end
     /// and the store is flushed.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), ServerError> {
-        let (controller, loops) = Controller::start(self.store.clone(), self.options.controller, shutdown.clone())
-            .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
+        let (leading, loops) = match self.etcd.clone() {
+            None => {
+                let (controller, loops) =
+                    Controller::start(self.store.clone(), self.options.controller, shutdown.clone())
+                        .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
+                (Arc::new(Leading::single(controller)), loops)
+            }
+            Some((client, prefix)) => {
+                let leading = Arc::new(Leading::elected());
+                let mut election = ElectionConfig::new(format!("{prefix}leader"), self.server_url());
+                election.ttl = self.options.leader_ttl;
+                let (terms, campaign) = crate::leader::spawn(client, election, shutdown.clone());
+                let follow = tokio::spawn(lead(
+                    self.store.clone(),
+                    self.options.controller,
+                    leading.clone(),
+                    terms,
+                    shutdown.clone(),
+                ));
+                (leading, vec![campaign, follow])
+            }
+        };
         let state = Arc::new(ApiState {
             store: self.store.clone(),
-            controller: Leading::single(controller),
+            controller: leading,
             pki: self.pki.clone(),
             join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),
@@ -151,6 +214,73 @@ impl Server {
             tracing::warn!("server stopped; store flushed, but some handle kept it open");
         }
         Ok(())
+    }
+}
+
+/// Runs a controller for each term this server leads: the store's guard set
+/// first (bindings carry the term's lease), then a controller started from
+/// the store, fed by the store's watch; at the term's end (or shutdown) the
+/// API stops using it, the guard goes and its loops finish.
+async fn lead(
+    store: Store,
+    config: ControllerConfig,
+    leading: Arc<Leading>,
+    mut terms: watch::Receiver<Option<Term>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let term = loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            if let Some(t) = terms.borrow_and_update().clone() {
+                break t;
+            }
+            tokio::select! {
+                r = terms.changed() => if r.is_err() { return },
+                _ = shutdown.changed() => {}
+            }
+        };
+        store.set_leader_guard(Some(LeaderGuard { key: term.key.clone(), lease: term.lease }));
+        let (stop, stopped) = watch::channel(false);
+        match Controller::start(store.clone(), config, stopped.clone()) {
+            Ok((controller, loops)) => {
+                leading.set(Some(controller.clone()));
+                let follow = controller.follow(stopped);
+                tokio::pin!(follow);
+                loop {
+                    tokio::select! {
+                        r = &mut follow => {
+                            // Fell behind the change log, or the store closed: start afresh.
+                            if let Err(e) = r {
+                                tracing::warn!(error = %e, "the leader's controller lost the store's watch; restarting it");
+                            }
+                            break;
+                        }
+                        r = terms.changed() => {
+                            if r.is_err() || terms.borrow().as_ref() != Some(&term) {
+                                break;
+                            }
+                        }
+                        _ = shutdown.changed() => break,
+                    }
+                }
+                leading.set(None);
+                store.set_leader_guard(None);
+                let _ = stop.send(true);
+                for l in loops {
+                    let _ = l.await;
+                }
+            }
+            Err(e) => {
+                store.set_leader_guard(None);
+                tracing::error!(error = %e, "cannot start the controller from the store; trying again");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use orchestrator::server::{Server, ServerOptions};
+use orchestrator::store::EtcdConfig;
 use specs::pod::SchedulingStrategy;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -45,6 +46,27 @@ pub struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
+    /// Keep the cluster's state in etcd instead of the data dir's store:
+    /// endpoints, comma-separated or repeated (`https://HOST:2379`). Several
+    /// servers on one etcd each serve the API; one at a time schedules.
+    #[arg(long, value_name = "URLS", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// The CA that signed etcd's certificates (for https endpoints).
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This server's etcd client certificate, when etcd asks for one.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// The key of `--etcd-cert`.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_cert"])]
+    pub etcd_key: Option<PathBuf>,
+    /// The cluster's keys in etcd start with this (one etcd may hold several clusters).
+    #[arg(long, value_name = "PREFIX", default_value = "/pinion/", requires = "etcd")]
+    pub etcd_prefix: String,
+    /// Seconds a leader's lease lives without renewal: a dead leader is
+    /// replaced within about this long (etcd only).
+    #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub leader_ttl: u64,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -57,6 +79,16 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.store.cache_bytes = args.store_cache_mib.max(1) << 20;
     opts.controller.scheduler.topology_aware = !args.topology_blind;
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
+    opts.leader_ttl = Duration::from_secs(args.leader_ttl);
+    if !args.etcd.is_empty() {
+        opts.etcd = Some(EtcdConfig {
+            endpoints: args.etcd.clone(),
+            ca: args.etcd_ca.clone(),
+            cert: args.etcd_cert.clone(),
+            key: args.etcd_key.clone(),
+            prefix: args.etcd_prefix.clone(),
+        });
+    }
     let server = Server::bind(opts).await?;
     let dir = args.data_dir.display();
     if server.first_start {

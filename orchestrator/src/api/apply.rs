@@ -18,7 +18,7 @@ use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
 /// What the API layer needs, shared by every connection.
 pub struct ApiState {
     pub store: Store,
-    pub controller: Leading,
+    pub controller: Arc<Leading>,
     pub pki: Arc<Pki>,
     /// The secret part of the join token (a caller may send it with or without the CA pin).
     pub join_secret: String,
