@@ -69,7 +69,7 @@ impl Cluster {
         let admin = Client::new(&creds).expect("admin client").with_liveness(liveness());
         let relay = Relay::start(server.local_addr()).expect("relay");
         let mut relayed = creds.clone();
-        relayed.server = format!("https://127.0.0.1:{}", relay.addr.port());
+        relayed.servers = vec![format!("https://127.0.0.1:{}", relay.addr.port())];
         let relayed_config = dir.path().join("relayed.conf");
         relayed.save(&relayed_config).expect("save the relayed config");
         let token = server.join_token.to_string();
@@ -117,7 +117,7 @@ impl Cluster {
             runtime: RuntimeChoice::Hollow,
             manifests: None,
             join: Some(JoinConfig {
-                server,
+                servers: vec![server],
                 token: Some(self.token.clone()),
                 ca: None,
                 labels: BTreeMap::new(),
