@@ -630,6 +630,44 @@ mod tests {
         PodStatus { phase, ..Default::default() }
     }
 
+    /// A node that joined keeps its credentials: the servers given now come
+    /// first and those it knew stay after them; a list that shares no server
+    /// with the file's is another cluster's and is refused.
+    #[tokio::test]
+    async fn a_joined_nodes_servers_are_the_given_ones_then_those_it_knew() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let saved = Credentials {
+            servers: l(&["https://a:1", "https://b:1"]),
+            ca_cert: "C".into(),
+            client_cert: "X".into(),
+            client_key: "K".into(),
+        };
+        saved.save(&credentials_path(dir.path())).expect("save");
+        let cfg = |servers: &[&str]| LinkConfig {
+            servers: l(servers),
+            token: None,
+            ca: None,
+            data_dir: dir.path().to_path_buf(),
+            node_name: "n".into(),
+            topology: specs::topology::synthetic::parse("pack:1 numa:1 core:1 pu:1").expect("topology"),
+            settings: NodeSettings::default(),
+            labels: BTreeMap::new(),
+            endpoint: None,
+            liveness: Default::default(),
+        };
+        let got = credentials(&cfg(&["https://c:1", "https://b:1"])).await.expect("credentials");
+        assert_eq!(got.servers, l(&["https://c:1", "https://b:1", "https://a:1"]));
+        let on_disk = Credentials::load(&credentials_path(dir.path())).expect("load");
+        assert_eq!(on_disk.servers, got.servers, "the new list is kept");
+        // No server given (the file's list as it is), then another cluster's.
+        assert_eq!(credentials(&cfg(&[])).await.expect("credentials").servers, got.servers);
+        match credentials(&cfg(&["https://z:1"])).await {
+            Err(e @ LinkError::OtherServer { .. }) => assert!(e.to_string().contains("https://z:1"), "{e}"),
+            other => panic!("expected OtherServer, got {other:?}"),
+        }
+    }
+
     /// The attempt id outlives the process until the join succeeds: an agent
     /// run again after a lost reply retries the same attempt.
     #[test]
