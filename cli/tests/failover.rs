@@ -63,6 +63,12 @@ async fn a_client_moves_to_the_next_server_when_one_is_cut_or_refuses() {
     let pods = client.list_pods(None).await.expect("a list with A cut");
     assert_eq!(pods.items.len(), 1);
     assert_eq!(client.authority(), b.addr.to_string(), "B answered: it is tried first now");
+    // B's connection is pooled: later calls share it (no handshake each).
+    let to_b = b.connections();
+    for _ in 0..5 {
+        client.list_pods(None).await.expect("a list through B");
+    }
+    assert_eq!(b.connections(), to_b, "a new connection to B per call");
     // A fresh client's first connection to A fails: even a create (not
     // idempotent) goes to B, since it never reached A.
     let fresh = client_of(&c, vec![a_url.clone(), b_url.clone()]);

@@ -200,7 +200,12 @@ where
 }
 
 /// Lines from `rx` until one satisfies `done` (all of them, that one included).
-pub fn lines_until(rx: &mpsc::Receiver<String>, what: &str, within: Duration, done: impl Fn(&str) -> bool) -> Vec<String> {
+pub fn lines_until(
+    rx: &mpsc::Receiver<String>,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let deadline = Instant::now() + within;
     let mut seen = Vec::new();
     loop {

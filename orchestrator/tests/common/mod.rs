@@ -27,7 +27,7 @@ impl TestServer {
         let url = server.server_url();
         let token = server.join_token.to_string();
         let creds = Credentials::load(&server.admin_config).expect("admin config");
-        assert_eq!(creds.servers, [url.clone()]);
+        assert_eq!(creds.servers, std::slice::from_ref(&url));
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(server.run(rx));
         TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
