@@ -337,7 +337,12 @@ impl Client {
             let mut req = req.body(Full::new(body.clone())).map_err(|e| ClientError::Decode(e.to_string()))?;
             let connection = capture_connection(&mut req);
             let error = match tokio::time::timeout_at(deadline, server.http.request(req)).await {
-                Err(_) => return Err(ClientError::Timeout(what)),
+                // The whole bound is spent: no server left to try, and the
+                // next call starts with another one.
+                Err(_) => {
+                    self.rotation.failed(i);
+                    return Err(ClientError::Timeout(what));
+                }
                 Ok(Ok(resp)) if resp.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
                     let bytes = collect(resp.into_body()).await?;
                     match api_error(503, &bytes) {
