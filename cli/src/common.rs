@@ -12,6 +12,12 @@ pub struct GlobalArgs {
     /// Client credentials file (default: $XDG_CONFIG_HOME/pinion/config, else ~/.config/pinion/config).
     #[arg(long, global = true, env = "PINION_CONFIG")]
     pub config: Option<PathBuf>,
+    /// A server of the cluster, `https://HOST:PORT` (repeatable, or a comma
+    /// list; tried in this order, moving on when one cannot be reached).
+    /// Client verbs: instead of the credentials file's list. `agent`: the
+    /// servers to join and follow.
+    #[arg(long = "server", global = true, value_name = "URL", value_delimiter = ',')]
+    pub servers: Vec<String>,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
     #[arg(long, global = true, env = "PINION_LOG", default_value = "warn,libcgroups=error,libcontainer=error")]
     pub log: String,

@@ -1,6 +1,7 @@
 //! Where the CLI finds its credentials: `--config` / `PINION_CONFIG`, else
 //! `$XDG_CONFIG_HOME/pinion/config`, else `~/.config/pinion/config`. The file is
-//! the YAML `orchestrator::tls::Credentials` (server URL, CA, client cert, key).
+//! the YAML `orchestrator::tls::Credentials` (server URLs, CA, client cert,
+//! key); `--server` replaces the file's list of servers.
 
 use std::path::PathBuf;
 
@@ -33,7 +34,11 @@ pub fn load(g: &GlobalArgs) -> anyhow::Result<Credentials> {
             p.display()
         );
     }
-    Ok(Credentials::load(&p)?)
+    let mut creds = Credentials::load(&p)?;
+    if !g.servers.is_empty() {
+        creds.servers = g.servers.clone();
+    }
+    Ok(creds)
 }
 
 pub fn client(g: &GlobalArgs) -> anyhow::Result<Client> {

@@ -15,211 +15,15 @@
 //! over HTTP/2, until the pings of the old 15 s + 20 s rule), far beyond
 //! `SOON`, so each test fails there.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::{eventually, lines_until, Cluster, SOON};
 use e2e::process::Proc;
-use e2e::relay::Relay;
-use nodelet::agent::AgentConfig;
-use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
-use orchestrator::client::Client;
-use orchestrator::server::{Server, ServerOptions};
-use orchestrator::tls::Credentials;
-use specs::api::{Liveness, NodeCondition};
-use specs::{CpuSet, NodeSettings, Pod, PodPhase};
-use tokio::sync::watch;
-
-const PINION: &str = env!("CARGO_BIN_EXE_pinion");
-const HEARTBEAT: Duration = Duration::from_millis(300);
-/// A bound for what must follow within a few silence bounds (0.9 s each) and
-/// a reconnect; the rule these tests replace took 20 to 35 s.
-const SOON: Duration = Duration::from_secs(15);
-
-fn liveness() -> Liveness {
-    Liveness { heartbeat: HEARTBEAT }
-}
-
-struct Cluster {
-    dir: tempfile::TempDir,
-    admin: Client,
-    /// In front of the server.
-    relay: Relay,
-    /// The admin's credentials with the relay's URL.
-    relayed_config: PathBuf,
-    token: String,
-    stop: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Cluster {
-    async fn start() -> Cluster {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut opts = ServerOptions::new(dir.path().join("server"), "127.0.0.1:0");
-        opts.api.liveness = liveness();
-        // Several of the link's 3 s heartbeats: one held up on the dead
-        // connection until it is found dead must not make the node NotReady.
-        opts.controller.heartbeat_grace = Duration::from_secs(10);
-        let server = Server::bind(opts).await.expect("bind the server");
-        let creds = Credentials::load(&server.admin_config).expect("admin config");
-        let admin = Client::new(&creds).expect("admin client").with_liveness(liveness());
-        let relay = Relay::start(server.local_addr()).expect("relay");
-        let mut relayed = creds.clone();
-        relayed.server = format!("https://127.0.0.1:{}", relay.addr.port());
-        let relayed_config = dir.path().join("relayed.conf");
-        relayed.save(&relayed_config).expect("save the relayed config");
-        let token = server.join_token.to_string();
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            server.run(rx).await.expect("the server runs and stops cleanly");
-        });
-        Cluster { dir, admin, relay, relayed_config, token, stop, tasks: vec![task] }
-    }
-
-    /// A hollow node `edge` that reaches the server through the relay, or directly.
-    fn node(&mut self, through_relay: bool, direct: &str) -> PathBuf {
-        self.node_with_endpoint(through_relay, direct, "127.0.0.1:0".into(), None)
-    }
-
-    /// `node` (reaching the server directly) whose endpoint the server
-    /// reaches through a relay of its own, returned.
-    fn node_behind_relay(&mut self) -> (PathBuf, Relay) {
-        let direct = format!("https://{}", self.admin.authority());
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
-        let endpoint: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        // The node registers its address with its listening port: the relay
-        // takes that port on another loopback address.
-        let relay = Relay::start_on(format!("127.0.0.2:{port}").parse().expect("addr"), endpoint)
-            .expect("relay in front of the node");
-        let advertise = Some("127.0.0.2".parse().expect("ip"));
-        (self.node_with_endpoint(false, &direct, endpoint.to_string(), advertise), relay)
-    }
-
-    /// `node`, its endpoint listening on `listen` and registered as `advertise`.
-    fn node_with_endpoint(
-        &mut self,
-        through_relay: bool,
-        direct: &str,
-        listen: String,
-        advertise: Option<std::net::IpAddr>,
-    ) -> PathBuf {
-        let data = self.dir.path().join("edge");
-        let server =
-            if through_relay { format!("https://127.0.0.1:{}", self.relay.addr.port()) } else { direct.into() };
-        let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
-        let topology = specs::topology::synthetic::parse("pack:1 numa:1 core:8 pu:1").expect("topology");
-        let config = DaemonConfig {
-            agent: AgentConfig::new("edge".into(), data.clone(), topology, settings),
-            runtime: RuntimeChoice::Hollow,
-            manifests: None,
-            join: Some(JoinConfig {
-                server,
-                token: Some(self.token.clone()),
-                ca: None,
-                labels: BTreeMap::new(),
-                endpoint_listen: listen,
-                advertise_address: advertise,
-                liveness: liveness(),
-                endpoint_max_connections: 16,
-            }),
-        };
-        let rx = self.stop.subscribe();
-        self.tasks.push(tokio::spawn(async move {
-            if let Err(e) = nodelet::daemon::run(config, rx).await {
-                panic!("the node daemon failed: {e}");
-            }
-        }));
-        data
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        // A task that panicked (the server or a node failing) fails the test.
-        for t in self.tasks {
-            t.await.expect("a cluster task");
-        }
-    }
-
-    async fn create(&self, name: &str) {
-        let manifest = format!(
-            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}, annotations: {{pinion.io/wait-for-nodes: \"true\"}}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: 1, memory: 64Mi}}\n"
-        );
-        self.admin.create_pod(Bytes::from(manifest)).await.expect("create the pod");
-    }
-
-    async fn running(&self, name: &str, within: Duration) -> Pod {
-        eventually(&format!("pod {name} running"), within, || async {
-            self.admin
-                .get_pod(name)
-                .await
-                .ok()
-                .filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
-        })
-        .await
-    }
-
-    /// `pinion ARGS` against the server through the relay, with the same
-    /// heartbeat; its stdout lines come on the channel.
-    fn cli(&self, args: &[&str]) -> (Proc, mpsc::Receiver<String>) {
-        let mut child = Command::new(PINION)
-            .args(args)
-            .env("PINION_CONFIG", &self.relayed_config)
-            .env("PINION_STREAM_HEARTBEAT_MS", HEARTBEAT.as_millis().to_string())
-            .stdout(Stdio::piped())
-            // What it says on failure shows with the test's.
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn pinion");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        (Proc(child), rx)
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Lines from `rx` until one satisfies `done` (all of them, that one included).
-fn lines_until(rx: &mpsc::Receiver<String>, what: &str, within: Duration, done: impl Fn(&str) -> bool) -> Vec<String> {
-    let deadline = Instant::now() + within;
-    let mut seen = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                let last = done(&line);
-                seen.push(line);
-                if last {
-                    return seen;
-                }
-            }
-            Err(e) => panic!("{what}: not within {within:?} ({e}); printed {seen:?}"),
-        }
-    }
-}
+use specs::api::NodeCondition;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodelet_whose_watch_went_silent_resumes_and_stays_ready() {
@@ -344,7 +148,7 @@ async fn run_keeps_its_stream_while_the_node_does_not_answer() {
         let held: Vec<_> = hole.incoming().collect();
         drop(held);
     });
-    c.node_with_endpoint(false, &direct, format!("127.0.0.1:{port}"), Some("127.0.0.3".parse().expect("ip")));
+    c.node_with_endpoint(vec![direct], format!("127.0.0.1:{port}"), Some("127.0.0.3".parse().expect("ip")));
     eventually("the node is Ready", SOON, || async {
         c.admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })

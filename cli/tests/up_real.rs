@@ -314,7 +314,7 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     // The connection to the server breaks while the command runs: `run`
     // reconnects and resumes, so every byte of output comes once.
     let creds = std::fs::read_to_string(&up.config).unwrap();
-    let url = creds.lines().find_map(|l| l.strip_prefix("server: ")).unwrap().trim().to_string();
+    let url = orchestrator::tls::Credentials::parse(&creds).unwrap().servers[0].clone();
     let relay = e2e::relay::Relay::start(url.trim_start_matches("https://").parse().unwrap()).unwrap();
     let relayed = up.config.with_file_name("relayed-config");
     std::fs::write(&relayed, creds.replace(&url, &format!("https://{}", relay.addr))).unwrap();

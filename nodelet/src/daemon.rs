@@ -39,8 +39,8 @@ pub enum RuntimeChoice {
 /// Joining an orchestrator.
 #[derive(Debug, Clone)]
 pub struct JoinConfig {
-    /// `https://HOST:PORT`
-    pub server: String,
+    /// `https://HOST:PORT` of each server of the cluster, tried in this order.
+    pub servers: Vec<String>,
     /// The bootstrap token; first start only (the credentials stay in `DATA/node.conf`).
     pub token: Option<String>,
     /// The server's CA certificate, for a token without a CA pin.
@@ -80,6 +80,8 @@ pub enum DaemonError {
     Link(#[from] LinkError),
     #[error("--endpoint-listen {addr}: {source}")]
     EndpointListen { addr: String, source: std::io::Error },
+    #[error("no server to join: give --server URL")]
+    NoServers,
     #[error("finding this host's address towards {server}; give --advertise-address: {source}")]
     Route { server: String, source: std::io::Error },
     #[error("the node certificate ({}): {source}", path.display())]
@@ -173,7 +175,7 @@ struct Joined {
 
 async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, DaemonError> {
     let mut link = LinkConfig {
-        server: join.server.clone(),
+        servers: join.servers.clone(),
         token: join.token,
         ca: join.ca,
         data_dir: agent.data_dir.clone(),
@@ -194,8 +196,10 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
     let ip = match join.advertise_address {
         Some(ip) => ip,
         None if !local.ip().is_unspecified() => local.ip(),
+        // The servers of one site share a route; the first one stands for all.
         None => {
-            route_address(&join.server).map_err(|source| DaemonError::Route { server: join.server.clone(), source })?
+            let server = creds.servers.first().ok_or(DaemonError::NoServers)?;
+            route_address(server).map_err(|source| DaemonError::Route { server: server.clone(), source })?
         }
     };
     let tls = creds.serving_config().map_err(|source| DaemonError::NodeCertificate {

@@ -40,8 +40,10 @@ const JOIN_DEADLINE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    #[error("{path} belongs to server {has}, not {wanted}; remove it to join another server")]
-    OtherServer { path: PathBuf, has: String, wanted: String },
+    #[error(
+        "{path} belongs to the servers {has:?}, none of {wanted:?}; give one of its servers too, or remove it to join another cluster"
+    )]
+    OtherServer { path: PathBuf, has: Vec<String>, wanted: Vec<String> },
     #[error("--token is required for the first join (no {} yet)", path.display())]
     NoToken { path: PathBuf },
     #[error("--token: {0}")]
@@ -54,8 +56,8 @@ pub enum LinkError {
         "this join token has no CA pin (PIN.SECRET, as `pinion server` prints it): give the server's CA with --ca FILE"
     )]
     NoPin,
-    #[error("joining {server} as node {node}: {source}")]
-    Join { server: String, node: String, source: Box<ClientError> },
+    #[error("joining {servers:?} as node {node}: {source}")]
+    Join { servers: Vec<String>, node: String, source: Box<ClientError> },
     #[error("{}: the join attempt id: {source}", path.display())]
     JoinAttempt { path: PathBuf, source: std::io::Error },
     #[error("the server sent a CA that the join token does not pin")]
@@ -75,8 +77,9 @@ pub enum LinkError {
 /// What the link needs to join and to register the node.
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
-    /// `https://HOST:PORT`
-    pub server: String,
+    /// `https://HOST:PORT` of each server of the cluster, tried in this order
+    /// (before any others the node's credentials list).
+    pub servers: Vec<String>,
     /// The bootstrap token (`PIN.SECRET` or a bare secret); first join only.
     pub token: Option<String>,
     /// The server's CA certificate (PEM file); needed only for a token without a pin.
@@ -98,12 +101,21 @@ pub fn credentials_path(data_dir: &Path) -> PathBuf {
 }
 
 /// Loads the node's credentials, joining with the token on first start.
+/// The servers given come first in the list the node keeps; servers the
+/// file knows that were not given stay after them. A list that shares no
+/// server with the file's is taken for another cluster's.
 pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
     let path = credentials_path(&cfg.data_dir);
     if path.exists() {
-        let creds = Credentials::load(&path)?;
-        if creds.server != cfg.server {
-            return Err(LinkError::OtherServer { path, has: creds.server, wanted: cfg.server.clone() });
+        let mut creds = Credentials::load(&path)?;
+        if !cfg.servers.is_empty() && !cfg.servers.iter().any(|s| creds.servers.contains(s)) {
+            return Err(LinkError::OtherServer { path, has: creds.servers, wanted: cfg.servers.clone() });
+        }
+        let servers = Credentials::merge_servers(&cfg.servers, &creds.servers);
+        if servers != creds.servers {
+            creds.servers = servers;
+            creds.save(&path)?;
+            tracing::info!(servers = ?creds.servers, "the node's list of servers changed");
         }
         return Ok(creds);
     }
@@ -116,20 +128,20 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
             if pin.is_some_and(|p| ca_pin(&ca).ok() != Some(p)) {
                 return Err(LinkError::CaNotPinned { path: ca_path.clone() });
             }
-            Client::anonymous(&cfg.server, &ca)?
+            Client::anonymous(&cfg.servers, &ca)?
         }
-        (None, Some(pin)) => Client::pinned(&cfg.server, pin)?,
+        (None, Some(pin)) => Client::pinned(&cfg.servers, pin)?,
         (None, None) => return Err(LinkError::NoPin),
     };
     let attempt = join_attempt(&cfg.data_dir)?;
     let joined = join_with_retries(&client, token, &cfg.node_name, &attempt).await.map_err(|source| {
-        LinkError::Join { server: cfg.server.clone(), node: cfg.node_name.clone(), source: Box::new(source) }
+        LinkError::Join { servers: cfg.servers.clone(), node: cfg.node_name.clone(), source: Box::new(source) }
     })?;
     if parsed.ca_pin.is_some_and(|p| ca_pin(&joined.ca_cert).ok() != Some(p)) {
         return Err(LinkError::WrongCa);
     }
     let creds = Credentials {
-        server: cfg.server.clone(),
+        servers: Credentials::merge_servers(&cfg.servers, &joined.servers),
         ca_cert: joined.ca_cert,
         client_cert: joined.client_cert,
         client_key: joined.client_key,
@@ -137,7 +149,7 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
     creds.save(&path)?;
     // Joined for good: a later join (after `pinion delete node`) is a new attempt.
     let _ = std::fs::remove_file(join_attempt_path(&cfg.data_dir));
-    tracing::info!(node = %cfg.node_name, server = %cfg.server, "joined");
+    tracing::info!(node = %cfg.node_name, servers = ?creds.servers, "joined");
     Ok(creds)
 }
 
@@ -308,7 +320,10 @@ async fn bindings_loop(
     }
 }
 
-/// One connected session: register, list (resync), then follow the watch.
+/// One connected session: register, list (resync), then follow the watch,
+/// resuming it from the version it reached when it dies (on the next server,
+/// when the client knows several: they share the versions, so nothing is
+/// missed or seen twice) and listing again only when that version is gone.
 async fn session(
     client: &Client,
     name: &str,
@@ -320,6 +335,24 @@ async fn session(
 ) -> Result<(), LinkError> {
     client.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_body))).await?;
     registered.send_modify(|n| *n += 1);
+    loop {
+        match follow(client, name, changes, rejected, stop).await {
+            Err(LinkError::Client(ClientError::Api(e))) if e.code == 410 => {
+                tracing::info!(error = %e.message, "the binding watch's version is gone; listing again");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// List (resync), then follow the watch until it cannot be resumed.
+async fn follow(
+    client: &Client,
+    name: &str,
+    changes: &mpsc::Sender<DesiredChange>,
+    rejected: &Rejected,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), LinkError> {
     let path = format!("/api/v1/pods?nodeName={}", percent_encode(name));
     let (_, list): (u16, List<Pod>) = client.call(Method::GET, &path, None).await?;
     let mut sent: BTreeMap<String, Sent> = BTreeMap::new();
@@ -340,26 +373,31 @@ async fn session(
             n = w.next() => n,
             _ = stop.wait_for(|s| *s) => return Ok(()),
         };
-        let (ty, pod) = match next {
-            Ok(Some(change)) => change,
-            // A dead path (silence past the bound, a broken connection):
-            // resume from the version reached, on a new connection, at once
-            // if the stream made progress since the last resume, else through
-            // the session's backoff (a stream that dies at once every time
-            // must not be reopened in a tight loop); a refusal (410 Gone)
-            // starts the session over.
-            Err(e) if e.is_dead_stream() => {
+        let lost = match next {
+            Ok(Some(change)) => Ok(change),
+            Ok(None) => Err(LinkError::WatchEnded),
+            Err(e) if e.is_dead_stream() => Err(e.into()),
+            Err(e) => return Err(e.into()),
+        };
+        let (ty, pod) = match lost {
+            Ok(change) => change,
+            // A dead path (silence past the bound, a broken connection) or a
+            // server that ended the stream (shutting down): resume from the
+            // version reached, on a new connection, at once if the stream
+            // made progress since the last resume, else through the
+            // session's backoff (a stream that dies at once every time must
+            // not be reopened in a tight loop); a refusal (410 Gone) lists
+            // again.
+            Err(e) => {
                 let from = w.resource_version().unwrap_or(list.resource_version);
                 if resumed_from == Some(from) {
-                    return Err(e.into());
+                    return Err(e);
                 }
                 resumed_from = Some(from);
                 tracing::warn!(error = %e, from, "binding watch lost; resuming");
                 w = client.watch_pods(Some(name), None, Some(from)).await?;
                 continue;
             }
-            Err(e) => return Err(e.into()),
-            Ok(None) => return Err(LinkError::WatchEnded),
         };
         let key = pod.metadata.name.clone();
         match ty {
@@ -590,6 +628,44 @@ mod tests {
 
     fn status(phase: PodPhase) -> PodStatus {
         PodStatus { phase, ..Default::default() }
+    }
+
+    /// A node that joined keeps its credentials: the servers given now come
+    /// first and those it knew stay after them; a list that shares no server
+    /// with the file's is another cluster's and is refused.
+    #[tokio::test]
+    async fn a_joined_nodes_servers_are_the_given_ones_then_those_it_knew() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let saved = Credentials {
+            servers: l(&["https://a:1", "https://b:1"]),
+            ca_cert: "C".into(),
+            client_cert: "X".into(),
+            client_key: "K".into(),
+        };
+        saved.save(&credentials_path(dir.path())).expect("save");
+        let cfg = |servers: &[&str]| LinkConfig {
+            servers: l(servers),
+            token: None,
+            ca: None,
+            data_dir: dir.path().to_path_buf(),
+            node_name: "n".into(),
+            topology: specs::topology::synthetic::parse("pack:1 numa:1 core:1 pu:1").expect("topology"),
+            settings: NodeSettings::default(),
+            labels: BTreeMap::new(),
+            endpoint: None,
+            liveness: Default::default(),
+        };
+        let got = credentials(&cfg(&["https://c:1", "https://b:1"])).await.expect("credentials");
+        assert_eq!(got.servers, l(&["https://c:1", "https://b:1", "https://a:1"]));
+        let on_disk = Credentials::load(&credentials_path(dir.path())).expect("load");
+        assert_eq!(on_disk.servers, got.servers, "the new list is kept");
+        // No server given (the file's list as it is), then another cluster's.
+        assert_eq!(credentials(&cfg(&[])).await.expect("credentials").servers, got.servers);
+        match credentials(&cfg(&["https://z:1"])).await {
+            Err(e @ LinkError::OtherServer { .. }) => assert!(e.to_string().contains("https://z:1"), "{e}"),
+            other => panic!("expected OtherServer, got {other:?}"),
+        }
     }
 
     /// The attempt id outlives the process until the join succeeds: an agent

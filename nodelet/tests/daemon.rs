@@ -134,7 +134,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
         runtime: RuntimeChoice::Hollow,
         manifests: None,
         join: Some(JoinConfig {
-            server: format!("https://127.0.0.1:{port}"),
+            servers: vec![format!("https://127.0.0.1:{port}")],
             token: Some(token),
             ca: None,
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
@@ -209,7 +209,7 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
         manifests: None,
         join: Some(JoinConfig {
             // Nothing listens there: the refusal must come before any connection.
-            server: "https://127.0.0.1:9".into(),
+            servers: vec!["https://127.0.0.1:9".into()],
             token: Some("s3cret".into()),
             ca: None,
             labels: BTreeMap::new(),
@@ -239,7 +239,7 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
         runtime: RuntimeChoice::Hollow,
         manifests: None,
         join: Some(JoinConfig {
-            server: url,
+            servers: vec![url],
             token: Some(token),
             ca: None,
             labels: BTreeMap::new(),
@@ -264,7 +264,7 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
         TcpStream::connect(&endpoint).await.expect("second connection"),
     ];
     let client =
-        Client::with_tls(&format!("https://{endpoint}"), Some("edge"), server.creds.client_config().expect("tls"))
+        Client::with_tls(&[format!("https://{endpoint}")], Some("edge"), server.creds.client_config().expect("tls"))
             .expect("endpoint client");
     let call = tokio::spawn(async move { client.get("/logs?pod=none&container=main").await.map(|r| r.status()) });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -294,7 +294,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
         runtime: RuntimeChoice::Hollow,
         manifests: None,
         join: Some(JoinConfig {
-            server: format!("https://{addr}"),
+            servers: vec![format!("https://{addr}")],
             token: Some(token),
             ca: None,
             labels: BTreeMap::new(),
@@ -366,7 +366,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
             runtime: RuntimeChoice::Hollow,
             manifests: None,
             join: Some(JoinConfig {
-                server: format!("https://{addr}"),
+                servers: vec![format!("https://{addr}")],
                 token: Some(token.clone()),
                 ca: None,
                 labels: BTreeMap::new(),

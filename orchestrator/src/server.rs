@@ -295,8 +295,8 @@ fn listen_host(listen: &str) -> String {
 fn write_admin_config(pki: &Pki, path: &Path, server_url: &str) -> Result<(), TlsError> {
     match Credentials::load(path) {
         Ok(mut c) if c.ca_cert == pki.ca_cert_pem => {
-            if c.server != server_url {
-                c.server = server_url.to_string();
+            if c.servers != [server_url] {
+                c.servers = vec![server_url.to_string()];
                 c.save(path)?;
             }
             Ok(())

@@ -223,7 +223,12 @@ impl Pki {
 
     pub fn credentials(&self, server: &str, common_name: &str) -> Result<Credentials, TlsError> {
         let (client_cert, client_key) = self.issue_client(common_name)?;
-        Ok(Credentials { server: server.to_string(), ca_cert: self.ca_cert_pem.clone(), client_cert, client_key })
+        Ok(Credentials {
+            servers: vec![server.to_string()],
+            ca_cert: self.ca_cert_pem.clone(),
+            client_cert,
+            client_key,
+        })
     }
 }
 

@@ -170,7 +170,7 @@ async fn identities_are_enforced() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = server(dir.path(), Duration::from_secs(60)).await;
     let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).expect("ca");
-    let anon = Client::anonymous(&s.url, &ca).expect("anon");
+    let anon = Client::anonymous(std::slice::from_ref(&s.url), &ca).expect("anon");
     assert_eq!(api_code(anon.list_pods(None).await), 401);
     assert_eq!(api_code(anon.join("not-the-token", "edge-1", None).await), 401);
 
@@ -178,15 +178,18 @@ async fn identities_are_enforced() {
     let token = orchestrator::tls::JoinToken::parse(&s.token).expect("token");
     let pin = token.ca_pin.expect("the printed token carries the CA pin");
     assert_eq!(pin, orchestrator::tls::ca_pin(&ca).expect("pin of ca.crt"));
-    let joined =
-        Client::pinned(&s.url, pin).expect("pinned").join(&s.token, "edge-0", None).await.expect("pinned join");
+    let joined = Client::pinned(std::slice::from_ref(&s.url), pin)
+        .expect("pinned")
+        .join(&s.token, "edge-0", None)
+        .await
+        .expect("pinned join");
     assert_eq!(joined.ca_cert.trim(), ca.trim());
     // The bare secret still joins (with --ca).
     anon.join(&token.secret, "edge-9", None).await.expect("a bare secret joins");
     // Another pin: the handshake fails, so the secret is never sent.
     let mut wrong = pin;
     wrong[0] ^= 1;
-    match Client::pinned(&s.url, wrong).expect("pinned").join(&s.token, "edge-8", None).await {
+    match Client::pinned(std::slice::from_ref(&s.url), wrong).expect("pinned").join(&s.token, "edge-8", None).await {
         Err(orchestrator::client::ClientError::Connect { source, .. }) => {
             assert!(source.to_string().contains("not the one the join token pins"), "{source}")
         }

@@ -17,9 +17,9 @@ use specs::{NodeTopology, PodPhase};
 
 async fn node_client(url: &str, token: &str, dir: &Path, name: &str) -> Client {
     let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-    let joined = Client::anonymous(url, &ca).expect("anon").join(token, name, None).await.expect("join");
+    let joined = Client::anonymous(&[url.to_string()], &ca).expect("anon").join(token, name, None).await.expect("join");
     let creds = Credentials {
-        server: url.to_string(),
+        servers: vec![url.to_string()],
         ca_cert: joined.ca_cert,
         client_cert: joined.client_cert,
         client_key: joined.client_key,

@@ -44,7 +44,7 @@ async fn one_client_reuses_one_connection_for_every_call() {
     let (port, connections) = counting_relay(server.local_addr()).await;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(server.run(rx));
-    creds.server = format!("https://127.0.0.1:{port}");
+    creds.servers = vec![format!("https://127.0.0.1:{port}")];
     let client = Client::new(&creds).expect("client");
 
     for _ in 0..10 {

@@ -165,7 +165,7 @@ async fn a_retried_join_attempt_gets_its_credentials_again() {
     let (code, fields) = refusal(anon.join(&s.token, "edge", Some("no spaces")).await);
     assert_eq!((code, fields), (422, vec!["attempt".to_string()]));
     let creds = Credentials {
-        server: s.url.clone(),
+        servers: vec![s.url.clone()],
         ca_cert: again.ca_cert,
         client_cert: again.client_cert,
         client_key: again.client_key,

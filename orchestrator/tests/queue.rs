@@ -32,7 +32,7 @@ impl TestServer {
 
     /// Registers a joined node (again, after a restart: the server's port moved).
     async fn register(&self, mut creds: Credentials, name: &str, cpus: u32) -> Client {
-        creds.server = self.url.clone();
+        creds.servers = vec![self.url.clone()];
         let n = Client::new(&creds).expect("node client");
         let mut t = NodeTopology::default();
         for id in 0..cpus {

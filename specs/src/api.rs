@@ -451,6 +451,11 @@ pub struct JoinResponse {
     pub ca_cert: String,
     pub client_cert: String,
     pub client_key: String,
+    /// `https://HOST:PORT` of the cluster's servers as the answering one
+    /// knows them, which the node adds to the list it joined with; empty
+    /// when it knows none that a node could reach.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
 }
 
 /// A label selector: `a=b,c!=d,e` (exists), `!f` (absent).

@@ -76,9 +76,10 @@ pub struct RunArgs {
     pub data_dir: PathBuf,
     #[command(flatten)]
     pub node: NodeArgs,
-    /// Join this orchestrator (`https://HOST:PORT`) and run the pods it binds here.
-    #[arg(long, value_name = "URL")]
-    pub server: Option<String>,
+    /// The orchestrator's servers to join and follow (`https://HOST:PORT`),
+    /// run the pods it binds here: the global `--server`, repeatable.
+    #[arg(skip)]
+    pub servers: Vec<String>,
     /// The server's bootstrap join token (first start only; `DIR/join-token` on the server).
     #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN")]
     pub token: Option<String>,
@@ -149,7 +150,11 @@ pub struct NodeArgs {
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Some(AgentCommand::Status(s)) => status(s),
-        None => run_agent(*args.run, g.liveness()).await,
+        None => {
+            let mut run = *args.run;
+            run.servers = g.servers.clone();
+            run_agent(run, g.liveness()).await
+        }
     }
 }
 
@@ -267,8 +272,8 @@ pub fn join_config(args: &RunArgs, liveness: specs::api::Liveness) -> anyhow::Re
         let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
         labels.insert(k.to_string(), v.to_string());
     }
-    Ok(args.server.clone().map(|server| JoinConfig {
-        server,
+    Ok((!args.servers.is_empty()).then(|| JoinConfig {
+        servers: args.servers.clone(),
         token: args.token.clone(),
         ca: args.ca.clone(),
         labels,

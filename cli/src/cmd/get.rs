@@ -317,9 +317,18 @@ async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bo
     loop {
         let (ty, pod) = match watch.next().await {
             Ok(Some(change)) => change,
-            Ok(None) => break,
+            // The server ended the watch (it is shutting down): the end,
+            // unless another server of the cluster can carry on.
+            Ok(None) if client.authorities().count() < 2 => break,
+            Ok(None) => {
+                let from = watch.resource_version().unwrap_or(list.resource_version);
+                tracing::debug!(from, "the server ended the watch; resuming on the next");
+                watch = resume_watch(client, args.selector.as_deref(), from, &mut resumes).await?;
+                continue;
+            }
             // A dead stream: resume from the version reached (the server's
-            // bookmarks keep it current), so no row is missed or repeated.
+            // bookmarks keep it current), so no row is missed or repeated;
+            // on the next server when there are several (they share versions).
             Err(e) if e.is_dead_stream() => {
                 let from = watch.resource_version().unwrap_or(list.resource_version);
                 tracing::debug!(error = %e, from, "watch lost; resuming");

@@ -36,18 +36,21 @@ pub struct Args {
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    if !g.servers.is_empty() {
+        anyhow::bail!("--server: `pinion up` runs its own server (use `pinion agent --server URL` to join another)");
+    }
     let topology = args.node.topology.load().context("loading the topology")?;
     let mut node_args = args.node.clone();
     let reserved = node_args.reserved_cpus.get_or_insert_with(|| first_core(&topology).to_string()).clone();
     // The node's flags as `pinion agent` takes them; the join is filled in
     // once the server is up.
     let node = |join: Option<(String, String, PathBuf)>| {
-        let (server, token, ca) = join.map_or((None, None, None), |(s, t, c)| (Some(s), Some(t), Some(c)));
+        let (servers, token, ca) = join.map_or((Vec::new(), None, None), |(s, t, c)| (vec![s], Some(t), Some(c)));
         RunArgs {
             manifests: None,
             data_dir: args.data_dir.join("node"),
             node: node_args.clone(),
-            server,
+            servers,
             token,
             ca,
             labels: Vec::new(),
@@ -114,11 +117,11 @@ fn install_admin_config(g: &GlobalArgs, admin: &Credentials, source: &std::path:
     let path = crate::config::path(g)?;
     if path.exists() {
         if let Ok(existing) = Credentials::load(&path) {
-            if existing.server != admin.server {
+            if existing.servers != admin.servers {
                 eprintln!(
                     "note: {} points at {}; use --config {} (or PINION_CONFIG) for this cluster",
                     path.display(),
-                    existing.server,
+                    existing.servers.join(", "),
                     source.display()
                 );
                 return Ok(source.to_path_buf());

@@ -1,12 +1,23 @@
 //! Pinion's HTTPS client, shared by the CLI, the nodelet's link and the
 //! server's proxy to nodes. It carries no server code: no store, no CA.
 //!
-//! A `Client` is bound to one server and one identity and keeps a pool of
-//! connections to it (hyper-util's pooled client over tokio-rustls): when the
-//! server offers HTTP/2 over ALPN, every request and every watch stream share
-//! one connection; over HTTP/1.1 an idle connection is reused. Clones share the
-//! pool, and the rustls configuration (with its session cache) is shared by
-//! every connection, so a reconnect resumes the TLS session.
+//! A `Client` is bound to one identity and knows every server of a cluster,
+//! keeping a pool of connections to each (hyper-util's pooled client over
+//! tokio-rustls): when a server offers HTTP/2 over ALPN, every request and
+//! every watch stream to it share one connection; over HTTP/1.1 an idle
+//! connection is reused. Clones share the pools, and the rustls configuration
+//! (with its session cache) is shared by every connection, so a reconnect
+//! resumes the TLS session.
+//!
+//! Requests go to the server that last worked. One that cannot be reached
+//! (no connection, no handshake, a dead connection, a 503 because it is
+//! shutting down) hands the request to the next, round robin, within one
+//! bound for the whole call; a refusal (4xx) is the answer. A request that
+//! may have reached a server is sent again elsewhere only when sending it
+//! twice does no harm (GET, PUT, DELETE): a POST moves only when it never
+//! left (the connection failed). A watch or attach stream that dies moves
+//! its server to the back too, so the caller's resume (from the version it
+//! reached: every server of a cluster shares its versions) goes elsewhere.
 //!
 //! Every call has a timeout; an API refusal comes back as the server's
 //! `ApiError` (code, reason, every field problem). Every stream has a bound on
@@ -21,6 +32,7 @@ mod lines;
 pub mod query;
 pub mod tls;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +55,11 @@ pub use crate::query::percent_encode;
 use crate::tls::{Credentials, PinnedCa, TlsError, ALPN};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The bound on one call, every server it is tried on together.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The `ApiError::reason` of a server's 503 while it shuts down (its store
+/// is closed): another server of the cluster can answer.
+const SHUTTING_DOWN: &str = "ShuttingDown";
 const MAX_RESPONSE: usize = 256 << 20;
 /// An idle pooled connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -52,6 +68,8 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub enum ClientError {
     #[error("server URL {0:?}: expected https://HOST:PORT")]
     BadUrl(String),
+    #[error("no server URL given")]
+    NoServers,
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error("cannot connect to {addr}: {source}")]
@@ -74,11 +92,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The stream (or its connection) died: resume from where it was, on a
-    /// new connection. A refusal or a reply that makes no sense is not this:
-    /// nor is a line past the cap, which a resume would only read again.
+    /// The stream (or its connection) died, or its server is shutting down:
+    /// resume from where it was, on a new connection (to the next server). A
+    /// refusal or a reply that makes no sense is not this: nor is a line past
+    /// the cap, which a resume would only read again.
     pub fn is_dead_stream(&self) -> bool {
-        matches!(self, ClientError::Silent(_) | ClientError::Http(_))
+        matches!(self, ClientError::Silent(_) | ClientError::Http(_)) || self.is_shutting_down()
+    }
+
+    /// The server's 503 while it shuts down.
+    fn is_shutting_down(&self) -> bool {
+        matches!(self, ClientError::Api(e) if e.code == 503 && e.reason == SHUTTING_DOWN)
     }
 
     /// Worth trying again after a pause: no answer, a dead stream, or the
@@ -87,21 +111,64 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ClientError::Api(e) => e.code >= 500,
-            ClientError::Decode(_) | ClientError::LineTooLong(_) | ClientError::BadUrl(_) | ClientError::Tls(_) => {
-                false
-            }
+            ClientError::Decode(_)
+            | ClientError::LineTooLong(_)
+            | ClientError::BadUrl(_)
+            | ClientError::NoServers
+            | ClientError::Tls(_) => false,
             _ => true,
         }
     }
 }
 
-/// A client bound to one server and one identity; clones share its connections.
+/// A client bound to one identity and the servers of one cluster; clones
+/// share its connections and which server is current.
 #[derive(Clone)]
 pub struct Client {
+    servers: Arc<[Server]>,
+    rotation: Rotation,
+    liveness: Liveness,
+}
+
+/// One server and the pool of connections to it.
+struct Server {
     http: legacy::Client<connect::TlsConnect, Full<Bytes>>,
     authority: String,
     connector: connect::TlsConnect,
-    liveness: Liveness,
+}
+
+/// Which server is tried first: the one that last worked.
+#[derive(Clone)]
+struct Rotation {
+    current: Arc<AtomicUsize>,
+    count: usize,
+}
+
+impl Rotation {
+    fn current(&self) -> usize {
+        self.current.load(Ordering::Relaxed) % self.count
+    }
+
+    /// Server `i` could not be reached: the next one is tried first from now
+    /// on, unless another call already moved on from `i`.
+    fn failed(&self, i: usize) {
+        if self.count > 1 {
+            let next = (i + 1) % self.count;
+            if self.current.compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                tracing::info!(next, "a server cannot be reached; moving to the next");
+            }
+        }
+    }
+
+    fn worked(&self, i: usize) {
+        self.current.store(i, Ordering::Relaxed);
+    }
+}
+
+/// Whether a method may be sent to a second server after it may have
+/// reached the first: sending it twice does what sending it once does.
+fn idempotent(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS)
 }
 
 fn parse_url(url: &str) -> Result<(String, String), ClientError> {
@@ -131,51 +198,65 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 impl Client {
     pub fn new(creds: &Credentials) -> Result<Client, ClientError> {
-        Client::with_tls(&creds.server, None, creds.client_config()?)
+        Client::with_tls(&creds.servers, None, creds.client_config()?)
     }
 
-    /// A client for `url` with this TLS configuration; the server's certificate
-    /// must name `server_name` (the URL's host when `None`).
+    /// A client for the servers at `urls` (tried in this order) with this TLS
+    /// configuration; each server's certificate must name `server_name` (its
+    /// URL's host when `None`).
     pub fn with_tls(
-        url: &str,
+        urls: &[String],
         server_name: Option<&str>,
         mut config: rustls::ClientConfig,
     ) -> Result<Client, ClientError> {
-        let (authority, host) = parse_url(url)?;
         config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
-        let name = server_name.map(str::to_string).unwrap_or(host);
-        let server_name = ServerName::try_from(name).map_err(|_| ClientError::BadUrl(url.to_string()))?;
+        // One configuration, so one TLS session cache, for every server.
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
         let liveness = Liveness::default();
-        let connector = connect::TlsConnect {
-            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
-            server_name,
-            timeout: CONNECT_TIMEOUT,
-            liveness,
-        };
-        Ok(Client::build(authority, connector, liveness))
+        let mut servers = Vec::with_capacity(urls.len());
+        for url in urls {
+            let (authority, host) = parse_url(url)?;
+            let name = server_name.map(str::to_string).unwrap_or(host);
+            let server_name = ServerName::try_from(name).map_err(|_| ClientError::BadUrl(url.to_string()))?;
+            let connector = connect::TlsConnect { tls: tls.clone(), server_name, timeout: CONNECT_TIMEOUT, liveness };
+            servers.push((authority, connector));
+        }
+        if servers.is_empty() {
+            return Err(ClientError::NoServers);
+        }
+        Ok(Client::build(servers, liveness))
     }
 
-    fn build(authority: String, mut connector: connect::TlsConnect, liveness: Liveness) -> Client {
-        connector.liveness = liveness;
-        // A ping every heartbeat on a quiet connection, and the connection is
-        // dead when its answer has not come by the silence bound: this ends
-        // every stream on a path that went silent (a log follow has no
-        // heartbeat of its own) and takes the connection out of the pool.
-        let http = legacy::Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .http2_keep_alive_interval(liveness.heartbeat)
-            .http2_keep_alive_timeout(liveness.silence().saturating_sub(liveness.heartbeat))
-            .http2_keep_alive_while_idle(true)
-            .build(connector.clone());
-        Client { http, authority, connector, liveness }
+    fn build(servers: Vec<(String, connect::TlsConnect)>, liveness: Liveness) -> Client {
+        let servers: Vec<Server> = servers
+            .into_iter()
+            .map(|(authority, mut connector)| {
+                connector.liveness = liveness;
+                // A ping every heartbeat on a quiet connection, and the
+                // connection is dead when its answer has not come by the
+                // silence bound: this ends every stream on a path that went
+                // silent (a log follow has no heartbeat of its own) and takes
+                // the connection out of the pool.
+                let http = legacy::Client::builder(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .pool_timer(TokioTimer::new())
+                    .pool_idle_timeout(IDLE_TIMEOUT)
+                    .http2_keep_alive_interval(liveness.heartbeat)
+                    .http2_keep_alive_timeout(liveness.silence().saturating_sub(liveness.heartbeat))
+                    .http2_keep_alive_while_idle(true)
+                    .build(connector.clone());
+                Server { http, authority, connector }
+            })
+            .collect();
+        let rotation = Rotation { current: Arc::new(AtomicUsize::new(0)), count: servers.len() };
+        Client { servers: servers.into(), rotation, liveness }
     }
 
-    /// The same client with another liveness rule (a fresh pool); tests
+    /// The same client with another liveness rule (fresh pools); tests
     /// shorten the heartbeat with it, and it must match the server's.
     pub fn with_liveness(self, liveness: Liveness) -> Client {
-        Client::build(self.authority, self.connector, liveness)
+        let servers = self.servers.iter().map(|s| (s.authority.clone(), s.connector.clone())).collect();
+        Client::build(servers, liveness)
     }
 
     pub fn liveness(&self) -> Liveness {
@@ -183,7 +264,7 @@ impl Client {
     }
 
     /// A client with no certificate, trusting `ca_pem`: only for joining.
-    pub fn anonymous(url: &str, ca_pem: &str) -> Result<Client, ClientError> {
+    pub fn anonymous(urls: &[String], ca_pem: &str) -> Result<Client, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(tls::pem_cert(ca_pem, "CA certificate")?).map_err(TlsError::from)?;
         let config = rustls::ClientConfig::builder_with_provider(tls::provider())
@@ -191,13 +272,13 @@ impl Client {
             .map_err(TlsError::from)?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        Client::with_tls(url, None, config)
+        Client::with_tls(urls, None, config)
     }
 
     /// A client with no certificate that trusts the server only if the chain
     /// it presents contains a CA whose SHA-256 is `pin` (from the join token)
     /// and that CA signed the server's certificate: only for joining.
-    pub fn pinned(url: &str, pin: [u8; 32]) -> Result<Client, ClientError> {
+    pub fn pinned(urls: &[String], pin: [u8; 32]) -> Result<Client, ClientError> {
         let provider = tls::provider();
         let config = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -205,35 +286,108 @@ impl Client {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(PinnedCa { pin, provider }))
             .with_no_client_auth();
-        Client::with_tls(url, None, config)
+        Client::with_tls(urls, None, config)
     }
 
-    /// `HOST:PORT` of the server.
+    /// `HOST:PORT` of the server requests go to first (the one that last worked).
     pub fn authority(&self) -> &str {
-        &self.authority
+        &self.servers[self.rotation.current()].authority
     }
 
-    fn builder(&self, method: Method, path: &str) -> hyper::http::request::Builder {
-        Request::builder().method(method).uri(format!("https://{}{path}", self.authority))
+    /// `HOST:PORT` of every server, in the order they are tried.
+    pub fn authorities(&self) -> impl Iterator<Item = &str> {
+        self.servers.iter().map(|s| s.authority.as_str())
     }
 
-    /// Sends a request and returns the reply's head (the body streams).
+    /// Sends a request as it is (its URI names the server) over the current
+    /// server's pool, with no second server; returns the reply's head.
     pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ClientError> {
+        let i = self.rotation.current();
         let what = format!("{} {}", req.method(), req.uri().path());
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(req)).await {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.servers[i].http.request(req)).await {
             Err(_) => Err(ClientError::Timeout(what)),
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(self.request_error(e)),
+            Ok(Err(e)) => Err(self.request_error(i, e)),
         }
     }
 
-    fn request_error(&self, e: legacy::Error) -> ClientError {
+    /// Sends `method path` with `headers` and `body` to the server that last
+    /// worked, moving on to the next while one cannot be reached (see the
+    /// module's comment for which failures move a request, and which
+    /// requests); the whole call within `REQUEST_TIMEOUT`. Returns the server
+    /// that answered, the reply's head and a handle on its connection.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(hyper::header::HeaderName, String)],
+        body: Bytes,
+    ) -> Result<(usize, Response<Incoming>, CaptureConnection), ClientError> {
+        let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        let first = self.rotation.current();
+        let mut last = None;
+        for k in 0..self.servers.len() {
+            let i = (first + k) % self.servers.len();
+            let server = &self.servers[i];
+            let mut req = Request::builder().method(method.clone()).uri(format!("https://{}{path}", server.authority));
+            for (name, value) in headers {
+                req = req.header(name, value);
+            }
+            let mut req = req.body(Full::new(body.clone())).map_err(|e| ClientError::Decode(e.to_string()))?;
+            let connection = capture_connection(&mut req);
+            let error = match tokio::time::timeout_at(deadline, server.http.request(req)).await {
+                // The whole bound is spent: no server left to try, and the
+                // next call starts with another one.
+                Err(_) => {
+                    self.rotation.failed(i);
+                    return Err(ClientError::Timeout(what));
+                }
+                Ok(Ok(resp)) if resp.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
+                    let bytes = collect(resp.into_body()).await?;
+                    match api_error(503, &bytes) {
+                        error if error.is_shutting_down() => {
+                            self.rotation.failed(i);
+                            // Whether a write refused this way was applied
+                            // or not cannot be told from here.
+                            if !idempotent(&method) {
+                                return Err(error);
+                            }
+                            error
+                        }
+                        other => return Err(other),
+                    }
+                }
+                Ok(Ok(resp)) => {
+                    self.rotation.worked(i);
+                    return Ok((i, resp, connection));
+                }
+                Ok(Err(e)) => {
+                    let error = self.request_error(i, e);
+                    self.rotation.failed(i);
+                    // A connection that failed carried nothing: any request
+                    // may go elsewhere. One that broke may have delivered it.
+                    if !matches!(error, ClientError::Connect { .. }) && !idempotent(&method) {
+                        return Err(error);
+                    }
+                    error
+                }
+            };
+            if self.servers.len() > 1 {
+                tracing::debug!(server = %server.authority, error = %error, "{what}: trying the next server");
+            }
+            last = Some(error);
+        }
+        Err(last.unwrap_or(ClientError::NoServers))
+    }
+
+    fn request_error(&self, i: usize, e: legacy::Error) -> ClientError {
         if e.is_connect() {
             let mut next = std::error::Error::source(&e);
             while let Some(s) = next {
                 if let Some(io) = s.downcast_ref::<std::io::Error>() {
                     let source = std::io::Error::new(io.kind(), chain(io));
-                    return ClientError::Connect { addr: self.authority.clone(), source };
+                    return ClientError::Connect { addr: self.servers[i].authority.clone(), source };
                 }
                 next = s.source();
             }
@@ -248,16 +402,11 @@ impl Client {
         path: &str,
         body: Option<(&'static str, Bytes)>,
     ) -> Result<(u16, Bytes), ClientError> {
-        let mut b = self.builder(method, path);
-        let payload = match body {
-            Some((ct, bytes)) => {
-                b = b.header(hyper::header::CONTENT_TYPE, ct);
-                bytes
-            }
-            None => Bytes::new(),
+        let (headers, payload) = match body {
+            Some((ct, bytes)) => (vec![(hyper::header::CONTENT_TYPE, ct.to_string())], bytes),
+            None => (Vec::new(), Bytes::new()),
         };
-        let req = b.body(Full::new(payload)).map_err(|e| ClientError::Decode(e.to_string()))?;
-        let resp = self.send(req).await?;
+        let (_, resp, _) = self.exchange(method, path, &headers, payload).await?;
         let code = resp.status().as_u16();
         Ok((code, collect(resp.into_body()).await?))
     }
@@ -316,13 +465,11 @@ impl Client {
         let body =
             serde_json::to_vec(&JoinRequest { node_name: node_name.to_string(), attempt: attempt.map(str::to_string) })
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let req = self
-            .builder(Method::POST, "/api/v1/join")
-            .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let resp = self.send(req).await?;
+        let headers = [
+            (hyper::header::AUTHORIZATION, format!("Bearer {token}")),
+            (hyper::header::CONTENT_TYPE, "application/json".to_string()),
+        ];
+        let (_, resp, _) = self.exchange(Method::POST, "/api/v1/join", &headers, Bytes::from(body)).await?;
         let code = resp.status().as_u16();
         let bytes = collect(resp.into_body()).await?;
         Ok(decode_reply(code, &bytes)?.1)
@@ -354,11 +501,7 @@ impl Client {
     /// A GET whose reply head is returned as it arrives, whatever its status
     /// (the server's proxy passes a node's refusals through).
     pub async fn get(&self, path: &str) -> Result<Response<Incoming>, ClientError> {
-        let req = self
-            .builder(Method::GET, path)
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
-        self.send(req).await
+        Ok(self.exchange(Method::GET, path, &[], Bytes::new()).await?.1)
     }
 
     /// A GET whose 200 reply is read as it arrives (a log follow); any other
@@ -372,19 +515,14 @@ impl Client {
     /// `heartbeats`: the server sends something at least every heartbeat on
     /// this stream, so a longer silence is a dead stream.
     async fn open_stream(&self, path: &str, heartbeats: bool) -> Result<ByteStream, ClientError> {
-        let mut req = self
-            .builder(Method::GET, path)
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let connection = capture_connection(&mut req);
-        let resp = self.send(req).await?;
+        let (server, resp, connection) = self.exchange(Method::GET, path, &[], Bytes::new()).await?;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;
             return Err(api_error(code, &bytes));
         }
         let silence = heartbeats.then(|| self.liveness.silence());
-        Ok(ByteStream { body: resp.into_body(), silence, connection })
+        Ok(ByteStream { body: resp.into_body(), silence, connection, server, rotation: self.rotation.clone() })
     }
 }
 
@@ -394,6 +532,9 @@ pub struct ByteStream {
     /// The bound on silence, for a stream with heartbeats.
     silence: Option<Duration>,
     connection: CaptureConnection,
+    /// The server it comes from, which its death moves to the back.
+    server: usize,
+    rotation: Rotation,
 }
 
 impl ByteStream {
@@ -410,13 +551,18 @@ impl ByteStream {
                         if let Some(c) = self.connection.connection_metadata().as_ref() {
                             c.poison();
                         }
+                        self.rotation.failed(self.server);
                         return Err(ClientError::Silent(bound));
                     }
                 },
             };
             match frame {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(ClientError::Http(chain(&e))),
+                // A broken stream: the caller resumes, on the next server.
+                Some(Err(e)) => {
+                    self.rotation.failed(self.server);
+                    return Err(ClientError::Http(chain(&e)));
+                }
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         return Ok(Some(data));
@@ -470,8 +616,17 @@ impl PodWatch {
         self.version
     }
 
-    /// The next change; `Ok(None)` when the server ended the stream.
+    /// The next change; `Ok(None)` when the server ended the stream (it
+    /// does when it shuts down: the next call goes to the next server).
     pub async fn next(&mut self) -> Result<Option<(WatchEventType, Pod)>, ClientError> {
+        let next = self.next_change().await;
+        if matches!(&next, Ok(None)) || next.as_ref().is_err_and(|e| e.is_shutting_down()) {
+            self.stream.rotation.failed(self.stream.server);
+        }
+        next
+    }
+
+    async fn next_change(&mut self) -> Result<Option<(WatchEventType, Pod)>, ClientError> {
         loop {
             if let Some(line) = self.lines.next_line()? {
                 let v: serde_json::Value =

@@ -55,21 +55,70 @@ pub fn new_join_attempt() -> Result<String, TlsError> {
     Ok(hex(&bytes))
 }
 
-/// What a CLI (or a joined node) needs to reach the server: YAML, mode 0600.
+/// What a CLI (or a joined node) needs to reach the cluster: YAML, mode 0600.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", try_from = "CredentialsFile")]
 pub struct Credentials {
-    /// `https://HOST:PORT`
-    pub server: String,
+    /// `https://HOST:PORT` of each server of the cluster, tried in this
+    /// order; never empty.
+    pub servers: Vec<String>,
     pub ca_cert: String,
     pub client_cert: String,
     pub client_key: String,
 }
 
+/// The file as written: `servers`, or the one `server` of files written
+/// before a cluster could have several.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CredentialsFile {
+    server: Option<String>,
+    servers: Option<Vec<String>>,
+    ca_cert: String,
+    client_cert: String,
+    client_key: String,
+}
+
+impl TryFrom<CredentialsFile> for Credentials {
+    type Error = String;
+
+    fn try_from(f: CredentialsFile) -> Result<Credentials, String> {
+        let servers = match (f.server, f.servers) {
+            (Some(_), Some(_)) => return Err("give `servers` (a list) or the older `server`, not both".into()),
+            (Some(one), None) => vec![one],
+            (None, Some(list)) => list,
+            (None, None) => return Err("missing field `servers` (the list of server URLs)".into()),
+        };
+        if servers.is_empty() {
+            return Err("`servers` is empty: list at least one server URL".into());
+        }
+        if let Some(blank) = servers.iter().position(|s| s.trim().is_empty()) {
+            return Err(format!("`servers[{blank}]` is empty"));
+        }
+        Ok(Credentials { servers, ca_cert: f.ca_cert, client_cert: f.client_cert, client_key: f.client_key })
+    }
+}
+
 impl Credentials {
     pub fn load(path: &Path) -> Result<Credentials, TlsError> {
         let text = std::fs::read_to_string(path).map_err(io_err(path))?;
-        serde_yaml_ng::from_str(&text).map_err(|source| TlsError::Credentials { path: path.to_path_buf(), source })
+        Credentials::parse(&text).map_err(|source| TlsError::Credentials { path: path.to_path_buf(), source })
+    }
+
+    pub fn parse(text: &str) -> Result<Credentials, serde_yaml_ng::Error> {
+        serde_yaml_ng::from_str(text)
+    }
+
+    /// `servers`, then those of `more` not in it: a list given on the command
+    /// line first, what the file or the server knew after it.
+    pub fn merge_servers(servers: &[String], more: &[String]) -> Vec<String> {
+        let mut out = servers.to_vec();
+        for s in more {
+            if !out.contains(s) {
+                out.push(s.clone());
+            }
+        }
+        out
     }
 
     pub fn save(&self, path: &Path) -> Result<(), TlsError> {
@@ -319,6 +368,43 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCa {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A credentials file with `servers_yaml` in place of its server lines:
+    /// the servers it loads as, or the error's text.
+    fn check(servers_yaml: &str, expected: Result<&[&str], &str>) {
+        let text = format!("{servers_yaml}caCert: C\nclientCert: X\nclientKey: K\n");
+        match (Credentials::parse(&text), expected) {
+            (Ok(c), Ok(want)) => {
+                assert_eq!(c.servers, want, "{servers_yaml}");
+                // It is written back as the list, and reads back the same.
+                let written = serde_yaml_ng::to_string(&c).expect("serialize");
+                assert!(written.contains("servers:") && !written.contains("server:"), "{written}");
+                assert_eq!(Credentials::parse(&written).expect("round trip"), c);
+            }
+            (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{servers_yaml}: {e}"),
+            (got, want) => panic!("{servers_yaml}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn credentials_files_old_and_new_load_and_name_what_is_wrong() {
+        check("server: https://a:1\n", Ok(&["https://a:1"]));
+        check("servers: [https://a:1, https://b:2]\n", Ok(&["https://a:1", "https://b:2"]));
+        check("servers:\n- https://a:1\n", Ok(&["https://a:1"]));
+        check("", Err("missing field `servers`"));
+        check("servers: []\n", Err("`servers` is empty"));
+        check("servers: [https://a:1, '']\n", Err("`servers[1]` is empty"));
+        check("server: https://a:1\nservers: [https://b:2]\n", Err("not both"));
+        check("servers: https://a:1\n", Err("servers"));
+        check("servers: [https://a:1]\nsurplus: 1\n", Err("surplus"));
+    }
+
+    #[test]
+    fn merged_server_lists_keep_the_first_lists_order_and_no_duplicates() {
+        let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(Credentials::merge_servers(&l(&["b", "a"]), &l(&["a", "c", "b", "d"])), l(&["b", "a", "c", "d"]));
+        assert_eq!(Credentials::merge_servers(&l(&["a"]), &[]), l(&["a"]));
+    }
 
     #[test]
     fn join_tokens_parse_and_name_what_is_wrong() {

@@ -216,6 +216,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     ca_cert: creds.ca_cert,
                     client_cert: creds.client_cert,
                     client_key: creds.client_key,
+                    // This server's own URL names it on loopback, which a node
+                    // elsewhere cannot use; the cluster's advertised servers
+                    // go here once servers know them.
+                    servers: Vec::new(),
                 },
             )
         }

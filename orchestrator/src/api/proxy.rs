@@ -43,7 +43,7 @@ impl NodeClients {
             }
         }
         // Clones of one rustls configuration share its session cache.
-        let c = Client::with_tls(&format!("https://{endpoint}"), Some(node), (*self.tls).clone())?
+        let c = Client::with_tls(&[format!("https://{endpoint}")], Some(node), (*self.tls).clone())?
             .with_liveness(self.liveness);
         clients.insert(node.to_string(), (endpoint.to_string(), c.clone()));
         Ok(c)

@@ -27,7 +27,7 @@ impl TestServer {
         let url = server.server_url();
         let token = server.join_token.to_string();
         let creds = Credentials::load(&server.admin_config).expect("admin config");
-        assert_eq!(creds.server, url);
+        assert_eq!(creds.servers, std::slice::from_ref(&url));
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(server.run(rx));
         TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
@@ -42,14 +42,14 @@ impl TestServer {
     /// A client with no identity that trusts the server's CA (in `dir/pki`).
     pub fn anonymous(&self, dir: &Path) -> Client {
         let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
-        Client::anonymous(&self.url, &ca).expect("anonymous client")
+        Client::anonymous(std::slice::from_ref(&self.url), &ca).expect("anonymous client")
     }
 
     /// Joins `name` with the server's token: the node's credentials.
     pub async fn join(&self, dir: &Path, name: &str) -> Credentials {
         let joined = self.anonymous(dir).join(&self.token, name, None).await.expect("join");
         Credentials {
-            server: self.url.clone(),
+            servers: vec![self.url.clone()],
             ca_cert: joined.ca_cert,
             client_cert: joined.client_cert,
             client_key: joined.client_key,
