@@ -60,6 +60,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The `ApiError::reason` of a server's 503 while it shuts down (its store
 /// is closed): another server of the cluster can answer.
 const SHUTTING_DOWN: &str = "ShuttingDown";
+/// The 503 of a server that does not lead, to a node's call (register,
+/// heartbeat, status): refused before anything was written, so the call goes
+/// to the next server, as after `SHUTTING_DOWN`, until it reaches the leader.
+const NOT_LEADER: &str = "NotLeader";
 const MAX_RESPONSE: usize = 256 << 20;
 /// An idle pooled connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -100,9 +104,10 @@ impl ClientError {
         matches!(self, ClientError::Silent(_) | ClientError::Http(_)) || self.is_shutting_down()
     }
 
-    /// The server's 503 while it shuts down.
+    /// The server's 503 while it shuts down, or to a node's call when it does
+    /// not lead: nothing was written, another server can answer.
     fn is_shutting_down(&self) -> bool {
-        matches!(self, ClientError::Api(e) if e.code == 503 && e.reason == SHUTTING_DOWN)
+        matches!(self, ClientError::Api(e) if e.code == 503 && (e.reason == SHUTTING_DOWN || e.reason == NOT_LEADER))
     }
 
     /// Worth trying again after a pause: no answer, a dead stream, or the

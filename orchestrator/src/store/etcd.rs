@@ -482,20 +482,60 @@ impl EtcdBackend {
             ops.push(TxnOp::delete(f.key(&log_key(start)), Some(range)));
             ops.push(TxnOp::put(f.key(KEY_LOG_START), new_start.to_be_bytes().to_vec(), None));
         }
+        // The batch's first log entry, read back when the compare fails after
+        // a send whose outcome was lost: found as written, the commit was ours.
+        let first_log = b.log.first().map(|(rv, bytes)| (f.key(&log_key(*rv)), bytes.clone()));
+        if let Some((key, _)) = &first_log {
+            on_failure.push(TxnOp::get(key.clone(), None));
+        }
         let txn = Txn::new().when(compares).and_then(ops).or_else(on_failure);
         let mut kv = f.client.kv_client();
-        // The timer is made inside `block_on`: this thread is no runtime's.
-        let sent = self.runtime.block_on(async { tokio::time::timeout(f.options.request_timeout, kv.txn(txn)).await });
-        let resp = match sent {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(etcd_client::Error::GRpcStatus(s))) if REFUSED.contains(&i32::from(s.code())) => {
-                return Err(StoreError::Etcd(format!("the write was refused: {}", s.message())));
+        // A send whose outcome is lost (the member died with it, the reply
+        // was cut) is sent again, to another member if the client has one,
+        // within one `request_timeout`: the compare on `meta/rv` makes that
+        // safe (a second commit is impossible), and the read-back of the first
+        // log entry tells a commit of ours from another server's.
+        let deadline = std::time::Instant::now() + f.options.request_timeout;
+        let mut lost: Option<String> = None;
+        let resp = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            // The timer is made inside `block_on`: this thread is no runtime's.
+            let sent = self.runtime.block_on(async { tokio::time::timeout(left, kv.txn(txn.clone())).await });
+            match sent {
+                Ok(Ok(resp)) => break resp,
+                Ok(Err(etcd_client::Error::GRpcStatus(s))) if REFUSED.contains(&i32::from(s.code())) => {
+                    return Err(StoreError::Etcd(format!("the write was refused: {}", s.message())));
+                }
+                Ok(Err(e)) if std::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "etcd: a commit's outcome was lost; sending it again");
+                    lost = Some(e.to_string());
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Ok(Err(e)) => return Err(StoreError::Unconfirmed(e.to_string())),
+                Err(_) => {
+                    return Err(StoreError::Unconfirmed(format!("no answer within {:?}", f.options.request_timeout)))
+                }
             }
-            Ok(Err(e)) => return Err(StoreError::Unconfirmed(e.to_string())),
-            Err(_) => return Err(StoreError::Unconfirmed(format!("no answer within {:?}", f.options.request_timeout))),
         };
-        if resp.succeeded() {
-            let revision = resp.header().map_or(0, |h| h.revision());
+        let ours_already = lost.is_some()
+            && !resp.succeeded()
+            && first_log.as_ref().is_some_and(|(_, bytes)| {
+                let at = if b.leader == Some(true) { 2 } else { 1 };
+                matches!(resp.op_responses().get(at), Some(TxnOpResponse::Get(g))
+                    if g.kvs().first().is_some_and(|kv| kv.value() == bytes.as_slice()))
+            });
+        if lost.is_some() && !resp.succeeded() && !ours_already && first_log.is_none() {
+            return Err(StoreError::Unconfirmed(lost.unwrap_or_default()));
+        }
+        if resp.succeeded() || ours_already {
+            let revision = if ours_already {
+                match resp.op_responses().first() {
+                    Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.mod_revision()),
+                    _ => 0,
+                }
+            } else {
+                resp.header().map_or(0, |h| h.revision())
+            };
             let mut m = f.write();
             for (k, v) in std::mem::take(&mut b.writes) {
                 match v {
