@@ -5,8 +5,10 @@
 //! has bound every pod. Prints the create rate, the bound rate (first create to
 //! last binding), and the server's RSS with all of it in memory.
 //!
-//! Usage: `bench_api [--nodes N] [--pods P] [--connections C] [--store-cache-mib M] [--pinion PATH]`
-//! (defaults 5000, 50000, 64, `target/release/pinion`).
+//! Usage: `bench_api [--nodes N] [--pods P] [--connections C] [--store-cache-mib M] [--etcd MEMBERS] [--pinion PATH]`
+//! (defaults 5000, 50000, 64, sled, `target/release/pinion`). `--etcd 3`
+//! starts a three-member etcd on this host (loopback, a data dir each) and
+//! runs the server on it.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
     let (mut nodes, mut pods, mut conns) = (5000usize, 50_000usize, 64usize);
     let mut pinion = PathBuf::from("target/release/pinion");
     let mut cache_mib: Option<String> = None;
+    let mut etcd_members = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -59,20 +62,36 @@ fn main() -> anyhow::Result<()> {
             "--connections" => conns = value()?.parse::<usize>()?.max(1),
             "--pinion" => pinion = PathBuf::from(value()?),
             "--store-cache-mib" => cache_mib = Some(value()?),
+            "--etcd" => etcd_members = value()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(run(pinion, nodes, pods, conns, cache_mib))
+    rt.block_on(run(pinion, nodes, pods, conns, cache_mib, etcd_members))
 }
 
-async fn run(pinion: PathBuf, nodes: usize, pods: usize, conns: usize, cache: Option<String>) -> anyhow::Result<()> {
+async fn run(
+    pinion: PathBuf,
+    nodes: usize,
+    pods: usize,
+    conns: usize,
+    cache: Option<String>,
+    etcd_members: usize,
+) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let data = tmp.path().join("srv");
     let mut cmd = Command::new(&pinion);
     cmd.args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", "3600", "--data-dir"]).arg(&data);
     if let Some(mib) = cache {
         cmd.args(["--store-cache-mib", &mib]);
+    }
+    let etcd = match etcd_members {
+        0 => None,
+        n => Some(orchestrator::testing::etcd::EtcdCluster::start(n).await.map_err(anyhow::Error::msg)?),
+    };
+    if let Some(cluster) = &etcd {
+        cmd.args(["--etcd", &cluster.endpoints().join(",")]);
+        println!("store: etcd, {etcd_members} members on this host");
     }
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -222,9 +241,17 @@ async fn parallel(
         let conn = orchestrator::client::Client::new(creds)?;
         tasks.push(tokio::spawn(async move {
             for body in shard {
-                let (code, reply) = conn
-                    .request(hyper::Method::POST, path, Some(("application/json", bytes::Bytes::from(body))))
-                    .await?;
+                let body = bytes::Bytes::from(body);
+                // On etcd a node's registration waits for the server to lead (503 NotLeader until then).
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let (code, reply) = loop {
+                    let (code, reply) =
+                        conn.request(hyper::Method::POST, path, Some(("application/json", body.clone()))).await?;
+                    if code != 503 || Instant::now() > deadline {
+                        break (code, reply);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
                 if !(200..300).contains(&code) {
                     bail!("POST {path}: {code}: {}", String::from_utf8_lossy(&reply));
                 }
