@@ -68,6 +68,16 @@ pub struct Scenario {
     pub steps: Vec<Step>,
 }
 
+/// Where the scenario's server keeps the cluster's state: sled in its data
+/// dir, or a one-member etcd on loopback that outlives the server's kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StoreKind {
+    #[default]
+    Sled,
+    Etcd,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Requirement {
@@ -82,6 +92,8 @@ pub struct ServerDef {
     pub topology_blind: bool,
     pub heartbeat_grace: Option<u64>,
     pub scheduling_strategy: Option<String>,
+    #[serde(default)]
+    pub store: StoreKind,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -383,12 +395,29 @@ struct Cluster {
     applied: std::collections::BTreeSet<String>,
     /// Pod -> the processes `recordProcesses` noted.
     processes: BTreeMap<String, std::collections::BTreeSet<u32>>,
+    /// The etcd the server runs on (`StoreKind::Etcd`), held for its Drop,
+    /// which comes after the server's (fields drop in order).
+    _etcd: Option<orchestrator::testing::etcd::EtcdCluster>,
 }
 
 /// Runs the scenario at `path` with the `pinion` binary; `out_dir` is emptied
 /// first and keeps every process's output and the CLI transcript.
 pub fn run(path: &Path, pinion: &Path, fixtures: &Path, out_dir: &Path) -> anyhow::Result<Outcome> {
-    let scenario = load(path)?;
+    run_on(path, pinion, fixtures, out_dir, None)
+}
+
+/// `run`, with the server's store chosen here (`None`: the scenario's own).
+pub fn run_on(
+    path: &Path,
+    pinion: &Path,
+    fixtures: &Path,
+    out_dir: &Path,
+    store: Option<StoreKind>,
+) -> anyhow::Result<Outcome> {
+    let mut scenario = load(path)?;
+    if let Some(store) = store {
+        scenario.server.store = store;
+    }
     let mut outcome = Outcome { out_dir: out_dir.to_path_buf(), ..Outcome::default() };
     for r in &scenario.requires {
         let missing = match r {
@@ -403,6 +432,11 @@ pub fn run(path: &Path, pinion: &Path, fixtures: &Path, out_dir: &Path) -> anyho
             outcome.skipped = Some(why);
             return Ok(outcome);
         }
+    }
+    if scenario.server.store == StoreKind::Etcd && !orchestrator::testing::etcd::available(&path.display().to_string())
+    {
+        outcome.skipped = Some("needs etcd".into());
+        return Ok(outcome);
     }
     let _ = std::fs::remove_dir_all(out_dir);
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -442,6 +476,16 @@ impl Cluster {
         if let Some(st) = &s.server.scheduling_strategy {
             flags.extend(["--scheduling-strategy".to_string(), st.clone()]);
         }
+        let etcd = match s.server.store {
+            StoreKind::Sled => None,
+            StoreKind::Etcd => {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let cluster = rt.block_on(orchestrator::testing::etcd::EtcdCluster::start(1));
+                let cluster = cluster.map_err(|e| anyhow::anyhow!("starting etcd: {e}"))?;
+                flags.extend(["--etcd".to_string(), cluster.endpoints().join(",")]);
+                Some(cluster)
+            }
+        };
         let commands = std::fs::File::create(out.join("commands.log"))?;
         let mut c = Cluster {
             pinion: pinion.to_path_buf(),
@@ -457,6 +501,7 @@ impl Cluster {
             last_attempts: 0,
             applied: Default::default(),
             processes: BTreeMap::new(),
+            _etcd: etcd,
         };
         c.start_server()?;
         for def in &s.nodes {

@@ -15,12 +15,22 @@ fn fixtures() -> PathBuf {
 }
 
 fn scenario(name: &str) {
+    scenario_on(name, None);
+}
+
+/// A scenario with its server's store chosen here (`None`: the file's own).
+fn scenario_on(name: &str, store: Option<e2e::scenario::StoreKind>) {
     let path = e2e::binary::repo_root().join("e2e/scenarios").join(format!("{name}.yaml"));
     let real = name.ends_with("-real");
     let _host = real.then(|| HOST.lock().unwrap_or_else(|e| e.into_inner()));
     let pinion = e2e::binary::pinion().unwrap_or_else(|e| panic!("{e:#}"));
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("scenarios").join(name);
-    let outcome = e2e::scenario::run(&path, &pinion, &fixtures(), &out).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let dir = match store {
+        Some(s) => format!("{name}-{s:?}").to_lowercase(),
+        None => name.to_string(),
+    };
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("scenarios").join(dir);
+    let outcome =
+        e2e::scenario::run_on(&path, &pinion, &fixtures(), &out, store).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     if let Some(why) = &outcome.skipped {
         eprintln!("skipping scenario {name}: {why}");
         return;
@@ -68,4 +78,12 @@ scenarios! {
     s11_nodelet_kills => "11-nodelet-kills",
     s11_nodelet_kills_real => "11-nodelet-kills-real",
     s12_settings_change_real => "12-settings-change-real",
+}
+
+/// The restarts scenario (kill -9 of the server and of a node, a node cut
+/// off) with the server's state in etcd: what was acknowledged survives the
+/// server's kill there as it does in sled.
+#[test]
+fn s8_restarts_on_etcd() {
+    scenario_on("8-restarts", Some(e2e::scenario::StoreKind::Etcd));
 }

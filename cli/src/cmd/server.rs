@@ -63,6 +63,13 @@ pub struct Args {
     /// The cluster's keys in etcd start with this (one etcd may hold several clusters).
     #[arg(long, value_name = "PREFIX", default_value = "/pinion/", requires = "etcd")]
     pub etcd_prefix: String,
+    /// etcd's `--max-txn-ops`, when raised there (its default is 128): a
+    /// commit's batch holds up to this many operations.
+    #[arg(long, value_name = "N", default_value_t = 128, requires = "etcd")]
+    pub etcd_max_txn_ops: usize,
+    /// etcd's `--max-request-bytes`, when raised there (its default is 1.5 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = 1536 * 1024, requires = "etcd")]
+    pub etcd_max_request_bytes: usize,
     /// Seconds a leader's lease lives without renewal: a dead leader is
     /// replaced within about this long (etcd only).
     #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
@@ -88,6 +95,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             key: args.etcd_key.clone(),
             prefix: args.etcd_prefix.clone(),
         });
+        opts.etcd_options.max_txn_ops = args.etcd_max_txn_ops.max(8);
+        opts.etcd_options.max_request_bytes = args.etcd_max_request_bytes.max(64 << 10);
     }
     let server = Server::bind(opts).await?;
     let dir = args.data_dir.display();

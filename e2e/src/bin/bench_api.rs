@@ -90,7 +90,15 @@ async fn run(
         n => Some(orchestrator::testing::etcd::EtcdCluster::start(n).await.map_err(anyhow::Error::msg)?),
     };
     if let Some(cluster) = &etcd {
+        use orchestrator::testing::etcd::{MAX_REQUEST_BYTES, MAX_TXN_OPS};
         cmd.args(["--etcd", &cluster.endpoints().join(",")]);
+        match std::env::var("BENCH_ETCD_DEFAULT_LIMITS") {
+            Ok(_) => println!("etcd limits: the members' raised ones unused (128 ops, 1.5 MiB per commit)"),
+            Err(_) => {
+                cmd.args(["--etcd-max-txn-ops", &MAX_TXN_OPS.to_string()]);
+                cmd.args(["--etcd-max-request-bytes", &MAX_REQUEST_BYTES.to_string()]);
+            }
+        }
         println!("store: etcd, {etcd_members} members on this host");
     }
     let mut child = cmd

@@ -38,6 +38,10 @@ pub struct ClientTls {
     pub client_key: PathBuf,
 }
 
+/// The transaction limits the members start with.
+pub const MAX_TXN_OPS: usize = 1024;
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+
 struct Member {
     name: String,
     data_dir: PathBuf,
@@ -120,6 +124,9 @@ impl EtcdCluster {
             .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
             .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", "pinion-test"])
+            // What README recommends for Pinion (etcd's defaults: 128 and 1.5 MiB);
+            // a server uses them only when told (`--etcd-max-txn-ops`, ...).
+            .args(["--max-txn-ops", &MAX_TXN_OPS.to_string(), "--max-request-bytes", &MAX_REQUEST_BYTES.to_string()])
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
