@@ -272,11 +272,20 @@ fn three_servers_on_etcd_survive_losing_the_leader_an_etcd_member_and_a_cut_serv
 
     // kill -9 of one etcd member: writes and bindings go on.
     etcd.kill(0);
+    // The killed member may have led etcd's raft: while the two left elect
+    // a leader (a second or more under load) a write can outlast the
+    // server's 5 s bound and be refused; one more try must then succeed.
+    let mut refused = 0;
     for i in 0..5 {
-        if let Err(e) = submit(&config, &survivors, &format!("m{i}")) {
-            panic!("a submission with one etcd member down: {e}");
+        let name = format!("m{i}");
+        if let Err(first) = submit(&config, &survivors, &name) {
+            refused += 1;
+            if let Err(e) = submit(&config, &survivors, &name) {
+                panic!("a submission with one etcd member down, twice: {first}; then {e}");
+            }
         }
     }
+    println!("figure: submissions refused once while etcd lost a member: {refused} of 5");
     wait_for("pods bound with one etcd member down", Duration::from_secs(30), || {
         let all = pods(&config, &survivors);
         (0..5)

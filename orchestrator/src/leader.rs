@@ -94,7 +94,8 @@ async fn run(
     // After a failure, wait a little before campaigning again (etcd may be
     // unreachable); never longer than a third of the TTL, the failover bound.
     let pause = (config.ttl / 3).max(Duration::from_millis(100));
-    while !*shutdown.borrow() {
+    // A dropped sender is a shutdown too (else `changed()` would end every wait at once).
+    while !*shutdown.borrow() && shutdown.has_changed().is_ok() {
         // Every step of a campaign is bounded and watches `shutdown` itself.
         let outcome = campaign(&mut client, &config, &tx, &mut shutdown).await;
         tx.send_replace(None);

@@ -450,11 +450,19 @@ async fn etcd_server_cut_off_while_others_write_misses_nothing() {
     create(&a, "first").await;
     let mut w = a.watch(a.resource_version()).await.expect("watch");
     cluster.kill(0);
+    // The killed member may have led etcd's raft: the others elect a leader
+    // first (a second or more under load), which a write must not race
+    // against its own bound. A linearizable read answers only once they have.
+    let mut client = connect(&only(1)).await.expect("connect");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::timeout(Duration::from_secs(2), client.get("probe", None)).await.map_or(true, |r| r.is_err()) {
+        assert!(std::time::Instant::now() < deadline, "the two members left elect no leader within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut written = Vec::new();
     for i in 0..10 {
         written.push((create(&b, &format!("p{i}")).await, format!("p{i}")));
     }
-    let mut client = connect(&only(1)).await.expect("connect");
     let revision = client.get("probe", None).await.expect("get").header().map_or(0, |h| h.revision());
     client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await.expect("compact");
     cluster.restart(0).await.expect("restart");
