@@ -33,10 +33,13 @@ fn pinion() -> PathBuf {
     e2e::binary::pinion().expect("build pinion")
 }
 
-/// Starts `pinion server` on etcd `endpoints`; returns it and its URL.
-fn server(dir: &Path, endpoints: &str) -> (Proc, String) {
+/// Starts `pinion server` on etcd `endpoints`, listening on (and
+/// advertising) loopback `port`; returns it and its URL.
+fn server(dir: &Path, endpoints: &str, port: u16) -> (Proc, String) {
     let mut cmd = Command::new(pinion());
-    cmd.args(["server", "--listen", "127.0.0.1:0", "--etcd", endpoints, "--heartbeat-grace", "10"])
+    let listen = format!("127.0.0.1:{port}");
+    cmd.args(["server", "--listen", &listen, "--advertise-url", &format!("https://{listen}")])
+        .args(["--etcd", endpoints, "--heartbeat-grace", "10"])
         .arg("--data-dir")
         .arg(dir)
         .stdout(Stdio::piped())
@@ -163,10 +166,15 @@ fn three_servers_on_etcd_survive_losing_the_leader_an_etcd_member_and_a_cut_serv
     let mut procs: BTreeMap<String, Proc> = BTreeMap::new();
     let mut relays: BTreeMap<String, Vec<Relay>> = BTreeMap::new();
     let mut servers = Vec::new();
+    // Ports known before the start, so that each server advertises its URL.
+    let held: Vec<std::net::TcpListener> =
+        (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+    let ports: Vec<u16> = held.iter().map(|l| l.local_addr().expect("port").port()).collect();
+    drop(held);
     for i in 1..=3 {
         let mine: Vec<Relay> = members.iter().map(|a| Relay::start(*a).expect("relay")).collect();
         let endpoints = mine.iter().map(|r| format!("http://{}", r.addr)).collect::<Vec<_>>().join(",");
-        let (p, url) = server(&dir.join(format!("s{i}")), &endpoints);
+        let (p, url) = server(&dir.join(format!("s{i}")), &endpoints, ports[i - 1]);
         procs.insert(url.clone(), p);
         relays.insert(url.clone(), mine);
         servers.push(url);
@@ -181,11 +189,23 @@ fn three_servers_on_etcd_survive_losing_the_leader_an_etcd_member_and_a_cut_serv
         );
     }
     let token = std::fs::read_to_string(dir.join("s2/join-token")).expect("join token");
-    let _nodes: Vec<Proc> = (1..=4).map(|i| agent(dir, &servers, token.trim(), &format!("n{i}"))).collect();
+    // The nodes are told one server; the join answer names the others.
+    let _nodes: Vec<Proc> =
+        (1..=4).map(|i| agent(dir, std::slice::from_ref(&servers[1]), token.trim(), &format!("n{i}"))).collect();
+    // The last server to start wrote admin credentials that list all three.
+    let config3 = dir.join("s3/admin.conf");
     wait_for("four Ready nodes", Duration::from_secs(60), || {
-        let (ok, out, _) = cli(&config, &servers, &["get", "nodes"]);
+        let (ok, out, _) = cli(&config3, &[], &["get", "nodes"]);
         ok && out.matches(" Ready ").count() == 4
     });
+    let listed = std::fs::read_to_string(&config3).expect("s3/admin.conf");
+    for i in 1..=4 {
+        let node_conf = std::fs::read_to_string(dir.join(format!("n{i}/node.conf"))).expect("node.conf");
+        for s in &servers {
+            assert!(node_conf.contains(s.as_str()), "n{i}'s node.conf does not list {s}:\n{node_conf}");
+            assert!(listed.contains(s.as_str()), "s3/admin.conf does not list {s}");
+        }
+    }
     let first = leader(&direct).expect("a leader");
     assert!(servers.contains(&first), "leader {first} is one of {servers:?}");
     let before = running_on(dir);

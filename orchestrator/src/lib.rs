@@ -9,6 +9,7 @@ pub mod controller;
 pub mod identity;
 pub mod leader;
 pub mod leading;
+pub mod peers;
 pub mod scheduler;
 pub mod server;
 pub mod store;

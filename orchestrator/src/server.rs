@@ -24,6 +24,7 @@ use crate::controller::{Controller, ControllerConfig};
 use crate::identity::IdentityError;
 use crate::leader::{ElectionConfig, Term};
 use crate::leading::Leading;
+use crate::peers::Peers;
 use crate::store::{EtcdConfig, EtcdOptions, LeaderGuard, Store, StoreError, StoreOptions};
 use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
 
@@ -57,6 +58,9 @@ pub struct ServerOptions {
     pub etcd: Option<EtcdConfig>,
     /// Bounds on the talk with etcd.
     pub etcd_options: EtcdOptions,
+    /// The URL other machines reach this server by (`https://HOST:PORT`):
+    /// given to joining nodes, and on etcd listed for every server's nodes.
+    pub advertise_url: Option<String>,
     /// The leader lease's time to live (etcd only): a dead leader is replaced
     /// within about this long.
     pub leader_ttl: Duration,
@@ -73,6 +77,7 @@ impl ServerOptions {
             store: StoreOptions::default(),
             etcd: None,
             etcd_options: EtcdOptions::default(),
+            advertise_url: None,
             leader_ttl: Duration::from_secs(3),
         }
     }
@@ -85,6 +90,8 @@ pub struct Server {
     store: Store,
     /// The etcd client and key prefix of a shared store.
     etcd: Option<(etcd_client::Client, String)>,
+    /// The cluster's servers as advertised in etcd.
+    peers: Option<Peers>,
     pki: Arc<Pki>,
     options: ServerOptions,
     /// First start: the CA and the join token were just made.
@@ -119,6 +126,15 @@ impl Server {
                 (store, Some((client, config.prefix.clone())))
             }
         };
+        let peers = etcd.as_ref().map(|(client, prefix)| {
+            Peers::new(client.clone(), prefix, options.advertise_url.clone(), options.etcd_options.request_timeout)
+        });
+        if let Some(p) = &peers {
+            p.advertise().await.map_err(|e| ServerError::Etcd {
+                endpoints: options.etcd.as_ref().map(|c| c.endpoints.join(",")).unwrap_or_default(),
+                source: StoreError::Etcd(e),
+            })?;
+        }
         let (pki, created) = Pki::load_or_create(&dir)?;
         let (join_token, _) = load_or_create_join_token(&dir, &pki.ca_cert_pem)?;
         let listener = TcpListener::bind(&options.listen)
@@ -134,6 +150,10 @@ impl Server {
             names.extend(this_machines_names());
         }
         names.extend(options.tls_sans.iter().cloned());
+        // The certificate must name the host others are told to reach.
+        if let Some(host) = options.advertise_url.as_deref().and_then(advertised_host) {
+            names.push(host);
+        }
         let tls = Arc::new(pki.server_config(&names)?);
         let url_host =
             if host.is_empty() || host == "0.0.0.0" || host == "::" { "127.0.0.1".to_string() } else { host };
@@ -143,13 +163,21 @@ impl Server {
             format!("https://{url_host}:{}", addr.port())
         };
         let admin_config = dir.join("admin.conf");
-        write_admin_config(&pki, &admin_config, &server_url)?;
+        // This machine's own URL first, then the cluster's other servers.
+        let mut servers = vec![server_url.clone()];
+        let others = match &peers {
+            Some(p) => p.list().await,
+            None => options.advertise_url.iter().cloned().collect(),
+        };
+        servers.extend(others.into_iter().filter(|u| Some(u) != options.advertise_url.as_ref()));
+        write_admin_config(&pki, &admin_config, &servers)?;
         Ok(Server {
             listener,
             addr,
             tls,
             store,
             etcd,
+            peers,
             pki: Arc::new(pki),
             options,
             first_start: created || identity_created,
@@ -178,7 +206,10 @@ impl Server {
             }
             Some((client, prefix)) => {
                 let leading = Arc::new(Leading::elected());
-                let mut election = ElectionConfig::new(format!("{prefix}leader"), self.server_url());
+                let mut election = ElectionConfig::new(
+                    format!("{prefix}leader"),
+                    self.options.advertise_url.clone().unwrap_or_else(|| self.server_url()),
+                );
                 election.ttl = self.options.leader_ttl;
                 let (terms, campaign) = crate::leader::spawn(client, election, shutdown.clone());
                 let follow = tokio::spawn(lead(
@@ -197,6 +228,8 @@ impl Server {
             pki: self.pki.clone(),
             join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),
+            peers: self.peers.clone(),
+            advertise_url: self.options.advertise_url.clone(),
             proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?), self.options.api.liveness),
         });
         serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
@@ -284,6 +317,12 @@ async fn lead(
     }
 }
 
+/// `HOST` of `https://HOST:PORT` (brackets of an IPv6 address removed).
+fn advertised_host(url: &str) -> Option<String> {
+    let (host, _) = url.strip_prefix("https://")?.rsplit_once(':')?;
+    Some(host.trim_start_matches('[').trim_end_matches(']').to_string()).filter(|h| !h.is_empty())
+}
+
 fn listen_host(listen: &str) -> String {
     match listen.rsplit_once(':') {
         Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
@@ -292,16 +331,20 @@ fn listen_host(listen: &str) -> String {
 }
 
 /// Keeps the admin's certificate across restarts; only the URL follows the port.
-fn write_admin_config(pki: &Pki, path: &Path, server_url: &str) -> Result<(), TlsError> {
+fn write_admin_config(pki: &Pki, path: &Path, servers: &[String]) -> Result<(), TlsError> {
     match Credentials::load(path) {
         Ok(mut c) if c.ca_cert == pki.ca_cert_pem => {
-            if c.servers != [server_url] {
-                c.servers = vec![server_url.to_string()];
+            if c.servers != servers {
+                c.servers = servers.to_vec();
                 c.save(path)?;
             }
             Ok(())
         }
-        _ => Ok(pki.credentials(server_url, ADMIN_CN)?.save(path)?),
+        _ => {
+            let mut c = pki.credentials(&servers[0], ADMIN_CN)?;
+            c.servers = servers.to_vec();
+            Ok(c.save(path)?)
+        }
     }
 }
 

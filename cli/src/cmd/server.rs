@@ -46,6 +46,11 @@ pub struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
+    /// The URL nodes and users on other machines reach this server by
+    /// (`https://HOST:PORT`): a joining node is given it, and on etcd every
+    /// server's, so a node that joins through one server knows them all.
+    #[arg(long, value_name = "URL")]
+    pub advertise_url: Option<String>,
     /// Keep the cluster's state in etcd instead of the data dir's store:
     /// endpoints, comma-separated or repeated (`https://HOST:2379`). Several
     /// servers on one etcd each serve the API; one at a time schedules.
@@ -87,6 +92,13 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.scheduler.topology_aware = !args.topology_blind;
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
+    if let Some(url) = &args.advertise_url {
+        match url.strip_prefix("https://").and_then(|r| r.rsplit_once(':')) {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+            _ => anyhow::bail!("--advertise-url {url:?}: expected https://HOST:PORT"),
+        }
+        opts.advertise_url = Some(url.clone());
+    }
     if !args.etcd.is_empty() {
         opts.etcd = Some(EtcdConfig {
             endpoints: args.etcd.clone(),

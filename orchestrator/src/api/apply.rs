@@ -24,6 +24,10 @@ pub struct ApiState {
     pub join_secret: String,
     /// `https://HOST:PORT` written into issued credentials.
     pub server_url: String,
+    /// The cluster's servers as advertised in etcd (several servers).
+    pub peers: Option<crate::peers::Peers>,
+    /// The URL other machines reach this server by, when it was given.
+    pub advertise_url: Option<String>,
     /// How the server calls nodelets (pod logs): a pooled client per node.
     pub proxy: super::proxy::NodeClients,
 }
@@ -209,6 +213,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 }
             };
             tracing::info!(node = %request.node_name, "node joined");
+            let servers = match &state.peers {
+                Some(p) => p.list().await,
+                None => state.advertise_url.iter().cloned().collect(),
+            };
             json(
                 200,
                 &JoinResponse {
@@ -216,10 +224,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     ca_cert: creds.ca_cert,
                     client_cert: creds.client_cert,
                     client_key: creds.client_key,
-                    // This server's own URL names it on loopback, which a node
-                    // elsewhere cannot use; the cluster's advertised servers
-                    // go here once servers know them.
-                    servers: Vec::new(),
+                    // The advertised servers only: this server's own URL may
+                    // name it on loopback, which a node elsewhere cannot use.
+                    servers,
                 },
             )
         }
