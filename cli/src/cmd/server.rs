@@ -77,7 +77,7 @@ pub struct Args {
     pub etcd_max_request_bytes: usize,
     /// Most commits in flight to etcd at once (1: each waits for the one
     /// before); the next batch is sent while one waits for etcd's fsyncs.
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16), requires = "etcd")]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16), requires = "etcd")]
     pub etcd_pipeline_depth: u64,
     /// Seconds a leader's lease lives without renewal: a dead leader is
     /// replaced within about this long (etcd only).

@@ -105,7 +105,7 @@ async fn run(
         }
         println!(
             "store: etcd, {etcd_members} members on this host, pipeline depth {}",
-            depth.as_deref().unwrap_or("2 (default)")
+            depth.as_deref().unwrap_or("1 (default)")
         );
     }
     let mut child = cmd

@@ -83,7 +83,9 @@ pub struct EtcdOptions {
     pub max_request_bytes: usize,
     /// Most batches in flight at once (1: each waits for the one before).
     /// A write takes a quorum's fsyncs; while one batch waits for them the
-    /// next is built and sent.
+    /// next is built and sent. 1 by default: on a small host running the
+    /// etcd members too, two in flight made more, smaller transactions and
+    /// bound fewer pods per second (BENCHMARKS.md).
     pub pipeline_depth: usize,
 }
 
@@ -93,7 +95,7 @@ impl Default for EtcdOptions {
             request_timeout: Duration::from_secs(5),
             max_txn_ops: 128,
             max_request_bytes: 1536 * 1024,
-            pipeline_depth: 2,
+            pipeline_depth: 1,
         }
     }
 }
