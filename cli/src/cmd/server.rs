@@ -75,6 +75,10 @@ pub struct Args {
     /// etcd's `--max-request-bytes`, when raised there (its default is 1.5 MiB).
     #[arg(long, value_name = "BYTES", default_value_t = 1536 * 1024, requires = "etcd")]
     pub etcd_max_request_bytes: usize,
+    /// Most commits in flight to etcd at once (1: each waits for the one
+    /// before); the next batch is sent while one waits for etcd's fsyncs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16), requires = "etcd")]
+    pub etcd_pipeline_depth: u64,
     /// Seconds a leader's lease lives without renewal: a dead leader is
     /// replaced within about this long (etcd only).
     #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
@@ -109,6 +113,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         });
         opts.etcd_options.max_txn_ops = args.etcd_max_txn_ops.max(8);
         opts.etcd_options.max_request_bytes = args.etcd_max_request_bytes.max(64 << 10);
+        opts.etcd_options.pipeline_depth = usize::try_from(args.etcd_pipeline_depth).unwrap_or(1);
     }
     let server = Server::bind(opts).await?;
     let dir = args.data_dir.display();

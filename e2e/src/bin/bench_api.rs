@@ -99,7 +99,14 @@ async fn run(
                 cmd.args(["--etcd-max-request-bytes", &MAX_REQUEST_BYTES.to_string()]);
             }
         }
-        println!("store: etcd, {etcd_members} members on this host");
+        let depth = std::env::var("BENCH_ETCD_PIPELINE_DEPTH").ok();
+        if let Some(depth) = &depth {
+            cmd.args(["--etcd-pipeline-depth", depth]);
+        }
+        println!(
+            "store: etcd, {etcd_members} members on this host, pipeline depth {}",
+            depth.as_deref().unwrap_or("1 (default)")
+        );
     }
     let mut child = cmd
         .stdout(Stdio::piped())

@@ -21,16 +21,23 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KeyValue,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::{
-    decode, log_key, read_counter, Base, Batcher, Change, Committed, LeaderGuard, Limits, Published, StoreError,
-    StoreOptions, Visit, KEY_LOG_START, KEY_RV, LOG_PREFIX,
+    decode, log_key, read_counter, Base, Batcher, Change, Committed, Job, LeaderGuard, Limits, Published, StoreError,
+    StoreOptions, Visit, Writes, KEY_LOG_START, KEY_RV, LOG_PREFIX,
 };
+
+/// Every batch writes its commit token here: this server's random id and a
+/// count. A batch sent while another is in flight compares this key's value
+/// with the other's token, so it commits only right after the other did.
+const KEY_COMMIT: &[u8] = b"meta/commit";
 
 /// Where a cluster's keys live in etcd unless configured otherwise.
 pub const DEFAULT_PREFIX: &str = "/pinion/";
@@ -74,11 +81,22 @@ pub struct EtcdOptions {
     pub max_txn_ops: usize,
     /// etcd's `--max-request-bytes` (its default 1.5 MiB).
     pub max_request_bytes: usize,
+    /// Most batches in flight at once (1: each waits for the one before).
+    /// A write takes a quorum's fsyncs; while one batch waits for them the
+    /// next is built and sent. 1 by default: on a small host running the
+    /// etcd members too, two in flight made more, smaller transactions and
+    /// bound fewer pods per second (BENCHMARKS.md).
+    pub pipeline_depth: usize,
 }
 
 impl Default for EtcdOptions {
     fn default() -> Self {
-        EtcdOptions { request_timeout: Duration::from_secs(5), max_txn_ops: 128, max_request_bytes: 1536 * 1024 }
+        EtcdOptions {
+            request_timeout: Duration::from_secs(5),
+            max_txn_ops: 128,
+            max_request_bytes: 1536 * 1024,
+            pipeline_depth: 1,
+        }
     }
 }
 
@@ -157,6 +175,10 @@ struct Follow {
 
 pub(super) struct EtcdBackend {
     follow: Arc<Follow>,
+    /// This store's random id, the first part of its commit tokens.
+    id: [u8; 16],
+    /// Batches sent, the second part.
+    sent: AtomicU64,
     /// The committer thread is no tokio thread; it runs etcd calls on this.
     runtime: tokio::runtime::Handle,
     feed: tokio::task::JoinHandle<()>,
@@ -415,8 +437,14 @@ impl EtcdBackend {
         follow.mirror = RwLock::new(mirror);
         let follow = Arc::new(follow);
         let published = follow.published.clone();
+        let mut id = [0u8; 16];
+        rustls::crypto::ring::default_provider()
+            .secure_random
+            .fill(&mut id)
+            .map_err(|_| StoreError::Etcd("no random bytes for the store's commit id".into()))?;
         let feed = tokio::spawn(follow.clone().feed());
-        Ok((EtcdBackend { follow, runtime: tokio::runtime::Handle::current(), feed }, published))
+        let runtime = tokio::runtime::Handle::current();
+        Ok((EtcdBackend { follow, id, sent: AtomicU64::new(0), runtime, feed }, published))
     }
 
     pub(super) fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -445,35 +473,49 @@ impl EtcdBackend {
         self.follow.log_range(from, to).await
     }
 
-    /// One transaction for the batch; see the module's comment.
-    pub(super) fn commit(
+    pub(super) fn pipeline_depth(&self) -> usize {
+        self.follow.options.pipeline_depth
+    }
+
+    /// Sends the batch as one transaction; see the module's comment. Its
+    /// writes move into the returned `Sent`, where batches built above it read them.
+    pub(super) fn send(
         &self,
         b: &mut Batcher,
-        published: &Published,
         guard: Option<LeaderGuard>,
         options: StoreOptions,
-    ) -> Result<Committed, StoreError> {
+    ) -> Result<Sent, StoreError> {
         let f = &self.follow;
         let rv_key = f.key(KEY_RV);
-        let mut compares = vec![Compare::mod_revision(rv_key.clone(), CompareOp::Equal, b.base.revision)];
-        let mut on_failure = vec![TxnOp::get(rv_key.clone(), None)];
+        let commit_key = f.key(KEY_COMMIT);
+        let mut token = self.id.to_vec();
+        token.extend_from_slice(&self.sent.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+        let mut compares = vec![match &b.chain {
+            // Only the batch below writes its token, once: equal means it
+            // committed and nothing since.
+            Some(below) => Compare::value(commit_key.clone(), CompareOp::Equal, below.to_vec()),
+            None => Compare::mod_revision(rv_key.clone(), CompareOp::Equal, b.base.revision),
+        }];
+        let mut on_failure = vec![TxnOp::get(rv_key.clone(), None), TxnOp::get(commit_key.clone(), None)];
         let leader = b.leader == Some(true);
         if leader {
             let Some(guard) = &guard else { return Err(StoreError::NotLeader) };
             compares.push(Compare::lease(guard.key.clone(), CompareOp::Equal, guard.lease));
             on_failure.push(TxnOp::get(guard.key.clone(), None));
         }
-        let mut ops = Vec::with_capacity(b.log.len() + b.writes.len() + 3);
+        let writes = Arc::new(std::mem::take(&mut b.writes));
+        let mut ops = Vec::with_capacity(b.log.len() + writes.len() + 4);
         for (rv, bytes) in &b.log {
             ops.push(TxnOp::put(f.key(&log_key(*rv)), bytes.clone(), None));
         }
-        for (k, v) in &b.writes {
+        for (k, v) in writes.iter() {
             ops.push(match v {
                 Some(v) => TxnOp::put(f.key(k), v.clone(), None),
                 None => TxnOp::delete(f.key(k), None),
             });
         }
         ops.push(TxnOp::put(rv_key, b.rv.to_be_bytes().to_vec(), None));
+        ops.push(TxnOp::put(commit_key, token.clone(), None));
         // Compact the log to its bound in the same transaction.
         let start = b.base.log_start;
         let new_start = b.rv.saturating_sub(options.log_keep).max(start);
@@ -490,82 +532,196 @@ impl EtcdBackend {
         }
         let txn = Txn::new().when(compares).and_then(ops).or_else(on_failure);
         let mut kv = f.client.kv_client();
+        let timeout = f.options.request_timeout;
         // A send whose outcome is lost (the member died with it, the reply
         // was cut) is sent again, to another member if the client has one,
-        // within one `request_timeout`: the compare on `meta/rv` makes that
-        // safe (a second commit is impossible), and the read-back of the first
-        // log entry tells a commit of ours from another server's.
-        let deadline = std::time::Instant::now() + f.options.request_timeout;
-        let mut lost: Option<String> = None;
-        let resp = loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            // The timer is made inside `block_on`: this thread is no runtime's.
-            let sent = self.runtime.block_on(async { tokio::time::timeout(left, kv.txn(txn.clone())).await });
-            match sent {
-                Ok(Ok(resp)) => break resp,
-                Ok(Err(etcd_client::Error::GRpcStatus(s))) if REFUSED.contains(&i32::from(s.code())) => {
-                    return Err(StoreError::Etcd(format!("the write was refused: {}", s.message())));
-                }
-                Ok(Err(e)) if std::time::Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "etcd: a commit's outcome was lost; sending it again");
-                    lost = Some(e.to_string());
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Ok(Err(e)) => return Err(StoreError::Unconfirmed(e.to_string())),
-                Err(_) => {
-                    return Err(StoreError::Unconfirmed(format!("no answer within {:?}", f.options.request_timeout)))
+        // within one `request_timeout`: the compare makes that safe (a second
+        // commit is impossible), and the read-back of the token and of the
+        // first log entry tells a commit of ours from another server's.
+        let handle = self.runtime.spawn(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut lost: Option<String> = None;
+            loop {
+                match tokio::time::timeout_at(deadline, kv.txn(txn.clone())).await {
+                    Ok(Ok(resp)) => return Ok((resp, lost)),
+                    Ok(Err(etcd_client::Error::GRpcStatus(s))) if REFUSED.contains(&i32::from(s.code())) => {
+                        // An earlier send of it may still have been stored.
+                        return Err(match lost {
+                            Some(l) => StoreError::Unconfirmed(format!("{l}; sent again, refused: {}", s.message())),
+                            None => StoreError::Etcd(format!("the write was refused: {}", s.message())),
+                        });
+                    }
+                    Ok(Err(e)) if tokio::time::Instant::now() < deadline => {
+                        tracing::warn!(error = %e, "etcd: a commit's outcome was lost; sending it again");
+                        lost = Some(e.to_string());
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Ok(Err(e)) => return Err(StoreError::Unconfirmed(e.to_string())),
+                    Err(_) => return Err(StoreError::Unconfirmed(format!("no answer within {timeout:?}"))),
                 }
             }
+        });
+        let next = Base { rv: b.rv, revision: 0, log_start: new_start };
+        Ok(Sent {
+            follow: f.clone(),
+            runtime: self.runtime.clone(),
+            writes,
+            next,
+            token: token.into(),
+            leader: leader.then_some(guard).flatten(),
+            first_log: first_log.map(|(_, bytes)| bytes),
+            start,
+            new_start,
+            handle,
+            answer: None,
+        })
+    }
+}
+
+type Answer = Result<(TxnResponse, Option<String>), StoreError>;
+
+/// What `Sent::wait_or_recv` saw first.
+pub(super) enum Waited {
+    Answered,
+    Job(Job),
+    /// Every `Store` handle is gone.
+    Closed,
+}
+
+/// A batch's transaction, sent.
+pub(super) struct Sent {
+    follow: Arc<Follow>,
+    runtime: tokio::runtime::Handle,
+    writes: Arc<Writes>,
+    /// What a batch built above this one is built on.
+    next: Base,
+    token: Arc<[u8]>,
+    /// The guard of a leader batch.
+    leader: Option<LeaderGuard>,
+    first_log: Option<Vec<u8>>,
+    start: u64,
+    new_start: u64,
+    handle: tokio::task::JoinHandle<Answer>,
+    answer: Option<Answer>,
+}
+
+fn joined(r: Result<Answer, tokio::task::JoinError>) -> Answer {
+    r.unwrap_or_else(|e| Err(StoreError::Unconfirmed(format!("the commit's task ended: {e}"))))
+}
+
+impl Sent {
+    pub(super) fn chain(&self) -> (Base, Arc<[u8]>, Arc<Writes>) {
+        (self.next, self.token.clone(), self.writes.clone())
+    }
+
+    /// Waits for etcd's answer or the next write, whichever comes first.
+    pub(super) fn wait_or_recv(&mut self, rx: &mut mpsc::Receiver<Job>) -> Waited {
+        if self.answer.is_some() {
+            return Waited::Answered;
+        }
+        let handle = &mut self.handle;
+        let (waited, answer) = self.runtime.block_on(async {
+            tokio::select! {
+                biased;
+                r = handle => (Waited::Answered, Some(joined(r))),
+                job = rx.recv() => (job.map_or(Waited::Closed, Waited::Job), None),
+            }
+        });
+        if answer.is_some() {
+            self.answer = answer;
+        }
+        waited
+    }
+
+    /// See `Sending::finish`.
+    pub(super) fn finish(
+        mut self,
+        b: &mut Batcher,
+        published: &Published,
+        apply: bool,
+    ) -> Result<Committed, StoreError> {
+        let answer = match self.answer.take() {
+            Some(a) => a,
+            None => {
+                let handle = &mut self.handle;
+                joined(self.runtime.block_on(handle))
+            }
         };
+        let (resp, lost) = answer?;
+        let f = &self.follow;
+        let responses = resp.op_responses();
+        let got = |i: usize| match responses.get(i) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+            _ => None,
+        };
+        let first_log_at = if self.leader.is_some() { 3 } else { 2 };
         let ours_already = lost.is_some()
             && !resp.succeeded()
-            && first_log.as_ref().is_some_and(|(_, bytes)| {
-                let at = if b.leader == Some(true) { 2 } else { 1 };
-                matches!(resp.op_responses().get(at), Some(TxnOpResponse::Get(g))
-                    if g.kvs().first().is_some_and(|kv| kv.value() == bytes.as_slice()))
-            });
-        if lost.is_some() && !resp.succeeded() && !ours_already && first_log.is_none() {
+            && (got(1).is_some_and(|kv| kv.value() == &*self.token)
+                || self
+                    .first_log
+                    .as_ref()
+                    .is_some_and(|bytes| got(first_log_at).is_some_and(|kv| kv.value() == bytes.as_slice())));
+        if lost.is_some() && !resp.succeeded() && !ours_already && self.first_log.is_none() {
             return Err(StoreError::Unconfirmed(lost.unwrap_or_default()));
         }
         if resp.succeeded() || ours_already {
-            let revision = if ours_already {
-                match resp.op_responses().first() {
-                    Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.mod_revision()),
-                    _ => 0,
+            if !apply {
+                return Ok(Committed::Done);
+            }
+            if ours_already {
+                // Its revision is unknown: the mirror takes it from the feed,
+                // which this waits for (a later revision of `meta/rv`
+                // includes it), so that no batch reads a mirror without it.
+                let wanted = got(0).map_or(0, |kv| kv.mod_revision());
+                let mut caught_up = f.revision.subscribe();
+                let waited = self.runtime.block_on(async {
+                    tokio::time::timeout(f.options.request_timeout, caught_up.wait_for(|r| *r >= wanted)).await
+                });
+                if !matches!(waited, Ok(Ok(_))) {
+                    return Err(StoreError::Unconfirmed(format!(
+                        "{}; sent again, it was found stored, but this server's view of etcd did not reach revision {wanted} within {:?}",
+                        lost.unwrap_or_default(),
+                        f.options.request_timeout
+                    )));
                 }
-            } else {
-                resp.header().map_or(0, |h| h.revision())
-            };
+                let _m = f.write();
+                published.publish(b.rv, self.new_start, std::mem::take(&mut b.changes));
+                return Ok(Committed::Done);
+            }
+            let revision = resp.header().map_or(0, |h| h.revision());
             let mut m = f.write();
-            for (k, v) in std::mem::take(&mut b.writes) {
-                match v {
-                    Some(v) => m.kv.insert(k, v),
-                    None => m.kv.remove(&k),
-                };
+            // The feed may have applied this commit, and later ones, already.
+            if m.revision < revision {
+                for (k, v) in self.writes.iter() {
+                    match v {
+                        Some(v) => m.kv.insert(k.clone(), v.clone()),
+                        None => m.kv.remove(k),
+                    };
+                }
+                m.kv.insert(KEY_RV.to_vec(), b.rv.to_be_bytes().to_vec());
+                m.kv.insert(KEY_COMMIT.to_vec(), self.token.to_vec());
+                if self.new_start > self.start {
+                    m.kv.insert(KEY_LOG_START.to_vec(), self.new_start.to_be_bytes().to_vec());
+                }
+                m.rv_revision = revision;
+                m.revision = revision;
             }
-            m.kv.insert(KEY_RV.to_vec(), b.rv.to_be_bytes().to_vec());
-            if new_start > start {
-                m.kv.insert(KEY_LOG_START.to_vec(), new_start.to_be_bytes().to_vec());
-            }
-            m.rv_revision = revision;
-            m.revision = m.revision.max(revision);
             // Published before the callers are answered: a caller that
             // watches from its write's version must find it.
-            published.publish(b.rv, new_start, std::mem::take(&mut b.changes));
+            published.publish(b.rv, self.new_start, std::mem::take(&mut b.changes));
             f.revision.send_replace(m.revision);
             return Ok(Committed::Done);
         }
-        let responses = resp.op_responses();
-        let revision_of = |i: usize| match responses.get(i) {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| (kv.mod_revision(), kv.lease())),
-            _ => None,
-        };
-        if let Some(guard) = guard.filter(|_| leader) {
-            if revision_of(1).map(|(_, lease)| lease) != Some(guard.lease) {
+        if let Some(guard) = &self.leader {
+            if got(2).map(|kv| kv.lease()) != Some(guard.lease) {
                 return Err(StoreError::NotLeader);
             }
         }
-        let wanted = revision_of(0).map_or(0, |(rev, _)| rev);
+        if !apply {
+            return Ok(Committed::Conflict);
+        }
+        let wanted = got(0).map_or(0, |kv| kv.mod_revision());
         let mut caught_up = f.revision.subscribe();
         let waited = self.runtime.block_on(async {
             tokio::time::timeout(f.options.request_timeout, caught_up.wait_for(|r| *r >= wanted)).await

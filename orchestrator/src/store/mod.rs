@@ -269,17 +269,33 @@ impl Txn<'_> {
         if let Some(v) = self.batch.writes.get(key) {
             return Ok(v.clone());
         }
+        for layer in self.batch.below.iter().rev() {
+            if let Some(v) = layer.get(key) {
+                return Ok(v.clone());
+            }
+        }
         self.batch.shared.backend.get(key)
     }
 
-    /// Keys under `prefix` in the store (not this batch's own writes).
+    /// Keys under `prefix` in the store and in the batches still in flight
+    /// below this one (not this batch's own writes).
     fn stored_keys(&self, prefix: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        let mut keys = Vec::new();
+        let mut keys = std::collections::BTreeSet::new();
         self.batch.shared.backend.scan(prefix.as_bytes(), &mut |k, _| {
-            keys.push(k.to_vec());
+            keys.insert(k.to_vec());
             Ok(())
         })?;
-        Ok(keys)
+        for layer in &self.batch.below {
+            for (k, v) in
+                layer.range(prefix.as_bytes().to_vec()..).take_while(|(k, _)| k.starts_with(prefix.as_bytes()))
+            {
+                match v {
+                    Some(_) => keys.insert(k.clone()),
+                    None => keys.remove(k),
+                };
+            }
+        }
+        Ok(keys.into_iter().collect())
     }
 
     /// Marks this write as one only the leader may make (a binding): on etcd
@@ -464,12 +480,22 @@ const FIXED_BYTES: usize = 4096;
 /// A generous bound on a protobuf operation's framing.
 const OP_BYTES: usize = 64;
 
+/// A batch's puts (`Some`) and deletes (`None`).
+type Writes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
 /// The committer's state for one batch.
 struct Batcher {
     shared: Arc<Shared>,
     base: Base,
+    /// On etcd, for a batch built while others are in flight: the commit
+    /// token the last of them writes to `meta/commit`, which this batch's
+    /// transaction compares instead of `meta/rv`'s revision.
+    chain: Option<Arc<[u8]>>,
+    /// The writes of the batches in flight below this one, oldest first:
+    /// this batch's closures read them before the store.
+    below: Vec<Arc<Writes>>,
     rv: u64,
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: Writes,
     /// The change-log entries, encoded: `(rv, json)`.
     log: Vec<(u64, Vec<u8>)>,
     changes: Vec<Change>,
@@ -488,11 +514,16 @@ enum Admit {
 }
 
 impl Batcher {
-    fn new(shared: Arc<Shared>) -> Batcher {
-        let base = shared.backend.base(&shared.published);
+    fn new(shared: Arc<Shared>, on: Option<(Base, Arc<[u8]>)>, below: Vec<Arc<Writes>>) -> Batcher {
+        let (base, chain) = match on {
+            Some((base, token)) => (base, Some(token)),
+            None => (shared.backend.base(&shared.published), None),
+        };
         Batcher {
             shared,
             base,
+            chain,
+            below,
             rv: base.rv,
             writes: BTreeMap::new(),
             log: Vec::new(),
@@ -557,6 +588,34 @@ enum Step<'a> {
 /// `Run` returns what the closure staged (`None` when it failed).
 type Job = Box<dyn FnMut(Step<'_>) -> Option<Staged> + Send>;
 
+/// A batch handed to its backend.
+enum Sending {
+    /// Its outcome is known already (sled; a refusal before sending).
+    Done(Result<Committed, StoreError>),
+    Etcd(etcd::Sent),
+}
+
+impl Sending {
+    /// What a batch built while this one is in flight chains on: the base
+    /// this one leaves, its commit token and its writes.
+    fn chain(&self) -> Option<(Base, Arc<[u8]>, Arc<Writes>)> {
+        match self {
+            Sending::Done(_) => None,
+            Sending::Etcd(s) => Some(s.chain()),
+        }
+    }
+
+    /// Waits for the outcome. With `apply` (every batch before this one
+    /// committed) a committed batch goes into the reads and is published;
+    /// without, nothing is applied whatever etcd answered.
+    fn finish(self, b: &mut Batcher, published: &Published, apply: bool) -> Result<Committed, StoreError> {
+        match self {
+            Sending::Done(r) => r,
+            Sending::Etcd(s) => s.finish(b, published, apply),
+        }
+    }
+}
+
 /// What a backend's commit did.
 enum Committed {
     Done,
@@ -605,16 +664,29 @@ impl Backend {
         }
     }
 
-    fn commit(
+    /// Most batches in flight at once: sled commits one at a time, etcd
+    /// `EtcdOptions::pipeline_depth`.
+    fn pipeline_depth(&self) -> usize {
+        match self {
+            Backend::Sled(_) => 1,
+            Backend::Etcd(b) => b.pipeline_depth(),
+        }
+    }
+
+    /// Commits the batch (sled) or sends it (etcd; `Sending::finish` waits for it).
+    fn send(
         &self,
         b: &mut Batcher,
         published: &Published,
         guard: Option<LeaderGuard>,
         options: StoreOptions,
-    ) -> Result<Committed, StoreError> {
+    ) -> Sending {
         match self {
-            Backend::Sled(s) => s.commit(b, published, options).map(|()| Committed::Done),
-            Backend::Etcd(e) => e.commit(b, published, guard, options),
+            Backend::Sled(s) => Sending::Done(s.commit(b, published, options).map(|()| Committed::Done)),
+            Backend::Etcd(e) => match e.send(b, guard, options) {
+                Ok(sent) => Sending::Etcd(sent),
+                Err(err) => Sending::Done(Err(err)),
+            },
         }
     }
 
@@ -954,74 +1026,177 @@ impl Watch {
     }
 }
 
+/// A batch sent and not yet answered (or, with no `sending`, a batch that
+/// staged nothing: its callers still read the batches below it, so they are
+/// answered in turn too).
+struct Flight {
+    jobs: Vec<Job>,
+    batch: Batcher,
+    sending: Option<Sending>,
+}
+
 /// Ends when every `Store` handle is gone; then flushes and drops its hold on the
 /// database (sled's file lock goes with the last `Shared`).
+///
+/// On etcd up to `pipeline_depth` batches are in flight: the next one is
+/// built on the writes of those below it and chained on the last one's
+/// commit token, so it can only commit right after it. They are answered and
+/// published strictly in order; once one is not committed, none above it
+/// is acknowledged: they run again (or share its error where it may have
+/// been stored).
 fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreOptions) {
+    let depth = shared.backend.pipeline_depth().max(1);
     let mut pending: VecDeque<Job> = VecDeque::new();
+    let mut flights: VecDeque<Flight> = VecDeque::new();
     let mut conflicts = 0u32;
+    let mut closed = false;
+    // Whether another batch may be sent now: one whose outcome came before
+    // sending (a refusal) has no token to chain on, so it is answered first.
+    let room = |flights: &VecDeque<Flight>| {
+        flights.len() < depth && !flights.back().is_some_and(|f| matches!(f.sending, Some(Sending::Done(_))))
+    };
     loop {
-        if pending.is_empty() {
+        if pending.is_empty() && flights.is_empty() {
+            if closed {
+                break;
+            }
             match rx.blocking_recv() {
                 Some(job) => pending.push_back(job),
                 None => break,
             }
         }
-        while pending.len() < MAX_BATCH {
+        if pending.is_empty() && room(&flights) && !closed {
+            // Wait for the oldest batch's answer, or for a write to send beside it.
+            if let Some(Flight { sending: Some(Sending::Etcd(s)), .. }) = flights.front_mut() {
+                match s.wait_or_recv(&mut rx) {
+                    etcd::Waited::Job(job) => pending.push_back(job),
+                    etcd::Waited::Closed => closed = true,
+                    etcd::Waited::Answered => {}
+                }
+            }
+        }
+        while pending.len() < MAX_BATCH && !closed {
             match rx.try_recv() {
                 Ok(job) => pending.push_back(job),
                 Err(_) => break,
             }
         }
-        let limits = shared.backend.limits();
-        let mut b = Batcher::new(shared.clone());
-        let mut jobs = Vec::new();
-        while let Some(mut job) = pending.pop_front() {
-            let Some(staged) = job(Step::Run(&b)) else {
-                jobs.push(job);
-                continue;
-            };
-            match b.admit(staged, limits) {
-                Admit::Merged => jobs.push(job),
-                Admit::Full => {
-                    pending.push_front(job);
-                    break;
+        if !pending.is_empty() && room(&flights) {
+            let limits = shared.backend.limits();
+            let mut on = None;
+            let mut below = Vec::new();
+            for f in &flights {
+                if let Some((base, token, writes)) = f.sending.as_ref().and_then(Sending::chain) {
+                    on = Some((base, token));
+                    below.push(writes);
                 }
-                Admit::Refused(e) => {
-                    job(Step::Answer(Err(Arc::new(e))));
+            }
+            let mut b = Batcher::new(shared.clone(), on, below);
+            let mut jobs = Vec::new();
+            while let Some(mut job) = pending.pop_front() {
+                let Some(staged) = job(Step::Run(&b)) else {
+                    jobs.push(job);
+                    continue;
+                };
+                match b.admit(staged, limits) {
+                    Admit::Merged => jobs.push(job),
+                    Admit::Full => {
+                        pending.push_front(job);
+                        break;
+                    }
+                    Admit::Refused(e) => {
+                        job(Step::Answer(Err(Arc::new(e))));
+                    }
+                }
+            }
+            let sending = if b.is_empty() {
+                None
+            } else {
+                let guard = if b.leader == Some(true) {
+                    shared.guard.lock().unwrap_or_else(|p| p.into_inner()).clone()
+                } else {
+                    None
+                };
+                Some(shared.backend.send(&mut b, &shared.published, guard, options))
+            };
+            flights.push_back(Flight { jobs, batch: b, sending });
+            if room(&flights) && !pending.is_empty() {
+                continue;
+            }
+        }
+        let Some(mut head) = flights.pop_front() else { continue };
+        let result = match head.sending.take() {
+            None => Ok(Committed::Done),
+            Some(s) => s.finish(&mut head.batch, &shared.published, true),
+        };
+        // `Ok(())`: a conflict (another server wrote first).
+        let failure = match result {
+            Ok(Committed::Done) => {
+                conflicts = 0;
+                for mut job in head.jobs {
+                    job(Step::Answer(Ok(())));
+                }
+                continue;
+            }
+            Ok(Committed::Conflict) => Ok(()),
+            Err(e) => Err(e),
+        };
+        // Every batch above was built on this one's writes: none of them is
+        // acknowledged. Each one's answer is awaited first, applying nothing.
+        let above: Vec<Flight> = flights.drain(..).collect();
+        let mut above_jobs = Vec::new();
+        for mut f in above {
+            if let Some(s) = f.sending.take() {
+                let _ = s.finish(&mut f.batch, &shared.published, false);
+            }
+            above_jobs.extend(f.jobs);
+        }
+        let (head_result, above_result) = match failure {
+            Ok(()) if conflicts < MAX_CONFLICTS => {
+                conflicts += 1;
+                (None, None)
+            }
+            Ok(()) => (
+                Some(Err(Arc::new(StoreError::Etcd(format!(
+                    "other servers wrote first {MAX_CONFLICTS} times in a row; the write was not stored"
+                ))))),
+                None,
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "store batch failed; its writes were not acknowledged");
+                let e = Arc::new(e);
+                // A batch that may have been stored may have let the ones
+                // above commit too: they share its answer. Any other failure
+                // means it never commits, and so neither do they.
+                let above = matches!(*e, StoreError::Unconfirmed(_)).then(|| Err(e.clone()));
+                (Some(Err(e)), above)
+            }
+        };
+        match above_result {
+            Some(r) => {
+                for mut job in above_jobs {
+                    job(Step::Answer(r.clone()));
+                }
+            }
+            None => {
+                // Run again, in their order, on the newer state.
+                for job in above_jobs.into_iter().rev() {
+                    pending.push_front(job);
                 }
             }
         }
-        let result = if b.is_empty() {
-            Ok(Committed::Done)
-        } else {
-            let guard = if b.leader == Some(true) {
-                shared.guard.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            } else {
-                None
-            };
-            shared.backend.commit(&mut b, &shared.published, guard, options)
-        };
-        let result = match result {
-            Ok(Committed::Done) => Ok(()),
-            Ok(Committed::Conflict) if conflicts < MAX_CONFLICTS => {
-                conflicts += 1;
-                // Run them again, in their order, on the newer state.
-                for job in jobs.into_iter().rev() {
+        match head_result {
+            Some(r) => {
+                conflicts = 0;
+                for mut job in head.jobs {
+                    job(Step::Answer(r.clone()));
+                }
+            }
+            None => {
+                for job in head.jobs.into_iter().rev() {
                     pending.push_front(job);
                 }
-                continue;
             }
-            Ok(Committed::Conflict) => Err(Arc::new(StoreError::Etcd(format!(
-                "other servers wrote first {MAX_CONFLICTS} times in a row; the write was not stored"
-            )))),
-            Err(e) => {
-                tracing::error!(error = %e, "store batch failed; its writes were not acknowledged");
-                Err(Arc::new(e))
-            }
-        };
-        conflicts = 0;
-        for mut job in jobs {
-            job(Step::Answer(result.clone()));
         }
     }
     if let Backend::Sled(b) = &shared.backend {
