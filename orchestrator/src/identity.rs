@@ -17,17 +17,15 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
-use tokio::time::timeout;
 
 use crate::client::tls::{ca_pin, write_private, JoinToken};
+use crate::store::etcd::{bounded, CallError};
 use crate::tls::{load_or_create_join_token, Pki, TlsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
-    #[error("etcd did not answer within {0:?}")]
-    Timeout(Duration),
+    #[error(transparent)]
+    Call(#[from] CallError),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error("the cluster identity in etcd ({key}) does not decode: {source}")]
@@ -48,16 +46,6 @@ struct Identity {
     ca_cert: String,
     ca_key: String,
     join_secret: String,
-}
-
-async fn bounded<T>(
-    limit: Duration,
-    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, IdentityError> {
-    match timeout(limit, f).await {
-        Ok(r) => Ok(r?),
-        Err(_) => Err(IdentityError::Timeout(limit)),
-    }
 }
 
 /// Makes `dir` hold the cluster's identity from etcd `key`, creating the

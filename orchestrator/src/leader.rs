@@ -20,6 +20,8 @@ use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp,
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
+use crate::store::etcd::{bounded, CallError};
+
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {
     /// The full etcd key (prefix included).
@@ -54,22 +56,10 @@ pub struct Term {
 
 #[derive(Debug, thiserror::Error)]
 enum ElectionError {
-    #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
-    #[error("etcd did not answer within {0:?}")]
-    Timeout(Duration),
+    #[error(transparent)]
+    Call(#[from] CallError),
     #[error("the lease ended (etcd answered a renewal with TTL 0)")]
     LeaseEnded,
-}
-
-async fn bounded<T>(
-    limit: Duration,
-    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, ElectionError> {
-    match timeout(limit, f).await {
-        Ok(r) => Ok(r?),
-        Err(_) => Err(ElectionError::Timeout(limit)),
-    }
 }
 
 /// Campaigns until `shutdown` turns true; the receiver holds the current term
@@ -131,7 +121,7 @@ async fn campaign(
         Err(e) => {
             // Whether or not the put went through, the lease is ours to end.
             let _ = bounded(rt, client.lease_revoke(lease)).await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     if !taken.succeeded() {
@@ -235,7 +225,7 @@ async fn wait_for_vacancy(
                     }
                 }
                 Ok(None) => return Ok(()),
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(CallError::from(e).into()),
             },
         }
     }

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use tokio::time::timeout;
+
+use crate::store::etcd::bounded;
 
 #[derive(Clone)]
 pub struct Peers {
@@ -30,11 +31,10 @@ impl Peers {
         let mut key = self.key.clone();
         key.extend_from_slice(url.as_bytes());
         let mut c = self.client.clone();
-        match timeout(self.limit, c.put(key, url.as_bytes(), None)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("advertising {url} in etcd: {e}")),
-            Err(_) => Err(format!("advertising {url} in etcd: no answer within {:?}", self.limit)),
-        }
+        bounded(self.limit, c.put(key, url.as_bytes(), None))
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("advertising {url} in etcd: {e}"))
     }
 
     /// Every advertised server, this one first; only this one when etcd
@@ -42,8 +42,8 @@ impl Peers {
     pub async fn list(&self) -> Vec<String> {
         let mut out: Vec<String> = self.own.iter().cloned().collect();
         let mut c = self.client.clone();
-        match timeout(self.limit, c.get(self.key.clone(), Some(GetOptions::new().with_prefix()))).await {
-            Ok(Ok(r)) => {
+        match bounded(self.limit, c.get(self.key.clone(), Some(GetOptions::new().with_prefix()))).await {
+            Ok(r) => {
                 let mut others: Vec<String> = r
                     .kvs()
                     .iter()
@@ -53,8 +53,7 @@ impl Peers {
                 others.sort();
                 out.extend(others);
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot list the cluster's servers in etcd"),
-            Err(_) => tracing::warn!("cannot list the cluster's servers in etcd: no answer"),
+            Err(e) => tracing::warn!(error = %e, "cannot list the cluster's servers in etcd"),
         }
         out
     }

@@ -151,7 +151,9 @@ impl Server {
         }
         names.extend(options.tls_sans.iter().cloned());
         // The certificate must name the host others are told to reach.
-        if let Some(host) = options.advertise_url.as_deref().and_then(advertised_host) {
+        if let Some(host) =
+            options.advertise_url.as_deref().and_then(|u| crate::client::parse_url(u).ok()).map(|(_, host)| host)
+        {
             names.push(host);
         }
         let tls = Arc::new(pki.server_config(&names)?);
@@ -315,12 +317,6 @@ async fn lead(
             }
         }
     }
-}
-
-/// `HOST` of `https://HOST:PORT` (brackets of an IPv6 address removed).
-fn advertised_host(url: &str) -> Option<String> {
-    let (host, _) = url.strip_prefix("https://")?.rsplit_once(':')?;
-    Some(host.trim_start_matches('[').trim_end_matches(']').to_string()).filter(|h| !h.is_empty())
 }
 
 fn listen_host(listen: &str) -> String {

@@ -97,9 +97,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
     if let Some(url) = &args.advertise_url {
-        match url.strip_prefix("https://").and_then(|r| r.rsplit_once(':')) {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
-            _ => anyhow::bail!("--advertise-url {url:?}: expected https://HOST:PORT"),
+        if let Err(e) = orchestrator::client::parse_url(url) {
+            anyhow::bail!("--advertise-url: {e}");
         }
         opts.advertise_url = Some(url.clone());
     }

@@ -176,11 +176,15 @@ fn idempotent(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS)
 }
 
-fn parse_url(url: &str) -> Result<(String, String), ClientError> {
+/// `https://HOST:PORT` split into the authority (`HOST:PORT`) and the host
+/// (an IPv6 address without its brackets); anything else is `BadUrl`.
+pub fn parse_url(url: &str) -> Result<(String, String), ClientError> {
     let rest = url.strip_prefix("https://").ok_or_else(|| ClientError::BadUrl(url.to_string()))?;
     let authority = rest.trim_end_matches('/').to_string();
     let host = match authority.rsplit_once(':') {
-        Some((h, p)) if p.parse::<u16>().is_ok() => h.trim_start_matches('[').trim_end_matches(']').to_string(),
+        Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {
+            h.trim_start_matches('[').trim_end_matches(']').to_string()
+        }
         _ => return Err(ClientError::BadUrl(url.to_string())),
     };
     Ok((authority, host))

@@ -100,6 +100,27 @@ impl Default for EtcdOptions {
     }
 }
 
+/// An etcd call that failed, or outran its bound (the election's, the
+/// identity's and the peers' calls; the store's own keep their finer errors).
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// `f`, bounded by `limit`.
+pub async fn bounded<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(CallError::Timeout(limit)),
+    }
+}
+
 /// Connects to etcd (rustls for https). Plain http is refused except to
 /// loopback: etcd holds the cluster's state, claims included.
 pub async fn connect(config: &EtcdConfig) -> Result<Client, StoreError> {
