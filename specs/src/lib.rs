@@ -6,6 +6,7 @@
 pub mod api;
 pub mod engine;
 pub mod idset;
+pub mod job;
 pub mod limits;
 pub mod manifest;
 pub mod pod;

@@ -1,0 +1,482 @@
+//! The Job: a gang of member pods made from one template, placed together or
+//! not at all (`kind: Job`, `pinion.io/v1`, Kubernetes-shaped).
+//!
+//! A job's members are ordinary pods named `JOB-RANK`, labelled with the job
+//! and annotated with what the scheduler needs to place them as a gang, so the
+//! scheduler and the nodelet see nothing new. This module builds them
+//! (`members`), checks a job (`validate_job`) and judges a job's progress from
+//! its members (`judge`); all pure.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::pod::{EnvVar, ObjectMeta, Pod, PodSpec, RestartPolicy, API_VERSION};
+use crate::status::PodPhase;
+use crate::validate::FieldError;
+
+/// Label on every member pod: the job's name.
+pub const JOB_LABEL: &str = "pinion.io/job";
+/// Annotation: the member's rank (0-based, its index in the job).
+pub const RANK_ANNOTATION: &str = "pinion.io/job-rank";
+/// Annotation: how many members the job has (its `parallelism`).
+pub const SIZE_ANNOTATION: &str = "pinion.io/job-size";
+/// Annotation: the fewest members placed at once (`gang.minMembers`).
+pub const MIN_MEMBERS_ANNOTATION: &str = "pinion.io/job-min-members";
+/// Annotation: the gang's placement (`pack`, `spread`).
+pub const PLACEMENT_ANNOTATION: &str = "pinion.io/job-placement";
+/// Annotation: the job's priority (a higher one is placed first).
+pub const PRIORITY_ANNOTATION: &str = "pinion.io/job-priority";
+/// Annotation: which attempt of the job the member belongs to (0, then one
+/// more per retry under `backoffLimit`).
+pub const ATTEMPT_ANNOTATION: &str = "pinion.io/job-attempt";
+
+/// The most members one job may have.
+pub const MAX_MEMBERS: u32 = 4096;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Job {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: JobSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<JobStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobSpec {
+    pub template: PodTemplate,
+    /// How many members run at once: the gang's size.
+    pub parallelism: u32,
+    /// How many members must succeed; a gang runs them all at once, so this is
+    /// `parallelism` (the default) and nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completions: Option<u32>,
+    #[serde(default)]
+    pub completion_mode: CompletionMode,
+    /// How many times the whole gang is started again after a failure.
+    #[serde(default)]
+    pub backoff_limit: u32,
+    #[serde(default)]
+    pub gang: GangSpec,
+    /// A higher priority is placed before jobs submitted earlier.
+    #[serde(default)]
+    pub priority: i32,
+    /// What one member's failure does to the others.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// Seconds the job and its members are kept once the job ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMeta>,
+    pub spec: PodSpec,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateMeta {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Kubernetes' completion modes; a gang's members are ranks, so only `Indexed`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompletionMode {
+    #[default]
+    Indexed,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GangSpec {
+    /// Place the job once this many members fit (the rest follow as room
+    /// frees); all of them when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_members: Option<u32>,
+    #[serde(default)]
+    pub placement: GangPlacement,
+}
+
+/// Where a gang's members go, within what each member's own topology policy allows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GangPlacement {
+    /// The fewest nodes: fill a node before opening another (MPI's default).
+    #[default]
+    Pack,
+    /// One member per node.
+    Spread,
+}
+
+impl GangPlacement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GangPlacement::Pack => "pack",
+            GangPlacement::Spread => "spread",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GangPlacement> {
+        match s {
+            "pack" => Some(GangPlacement::Pack),
+            "spread" => Some(GangPlacement::Spread),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailurePolicy {
+    /// One member's failure stops the others (`srun --kill-on-bad-exit`).
+    #[default]
+    StopAll,
+    /// The others run to their end; the job still fails.
+    KeepRunning,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobPhase {
+    /// Some member is not placed yet.
+    #[default]
+    Pending,
+    /// Every member placed (or `minMembers` of them), none failed.
+    Running,
+    /// Every member succeeded.
+    Succeeded,
+    /// A member failed and no retry is left.
+    Failed,
+}
+
+impl JobPhase {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Failed)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobStatus {
+    pub phase: JobPhase,
+    /// The current attempt (0 first; one more per retry).
+    #[serde(default)]
+    pub attempt: u32,
+    /// The first member that failed, in words: rank, pod, node, exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<String>,
+    /// Per rank, as the job's end found them (while it runs, `get`/`describe`
+    /// read the member pods themselves).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemberStatus {
+    pub rank: u32,
+    pub pod: String,
+    pub phase: PodPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The member pod name of `rank`.
+pub fn member_name(job: &str, rank: u32) -> String {
+    format!("{job}-{rank}")
+}
+
+/// What a member pod says of itself: `(job, rank, size)`.
+pub fn membership(pod: &Pod) -> Option<(&str, u32, u32)> {
+    let job = pod.metadata.labels.get(JOB_LABEL)?;
+    let a = &pod.metadata.annotations;
+    let rank = a.get(RANK_ANNOTATION)?.parse().ok()?;
+    let size = a.get(SIZE_ANNOTATION)?.parse().ok()?;
+    (rank < size).then_some((job.as_str(), rank, size))
+}
+
+/// A member pod's gang: how many must be placed at once, how, and its priority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gang {
+    pub job: String,
+    pub attempt: u32,
+    pub rank: u32,
+    pub size: u32,
+    pub min_members: u32,
+    pub placement: GangPlacement,
+    pub priority: i32,
+}
+
+impl Gang {
+    /// The gang a member pod belongs to; `None` for any other pod.
+    pub fn of(pod: &Pod) -> Option<Gang> {
+        let (job, rank, size) = membership(pod)?;
+        let a = &pod.metadata.annotations;
+        let num = |k: &str| a.get(k).and_then(|v| v.parse::<i64>().ok());
+        Some(Gang {
+            job: job.to_string(),
+            attempt: num(ATTEMPT_ANNOTATION).and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
+            rank,
+            size,
+            min_members: num(MIN_MEMBERS_ANNOTATION).and_then(|v| u32::try_from(v).ok()).unwrap_or(size).clamp(1, size),
+            placement: a.get(PLACEMENT_ANNOTATION).and_then(|p| GangPlacement::parse(p)).unwrap_or_default(),
+            priority: num(PRIORITY_ANNOTATION).and_then(|v| i32::try_from(v).ok()).unwrap_or(0),
+        })
+    }
+}
+
+/// Every problem with the job, each with its field path.
+pub fn validate_job(job: &Job) -> Vec<FieldError> {
+    let mut e = Vec::new();
+    let mut push = |field: &str, message: String| e.push(FieldError { field: field.into(), message });
+    if job.api_version != API_VERSION {
+        push("apiVersion", format!("must be {API_VERSION:?}, got {:?}", job.api_version));
+    }
+    if job.kind != "Job" {
+        push("kind", format!("must be \"Job\", got {:?}", job.kind));
+    }
+    let s = &job.spec;
+    if s.parallelism == 0 || s.parallelism > MAX_MEMBERS {
+        push("spec.parallelism", format!("must be 1 to {MAX_MEMBERS}, got {}", s.parallelism));
+    }
+    if let Some(c) = s.completions.filter(|c| *c != s.parallelism) {
+        push(
+            "spec.completions",
+            format!("a gang runs all its members at once: must equal parallelism ({}), got {c}", s.parallelism),
+        );
+    }
+    if let Some(m) = s.gang.min_members.filter(|m| *m == 0 || *m > s.parallelism.max(1)) {
+        push("spec.gang.minMembers", format!("must be 1 to parallelism ({}), got {m}", s.parallelism));
+    }
+    if s.ttl_seconds_after_finished.is_some_and(|t| t > crate::limits::MAX_TTL_SECONDS) {
+        push("spec.ttlSecondsAfterFinished", format!("at most {} seconds (a year)", crate::limits::MAX_TTL_SECONDS));
+    }
+    if s.template.spec.restart_policy == RestartPolicy::Always {
+        push("spec.template.spec.restartPolicy", "a job's members must end: Never or OnFailure".into());
+    }
+    if s.template.spec.node_name.is_some() {
+        push("spec.template.spec.nodeName", "the scheduler places a job's members: leave it unset".into());
+    }
+    let name = &job.metadata.name;
+    let longest = member_name(name, s.parallelism.saturating_sub(1));
+    if !crate::validate::is_dns1123_label(name) {
+        push(
+            "metadata.name",
+            format!("{name:?} is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)"),
+        );
+    } else if longest.len() > crate::limits::MAX_NAME_LEN {
+        push(
+            "metadata.name",
+            format!("too long: its last member's name {longest:?} exceeds {} characters", crate::limits::MAX_NAME_LEN),
+        );
+    }
+    for (k, _) in job.metadata.labels.iter().chain(template_meta(job).0) {
+        if k == JOB_LABEL {
+            push("metadata.labels", format!("{JOB_LABEL} is set by the server"));
+        }
+    }
+    // The members are pods: a template problem is reported at its place in the job.
+    if let Some(first) = members(job).into_iter().next() {
+        for f in crate::validate::validate_pod(&first) {
+            let field = match f.field.strip_prefix("metadata.") {
+                Some(rest) => format!("spec.template.metadata.{rest}"),
+                None => match f.field.strip_prefix("spec.") {
+                    Some(rest) => format!("spec.template.spec.{rest}"),
+                    None => continue,
+                },
+            };
+            if field == "spec.template.metadata.name" {
+                continue;
+            }
+            e.push(FieldError { field, message: f.message });
+        }
+    }
+    e
+}
+
+fn template_meta(job: &Job) -> (&BTreeMap<String, String>, &BTreeMap<String, String>) {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    match &job.spec.template.metadata {
+        Some(m) => (&m.labels, &m.annotations),
+        None => (&EMPTY, &EMPTY),
+    }
+}
+
+/// The member pods of the job's current attempt, rank order: the template with
+/// the job's label, the gang's annotations and each rank's identity in every
+/// container's environment (`PINION_JOB`, `PINION_RANK`, `PINION_WORLD_SIZE`;
+/// the binding adds `PINION_LOCAL_RANK` and `PINION_NODES`, the node
+/// `PINION_CPUS`).
+pub fn members(job: &Job) -> Vec<Pod> {
+    let s = &job.spec;
+    let name = &job.metadata.name;
+    let attempt = job.status.as_ref().map_or(0, |st| st.attempt);
+    let (labels, annotations) = template_meta(job);
+    (0..s.parallelism.min(MAX_MEMBERS))
+        .map(|rank| {
+            let mut pod = Pod::new(member_name(name, rank), s.template.spec.clone());
+            pod.metadata.labels = labels.clone();
+            pod.metadata.labels.insert(JOB_LABEL.into(), name.clone());
+            pod.metadata.annotations = annotations.clone();
+            let a = &mut pod.metadata.annotations;
+            a.insert(RANK_ANNOTATION.into(), rank.to_string());
+            a.insert(SIZE_ANNOTATION.into(), s.parallelism.to_string());
+            a.insert(PLACEMENT_ANNOTATION.into(), s.gang.placement.as_str().into());
+            a.insert(PRIORITY_ANNOTATION.into(), s.priority.to_string());
+            a.insert(ATTEMPT_ANNOTATION.into(), attempt.to_string());
+            if let Some(m) = s.gang.min_members {
+                a.insert(MIN_MEMBERS_ANNOTATION.into(), m.to_string());
+            }
+            // The job's TTL removes the members with it.
+            pod.spec.ttl_seconds_after_finished = None;
+            for c in &mut pod.spec.containers {
+                set_env(&mut c.env, "PINION_JOB", name);
+                set_env(&mut c.env, "PINION_RANK", &rank.to_string());
+                set_env(&mut c.env, "PINION_WORLD_SIZE", &s.parallelism.to_string());
+            }
+            pod
+        })
+        .collect()
+}
+
+/// Sets `name` in `env`, replacing an earlier value.
+pub fn set_env(env: &mut Vec<EnvVar>, name: &str, value: &str) {
+    env.retain(|v| v.name != name);
+    env.push(EnvVar { name: name.into(), value: value.into() });
+}
+
+/// What the job's members mean for the job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub status: JobStatus,
+    pub action: JobAction,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobAction {
+    /// Nothing to do.
+    None,
+    /// Stop (delete) these unfinished members: the job failed.
+    Stop(Vec<String>),
+    /// Start the gang again as attempt `status.attempt` (delete every member,
+    /// create new ones).
+    Retry,
+}
+
+/// The job's status and what to do, from its members (`members[rank]`, `None`
+/// for a member that is gone). Pure: the controller runs it after a member
+/// finished, and again at start for every job not ended.
+pub fn judge(job: &Job, members: &[Option<&Pod>]) -> Verdict {
+    let old = job.status.clone().unwrap_or_default();
+    if old.phase.is_terminal() {
+        return Verdict { status: old, action: JobAction::None };
+    }
+    let view: Vec<MemberStatus> =
+        members.iter().enumerate().map(|(rank, pod)| member_status(&job.metadata.name, rank as u32, *pod)).collect();
+    let failed = view.iter().find(|m| m.phase == PodPhase::Failed);
+    let mut status = JobStatus { attempt: old.attempt, first_failure: old.first_failure.clone(), ..Default::default() };
+    if let Some(f) = failed {
+        let words = failure_words(f);
+        if status.first_failure.is_none() {
+            status.first_failure = Some(words.clone());
+        }
+        if old.attempt < job.spec.backoff_limit {
+            status.attempt = old.attempt + 1;
+            status.phase = JobPhase::Pending;
+            status.first_failure = Some(format!("attempt {}: {words}", old.attempt));
+            return Verdict { status, action: JobAction::Retry };
+        }
+        status.phase = JobPhase::Failed;
+        let unfinished: Vec<String> = view.iter().filter(|m| !m.phase.is_terminal()).map(|m| m.pod.clone()).collect();
+        let action = match job.spec.failure_policy {
+            FailurePolicy::StopAll if !unfinished.is_empty() => JobAction::Stop(unfinished),
+            // The others run on; the job ends as failed once they all have.
+            FailurePolicy::KeepRunning if !unfinished.is_empty() => {
+                status.phase = JobPhase::Running;
+                JobAction::None
+            }
+            _ => JobAction::None,
+        };
+        if status.phase == JobPhase::Failed {
+            status.members = view.into_iter().map(|m| stopped(m, &job.spec.failure_policy)).collect();
+        }
+        return Verdict { status, action };
+    }
+    if !view.is_empty() && view.iter().all(|m| m.phase == PodPhase::Succeeded) {
+        status.phase = JobPhase::Succeeded;
+        status.members = view;
+        return Verdict { status, action: JobAction::None };
+    }
+    let placed = view.iter().filter(|m| m.node.is_some()).count() as u32;
+    let min = job.spec.gang.min_members.unwrap_or(job.spec.parallelism);
+    status.phase = if placed >= min && placed > 0 { JobPhase::Running } else { JobPhase::Pending };
+    Verdict { status, action: JobAction::None }
+}
+
+fn stopped(mut m: MemberStatus, policy: &FailurePolicy) -> MemberStatus {
+    if !m.phase.is_terminal() && *policy == FailurePolicy::StopAll {
+        m.phase = PodPhase::Failed;
+        m.reason = Some("StoppedByJob".into());
+    }
+    m
+}
+
+fn failure_words(m: &MemberStatus) -> String {
+    let mut s = format!("rank {} ({})", m.rank, m.pod);
+    if let Some(n) = &m.node {
+        s.push_str(&format!(" on {n}"));
+    }
+    match (m.exit_code, &m.reason) {
+        (Some(c), Some(r)) => s.push_str(&format!(" failed: exit code {c} ({r})")),
+        (Some(c), None) => s.push_str(&format!(" failed: exit code {c}")),
+        (None, Some(r)) => s.push_str(&format!(" failed: {r}")),
+        (None, None) => s.push_str(" failed"),
+    }
+    s
+}
+
+/// One member as `get`/`describe` and the job's status show it.
+pub fn member_status(job: &str, rank: u32, pod: Option<&Pod>) -> MemberStatus {
+    let name = member_name(job, rank);
+    let Some(pod) = pod else {
+        return MemberStatus {
+            rank,
+            pod: name,
+            phase: PodPhase::Failed,
+            reason: Some("Deleted".into()),
+            ..Default::default()
+        };
+    };
+    let st = pod.status.as_ref();
+    let ended = st.is_some_and(|s| s.phase.is_terminal());
+    // The container that failed speaks for the member, else the first one.
+    let containers = st.map(|s| s.container_statuses.as_slice()).unwrap_or_default();
+    let speaker = containers.iter().find(|c| c.last_exit_code.is_some_and(|x| x != 0)).or(containers.first());
+    MemberStatus {
+        rank,
+        pod: name,
+        phase: st.map(|s| s.phase).unwrap_or_default(),
+        node: pod.spec.node_name.clone(),
+        exit_code: speaker.and_then(|c| c.last_exit_code).filter(|_| ended),
+        reason: speaker.and_then(|c| c.reason.clone()).or_else(|| st.and_then(|s| s.reason.clone())).filter(|_| ended),
+    }
+}
+
+#[cfg(test)]
+mod tests;
