@@ -34,6 +34,8 @@ pub enum ReasonKind {
     SmtAlignment,
     InvalidRequest,
     AlreadyAllocated,
+    /// A gang placed `spread` already has a member there.
+    GangSpread,
 }
 
 impl ReasonKind {
@@ -51,6 +53,7 @@ impl ReasonKind {
             ReasonKind::SmtAlignment => "smt alignment",
             ReasonKind::InvalidRequest => "invalid request",
             ReasonKind::AlreadyAllocated => "already allocated",
+            ReasonKind::GangSpread => "holding another member of the gang (spread)",
         }
     }
 }
@@ -128,6 +131,8 @@ pub(crate) enum Detail<'a> {
     },
     /// Each resource fits some NUMA node, but no one node has all of them at once.
     JointNuma,
+    /// A gang placed `spread` already has a member on the node.
+    GangSpread,
     Engine {
         reason: RejectReason,
         message: String,
@@ -145,6 +150,7 @@ impl Detail<'_> {
             Detail::HugePages { .. } => ReasonKind::InsufficientHugePages,
             Detail::Devices { .. } => ReasonKind::InsufficientDevices,
             Detail::SingleNuma { .. } | Detail::SpanNuma { .. } | Detail::JointNuma => ReasonKind::TopologyAffinity,
+            Detail::GangSpread => ReasonKind::GangSpread,
             Detail::Engine { reason, .. } => (*reason).into(),
         }
     }
@@ -182,6 +188,7 @@ impl fmt::Display for Detail<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Detail::NotReady => write!(f, "node is not ready"),
+            Detail::GangSpread => write!(f, "holds another member of the gang, which is placed one member per node"),
             Detail::NodeSelector { key, want } => {
                 write!(f, "node selector {key}={want} does not match the node's labels")
             }

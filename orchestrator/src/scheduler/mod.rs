@@ -20,6 +20,7 @@
 
 mod demand;
 mod filter;
+mod gang;
 mod score;
 mod summary;
 
@@ -39,6 +40,7 @@ use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod, Rejection};
 use demand::Demand;
 pub use filter::ReasonKind;
 use filter::{Detail, Quick};
+pub use gang::GangRequest;
 use summary::{Hot, NodeSummary};
 
 /// What the scheduler knows about one node.
@@ -73,7 +75,7 @@ impl Binding {
 }
 
 /// No node can take the pod: a summary line and each node's best option.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[serde(rename_all = "camelCase")]
 #[error("{message}")]
 pub struct Unschedulable {
@@ -634,6 +636,19 @@ impl Scheduler {
     ///
     /// `now` starts the binding's expiry (`SchedulerConfig::assume_expiry`).
     pub fn schedule(&mut self, pod_key: &str, pod: &Pod, now: Instant) -> Result<Binding, Unschedulable> {
+        self.place(pod_key, pod, now, None)
+    }
+
+    /// `schedule`, for a gang's member when `gang` is given: under `spread` the
+    /// nodes already holding a member are ruled out, under `pack` they come
+    /// first (the others by the pod's strategy, most room first by default).
+    fn place(
+        &mut self,
+        pod_key: &str,
+        pod: &Pod,
+        now: Instant,
+        gang: Option<&gang::Members>,
+    ) -> Result<Binding, Unschedulable> {
         if let Some(b) = self.binding(pod_key) {
             return Ok(b);
         }
@@ -653,7 +668,12 @@ impl Scheduler {
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut best: Option<Candidate> = None;
         let mut ruled_out: Vec<usize> = Vec::new();
+        let mut held: Vec<usize> = Vec::new();
         for (i, h) in self.hot.iter().enumerate() {
+            if gang.is_some_and(|g| g.rules_out(i)) {
+                held.push(i);
+                continue;
+            }
             let fit = h.ready
                 && (!has_selector || (h.has_labels && filter::node_selector(pod, &self.nodes[i].info.labels).is_ok()))
                 && retry.is_none_or_fresh(&self.nodes[i])
@@ -664,7 +684,8 @@ impl Scheduler {
                 };
             if fit {
                 let c = Candidate {
-                    score: score::score(strategy, h, &self.nodes[i].summary, &demand),
+                    score: score::score(strategy, h, &self.nodes[i].summary, &demand)
+                        + gang.map_or(0.0, |g| g.bonus(i)),
                     rank: self.rank[i],
                     node: i,
                 };
@@ -697,7 +718,7 @@ impl Scheduler {
                 }
             }
         }
-        Err(self.unschedulable(pod_key, pod, &demand, &ruled_out, engine_rejected))
+        Err(self.unschedulable(pod_key, pod, &demand, &ruled_out, &held, engine_rejected))
     }
 
     /// The summary checks in full (totals, then per NUMA node), with the reason.
@@ -759,6 +780,7 @@ impl Scheduler {
         pod: &Pod,
         demand: &Demand,
         ruled_out: &[usize],
+        held: &[usize],
         engine_rejected: Vec<(usize, Rejection)>,
     ) -> Unschedulable {
         let mut counts: BTreeMap<ReasonKind, usize> = BTreeMap::new();
@@ -766,7 +788,8 @@ impl Scheduler {
         let explained = ruled_out.iter().map(|&i| (i, self.explain(i, pod_key, pod, demand)));
         let engine =
             engine_rejected.into_iter().map(|(i, r)| (i, Detail::Engine { reason: r.reason, message: r.message }));
-        for (i, d) in explained.chain(engine) {
+        let held = held.iter().map(|&i| (i, Detail::GangSpread));
+        for (i, d) in explained.chain(held).chain(engine) {
             *counts.entry(d.kind()).or_default() += 1;
             per_node.insert(self.nodes[i].info.name.clone(), d.to_string());
         }

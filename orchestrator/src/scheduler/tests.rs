@@ -55,7 +55,7 @@ pub(super) fn node(name: &str, cores_per_numa: &[u32]) -> NodeInfo {
 
 /// A Guaranteed pod of one container with `cpus` whole CPUs (exclusive) and
 /// `mem_gi` Gi, under the given topology policy.
-fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Pod {
+pub(super) fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Pod {
     let mut res = BTreeMap::new();
     res.insert("cpu".to_string(), Quantity::from_units(i64::from(cpus)));
     res.insert("memory".to_string(), Quantity::parse(&format!("{mem_gi}Gi")).unwrap());
@@ -156,7 +156,7 @@ fn strategies_order_nodes() {
 }
 
 /// A node holding `cpus` exclusively for one pod (as a node's report would say).
-fn holding(mut n: NodeInfo, cpus: CpuSet) -> NodeInfo {
+pub(super) fn holding(mut n: NodeInfo, cpus: CpuSet) -> NodeInfo {
     let c = ContainerPlacement {
         name: "main".into(),
         cpu_policy: CpuPolicy::Exclusive,
