@@ -25,6 +25,10 @@ pub const SIZE_ANNOTATION: &str = "pinion.io/job-size";
 pub const MIN_MEMBERS_ANNOTATION: &str = "pinion.io/job-min-members";
 /// Annotation: the gang's placement (`pack`, `spread`).
 pub const PLACEMENT_ANNOTATION: &str = "pinion.io/job-placement";
+/// Annotation: at most this many nodes hold the gang.
+pub const NODES_ANNOTATION: &str = "pinion.io/job-nodes";
+/// Annotation: at most this many members on one node.
+pub const PER_NODE_ANNOTATION: &str = "pinion.io/job-per-node";
 /// Annotation: the job's priority (a higher one is placed first).
 pub const PRIORITY_ANNOTATION: &str = "pinion.io/job-priority";
 /// Annotation: which attempt of the job the member belongs to (0, then one
@@ -106,6 +110,13 @@ pub struct GangSpec {
     pub min_members: Option<u32>,
     #[serde(default)]
     pub placement: GangPlacement,
+    /// At most this many nodes (Slurm's `-N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    /// At most this many members on one node (Slurm's `--ntasks-per-node`;
+    /// `spread` is one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_node: Option<u32>,
 }
 
 /// Where a gang's members go, within what each member's own topology policy allows.
@@ -220,6 +231,8 @@ pub struct Gang {
     pub size: u32,
     pub min_members: u32,
     pub placement: GangPlacement,
+    pub max_nodes: Option<u32>,
+    pub per_node: Option<u32>,
     pub priority: i32,
 }
 
@@ -236,6 +249,8 @@ impl Gang {
             size,
             min_members: num(MIN_MEMBERS_ANNOTATION).and_then(|v| u32::try_from(v).ok()).unwrap_or(size).clamp(1, size),
             placement: a.get(PLACEMENT_ANNOTATION).and_then(|p| GangPlacement::parse(p)).unwrap_or_default(),
+            max_nodes: num(NODES_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
+            per_node: num(PER_NODE_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
             priority: num(PRIORITY_ANNOTATION).and_then(|v| i32::try_from(v).ok()).unwrap_or(0),
         })
     }
@@ -263,6 +278,18 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
     }
     if let Some(m) = s.gang.min_members.filter(|m| *m == 0 || *m > s.parallelism.max(1)) {
         push("spec.gang.minMembers", format!("must be 1 to parallelism ({}), got {m}", s.parallelism));
+    }
+    let (nodes, per_node) = (s.gang.nodes.unwrap_or(s.parallelism), s.gang.per_node.unwrap_or(s.parallelism));
+    if s.gang.nodes == Some(0) || s.gang.nodes.is_some_and(|n| n > s.parallelism.max(1)) {
+        push("spec.gang.nodes", format!("must be 1 to parallelism ({}), got {nodes}", s.parallelism));
+    }
+    if s.gang.per_node == Some(0) {
+        push("spec.gang.perNode", "must be at least 1".into());
+    } else if u64::from(nodes) * u64::from(per_node) < u64::from(s.parallelism) {
+        push(
+            "spec.gang.perNode",
+            format!("{nodes} nodes of at most {per_node} members hold fewer than parallelism ({})", s.parallelism),
+        );
     }
     if s.ttl_seconds_after_finished.is_some_and(|t| t > crate::limits::MAX_TTL_SECONDS) {
         push("spec.ttlSecondsAfterFinished", format!("at most {} seconds (a year)", crate::limits::MAX_TTL_SECONDS));
@@ -343,8 +370,13 @@ pub fn members(job: &Job) -> Vec<Pod> {
             if let Some(m) = s.gang.min_members {
                 a.insert(MIN_MEMBERS_ANNOTATION.into(), m.to_string());
             }
-            // The job's TTL removes the members with it.
-            pod.spec.ttl_seconds_after_finished = None;
+            if let Some(n) = s.gang.nodes {
+                a.insert(NODES_ANNOTATION.into(), n.to_string());
+            }
+            if let Some(k) = s.gang.per_node {
+                a.insert(PER_NODE_ANNOTATION.into(), k.to_string());
+            }
+            pod.spec.ttl_seconds_after_finished = s.ttl_seconds_after_finished;
             for c in &mut pod.spec.containers {
                 set_env(&mut c.env, "PINION_JOB", name);
                 set_env(&mut c.env, "PINION_RANK", &rank.to_string());

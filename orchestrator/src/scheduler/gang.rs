@@ -25,26 +25,62 @@ pub struct GangRequest {
     pub placement: GangPlacement,
     /// The call succeeds only when at least this many are placed.
     pub min_members: usize,
+    /// At most this many nodes hold the gang (Slurm's `-N`).
+    pub max_nodes: Option<usize>,
+    /// At most this many members on one node (`--ntasks-per-node`).
+    pub per_node: Option<usize>,
     /// Nodes already holding members of this gang placed earlier (a gang whose
     /// minimum started it, now placing the rest): spread avoids them, pack
     /// prefers them.
     pub nodes_held: Vec<String>,
 }
 
-/// The nodes holding members so far, by node index.
+/// How many members each node holds so far, by node index.
 pub(super) struct Members {
     placement: GangPlacement,
-    used: Vec<bool>,
+    held: Vec<usize>,
+    nodes: usize,
+    max_nodes: usize,
+    per_node: usize,
 }
 
 impl Members {
+    fn new(s: &Scheduler, gang: &GangRequest) -> Members {
+        let per_node = match gang.placement {
+            GangPlacement::Spread => 1,
+            GangPlacement::Pack => gang.per_node.unwrap_or(usize::MAX).max(1),
+        };
+        let mut m = Members {
+            placement: gang.placement,
+            held: vec![0; s.nodes.len()],
+            nodes: 0,
+            max_nodes: gang.max_nodes.unwrap_or(usize::MAX).max(1),
+            per_node,
+        };
+        for n in &gang.nodes_held {
+            if let Some(&i) = s.index.get(n) {
+                m.add(i);
+            }
+        }
+        m
+    }
+
+    fn add(&mut self, i: usize) {
+        if self.held[i] == 0 {
+            self.nodes += 1;
+        }
+        self.held[i] += 1;
+    }
+
+    /// A node full of members, or a new node beyond the gang's node count.
     pub(super) fn rules_out(&self, i: usize) -> bool {
-        self.placement == GangPlacement::Spread && self.used.get(i).copied().unwrap_or(false)
+        let held = self.held.get(i).copied().unwrap_or(0);
+        held >= self.per_node || (held == 0 && self.nodes >= self.max_nodes)
     }
 
     pub(super) fn bonus(&self, i: usize) -> f64 {
         match self.placement {
-            GangPlacement::Pack if self.used.get(i).copied().unwrap_or(false) => PACK_BONUS,
+            GangPlacement::Pack if self.held.get(i).is_some_and(|h| *h > 0) => PACK_BONUS,
             _ => 0.0,
         }
     }
@@ -58,12 +94,7 @@ impl Scheduler {
     /// pod's strategy likes best (least allocated, the most room, by
     /// default); under `spread` never to a node holding one.
     pub fn schedule_gang(&mut self, gang: &GangRequest, now: Instant) -> Result<Vec<(String, Binding)>, Unschedulable> {
-        let mut members = Members { placement: gang.placement, used: vec![false; self.nodes.len()] };
-        for n in &gang.nodes_held {
-            if let Some(&i) = self.index.get(n) {
-                members.used[i] = true;
-            }
-        }
+        let mut members = Members::new(self, gang);
         let size = gang.members.len();
         let min = gang.min_members.clamp(1, size.max(1));
         let mut placed: Vec<(String, Binding)> = Vec::with_capacity(size);
@@ -75,7 +106,7 @@ impl Scheduler {
             match self.place(key, pod, now, Some(&members)) {
                 Ok(b) => {
                     if let Some(&i) = self.index.get(&b.node) {
-                        members.used[i] = true;
+                        members.add(i);
                     }
                     placed.push((key.clone(), b));
                 }
@@ -125,6 +156,8 @@ impl Scheduler {
         pod: &Pod,
         min_members: usize,
         placement: GangPlacement,
+        max_nodes: Option<usize>,
+        per_node: Option<usize>,
     ) -> Option<String> {
         if let Some(reasons) = self.never_fits(pod_key, pod) {
             let per: Vec<String> = reasons.iter().map(|(n, m)| format!("node {n}: {m}")).collect();
@@ -134,6 +167,12 @@ impl Scheduler {
             return None;
         }
         let demand = super::demand::Demand::of(pod);
+        let per_node = match placement {
+            GangPlacement::Spread => 1,
+            GangPlacement::Pack => per_node.unwrap_or(usize::MAX).max(1),
+        };
+        // The nodes that hold the most count when the gang may use only a few.
+        let mut copies_per_node: Vec<usize> = Vec::new();
         let mut total = 0usize;
         for node in &self.nodes {
             let fits_empty = filter::node_selector(pod, &node.info.labels)
@@ -143,10 +182,7 @@ impl Scheduler {
             if !fits_empty {
                 continue;
             }
-            let cap = match placement {
-                GangPlacement::Spread => 1,
-                GangPlacement::Pack => min_members - total,
-            };
+            let cap = per_node.min(min_members);
             let mut alloc = Allocations::default();
             let mut copies = 0;
             while copies < cap {
@@ -159,14 +195,18 @@ impl Scheduler {
                     Err(_) => break,
                 }
             }
-            total += copies;
+            copies_per_node.push(copies);
+            copies_per_node.sort_unstable_by(|a, b| b.cmp(a));
+            copies_per_node.truncate(max_nodes.unwrap_or(usize::MAX).max(1));
+            total = copies_per_node.iter().sum();
             if total >= min_members {
                 return None;
             }
         }
-        let how = match placement {
-            GangPlacement::Spread => "one per node",
-            GangPlacement::Pack => "packed",
+        let how = match (placement, max_nodes) {
+            (GangPlacement::Spread, _) => "one per node".to_string(),
+            (GangPlacement::Pack, Some(n)) => format!("packed on at most {n} nodes"),
+            (GangPlacement::Pack, None) => "packed".to_string(),
         };
         Some(format!(
             "the cluster can never hold {min_members} members at once: with every node empty, {total} fit ({how})"

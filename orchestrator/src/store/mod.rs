@@ -125,6 +125,7 @@ pub enum Kind {
     Pod,
     Node,
     Event,
+    Job,
 }
 
 impl Kind {
@@ -133,6 +134,7 @@ impl Kind {
             Kind::Pod => "pod/",
             Kind::Node => "node/",
             Kind::Event => "event/",
+            Kind::Job => "job/",
         }
     }
 }
@@ -163,6 +165,16 @@ impl Object for Pod {
 
 impl Object for Node {
     const KIND: Kind = Kind::Node;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::job::Job {
+    const KIND: Kind = Kind::Job;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -420,6 +432,7 @@ impl Txn<'_> {
     pub fn add_event(&mut self, mut event: Event) -> Result<(), StoreError> {
         let kind = match event.involved_object.kind.as_str() {
             "Node" => Kind::Node,
+            "Job" => Kind::Job,
             _ => Kind::Pod,
         };
         let rv = self.next_rv();

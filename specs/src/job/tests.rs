@@ -58,6 +58,8 @@ fn members_carry_the_gang_and_each_rank_its_identity() {
             size: 3,
             min_members: 2,
             placement: GangPlacement::Spread,
+            max_nodes: None,
+            per_node: None,
             priority: 5
         }
     );
@@ -92,6 +94,16 @@ fn validation_names_each_field() {
         ("member name too long", Box::new(|j| j.metadata.name = "a".repeat(62)), "metadata.name"),
         ("template container", Box::new(|j| j.spec.template.spec.containers.clear()), "spec.template.spec.containers"),
         ("kind", Box::new(|j| j.kind = "Pod".into()), "kind"),
+        ("zero nodes", Box::new(|j| j.spec.gang.nodes = Some(0)), "spec.gang.nodes"),
+        ("more nodes than members", Box::new(|j| j.spec.gang.nodes = Some(5)), "spec.gang.nodes"),
+        (
+            "nodes too few to hold them",
+            Box::new(|j| {
+                j.spec.gang.nodes = Some(1);
+                j.spec.gang.per_node = Some(3)
+            }),
+            "spec.gang.perNode",
+        ),
     ];
     assert!(validate_job(&job(4)).is_empty(), "{:?}", validate_job(&job(4)));
     for (what, change, field) in cases {

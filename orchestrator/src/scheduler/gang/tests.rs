@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,7 +23,7 @@ fn gang(job: &str, size: usize, member: &Pod, placement: GangPlacement, min: usi
             (p.metadata.name.clone(), Arc::new(p))
         })
         .collect();
-    GangRequest { members, placement, min_members: min, nodes_held: Vec::new() }
+    GangRequest { members, placement, min_members: min, max_nodes: None, per_node: None, nodes_held: Vec::new() }
 }
 
 /// Node of each member placed, in rank order.
@@ -191,16 +191,36 @@ fn a_refused_gang_leaves_room_for_what_comes_after() {
 fn a_gang_that_can_never_fit_is_known_at_once() {
     let mut s = cluster(vec![node("n1", &[8]), node("n2", &[8])]);
     let m = pod("m", 4, 1, None);
-    assert_eq!(s.gang_never_fits("m", &m, 4, GangPlacement::Pack), None);
-    let five = s.gang_never_fits("m", &m, 5, GangPlacement::Pack).unwrap();
+    assert_eq!(s.gang_never_fits("m", &m, 4, GangPlacement::Pack, None, None), None);
+    let five = s.gang_never_fits("m", &m, 5, GangPlacement::Pack, None, None).unwrap();
     assert!(five.contains("never hold 5 members") && five.contains("4 fit"), "{five}");
-    let spread = s.gang_never_fits("m", &m, 3, GangPlacement::Spread).unwrap();
+    let spread = s.gang_never_fits("m", &m, 3, GangPlacement::Spread, None, None).unwrap();
     assert!(spread.contains("2 fit (one per node)"), "{spread}");
-    let huge = s.gang_never_fits("m", &pod("m", 9, 1, None), 1, GangPlacement::Pack).unwrap();
+    let huge = s.gang_never_fits("m", &pod("m", 9, 1, None), 1, GangPlacement::Pack, None, None).unwrap();
     assert!(huge.contains("no node can ever run a member"), "{huge}");
     // What is allocated now does not matter: it is the empty cluster's question.
     let _ = nodes_of(&mut s, &gang("x", 4, &m, GangPlacement::Pack, 4)).unwrap();
-    assert_eq!(s.gang_never_fits("m", &m, 4, GangPlacement::Pack), None);
+    assert_eq!(s.gang_never_fits("m", &m, 4, GangPlacement::Pack, None, None), None);
+}
+
+#[test]
+fn slurm_shapes_nodes_and_tasks_per_node() {
+    // -N 2 --ntasks-per-node 2: two on each of two nodes, though one node holds all four.
+    let mut s = cluster(vec![node("n1", &[8]), node("n2", &[8]), node("n3", &[8])]);
+    let mut g = gang("j", 4, &pod("m", 2, 1, None), GangPlacement::Pack, 4);
+    g.max_nodes = Some(2);
+    g.per_node = Some(2);
+    assert_eq!(nodes_of(&mut s, &g).unwrap(), ["n1", "n1", "n2", "n2"]);
+    // -N 1 with room for three on each node: four never fit one node.
+    let mut s = cluster(vec![node("n1", &[6]), node("n2", &[6])]);
+    let mut one = gang("k", 4, &pod("m", 2, 1, None), GangPlacement::Pack, 4);
+    one.max_nodes = Some(1);
+    assert!(nodes_of(&mut s, &one).is_err());
+    let m = pod("m", 2, 1, None);
+    let never = s.gang_never_fits("m", &m, 4, GangPlacement::Pack, Some(1), None).unwrap();
+    assert!(never.contains("3 fit (packed on at most 1 nodes)"), "{never}");
+    assert_eq!(s.gang_never_fits("m", &m, 4, GangPlacement::Pack, Some(2), None), None);
+    assert!(s.gang_never_fits("m", &m, 4, GangPlacement::Pack, Some(2), Some(1)).is_some());
 }
 
 #[test]
@@ -231,15 +251,20 @@ proptest! {
             let policy = snn.then_some(TopologyPolicy::SingleNumaNode);
             let member = pod("m", *cpus, 1, policy);
             let placement = if *spread { GangPlacement::Spread } else { GangPlacement::Pack };
-            let req = gang(&format!("g{g}"), *size, &member, placement, (*min).clamp(1, *size));
+            let mut req = gang(&format!("g{g}"), *size, &member, placement, (*min).clamp(1, *size));
+            req.max_nodes = (g % 3 == 2).then_some(2);
+            req.per_node = (g % 4 == 3).then_some(2);
             match s.schedule_gang(&req, Instant::now()) {
                 Ok(b) => {
                     prop_assert!(b.len() >= req.min_members);
                     let keys: Vec<String> = b.iter().map(|(k, _)| k.clone()).collect();
-                    if *spread {
-                        let distinct: BTreeSet<&String> = b.iter().map(|(_, x)| &x.node).collect();
-                        prop_assert_eq!(distinct.len(), b.len());
+                    let mut per: BTreeMap<&String, usize> = BTreeMap::new();
+                    for (_, x) in &b {
+                        *per.entry(&x.node).or_default() += 1;
                     }
+                    let cap = if *spread { 1 } else { req.per_node.unwrap_or(usize::MAX) };
+                    prop_assert!(per.values().all(|n| *n <= cap), "more than {} members on a node: {:?}", cap, per);
+                    prop_assert!(per.len() <= req.max_nodes.unwrap_or(usize::MAX), "too many nodes: {:?}", per);
                     bound.insert(format!("g{g}"), keys);
                 }
                 Err(_) => {
