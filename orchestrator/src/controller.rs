@@ -11,7 +11,10 @@
 //! becoming Ready, a pod deleted or finished, a binding expired or given back),
 //! and is then tried at once. Only a node's rejection of a binding backs off.
 //! Pods are tried in submission order; the tasks of a job array together, at
-//! the array's first submission, by task index.
+//! the array's first submission, by task index; a job's members together as
+//! a gang (`scheduler::gang`), a higher job priority first. A gang that does
+//! not fit holds nothing and blocks what queued behind it (no backfill), so a
+//! big job is never starved by smaller ones arriving after it.
 //!
 //! In-flight bindings live in one place, the scheduler's assumed pods (see
 //! `scheduler`), which expire after `ControllerConfig::binding_timeout`; the
@@ -35,7 +38,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::api::error::Refused;
-use crate::scheduler::{NodeInfo, Scheduler};
+use crate::scheduler::{GangRequest, NodeInfo, Scheduler};
 use crate::store::{Change, Kind, Store, StoreError};
 
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +107,8 @@ struct NodeState {
 /// of a job array go together (at the array's first submission) by task index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Order {
+    /// A job's priority: a higher one sorts first.
+    priority: std::cmp::Reverse<i32>,
     group: u64,
     task: u64,
     seq: u64,
@@ -157,8 +162,26 @@ struct ArrayState {
     members: usize,
 }
 
+/// A job attempt's members while any is queued or bound.
+#[derive(Default)]
+struct GangState {
+    /// Queue group of the gang (its first member's submission).
+    group: u64,
+    /// Members waiting in the queue, by rank.
+    queued: BTreeMap<u32, String>,
+    /// Members known (queued or bound, unfinished); at zero it is forgotten.
+    members: usize,
+}
+
 struct Inner {
     sched: Scheduler,
+    /// Gangs by `job#attempt`.
+    gangs: HashMap<String, GangState>,
+    /// The first gang in line that did not fit, and its place: what queued
+    /// behind it waits (no backfill) until it is placed or gone.
+    blocked_by: Option<(Order, String)>,
+    /// Jobs whose members changed: judged again at the next pass.
+    dirty_jobs: BTreeSet<String>,
     nodes: HashMap<String, NodeState>,
     queue: HashMap<String, QueueEntry>,
     /// The queue in the order pods are tried.
@@ -176,8 +199,34 @@ struct Inner {
 
 enum Decision {
     Bind(crate::scheduler::Binding, Option<String>),
+    /// A gang's members bound together, with each one's identity in the gang.
+    BindGang(Vec<GangBind>),
     /// Why the pod waits: status reason, event type and reason, message.
     Pending(&'static str, &'static str, &'static str, String),
+}
+
+struct GangBind {
+    pod: Arc<Pod>,
+    binding: crate::scheduler::Binding,
+    /// `PINION_LOCAL_RANK`: its rank among the members on its node.
+    local_rank: u32,
+    /// `PINION_NODES`: every member's node address, rank order (empty where not placed).
+    nodes: String,
+}
+
+/// The key of a gang in `Inner::gangs`.
+fn gang_key(g: &specs::job::Gang) -> String {
+    format!("{}#{}", g.job, g.attempt)
+}
+
+/// A node's address as members see it: its endpoint's host, else its name.
+fn node_address(node: &Node) -> String {
+    node.spec
+        .endpoint
+        .as_deref()
+        .and_then(|u| pinion_client::parse_url(u).ok())
+        .map(|(_, host)| host)
+        .unwrap_or_else(|| node.metadata.name.clone())
 }
 
 /// Hash of what placing the pod depends on: its spec less what only the
@@ -288,6 +337,9 @@ impl Controller {
                     assume_expiry: config.binding_timeout,
                     ..config.scheduler
                 }),
+                gangs: HashMap::new(),
+                blocked_by: None,
+                dirty_jobs: BTreeSet::new(),
                 nodes: HashMap::new(),
                 queue: HashMap::new(),
                 order: BTreeMap::new(),
@@ -313,6 +365,12 @@ impl Controller {
                     NodeState { topology: Arc::new(node.spec.topology.clone()), node, ready, last_seen: now },
                 );
                 inner.sync_mirror(&name);
+            }
+            // A member may have ended while no server was leading: judged again.
+            for job in store.list::<specs::job::Job>()?.items {
+                if !job.status.as_ref().is_some_and(|s| s.phase.is_terminal()) {
+                    inner.dirty_jobs.insert(job.metadata.name);
+                }
             }
             let listed = store.list::<Pod>()?;
             c.loaded_at.store(listed.rv, std::sync::atomic::Ordering::Release);
@@ -375,6 +433,23 @@ impl Controller {
         Some(format!("no node can ever run this pod: {}", per.join("; ")))
     }
 
+    /// Why no cluster could ever hold the job's gang at once (every node
+    /// empty), as the message of a refused submission; `None` when one could.
+    pub fn gang_never_fits(&self, job: &specs::job::Job) -> Option<String> {
+        let member = specs::job::members(job).into_iter().next()?;
+        let g = &job.spec.gang;
+        let min = g.min_members.unwrap_or(job.spec.parallelism) as usize;
+        let why = self.lock().sched.gang_never_fits(
+            &member.metadata.name,
+            &member,
+            min,
+            g.placement,
+            g.nodes.map(|n| n as usize),
+            g.per_node.map(|n| n as usize),
+        )?;
+        Some(format!("job {:?} can never run: {why}", job.metadata.name))
+    }
+
     pub fn pod_created(&self, pod: &Pod) {
         if pod.spec.node_name.is_some() {
             return;
@@ -391,6 +466,7 @@ impl Controller {
         let mut inner = self.lock();
         let name = &pod.metadata.name;
         inner.let_go(pod);
+        inner.member_changed(pod);
         if let Some((at, uid)) = inner.expiry_of.remove(name) {
             inner.expiring.remove(&(at, name.clone(), uid));
         }
@@ -405,6 +481,7 @@ impl Controller {
         let mut inner = self.lock();
         let name = &pod.metadata.name;
         inner.let_go(pod);
+        inner.member_changed(pod);
         if let Some(ttl) = self.ttl_of(pod) {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             inner.expire_at(Instant::now() + ttl, name, uid);
@@ -649,6 +726,15 @@ impl Controller {
                     drop(permit);
                 });
             }
+            let jobs = std::mem::take(&mut self.lock().dirty_jobs);
+            for job in jobs {
+                let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
+                let this = self.clone();
+                tokio::spawn(async move {
+                    this.reconcile_job(job).await;
+                    drop(permit);
+                });
+            }
             let due: Vec<String> = {
                 let inner = self.lock();
                 inner
@@ -676,7 +762,7 @@ impl Controller {
             for chunk in due.chunks(DECIDE_CHUNK) {
                 let decisions: Vec<(Decision, Arc<Pod>)> = {
                     let mut inner = self.lock();
-                    chunk.iter().filter_map(|name| inner.decide(name, now, &mut failed)).collect()
+                    chunk.iter().flat_map(|name| inner.decide_any(name, now, &mut failed)).collect()
                 };
                 for (decision, pod) in decisions {
                     let Ok(permit) = self.writes.clone().acquire_owned().await else { return None };
@@ -684,6 +770,7 @@ impl Controller {
                     tokio::spawn(async move {
                         match decision {
                             Decision::Bind(binding, uid) => this.write_binding(&pod, binding, uid).await,
+                            Decision::BindGang(members) => this.write_gang_binding(members).await,
                             Decision::Pending(reason, event_type, event_reason, message) => {
                                 let name = pod.metadata.name.clone();
                                 this.write_pending(name, reason, event_type, event_reason, message).await
@@ -704,32 +791,7 @@ impl Controller {
             .store
             .write(move |t| -> Result<(), Refused> {
                 t.as_leader();
-                let Some(mut pod) = t.get::<Pod>(&pod_name)? else {
-                    return Err(Refused(crate::api::error::not_found("Pod", &pod_name)));
-                };
-                if pod.metadata.uid != uid {
-                    return Err(Refused(crate::api::error::conflict("replaced by a new pod of the same name")));
-                }
-                if pod.spec.node_name.is_some() {
-                    return Err(Refused(crate::api::error::conflict("already bound")));
-                }
-                let mut status = pod.status.take().unwrap_or_default();
-                status.phase = PodPhase::Scheduled;
-                status.node_name = Some(b.node.clone());
-                status.reason = Some("Scheduled".into());
-                let cpus: Vec<String> =
-                    b.placement.containers.iter().map(|c| format!("{}={}", c.name, c.cpus)).collect();
-                status.message =
-                    Some(format!("bound to {} (NUMA {}; cpus {})", b.node, b.placement.numa_affinity, cpus.join(" ")));
-                status.placement = Some(b.placement.summary());
-                status.plan = Some(PodPlan { epoch: b.epoch, placement: b.placement.clone() });
-                status.attempts = status.attempts.saturating_add(1);
-                let message = status.message.clone().unwrap_or_default();
-                pod.spec.node_name = Some(b.node.clone());
-                pod.status = Some(status);
-                t.put(&mut pod)?;
-                t.add_event(event("Pod", &pod_name, "Normal", "Scheduled", message))?;
-                Ok(())
+                bind_in_txn(t, &pod_name, &uid, &b, None)
             })
             .await;
         if let Err(Refused(e)) = r {
@@ -748,6 +810,66 @@ impl Controller {
             inner.wake_waiting();
             drop(inner);
             self.wake.notify_one();
+        }
+    }
+
+    /// A gang's bindings in one write: every member bound, or (a member gone
+    /// or replaced meanwhile) none, and the scheduler lets go of them all.
+    async fn write_gang_binding(&self, members: Vec<GangBind>) {
+        let Some(job) = members.first().and_then(|m| specs::job::Gang::of(&m.pod)).map(|g| g.job) else { return };
+        let plan: Vec<(String, Option<String>, crate::scheduler::Binding, u32, String)> = members
+            .iter()
+            .map(|m| {
+                let p = &m.pod;
+                (p.metadata.name.clone(), p.metadata.uid.clone(), m.binding.clone(), m.local_rank, m.nodes.clone())
+            })
+            .collect();
+        let j = job.clone();
+        let r = self
+            .store
+            .write(move |t| -> Result<(), Refused> {
+                t.as_leader();
+                for (name, uid, b, local_rank, nodes) in &plan {
+                    bind_in_txn(t, name, uid, b, Some((*local_rank, nodes)))?;
+                }
+                crate::jobs::mark_running(t, &j)
+            })
+            .await;
+        if let Err(Refused(e)) = r {
+            tracing::info!(job = %job, error = %e, "gang binding not stored; releasing every member");
+            let mut inner = self.lock();
+            for m in &members {
+                let name = &m.pod.metadata.name;
+                if inner.sched.binding(name).is_some_and(|held| held == m.binding) {
+                    inner.sched.release(name);
+                }
+            }
+            inner.wake_waiting();
+            drop(inner);
+            self.wake.notify_one();
+        }
+    }
+
+    /// A member of the job changed: the job's verdict, carried out in one write.
+    async fn reconcile_job(&self, name: String) {
+        let n = name.clone();
+        let r = self
+            .store
+            .write(move |t| -> Result<crate::jobs::MemberChanges, Refused> {
+                t.as_leader();
+                crate::jobs::reconcile(t, &n)
+            })
+            .await;
+        match r {
+            Ok(changes) => {
+                for p in &changes.deleted {
+                    self.pod_deleted(p);
+                }
+                for p in &changes.created {
+                    self.pod_created(p);
+                }
+            }
+            Err(Refused(e)) => tracing::warn!(job = %name, error = %e, "cannot record a job's progress"),
         }
     }
 
@@ -945,6 +1067,47 @@ impl Controller {
     }
 }
 
+/// Binds the stored pod `name` (this incarnation, `uid`) as `b` says; a
+/// gang's member also gets `PINION_LOCAL_RANK` and `PINION_NODES`.
+fn bind_in_txn(
+    t: &mut crate::store::Txn<'_>,
+    name: &str,
+    uid: &Option<String>,
+    b: &crate::scheduler::Binding,
+    gang: Option<(u32, &str)>,
+) -> Result<(), Refused> {
+    let Some(mut pod) = t.get::<Pod>(name)? else {
+        return Err(Refused(crate::api::error::not_found("Pod", name)));
+    };
+    if pod.metadata.uid != *uid {
+        return Err(Refused(crate::api::error::conflict("replaced by a new pod of the same name")));
+    }
+    if pod.spec.node_name.is_some() {
+        return Err(Refused(crate::api::error::conflict("already bound")));
+    }
+    let mut status = pod.status.take().unwrap_or_default();
+    status.phase = PodPhase::Scheduled;
+    status.node_name = Some(b.node.clone());
+    status.reason = Some("Scheduled".into());
+    let cpus: Vec<String> = b.placement.containers.iter().map(|c| format!("{}={}", c.name, c.cpus)).collect();
+    status.message = Some(format!("bound to {} (NUMA {}; cpus {})", b.node, b.placement.numa_affinity, cpus.join(" ")));
+    status.placement = Some(b.placement.summary());
+    status.plan = Some(PodPlan { epoch: b.epoch, placement: b.placement.clone() });
+    status.attempts = status.attempts.saturating_add(1);
+    let message = status.message.clone().unwrap_or_default();
+    pod.spec.node_name = Some(b.node.clone());
+    if let Some((local_rank, nodes)) = gang {
+        for c in &mut pod.spec.containers {
+            specs::job::set_env(&mut c.env, "PINION_LOCAL_RANK", &local_rank.to_string());
+            specs::job::set_env(&mut c.env, "PINION_NODES", nodes);
+        }
+    }
+    pod.status = Some(status);
+    t.put(&mut pod)?;
+    t.add_event(event("Pod", name, "Normal", "Scheduled", message))?;
+    Ok(())
+}
+
 impl Inner {
     /// A pod's place in the queue, assigned once per pod.
     fn order_of(&mut self, pod: &Pod) -> Order {
@@ -953,6 +1116,12 @@ impl Inner {
         }
         self.seq += 1;
         let seq = self.seq;
+        if let Some(g) = specs::job::Gang::of(pod) {
+            let st = self.gangs.entry(gang_key(&g)).or_insert_with(|| GangState { group: seq, ..Default::default() });
+            st.members += 1;
+            return Order { priority: std::cmp::Reverse(g.priority), group: st.group, task: u64::from(g.rank), seq };
+        }
+        let priority = std::cmp::Reverse(0);
         match pod.metadata.labels.get(specs::pod::ARRAY_LABEL) {
             Some(array) => {
                 let a =
@@ -964,9 +1133,9 @@ impl Inner {
                     .get(specs::pod::ARRAY_TASK_ANNOTATION)
                     .and_then(|t| t.parse().ok())
                     .unwrap_or(u64::MAX);
-                Order { group: a.group, task, seq }
+                Order { priority, group: a.group, task, seq }
             }
-            None => Order { group: seq, task: 0, seq },
+            None => Order { priority, group: seq, task: 0, seq },
         }
     }
 
@@ -982,6 +1151,11 @@ impl Inner {
     /// queue order, and the scheduler forgets it (a later pod of the same
     /// name is a new pod: no backoff, no stale marks).
     fn let_go(&mut self, pod: &Pod) {
+        if let Some(g) = specs::job::Gang::of(pod) {
+            if self.blocked_by.as_ref().is_some_and(|(_, k)| *k == gang_key(&g)) {
+                self.blocked_by = None;
+            }
+        }
         self.dequeue(&pod.metadata.name);
         self.leave_array(pod);
         self.forget_order(pod);
@@ -991,6 +1165,16 @@ impl Inner {
     /// The pod is finished or gone: it leaves the queue order (and its array).
     fn forget_order(&mut self, pod: &Pod) {
         if self.orders.remove(&pod.metadata.name).is_none() {
+            return;
+        }
+        if let Some(g) = specs::job::Gang::of(pod) {
+            let key = gang_key(&g);
+            if let Some(st) = self.gangs.get_mut(&key) {
+                st.members = st.members.saturating_sub(1);
+                if st.members == 0 && st.queued.is_empty() {
+                    self.gangs.remove(&key);
+                }
+            }
             return;
         }
         let Some(array) = pod.metadata.labels.get(specs::pod::ARRAY_LABEL) else { return };
@@ -1015,6 +1199,9 @@ impl Inner {
         self.dequeue(&name);
         let entry =
             QueueEntry { order, twin: twin_hash(&pod), array: array_limit(&pod), pod, wait, rejected, said: None };
+        if let Some(g) = specs::job::Gang::of(&entry.pod) {
+            self.gangs.entry(gang_key(&g)).or_default().queued.insert(g.rank, name.clone());
+        }
         self.order.insert(order, name.clone());
         self.queue.insert(name, entry);
     }
@@ -1022,7 +1209,136 @@ impl Inner {
     fn dequeue(&mut self, name: &str) -> Option<QueueEntry> {
         let e = self.queue.remove(name)?;
         self.order.remove(&e.order);
+        if let Some(g) = specs::job::Gang::of(&e.pod) {
+            if let Some(st) = self.gangs.get_mut(&gang_key(&g)) {
+                st.queued.remove(&g.rank);
+            }
+        }
         Some(e)
+    }
+
+    /// A member of a job finished or left: the job is judged again.
+    fn member_changed(&mut self, pod: &Pod) {
+        if let Some(g) = specs::job::Gang::of(pod) {
+            self.dirty_jobs.insert(g.job);
+        }
+    }
+
+    /// `decide` for any queued pod: one queued behind a gang that did not fit
+    /// waits; a gang's member brings its whole gang.
+    fn decide_any(
+        &mut self,
+        name: &str,
+        now: Instant,
+        failed: &mut HashMap<u64, Arc<str>>,
+    ) -> Vec<(Decision, Arc<Pod>)> {
+        let Some(e) = self.queue.get(name).filter(|e| e.due(now)) else { return Vec::new() };
+        let pod = e.pod.clone();
+        let gang = specs::job::Gang::of(&pod);
+        if let Some((first, key)) = &self.blocked_by {
+            let same = gang.as_ref().is_some_and(|g| gang_key(g) == *key);
+            if !same && e.order > *first {
+                let job = key.split('#').next().unwrap_or_default();
+                let message: Arc<str> =
+                    format!("queued behind job {job}, which is first in line and does not fit yet (no backfill)")
+                        .into();
+                let Some(e) = self.queue.get_mut(name) else { return Vec::new() };
+                e.wait = Wait::Unschedulable;
+                return Self::say(e, "Queued", "Normal", "Queued", message).map(|d| (d, pod)).into_iter().collect();
+            }
+        }
+        match gang {
+            Some(g) => self.decide_gang(g, now),
+            None => self.decide(name, now, failed).into_iter().collect(),
+        }
+    }
+
+    /// Places the gang's queued members together (see `Scheduler::schedule_gang`).
+    fn decide_gang(&mut self, g: specs::job::Gang, now: Instant) -> Vec<(Decision, Arc<Pod>)> {
+        let key = gang_key(&g);
+        let Some(st) = self.gangs.get(&key) else { return Vec::new() };
+        let members: Vec<(u32, String, Arc<Pod>)> = st
+            .queued
+            .iter()
+            .filter_map(|(rank, n)| self.queue.get(n).map(|e| (*rank, n.clone(), e.pod.clone())))
+            .collect();
+        let Some(first) = members.first().and_then(|(_, n, _)| self.queue.get(n)).map(|e| e.order) else {
+            return Vec::new();
+        };
+        let size = g.size as usize;
+        let mut nodes_by_rank = vec![String::new(); size];
+        let mut held = Vec::new();
+        for rank in 0..g.size {
+            if st.queued.contains_key(&rank) {
+                continue;
+            }
+            if let Some(b) = self.sched.binding(&specs::job::member_name(&g.job, rank)) {
+                held.push(b.node.clone());
+                nodes_by_rank[rank as usize] = b.node;
+            }
+        }
+        // A gang already started (its minimum placed) places the rest as they fit.
+        let min = if held.is_empty() { (g.min_members as usize).min(members.len()) } else { 1 };
+        let request = GangRequest {
+            members: members.iter().map(|(_, n, p)| (n.clone(), p.clone())).collect(),
+            placement: g.placement,
+            min_members: min,
+            max_nodes: g.max_nodes.map(|n| n as usize),
+            per_node: g.per_node.map(|n| n as usize),
+            nodes_held: held,
+        };
+        match self.sched.schedule_gang(&request, now.into_std()) {
+            Ok(bound) => {
+                if self.blocked_by.as_ref().is_some_and(|(_, k)| *k == key) {
+                    self.blocked_by = None;
+                }
+                let ranks: HashMap<&str, u32> = members.iter().map(|(r, n, _)| (n.as_str(), *r)).collect();
+                for (n, b) in &bound {
+                    if let Some(r) = ranks.get(n.as_str()) {
+                        nodes_by_rank[*r as usize] = b.node.clone();
+                    }
+                }
+                let addresses: Vec<String> = nodes_by_rank
+                    .iter()
+                    .map(|n| match self.nodes.get(n) {
+                        Some(s) => node_address(&s.node),
+                        None => n.clone(),
+                    })
+                    .collect();
+                let nodes = addresses.join(",");
+                let mut binds = Vec::with_capacity(bound.len());
+                for (n, binding) in bound {
+                    let Some(e) = self.dequeue(&n) else { continue };
+                    let rank = ranks.get(n.as_str()).copied().unwrap_or(0) as usize;
+                    let local_rank = nodes_by_rank[..rank].iter().filter(|x| **x == binding.node).count() as u32;
+                    binds.push(GangBind { pod: e.pod, binding, local_rank, nodes: nodes.clone() });
+                }
+                match binds.first().map(|b| b.pod.clone()) {
+                    Some(pod) => vec![(Decision::BindGang(binds), pod)],
+                    None => Vec::new(),
+                }
+            }
+            Err(u) => {
+                let mut message = u.message;
+                if !u.per_node.is_empty() {
+                    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
+                    message = format!("{message}: {}", per.join("; "));
+                }
+                let message: Arc<str> = message.into();
+                if self.blocked_by.as_ref().is_none_or(|(o, _)| first < *o) {
+                    self.blocked_by = Some((first, key));
+                }
+                let mut out = Vec::new();
+                for (_, n, pod) in members {
+                    let Some(e) = self.queue.get_mut(&n) else { continue };
+                    e.wait = Wait::Unschedulable;
+                    if let Some(d) = Self::say(e, "Unschedulable", "Warning", "FailedScheduling", message.clone()) {
+                        out.push((d, pod));
+                    }
+                }
+                out
+            }
+        }
     }
 
     /// The pod no longer counts against its array's parallelism.

@@ -7,6 +7,7 @@ pub mod api;
 pub use pinion_client as client;
 pub mod controller;
 pub mod identity;
+pub mod jobs;
 pub mod leader;
 pub mod leading;
 pub mod peers;

@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use specs::api::{ApiError, AttachFrame, Event, JoinRequest, JoinResponse, List, Node, NodeStatus};
 use specs::api::{NodeStatusReport, PodRejection, WatchEvent};
+use specs::job::Job;
 use specs::{Pod, PodStatus};
 
 fn document() -> Value {
@@ -263,6 +264,33 @@ fn event() -> Value {
     })
 }
 
+fn job() -> Value {
+    let template = pod();
+    json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Job",
+        "metadata": metadata("solver"),
+        "spec": {
+            "template": {"metadata": {"labels": {"app": "cfd"}, "annotations": {"team": "a"}}, "spec": template["spec"]},
+            "parallelism": 4,
+            "completions": 4,
+            "completionMode": "Indexed",
+            "backoffLimit": 1,
+            "gang": {"minMembers": 2, "placement": "spread", "nodes": 4, "perNode": 1},
+            "priority": -3,
+            "failurePolicy": "keep-running",
+            "ttlSecondsAfterFinished": 60
+        },
+        "status": {
+            "phase": "Failed",
+            "attempt": 1,
+            "firstFailure": "rank 1 (solver-1) on n2 failed: exit code 3 (Error)",
+            "members": [{"rank": 1, "pod": "solver-1", "phase": "Failed", "node": "n2", "exitCode": 3, "reason": "Error"}],
+            "completionTime": "2026-01-02T03:04:05Z"
+        }
+    })
+}
+
 #[test]
 fn the_wire_types_match_their_schemas() {
     let s = Schemas::load();
@@ -291,6 +319,8 @@ fn the_wire_types_match_their_schemas() {
     s.check::<Event>("Event", event());
     s.check::<List<Pod>>("PodList", json!({"resourceVersion": 42, "items": [pod()], "unreadable": 1}));
     s.check::<List<Node>>("NodeList", json!({"resourceVersion": 42, "items": [node()], "unreadable": 1}));
+    s.check::<Job>("Job", job());
+    s.check::<List<Job>>("JobList", json!({"resourceVersion": 42, "items": [job()]}));
     s.check::<List<Event>>("EventList", json!({"resourceVersion": 42, "items": [event()]}));
     s.check::<WatchEvent<Pod>>("WatchEvent", json!({"type": "MODIFIED", "object": pod()}));
     s.check::<WatchEvent<ApiError>>("WatchEvent", json!({"type": "ERROR", "object": api_error()}));

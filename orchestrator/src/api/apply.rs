@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
 use specs::engine::SETTINGS_MISFIT;
+use specs::job::Job;
 use specs::{Pod, PodPhase, PodStatus};
 
 use super::error::{bad_field, conflict, forbidden, not_found, store_error, unauthorized, Refused};
@@ -578,9 +579,96 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             }
             json(200, &node.status)
         }
+        Action::ListJobs { selector } => {
+            require_admin(id, "list jobs")?;
+            let listed = store.list::<Job>().map_err(store_error)?;
+            let items: Vec<Job> = listed.items.into_iter().filter(|j| selector.matches(&j.metadata.labels)).collect();
+            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+        }
+        Action::GetJob(name) => {
+            require_admin(id, "read jobs")?;
+            match store.get::<Job>(&name).map_err(store_error)? {
+                Some(j) => json(200, &j),
+                None => Err(not_found("Job", &name)),
+            }
+        }
+        Action::CreateJob(job) => {
+            require_admin(id, "create jobs")?;
+            let uid = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
+            // As for a pod: a gang no cluster could ever hold at once is refused now.
+            let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
+            let (code, job, changes) = store
+                .write(move |t| -> Result<(u16, Job, crate::jobs::MemberChanges), Refused> {
+                    let mut job = (*job).clone();
+                    let name = job.metadata.name.clone();
+                    let mut changes = crate::jobs::MemberChanges::default();
+                    if let Some(existing) = t.get::<Job>(&name)? {
+                        let ended = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+                        if !ended && existing.spec == job.spec && existing.metadata.labels == job.metadata.labels {
+                            return Ok((200, existing, changes));
+                        }
+                        if !ended {
+                            return Err(Refused(conflict(format!(
+                                "job {name:?} already exists with a different spec and has not ended (delete it first)"
+                            ))));
+                        }
+                        // An ended job's name is free again: it and its members go in this write.
+                        if let Some((_, old)) = crate::jobs::delete(t, &name)? {
+                            changes = old;
+                        }
+                    }
+                    if let Some(message) = &never {
+                        return Err(Refused(super::error::error(422, "Unschedulable", message.clone())));
+                    }
+                    job.metadata.uid = Some(uid[..16].to_string());
+                    job.metadata.creation_timestamp = Some(now_rfc3339());
+                    job.status = Some(specs::job::JobStatus::default());
+                    t.put(&mut job)?;
+                    let created = crate::jobs::create_members(t, &job)?;
+                    changes.deleted.extend(created.deleted);
+                    changes.created = created.created;
+                    Ok((201, job, changes))
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            if let Some(c) = state.controller.direct() {
+                for p in &changes.deleted {
+                    c.pod_deleted(p);
+                }
+                for p in &changes.created {
+                    c.pod_created(p);
+                }
+            }
+            json(code, &job)
+        }
+        Action::DeleteJob(name) => {
+            require_admin(id, "delete jobs")?;
+            let n = name.clone();
+            let deleted = store
+                .write(move |t| -> Result<Option<(Job, crate::jobs::MemberChanges)>, Refused> {
+                    crate::jobs::delete(t, &n)
+                })
+                .await
+                .map_err(|Refused(e)| e)?;
+            match deleted {
+                Some((job, changes)) => {
+                    if let Some(c) = state.controller.direct() {
+                        for p in &changes.deleted {
+                            c.pod_deleted(p);
+                        }
+                    }
+                    json(200, &job)
+                }
+                None => Err(not_found("Job", &name)),
+            }
+        }
         Action::ListEvents { kind, name } => {
             require_admin(id, "list events")?;
-            let kind = if kind == "Node" { Kind::Node } else { Kind::Pod };
+            let kind = match kind.as_str() {
+                "Node" => Kind::Node,
+                "Job" => Kind::Job,
+                _ => Kind::Pod,
+            };
             let events = store.events(kind, &name).map_err(store_error)?;
             json(200, &List { resource_version: store.resource_version(), items: events, unreadable: 0 })
         }

@@ -33,6 +33,10 @@ pub enum Action {
     Heartbeat(String),
     ReportNodeStatus { name: String, report: Box<NodeStatusReport> },
     ListEvents { kind: String, name: String },
+    ListJobs { selector: LabelSelector },
+    CreateJob(Box<specs::job::Job>),
+    GetJob(String),
+    DeleteJob(String),
 }
 
 pub fn parse(
@@ -114,13 +118,39 @@ pub fn parse(
         }
         RouteId::ListEvents => {
             let kind = q.get("kind").unwrap_or("Pod").to_string();
-            if kind != "Pod" && kind != "Node" {
-                return Err(bad_field("kind", format!("{kind:?}: must be Pod or Node")));
+            if kind != "Pod" && kind != "Node" && kind != "Job" {
+                return Err(bad_field("kind", format!("{kind:?}: must be Pod, Node or Job")));
             }
             let name = q.get("name").ok_or_else(|| bad_field("name", "the query parameter is required"))?;
             Action::ListEvents { kind, name: name.to_string() }
         }
+        RouteId::ListJobs => Action::ListJobs { selector: selector(&q)? },
+        RouteId::CreateJob => Action::CreateJob(Box::new(parse_job(body)?)),
+        RouteId::GetJob => Action::GetJob(name()?),
+        RouteId::DeleteJob => Action::DeleteJob(name()?),
     })
+}
+
+/// A job, YAML or JSON: a decoding error names its field, then every
+/// semantic problem (`specs::job::validate_job`, the template's as a pod's
+/// under `spec.template`).
+pub fn parse_job(body: &Bytes) -> Result<specs::job::Job, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| bad_field("(body)", "not UTF-8"))?;
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    let mut job: specs::job::Job = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." || path.is_empty() { "(body)".to_string() } else { path };
+        invalid("Job", "", vec![FieldError { field, message: e.into_inner().to_string() }])
+    })?;
+    let problems = specs::job::validate_job(&job);
+    if !problems.is_empty() {
+        return Err(invalid("Job", &job.metadata.name, problems));
+    }
+    job.status = None;
+    job.metadata.uid = None;
+    job.metadata.resource_version = None;
+    job.metadata.creation_timestamp = None;
+    Ok(job)
 }
 
 /// A JSON body; an error names the field at fault (`pods.web.phase`), or

@@ -25,6 +25,10 @@ pub enum RouteId {
     Heartbeat,
     ReportNodeStatus,
     ListEvents,
+    ListJobs,
+    CreateJob,
+    GetJob,
+    DeleteJob,
 }
 
 pub struct Route {
@@ -56,6 +60,10 @@ pub fn routes() -> Vec<Route> {
         r(Method::POST, "/api/v1/nodes/{name}/heartbeat", Heartbeat),
         r(Method::PUT, "/api/v1/nodes/{name}/status", ReportNodeStatus),
         r(Method::GET, "/api/v1/events", ListEvents),
+        r(Method::GET, "/api/v1/jobs", ListJobs),
+        r(Method::POST, "/api/v1/jobs", CreateJob),
+        r(Method::GET, "/api/v1/jobs/{name}", GetJob),
+        r(Method::DELETE, "/api/v1/jobs/{name}", DeleteJob),
     ]
 }
 

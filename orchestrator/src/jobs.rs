@@ -1,0 +1,142 @@
+//! Jobs in the store: creating a job with its member pods in one write,
+//! deleting them together, and carrying out what `specs::job::judge` decides
+//! once a member ends. Each function runs inside one store write (`Txn`), so
+//! a job and its members never disagree after a crash.
+
+use specs::job::{self, Job, JobAction, JobPhase, JobStatus};
+use specs::{Pod, PodPhase, PodStatus};
+
+use crate::api::error::{conflict, internal, Refused};
+use crate::controller::{event, now_rfc3339};
+use crate::store::Txn;
+
+/// What a job write did to pods, for the controller's queue.
+#[derive(Debug, Default)]
+pub struct MemberChanges {
+    pub created: Vec<Pod>,
+    pub deleted: Vec<Pod>,
+}
+
+impl MemberChanges {
+    fn merge(&mut self, other: MemberChanges) {
+        self.created.extend(other.created);
+        self.deleted.extend(other.deleted);
+    }
+}
+
+/// Stores the job's members for its current attempt: a pod of a member's name
+/// that is finished, or belongs to this job, is replaced; any other is a
+/// conflict that refuses the whole write.
+pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Refused> {
+    let mut out = MemberChanges::default();
+    for mut pod in job::members(job) {
+        let name = pod.metadata.name.clone();
+        if let Some(existing) = t.get::<Pod>(&name)? {
+            let ours = job::membership(&existing).is_some_and(|(j, _, _)| j == job.metadata.name);
+            let finished = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+            if !ours && !finished {
+                return Err(Refused(conflict(format!(
+                    "pod {name:?} exists and is not finished: job {:?} needs its name for a member",
+                    job.metadata.name
+                ))));
+            }
+            if let Some(old) = t.delete::<Pod>(&name)? {
+                out.deleted.push(old);
+            }
+        }
+        let uid = crate::tls::random_token().map_err(|e| Refused(internal(e.to_string())))?;
+        pod.metadata.uid = Some(uid[..16].to_string());
+        pod.metadata.creation_timestamp = Some(now_rfc3339());
+        pod.status = Some(PodStatus { phase: PodPhase::Pending, ..PodStatus::default() });
+        t.put(&mut pod)?;
+        out.created.push(pod);
+    }
+    Ok(out)
+}
+
+/// Removes the job and its members (pods named as its members and labelled
+/// with it); returns the job as it was, `None` when there is none.
+pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)>, Refused> {
+    let Some(job) = t.delete::<Job>(name)? else { return Ok(None) };
+    let mut out = MemberChanges::default();
+    for rank in 0..job.spec.parallelism.min(job::MAX_MEMBERS) {
+        let member = job::member_name(name, rank);
+        let ours = t.get::<Pod>(&member)?.is_some_and(|p| job::membership(&p).is_some_and(|(j, _, _)| j == name));
+        if ours {
+            if let Some(p) = t.delete::<Pod>(&member)? {
+                out.deleted.push(p);
+            }
+        }
+    }
+    Ok(Some((job, out)))
+}
+
+/// The job's current members by rank: a pod of the member's name labelled
+/// with the job and of its current attempt, else `None`.
+fn current_members(t: &Txn<'_>, job: &Job) -> Result<Vec<Option<Pod>>, Refused> {
+    let attempt = job.status.as_ref().map_or(0, |s| s.attempt);
+    let mut out = Vec::with_capacity(job.spec.parallelism as usize);
+    for rank in 0..job.spec.parallelism.min(job::MAX_MEMBERS) {
+        let pod = t.get::<Pod>(&job::member_name(&job.metadata.name, rank))?;
+        out.push(
+            pod.filter(|p| specs::job::Gang::of(p).is_some_and(|g| g.job == job.metadata.name && g.attempt == attempt)),
+        );
+    }
+    Ok(out)
+}
+
+/// Judges the job from its members and carries the verdict out in this write:
+/// the status, and the members stopped (deleted) or started again.
+pub fn reconcile(t: &mut Txn<'_>, name: &str) -> Result<MemberChanges, Refused> {
+    let Some(mut job) = t.get::<Job>(name)? else { return Ok(MemberChanges::default()) };
+    let members = current_members(t, &job)?;
+    let refs: Vec<Option<&Pod>> = members.iter().map(Option::as_ref).collect();
+    let verdict = job::judge(&job, &refs);
+    let mut out = MemberChanges::default();
+    let old = job.status.clone().unwrap_or_default();
+    match &verdict.action {
+        JobAction::None => {}
+        JobAction::Stop(pods) => {
+            for p in pods {
+                if let Some(pod) = t.delete::<Pod>(p)? {
+                    out.deleted.push(pod);
+                }
+            }
+        }
+        JobAction::Retry => {
+            job.status = Some(verdict.status.clone());
+            out.merge(create_members(t, &job)?);
+        }
+    }
+    let mut status: JobStatus = verdict.status;
+    if status.phase.is_terminal() && status.completion_time.is_none() {
+        status.completion_time = Some(now_rfc3339());
+    }
+    if status != old {
+        let what = match (&verdict.action, status.phase) {
+            (JobAction::Retry, _) => Some(("Warning", "Retrying", status.first_failure.clone().unwrap_or_default())),
+            (_, JobPhase::Failed) => Some(("Warning", "Failed", status.first_failure.clone().unwrap_or_default())),
+            (_, JobPhase::Succeeded) => Some(("Normal", "Succeeded", "every member succeeded".to_string())),
+            _ => None,
+        };
+        if old.phase != status.phase || matches!(verdict.action, JobAction::Retry) {
+            if let Some((kind, reason, message)) = what {
+                t.add_event(event("Job", name, kind, reason, message))?;
+            }
+        }
+        job.status = Some(status);
+        t.put(&mut job)?;
+    }
+    Ok(out)
+}
+
+/// The job is placed (at least its minimum of members): Pending becomes Running.
+pub fn mark_running(t: &mut Txn<'_>, name: &str) -> Result<(), Refused> {
+    let Some(mut job) = t.get::<Job>(name)? else { return Ok(()) };
+    let status = job.status.get_or_insert_with(JobStatus::default);
+    if status.phase == JobPhase::Pending {
+        status.phase = JobPhase::Running;
+        t.put(&mut job)?;
+    }
+    Ok(())
+}
