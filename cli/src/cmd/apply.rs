@@ -1,4 +1,4 @@
-//! `pinion apply -f FILE|DIR|-`: every pod document in the files (YAML, JSON,
+//! `pinion apply -f FILE|DIR|-`: every pod (or job) document in the files (YAML, JSON,
 //! several documents per file) is sent to the server; each gets one line
 //! (`pod/web created`, `unchanged`, or the error), and any failure makes the
 //! exit status non-zero.
@@ -45,6 +45,13 @@ fn documents(source: &str, text: &str) -> Vec<(String, Bytes)> {
     out
 }
 
+/// A document's `kind`, to send it where it goes (a pod when it has none:
+/// the server then says what is missing).
+fn kind_of(doc: &[u8]) -> Option<String> {
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_slice(doc).ok()?;
+    v.get("kind")?.as_str().map(str::to_string)
+}
+
 fn files_in(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
@@ -78,9 +85,13 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let mut failed = 0;
     for (source, body) in docs {
-        match client.create_pod(body).await {
-            Ok((201, pod)) => println!("pod/{} created", pod.metadata.name),
-            Ok((_, pod)) => println!("pod/{} unchanged", pod.metadata.name),
+        let result = match kind_of(&body).as_deref() {
+            Some("Job") => client.create_job(body).await.map(|(code, j)| (code, "job", j.metadata.name)),
+            _ => client.create_pod(body).await.map(|(code, p)| (code, "pod", p.metadata.name)),
+        };
+        match result {
+            Ok((201, kind, name)) => println!("{kind}/{name} created"),
+            Ok((_, kind, name)) => println!("{kind}/{name} unchanged"),
             Err(e) => {
                 eprintln!("error: {source}: {e}");
                 failed += 1;

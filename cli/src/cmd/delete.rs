@@ -1,4 +1,4 @@
-//! `pinion delete pod|node NAME...`
+//! `pinion delete pod|node|job NAME...`
 
 use std::process::ExitCode;
 
@@ -11,6 +11,9 @@ pub enum Kind {
     /// Forget a node (its pods are not touched); it may then join again.
     #[value(alias = "nodes")]
     Node,
+    /// A job and its member pods (their containers are stopped).
+    #[value(alias = "jobs")]
+    Job,
 }
 
 #[derive(clap::Args, Debug)]
@@ -27,6 +30,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         let (kind, result) = match args.kind {
             Kind::Pod => ("pod", client.delete_pod(name).await.map(|_| ())),
             Kind::Node => ("node", client.delete_node(name).await.map(|_| ())),
+            Kind::Job => ("job", client.delete_job(name).await.map(|_| ())),
         };
         match result {
             Ok(()) => println!("{kind}/{name} deleted"),

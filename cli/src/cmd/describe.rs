@@ -1,4 +1,4 @@
-//! `pinion describe pod|node NAME`: everything a person asks first: where it
+//! `pinion describe pod|node|job NAME`: everything a person asks first: where it
 //! runs, on which CPUs and NUMA nodes, and why (events).
 
 use std::collections::BTreeMap;
@@ -17,6 +17,8 @@ pub enum Kind {
     Pod,
     #[value(alias = "nodes", alias = "no")]
     Node,
+    #[value(alias = "jobs")]
+    Job,
 }
 
 #[derive(clap::Args, Debug)]
@@ -107,6 +109,17 @@ fn placement_section(out: &mut String, placement: Option<&specs::status::Placeme
     }
 }
 
+fn member_row(m: &specs::job::MemberStatus, status: &str, cpus: &str) -> Vec<String> {
+    vec![
+        m.rank.to_string(),
+        m.pod.clone(),
+        status.to_string(),
+        m.node.clone().unwrap_or_else(|| "-".into()),
+        cpus.to_string(),
+        m.exit_code.map_or("-".into(), |c| c.to_string()),
+    ]
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let mut out = String::new();
@@ -162,6 +175,58 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 let _ = writeln!(out, "Topology:    policy={:?} scope={:?}", t.policy, t.scope);
             }
             let events = client.events("Pod", &p.metadata.name).await?;
+            events_section(&mut out, &events.items);
+        }
+        Kind::Job => {
+            let j = client.get_job(&args.name).await?;
+            let s = j.status.clone().unwrap_or_default();
+            let g = &j.spec.gang;
+            let _ = writeln!(out, "Name:        {}", j.metadata.name);
+            let _ = writeln!(out, "Created:     {}", j.metadata.creation_timestamp.as_deref().unwrap_or("-"));
+            let _ = writeln!(out, "Phase:       {:?}", s.phase);
+            let _ = writeln!(out, "Attempt:     {} (backoffLimit {})", s.attempt, j.spec.backoff_limit);
+            let _ = writeln!(out, "Members:     {}", j.spec.parallelism);
+            let _ = writeln!(
+                out,
+                "Gang:        placement={} nodes={} per-node={} min-members={}",
+                g.placement.as_str(),
+                g.nodes.map_or("-".into(), |n| n.to_string()),
+                g.per_node.map_or("-".into(), |n| n.to_string()),
+                g.min_members.map_or("all".into(), |n| n.to_string())
+            );
+            let _ = writeln!(out, "Priority:    {}", j.spec.priority);
+            let _ = writeln!(out, "On failure:  {:?}", j.spec.failure_policy);
+            let _ = writeln!(out, "First failure: {}", s.first_failure.as_deref().unwrap_or("-"));
+            if let Some(t) = &s.completion_time {
+                let _ = writeln!(out, "Ended:       {t}");
+            }
+            let selector = format!("{}={}", specs::job::JOB_LABEL, j.metadata.name);
+            let pods = client.list_pods(Some(&selector)).await?.items;
+            let mut rows: Vec<(u32, Vec<String>)> = pods
+                .iter()
+                .filter_map(|p| specs::job::membership(p).map(|(_, rank, _)| (rank, p)))
+                .map(|(rank, p)| {
+                    let m = specs::job::member_status(&j.metadata.name, rank, Some(p));
+                    let cpus = p
+                        .status
+                        .as_ref()
+                        .and_then(|st| st.placement.as_ref())
+                        .map(|pl| pl.containers.iter().map(|c| c.cpus.to_string()).collect::<Vec<_>>().join(" "))
+                        .unwrap_or_else(|| "-".into());
+                    (rank, member_row(&m, &pod_status(p), &cpus))
+                })
+                .collect();
+            if rows.is_empty() {
+                // Ended and gone: the job's own record of them.
+                rows = s.members.iter().map(|m| (m.rank, member_row(m, &format!("{:?}", m.phase), "-"))).collect();
+            }
+            rows.sort_by_key(|(r, _)| *r);
+            out.push_str("Members:\n");
+            let rows: Vec<Vec<String>> = rows.into_iter().map(|(_, r)| r).collect();
+            for line in table(&["RANK", "POD", "STATUS", "NODE", "CPUS", "EXIT"], &rows).lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+            let events = client.events("Job", &j.metadata.name).await?;
             events_section(&mut out, &events.items);
         }
         Kind::Node => {

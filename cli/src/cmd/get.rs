@@ -1,4 +1,4 @@
-//! `pinion get pods|nodes [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
+//! `pinion get pods|nodes|jobs [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
 //! tables for people, stable JSON/YAML (the API objects as the server returns
 //! them, fields in a fixed order) for scripts.
 
@@ -17,6 +17,8 @@ pub enum Kind {
     Pods,
     #[value(alias = "node", alias = "no")]
     Nodes,
+    #[value(alias = "job")]
+    Jobs,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,6 +217,44 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let rows: Vec<Vec<String>> = pods.iter().map(|p| pod_row(p, wide)).collect();
             print!("{}", table(&headers, &rows));
         }
+        Kind::Jobs => {
+            let jobs = match &args.name {
+                Some(n) => {
+                    let job = client.get_job(n).await?;
+                    if let Some(f) = structured {
+                        print_structured(&job, f)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    vec![job]
+                }
+                None => {
+                    let list = client.list_jobs().await?;
+                    if let Some(f) = structured {
+                        print_structured(&list, f)?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    list.items
+                }
+            };
+            if jobs.is_empty() {
+                eprintln!("no jobs");
+                return Ok(ExitCode::SUCCESS);
+            }
+            // One list of every job's members (pods labelled with their job).
+            let pods = client.list_pods(Some(specs::job::JOB_LABEL)).await?.items;
+            let mut by_job: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+            for p in &pods {
+                if let Some((job, _, _)) = specs::job::membership(p) {
+                    by_job.entry(job).or_default().push(p);
+                }
+            }
+            let headers = ["NAME", "STATUS", "MEMBERS", "RUNNING", "SUCCEEDED", "FAILED", "PLACEMENT", "PRIORITY", "AGE"];
+            let rows: Vec<Vec<String>> = jobs
+                .iter()
+                .map(|j| job_row(j, by_job.get(j.metadata.name.as_str()).map(Vec::as_slice).unwrap_or_default()))
+                .collect();
+            print!("{}", table(&headers, &rows));
+        }
         Kind::Nodes => {
             let nodes = match &args.name {
                 Some(n) => {
@@ -247,6 +287,41 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A job's row: its phase, and its members counted by phase (the live pods
+/// while it runs, the job's own record once it ended and they are gone).
+pub fn job_row(j: &specs::job::Job, members: &[&Pod]) -> Vec<String> {
+    use specs::PodPhase;
+    let status = j.status.clone().unwrap_or_default();
+    let phases: Vec<PodPhase> = if members.is_empty() {
+        status.members.iter().map(|m| m.phase).collect()
+    } else {
+        members.iter().map(|p| p.status.as_ref().map(|s| s.phase).unwrap_or_default()).collect()
+    };
+    let count = |ph: PodPhase| phases.iter().filter(|p| **p == ph).count().to_string();
+    let g = &j.spec.gang;
+    let mut placement = g.placement.as_str().to_string();
+    if let Some(n) = g.nodes {
+        placement.push_str(&format!(",nodes={n}"));
+    }
+    if let Some(k) = g.per_node {
+        placement.push_str(&format!(",per-node={k}"));
+    }
+    if let Some(m) = g.min_members {
+        placement.push_str(&format!(",min={m}"));
+    }
+    vec![
+        j.metadata.name.clone(),
+        format!("{:?}", status.phase),
+        j.spec.parallelism.to_string(),
+        count(PodPhase::Running),
+        count(PodPhase::Succeeded),
+        count(PodPhase::Failed),
+        placement,
+        j.spec.priority.to_string(),
+        age(j.metadata.creation_timestamp.as_deref()),
+    ]
 }
 
 fn pod_headers(wide: bool) -> Vec<&'static str> {

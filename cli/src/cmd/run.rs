@@ -11,6 +11,12 @@
 //! `--array 1-100%N` (Slurm's `sbatch --array`) runs one pod per task,
 //! `NAME-<i>`, prefixes each output line with `i: ` (as `srun --label`) and
 //! exits with the highest task exit code.
+//!
+//! `-N NODES [--ntasks-per-node K | -n TASKS]` (Slurm's multi-node run) makes
+//! a Job whose members, one per task, are placed together as a gang (all at
+//! once or none), each with its own pinned CPUs and its rank in its
+//! environment; output as for an array, `rank: ` before each line, and the
+//! highest rank's exit code. Ctrl-C deletes the job.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
@@ -63,13 +69,35 @@ pub struct Args {
     /// Run in an image imported with `pinion image import`.
     #[arg(long, value_name = "NAME:TAG")]
     pub image: Option<String>,
-    /// CPUs: an integer gets exclusive, pinned CPUs (with a memory limit,
-    /// 256Mi unless --memory says otherwise); a fraction shares the pool.
-    #[arg(long, value_name = "N")]
+    /// CPUs (per task): an integer gets exclusive, pinned CPUs (with a memory
+    /// limit, 256Mi unless --memory says otherwise); a fraction shares the pool.
+    #[arg(long, visible_alias = "cpus-per-task", short = 'c', value_name = "N")]
     pub cpus: Option<Quantity>,
-    /// Memory request and limit (e.g. 512Mi, 4Gi).
-    #[arg(long, value_name = "Q")]
+    /// Memory request and limit (per task; e.g. 512Mi, 4Gi).
+    #[arg(long, visible_alias = "mem-per-task", value_name = "Q")]
     pub memory: Option<Quantity>,
+    /// A multi-node run on at most this many nodes (Slurm's -N): a Job whose
+    /// tasks are placed together, all at once or none.
+    #[arg(short = 'N', long, value_name = "NODES", conflicts_with = "array")]
+    pub nodes: Option<u32>,
+    /// Tasks on each of the --nodes (Slurm's --ntasks-per-node) [default: 1].
+    #[arg(long, value_name = "K", requires = "nodes", conflicts_with = "ntasks")]
+    pub ntasks_per_node: Option<u32>,
+    /// Tasks in all (Slurm's -n), packed onto the fewest nodes (at most
+    /// --nodes when given).
+    #[arg(short = 'n', long, value_name = "TASKS", conflicts_with = "array")]
+    pub ntasks: Option<u32>,
+    /// A multi-node run: one task per node, never two on one node.
+    #[arg(long, conflicts_with = "ntasks_per_node")]
+    pub spread: bool,
+    /// A multi-node run: its priority; a higher one is placed before runs
+    /// submitted earlier [default: 0].
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub priority: Option<i32>,
+    /// A multi-node run: a task that fails does not stop the others (by
+    /// default it does, as `srun --kill-on-bad-exit`).
+    #[arg(long)]
+    pub keep_running: bool,
     /// A device resource and how many (repeatable `NAME=N`), e.g.
     /// `nvidia.com/gpu=1`, `pinion.io/sriov-vf-ens1f0=2`.
     #[arg(long = "device", value_name = "NAME=N")]
@@ -321,11 +349,73 @@ impl Signals {
     }
 }
 
+/// The Job a multi-node run submits (`-N`, `-n`, `--ntasks-per-node`), or
+/// `None` for a single pod.
+pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
+    use specs::job::{FailurePolicy, GangPlacement, GangSpec, Job, JobSpec, PodTemplate, TemplateMeta};
+    if args.nodes.is_none() && args.ntasks.is_none() && !args.spread {
+        return Ok(None);
+    }
+    for (flag, v) in [("--nodes", args.nodes), ("--ntasks", args.ntasks), ("--ntasks-per-node", args.ntasks_per_node)] {
+        if v == Some(0) {
+            bail!("{flag} 0: at least 1");
+        }
+    }
+    let (size, per_node) = match (args.nodes, args.ntasks, args.ntasks_per_node) {
+        (Some(n), None, k) => {
+            let k = k.unwrap_or(1);
+            (n.checked_mul(k).context("--nodes times --ntasks-per-node is too many tasks")?, Some(k))
+        }
+        (Some(n), Some(t), _) => {
+            if n > t {
+                bail!("--nodes {n} is more than --ntasks {t}: every node runs at least one task");
+            }
+            (t, Some(t.div_ceil(n)))
+        }
+        (None, Some(t), _) => (t, None),
+        (None, None, _) => bail!("--spread needs --nodes or --ntasks"),
+    };
+    let mut pod = pod(args)?;
+    pod.metadata.labels.remove(RUN_LABEL);
+    let placement = if args.spread { GangPlacement::Spread } else { GangPlacement::Pack };
+    Ok(Some(Job {
+        api_version: API_VERSION.into(),
+        kind: "Job".into(),
+        metadata: ObjectMeta { name: args.name.clone(), ..Default::default() },
+        spec: JobSpec {
+            template: PodTemplate {
+                metadata: (!pod.metadata.annotations.is_empty()).then(|| TemplateMeta {
+                    labels: BTreeMap::new(),
+                    annotations: pod.metadata.annotations.clone(),
+                }),
+                spec: pod.spec,
+            },
+            parallelism: size,
+            completions: None,
+            completion_mode: Default::default(),
+            backoff_limit: 0,
+            gang: GangSpec {
+                min_members: None,
+                placement,
+                nodes: args.nodes,
+                per_node: if args.spread { None } else { per_node },
+            },
+            priority: args.priority.unwrap_or(0),
+            failure_policy: if args.keep_running { FailurePolicy::KeepRunning } else { FailurePolicy::StopAll },
+            ttl_seconds_after_finished: None,
+        },
+        status: None,
+    }))
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let signals = Signals::catch()?;
     if let Some(spec) = args.array.clone() {
         return run_array(&client, &args, &spec, signals).await;
+    }
+    if let Some(job) = job(&args)? {
+        return run_job(&client, &args, job, signals).await;
     }
     let pod = pod(&args)?;
     let body = serde_json::to_vec(&pod).context("encoding the pod")?;
@@ -354,6 +444,23 @@ async fn finish(
     args: &Args,
     names: &[String],
     followed: impl std::future::Future<Output = anyhow::Result<u8>>,
+    signals: Signals,
+) -> anyhow::Result<ExitCode> {
+    finish_as(client, args, Cleanup::Pods(names), followed, signals).await
+}
+
+/// What a cut-short run deletes.
+enum Cleanup<'a> {
+    Pods(&'a [String]),
+    /// The job, and its members with it.
+    Job(&'a str),
+}
+
+async fn finish_as(
+    client: &Client,
+    args: &Args,
+    cleanup: Cleanup<'_>,
+    followed: impl std::future::Future<Output = anyhow::Result<u8>>,
     mut signals: Signals,
 ) -> anyhow::Result<ExitCode> {
     let limit = async {
@@ -368,9 +475,20 @@ async fn finish(
         _ = limit => Ended::TimedOut,
     };
     if args.rm || !matches!(ended, Ended::Done(_)) {
-        delete_all(client, names).await;
+        match cleanup {
+            Cleanup::Pods(names) => delete_all(client, names).await,
+            Cleanup::Job(name) => match client.delete_job(name).await {
+                Ok(_) => {}
+                Err(ClientError::Api(e)) if e.code == 404 => {}
+                Err(e) => eprintln!("pinion: could not delete job {name}: {e}"),
+            },
+        }
     }
-    let what = if names.len() == 1 { format!("pod {}", args.name) } else { format!("array {}", args.name) };
+    let what = match cleanup {
+        Cleanup::Pods([_]) => format!("pod {}", args.name),
+        Cleanup::Pods(_) => format!("array {}", args.name),
+        Cleanup::Job(_) => format!("job {}", args.name),
+    };
     match ended {
         Ended::Done(r) => r.map(ExitCode::from),
         Ended::Interrupted => {
@@ -691,6 +809,38 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
         );
         return Ok(ExitCode::SUCCESS);
     }
+    finish(client, args, &names, follow_tasks(client, args, created), signals).await
+}
+
+/// A multi-node run: the job in one create (its members with it), then each
+/// member followed as an array's task is, by rank.
+async fn run_job(client: &Client, args: &Args, job: specs::job::Job, signals: Signals) -> anyhow::Result<ExitCode> {
+    let body = serde_json::to_vec(&job).context("encoding the job")?;
+    let (code, _) = client.create_job(Bytes::from(body)).await.map_err(|e| create_error(&args.name, e))?;
+    if code != 201 {
+        bail!("job {} already exists: delete it (`pinion delete job {}`) or pick another name", args.name, args.name);
+    }
+    let selector = format!("{}={}", specs::job::JOB_LABEL, args.name);
+    if args.detach {
+        println!(
+            "job/{} created: {} tasks (`pinion get pods -l {selector}`)",
+            args.name, job.spec.parallelism
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let listed = client.list_pods(Some(&selector)).await.context("reading the job's members")?;
+    let mut members: Vec<(u32, Pod)> = listed
+        .items
+        .into_iter()
+        .filter_map(|p| specs::job::membership(&p).map(|(_, rank, _)| rank).map(|r| (r, p)))
+        .collect();
+    members.sort_by_key(|(r, _)| *r);
+    finish_as(client, args, Cleanup::Job(&args.name), follow_tasks(client, args, members), signals).await
+}
+
+/// Follows every task (an array's, or a job's ranks) to its end, printing
+/// their lines labelled; the highest exit code.
+async fn follow_tasks(client: &Client, args: &Args, created: Vec<(u32, Pod)>) -> anyhow::Result<u8> {
     // One attach stream per task rather than one label watch plus a log
     // request each: the stream already carries the status, the output and
     // the exit code of its task, resumes on its own, and the server's log
@@ -756,7 +906,7 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
         }
         Ok::<u8, anyhow::Error>(worst.clamp(0, 255) as u8)
     };
-    finish(client, args, &names, followed, signals).await
+    followed.await
 }
 
 #[cfg(test)]

@@ -175,6 +175,22 @@ fn quantity_u64(q: Option<&Quantity>) -> Option<u64> {
     q.and_then(|q| u64::try_from(q.units_ceil()).ok()).filter(|&v| v > 0)
 }
 
+/// The container's environment, with `PINION_CPUS` (the CPUs it is pinned to,
+/// a Linux CPU list) when it holds CPUs of its own: what a rank binds its
+/// threads to (a shared container's pool changes as pods come and go, so it
+/// gets none).
+fn with_cpus_env(c: &Container, placement: &ContainerPlacement, cpus: &CpuSet) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> =
+        c.env.iter().filter(|e| e.name != CPUS_ENV).map(|e| (e.name.clone(), e.value.clone())).collect();
+    if placement.cpu_policy != CpuPolicy::Shared && !cpus.is_empty() {
+        env.push((CPUS_ENV.to_string(), cpus.to_string()));
+    }
+    env
+}
+
+/// The variable naming an exclusive container's CPUs.
+pub const CPUS_ENV: &str = "PINION_CPUS";
+
 /// Everything the runtime needs to start one container of an admitted pod.
 /// `cpus` is the container's live cpuset (`Allocations::cpuset_for`).
 #[allow(clippy::too_many_arguments)]
@@ -232,7 +248,7 @@ pub fn container_config(
         pod: pod_key.to_string(),
         container: c.name.clone(),
         args: c.command.iter().chain(&c.args).cloned().collect(),
-        env: c.env.iter().map(|e| (e.name.clone(), e.value.clone())).collect(),
+        env: with_cpus_env(c, placement, &cpus),
         cwd: c.working_dir.clone().unwrap_or_else(|| "/".into()),
         rootfs,
         cpus,

@@ -46,6 +46,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Liveness, Node, WatchEventType, MAX_STREAM_LINE};
+use specs::job::Job;
 use specs::Pod;
 
 pub use crate::connect::keep_alive;
@@ -447,6 +448,24 @@ impl Client {
 
     pub async fn delete_pod(&self, name: &str) -> Result<Pod, ClientError> {
         Ok(self.call(Method::DELETE, &format!("/api/v1/pods/{}", percent_encode(name)), None).await?.1)
+    }
+
+    /// Creates a job (and its member pods) from YAML or JSON; 201 created, 200 unchanged.
+    pub async fn create_job(&self, manifest: Bytes) -> Result<(u16, Job), ClientError> {
+        self.call(Method::POST, "/api/v1/jobs", Some(("application/yaml", manifest))).await
+    }
+
+    pub async fn get_job(&self, name: &str) -> Result<Job, ClientError> {
+        Ok(self.call(Method::GET, &format!("/api/v1/jobs/{}", percent_encode(name)), None).await?.1)
+    }
+
+    pub async fn list_jobs(&self) -> Result<List<Job>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/jobs", None).await?.1)
+    }
+
+    /// Deletes a job and its member pods.
+    pub async fn delete_job(&self, name: &str) -> Result<Job, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/jobs/{}", percent_encode(name)), None).await?.1)
     }
 
     pub async fn get_node(&self, name: &str) -> Result<Node, ClientError> {
