@@ -78,6 +78,8 @@ scenarios! {
     s11_nodelet_kills => "11-nodelet-kills",
     s11_nodelet_kills_real => "11-nodelet-kills-real",
     s12_settings_change_real => "12-settings-change-real",
+    s13_gangs => "13-gangs",
+    s14_gang_real => "14-gang-real",
 }
 
 /// The restarts scenario (kill -9 of the server and of a node, a node cut

@@ -219,14 +219,16 @@ fn gang_key(g: &specs::job::Gang) -> String {
     format!("{}#{}", g.job, g.attempt)
 }
 
-/// A node's address as members see it: its endpoint's host, else its name.
+/// A node's address as members see it: its endpoint's host (`HOST:PORT`),
+/// else its name.
 fn node_address(node: &Node) -> String {
     node.spec
         .endpoint
         .as_deref()
-        .and_then(|u| pinion_client::parse_url(u).ok())
-        .map(|(_, host)| host)
-        .unwrap_or_else(|| node.metadata.name.clone())
+        .and_then(|e| e.rsplit_once(':'))
+        .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+        .filter(|h| !h.is_empty())
+        .map_or_else(|| node.metadata.name.clone(), str::to_string)
 }
 
 /// Hash of what placing the pod depends on: its spec less what only the

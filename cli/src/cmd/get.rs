@@ -248,7 +248,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                     by_job.entry(job).or_default().push(p);
                 }
             }
-            let headers = ["NAME", "STATUS", "MEMBERS", "RUNNING", "SUCCEEDED", "FAILED", "PLACEMENT", "PRIORITY", "AGE"];
+            let headers =
+                ["NAME", "STATUS", "MEMBERS", "RUNNING", "SUCCEEDED", "FAILED", "PLACEMENT", "PRIORITY", "AGE"];
             let rows: Vec<Vec<String>> = jobs
                 .iter()
                 .map(|j| job_row(j, by_job.get(j.metadata.name.as_str()).map(Vec::as_slice).unwrap_or_default()))

@@ -384,10 +384,8 @@ pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
         metadata: ObjectMeta { name: args.name.clone(), ..Default::default() },
         spec: JobSpec {
             template: PodTemplate {
-                metadata: (!pod.metadata.annotations.is_empty()).then(|| TemplateMeta {
-                    labels: BTreeMap::new(),
-                    annotations: pod.metadata.annotations.clone(),
-                }),
+                metadata: (!pod.metadata.annotations.is_empty())
+                    .then(|| TemplateMeta { labels: BTreeMap::new(), annotations: pod.metadata.annotations.clone() }),
                 spec: pod.spec,
             },
             parallelism: size,
@@ -822,10 +820,7 @@ async fn run_job(client: &Client, args: &Args, job: specs::job::Job, signals: Si
     }
     let selector = format!("{}={}", specs::job::JOB_LABEL, args.name);
     if args.detach {
-        println!(
-            "job/{} created: {} tasks (`pinion get pods -l {selector}`)",
-            args.name, job.spec.parallelism
-        );
+        println!("job/{} created: {} tasks (`pinion get pods -l {selector}`)", args.name, job.spec.parallelism);
         return Ok(ExitCode::SUCCESS);
     }
     let listed = client.list_pods(Some(&selector)).await.context("reading the job's members")?;
@@ -833,6 +828,13 @@ async fn run_job(client: &Client, args: &Args, job: specs::job::Job, signals: Si
         .items
         .into_iter()
         .filter_map(|p| specs::job::membership(&p).map(|(_, rank, _)| rank).map(|r| (r, p)))
+        .map(|(r, mut p)| {
+            // A list may show a version the store has not published yet (a
+            // binding committing meanwhile): each stream starts from the pod
+            // as it is then, so nothing is missed either way.
+            p.metadata.resource_version = None;
+            (r, p)
+        })
         .collect();
     members.sort_by_key(|(r, _)| *r);
     finish_as(client, args, Cleanup::Job(&args.name), follow_tasks(client, args, members), signals).await
