@@ -39,6 +39,7 @@ impl Fixture {
         let id = format!("{test}-{}-{}", std::process::id(), self.ids.len());
         self.ids.push(id.clone());
         ContainerConfig {
+            mounts: Vec::new(),
             id: id.clone(),
             pod: test.replace('_', "-"),
             container: "main".into(),

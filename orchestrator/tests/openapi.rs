@@ -154,7 +154,8 @@ fn pod() -> Value {
                 "workingDir": "/tmp",
                 "resources": {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi", "hugepages-2Mi": "8Mi"}},
                 "cpuPolicy": "exclusive",
-                "securityContext": {"capabilities": {"add": ["SYS_NICE"], "drop": ["ALL"]}}
+                "securityContext": {"capabilities": {"add": ["SYS_NICE"], "drop": ["ALL"]}},
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch", "readOnly": true}]
             }, {
                 "name": "side",
                 "rootfs": "host",
@@ -168,7 +169,8 @@ fn pod() -> Value {
             "nodeName": "n1",
             "terminationGracePeriodSeconds": 30,
             "init": true,
-            "ttlSecondsAfterFinished": 600
+            "ttlSecondsAfterFinished": 600,
+            "volumes": [{"name": "scratch", "hostPath": {"path": "/srv/scratch"}}]
         },
         "status": pod_status()
     })

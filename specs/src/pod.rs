@@ -73,6 +73,35 @@ pub struct PodSpec {
     /// events, before the server removes it; the server's default when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds_after_finished: Option<u64>,
+    /// Host folders the containers may mount (`hostPath` only): the
+    /// program, its input and its output on the node's (shared) filesystem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+}
+
+/// A host folder a pod's containers may mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Volume {
+    pub name: String,
+    pub host_path: HostPathVolume,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostPathVolume {
+    /// An absolute path on the node; it must exist when the container starts.
+    pub path: String,
+}
+
+/// Where a container sees one of its pod's volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMount {
+    pub name: String,
+    pub mount_path: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// Label on every task pod of a job array (`pinion run --array`): the array's name.
@@ -110,6 +139,8 @@ pub struct Container {
     pub cpu_policy: Option<CpuPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -317,7 +317,74 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     if let Some(t) = &pod.spec.topology {
         validate_topology_spec(&mut e, pod, t);
     }
+    validate_volumes(&mut e, pod);
     e.0
+}
+
+/// The most volumes one pod may have.
+pub const MAX_VOLUMES: usize = 64;
+
+/// An absolute, normalised path: `/` then names, no `.`, `..` or empty parts.
+fn path_problem(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("must be an absolute path");
+    }
+    if path.len() > 4096 {
+        return Some("longer than 4096 bytes");
+    }
+    if path.contains('\0') {
+        return Some("contains a NUL byte");
+    }
+    let trimmed = path.trim_end_matches('/');
+    if !trimmed.is_empty() && trimmed[1..].split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+        return Some("must be normalised (no empty, . or .. parts)");
+    }
+    None
+}
+
+/// `spec.volumes` (hostPath) and each container's `volumeMounts`.
+fn validate_volumes(e: &mut Errs, pod: &Pod) {
+    let vs = &pod.spec.volumes;
+    if vs.len() > MAX_VOLUMES {
+        e.push("spec.volumes", format!("at most {MAX_VOLUMES} volumes, got {}", vs.len()));
+    }
+    let mut names = BTreeSet::new();
+    for (i, v) in vs.iter().enumerate() {
+        let p = format!("spec.volumes[{i}]");
+        if !is_dns1123_label(&v.name) {
+            e.push(format!("{p}.name"), format!("{:?} is not a DNS-1123 label", v.name));
+        } else if !names.insert(v.name.as_str()) {
+            e.push(format!("{p}.name"), format!("duplicate volume name {:?}", v.name));
+        }
+        if let Some(why) = path_problem(&v.host_path.path) {
+            e.push(format!("{p}.hostPath.path"), format!("{:?} {why}", v.host_path.path));
+        }
+    }
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        let mut paths = BTreeSet::new();
+        for (j, m) in c.volume_mounts.iter().enumerate() {
+            let p = format!("spec.containers[{i}].volumeMounts[{j}]");
+            if !names.contains(m.name.as_str()) {
+                e.push(format!("{p}.name"), format!("{:?} is not a volume of the pod (spec.volumes)", m.name));
+            }
+            match path_problem(&m.mount_path) {
+                Some(why) => e.push(format!("{p}.mountPath"), format!("{:?} {why}", m.mount_path)),
+                None => {
+                    let dest = m.mount_path.trim_end_matches('/');
+                    // The container's own system folders are the runtime's to set up.
+                    let reserved = ["", "/proc", "/sys", "/dev"];
+                    if reserved.iter().any(|r| dest == *r || (!r.is_empty() && dest.starts_with(&format!("{r}/")))) {
+                        e.push(
+                            format!("{p}.mountPath"),
+                            format!("{:?}: /, /proc, /sys and /dev are the runtime's", m.mount_path),
+                        );
+                    } else if !paths.insert(dest.to_string()) {
+                        e.push(format!("{p}.mountPath"), format!("{:?} is mounted twice", m.mount_path));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `spec.topology.memory` and `spec.topology.relaxed`.
@@ -975,6 +1042,45 @@ spec:
                     c0(p).resources.limits.remove("cpu");
                 }),
                 vec!["spec.containers[0].resources.requests.cpu"],
+            ),
+        ];
+        for (edit, expected) in cases {
+            check(edit, &expected);
+        }
+    }
+
+    #[test]
+    fn volume_rules() {
+        use crate::pod::{HostPathVolume, Volume, VolumeMount};
+        let vol =
+            |name: &str, path: &str| Volume { name: name.into(), host_path: HostPathVolume { path: path.into() } };
+        let at = |name: &str, path: &str| VolumeMount { name: name.into(), mount_path: path.into(), read_only: true };
+        type Edit = Box<dyn FnOnce(&mut Pod)>;
+        let with = |vols: Vec<Volume>, mounts: Vec<VolumeMount>| -> Edit {
+            Box::new(move |p: &mut Pod| {
+                p.spec.volumes = vols;
+                p.spec.containers[0].volume_mounts = mounts;
+            })
+        };
+        let cases: Vec<(Edit, Vec<&str>)> = vec![
+            (with(vec![vol("data", "/srv/data")], vec![at("data", "/data")]), vec![]),
+            (with(vec![vol("data", "/srv/data/")], vec![at("data", "/data/")]), vec![]),
+            (with(vec![vol("data", "srv")], vec![]), vec!["spec.volumes[0].hostPath.path"]),
+            (with(vec![vol("data", "/srv/../etc")], vec![]), vec!["spec.volumes[0].hostPath.path"]),
+            (with(vec![vol("data", "/srv//x")], vec![]), vec!["spec.volumes[0].hostPath.path"]),
+            (with(vec![vol("Data", "/srv")], vec![]), vec!["spec.volumes[0].name"]),
+            (with(vec![vol("d", "/a"), vol("d", "/b")], vec![]), vec!["spec.volumes[1].name"]),
+            (with(vec![vol("d", "/a")], vec![at("e", "/x")]), vec!["spec.containers[0].volumeMounts[0].name"]),
+            (with(vec![vol("d", "/a")], vec![at("d", "x")]), vec!["spec.containers[0].volumeMounts[0].mountPath"]),
+            (with(vec![vol("d", "/a")], vec![at("d", "/")]), vec!["spec.containers[0].volumeMounts[0].mountPath"]),
+            (
+                with(vec![vol("d", "/a")], vec![at("d", "/proc/x")]),
+                vec!["spec.containers[0].volumeMounts[0].mountPath"],
+            ),
+            (with(vec![vol("d", "/a")], vec![at("d", "/devices")]), vec![]),
+            (
+                with(vec![vol("d", "/a")], vec![at("d", "/x"), at("d", "/x/")]),
+                vec!["spec.containers[0].volumeMounts[1].mountPath"],
             ),
         ];
         for (edit, expected) in cases {

@@ -29,9 +29,9 @@ use bytes::Bytes;
 use orchestrator::client::{Client, ClientError};
 use specs::api::AttachFrame;
 use specs::pod::{
-    Capabilities, Container, EnvVar, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource, SecurityContext,
-    TopologySpec, API_VERSION, ARRAY_LABEL, ARRAY_PARALLELISM_ANNOTATION, ARRAY_TASK_ANNOTATION, RESOURCE_CPU,
-    RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
+    Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource,
+    SecurityContext, TopologySpec, Volume, VolumeMount, API_VERSION, ARRAY_LABEL, ARRAY_PARALLELISM_ANNOTATION,
+    ARRAY_TASK_ANNOTATION, RESOURCE_CPU, RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
 };
 use specs::{CpuPolicy, Pod, PodPhase, PodSpec, Quantity, TopologyPolicy};
 use tokio::signal::unix::{signal, SignalKind};
@@ -118,6 +118,10 @@ pub struct Args {
     /// Environment variable (repeatable `K=V`).
     #[arg(short = 'e', long = "env", value_name = "K=V")]
     pub env: Vec<String>,
+    /// A host folder in the container (repeatable `HOST:DEST[:ro]`, as
+    /// docker's -v): the program and its data on the node's filesystem.
+    #[arg(short = 'v', long = "volume", value_name = "HOST:DEST[:ro]")]
+    pub volumes: Vec<String>,
     /// Only nodes with this label (repeatable `K=V`).
     #[arg(long = "node-selector", value_name = "K=V")]
     pub node_selector: Vec<String>,
@@ -184,6 +188,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let node_selector =
         args.node_selector.iter().map(|s| key_value("--node-selector", s)).collect::<anyhow::Result<_>>()?;
+    let (volumes, volume_mounts) = volumes(&args.volumes)?;
     let container = Container {
         name: "main".into(),
         image: args.image.clone(),
@@ -197,6 +202,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
         security_context: (!args.cap_add.is_empty()).then(|| SecurityContext {
             capabilities: Some(Capabilities { add: args.cap_add.clone(), drop: Vec::new() }),
         }),
+        volume_mounts,
     };
     Ok(Pod {
         api_version: API_VERSION.into(),
@@ -222,9 +228,29 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             termination_grace_period_seconds: args.grace,
             init: !args.no_init,
             ttl_seconds_after_finished: None,
+            volumes,
         },
         status: None,
     })
+}
+
+/// `-v HOST:DEST[:ro]`: a hostPath volume `v<i>` each, mounted at DEST.
+fn volumes(flags: &[String]) -> anyhow::Result<(Vec<Volume>, Vec<VolumeMount>)> {
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    for (i, f) in flags.iter().enumerate() {
+        let parts: Vec<&str> = f.split(':').collect();
+        let (host, dest, read_only) = match parts.as_slice() {
+            [h, d] => (*h, *d, false),
+            [h, d, "ro"] => (*h, *d, true),
+            [h, d, "rw"] => (*h, *d, false),
+            _ => bail!("--volume {f:?}: expected HOST:DEST or HOST:DEST:ro"),
+        };
+        let name = format!("v{i}");
+        volumes.push(Volume { name: name.clone(), host_path: HostPathVolume { path: host.to_string() } });
+        mounts.push(VolumeMount { name, mount_path: dest.to_string(), read_only });
+    }
+    Ok((volumes, mounts))
 }
 
 /// `--device NAME=N` and `--gpus N`: resource name -> count, each named

@@ -87,6 +87,7 @@ fn main() -> anyhow::Result<()> {
 
 fn config(work: &Path, id: &str) -> ContainerConfig {
     ContainerConfig {
+        mounts: Vec::new(),
         id: id.into(),
         pod: "bench".into(),
         container: "main".into(),

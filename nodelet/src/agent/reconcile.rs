@@ -280,6 +280,19 @@ pub fn container_config(
             .unwrap_or_default(),
         log_path: pod_container_log_path(data_dir, pod_key, pod, &c.name),
         init: pod.spec.init,
+        mounts: c
+            .volume_mounts
+            .iter()
+            .filter_map(|m| {
+                // Validation made every mount name a volume of the pod.
+                let v = pod.spec.volumes.iter().find(|v| v.name == m.name)?;
+                Some(crate::runtime::BindMount {
+                    source: PathBuf::from(&v.host_path.path),
+                    destination: PathBuf::from(&m.mount_path),
+                    read_only: m.read_only,
+                })
+            })
+            .collect(),
     }
 }
 

@@ -435,6 +435,7 @@ mod tests {
 
     pub fn config(id: &str, cpus: &str) -> ContainerConfig {
         ContainerConfig {
+            mounts: Vec::new(),
             id: id.into(),
             pod: "static/p".into(),
             container: "main".into(),

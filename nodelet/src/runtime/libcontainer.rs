@@ -163,6 +163,16 @@ impl LibcontainerRuntime {
             RootfsConfig::Image(_) => rootfs.clone(),
         };
         check_command(id, &root, &process)?;
+        // Said here in words: libcontainer only says it failed to prepare the rootfs.
+        for m in &cfg.mounts {
+            if !m.source.exists() {
+                let dest = m.destination.display();
+                return Err(cerr(
+                    id,
+                    format!("volume for {dest}: host path {} does not exist on this node", m.source.display()),
+                ));
+            }
+        }
         let use_init = cfg.init && matches!(cfg.rootfs, RootfsConfig::Host);
         if cfg.init && !use_init {
             // The init is this (dynamically linked) binary: an image need not

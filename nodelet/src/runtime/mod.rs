@@ -61,6 +61,17 @@ pub struct ContainerConfig {
     /// `docker run --init`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub init: bool,
+    /// Host folders bound into the container (the pod's hostPath volumes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<BindMount>,
+}
+
+/// A host folder seen inside a container.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub destination: PathBuf,
+    pub read_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

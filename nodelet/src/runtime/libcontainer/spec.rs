@@ -287,6 +287,11 @@ pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBu
     for dir in host_mounts {
         mounts.push(mount(dir, "bind", dir, &["rbind", "ro", "nosuid", "nodev"]).map_err(e("mounts"))?);
     }
+    for m in &cfg.mounts {
+        let options: &[&str] =
+            if m.read_only { &["rbind", "ro", "nosuid", "nodev"] } else { &["rbind", "rw", "nosuid", "nodev"] };
+        mounts.push(mount(&m.destination, "bind", &m.source, options).map_err(e("volumeMounts"))?);
+    }
 
     let hostname: String = cfg.pod.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
     let root = RootBuilder::default().path("rootfs").readonly(!host_mounts.is_empty()).build().map_err(e("root"))?;
@@ -725,6 +730,7 @@ mod tests {
 
     fn cfg() -> ContainerConfig {
         ContainerConfig {
+            mounts: Vec::new(),
             id: "t1".into(),
             pod: "web".into(),
             container: "c".into(),
