@@ -7,7 +7,9 @@ need=()
 # libelf-dev, zlib1g-dev: libbpf (built by libbpf-sys) for the cgroup v2 device filter.
 # etcd-server, etcd-client: the store's etcd tests start their own etcd; protobuf-compiler:
 # protoc, which the etcd-client crate's build runs.
-for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler; do
+# openmpi-bin, libopenmpi-dev: the MPI scenario compiles an MPI program and runs
+# it with mpirun, its daemons started in a job's members through `pinion rsh`.
+for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -14,3 +14,13 @@ pub fn has_two_cpus() -> bool {
         .and_then(|s| specs::CpuSet::parse_list(s.trim()).ok())
         .is_some_and(|cpus| cpus.contains(0) && cpus.contains(1))
 }
+
+/// Whether `program` is an executable file in one of `PATH`'s folders.
+pub fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}

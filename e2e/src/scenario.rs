@@ -83,6 +83,26 @@ pub enum StoreKind {
 pub enum Requirement {
     Root,
     TwoCpus,
+    /// OpenMPI (`mpicc`, `mpirun`: Debian's openmpi-bin and libopenmpi-dev).
+    Mpi,
+}
+
+/// A command a step runs on the host (`sh -c`), as a user of the cluster:
+/// `$PINION` is the binary, `$PINION_CONFIG` the admin credentials,
+/// `$SCENARIO_DIR` the scenario's scratch folder (it holds no server or node
+/// state of its own), `$REPO` the repository.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Shell {
+    pub run: String,
+    /// The exit status it must end with [default 0].
+    #[serde(default)]
+    pub exit: i32,
+    /// Its stdout and stderr together hold each of these.
+    #[serde(default)]
+    pub output_contains: Vec<String>,
+    /// Seconds it may take before it is killed and fails [default 60].
+    pub within: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -191,6 +211,7 @@ pub enum Step {
         job_seconds: f64,
         max_gap_seconds: f64,
     },
+    Shell(Shell),
 }
 
 /// What must hold about one pod (`pod:`) or one node (`node:` without `pod:`).
@@ -423,6 +444,7 @@ pub fn run_on(
         let missing = match r {
             Requirement::Root => !crate::host::is_root(),
             Requirement::TwoCpus => !crate::host::has_two_cpus(),
+            Requirement::Mpi => !["mpicc", "mpirun"].iter().all(|p| crate::host::on_path(p)),
         };
         if missing {
             let why = format!("needs {r:?}");
@@ -631,6 +653,31 @@ impl Cluster {
         Ok(root)
     }
 
+    /// Runs a `shell` step; its transcript goes to the scenario's commands log.
+    fn shell(&mut self, sh: &Shell) -> Result<(), String> {
+        let limit = Duration::from_secs_f64(sh.within.unwrap_or(60.0));
+        let out = Command::new("timeout")
+            .args(["-s", "KILL", &format!("{}", limit.as_secs_f64())])
+            .args(["sh", "-c", &sh.run])
+            .env("PINION", &self.pinion)
+            .env("PINION_CONFIG", self.config())
+            .env("SCENARIO_DIR", &self.dir)
+            .env("REPO", crate::binary::repo_root())
+            .output()
+            .map_err(|e| format!("cannot run sh: {e}"))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let _ = writeln!(self.commands, "$ {}\n{text}", sh.run);
+        let code = out.status.code().unwrap_or(137);
+        if code != sh.exit {
+            return Err(format!("exit {code}, want {} (137: killed after {limit:?}); output:\n{text}", sh.exit));
+        }
+        let missing: Vec<&String> = sh.output_contains.iter().filter(|w| !text.contains(w.as_str())).collect();
+        if !missing.is_empty() {
+            return Err(format!("output lacks {missing:?}; output:\n{text}"));
+        }
+        Ok(())
+    }
+
     fn cli(&mut self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(&self.pinion).args(args).arg("--config").arg(self.config()).output();
         let (ok, stdout, stderr) = match out {
@@ -741,6 +788,11 @@ impl Cluster {
                 Step::RestartNode(n) | Step::StartNode(n) => {
                     self.node_mut(n)?.proc = None;
                     self.start_node(n).with_context(|| format!("{here}: starting node {n}"))?;
+                }
+                Step::Shell(sh) => {
+                    if let Err(why) = self.shell(sh) {
+                        failures.push(format!("{here}: shell {:?}: {why}", sh.run));
+                    }
                 }
                 Step::ExpectQueue { pods, job_seconds, max_gap_seconds } => {
                     if let Err(why) = self.expect_queue(pods, *job_seconds, *max_gap_seconds) {
