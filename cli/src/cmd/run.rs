@@ -122,6 +122,11 @@ pub struct Args {
     /// docker's -v): the program and its data on the node's filesystem.
     #[arg(short = 'v', long = "volume", value_name = "HOST:DEST[:ro]")]
     pub volumes: Vec<String>,
+    /// Use the node's network (its interfaces and addresses) instead of a
+    /// network namespace of the pod's own holding only `lo`: what ranks on
+    /// several nodes need to reach each other, and MPI to reach `mpirun`.
+    #[arg(long)]
+    pub host_network: bool,
     /// Only nodes with this label (repeatable `K=V`).
     #[arg(long = "node-selector", value_name = "K=V")]
     pub node_selector: Vec<String>,
@@ -223,7 +228,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             node_selector,
             topology: args.policy.map(|p| TopologySpec { policy: Some(p), ..Default::default() }),
             scheduling_strategy: None,
-            host_network: false,
+            host_network: args.host_network,
             node_name: None,
             termination_grace_period_seconds: args.grace,
             init: !args.no_init,
