@@ -420,3 +420,134 @@ async fn cpus_a_node_reports_offline_are_not_scheduled_until_back() {
     assert_eq!(bound.spec.node_name.as_deref(), Some("two"));
     s.stop().await;
 }
+
+/// A job of `n` one-CPU members, YAML.
+fn job(name: &str, n: u32, extra: &str) -> Bytes {
+    Bytes::from(format!(
+        "apiVersion: pinion.io/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  parallelism: {n}\n{extra}  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        image: busybox:latest\n        resources: {{requests: {{cpu: \"1\", memory: 64Mi}}, limits: {{cpu: \"1\", memory: 64Mi}}}}\n"
+    ))
+}
+
+fn env_of(p: &Pod, key: &str) -> Option<String> {
+    p.spec.containers[0].env.iter().find(|e| e.name == key).map(|e| e.value.clone())
+}
+
+async fn api_code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, String) {
+    match r {
+        Err(ClientError::Api(e)) => (e.code, format!("{} {:?}", e.message, e.details)),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_and_its_members_are_made_bound_and_deleted_together_and_one_that_could_never_fit_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
+    let _node = s.node(dir.path(), "one", 4).await;
+    let mut w = s.watch_from_now().await;
+
+    let (code, why) = api_code(s.admin.create_job(job("big", 5, "")).await).await;
+    assert_eq!(code, 422, "{why}");
+    assert!(why.contains("can never run") && why.contains("4 fit"), "{why}");
+    assert_eq!(api_code(s.admin.get_pod("big-0").await).await.0, 404, "nothing of a refused job is stored");
+    let (code, why) = api_code(s.admin.create_job(job("zero", 0, "")).await).await;
+    assert!(code == 422 && why.contains("spec.parallelism"), "{code} {why}");
+
+    let (code, created) = s.admin.create_job(job("pair", 2, "")).await.expect("create");
+    assert_eq!(code, 201, "{created:?}");
+    assert_eq!(s.admin.create_job(job("pair", 2, "")).await.expect("again").0, 200, "the same job again");
+    assert_eq!(api_code(s.admin.create_job(job("pair", 3, "")).await).await.0, 409, "a different job of that name");
+
+    let mut bound = Vec::new();
+    for _ in 0..2 {
+        bound.push(unaided("a member bound", next_bound(&mut w)).await);
+    }
+    bound.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for (rank, p) in bound.iter().enumerate() {
+        assert_eq!(p.metadata.name, format!("pair-{rank}"));
+        assert_eq!(p.spec.node_name.as_deref(), Some("one"));
+        assert_eq!(env_of(p, "PINION_JOB").as_deref(), Some("pair"));
+        assert_eq!(env_of(p, "PINION_RANK"), Some(rank.to_string()));
+        assert_eq!(env_of(p, "PINION_WORLD_SIZE").as_deref(), Some("2"));
+        assert_eq!(env_of(p, "PINION_LOCAL_RANK"), Some(rank.to_string()), "both on one node");
+        assert_eq!(env_of(p, "PINION_NODES").as_deref(), Some("one,one"));
+    }
+    let phase = s.admin.get_job("pair").await.expect("job").status.map(|st| st.phase);
+    assert_eq!(phase, Some(specs::job::JobPhase::Running));
+
+    s.admin.delete_job("pair").await.expect("delete");
+    assert_eq!(api_code(s.admin.get_job("pair").await).await.0, 404);
+    for m in ["pair-0", "pair-1"] {
+        assert_eq!(api_code(s.admin.get_pod(m).await).await.0, 404, "{m} deleted with its job");
+    }
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn gangs_wait_whole_a_higher_priority_goes_first_and_nothing_passes_a_waiting_gang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "one", 2).await;
+    let mut w = s.watch_from_now().await;
+    s.admin.create_job(job("a", 2, "")).await.expect("a");
+    let a = [unaided("a bound", next_bound(&mut w)).await, unaided("a bound", next_bound(&mut w)).await];
+    s.admin.create_job(job("b", 2, "")).await.expect("b");
+    until_reason(&s, "b-0", "Unschedulable").await;
+    until_reason(&s, "b-1", "Unschedulable").await;
+    // One CPU would be enough for it, but it came after a waiting gang.
+    s.create("p", "", "").await;
+    until_reason(&s, "p", "Queued").await;
+    s.admin.create_job(job("c", 2, "  priority: 5\n")).await.expect("c");
+    until_reason(&s, "c-0", "Unschedulable").await;
+
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[&a[0], &a[1]], &[("a-0", "Running"), ("a-1", "Running")]).await;
+    report(&node, "one", &mut epoch, &[], &[("a-0", "Succeeded"), ("a-1", "Succeeded")]).await;
+    let next: Vec<String> = vec![
+        unaided("c bound", next_bound(&mut w)).await.metadata.name,
+        unaided("c bound", next_bound(&mut w)).await.metadata.name,
+    ];
+    assert!(next.iter().all(|n| n.starts_with("c-")), "the higher priority first: {next:?}");
+    assert_eq!(s.reason("b-0").await.as_deref(), Some("Unschedulable"));
+    assert!(s.admin.get_pod("b-0").await.expect("b-0").spec.node_name.is_none(), "b holds nothing");
+    unaided("a succeeded", async {
+        while s.admin.get_job("a").await.expect("a").status.map(|st| st.phase) != Some(specs::job::JobPhase::Succeeded)
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_member_failing_stops_the_others_and_the_job_names_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "one", 2).await;
+    let mut w = s.watch_from_now().await;
+    s.admin.create_job(job("solver", 2, "")).await.expect("create");
+    let m = [unaided("bound", next_bound(&mut w)).await, unaided("bound", next_bound(&mut w)).await];
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[&m[0], &m[1]], &[("solver-0", "Running"), ("solver-1", "Running")]).await;
+    report(&node, "one", &mut epoch, &[&m[0]], &[("solver-1", "Failed")]).await;
+    let status = unaided("the job fails", async {
+        loop {
+            let st = s.admin.get_job("solver").await.expect("job").status.unwrap_or_default();
+            if st.phase == specs::job::JobPhase::Failed {
+                return st;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let first = status.first_failure.unwrap_or_default();
+    assert!(first.contains("rank 1 (solver-1) on one failed"), "{first}");
+    unaided("rank 0 stopped", async {
+        while s.admin.get_pod("solver-0").await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    s.stop().await;
+}
