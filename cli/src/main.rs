@@ -42,6 +42,8 @@ enum Command {
     Logs(cmd::logs::Args),
     /// Run a command as a pod, stream its output and exit with its exit code.
     Run(cmd::run::Args),
+    /// Run a command inside a running container of a pod; its output as it comes, its exit code.
+    Exec(cmd::exec::Args),
     /// Draw each node: sockets, NUMA nodes, cores, and which pod holds which CPU.
     Topology(cmd::topology::Args),
     /// Print this machine's (or a fixture's) topology.
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
             Command::Delete(a) => cmd::delete::run(g, a).await,
             Command::Logs(a) => cmd::logs::run(g, a).await,
             Command::Run(a) => cmd::run::run(g, a).await,
+            Command::Exec(a) => cmd::exec::run(g, a).await,
             Command::Topology(a) => cmd::topology::run(g, a).await,
             Command::Discover(a) => cmd::discover::run(g, a).await,
             Command::Plan(a) => cmd::plan::run(g, a).await,

@@ -559,3 +559,65 @@ fn bad_images_are_refused_with_a_clear_error() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
     fx.finish();
 }
+
+/// Reads a pipe to its end on a thread (the two pipes must drain together);
+/// `.recv_timeout` bounds the wait for that end.
+fn read_all(fd: std::os::fd::OwnedFd) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text);
+        let _ = tx.send(text);
+    });
+    rx
+}
+
+const PIPE_END: Duration = Duration::from_secs(20);
+
+#[test]
+fn exec_runs_in_the_container_and_its_cancel_leaves_nothing() {
+    let Some(mut fx) = fixture() else { return };
+    let cfg = fx.cfg("exec", &["sleep", "1000"]);
+    fx.rt.start(&cfg).expect("start");
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    // Its stdout and stderr apart, the container's CPUs, cgroup, environment
+    // and capabilities, its exit code.
+    let script = "echo out; echo err >&2; grep -E '^(Cpus_allowed_list|CapBnd)' /proc/self/status; \
+                  grep -E '^CapBnd' /proc/1/status | sed s/CapBnd/init/; \
+                  cmp -s /proc/1/cgroup /proc/self/cgroup && echo same-cgroup; echo env=$PINION_TEST; exit 3";
+    let p = fx.rt.exec(&cfg.id, &argv(&["sh", "-c", script])).expect("exec");
+    let (out, err) = (read_all(p.stdout), read_all(p.stderr));
+    assert_eq!((p.wait)().expect("wait"), 3);
+    let (out, err) =
+        (out.recv_timeout(PIPE_END).expect("stdout ends"), err.recv_timeout(PIPE_END).expect("stderr ends"));
+    assert_eq!(err, "err\n");
+    assert!(out.starts_with("out\n") && out.contains("Cpus_allowed_list:\t1\n"), "{out}");
+    assert!(out.contains("same-cgroup\n") && out.contains("env=1\n"), "{out}");
+    let cap = |key: &str| out.lines().find_map(|l| l.strip_prefix(key)).map(str::trim).map(str::to_string);
+    assert_eq!(cap("CapBnd:"), cap("init:"), "the container's capabilities: {out}");
+
+    // A command that does not exist: 127 before anything is joined.
+    match fx.rt.exec(&cfg.id, &argv(&["/no/such"])) {
+        Err(nodelet::runtime::RuntimeError::CannotRun { code: 127, .. }) => {}
+        Err(e) => panic!("want CannotRun 127, got {e}"),
+        Ok(_) => panic!("want CannotRun 127, got a process"),
+    }
+
+    // Cancelled (the caller went away): the command and what it started go,
+    // the container's own process stays.
+    let p = fx.rt.exec(&cfg.id, &argv(&["sh", "-c", "sleep 1000 & sleep 1000"])).expect("exec");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processes_in(&cfg.id).len() < 4 {
+        assert!(Instant::now() < deadline, "the exec's processes never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (out, err) = (read_all(p.stdout), read_all(p.stderr));
+    drop(p.cancel);
+    assert_eq!((p.wait)().expect("wait"), 137, "SIGKILL");
+    let ends = (out.recv_timeout(PIPE_END), err.recv_timeout(PIPE_END));
+    assert_eq!(ends, (Ok(String::new()), Ok(String::new())), "no process holds the output open");
+    assert_eq!(processes_in(&cfg.id).len(), 1, "only the container's own process is left");
+    assert!(matches!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Running { .. }));
+    fx.finish();
+}

@@ -358,3 +358,75 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     assert_eq!(err.matches("Connection refused").count(), 1, "{err}");
     assert!(err.contains("is a server running at https://127.0.0.1:") && err.contains("pinion up"), "{err}");
 }
+
+/// Processes on this host whose command line is exactly `argv`.
+fn processes_running(argv: &[&str]) -> Vec<i32> {
+    let want = argv.join("\0") + "\0";
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+                .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want.as_bytes()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn exec_runs_in_the_pods_container_and_ends_with_its_caller() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let (pod, done) = (format!("exec-{tag}"), format!("exec-done-{tag}"));
+    let out = up.cli(&["run", "--detach", &pod, "--cpus", "1", "--", "sleep", "3000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("the pod running", || up.phase(&pod).as_deref() == Some("Running"));
+
+    // stdout and stderr apart, the container's cpuset and cgroup, the exit code.
+    let script = "echo out; echo err >&2; grep Cpus_allowed_list /proc/self/status; \
+                  cmp -s /proc/1/cgroup /proc/self/cgroup && echo same-cgroup; exit 3";
+    let out = up.cli(&["exec", &pod, "--", "sh", "-c", script]);
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\nCpus_allowed_list:\t1\nsame-cgroup\n");
+    assert_eq!(text(&out.stderr), "err\n");
+
+    // A command that cannot run: 127 and one line, as `run` says it.
+    let out = up.cli(&["exec", &pod, "--", "/no/such/binary"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{err}");
+    assert!(err.contains("/no/such/binary: command not found") && err.lines().count() == 1, "{err}");
+
+    // Refusals that say what is wrong: a container the pod lacks, a pod not running.
+    let out = up.cli(&["exec", &pod, "-c", "nope", "--", "true"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("container") && err.contains("\"nope\""), "{err}");
+    let out = up.cli(&["run", &done, "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = up.cli(&["exec", &done, "--", "true"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("409") && err.contains("not Running"), "{err}");
+
+    // The caller killed (SIGKILL: no goodbye): the command and its children
+    // are gone from the node within a bound, and no exec helper is left.
+    let secs = (100_000 + tag % 100_000).to_string();
+    let mut caller = up
+        .cmd(&["exec", &pod, "--", "sh", "-c", &format!("sleep {secs} & sleep {secs}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    up.wait("the exec's two sleeps", || processes_running(&["sleep", &secs]).len() == 2);
+    caller.kill().unwrap();
+    let _ = caller.wait();
+    up.wait("no process of the exec left", || {
+        processes_running(&["sleep", &secs]).is_empty()
+            && !std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .any(|e| std::fs::read_to_string(e.path().join("cmdline")).is_ok_and(|c| c.contains(&secs)))
+    });
+    assert_eq!(up.phase(&pod).as_deref(), Some("Running"), "the pod itself runs on");
+
+    let out = up.cli(&["delete", "pod", &pod, &done]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("the nodelet to drop both pods", || up.node_pods().is_empty());
+}

@@ -138,8 +138,15 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         }));
     }
     if let Some(Joined { link, creds, listener, tls, endpoint }) = joined {
-        let endpoint =
-            crate::endpoint::serve(listener, tls, endpoint, agent.data_dir.clone(), report_rx.clone(), stop.clone());
+        let endpoint = crate::endpoint::serve(
+            listener,
+            tls,
+            endpoint,
+            agent.data_dir.clone(),
+            report_rx.clone(),
+            runtime.clone(),
+            stop.clone(),
+        );
         tasks.push(tokio::spawn(endpoint));
         let link = crate::link::run(link, creds, changes_tx, report_rx, stop.clone());
         tasks.push(tokio::spawn(async move {

@@ -1,13 +1,21 @@
-//! The joined nodelet's own HTTPS endpoint: container logs, read by the
-//! server's proxy (`GET /api/v1/pods/{name}/log`), as the kubelet serves them to
-//! the API server.
+//! The joined nodelet's own HTTPS endpoint: container logs and execs, called
+//! by the server's proxy (`GET /api/v1/pods/{name}/log`, `POST
+//! /api/v1/pods/{name}/exec`), as the kubelet serves them to the API server.
 //!
 //! TLS with the node certificate from the join (it names the node); a client
 //! certificate from the same CA is required, and only the server's proxy
-//! identity or the admin may read. HTTP/2 or HTTP/1.1 as the caller chose over
-//! ALPN (the server keeps one pooled connection per node). One route:
-//! `GET /logs?pod=KEY&container=NAME&follow=BOOL` (the server also sends the
-//! pod's `uid`).
+//! identity or the admin may call. HTTP/2 or HTTP/1.1 as the caller chose over
+//! ALPN (the server keeps one pooled connection per node). Two routes:
+//! `GET /logs?pod=KEY&container=NAME&follow=BOOL` and `POST
+//! /exec?pod=KEY&container=NAME` with an `ExecRequest` body (the server also
+//! sends the pod's `uid`).
+//!
+//! Exec: the command runs through the runtime (`Runtime::exec`) in the
+//! container named by the published report's `running` map; the reply is
+//! `ExecFrame` lines, output as it is read, a heartbeat every
+//! `Liveness::heartbeat` while nothing else goes out, and the exit. The
+//! caller going away (the reply's stream reset or its connection gone) or the
+//! endpoint stopping ends the command and whatever it started.
 //!
 //! Following: the file is read to its end, then re-read when the agent
 //! publishes a report or every `POLL`, until the container is no longer
@@ -35,18 +43,25 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pinion_client::query::Query;
 use pinion_client::tls::{common_name, ADMIN_CN, PROXY_CN};
-use specs::api::{ApiError, Liveness};
+use specs::api::{ApiError, ExecFrame, ExecRequest, Liveness, TextChunks};
 use specs::status::ContainerState;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 
+use crate::runtime::{ExecProcess, Runtime, RuntimeError};
 use crate::source::NodeReport;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
 const CHUNK: usize = 64 * 1024;
+/// Largest exec request body (a command within `specs::limits`' bounds; the
+/// server's own body limit is the same).
+const EXEC_BODY_LIMIT: usize = 1 << 20;
+/// How long an exec's output may stay open after the command ended and its
+/// session was swept: only a process that made its own session holds it then.
+const EXEC_DRAIN: Duration = Duration::from_secs(2);
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -69,6 +84,8 @@ impl Default for EndpointConfig {
 struct Ctx {
     data_dir: PathBuf,
     reports: watch::Receiver<NodeReport>,
+    runtime: Arc<dyn Runtime>,
+    liveness: Liveness,
     stop: watch::Receiver<bool>,
 }
 
@@ -79,10 +96,11 @@ pub async fn serve(
     config: EndpointConfig,
     data_dir: PathBuf,
     reports: watch::Receiver<NodeReport>,
+    runtime: Arc<dyn Runtime>,
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let ctx = Ctx { data_dir, reports, stop: stop.clone() };
+    let ctx = Ctx { data_dir, reports, runtime, liveness: config.liveness, stop: stop.clone() };
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     loop {
         let permit = tokio::select! {
@@ -124,7 +142,7 @@ pub async fn serve(
                         return Ok::<_, Infallible>(error_response(&error(
                             403,
                             "Forbidden",
-                            format!("certificate {who:?} may not read this node's logs"),
+                            format!("certificate {who:?} may not call this node's endpoint"),
                         )));
                     }
                     Ok(handle(req, ctx).await)
@@ -158,12 +176,16 @@ fn error_response(e: &ApiError) -> Response<Body> {
 }
 
 async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
-    if req.uri().path() != "/logs" {
-        return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path())));
+    match (req.uri().path(), req.method()) {
+        ("/logs", &Method::GET) => logs(req, ctx).await,
+        ("/exec", &Method::POST) => exec(req, ctx).await,
+        ("/logs", _) => error_response(&error(405, "MethodNotAllowed", "only GET")),
+        ("/exec", _) => error_response(&error(405, "MethodNotAllowed", "only POST")),
+        (path, _) => error_response(&error(404, "NotFound", format!("no route {path}"))),
     }
-    if req.method() != Method::GET {
-        return error_response(&error(405, "MethodNotAllowed", "only GET"));
-    }
+}
+
+async fn logs(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     let q = match Query::parse(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
         Err(e) => return error_response(&e),
@@ -212,6 +234,193 @@ async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     let mut r = Response::new(BodyExt::boxed(ChannelBody(rx)));
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
     r
+}
+
+/// `POST /exec`: starts the command, then streams it (see the module's comment).
+async fn exec(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
+    let q = match Query::parse(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => return error_response(&e),
+    };
+    let (Some(pod), Some(container)) = (q.get("pod"), q.get("container")) else {
+        return error_response(&error(400, "BadRequest", "pod= and container= are required"));
+    };
+    let (pod, container, uid) = (pod.to_string(), container.to_string(), q.get("uid").map(str::to_string));
+    let body = match read_body(req.into_body(), EXEC_BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
+    };
+    let request: ExecRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error_response(&ApiError::bad_field("(body)", format!("not an exec request: {e}"))),
+    };
+    if let Some(p) = specs::validate::validate_exec(&request).into_iter().next() {
+        return error_response(&ApiError::bad_field(p.field, p.message));
+    }
+    let id = match runtime_id(&ctx.reports.borrow(), &pod, &container, uid.as_deref()) {
+        Ok(id) => id,
+        Err(e) => return error_response(&e),
+    };
+    let runtime = ctx.runtime.clone();
+    let command = request.command;
+    let started = tokio::task::spawn_blocking(move || runtime.exec(&id, &command)).await;
+    let process = match started {
+        Ok(Ok(p)) => Some(p),
+        // The command cannot be executed: its exit code, as a shell gives it.
+        Ok(Err(RuntimeError::CannotRun { code, message, .. })) => {
+            tracing::debug!(pod, container, code, message, "exec: the command cannot run");
+            let (tx, rx) = mpsc::channel(1);
+            let _ = tx.try_send(frame_line(&ExecFrame::Exit { exit_code: code, message: Some(message) }));
+            return ndjson(rx);
+        }
+        Ok(Err(e @ RuntimeError::Unsupported(_))) => {
+            return error_response(&error(501, "NotImplemented", e.to_string()))
+        }
+        Ok(Err(e)) => return error_response(&error(500, "ExecFailed", e.to_string())),
+        Err(e) => return error_response(&error(500, "ExecFailed", format!("the exec task failed: {e}"))),
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    if let Some(p) = process {
+        let (liveness, stop) = (ctx.liveness, ctx.stop.clone());
+        tokio::spawn(async move {
+            pump(p, liveness, tx, stop).await;
+            tracing::debug!(pod, container, "exec ended");
+        });
+    }
+    ndjson(rx)
+}
+
+/// The runtime id of a running container of this pod, from the agent's last report.
+fn runtime_id(report: &NodeReport, pod: &str, container: &str, uid: Option<&str>) -> Result<String, ApiError> {
+    let status =
+        report.pods.get(pod).ok_or_else(|| error(404, "NotFound", format!("pod {pod:?} is not on this node")))?;
+    if let (Some(want), Some(have)) = (uid, status.pod_uid.as_deref()) {
+        if want != have {
+            return Err(error(404, "NotFound", format!("pod {pod:?} on this node is another pod (uid {have})")));
+        }
+    }
+    report.running.get(pod).and_then(|c| c.get(container)).cloned().ok_or_else(|| {
+        error(409, "ContainerNotRunning", format!("container {container:?} of pod {pod:?} is not running"))
+    })
+}
+
+/// A request body of at most `limit` bytes, within `HEADER_TIMEOUT`.
+async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
+    let read = async {
+        let mut buf = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| error(400, "BadRequest", format!("cannot read the body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limit {
+                    return Err(error(413, "RequestEntityTooLarge", format!("the body is over {limit} bytes")));
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(buf.freeze())
+    };
+    tokio::time::timeout(HEADER_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| Err(error(408, "RequestTimeout", "the body did not arrive in time")))
+}
+
+fn frame_line(frame: &ExecFrame) -> Bytes {
+    let mut line = serde_json::to_vec(frame).unwrap_or_else(|_| b"{\"type\":\"heartbeat\"}".to_vec());
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn ndjson(rx: mpsc::Receiver<Bytes>) -> Response<Body> {
+    let mut r = Response::new(BodyExt::boxed(ChannelBody(rx)));
+    r.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/x-ndjson"));
+    r
+}
+
+/// One of the command's output pipes.
+struct Output {
+    pipe: tokio::net::unix::pipe::Receiver,
+    text: TextChunks,
+    open: bool,
+    buf: Vec<u8>,
+}
+
+impl Output {
+    fn new(fd: std::os::fd::OwnedFd) -> std::io::Result<Output> {
+        let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
+        Ok(Output { pipe, text: TextChunks::default(), open: true, buf: vec![0u8; CHUNK] })
+    }
+
+    /// The next text read, `None` at the end (with what was held back).
+    async fn read(&mut self) -> Option<String> {
+        loop {
+            match self.pipe.read(&mut self.buf).await {
+                Ok(n) if n > 0 => {
+                    if let Some(t) = self.text.push(&self.buf[..n]) {
+                        return Some(t);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                _ => {
+                    self.open = false;
+                    return self.text.flush();
+                }
+            }
+        }
+    }
+}
+
+/// Streams a running exec to `tx` until it ends; the caller going away (`tx`
+/// closed) or `stop` ends the command (by dropping its cancel handle).
+async fn pump(process: ExecProcess, liveness: Liveness, tx: mpsc::Sender<Bytes>, mut stop: watch::Receiver<bool>) {
+    // Returning drops `cancel`, which ends the command unless it has ended.
+    let ExecProcess { stdout, stderr, wait, cancel: _cancel } = process;
+    let mut waiting = tokio::task::spawn_blocking(wait);
+    let (mut out, mut err) = match (Output::new(stdout), Output::new(stderr)) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => {
+            let error = error(500, "ExecFailed", format!("reading the command's output: {e}"));
+            let _ = tx.send(frame_line(&ExecFrame::Error { error })).await;
+            return;
+        }
+    };
+    let mut last = tokio::time::Instant::now();
+    let mut ended: Option<Result<i32, String>> = None;
+    let mut drain_until = None;
+    while out.open || err.open || ended.is_none() {
+        let frame = tokio::select! {
+            t = out.read(), if out.open => t.map(|data| ExecFrame::Stdout { data }),
+            t = err.read(), if err.open => t.map(|data| ExecFrame::Stderr { data }),
+            r = &mut waiting, if ended.is_none() => {
+                ended = Some(match r {
+                    Ok(Ok(code)) => Ok(code),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(e) => Err(format!("the exec task failed: {e}")),
+                });
+                drain_until = Some(tokio::time::Instant::now() + EXEC_DRAIN);
+                None
+            }
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() => {
+                tracing::debug!("exec: the output stays open after the command ended; not read further");
+                break;
+            }
+            _ = tokio::time::sleep_until(last + liveness.heartbeat) => Some(ExecFrame::Heartbeat),
+            _ = tx.closed() => return,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if let Some(f) = frame {
+            if tx.send(frame_line(&f)).await.is_err() {
+                return;
+            }
+            last = tokio::time::Instant::now();
+        }
+    }
+    let last = match ended {
+        Some(Ok(exit_code)) => ExecFrame::Exit { exit_code, message: None },
+        Some(Err(message)) => ExecFrame::Error { error: error(500, "ExecFailed", message) },
+        None => return,
+    };
+    let _ = tx.send(frame_line(&last)).await;
 }
 
 /// The container's shown state and restart count, from the agent's last report.

@@ -687,6 +687,7 @@ mod tests {
             pods: pods.iter().map(|(k, p)| (k.to_string(), status(*p))).collect(),
             rejections: BTreeMap::new(),
             offline_cpus: Default::default(),
+            running: BTreeMap::new(),
         }
     }
 

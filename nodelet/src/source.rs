@@ -68,4 +68,8 @@ pub struct NodeReport {
     /// handed out until it is back (see `AgentConfig::sysfs_root`).
     #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
     pub offline_cpus: CpuSet,
+    /// The runtime id of every running container, by pod key and container
+    /// name: where the node's endpoint runs an exec.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub running: BTreeMap<String, BTreeMap<String, String>>,
 }

@@ -11,7 +11,9 @@ use orchestrator::api::routes::routes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
-use specs::api::{ApiError, AttachFrame, Event, JoinRequest, JoinResponse, List, Node, NodeStatus};
+use specs::api::{
+    ApiError, AttachFrame, Event, ExecFrame, ExecRequest, JoinRequest, JoinResponse, List, Node, NodeStatus,
+};
 use specs::api::{NodeStatusReport, PodRejection, WatchEvent};
 use specs::job::Job;
 use specs::{Pod, PodStatus};
@@ -341,6 +343,18 @@ fn the_wire_types_match_their_schemas() {
         json!({"type": "error", "error": api_error()}),
     ] {
         s.check::<AttachFrame>("AttachFrame", frame);
+    }
+    s.check::<ExecRequest>("ExecRequest", json!({"command": ["sh", "-c", "echo hi"]}));
+    s.check::<ExecRequest>("ExecRequest", json!({"container": "main", "command": ["true"]}));
+    for frame in [
+        json!({"type": "stdout", "data": "out\n"}),
+        json!({"type": "stderr", "data": "err\n"}),
+        json!({"type": "heartbeat"}),
+        json!({"type": "exit", "exitCode": 3}),
+        json!({"type": "exit", "exitCode": 127, "message": "command \"x\" not found in $PATH"}),
+        json!({"type": "error", "error": api_error()}),
+    ] {
+        s.check::<ExecFrame>("ExecFrame", frame);
     }
 }
 

@@ -340,6 +340,97 @@ impl TryFrom<RawAttachFrame> for AttachFrame {
     }
 }
 
+/// `POST /api/v1/pods/{name}/exec` body: a command to run inside one of the
+/// pod's running containers (`pinion exec`), checked by
+/// `validate::validate_exec`. The node's endpoint takes the same body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The container; may be left out when the pod has only one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// argv: the program (looked up in the container's `PATH`) and its arguments.
+    pub command: Vec<String>,
+}
+
+/// One line of an exec stream. Output comes as it is read, each stream in its
+/// own frames (UTF-8 text: a sequence split across reads is kept whole,
+/// invalid bytes become U+FFFD); `heartbeat` while nothing happens (see
+/// `Liveness`); `exit` or `error` is the last frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum ExecFrame {
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    Heartbeat,
+    /// The command ended (128 + N when killed by signal N; 126 or 127, with
+    /// `message`, when it could not be executed): the last frame.
+    #[serde(rename_all = "camelCase")]
+    Exit {
+        exit_code: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// The exec cannot go on (its node's stream broke, the helper failed):
+    /// the last frame; the command is ended on the node.
+    Error {
+        error: ApiError,
+    },
+}
+
+/// How many leading bytes of `b` end on a character boundary: all of them but
+/// an incomplete multi-byte sequence at the very end (output read in chunks
+/// is sent as text: a character split across two reads waits for its rest).
+pub fn complete_utf8(b: &[u8]) -> usize {
+    // The last character starts at most 3 bytes before the end.
+    for back in 1..=b.len().min(4) {
+        let i = b.len() - back;
+        let lead = b[i];
+        if lead & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back
+        }
+        let need = match lead {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if back < need { i } else { b.len() };
+    }
+    b.len()
+}
+
+/// A byte stream as text, chunk by chunk (`ExecFrame` output): a sequence
+/// split across chunks is kept whole, invalid bytes become U+FFFD.
+#[derive(Debug, Default)]
+pub struct TextChunks {
+    held: Vec<u8>,
+}
+
+impl TextChunks {
+    /// The text ready after `data`, if any.
+    pub fn push(&mut self, data: &[u8]) -> Option<String> {
+        self.held.extend_from_slice(data);
+        let ready = complete_utf8(&self.held);
+        if ready == 0 {
+            return None;
+        }
+        let rest = self.held.split_off(ready);
+        let text = String::from_utf8_lossy(&self.held).into_owned();
+        self.held = rest;
+        Some(text)
+    }
+
+    /// What is left at the end of the stream.
+    pub fn flush(&mut self) -> Option<String> {
+        (!self.held.is_empty()).then(|| String::from_utf8_lossy(&std::mem::take(&mut self.held)).into_owned())
+    }
+}
+
 /// How often an idle attach stream carries a heartbeat (`Liveness`'s default).
 pub const ATTACH_HEARTBEAT_SECONDS: u64 = 5;
 
@@ -594,5 +685,27 @@ mod tests {
         check(5000, 15000);
         check(200, 600);
         assert_eq!(Liveness::default().heartbeat, std::time::Duration::from_secs(ATTACH_HEARTBEAT_SECONDS));
+    }
+
+    #[test]
+    fn text_chunks_keep_split_characters_whole() {
+        let mut t = TextChunks::default();
+        assert_eq!(t.push(b"a\xC3"), Some("a".into()));
+        assert_eq!(t.push(b"\xA9!"), Some("\u{e9}!".into()));
+        assert_eq!(t.push(&"\u{1F600}".as_bytes()[..3]), None);
+        assert_eq!(t.push(&"\u{1F600}".as_bytes()[3..]), Some("\u{1F600}".into()));
+        assert_eq!(t.push(b"x\xFFy"), Some("x\u{FFFD}y".into()));
+        assert_eq!(t.flush(), None);
+        assert_eq!(t.push(b"\xE2"), None);
+        assert_eq!(t.flush(), Some("\u{FFFD}".into()));
+    }
+
+    #[test]
+    fn exec_frames_are_tagged_camel_case() {
+        let f = ExecFrame::Exit { exit_code: 127, message: Some("command \"x\" not found".into()) };
+        let text = serde_json::to_string(&f).unwrap_or_default();
+        assert_eq!(text, r#"{"type":"exit","exitCode":127,"message":"command \"x\" not found"}"#);
+        let text = serde_json::to_string(&ExecFrame::Stderr { data: "e\n".into() }).unwrap_or_default();
+        assert_eq!(text, r#"{"type":"stderr","data":"e\n"}"#);
     }
 }

@@ -84,6 +84,34 @@ pub fn validate_join(request: &crate::api::JoinRequest) -> Vec<FieldError> {
     e.0
 }
 
+/// An exec request: a named container must be a valid name (whether the pod
+/// has it is the server's check), and the command is bounded as a
+/// container's command is.
+pub fn validate_exec(request: &crate::api::ExecRequest) -> Vec<FieldError> {
+    let mut e = Errs(Vec::new());
+    if let Some(p) = request.container.as_deref().and_then(name_problem) {
+        e.push("container", p);
+    }
+    match request.command.first() {
+        None => e.push("command", "must name the program to run"),
+        Some(program) if program.is_empty() => e.push("command[0]", "the program must not be empty"),
+        Some(_) => {}
+    }
+    if request.command.len() > MAX_ARGS {
+        e.push("command", format!("at most {MAX_ARGS} entries, got {}", request.command.len()));
+    } else {
+        for (j, s) in request.command.iter().enumerate() {
+            if s.len() > MAX_STRING_LEN {
+                e.push(format!("command[{j}]"), format!("longer than {MAX_STRING_LEN} bytes"));
+            }
+            if s.contains('\0') {
+                e.push(format!("command[{j}]"), "must not contain NUL");
+            }
+        }
+    }
+    e.0
+}
+
 pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
     let mut e = Errs(Vec::new());
     if node.api_version != API_VERSION {
@@ -1277,5 +1305,24 @@ spec:
         for (edit, expected) in cases {
             check_topo(edit, &expected);
         }
+    }
+
+    #[test]
+    fn exec_requests_name_their_fields() {
+        let check = |container: Option<&str>, command: Vec<String>, expected: &[&str]| {
+            let request = crate::api::ExecRequest { container: container.map(str::to_string), command };
+            let got: Vec<String> = validate_exec(&request).into_iter().map(|e| e.field).collect();
+            assert_eq!(got, expected, "{request:?}");
+        };
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        check(None, argv(&["sh", "-c", "true"]), &[]);
+        check(Some("main"), argv(&["true"]), &[]);
+        check(Some("Bad_Name"), argv(&["true"]), &["container"]);
+        check(None, vec![], &["command"]);
+        check(None, argv(&["", "x"]), &["command[0]"]);
+        check(None, argv(&["echo", "a\0b"]), &["command[1]"]);
+        check(None, vec!["x".repeat(MAX_STRING_LEN + 1)], &["command[0]"]);
+        check(None, vec!["x".into(); MAX_ARGS], &[]);
+        check(None, vec!["x".into(); MAX_ARGS + 1], &["command"]);
     }
 }

@@ -85,6 +85,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
         pods: Default::default(),
         rejections: Default::default(),
         offline_cpus: agent.offline.clone(),
+        running: Default::default(),
     };
     for (key, e) in &agent.pods {
         let mut st = PodStatus {
@@ -128,6 +129,15 @@ pub(super) fn build(agent: &State) -> NodeReport {
                     st.message = Some(format!("CPUs {held} of this pod went offline; it keeps running on the others"));
                 }
             }
+        }
+        let running: std::collections::BTreeMap<String, String> = e
+            .ctrs
+            .iter()
+            .filter(|c| matches!(c.state, CtrState::Running { .. }))
+            .filter_map(|c| Some((c.name.clone(), c.runtime_id.clone()?)))
+            .collect();
+        if !running.is_empty() {
+            report.running.insert(key.clone(), running);
         }
         st.container_statuses = e
             .ctrs

@@ -574,6 +574,9 @@ impl Runtime for StuckStart {
     fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.inner.remove(id)
     }
+    fn exec(&self, id: &str, command: &[String]) -> Result<crate::runtime::ExecProcess, RuntimeError> {
+        self.inner.exec(id, command)
+    }
     fn list(&self) -> Result<Vec<String>, RuntimeError> {
         self.inner.list()
     }

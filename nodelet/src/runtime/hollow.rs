@@ -417,6 +417,10 @@ impl Runtime for HollowRuntime {
         })
     }
 
+    fn exec(&self, _id: &str, _command: &[String]) -> Result<crate::runtime::ExecProcess, RuntimeError> {
+        Err(RuntimeError::Unsupported("the hollow runtime runs no processes, so it cannot exec a command"))
+    }
+
     fn list(&self) -> Result<Vec<String>, RuntimeError> {
         Ok(self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).containers.keys().cloned().collect())
     }

@@ -11,6 +11,7 @@
 //! (the exit notices `watch_exits` waits for with inotify) and `images/`.
 
 pub mod cgroups;
+pub mod exec;
 pub mod image;
 pub mod logs;
 mod net;
@@ -257,31 +258,57 @@ impl LibcontainerRuntime {
 }
 
 /// Reads the shim's one-line report, waiting at most `timeout`.
-fn read_report(mut out: std::process::ChildStdout, timeout: Duration) -> Result<String, String> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let deadline = Instant::now() + timeout;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            return Ok(String::from_utf8_lossy(&buf[..pos]).into_owned());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("the shim did not report within {timeout:?}"));
-        }
-        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
-        let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, ms) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => {}
-            Err(e) => return Err(format!("waiting for the shim: {e}")),
-        }
-        match out.read(&mut chunk) {
-            Ok(0) => return Ok(String::from_utf8_lossy(&buf).into_owned()),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("reading the shim's report: {e}")),
+fn read_report(out: std::process::ChildStdout, timeout: Duration) -> Result<String, String> {
+    Ok(Report::new(out).line(Some(timeout))?.unwrap_or_default())
+}
+
+/// A helper's report pipe, read line by line: what arrived after a line is
+/// kept for the next (an exec's `started` and `exit` may come in one read).
+struct Report {
+    out: std::process::ChildStdout,
+    buf: Vec<u8>,
+}
+
+impl Report {
+    fn new(out: std::process::ChildStdout) -> Report {
+        Report { out, buf: Vec::new() }
+    }
+
+    /// The next line; the unfinished rest at the end of the pipe, `None` when
+    /// nothing is left. `timeout`: give up after that long.
+    fn line(&mut self, timeout: Option<Duration>) -> Result<Option<String>, String> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line = String::from_utf8_lossy(&self.buf[..pos]).into_owned();
+                self.buf.drain(..=pos);
+                return Ok(Some(line));
+            }
+            let ms = match deadline {
+                None => PollTimeout::NONE,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(format!("the shim did not report within {:?}", timeout.unwrap_or_default()));
+                    }
+                    PollTimeout::try_from(left.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX)
+                }
+            };
+            let mut fds = [PollFd::new(self.out.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, ms) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(e) => return Err(format!("waiting for the shim: {e}")),
+            }
+            match self.out.read(&mut chunk) {
+                Ok(0) if self.buf.is_empty() => return Ok(None),
+                Ok(0) => return Ok(Some(String::from_utf8_lossy(&std::mem::take(&mut self.buf)).into_owned())),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("reading the shim's report: {e}")),
+            }
         }
     }
 }
@@ -575,6 +602,10 @@ impl Runtime for LibcontainerRuntime {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(RuntimeError::Io { path: dir, source: e }),
         }
+    }
+
+    fn exec(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
+        self.exec_in(id, command)
     }
 
     fn list(&self) -> Result<Vec<String>, RuntimeError> {

@@ -133,6 +133,24 @@ pub enum RuntimeError {
     Image { reference: String, message: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// This runtime cannot do what was asked (the hollow runtime runs no processes).
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+/// A command running inside a container (`Runtime::exec`): its output as
+/// it comes, how it ended, and the handle that ends it.
+pub struct ExecProcess {
+    /// Read ends of the command's stdout and stderr; they reach their end
+    /// once the command and everything it started are gone.
+    pub stdout: std::os::fd::OwnedFd,
+    pub stderr: std::os::fd::OwnedFd,
+    /// Blocks until the command has ended; its exit code (128 + N for
+    /// signal N). Call it from the blocking pool.
+    pub wait: Box<dyn FnOnce() -> Result<i32, RuntimeError> + Send>,
+    /// Dropping it ends the command and every process it started, at once
+    /// (the caller went away). Kept until `wait` returned, it does nothing.
+    pub cancel: Box<dyn Send>,
 }
 
 pub trait Runtime: Send + Sync + 'static {
@@ -147,6 +165,13 @@ pub trait Runtime: Send + Sync + 'static {
     fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError>;
     /// Removes every trace of a stopped container (state, cgroup, rootfs, shim files).
     fn remove(&self, id: &str) -> Result<(), RuntimeError>;
+    /// Starts `command` (argv) inside the running container `id`: its
+    /// namespaces, cgroup and CPUs, its environment, working directory and
+    /// user. Returns once the command runs; `CannotRun` (126/127) when it
+    /// cannot be executed. When it ends, whatever it started in its session
+    /// ends too (a process that made its own session with `setsid` is the
+    /// container's, as with `docker exec`).
+    fn exec(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError>;
     /// Ids of every container this runtime holds, running or not (for adoption).
     fn list(&self) -> Result<Vec<String>, RuntimeError>;
     /// From now on, sends an `ExitEvent` on `tx` as soon as a container exits

@@ -543,7 +543,21 @@ impl Client {
     /// `heartbeats`: the server sends something at least every heartbeat on
     /// this stream, so a longer silence is a dead stream.
     async fn open_stream(&self, path: &str, heartbeats: bool) -> Result<ByteStream, ClientError> {
-        let (server, resp, connection) = self.exchange(Method::GET, path, &[], Bytes::new()).await?;
+        self.open_stream_with(Method::GET, path, None, heartbeats).await
+    }
+
+    async fn open_stream_with(
+        &self,
+        method: Method,
+        path: &str,
+        json_body: Option<Bytes>,
+        heartbeats: bool,
+    ) -> Result<ByteStream, ClientError> {
+        let (headers, body) = match json_body {
+            Some(b) => (vec![(hyper::header::CONTENT_TYPE, "application/json".to_string())], b),
+            None => (Vec::new(), Bytes::new()),
+        };
+        let (server, resp, connection) = self.exchange(method, path, &headers, body).await?;
         let code = resp.status().as_u16();
         if code != 200 {
             let bytes = collect(resp.into_body()).await?;
@@ -697,25 +711,60 @@ impl Client {
         if let Some(v) = from {
             path.push_str(&format!("&resourceVersion={v}"));
         }
-        Ok(AttachStream { stream: self.open_stream(&path, true).await?, lines: Lines::new(MAX_STREAM_LINE) })
+        Ok(FrameStream::new(self.open_stream(&path, true).await?, "attach frame"))
+    }
+
+    /// `POST /api/v1/pods/{name}/exec`: the command's output as it comes, then
+    /// its exit code (`ExecFrame`s). Not resumable: a broken stream ends the
+    /// command on the node. Sent to a second server only when the first
+    /// connection failed (a POST), as any call.
+    pub async fn exec_pod(&self, name: &str, request: &specs::api::ExecRequest) -> Result<ExecStream, ClientError> {
+        let path = format!("/api/v1/pods/{}/exec", percent_encode(name));
+        self.post_frames(&path, request).await
+    }
+
+    /// A POST of `body` as JSON whose 200 reply is a stream of JSON lines
+    /// with heartbeats (a longer silence than the liveness bound is
+    /// `ClientError::Silent`); any other status is the `ApiError`. The
+    /// server's exec proxy calls a node's `/exec` with it.
+    pub async fn post_frames<B: serde::Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<FrameStream<T>, ClientError> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let stream = self.open_stream_with(Method::POST, path, Some(Bytes::from(body)), true).await?;
+        Ok(FrameStream::new(stream, "stream frame"))
     }
 }
 
 /// An attach stream: one `AttachFrame` per line.
-pub struct AttachStream {
+pub type AttachStream = FrameStream<specs::api::AttachFrame>;
+/// An exec stream: one `ExecFrame` per line.
+pub type ExecStream = FrameStream<specs::api::ExecFrame>;
+
+/// A stream of JSON lines, each one `T`, its silence bounded (see `ByteStream`)
+/// and its unfinished line capped (`MAX_STREAM_LINE`).
+pub struct FrameStream<T> {
     stream: ByteStream,
     lines: Lines,
+    what: &'static str,
+    frames: std::marker::PhantomData<fn() -> T>,
 }
 
-impl AttachStream {
+impl<T: DeserializeOwned> FrameStream<T> {
+    fn new(stream: ByteStream, what: &'static str) -> FrameStream<T> {
+        FrameStream { stream, lines: Lines::new(MAX_STREAM_LINE), what, frames: std::marker::PhantomData }
+    }
+
     /// The next frame; `Ok(None)` when the stream ended (after a last frame, or
     /// broken off).
-    pub async fn next(&mut self) -> Result<Option<specs::api::AttachFrame>, ClientError> {
+    pub async fn next(&mut self) -> Result<Option<T>, ClientError> {
         loop {
             if let Some(line) = self.lines.next_line()? {
                 return serde_json::from_slice(&line)
                     .map(Some)
-                    .map_err(|e| ClientError::Decode(format!("attach frame: {e}")));
+                    .map_err(|e| ClientError::Decode(format!("{}: {e}", self.what)));
             }
             match self.stream.next().await? {
                 None => return Ok(None),

@@ -52,6 +52,9 @@ pub enum Reply {
     Proxy { node: String, endpoint: String, path: String },
     /// One pod followed to its end (`api::attach`).
     Attach(Box<super::attach::Attach>),
+    /// A command run in a pod's container on its node (`api::proxy::exec`):
+    /// `POST https://ENDPOINT/PATH` with `request`.
+    Exec { node: String, endpoint: String, path: String, request: specs::api::ExecRequest },
 }
 
 fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
@@ -439,6 +442,35 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let watch = store.watch(from).await.map_err(store_error)?;
             Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch })))
         }
+        Action::ExecPod { name, mut request } => {
+            require_admin(id, "exec in pods")?;
+            let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
+            let container = pick_container(&pod, request.container.take())?;
+            // The pod's state, not the request, is at fault: 409, as for logs of an unbound pod.
+            let status = pod.status.clone().unwrap_or_default();
+            if status.phase != PodPhase::Running {
+                return Err(conflict(format!(
+                    "pod {name:?} is {:?}, not Running: exec needs a running container",
+                    status.phase
+                )));
+            }
+            let shown = status.container_statuses.iter().find(|c| c.name == container).map(|c| c.state);
+            if shown != Some(specs::status::ContainerState::Running) {
+                let state = shown.map_or("not started".to_string(), |s| format!("{s:?}"));
+                return Err(conflict(format!("container {container:?} of pod {name:?} is not running ({state})")));
+            }
+            let (node, endpoint) = node_endpoint(state, &pod, "it runs nothing to exec in", "an exec")?;
+            let mut path = format!(
+                "/exec?pod={}&container={}",
+                super::parse::percent_encode(&name),
+                super::parse::percent_encode(&container)
+            );
+            if let Some(uid) = &pod.metadata.uid {
+                path.push_str(&format!("&uid={}", super::parse::percent_encode(uid)));
+            }
+            request.container = Some(container);
+            Ok(Reply::Exec { node, endpoint, path, request })
+        }
         Action::ListNodes { selector } => {
             require_admin(id, "list nodes")?;
             let listed = store.list::<Node>().map_err(store_error)?;
@@ -716,20 +748,7 @@ pub fn log_target(
     follow: bool,
 ) -> Result<(String, String, String), ApiError> {
     let name = &pod.metadata.name;
-    let Some(node) = pod.spec.node_name.clone() else {
-        // The pod's state, not the request, is at fault: as for a rejection of an unbound pod.
-        return Err(conflict(format!("pod {name:?} is not on a node yet (it has no logs)")));
-    };
-    let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
-    let Some(endpoint) = n.spec.endpoint.clone() else {
-        // Nothing upstream failed (that is 502 NodeUnreachable): the node's
-        // registration lacks what a log needs, a state to change, not a server fault.
-        return Err(super::error::error(
-            409,
-            "NoNodeEndpoint",
-            format!("node {node:?} registered no endpoint, so its logs cannot be reached"),
-        ));
-    };
+    let (node, endpoint) = node_endpoint(state, pod, "it has no logs", "its logs")?;
     let mut path = format!(
         "/logs?pod={}&container={}&follow={follow}",
         super::parse::percent_encode(name),
@@ -741,6 +760,27 @@ pub fn log_target(
         path.push_str(&format!("&uid={}", super::parse::percent_encode(uid)));
     }
     Ok((node, endpoint, path))
+}
+
+/// The node a pod is bound to and that node's endpoint. `unbound`: why an
+/// unbound pod cannot be served; `what`: what the endpoint is needed for.
+fn node_endpoint(state: &ApiState, pod: &Pod, unbound: &str, what: &str) -> Result<(String, String), ApiError> {
+    let name = &pod.metadata.name;
+    let Some(node) = pod.spec.node_name.clone() else {
+        // The pod's state, not the request, is at fault: as for a rejection of an unbound pod.
+        return Err(conflict(format!("pod {name:?} is not on a node yet ({unbound})")));
+    };
+    let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
+    let Some(endpoint) = n.spec.endpoint.clone() else {
+        // Nothing upstream failed (that is 502 NodeUnreachable): the node's
+        // registration lacks what this needs, a state to change, not a server fault.
+        return Err(super::error::error(
+            409,
+            "NoNodeEndpoint",
+            format!("node {node:?} registered no endpoint, so {what} cannot be reached"),
+        ));
+    };
+    Ok((node, endpoint))
 }
 
 fn is_finished(pod: &Pod) -> bool {

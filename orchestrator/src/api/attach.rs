@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::Response;
-use specs::api::{AttachFrame, Liveness};
+use specs::api::{complete_utf8, AttachFrame, Liveness};
 use specs::status::ContainerState;
 use specs::{Pod, PodPhase};
 use tokio::sync::{mpsc, watch};
@@ -150,27 +150,6 @@ impl Text {
         let text = String::from_utf8_lossy(&std::mem::take(&mut self.held)).into_owned();
         Some(AttachFrame::Output { offset: self.seen, data: text })
     }
-}
-
-/// How many leading bytes of `b` end on a character boundary: all of them but
-/// an incomplete multi-byte sequence at the very end.
-fn complete_utf8(b: &[u8]) -> usize {
-    // The last character starts at most 3 bytes before the end.
-    for back in 1..=b.len().min(4) {
-        let i = b.len() - back;
-        let lead = b[i];
-        if lead & 0xC0 == 0x80 {
-            continue; // a continuation byte: look further back
-        }
-        let need = match lead {
-            0xC0..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            0xF0..=0xF7 => 4,
-            _ => 1,
-        };
-        return if back < need { i } else { b.len() };
-    }
-    b.len()
 }
 
 /// Whether the container has (or had) a process whose output can be read.

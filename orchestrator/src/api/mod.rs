@@ -294,6 +294,9 @@ async fn handle(
             proxy::proxy(&state.proxy, &node, &endpoint, &path, shutdown).await
         }
         Ok(Reply::Attach(a)) => attach::respond(state, *a, config.liveness, shutdown),
+        Ok(Reply::Exec { node, endpoint, path, request }) => {
+            proxy::exec(&state.proxy, &node, &endpoint, &path, &request, config.liveness, shutdown).await
+        }
         Err(e) => error_response(&e),
     }
 }

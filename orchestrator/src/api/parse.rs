@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use hyper::HeaderMap;
 use specs::api::ApiError;
-use specs::api::{JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
+use specs::api::{ExecRequest, JoinRequest, LabelSelector, Node, NodeStatusReport, PodRejection};
 use specs::validate::FieldError;
 use specs::{Pod, PodStatus};
 
@@ -26,6 +26,7 @@ pub enum Action {
     RejectPod { name: String, rejection: PodRejection },
     PodLog { name: String, container: Option<String>, follow: bool },
     AttachPod { name: String, container: Option<String>, known_version: Option<u64>, offset: u64 },
+    ExecPod { name: String, request: ExecRequest },
     ListNodes { selector: LabelSelector },
     RegisterNode(Box<Node>),
     GetNode(String),
@@ -100,6 +101,15 @@ pub fn parse(
             known_version: q.number("resourceVersion")?,
             offset: q.number("offset")?.unwrap_or(0),
         },
+        RouteId::ExecPod => {
+            let name = name()?;
+            let request: ExecRequest = decode_json(body)?;
+            let problems = specs::validate::validate_exec(&request);
+            if !problems.is_empty() {
+                return Err(invalid("ExecRequest", "", problems));
+            }
+            Action::ExecPod { name, request }
+        }
         RouteId::ListNodes => Action::ListNodes { selector: selector(&q)? },
         RouteId::RegisterNode => Action::RegisterNode(Box::new(parse_node(body)?)),
         RouteId::GetNode => Action::GetNode(name()?),

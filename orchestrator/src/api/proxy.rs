@@ -1,7 +1,8 @@
 //! The server's proxy to a nodelet's endpoint (`pinion logs` reads a
-//! container's log through it): one pooled client per node, so a second
-//! `logs` call, or many following the same node, reuse the connection (and
-//! HTTP/2 carries them all on it). The node's certificate must name the node.
+//! container's log through it, `pinion exec` runs a command through it): one
+//! pooled client per node, so a second `logs` call, or many following the
+//! same node, reuse the connection (and HTTP/2 carries them all on it). The
+//! node's certificate must name the node.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,6 +13,7 @@ use http_body_util::BodyExt;
 use hyper::Response;
 use pinion_client::{Client, ClientError};
 
+use specs::api::{ExecFrame, ExecRequest, Liveness};
 use tokio::sync::{mpsc, watch};
 
 use super::error::error;
@@ -125,5 +127,92 @@ pub async fn proxy(
     if let Some(ct) = content_type {
         r.headers_mut().insert(hyper::header::CONTENT_TYPE, ct);
     }
+    r
+}
+
+/// `POST https://endpoint/path` with `request` on a nodelet: the exec's
+/// frames relayed as they come. A hop of its own for liveness: the node's
+/// heartbeats are read (its silence past the bound ends the exec with an
+/// error frame) and dropped, and this server sends its own to the caller
+/// every `liveness.heartbeat` while nothing else goes out. The caller going
+/// away drops the node's stream, which ends the command on the node. A
+/// refusal from the node passes through with its status.
+pub async fn exec(
+    clients: &NodeClients,
+    node: &str,
+    endpoint: &str,
+    path: &str,
+    request: &ExecRequest,
+    liveness: Liveness,
+    mut shutdown: watch::Receiver<bool>,
+) -> Response<Body> {
+    let unreachable = |what: String| error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}"));
+    let client = match clients.client(node, endpoint) {
+        Ok(c) => c,
+        Err(e) => return error_response(&unreachable(e.to_string())),
+    };
+    let mut upstream = match tokio::time::timeout(HEAD_TIMEOUT, client.post_frames::<_, ExecFrame>(path, request)).await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(ClientError::Api(e))) => return error_response(&e),
+        Ok(Err(e)) => return error_response(&unreachable(e.to_string())),
+        Err(_) => return error_response(&unreachable("no reply in time".into())),
+    };
+    // Read in a task of its own: a read cut short by a heartbeat would start
+    // the silence bound over.
+    let (frames_tx, mut frames) = mpsc::channel::<Result<Option<ExecFrame>, ClientError>>(16);
+    let reader = tokio::spawn(async move {
+        loop {
+            let next = upstream.next().await;
+            let last = !matches!(next, Ok(Some(_)));
+            if frames_tx.send(next).await.is_err() || last {
+                return;
+            }
+        }
+    });
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    let node = node.to_string();
+    tokio::spawn(async move {
+        let send = |frame: &ExecFrame| {
+            let mut line = serde_json::to_vec(frame).unwrap_or_default();
+            line.push(b'\n');
+            tx.send(Ok(Bytes::from(line)))
+        };
+        let broke = |why: String| ExecFrame::Error {
+            error: error(
+                502,
+                "NodeUnreachable",
+                format!("the exec stream from node {node:?} {why}; the command is ended there"),
+            ),
+        };
+        let mut last = tokio::time::Instant::now();
+        loop {
+            let frame = tokio::select! {
+                f = frames.recv() => match f {
+                    // The node's heartbeat: this hop sends its own.
+                    Some(Ok(Some(ExecFrame::Heartbeat))) => continue,
+                    Some(Ok(Some(f))) => f,
+                    Some(Ok(None)) | None => broke("ended without an exit code".into()),
+                    Some(Err(e)) => broke(format!("broke: {e}")),
+                },
+                _ = tokio::time::sleep_until(last + liveness.heartbeat) => ExecFrame::Heartbeat,
+                _ = tx.closed() => break,
+                _ = shutdown.changed() => {
+                    let error = error(503, "ShuttingDown", "the server is shutting down; the command is ended");
+                    let _ = send(&ExecFrame::Error { error }).await;
+                    break;
+                }
+            };
+            let done = matches!(frame, ExecFrame::Exit { .. } | ExecFrame::Error { .. });
+            if send(&frame).await.is_err() || done {
+                break;
+            }
+            last = tokio::time::Instant::now();
+        }
+        reader.abort();
+    });
+    let mut r = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
+    r.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/x-ndjson"));
     r
 }

@@ -18,6 +18,7 @@ pub enum RouteId {
     RejectPod,
     PodLog,
     AttachPod,
+    ExecPod,
     ListNodes,
     RegisterNode,
     GetNode,
@@ -53,6 +54,7 @@ pub fn routes() -> Vec<Route> {
         r(Method::POST, "/api/v1/pods/{name}/rejection", RejectPod),
         r(Method::GET, "/api/v1/pods/{name}/log", PodLog),
         r(Method::GET, "/api/v1/pods/{name}/attach", AttachPod),
+        r(Method::POST, "/api/v1/pods/{name}/exec", ExecPod),
         r(Method::GET, "/api/v1/nodes", ListNodes),
         r(Method::POST, "/api/v1/nodes", RegisterNode),
         r(Method::GET, "/api/v1/nodes/{name}", GetNode),
@@ -126,6 +128,8 @@ mod tests {
         check(Method::GET, "/api/v1/pods/web", Matched::Route(RouteId::GetPod, Some("web".into())));
         check(Method::PUT, "/api/v1/pods/web/status", Matched::Route(RouteId::UpdatePodStatus, Some("web".into())));
         check(Method::GET, "/api/v1/pods/web/attach", Matched::Route(RouteId::AttachPod, Some("web".into())));
+        check(Method::POST, "/api/v1/pods/web/exec", Matched::Route(RouteId::ExecPod, Some("web".into())));
+        check(Method::GET, "/api/v1/pods/web/exec", Matched::MethodNotAllowed);
         check(Method::PATCH, "/api/v1/pods/web", Matched::MethodNotAllowed);
         check(Method::GET, "/api/v1/pods/", Matched::NotFound);
         check(Method::GET, "/api/v2/pods", Matched::NotFound);

@@ -53,6 +53,14 @@ impl Layout {
     pub fn shim_log(&self, id: &str) -> PathBuf {
         self.container(id).join("shim.log")
     }
+    /// The exec helpers' own diagnostics (errors only), appended.
+    pub fn exec_log(&self, id: &str) -> PathBuf {
+        self.container(id).join("exec.log")
+    }
+    /// Held by an exec helper while it joins the container (see `exec`).
+    pub fn exec_lock(&self, id: &str) -> PathBuf {
+        self.container(id).join("exec.lock")
+    }
     /// One folder for every container's exit notice, so that one inotify watch
     /// sees every exit (`exit.json` lives in each container's own folder).
     pub fn exits(&self) -> PathBuf {

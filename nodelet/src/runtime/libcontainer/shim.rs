@@ -102,7 +102,7 @@ fn one_line(s: &str) -> String {
 
 /// Moves the report pipe off fd 1 (so the container cannot inherit it) and
 /// points fd 1 at /dev/null.
-fn take_report_pipe() -> Result<File, String> {
+pub(super) fn take_report_pipe() -> Result<File, String> {
     let fd = nix::fcntl::fcntl(1, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(|e| format!("dup stdout: {e}"))?;
     // SAFETY: `fd` was just created by F_DUPFD_CLOEXEC and is owned by nobody else.
     let report = unsafe { File::from_raw_fd(fd) };

@@ -1,0 +1,135 @@
+//! `pinion exec POD [-c CONTAINER] -- CMD [ARGS...]`: a command run inside a
+//! running container of a pod (its namespaces, cgroup and CPUs), its stdout
+//! and stderr printed as they come, its exit code this process's. The stream
+//! goes CLI -> server -> node (`Client::exec_pod`); leaving it (Ctrl-C,
+//! SIGTERM, this process killed) ends the command on the node. Fit to be an
+//! MPI launcher's remote agent: one process per remote command, no timeout,
+//! heartbeats on every hop.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use specs::api::{ExecFrame, ExecRequest};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::common::GlobalArgs;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "stdin is not forwarded: the command reads an empty stdin (/dev/null).\n\
+Exit status: the command's; 126/127 when it cannot be executed; 130/143 after SIGINT/SIGTERM (the command is \
+ended on the node); 1 when the exec could not run or its stream broke.")]
+pub struct Args {
+    /// The pod.
+    pub name: String,
+    /// The container (needed when the pod has more than one).
+    #[arg(short = 'c', long, value_name = "NAME")]
+    pub container: Option<String>,
+    /// The command and its arguments, after `--` (or right after the pod).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let client = crate::config::client(&g)?;
+    // Caught before the request: a Ctrl-C while it starts still ends it cleanly.
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let request = ExecRequest { container: args.container.clone(), command: args.command.clone() };
+    let streamed = stream(&client, &args, &request);
+    let signalled = tokio::select! {
+        r = streamed => return r.map(ExitCode::from),
+        _ = int.recv() => 130,
+        _ = term.recv() => 143,
+    };
+    // Leaving drops the stream: the server and then the node see it go, and
+    // the node ends the command and what it started.
+    eprintln!("pinion: exec in pod {} interrupted; the command is ended on the node", args.name);
+    Ok(ExitCode::from(signalled))
+}
+
+/// Prints the command's output as it comes; its exit code.
+async fn stream(client: &orchestrator::client::Client, args: &Args, request: &ExecRequest) -> anyhow::Result<u8> {
+    let pod = &args.name;
+    let mut frames = client.exec_pod(pod, request).await.with_context(|| format!("exec in pod {pod}"))?;
+    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    loop {
+        let frame = frames.next().await.with_context(|| format!("exec in pod {pod}: the stream broke"))?;
+        match frame {
+            Some(ExecFrame::Stdout { data }) => {
+                stdout.write_all(data.as_bytes()).and_then(|()| stdout.flush()).context("writing to stdout")?
+            }
+            Some(ExecFrame::Stderr { data }) => {
+                stderr.write_all(data.as_bytes()).and_then(|()| stderr.flush()).context("writing to stderr")?
+            }
+            Some(ExecFrame::Heartbeat) => {}
+            Some(ExecFrame::Exit { exit_code, message }) => {
+                if let Some(line) = cannot_run_line(pod, &args.command, exit_code, message) {
+                    eprintln!("{line}");
+                }
+                return Ok(exit_code.clamp(0, 255) as u8);
+            }
+            Some(ExecFrame::Error { error }) => bail!("exec in pod {pod}: {error}"),
+            None => bail!("exec in pod {pod}: the stream ended without an exit code"),
+        }
+    }
+}
+
+/// The one line said about a command that could not be executed, as `run` says it.
+fn cannot_run_line(pod: &str, command: &[String], code: i32, message: Option<String>) -> Option<String> {
+    let message = message?;
+    let program = command.first().map(String::as_str).unwrap_or("the command");
+    let what = match code {
+        127 => "command not found".to_string(),
+        126 => format!("cannot be executed ({message})"),
+        _ => message,
+    };
+    Some(format!("pinion: exec in pod {pod}: {program}: {what} (exit {code})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> (String, Option<String>, Vec<String>) {
+        let cli = Cli::try_parse_from(std::iter::once("exec").chain(argv.iter().copied())).expect("parses");
+        (cli.args.name, cli.args.container, cli.args.command)
+    }
+
+    #[test]
+    fn the_command_is_everything_after_the_pod_or_after_dashes() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse(&["web", "--", "sh", "-c", "exit 3"]), ("web".into(), None, argv(&["sh", "-c", "exit 3"])));
+        assert_eq!(
+            parse(&["web", "-c", "main", "--", "ls", "-l"]),
+            ("web".into(), Some("main".into()), argv(&["ls", "-l"]))
+        );
+        // As an MPI launcher calls its agent: `AGENT HOST CMD ARGS...`.
+        assert_eq!(
+            parse(&["web", "orted", "-mca", "x", "--"]),
+            ("web".into(), None, argv(&["orted", "-mca", "x", "--"]))
+        );
+        assert!(Cli::try_parse_from(["exec", "web"]).is_err(), "a command is required");
+    }
+
+    #[test]
+    fn commands_that_cannot_run_get_one_line() {
+        let cmd = vec!["/no/such".to_string()];
+        assert_eq!(
+            cannot_run_line("p", &cmd, 127, Some("command \"/no/such\" not found".into())).as_deref(),
+            Some("pinion: exec in pod p: /no/such: command not found (exit 127)")
+        );
+        assert_eq!(
+            cannot_run_line("p", &cmd, 126, Some("command \"/no/such\" is not executable".into())).as_deref(),
+            Some("pinion: exec in pod p: /no/such: cannot be executed (command \"/no/such\" is not executable) (exit 126)")
+        );
+        assert_eq!(cannot_run_line("p", &cmd, 3, None), None);
+    }
+}

@@ -1,0 +1,401 @@
+//! `Runtime::exec` for real containers: a command run inside a running
+//! container by a helper process, `pinion shim --data-dir D --id ID exec --
+//! CMD...`, which joins the container through libcontainer's tenant builder
+//! (as `youki exec` does). A helper of its own because libcontainer changes
+//! the working directory of the process that builds and forks; the agent's
+//! threads must not see that (see [`super::shim`]).
+//!
+//! The helper's file descriptors: 0 is the cancel pipe (the agent holds its
+//! write end: its end, by a drop or by the agent's death, means the caller
+//! went away), 1 the report pipe (`started PID`, then `exit CODE`; or
+//! `error MESSAGE`), 2 its own log (`exec.log`), 3 and 4 the write ends of the
+//! command's stdout and stderr. It widens its CPU affinity before joining (the
+//! command inherits no mask; the container's cpuset alone decides where it
+//! runs), confines itself to the reserved CPUs once the command runs, waits
+//! for the command or the cancel, and then kills every process left in the
+//! command's session: the tenant's process calls `setsid`, so its session id
+//! is its pid, and whatever it started (even reparented to the container's
+//! init) keeps that session unless it made its own. The kernel never reuses a
+//! pid while it names a session, so the sweep cannot hit a stranger.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ::libcontainer::container::builder::ContainerBuilder;
+use ::libcontainer::syscall::syscall::SyscallType;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+use oci_spec::runtime::Spec;
+
+use super::records::{read_json, Layout};
+use super::{cannot_run_code, cerr, check_command, check_id, ioerr, spec, LibcontainerRuntime, Report};
+use crate::runtime::{ContainerConfig, ContainerState, ExecProcess, RootfsConfig, Runtime, RuntimeError};
+
+/// How long the agent waits for the helper to say the command runs.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Sweeps of the session, 10 ms apart, before the helper gives up on a
+/// process that keeps forking (SIGKILL wins within a few).
+const SWEEPS: u32 = 200;
+const TENANT_NOTIFY: &str = "tenant-notify-";
+
+/// The fds the command's stdout and stderr arrive on in the helper.
+const STDOUT_FD: RawFd = 3;
+const STDERR_FD: RawFd = 4;
+
+impl LibcontainerRuntime {
+    pub(super) fn exec_in(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError> {
+        check_id(id)?;
+        if !matches!(self.state(id)?, ContainerState::Running { .. }) {
+            return Err(cerr(id, "cannot exec: the container is not running"));
+        }
+        let layout = &self.layout;
+        let cfg: ContainerConfig = read_json(&layout.config(id))?
+            .ok_or_else(|| cerr(id, format!("{} is missing", layout.config(id).display())))?;
+        let spec_path = layout.bundle(id).join("config.json");
+        let spec = Spec::load(&spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
+        let process = spec.process().as_ref();
+        // As `execvp` would inside: a clear 126/127 before any namespace is joined.
+        let probe = spec::ProcessSpec {
+            args: command.to_vec(),
+            env: process.and_then(|p| p.env().clone()).unwrap_or_default(),
+            cwd: process.map(|p| p.cwd().to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
+        };
+        let root = match cfg.rootfs {
+            RootfsConfig::Host => std::path::PathBuf::from("/"),
+            RootfsConfig::Image(_) => layout.rootfs(id),
+        };
+        check_command(id, &root, &probe)?;
+
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cerr(id, format!("pipe: {e}")));
+        let (out_read, out_write) = pipe()?;
+        let (err_read, err_write) = pipe()?;
+        let log_path = layout.exec_log(id);
+        let log = File::options().create(true).append(true).open(&log_path).map_err(ioerr(&log_path))?;
+        let (out_fd, err_fd) = (out_write.as_raw_fd(), err_write.as_raw_fd());
+        let mut helper = Command::new(&self.shim_exe);
+        helper
+            .arg("shim")
+            .arg("--data-dir")
+            .arg(&layout.root)
+            .arg("--id")
+            .arg(id)
+            .arg("exec")
+            .arg("--")
+            .args(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .env("PINION_LOG", std::env::var("PINION_SHIM_LOG").unwrap_or_else(|_| "error".into()))
+            .env("NO_COLOR", "1");
+        // SAFETY: the closure runs in the forked child before exec and makes
+        // only async-signal-safe calls (fcntl, dup2) on fds this process owns
+        // until `spawn` returns.
+        unsafe {
+            helper.pre_exec(move || {
+                // Out of 3 and 4's way first: a source may be either of them.
+                let out = libc::fcntl(out_fd, libc::F_DUPFD_CLOEXEC, 10);
+                let err = libc::fcntl(err_fd, libc::F_DUPFD_CLOEXEC, 10);
+                if out < 0 || err < 0 || libc::dup2(out, STDOUT_FD) < 0 || libc::dup2(err, STDERR_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = helper
+            .spawn()
+            .map_err(|e| cerr(id, format!("starting the exec helper {}: {e}", self.shim_exe.display())))?;
+        drop((out_write, err_write));
+        let (Some(cancel), Some(out)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(cerr(id, "the exec helper has no pipes"));
+        };
+        let mut report = Report::new(out);
+        let first = report.line(Some(START_TIMEOUT));
+        let pid = match &first {
+            Ok(Some(line)) if line.starts_with("started ") => line["started ".len()..].trim().to_string(),
+            _ => {
+                drop(cancel);
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(match first {
+                    Ok(Some(line)) => match line.strip_prefix("error ") {
+                        Some(msg) => match cannot_run_code(msg) {
+                            Some(code) => {
+                                RuntimeError::CannotRun { id: id.to_string(), code, message: msg.to_string() }
+                            }
+                            None => cerr(id, format!("exec: {msg}")),
+                        },
+                        None => cerr(id, format!("the exec helper reported {line:?}")),
+                    },
+                    Ok(None) => {
+                        cerr(id, format!("the exec helper exited without reporting (see {})", log_path.display()))
+                    }
+                    Err(e) => cerr(id, format!("exec: {e}")),
+                });
+            }
+        };
+        tracing::debug!(id, pid, "exec started");
+        let id = id.to_string();
+        let mut child = Reaped(Some(child));
+        let wait = move || {
+            let mut code = None;
+            let mut trouble = None;
+            loop {
+                match report.line(None) {
+                    Ok(Some(line)) => match line.strip_prefix("exit ").map(|c| c.trim().parse::<i32>()) {
+                        Some(Ok(c)) => code = Some(c),
+                        _ => trouble = Some(format!("the exec helper reported {line:?}")),
+                    },
+                    Ok(None) => break,
+                    Err(e) => {
+                        trouble = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(mut c) = child.0.take() {
+                let _ = c.wait();
+            }
+            code.ok_or_else(|| {
+                let why = trouble.unwrap_or_else(|| "the exec helper ended without an exit code".into());
+                cerr(&id, why)
+            })
+        };
+        Ok(ExecProcess { stdout: out_read, stderr: err_read, wait: Box::new(wait), cancel: Box::new(cancel) })
+    }
+}
+
+/// The helper process, reaped even when `ExecProcess::wait` is never called
+/// (the caller went away while the exec started): by a thread, since the
+/// helper ends only once the cancel handle, dropped after this, is gone.
+struct Reaped(Option<std::process::Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = std::thread::Builder::new().name("exec-reaper".into()).spawn(move || c.wait());
+        }
+    }
+}
+
+/// The helper: `pinion shim --data-dir D --id ID exec -- CMD...`. Returns its
+/// own exit code (the command's travels on the report pipe).
+pub fn run(data_dir: &Path, id: &str, command: &[String]) -> i32 {
+    let mut report = match super::shim::take_report_pipe() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("exec in {id}: {e}");
+            return 1;
+        }
+    };
+    let started = join(data_dir, id, command);
+    let (pid, system_cpus) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = writeln!(report, "error {}", e.replace('\n', "; "));
+            return 1;
+        }
+    };
+    let _ = writeln!(report, "started {pid}");
+    // From here on the helper only waits: off the pods' CPUs.
+    if !system_cpus.is_empty() {
+        if let Err(e) = crate::affinity::confine_thread(&system_cpus) {
+            tracing::warn!(error = %e, cpus = %system_cpus, "cannot confine the exec helper to the reserved CPUs");
+        }
+    }
+    let code = supervise(pid);
+    let _ = writeln!(report, "exit {code}");
+    0
+}
+
+/// Joins the container with the command; its host pid and the node's reserved CPUs.
+fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::CpuSet), String> {
+    let out = take_fd(STDOUT_FD)?;
+    let err = take_fd(STDERR_FD)?;
+    if let Err(e) = crate::affinity::widen_thread() {
+        tracing::warn!(error = %e, "cannot widen the exec helper's CPU affinity; the command may inherit the agent's");
+    }
+    let layout = Layout::new(data_dir);
+    let cfg: ContainerConfig = read_json(&layout.config(id))
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} is missing", layout.config(id).display()))?;
+    let spec_path = layout.bundle(id).join("config.json");
+    let spec = Spec::load(&spec_path).map_err(|e| format!("{}: {e}", spec_path.display()))?;
+    let process = spec.process().as_ref();
+    let cwd = process.map(|p| p.cwd().clone()).unwrap_or_else(|| "/".into());
+    let user = process.map(|p| p.user().clone()).unwrap_or_default();
+    let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    // libcontainer leaves a notify socket per exec in the container's state
+    // folder: one exec joins at a time, so the socket that appeared is ours.
+    let state = layout.state_root().join(id);
+    let lock_path = layout.exec_lock(id);
+    let lock = File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("locking {}: {e}", lock_path.display()))?;
+    let before = notify_sockets(&state);
+    let built = ContainerBuilder::new(id.to_string(), SyscallType::default())
+        .with_root_path(layout.state_root())
+        .and_then(|b| b.validate_id())
+        .map(|b| b.with_stdin(stdin).with_stdout(out).with_stderr(err))
+        .and_then(|b| {
+            b.as_tenant()
+                .with_detach(false)
+                .with_cwd(Some(cwd))
+                .with_user(Some(user.uid()))
+                .with_group(Some(user.gid()))
+                .with_additional_gids(user.additional_gids().clone().unwrap_or_default())
+                .with_container_args(command.to_vec())
+                .build()
+        });
+    for s in notify_sockets(&state).difference(&before) {
+        let _ = std::fs::remove_file(state.join(s));
+    }
+    let pid = built.map_err(|e| format!("joining the container: {e}"))?;
+    Ok((pid, cfg.system_cpus))
+}
+
+fn notify_sockets(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Default::default() };
+    entries.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with(TENANT_NOTIFY)).collect()
+}
+
+/// Takes an fd the agent passed; refuses one that is not open.
+fn take_fd(fd: RawFd) -> Result<OwnedFd, String> {
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).map_err(|e| format!("fd {fd} was not passed: {e}"))?;
+    // Not inherited by anything this process starts but the command, which
+    // gets its own copy from libcontainer.
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+        .map_err(|e| format!("fd {fd}: {e}"))?;
+    // SAFETY: the fd is open (checked above), was handed to this process for
+    // this purpose and nothing else in it refers to it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Waits for the command or for the cancel pipe's end (the caller went
+/// away), sweeps the command's session, reaps it; its exit code. The sweep
+/// comes before the reap: the unreaped command keeps its pid, so the session
+/// id cannot name a newer process yet.
+fn supervise(pid: Pid) -> i32 {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    let pidfd = if raw >= 0 {
+        // SAFETY: the kernel just returned this fd to us.
+        Some(unsafe { OwnedFd::from_raw_fd(raw as RawFd) })
+    } else {
+        tracing::warn!("pidfd_open failed: {}", std::io::Error::last_os_error());
+        None
+    };
+    // SAFETY: fd 0 is the cancel pipe, open for this process's whole life.
+    let cancel = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+    let exited = || {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        !matches!(waitid(Id::Pid(pid), flags), Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR))
+    };
+    loop {
+        let mut fds = vec![PollFd::new(cancel, PollFlags::POLLIN)];
+        if let Some(p) = &pidfd {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        // Without a pidfd (a kernel before 5.3), look at the command every 100 ms.
+        let timeout = if pidfd.is_some() { PollTimeout::NONE } else { PollTimeout::from(100u16) };
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "exec helper: poll failed; ending the command");
+                break;
+            }
+        }
+        if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+            let mut buf = [0u8; 64];
+            match nix::unistd::read(0, &mut buf) {
+                // The agent never writes: anything but data is the end.
+                Ok(n) if n > 0 => {}
+                Err(nix::errno::Errno::EINTR) => {}
+                _ => break,
+            }
+        }
+        if exited() {
+            break;
+        }
+    }
+    kill_session(pid);
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "exec helper: waitpid failed");
+                return super::records::UNKNOWN_EXIT_CODE;
+            }
+        }
+    }
+}
+
+/// SIGKILL to every live process of session `sid`, again until none is left.
+pub fn kill_session(sid: Pid) {
+    for _ in 0..SWEEPS {
+        let members = session_members(sid);
+        if members.is_empty() {
+            return;
+        }
+        for p in members {
+            let _ = kill(p, Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tracing::error!(session = sid.as_raw(), "processes of the exec's session survived {SWEEPS} sweeps");
+}
+
+/// Live processes (not zombies) whose session is `sid`, from `/proc`.
+pub fn session_members(sid: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The command name may hold spaces and parentheses: fields follow the last ')'.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // state, ppid, pgrp, session
+        let (Some(state), Some(session)) = (fields.first(), fields.get(3)) else { continue };
+        if session.parse::<i32>().ok() == Some(sid.as_raw()) && !matches!(*state, "Z" | "X") {
+            found.push(Pid::from_raw(pid));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session with a child that outlives its parent (reparented, as a
+    /// background job of an exec'd shell is) is swept whole.
+    #[test]
+    fn a_session_is_swept_whole() {
+        let mut leader = Command::new("setsid")
+            .args(["sh", "-c", "sleep 1000 & sleep 1000 & exec sleep 1000"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("setsid sh");
+        let sid = Pid::from_raw(leader.id() as i32);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while session_members(sid).len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "the session never had 3 members");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        kill_session(sid);
+        let _ = leader.wait();
+        assert_eq!(session_members(sid), Vec::<Pid>::new());
+    }
+}
