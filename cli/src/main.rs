@@ -44,6 +44,10 @@ enum Command {
     Run(cmd::run::Args),
     /// Run a command inside a running container of a pod; its output as it comes, its exit code.
     Exec(cmd::exec::Args),
+    /// A remote shell into a pod, as `ssh HOST CMD` is: the words after the
+    /// pod joined and run by `sh -c` in its container. OpenMPI's launcher:
+    /// `mpirun --mca plm_rsh_agent "pinion rsh" --host POD,POD ...`.
+    Rsh(cmd::exec::RshArgs),
     /// Draw each node: sockets, NUMA nodes, cores, and which pod holds which CPU.
     Topology(cmd::topology::Args),
     /// Print this machine's (or a fixture's) topology.
@@ -99,6 +103,7 @@ fn main() -> ExitCode {
             Command::Logs(a) => cmd::logs::run(g, a).await,
             Command::Run(a) => cmd::run::run(g, a).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,
+            Command::Rsh(a) => cmd::exec::run(g, a.into_exec()).await,
             Command::Topology(a) => cmd::topology::run(g, a).await,
             Command::Discover(a) => cmd::discover::run(g, a).await,
             Command::Plan(a) => cmd::plan::run(g, a).await,

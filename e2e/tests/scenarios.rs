@@ -80,6 +80,7 @@ scenarios! {
     s12_settings_change_real => "12-settings-change-real",
     s13_gangs => "13-gangs",
     s14_gang_real => "14-gang-real",
+    s15_mpi_real => "15-mpi-real",
 }
 
 /// The restarts scenario (kill -9 of the server and of a node, a node cut

@@ -30,6 +30,27 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
+/// `pinion rsh POD WORDS...`: ssh's calling convention, so a launcher that
+/// speaks to ssh (OpenMPI's `plm_rsh_agent`) speaks to a pod. As ssh does,
+/// the words are joined with spaces and given to the remote shell, which is
+/// what a launcher's command line (`PATH=...; export PATH; orted ...`)
+/// expects.
+#[derive(clap::Args, Debug)]
+pub struct RshArgs {
+    /// The pod (a job's member is named `JOB-RANK`, its host name inside).
+    pub name: String,
+    /// The remote command's words.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "WORDS")]
+    pub words: Vec<String>,
+}
+
+impl RshArgs {
+    pub fn into_exec(self) -> Args {
+        let line = self.words.join(" ");
+        Args { name: self.name, container: None, command: vec!["sh".into(), "-c".into(), line] }
+    }
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     // Caught before the request: a Ctrl-C while it starts still ends it cleanly.
