@@ -55,7 +55,7 @@ async fn every_bad_request_names_its_field() {
         (Method::GET, "/api/v1/pods?k=%zz", None, 400, "k"),
         (Method::GET, "/api/v1/nodes?labelSelector=%2C", None, 400, "labelSelector"),
         (Method::GET, "/api/v1/events", None, 400, "name"),
-        (Method::GET, "/api/v1/events?kind=Job&name=a", None, 400, "kind"),
+        (Method::GET, "/api/v1/events?kind=Deployment&name=a", None, 400, "kind"),
         (Method::GET, "/api/v1/pods/two/log?follow=maybe", None, 400, "follow"),
         (Method::GET, "/api/v1/pods/two/log", None, 400, "container"),
         (Method::GET, "/api/v1/pods/two/log?container=c", None, 400, "container"),
@@ -98,6 +98,35 @@ async fn every_bad_request_names_its_field() {
             Some(r#"{"apiVersion":"pinion.io/v1","kind":"Pod","metadata":{"name":"x"},"spec":{}}"#),
             422,
             "spec.containers",
+        ),
+        (Method::POST, "/api/v1/jobs", Some("{}"), 422, "apiVersion"),
+        (Method::POST, "/api/v1/jobs", Some("[1]"), 422, "(body)"),
+        (
+            Method::POST,
+            "/api/v1/jobs",
+            Some(
+                r#"{"apiVersion":"pinion.io/v1","kind":"Job","metadata":{"name":"j"},"spec":{"parallelism":2,"gang":{"placment":"pack"},"template":{"spec":{"containers":[]}}}}"#,
+            ),
+            422,
+            "spec.gang.placment",
+        ),
+        (
+            Method::POST,
+            "/api/v1/jobs",
+            Some(
+                r#"{"apiVersion":"pinion.io/v1","kind":"Job","metadata":{"name":"j"},"spec":{"parallelism":0,"template":{"spec":{"restartPolicy":"Never","containers":[]}}}}"#,
+            ),
+            422,
+            "spec.parallelism",
+        ),
+        (
+            Method::POST,
+            "/api/v1/jobs",
+            Some(
+                r#"{"apiVersion":"pinion.io/v1","kind":"Job","metadata":{"name":"j"},"spec":{"parallelism":1,"template":{"spec":{"restartPolicy":"Never","containers":[]}}}}"#,
+            ),
+            422,
+            "spec.template.spec.containers",
         ),
     ];
     let mut wrong = Vec::new();

@@ -147,11 +147,8 @@ pub fn parse(
 pub fn parse_job(body: &Bytes) -> Result<specs::job::Job, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| bad_field("(body)", "not UTF-8"))?;
     let de = serde_yaml_ng::Deserializer::from_str(text);
-    let mut job: specs::job::Job = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." || path.is_empty() { "(body)".to_string() } else { path };
-        invalid("Job", "", vec![FieldError { field, message: e.into_inner().to_string() }])
-    })?;
+    let mut job: specs::job::Job =
+        serde_path_to_error::deserialize(de).map_err(|e| invalid("Job", "", vec![json_field_error(&e)]))?;
     let problems = specs::job::validate_job(&job);
     if !problems.is_empty() {
         return Err(invalid("Job", &job.metadata.name, problems));
@@ -178,7 +175,7 @@ fn from_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, FieldErr
 
 /// The field a JSON decoding error is about: its path, else for a missing
 /// field that field's name, else `(body)`.
-fn json_field_error(e: &serde_path_to_error::Error<serde_json::Error>) -> FieldError {
+fn json_field_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> FieldError {
     let path = e.path().to_string();
     let path = if path == "." { String::new() } else { path };
     let message = e.inner().to_string();
