@@ -439,3 +439,60 @@ fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
     let b: Vec<u64> = serde_json::from_value(cpus(&new)).expect("cpus");
     assert!(a.iter().all(|c| !b.contains(c)), "{a:?} vs {b:?}");
 }
+
+/// `pinion run -N/-n`: a Job whose ranks are placed together, exit codes and
+/// refusals as a user of `srun` expects them (hollow node: `true` exits 0,
+/// `false` 1).
+#[test]
+fn run_with_nodes_and_tasks_makes_a_gang_job() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let xdg = dir.join("xdg");
+    let data = dir.join("d");
+    let (_up, _) = start(
+        &[
+            "up",
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--listen",
+            "127.0.0.1:0",
+            "--runtime",
+            "hollow",
+            "--synthetic",
+            "pack:1 numa:2 core:4 pu:1",
+        ],
+        &[("XDG_CONFIG_HOME", &xdg)],
+        "pinion is up",
+    );
+    let config = xdg.join("pinion/config");
+    let run = |args: &[&str]| {
+        let out = Command::new(PINION).arg("--config").arg(&config).args(args).output().expect("run pinion");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    // Three ranks on the one node, one CPU each.
+    let (code, text) = run(&["run", "ok", "-N", "1", "--ntasks-per-node", "3", "--cpus", "1", "--", "true"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (_, job) = cli(&config, &["get", "jobs", "ok", "-o", "json"]);
+    let job: Value = serde_json::from_str(&job).expect("job json");
+    assert_eq!(job["status"]["phase"], "Succeeded", "{job}");
+    assert_eq!(job["spec"]["gang"]["perNode"], 3, "{job}");
+    // A failing rank: the run's code, the job's first failure.
+    let (code, text) = run(&["run", "bad", "-n", "2", "--cpus", "1", "--", "false"]);
+    assert_eq!(code, Some(1), "{text}");
+    let (_, described) = cli(&config, &["describe", "job", "bad"]);
+    assert!(described.contains("Phase:       Failed") && described.contains("failed: exit code 1"), "{described}");
+    // Seven allocatable CPUs (the first core is reserved): eight never fit, nor
+    // two nodes on a cluster of one; refused at once, nothing left behind.
+    let (code, text) = run(&["run", "big", "-n", "8", "--cpus", "1", "--", "true"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("can never run") && text.contains("7 fit"), "{text}");
+    let (code, text) = run(&["run", "wide", "-N", "2", "--cpus", "1", "--", "true"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("can never run"), "{text}");
+    let (_, jobs) = cli(&config, &["get", "jobs"]);
+    assert!(!jobs.contains("big") && !jobs.contains("wide"), "{jobs}");
+    let (code, text) = run(&["run", "zero", "-N", "0", "--", "true"]);
+    assert_ne!(code, Some(0));
+    assert!(text.contains("--nodes 0"), "{text}");
+}

@@ -838,7 +838,7 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
         );
         return Ok(ExitCode::SUCCESS);
     }
-    finish(client, args, &names, follow_tasks(client, args, created), signals).await
+    finish(client, args, &names, follow_tasks(client, args, created, "task"), signals).await
 }
 
 /// A multi-node run: the job in one create (its members with it), then each
@@ -868,12 +868,12 @@ async fn run_job(client: &Client, args: &Args, job: specs::job::Job, signals: Si
         })
         .collect();
     members.sort_by_key(|(r, _)| *r);
-    finish_as(client, args, Cleanup::Job(&args.name), follow_tasks(client, args, members), signals).await
+    finish_as(client, args, Cleanup::Job(&args.name), follow_tasks(client, args, members, "rank"), signals).await
 }
 
 /// Follows every task (an array's, or a job's ranks) to its end, printing
 /// their lines labelled; the highest exit code.
-async fn follow_tasks(client: &Client, args: &Args, created: Vec<(u32, Pod)>) -> anyhow::Result<u8> {
+async fn follow_tasks(client: &Client, args: &Args, created: Vec<(u32, Pod)>, noun: &str) -> anyhow::Result<u8> {
     // One attach stream per task rather than one label watch plus a log
     // request each: the stream already carries the status, the output and
     // the exit code of its task, resumes on its own, and the server's log
@@ -924,7 +924,7 @@ async fn follow_tasks(client: &Client, args: &Args, created: Vec<(u32, Pod)>) ->
                         match r {
                             Ok(code) => worst = worst.max(code),
                             Err(e) => {
-                                eprintln!("pinion: task {task}: {e:#}");
+                                eprintln!("pinion: {noun} {task}: {e:#}");
                                 worst = worst.max(1);
                             }
                         }
