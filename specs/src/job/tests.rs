@@ -74,7 +74,8 @@ fn members_carry_the_gang_and_each_rank_its_identity() {
 
 #[test]
 fn validation_names_each_field() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut Job)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut Job)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         ("zero members", Box::new(|j| j.spec.parallelism = 0), "spec.parallelism"),
         ("too many members", Box::new(|j| j.spec.parallelism = MAX_MEMBERS + 1), "spec.parallelism"),
         ("completions apart", Box::new(|j| j.spec.completions = Some(2)), "spec.completions"),
