@@ -551,3 +551,43 @@ async fn one_member_failing_stops_the_others_and_the_job_names_it() {
     .await;
     s.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_gang_with_a_retry_left_starts_again_whole_as_its_next_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
+    let node = s.node(dir.path(), "one", 2).await;
+    let mut w = s.watch_from_now().await;
+    s.admin.create_job(job("again", 2, "  backoffLimit: 1\n")).await.expect("create");
+    let first = [unaided("bound", next_bound(&mut w)).await, unaided("bound", next_bound(&mut w)).await];
+    let mut epoch = 0;
+    report(&node, "one", &mut epoch, &[&first[0], &first[1]], &[("again-0", "Running"), ("again-1", "Running")]).await;
+    // Rank 0 fails; its peer is still running on the node.
+    report(&node, "one", &mut epoch, &[&first[1]], &[("again-0", "Failed")]).await;
+    // The old members go and new ones (attempt 1) are made; once the node
+    // reports the old rank 1 gone too, the new gang is bound whole.
+    unaided("attempt 1 made", async {
+        loop {
+            if let Ok(p) = s.admin.get_pod("again-1").await {
+                if p.metadata.uid != first[1].metadata.uid {
+                    assert_eq!(
+                        p.metadata.annotations.get(specs::job::ATTEMPT_ANNOTATION).map(String::as_str),
+                        Some("1")
+                    );
+                    return;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    report(&node, "one", &mut epoch, &[], &[]).await;
+    let second = [unaided("bound again", next_bound(&mut w)).await, unaided("bound again", next_bound(&mut w)).await];
+    for p in &second {
+        assert!(first.iter().all(|f| f.metadata.uid != p.metadata.uid), "a new incarnation: {p:?}");
+    }
+    let st = s.admin.get_job("again").await.expect("job").status.expect("status");
+    assert_eq!((st.attempt, st.phase), (1, specs::job::JobPhase::Running));
+    assert!(st.first_failure.unwrap_or_default().contains("attempt 0: rank 0"));
+    s.stop().await;
+}
