@@ -43,6 +43,20 @@ pub fn init_tracing(g: &GlobalArgs) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
+/// Tells systemd the daemon is ready (`Type=notify`); nothing outside systemd
+/// (no `NOTIFY_SOCKET`). A failure is logged: the daemon runs on, and systemd
+/// times the start out by itself.
+pub fn notify_ready() {
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "cannot tell systemd the daemon is ready");
+    }
+}
+
+/// Tells systemd the daemon is stopping.
+pub fn notify_stopping() {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+}
+
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
     Json,

@@ -58,6 +58,8 @@ enum Command {
     Image(cmd::image::Args),
     /// Print shell completions.
     Completions(cmd::completions::Args),
+    /// Write the systemd unit for `pinion server` or `pinion agent` with these flags.
+    Install(cmd::install::Args),
     /// Internal: the per-container helper process (single-threaded).
     #[command(hide = true)]
     Shim(cmd::shim::Args),
@@ -109,6 +111,9 @@ fn main() -> ExitCode {
             Command::Plan(a) => cmd::plan::run(g, a).await,
             Command::Image(a) => cmd::image::run(g, a).await,
             Command::Completions(a) => cmd::completions::run::<Cli>(a),
+            Command::Install(a) => {
+                cmd::install::run(a, |argv| Cli::try_parse_from(argv).map(|_| ()).map_err(|e| e.to_string()))
+            }
             Command::Shim(_) | Command::Init(_) => unreachable!("handled above"),
         }
     }))

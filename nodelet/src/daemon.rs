@@ -66,6 +66,9 @@ pub struct DaemonConfig {
     /// Static pods: a folder of manifests, rescanned in full this often.
     pub manifests: Option<(PathBuf, Duration)>,
     pub join: Option<JoinConfig>,
+    /// Told once the node has joined, its endpoint listens and its runtime
+    /// is open, as the agent starts (what `Type=notify` readiness reports).
+    pub ready: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +97,7 @@ pub enum DaemonError {
 
 /// Runs the node until `shutdown` turns true (or the agent fails).
 pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
-    let DaemonConfig { mut agent, runtime, manifests, join } = config;
+    let DaemonConfig { mut agent, runtime, manifests, join, ready } = config;
     if manifests.is_none() && join.is_none() {
         return Err(DaemonError::NothingToRun);
     }
@@ -156,6 +159,9 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         }));
     } else {
         drop(changes_tx);
+    }
+    if let Some(ready) = ready {
+        ready.notify_one();
     }
     let result = crate::agent::run(agent, runtime, changes_rx, report_tx, stopped(shutdown)).await;
     let _ = stop_tx.send(true);

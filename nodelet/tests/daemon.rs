@@ -130,6 +130,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
 
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
     let config = DaemonConfig {
+        ready: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -204,6 +205,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
 async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = DaemonConfig {
+        ready: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -235,6 +237,7 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
     let (token, admin) = (server.token.clone(), server.admin.clone());
     let url = format!("https://{}", server.addr);
     let config = DaemonConfig {
+        ready: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -290,6 +293,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
     let node_dir = dir.path().join("node");
     let config = DaemonConfig {
+        ready: None,
         agent: AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -362,6 +366,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
         let mut agent = AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings);
         agent.on_settings_change = on_change;
         DaemonConfig {
+            ready: None,
             agent,
             runtime: RuntimeChoice::Hollow,
             manifests: None,

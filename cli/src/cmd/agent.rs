@@ -214,9 +214,15 @@ fn host_name() -> String {
 }
 
 async fn run_agent(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Result<ExitCode> {
-    let config = daemon_config(args, liveness)?;
+    let mut config = daemon_config(args, liveness)?;
+    let ready = std::sync::Arc::new(tokio::sync::Notify::new());
+    config.ready = Some(ready.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let node = tokio::spawn(nodelet::daemon::run(config, stop_rx));
+    tokio::spawn(async move {
+        ready.notified().await;
+        crate::common::notify_ready();
+    });
     tokio::pin!(node);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -230,6 +236,7 @@ async fn run_agent(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Res
         Some(r) => r,
         None => {
             tracing::info!("signal received; stopping the agent, containers keep running");
+            crate::common::notify_stopping();
             node.await
         }
     };
@@ -261,7 +268,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
         },
     };
     let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
-    Ok(DaemonConfig { agent, runtime, manifests, join })
+    Ok(DaemonConfig { agent, runtime, manifests, join, ready: None })
 }
 
 /// The join half of the node's configuration: none without `--server`.

@@ -9,6 +9,7 @@ pub mod discover;
 pub mod exec;
 pub mod get;
 pub mod image;
+pub mod install;
 pub mod logs;
 pub mod plan;
 pub mod run;

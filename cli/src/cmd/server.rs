@@ -127,6 +127,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     println!("admin credentials: {} (use --config or PINION_CONFIG)", server.admin_config.display());
     println!("listening on {} ({})", server.local_addr(), server.server_url());
+    crate::common::notify_ready();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -136,6 +137,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         _ = int.recv() => {}
     }
     eprintln!("shutting down: finishing in-flight requests");
+    crate::common::notify_stopping();
     let _ = stop.send(true);
     task.await??;
     Ok(ExitCode::SUCCESS)

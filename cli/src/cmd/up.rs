@@ -84,6 +84,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     println!("try:  pinion run hello --cpus 1 -- grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status");
     println!("      pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
     println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
+    crate::common::notify_ready();
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

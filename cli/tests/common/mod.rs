@@ -110,6 +110,7 @@ impl Cluster {
         let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
         let topology = specs::topology::synthetic::parse("pack:1 numa:1 core:8 pu:1").expect("topology");
         let config = DaemonConfig {
+            ready: None,
             agent: AgentConfig::new("edge".into(), data.clone(), topology, settings),
             runtime: RuntimeChoice::Hollow,
             manifests: None,

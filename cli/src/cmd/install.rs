@@ -1,0 +1,171 @@
+//! `pinion install server|agent [--unit-dir DIR] [--bin PATH] -- FLAGS...`:
+//! writes the systemd unit that runs `pinion server` or `pinion agent` with
+//! these flags (checked as the daemon would parse them, before anything is
+//! written). Both are `Type=notify`: the daemon says it is ready once it
+//! listens (the server) or has joined and opened its runtime (the agent).
+//! The agent's unit has `Delegate=yes` (it manages its containers' cgroups)
+//! and `KillMode=process` (stopping or restarting the agent never stops a
+//! container: they outlive it by design).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Daemon {
+    Server,
+    Agent,
+}
+
+impl Daemon {
+    fn verb(self) -> &'static str {
+        match self {
+            Daemon::Server => "server",
+            Daemon::Agent => "agent",
+        }
+    }
+
+    pub fn unit_name(self) -> String {
+        format!("pinion-{}.service", self.verb())
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    pub daemon: Daemon,
+    /// Where the unit file goes.
+    #[arg(long, value_name = "DIR", default_value = "/etc/systemd/system")]
+    pub unit_dir: PathBuf,
+    /// The pinion binary the unit runs [default: this one].
+    #[arg(long = "bin", value_name = "PATH")]
+    pub binary: Option<PathBuf>,
+    /// The daemon's flags, after `--` (e.g. `-- --data-dir /var/lib/pinion --listen 0.0.0.0:7443`).
+    #[arg(last = true, value_name = "FLAGS")]
+    pub flags: Vec<String>,
+}
+
+/// Writes the unit; `check` parses `pinion VERB FLAGS...` as the binary would.
+pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyhow::Result<ExitCode> {
+    let mut argv = vec!["pinion".to_string(), args.daemon.verb().to_string()];
+    argv.extend(args.flags.iter().cloned());
+    if let Err(why) = check(&argv) {
+        bail!("pinion install {}: the flags would not start the {}: {why}", args.daemon.verb(), args.daemon.verb());
+    }
+    let binary = match &args.binary {
+        Some(b) => b.clone(),
+        None => std::env::current_exe().context("finding this binary (give --bin PATH)")?,
+    };
+    if !binary.is_absolute() {
+        bail!("--bin {}: systemd needs an absolute path", binary.display());
+    }
+    let text = unit(args.daemon, &binary, &args.flags)?;
+    std::fs::create_dir_all(&args.unit_dir).with_context(|| format!("creating {}", args.unit_dir.display()))?;
+    let path = args.unit_dir.join(args.daemon.unit_name());
+    // A join token is a secret: such a unit is readable by root only.
+    let secret = args.flags.iter().any(|f| f == "--token" || f.starts_with("--token="));
+    write_file(&path, &text, if secret { 0o600 } else { 0o644 })?;
+    println!("wrote {}", path.display());
+    println!("start it: systemctl daemon-reload && systemctl enable --now {}", args.daemon.unit_name());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Written whole or not at all (a temporary file renamed into place).
+fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("service.tmp");
+    // A leftover from an interrupted run would keep its own mode.
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+}
+
+/// One `ExecStart=` word, quoted as systemd reads it when it needs to be (a
+/// leading `@`, `-`, `:`, `+` or `!` means something only on the program).
+fn quote(word: &str, program: bool) -> anyhow::Result<String> {
+    if word.chars().any(|c| c.is_control()) {
+        bail!("{word:?}: a control character cannot go into a unit file");
+    }
+    let plain = !word.is_empty()
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || "/._-=:,@+".contains(c))
+        && !word.contains('%')
+        && !(program && word.starts_with(['@', '-', ':', '+', '!']));
+    if plain {
+        return Ok(word.to_string());
+    }
+    // Inside double quotes systemd takes C escapes; `%` is a specifier and `$` a variable.
+    let escaped = word.replace('\\', "\\\\").replace('"', "\\\"").replace('%', "%%").replace('$', "$$");
+    Ok(format!("\"{escaped}\""))
+}
+
+/// The unit file's text.
+pub fn unit(daemon: Daemon, binary: &Path, flags: &[String]) -> anyhow::Result<String> {
+    let bin = binary.to_str().context("the binary's path is not UTF-8")?;
+    let mut exec = vec![quote(bin, true)?, daemon.verb().to_string()];
+    for f in flags {
+        exec.push(quote(f, false)?);
+    }
+    let exec = exec.join(" ");
+    let (description, service) = match daemon {
+        Daemon::Server => ("Pinion control plane (API, store, scheduler)", "Restart=on-failure\n"),
+        Daemon::Agent => (
+            "Pinion node agent",
+            "# The agent manages its containers' cgroups itself.\n\
+             Delegate=yes\n\
+             # Stopping or restarting the agent never stops a container: they outlive it.\n\
+             KillMode=process\n\
+             Restart=always\n\
+             TasksMax=infinity\n\
+             OOMScoreAdjust=-500\n",
+        ),
+    };
+    Ok(format!(
+        "# Written by `pinion install {verb}`; run it again to change the flags.\n\
+         [Unit]\n\
+         Description={description}\n\
+         Wants=network-online.target\n\
+         After=network-online.target\n\
+         \n\
+         [Service]\n\
+         Type=notify\n\
+         NotifyAccess=main\n\
+         ExecStart={exec}\n\
+         {service}\
+         RestartSec=2s\n\
+         TimeoutStartSec=5min\n\
+         TimeoutStopSec=90s\n\
+         LimitNOFILE=1048576\n\
+         \n\
+         [Install]\n\
+         WantedBy=multi-user.target\n",
+        verb = daemon.verb(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_quoted_as_systemd_reads_them() {
+        let q = |w: &str| quote(w, false).unwrap();
+        assert_eq!(quote("/usr/local/bin/pinion", true).unwrap(), "/usr/local/bin/pinion");
+        assert_eq!(quote("-pinion", true).unwrap(), "\"-pinion\"");
+        assert_eq!(q("--listen=0.0.0.0:7443"), "--listen=0.0.0.0:7443");
+        assert_eq!(q("--label"), "--label");
+        assert_eq!(q("a b"), "\"a b\"");
+        assert_eq!(q("50%"), "\"50%%\"");
+        assert_eq!(q("$HOME"), "\"$$HOME\"");
+        assert_eq!(q("say \"hi\""), "\"say \\\"hi\\\"\"");
+        assert_eq!(q(""), "\"\"");
+        assert!(quote("a\nb", false).is_err());
+    }
+}
