@@ -21,6 +21,9 @@ pub struct GlobalArgs {
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
     #[arg(long, global = true, env = "PINION_LOG", default_value = "warn,libcgroups=error,libcontainer=error")]
     pub log: String,
+    /// Log lines as text, or as one JSON object each (for a log collector).
+    #[arg(long, global = true, env = "PINION_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// How often an idle stream carries a heartbeat, in milliseconds (the
     /// server's and agent's send period, every reader's bound is three of
     /// them); client and server must agree. For tests of dead connections.
@@ -37,10 +40,29 @@ impl GlobalArgs {
     }
 }
 
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 pub fn init_tracing(g: &GlobalArgs) {
     let filter =
         tracing_subscriber::EnvFilter::try_new(&g.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match g.log_format {
+        LogFormat::Text => fmt.try_init(),
+        LogFormat::Json => fmt.json().flatten_event(true).try_init(),
+    };
+}
+
+/// A daemon's note for its operator: a plain stderr line, or with
+/// `--log-format json` an info event, so a log collector reads only JSON.
+pub fn daemon_note(g: &GlobalArgs, note: &str) {
+    match g.log_format {
+        LogFormat::Text => eprintln!("{note}"),
+        LogFormat::Json => tracing::info!(target: "pinion", "{note}"),
+    }
 }
 
 /// Tells systemd the daemon is ready (`Type=notify`); nothing outside systemd

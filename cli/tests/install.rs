@@ -132,3 +132,35 @@ fn the_server_and_the_agent_tell_systemd_they_are_ready() {
     // Ready means joined: the node's credentials are on disk.
     assert!(node.join("node.conf").exists(), "the agent said ready before it joined");
 }
+
+/// `--log-format json`: every log line is one JSON object a collector can
+/// read, with its level, target and message.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let notify = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&notify).expect("notify socket");
+    let err = std::fs::File::create(dir.join("stderr")).expect("stderr file");
+    let mut child = Command::new(PINION)
+        .args(["--log", "info", "--log-format", "json", "server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("srv"))
+        .env("NOTIFY_SOCKET", &notify)
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("spawn pinion server");
+    ready(&socket);
+    let ok = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill").success();
+    assert!(ok);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    let text = std::fs::read_to_string(dir.join("stderr")).expect("stderr");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty(), "info logs expected");
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["target"].is_string() && v["message"].is_string(), "{l}");
+    }
+    assert!(lines.iter().any(|l| l.contains("server stopped")), "{text}");
+}

@@ -136,7 +136,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    eprintln!("shutting down: finishing in-flight requests");
+    crate::common::daemon_note(&g, "shutting down: finishing in-flight requests");
     crate::common::notify_stopping();
     let _ = stop.send(true);
     task.await??;
