@@ -1,5 +1,6 @@
 //! A local Slurm (Debian `slurm-wlm` 22.05), the HPC peer of the job-path
-//! benchmarks: `munged`, `slurmctld` and one `slurmd` on loopback ports, state
+//! benchmarks: `munged`, `slurmctld` and one `slurmd` per node (all on this
+//! host, as `../shared/notes/peers-on-this-host.md` found works) on loopback ports, state
 //! in a temporary folder, configured as `../shared/notes/peers-on-this-host.md`
 //! found it works on this host (cons_tres per core, cgroup v1 task and process
 //! tracking, no scheduling delay). `CpuSpecList` keeps the same CPUs out of
@@ -29,6 +30,16 @@ impl Slurm {
     /// Linux cpulist such as `0`) kept out of jobs' reach; returns once the
     /// node is idle, or fails after `limit`.
     pub fn start(reserved: &str, limit: Duration) -> anyhow::Result<Slurm> {
+        Slurm::start_nodes(&[reserved], limit)
+    }
+
+    /// Starts a cluster of one `slurmd` per entry of `reserved`, all on this
+    /// host (one entry: the node is named after the host; several: `n1`,
+    /// `n2`... each on its own port, `slurmd -N nI`), each node keeping its
+    /// entry's CPUs out of jobs' reach (`CpuSpecList`), so that two nodes with
+    /// `0` and `1` reserved each give jobs the other CPU, as two Pinion agents
+    /// with `--reserved-cpus 0` and `1` do. Returns once every node is idle.
+    pub fn start_nodes(reserved: &[&str], limit: Duration) -> anyhow::Result<Slurm> {
         ensure_installed()?;
         ensure_munged()?;
         let dir = tempfile::Builder::new().prefix("pinion-slurm-").tempdir()?;
@@ -36,29 +47,38 @@ impl Slurm {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let host = nix::unistd::gethostname()?.to_string_lossy().into_owned();
         let state = dir.path().join("state");
-        let spool = dir.path().join("spool");
         std::fs::create_dir_all(&state)?;
-        std::fs::create_dir_all(&spool)?;
-        let (ctld_port, d_port) = (free_port()?, free_port()?);
+        let ctld_port = free_port()?;
         let d = dir.path().display();
+        let single = reserved.len() == 1;
+        let names: Vec<String> =
+            if single { vec![host.clone()] } else { (1..=reserved.len()).map(|i| format!("n{i}")).collect() };
+        let mut node_lines = String::new();
+        for (name, r) in names.iter().zip(reserved) {
+            std::fs::create_dir_all(dir.path().join(format!("spool-{name}")))?;
+            let port = free_port()?;
+            node_lines.push_str(&format!(
+                "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory=2000 CpuSpecList={r} State=UNKNOWN\n"
+            ));
+        }
         std::fs::write(
             &conf,
             format!(
                 "ClusterName=pinionbench\n\
                  SlurmctldHost={host}(127.0.0.1)\n\
                  SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\n\
-                 StateSaveLocation={state}\nSlurmdSpoolDir={spool}\n\
-                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
-                 SlurmctldPort={ctld_port}\nSlurmdPort={d_port}\n\
+                 StateSaveLocation={state}\nSlurmdSpoolDir={d}/spool-%n\n\
+                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
+                 SlurmctldPort={ctld_port}\n\
                  SelectType=select/cons_tres\nSelectTypeParameters=CR_Core_Memory\nDefMemPerCPU=100\n\
                  TaskPlugin=task/affinity,task/cgroup\nProctrackType=proctrack/cgroup\n\
                  SchedulerParameters=batch_sched_delay=0,sched_min_interval=0\n\
                  ReturnToService=2\nMpiDefault=none\n\
-                 SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.log\n\
-                 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=2000 CpuSpecList={reserved} State=UNKNOWN\n\
-                 PartitionName=main Nodes={host} Default=YES MaxTime=INFINITE State=UP\n",
+                 SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n\
+                 {node_lines}\
+                 PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP\n",
                 state = state.display(),
-                spool = spool.display(),
+                nodes = names.join(","),
             ),
         )?;
         std::fs::write(
@@ -66,11 +86,17 @@ impl Slurm {
             "CgroupPlugin=cgroup/v1\nConstrainCores=yes\nConstrainRAMSpace=yes\n",
         )?;
         let mut slurm = Slurm { conf, dir, daemons: Vec::new() };
-        for daemon in ["slurmctld", "slurmd"] {
-            let out = std::fs::File::create(slurm.dir.path().join(format!("{daemon}.out")))?;
+        let mut daemons: Vec<(String, Vec<String>)> = vec![("slurmctld".into(), Vec::new())];
+        for name in &names {
+            let args = if single { Vec::new() } else { vec!["-N".to_string(), name.clone()] };
+            daemons.push(("slurmd".into(), args));
+        }
+        for (i, (daemon, args)) in daemons.iter().enumerate() {
+            let out = std::fs::File::create(slurm.dir.path().join(format!("{daemon}-{i}.out")))?;
             let child = Command::new(format!("/usr/sbin/{daemon}"))
                 .args(["-D", "-f"])
                 .arg(&slurm.conf)
+                .args(args)
                 .env("SLURM_CONF", &slurm.conf)
                 .stdin(Stdio::null())
                 .stdout(out.try_clone()?)
@@ -81,13 +107,16 @@ impl Slurm {
         }
         let deadline = Instant::now() + limit;
         loop {
-            let out = slurm.command("sinfo").args(["-h", "-o", "%T"]).output()?;
+            let out = slurm.command("sinfo").args(["-h", "-N", "-o", "%T"]).output()?;
             let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if state == "idle" {
+            if state.lines().filter(|l| *l == "idle").count() == names.len() {
                 return Ok(slurm);
             }
             if Instant::now() > deadline {
-                bail!("slurm's node is {state:?}, not idle, after {limit:?} (logs in {})", slurm.dir.path().display());
+                bail!(
+                    "slurm's nodes are {state:?}, not all idle, after {limit:?} (logs in {})",
+                    slurm.dir.path().display()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -144,18 +173,21 @@ fn ensure_installed() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts `munged` as its own user when its socket is missing (no systemd here).
+/// Starts `munged` as its own user when nothing answers on its socket (no
+/// systemd here). A socket file left by a munged that died answers nothing:
+/// Slurm's daemons then wait on it silently, so `--force` takes it over.
 fn ensure_munged() -> anyhow::Result<()> {
     let socket = Path::new(MUNGE_SOCKET_DIR).join("munge.socket.2");
-    if socket.exists() {
+    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
         return Ok(());
     }
+    let _ = std::fs::remove_file(&socket);
     std::fs::create_dir_all(MUNGE_SOCKET_DIR)?;
     let status = Command::new("chown").args(["munge:munge", MUNGE_SOCKET_DIR]).status()?;
     if !status.success() {
         bail!("chown munge {MUNGE_SOCKET_DIR} failed");
     }
-    let status = Command::new("runuser").args(["-u", "munge", "--", "/usr/sbin/munged"]).status()?;
+    let status = Command::new("runuser").args(["-u", "munge", "--", "/usr/sbin/munged", "--force"]).status()?;
     if !status.success() {
         bail!("munged did not start");
     }

@@ -453,13 +453,20 @@ impl Controller {
     }
 
     pub fn pod_created(&self, pod: &Pod) {
-        if pod.spec.node_name.is_some() {
-            return;
-        }
+        self.pods_created(std::slice::from_ref(pod));
+    }
+
+    /// Pods created in one write (a job's members), queued under one lock: a
+    /// scheduling pass between two of them would see part of a gang and place
+    /// that part as if it were the whole (a gang "started" with some members,
+    /// holding their CPUs while the rest wait).
+    pub fn pods_created(&self, pods: &[Pod]) {
         let mut inner = self.lock();
-        let order = inner.order_of(pod);
-        inner.orders.insert(pod.metadata.name.clone(), order);
-        inner.enqueue(Arc::new(pod.clone()), Wait::Now, false);
+        for pod in pods.iter().filter(|p| p.spec.node_name.is_none()) {
+            let order = inner.order_of(pod);
+            inner.orders.insert(pod.metadata.name.clone(), order);
+            inner.enqueue(Arc::new(pod.clone()), Wait::Now, false);
+        }
         drop(inner);
         self.wake.notify_one();
     }
@@ -867,9 +874,7 @@ impl Controller {
                 for p in &changes.deleted {
                     self.pod_deleted(p);
                 }
-                for p in &changes.created {
-                    self.pod_created(p);
-                }
+                self.pods_created(&changes.created);
             }
             Err(Refused(e)) => tracing::warn!(job = %name, error = %e, "cannot record a job's progress"),
         }

@@ -9,6 +9,11 @@
 //! (defaults 5000, 50000, 64, sled, `target/release/pinion`). `--etcd 3`
 //! starts a three-member etcd on this host (loopback, a data dir each) and
 //! runs the server on it.
+//!
+//! Gangs: `--job-size K --jobs J` creates J jobs of K members each (one
+//! exclusive CPU and 1 GiB per member, `gang.placement: pack`) instead of pods,
+//! and waits until every member is bound; prints gangs/s and members/s (first
+//! create to the last member's binding), the nodes per gang, and the RSS.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -53,6 +58,7 @@ fn main() -> anyhow::Result<()> {
     let mut pinion = PathBuf::from("target/release/pinion");
     let mut cache_mib: Option<String> = None;
     let mut etcd_members = 0usize;
+    let (mut job_size, mut jobs) = (0usize, 0usize);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -63,11 +69,18 @@ fn main() -> anyhow::Result<()> {
             "--pinion" => pinion = PathBuf::from(value()?),
             "--store-cache-mib" => cache_mib = Some(value()?),
             "--etcd" => etcd_members = value()?.parse()?,
+            "--job-size" => job_size = value()?.parse()?,
+            "--jobs" => jobs = value()?.parse()?,
             other => bail!("unknown argument {other}"),
         }
     }
+    let gangs = match (job_size, jobs) {
+        (0, 0) => None,
+        (k, j) if k > 0 && j > 0 => Some((k, j)),
+        _ => bail!("--job-size and --jobs go together, both above 0"),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(run(pinion, nodes, pods, conns, cache_mib, etcd_members))
+    rt.block_on(run(pinion, nodes, pods, conns, cache_mib, etcd_members, gangs))
 }
 
 async fn run(
@@ -77,6 +90,7 @@ async fn run(
     conns: usize,
     cache: Option<String>,
     etcd_members: usize,
+    gangs: Option<(usize, usize)>,
 ) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let data = tmp.path().join("srv");
@@ -139,6 +153,9 @@ async fn run(
         rss_mib(pid, "VmRSS:")
     );
 
+    if let Some((size, jobs)) = gangs {
+        return run_gangs(&creds, &client, pid, conns, nodes, size, jobs).await;
+    }
     let bodies: Vec<String> = (0..pods).map(|i| pod_json(i, &mut rng)).collect();
     // Bound = the server wrote the binding (spec.nodeName), seen on a watch
     // opened before the first create (polling full lists would itself cost the
@@ -182,6 +199,84 @@ async fn run(
     );
     println!(
         "server RSS with {nodes} nodes and {pods} pods: {:.1} MiB (peak {:.1} MiB)",
+        rss_mib(pid, "VmRSS:"),
+        rss_mib(pid, "VmHWM:")
+    );
+    Ok(())
+}
+
+/// Creates `jobs` jobs of `size` members and waits until every member is
+/// bound, counted on a watch opened before the first create.
+async fn run_gangs(
+    creds: &orchestrator::tls::Credentials,
+    client: &orchestrator::client::Client,
+    pid: u32,
+    conns: usize,
+    nodes: usize,
+    size: usize,
+    jobs: usize,
+) -> anyhow::Result<()> {
+    let members = size * jobs;
+    let bodies: Vec<String> = (0..jobs).map(|i| job_json(i, size)).collect();
+    let from = client.list_pods(None).await?.resource_version;
+    let mut watch = client.watch_pods(None, None, Some(from)).await?;
+    let counter = tokio::spawn(async move {
+        // Per job: the nodes its bound members are on.
+        let mut bound: std::collections::HashMap<String, std::collections::HashMap<String, String>> =
+            std::collections::HashMap::new();
+        let (mut total, mut complete) = (0usize, 0usize);
+        // Members bound before their whole gang was placed: their
+        // PINION_NODES lacks the node of a rank placed later.
+        let mut in_pieces = std::collections::HashSet::new();
+        while complete < jobs {
+            match watch.next().await? {
+                Some((_, p)) => {
+                    let (Some(node), Some(job)) = (&p.spec.node_name, p.metadata.labels.get(specs::job::JOB_LABEL))
+                    else {
+                        continue;
+                    };
+                    let nodes_env = p
+                        .spec
+                        .containers
+                        .first()
+                        .and_then(|c| c.env.iter().find(|e| e.name == "PINION_NODES").map(|e| e.value.clone()));
+                    if nodes_env.is_none_or(|v| v.split(',').any(str::is_empty)) {
+                        in_pieces.insert(job.clone());
+                    }
+                    let held = bound.entry(job.clone()).or_default();
+                    if held.insert(p.metadata.name.clone(), node.clone()).is_none() {
+                        total += 1;
+                        if held.len() == size {
+                            complete += 1;
+                        }
+                    }
+                }
+                None => bail!("the watch ended"),
+            }
+        }
+        let spans: usize =
+            bound.values().map(|held| held.values().collect::<std::collections::HashSet<_>>().len()).sum();
+        Ok::<_, anyhow::Error>((total, spans as f64 / jobs as f64, in_pieces.len()))
+    });
+    let start = Instant::now();
+    parallel(creds, conns, bodies, "/api/v1/jobs").await?;
+    let created = start.elapsed();
+    println!(
+        "created {jobs} jobs of {size} members ({members} pods) over {conns} connections in {:.2}s = {:.0} jobs/s; server RSS {:.1} MiB",
+        created.as_secs_f64(),
+        jobs as f64 / created.as_secs_f64(),
+        rss_mib(pid, "VmRSS:")
+    );
+    let (bound, nodes_per_gang, in_pieces) =
+        tokio::time::timeout(Duration::from_secs(600), counter).await.context("binding timed out")???;
+    let all = start.elapsed().as_secs_f64();
+    println!(
+        "gangs of {size} at {nodes} nodes: {jobs} gangs ({bound} members) bound {all:.2}s after the first create = {:.1} gangs/s, {:.0} members/s; {nodes_per_gang:.2} nodes per gang; {in_pieces} gangs bound in pieces",
+        jobs as f64 / all,
+        bound as f64 / all
+    );
+    println!(
+        "server RSS with {nodes} nodes and {jobs} jobs ({members} pods): {:.1} MiB (peak {:.1} MiB)",
         rss_mib(pid, "VmRSS:"),
         rss_mib(pid, "VmHWM:")
     );
@@ -234,6 +329,31 @@ fn pod_json(i: usize, rng: &mut Rng) -> String {
                     "limits": {"cpu": cpus.to_string(), "memory": format!("{mem}Gi")},
                 },
             }],
+        },
+    })
+    .to_string()
+}
+
+fn job_json(i: usize, size: usize) -> String {
+    serde_json::json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Job",
+        "metadata": {"name": format!("job-{i}")},
+        "spec": {
+            "parallelism": size,
+            "gang": {"placement": "pack"},
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "main",
+                    "rootfs": "host",
+                    "command": ["true"],
+                    "resources": {
+                        "requests": {"cpu": "1", "memory": "1Gi"},
+                        "limits": {"cpu": "1", "memory": "1Gi"},
+                    },
+                }],
+            }},
         },
     })
     .to_string()

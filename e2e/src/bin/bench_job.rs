@@ -16,16 +16,25 @@
 //!    counted from one label watch the benchmark opens before the submission
 //!    (the control path: API, scheduler, node, reports), and with `run
 //!    --array` following every task's attach stream as a user would.
+//! 4. Two ranks on two nodes (`--two-nodes N`, instead of 1-3): this host as
+//!    two nodes of one CPU each on both sides. Pinion: a server and two
+//!    `pinion agent --runtime libcontainer`, one with `--reserved-cpus 0`, the
+//!    other `1`; Slurm: two `slurmd` (`n1`, `n2`) with `CpuSpecList=0` and
+//!    `1`. `pinion run bN -N 2 --cpus 1 -- sh -c 'echo rank $PINION_RANK'`
+//!    against `srun -N 2 -c 1 --label sh -c 'echo rank $SLURM_PROCID'`,
+//!    interleaved, N times each: from the client's spawn to both ranks' lines
+//!    read from its stdout, and to its exit.
 //!
 //! Usage (as root): `bench_job [--runs N] [--queue N] [--hollow-jobs N]
-//! [--pinion PATH] [--no-slurm]` (defaults 50, 200, 1000,
-//! `target/release/pinion`).
+//! [--two-nodes N] [--pinion PATH] [--no-slurm]` (defaults 50, 200, 1000,
+//! none, `target/release/pinion`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use e2e::process::Proc;
 use e2e::slurm::Slurm;
 use e2e::stats::{load_average, Summary};
 
@@ -33,13 +42,20 @@ struct Opts {
     runs: usize,
     queue: usize,
     hollow_jobs: usize,
+    two_nodes: usize,
     pinion: PathBuf,
     slurm: bool,
 }
 
 fn opts() -> anyhow::Result<Opts> {
-    let mut o =
-        Opts { runs: 50, queue: 200, hollow_jobs: 1000, pinion: PathBuf::from("target/release/pinion"), slurm: true };
+    let mut o = Opts {
+        runs: 50,
+        queue: 200,
+        hollow_jobs: 1000,
+        two_nodes: 0,
+        pinion: PathBuf::from("target/release/pinion"),
+        slurm: true,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> anyhow::Result<usize> {
@@ -49,6 +65,7 @@ fn opts() -> anyhow::Result<Opts> {
             "--runs" => o.runs = num("--runs")?,
             "--queue" => o.queue = num("--queue")?,
             "--hollow-jobs" => o.hollow_jobs = num("--hollow-jobs")?,
+            "--two-nodes" => o.two_nodes = num("--two-nodes")?,
             "--pinion" => o.pinion = PathBuf::from(args.next().context("--pinion PATH")?),
             "--no-slurm" => o.slurm = false,
             other => bail!("unknown argument {other}"),
@@ -245,8 +262,222 @@ fn line(name: &str, s: &Summary) -> String {
     format!("{name:<34} median {:>7.1} ms  p99 {:>7.1} ms  min {:>7.1} ms", s.median, s.p99, s.min)
 }
 
+/// A server and two agents on this host (real containers, libcontainer),
+/// node `a` keeping CPU 0 for the system and `b` CPU 1, so each has one CPU
+/// for jobs; as `e2e/scenarios/14-gang-real.yaml` sets it up.
+struct TwoNodes {
+    dir: tempfile::TempDir,
+    pinion: PathBuf,
+    // Agents first: they drop (are killed) before the server.
+    agents: Vec<Proc>,
+    _server: Proc,
+}
+
+impl TwoNodes {
+    fn start(pinion: &Path) -> anyhow::Result<TwoNodes> {
+        let dir = tempfile::Builder::new().prefix("pinion-bench-two-").tempdir()?;
+        let log = dir.path().join("server.log");
+        let file = std::fs::File::create(&log)?;
+        let server = Proc(
+            Command::new(pinion)
+                .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+                .arg(dir.path().join("srv"))
+                .stdin(Stdio::null())
+                .stdout(file.try_clone()?)
+                .stderr(file)
+                .spawn()
+                .context("starting pinion server")?,
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let addr = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(a) = text.lines().find_map(|l| l.strip_prefix("listening on ")) {
+                break a.split_whitespace().next().unwrap_or_default().to_string();
+            }
+            if Instant::now() > deadline {
+                bail!("the server did not listen within 20 s (log: {})", log.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let token = std::fs::read_to_string(dir.path().join("srv/join-token"))?;
+        let mut nodes = TwoNodes { pinion: pinion.to_path_buf(), agents: Vec::new(), _server: server, dir };
+        for (name, reserved) in [("a", "0"), ("b", "1")] {
+            let file = std::fs::File::create(nodes.dir.path().join(format!("node-{name}.log")))?;
+            let child = Command::new(pinion)
+                .args(["agent", "--server", &format!("https://{addr}"), "--token", token.trim(), "--ca"])
+                .arg(nodes.dir.path().join("srv/pki/ca.crt"))
+                .arg("--data-dir")
+                .arg(nodes.dir.path().join(format!("node-{name}")))
+                .args(["--node-name", name, "--endpoint-listen", "127.0.0.1:0", "--runtime", "libcontainer"])
+                .args(["--reserved-cpus", reserved])
+                .stdin(Stdio::null())
+                .stdout(file.try_clone()?)
+                .stderr(file)
+                .spawn()
+                .with_context(|| format!("starting agent {name}"))?;
+            nodes.agents.push(Proc(child));
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = nodes.cmd().args(["get", "nodes"]).output()?;
+            let table = String::from_utf8_lossy(&out.stdout);
+            let ready = table.lines().skip(1).filter(|l| l.split_whitespace().any(|w| w == "Ready")).count();
+            if ready == 2 {
+                return Ok(nodes);
+            }
+            if Instant::now() > deadline {
+                bail!("{ready} of 2 nodes Ready after 60 s (logs in {})", nodes.dir.path().display());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.pinion);
+        c.env("PINION_CONFIG", self.dir.path().join("srv/admin.conf"));
+        c
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        self.agents.clear();
+        // Containers outlive their agent: whatever is left goes through the runtime.
+        for name in ["a", "b"] {
+            let data = self.dir.path().join(format!("node-{name}"));
+            if let Ok(rt) = nodelet::runtime::libcontainer::LibcontainerRuntime::new(&data, &self.pinion) {
+                use nodelet::runtime::Runtime;
+                for id in rt.list().unwrap_or_default() {
+                    let _ = rt.stop(&id, Duration::ZERO);
+                    let _ = rt.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+/// Runs a two-rank client command: milliseconds from its spawn to both
+/// ranks' lines (`0: rank 0`, `1: rank 1`, as `--label` prints them) read
+/// from its stdout, and to its exit. Fails on a missing line, a failed exit,
+/// or after 60 s.
+fn two_ranks(cmd: &mut Command) -> anyhow::Result<(f64, f64)> {
+    use std::io::BufRead;
+    let start = Instant::now();
+    let mut child = Proc(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("{cmd:?}"))?,
+    );
+    let stdout = child.0.stdout.take().context("stdout")?;
+    let stderr = child.0.stderr.take().context("stderr")?;
+    let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = start + Duration::from_secs(60);
+    let mut seen = [false, false];
+    let mut first_lines: Option<Instant> = None;
+    let mut output = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((at, line)) => {
+                for (rank, s) in seen.iter_mut().enumerate() {
+                    if line == format!("{rank}: rank {rank}") {
+                        *s = true;
+                    }
+                }
+                if first_lines.is_none() && seen == [true, true] {
+                    first_lines = Some(at);
+                }
+                output.push_str(&line);
+                output.push('\n');
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => bail!("{cmd:?}: no end after 60 s; output:\n{output}"),
+        }
+    }
+    let status = child.0.wait()?;
+    let exited = start.elapsed().as_secs_f64() * 1e3;
+    let errors = errors.join().unwrap_or_default();
+    let Some(first) = first_lines else { bail!("{cmd:?}: {status}, not both ranks' lines:\n{output}{errors}") };
+    if !status.success() {
+        bail!("{cmd:?}: {status}\n{output}{errors}");
+    }
+    Ok(((first - start).as_secs_f64() * 1e3, exited))
+}
+
+/// Part 4: `pinion run -N 2` against `srun -N 2`, interleaved, `runs` each.
+fn two_node_pass(pinion: &Path, runs: usize, with_slurm: bool) -> anyhow::Result<()> {
+    let slurm = if with_slurm { Some(Slurm::start_nodes(&["0", "1"], Duration::from_secs(60))?) } else { None };
+    let nodes = TwoNodes::start(pinion)?;
+    let load_before = load_average();
+    let mut n = 0usize;
+    let mut pinion_run = || {
+        n += 1;
+        let mut c = nodes.cmd();
+        c.args(["run", &format!("b{n}"), "-N", "2", "--cpus", "1", "--", "sh", "-c", "echo rank $PINION_RANK"]);
+        c
+    };
+    let srun = |s: &Slurm| {
+        let mut c = s.command("srun");
+        c.args(["-N", "2", "-c", "1", "--label", "sh", "-c", "echo rank $SLURM_PROCID"]);
+        c
+    };
+    // Warm-up: page cache, the first TLS session, Slurm's first step.
+    for _ in 0..3 {
+        two_ranks(&mut pinion_run())?;
+        if let Some(s) = &slurm {
+            two_ranks(&mut srun(s))?;
+        }
+    }
+    let (mut p, mut s) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        // Alternate which goes first, so neither always follows the other's tail.
+        if i % 2 == 0 {
+            p.push(two_ranks(&mut pinion_run())?);
+        }
+        if let Some(sl) = &slurm {
+            s.push(two_ranks(&mut srun(sl))?);
+        }
+        if i % 2 == 1 {
+            p.push(two_ranks(&mut pinion_run())?);
+        }
+    }
+    let load_after = load_average();
+    println!("two ranks on two one-CPU nodes of this host, {runs} runs each, interleaved (load average {load_before:.2} before, {load_after:.2} after)");
+    let show = |name: &str, v: &[(f64, f64)]| {
+        let first: Vec<f64> = v.iter().map(|x| x.0).collect();
+        let exit: Vec<f64> = v.iter().map(|x| x.1).collect();
+        let (f, e) = (Summary::of(&first), Summary::of(&exit));
+        let (fp95, ep95) = (e2e::stats::percentile(&first, 95.0), e2e::stats::percentile(&exit, 95.0));
+        println!(
+            "{name:<62} both ranks' first line: p50 {:>6.1} ms  p95 {:>6.1} ms  min {:>6.1} ms | exit: p50 {:>6.1} ms  p95 {:>6.1} ms  min {:>6.1} ms",
+            f.median, fp95, f.min, e.median, ep95, e.min
+        );
+        f.median
+    };
+    let pm = show("pinion run bN -N 2 --cpus 1 -- sh -c 'echo rank $PINION_RANK'", &p);
+    if !s.is_empty() {
+        let sm = show("srun -N 2 -c 1 --label sh -c 'echo rank $SLURM_PROCID'", &s);
+        println!("   ratio of first-line medians pinion/srun: {:.2}", pm / sm);
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let o = opts()?;
+    if o.two_nodes > 0 {
+        return two_node_pass(&o.pinion, o.two_nodes, o.slurm);
+    }
     let slurm = if o.slurm { Some(Slurm::start("0", Duration::from_secs(60))?) } else { None };
     let load_before = load_average();
 

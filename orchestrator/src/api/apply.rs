@@ -667,9 +667,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 for p in &changes.deleted {
                     c.pod_deleted(p);
                 }
-                for p in &changes.created {
-                    c.pod_created(p);
-                }
+                c.pods_created(&changes.created);
             }
             json(code, &job)
         }
