@@ -171,6 +171,8 @@ struct GangState {
     queued: BTreeMap<u32, String>,
     /// Members known (queued or bound, unfinished); at zero it is forgotten.
     members: usize,
+    /// Its minimum was placed once: the rest are placed as they fit.
+    started: bool,
 }
 
 struct Inner {
@@ -1284,8 +1286,27 @@ impl Inner {
                 nodes_by_rank[rank as usize] = b.node;
             }
         }
+        let started = st.started || !held.is_empty();
+        let min = g.min_members as usize;
+        if !started && members.len() < min {
+            // Members arrive one store change at a time on a shared store (the
+            // leader follows etcd's watch): a part of a gang is never placed as
+            // if it were the whole. The next member's arrival tries again.
+            let message: Arc<str> =
+                format!("{} of job {}'s {} members are known; waiting for the others", members.len(), g.job, g.size)
+                    .into();
+            let mut out = Vec::new();
+            for (_, n, pod) in members {
+                let Some(e) = self.queue.get_mut(&n) else { continue };
+                e.wait = Wait::Unschedulable;
+                if let Some(d) = Self::say(e, "WaitingForMembers", "Normal", "WaitingForMembers", message.clone()) {
+                    out.push((d, pod));
+                }
+            }
+            return out;
+        }
         // A gang already started (its minimum placed) places the rest as they fit.
-        let min = if held.is_empty() { (g.min_members as usize).min(members.len()) } else { 1 };
+        let min = if started { 1 } else { min };
         let request = GangRequest {
             members: members.iter().map(|(_, n, p)| (n.clone(), p.clone())).collect(),
             placement: g.placement,
@@ -1298,6 +1319,9 @@ impl Inner {
             Ok(bound) => {
                 if self.blocked_by.as_ref().is_some_and(|(_, k)| *k == key) {
                     self.blocked_by = None;
+                }
+                if let Some(st) = self.gangs.get_mut(&key) {
+                    st.started = true;
                 }
                 let ranks: HashMap<&str, u32> = members.iter().map(|(r, n, _)| (n.as_str(), *r)).collect();
                 for (n, b) in &bound {
