@@ -216,6 +216,16 @@ struct GangBind {
     nodes: String,
 }
 
+/// Why a pod (or a gang) fits nowhere, as its status says it: the summary,
+/// then each node's reason.
+fn unschedulable_words(u: crate::scheduler::Unschedulable) -> Arc<str> {
+    if u.per_node.is_empty() {
+        return u.message.into();
+    }
+    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
+    format!("{}: {}", u.message, per.join("; ")).into()
+}
+
 /// The key of a gang in `Inner::gangs`.
 fn gang_key(g: &specs::job::Gang) -> String {
     format!("{}#{}", g.job, g.attempt)
@@ -1350,12 +1360,7 @@ impl Inner {
                 }
             }
             Err(u) => {
-                let mut message = u.message;
-                if !u.per_node.is_empty() {
-                    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
-                    message = format!("{message}: {}", per.join("; "));
-                }
-                let message: Arc<str> = message.into();
+                let message = unschedulable_words(u);
                 if self.blocked_by.as_ref().is_none_or(|(o, _)| first < *o) {
                     self.blocked_by = Some((first, key));
                 }
@@ -1434,12 +1439,7 @@ impl Inner {
                 Some((Decision::Bind(binding, pod.metadata.uid.clone()), pod))
             }
             Err(u) => {
-                let mut message = u.message;
-                if !u.per_node.is_empty() {
-                    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
-                    message = format!("{message}: {}", per.join("; "));
-                }
-                let message: Arc<str> = message.into();
+                let message = unschedulable_words(u);
                 if !rejected {
                     failed.insert(twin, message.clone());
                 }

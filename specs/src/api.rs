@@ -429,6 +429,16 @@ impl TextChunks {
     pub fn flush(&mut self) -> Option<String> {
         (!self.held.is_empty()).then(|| String::from_utf8_lossy(&std::mem::take(&mut self.held)).into_owned())
     }
+
+    /// Bytes held back (the start of a character whose rest has not come).
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Forgets what is held (the stream starts again from its beginning).
+    pub fn clear(&mut self) {
+        self.held.clear();
+    }
 }
 
 /// How often an idle attach stream carries a heartbeat (`Liveness`'s default).

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::Response;
-use specs::api::{complete_utf8, AttachFrame, Liveness};
+use specs::api::{AttachFrame, Liveness};
 use specs::status::ContainerState;
 use specs::{Pod, PodPhase};
 use tokio::sync::{mpsc, watch};
@@ -115,40 +115,34 @@ struct Text {
     /// Raw output bytes seen from the node.
     seen: u64,
     skip: u64,
-    held: Vec<u8>,
+    chunks: specs::api::TextChunks,
 }
 
 impl Text {
+    fn new(skip: u64) -> Text {
+        Text { seen: 0, skip, chunks: Default::default() }
+    }
+
     /// The frame for a chunk, if any text is ready.
     fn push(&mut self, data: &[u8]) -> Option<AttachFrame> {
         let start = self.seen;
         self.seen += data.len() as u64;
         let already = self.skip.saturating_sub(start).min(data.len() as u64) as usize;
-        self.held.extend_from_slice(&data[already..]);
-        let ready = complete_utf8(&self.held);
-        if ready == 0 {
-            return None;
-        }
-        let rest = self.held.split_off(ready);
-        let text = String::from_utf8_lossy(&self.held).into_owned();
-        self.held = rest;
-        Some(AttachFrame::Output { offset: self.seen - self.held.len() as u64, data: text })
+        let text = self.chunks.push(&data[already..])?;
+        Some(AttachFrame::Output { offset: self.seen - self.chunks.held() as u64, data: text })
     }
 
     /// The node's stream is read again from its start: what was sent is skipped.
     fn restart(&mut self) {
-        self.skip = self.skip.max(self.seen - self.held.len() as u64);
+        self.skip = self.skip.max(self.seen - self.chunks.held() as u64);
         self.seen = 0;
-        self.held.clear();
+        self.chunks.clear();
     }
 
     /// What is left at the end of the output.
     fn flush(&mut self) -> Option<AttachFrame> {
-        if self.held.is_empty() {
-            return None;
-        }
-        let text = String::from_utf8_lossy(&std::mem::take(&mut self.held)).into_owned();
-        Some(AttachFrame::Output { offset: self.seen, data: text })
+        let data = self.chunks.flush()?;
+        Some(AttachFrame::Output { offset: self.seen, data })
     }
 }
 
@@ -269,7 +263,7 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
         }
     }
     let mut output = Output::NotStarted;
-    let mut text = Text { seen: 0, skip: offset, held: Vec::new() };
+    let mut text = Text::new(offset);
     let mut final_since: Option<Instant> = None;
     // Breaks in a row with no output between them.
     let mut reopens = 0u32;
@@ -373,6 +367,7 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use specs::api::complete_utf8;
 
     fn check(input: &[u8], expected: usize) {
         assert_eq!(complete_utf8(input), expected, "{input:?}");
@@ -392,7 +387,7 @@ mod tests {
 
     #[test]
     fn resumed_output_skips_what_was_sent() {
-        let mut t = Text { seen: 0, skip: 4, held: Vec::new() };
+        let mut t = Text::new(4);
         assert_eq!(t.push(b"abc"), None);
         assert_eq!(t.push(b"de\xC3"), Some(AttachFrame::Output { offset: 5, data: "e".into() }));
         assert_eq!(t.push(b"\xA9!"), Some(AttachFrame::Output { offset: 8, data: "é!".into() }));
