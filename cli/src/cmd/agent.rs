@@ -217,6 +217,9 @@ async fn run_agent(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Res
     let mut config = daemon_config(args, liveness)?;
     let ready = std::sync::Arc::new(tokio::sync::Notify::new());
     config.ready = Some(ready.clone());
+    // Before anything can say it is ready: a SIGTERM from then on stops it cleanly.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let node = tokio::spawn(nodelet::daemon::run(config, stop_rx));
     tokio::spawn(async move {
@@ -224,8 +227,6 @@ async fn run_agent(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::Res
         crate::common::notify_ready();
     });
     tokio::pin!(node);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let result = tokio::select! {
         _ = term.recv() => None,
         _ = int.recv() => None,

@@ -115,6 +115,10 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         opts.etcd_options.pipeline_depth = usize::try_from(args.etcd_pipeline_depth).unwrap_or(1);
     }
     let server = Server::bind(opts).await?;
+    // Before the server says it listens (and systemd that it is ready): a
+    // SIGTERM from then on is a clean stop, never the default death.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let dir = args.data_dir.display();
     if server.first_start {
         println!("first start: created a CA in {dir}/pki");
@@ -129,8 +133,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     println!("listening on {} ({})", server.local_addr(), server.server_url());
     crate::common::notify_ready();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let task = tokio::spawn(server.run(stopped));
     tokio::select! {
         _ = term.recv() => {}

@@ -73,6 +73,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let admin = Credentials::load(&server.admin_config)?;
     let config_path = install_admin_config(&g, &admin, &server.admin_config)?;
 
+    // Before it says it is up: a SIGTERM from then on stops it cleanly.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server_task = tokio::spawn(server.run(stop_rx.clone()));
     config.join =
@@ -86,8 +89,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
     crate::common::notify_ready();
 
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     tokio::pin!(node_task);
     let early = tokio::select! {
         _ = term.recv() => None,
