@@ -1301,19 +1301,15 @@ impl Inner {
         if !started && members.len() < min {
             // Members arrive one store change at a time on a shared store (the
             // leader follows etcd's watch): a part of a gang is never placed as
-            // if it were the whole. The next member's arrival tries again.
-            let message: Arc<str> =
-                format!("{} of job {}'s {} members are known; waiting for the others", members.len(), g.job, g.size)
-                    .into();
-            let mut out = Vec::new();
-            for (_, n, pod) in members {
-                let Some(e) = self.queue.get_mut(&n) else { continue };
-                e.wait = Wait::Unschedulable;
-                if let Some(d) = Self::say(e, "WaitingForMembers", "Normal", "WaitingForMembers", message.clone()) {
-                    out.push((d, pod));
+            // if it were the whole. The next member's arrival tries again; no
+            // status is written meanwhile (the rest are a moment away, and a
+            // write per arrival would cost a gang of n about n*n/2 writes).
+            for (_, n, _) in &members {
+                if let Some(e) = self.queue.get_mut(n) {
+                    e.wait = Wait::Unschedulable;
                 }
             }
-            return out;
+            return Vec::new();
         }
         // A gang already started (its minimum placed) places the rest as they fit.
         let min = if started { 1 } else { min };
