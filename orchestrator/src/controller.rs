@@ -450,7 +450,7 @@ impl Controller {
     /// Why no cluster could ever hold the job's gang at once (every node
     /// empty), as the message of a refused submission; `None` when one could.
     pub fn gang_never_fits(&self, job: &specs::job::Job) -> Option<String> {
-        let member = specs::job::members(job).into_iter().next()?;
+        let member = specs::job::member(job, 0);
         let g = &job.spec.gang;
         let min = g.min_members.unwrap_or(job.spec.parallelism) as usize;
         let why = self.lock().sched.gang_never_fits(

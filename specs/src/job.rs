@@ -35,8 +35,7 @@ pub const PRIORITY_ANNOTATION: &str = "pinion.io/job-priority";
 /// more per retry under `backoffLimit`).
 pub const ATTEMPT_ANNOTATION: &str = "pinion.io/job-attempt";
 
-/// The most members one job may have.
-pub const MAX_MEMBERS: u32 = 4096;
+pub use crate::limits::MAX_JOB_MEMBERS as MAX_MEMBERS;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -318,21 +317,20 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
             push("metadata.labels", format!("{JOB_LABEL} is set by the server"));
         }
     }
-    // The members are pods: a template problem is reported at its place in the job.
-    if let Some(first) = members(job).into_iter().next() {
-        for f in crate::validate::validate_pod(&first) {
-            let field = match f.field.strip_prefix("metadata.") {
-                Some(rest) => format!("spec.template.metadata.{rest}"),
-                None => match f.field.strip_prefix("spec.") {
-                    Some(rest) => format!("spec.template.spec.{rest}"),
-                    None => continue,
-                },
-            };
-            if field == "spec.template.metadata.name" {
-                continue;
-            }
-            e.push(FieldError { field, message: f.message });
+    // The members are pods: a template problem is reported at its place in the
+    // job. Members differ only in their identity, so rank 0 speaks for all.
+    for f in crate::validate::validate_pod(&member(job, 0)) {
+        let field = match f.field.strip_prefix("metadata.") {
+            Some(rest) => format!("spec.template.metadata.{rest}"),
+            None => match f.field.strip_prefix("spec.") {
+                Some(rest) => format!("spec.template.spec.{rest}"),
+                None => continue,
+            },
+        };
+        if field == "spec.template.metadata.name" {
+            continue;
         }
+        e.push(FieldError { field, message: f.message });
     }
     e
 }
@@ -345,46 +343,47 @@ fn template_meta(job: &Job) -> (&BTreeMap<String, String>, &BTreeMap<String, Str
     }
 }
 
-/// The member pods of the job's current attempt, rank order: the template with
-/// the job's label, the gang's annotations and each rank's identity in every
+/// The member pods of the job's current attempt, rank order (see `member`).
+pub fn members(job: &Job) -> Vec<Pod> {
+    (0..job.spec.parallelism.min(MAX_MEMBERS)).map(|rank| member(job, rank)).collect()
+}
+
+/// The member pod of `rank` for the job's current attempt: the template with
+/// the job's label, the gang's annotations and the rank's identity in every
 /// container's environment (`PINION_JOB`, `PINION_RANK`, `PINION_WORLD_SIZE`;
 /// the binding adds `PINION_LOCAL_RANK` and `PINION_NODES`, the node
 /// `PINION_CPUS`).
-pub fn members(job: &Job) -> Vec<Pod> {
+pub fn member(job: &Job, rank: u32) -> Pod {
     let s = &job.spec;
     let name = &job.metadata.name;
     let attempt = job.status.as_ref().map_or(0, |st| st.attempt);
     let (labels, annotations) = template_meta(job);
-    (0..s.parallelism.min(MAX_MEMBERS))
-        .map(|rank| {
-            let mut pod = Pod::new(member_name(name, rank), s.template.spec.clone());
-            pod.metadata.labels = labels.clone();
-            pod.metadata.labels.insert(JOB_LABEL.into(), name.clone());
-            pod.metadata.annotations = annotations.clone();
-            let a = &mut pod.metadata.annotations;
-            a.insert(RANK_ANNOTATION.into(), rank.to_string());
-            a.insert(SIZE_ANNOTATION.into(), s.parallelism.to_string());
-            a.insert(PLACEMENT_ANNOTATION.into(), s.gang.placement.as_str().into());
-            a.insert(PRIORITY_ANNOTATION.into(), s.priority.to_string());
-            a.insert(ATTEMPT_ANNOTATION.into(), attempt.to_string());
-            if let Some(m) = s.gang.min_members {
-                a.insert(MIN_MEMBERS_ANNOTATION.into(), m.to_string());
-            }
-            if let Some(n) = s.gang.nodes {
-                a.insert(NODES_ANNOTATION.into(), n.to_string());
-            }
-            if let Some(k) = s.gang.per_node {
-                a.insert(PER_NODE_ANNOTATION.into(), k.to_string());
-            }
-            pod.spec.ttl_seconds_after_finished = s.ttl_seconds_after_finished;
-            for c in &mut pod.spec.containers {
-                set_env(&mut c.env, "PINION_JOB", name);
-                set_env(&mut c.env, "PINION_RANK", &rank.to_string());
-                set_env(&mut c.env, "PINION_WORLD_SIZE", &s.parallelism.to_string());
-            }
-            pod
-        })
-        .collect()
+    let mut pod = Pod::new(member_name(name, rank), s.template.spec.clone());
+    pod.metadata.labels = labels.clone();
+    pod.metadata.labels.insert(JOB_LABEL.into(), name.clone());
+    pod.metadata.annotations = annotations.clone();
+    let a = &mut pod.metadata.annotations;
+    a.insert(RANK_ANNOTATION.into(), rank.to_string());
+    a.insert(SIZE_ANNOTATION.into(), s.parallelism.to_string());
+    a.insert(PLACEMENT_ANNOTATION.into(), s.gang.placement.as_str().into());
+    a.insert(PRIORITY_ANNOTATION.into(), s.priority.to_string());
+    a.insert(ATTEMPT_ANNOTATION.into(), attempt.to_string());
+    if let Some(m) = s.gang.min_members {
+        a.insert(MIN_MEMBERS_ANNOTATION.into(), m.to_string());
+    }
+    if let Some(n) = s.gang.nodes {
+        a.insert(NODES_ANNOTATION.into(), n.to_string());
+    }
+    if let Some(k) = s.gang.per_node {
+        a.insert(PER_NODE_ANNOTATION.into(), k.to_string());
+    }
+    pod.spec.ttl_seconds_after_finished = s.ttl_seconds_after_finished;
+    for c in &mut pod.spec.containers {
+        set_env(&mut c.env, "PINION_JOB", name);
+        set_env(&mut c.env, "PINION_RANK", &rank.to_string());
+        set_env(&mut c.env, "PINION_WORLD_SIZE", &s.parallelism.to_string());
+    }
+    pod
 }
 
 /// Sets `name` in `env`, replacing an earlier value.
@@ -424,14 +423,14 @@ pub fn judge(job: &Job, members: &[Option<&Pod>]) -> Verdict {
     let failed = view.iter().find(|m| m.phase == PodPhase::Failed);
     let mut status = JobStatus { attempt: old.attempt, first_failure: old.first_failure.clone(), ..Default::default() };
     if let Some(f) = failed {
-        let words = failure_words(f);
         if status.first_failure.is_none() {
-            status.first_failure = Some(words.clone());
+            let words = failure_words(f);
+            let retried = job.spec.backoff_limit > 0;
+            status.first_failure = Some(if retried { format!("attempt {}: {words}", old.attempt) } else { words });
         }
         if old.attempt < job.spec.backoff_limit {
             status.attempt = old.attempt + 1;
             status.phase = JobPhase::Pending;
-            status.first_failure = Some(format!("attempt {}: {words}", old.attempt));
             return Verdict { status, action: JobAction::Retry };
         }
         status.phase = JobPhase::Failed;

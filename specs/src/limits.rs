@@ -40,3 +40,10 @@ pub const MAX_TTL_SECONDS: u64 = 365 * 24 * 3600;
 pub const MAX_IMAGE_LEN: usize = 255;
 /// The longest join attempt id (`JoinRequest::attempt`).
 pub const MAX_JOIN_ATTEMPT_LEN: usize = 64;
+/// Members of one job (`spec.parallelism`): all of them are stored in the
+/// job's own write.
+pub const MAX_JOB_MEMBERS: u32 = 4096;
+/// hostPath volumes per pod.
+pub const MAX_VOLUMES: usize = 64;
+/// Bytes of a host or mount path (Linux's `PATH_MAX`).
+pub const MAX_PATH_LEN: usize = 4096;

@@ -335,11 +335,7 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     let mut names = BTreeSet::new();
     for (i, c) in cs.iter().enumerate() {
         let p = format!("spec.containers[{i}]");
-        if !is_dns1123_label(&c.name) {
-            e.push(format!("{p}.name"), format!("{:?} is not a DNS-1123 label", c.name));
-        } else if !names.insert(c.name.as_str()) {
-            e.push(format!("{p}.name"), format!("duplicate container name {:?}", c.name));
-        }
+        unique_label(&mut e, &p, &c.name, &mut names, "container");
         validate_container(&mut e, &p, c);
     }
     if let Some(t) = &pod.spec.topology {
@@ -349,16 +345,22 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     e.0
 }
 
-/// The most volumes one pod may have.
-pub const MAX_VOLUMES: usize = 64;
+/// `{at}.name`: a DNS-1123 label not used by an earlier `what` of the list.
+fn unique_label<'a>(e: &mut Errs, at: &str, name: &'a str, seen: &mut BTreeSet<&'a str>, what: &str) {
+    if !is_dns1123_label(name) {
+        e.push(format!("{at}.name"), format!("{name:?} is not a DNS-1123 label"));
+    } else if !seen.insert(name) {
+        e.push(format!("{at}.name"), format!("duplicate {what} name {name:?}"));
+    }
+}
 
 /// An absolute, normalised path: `/` then names, no `.`, `..` or empty parts.
 fn path_problem(path: &str) -> Option<&'static str> {
     if !path.starts_with('/') {
         return Some("must be an absolute path");
     }
-    if path.len() > 4096 {
-        return Some("longer than 4096 bytes");
+    if path.len() > crate::limits::MAX_PATH_LEN {
+        return Some("longer than PATH_MAX (4096 bytes)");
     }
     if path.contains('\0') {
         return Some("contains a NUL byte");
@@ -373,17 +375,13 @@ fn path_problem(path: &str) -> Option<&'static str> {
 /// `spec.volumes` (hostPath) and each container's `volumeMounts`.
 fn validate_volumes(e: &mut Errs, pod: &Pod) {
     let vs = &pod.spec.volumes;
-    if vs.len() > MAX_VOLUMES {
-        e.push("spec.volumes", format!("at most {MAX_VOLUMES} volumes, got {}", vs.len()));
+    if vs.len() > crate::limits::MAX_VOLUMES {
+        e.push("spec.volumes", format!("at most {} volumes, got {}", crate::limits::MAX_VOLUMES, vs.len()));
     }
     let mut names = BTreeSet::new();
     for (i, v) in vs.iter().enumerate() {
         let p = format!("spec.volumes[{i}]");
-        if !is_dns1123_label(&v.name) {
-            e.push(format!("{p}.name"), format!("{:?} is not a DNS-1123 label", v.name));
-        } else if !names.insert(v.name.as_str()) {
-            e.push(format!("{p}.name"), format!("duplicate volume name {:?}", v.name));
-        }
+        unique_label(e, &p, &v.name, &mut names, "volume");
         if let Some(why) = path_problem(&v.host_path.path) {
             e.push(format!("{p}.hostPath.path"), format!("{:?} {why}", v.host_path.path));
         }

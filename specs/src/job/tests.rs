@@ -254,4 +254,13 @@ fn a_retry_counts_its_attempt_and_new_members_carry_it() {
     j.status = Some(v.status);
     let ms = members(&j);
     assert_eq!(Gang::of(&ms[0]).map(|g| g.attempt), Some(1));
+    assert_eq!(ms[1], crate::job::member(&j, 1));
+    // Attempt 1 fails too: a retry is left, and the first failure stays attempt 0's.
+    let again = member(PodPhase::Failed, Some("n2"), Some(2));
+    let v = judge(&j, &[None, Some(&again)]);
+    assert_eq!((v.action, v.status.attempt), (JobAction::Retry, 2));
+    assert_eq!(
+        v.status.first_failure.as_deref(),
+        Some("attempt 0: rank 0 (solver-0) on n1 failed: exit code 1 (Error)")
+    );
 }
