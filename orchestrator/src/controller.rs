@@ -31,7 +31,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use specs::api::{Event, Node, NodeCondition, ObjectRef, PodPlan, WatchEventType};
+use specs::api::{ApiError, Event, Node, NodeCondition, ObjectRef, PodPlan, WatchEventType};
 use specs::pod::ObjectMeta;
 use specs::{Pod, PodPhase, PodStatus};
 use tokio::sync::{watch, Notify, Semaphore};
@@ -818,10 +818,7 @@ impl Controller {
         if let Err(Refused(e)) = r {
             tracing::debug!(pod = %name, error = %e, "binding not stored; releasing it");
             let mut inner = self.lock();
-            // Only this binding: a new pod of the same name may be bound by now.
-            if inner.sched.binding(&name).is_some_and(|held| held == binding) {
-                inner.sched.release(&name);
-            }
+            inner.binding_not_stored(pod, &binding, &e, self.config.backoff_base);
             if let Some((array, _)) = array_limit(pod) {
                 if let Some(a) = inner.arrays.get_mut(&array) {
                     a.bound.remove(&name);
@@ -860,10 +857,7 @@ impl Controller {
             tracing::info!(job = %job, error = %e, "gang binding not stored; releasing every member");
             let mut inner = self.lock();
             for m in &members {
-                let name = &m.pod.metadata.name;
-                if inner.sched.binding(name).is_some_and(|held| held == m.binding) {
-                    inner.sched.release(name);
-                }
+                inner.binding_not_stored(&m.pod, &m.binding, &e, self.config.backoff_base);
             }
             inner.wake_waiting();
             drop(inner);
@@ -1236,6 +1230,22 @@ impl Inner {
         Some(e)
     }
 
+    /// The store did not take `binding`: the scheduler lets go of it (only
+    /// this one: a new pod of the name may be bound by now). When the store
+    /// itself refused (5xx: disk full, unavailable, not the leader) and the
+    /// pod is still known and not queued again meanwhile, it goes back to the
+    /// queue after `retry`, so it never waits unbound and forgotten until a
+    /// restart. A refusal about the pod (gone, replaced, bound) leaves it.
+    fn binding_not_stored(&mut self, pod: &Pod, binding: &crate::scheduler::Binding, e: &ApiError, retry: Duration) {
+        let name = &pod.metadata.name;
+        if self.sched.binding(name).is_some_and(|held| held == *binding) {
+            self.sched.release(name);
+        }
+        if e.code >= 500 && self.orders.contains_key(name) && !self.queue.contains_key(name) {
+            self.enqueue(Arc::new(pod.clone()), Wait::Backoff(Instant::now() + retry), false);
+        }
+    }
+
     /// A member of a job finished or left: the job is judged again.
     fn member_changed(&mut self, pod: &Pod) {
         if let Some(g) = specs::job::Gang::of(pod) {
@@ -1477,5 +1487,39 @@ impl Inner {
             allocations: mirror_allocations(&n.node),
             ready: n.ready,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> Pod {
+        let spec: specs::PodSpec =
+            serde_json::from_str(r#"{"containers":[{"name":"main","image":"busybox:1"}]}"#).expect("spec");
+        Pod::new(name, spec)
+    }
+
+    /// A binding the store refused goes back to the queue only when the
+    /// store was at fault (5xx), after the retry delay; a refusal about the
+    /// pod (404 gone, 409 replaced) leaves it out.
+    #[tokio::test]
+    async fn a_binding_the_store_refused_is_queued_again_only_for_the_stores_own_faults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), Default::default()).expect("store");
+        let (_stop, stopped) = watch::channel(false);
+        let (c, _loops) = Controller::start(store, ControllerConfig::default(), stopped).expect("start");
+        let binding = crate::scheduler::Binding { node: "n1".into(), epoch: 1, placement: Default::default() };
+        for (code, requeued) in [(507, true), (503, true), (404, false), (409, false)] {
+            let p = pod(&format!("p{code}"));
+            c.pod_created(&p);
+            let mut inner = c.lock();
+            // As `decide` leaves a pod it bound: out of the queue, its place kept.
+            assert!(inner.dequeue(&p.metadata.name).is_some());
+            let e = crate::api::error::error(code, "X", "refused");
+            inner.binding_not_stored(&p, &binding, &e, Duration::from_secs(60));
+            let wait = inner.queue.get(&p.metadata.name).map(|e| e.wait);
+            assert_eq!(matches!(wait, Some(Wait::Backoff(_))), requeued, "{code}: {wait:?}");
+        }
     }
 }
