@@ -159,11 +159,7 @@ impl LibcontainerRuntime {
         // Before libcontainer's own check (which it makes inside the new
         // container, after the whole setup): a missing command is the job's
         // failure with a one-line reason, and `init` would otherwise hide it.
-        let root = match &cfg.rootfs {
-            RootfsConfig::Host => PathBuf::from("/"),
-            RootfsConfig::Image(_) => rootfs.clone(),
-        };
-        check_command(id, &root, &process)?;
+        check_command(id, &self.command_root(id, cfg), &process)?;
         // Said here in words: libcontainer only says it failed to prepare the rootfs.
         for m in &cfg.mounts {
             if !m.source.exists() {
@@ -197,22 +193,39 @@ impl LibcontainerRuntime {
         write_json(&self.layout.config(id), cfg)
     }
 
-    fn launch_shim(&self, id: &str) -> Result<i32, RuntimeError> {
-        let log_path = self.layout.shim_log(id);
-        let log = File::create(&log_path).map_err(ioerr(&log_path))?;
-        let mut child = Command::new(&self.shim_exe)
-            .arg("shim")
+    /// Where a container's command is looked up before it runs (as `execvp`
+    /// would inside): the host's root, or the image's unpacked rootfs.
+    fn command_root(&self, id: &str, cfg: &ContainerConfig) -> PathBuf {
+        match cfg.rootfs {
+            RootfsConfig::Host => PathBuf::from("/"),
+            RootfsConfig::Image(_) => self.layout.rootfs(id),
+        }
+    }
+
+    /// `pinion shim --data-dir D --id ID`, logging to `log` (the shim's own
+    /// file, or the exec helper's), stdout piped for its report.
+    fn shim_command(&self, id: &str, log: File) -> Command {
+        let mut cmd = Command::new(&self.shim_exe);
+        cmd.arg("shim")
             .arg("--data-dir")
             .arg(&self.layout.root)
             .arg("--id")
             .arg(id)
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
             // libcontainer warns at every create on a hybrid host: errors only,
-            // plain text (the shim log is a file).
+            // plain text (the log is a file).
             .env("PINION_LOG", std::env::var("PINION_SHIM_LOG").unwrap_or_else(|_| "error".into()))
-            .env("NO_COLOR", "1")
+            .env("NO_COLOR", "1");
+        cmd
+    }
+
+    fn launch_shim(&self, id: &str) -> Result<i32, RuntimeError> {
+        let log_path = self.layout.shim_log(id);
+        let log = File::create(&log_path).map_err(ioerr(&log_path))?;
+        let mut child = self
+            .shim_command(id, log)
+            .stdin(Stdio::null())
             .spawn()
             .map_err(|e| cerr(id, format!("starting the shim {}: {e}", self.shim_exe.display())))?;
         tracing::debug!(target: "podstart", id, "shim spawned");

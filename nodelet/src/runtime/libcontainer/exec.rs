@@ -23,7 +23,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use ::libcontainer::container::builder::ContainerBuilder;
@@ -35,7 +35,7 @@ use oci_spec::runtime::Spec;
 
 use super::records::{read_json, Layout};
 use super::{cannot_run_code, cerr, check_command, check_id, ioerr, spec, LibcontainerRuntime, Report};
-use crate::runtime::{ContainerConfig, ContainerState, ExecProcess, RootfsConfig, Runtime, RuntimeError};
+use crate::runtime::{ContainerConfig, ContainerState, ExecProcess, Runtime, RuntimeError};
 
 /// How long the agent waits for the helper to say the command runs.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -66,11 +66,7 @@ impl LibcontainerRuntime {
             env: process.and_then(|p| p.env().clone()).unwrap_or_default(),
             cwd: process.map(|p| p.cwd().to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
         };
-        let root = match cfg.rootfs {
-            RootfsConfig::Host => std::path::PathBuf::from("/"),
-            RootfsConfig::Image(_) => layout.rootfs(id),
-        };
-        check_command(id, &root, &probe)?;
+        check_command(id, &self.command_root(id, &cfg), &probe)?;
 
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cerr(id, format!("pipe: {e}")));
         let (out_read, out_write) = pipe()?;
@@ -78,21 +74,8 @@ impl LibcontainerRuntime {
         let log_path = layout.exec_log(id);
         let log = File::options().create(true).append(true).open(&log_path).map_err(ioerr(&log_path))?;
         let (out_fd, err_fd) = (out_write.as_raw_fd(), err_write.as_raw_fd());
-        let mut helper = Command::new(&self.shim_exe);
-        helper
-            .arg("shim")
-            .arg("--data-dir")
-            .arg(&layout.root)
-            .arg("--id")
-            .arg(id)
-            .arg("exec")
-            .arg("--")
-            .args(command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .env("PINION_LOG", std::env::var("PINION_SHIM_LOG").unwrap_or_else(|_| "error".into()))
-            .env("NO_COLOR", "1");
+        let mut helper = self.shim_command(id, log);
+        helper.arg("exec").arg("--").args(command).stdin(Stdio::piped());
         // SAFETY: the closure runs in the forked child before exec and makes
         // only async-signal-safe calls (fcntl, dup2) on fds this process owns
         // until `spawn` returns.
@@ -378,6 +361,7 @@ pub fn session_members(sid: Pid) -> Vec<Pid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     /// A session with a child that outlives its parent (reparented, as a
     /// background job of an exec'd shell is) is swept whole.
