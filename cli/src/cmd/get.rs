@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use specs::api::{Node, NodeCondition};
+use specs::api::{List, Node, NodeCondition};
 use specs::status::ContainerState;
 use specs::Pod;
 
@@ -41,6 +41,23 @@ pub struct Args {
     /// Pods: after the table, print a row for every change until interrupted.
     #[arg(short = 'w', long = "watch")]
     pub watch: bool,
+}
+
+/// One object (`get KIND NAME`) or a list, as the server returned it.
+enum Fetched<T> {
+    One(T),
+    Many(List<T>),
+}
+
+/// Prints what was fetched as JSON or YAML when asked (`None`: done), else
+/// hands back the objects for a table.
+fn shown<T: serde::Serialize>(fetched: Fetched<T>, structured: Option<Format>) -> anyhow::Result<Option<Vec<T>>> {
+    match (fetched, structured) {
+        (Fetched::One(x), Some(f)) => print_structured(&x, f).map(|()| None),
+        (Fetched::Many(l), Some(f)) => print_structured(&l, f).map(|()| None),
+        (Fetched::One(x), None) => Ok(Some(vec![x])),
+        (Fetched::Many(l), None) => Ok(Some(l.items)),
+    }
 }
 
 /// Columns padded to the widest cell, three spaces apart.
@@ -191,24 +208,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     match args.kind {
         Kind::Pods if args.watch => return watch_pods(&client, &args, wide).await,
         Kind::Pods => {
-            let pods = match &args.name {
-                Some(n) => {
-                    let p = client.get_pod(n).await?;
-                    if let Some(f) = structured {
-                        print_structured(&p, f)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    vec![p]
-                }
-                None => {
-                    let list = client.list_pods(args.selector.as_deref()).await?;
-                    if let Some(f) = structured {
-                        print_structured(&list, f)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    list.items
-                }
+            let fetched = match &args.name {
+                Some(n) => Fetched::One(client.get_pod(n).await?),
+                None => Fetched::Many(client.list_pods(args.selector.as_deref()).await?),
             };
+            let Some(pods) = shown(fetched, structured)? else { return Ok(ExitCode::SUCCESS) };
             if pods.is_empty() {
                 eprintln!("no pods");
                 return Ok(ExitCode::SUCCESS);
@@ -218,24 +222,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             print!("{}", table(&headers, &rows));
         }
         Kind::Jobs => {
-            let jobs = match &args.name {
-                Some(n) => {
-                    let job = client.get_job(n).await?;
-                    if let Some(f) = structured {
-                        print_structured(&job, f)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    vec![job]
-                }
-                None => {
-                    let list = client.list_jobs().await?;
-                    if let Some(f) = structured {
-                        print_structured(&list, f)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    list.items
-                }
+            let fetched = match &args.name {
+                Some(n) => Fetched::One(client.get_job(n).await?),
+                None => Fetched::Many(client.list_jobs(args.selector.as_deref()).await?),
             };
+            let Some(jobs) = shown(fetched, structured)? else { return Ok(ExitCode::SUCCESS) };
             if jobs.is_empty() {
                 eprintln!("no jobs");
                 return Ok(ExitCode::SUCCESS);
@@ -257,24 +248,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             print!("{}", table(&headers, &rows));
         }
         Kind::Nodes => {
-            let nodes = match &args.name {
-                Some(n) => {
-                    let node = client.get_node(n).await?;
-                    if let Some(f) = structured {
-                        print_structured(&node, f)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    vec![node]
-                }
-                None => {
-                    let list = client.list_nodes(args.selector.as_deref()).await?;
-                    if let Some(f) = structured {
-                        print_structured(&list, f)?;
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    list.items
-                }
+            let fetched = match &args.name {
+                Some(n) => Fetched::One(client.get_node(n).await?),
+                None => Fetched::Many(client.list_nodes(args.selector.as_deref()).await?),
             };
+            let Some(nodes) = shown(fetched, structured)? else { return Ok(ExitCode::SUCCESS) };
             if nodes.is_empty() {
                 eprintln!("no nodes");
                 return Ok(ExitCode::SUCCESS);

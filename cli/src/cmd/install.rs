@@ -96,7 +96,6 @@ fn quote(word: &str, program: bool) -> anyhow::Result<String> {
     }
     let plain = !word.is_empty()
         && word.chars().all(|c| c.is_ascii_alphanumeric() || "/._-=:,@+".contains(c))
-        && !word.contains('%')
         && !(program && word.starts_with(['@', '-', ':', '+', '!']));
     if plain {
         return Ok(word.to_string());
@@ -151,6 +150,7 @@ pub fn unit(daemon: Daemon, binary: &Path, flags: &[String]) -> anyhow::Result<S
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
 

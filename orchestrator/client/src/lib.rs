@@ -459,8 +459,9 @@ impl Client {
         Ok(self.call(Method::GET, &format!("/api/v1/jobs/{}", percent_encode(name)), None).await?.1)
     }
 
-    pub async fn list_jobs(&self) -> Result<List<Job>, ClientError> {
-        Ok(self.call(Method::GET, "/api/v1/jobs", None).await?.1)
+    pub async fn list_jobs(&self, selector: Option<&str>) -> Result<List<Job>, ClientError> {
+        let q = selector.map(|s| format!("?labelSelector={}", percent_encode(s))).unwrap_or_default();
+        Ok(self.call(Method::GET, &format!("/api/v1/jobs{q}"), None).await?.1)
     }
 
     /// Deletes a job and its member pods.
