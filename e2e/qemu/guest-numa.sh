@@ -357,6 +357,84 @@ print(next((p.get("phase", "") for k, p in pods.items() if k.split("/")[-1] == s
   wait "$agent_pid" 2>/dev/null
 fi
 
+# --- the agent in a delegated subtree (systemd's Delegate=yes, cgroup v2) ---------------
+# What systemd does for pinion-agent.service: the unit's cgroup under system.slice, some
+# controllers handed down, the trusted.delegate mark, the agent started inside it. The
+# agent must keep everything inside: itself in supervisor/, containers in pods/, and no
+# write outside (system.slice deliberately lacks io and hugetlb, which libcgroups would
+# enable there if it created a container's cgroup path from the root down).
+if "$PINION_BIN" agent --help 2>/dev/null | grep -q -- --manifests; then
+  figure "delegated_phase ran"
+  SLICE=/sys/fs/cgroup/system.slice
+  UNIT=$SLICE/pinion-agent.service
+  DMAN=/var/lib/pinion-qemu/delegated-manifests
+  DDATA=/var/lib/pinion-qemu/delegated-data
+  mkdir -p "$UNIT" "$DMAN" "$DDATA"
+  for c in cpuset cpu memory pids; do echo "+$c" >"$SLICE/cgroup.subtree_control"; done
+  python3 -c 'import os,sys; os.setxattr(sys.argv[1], "trusted.delegate", b"1")' "$UNIT" ||
+    fail "cannot set trusted.delegate on $UNIT"
+  # Every cgroup outside the unit's, with what it hands down.
+  outside() {
+    find /sys/fs/cgroup -path "$UNIT" -prune -o -type d -print | sort | while read -r d; do
+      echo "$d: $(cat "$d/cgroup.subtree_control")"
+    done
+  }
+  outside >"$OUT/outside-before"
+  (
+    echo $BASHPID >"$UNIT/cgroup.procs"
+    exec "$PINION_BIN" agent --manifests "$DMAN" --data-dir "$DDATA" --reserved-cpus 0 --runtime libcontainer
+  ) >>"$OUT/agent-delegated.log" 2>&1 &
+  dpid=$!
+  cat >"$DMAN/deleg.yaml.tmp" <<EOF
+apiVersion: pinion.io/v1
+kind: Pod
+metadata:
+  name: deleg
+spec:
+  containers:
+  - name: touch
+    rootfs: host
+    command: [$TOUCH, "16", "-1", "deleg"]
+    resources:
+      requests: {cpu: "2", memory: 100Mi}
+      limits: {cpu: "2", memory: 100Mi}
+EOF
+  mv "$DMAN/deleg.yaml.tmp" "$DMAN/deleg.yaml"
+  if pid=$(agent_pid=$dpid wait_touched deleg 60 16); then
+    own=$(sed -n 's/^0:://p' "/proc/$dpid/cgroup")
+    [ "$own" = /system.slice/pinion-agent.service/supervisor ] && ok "delegated: the agent moved itself into supervisor/" ||
+      fail "delegated: the agent's cgroup is $own, expected /system.slice/pinion-agent.service/supervisor"
+    cg=$(sed -n 's/^0:://p' "/proc/$pid/cgroup")
+    case "$cg" in
+      /system.slice/pinion-agent.service/pods/*) ok "delegated: the container's cgroup is $cg" ;;
+      *) fail "delegated: the container's cgroup is $cg, expected under /system.slice/pinion-agent.service/pods/" ;;
+    esac
+    cpus=$(status_field "$pid" Cpus_allowed_list)
+    eff=$(cat "/sys/fs/cgroup$cg/cpuset.cpus.effective" 2>/dev/null)
+    [ "$(expand "$cpus" | wc -w)" = 2 ] && same_set "$cpus" "$eff" &&
+      ok "delegated: the container holds CPUs $cpus through its own cpuset" ||
+      fail "delegated: CPUs $cpus, cgroup cpuset.cpus.effective '$eff'"
+    [ "$(cat "/sys/fs/cgroup$cg/memory.max" 2>&1)" = $((100 << 20)) ] &&
+      ok "delegated: the memory limit is in the container's cgroup" ||
+      fail "delegated: memory.max of the container's cgroup is '$(cat "/sys/fs/cgroup$cg/memory.max" 2>&1)'"
+  else
+    fail "delegated: the pod never ran (agent log: $(tail -c 600 "$OUT/agent-delegated.log"))"
+  fi
+  rm -f "$DMAN/deleg.yaml"
+  wait_gone deleg 60 && ok "delegated: the pod stopped when its manifest went away" || fail "delegated: the pod still runs"
+  for _ in $(seq 20); do [ -z "$(ls -d "$UNIT"/pods/*/ 2>/dev/null)" ] && break; sleep 0.5; done
+  [ -z "$(ls -d "$UNIT"/pods/*/ 2>/dev/null)" ] && ok "delegated: no container cgroup left in pods/" ||
+    fail "delegated: cgroups left: $(ls -d "$UNIT"/pods/*/)"
+  outside >"$OUT/outside-after"
+  if cmp -s "$OUT/outside-before" "$OUT/outside-after"; then
+    ok "delegated: no cgroup outside the unit's was created or given controllers"
+  else
+    fail "delegated: the agent changed cgroups outside its subtree: $(diff "$OUT/outside-before" "$OUT/outside-after" | tr '\n' ' ')"
+  fi
+  kill "$dpid" 2>/dev/null
+  wait "$dpid" 2>/dev/null
+fi
+
 figure "guest_uptime_at_verdict_s $(uptime_s)"
 if [ "$failures" -eq 0 ]; then
   echo PASS >"$OUT/verdict"

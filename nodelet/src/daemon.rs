@@ -91,6 +91,8 @@ pub enum DaemonError {
     NodeCertificate { path: PathBuf, source: pinion_client::tls::TlsError },
     #[error("the container runtime: {0}")]
     Runtime(#[from] RuntimeError),
+    #[error("the agent's cgroups: {0}")]
+    Cgroups(String),
     #[error(transparent)]
     Agent(#[from] AgentError),
 }
@@ -247,7 +249,9 @@ fn start_runtime(agent: &AgentConfig, choice: &RuntimeChoice) -> Result<Arc<dyn 
                     Err(e) => tracing::warn!(error = %e, "cannot confine pinion to the reserved CPUs"),
                 }
             }
-            Arc::new(crate::runtime::libcontainer::LibcontainerRuntime::new(&agent.data_dir, shim)?)
+            use crate::runtime::libcontainer::{cgroups, LibcontainerRuntime};
+            let parent = cgroups::settle_parent().map_err(DaemonError::Cgroups)?;
+            Arc::new(LibcontainerRuntime::new(&agent.data_dir, shim)?.with_cgroup_parent(parent))
         }
     })
 }

@@ -5,7 +5,13 @@
 //! listens (the server) or has joined and opened its runtime (the agent).
 //! The agent's unit has `Delegate=yes` (it manages its containers' cgroups)
 //! and `KillMode=process` (stopping or restarting the agent never stops a
-//! container: they outlive it by design).
+//! container: they outlive it by design). The agent keeps its containers'
+//! cgroups inside the delegated subtree (`nodelet`'s `cgroups::settle_parent`),
+//! itself in `supervisor/`; on systemd 254 and later the unit starts it there
+//! (`DelegateSubgroup=supervisor`), which is what lets systemd start the next
+//! agent while containers run. Older systemd attaches the new agent to the
+//! unit's own cgroup, which the kernel refuses once that cgroup hands
+//! controllers to running containers: `install` says so.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -59,7 +65,8 @@ pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyho
     if !binary.is_absolute() {
         bail!("--bin {}: systemd needs an absolute path", binary.display());
     }
-    let text = unit(args.daemon, &binary, &args.flags)?;
+    let systemd = systemd_version();
+    let text = unit(args.daemon, &binary, &args.flags, systemd)?;
     std::fs::create_dir_all(&args.unit_dir).with_context(|| format!("creating {}", args.unit_dir.display()))?;
     let path = args.unit_dir.join(args.daemon.unit_name());
     // A join token is a secret: such a unit is readable by root only.
@@ -67,7 +74,32 @@ pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyho
     write_file(&path, &text, if secret { 0o600 } else { 0o644 })?;
     println!("wrote {}", path.display());
     println!("start it: systemctl daemon-reload && systemctl enable --now {}", args.daemon.unit_name());
+    if args.daemon == Daemon::Agent && !has_delegate_subgroup(systemd) {
+        let found = systemd.map(|v| format!("systemd {v}")).unwrap_or_else(|| "no systemctl".into());
+        eprintln!(
+            "note: {found} here, DelegateSubgroup= needs 254: on cgroup v2, restarting the agent while \
+             containers run fails (systemd cannot attach it to a cgroup that hands controllers down); \
+             stopping and starting it with no containers works"
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first systemd with `DelegateSubgroup=`.
+const DELEGATE_SUBGROUP_SINCE: u32 = 254;
+
+fn has_delegate_subgroup(systemd: Option<u32>) -> bool {
+    systemd.is_some_and(|v| v >= DELEGATE_SUBGROUP_SINCE)
+}
+
+/// The host's systemd version (`systemctl --version`: "systemd 252 (252.39-1~deb12u1)").
+fn systemd_version() -> Option<u32> {
+    let out = std::process::Command::new("systemctl").arg("--version").output().ok()?;
+    parse_systemd_version(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_systemd_version(text: &str) -> Option<u32> {
+    text.lines().next()?.strip_prefix("systemd ")?.split_whitespace().next()?.parse().ok()
 }
 
 /// Written whole or not at all (a temporary file renamed into place).
@@ -105,20 +137,29 @@ fn quote(word: &str, program: bool) -> anyhow::Result<String> {
     Ok(format!("\"{escaped}\""))
 }
 
-/// The unit file's text.
-pub fn unit(daemon: Daemon, binary: &Path, flags: &[String]) -> anyhow::Result<String> {
+/// The unit file's text; `systemd` is the host's version (for `DelegateSubgroup=`).
+pub fn unit(daemon: Daemon, binary: &Path, flags: &[String], systemd: Option<u32>) -> anyhow::Result<String> {
     let bin = binary.to_str().context("the binary's path is not UTF-8")?;
     let mut exec = vec![quote(bin, true)?, daemon.verb().to_string()];
     for f in flags {
         exec.push(quote(f, false)?);
     }
     let exec = exec.join(" ");
+    let subgroup = if has_delegate_subgroup(systemd) {
+        "# Started in supervisor/: the unit's cgroup hands controllers to the containers' cgroups.\n\
+         DelegateSubgroup=supervisor\n"
+    } else {
+        ""
+    };
     let (description, service) = match daemon {
-        Daemon::Server => ("Pinion control plane (API, store, scheduler)", "Restart=on-failure\n"),
+        Daemon::Server => ("Pinion control plane (API, store, scheduler)", "Restart=on-failure\n".to_string()),
         Daemon::Agent => (
             "Pinion node agent",
-            "# The agent manages its containers' cgroups itself.\n\
-             Delegate=yes\n\
+            "# The agent manages its containers' cgroups itself, inside this unit's.\n\
+             Delegate=yes\n"
+                .to_string()
+                + subgroup
+                + "\
              # Stopping or restarting the agent never stops a container: they outlive it.\n\
              KillMode=process\n\
              Restart=always\n\
@@ -167,5 +208,31 @@ mod tests {
         assert_eq!(q("say \"hi\""), "\"say \\\"hi\\\"\"");
         assert_eq!(q(""), "\"\"");
         assert!(quote("a\nb", false).is_err());
+    }
+
+    #[test]
+    fn the_agent_starts_in_supervisor_where_systemd_can() {
+        let versions = [
+            ("systemd 252 (252.39-1~deb12u1)\n+PAM +AUDIT", Some(252)),
+            ("systemd 255 (255.4-1ubuntu8.4)\n", Some(255)),
+            ("", None),
+            ("not systemd\n", None),
+        ];
+        for (text, want) in versions {
+            assert_eq!(parse_systemd_version(text), want, "{text:?}");
+        }
+        let bin = Path::new("/usr/local/bin/pinion");
+        let cases = [
+            (Daemon::Agent, Some(254), true),
+            (Daemon::Agent, Some(255), true),
+            (Daemon::Agent, Some(252), false),
+            (Daemon::Agent, None, false),
+            (Daemon::Server, Some(255), false),
+        ];
+        for (daemon, systemd, subgroup) in cases {
+            let text = unit(daemon, bin, &[], systemd).unwrap();
+            assert_eq!(text.contains("\nDelegateSubgroup=supervisor\n"), subgroup, "{daemon:?} {systemd:?}:\n{text}");
+            assert_eq!(text.contains("\nDelegate=yes\n"), daemon == Daemon::Agent, "{text}");
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! and create+start+exit+delete.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -50,10 +50,7 @@ fn main() -> anyhow::Result<()> {
                 tool => {
                     let mut cfg = base.clone();
                     cfg.id = id.clone();
-                    let mut s = spec::build(&cfg, &process, &binds)?;
-                    if let Some(l) = s.linux_mut().as_mut() {
-                        l.set_cgroups_path(Some(PathBuf::from(format!("/pinion-bench/{id}"))));
-                    }
+                    let s = spec::build(&cfg, &process, &binds, Path::new("/pinion-bench"))?;
                     s.save(bundle.join("config.json"))?;
                     let t = peers::run_to_exit(tool, &bundle, &id)?;
                     (ms(t.first_byte), ms(t.total))

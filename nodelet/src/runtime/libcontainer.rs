@@ -48,6 +48,9 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct LibcontainerRuntime {
     layout: Layout,
     shim_exe: PathBuf,
+    /// Where new containers' cgroups go (`/pinion` unless the agent settled
+    /// into a delegated subtree).
+    cgroups: cgroups::Parent,
 }
 
 fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
@@ -79,15 +82,27 @@ impl LibcontainerRuntime {
         for dir in [layout.containers(), layout.state_root(), layout.images(), layout.exits()] {
             fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
         }
-        let rt = Self { layout, shim_exe: shim_exe.to_path_buf() };
+        let rt = Self { layout, shim_exe: shim_exe.to_path_buf(), cgroups: cgroups::Parent::default_parent() };
         for id in rt.sweep()? {
             tracing::warn!(id, "removed a container whose creation did not finish");
         }
         Ok(rt)
     }
 
+    /// Puts new containers' cgroups under `parent` (the agent's
+    /// [`cgroups::settle_parent`]); containers already there keep theirs.
+    pub fn with_cgroup_parent(mut self, parent: cgroups::Parent) -> Self {
+        self.cgroups = parent;
+        self
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// The cgroup of container `id` (relative to each hierarchy's root).
+    pub fn cgroup_of(&self, id: &str) -> PathBuf {
+        cgroups::of(&self.layout, id, &self.cgroups.path)
     }
 
     /// Removes half-created containers: no `started.json` and no live shim.
@@ -106,7 +121,7 @@ impl LibcontainerRuntime {
 
     /// The host directories of this container's cgroup that exist now.
     pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
-        cgroups::existing_dirs(id)
+        cgroups::existing_dirs(&self.cgroup_of(id))
     }
 
     fn process_spec(cfg: &ContainerConfig, image: Option<&image::ImageRecord>) -> spec::ProcessSpec {
@@ -184,12 +199,14 @@ impl LibcontainerRuntime {
             let target = rootfs.join(spec::INIT_PATH.trim_start_matches('/'));
             File::create(&target).map_err(ioerr(&target))?;
         }
-        let mut spec = spec::build(cfg, &process, &binds)?;
+        let mut spec = spec::build(cfg, &process, &binds, &self.cgroups.path)?;
         if use_init {
             spec = spec::with_init(spec, &self.shim_exe).map_err(|e| cerr(id, format!("init mount: {e}")))?;
         }
         let spec_path = self.layout.bundle(id).join("config.json");
         spec.save(&spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
+        // After the spec is saved: a cleanup finds the cgroup through it.
+        cgroups::precreate(&self.cgroups, id).map_err(|e| cerr(id, format!("the container's cgroup: {e}")))?;
         write_json(&self.layout.config(id), cfg)
     }
 
@@ -424,7 +441,7 @@ fn watch_exit_notices(ino: nix::sys::inotify::Inotify, dir: PathBuf, tx: ExitSen
 /// Deletes libcontainer's state of `id` (killing a never-started init) and the
 /// cgroup; tolerant of anything already gone. `init_dead`: our records say the
 /// init has exited, so libcontainer must not signal its (possibly reused) PID.
-pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, init_dead: bool) {
+pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, cgroup: &Path, init_dead: bool) {
     let dir = layout.state_root().join(id);
     if dir.exists() {
         match Container::load(dir.clone()) {
@@ -440,13 +457,15 @@ pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, init_dead: bo
         }
         let _ = fs::remove_dir_all(&dir);
     }
-    if let Err(e) = cgroups::remove(id) {
+    if let Err(e) = cgroups::remove(cgroup) {
         tracing::warn!(id, "{e}");
     }
 }
 
+/// The shim's cleanup: the container's cgroup is the one its bundle records.
 pub(crate) fn cleanup_libcontainer(layout: &Layout, id: &str) {
-    cleanup_libcontainer_with(layout, id, false)
+    let cgroup = cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT));
+    cleanup_libcontainer_with(layout, id, &cgroup, false)
 }
 
 /// Polls `done` until it holds or `timeout` passes; the interval grows from
@@ -522,7 +541,10 @@ impl Runtime for LibcontainerRuntime {
             return Ok(match self.wait_exit_record(id, Some(started.shim)) {
                 Some(rec) => ContainerState::Exited { code: rec.code, oom_killed: rec.oom_killed },
                 // The shim died before the container: nobody saw the exit.
-                None => ContainerState::Exited { code: UNKNOWN_EXIT_CODE, oom_killed: cgroups::oom_killed(id) },
+                None => ContainerState::Exited {
+                    code: UNKNOWN_EXIT_CODE,
+                    oom_killed: cgroups::oom_killed(&self.cgroup_of(id)),
+                },
             });
         }
         let shim = read_json::<ProcId>(&self.layout.shim(id)).ok().flatten();
@@ -547,7 +569,7 @@ impl Runtime for LibcontainerRuntime {
             .build()
             .map_err(|e| cerr(id, format!("cpuset: {e}")))?;
         let resources = LinuxResourcesBuilder::default().cpu(cpu).build().map_err(|e| cerr(id, format!("{e}")))?;
-        cgroups::apply(id, &resources).map_err(|e| cerr(id, e))?;
+        cgroups::apply(&self.cgroup_of(id), &resources).map_err(|e| cerr(id, e))?;
         // Keep the bundle's spec in step so it tells the truth.
         let spec_path = self.layout.bundle(id).join("config.json");
         if let Ok(mut spec) = Spec::load(&spec_path) {
@@ -595,8 +617,9 @@ impl Runtime for LibcontainerRuntime {
                 let _ = wait_gone(shim, KILL_TIMEOUT);
             }
         }
-        cleanup_libcontainer_with(&self.layout, id, init_dead);
-        let left = cgroups::existing_dirs(id);
+        let cgroup = self.cgroup_of(id);
+        cleanup_libcontainer_with(&self.layout, id, &cgroup, init_dead);
+        let left = cgroups::existing_dirs(&cgroup);
         if !left.is_empty() {
             return Err(cerr(id, format!("cgroup directories remain: {left:?}")));
         }

@@ -76,7 +76,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         }
     }
     let status = supervise(id, log_read, log, init.pid);
-    let record = exit_record(id, status);
+    let record = exit_record(&layout, id, status);
     if let Err(e) = write_json(&layout.exit(id), &record) {
         eprintln!("shim {id}: {e}");
     }
@@ -165,7 +165,8 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
         // Not in the spec (see `spec::build`): the setup is done, the
         // container's own process has not run yet.
         if let Some(quota) = cfg.cpu_quota {
-            cgroups::set_cpu_quota(id, quota).map_err(|e| format!("setting the CPU quota: {e}"))?;
+            let cgroup = cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT));
+            cgroups::set_cpu_quota(&cgroup, quota).map_err(|e| format!("setting the CPU quota: {e}"))?;
         }
         container.start().map_err(|e| format!("starting the container: {e}"))?;
         tracing::debug!(target: "podstart", id, "container started");
@@ -217,8 +218,8 @@ fn supervise(id: &str, log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32
     }
 }
 
-fn exit_record(id: &str, status: Option<WaitStatus>) -> ExitRecord {
-    let oom_killed = cgroups::oom_killed(id);
+fn exit_record(layout: &Layout, id: &str, status: Option<WaitStatus>) -> ExitRecord {
+    let oom_killed = cgroups::oom_killed(&cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT)));
     match status {
         Some(WaitStatus::Exited(_, code)) => ExitRecord { code, signal: None, oom_killed },
         Some(WaitStatus::Signaled(_, sig, _)) => {

@@ -16,10 +16,11 @@ use oci_spec::runtime::{
 
 use super::super::{ContainerConfig, CpuQuota, RuntimeError};
 
-/// The cgroup of a container, relative to each hierarchy's root; absolute so that
-/// libcgroups never derives one from the caller's own cgroup.
-pub fn cgroup_path(id: &str) -> PathBuf {
-    PathBuf::from(format!("/pinion/{id}"))
+/// The cgroup of a container under `parent` (see [`super::cgroups::settle_parent`]),
+/// relative to each hierarchy's root; absolute so that libcgroups never derives
+/// one from the caller's own cgroup.
+pub fn cgroup_path(parent: &Path, id: &str) -> PathBuf {
+    parent.join(id)
 }
 
 /// What the resolved process looks like (image defaults already merged).
@@ -152,7 +153,12 @@ fn nofile_limit() -> u64 {
 /// container's whole first period) is not throttled, while the container's
 /// process never runs a single instruction without it. [`with_cpu_quota`] puts
 /// it back for a runtime that applies everything at create (crun, runc).
-pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBuf]) -> Result<Spec, RuntimeError> {
+pub fn build(
+    cfg: &ContainerConfig,
+    process: &ProcessSpec,
+    host_mounts: &[PathBuf],
+    cgroup_parent: &Path,
+) -> Result<Spec, RuntimeError> {
     let id = cfg.id.as_str();
     let e = |what: &str| {
         let what = what.to_string();
@@ -262,7 +268,7 @@ pub fn build(cfg: &ContainerConfig, process: &ProcessSpec, host_mounts: &[PathBu
     }
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
-        .cgroups_path(cgroup_path(id))
+        .cgroups_path(cgroup_path(cgroup_parent, id))
         .resources(resources.build().map_err(e("resources"))?)
         .devices(devices)
         .masked_paths(oci_spec::runtime::get_default_maskedpaths())
@@ -761,7 +767,7 @@ mod tests {
 
     #[test]
     fn resources_namespaces_and_policy() {
-        let spec = build(&cfg(), &process(), &[PathBuf::from("/usr")]).map_err(|e| e.to_string());
+        let spec = build(&cfg(), &process(), &[PathBuf::from("/usr")], Path::new("/pinion")).map_err(|e| e.to_string());
         let spec = match spec {
             Ok(s) => s,
             Err(e) => panic!("{e}"),
@@ -809,7 +815,7 @@ mod tests {
         let mut c = cfg();
         c.host_network = true;
         c.mems = Default::default();
-        let spec = build(&c, &process(), &[]).map_err(|e| e.to_string());
+        let spec = build(&c, &process(), &[], Path::new("/pinion")).map_err(|e| e.to_string());
         let v = serde_json::to_value(spec.unwrap_or_default()).unwrap_or_default();
         let text = v.pointer("/linux/namespaces").map(|n| n.to_string()).unwrap_or_default();
         assert!(!text.contains("network"), "{text}");
@@ -821,7 +827,7 @@ mod tests {
     fn the_cpu_quota_is_left_to_the_shim_and_can_be_put_back() {
         let mut c = cfg();
         c.cpu_quota = Some(CpuQuota { quota_us: 10_000, period_us: 100_000 });
-        let spec = build(&c, &process(), &[]).map_err(|e| e.to_string());
+        let spec = build(&c, &process(), &[], Path::new("/pinion")).map_err(|e| e.to_string());
         let spec = match spec {
             Ok(s) => s,
             Err(e) => panic!("{e}"),
@@ -839,7 +845,7 @@ mod tests {
     fn bad_device_node_names_the_path() {
         let mut c = cfg();
         c.device_nodes = vec![PathBuf::from("/etc/hostname")];
-        let err = build(&c, &process(), &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = build(&c, &process(), &[], Path::new("/pinion")).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("/etc/hostname") && err.contains("not a device node"), "{err}");
     }
 
