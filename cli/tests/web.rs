@@ -1,7 +1,7 @@
 //! The web view in headless Chromium against a running cluster: `pinion
 //! server --local-listen` and a hollow `pinion agent` on the two-socket Intel
 //! sysfs fixture (2 NUMA nodes, 32 CPUs, huge pages, two NIC functions offered
-//! through `--devices`). The page must show each pod on exactly the CPUs its
+//! through `--devices`, single-numa-node). The page must show each pod on exactly the CPUs its
 //! placement holds, then a pod placed after it loaded (through the watch,
 //! without a reload); the test saves a screenshot and prints where.
 
@@ -83,7 +83,11 @@ fn cells_of(pod: &str) -> String {
 
 fn shown_on(page: &mut Chromium, pod: &str, cpus: &BTreeSet<u64>) -> Value {
     let expected: Vec<u64> = cpus.iter().copied().collect();
-    let expr = format!("(() => {{ const got = {}; return JSON.stringify(got) === '{}' ? got : null; }})()", cells_of(pod), serde_json::to_string(&expected).expect("json"));
+    let expr = format!(
+        "(() => {{ const got = {}; return JSON.stringify(got) === '{}' ? got : null; }})()",
+        cells_of(pod),
+        serde_json::to_string(&expected).expect("json")
+    );
     let (held, _) = page.wait_for(&expr, WITHIN).expect("evaluate in the page");
     let got = page.eval(&cells_of(pod)).expect("evaluate in the page");
     assert!(held, "the page shows {pod} on CPUs {got}, its placement holds {expected:?}");
@@ -120,7 +124,9 @@ fn the_web_view_shows_each_pod_on_its_cpus_and_follows_the_watch() {
         .expect("the join token line");
     let url = lines
         .iter()
-        .find_map(|l| l.strip_prefix("listening on ").and_then(|l| l.split_once(" (")).map(|(_, u)| u.trim_end_matches(')')))
+        .find_map(|l| {
+            l.strip_prefix("listening on ").and_then(|l| l.split_once(" (")).map(|(_, u)| u.trim_end_matches(')'))
+        })
         .expect("the listening line");
     let web = lines.last().and_then(|l| l.split_whitespace().nth(2)).expect("the web view's URL").to_string();
     assert!(web.starts_with("http://127.0.0.1:") && web.ends_with("/ui/"), "{web}");
@@ -142,6 +148,8 @@ fn the_web_view_shows_each_pod_on_its_cpus_and_follows_the_watch() {
         devices.to_str().expect("utf-8"),
         "--reserved-cpus",
         "0,16",
+        "--topology-policy",
+        "single-numa-node",
         "--node-name",
         "xeon",
         "--endpoint-listen",
@@ -149,8 +157,10 @@ fn the_web_view_shows_each_pod_on_its_cpus_and_follows_the_watch() {
     ]);
     apply(&config, dir, "alpha", "cpu: \"6\", memory: 8Gi, hugepages-2Mi: 1Gi");
     apply(&config, dir, "gamma", "cpu: \"2\", memory: 2Gi, example.com/nic: \"1\"");
+    apply(&config, dir, "web", "cpu: 500m, memory: 256Mi");
     let alpha = running_cpus(&config, "alpha");
     let gamma = running_cpus(&config, "gamma");
+    running_cpus(&config, "web");
     assert_eq!((alpha.len(), gamma.len()), (6, 2), "alpha {alpha:?}, gamma {gamma:?}");
 
     let mut page = Chromium::start(browser, 1500, 1000).expect("start chromium");
@@ -161,13 +171,16 @@ fn the_web_view_shows_each_pod_on_its_cpus_and_follows_the_watch() {
         .wait_for("document.querySelector('.device[data-pod=\"gamma\"]')?.dataset.address", WITHIN)
         .expect("evaluate in the page");
     assert!(nic.0, "the page shows gamma's NIC: {}", nic.1);
+    let shared = page.eval("document.querySelector('.cpu[data-cpu=\"7\"]').dataset.state").expect("eval");
+    assert_eq!(shared, "shared", "CPU 7 is in the shared pool");
     // A mark on this document: still there after beta appears, so beta came
     // through the watch, not through a reload.
     page.eval("window.pinionTestMark = 'same page'").expect("mark the page");
 
-    apply(&config, dir, "beta", "cpu: \"4\", memory: 4Gi");
+    // 8 of NUMA node 0's 14 CPUs are taken: under single-numa-node beta lands on node 1.
+    apply(&config, dir, "beta", "cpu: \"8\", memory: 4Gi");
     let beta = running_cpus(&config, "beta");
-    assert_eq!(beta.len(), 4, "{beta:?}");
+    assert_eq!(beta.len(), 8, "{beta:?}");
     assert!(alpha.is_disjoint(&beta) && gamma.is_disjoint(&beta), "alpha {alpha:?}, gamma {gamma:?}, beta {beta:?}");
     shown_on(&mut page, "beta", &beta);
     shown_on(&mut page, "alpha", &alpha);

@@ -95,10 +95,12 @@ impl Chromium {
         };
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let tcp = TcpStream::connect_timeout(&addr, CALL_TIMEOUT)?;
-        tcp.set_read_timeout(Some(Duration::from_millis(200)))?;
+        tcp.set_read_timeout(Some(CALL_TIMEOUT))?;
         tcp.set_write_timeout(Some(CALL_TIMEOUT))?;
         let (ws, _) = tungstenite::client(format!("ws://127.0.0.1:{port}{path}"), tcp)
             .map_err(|e| anyhow!("DevTools WebSocket handshake: {e}"))?;
+        // Short reads from here on, so that `call` checks its deadline.
+        ws.get_ref().set_read_timeout(Some(Duration::from_millis(200)))?;
         let child = guard.0.take().ok_or_else(|| anyhow!("the browser process went missing"))?;
         let mut c = Chromium { child, ws, session: String::new(), next_id: 0, _profile: profile };
         let target = c.call("Target.createTarget", json!({"url": "about:blank"}))?;
@@ -124,10 +126,8 @@ impl Chromium {
 
     /// The value of a JavaScript expression in the page (a promise is awaited).
     pub fn eval(&mut self, expression: &str) -> anyhow::Result<Value> {
-        let r = self.call(
-            "Runtime.evaluate",
-            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
-        )?;
+        let r = self
+            .call("Runtime.evaluate", json!({"expression": expression, "returnByValue": true, "awaitPromise": true}))?;
         if let Some(e) = r.get("exceptionDetails") {
             bail!("{expression}: {e}");
         }
@@ -156,7 +156,8 @@ impl Chromium {
 
     /// A PNG of the whole page (the viewport grown to the page's height) at `path`.
     pub fn screenshot(&mut self, path: &Path) -> anyhow::Result<()> {
-        let size = self.eval("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")?;
+        let size = self
+            .eval("[document.documentElement.scrollWidth, Math.ceil(document.body.getBoundingClientRect().height)]")?;
         let (w, h) = (size[0].as_u64().unwrap_or(1280), size[1].as_u64().unwrap_or(800));
         self.call(
             "Emulation.setDeviceMetricsOverride",
@@ -192,7 +193,8 @@ impl Chromium {
                 }
                 Err(e) => bail!("{method}: {e}"),
             };
-            let v: Value = serde_json::from_str(text.as_str()).with_context(|| format!("{method}: a DevTools message"))?;
+            let v: Value =
+                serde_json::from_str(text.as_str()).with_context(|| format!("{method}: a DevTools message"))?;
             if v["id"].as_u64() != Some(id) {
                 continue;
             }

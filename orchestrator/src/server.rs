@@ -119,6 +119,25 @@ pub struct Server {
 
 impl Server {
     pub async fn bind(options: ServerOptions) -> Result<Server, ServerError> {
+        // First: a refused address leaves no data dir behind.
+        let local = match &options.local_listen {
+            None => None,
+            Some(l) => match crate::api::local::bind(&l.addr).await {
+                Ok(listener) => {
+                    let addr = listener
+                        .local_addr()
+                        .map_err(|source| LocalListenError::Bind { addr: l.addr.clone(), source })?;
+                    Some((listener, addr))
+                }
+                Err(LocalListenError::Bind { addr, source })
+                    if l.if_free && source.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    tracing::warn!(%addr, "the web view's port is taken; serving no web view (choose one with --local-listen)");
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
         let dir = options.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
         // On etcd the first server to start creates the cluster's identity.
@@ -159,24 +178,6 @@ impl Server {
             .map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
         let addr =
             listener.local_addr().map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
-        let local = match &options.local_listen {
-            None => None,
-            Some(l) => match crate::api::local::bind(&l.addr).await {
-                Ok(listener) => {
-                    let addr = listener
-                        .local_addr()
-                        .map_err(|source| LocalListenError::Bind { addr: l.addr.clone(), source })?;
-                    Some((listener, addr))
-                }
-                Err(LocalListenError::Bind { addr, source })
-                    if l.if_free && source.kind() == std::io::ErrorKind::AddrInUse =>
-                {
-                    tracing::warn!(%addr, "the web view's port is taken; serving no web view (choose one with --local-listen)");
-                    None
-                }
-                Err(e) => return Err(e.into()),
-            },
-        };
         let host = listen_host(&options.listen);
         let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
         if !host.is_empty() && host != "0.0.0.0" && host != "::" {

@@ -145,11 +145,12 @@ function cpuList(ids) {
   return parts.join(",") || "none";
 }
 
-// A stable hue per pod name, so a pod keeps its colour across changes.
-function hue(name) {
-  let h = 0;
-  for (const c of name) h = (h * 31 + c.codePointAt(0)) % 360;
-  return h;
+// Hues for the pods holding CPUs or devices on a node, in order of name,
+// spread by the golden angle so that neighbours never look alike.
+function hues(pods) {
+  const out = new Map();
+  [...pods].sort().forEach((p, i) => out.set(p, Math.round((i * 137.508) % 360)));
+  return out;
 }
 
 function bar(label, free, total, format) {
@@ -205,6 +206,7 @@ function renderNode(node) {
       for (const addrs of Object.values(c.devices || {})) for (const a of addrs) deviceHolders.set(a, pod);
     }
   }
+  const hue = hues(new Set([...[...holders.values()].map((h) => h.pod), ...deviceHolders.values()]));
   const shared = t.cpus
     .map((c) => c.id)
     .filter((id) => !reserved.has(id) && !offline.has(id) && !(holders.has(id) && holders.get(id).policy === "exclusive"));
@@ -251,7 +253,7 @@ function renderNode(node) {
     else cell.dataset.state = "shared";
     if (h) {
       cell.dataset.pod = h.pod;
-      cell.style.setProperty("--pod-hue", hue(h.pod));
+      cell.style.setProperty("--pod-hue", hue.get(h.pod));
       cell.title = `CPU ${id}: ${h.pod} (${h.policy})`;
       cell.append(el("span", "cpu-pod", h.pod));
     } else {
@@ -278,7 +280,7 @@ function renderNode(node) {
     const s = el("div", "socket");
     s.append(el("h3", null, `socket ${socket}`));
     for (const [numa, groups] of sorted(numas)) {
-      const n = numaBox(t, numa, numaStatus.get(numa), deviceHolders);
+      const n = numaBox(t, numa, numaStatus.get(numa), deviceHolders, hue);
       for (const [group, coreMap] of sorted(groups)) {
         const g = el("div", "l3");
         if (group >= 0) g.append(el("div", "l3-label", `L3 #${group}`));
@@ -303,7 +305,7 @@ function renderNode(node) {
   if (cpuless.length) {
     const s = el("div", "socket");
     s.append(el("h3", null, "without CPUs"));
-    for (const n of cpuless) s.append(numaBox(t, n.id, numaStatus.get(n.id), deviceHolders));
+    for (const n of cpuless) s.append(numaBox(t, n.id, numaStatus.get(n.id), deviceHolders, hue));
     machine.append(s);
   }
   card.append(machine);
@@ -314,7 +316,8 @@ function renderNode(node) {
     for (const pod of pods) {
       const li = el("li", "pod");
       li.dataset.pod = pod;
-      li.style.setProperty("--pod-hue", hue(pod));
+      if (hue.has(pod)) li.style.setProperty("--pod-hue", hue.get(pod));
+      else li.classList.add("on-shared");
       const p = state.pods.get(pod);
       const phase = p && p.status ? p.status.phase : "";
       const cpus = [];
@@ -331,7 +334,7 @@ function renderNode(node) {
   return card;
 }
 
-function numaBox(t, numa, status, deviceHolders) {
+function numaBox(t, numa, status, deviceHolders, hue) {
   const spec = t.numaNodes.find((n) => n.id === numa) || {};
   const box = el("div", "numa");
   box.dataset.numa = numa;
@@ -356,7 +359,7 @@ function numaBox(t, numa, status, deviceHolders) {
       const holder = deviceHolders.get(dev.address);
       if (holder) {
         li.dataset.pod = holder;
-        li.style.setProperty("--pod-hue", hue(holder));
+        li.style.setProperty("--pod-hue", hue.get(holder));
       }
       li.textContent = `${dev.resource} ${dev.address}${holder ? ` (${holder})` : ""}`;
       list.append(li);

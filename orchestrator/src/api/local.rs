@@ -53,13 +53,22 @@ const ASSETS: &[Asset] = &[
         content_type: "text/html; charset=utf-8",
         body: include_bytes!("../../ui/index.html"),
     },
-    Asset { path: "/ui/app.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../../ui/app.js") },
-    Asset { path: "/ui/style.css", content_type: "text/css; charset=utf-8", body: include_bytes!("../../ui/style.css") },
+    Asset {
+        path: "/ui/app.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../../ui/app.js"),
+    },
+    Asset {
+        path: "/ui/style.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_bytes!("../../ui/style.css"),
+    },
 ];
 
 /// The page may load and call only its own origin (no inline script, no
 /// other site), whatever a pod's name holds.
-const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; base-uri 'none'";
+const CSP: &str =
+    "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'; base-uri 'none'";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalListenError {
