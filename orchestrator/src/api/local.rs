@@ -193,7 +193,7 @@ mod tests {
     #[test]
     fn host_must_be_loopback() {
         let check = |host: &str, expected: bool| {
-            assert_eq!(loopback_host(Some(&HeaderValue::from_str(host).unwrap())), expected, "{host}");
+            assert_eq!(loopback_host(Some(&HeaderValue::from_str(host).expect("a header value"))), expected, "{host}");
         };
         check("127.0.0.1:7480", true);
         check("127.0.0.1", true);
