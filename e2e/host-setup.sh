@@ -9,7 +9,8 @@ need=()
 # protoc, which the etcd-client crate's build runs.
 # openmpi-bin, libopenmpi-dev: the MPI scenario compiles an MPI program and runs
 # it with mpirun, its daemons started in a job's members through `pinion rsh`.
-for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev; do
+# chromium: cli/tests/web.rs loads the web view in headless Chromium.
+for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

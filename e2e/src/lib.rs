@@ -3,6 +3,7 @@
 //! statistics.
 
 pub mod binary;
+pub mod chromium;
 pub mod firstbyte;
 pub mod host;
 pub mod peers;

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::apply::ApiState;
+use crate::api::local::LocalListenError;
 use crate::api::proxy::NodeClients;
 use crate::api::{serve, ApiConfig};
 use crate::controller::{Controller, ControllerConfig};
@@ -42,6 +43,8 @@ pub enum ServerError {
     Etcd { endpoints: String, source: StoreError },
     #[error("the cluster identity: {0}")]
     Identity(#[from] IdentityError),
+    #[error(transparent)]
+    LocalListen(#[from] LocalListenError),
 }
 
 #[derive(Debug, Clone)]
@@ -64,6 +67,18 @@ pub struct ServerOptions {
     /// The leader lease's time to live (etcd only): a dead leader is replaced
     /// within about this long.
     pub leader_ttl: Duration,
+    /// The plain-HTTP, read-only loopback listener of the web view (`api::local`).
+    pub local_listen: Option<LocalListen>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LocalListen {
+    /// A loopback `IP:PORT`; port 0 picks a free one.
+    pub addr: String,
+    /// A port already taken means no local listener and a warning, not a
+    /// failure: `pinion up`'s default port, which another `up` on the same
+    /// machine may hold. An address that is not loopback is refused all the same.
+    pub if_free: bool,
 }
 
 impl ServerOptions {
@@ -79,6 +94,7 @@ impl ServerOptions {
             etcd_options: EtcdOptions::default(),
             advertise_url: None,
             leader_ttl: Duration::from_secs(3),
+            local_listen: None,
         }
     }
 }
@@ -86,6 +102,7 @@ impl ServerOptions {
 pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
+    local: Option<(TcpListener, SocketAddr)>,
     tls: Arc<rustls::ServerConfig>,
     store: Store,
     /// The etcd client and key prefix of a shared store.
@@ -102,6 +119,25 @@ pub struct Server {
 
 impl Server {
     pub async fn bind(options: ServerOptions) -> Result<Server, ServerError> {
+        // First: a refused address leaves no data dir behind.
+        let local = match &options.local_listen {
+            None => None,
+            Some(l) => match crate::api::local::bind(&l.addr).await {
+                Ok(listener) => {
+                    let addr = listener
+                        .local_addr()
+                        .map_err(|source| LocalListenError::Bind { addr: l.addr.clone(), source })?;
+                    Some((listener, addr))
+                }
+                Err(LocalListenError::Bind { addr, source })
+                    if l.if_free && source.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    tracing::warn!(%addr, "the web view's port is taken; serving no web view (choose one with --local-listen)");
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
         let dir = options.data_dir.clone();
         std::fs::create_dir_all(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
         // On etcd the first server to start creates the cluster's identity.
@@ -176,6 +212,7 @@ impl Server {
         Ok(Server {
             listener,
             addr,
+            local,
             tls,
             store,
             etcd,
@@ -190,6 +227,11 @@ impl Server {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the local listener (`--local-listen`) listens, if it does.
+    pub fn local_listen_addr(&self) -> Option<SocketAddr> {
+        self.local.as_ref().map(|(_, a)| *a)
     }
 
     pub fn server_url(&self) -> String {
@@ -234,7 +276,13 @@ impl Server {
             advertise_url: self.options.advertise_url.clone(),
             proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?), self.options.api.liveness),
         });
+        let local = self.local.map(|(listener, _)| {
+            tokio::spawn(crate::api::local::serve(listener, state.clone(), self.options.api, shutdown.clone()))
+        });
         serve(self.listener, self.tls, state.clone(), self.options.api, shutdown).await;
+        if let Some(l) = local {
+            let _ = l.await;
+        }
         for l in loops {
             let _ = l.await;
         }

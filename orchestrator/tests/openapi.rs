@@ -327,11 +327,14 @@ fn the_wire_types_match_their_schemas() {
     s.check::<List<Job>>("JobList", json!({"resourceVersion": 42, "items": [job()]}));
     s.check::<List<Event>>("EventList", json!({"resourceVersion": 42, "items": [event()]}));
     s.check::<WatchEvent<Pod>>("WatchEvent", json!({"type": "MODIFIED", "object": pod()}));
+    s.check::<WatchEvent<Node>>("WatchEvent", json!({"type": "MODIFIED", "object": node()}));
     s.check::<WatchEvent<ApiError>>("WatchEvent", json!({"type": "ERROR", "object": api_error()}));
     // What `apply::bookmark_line` writes, read as the clients read it.
-    let bookmark: Value =
-        serde_json::from_str(orchestrator::api::apply::bookmark_line(42).trim()).expect("a JSON line");
-    s.check::<WatchEvent<Value>>("WatchEvent", bookmark);
+    for kind in [orchestrator::store::Kind::Pod, orchestrator::store::Kind::Node] {
+        let line = orchestrator::api::apply::bookmark_line(kind, 42);
+        let bookmark: Value = serde_json::from_str(line.trim()).expect("a JSON line");
+        s.check::<WatchEvent<Value>>("WatchEvent", bookmark);
+    }
     for frame in [
         json!({"type": "status", "resourceVersion": 42, "status": pod_status()}),
         json!({"type": "output", "offset": 6, "data": "hello\n"}),

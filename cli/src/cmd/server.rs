@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use orchestrator::server::{Server, ServerOptions};
+use orchestrator::server::{LocalListen, Server, ServerOptions};
 use orchestrator::store::EtcdConfig;
 use specs::pod::SchedulingStrategy;
 use tokio::signal::unix::{signal, SignalKind};
@@ -20,6 +20,11 @@ pub struct Args {
     /// Address to listen on (HTTPS).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7443")]
     pub listen: String,
+    /// Also serve the web view (`/ui/`) and the read-only JSON it reads over
+    /// plain HTTP on this loopback address (IP:PORT), for a browser here or
+    /// through `ssh -L`; no client certificate is asked for.
+    #[arg(long, value_name = "ADDR")]
+    pub local_listen: Option<String>,
     /// Extra DNS names or IP addresses for the server certificate (repeatable).
     #[arg(long = "tls-san", value_name = "NAME")]
     pub tls_sans: Vec<String>,
@@ -96,6 +101,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.scheduler.topology_aware = !args.topology_blind;
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
+    opts.local_listen = args.local_listen.map(|addr| LocalListen { addr, if_free: false });
     if let Some(url) = &args.advertise_url {
         if let Err(e) = orchestrator::client::parse_url(url) {
             anyhow::bail!("--advertise-url: {e}");
@@ -131,6 +137,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     println!("admin credentials: {} (use --config or PINION_CONFIG)", server.admin_config.display());
     println!("listening on {} ({})", server.local_addr(), server.server_url());
+    if let Some(addr) = server.local_listen_addr() {
+        println!("web view: http://{addr}/ui/ (plain HTTP on loopback, read-only)");
+    }
     crate::common::notify_ready();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(server.run(stopped));

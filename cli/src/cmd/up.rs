@@ -10,13 +10,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use orchestrator::server::{Server, ServerOptions};
+use orchestrator::server::{LocalListen, Server, ServerOptions};
 use orchestrator::tls::Credentials;
 use specs::CpuSet;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cmd::agent::{NodeArgs, RunArgs};
 use crate::common::GlobalArgs;
+
+/// The web view's port under `pinion up`, so the quick start can name it.
+const DEFAULT_LOCAL_LISTEN: &str = "127.0.0.1:7480";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -26,6 +29,11 @@ pub struct Args {
     /// Address the API listens on (HTTPS). Loopback by default: open it up with care.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
     pub listen: String,
+    /// The web view (`/ui/`) and the read-only JSON it reads, over plain HTTP
+    /// on this loopback address (IP:PORT); `off` for none. Without the flag,
+    /// 127.0.0.1:7480 when that port is free.
+    #[arg(long, value_name = "ADDR")]
+    pub local_listen: Option<String>,
     #[command(flatten)]
     pub node: NodeArgs,
     /// Seconds a finished pod (with its status and events) is kept when its
@@ -67,7 +75,13 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.heartbeat_grace = Duration::from_secs(40);
     opts.api.liveness = g.liveness();
     opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
+    opts.local_listen = match args.local_listen.as_deref() {
+        None => Some(LocalListen { addr: DEFAULT_LOCAL_LISTEN.into(), if_free: true }),
+        Some("off") => None,
+        Some(addr) => Some(LocalListen { addr: addr.into(), if_free: false }),
+    };
     let server = Server::bind(opts).await?;
+    let web = server.local_listen_addr();
     let url = server.server_url();
     let token = server.join_token.to_string();
     let admin = Credentials::load(&server.admin_config)?;
@@ -84,6 +98,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
     println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
     println!("credentials: {}", config_path.display());
+    if let Some(addr) = web {
+        println!("web view: http://{addr}/ui/ (from another machine: ssh -L 7480:{addr} THIS-HOST)");
+    }
     println!("try:  pinion run hello --cpus 1 -- grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status");
     println!("      pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
     println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");

@@ -13,7 +13,7 @@ use super::error::{bad_field, conflict, forbidden, not_found, store_error, unaut
 use super::parse::Action;
 use crate::controller::{event, now_rfc3339};
 use crate::leading::Leading;
-use crate::store::{Change, Claim, Kind, Store, Watch};
+use crate::store::{Change, Claim, Kind, Object, Store, Watch};
 use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
 
 /// What the API layer needs, shared by every connection.
@@ -41,7 +41,7 @@ pub enum Reply {
     Watch {
         initial: Vec<String>,
         watch: Watch,
-        filter: PodFilter,
+        filter: WatchFilter,
         /// The version the watch starts after (a bookmark's first value).
         from: u64,
         /// Send a BOOKMARK on an idle stream.
@@ -63,17 +63,24 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
         .map_err(|e| super::error::internal(format!("cannot encode the reply: {e}")))
 }
 
-/// Which pod changes a watcher sees, and as what.
-pub struct PodFilter {
+/// Which changes a watcher sees (pods or nodes), and as what.
+pub struct WatchFilter {
+    pub kind: Kind,
     pub selector: LabelSelector,
+    /// Pods only: the node whose pods are watched.
     pub node: Option<String>,
 }
 
-impl PodFilter {
+impl WatchFilter {
+    /// Whether a listed object is one the watcher sees (its first ADDED lines).
+    fn keeps<T: Object>(&self, obj: &T) -> bool {
+        self.selector.matches(&obj.meta().labels) && (self.node.is_none() || obj.node_name() == self.node.as_deref())
+    }
+
     /// The line to send for a change, if any. A pod that leaves the watched node
     /// is DELETED for that watcher; one that arrives is ADDED.
     pub fn line(&self, c: &Change) -> Option<String> {
-        if c.kind != Kind::Pod || !self.selector.matches(&c.labels) {
+        if c.kind != self.kind || !self.selector.matches(&c.labels) {
             return None;
         }
         let ty = match &self.node {
@@ -95,14 +102,44 @@ impl PodFilter {
 
 /// A BOOKMARK line: the watch has reached `version` and nothing the watcher
 /// sees changed since its last line.
-pub fn bookmark_line(version: u64) -> String {
+pub fn bookmark_line(kind: Kind, version: u64) -> String {
+    let kind = match kind {
+        Kind::Pod => "Pod",
+        Kind::Node => "Node",
+        Kind::Event => "Event",
+        Kind::Job => "Job",
+    };
     watch_line(
         WatchEventType::Bookmark,
         &format!(
-            "{{\"apiVersion\":\"{}\",\"kind\":\"Pod\",\"metadata\":{{\"resourceVersion\":{version}}}}}",
+            "{{\"apiVersion\":\"{}\",\"kind\":\"{kind}\",\"metadata\":{{\"resourceVersion\":{version}}}}}",
             specs::pod::API_VERSION
         ),
     )
+}
+
+/// A watch of `T` from `from`, or, without it, from now with the objects the
+/// watcher sees listed first as ADDED.
+async fn start_watch<T: Object>(
+    store: &Store,
+    filter: WatchFilter,
+    from: Option<u64>,
+    bookmarks: bool,
+) -> Result<Reply, ApiError> {
+    let mut initial = Vec::new();
+    let from = match from {
+        Some(v) => v,
+        None => {
+            let listed = store.list::<T>().map_err(store_error)?;
+            for o in listed.items.iter().filter(|o| filter.keeps(*o)) {
+                let obj = serde_json::to_string(o).map_err(|e| super::error::internal(e.to_string()))?;
+                initial.push(watch_line(WatchEventType::Added, &obj));
+            }
+            listed.rv
+        }
+    };
+    let watch = store.watch(from).await.map_err(store_error)?;
+    Ok(Reply::Watch { initial, watch, filter, from, bookmarks })
 }
 
 pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
@@ -247,26 +284,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::WatchPods { selector, node, from, bookmarks } => {
             let node = scope_to_node(id, node)?;
-            let filter = PodFilter { selector, node };
-            let mut initial = Vec::new();
-            let from = match from {
-                Some(v) => v,
-                None => {
-                    let listed = store.list::<Pod>().map_err(store_error)?;
-                    let rv = listed.rv;
-                    for p in listed.items {
-                        if filter.selector.matches(&p.metadata.labels)
-                            && (filter.node.is_none() || p.spec.node_name == filter.node)
-                        {
-                            let obj = serde_json::to_string(&p).map_err(|e| super::error::internal(e.to_string()))?;
-                            initial.push(watch_line(WatchEventType::Added, &obj));
-                        }
-                    }
-                    rv
-                }
-            };
-            let watch = store.watch(from).await.map_err(store_error)?;
-            Ok(Reply::Watch { initial, watch, filter, from, bookmarks })
+            start_watch::<Pod>(store, WatchFilter { kind: Kind::Pod, selector, node }, from, bookmarks).await
         }
         Action::CreatePod(pod) => {
             require_admin(id, "create pods")?;
@@ -476,6 +494,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let listed = store.list::<Node>().map_err(store_error)?;
             let items: Vec<Node> = listed.items.into_iter().filter(|n| selector.matches(&n.metadata.labels)).collect();
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+        }
+        Action::WatchNodes { selector, from, bookmarks } => {
+            require_admin(id, "watch nodes")?;
+            start_watch::<Node>(store, WatchFilter { kind: Kind::Node, selector, node: None }, from, bookmarks).await
         }
         Action::RegisterNode(node) => {
             require_self(id, &node.metadata.name)?;

@@ -9,6 +9,7 @@
 pub mod apply;
 pub mod attach;
 pub mod error;
+pub mod local;
 pub mod parse;
 pub mod proxy;
 pub mod routes;
@@ -76,10 +77,32 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     state: Arc<ApiState>,
     config: ApiConfig,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let table = Arc::new(routes());
+    accept_loop(listener, Listener::Api(acceptor), routes(), state, config, shutdown).await;
+}
+
+/// What a listener speaks: the HTTPS API, or the local listener's plain HTTP
+/// (`local`).
+#[derive(Clone)]
+enum Listener {
+    Api(tokio_rustls::TlsAcceptor),
+    Local,
+}
+
+/// The bounded accept loop both listeners share: at most
+/// `config.max_connections` at once; on shutdown it stops accepting and waits
+/// (up to `shutdown_timeout`) for the connections to finish.
+async fn accept_loop(
+    listener: TcpListener,
+    kind: Listener,
+    table: Vec<Route>,
+    state: Arc<ApiState>,
+    config: ApiConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let table = Arc::new(table);
     let slots = Arc::new(Semaphore::new(config.max_connections));
     loop {
         let permit = tokio::select! {
@@ -100,16 +123,25 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         pinion_client::keep_alive(&tcp, &config.liveness);
-        let (acceptor, state, table, shutdown) = (acceptor.clone(), state.clone(), table.clone(), shutdown.clone());
+        let (kind, state, table, shutdown) = (kind.clone(), state.clone(), table.clone(), shutdown.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let tls = match tokio::time::timeout(config.handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            };
-            let identity = Arc::new(Identity::from_peer(tls.get_ref().1.peer_certificates()));
-            serve_connection(tls, identity, state, table, config, shutdown).await;
+            match kind {
+                Listener::Api(acceptor) => {
+                    let tls = match tokio::time::timeout(config.handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                    };
+                    let identity = Arc::new(Identity::from_peer(tls.get_ref().1.peer_certificates()));
+                    serve_connection(tls, identity, false, state, table, config, shutdown).await;
+                }
+                // Only the read-only routes of `local::routes` are in `table`;
+                // on them the local listener reads what the admin may read.
+                Listener::Local => {
+                    serve_connection(tcp, Arc::new(Identity::Admin), true, state, table, config, shutdown).await
+                }
+            }
         });
     }
     drop(listener);
@@ -123,6 +155,7 @@ pub async fn serve(
 async fn serve_connection<S>(
     io: S,
     identity: Arc<Identity>,
+    local: bool,
     state: Arc<ApiState>,
     table: Arc<Vec<Route>>,
     config: ApiConfig,
@@ -133,7 +166,13 @@ async fn serve_connection<S>(
     let stop = shutdown.clone();
     let svc = hyper::service::service_fn(move |req| {
         let (identity, state, table, stop) = (identity.clone(), state.clone(), table.clone(), stop.clone());
-        async move { Ok::<_, Infallible>(handle(req, &identity, state, &table, config, stop).await) }
+        async move {
+            Ok::<_, Infallible>(if local {
+                local::respond(req, &identity, state, &table, config, stop).await
+            } else {
+                handle(req, &identity, state, &table, config, stop).await
+            })
+        }
     });
     // HTTP/2 when the client chose it over ALPN (one connection for all its
     // requests and watches), HTTP/1.1 otherwise; the auto builder reads the
@@ -255,7 +294,7 @@ async fn handle(
                     let change = tokio::select! {
                         c = watch.next() => c,
                         _ = tokio::time::sleep_until(last_sent + heartbeat), if bookmarks => {
-                            if tx.send(Ok(Bytes::from(bookmark_line(version)))).await.is_err() {
+                            if tx.send(Ok(Bytes::from(bookmark_line(filter.kind, version)))).await.is_err() {
                                 return;
                             }
                             last_sent = tokio::time::Instant::now();

@@ -28,6 +28,7 @@ pub enum Action {
     AttachPod { name: String, container: Option<String>, known_version: Option<u64>, offset: u64 },
     ExecPod { name: String, request: ExecRequest },
     ListNodes { selector: LabelSelector },
+    WatchNodes { selector: LabelSelector, from: Option<u64>, bookmarks: bool },
     RegisterNode(Box<Node>),
     GetNode(String),
     DeleteNode(String),
@@ -110,7 +111,16 @@ pub fn parse(
             }
             Action::ExecPod { name, request }
         }
-        RouteId::ListNodes => Action::ListNodes { selector: selector(&q)? },
+        RouteId::ListNodes => {
+            let selector = selector(&q)?;
+            let from = q.number("resourceVersion")?;
+            let bookmarks = q.flag("allowWatchBookmarks")?;
+            if q.flag("watch")? {
+                Action::WatchNodes { selector, from, bookmarks }
+            } else {
+                Action::ListNodes { selector }
+            }
+        }
         RouteId::RegisterNode => Action::RegisterNode(Box::new(parse_node(body)?)),
         RouteId::GetNode => Action::GetNode(name()?),
         RouteId::DeleteNode => Action::DeleteNode(name()?),

@@ -12,6 +12,8 @@ use tokio::task::JoinHandle;
 
 pub struct TestServer {
     pub url: String,
+    /// The local listener's address, when the options asked for one.
+    pub local: Option<std::net::SocketAddr>,
     pub token: String,
     pub admin: Client,
     stop: watch::Sender<bool>,
@@ -25,12 +27,13 @@ impl TestServer {
         configure(&mut opts);
         let server = Server::bind(opts).await.expect("bind");
         let url = server.server_url();
+        let local = server.local_listen_addr();
         let token = server.join_token.to_string();
         let creds = Credentials::load(&server.admin_config).expect("admin config");
         assert_eq!(creds.servers, std::slice::from_ref(&url));
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(server.run(rx));
-        TestServer { url, token, admin: Client::new(&creds).expect("client"), stop, task }
+        TestServer { url, local, token, admin: Client::new(&creds).expect("client"), stop, task }
     }
 
     /// Stops the server; it must end without an error.
