@@ -147,6 +147,34 @@ fn cpu_file(id: &str, file: &str) -> String {
         .to_string()
 }
 
+/// The start's steps reach the agent: the runtime's own and the shim's (a
+/// separate process, whose stamps come in its report), in the order a start
+/// passes them, on one clock.
+#[test]
+fn a_start_traces_the_runtimes_and_the_shims_steps() {
+    use nodelet::metrics::{StartTrace, Step};
+    let Some(mut fx) = fixture() else { return };
+    let cfg = fx.cfg("trace", &["true"]);
+    let mut trace = StartTrace::begin();
+    fx.rt.start(&cfg, &mut trace).expect("start");
+    fx.wait_exit(&cfg.id);
+    let steps: Vec<Step> = trace.steps().map(|(s, _)| s).collect();
+    let expected = [
+        Step::BundlePrepared,
+        Step::ShimSpawned,
+        Step::ShimRunning,
+        Step::ContainerBuilt,
+        Step::ContainerStarted,
+        Step::ShimReported,
+    ];
+    assert_eq!(steps, expected);
+    // One clock: a stamp from another (the wall clock, the shim's own start)
+    // would make a step of zero (before the one before) or of hours.
+    for (step, seconds) in trace.steps() {
+        assert!(seconds > 0.0 && seconds < 30.0, "{step:?}: {seconds} s");
+    }
+}
+
 #[test]
 fn the_cpu_quota_is_in_place_once_the_container_runs() {
     let Some(mut fx) = fixture() else { return };
@@ -276,7 +304,7 @@ fn added_capabilities_are_granted_with_their_syscalls_and_dropped_ones_are_gone(
     .map(|c| format!("CAP_{c}"))
     .collect();
     for cfg in [&plain, &more, &all] {
-        fx.rt.start(cfg).expect("start");
+        fx.rt.start(cfg, &mut Default::default()).expect("start");
         assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", cfg.id);
     }
     let log = fx.log(&plain);

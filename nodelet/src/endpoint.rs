@@ -92,6 +92,8 @@ struct Ctx {
 }
 
 /// Serves until `stop` turns true.
+// Each argument is a separate piece of the daemon's wiring (as `daemon::run` holds them).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,

@@ -142,8 +142,7 @@ impl Metrics {
         type NodeFamily = Family<[(&'static str, String); 1], Gauge>;
         type NumaFamily = Family<[(&'static str, String); 2], Gauge>;
         let capacity = controller.capacity();
-        // (name, help, value of one NUMA node's figures)
-        let figures: [(&str, &str, fn(&crate::scheduler::NumaFigures) -> u64); 6] = [
+        let figures: [Figure; 6] = [
             ("cpus", "CPUs that may be handed out (not reserved)", |f| u64::from(f.cpus)),
             ("free_cpus", "CPUs not reserved and not held exclusively (bindings in flight included)", |f| {
                 u64::from(f.free_cpus)
@@ -180,6 +179,10 @@ impl std::fmt::Debug for Metrics {
         f.debug_struct("Metrics").field("registry", &self.registry).finish_non_exhaustive()
     }
 }
+
+/// A capacity gauge: its name (after `node_` or `numa_`), its help, and its
+/// value from one NUMA node's figures.
+type Figure = (&'static str, &'static str, fn(&crate::scheduler::NumaFigures) -> u64);
 
 fn gauge_value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
