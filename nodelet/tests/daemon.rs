@@ -645,6 +645,12 @@ async fn every_documented_metric_is_scraped_and_moved() {
         bytes.extend_from_slice(&chunk);
     }
     let server_scrape = String::from_utf8(bytes).expect("text");
+    // Authenticated as every other route: no client certificate, no metrics.
+    let anonymous = Client::anonymous(&[format!("https://{}", server.addr)], &server.creds.ca_cert).expect("client");
+    match anonymous.get_stream("/metrics").await {
+        Err(ClientError::Api(e)) => assert_eq!(e.code, 401, "{e}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
 
     let docs = documented_metrics();
     assert!(docs.len() > 20, "the table of docs/metrics.md: {} rows", docs.len());
