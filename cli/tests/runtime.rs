@@ -147,12 +147,40 @@ fn cpu_file(id: &str, file: &str) -> String {
         .to_string()
 }
 
+/// The start's steps reach the agent: the runtime's own and the shim's (a
+/// separate process, whose stamps come in its report), in the order a start
+/// passes them, on one clock.
+#[test]
+fn a_start_traces_the_runtimes_and_the_shims_steps() {
+    use nodelet::metrics::{StartTrace, Step};
+    let Some(mut fx) = fixture() else { return };
+    let cfg = fx.cfg("trace", &["true"]);
+    let mut trace = StartTrace::begin();
+    fx.rt.start(&cfg, &mut trace).expect("start");
+    fx.wait_exit(&cfg.id);
+    let steps: Vec<Step> = trace.steps().map(|(s, _)| s).collect();
+    let expected = [
+        Step::BundlePrepared,
+        Step::ShimSpawned,
+        Step::ShimRunning,
+        Step::ContainerBuilt,
+        Step::ContainerStarted,
+        Step::ShimReported,
+    ];
+    assert_eq!(steps, expected);
+    // One clock: a stamp from another (the wall clock, the shim's own start)
+    // would make a step of zero (before the one before) or of hours.
+    for (step, seconds) in trace.steps() {
+        assert!(seconds > 0.0 && seconds < 30.0, "{step:?}: {seconds} s");
+    }
+}
+
 #[test]
 fn the_cpu_quota_is_in_place_once_the_container_runs() {
     let Some(mut fx) = fixture() else { return };
     let mut cfg = fx.cfg("quota", &["sh", "-c", "echo up; exec sleep 60"]);
     cfg.cpu_quota = Some(CpuQuota { quota_us: 10_000, period_us: 100_000 });
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     // The shim sets it between create and start: start() returning means the
     // container's process runs, so it must be there already.
     let quota = cpu_file(&cfg.id, "cpu.cfs_quota_us");
@@ -176,7 +204,7 @@ fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
              touch /tmp/x && echo tmp-rw; sleep 0.3; exit 7",
         ],
     );
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     assert!(matches!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Running { .. }));
     assert_eq!(cpuset_file(&cfg.id, "cpuset.cpus"), "1");
     assert_eq!(cpuset_file(&cfg.id, "cpuset.mems"), "0");
@@ -202,7 +230,7 @@ fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
 fn cpuset_is_updated_in_place_and_a_running_container_is_adopted() {
     let Some(mut fx) = fixture() else { return };
     let cfg = fx.cfg("update", &["sh", "-c", "while true; do grep Cpus_allowed_list /proc/1/status; sleep 0.05; done"]);
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     let ContainerState::Running { pid } = fx.rt.state(&cfg.id).expect("state") else { panic!("not running") };
     let last = |log: &str| log.lines().last().unwrap_or("").to_string();
     let log = fx.wait_log(&cfg, |l| last(l) == "Cpus_allowed_list:\t1");
@@ -227,7 +255,7 @@ fn memory_limit_is_enforced_by_the_oom_killer() {
     let Some(mut fx) = fixture() else { return };
     let mut cfg = fx.cfg("oom", &["tail", "/dev/zero"]);
     cfg.memory_limit_bytes = Some(32 << 20);
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 137, oom_killed: true });
     fx.finish();
 }
@@ -276,7 +304,7 @@ fn added_capabilities_are_granted_with_their_syscalls_and_dropped_ones_are_gone(
     .map(|c| format!("CAP_{c}"))
     .collect();
     for cfg in [&plain, &more, &all] {
-        fx.rt.start(cfg).expect("start");
+        fx.rt.start(cfg, &mut Default::default()).expect("start");
         assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", cfg.id);
     }
     let log = fx.log(&plain);
@@ -294,7 +322,7 @@ fn network_namespace_has_only_lo_and_it_is_up() {
     let Some(mut fx) = fixture() else { return };
     let cfg =
         fx.cfg("netns", &["sh", "-c", "echo ifaces: $(ls /sys/class/net); echo flags: $(cat /sys/class/net/lo/flags)"]);
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
     let log = fx.log(&cfg);
     assert!(log.contains("ifaces: lo\n"), "{log}");
@@ -309,14 +337,14 @@ fn a_failed_start_leaves_nothing_behind() {
     let Some(mut fx) = fixture() else { return };
     let mut bad_cpu = fx.cfg("badstart", &["true"]);
     bad_cpu.cpus = "63".parse().expect("cpus");
-    let err = fx.rt.start(&bad_cpu).expect_err("CPU 63 does not exist");
+    let err = fx.rt.start(&bad_cpu, &mut Default::default()).expect_err("CPU 63 does not exist");
     assert!(err.to_string().contains(&bad_cpu.id), "{err}");
     let mut no_image = fx.cfg("badstart", &["true"]);
     no_image.rootfs = RootfsConfig::Image("nothere:1".into());
-    let err = fx.rt.start(&no_image).expect_err("image not imported");
+    let err = fx.rt.start(&no_image, &mut Default::default()).expect_err("image not imported");
     assert!(err.to_string().contains("not imported"), "{err}");
     let missing = fx.cfg("badstart", &["/no/such/binary"]);
-    let res = fx.rt.start(&missing).map(|()| fx.wait_exit(&missing.id));
+    let res = fx.rt.start(&missing, &mut Default::default()).map(|()| fx.wait_exit(&missing.id));
     // Either refused at start or exited non-zero: never "running".
     assert!(!matches!(res, Ok(ContainerState::Running { .. }) | Ok(ContainerState::Exited { code: 0, .. })), "{res:?}");
     for cfg in [&bad_cpu, &no_image] {
@@ -338,7 +366,7 @@ fn a_half_created_container_whose_shim_died_is_swept_at_startup() {
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let crashing = LibcontainerRuntime::new(fx.dir.path(), &wrapper).expect("runtime");
     let cfg = fx.cfg("sweep", &["true"]);
-    crashing.start(&cfg).expect("the crashing shim still reports");
+    crashing.start(&cfg, &mut Default::default()).expect("the crashing shim still reports");
     assert!(!fx.rt.cgroup_dirs(&cfg.id).is_empty(), "the half-created container has a cgroup");
     assert!(!processes_in(&cfg.id).is_empty(), "its init waits for start");
     let shim: ProcId = serde_json::from_slice(&std::fs::read(fx.rt.layout().shim(&cfg.id)).expect("shim record"))
@@ -523,7 +551,7 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
     let mut cfg = fx.cfg("image", &[]);
     cfg.rootfs = RootfsConfig::Image("testimg:1".into());
     cfg.cwd = String::new();
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
     let log = fx.log(&cfg);
     assert_eq!(log, "from layer 1\netc: /etc/*\ndata: /data/new\nhi-from-image\n/data\n", "{log}");
@@ -578,7 +606,7 @@ const PIPE_END: Duration = Duration::from_secs(20);
 fn exec_runs_in_the_container_and_its_cancel_leaves_nothing() {
     let Some(mut fx) = fixture() else { return };
     let cfg = fx.cfg("exec", &["sleep", "1000"]);
-    fx.rt.start(&cfg).expect("start");
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
     // Its stdout and stderr apart, the container's CPUs, cgroup, environment

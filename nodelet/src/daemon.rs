@@ -69,6 +69,9 @@ pub struct DaemonConfig {
     /// Told once the node has joined, its endpoint listens and its runtime
     /// is open, as the agent starts (what `Type=notify` readiness reports).
     pub ready: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// A loopback address serving `GET /metrics` in plain HTTP, for a
+    /// scraper on this machine (`--local-listen`); port 0 picks a free one.
+    pub local_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +86,10 @@ pub enum DaemonError {
     Link(#[from] LinkError),
     #[error("--endpoint-listen {addr}: {source}")]
     EndpointListen { addr: String, source: std::io::Error },
+    #[error("--local-listen {0}: only a loopback address (127.0.0.0/8, ::1) may serve unauthenticated metrics")]
+    LocalListenNotLoopback(SocketAddr),
+    #[error("--local-listen {addr}: {source}")]
+    LocalListen { addr: SocketAddr, source: std::io::Error },
     #[error("no server to join: give --server URL")]
     NoServers,
     #[error("finding this host's address towards {server}; give --advertise-address: {source}")]
@@ -99,10 +106,14 @@ pub enum DaemonError {
 
 /// Runs the node until `shutdown` turns true (or the agent fails).
 pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
-    let DaemonConfig { mut agent, runtime, manifests, join, ready } = config;
+    let DaemonConfig { mut agent, runtime, manifests, join, ready, local_listen } = config;
     if manifests.is_none() && join.is_none() {
         return Err(DaemonError::NothingToRun);
     }
+    let local = match local_listen {
+        Some(addr) => Some(bind_local(addr).await?),
+        None => None,
+    };
     if let Some((dir, _)) = &manifests {
         if !dir.is_dir() {
             return Err(DaemonError::NoManifestFolder(dir.clone()));
@@ -150,6 +161,7 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
             agent.data_dir.clone(),
             report_rx.clone(),
             runtime.clone(),
+            agent.metrics.clone(),
             stop.clone(),
         );
         tasks.push(tokio::spawn(endpoint));
@@ -161,6 +173,11 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         }));
     } else {
         drop(changes_tx);
+    }
+    if let Some(listener) = local {
+        // A scraper, not a crowd: a few connections at once.
+        let local = crate::endpoint::serve_local(listener, agent.metrics.clone(), 16, stop.clone());
+        tasks.push(tokio::spawn(local));
     }
     if let Some(ready) = ready {
         ready.notify_one();
@@ -174,6 +191,14 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         }
     }
     Ok(result?)
+}
+
+/// The `--local-listen` socket: loopback only, refused before anything starts.
+async fn bind_local(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
+    if !addr.ip().is_loopback() {
+        return Err(DaemonError::LocalListenNotLoopback(addr));
+    }
+    TcpListener::bind(addr).await.map_err(|source| DaemonError::LocalListen { addr, source })
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

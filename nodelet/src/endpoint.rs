@@ -5,10 +5,11 @@
 //! TLS with the node certificate from the join (it names the node); a client
 //! certificate from the same CA is required, and only the server's proxy
 //! identity or the admin may call. HTTP/2 or HTTP/1.1 as the caller chose over
-//! ALPN (the server keeps one pooled connection per node). Two routes:
-//! `GET /logs?pod=KEY&container=NAME&follow=BOOL` and `POST
+//! ALPN (the server keeps one pooled connection per node). Three routes:
+//! `GET /logs?pod=KEY&container=NAME&follow=BOOL`, `POST
 //! /exec?pod=KEY&container=NAME` with an `ExecRequest` body (the server also
-//! sends the pod's `uid`).
+//! sends the pod's `uid`), and `GET /metrics` (the node's Prometheus metrics,
+//! `crate::metrics`).
 //!
 //! Exec: the command runs through the runtime (`Runtime::exec`) in the
 //! container named by the published report's `running` map; the reply is
@@ -87,9 +88,12 @@ struct Ctx {
     runtime: Arc<dyn Runtime>,
     liveness: Liveness,
     stop: watch::Receiver<bool>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Serves until `stop` turns true.
+// Each argument is a separate piece of the daemon's wiring (as `daemon::run` holds them).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -97,10 +101,11 @@ pub async fn serve(
     data_dir: PathBuf,
     reports: watch::Receiver<NodeReport>,
     runtime: Arc<dyn Runtime>,
+    metrics: Arc<crate::metrics::Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let ctx = Ctx { data_dir, reports, runtime, liveness: config.liveness, stop: stop.clone() };
+    let ctx = Ctx { data_dir, reports, runtime, liveness: config.liveness, stop: stop.clone(), metrics };
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     loop {
         let permit = tokio::select! {
@@ -179,9 +184,67 @@ async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     match (req.uri().path(), req.method()) {
         ("/logs", &Method::GET) => logs(req, ctx).await,
         ("/exec", &Method::POST) => exec(req, ctx).await,
-        ("/logs", _) => error_response(&error(405, "MethodNotAllowed", "only GET")),
+        ("/metrics", &Method::GET) => metrics_response(&ctx.metrics),
+        ("/logs" | "/metrics", _) => error_response(&error(405, "MethodNotAllowed", "only GET")),
         ("/exec", _) => error_response(&error(405, "MethodNotAllowed", "only POST")),
         (path, _) => error_response(&error(404, "NotFound", format!("no route {path}"))),
+    }
+}
+
+/// The scrape, for this endpoint and the plain-HTTP local listener.
+pub(crate) fn metrics_response(metrics: &crate::metrics::Metrics) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(metrics.encode())).boxed());
+    r.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(crate::metrics::CONTENT_TYPE));
+    r
+}
+
+/// Serves `GET /metrics` in plain HTTP/1.1 on `listener` (a loopback
+/// address, for a scraper on this machine; `--local-listen`) until `stop`;
+/// any other request is a 404. Unauthenticated: the daemon refuses to bind
+/// anything but loopback.
+pub async fn serve_local(
+    listener: TcpListener,
+    metrics: Arc<crate::metrics::Metrics>,
+    max_connections: usize,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::warn!(error = %e, "local listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let r = match (req.method(), req.uri().path()) {
+                    (&Method::GET, "/metrics") => metrics_response(&metrics),
+                    (_, path) => error_response(&error(404, "NotFound", format!("no route {path}"))),
+                };
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(tcp), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "local listener: connection ended");
+            }
+        });
     }
 }
 

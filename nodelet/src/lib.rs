@@ -16,5 +16,6 @@ pub mod fsutil;
 pub mod hwloc;
 pub mod link;
 pub mod manifests;
+pub mod metrics;
 pub mod runtime;
 pub mod source;

@@ -131,6 +131,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
     let config = DaemonConfig {
         ready: None,
+        local_listen: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -206,6 +207,7 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = DaemonConfig {
         ready: None,
+        local_listen: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -238,6 +240,7 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
     let url = format!("https://{}", server.addr);
     let config = DaemonConfig {
         ready: None,
+        local_listen: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -294,6 +297,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let node_dir = dir.path().join("node");
     let config = DaemonConfig {
         ready: None,
+        local_listen: None,
         agent: AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -367,6 +371,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
         agent.on_settings_change = on_change;
         DaemonConfig {
             ready: None,
+            local_listen: None,
             agent,
             runtime: RuntimeChoice::Hollow,
             manifests: None,
@@ -465,4 +470,237 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");
     server.stop().await;
+}
+
+/// One documented metric (a row of `docs/metrics.md`): its name as queried
+/// (a counter's with `_total`), type and where it is served.
+struct Documented {
+    name: String,
+    kind: String,
+    server: bool,
+}
+
+fn documented_metrics() -> Vec<Documented> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    let text = std::fs::read_to_string(&path).expect("docs/metrics.md");
+    text.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            let server = match *cells.get(3)? {
+                "server" => true,
+                "node" => false,
+                other => panic!("{name}: where is {other:?}? (server or node)"),
+            };
+            Some(Documented { name: name.to_string(), kind: cells[2].to_string(), server })
+        })
+        .collect()
+}
+
+/// A scrape, checked line by line with the Prometheus text parser (so a
+/// line it cannot read fails here instead of being skipped), then parsed
+/// whole. Returns the samples and each metric family's type by name.
+fn parse_scrape(what: &str, text: &str) -> (Vec<prometheus_parse::Sample>, BTreeMap<String, String>) {
+    use prometheus_parse::LineInfo;
+    assert!(text.ends_with("# EOF\n"), "{what}: an OpenMetrics exposition ends with # EOF");
+    let mut types = BTreeMap::new();
+    for line in text.lines() {
+        match LineInfo::parse(line) {
+            LineInfo::Doc { .. } => {}
+            LineInfo::Type { .. } => {
+                let mut words = line.split_whitespace().skip(2);
+                let (Some(name), Some(kind)) = (words.next(), words.next()) else { panic!("{what}: {line:?}") };
+                types.insert(name.to_string(), kind.to_string());
+            }
+            LineInfo::Sample { value, .. } => {
+                assert!(value.parse::<f64>().is_ok(), "{what}: a sample's value: {line:?}")
+            }
+            LineInfo::Empty | LineInfo::Ignored => {
+                assert!(
+                    line.starts_with("# UNIT ") || line == "# EOF",
+                    "{what}: a line the parser cannot read: {line:?}"
+                )
+            }
+        }
+    }
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parse");
+    (scrape.samples, types)
+}
+
+/// Whether the family `name` (as documented) has a sample, and a moved one.
+fn sampled(samples: &[prometheus_parse::Sample], doc: &Documented) -> (bool, bool) {
+    use prometheus_parse::Value;
+    let mut present = false;
+    let mut moved = false;
+    for s in samples {
+        let v = match (&s.value, doc.kind.as_str()) {
+            (Value::Histogram(_), "histogram") if s.metric == doc.name => Some(0.0),
+            (Value::Untyped(v), "histogram") if s.metric == format!("{}_count", doc.name) => Some(*v),
+            (Value::Untyped(v) | Value::Counter(v) | Value::Gauge(v), _) if s.metric == doc.name => Some(*v),
+            _ => None,
+        };
+        if let Some(v) = v {
+            present = true;
+            moved |= v > 0.0;
+        }
+    }
+    (present, moved)
+}
+
+/// Sends `GET path` in plain HTTP/1.1 to `addr`; the status and the body.
+async fn plain_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await.expect("connect to the local listener");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.expect("send");
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut reply))
+        .await
+        .expect("the reply within 30 s")
+        .expect("read");
+    let reply = String::from_utf8(reply).expect("text");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status");
+    (status, body.to_string())
+}
+
+/// firecracker's unused-metrics check: a small real workload (pods that
+/// bind, one that fits nowhere, one that crashes and restarts, a static pod
+/// the node refuses), then both scrapes parsed with a Prometheus text
+/// parser: every metric of `docs/metrics.md` is in its scrape, every counter
+/// and histogram moved, and the scrapes hold no `pinion_` metric it lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_metric_is_scraped_and_moved() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(&dir.path().join("server")).await;
+    let admin = server.admin.clone();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).expect("manifests");
+    // More CPUs than the node has: the node's engine refuses it.
+    std::fs::write(
+        manifests.join("huge.yaml"),
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: huge}\nspec:\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {cpu: 64, memory: 1Gi}\n",
+    )
+    .expect("write the manifest");
+    // A free port for the local listener (the daemon does not say which it took).
+    let local = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+    let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
+    let config = DaemonConfig {
+        ready: None,
+        local_listen: Some(local),
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
+        runtime: RuntimeChoice::Hollow,
+        manifests: Some((manifests, Duration::from_secs(1))),
+        join: Some(JoinConfig {
+            servers: vec![format!("https://{}", server.addr)],
+            token: Some(server.token.clone()),
+            ca: None,
+            labels: BTreeMap::new(),
+            endpoint_listen: "127.0.0.1:0".into(),
+            advertise_address: None,
+            liveness: Default::default(),
+            endpoint_max_connections: 16,
+        }),
+    };
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
+    eventually("the node registers", || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+
+    let pod = |name: &str, cpu: u32, command: &str| {
+        format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [{command}]\n    resources:\n      limits: {{cpu: {cpu}, memory: 1Gi}}\n")
+    };
+    // 7 CPUs are not reserved: `first` takes 4, `second` (4) fits nowhere
+    // until `first` goes, `crash` (1) exits at once and restarts.
+    for (name, cpu, command) in [("first", 4, "sleep, inf"), ("second", 4, "sleep, inf"), ("crash", 1, "'false'")] {
+        admin.create_pod(Bytes::from(pod(name, cpu, command))).await.expect("create a pod");
+    }
+    let restarted =
+        |p: &specs::Pod| p.status.as_ref().is_some_and(|s| s.container_statuses.iter().any(|c| c.restart_count > 0));
+    eventually("`first` runs, `crash` restarts", || async {
+        let first = admin.get_pod("first").await.ok()?;
+        let crash = admin.get_pod("crash").await.ok()?;
+        (first.status.as_ref()?.phase == PodPhase::Running && restarted(&crash)).then_some(())
+    })
+    .await;
+    eventually("`second` waits, unschedulable", || async {
+        let second = admin.get_pod("second").await.ok()?;
+        (second.status.as_ref()?.reason.as_deref() == Some("Unschedulable")).then_some(())
+    })
+    .await;
+    let node_scrape = eventually("the node refuses the static pod", || async {
+        let (status, body) = plain_get(local, "/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        body.contains("pinion_pod_rejections_total{reason=\"InsufficientCpu\"}").then_some(body)
+    })
+    .await;
+    let (status, _) = plain_get(local, "/other").await;
+    assert_eq!(status, 404, "the local listener serves /metrics only");
+
+    let mut stream = admin.get_stream("/metrics").await.expect("the server's scrape");
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await.expect("scrape bytes") {
+        bytes.extend_from_slice(&chunk);
+    }
+    let server_scrape = String::from_utf8(bytes).expect("text");
+    // Authenticated as every other route: no client certificate, no metrics.
+    let anonymous = Client::anonymous(&[format!("https://{}", server.addr)], &server.creds.ca_cert).expect("client");
+    match anonymous.get_stream("/metrics").await {
+        Err(ClientError::Api(e)) => assert_eq!(e.code, 401, "{e}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+
+    let docs = documented_metrics();
+    assert!(docs.len() > 20, "the table of docs/metrics.md: {} rows", docs.len());
+    let mut problems = Vec::new();
+    for (what, text, on_server) in [("server", &server_scrape, true), ("node", &node_scrape, false)] {
+        let (samples, types) = parse_scrape(what, text);
+        for doc in docs.iter().filter(|d| d.server == on_server) {
+            let (present, moved) = sampled(&samples, doc);
+            if !present {
+                problems.push(format!("{what}: {} is documented but not in the scrape", doc.name));
+            } else if doc.kind != "gauge" && !moved {
+                problems.push(format!("{what}: {} ({}) never moved in this workload", doc.name, doc.kind));
+            }
+        }
+        for (family, kind) in types.iter().filter(|(f, _)| f.starts_with("pinion_")) {
+            let name = if kind == "counter" { format!("{family}_total") } else { family.clone() };
+            match docs.iter().find(|d| d.name == name) {
+                None => problems.push(format!("{what}: {name} ({kind}) is not in docs/metrics.md")),
+                Some(d) if d.kind != *kind || d.server != on_server => {
+                    problems.push(format!("{what}: {name} is a {kind} here, documented otherwise"))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the node stops cleanly");
+    server.stop().await;
+}
+
+/// `--local-listen` serves without authentication: anything but a loopback
+/// address is refused before the daemon starts anything, naming the flag.
+#[tokio::test]
+async fn a_local_listener_off_loopback_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).expect("manifests");
+    let config = DaemonConfig {
+        ready: None,
+        local_listen: Some(([0, 0, 0, 0], 0).into()),
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
+        runtime: RuntimeChoice::Hollow,
+        manifests: Some((manifests, Duration::from_secs(1))),
+        join: None,
+    };
+    let (_stop, rx) = watch::channel(false);
+    let err = nodelet::daemon::run(config, rx).await.expect_err("a wildcard address is refused");
+    let message = err.to_string();
+    assert!(message.starts_with("--local-listen 0.0.0.0:0: only a loopback address"), "{message}");
+    assert!(!dir.path().join("node").exists(), "refused before the data dir is made");
 }

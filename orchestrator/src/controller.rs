@@ -38,6 +38,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::api::error::Refused;
+use crate::metrics::{ControllerMetrics, Outcome};
 use crate::scheduler::{GangRequest, NodeInfo, Scheduler};
 use crate::store::{Change, Kind, Store, StoreError};
 
@@ -197,6 +198,7 @@ struct Inner {
     /// Name -> its entry in `expiring` (a deleted pod's entry goes with it).
     expiry_of: HashMap<String, (Instant, String)>,
     seq: u64,
+    metrics: ControllerMetrics,
 }
 
 enum Decision {
@@ -326,6 +328,8 @@ pub struct Controller {
     transitions: tokio::sync::Mutex<()>,
     /// The store version its pods were loaded at: `follow` watches from it.
     loaded_at: std::sync::atomic::AtomicU64,
+    /// Bindings counted outside the lock (`Inner` has the same handles).
+    metrics: ControllerMetrics,
 }
 
 impl Controller {
@@ -334,6 +338,7 @@ impl Controller {
     pub fn start(
         store: Store,
         config: ControllerConfig,
+        metrics: ControllerMetrics,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(Arc<Controller>, Vec<tokio::task::JoinHandle<()>>), StoreError> {
         let now = Instant::now();
@@ -362,11 +367,13 @@ impl Controller {
                 expiring: BTreeSet::new(),
                 expiry_of: HashMap::new(),
                 seq: 0,
+                metrics: metrics.clone(),
             }),
             wake: Notify::new(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
             transitions: tokio::sync::Mutex::new(()),
             loaded_at: std::sync::atomic::AtomicU64::new(0),
+            metrics,
         });
         {
             let mut inner = c.lock();
@@ -691,6 +698,28 @@ impl Controller {
         self.lock().queue.len()
     }
 
+    /// Pods in the queue by why they wait: `Scheduling` (due now),
+    /// `Backoff` (a node rejected it), `Unschedulable` (fits nowhere now, or
+    /// queued behind a gang that does not fit), `ArrayThrottled`.
+    pub fn pending_by_reason(&self) -> BTreeMap<&'static str, usize> {
+        let mut out = BTreeMap::new();
+        for e in self.lock().queue.values() {
+            let reason = match e.wait {
+                Wait::Now => "Scheduling",
+                Wait::Backoff(_) => "Backoff",
+                Wait::Unschedulable => "Unschedulable",
+                Wait::Throttled => "ArrayThrottled",
+            };
+            *out.entry(reason).or_default() += 1;
+        }
+        out
+    }
+
+    /// Every node's capacity and free figures per NUMA node (the scheduler's mirror).
+    pub fn capacity(&self) -> Vec<crate::scheduler::NodeCapacity> {
+        self.lock().sched.capacity()
+    }
+
     async fn schedule_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             if *shutdown.borrow() {
@@ -815,6 +844,9 @@ impl Controller {
                 bind_in_txn(t, &pod_name, &uid, &b, None)
             })
             .await;
+        if r.is_ok() {
+            self.metrics.bound(1);
+        }
         if let Err(Refused(e)) = r {
             tracing::debug!(pod = %name, error = %e, "binding not stored; releasing it");
             let mut inner = self.lock();
@@ -853,6 +885,9 @@ impl Controller {
                 crate::jobs::mark_running(t, &j)
             })
             .await;
+        if r.is_ok() {
+            self.metrics.bound(members.len() as u64);
+        }
         if let Err(Refused(e)) = r {
             tracing::info!(job = %job, error = %e, "gang binding not stored; releasing every member");
             let mut inner = self.lock();
@@ -1331,7 +1366,11 @@ impl Inner {
             per_node: g.per_node.map(|n| n as usize),
             nodes_held: held,
         };
-        match self.sched.schedule_gang(&request, now.into_std()) {
+        let started_at = std::time::Instant::now();
+        let decided = self.sched.schedule_gang(&request, now.into_std());
+        let outcome = if decided.is_ok() { Outcome::Bound } else { Outcome::Unschedulable };
+        self.metrics.attempt(outcome, started_at.elapsed().as_secs_f64());
+        match decided {
             Ok(bound) => {
                 if self.blocked_by.as_ref().is_some_and(|(_, k)| *k == key) {
                     self.blocked_by = None;
@@ -1366,6 +1405,7 @@ impl Inner {
                 }
             }
             Err(u) => {
+                self.metrics.rejected(&u.counts);
                 let message = unschedulable_words(u);
                 if self.blocked_by.as_ref().is_none_or(|(o, _)| first < *o) {
                     self.blocked_by = Some((first, key));
@@ -1436,7 +1476,11 @@ impl Inner {
             e.wait = Wait::Unschedulable;
             return Self::say(e, "Unschedulable", "Warning", "FailedScheduling", message).map(|d| (d, pod));
         }
-        match self.sched.schedule(name, &pod, now.into_std()) {
+        let started_at = std::time::Instant::now();
+        let decided = self.sched.schedule(name, &pod, now.into_std());
+        let outcome = if decided.is_ok() { Outcome::Bound } else { Outcome::Unschedulable };
+        self.metrics.attempt(outcome, started_at.elapsed().as_secs_f64());
+        match decided {
             Ok(binding) => {
                 self.dequeue(name);
                 if let Some((array, _)) = array_limit(&pod) {
@@ -1445,6 +1489,7 @@ impl Inner {
                 Some((Decision::Bind(binding, pod.metadata.uid.clone()), pod))
             }
             Err(u) => {
+                self.metrics.rejected(&u.counts);
                 let message = unschedulable_words(u);
                 if !rejected {
                     failed.insert(twin, message.clone());
@@ -1508,7 +1553,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path(), Default::default()).expect("store");
         let (_stop, stopped) = watch::channel(false);
-        let (c, _loops) = Controller::start(store, ControllerConfig::default(), stopped).expect("start");
+        let (c, _loops) =
+            Controller::start(store, ControllerConfig::default(), Default::default(), stopped).expect("start");
         let binding = crate::scheduler::Binding { node: "n1".into(), epoch: 1, placement: Default::default() };
         for (code, requeued) in [(507, true), (503, true), (404, false), (409, false)] {
             let p = pod(&format!("p{code}"));

@@ -10,6 +10,7 @@ pub mod identity;
 pub mod jobs;
 pub mod leader;
 pub mod leading;
+pub mod metrics;
 pub mod peers;
 pub mod scheduler;
 pub mod server;

@@ -25,6 +25,7 @@ use crate::controller::{Controller, ControllerConfig};
 use crate::identity::IdentityError;
 use crate::leader::{ElectionConfig, Term};
 use crate::leading::Leading;
+use crate::metrics::{ControllerMetrics, Metrics};
 use crate::peers::Peers;
 use crate::store::{EtcdConfig, EtcdOptions, LeaderGuard, Store, StoreError, StoreOptions};
 use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
@@ -241,11 +242,17 @@ impl Server {
     /// Serves until `shutdown` turns true; returns after in-flight requests end
     /// and the store is flushed.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), ServerError> {
+        // One set of counters for every controller this server runs (a term each on etcd).
+        let controller_metrics = ControllerMetrics::default();
         let (leading, loops) = match self.etcd.clone() {
             None => {
-                let (controller, loops) =
-                    Controller::start(self.store.clone(), self.options.controller, shutdown.clone())
-                        .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
+                let (controller, loops) = Controller::start(
+                    self.store.clone(),
+                    self.options.controller,
+                    controller_metrics.clone(),
+                    shutdown.clone(),
+                )
+                .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
                 (Arc::new(Leading::single(controller)), loops)
             }
             Some((client, prefix)) => {
@@ -259,6 +266,7 @@ impl Server {
                 let follow = tokio::spawn(lead(
                     self.store.clone(),
                     self.options.controller,
+                    controller_metrics.clone(),
                     leading.clone(),
                     terms,
                     shutdown.clone(),
@@ -266,6 +274,7 @@ impl Server {
                 (leading, vec![campaign, follow])
             }
         };
+        let metrics = Arc::new(Metrics::new(&controller_metrics, self.store.commit_seconds(), leading.clone()));
         let state = Arc::new(ApiState {
             store: self.store.clone(),
             controller: leading,
@@ -275,6 +284,7 @@ impl Server {
             peers: self.peers.clone(),
             advertise_url: self.options.advertise_url.clone(),
             proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?), self.options.api.liveness),
+            metrics,
         });
         let local = self.local.map(|(listener, _)| {
             tokio::spawn(crate::api::local::serve(listener, state.clone(), self.options.api, shutdown.clone()))
@@ -307,6 +317,7 @@ impl Server {
 async fn lead(
     store: Store,
     config: ControllerConfig,
+    metrics: ControllerMetrics,
     leading: Arc<Leading>,
     mut terms: watch::Receiver<Option<Term>>,
     mut shutdown: watch::Receiver<bool>,
@@ -326,7 +337,7 @@ async fn lead(
         };
         store.set_leader_guard(Some(LeaderGuard { key: term.key.clone(), lease: term.lease }));
         let (stop, stopped) = watch::channel(false);
-        match Controller::start(store.clone(), config, stopped.clone()) {
+        match Controller::start(store.clone(), config, metrics.clone(), stopped.clone()) {
             Ok((controller, loops)) => {
                 leading.set(Some(controller.clone()));
                 let follow = controller.follow(stopped);

@@ -74,6 +74,11 @@ async fn serves_the_web_view_and_refuses_the_rest() {
     let list: serde_json::Value = serde_json::from_str(&body).expect("a JSON list");
     assert_eq!(list["items"], serde_json::json!([]));
     assert_eq!(get(local, "/healthz").await.0, 200);
+    // The server's metrics, for a scraper on this machine.
+    let (code, head, body) = get(local, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(body.contains("pinion_store_commit_duration_seconds"), "{body}");
 
     // Nothing else: no write, no other read, whatever the route does on the HTTPS API.
     let manifest = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: main, image: busybox}]\n";

@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// How often the manifest folder is rescanned in full (inotify covers the rest).
     #[arg(long, value_name = "SECONDS", default_value_t = 10, hide = true)]
     pub rescan_seconds: u64,
+    /// Also serve `GET /metrics` (Prometheus) in plain HTTP on this loopback
+    /// address, for a scraper on this machine (e.g. 127.0.0.1:9101); any
+    /// other address is refused.
+    #[arg(long, value_name = "ADDR")]
+    pub local_listen: Option<std::net::SocketAddr>,
 }
 
 /// What the node is and how it admits pods: the flags `pinion agent` and
@@ -269,7 +274,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
         },
     };
     let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
-    Ok(DaemonConfig { agent, runtime, manifests, join, ready: None })
+    Ok(DaemonConfig { agent, runtime, manifests, join, ready: None, local_listen: args.local_listen })
 }
 
 /// The join half of the node's configuration: none without `--server`.

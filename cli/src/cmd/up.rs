@@ -65,6 +65,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             endpoint_listen: "127.0.0.1:0".into(),
             advertise_address: None,
             rescan_seconds: 10,
+            // The node's metrics are on its endpoint, for the admin `up` made.
+            local_listen: None,
         }
     };
     // The node's configuration before anything starts: a flag `pinion agent`

@@ -111,6 +111,7 @@ impl Cluster {
         let topology = specs::topology::synthetic::parse("pack:1 numa:1 core:8 pu:1").expect("topology");
         let config = DaemonConfig {
             ready: None,
+            local_listen: None,
             agent: AgentConfig::new("edge".into(), data.clone(), topology, settings),
             runtime: RuntimeChoice::Hollow,
             manifests: None,

@@ -16,17 +16,20 @@
 //!    namespace (crun needs it on this hybrid host, see `e2e::peers`).
 //!    The log file is watched with inotify (`e2e::firstbyte`): no sleep.
 //!    Also the agent's RSS, idle, with 20 real pods running.
-//! 3. Where pinion's time goes: the agent and its shims run with the
-//!    `podstart` tracing target at debug level; every event's timestamp, less
-//!    the rename's wall-clock time, per stage: median over the pods.
+//! 3. Where pinion's time goes: the agent's pod-start step histograms
+//!    (`pinion_pod_start_step_duration_seconds`, see `docs/metrics.md`),
+//!    scraped from its `--local-listen` before and after the measured pods;
+//!    per step, the mean and the p99 bucket of what the measured pods added.
 //!
 //! Usage (as root): `bench_agent [--runs N] [--pinion PATH]` (default 50 runs,
 //! `target/release/pinion`); installs Debian `crun` and `runc` when missing.
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use e2e::firstbyte::LogWatch;
@@ -40,21 +43,20 @@ use specs::topology::{Cpu, NumaNode};
 use specs::{CpuSet, NodeTopology};
 
 const IDLE: Duration = Duration::from_secs(3);
-/// The podstart events in the order a start passes them.
-const STAGES: &[&str] = &[
-    "manifest read",
-    "change received",
-    "pod admitted",
-    "checkpoint written",
-    "bundle prepared",
-    "shim spawned",
-    "shim running",
-    "container built",
-    "container started",
-    "shim reported",
-    "runtime start returned",
-    "first output copied",
+/// The pod-start steps (the histogram's `step` label) in the order a start
+/// passes them, with the words the table shows.
+const STAGES: &[(&str, &str)] = &[
+    ("Admitted", "pod admitted"),
+    ("CheckpointWritten", "checkpoint written"),
+    ("BundlePrepared", "bundle prepared"),
+    ("ShimSpawned", "shim spawned"),
+    ("ShimRunning", "shim running"),
+    ("ContainerBuilt", "container built"),
+    ("ContainerStarted", "container started"),
+    ("ShimReported", "shim reported"),
+    ("StartReturned", "runtime start returned"),
 ];
+const STEP_METRIC: &str = "pinion_pod_start_step_duration_seconds";
 const RUNTIMES: [&str; 3] = ["pinion", "crun", "runc"];
 
 fn main() -> anyhow::Result<()> {
@@ -67,25 +69,59 @@ fn main() -> anyhow::Result<()> {
 struct Agent {
     child: Child,
     data: PathBuf,
+    /// Its `--local-listen` (plain-HTTP `/metrics`).
+    metrics: SocketAddr,
 }
 
 impl Agent {
     fn start(pinion: &Path, manifests: &Path, data: &Path, extra: &[&str], log: Stdio) -> anyhow::Result<Agent> {
+        // A free loopback port (the agent does not say which it took for port 0).
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let child = Command::new(pinion)
             .args(["agent", "--reserved-cpus", "0"])
             .arg("--manifests")
             .arg(manifests)
             .arg("--data-dir")
             .arg(data)
+            .arg("--local-listen")
+            .arg(metrics.to_string())
             .args(extra)
-            .env("PINION_LOG", "warn,libcgroups=error,libcontainer=error,podstart=debug")
-            .env("PINION_SHIM_LOG", "error,podstart=debug")
+            .env("PINION_LOG", "warn,libcgroups=error,libcontainer=error")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .context("starting pinion agent")?;
-        Ok(Agent { child, data: data.to_path_buf() })
+        Ok(Agent { child, data: data.to_path_buf(), metrics })
+    }
+
+    /// The step histograms now: per step, its buckets (upper bound, cumulative
+    /// count), sum and count.
+    fn steps(&self) -> anyhow::Result<BTreeMap<String, Steps>> {
+        let mut tcp = std::net::TcpStream::connect(self.metrics).context("the agent's --local-listen")?;
+        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+        tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut reply = String::new();
+        tcp.read_to_string(&mut reply)?;
+        let (head, body) = reply.split_once("\r\n\r\n").context("an HTTP reply")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            bail!("GET /metrics: {head}");
+        }
+        let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))?;
+        let mut out: BTreeMap<String, Steps> = BTreeMap::new();
+        for s in scrape.samples {
+            let Some(step) = s.labels.get("step") else { continue };
+            let entry = out.entry(step.to_string()).or_default();
+            match s.value {
+                prometheus_parse::Value::Histogram(b) if s.metric == STEP_METRIC => {
+                    entry.buckets = b.iter().map(|c| (c.less_than, c.count)).collect()
+                }
+                prometheus_parse::Value::Untyped(v) if s.metric == format!("{STEP_METRIC}_sum") => entry.sum = v,
+                prometheus_parse::Value::Untyped(v) if s.metric == format!("{STEP_METRIC}_count") => entry.count = v,
+                _ => {}
+            }
+        }
+        Ok(out)
     }
 
     fn status(&self) -> Option<serde_json::Value> {
@@ -212,15 +248,43 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn unix_us(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+/// One step's histogram: buckets (upper bound in seconds, cumulative count), sum, count.
+#[derive(Debug, Clone, Default)]
+struct Steps {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl Steps {
+    /// What was observed after `before`.
+    fn since(&self, before: Option<&Steps>) -> Steps {
+        let Some(b) = before else { return self.clone() };
+        let earlier = |le: f64| b.buckets.iter().find(|(x, _)| *x == le).map_or(0.0, |(_, c)| *c);
+        Steps {
+            buckets: self.buckets.iter().map(|(le, c)| (*le, c - earlier(*le))).collect(),
+            sum: self.sum - b.sum,
+            count: self.count - b.count,
+        }
+    }
+
+    fn mean_ms(&self) -> f64 {
+        if self.count > 0.0 {
+            self.sum / self.count * 1000.0
+        } else {
+            0.0
+        }
+    }
+
+    /// The upper bound of the bucket holding the 99th percentile, in ms.
+    fn p99_ms(&self) -> f64 {
+        let want = self.count * 0.99;
+        self.buckets.iter().find(|(_, c)| *c >= want).map_or(f64::INFINITY, |(le, _)| le * 1000.0)
+    }
 }
 
 /// One pinion pod start, measured.
 struct PodStart {
-    stem: String,
-    /// Wall clock of the rename, to place the podstart events.
-    renamed_at: SystemTime,
     first_byte: Duration,
 }
 
@@ -234,10 +298,9 @@ fn start_pod(manifests: &Path, data: &Path, stem: &str) -> anyhow::Result<PodSta
     let watch = LogWatch::new(&log)?;
     let staged = Staged::new(manifests, stem, &text)?;
     let t0 = Instant::now();
-    let renamed_at = SystemTime::now();
     staged.commit()?;
     let seen = watch.wait_first_byte(t0 + Duration::from_secs(30)).with_context(|| format!("pod {stem}"))?;
-    Ok(PodStart { stem: stem.to_string(), renamed_at, first_byte: seen - t0 })
+    Ok(PodStart { first_byte: seen - t0 })
 }
 
 /// The runtime id the agent gave pod `stem`'s container (from its folder name).
@@ -301,6 +364,7 @@ fn real(pinion: &Path, runs: usize) -> anyhow::Result<()> {
             bundle.run(tool, &format!("bench-{tool}-{pid}-warm"))?;
         }
         let mut pods = 1;
+        let steps_before = agent.steps()?;
         let load_before = load_average();
         let mut firsts: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let mut starts = Vec::new();
@@ -346,7 +410,8 @@ fn real(pinion: &Path, runs: usize) -> anyhow::Result<()> {
         let (ours, crun) = (Summary::of(&firsts["pinion"]).median, Summary::of(&firsts["crun"]).median);
         println!("pinion median / crun median: {:.2}x (goal: within 1.5x)", ours / crun);
         println!("versions: {} / {}", peers::version("crun"), peers::version("runc"));
-        breakdown(&data, &agent_log, &starts)
+        let steps_after = agent.steps()?;
+        breakdown(&steps_before, &steps_after, &starts)
     })();
     peers::remove_parent_cgroup("pinion-bench");
     // Clean up whatever happened: remove every manifest, let the agent stop them.
@@ -360,86 +425,34 @@ fn real(pinion: &Path, runs: usize) -> anyhow::Result<()> {
     cleaned
 }
 
-/// One `podstart` event: (unix microseconds, message, key or id).
-fn parse_event(line: &str) -> Option<(i64, String, String)> {
-    let (stamp, rest) = line.split_once(' ')?;
-    let rest = rest.trim_start().strip_prefix("DEBUG")?.trim_start().strip_prefix("podstart: ")?;
-    let field = |name: &str| {
-        let at = rest.find(&format!(" {name}="))? + name.len() + 2;
-        let v = rest[at..].split(' ').next()?;
-        Some(v.trim_matches('"').to_string())
-    };
-    let subject = field("id").or_else(|| field("key"))?;
-    let message = rest[..rest.find(" key=").or_else(|| rest.find(" id="))?].to_string();
-    Some((rfc3339_us(stamp)?, message, subject))
-}
-
-/// `2026-11-22T18:54:00.123456Z` -> microseconds since the epoch.
-fn rfc3339_us(s: &str) -> Option<i64> {
-    let s = s.strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>());
-    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.split(':').map(|x| x.parse::<i64>());
-    let (h, min, sec) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
-    let frac_us = format!("{frac:0<6}")[..6].parse::<i64>().ok()?;
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3600 + min * 60 + sec) * 1_000_000) + frac_us)
-}
-
-/// Prints, per stage, the median time since the rename and the median step
-/// from the stage before, over every measured pod.
-fn breakdown(data: &Path, agent_log: &Path, starts: &[PodStart]) -> anyhow::Result<()> {
-    let mut text = std::fs::read_to_string(agent_log)?;
-    for s in starts {
-        if let Ok(id) = runtime_id(data, &s.stem) {
-            text.push_str(&std::fs::read_to_string(data.join("containers").join(&id).join("shim.log"))?);
-        }
-    }
-    let events: Vec<(i64, String, String)> = text.lines().filter_map(parse_event).collect();
-    let mut at: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut step: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for s in starts {
-        let key = format!("static/{}", s.stem);
-        let id_prefix = format!("static-{}_main_", s.stem);
-        let t0 = unix_us(s.renamed_at);
-        let mut prev = 0.0;
-        for stage in STAGES {
-            let Some(t) = events
-                .iter()
-                .find(|(t, m, subj)| m == stage && *t >= t0 && (*subj == key || subj.starts_with(&id_prefix)))
-                .map(|e| e.0)
-            else {
-                continue;
-            };
-            let since = (t - t0) as f64 / 1000.0;
-            at.entry(stage).or_default().push(since);
-            step.entry(stage).or_default().push(since - prev);
-            prev = since;
-        }
-        let seen = ms(s.first_byte);
-        at.entry("first byte seen by the bench").or_default().push(seen);
-        step.entry("first byte seen by the bench").or_default().push(seen - prev);
-    }
-    println!("where pinion's time goes ({} pods; podstart events, ms since the rename, medians):", starts.len());
+/// Prints, per step, the mean time since the arrival (the sum of the steps'
+/// means up to it) and the step's mean and p99 bucket, over what the
+/// measured pods added to the agent's histograms.
+fn breakdown(
+    before: &BTreeMap<String, Steps>,
+    after: &BTreeMap<String, Steps>,
+    starts: &[PodStart],
+) -> anyhow::Result<()> {
+    println!(
+        "where pinion's time goes ({} pods; the agent's step histograms, ms since the pod's arrival, means):",
+        starts.len()
+    );
     println!("{:<30} {:>8} {:>8} {:>8}", "stage", "at", "step", "step p99");
-    for stage in STAGES.iter().copied().chain(["first byte seen by the bench"]) {
-        if let (Some(a), Some(d)) = (at.get(stage), step.get(stage)) {
-            println!(
-                "{:<30} {:>8.1} {:>8.1} {:>8.1}",
-                stage,
-                percentile(a, 50.0),
-                percentile(d, 50.0),
-                percentile(d, 99.0)
-            );
-        }
+    let mut at = 0.0;
+    for (label, words) in STAGES {
+        let Some(s) = after.get(*label).map(|a| a.since(before.get(*label))).filter(|s| s.count > 0.0) else {
+            continue;
+        };
+        at += s.mean_ms();
+        println!("{:<30} {:>8.1} {:>8.1} {:>8.1}", words, at, s.mean_ms(), s.p99_ms());
+    }
+    // From the rename: the step holds the manifest's way to the agent
+    // (inotify, the read) and the shim's copy of the first output.
+    let seen: Vec<f64> = starts.iter().map(|s| ms(s.first_byte)).collect();
+    if !seen.is_empty() {
+        let mean = seen.iter().sum::<f64>() / seen.len() as f64;
+        let p99 = percentile(&seen, 99.0);
+        println!("{:<30} {:>8.1} {:>8.1} {:>8.1}", "first byte seen by the bench", mean, mean - at, p99 - at);
     }
     Ok(())
 }

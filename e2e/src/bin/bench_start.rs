@@ -116,7 +116,7 @@ fn ms(d: Duration) -> f64 {
 fn run_pinion(rt: &LibcontainerRuntime, cfg: &ContainerConfig) -> anyhow::Result<(f64, f64)> {
     let watch = LogWatch::new(&cfg.log_path)?;
     let t0 = Instant::now();
-    rt.start(cfg)?;
+    rt.start(cfg, &mut Default::default())?;
     let started = t0.elapsed();
     let deadline = t0 + Duration::from_secs(30);
     let first = watch.wait_first_byte(deadline).with_context(|| format!("{}: no output", cfg.id))? - t0;

@@ -95,6 +95,8 @@ pub struct AgentConfig {
     /// What a restart does with a running pod whose placement the settings
     /// no longer allow (see `resettle`): report it, and restart it or not.
     pub on_settings_change: resettle::OnSettingsChange,
+    /// The node's metrics, which the planner and the executor update.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl AgentConfig {
@@ -114,6 +116,7 @@ impl AgentConfig {
             sysfs_root: None,
             cpu_recheck_interval: Duration::from_secs(10),
             on_settings_change: resettle::OnSettingsChange::Keep,
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 }
@@ -158,6 +161,7 @@ pub async fn run(
         data_dir: state.cfg.data_dir.clone(),
         start_timeout: state.cfg.start_timeout,
         op_timeout: state.cfg.op_timeout,
+        metrics: state.cfg.metrics.clone(),
     };
     // Aborted when `run` returns (the guard's drop).
     let _cpu_watch = state.cfg.sysfs_root.clone().map(|root| {
@@ -312,6 +316,7 @@ struct Executor {
     data_dir: PathBuf,
     start_timeout: Duration,
     op_timeout: Duration,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Executor {
@@ -338,6 +343,7 @@ impl Executor {
             }
             Action::Start { key, config } => {
                 let limit = self.start_timeout;
+                let metrics = self.metrics.clone();
                 tokio::spawn(async move {
                     let (container, id) = (config.container.clone(), config.id.clone());
                     if let Some(dir) = config.log_path.parent() {
@@ -345,8 +351,13 @@ impl Executor {
                             tracing::warn!(key, dir = %dir.display(), error = %e, "cannot create the log folder");
                         }
                     }
-                    let result = match call(&rt, &format!("start {id}"), limit, move |rt| rt.start(&config)).await {
-                        Ok(()) => {
+                    let mut trace = crate::metrics::StartTrace::begin();
+                    let what = format!("start {id}");
+                    let started = call(&rt, &what, limit, move |rt| rt.start(&config, &mut trace).map(|()| trace));
+                    let result = match started.await {
+                        Ok(mut trace) => {
+                            trace.mark(crate::metrics::Step::StartReturned);
+                            metrics.trace(&trace);
                             crate::fault::hit(Fault::AfterStart);
                             Ok(())
                         }

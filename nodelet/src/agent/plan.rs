@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use super::reconcile;
 use super::AgentConfig;
 use crate::checkpoint::{spec_hash, Checkpoint, ContainerRecord, PodRecord, VERSION};
+use crate::metrics::Step;
 use crate::runtime::{ContainerConfig, ContainerState};
 use crate::source::{BoundPlan, DesiredChange, SourceKind};
 
@@ -118,6 +119,18 @@ pub struct PodEntry {
     /// Its placement does not fit the settings the agent restarted with
     /// (`super::resettle`); reported until the pod goes.
     pub misfit: Option<specs::engine::Misfit>,
+    /// Its first start, timed for the metrics; `None` for a pod adopted
+    /// after a restart, and once its last container started.
+    pub start: Option<StartClock>,
+}
+
+/// When a pod's start passed the planner's steps (`crate::metrics::Step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartClock {
+    pub received: Instant,
+    pub admitted: Option<Instant>,
+    /// The checkpoint step is timed once per pod, at its first container.
+    pub checkpointed: bool,
 }
 
 impl PodEntry {
@@ -150,6 +163,7 @@ impl PodEntry {
             attempts: 0,
             arrival: 0,
             misfit: None,
+            start: None,
         }
     }
 
@@ -577,6 +591,7 @@ pub fn after_exit(
         let delay = backoff.delay(ctr.streak);
         ctr.streak = ctr.streak.saturating_add(1);
         ctr.restart_count += 1;
+        st.cfg.metrics.restarted();
         ctr.state = CtrState::Waiting { at: now + delay, reason: Some("CrashLoopBackOff".into()) };
     } else {
         ctr.state = CtrState::Terminated;
@@ -634,6 +649,10 @@ fn on_started(
             tracing::info!(key, container, id, "container started");
             tracing::debug!(target: "podstart", key, id, "runtime start returned");
             e.ctrs[i].state = CtrState::Running { since: now };
+            let all_started = e.ctrs.iter().all(|c| matches!(c.state, CtrState::Running { .. } | CtrState::Terminated));
+            if let Some(clock) = e.start.take_if(|_| all_started) {
+                st.cfg.metrics.pod_started(now.saturating_duration_since(clock.received).as_secs_f64());
+            }
             if let Some((code, oom)) = early {
                 if matches!(e.stage, Stage::Admitted) {
                     after_exit(st, key, i, code, oom, None, Some(Duration::ZERO), now);
@@ -749,6 +768,12 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
         match (config, &result) {
             (Some(config), _) => {
                 tracing::debug!(target: "podstart", key, id = config.id, "checkpoint written");
+                if let Some(StartClock { admitted: Some(at), checkpointed, .. }) = &mut e.start {
+                    if !std::mem::replace(checkpointed, true) {
+                        let waited = now.saturating_duration_since(*at).as_secs_f64();
+                        st.cfg.metrics.step(Step::CheckpointWritten, waited);
+                    }
+                }
                 ctr.applied = Some((config.cpus.clone(), config.mems.clone()));
                 ctr.state = CtrState::Starting { early_exit: None };
                 out.push(Action::Start { key: key.clone(), config: Box::new(config) });
@@ -823,7 +848,8 @@ fn is_invalid(st: &State, key: &str) -> bool {
 /// A new entry for a pod the agent just learned of, numbered in arrival order.
 fn arrived(st: &mut State, d: Desired, now: Instant) -> PodEntry {
     st.arrivals += 1;
-    PodEntry { arrival: st.arrivals, ..PodEntry::new(d, now) }
+    let start = Some(StartClock { received: now, admitted: None, checkpointed: false });
+    PodEntry { arrival: st.arrivals, start, ..PodEntry::new(d, now) }
 }
 
 fn apply(st: &mut State, key: String, d: Desired, now: Instant, out: &mut Vec<Action>) {
@@ -884,7 +910,7 @@ fn pass(st: &mut State, now: Instant, out: &mut Vec<Action>) {
     let mut waiting: Vec<(u64, String)> = st.pods.iter().map(|(k, e)| (e.arrival, k.clone())).collect();
     waiting.sort();
     for (_, key) in &waiting {
-        try_admit(st, key);
+        try_admit(st, key, now);
     }
     // Issued in the same pass as the admission that moved the pool, before
     // the checkpoint write that gates the new containers' starts, so they
@@ -952,7 +978,7 @@ fn begin_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Acti
     out.push(Action::Stop { key: key.to_string(), ids, grace });
 }
 
-fn try_admit(st: &mut State, key: &str) {
+fn try_admit(st: &mut State, key: &str, now: Instant) {
     let epoch = st.alloc.epoch;
     let Some(e) = st.pods.get_mut(key) else { return };
     let Stage::Pending { rejected } = &e.stage else { return };
@@ -976,6 +1002,7 @@ fn try_admit(st: &mut State, key: &str) {
     let placement = match decided {
         Ok(p) => p,
         Err(rejection) => {
+            st.cfg.metrics.rejected(rejection.reason);
             // Retried at every change of the allocations: say it once.
             if rejected.as_ref().map(|r| &r.1) != Some(&rejection) {
                 tracing::info!(key, reason = ?rejection.reason, message = rejection.message, "pod rejected");
@@ -996,6 +1023,11 @@ fn try_admit(st: &mut State, key: &str) {
     }
     e.stage = Stage::Admitted;
     e.message = None;
+    st.cfg.metrics.admitted();
+    if let Some(c) = &mut e.start {
+        c.admitted = Some(now);
+        st.cfg.metrics.step(Step::Admitted, now.saturating_duration_since(c.received).as_secs_f64());
+    }
     st.alloc.apply(key, placement);
     // Durable before anything uses it: the pass's checkpoint write holds it,
     // and the pod's containers start only once that write is done.

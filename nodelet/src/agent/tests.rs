@@ -334,7 +334,7 @@ async fn restarted_agent_adopts_frees_and_cleans() {
     rt.exit(&b_id, 1, false).unwrap();
     let mut leak = rt.get(&a_id).unwrap().config;
     leak.id = "leaked_1".into();
-    rt.start(&leak).unwrap();
+    rt.start(&leak, &mut Default::default()).unwrap();
     drop(rt);
 
     // The same data dir, a fresh runtime object (as after a process restart).
@@ -555,12 +555,16 @@ impl Runtime for StuckStart {
     fn name(&self) -> &'static str {
         "stuck-start"
     }
-    fn start(&self, cfg: &crate::runtime::ContainerConfig) -> Result<(), RuntimeError> {
+    fn start(
+        &self,
+        cfg: &crate::runtime::ContainerConfig,
+        trace: &mut crate::metrics::StartTrace,
+    ) -> Result<(), RuntimeError> {
         if cfg.pod == self.pod {
             let rx = self.release.lock().unwrap_or_else(|p| p.into_inner());
             let _ = rx.recv_timeout(Duration::from_secs(30));
         }
-        self.inner.start(cfg)
+        self.inner.start(cfg, trace)
     }
     fn state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
         self.inner.state(id)

@@ -325,7 +325,7 @@ impl Runtime for HollowRuntime {
         "hollow"
     }
 
-    fn start(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError> {
+    fn start(&self, cfg: &ContainerConfig, _trace: &mut crate::metrics::StartTrace) -> Result<(), RuntimeError> {
         if cfg.cpus.is_empty() {
             return Err(cerr(&cfg.id, "empty cpuset"));
         }
@@ -488,12 +488,12 @@ mod tests {
         let rt = HollowRuntime::new(dir.path()).unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         rt.watch_exits(tx).unwrap();
-        rt.start(&with_args("t", &["true"])).unwrap();
+        rt.start(&with_args("t", &["true"]), &mut Default::default()).unwrap();
         assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "t".into(), code: 0, oom_killed: false }));
-        rt.start(&with_args("f", &["false"])).unwrap();
+        rt.start(&with_args("f", &["false"]), &mut Default::default()).unwrap();
         assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "f".into(), code: 1, oom_killed: false }));
-        rt.start(&with_args("s", &["sleep", "0.01"])).unwrap();
-        rt.start(&with_args("forever", &["sleep", "inf"])).unwrap();
+        rt.start(&with_args("s", &["sleep", "0.01"]), &mut Default::default()).unwrap();
+        rt.start(&with_args("forever", &["sleep", "inf"]), &mut Default::default()).unwrap();
         assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "s".into(), code: 0, oom_killed: false }));
         assert_eq!(rt.state("s").unwrap(), ContainerState::Exited { code: 0, oom_killed: false });
         rt.exit("forever", 7, false).unwrap();
@@ -507,9 +507,9 @@ mod tests {
     fn lifecycle_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let rt = HollowRuntime::new(dir.path()).unwrap();
-        rt.start(&config("a", "1")).unwrap();
-        rt.start(&config("b", "0-3")).unwrap();
-        assert!(rt.start(&config("a", "1")).is_err(), "duplicate id");
+        rt.start(&config("a", "1"), &mut Default::default()).unwrap();
+        rt.start(&config("b", "0-3"), &mut Default::default()).unwrap();
+        assert!(rt.start(&config("a", "1"), &mut Default::default()).is_err(), "duplicate id");
         rt.update_cpuset("b", &CpuSet::parse_list("0,2-3").unwrap(), &NumaSet::single(0).expect("id within MAX_ID"))
             .unwrap();
         drop(rt);
@@ -540,9 +540,9 @@ mod tests {
         assert!(HollowRuntime::new(dir.path()).unwrap().list().unwrap().is_empty());
         // The file is the whole state as plain JSON.
         let rt = HollowRuntime::new(dir.path()).unwrap();
-        rt.start(&config("b", "1")).unwrap();
-        rt.start(&config("a", "2")).unwrap();
-        rt.start(&config("c", "3")).unwrap();
+        rt.start(&config("b", "1"), &mut Default::default()).unwrap();
+        rt.start(&config("a", "2"), &mut Default::default()).unwrap();
+        rt.start(&config("c", "3"), &mut Default::default()).unwrap();
         let file: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("hollow/containers.json")).unwrap()).unwrap();
         let ids: Vec<&String> = file["containers"].as_object().unwrap().keys().collect();

@@ -34,6 +34,8 @@ use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxCpuBuilder, LinuxResourcesBuilder, Spec};
 use specs::{CpuSet, NumaSet};
 
+use crate::metrics::{StartTrace, Step};
+
 use self::records::{read_json, write_json, ExitRecord, Layout, ProcId, StartedRecord, UNKNOWN_EXIT_CODE};
 use super::{ContainerConfig, ContainerState, ExitEvent, ExitSender, RootfsConfig, Runtime, RuntimeError};
 use super::{NOT_EXECUTABLE_CODE, NOT_FOUND_CODE};
@@ -237,7 +239,7 @@ impl LibcontainerRuntime {
         cmd
     }
 
-    fn launch_shim(&self, id: &str) -> Result<i32, RuntimeError> {
+    fn launch_shim(&self, id: &str, trace: &mut StartTrace) -> Result<i32, RuntimeError> {
         let log_path = self.layout.shim_log(id);
         let log = File::create(&log_path).map_err(ioerr(&log_path))?;
         let mut child = self
@@ -246,7 +248,9 @@ impl LibcontainerRuntime {
             .spawn()
             .map_err(|e| cerr(id, format!("starting the shim {}: {e}", self.shim_exe.display())))?;
         tracing::debug!(target: "podstart", id, "shim spawned");
+        trace.mark(Step::ShimSpawned);
         let report = child.stdout.take().map(|out| read_report(out, START_TIMEOUT));
+        let reported_at = crate::metrics::monotonic_ns();
         tracing::debug!(target: "podstart", id, "shim reported");
         // The first shim process only detaches and exits at once.
         let _ = child.wait();
@@ -258,8 +262,18 @@ impl LibcontainerRuntime {
         };
         match report {
             Some(Ok(line)) => {
-                if let Some(pid) = line.strip_prefix("ok ") {
-                    pid.trim().parse().map_err(|_| cerr(id, format!("the shim reported {line:?}")))
+                if let Some(rest) = line.strip_prefix("ok ") {
+                    // `ok PID STEP=NS...`: the shim's own steps on the monotonic clock.
+                    let mut words = rest.split_whitespace();
+                    let pid = words.next().and_then(|p| p.parse().ok());
+                    let pid = pid.ok_or_else(|| cerr(id, format!("the shim reported {line:?}")))?;
+                    for (step, ns) in words.filter_map(|w| w.split_once('=')) {
+                        if let (Some(step), Ok(ns)) = (shim_step(step), ns.parse()) {
+                            trace.mark_at(step, ns);
+                        }
+                    }
+                    trace.mark_at(Step::ShimReported, reported_at);
+                    Ok(pid)
                 } else if let Some(msg) = line.strip_prefix("error ") {
                     if let Some(code) = cannot_run_code(msg) {
                         return Err(RuntimeError::CannotRun { id: id.to_string(), code, message: msg.to_string() });
@@ -285,6 +299,14 @@ impl LibcontainerRuntime {
         poll_until(RECORD_GRACE, || path.exists() || !shim.is_some_and(|s| s.alive()));
         read_json(&path).ok().flatten()
     }
+}
+
+/// The steps a shim stamps in its `ok` line, by the word it uses.
+pub(crate) const SHIM_STEPS: [(&str, Step); 3] =
+    [("running", Step::ShimRunning), ("built", Step::ContainerBuilt), ("started", Step::ContainerStarted)];
+
+fn shim_step(word: &str) -> Option<Step> {
+    SHIM_STEPS.iter().find(|(w, _)| *w == word).map(|(_, s)| *s)
 }
 
 /// Reads the shim's one-line report, waiting at most `timeout`.
@@ -500,7 +522,7 @@ impl Runtime for LibcontainerRuntime {
         "libcontainer"
     }
 
-    fn start(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError> {
+    fn start(&self, cfg: &ContainerConfig, trace: &mut StartTrace) -> Result<(), RuntimeError> {
         let id = cfg.id.as_str();
         check_id(id)?;
         let dir = self.layout.container(id);
@@ -510,7 +532,8 @@ impl Runtime for LibcontainerRuntime {
         fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
         let result = self.prepare(cfg).and_then(|()| {
             tracing::debug!(target: "podstart", id, "bundle prepared");
-            self.launch_shim(id)
+            trace.mark(Step::BundlePrepared);
+            self.launch_shim(id, trace)
         });
         match result {
             Ok(pid) => {

@@ -156,8 +156,9 @@ pub struct ExecProcess {
 pub trait Runtime: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Creates and starts the container; returns once its process runs. On error
-    /// nothing is left behind (no state dir, cgroup, mount or process).
-    fn start(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError>;
+    /// nothing is left behind (no state dir, cgroup, mount or process). The
+    /// runtime stamps the steps of its own in `trace` (the pod-start metrics).
+    fn start(&self, cfg: &ContainerConfig, trace: &mut crate::metrics::StartTrace) -> Result<(), RuntimeError>;
     fn state(&self, id: &str) -> Result<ContainerState, RuntimeError>;
     /// Changes a running container's cpuset in place (no restart).
     fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError>;

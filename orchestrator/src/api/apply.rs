@@ -31,6 +31,7 @@ pub struct ApiState {
     pub advertise_url: Option<String>,
     /// How the server calls nodelets (pod logs): a pooled client per node.
     pub proxy: super::proxy::NodeClients,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 pub enum Reply {
@@ -55,6 +56,8 @@ pub enum Reply {
     /// A command run in a pod's container on its node (`api::proxy::exec`):
     /// `POST https://ENDPOINT/PATH` with `request`.
     Exec { node: String, endpoint: String, path: String, request: specs::api::ExecRequest },
+    /// The Prometheus scrape (`metrics::Metrics::encode`).
+    Metrics(String),
 }
 
 fn json<T: serde::Serialize>(code: u16, v: &T) -> Result<Reply, ApiError> {
@@ -201,6 +204,10 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
     match action {
         Action::Health => json(200, &serde_json::json!({"status": "ok"})),
         Action::Version => json(200, &serde_json::json!({"version": env!("CARGO_PKG_VERSION")})),
+        Action::Metrics => {
+            require_admin(id, "read the metrics")?;
+            Ok(Reply::Metrics(state.metrics.encode()))
+        }
         Action::Join { token, request } => {
             let Some(token) = token else {
                 return Err(unauthorized("join needs the bootstrap token as `Authorization: Bearer TOKEN`"));

@@ -31,7 +31,7 @@ use crate::tls::Identity;
 /// web view reads. Every entry is a read; a route added here is readable by
 /// every user of this machine.
 pub const LOCAL_ROUTES: &[RouteId] =
-    &[RouteId::Health, RouteId::Version, RouteId::ListPods, RouteId::ListNodes, RouteId::ListEvents];
+    &[RouteId::Health, RouteId::Version, RouteId::Metrics, RouteId::ListPods, RouteId::ListNodes, RouteId::ListEvents];
 
 /// The route table of the local listener: `LOCAL_ROUTES`, GET only.
 pub fn routes() -> Vec<Route> {

@@ -276,11 +276,23 @@ async fn handle(
     };
     match apply(&state, identity, action).await {
         Ok(Reply::Json(code, v)) => json_response(code, v),
+        Ok(Reply::Metrics(text)) => {
+            let mut r = json_response(200, text.into_bytes());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            );
+            r
+        }
         Ok(Reply::Watch { initial, mut watch, filter, from, bookmarks }) => {
             let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(256);
             let mut stop = shutdown;
             let heartbeat = config.liveness.heartbeat;
+            let watches = state.metrics.watches.clone();
             tokio::spawn(async move {
+                // Counted while this task lives, however it ends.
+                watches.inc();
+                let _open = WatchOpen(watches);
                 for line in initial {
                     if tx.send(Ok(Bytes::from(line))).await.is_err() {
                         return;
@@ -337,6 +349,15 @@ async fn handle(
             proxy::exec(&state.proxy, &node, &endpoint, &path, &request, config.liveness, shutdown).await
         }
         Err(e) => error_response(&e),
+    }
+}
+
+/// Takes one off the open-watch gauge when the watch's task ends.
+struct WatchOpen(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for WatchOpen {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -16,6 +16,7 @@ use super::routes::RouteId;
 pub enum Action {
     Health,
     Version,
+    Metrics,
     Join { token: Option<String>, request: JoinRequest },
     ListPods { selector: LabelSelector, node: Option<String> },
     WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64>, bookmarks: bool },
@@ -59,6 +60,7 @@ pub fn parse(
     Ok(match route {
         RouteId::Health => Action::Health,
         RouteId::Version => Action::Version,
+        RouteId::Metrics => Action::Metrics,
         RouteId::Join => {
             let token = headers
                 .get(hyper::header::AUTHORIZATION)

@@ -9,6 +9,7 @@ use hyper::Method;
 pub enum RouteId {
     Health,
     Version,
+    Metrics,
     Join,
     ListPods,
     CreatePod,
@@ -45,6 +46,7 @@ pub fn routes() -> Vec<Route> {
     vec![
         r(Method::GET, "/healthz", Health),
         r(Method::GET, "/version", Version),
+        r(Method::GET, "/metrics", Metrics),
         r(Method::POST, "/api/v1/join", Join),
         r(Method::GET, "/api/v1/pods", ListPods),
         r(Method::POST, "/api/v1/pods", CreatePod),

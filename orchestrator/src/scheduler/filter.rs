@@ -19,7 +19,19 @@ use super::summary::{lookup, Hot, NodeSummary, NumaFree};
 
 /// Why a node cannot take a pod: one named variant per cause, counted per node
 /// in `Unschedulable`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    prometheus_client::encoding::EncodeLabelValue,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum ReasonKind {
     NotReady,

@@ -88,6 +88,28 @@ pub struct Unschedulable {
     pub counts: BTreeMap<ReasonKind, usize>,
 }
 
+/// One node's figures per NUMA node (`Scheduler::capacity`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCapacity {
+    pub name: String,
+    pub numa: Vec<NumaFigures>,
+}
+
+/// One NUMA node's capacity and what is free of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumaFigures {
+    pub id: u32,
+    /// CPUs that may be handed out (not reserved).
+    pub cpus: u32,
+    /// Of those, not held exclusively.
+    pub free_cpus: u32,
+    pub memory_bytes: u64,
+    pub free_memory_bytes: u64,
+    /// All page sizes together.
+    pub hugepages_bytes: u64,
+    pub free_hugepages_bytes: u64,
+}
+
 /// The engine the scheduler confirms candidates with: `specs::admit` in
 /// production; passed in explicitly so that a unit test can substitute its own.
 pub type AdmitFn = fn(&NodeTopology, &NodeSettings, &Allocations, &str, &Pod) -> Result<Placement, Rejection>;
@@ -536,6 +558,34 @@ impl Scheduler {
             held?.clone()
         };
         Some(Binding { node: rec.node.clone(), epoch: rec.epoch, placement })
+    }
+
+    /// Every node's capacity and what is free per NUMA node, from the
+    /// summaries the filters read (the mirror: in-flight bindings count as
+    /// taken), for the metrics' scrape.
+    pub fn capacity(&self) -> Vec<NodeCapacity> {
+        let hugepages = |h: &[(u64, u64)]| h.iter().map(|(_, bytes)| *bytes).sum::<u64>();
+        self.nodes
+            .iter()
+            .map(|n| NodeCapacity {
+                name: n.info.name.clone(),
+                numa: n
+                    .empty
+                    .numa
+                    .iter()
+                    .zip(&n.summary.numa)
+                    .map(|(all, free)| NumaFigures {
+                        id: all.id,
+                        cpus: all.cpu_capacity,
+                        free_cpus: free.free_cpus,
+                        memory_bytes: all.free_memory,
+                        free_memory_bytes: free.free_memory,
+                        hugepages_bytes: hugepages(&all.free_hugepages),
+                        free_hugepages_bytes: hugepages(&free.free_hugepages),
+                    })
+                    .collect(),
+            })
+            .collect()
     }
 
     /// A node's mirror (truth plus assumed pods).

@@ -774,6 +774,8 @@ struct Shared {
     backend: Backend,
     published: Arc<Published>,
     guard: Mutex<Option<LeaderGuard>>,
+    /// From a batch's send to its answer, for committed batches only.
+    commit_seconds: prometheus_client::metrics::histogram::Histogram,
 }
 
 /// The store handle; cheap to clone.
@@ -836,7 +838,8 @@ impl Store {
     }
 
     fn start(backend: Backend, published: Arc<Published>, options: StoreOptions) -> Result<Store, StoreError> {
-        let shared = Arc::new(Shared { backend, published, guard: Mutex::new(None) });
+        let commit_seconds = prometheus_client::metrics::histogram::Histogram::new(crate::metrics::latency_buckets());
+        let shared = Arc::new(Shared { backend, published, guard: Mutex::new(None), commit_seconds });
         let (jobs, rx) = mpsc::channel::<Job>(MAX_BATCH * 4);
         let (closed_tx, closed) = watch::channel(false);
         let committer = shared.clone();
@@ -848,6 +851,12 @@ impl Store {
             })
             .map_err(|e| StoreError::Sled(::sled::Error::Io(e)))?;
         Ok(Store { shared, jobs, closed })
+    }
+
+    /// The commit latency of this store's batches (both backends), for the
+    /// server's metrics; a handle on the same histogram.
+    pub fn commit_seconds(&self) -> prometheus_client::metrics::histogram::Histogram {
+        self.shared.commit_seconds.clone()
     }
 
     /// Sets (or, with `None`, clears) the guard that `Txn::as_leader` writes
@@ -1046,6 +1055,7 @@ struct Flight {
     jobs: Vec<Job>,
     batch: Batcher,
     sending: Option<Sending>,
+    sent_at: std::time::Instant,
 }
 
 /// Ends when every `Store` handle is gone; then flushes and drops its hold on the
@@ -1122,6 +1132,7 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
                     }
                 }
             }
+            let sent_at = std::time::Instant::now();
             let sending = if b.is_empty() {
                 None
             } else {
@@ -1132,7 +1143,7 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
                 };
                 Some(shared.backend.send(&mut b, &shared.published, guard, options))
             };
-            flights.push_back(Flight { jobs, batch: b, sending });
+            flights.push_back(Flight { jobs, batch: b, sending, sent_at });
             if room(&flights) && !pending.is_empty() {
                 continue;
             }
@@ -1140,7 +1151,13 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
         let Some(mut head) = flights.pop_front() else { continue };
         let result = match head.sending.take() {
             None => Ok(Committed::Done),
-            Some(s) => s.finish(&mut head.batch, &shared.published, true),
+            Some(s) => {
+                let r = s.finish(&mut head.batch, &shared.published, true);
+                if matches!(r, Ok(Committed::Done)) {
+                    shared.commit_seconds.observe(head.sent_at.elapsed().as_secs_f64());
+                }
+                r
+            }
         };
         // `Ok(())`: a conflict (another server wrote first).
         let failure = match result {

@@ -29,6 +29,7 @@ use crate::runtime::ContainerConfig;
 /// once (it only detaches); the detached one returns when the container is gone.
 pub fn run(data_dir: &Path, id: &str) -> i32 {
     tracing::debug!(target: "podstart", id, "shim running");
+    let running = crate::metrics::monotonic_ns();
     // Before the detach: the agent that started this shim (for `PINION_FAULT`).
     let agent = nix::unistd::getppid().as_raw();
     let _ = setsid();
@@ -60,14 +61,20 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         }
     }
     let created = create(&layout, id, &mut report, agent);
-    let (_container, log_read, log, init, system_cpus) = match created {
+    let (_container, log_read, log, init, system_cpus, [built, started]) = match created {
         Ok(c) => c,
         Err(e) => {
             let _ = writeln!(report, "error {}", one_line(&e));
             return 1;
         }
     };
-    let _ = writeln!(report, "ok {}", init.pid);
+    // The steps' stamps go to the agent with the report (`SHIM_STEPS`).
+    let stamps: String = super::SHIM_STEPS
+        .iter()
+        .zip([running, built, started])
+        .map(|((word, _), ns)| format!(" {word}={ns}"))
+        .collect();
+    let _ = writeln!(report, "ok {}{stamps}", init.pid);
     drop(report);
     // From here on the shim only copies output: keep that off the pods' CPUs.
     if !system_cpus.is_empty() {
@@ -123,7 +130,9 @@ fn close_fds_except(keep: RawFd) {
     }
 }
 
-type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId, specs::CpuSet);
+/// The container, its log pipe and file, its init, the reserved CPUs, and
+/// when it was built and started (monotonic nanoseconds).
+type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId, specs::CpuSet, [u64; 2]);
 
 fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Created, String> {
     let cfg: ContainerConfig = read_json(&layout.config(id))
@@ -149,7 +158,8 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
             return Err(format!("creating the container: {e}"));
         }
     };
-    let started = (|| -> Result<ProcId, String> {
+    let built = crate::metrics::monotonic_ns();
+    let started = (|| -> Result<(ProcId, u64), String> {
         let pid = container.pid().ok_or("the created container has no pid")?;
         if std::env::var_os("PINION_SHIM_CRASH_AFTER_BUILD").is_some() {
             // Fault injection for the startup-sweep test: die like a killed shim,
@@ -170,12 +180,13 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
         }
         container.start().map_err(|e| format!("starting the container: {e}"))?;
         tracing::debug!(target: "podstart", id, "container started");
+        let started_at = crate::metrics::monotonic_ns();
         let shim = ProcId::of(std::process::id() as i32).ok_or("cannot read the shim's own /proc entry")?;
         write_json(&layout.started(id), &StartedRecord { init, shim }).map_err(|e| e.to_string())?;
-        Ok(init)
+        Ok((init, started_at))
     })();
     match started {
-        Ok(init) => Ok((container, log_read, Some(log), init, cfg.system_cpus.clone())),
+        Ok((init, started)) => Ok((container, log_read, Some(log), init, cfg.system_cpus.clone(), [built, started])),
         Err(e) => {
             let _ = container.delete(true);
             cleanup_libcontainer(layout, id);
