@@ -241,6 +241,7 @@ mod tests {
             resource: resource.map(String::from),
             device_nodes: nodes.iter().map(PathBuf::from).collect(),
             numa_node: Vec::new(),
+            netdev: None,
         };
         let mut t = specs::topology::synthetic::parse("pack:1 numa:1 core:2 pu:1").unwrap();
         t.devices = vec![
