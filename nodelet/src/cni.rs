@@ -434,13 +434,63 @@ struct Record {
 pub struct PodNetworks {
     cfg: CniConfig,
     locks: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Sandboxes set up by this process, with their addresses.
+    /// Sandboxes set up (or adopted) by this process, with their addresses.
     up: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Sandboxes to remove that are not up: an earlier agent's, or whose
+    /// removal failed; each tried again from its time on.
+    leftover: Mutex<BTreeMap<String, std::time::Instant>>,
+    /// Removals in flight.
+    removing: Mutex<std::collections::BTreeSet<String>>,
 }
 
+/// A failed removal is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
 impl PodNetworks {
-    pub fn new(cfg: CniConfig) -> Self {
-        PodNetworks { cfg, locks: Mutex::default(), up: Mutex::default() }
+    /// The networks of this node, with what an earlier agent left recorded.
+    pub fn new(cfg: CniConfig) -> Result<Self, CniError> {
+        let nets = PodNetworks {
+            cfg,
+            locks: Mutex::default(),
+            up: Mutex::default(),
+            leftover: Mutex::default(),
+            removing: Mutex::default(),
+        };
+        let now = std::time::Instant::now();
+        *nets.leftover.lock().unwrap_or_else(|p| p.into_inner()) =
+            nets.recorded()?.into_iter().map(|s| (s, now)).collect();
+        Ok(nets)
+    }
+
+    /// Sandboxes to remove now: up or left over, not `wanted`, not being
+    /// removed already; each is marked as being removed until `removed`.
+    pub fn unwanted(&self, wanted: &std::collections::BTreeSet<String>) -> Vec<String> {
+        let now = std::time::Instant::now();
+        let up = self.up.lock().unwrap_or_else(|p| p.into_inner());
+        let leftover = self.leftover.lock().unwrap_or_else(|p| p.into_inner());
+        let mut removing = self.removing.lock().unwrap_or_else(|p| p.into_inner());
+        let candidates = up.keys().chain(leftover.iter().filter(|(_, at)| **at <= now).map(|(s, _)| s));
+        let out: Vec<String> =
+            candidates.filter(|s| !wanted.contains(*s) && !removing.contains(*s)).cloned().collect();
+        removing.extend(out.iter().cloned());
+        out
+    }
+
+    /// `teardown` of a sandbox `unwanted` gave, then its bookkeeping.
+    pub async fn remove(&self, sandbox: &str) -> Result<(), CniError> {
+        let r = self.teardown(sandbox).await;
+        let mut leftover = self.leftover.lock().unwrap_or_else(|p| p.into_inner());
+        match &r {
+            Ok(()) => leftover.remove(sandbox),
+            Err(_) => leftover.insert(sandbox.to_string(), std::time::Instant::now() + RETRY_AFTER),
+        };
+        self.removing.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
+        r
+    }
+
+    /// Sandboxes an earlier agent left (see `new`).
+    pub fn leftovers(&self) -> Vec<String> {
+        self.leftover.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
     }
 
     pub fn config(&self) -> &CniConfig {
@@ -476,6 +526,7 @@ impl PodNetworks {
             Some(rec) if rec.attachments.iter().all(|a| a.result.is_some()) && is_mounted(&netns) => {
                 let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
                 self.set_up(&req.sandbox, Some(ips.clone()));
+                self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.sandbox);
                 return Ok(ips);
             }
             Some(rec) => self.teardown_locked(&req.sandbox, Some(rec)).await?,
@@ -510,6 +561,7 @@ impl PodNetworks {
         let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
         tracing::info!(key = req.key, sandbox = req.sandbox, ?ips, "pod network set up");
         self.set_up(&req.sandbox, Some(ips.clone()));
+        self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.sandbox);
         Ok(ips)
     }
 
@@ -552,6 +604,10 @@ impl PodNetworks {
         let Some(rec) = self.read_record(sandbox)? else {
             return Err(CniError::Netns { path: netns, reason: "no record of this pod's network".into() });
         };
+        // Held from now on whatever CHECK says: the record is what removes it.
+        let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
+        self.set_up(sandbox, Some(ips.clone()));
+        self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
         if !is_mounted(&netns) {
             return Err(CniError::Netns { path: netns, reason: "not mounted".into() });
         }
@@ -565,8 +621,6 @@ impl PodNetworks {
                 exec_plugin(&self.cfg, plugin_type(plugin), env, &input, Command::Check).await?;
             }
         }
-        let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
-        self.set_up(sandbox, Some(ips.clone()));
         Ok(ips)
     }
 

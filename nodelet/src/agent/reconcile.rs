@@ -136,6 +136,57 @@ pub fn log_uid(pod: &Pod, spec_hash: &str) -> String {
     }
 }
 
+/// The pod's network as `crate::cni` sets it up: `None` on a node without
+/// a CNI network, and for a `hostNetwork` pod. Its network-function devices
+/// (allocated devices with a host `netdev`) go in with the names the pod asks
+/// for (`pinion.io/interfaces`), the others as `netN`, the first free from
+/// `net1`. A name annotation that does not parse (a static pod skips the
+/// API's validation) names nothing.
+pub fn pod_network(
+    cni: Option<&crate::cni::CniConfig>,
+    topology: &NodeTopology,
+    pod_key: &str,
+    pod: &Pod,
+    spec_hash: &str,
+    placement: &Placement,
+) -> Option<crate::cni::PodNetRequest> {
+    cni?;
+    if pod.spec.host_network {
+        return None;
+    }
+    let names = pod
+        .metadata
+        .annotations
+        .get(specs::pod::INTERFACES_ANNOTATION)
+        .and_then(|v| specs::pod::interface_names(v).ok())
+        .unwrap_or_default();
+    let mut used: std::collections::BTreeSet<String> = names.iter().map(|(_, n)| n.clone()).collect();
+    let mut netdevs = Vec::new();
+    let mut devices: Vec<(&String, &String)> =
+        placement.containers.iter().flat_map(|c| c.devices.iter().flat_map(|(r, addrs)| addrs.iter().map(move |a| (r, a)))).collect();
+    devices.dedup();
+    let mut asked_of: BTreeMap<&str, usize> = BTreeMap::new();
+    for (resource, address) in devices {
+        let Some(host) = topology.devices.iter().find(|d| &d.address == address).and_then(|d| d.netdev.clone()) else {
+            continue;
+        };
+        let nth = asked_of.entry(resource.as_str()).or_default();
+        let asked = names.iter().filter(|(r, _)| r == resource).nth(*nth).map(|(_, n)| n.clone());
+        *nth += 1;
+        let name = asked.unwrap_or_else(|| {
+            let free = (1..).map(|i| format!("net{i}")).find(|n| !used.contains(n)).unwrap_or_default();
+            used.insert(free.clone());
+            free
+        });
+        netdevs.push((host, name));
+    }
+    Some(crate::cni::PodNetRequest {
+        key: pod_key.to_string(),
+        sandbox: crate::cni::sandbox_id(pod_key, &log_uid(pod, spec_hash)),
+        netdevs,
+    })
+}
+
 /// A pod's log folder: `<data>/logs/<pod key, sanitized>_<uid, sanitized>/`.
 /// Keyed by the uid, so a pod re-created under the same name starts with no
 /// logs; the agent removes the folder when it forgets the pod.
@@ -260,6 +311,7 @@ pub fn container_config(
         hugepage_limits,
         device_nodes,
         host_network: pod.spec.host_network,
+        netns: None,
         system_cpus: CpuSet::new(),
         cap_add: caps
             .map(|c| c.add.iter().filter_map(|n| specs::pod::capability_name(n)).collect())
