@@ -41,34 +41,24 @@ pub const POD_IFNAME: &str = "eth0";
 /// How long one plugin call may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Debug, Clone)]
+/// Where the node's pod network comes from (`--cni-conf-dir`, `--cni-bin-dir`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CniConfig {
     pub conf_dir: PathBuf,
     pub bin_dirs: Vec<PathBuf>,
-    /// The attachment records (`<data>/cni`).
-    pub state_dir: PathBuf,
     pub netns_dir: PathBuf,
+    /// Limit on one plugin call.
     pub timeout: Duration,
 }
 
 impl CniConfig {
-    pub fn new(conf_dir: PathBuf, bin_dirs: Vec<PathBuf>, data_dir: &Path) -> Self {
-        CniConfig {
-            conf_dir,
-            bin_dirs,
-            state_dir: data_dir.join("cni"),
-            netns_dir: PathBuf::from(DEFAULT_NETNS_DIR),
-            timeout: DEFAULT_TIMEOUT,
-        }
+    pub fn new(conf_dir: PathBuf, bin_dirs: Vec<PathBuf>) -> Self {
+        CniConfig { conf_dir, bin_dirs, netns_dir: PathBuf::from(DEFAULT_NETNS_DIR), timeout: DEFAULT_TIMEOUT }
     }
 
     /// Where the pod network of `sandbox` is pinned.
     pub fn netns_path(&self, sandbox: &str) -> PathBuf {
         self.netns_dir.join(sandbox)
-    }
-
-    fn record_path(&self, sandbox: &str) -> PathBuf {
-        self.state_dir.join(format!("{sandbox}.json"))
     }
 }
 
@@ -433,6 +423,8 @@ struct Record {
 /// The pods' networks on this node. Calls for one sandbox run one at a time.
 pub struct PodNetworks {
     cfg: CniConfig,
+    /// The attachment records (`<data>/cni`).
+    state_dir: PathBuf,
     locks: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Sandboxes set up (or adopted) by this process, with their addresses.
     up: Mutex<BTreeMap<String, Vec<String>>>,
@@ -448,9 +440,10 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 impl PodNetworks {
     /// The networks of this node, with what an earlier agent left recorded.
-    pub fn new(cfg: CniConfig) -> Result<Self, CniError> {
+    pub fn new(cfg: CniConfig, state_dir: PathBuf) -> Result<Self, CniError> {
         let nets = PodNetworks {
             cfg,
+            state_dir,
             locks: Mutex::default(),
             up: Mutex::default(),
             leftover: Mutex::default(),
@@ -470,8 +463,7 @@ impl PodNetworks {
         let leftover = self.leftover.lock().unwrap_or_else(|p| p.into_inner());
         let mut removing = self.removing.lock().unwrap_or_else(|p| p.into_inner());
         let candidates = up.keys().chain(leftover.iter().filter(|(_, at)| **at <= now).map(|(s, _)| s));
-        let out: Vec<String> =
-            candidates.filter(|s| !wanted.contains(*s) && !removing.contains(*s)).cloned().collect();
+        let out: Vec<String> = candidates.filter(|s| !wanted.contains(*s) && !removing.contains(*s)).cloned().collect();
         removing.extend(out.iter().cloned());
         out
     }
@@ -584,7 +576,7 @@ impl PodNetworks {
             }
         }
         remove_netns(&netns)?;
-        let path = self.cfg.record_path(sandbox);
+        let path = self.record_path(sandbox);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -627,7 +619,7 @@ impl PodNetworks {
     /// Every sandbox with a record or a pinned namespace (an earlier agent's).
     pub fn recorded(&self) -> Result<Vec<String>, CniError> {
         let mut out = std::collections::BTreeSet::new();
-        for (dir, suffix) in [(&self.cfg.state_dir, ".json"), (&self.cfg.netns_dir, "")] {
+        for (dir, suffix) in [(&self.state_dir, ".json"), (&self.cfg.netns_dir, "")] {
             let entries = match std::fs::read_dir(dir) {
                 Ok(e) => e,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -670,8 +662,12 @@ impl PodNetworks {
         Ok(())
     }
 
+    fn record_path(&self, sandbox: &str) -> PathBuf {
+        self.state_dir.join(format!("{sandbox}.json"))
+    }
+
     fn read_record(&self, sandbox: &str) -> Result<Option<Record>, CniError> {
-        let path = self.cfg.record_path(sandbox);
+        let path = self.record_path(sandbox);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -685,9 +681,9 @@ impl PodNetworks {
     }
 
     fn write_record(&self, sandbox: &str, rec: &Record) -> Result<(), CniError> {
-        let path = self.cfg.record_path(sandbox);
-        std::fs::create_dir_all(&self.cfg.state_dir)
-            .map_err(|source| CniError::Io { path: self.cfg.state_dir.clone(), source })?;
+        let path = self.record_path(sandbox);
+        std::fs::create_dir_all(&self.state_dir)
+            .map_err(|source| CniError::Io { path: self.state_dir.clone(), source })?;
         let bytes = serde_json::to_vec_pretty(rec).map_err(|e| CniError::Io {
             path: path.clone(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
@@ -903,7 +899,8 @@ mod tests {
         ]
         .into();
         assert_eq!(env, want);
-        let list = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "name": "ignored"}]});
+        let list =
+            serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "name": "ignored"}]});
         let plugin = plugins_of(&list)[0];
         let prev = serde_json::json!({"ips": []});
         let input = plugin_input(&list, plugin, Some(&prev));
@@ -925,7 +922,9 @@ mod tests {
 
     #[test]
     fn plugin_errors_read_the_cni_error_first() {
-        let check = |code, out: &str, err: &str, want: &str| assert_eq!(plugin_message(code, out.as_bytes(), err.as_bytes()), want);
+        let check = |code, out: &str, err: &str, want: &str| {
+            assert_eq!(plugin_message(code, out.as_bytes(), err.as_bytes()), want)
+        };
         check(Some(1), r#"{"code":7,"msg":"bad ipam","details":"no subnet"}"#, "", "bad ipam: no subnet (CNI error 7)");
         check(Some(1), r#"{"msg":"x"}"#, "noise", "x");
         check(Some(2), "", "boom\n", "exit code 2: boom");

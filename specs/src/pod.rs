@@ -146,17 +146,20 @@ pub fn interface_names(value: &str) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
-/// A Linux interface name a pod may ask for.
-pub fn interface_name_ok(name: &str) -> Result<(), &'static str> {
+/// A name the kernel takes for an interface (`dev_valid_name`, ASCII only).
+pub fn ifname_ok(name: &str) -> Result<(), &'static str> {
     if name.is_empty() || name.len() > 15 {
         return Err("must be 1 to 15 bytes long");
     }
-    if name == "."
-        || name == ".."
-        || name.bytes().any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || !b.is_ascii_graphic())
-    {
+    if name == "." || name == ".." || name.bytes().any(|b| b == b'/' || b == b':' || !b.is_ascii_graphic()) {
         return Err("must be printable ASCII without '/', ':' or spaces, and not . or ..");
     }
+    Ok(())
+}
+
+/// A Linux interface name a pod may ask for.
+pub fn interface_name_ok(name: &str) -> Result<(), &'static str> {
+    ifname_ok(name)?;
     if name == "lo" || name == "eth0" {
         return Err("is the pod network's own (lo, eth0)");
     }

@@ -159,7 +159,8 @@ pub async fn run(
     call(&runtime, "watch exits", config.op_timeout, move |_| rt.watch_exits(exit_tx)).await?;
     let networks = match &config.cni {
         Some(cni) => Some(Arc::new(
-            crate::cni::PodNetworks::new(cni.clone()).map_err(|e| AgentError::Network(e.to_string()))?,
+            crate::cni::PodNetworks::new(cni.clone(), config.data_dir.join("cni"))
+                .map_err(|e| AgentError::Network(e.to_string()))?,
         )),
         None => None,
     };
@@ -639,7 +640,8 @@ async fn adopt_networks(state: &mut State, networks: &crate::cni::PodNetworks) {
         .filter(|(_, e)| matches!(e.stage, Stage::Admitted))
         .filter_map(|(key, e)| {
             let placement = state.alloc.pods.get(key)?;
-            let net = reconcile::pod_network(state.cfg.cni.as_ref(), &state.cfg.topology, key, &e.pod, &e.hash, placement)?;
+            let net =
+                reconcile::pod_network(state.cfg.cni.as_ref(), &state.cfg.topology, key, &e.pod, &e.hash, placement)?;
             leftovers.contains(&net.sandbox).then(|| (key.clone(), net.sandbox))
         })
         .collect();

@@ -162,8 +162,11 @@ pub fn pod_network(
         .unwrap_or_default();
     let mut used: std::collections::BTreeSet<String> = names.iter().map(|(_, n)| n.clone()).collect();
     let mut netdevs = Vec::new();
-    let mut devices: Vec<(&String, &String)> =
-        placement.containers.iter().flat_map(|c| c.devices.iter().flat_map(|(r, addrs)| addrs.iter().map(move |a| (r, a)))).collect();
+    let mut devices: Vec<(&String, &String)> = placement
+        .containers
+        .iter()
+        .flat_map(|c| c.devices.iter().flat_map(|(r, addrs)| addrs.iter().map(move |a| (r, a))))
+        .collect();
     devices.dedup();
     let mut asked_of: BTreeMap<&str, usize> = BTreeMap::new();
     for (resource, address) in devices {
