@@ -530,13 +530,23 @@ impl PodNetworks {
         for (host, ifname) in &req.netdevs {
             attachments.push(Attachment { ifname: ifname.clone(), config: host_device_config(host), result: None });
         }
+        // Every plugin is there before anything is made: a missing one is
+        // its own clear error, with nothing to undo.
+        for a in &attachments {
+            for plugin in plugins_of(&a.config) {
+                find_plugin(&self.cfg.bin_dirs, plugin_type(plugin))?;
+            }
+        }
         let mut rec = Record { key: req.key.clone(), netns: netns.clone(), attachments };
         // Recorded before the namespace exists: a kill -9 from here on leaves
         // a record the next agent cleans up.
         self.write_record(&req.sandbox, &rec)?;
+        // How many attachments were tried: only those are deleted on failure.
+        let mut tried = 0;
         let made = async {
             create_netns(&netns).await?;
             for i in 0..rec.attachments.len() {
+                tried = i + 1;
                 let result = self.add(&req.sandbox, &netns, &rec.attachments[i]).await?;
                 rec.attachments[i].result = Some(result);
                 self.write_record(&req.sandbox, &rec)?;
@@ -545,6 +555,7 @@ impl PodNetworks {
         }
         .await;
         if let Err(error) = made {
+            rec.attachments.truncate(tried);
             return Err(match self.teardown_locked(&req.sandbox, Some(rec)).await {
                 Ok(()) => error,
                 Err(cleanup) => CniError::Cleanup { error: Box::new(error), cleanup: Box::new(cleanup) },
