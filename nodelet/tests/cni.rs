@@ -228,7 +228,10 @@ async fn bad_config_missing_plugin_and_hang_are_clear_errors_that_leak_nothing()
         tokio::time::timeout(Duration::from_secs(30), hanging.setup(&pod("default/hang"))).await.unwrap().unwrap_err();
     // ADD timed out; the cleanup's DEL of the same plugin timed out too, and both are said.
     assert!(err.to_string().contains("CNI plugin hang ADD: timed out after 1s"), "{err}");
-    assert!(sh(&format!("pgrep -f '[{}]{}'", &marker[..1], &marker[1..])).trim().is_empty(), "the hung plugin was killed");
+    assert!(
+        sh(&format!("pgrep -f '[{}]{}'", &marker[..1], &marker[1..])).trim().is_empty(),
+        "the hung plugin was killed"
+    );
 }
 
 #[tokio::test]

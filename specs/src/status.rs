@@ -64,10 +64,10 @@ pub struct PodStatus {
     /// The pod's address on its node's pod network (CNI), the first of
     /// `pod_ips`; absent for a `hostNetwork` pod, a node without a CNI
     /// network and the hollow runtime.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
     pub pod_ip: Option<String>,
     /// Every address the pod network gave the pod (IPv4 and IPv6).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
     pub pod_ips: Vec<String>,
 }
 

@@ -515,6 +515,47 @@ mod tests {
     }
 
     #[test]
+    fn pod_network_names_netdevs_as_asked() {
+        let mut t = topo();
+        let nic = |address: &str, netdev: Option<&str>| specs::topology::PciDevice {
+            address: address.into(),
+            class: "0x020000".into(),
+            resource: Some("example.com/vf".into()),
+            netdev: netdev.map(String::from),
+            ..Default::default()
+        };
+        t.devices = vec![nic("0000:3b:00.1", Some("vf1")), nic("0000:3b:00.2", Some("vf2")), nic("0000:3b:00.3", None)];
+        let cni = crate::cni::CniConfig::new(PathBuf::from("/c"), Vec::new());
+        let check = |annotation: Option<&str>,
+                     host_network: bool,
+                     cni: Option<&crate::cni::CniConfig>,
+                     want: Option<&[(&str, &str)]>| {
+            let mut p = pod("  - name: a\n");
+            p.spec.host_network = host_network;
+            if let Some(a) = annotation {
+                p.metadata.annotations.insert(specs::pod::INTERFACES_ANNOTATION.into(), a.into());
+            }
+            let mut c = cp("a", CpuPolicy::Shared, "0");
+            let addrs = vec!["0000:3b:00.1".to_string(), "0000:3b:00.3".into(), "0000:3b:00.2".into()];
+            c.devices.insert("example.com/vf".into(), addrs);
+            let placement = Placement { containers: vec![c], ..Default::default() };
+            let got = pod_network(cni, &t, "static/p", &p, "abc", &placement);
+            let want = want.map(|w| w.iter().map(|(h, n)| (h.to_string(), n.to_string())).collect::<Vec<_>>());
+            assert_eq!(got.as_ref().map(|n| n.netdevs.clone()), want, "{annotation:?}");
+            if let Some(n) = got {
+                assert_eq!(n.sandbox, crate::cni::sandbox_id("static/p", "habc"));
+            }
+        };
+        check(None, false, Some(&cni), Some(&[("vf1", "net1"), ("vf2", "net2")]));
+        check(Some("example.com/vf=fast0"), false, Some(&cni), Some(&[("vf1", "fast0"), ("vf2", "net1")]));
+        check(Some("example.com/vf=a,example.com/vf=b"), false, Some(&cni), Some(&[("vf1", "a"), ("vf2", "b")]));
+        check(Some("example.com/vf=net2"), false, Some(&cni), Some(&[("vf1", "net2"), ("vf2", "net1")]));
+        check(Some("garbage"), false, Some(&cni), Some(&[("vf1", "net1"), ("vf2", "net2")]));
+        check(None, true, Some(&cni), None);
+        check(None, false, None, None);
+    }
+
+    #[test]
     fn container_config_from_pod_and_placement() {
         let p = pod(concat!(
             "  - name: a\n    command: [sleep]\n    args: [inf]\n    image: busybox:1\n",
