@@ -10,7 +10,9 @@ need=()
 # openmpi-bin, libopenmpi-dev: the MPI scenario compiles an MPI program and runs
 # it with mpirun, its daemons started in a job's members through `pinion rsh`.
 # chromium: cli/tests/web.rs loads the web view in headless Chromium.
-for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev chromium; do
+# containernetworking-plugins (/usr/lib/cni), iptables (the bridge plugin's ipMasq),
+# iputils-ping: pod networking through CNI (nodelet/tests/cni.rs, the agent's CNI tests).
+for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev chromium containernetworking-plugins iptables iputils-ping; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -27,6 +27,10 @@ struct Host {
     manifests: PathBuf,
     data: PathBuf,
     agent: Option<Child>,
+    /// Flags added to every agent start.
+    extra: Vec<String>,
+    /// A test's own CNI bridge, removed on drop (after the pods' networks).
+    bridge: Option<String>,
 }
 
 /// `None` (skip) without root or two CPUs, outside CI.
@@ -40,7 +44,7 @@ fn host() -> Option<Host> {
     let manifests = tmp.path().join("manifests");
     std::fs::create_dir(&manifests).unwrap();
     let data = tmp.path().join("data");
-    Some(Host { manifests, data, agent: None, tmp })
+    Some(Host { manifests, data, agent: None, tmp, extra: Vec::new(), bridge: None })
 }
 
 impl Host {
@@ -65,6 +69,7 @@ impl Host {
             .arg(&self.manifests)
             .arg("--data-dir")
             .arg(&self.data)
+            .args(&self.extra)
             // The topology is this host's, discovered from /sys.
             .env("PINION_LOG", "warn,nodelet=info,libcgroups=error,libcontainer=error")
             .env("NO_COLOR", "1")
@@ -164,6 +169,18 @@ impl Drop for Host {
                 let _ = rt.stop(&id, Duration::ZERO);
                 let _ = rt.remove(&id);
             }
+        }
+        if let Some(bridge) = &self.bridge {
+            // The plugins undo what they did (NAT rules included), then the bridge goes.
+            let cni = nodelet::cni::CniConfig::new(self.tmp.path().join("net.d"), vec![PathBuf::from("/usr/lib/cni")]);
+            if let Ok(nets) = nodelet::cni::PodNetworks::new(cni, self.data.join("cni")) {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    for s in nets.leftovers() {
+                        let _ = rt.block_on(nets.teardown(&s));
+                    }
+                }
+            }
+            let _ = Command::new("ip").args(["link", "del", bridge]).output();
         }
     }
 }
@@ -470,4 +487,103 @@ fn init_forwards_sigterm_so_a_deleted_pod_stops_at_once() {
     assert!(stopped.contains("code=143"), "stopped by SIGTERM (128 + 15), not SIGKILL: {stopped:?}\n{log}");
     h.signal_agent("TERM");
     assert_eq!(processes(&pid.to_string()), Vec::<i32>::new());
+}
+
+/// What a pod network may leave: records, pins, leases, bridge ports, NAT rules.
+fn network_leaks(h: &Host, bridge: &str, subnet_prefix: &str, sandboxes: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(h.data.join("cni"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| format!("record {}", e.file_name().to_string_lossy()))
+        .collect();
+    for e in std::fs::read_dir(h.tmp.path().join("leases/pinion-test")).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name != "lock" && !name.starts_with("last_reserved_ip") {
+            out.push(format!("lease {name}"));
+        }
+    }
+    let sh = |cmd: &str| {
+        String::from_utf8_lossy(&Command::new("sh").args(["-c", cmd]).output().unwrap().stdout).into_owned()
+    };
+    out.extend(sh(&format!("ip -o link show master {bridge} 2>/dev/null")).lines().map(|l| format!("port {l}")));
+    out.extend(sh("iptables -t nat -S").lines().filter(|l| l.contains(subnet_prefix)).map(|l| format!("iptables {l}")));
+    let pins = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for sandbox in sandboxes {
+        let pin = Path::new(nodelet::cni::DEFAULT_NETNS_DIR).join(sandbox);
+        if pin.exists() || pins.contains(&pin.display().to_string()) {
+            out.push(format!("pin {}", pin.display()));
+        }
+    }
+    out
+}
+
+#[test]
+fn pods_reach_each_other_over_cni_and_a_kill_9_leaks_no_network() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    if !Path::new("/usr/lib/cni/bridge").is_file() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "needs containernetworking-plugins under CI=true");
+        eprintln!("SKIPPED: needs /usr/lib/cni (containernetworking-plugins)");
+        return;
+    }
+    let pid = std::process::id();
+    // A bridge and a subnet this test owns; leases in its folder.
+    let bridge = format!("pa{}", pid % 100_000);
+    let prefix = format!("10.251.{}", pid % 250);
+    h.bridge = Some(bridge.clone());
+    let conf = h.tmp.path().join("net.d");
+    std::fs::create_dir_all(&conf).unwrap();
+    let leases = h.tmp.path().join("leases");
+    std::fs::write(
+        conf.join("10-test.conflist"),
+        format!(
+            r#"{{"cniVersion": "1.0.0", "name": "pinion-test", "plugins": [{{"type": "bridge", "bridge": "{bridge}", "isGateway": true, "ipMasq": true, "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{prefix}.0/24"}}]], "dataDir": "{}"}}}}]}}"#,
+            leases.display()
+        ),
+    )
+    .unwrap();
+    h.extra = vec!["--cni-conf-dir".into(), conf.display().to_string()];
+    let (a, b) = (format!("neta-{pid}"), format!("netb-{pid}"));
+    h.write(&a, &pod(&a, "500m", "exec sleep 1000", "Always"));
+    h.start_agent();
+    let ip_of = |v: &Value, k: &str| v["pods"][format!("static/{k}")]["podIP"].as_str().map(String::from);
+    let v = h.wait("a running with an address", |v| {
+        v["pods"][format!("static/{a}")]["phase"] == "Running" && ip_of(v, &a).is_some()
+    });
+    let ip_a = ip_of(&v, &a).unwrap();
+    assert!(ip_a.starts_with(&prefix), "{ip_a}");
+    // The second pod's container reaches the first over the bridge.
+    let reach = format!("ping -c1 -W5 {ip_a} >/dev/null && echo reached || echo unreachable; exec sleep 1000");
+    h.write(&b, &pod(&b, "500m", &reach, "Always"));
+    h.wait_log(&b, "the ping", |l| l.contains("reached"));
+    assert_eq!(h.log(&b).trim(), "reached", "{}", h.log(&b));
+    let v = h.wait("b's address", |v| ip_of(v, &b).is_some());
+    assert_ne!(ip_of(&v, &b), Some(ip_a.clone()));
+    let sandboxes: Vec<String> = std::fs::read_dir(h.data.join("cni"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json").map(String::from))
+        .collect();
+    assert_eq!(sandboxes.len(), 2, "one network per pod");
+    let leaks = network_leaks(&h, &bridge, &prefix, &sandboxes);
+    for what in ["record", "lease", "port", "pin"] {
+        assert!(leaks.iter().any(|l| l.starts_with(what)), "the leak check sees the pods' {what}s: {leaks:?}");
+    }
+
+    // kill -9, then a's removal while the agent is down: the restarted agent
+    // adopts b's network (CHECK, same address) and removes a's.
+    h.signal_agent("KILL");
+    std::fs::remove_file(h.manifests.join(format!("{a}.yaml"))).unwrap();
+    h.start_agent();
+    let v = h.wait("a gone, b adopted", |v| v["pods"][format!("static/{a}")].is_null() && ip_of(v, &b).is_some());
+    assert_eq!(v["pods"][format!("static/{b}")]["containerStatuses"][0]["restartCount"], 0);
+    std::fs::remove_file(h.manifests.join(format!("{b}.yaml"))).unwrap();
+    h.wait("b gone", |v| v["pods"][format!("static/{b}")].is_null());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !network_leaks(&h, &bridge, &prefix, &sandboxes).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    h.signal_agent("TERM");
+    assert_eq!(network_leaks(&h, &bridge, &prefix, &sandboxes), Vec::<String>::new(), "{}", h.agent_log());
 }

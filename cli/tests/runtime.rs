@@ -56,6 +56,7 @@ impl Fixture {
             hugepage_limits: BTreeMap::new(),
             device_nodes: vec![],
             host_network: false,
+            netns: None,
             cap_add: vec![],
             cap_drop: vec![],
             system_cpus: Default::default(),

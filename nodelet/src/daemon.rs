@@ -102,6 +102,8 @@ pub enum DaemonError {
     Cgroups(String),
     #[error(transparent)]
     Agent(#[from] AgentError),
+    #[error("--cni-conf-dir: {0}")]
+    Network(String),
 }
 
 /// Runs the node until `shutdown` turns true (or the agent fails).
@@ -129,6 +131,7 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         Some(join) => Some(prepare_join(&agent, join).await?),
         None => None,
     };
+    agent.cni = pod_network(agent.cni.take(), &runtime)?;
     let runtime = start_runtime(&agent, &runtime)?;
 
     // The link and the endpoint stop on `shutdown` or when the agent returns.
@@ -199,6 +202,32 @@ async fn bind_local(addr: SocketAddr) -> Result<TcpListener, DaemonError> {
         return Err(DaemonError::LocalListenNotLoopback(addr));
     }
     TcpListener::bind(addr).await.map_err(|source| DaemonError::LocalListen { addr, source })
+}
+
+/// The pod network the agent uses: none with the hollow runtime (its pods
+/// get no address), none when the configuration folder holds no network
+/// (pods keep a namespace with only `lo`; said once, here).
+fn pod_network(
+    cni: Option<crate::cni::CniConfig>,
+    runtime: &RuntimeChoice,
+) -> Result<Option<crate::cni::CniConfig>, DaemonError> {
+    let Some(cni) = cni else { return Ok(None) };
+    if matches!(runtime, RuntimeChoice::Hollow) {
+        return Ok(None);
+    }
+    match crate::cni::config_file(&cni.conf_dir).map_err(|e| DaemonError::Network(e.to_string()))? {
+        Some(file) => {
+            tracing::info!(file = %file.display(), "pod network through CNI");
+            Ok(Some(cni))
+        }
+        None => {
+            tracing::warn!(
+                dir = %cni.conf_dir.display(),
+                "no CNI network configuration found; pods without hostNetwork get a network namespace with only lo"
+            );
+            Ok(None)
+        }
+    }
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

@@ -14,7 +14,8 @@
 //!   physical function has a netdev (`physfn/net/NAME`) is
 //!   `pinion.io/sriov-vf-NAME`; bound to `vfio-pci` it gets
 //!   `/dev/vfio/GROUP` (its `iommu_group`) and `/dev/vfio/vfio`, bound to a
-//!   kernel driver none (its netdev stays in the host's network namespace).
+//!   kernel driver none, and its netdev (`net/NAME`), which the agent moves
+//!   into the network namespace of the pod holding it.
 //!
 //! Every offered device gets its DRA locality (`NodeTopology::set_device_locality`).
 //! The agent's operator then adjusts what was found: `rename_sriov` (the
@@ -52,6 +53,10 @@ pub fn offer(root: &Path, topology: &mut NodeTopology) -> Result<(), DiscoveryEr
             tracing::debug!(address = %d.address, %resource, "device offered");
             d.resource = Some(resource);
             d.device_nodes = nodes;
+            // A VF with a kernel driver is a netdev, which the pod gets moved in.
+            let mut netdevs: Vec<String> = dir_entries(&dir.join("net"))?.into_iter().map(|(n, _)| n).collect();
+            netdevs.sort();
+            d.netdev = netdevs.into_iter().next();
         }
     }
     topology.set_device_locality();
@@ -137,6 +142,10 @@ pub enum DevicesError {
     BadName { field: String, name: String },
     #[error("{field}: {path} is not an absolute path")]
     RelativeNode { field: String, path: String },
+    #[error("{field}: give the device's PCI address, or its netdev")]
+    NoAddress { field: String },
+    #[error("{field}: {name:?} {why}")]
+    BadNetdev { field: String, name: String, why: &'static str },
     #[error("{pf}: no SR-IOV virtual functions of a PF with this netdev were found (found: {found})")]
     UnknownPf { pf: String, found: String },
 }
@@ -145,12 +154,23 @@ pub enum DevicesError {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeviceEntry {
+    /// A PCI function of this machine; may be left out for a `netdev`
+    /// that is no PCI function (a veth or dummy end standing in for a VF):
+    /// its address is then `netdev/NAME`.
+    #[serde(default)]
     pub address: String,
+    /// The device is this network interface on the host: a pod holding it
+    /// gets it moved into its network namespace (CNI `host-device`).
+    #[serde(default)]
+    pub netdev: Option<String>,
     /// Absent: the nodes discovery found for the device (none for one it did
     /// not offer); given (even empty): exactly these.
     #[serde(default)]
     pub device_nodes: Option<Vec<PathBuf>>,
 }
+
+/// The address of a `--devices` netdev that is no PCI function: this and its name.
+pub const NETDEV_PREFIX: &str = "netdev/";
 
 /// The `--devices` file: resource name -> its devices.
 pub type DevicesFile = BTreeMap<String, Vec<DeviceEntry>>;
@@ -190,18 +210,34 @@ pub fn rename_sriov(topology: &mut NodeTopology, names: &BTreeMap<String, String
 /// the file does not name keep their discovered devices. Field paths in
 /// errors read `RESOURCE[i].address`.
 pub fn apply_file(topology: &mut NodeTopology, file: &DevicesFile) -> Result<(), DevicesError> {
-    let mut listed: BTreeMap<&str, (&str, &DeviceEntry)> = BTreeMap::new();
+    let mut listed: BTreeMap<String, (&str, &DeviceEntry)> = BTreeMap::new();
     for (resource, entries) in file {
         if !specs::validate::is_device_resource_name(resource) {
             return Err(DevicesError::BadName { field: resource.clone(), name: resource.clone() });
         }
         for (i, e) in entries.iter().enumerate() {
             let field = format!("{resource}[{i}].address");
-            if !topology.devices.iter().any(|d| d.address == e.address) {
-                return Err(DevicesError::UnknownAddress { field, address: e.address.clone() });
+            if let Some(name) = &e.netdev {
+                let ok =
+                    specs::pod::ifname_ok(name)
+                        .and_then(|()| if name == "lo" { Err("is the loopback") } else { Ok(()) });
+                if let Err(why) = ok {
+                    let field = format!("{resource}[{i}].netdev");
+                    return Err(DevicesError::BadNetdev { field, name: name.clone(), why });
+                }
             }
-            if listed.insert(e.address.as_str(), (resource.as_str(), e)).is_some() {
-                return Err(DevicesError::Duplicate { field, address: e.address.clone() });
+            if e.address.is_empty() && e.netdev.is_none() {
+                return Err(DevicesError::NoAddress { field });
+            }
+            let address = match &e.netdev {
+                Some(name) if e.address.is_empty() => format!("{NETDEV_PREFIX}{name}"),
+                _ => e.address.clone(),
+            };
+            if !address.starts_with(NETDEV_PREFIX) && !topology.devices.iter().any(|d| d.address == address) {
+                return Err(DevicesError::UnknownAddress { field, address });
+            }
+            if listed.insert(address.clone(), (resource.as_str(), e)).is_some() {
+                return Err(DevicesError::Duplicate { field, address });
             }
             for (j, node) in e.device_nodes.iter().flatten().enumerate() {
                 if !node.is_absolute() {
@@ -212,15 +248,30 @@ pub fn apply_file(topology: &mut NodeTopology, file: &DevicesFile) -> Result<(),
         }
     }
     for d in &mut topology.devices {
-        if let Some((resource, entry)) = listed.get(d.address.as_str()) {
+        if let Some((resource, entry)) = listed.remove(d.address.as_str()) {
             d.resource = Some(resource.to_string());
             if let Some(nodes) = &entry.device_nodes {
                 d.device_nodes = nodes.clone();
+            }
+            if entry.netdev.is_some() {
+                d.netdev = entry.netdev.clone();
             }
         } else if d.resource.as_ref().is_some_and(|r| file.contains_key(r)) {
             d.resource = None;
             d.device_nodes.clear();
         }
+    }
+    // What is left is a netdev that is no PCI function of this machine.
+    for (address, (resource, entry)) in listed {
+        topology.devices.push(specs::topology::PciDevice {
+            address,
+            class: "0x020000".into(),
+            numa: None,
+            resource: Some(resource.to_string()),
+            device_nodes: entry.device_nodes.clone().unwrap_or_default(),
+            numa_node: Vec::new(),
+            netdev: entry.netdev.clone(),
+        });
     }
     topology.set_device_locality();
     Ok(())
@@ -241,6 +292,7 @@ mod tests {
             resource: resource.map(String::from),
             device_nodes: nodes.iter().map(PathBuf::from).collect(),
             numa_node: Vec::new(),
+            netdev: None,
         };
         let mut t = specs::topology::synthetic::parse("pack:1 numa:1 core:2 pu:1").unwrap();
         t.devices = vec![
@@ -343,6 +395,23 @@ mod tests {
                 DevicesError::Duplicate { field: "b.io/y[0].address".into(), address: "0000:3b:00.0".into() },
             ),
             ("gpu: []", DevicesError::BadName { field: "gpu".into(), name: "gpu".into() }),
+            ("a.io/x: [{deviceNodes: []}]", DevicesError::NoAddress { field: "a.io/x[0].address".into() }),
+            (
+                "a.io/x: [{netdev: 'a/b'}]",
+                DevicesError::BadNetdev {
+                    field: "a.io/x[0].netdev".into(),
+                    name: "a/b".into(),
+                    why: "must be printable ASCII without '/', ':' or spaces, and not . or ..",
+                },
+            ),
+            (
+                "a.io/x: [{netdev: lo}]",
+                DevicesError::BadNetdev { field: "a.io/x[0].netdev".into(), name: "lo".into(), why: "is the loopback" },
+            ),
+            (
+                "a.io/x: [{netdev: v0}, {netdev: v0}]",
+                DevicesError::Duplicate { field: "a.io/x[1].address".into(), address: "netdev/v0".into() },
+            ),
             (
                 "a.io/x: [{address: '0000:3b:00.0', deviceNodes: [dev/nvidia0]}]",
                 DevicesError::RelativeNode { field: "a.io/x[0].deviceNodes[0]".into(), path: "dev/nvidia0".into() },
@@ -352,6 +421,22 @@ mod tests {
             let file: DevicesFile = serde_yaml_ng::from_str(yaml).unwrap();
             assert_eq!(apply_file(&mut found(), &file), Err(expected), "{yaml}");
         }
+    }
+
+    #[test]
+    fn netdevs_from_the_file() {
+        let mut t = found();
+        let yaml = "example.com/vf: [{address: '0000:5e:00.3', netdev: ens1f0v3}, {netdev: pvf0}]";
+        let file: DevicesFile = serde_yaml_ng::from_str(yaml).unwrap();
+        apply_file(&mut t, &file).unwrap();
+        let vfs: Vec<(&str, Option<&str>)> = t
+            .devices
+            .iter()
+            .filter(|d| d.resource.as_deref() == Some("example.com/vf"))
+            .map(|d| (d.address.as_str(), d.netdev.as_deref()))
+            .collect();
+        assert_eq!(vfs, [("0000:5e:00.3", Some("ens1f0v3")), ("netdev/pvf0", Some("pvf0"))]);
+        assert_eq!(t.device_resources().get("example.com/vf").map(Vec::len), Some(2));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod affinity;
 pub mod agent;
 pub mod checkpoint;
+pub mod cni;
 pub mod daemon;
 pub mod devices;
 pub mod discovery;

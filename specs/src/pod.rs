@@ -114,6 +114,58 @@ pub const ARRAY_PARALLELISM_ANNOTATION: &str = "pinion.io/array-parallelism";
 /// nodes to join (by default such a pod is refused at submission).
 pub const WAIT_FOR_NODES_ANNOTATION: &str = "pinion.io/wait-for-nodes";
 
+/// Annotation naming the pod's network-function devices inside its network
+/// namespace, as Multus's `interface` does: `RESOURCE=IFNAME` pairs separated
+/// by commas (`example.com/vf=net1,example.com/vf=net2`). A resource named
+/// more than once names its devices in allocation order; a netdev device
+/// left unnamed is `netN`, the first such name free from `net1`.
+pub const INTERFACES_ANNOTATION: &str = "pinion.io/interfaces";
+
+/// `INTERFACES_ANNOTATION`'s pairs (resource, interface name), in order, or
+/// the first problem in words. The names are checked as the kernel checks
+/// them (`dev_valid_name`), plus `lo` and `eth0`, which the pod's own
+/// network uses.
+pub fn interface_names(value: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (i, pair) in value.split(',').map(str::trim).enumerate() {
+        let Some((resource, name)) = pair.split_once('=') else {
+            return Err(format!("entry {i} {pair:?}: want RESOURCE=IFNAME"));
+        };
+        let (resource, name) = (resource.trim(), name.trim());
+        if !crate::validate::is_device_resource_name(resource) {
+            return Err(format!("entry {i}: {resource:?} is not a device resource name (domain/name)"));
+        }
+        if let Err(why) = interface_name_ok(name) {
+            return Err(format!("entry {i}: interface {name:?} {why}"));
+        }
+        if out.iter().any(|(_, n)| n == name) {
+            return Err(format!("entry {i}: interface {name:?} is named twice"));
+        }
+        out.push((resource.to_string(), name.to_string()));
+    }
+    Ok(out)
+}
+
+/// A name the kernel takes for an interface (`dev_valid_name`, ASCII only).
+pub fn ifname_ok(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > 15 {
+        return Err("must be 1 to 15 bytes long");
+    }
+    if name == "." || name == ".." || name.bytes().any(|b| b == b'/' || b == b':' || !b.is_ascii_graphic()) {
+        return Err("must be printable ASCII without '/', ':' or spaces, and not . or ..");
+    }
+    Ok(())
+}
+
+/// A Linux interface name a pod may ask for.
+pub fn interface_name_ok(name: &str) -> Result<(), &'static str> {
+    ifname_ok(name)?;
+    if name == "lo" || name == "eth0" {
+        return Err("is the pod network's own (lo, eth0)");
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Container {

@@ -61,6 +61,14 @@ pub struct PodStatus {
     /// report still about the old one must not end or start the new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// The pod's address on its node's pod network (CNI), the first of
+    /// `pod_ips`; absent for a `hostNetwork` pod, a node without a CNI
+    /// network and the hollow runtime.
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    /// Every address the pod network gave the pod (IPv4 and IPv6).
+    #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_ips: Vec<String>,
 }
 
 /// The placement a pod received, as reported and shown by `describe`.

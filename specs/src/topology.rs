@@ -113,6 +113,12 @@ pub struct PciDevice {
     /// devices with a NUMA node (`NodeTopology::set_device_locality`).
     #[serde(default, rename = "numaNode", skip_serializing_if = "Vec::is_empty")]
     pub numa_node: Vec<u32>,
+    /// The function's network interface on the host when it is a network
+    /// function with a kernel driver (an SR-IOV VF's `ens1f0v2`, or what the
+    /// `--devices` file names): the agent moves it into the network
+    /// namespace of the pod holding the device (CNI `host-device`) and back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<String>,
 }
 
 impl NodeTopology {
@@ -328,6 +334,7 @@ mod tests {
             resource: resource.map(String::from),
             device_nodes: nodes.iter().map(PathBuf::from).collect(),
             numa_node: vec![9],
+            netdev: None,
         };
         t.devices = vec![
             dev("0000:01:00.0", Some(1), Some("nvidia.com/gpu"), &["/dev/nvidia0", "/dev/nvidiactl"]),

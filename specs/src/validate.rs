@@ -275,6 +275,13 @@ fn resource_kind(name: &str) -> Result<ResKind, String> {
     }
 }
 
+/// How many devices of `resource` the pod's containers request together.
+fn pod_device_count(pod: &Pod, resource: &str) -> u64 {
+    let n: i128 =
+        pod.spec.containers.iter().filter_map(|c| c.resources.request(resource)).map(|q| q.units_ceil()).sum();
+    u64::try_from(n.max(0)).unwrap_or(u64::MAX)
+}
+
 /// Every problem in a pod, in field order. Empty means valid.
 pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     let mut e = Errs(Vec::new());
@@ -310,6 +317,25 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
             let ok = v.parse::<u64>().is_ok_and(|n| n > 0 || key == crate::pod::ARRAY_TASK_ANNOTATION);
             if !ok {
                 e.push(format!("metadata.annotations[{key}]"), format!("{v:?} is not {what}"));
+            }
+        }
+    }
+    if let Some(v) = m.annotations.get(crate::pod::INTERFACES_ANNOTATION) {
+        let key = crate::pod::INTERFACES_ANNOTATION;
+        match crate::pod::interface_names(v) {
+            Err(why) => e.push(format!("metadata.annotations[{key}]"), why),
+            Ok(pairs) => {
+                for (resource, _) in &pairs {
+                    let asked = pairs.iter().filter(|(r, _)| r == resource).count() as u64;
+                    let requested = pod_device_count(pod, resource);
+                    if asked > requested {
+                        e.push(
+                            format!("metadata.annotations[{key}]"),
+                            format!("names {asked} interfaces of {resource} but the pod requests {requested}"),
+                        );
+                        break;
+                    }
+                }
             }
         }
     }
@@ -808,6 +834,31 @@ spec:
     }
 
     #[test]
+    fn interface_names() {
+        let check = |v: &str, want: Result<&[(&str, &str)], &str>| {
+            let got = crate::pod::interface_names(v);
+            match want {
+                Ok(pairs) => {
+                    let pairs: Vec<(String, String)> =
+                        pairs.iter().map(|(r, n)| (r.to_string(), n.to_string())).collect();
+                    assert_eq!(got, Ok(pairs), "{v}");
+                }
+                Err(part) => assert!(got.as_ref().is_err_and(|e| e.contains(part)), "{v}: {got:?}"),
+            }
+        };
+        check("example.com/vf=net1", Ok(&[("example.com/vf", "net1")]));
+        check(" a.io/x = n1 ,a.io/x=n2", Ok(&[("a.io/x", "n1"), ("a.io/x", "n2")]));
+        check("example.com/vf", Err("want RESOURCE=IFNAME"));
+        check("vf=net1", Err("not a device resource name"));
+        check("a.io/x=", Err("1 to 15 bytes"));
+        check("a.io/x=abcdefghijklmnop", Err("1 to 15 bytes"));
+        check("a.io/x=net 1", Err("without '/'"));
+        check("a.io/x=..", Err("not . or .."));
+        check("a.io/x=eth0", Err("pod network's own"));
+        check("a.io/x=n1,a.io/y=n1", Err("named twice"));
+    }
+
+    #[test]
     fn rules() {
         type Edit = Box<dyn FnOnce(&mut Pod)>;
         let cases: Vec<(Edit, Vec<&str>)> = vec![
@@ -864,6 +915,30 @@ spec:
                     p.metadata.annotations.insert(crate::pod::ARRAY_PARALLELISM_ANNOTATION.into(), "4".into());
                 }),
                 vec!["metadata.annotations[pinion.io/array-task]"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("example.com/vf".into(), q("2"));
+                    let v = "example.com/vf=net1, example.com/vf=net2";
+                    p.metadata.annotations.insert(crate::pod::INTERFACES_ANNOTATION.into(), v.into());
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("example.com/vf".into(), q("1"));
+                    let v = "example.com/vf=net1,example.com/vf=net2";
+                    p.metadata.annotations.insert(crate::pod::INTERFACES_ANNOTATION.into(), v.into());
+                }),
+                vec!["metadata.annotations[pinion.io/interfaces]"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("example.com/vf".into(), q("1"));
+                    let v = "example.com/vf=a/b";
+                    p.metadata.annotations.insert(crate::pod::INTERFACES_ANNOTATION.into(), v.into());
+                }),
+                vec!["metadata.annotations[pinion.io/interfaces]"],
             ),
             (Box::new(|p| p.spec.containers.clear()), vec!["spec.containers"]),
             (

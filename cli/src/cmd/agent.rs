@@ -150,6 +150,13 @@ pub struct NodeArgs {
     /// admit it again under the new settings, else hand it back to the scheduler).
     #[arg(long, value_name = "WHAT", default_value = "keep", value_parser = parse_kebab::<OnSettingsChange>)]
     pub on_settings_change: OnSettingsChange,
+    /// The pod network: the first `.conflist`/`.conf`/`.json` here by name
+    /// (none: pods without hostNetwork get a namespace with only lo).
+    #[arg(long, value_name = "DIR", default_value = nodelet::cni::DEFAULT_CONF_DIR)]
+    pub cni_conf_dir: PathBuf,
+    /// Folders holding the CNI plugins, separated by `:`.
+    #[arg(long, value_name = "DIRS", default_value = nodelet::cni::DEFAULT_BIN_DIRS)]
+    pub cni_bin_dir: String,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -266,6 +273,11 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
     agent.device_nodes = device_nodes;
     agent.sysfs_root = args.node.topology.sysfs_source();
     agent.on_settings_change = args.node.on_settings_change;
+    // Used only with a configuration and real containers (`nodelet::daemon`).
+    agent.cni = Some(nodelet::cni::CniConfig::new(
+        args.node.cni_conf_dir.clone(),
+        nodelet::cni::parse_bin_dirs(&args.node.cni_bin_dir),
+    ));
     let runtime = match args.node.runtime {
         RuntimeKind::Hollow => RuntimeChoice::Hollow,
         // The shim is this same binary (`pinion shim`), re-executed per container.

@@ -133,6 +133,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 writeln!(out, "Labels:      {}", if labels.is_empty() { "<none>".into() } else { labels.join(",") });
             let _ = writeln!(out, "Created:     {}", p.metadata.creation_timestamp.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Node:        {}", p.spec.node_name.as_deref().unwrap_or("<none>"));
+            let ips = if s.pod_ips.is_empty() { s.pod_ip.clone().into_iter().collect() } else { s.pod_ips.clone() };
+            let _ = writeln!(out, "IP:          {}", if ips.is_empty() { "<none>".into() } else { ips.join(",") });
             let _ = writeln!(out, "Phase:       {:?}", s.phase);
             let _ = writeln!(out, "Status:      {}", pod_status(&p));
             let _ = writeln!(out, "Restarts:    {}", pod_restarts(&p));

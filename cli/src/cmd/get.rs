@@ -165,6 +165,7 @@ fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
         };
         row.push(if numa.is_empty() { "-".into() } else { numa });
         row.push(if cpus.is_empty() { "-".into() } else { cpus });
+        row.push(s.pod_ip.clone().unwrap_or_else(|| "-".into()));
         row.push(s.attempts.to_string());
         row.push(s.reason.unwrap_or_else(|| "-".into()));
     }
@@ -306,7 +307,7 @@ pub fn job_row(j: &specs::job::Job, members: &[&Pod]) -> Vec<String> {
 fn pod_headers(wide: bool) -> Vec<&'static str> {
     let mut headers = vec!["NAME", "STATUS", "RESTARTS", "NODE", "AGE"];
     if wide {
-        headers.extend(["NUMA", "CPUS", "ATTEMPTS", "REASON"]);
+        headers.extend(["NUMA", "CPUS", "IP", "ATTEMPTS", "REASON"]);
     }
     headers
 }

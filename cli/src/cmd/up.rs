@@ -72,6 +72,16 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     // The node's configuration before anything starts: a flag `pinion agent`
     // would refuse stops `up` here.
     let mut config = crate::cmd::agent::daemon_config(node(None), g.liveness())?;
+    if matches!(config.runtime, nodelet::daemon::RuntimeChoice::Libcontainer { .. }) {
+        // A cluster in one command gives its pods addresses: the default
+        // network unless the operator has one.
+        let dir = &args.node.cni_conf_dir;
+        if let Some(file) =
+            nodelet::cni::write_default(dir).with_context(|| format!("--cni-conf-dir {}", dir.display()))?
+        {
+            tracing::info!(file = %file.display(), subnet = nodelet::cni::DEFAULT_SUBNET, "wrote the default pod network");
+        }
+    }
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);

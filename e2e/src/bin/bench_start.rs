@@ -101,6 +101,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         hugepage_limits: BTreeMap::new(),
         device_nodes: vec![],
         host_network: false,
+        netns: None,
         cap_add: vec![],
         cap_drop: vec![],
         system_cpus: Default::default(),

@@ -97,6 +97,11 @@ pub struct AgentConfig {
     pub on_settings_change: resettle::OnSettingsChange,
     /// The node's metrics, which the planner and the executor update.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The node's CNI network (`crate::cni`): each pod without
+    /// `hostNetwork` gets a pinned namespace and an address. `None` (no
+    /// configuration, or the hollow runtime): a namespace per container
+    /// holding only `lo`.
+    pub cni: Option<crate::cni::CniConfig>,
 }
 
 impl AgentConfig {
@@ -117,6 +122,7 @@ impl AgentConfig {
             cpu_recheck_interval: Duration::from_secs(10),
             on_settings_change: resettle::OnSettingsChange::Keep,
             metrics: crate::metrics::Metrics::new(),
+            cni: None,
         }
     }
 }
@@ -133,6 +139,8 @@ pub enum AgentError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: another agent is running on this data dir")]
     Locked { path: PathBuf },
+    #[error("pod networks: {0}")]
+    Network(String),
 }
 
 /// Runs the agent until `shutdown` resolves. Containers keep running after it
@@ -152,9 +160,20 @@ pub async fn run(
     let (exit_tx, mut exits) = mpsc::unbounded_channel::<ExitEvent>();
     let rt = runtime.clone();
     call(&runtime, "watch exits", config.op_timeout, move |_| rt.watch_exits(exit_tx)).await?;
+    let networks = match &config.cni {
+        Some(cni) => Some(Arc::new(
+            crate::cni::PodNetworks::new(cni.clone(), config.data_dir.join("cni"))
+                .map_err(|e| AgentError::Network(e.to_string()))?,
+        )),
+        None => None,
+    };
     let mut state = recover(config, &runtime).await?;
+    if let Some(nets) = &networks {
+        adopt_networks(&mut state, nets).await;
+    }
     let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
     let exec = Executor {
+        networks,
         runtime,
         events: events_tx,
         write_lock: Arc::new(std::sync::Mutex::new(())),
@@ -178,6 +197,7 @@ pub async fn run(
     for a in plan::plan(&mut state, Event::Tick, Instant::now()) {
         exec.spawn(a);
     }
+    exec.remove_networks(&state);
     publish(&state, &report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
@@ -214,6 +234,7 @@ pub async fn run(
         for a in plan::plan_batch(&mut state, batch, Instant::now()) {
             exec.spawn(a);
         }
+        exec.remove_networks(&state);
         publish(&state, &report);
     }
     // What memory knows that the file does not (a finished or removed pod)
@@ -309,6 +330,8 @@ async fn call<T: Send + 'static>(
 /// Runs actions, each as its own task with its own timeout; results come
 /// back to the loop as events.
 struct Executor {
+    /// The pods' networks, when the node has a CNI network.
+    networks: Option<Arc<crate::cni::PodNetworks>>,
     runtime: Arc<dyn Runtime>,
     events: mpsc::UnboundedSender<Event>,
     /// Checkpoint writes one at a time, even when one outlived its timeout.
@@ -341,11 +364,30 @@ impl Executor {
                     let _ = tx.send(Event::CheckpointWritten { generation, result });
                 });
             }
-            Action::Start { key, config } => {
+            Action::Start { key, config, network } => {
                 let limit = self.start_timeout;
                 let metrics = self.metrics.clone();
+                let networks = self.networks.clone();
                 tokio::spawn(async move {
                     let (container, id) = (config.container.clone(), config.id.clone());
+                    if let (Some(net), Some(networks)) = (network, networks) {
+                        // Before any container of the pod: it joins the namespace.
+                        let made = match tokio::time::timeout(limit, networks.setup(&net)).await {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err(format!("timed out after {limit:?}")),
+                        };
+                        match made {
+                            Ok(ips) => {
+                                let _ = tx.send(Event::PodNetwork { key: key.clone(), sandbox: net.sandbox, ips });
+                            }
+                            Err(e) => {
+                                tracing::warn!(key, error = %e, "cannot set up the pod's network");
+                                let result = Err(StartFailure::Other(format!("pod network: {e}")));
+                                let _ = tx.send(Event::Started { key, container, id, result });
+                                return;
+                            }
+                        }
+                    }
                     if let Some(dir) = config.log_path.parent() {
                         if let Err(e) = tokio::fs::create_dir_all(dir).await {
                             tracing::warn!(key, dir = %dir.display(), error = %e, "cannot create the log folder");
@@ -463,6 +505,27 @@ impl Executor {
         }
     }
 
+    /// Removes the networks no pod holds any more (a pod gone, finished, or
+    /// back to pending with every container dead), each in its own task.
+    /// A pod keeps its network while admitted (its containers restart in
+    /// it) and while terminating (its processes may still run).
+    fn remove_networks(&self, state: &State) {
+        let Some(networks) = &self.networks else { return };
+        let wanted = wanted_networks(state);
+        for sandbox in networks.unwanted(&wanted) {
+            let (networks, tx) = (networks.clone(), self.events.clone());
+            tokio::spawn(async move {
+                match networks.remove(&sandbox).await {
+                    Ok(()) => {
+                        // Only the pod_ips entry of this sandbox goes.
+                        let _ = tx.send(Event::PodNetwork { key: String::new(), sandbox, ips: Vec::new() });
+                    }
+                    Err(e) => tracing::warn!(sandbox, error = %e, "cannot remove a pod's network; trying again later"),
+                }
+            });
+        }
+    }
+
     /// A checkpoint write as `run` waits for it at shutdown.
     async fn write(&self, checkpoint: Checkpoint) -> Result<(), String> {
         write_checkpoint(self.write_lock.clone(), self.data_dir.clone(), checkpoint, self.op_timeout).await
@@ -561,6 +624,51 @@ fn publish(state: &State, tx: &watch::Sender<NodeReport>) {
         *current = report;
         true
     });
+}
+
+/// The sandboxes of the pods that hold a network now.
+fn wanted_networks(state: &State) -> BTreeSet<String> {
+    state
+        .pods
+        .iter()
+        .filter(|(_, e)| matches!(e.stage, Stage::Admitted | Stage::Terminating { .. }))
+        .filter_map(|(key, e)| {
+            let placement = state.alloc.pods.get(key)?;
+            reconcile::pod_network(state.cfg.cni.as_ref(), &state.cfg.topology, key, &e.pod, &e.hash, placement)
+        })
+        .map(|net| net.sandbox)
+        .collect()
+}
+
+/// After recovery: the networks of adopted pods are CHECKed (and their
+/// addresses reported again); the others an earlier agent left are removed
+/// by the first pass (`Executor::remove_networks`).
+async fn adopt_networks(state: &mut State, networks: &crate::cni::PodNetworks) {
+    let leftovers: BTreeSet<String> = networks.leftovers().into_iter().collect();
+    let adopted: Vec<(String, String)> = state
+        .pods
+        .iter()
+        .filter(|(_, e)| matches!(e.stage, Stage::Admitted))
+        .filter_map(|(key, e)| {
+            let placement = state.alloc.pods.get(key)?;
+            let net =
+                reconcile::pod_network(state.cfg.cni.as_ref(), &state.cfg.topology, key, &e.pod, &e.hash, placement)?;
+            leftovers.contains(&net.sandbox).then(|| (key.clone(), net.sandbox))
+        })
+        .collect();
+    for (key, sandbox) in adopted {
+        match networks.check(&sandbox).await {
+            Ok(ips) => {
+                state.pod_ips.insert(key, (sandbox, ips));
+            }
+            Err(e) => {
+                tracing::warn!(key, sandbox, error = %e, "the adopted pod's network failed its CHECK");
+                if let Some(entry) = state.pods.get_mut(&key) {
+                    entry.message = Some(format!("pod network: {e}"));
+                }
+            }
+        }
+    }
 }
 
 /// Loads the checkpoint and brings it in line with what the runtime holds.

@@ -229,6 +229,13 @@ pub enum Event {
         id: String,
         ok: bool,
     },
+    /// A pod's network was set up (its addresses) or removed (none: every
+    /// entry of that sandbox goes, whatever `key`).
+    PodNetwork {
+        key: String,
+        sandbox: String,
+        ips: Vec<String>,
+    },
     /// A timer: backoffs, retries, the safety re-check.
     Tick,
 }
@@ -238,7 +245,8 @@ pub enum Action {
     /// Write (and fsync) this checkpoint; answered by `CheckpointWritten`.
     WriteCheckpoint { generation: u64, checkpoint: Box<Checkpoint> },
     /// Start a container whose id is durable; answered by `Started`.
-    Start { key: String, config: Box<ContainerConfig> },
+    /// With `network`, the pod's network is set up first (`crate::cni`).
+    Start { key: String, config: Box<ContainerConfig>, network: Option<Box<crate::cni::PodNetRequest>> },
     /// Stop every container of a pod; answered by `Stopped`. Their removal
     /// follows once a checkpoint without the pod is durable.
     Stop { key: String, ids: Vec<String>, grace: Duration },
@@ -267,7 +275,7 @@ impl Action {
                 let pods: Vec<&str> = checkpoint.allocations.pods.keys().map(String::as_str).collect();
                 format!("checkpoint {generation} alloc={} ids={}", pods.join(","), ids.join(","))
             }
-            Action::Start { key, config } => {
+            Action::Start { key, config, .. } => {
                 format!("start {key}/{} {} cpus={}", config.container, config.id, config.cpus)
             }
             Action::Stop { key, ids, grace } => format!("stop {key} {} grace={}s", ids.join(","), grace.as_secs()),
@@ -316,6 +324,8 @@ pub struct State {
     pub remove_retry: BTreeMap<String, Instant>,
     /// Pods learned of so far (see `PodEntry::arrival`).
     pub arrivals: u64,
+    /// Pod key -> its network's sandbox and addresses (`Event::PodNetwork`).
+    pub pod_ips: BTreeMap<String, (String, Vec<String>)>,
 }
 
 impl State {
@@ -348,6 +358,7 @@ impl State {
             removing: BTreeSet::new(),
             remove_retry: BTreeMap::new(),
             arrivals: 0,
+            pod_ips: BTreeMap::new(),
         }
     }
 
@@ -456,6 +467,13 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
             }
         }
         Event::Started { key, container, id, result } => on_started(st, &key, &container, &id, result, now, out),
+        Event::PodNetwork { key, sandbox, ips } => {
+            if !ips.is_empty() {
+                st.pod_ips.insert(key, (sandbox, ips));
+            } else {
+                st.pod_ips.retain(|_, (s, _)| *s != sandbox);
+            }
+        }
         Event::Stopped { key, errors } => on_stopped(st, &key, errors, now, out),
         Event::CheckpointWritten { generation, result } => on_written(st, generation, result, now, out),
         Event::CpusetUpdated { key, container, id, cpus, mems, result } => {
@@ -766,7 +784,7 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
         let Some(e) = st.pods.get_mut(&key) else { continue };
         let ctr = &mut e.ctrs[i];
         match (config, &result) {
-            (Some(config), _) => {
+            (Some((config, network)), _) => {
                 tracing::debug!(target: "podstart", key, id = config.id, "checkpoint written");
                 if let Some(StartClock { admitted: Some(at), checkpointed, .. }) = &mut e.start {
                     if !std::mem::replace(checkpointed, true) {
@@ -776,7 +794,7 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
                 }
                 ctr.applied = Some((config.cpus.clone(), config.mems.clone()));
                 ctr.state = CtrState::Starting { early_exit: None };
-                out.push(Action::Start { key: key.clone(), config: Box::new(config) });
+                out.push(Action::Start { key: key.clone(), config: Box::new(config), network: network.map(Box::new) });
             }
             (None, Ok(())) => {
                 // The pod is no longer admitted: the id was never used.
@@ -792,8 +810,9 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
     }
 }
 
-/// The config of container `i` of an admitted pod, with the cpuset it gets now.
-fn start_config(st: &State, key: &str, i: usize) -> Option<ContainerConfig> {
+/// The config of container `i` of an admitted pod, with the cpuset it gets
+/// now, and the pod's network (the container joins its namespace).
+fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Option<crate::cni::PodNetRequest>)> {
     let e = st.pods.get(key)?;
     let placement = st.alloc.pods.get(key)?;
     let spec = e.pod.spec.containers.get(i)?;
@@ -802,7 +821,11 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<ContainerConfig> {
     let cpus = st.alloc.cpuset_for(&st.cfg.topology, &st.cfg.settings, cp);
     let mut cfg = reconcile::container_config(&st.cfg.data_dir, &st.cfg.device_nodes, key, &e.pod, spec, cp, cpus, id);
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
-    Some(cfg)
+    let network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
+    if let (Some(net), Some(cni)) = (&network, &st.cfg.cni) {
+        cfg.netns = Some(cni.netns_path(&net.sandbox));
+    }
+    Some((cfg, network))
 }
 
 // ---- desired changes ----

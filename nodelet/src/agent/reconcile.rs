@@ -136,6 +136,60 @@ pub fn log_uid(pod: &Pod, spec_hash: &str) -> String {
     }
 }
 
+/// The pod's network as `crate::cni` sets it up: `None` on a node without
+/// a CNI network, and for a `hostNetwork` pod. Its network-function devices
+/// (allocated devices with a host `netdev`) go in with the names the pod asks
+/// for (`pinion.io/interfaces`), the others as `netN`, the first free from
+/// `net1`. A name annotation that does not parse (a static pod skips the
+/// API's validation) names nothing.
+pub fn pod_network(
+    cni: Option<&crate::cni::CniConfig>,
+    topology: &NodeTopology,
+    pod_key: &str,
+    pod: &Pod,
+    spec_hash: &str,
+    placement: &Placement,
+) -> Option<crate::cni::PodNetRequest> {
+    cni?;
+    if pod.spec.host_network {
+        return None;
+    }
+    let names = pod
+        .metadata
+        .annotations
+        .get(specs::pod::INTERFACES_ANNOTATION)
+        .and_then(|v| specs::pod::interface_names(v).ok())
+        .unwrap_or_default();
+    let mut used: std::collections::BTreeSet<String> = names.iter().map(|(_, n)| n.clone()).collect();
+    let mut netdevs = Vec::new();
+    let mut devices: Vec<(&String, &String)> = placement
+        .containers
+        .iter()
+        .flat_map(|c| c.devices.iter().flat_map(|(r, addrs)| addrs.iter().map(move |a| (r, a))))
+        .collect();
+    devices.dedup();
+    let mut asked_of: BTreeMap<&str, usize> = BTreeMap::new();
+    for (resource, address) in devices {
+        let Some(host) = topology.devices.iter().find(|d| &d.address == address).and_then(|d| d.netdev.clone()) else {
+            continue;
+        };
+        let nth = asked_of.entry(resource.as_str()).or_default();
+        let asked = names.iter().filter(|(r, _)| r == resource).nth(*nth).map(|(_, n)| n.clone());
+        *nth += 1;
+        let name = asked.unwrap_or_else(|| {
+            let free = (1..).map(|i| format!("net{i}")).find(|n| !used.contains(n)).unwrap_or_default();
+            used.insert(free.clone());
+            free
+        });
+        netdevs.push((host, name));
+    }
+    Some(crate::cni::PodNetRequest {
+        key: pod_key.to_string(),
+        sandbox: crate::cni::sandbox_id(pod_key, &log_uid(pod, spec_hash)),
+        netdevs,
+    })
+}
+
 /// A pod's log folder: `<data>/logs/<pod key, sanitized>_<uid, sanitized>/`.
 /// Keyed by the uid, so a pod re-created under the same name starts with no
 /// logs; the agent removes the folder when it forgets the pod.
@@ -260,6 +314,7 @@ pub fn container_config(
         hugepage_limits,
         device_nodes,
         host_network: pod.spec.host_network,
+        netns: None,
         system_cpus: CpuSet::new(),
         cap_add: caps
             .map(|c| c.add.iter().filter_map(|n| specs::pod::capability_name(n)).collect())
@@ -457,6 +512,47 @@ mod tests {
         check(plan(1, cp("a", CpuPolicy::Exclusive, "1-2")), "", Err("CPUs 1 are taken"));
         check(plan(1, cp("a", CpuPolicy::Exclusive, "3-4")), "", Err("CPUs 4 not on this machine"));
         check(plan(1, cp("a", CpuPolicy::Exclusive, "2-3")), "0,3", Err("CPUs 3 are reserved"));
+    }
+
+    #[test]
+    fn pod_network_names_netdevs_as_asked() {
+        let mut t = topo();
+        let nic = |address: &str, netdev: Option<&str>| specs::topology::PciDevice {
+            address: address.into(),
+            class: "0x020000".into(),
+            resource: Some("example.com/vf".into()),
+            netdev: netdev.map(String::from),
+            ..Default::default()
+        };
+        t.devices = vec![nic("0000:3b:00.1", Some("vf1")), nic("0000:3b:00.2", Some("vf2")), nic("0000:3b:00.3", None)];
+        let cni = crate::cni::CniConfig::new(PathBuf::from("/c"), Vec::new());
+        let check = |annotation: Option<&str>,
+                     host_network: bool,
+                     cni: Option<&crate::cni::CniConfig>,
+                     want: Option<&[(&str, &str)]>| {
+            let mut p = pod("  - name: a\n");
+            p.spec.host_network = host_network;
+            if let Some(a) = annotation {
+                p.metadata.annotations.insert(specs::pod::INTERFACES_ANNOTATION.into(), a.into());
+            }
+            let mut c = cp("a", CpuPolicy::Shared, "0");
+            let addrs = vec!["0000:3b:00.1".to_string(), "0000:3b:00.3".into(), "0000:3b:00.2".into()];
+            c.devices.insert("example.com/vf".into(), addrs);
+            let placement = Placement { containers: vec![c], ..Default::default() };
+            let got = pod_network(cni, &t, "static/p", &p, "abc", &placement);
+            let want = want.map(|w| w.iter().map(|(h, n)| (h.to_string(), n.to_string())).collect::<Vec<_>>());
+            assert_eq!(got.as_ref().map(|n| n.netdevs.clone()), want, "{annotation:?}");
+            if let Some(n) = got {
+                assert_eq!(n.sandbox, crate::cni::sandbox_id("static/p", "habc"));
+            }
+        };
+        check(None, false, Some(&cni), Some(&[("vf1", "net1"), ("vf2", "net2")]));
+        check(Some("example.com/vf=fast0"), false, Some(&cni), Some(&[("vf1", "fast0"), ("vf2", "net1")]));
+        check(Some("example.com/vf=a,example.com/vf=b"), false, Some(&cni), Some(&[("vf1", "a"), ("vf2", "b")]));
+        check(Some("example.com/vf=net2"), false, Some(&cni), Some(&[("vf1", "net2"), ("vf2", "net1")]));
+        check(Some("garbage"), false, Some(&cni), Some(&[("vf1", "net1"), ("vf2", "net2")]));
+        check(None, true, Some(&cni), None);
+        check(None, false, None, None);
     }
 
     #[test]

@@ -95,6 +95,13 @@ pub(super) fn build(agent: &State) -> NodeReport {
             pod_uid: e.pod.metadata.uid.clone(),
             ..Default::default()
         };
+        if let Some((sandbox, ips)) = agent.pod_ips.get(key) {
+            // Only this pod's, not one of the same name before it.
+            if *sandbox == crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash)) {
+                st.pod_ip = ips.first().cloned();
+                st.pod_ips = ips.clone();
+            }
+        }
         let ever_started = e.ctrs.iter().any(|c| matches!(c.state, CtrState::Running { .. }) || c.restart_count > 0);
         match &e.stage {
             Stage::Pending { rejected } => {

@@ -456,6 +456,7 @@ mod tests {
             hugepage_limits: Default::default(),
             device_nodes: vec![],
             host_network: false,
+            netns: None,
             cap_add: vec![],
             cap_drop: vec![],
             system_cpus: Default::default(),

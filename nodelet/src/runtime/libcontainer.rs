@@ -14,7 +14,7 @@ pub mod cgroups;
 pub mod exec;
 pub mod image;
 pub mod logs;
-mod net;
+pub(crate) mod net;
 pub mod records;
 pub mod rootfs;
 pub mod shim;

@@ -45,6 +45,11 @@ pub struct ContainerConfig {
     /// Device nodes to make visible (e.g. `/dev/vfio/42`).
     pub device_nodes: Vec<PathBuf>,
     pub host_network: bool,
+    /// The pod's network namespace (pinned by `crate::cni`), which the
+    /// container joins; `None` without `host_network`: a namespace of its
+    /// own holding only `lo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
     /// Capabilities on top of the default set, and ones taken away (`CAP_X`
     /// names; `ALL` in `cap_drop` empties the default set first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -498,6 +498,7 @@ socket 1: 1 core, 1 CPU
             resource: resource.map(String::from),
             device_nodes: nodes.iter().map(std::path::PathBuf::from).collect(),
             numa_node: Vec::new(),
+            netdev: None,
         };
         t.devices = vec![
             dev("0000:86:00.0", Some(1), Some("nvidia.com/gpu"), &["/dev/nvidia1", "/dev/nvidiactl"]),

@@ -169,7 +169,8 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
         }
         crate::fault::kill_agent_at(crate::fault::Fault::AfterCreate, agent);
         let init = ProcId::of(pid.as_raw()).ok_or("the container's init vanished")?;
-        if !cfg.host_network {
+        // A pod's namespace (`cfg.netns`) came with `lo` up.
+        if !cfg.host_network && cfg.netns.is_none() {
             super::net::loopback_up(pid.as_raw()).map_err(|e| format!("bringing lo up: {e}"))?;
         }
         // Not in the spec (see `spec::build`): the setup is done, the

@@ -265,6 +265,10 @@ pub fn build(
     let mut namespaces = oci_spec::runtime::get_default_namespaces();
     if cfg.host_network {
         namespaces.retain(|ns| ns.typ() != LinuxNamespaceType::Network);
+    } else if let Some(netns) = &cfg.netns {
+        for ns in namespaces.iter_mut().filter(|ns| ns.typ() == LinuxNamespaceType::Network) {
+            ns.set_path(Some(netns.clone()));
+        }
     }
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
@@ -753,6 +757,7 @@ mod tests {
             hugepage_limits: [(2 << 20, 4 << 20)].into_iter().collect(),
             device_nodes: vec![PathBuf::from("/dev/null")],
             host_network: false,
+            netns: None,
             cap_add: vec![],
             cap_drop: vec![],
             system_cpus: Default::default(),

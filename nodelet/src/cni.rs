@@ -1,0 +1,955 @@
+//! Pod networking through CNI (the Container Network Interface, spec 1.0):
+//! one network namespace per pod, pinned by a bind mount, and the plugins
+//! called on it directly, as libcni does.
+//!
+//! The operator's network configuration is the first file by name in the
+//! configuration folder (`.conflist`, `.conf` or `.json`, as containerd and
+//! CRI-O pick it); it is read again at every pod setup, so a fixed file
+//! applies to the next try. A plugin is the executable named by its `type`
+//! in one of the plugin folders, run with the `CNI_*` variables and its
+//! configuration on stdin, within a time limit (its process group is killed
+//! past it).
+//!
+//! A pod's network is a list of attachments: the configured network on
+//! `eth0`, then one `host-device` attachment per network-function device
+//! the pod holds, named as the pod asks (`pinion.io/interfaces`). What was
+//! attached is recorded in `<state>/<sandbox>.json` (fsynced) before each
+//! ADD and with its result after, so DEL and CHECK get the configuration
+//! used and the `prevResult`, even after a kill -9 of the agent: the pinned
+//! namespace keeps virtual devices alive, the record lets DEL find them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio::io::AsyncWriteExt;
+
+use crate::fsutil::write_atomic;
+
+/// Where operators put network configurations.
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// Debian's `containernetworking-plugins`, then the upstream default.
+pub const DEFAULT_BIN_DIRS: &str = "/usr/lib/cni:/opt/cni/bin";
+/// Where pods' network namespaces are pinned.
+pub const DEFAULT_NETNS_DIR: &str = "/run/pinion/netns";
+/// The interface of the configured network inside a pod.
+pub const POD_IFNAME: &str = "eth0";
+/// How long one plugin call may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the node's pod network comes from (`--cni-conf-dir`, `--cni-bin-dir`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniConfig {
+    pub conf_dir: PathBuf,
+    pub bin_dirs: Vec<PathBuf>,
+    pub netns_dir: PathBuf,
+    /// Limit on one plugin call.
+    pub timeout: Duration,
+}
+
+impl CniConfig {
+    pub fn new(conf_dir: PathBuf, bin_dirs: Vec<PathBuf>) -> Self {
+        CniConfig { conf_dir, bin_dirs, netns_dir: PathBuf::from(DEFAULT_NETNS_DIR), timeout: DEFAULT_TIMEOUT }
+    }
+
+    /// Where the pod network of `sandbox` is pinned.
+    pub fn netns_path(&self, sandbox: &str) -> PathBuf {
+        self.netns_dir.join(sandbox)
+    }
+}
+
+/// `--cni-bin-dir`: folders separated by `:`.
+pub fn parse_bin_dirs(value: &str) -> Vec<PathBuf> {
+    value.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CniError {
+    #[error("{path}: {field}: {reason}")]
+    Config { path: PathBuf, field: String, reason: String },
+    #[error("no CNI network configuration (.conflist, .conf or .json) in {dir}")]
+    NoConfig { dir: PathBuf },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("CNI plugin {plugin:?} not found in {dirs}")]
+    PluginMissing { plugin: String, dirs: String },
+    #[error("CNI plugin {plugin} {command}: timed out after {after:?}")]
+    Timeout { plugin: String, command: &'static str, after: Duration },
+    #[error("CNI plugin {plugin} {command} failed: {message}")]
+    Plugin { plugin: String, command: &'static str, message: String },
+    #[error("network namespace {path}: {reason}")]
+    Netns { path: PathBuf, reason: String },
+    /// A setup failed and so did the cleanup of what it had done.
+    #[error("{error}; cleaning up after it: {cleanup}")]
+    Cleanup { error: Box<CniError>, cleanup: Box<CniError> },
+}
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+/// A network configuration list as libcni reads it: a `.conf` is a list of
+/// one plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkConfig {
+    pub path: PathBuf,
+    pub cni_version: String,
+    pub name: String,
+    /// Each plugin's own configuration, `type` checked.
+    pub plugins: Vec<Map<String, Value>>,
+}
+
+impl NetworkConfig {
+    /// The list as recorded with an attachment (so DEL uses what ADD used).
+    fn to_value(&self) -> Value {
+        serde_json::json!({ "cniVersion": self.cni_version, "name": self.name, "plugins": self.plugins })
+    }
+}
+
+const CONFIG_EXTENSIONS: [&str; 3] = ["conflist", "conf", "json"];
+
+/// The configuration file libcni-based runtimes would use: the first by
+/// name with a configuration extension. `None` when the folder is absent or
+/// holds none.
+pub fn config_file(dir: &Path) -> Result<Option<PathBuf>, CniError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CniError::Io { path: dir.to_path_buf(), source }),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
+        names.push(entry.file_name());
+    }
+    Ok(first_config(names.iter().filter_map(|n| n.to_str())).map(|n| dir.join(n)))
+}
+
+/// The first name (byte order) with a configuration extension.
+fn first_config<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    names
+        .filter(|n| {
+            !n.starts_with('.')
+                && Path::new(n).extension().and_then(|e| e.to_str()).is_some_and(|e| CONFIG_EXTENSIONS.contains(&e))
+        })
+        .min()
+}
+
+/// Reads the configuration in `dir` (see `config_file`).
+pub fn load_config(dir: &Path) -> Result<NetworkConfig, CniError> {
+    let path = config_file(dir)?.ok_or_else(|| CniError::NoConfig { dir: dir.to_path_buf() })?;
+    let bytes = std::fs::read(&path).map_err(|source| CniError::Io { path: path.clone(), source })?;
+    parse_config(&path, &bytes)
+}
+
+/// Parses a `.conflist` (an object with `plugins`) or a single plugin's
+/// `.conf`; every problem names its field.
+pub fn parse_config(path: &Path, bytes: &[u8]) -> Result<NetworkConfig, CniError> {
+    let bad = |field: &str, reason: String| CniError::Config { path: path.to_path_buf(), field: field.into(), reason };
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| bad("(file)", format!("not JSON: {e}")))?;
+    let Value::Object(top) = value else {
+        return Err(bad("(file)", "want a JSON object".into()));
+    };
+    let string = |field: &str| match top.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(_) => Err(bad(field, "want a non-empty string".into())),
+        None => Err(bad(field, "missing".into())),
+    };
+    let cni_version = string("cniVersion")?;
+    let name = string("name")?;
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+        return Err(bad("name", format!("{name:?}: want letters, digits, '_', '.' or '-'")));
+    }
+    let plugins = match top.get("plugins") {
+        Some(Value::Array(list)) => {
+            if list.is_empty() {
+                return Err(bad("plugins", "must list at least one plugin".into()));
+            }
+            let mut plugins = Vec::new();
+            for (i, p) in list.iter().enumerate() {
+                let Value::Object(p) = p else {
+                    return Err(bad(&format!("plugins[{i}]"), "want an object".into()));
+                };
+                check_type(p).map_err(|reason| bad(&format!("plugins[{i}].type"), reason))?;
+                plugins.push(p.clone());
+            }
+            plugins
+        }
+        Some(_) => return Err(bad("plugins", "want an array".into())),
+        None => {
+            check_type(&top).map_err(|reason| bad("type", reason))?;
+            vec![top.clone()]
+        }
+    };
+    Ok(NetworkConfig { path: path.to_path_buf(), cni_version, name, plugins })
+}
+
+/// A plugin's `type`: the executable's file name.
+fn check_type(plugin: &Map<String, Value>) -> Result<(), String> {
+    match plugin.get("type") {
+        None => Err("missing".into()),
+        Some(Value::String(t))
+            if !t.is_empty()
+                && !t.starts_with('.')
+                && t.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) =>
+        {
+            Ok(())
+        }
+        Some(t) => Err(format!("{t}: want a plugin's file name (letters, digits, '_', '.', '-')")),
+    }
+}
+
+fn plugin_type(plugin: &Map<String, Value>) -> &str {
+    plugin.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+// ---------------------------------------------------------------------------
+// Running plugins
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+}
+
+impl Command {
+    fn as_str(self) -> &'static str {
+        match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+        }
+    }
+}
+
+/// The environment of one plugin call (CNI spec 1.0, "Parameters").
+pub fn plugin_env(
+    command: Command,
+    container_id: &str,
+    netns: &Path,
+    ifname: &str,
+    bin_dirs: &[PathBuf],
+) -> Vec<(&'static str, String)> {
+    let path = bin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":");
+    vec![
+        ("CNI_COMMAND", command.as_str().to_string()),
+        ("CNI_CONTAINERID", container_id.to_string()),
+        ("CNI_NETNS", netns.display().to_string()),
+        ("CNI_IFNAME", ifname.to_string()),
+        ("CNI_PATH", path),
+    ]
+}
+
+/// One plugin's stdin: its configuration with the list's `cniVersion` and
+/// `name`, and the previous result (ADD: the previous plugin's; DEL and
+/// CHECK: the recorded final one).
+pub fn plugin_input(list: &Value, plugin: &Map<String, Value>, prev: Option<&Value>) -> Value {
+    let mut conf = plugin.clone();
+    for field in ["cniVersion", "name"] {
+        if let Some(v) = list.get(field) {
+            conf.insert(field.into(), v.clone());
+        }
+    }
+    if let Some(prev) = prev {
+        conf.insert("prevResult".into(), prev.clone());
+    }
+    Value::Object(conf)
+}
+
+/// The addresses a result gives the pod: those on interfaces inside the
+/// sandbox (an interface with `sandbox` set), or every one when the result
+/// does not say which interface holds them; without the prefix length.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    let interfaces = result.get("interfaces").and_then(Value::as_array);
+    let in_sandbox = |i: u64| {
+        interfaces
+            .and_then(|l| l.get(usize::try_from(i).ok()?))
+            .and_then(|itf| itf.get("sandbox"))
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+    };
+    let mut out = Vec::new();
+    for ip in result.get("ips").and_then(Value::as_array).into_iter().flatten() {
+        let Some(address) = ip.get("address").and_then(Value::as_str) else { continue };
+        if let Some(i) = ip.get("interface").and_then(Value::as_u64) {
+            if !in_sandbox(i) {
+                continue;
+            }
+        }
+        let bare = address.split('/').next().unwrap_or(address);
+        if bare.parse::<IpAddr>().is_ok() {
+            out.push(bare.to_string());
+        }
+    }
+    out
+}
+
+/// The error a failing plugin printed (`{"code", "msg", "details"}`), or
+/// what it wrote to stderr.
+fn plugin_message(code: Option<i32>, stdout: &[u8], stderr: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<Value>(stdout) {
+        if let Some(msg) = v.get("msg").and_then(Value::as_str) {
+            let details = v.get("details").and_then(Value::as_str).filter(|d| !d.is_empty());
+            let code = v.get("code").and_then(Value::as_u64).map(|c| format!(" (CNI error {c})")).unwrap_or_default();
+            return match details {
+                Some(d) => format!("{msg}: {d}{code}"),
+                None => format!("{msg}{code}"),
+            };
+        }
+    }
+    let text = String::from_utf8_lossy(if stderr.is_empty() { stdout } else { stderr });
+    let text = text.trim();
+    let status = code.map_or("killed by a signal".to_string(), |c| format!("exit code {c}"));
+    if text.is_empty() {
+        status
+    } else {
+        format!("{status}: {}", text.chars().take(2000).collect::<String>())
+    }
+}
+
+fn find_plugin(bin_dirs: &[PathBuf], name: &str) -> Result<PathBuf, CniError> {
+    bin_dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()).ok_or_else(|| CniError::PluginMissing {
+        plugin: name.to_string(),
+        dirs: bin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":"),
+    })
+}
+
+/// Runs one plugin; its result (ADD) or `None` (DEL, CHECK, empty output).
+async fn exec_plugin(
+    cfg: &CniConfig,
+    plugin: &str,
+    env: Vec<(&'static str, String)>,
+    input: &Value,
+    command: Command,
+) -> Result<Option<Value>, CniError> {
+    let bin = find_plugin(&cfg.bin_dirs, plugin)?;
+    let stdin = serde_json::to_vec(input).map_err(|e| CniError::Plugin {
+        plugin: plugin.into(),
+        command: command.as_str(),
+        message: format!("configuration: {e}"),
+    })?;
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.envs(env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        // Its own group: at the timeout everything it started goes with it.
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|source| CniError::Io { path: bin.clone(), source })?;
+    let pid = child.id();
+    let run = async {
+        if let Some(mut input) = child.stdin.take() {
+            // A plugin that exits without reading is judged by its exit.
+            let _ = input.write_all(&stdin).await;
+        }
+        child.wait_with_output().await
+    };
+    let out = match tokio::time::timeout(cfg.timeout, run).await {
+        Ok(out) => out.map_err(|source| CniError::Io { path: bin.clone(), source })?,
+        Err(_) => {
+            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            return Err(CniError::Timeout { plugin: plugin.into(), command: command.as_str(), after: cfg.timeout });
+        }
+    };
+    if !out.status.success() {
+        return Err(CniError::Plugin {
+            plugin: plugin.into(),
+            command: command.as_str(),
+            message: plugin_message(out.status.code(), &out.stdout, &out.stderr),
+        });
+    }
+    if command != Command::Add || out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(&out.stdout).map(Some).map_err(|e| CniError::Plugin {
+        plugin: plugin.into(),
+        command: command.as_str(),
+        message: format!("result is not JSON: {e}"),
+    })
+}
+
+// ---------------------------------------------------------------------------
+// A pod's network
+
+/// What a pod's network is made of, from the planner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNetRequest {
+    /// The pod key, for logs.
+    pub key: String,
+    /// The CNI container id and the pinned namespace's file name (`sandbox_id`).
+    pub sandbox: String,
+    /// Network-function devices: (host interface, name in the pod).
+    pub netdevs: Vec<(String, String)>,
+}
+
+/// A pod's sandbox id: `p` and 24 hex digits of a hash of its key and uid,
+/// a valid CNI container id and file name, different for a pod re-created
+/// under the same name.
+pub fn sandbox_id(pod_key: &str, uid: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{pod_key}\0{uid}").as_bytes());
+    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("p{hex}")
+}
+
+/// One attachment of a pod's network: a configuration list on an interface.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Attachment {
+    ifname: String,
+    /// `{cniVersion, name, plugins}` as ADD used it.
+    config: Value,
+    /// The final result once ADD returned; `None` while (or if killed while) adding.
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+/// `<state>/<sandbox>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    key: String,
+    netns: PathBuf,
+    attachments: Vec<Attachment>,
+}
+
+/// The pods' networks on this node. Calls for one sandbox run one at a time.
+pub struct PodNetworks {
+    cfg: CniConfig,
+    /// The attachment records (`<data>/cni`).
+    state_dir: PathBuf,
+    locks: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Sandboxes set up (or adopted) by this process, with their addresses.
+    up: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Sandboxes to remove that are not up: an earlier agent's, or whose
+    /// removal failed; each tried again from its time on.
+    leftover: Mutex<BTreeMap<String, std::time::Instant>>,
+    /// Removals in flight.
+    removing: Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// A failed removal is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
+impl PodNetworks {
+    /// The networks of this node, with what an earlier agent left recorded.
+    pub fn new(cfg: CniConfig, state_dir: PathBuf) -> Result<Self, CniError> {
+        let nets = PodNetworks {
+            cfg,
+            state_dir,
+            locks: Mutex::default(),
+            up: Mutex::default(),
+            leftover: Mutex::default(),
+            removing: Mutex::default(),
+        };
+        let now = std::time::Instant::now();
+        *nets.leftover.lock().unwrap_or_else(|p| p.into_inner()) =
+            nets.recorded()?.into_iter().map(|s| (s, now)).collect();
+        Ok(nets)
+    }
+
+    /// Sandboxes to remove now: up or left over, not `wanted`, not being
+    /// removed already; each is marked as being removed until `removed`.
+    pub fn unwanted(&self, wanted: &std::collections::BTreeSet<String>) -> Vec<String> {
+        let now = std::time::Instant::now();
+        let up = self.up.lock().unwrap_or_else(|p| p.into_inner());
+        let leftover = self.leftover.lock().unwrap_or_else(|p| p.into_inner());
+        let mut removing = self.removing.lock().unwrap_or_else(|p| p.into_inner());
+        let candidates = up.keys().chain(leftover.iter().filter(|(_, at)| **at <= now).map(|(s, _)| s));
+        let out: Vec<String> = candidates.filter(|s| !wanted.contains(*s) && !removing.contains(*s)).cloned().collect();
+        removing.extend(out.iter().cloned());
+        out
+    }
+
+    /// `teardown` of a sandbox `unwanted` gave, then its bookkeeping.
+    pub async fn remove(&self, sandbox: &str) -> Result<(), CniError> {
+        let r = self.teardown(sandbox).await;
+        let mut leftover = self.leftover.lock().unwrap_or_else(|p| p.into_inner());
+        match &r {
+            Ok(()) => leftover.remove(sandbox),
+            Err(_) => leftover.insert(sandbox.to_string(), std::time::Instant::now() + RETRY_AFTER),
+        };
+        self.removing.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
+        r
+    }
+
+    /// Sandboxes an earlier agent left (see `new`).
+    pub fn leftovers(&self) -> Vec<String> {
+        self.leftover.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
+    }
+
+    pub fn config(&self) -> &CniConfig {
+        &self.cfg
+    }
+
+    fn lock_of(&self, sandbox: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(sandbox.to_string()).or_default().clone()
+    }
+
+    fn set_up(&self, sandbox: &str, ips: Option<Vec<String>>) {
+        let mut up = self.up.lock().unwrap_or_else(|p| p.into_inner());
+        match ips {
+            Some(ips) => up.insert(sandbox.to_string(), ips),
+            None => up.remove(sandbox),
+        };
+    }
+
+    /// The pod's network, created when missing: the namespace pinned with
+    /// `lo` up, then each attachment added. Returns the pod's addresses. On
+    /// error nothing is left (every attachment deleted, the pin removed).
+    pub async fn setup(&self, req: &PodNetRequest) -> Result<Vec<String>, CniError> {
+        let lock = self.lock_of(&req.sandbox);
+        let _held = lock.lock().await;
+        if let Some(ips) = self.up.lock().unwrap_or_else(|p| p.into_inner()).get(&req.sandbox) {
+            return Ok(ips.clone());
+        }
+        let netns = self.cfg.netns_path(&req.sandbox);
+        // What an earlier agent left: whole (adopted, checked at recovery)
+        // or half made (killed in the middle): the latter goes first.
+        match self.read_record(&req.sandbox)? {
+            Some(rec) if rec.attachments.iter().all(|a| a.result.is_some()) && is_mounted(&netns) => {
+                let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
+                self.set_up(&req.sandbox, Some(ips.clone()));
+                self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.sandbox);
+                return Ok(ips);
+            }
+            Some(rec) => self.teardown_locked(&req.sandbox, Some(rec)).await?,
+            None if netns.exists() => self.teardown_locked(&req.sandbox, None).await?,
+            None => {}
+        }
+        let network = load_config(&self.cfg.conf_dir)?;
+        let mut attachments = vec![Attachment { ifname: POD_IFNAME.into(), config: network.to_value(), result: None }];
+        for (host, ifname) in &req.netdevs {
+            attachments.push(Attachment { ifname: ifname.clone(), config: host_device_config(host), result: None });
+        }
+        // Every plugin is there before anything is made: a missing one is
+        // its own clear error, with nothing to undo.
+        for a in &attachments {
+            for plugin in plugins_of(&a.config) {
+                find_plugin(&self.cfg.bin_dirs, plugin_type(plugin))?;
+            }
+        }
+        let mut rec = Record { key: req.key.clone(), netns: netns.clone(), attachments };
+        // Recorded before the namespace exists: a kill -9 from here on leaves
+        // a record the next agent cleans up.
+        self.write_record(&req.sandbox, &rec)?;
+        // How many attachments were tried: only those are deleted on failure.
+        let mut tried = 0;
+        let made = async {
+            create_netns(&netns).await?;
+            for i in 0..rec.attachments.len() {
+                tried = i + 1;
+                let result = self.add(&req.sandbox, &netns, &rec.attachments[i]).await?;
+                rec.attachments[i].result = Some(result);
+                self.write_record(&req.sandbox, &rec)?;
+            }
+            Ok::<(), CniError>(())
+        }
+        .await;
+        if let Err(error) = made {
+            rec.attachments.truncate(tried);
+            return Err(match self.teardown_locked(&req.sandbox, Some(rec)).await {
+                Ok(()) => error,
+                Err(cleanup) => CniError::Cleanup { error: Box::new(error), cleanup: Box::new(cleanup) },
+            });
+        }
+        let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
+        tracing::info!(key = req.key, sandbox = req.sandbox, ?ips, "pod network set up");
+        self.set_up(&req.sandbox, Some(ips.clone()));
+        self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.sandbox);
+        Ok(ips)
+    }
+
+    /// Deletes every attachment (last first), then the namespace's pin and
+    /// the record. Nothing recorded: nothing to do. A DEL that fails keeps
+    /// the record, for the next try.
+    pub async fn teardown(&self, sandbox: &str) -> Result<(), CniError> {
+        let lock = self.lock_of(sandbox);
+        let _held = lock.lock().await;
+        let rec = self.read_record(sandbox)?;
+        self.teardown_locked(sandbox, rec).await
+    }
+
+    async fn teardown_locked(&self, sandbox: &str, rec: Option<Record>) -> Result<(), CniError> {
+        self.set_up(sandbox, None);
+        let netns = self.cfg.netns_path(sandbox);
+        if let Some(rec) = &rec {
+            for a in rec.attachments.iter().rev() {
+                self.del(sandbox, &netns, a).await?;
+            }
+        }
+        remove_netns(&netns)?;
+        let path = self.record_path(sandbox);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(CniError::Io { path, source }),
+        }
+        if let Some(rec) = rec {
+            tracing::info!(key = rec.key, sandbox, "pod network removed");
+        }
+        Ok(())
+    }
+
+    /// CHECK on every attachment of an adopted pod; its addresses.
+    pub async fn check(&self, sandbox: &str) -> Result<Vec<String>, CniError> {
+        let lock = self.lock_of(sandbox);
+        let _held = lock.lock().await;
+        let netns = self.cfg.netns_path(sandbox);
+        let Some(rec) = self.read_record(sandbox)? else {
+            return Err(CniError::Netns { path: netns, reason: "no record of this pod's network".into() });
+        };
+        // Held from now on whatever CHECK says: the record is what removes it.
+        let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
+        self.set_up(sandbox, Some(ips.clone()));
+        self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
+        if !is_mounted(&netns) {
+            return Err(CniError::Netns { path: netns, reason: "not mounted".into() });
+        }
+        for a in &rec.attachments {
+            let Some(result) = &a.result else {
+                return Err(CniError::Netns { path: netns, reason: format!("{} was never fully added", a.ifname) });
+            };
+            for plugin in plugins_of(&a.config) {
+                let env = plugin_env(Command::Check, sandbox, &netns, &a.ifname, &self.cfg.bin_dirs);
+                let input = plugin_input(&a.config, plugin, Some(result));
+                exec_plugin(&self.cfg, plugin_type(plugin), env, &input, Command::Check).await?;
+            }
+        }
+        Ok(ips)
+    }
+
+    /// Every sandbox with a record or a pinned namespace (an earlier agent's).
+    pub fn recorded(&self) -> Result<Vec<String>, CniError> {
+        let mut out = std::collections::BTreeSet::new();
+        for (dir, suffix) in [(&self.state_dir, ".json"), (&self.cfg.netns_dir, "")] {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => return Err(CniError::Io { path: dir.clone(), source }),
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(name) = name.to_str().and_then(|n| n.strip_suffix(suffix)) else { continue };
+                // Only ours: `sandbox_id`'s shape (another tool may share the folder).
+                if name.len() == 25 && name.starts_with('p') && name[1..].bytes().all(|b| b.is_ascii_hexdigit()) {
+                    out.insert(name.to_string());
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    async fn add(&self, sandbox: &str, netns: &Path, a: &Attachment) -> Result<Value, CniError> {
+        let mut prev: Option<Value> = None;
+        for plugin in plugins_of(&a.config) {
+            let env = plugin_env(Command::Add, sandbox, netns, &a.ifname, &self.cfg.bin_dirs);
+            let input = plugin_input(&a.config, plugin, prev.as_ref());
+            let kind = plugin_type(plugin);
+            let result = exec_plugin(&self.cfg, kind, env, &input, Command::Add).await?;
+            prev = Some(result.ok_or_else(|| CniError::Plugin {
+                plugin: kind.into(),
+                command: "ADD",
+                message: "no result on stdout".into(),
+            })?);
+        }
+        Ok(prev.unwrap_or(Value::Null))
+    }
+
+    async fn del(&self, sandbox: &str, netns: &Path, a: &Attachment) -> Result<(), CniError> {
+        for plugin in plugins_of(&a.config).into_iter().rev() {
+            let env = plugin_env(Command::Del, sandbox, netns, &a.ifname, &self.cfg.bin_dirs);
+            let input = plugin_input(&a.config, plugin, a.result.as_ref());
+            exec_plugin(&self.cfg, plugin_type(plugin), env, &input, Command::Del).await?;
+        }
+        Ok(())
+    }
+
+    fn record_path(&self, sandbox: &str) -> PathBuf {
+        self.state_dir.join(format!("{sandbox}.json"))
+    }
+
+    fn read_record(&self, sandbox: &str) -> Result<Option<Record>, CniError> {
+        let path = self.record_path(sandbox);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(CniError::Io { path, source }),
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| CniError::Config {
+            path,
+            field: "(file)".into(),
+            reason: format!("not a pod network record: {e}"),
+        })
+    }
+
+    fn write_record(&self, sandbox: &str, rec: &Record) -> Result<(), CniError> {
+        let path = self.record_path(sandbox);
+        std::fs::create_dir_all(&self.state_dir)
+            .map_err(|source| CniError::Io { path: self.state_dir.clone(), source })?;
+        let bytes = serde_json::to_vec_pretty(rec).map_err(|e| CniError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })?;
+        write_atomic(&path, &bytes).map_err(|source| CniError::Io { path, source })
+    }
+}
+
+fn plugins_of(config: &Value) -> Vec<&Map<String, Value>> {
+    config.get("plugins").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_object).collect()
+}
+
+/// The attachment that moves a host interface into the pod (CNI `host-device`).
+fn host_device_config(host: &str) -> Value {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "pinion-netdev",
+        "plugins": [{ "type": "host-device", "device": host }],
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Pinned network namespaces
+
+/// Whether `path` is a mount point (a pinned namespace), from /proc/self/mountinfo.
+fn is_mounted(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = path.display().to_string();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+/// A new network namespace, bind-mounted on `path`, with `lo` up. Made on a
+/// thread of its own, which alone enters the namespace and then ends.
+async fn create_netns(path: &Path) -> Result<(), CniError> {
+    let path = path.to_path_buf();
+    let err = |path: &Path, reason: String| CniError::Netns { path: path.to_path_buf(), reason };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
+    }
+    std::fs::File::create(&path).map_err(|source| CniError::Io { path: path.clone(), source })?;
+    let target = path.clone();
+    let made = tokio::task::spawn_blocking(move || {
+        std::thread::spawn(move || -> Result<(), String> {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+            let own = format!("/proc/self/task/{}/ns/net", nix::unistd::gettid());
+            nix::mount::mount(Some(own.as_str()), &target, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+                .map_err(|e| format!("bind mount: {e}"))?;
+            crate::runtime::libcontainer::net::loopback_up_here().map_err(|e| format!("bringing lo up: {e}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the namespace thread panicked".into()))
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    if let Err(reason) = made {
+        let _ = remove_netns(&path);
+        return Err(err(&path, reason));
+    }
+    Ok(())
+}
+
+/// Unmounts and removes a pin; absent is fine.
+fn remove_netns(path: &Path) -> Result<(), CniError> {
+    match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(CniError::Netns { path: path.to_path_buf(), reason: format!("unmount: {e}") }),
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CniError::Io { path: path.to_path_buf(), source }),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The default network
+
+/// The network `pinion up` writes when the folder holds none: a bridge
+/// `pinion0` that is the pods' gateway, host-local addresses from a /16
+/// that common ranges (Docker's 172.17/16, Kubernetes' 10.96/12 and
+/// 10.244/16, podman's 10.88/16, home 192.168/16) leave alone, and masquerade
+/// so pods reach beyond the node with no route set up for them upstream.
+pub fn default_network() -> Value {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "pinion",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "pinion0",
+                "isGateway": true,
+                "ipMasq": true,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": DEFAULT_SUBNET }]],
+                    "routes": [{ "dst": "0.0.0.0/0" }],
+                    "dataDir": DEFAULT_IPAM_DIR,
+                },
+            },
+        ],
+    })
+}
+
+pub const DEFAULT_SUBNET: &str = "10.213.0.0/16";
+/// host-local's leases for the default network (its own default is /var/lib/cni/networks).
+pub const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
+pub const DEFAULT_FILE: &str = "10-pinion.conflist";
+
+/// Writes `default_network` as `dir/10-pinion.conflist` (temp file, fsync,
+/// rename) when `dir` holds no configuration; the file written, if any.
+pub fn write_default(dir: &Path) -> Result<Option<PathBuf>, CniError> {
+    if config_file(dir)?.is_some() {
+        return Ok(None);
+    }
+    std::fs::create_dir_all(dir).map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
+    let path = dir.join(DEFAULT_FILE);
+    let mut bytes = serde_json::to_vec_pretty(&default_network()).unwrap_or_default();
+    bytes.push(b'\n');
+    write_atomic(&path, &bytes).map_err(|source| CniError::Io { path: path.clone(), source })?;
+    Ok(Some(path))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // in tests a panic is the failure report
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_selection() {
+        let check = |names: &[&str], want: Option<&str>| {
+            assert_eq!(first_config(names.iter().copied()), want, "{names:?}");
+        };
+        check(&[], None);
+        check(&["README", "x.yaml"], None);
+        check(&["20-b.conf", "10-a.conflist"], Some("10-a.conflist"));
+        check(&["99.json", "10.conf", "05.conf.bak"], Some("10.conf"));
+        check(&[".10-hidden.conflist", "50.conflist"], Some("50.conflist"));
+        check(&["B.conf", "a.conf"], Some("B.conf"));
+    }
+
+    #[test]
+    fn config_parsing_names_file_and_field() {
+        let path = Path::new("/x/10.conflist");
+        let check = |text: &str, want: Result<(&str, usize), &str>| {
+            let got = parse_config(path, text.as_bytes());
+            match (want, got) {
+                (Ok((name, n)), Ok(c)) => {
+                    assert_eq!((c.name.as_str(), c.plugins.len()), (name, n), "{text}");
+                }
+                (Err(field), Err(e)) => {
+                    let msg = e.to_string();
+                    assert!(msg.starts_with("/x/10.conflist: "), "{msg}");
+                    assert!(matches!(&e, CniError::Config { field: f, .. } if f == field), "{text}: {msg}");
+                }
+                (want, got) => panic!("{text}: want {want:?}, got {got:?}"),
+            }
+        };
+        let good = r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"portmap"}]}"#;
+        check(good, Ok(("n", 2)));
+        check(r#"{"cniVersion":"1.0.0","name":"single","type":"bridge"}"#, Ok(("single", 1)));
+        check("{", Err("(file)"));
+        check("[]", Err("(file)"));
+        check(r#"{"name":"n","plugins":[{"type":"bridge"}]}"#, Err("cniVersion"));
+        check(r#"{"cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}"#, Err("name"));
+        check(r#"{"cniVersion":"1.0.0","name":"a b","plugins":[{"type":"bridge"}]}"#, Err("name"));
+        check(r#"{"cniVersion":"1.0.0","name":"n","plugins":[]}"#, Err("plugins"));
+        check(r#"{"cniVersion":"1.0.0","name":"n","plugins":{}}"#, Err("plugins"));
+        check(r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"mtu":1}]}"#, Err("plugins[1].type"));
+        check(r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"../bin/sh"}]}"#, Err("plugins[0].type"));
+        check(r#"{"cniVersion":"1.0.0","name":"n"}"#, Err("type"));
+    }
+
+    #[test]
+    fn result_addresses() {
+        let check = |result: Value, want: &[&str]| assert_eq!(result_ips(&result), want, "{result}");
+        check(serde_json::json!({}), &[]);
+        check(
+            serde_json::json!({
+                "interfaces": [{"name": "pinion0"}, {"name": "veth1"}, {"name": "eth0", "sandbox": "/run/x"}],
+                "ips": [{"address": "10.213.0.5/16", "gateway": "10.213.0.1", "interface": 2}],
+            }),
+            &["10.213.0.5"],
+        );
+        // An address on a host-side interface is not the pod's.
+        check(
+            serde_json::json!({
+                "interfaces": [{"name": "pinion0"}, {"name": "eth0", "sandbox": "/run/x"}],
+                "ips": [{"address": "10.0.0.1/24", "interface": 0}, {"address": "fd00::5/64", "interface": 1}],
+            }),
+            &["fd00::5"],
+        );
+        // No interface index: every address counts; garbage does not.
+        check(serde_json::json!({"ips": [{"address": "192.0.2.7/24"}, {"address": "nope"}]}), &["192.0.2.7"]);
+    }
+
+    #[test]
+    fn environment_and_input() {
+        let env = plugin_env(
+            Command::Del,
+            "p1",
+            Path::new("/run/pinion/netns/p1"),
+            "net1",
+            &[PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")],
+        );
+        let env: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let want: BTreeMap<&str, &str> = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "p1"),
+            ("CNI_NETNS", "/run/pinion/netns/p1"),
+            ("CNI_IFNAME", "net1"),
+            ("CNI_PATH", "/usr/lib/cni:/opt/cni/bin"),
+        ]
+        .into();
+        assert_eq!(env, want);
+        let list =
+            serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge", "name": "ignored"}]});
+        let plugin = plugins_of(&list)[0];
+        let prev = serde_json::json!({"ips": []});
+        let input = plugin_input(&list, plugin, Some(&prev));
+        assert_eq!(
+            input,
+            serde_json::json!({"type": "bridge", "name": "n", "cniVersion": "1.0.0", "prevResult": {"ips": []}})
+        );
+        assert!(plugin_input(&list, plugin, None).get("prevResult").is_none());
+    }
+
+    #[test]
+    fn sandbox_ids_are_plain_and_differ_by_uid() {
+        let a = sandbox_id("default/web", "u1");
+        assert_eq!(a.len(), 25);
+        assert!(a.starts_with('p') && a[1..].bytes().all(|b| b.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, sandbox_id("default/web", "u2"));
+        assert_ne!(a, sandbox_id("default/we", "bu1"));
+    }
+
+    #[test]
+    fn plugin_errors_read_the_cni_error_first() {
+        let check = |code, out: &str, err: &str, want: &str| {
+            assert_eq!(plugin_message(code, out.as_bytes(), err.as_bytes()), want)
+        };
+        check(Some(1), r#"{"code":7,"msg":"bad ipam","details":"no subnet"}"#, "", "bad ipam: no subnet (CNI error 7)");
+        check(Some(1), r#"{"msg":"x"}"#, "noise", "x");
+        check(Some(2), "", "boom\n", "exit code 2: boom");
+        check(None, "", "", "killed by a signal");
+    }
+
+    #[test]
+    fn default_network_parses_and_is_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("net.d");
+        let path = write_default(&conf).unwrap().unwrap();
+        let parsed = load_config(&conf).unwrap();
+        assert_eq!(parsed.path, path);
+        assert_eq!(parsed.plugins.iter().map(plugin_type).collect::<Vec<_>>(), ["bridge"]);
+        assert_eq!(write_default(&conf).unwrap(), None, "an existing configuration is kept");
+    }
+}

@@ -1,0 +1,262 @@
+//! Pod networks through Debian's CNI plugins (`containernetworking-plugins`,
+//! installed by `e2e/host-setup.sh`), for real: pinned namespaces, a bridge
+//! and a subnet this test owns, leases in its own folder. Needs root and the
+//! plugins; under `CI=true` their absence is a failure, elsewhere a SKIPPED.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // in tests a panic is the failure report
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use nodelet::cni::{CniConfig, CniError, PodNetRequest, PodNetworks};
+
+const PLUGINS: &str = "/usr/lib/cni";
+
+fn available(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let plugins = Path::new(PLUGINS).join("bridge").is_file() && Path::new(PLUGINS).join("host-device").is_file();
+    let tools = ["ip", "nsenter", "ping", "iptables"].iter().all(|t| {
+        Command::new("sh").args(["-c", &format!("command -v {t}")]).output().is_ok_and(|o| o.status.success())
+    });
+    if root && plugins && tools {
+        return true;
+    }
+    let why = format!("{test}: needs root ({root}), {PLUGINS}/bridge and host-device ({plugins}), ip, nsenter, ping, iptables ({tools})");
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}; run e2e/host-setup.sh");
+    eprintln!("SKIPPED {why}");
+    false
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A test's own network world: a folder (configuration, leases, records,
+/// pins), a bridge and a subnet named after the process, removed in Drop
+/// whatever happened (the pods' networks first, through the plugins).
+struct World {
+    dir: tempfile::TempDir,
+    bridge: String,
+    subnet: String,
+    dummies: Vec<String>,
+}
+
+impl World {
+    fn new(tag: u8) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id() % 10_000;
+        let bridge = format!("pt{tag}b{pid}");
+        let subnet = format!("10.250.{}.0/24", (pid % 200) + u32::from(tag));
+        std::fs::create_dir_all(dir.path().join("net.d")).unwrap();
+        let w = World { dir, bridge, subnet, dummies: Vec::new() };
+        w.write_config(&w.network());
+        w
+    }
+
+    fn network(&self) -> String {
+        format!(
+            r#"{{"cniVersion": "1.0.0", "name": "pinion-test", "plugins": [{{"type": "bridge", "bridge": "{}",
+            "isGateway": true, "ipMasq": true, "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{}"}}]],
+            "dataDir": "{}"}}}}]}}"#,
+            self.bridge,
+            self.subnet,
+            self.leases().display()
+        )
+    }
+
+    fn write_config(&self, text: &str) {
+        std::fs::write(self.dir.path().join("net.d/10-test.conflist"), text).unwrap();
+    }
+
+    fn leases(&self) -> PathBuf {
+        self.dir.path().join("leases")
+    }
+
+    fn cni(&self) -> CniConfig {
+        let mut cfg = CniConfig::new(self.dir.path().join("net.d"), vec![PathBuf::from(PLUGINS)]);
+        cfg.netns_dir = self.dir.path().join("netns");
+        cfg.timeout = Duration::from_secs(20);
+        cfg
+    }
+
+    fn networks(&self) -> PodNetworks {
+        PodNetworks::new(self.cni(), self.dir.path().join("state")).unwrap()
+    }
+
+    /// A veth end standing in for a VF (this kernel may lack `dummy`); its
+    /// peer stays on the host.
+    fn fake_vf(&mut self, name: &str) -> String {
+        let name = format!("{name}{}", std::process::id() % 10_000);
+        let peer = format!("{name}p");
+        let made = Command::new("ip").args(["link", "add", &name, "type", "veth", "peer", "name", &peer]).status();
+        assert!(made.unwrap().success());
+        self.dummies.push(name.clone());
+        self.dummies.push(peer);
+        name
+    }
+
+    /// What a pod network may leave behind: pins, records, leases, veths
+    /// on the bridge, NAT rules for the subnet.
+    fn leaks(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for sub in ["netns", "state"] {
+            for e in std::fs::read_dir(self.dir.path().join(sub)).into_iter().flatten().flatten() {
+                out.push(format!("{sub}/{}", e.file_name().to_string_lossy()));
+            }
+        }
+        let net = self.leases().join("pinion-test");
+        for e in std::fs::read_dir(&net).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // host-local's own bookkeeping, not a lease.
+            if name != "lock" && !name.starts_with("last_reserved_ip") {
+                out.push(format!("lease {name}"));
+            }
+        }
+        let ports = sh(&format!("ip -o link show master {} 2>/dev/null", self.bridge));
+        out.extend(ports.lines().map(|l| format!("bridge port {l}")));
+        let prefix = self.subnet.trim_end_matches(".0/24");
+        out.extend(
+            sh("iptables -t nat -S 2>/dev/null")
+                .lines()
+                .filter(|l| l.contains(prefix))
+                .map(|l| format!("iptables {l}")),
+        );
+        out
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // The plugins undo what they did (NAT rules included); on their own thread,
+        // since a test's runtime cannot be blocked on from inside.
+        let (cni, state) = (self.cni(), self.dir.path().join("state"));
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                if let Ok(nets) = PodNetworks::new(cni, state) {
+                    for s in nets.leftovers() {
+                        let _ = nets.teardown(&s).await;
+                    }
+                }
+            })
+        })
+        .join();
+        for e in std::fs::read_dir(self.dir.path().join("netns")).into_iter().flatten().flatten() {
+            let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();
+        for d in &self.dummies {
+            let _ = Command::new("ip").args(["link", "del", d]).output();
+        }
+    }
+}
+
+fn pod(key: &str) -> PodNetRequest {
+    PodNetRequest { key: key.into(), sandbox: nodelet::cni::sandbox_id(key, "uid"), netdevs: Vec::new() }
+}
+
+fn in_pod(w: &World, sandbox: &str, cmd: &str) -> std::process::Output {
+    let netns = w.cni().netns_path(sandbox);
+    Command::new("nsenter").arg(format!("--net={}", netns.display())).args(["sh", "-c", cmd]).output().unwrap()
+}
+
+#[tokio::test]
+async fn pods_on_one_bridge_reach_each_other_and_leave_nothing() {
+    if !available("pods_on_one_bridge_reach_each_other_and_leave_nothing") {
+        return;
+    }
+    let w = World::new(1);
+    let nets = w.networks();
+    let (a, b) = (pod("default/a"), pod("default/b"));
+    let ip_a = nets.setup(&a).await.unwrap();
+    let ip_b = nets.setup(&b).await.unwrap();
+    assert_eq!((ip_a.len(), ip_b.len()), (1, 1), "{ip_a:?} {ip_b:?}");
+    assert_ne!(ip_a, ip_b);
+    assert_eq!(nets.setup(&a).await.unwrap(), ip_a, "a second setup is the first's");
+    let ping = in_pod(&w, &a.sandbox, &format!("ping -c1 -W5 {}", ip_b[0]));
+    assert!(ping.status.success(), "{}", String::from_utf8_lossy(&ping.stdout));
+    let lo = in_pod(&w, &a.sandbox, "ping -c1 -W5 127.0.0.1");
+    assert!(lo.status.success(), "lo is up in the pod");
+    assert!(!w.leaks().is_empty(), "the checks see a pod network");
+    // The kind of CHECK a restarted agent runs on an adopted pod.
+    assert_eq!(w.networks().check(&a.sandbox).await.unwrap(), ip_a);
+    nets.teardown(&a.sandbox).await.unwrap();
+    nets.teardown(&b.sandbox).await.unwrap();
+    nets.teardown(&b.sandbox).await.unwrap();
+    assert_eq!(w.leaks(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn bad_config_missing_plugin_and_hang_are_clear_errors_that_leak_nothing() {
+    if !available("bad_config_missing_plugin_and_hang_are_clear_errors_that_leak_nothing") {
+        return;
+    }
+    let w = World::new(2);
+    let nets = w.networks();
+    let file = w.dir.path().join("net.d/10-test.conflist");
+
+    w.write_config(r#"{"cniVersion": "1.0.0", "name": "pinion-test", "plugins": [{"bridge": "x"}]}"#);
+    let err = nets.setup(&pod("default/bad")).await.unwrap_err();
+    assert!(
+        matches!(&err, CniError::Config { path, field, .. } if *path == file && field == "plugins[0].type"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("10-test.conflist: plugins[0].type"), "{err}");
+    assert_eq!(w.leaks(), Vec::<String>::new());
+
+    w.write_config(&w.network().replace(r#""type": "bridge""#, r#""type": "nosuchplugin""#));
+    let err = nets.setup(&pod("default/missing")).await.unwrap_err();
+    assert!(matches!(&err, CniError::PluginMissing { plugin, .. } if plugin == "nosuchplugin"), "{err}");
+    assert_eq!(w.leaks(), Vec::<String>::new());
+
+    // A plugin that never answers: the call ends at the limit, and so does the plugin.
+    let bin = w.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // A sleep this test alone runs, to look for afterwards.
+    let marker = format!("sleep {}", 100_000 + std::process::id());
+    std::fs::write(bin.join("hang"), format!("#!/bin/sh\n{marker}\n")).unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(bin.join("hang"), mode).unwrap();
+    w.write_config(r#"{"cniVersion": "1.0.0", "name": "pinion-test", "plugins": [{"type": "hang"}]}"#);
+    let mut cfg = w.cni();
+    cfg.bin_dirs = vec![bin];
+    cfg.timeout = Duration::from_secs(1);
+    let hanging = PodNetworks::new(cfg, w.dir.path().join("state")).unwrap();
+    let err =
+        tokio::time::timeout(Duration::from_secs(30), hanging.setup(&pod("default/hang"))).await.unwrap().unwrap_err();
+    // ADD timed out; the cleanup's DEL of the same plugin timed out too, and both are said.
+    assert!(err.to_string().contains("CNI plugin hang ADD: timed out after 1s"), "{err}");
+    assert!(
+        sh(&format!("pgrep -f '[{}]{}'", &marker[..1], &marker[1..])).trim().is_empty(),
+        "the hung plugin was killed"
+    );
+}
+
+#[tokio::test]
+async fn a_netdev_moves_into_the_pod_renamed_and_back_even_after_a_kill() {
+    if !available("a_netdev_moves_into_the_pod_renamed_and_back_even_after_a_kill") {
+        return;
+    }
+    let mut w = World::new(3);
+    let vf = w.fake_vf("pvf");
+    let mut req = pod("default/nf");
+    req.netdevs = vec![(vf.clone(), "net1".into())];
+    {
+        let nets = w.networks();
+        nets.setup(&req).await.unwrap();
+        // The agent dies here: nothing is torn down; the pin keeps the dummy alive.
+    }
+    assert!(sh(&format!("ip -o link show {vf} 2>/dev/null")).is_empty(), "the device left the host");
+    let inside = in_pod(&w, &req.sandbox, "ip -o link show net1");
+    assert!(inside.status.success(), "net1 in the pod: {}", String::from_utf8_lossy(&inside.stderr));
+
+    let restarted = w.networks();
+    assert_eq!(restarted.leftovers(), vec![req.sandbox.clone()], "the record survives the agent");
+    restarted.check(&req.sandbox).await.unwrap();
+    assert_eq!(restarted.unwanted(&Default::default()), vec![req.sandbox.clone()], "unwanted once the pod is gone");
+    restarted.remove(&req.sandbox).await.unwrap();
+    assert!(!sh(&format!("ip -o link show {vf}")).is_empty(), "the device is back on the host under its name");
+    assert_eq!(w.leaks(), Vec::<String>::new());
+}
