@@ -44,6 +44,9 @@ impl Up {
         let mut child = Command::new(PINION)
             .args(["up", "--listen", "127.0.0.1:0", "--runtime", "libcontainer", "--data-dir"])
             .arg(&data)
+            // The default pod network `up` writes goes here, not to /etc/cni/net.d.
+            .arg("--cni-conf-dir")
+            .arg(tmp.path().join("cni"))
             .env("PINION_CONFIG", &config)
             .env("PINION_LOG", "info,libcgroups=error,libcontainer=error")
             .stdout(Stdio::piped())
@@ -154,6 +157,16 @@ fn run_streams_output_and_exits_with_the_code_logs_read_through_the_server() {
     let logs = up.cli(&["logs", &a]);
     assert!(logs.status.success(), "{}", text(&logs.stderr));
     assert_eq!(text(&logs.stdout), shown, "the same bytes, read again through the server");
+
+    // `up` wrote the default network and the pod has an address on it.
+    let net = format!("run-net-{tag}");
+    let out = up.cli(&["run", &net, "--", "sh", "-c", "ip -4 -o addr show eth0"]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "stdout: {shown}\nstderr: {}", text(&out.stderr));
+    assert!(shown.contains("inet 10.213."), "an address of the default network 10.213.0.0/16: {shown}");
+    let pod = text(&up.cli(&["get", "pods", &net, "-o", "json"]).stdout);
+    assert!(pod.contains("\"podIP\": \"10.213."), "podIP in the status: {pod}");
+    assert!(up.cli(&["delete", "pod", &net]).status.success());
 
     // Detached, then followed: every line, and `logs -f` returns when it exits.
     let out = up.cli(&["run", "--detach", &b, "--", "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"]);
