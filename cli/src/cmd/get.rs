@@ -510,6 +510,6 @@ mod tests {
         let row = pod_row(&p, true);
         assert_eq!(row.len(), pod_headers(true).len());
         assert_eq!(pod_headers(true)[AGE_COLUMN], "AGE");
-        assert_eq!(without_age(row), ["a", "Pending", "0", "-", "-", "-", "0", "-"]);
+        assert_eq!(without_age(row), ["a", "Pending", "0", "-", "-", "-", "-", "0", "-"]);
     }
 }

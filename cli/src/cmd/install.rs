@@ -235,4 +235,27 @@ mod tests {
             assert_eq!(text.contains("\nDelegate=yes\n"), daemon == Daemon::Agent, "{text}");
         }
     }
+
+    /// The units kept in the repository are what `install` writes for their
+    /// flags (on a systemd with `DelegateSubgroup=`), so they cannot drift.
+    #[test]
+    fn the_repositorys_units_are_what_install_writes() {
+        let bin = Path::new("/usr/local/bin/pinion");
+        let words = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let cases = [
+            (
+                Daemon::Server,
+                "--data-dir /var/lib/pinion --listen 0.0.0.0:7443",
+                include_str!("../../../dist/systemd/pinion-server.service"),
+            ),
+            (
+                Daemon::Agent,
+                "--server https://ctl.example:7443 --data-dir /var/lib/pinion-agent --reserved-cpus 0",
+                include_str!("../../../dist/systemd/pinion-agent.service"),
+            ),
+        ];
+        for (daemon, flags, kept) in cases {
+            assert_eq!(unit(daemon, bin, &words(flags), Some(DELEGATE_SUBGROUP_SINCE)).unwrap(), kept, "{daemon:?}");
+        }
+    }
 }
