@@ -108,14 +108,7 @@ pub async fn serve(
     let ctx = Ctx { data_dir, reports, runtime, liveness: config.liveness, stop: stop.clone(), metrics };
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = stop.wait_for(|s| *s) => return,
-        };
+        let Some((permit, accepted)) = next_connection(&listener, &slots, &mut stop).await else { return };
         let (tcp, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
@@ -199,6 +192,24 @@ pub(crate) fn metrics_response(metrics: &crate::metrics::Metrics) -> Response<Bo
     r
 }
 
+/// A free connection slot, then the next connection (or its accept error);
+/// `None` once `stop` turns true. Waiting for the slot first keeps a flood of
+/// callers in the kernel's backlog rather than in memory.
+async fn next_connection(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<(tokio::sync::OwnedSemaphorePermit, std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>)> {
+    let permit = tokio::select! {
+        p = slots.clone().acquire_owned() => p.ok()?,
+        _ = stop.wait_for(|s| *s) => return None,
+    };
+    tokio::select! {
+        r = listener.accept() => Some((permit, r)),
+        _ = stop.wait_for(|s| *s) => None,
+    }
+}
+
 /// Serves `GET /metrics` in plain HTTP/1.1 on `listener` (a loopback
 /// address, for a scraper on this machine; `--local-listen`) until `stop`;
 /// any other request is a 404. Unauthenticated: the daemon refuses to bind
@@ -211,14 +222,7 @@ pub async fn serve_local(
 ) {
     let slots = Arc::new(Semaphore::new(max_connections.max(1)));
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = stop.wait_for(|s| *s) => return,
-        };
+        let Some((permit, accepted)) = next_connection(&listener, &slots, &mut stop).await else { return };
         let tcp = match accepted {
             Ok((tcp, _)) => tcp,
             Err(e) => {
