@@ -96,31 +96,15 @@ struct ReasonLabel {
     reason: Reason,
 }
 
-/// `RejectReason` as a label value (specs stays free of the metrics crate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
-enum Reason {
-    InvalidRequest,
-    InsufficientCpu,
-    InsufficientMemory,
-    InsufficientHugePages,
-    InsufficientDevices,
-    SmtAlignment,
-    TopologyAffinity,
-    AlreadyAllocated,
-}
+/// `RejectReason` as a label value, its variant's name (specs stays free of
+/// the metrics crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Reason(RejectReason);
 
-impl From<RejectReason> for Reason {
-    fn from(r: RejectReason) -> Reason {
-        match r {
-            RejectReason::InvalidRequest => Reason::InvalidRequest,
-            RejectReason::InsufficientCpu => Reason::InsufficientCpu,
-            RejectReason::InsufficientMemory => Reason::InsufficientMemory,
-            RejectReason::InsufficientHugePages => Reason::InsufficientHugePages,
-            RejectReason::InsufficientDevices => Reason::InsufficientDevices,
-            RejectReason::SmtAlignment => Reason::SmtAlignment,
-            RejectReason::TopologyAffinity => Reason::TopologyAffinity,
-            RejectReason::AlreadyAllocated => Reason::AlreadyAllocated,
-        }
+impl EncodeLabelValue for Reason {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelValueEncoder) -> std::fmt::Result {
+        use std::fmt::Write;
+        write!(encoder, "{:?}", self.0)
     }
 }
 
@@ -200,6 +184,6 @@ impl Metrics {
     }
 
     pub fn rejected(&self, reason: RejectReason) {
-        self.rejections.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+        self.rejections.get_or_create(&ReasonLabel { reason: Reason(reason) }).inc();
     }
 }

@@ -57,6 +57,21 @@ impl TestServer {
     }
 }
 
+/// A join to `server` with `token`, an endpoint on any loopback port, 16
+/// connections at most.
+fn plain_join(server: impl Into<String>, token: impl Into<String>) -> JoinConfig {
+    JoinConfig {
+        servers: vec![server.into()],
+        token: Some(token.into()),
+        ca: None,
+        labels: BTreeMap::new(),
+        endpoint_listen: "127.0.0.1:0".into(),
+        advertise_address: None,
+        liveness: Default::default(),
+        endpoint_max_connections: 16,
+    }
+}
+
 fn topology() -> NodeTopology {
     NodeTopology {
         cpus: (0..8)
@@ -244,16 +259,7 @@ async fn the_endpoint_serves_at_most_its_connection_cap() {
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
-        join: Some(JoinConfig {
-            servers: vec![url],
-            token: Some(token),
-            ca: None,
-            labels: BTreeMap::new(),
-            endpoint_listen: "127.0.0.1:0".into(),
-            advertise_address: None,
-            liveness: Default::default(),
-            endpoint_max_connections: 2,
-        }),
+        join: Some(JoinConfig { endpoint_max_connections: 2, ..plain_join(url, token) }),
     };
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
@@ -301,16 +307,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
         agent: AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
-        join: Some(JoinConfig {
-            servers: vec![format!("https://{addr}")],
-            token: Some(token),
-            ca: None,
-            labels: BTreeMap::new(),
-            endpoint_listen: "127.0.0.1:0".into(),
-            advertise_address: None,
-            liveness: Default::default(),
-            endpoint_max_connections: 256,
-        }),
+        join: Some(JoinConfig { endpoint_max_connections: 256, ..plain_join(format!("https://{addr}"), token) }),
     };
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
@@ -375,16 +372,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
             agent,
             runtime: RuntimeChoice::Hollow,
             manifests: None,
-            join: Some(JoinConfig {
-                servers: vec![format!("https://{addr}")],
-                token: Some(token.clone()),
-                ca: None,
-                labels: BTreeMap::new(),
-                endpoint_listen: "127.0.0.1:0".into(),
-                advertise_address: None,
-                liveness: Default::default(),
-                endpoint_max_connections: 16,
-            }),
+            join: Some(plain_join(format!("https://{addr}"), token.clone())),
         }
     };
     let reserved_of = |n: &specs::api::Node| n.spec.settings.reserved_cpus.to_string();
@@ -591,16 +579,7 @@ async fn every_documented_metric_is_scraped_and_moved() {
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: Some((manifests, Duration::from_secs(1))),
-        join: Some(JoinConfig {
-            servers: vec![format!("https://{}", server.addr)],
-            token: Some(server.token.clone()),
-            ca: None,
-            labels: BTreeMap::new(),
-            endpoint_listen: "127.0.0.1:0".into(),
-            advertise_address: None,
-            liveness: Default::default(),
-            endpoint_max_connections: 16,
-        }),
+        join: Some(plain_join(format!("https://{}", server.addr), server.token.clone())),
     };
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
