@@ -8,13 +8,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{lines_until, PINION};
+use common::{lines_until, with_stdout_lines, PINION};
 use e2e::chromium::Chromium;
 use e2e::process::Proc;
 use serde_json::Value;
@@ -26,21 +25,9 @@ const WITHIN: Duration = Duration::from_secs(60);
 
 /// Starts `pinion ARGS` with its stdout's lines sent to the receiver.
 fn spawn(args: &[&str]) -> (Proc, mpsc::Receiver<String>) {
-    let mut child = Command::new(PINION)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn pinion");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (Proc(child), rx)
+    let mut cmd = Command::new(PINION);
+    cmd.args(args).stdin(Stdio::null()).stderr(Stdio::null());
+    with_stdout_lines(cmd)
 }
 
 fn pinion(config: &Path, args: &[&str]) -> String {

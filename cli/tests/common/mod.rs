@@ -164,26 +164,29 @@ impl Cluster {
     /// `pinion ARGS` against the server through the relay, with the same
     /// heartbeat; its stdout lines come on the channel.
     pub fn cli(&self, args: &[&str]) -> (Proc, mpsc::Receiver<String>) {
-        let mut child = Command::new(PINION)
-            .args(args)
+        let mut cmd = Command::new(PINION);
+        cmd.args(args)
             .env("PINION_CONFIG", &self.relayed_config)
             .env("PINION_STREAM_HEARTBEAT_MS", HEARTBEAT.as_millis().to_string())
-            .stdout(Stdio::piped())
             // What it says on failure shows with the test's.
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn pinion");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        (Proc(child), rx)
+            .stderr(Stdio::inherit());
+        with_stdout_lines(cmd)
     }
+}
+
+/// Starts `cmd` with its stdout's lines sent to the receiver.
+pub fn with_stdout_lines(mut cmd: Command) -> (Proc, mpsc::Receiver<String>) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn pinion");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (Proc(child), rx)
 }
 
 pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
