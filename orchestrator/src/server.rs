@@ -262,7 +262,17 @@ impl Server {
                     self.options.advertise_url.clone().unwrap_or_else(|| self.server_url()),
                 );
                 election.ttl = self.options.leader_ttl;
-                let (terms, campaign) = crate::leader::spawn(client, election, shutdown.clone());
+                let (terms, campaign) = crate::leader::spawn(client.clone(), election, shutdown.clone());
+                let mut loops = vec![campaign];
+                if let Some(interval) = self.options.etcd_options.compaction_interval {
+                    loops.push(tokio::spawn(crate::compaction::run(
+                        client,
+                        interval,
+                        self.options.etcd_options.request_timeout,
+                        terms.clone(),
+                        shutdown.clone(),
+                    )));
+                }
                 let follow = tokio::spawn(lead(
                     self.store.clone(),
                     self.options.controller,
@@ -271,7 +281,8 @@ impl Server {
                     terms,
                     shutdown.clone(),
                 ));
-                (leading, vec![campaign, follow])
+                loops.push(follow);
+                (leading, loops)
             }
         };
         let metrics = Arc::new(Metrics::new(&controller_metrics, self.store.commit_seconds(), leading.clone()));

@@ -84,6 +84,11 @@ pub struct Args {
     /// before); the next batch is sent while one waits for etcd's fsyncs.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16), requires = "etcd")]
     pub etcd_pipeline_depth: u64,
+    /// Seconds between compactions of etcd's history by the leader (0: none,
+    /// where etcd runs with `--auto-compaction-retention`). A watch resumes
+    /// from up to this far back; older, it is told to list again.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "etcd")]
+    pub etcd_compaction_interval: u64,
     /// Seconds a leader's lease lives without renewal: a dead leader is
     /// replaced within about this long (etcd only).
     #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
@@ -119,6 +124,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         opts.etcd_options.max_txn_ops = args.etcd_max_txn_ops.max(8);
         opts.etcd_options.max_request_bytes = args.etcd_max_request_bytes.max(64 << 10);
         opts.etcd_options.pipeline_depth = usize::try_from(args.etcd_pipeline_depth).unwrap_or(1);
+        opts.etcd_options.compaction_interval =
+            (args.etcd_compaction_interval > 0).then(|| Duration::from_secs(args.etcd_compaction_interval));
     }
     let server = Server::bind(opts).await?;
     // Before the server says it listens (and systemd that it is ready): a

@@ -30,7 +30,7 @@ use etcd_client::{
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    decode, log_key, read_counter, Base, Batcher, Change, Committed, Job, LeaderGuard, Limits, Published, StoreError,
+    decode, log_key, object_key, read_counter, Base, Batcher, Change, Committed, Job, LeaderGuard, Limits, Published, StoreError,
     StoreOptions, Visit, Writes, KEY_LOG_START, KEY_RV, LOG_PREFIX,
 };
 
@@ -87,6 +87,9 @@ pub struct EtcdOptions {
     /// etcd members too, two in flight made more, smaller transactions and
     /// bound fewer pods per second (BENCHMARKS.md).
     pub pipeline_depth: usize,
+    /// How often the leader compacts etcd's history (`compaction`); None
+    /// where etcd compacts itself (`--auto-compaction-retention`).
+    pub compaction_interval: Option<Duration>,
 }
 
 impl Default for EtcdOptions {
@@ -96,6 +99,8 @@ impl Default for EtcdOptions {
             max_txn_ops: 128,
             max_request_bytes: 1536 * 1024,
             pipeline_depth: 1,
+            // The kube-apiserver's default.
+            compaction_interval: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -311,16 +316,68 @@ impl Follow {
         let mut out = Vec::new();
         let end = self.key(&log_key(to.saturating_add(1)));
         self.range(self.key(&log_key(from)), &end, 0, &mut |kv| {
-            out.push(decode(kv.key(), kv.value())?);
+            out.push((decode(kv.key(), kv.value())?, kv.mod_revision()));
             Ok(())
         })
         .await?;
-        Ok(out)
+        self.fill_objects(&mut out, from.saturating_sub(1)).await?;
+        Ok(out.into_iter().map(|(c, _)| c).collect())
+    }
+
+    /// Gives slim log entries (`store::log_entry`) their objects from etcd's
+    /// history: the keys of one revision read at it in one transaction. Where
+    /// etcd compacted that revision away, the key's value now serves if
+    /// nothing wrote it since; otherwise the change is lost to history and
+    /// the reader is told Gone, as a watch from a compacted revision is.
+    async fn fill_objects(&self, entries: &mut [(Change, i64)], requested: u64) -> Result<(), StoreError> {
+        let mut by_revision: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        for (i, (c, revision)) in entries.iter().enumerate() {
+            if c.object.is_empty() {
+                by_revision.entry(*revision).or_default().push(i);
+            }
+        }
+        let mut lost: Option<u64> = None;
+        for (revision, wanted) in by_revision {
+            for chunk in wanted.chunks(self.options.max_txn_ops.max(1)) {
+                let keys: Vec<Vec<u8>> =
+                    chunk.iter().map(|&i| self.key(&object_key(entries[i].0.kind, &entries[i].0.name))).collect();
+                let (resp, now) = match self.read_at(&keys, revision).await? {
+                    Some(resp) => (resp, false),
+                    None => match self.read_at(&keys, 0).await? {
+                        Some(resp) => (resp, true),
+                        None => return Err(StoreError::Etcd("reading the log's objects: compacted at the newest revision".into())),
+                    },
+                };
+                for (j, &i) in chunk.iter().enumerate() {
+                    let found = match resp.op_responses().get(j) {
+                        Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+                        _ => None,
+                    };
+                    match found {
+                        Some(found) if !now || found.mod_revision() == revision => {
+                            entries[i].0.object = String::from_utf8_lossy(found.value()).into_owned();
+                        }
+                        _ => lost = lost.max(Some(entries[i].0.rv)),
+                    }
+                }
+            }
+        }
+        match lost {
+            Some(rv) => Err(StoreError::Gone { requested, oldest: rv + 1 }),
+            None => Ok(()),
+        }
     }
 
     /// Applies one watch response: newer events go into the mirror, the
     /// log entries among them are published.
     fn apply_events(&self, events: &[etcd_client::Event]) {
+        // A slim log entry's object is the put of its key in the same
+        // transaction: etcd never splits one revision's events between responses.
+        let puts: std::collections::HashMap<(&[u8], i64), &[u8]> = events
+            .iter()
+            .filter(|ev| ev.event_type() == EventType::Put)
+            .filter_map(|ev| ev.kv().map(|kv| ((kv.key(), kv.mod_revision()), kv.value())))
+            .collect();
         let mut m = self.write();
         let mut top = m.revision;
         let mut changes = Vec::new();
@@ -335,6 +392,17 @@ impl Follow {
             if rel.starts_with(LOG_PREFIX.as_bytes()) {
                 if put {
                     match decode::<Change>(kv.key(), kv.value()) {
+                        Ok(mut c) if c.object.is_empty() => {
+                            let key = self.key(&object_key(c.kind, &c.name));
+                            match puts.get(&(key.as_slice(), kv.mod_revision())) {
+                                Some(object) => {
+                                    c.object = String::from_utf8_lossy(object).into_owned();
+                                    changes.push(c);
+                                }
+                                // Its watchers find the gap and read the log.
+                                None => tracing::warn!(rv = c.rv, "a change-log entry's object is not in its revision's events"),
+                            }
+                        }
                         Ok(c) => changes.push(c),
                         // Its watchers find the gap and read the log, which names the key.
                         Err(e) => tracing::warn!(error = %e, "a change-log entry from etcd does not decode"),
@@ -363,7 +431,20 @@ impl Follow {
         let fresh = self.load().await?;
         let from = self.published.rv.load(std::sync::atomic::Ordering::Acquire) + 1;
         let top = fresh.counter(KEY_RV);
-        let missed = if top >= from { self.log_range(from, top).await? } else { Vec::new() };
+        let missed = if top >= from {
+            match self.log_range(from, top).await {
+                Ok(missed) => missed,
+                // Lost to etcd's compaction: the watchers behind find the gap,
+                // read the log and are told Gone, and list again.
+                Err(StoreError::Gone { oldest, .. }) => {
+                    tracing::warn!(from, oldest, "changes missed while the watch was away were compacted in etcd");
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            Vec::new()
+        };
         let mut m = self.write();
         // A commit of this server's may have moved the mirror past the reload.
         if fresh.revision > m.revision {
@@ -372,6 +453,26 @@ impl Follow {
         self.published.publish(m.counter(KEY_RV), m.counter(KEY_LOG_START), missed);
         self.revision.send_replace(m.revision);
         Ok(())
+    }
+
+    /// `keys` as they were at `revision` (0: now), in one transaction; None
+    /// when etcd compacted that revision away.
+    async fn read_at(&self, keys: &[Vec<u8>], revision: i64) -> Result<Option<TxnResponse>, StoreError> {
+        let during = "reading the log's objects";
+        let ops: Vec<TxnOp> =
+            keys.iter().map(|k| TxnOp::get(k.clone(), Some(GetOptions::new().with_revision(revision)))).collect();
+        let mut kv = self.client.kv_client();
+        match tokio::time::timeout(self.options.request_timeout, kv.txn(Txn::new().and_then(ops))).await {
+            Ok(Ok(resp)) => Ok(Some(resp)),
+            // etcd's ErrCompacted: "mvcc: required revision has been compacted".
+            Ok(Err(etcd_client::Error::GRpcStatus(s)))
+                if i32::from(s.code()) == OUT_OF_RANGE && s.message().contains("compacted") =>
+            {
+                Ok(None)
+            }
+            Ok(Err(e)) => Err(etcd_error(during, e)),
+            Err(_) => Err(timed_out(during, self.options)),
+        }
     }
 
     /// Follows the prefix until aborted: one watch from the mirror's next
@@ -432,7 +533,9 @@ impl Follow {
 /// gRPC codes with which etcd refuses a request before applying it
 /// (invalid argument, permission denied, resource exhausted, failed
 /// precondition, out of range, unauthenticated): the write surely is not stored.
-const REFUSED: [i32; 6] = [3, 7, 8, 9, 11, 16];
+const REFUSED: [i32; 6] = [3, 7, 8, 9, OUT_OF_RANGE, 16];
+/// The gRPC code of etcd's "required revision has been compacted".
+const OUT_OF_RANGE: i32 = 11;
 
 impl EtcdBackend {
     pub(super) async fn open(
@@ -487,7 +590,12 @@ impl EtcdBackend {
 
     pub(super) fn limits(&self) -> Limits {
         let o = self.follow.options;
-        Limits { max_ops: o.max_txn_ops, max_bytes: o.max_request_bytes, key_prefix: self.follow.prefix.len() }
+        Limits {
+            max_ops: o.max_txn_ops,
+            max_bytes: o.max_request_bytes,
+            key_prefix: self.follow.prefix.len(),
+            slim_log: true,
+        }
     }
 
     pub(super) async fn log_range(&self, from: u64, to: u64) -> Result<Vec<Change>, StoreError> {

@@ -566,6 +566,53 @@ async fn etcd_server_cut_off_while_others_write_misses_nothing() {
     assert_eq!(a.resource_version(), written[9].0);
 }
 
+/// On etcd a put's log entry leaves the object out (etcd's history holds it
+/// at the entry's revision). After etcd compacted its history, a watch
+/// resuming from before a change whose key was written since is told Gone;
+/// one whose changes' keys were not written since still replays them whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_replay_after_compaction_is_whole_or_gone() {
+    let test = "etcd_replay_after_compaction_is_whole_or_gone";
+    let Some(f) = Fixture::etcd(test, 1).await else { return };
+    let Fixture::Etcd { cluster, .. } = &f else { unreachable!() };
+    let store = f.open(StoreOptions::default()).await;
+    let before = create(&store, "z").await;
+    let a = create(&store, "a").await;
+    let b = create(&store, "b").await;
+    let a_again = create(&store, "a").await;
+
+    // The log holds no second copy of a put's object.
+    let mut client = connect(&cluster.config(PREFIX)).await.expect("connect");
+    let key = format!("{PREFIX}{}", String::from_utf8_lossy(&log_key(b)));
+    let entry = client.get(key, None).await.expect("get");
+    let entry: Change = serde_json::from_slice(entry.kvs()[0].value()).expect("log entry");
+    assert_eq!((entry.name.as_str(), entry.object.as_str()), ("b", ""));
+
+    // Before compaction a replay reads every object from history.
+    let mut w = store.watch(before).await.expect("watch");
+    let seen = collect(&mut w, 3).await;
+    let first_a: Pod = serde_json::from_str(&seen[0].object).expect("object");
+    assert_eq!(first_a.metadata.resource_version, Some(a), "the object as it was at its change");
+
+    let revision = client.get("probe", None).await.expect("get").header().map_or(0, |h| h.revision());
+    client.compact(revision, None).await.expect("compact");
+    match store.watch(before).await {
+        Err(StoreError::Gone { requested, oldest }) => assert_eq!((requested, oldest), (before, a + 1)),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a watch from before a change lost to compaction was not told Gone"),
+    }
+    let mut w = store.watch(a).await.expect("watch");
+    let seen: Vec<(u64, String, u64)> = collect(&mut w, 2)
+        .await
+        .iter()
+        .map(|c| {
+            let p: Pod = serde_json::from_str(&c.object).expect("object");
+            (c.rv, c.name.clone(), p.metadata.resource_version.unwrap_or(0))
+        })
+        .collect();
+    assert_eq!(seen, vec![(b, "b".into(), b), (a_again, "a".into(), a_again)]);
+}
+
 /// etcd over https with client certificates (rustls): the store works with
 /// the CA and this server's certificate, and is refused without the certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
