@@ -11,5 +11,6 @@ pub mod process;
 pub mod qemu;
 pub mod relay;
 pub mod scenario;
+pub mod scrape;
 pub mod slurm;
 pub mod stats;

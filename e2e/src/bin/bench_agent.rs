@@ -25,7 +25,7 @@
 //! `target/release/pinion`); installs Debian `crun` and `runc` when missing.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -98,16 +98,7 @@ impl Agent {
     /// The step histograms now: per step, its buckets (upper bound, cumulative
     /// count), sum and count.
     fn steps(&self) -> anyhow::Result<BTreeMap<String, Steps>> {
-        let mut tcp = std::net::TcpStream::connect(self.metrics).context("the agent's --local-listen")?;
-        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-        tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-        let mut reply = String::new();
-        tcp.read_to_string(&mut reply)?;
-        let (head, body) = reply.split_once("\r\n\r\n").context("an HTTP reply")?;
-        if !head.starts_with("HTTP/1.1 200") {
-            bail!("GET /metrics: {head}");
-        }
-        let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))?;
+        let scrape = e2e::scrape::scrape(self.metrics)?;
         let mut out: BTreeMap<String, Steps> = BTreeMap::new();
         for s in scrape.samples {
             let Some(step) = s.labels.get("step") else { continue };

@@ -83,6 +83,9 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(run(pinion, nodes, pods, conns, cache_mib, etcd_members, gangs))
 }
 
+/// The store's commit latency histogram (docs/metrics.md).
+const COMMIT_METRIC: &str = "pinion_store_commit_duration_seconds";
+
 async fn run(
     pinion: PathBuf,
     nodes: usize,
@@ -96,6 +99,9 @@ async fn run(
     let data = tmp.path().join("srv");
     let mut cmd = Command::new(&pinion);
     cmd.args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", "3600", "--data-dir"]).arg(&data);
+    // Its plain-HTTP /metrics: the store's commits, counted and timed.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    cmd.arg("--local-listen").arg(metrics.to_string());
     if let Some(mib) = cache {
         cmd.args(["--store-cache-mib", &mib]);
     }
@@ -157,6 +163,7 @@ async fn run(
         return run_gangs(&creds, &client, pid, conns, nodes, size, jobs).await;
     }
     let bodies: Vec<String> = (0..pods).map(|i| pod_json(i, &mut rng)).collect();
+    let commits_before = e2e::scrape::scrape(metrics)?;
     // Bound = the server wrote the binding (spec.nodeName), seen on a watch
     // opened before the first create (polling full lists would itself cost the
     // server memory and time).
@@ -196,6 +203,15 @@ async fn run(
         "bound {bound} pods ({pending} left unschedulable) {:.2}s after the first create = {:.0} pods/s end to end",
         all.as_secs_f64(),
         bound as f64 / all.as_secs_f64()
+    );
+    let (count, sum) = e2e::scrape::count_and_sum(&e2e::scrape::scrape(metrics)?, COMMIT_METRIC);
+    let (count0, sum0) = e2e::scrape::count_and_sum(&commits_before, COMMIT_METRIC);
+    let commits = (count - count0).max(1.0);
+    println!(
+        "store commits: {commits:.0} ({:.1} per second), mean {:.1} ms each, {:.1} pod writes (creates and bindings) per commit",
+        commits / all.as_secs_f64(),
+        (sum - sum0) * 1000.0 / commits,
+        (pods + bound) as f64 / commits
     );
     println!(
         "server RSS with {nodes} nodes and {pods} pods: {:.1} MiB (peak {:.1} MiB)",

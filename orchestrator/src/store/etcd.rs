@@ -626,7 +626,7 @@ impl EtcdBackend {
             None => Compare::mod_revision(rv_key.clone(), CompareOp::Equal, b.base.revision),
         }];
         let mut on_failure = vec![TxnOp::get(rv_key.clone(), None), TxnOp::get(commit_key.clone(), None)];
-        let leader = b.leader == Some(true);
+        let leader = b.leader;
         if leader {
             let Some(guard) = &guard else { return Err(StoreError::NotLeader) };
             compares.push(Compare::lease(guard.key.clone(), CompareOp::Equal, guard.lease));

@@ -536,15 +536,19 @@ struct Batcher {
     /// The change-log entries, encoded: `(rv, json)`.
     log: Vec<(u64, Vec<u8>)>,
     changes: Vec<Change>,
-    /// Whether this batch holds leader writes (`None` while it holds none).
-    leader: Option<bool>,
+    /// Whether this batch holds leader writes: its transaction then checks
+    /// the leader's lease. Leader writes (bindings) and others (a user's
+    /// create) share a batch: on the leader they arrive interleaved, and a
+    /// batch of one kind at a time held three or four writes on a busy
+    /// cluster, each transaction a raft round and an fsync on every member.
+    leader: bool,
     ops: usize,
     bytes: usize,
 }
 
 enum Admit {
     Merged,
-    /// Not in this batch (limits or leader mode): the write goes first in the next.
+    /// Not in this batch (its limits): the write goes first in the next.
     Full,
     /// Never fits, or cannot be encoded.
     Refused(StoreError),
@@ -565,7 +569,7 @@ impl Batcher {
             writes: BTreeMap::new(),
             log: Vec::new(),
             changes: Vec::new(),
-            leader: None,
+            leader: false,
             ops: 0,
             bytes: 0,
         }
@@ -601,13 +605,13 @@ impl Batcher {
                     max_bytes: limits.max_bytes,
                 });
             }
-        } else if self.leader.is_some_and(|l| l != s.leader) || !fits(self.ops + ops, self.bytes + bytes) {
+        } else if !fits(self.ops + ops, self.bytes + bytes) {
             return Admit::Full;
         }
         self.ops += ops;
         self.bytes += bytes;
         self.rv = s.rv;
-        self.leader = Some(s.leader);
+        self.leader |= s.leader;
         self.writes.extend(s.writes);
         self.log.extend(log);
         self.changes.extend(s.changes);
@@ -1079,6 +1083,8 @@ impl Watch {
 /// answered in turn too).
 struct Flight {
     jobs: Vec<Job>,
+    /// Per job: a leader write (`Txn::as_leader`).
+    leaders: Vec<bool>,
     batch: Batcher,
     sending: Option<Sending>,
     sent_at: std::time::Instant,
@@ -1141,14 +1147,19 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
                 }
             }
             let mut b = Batcher::new(shared.clone(), on, below);
-            let mut jobs = Vec::new();
+            let (mut jobs, mut leaders) = (Vec::new(), Vec::new());
             while let Some(mut job) = pending.pop_front() {
                 let Some(staged) = job(Step::Run(&b)) else {
                     jobs.push(job);
+                    leaders.push(false);
                     continue;
                 };
+                let leader = staged.leader;
                 match b.admit(staged, limits) {
-                    Admit::Merged => jobs.push(job),
+                    Admit::Merged => {
+                        jobs.push(job);
+                        leaders.push(leader);
+                    }
                     Admit::Full => {
                         pending.push_front(job);
                         break;
@@ -1162,14 +1173,14 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
             let sending = if b.is_empty() {
                 None
             } else {
-                let guard = if b.leader == Some(true) {
+                let guard = if b.leader {
                     shared.guard.lock().unwrap_or_else(|p| p.into_inner()).clone()
                 } else {
                     None
                 };
                 Some(shared.backend.send(&mut b, &shared.published, guard, options))
             };
-            flights.push_back(Flight { jobs, batch: b, sending, sent_at });
+            flights.push_back(Flight { jobs, leaders, batch: b, sending, sent_at });
             if room(&flights) && !pending.is_empty() {
                 continue;
             }
@@ -1242,6 +1253,21 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
             }
         }
         match head_result {
+            // Only its leader writes are refused; the others run again.
+            Some(Err(e)) if matches!(*e, StoreError::NotLeader) => {
+                conflicts = 0;
+                let mut again = Vec::new();
+                for (mut job, leader) in head.jobs.into_iter().zip(head.leaders) {
+                    if leader {
+                        job(Step::Answer(Err(e.clone())));
+                    } else {
+                        again.push(job);
+                    }
+                }
+                for job in again.into_iter().rev() {
+                    pending.push_front(job);
+                }
+            }
             Some(r) => {
                 conflicts = 0;
                 for mut job in head.jobs {

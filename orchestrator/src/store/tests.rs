@@ -245,10 +245,30 @@ async fn etcd_as_leader_needs_the_guard_and_its_lease() {
     assert!(refused(&r), "another lease holds the key: {r:?}");
     // A write not marked goes on regardless.
     assert_eq!(create(&store, "plain").await, 1);
+    // Also when it shares a batch with leader writes (sent together, they
+    // do): only those are refused.
+    let mixed: Vec<_> = (0..40)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                let name = format!("mixed-{i}");
+                let r = if i % 2 == 0 { leader_write(&store, &name).await } else { try_create(&store, &name).await };
+                (i, r)
+            }
+        })
+        .collect();
+    for (i, r) in futures_join(mixed).await {
+        match (i % 2, r) {
+            (0, Err(StoreError::NotLeader)) | (1, Ok(_)) => {}
+            (_, r) => panic!("mixed-{i}: {r:?}"),
+        }
+        assert_eq!(store.get::<Pod>(&format!("mixed-{i}")).expect("get").is_some(), i % 2 == 1, "mixed-{i}");
+    }
+    let plain_rv = store.resource_version();
 
     let put = etcd_client::PutOptions::new().with_lease(ours);
     client.put(key.clone(), "us", Some(put)).await.expect("put leader key");
-    assert_eq!(leader_write(&store, "ours").await.expect("leader write with the key held"), 2);
+    assert_eq!(leader_write(&store, "ours").await.expect("leader write with the key held"), plain_rv + 1);
 
     store.set_leader_guard(None);
     let r = leader_write(&store, "cleared").await;
