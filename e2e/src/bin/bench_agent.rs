@@ -25,7 +25,6 @@
 //! `target/release/pinion`); installs Debian `crun` and `runc` when missing.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
