@@ -381,6 +381,7 @@ impl Follow {
         let mut m = self.write();
         let mut top = m.revision;
         let mut changes = Vec::new();
+        let mut lost = false;
         for ev in events {
             let Some(kv) = ev.kv() else { continue };
             if kv.mod_revision() <= m.revision {
@@ -399,13 +400,17 @@ impl Follow {
                                     c.object = String::from_utf8_lossy(object).into_owned();
                                     changes.push(c);
                                 }
-                                // Its watchers find the gap and read the log.
-                                None => tracing::warn!(rv = c.rv, "a change-log entry's object is not in its revision's events"),
+                                None => {
+                                    tracing::warn!(rv = c.rv, "a change-log entry's object is not in its revision's events");
+                                    lost = true;
+                                }
                             }
                         }
                         Ok(c) => changes.push(c),
-                        // Its watchers find the gap and read the log, which names the key.
-                        Err(e) => tracing::warn!(error = %e, "a change-log entry from etcd does not decode"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a change-log entry from etcd does not decode");
+                            lost = true;
+                        }
                     }
                 }
                 continue;
@@ -422,6 +427,10 @@ impl Follow {
         m.revision = top;
         changes.sort_by_key(|c| c.rv);
         self.published.publish(m.counter(KEY_RV), m.counter(KEY_LOG_START), changes);
+        if lost {
+            // Its watchers find the gap and read the log, which names the key.
+            self.published.gap(m.counter(KEY_RV));
+        }
         self.revision.send_replace(top);
     }
 
@@ -431,6 +440,7 @@ impl Follow {
         let fresh = self.load().await?;
         let from = self.published.rv.load(std::sync::atomic::Ordering::Acquire) + 1;
         let top = fresh.counter(KEY_RV);
+        let mut lost = false;
         let missed = if top >= from {
             match self.log_range(from, top).await {
                 Ok(missed) => missed,
@@ -438,6 +448,7 @@ impl Follow {
                 // read the log and are told Gone, and list again.
                 Err(StoreError::Gone { oldest, .. }) => {
                     tracing::warn!(from, oldest, "changes missed while the watch was away were compacted in etcd");
+                    lost = true;
                     Vec::new()
                 }
                 Err(e) => return Err(e),
@@ -451,6 +462,9 @@ impl Follow {
             *m = fresh;
         }
         self.published.publish(m.counter(KEY_RV), m.counter(KEY_LOG_START), missed);
+        if lost {
+            self.published.gap(top);
+        }
         self.revision.send_replace(m.revision);
         Ok(())
     }

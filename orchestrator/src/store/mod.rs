@@ -762,6 +762,28 @@ struct Published {
     /// The version of the last change sent (see `Sent::prev`).
     last_sent: AtomicU64,
     changes: broadcast::Sender<Sent>,
+    recent: Mutex<Recent>,
+}
+
+/// The newest published changes, in version order: a watch that resumes (a
+/// node moving to this server after a failover) or lags is refilled from
+/// here without reading sled or etcd, as the kube-apiserver's watch cache
+/// serves its watchers.
+struct Recent {
+    sent: VecDeque<Sent>,
+    bytes: usize,
+    /// Every change after this version is in `sent`; those up to it may not be
+    /// (published before this store opened, forgotten, or never published).
+    floor: u64,
+}
+
+/// `Recent`'s bounds: at a few thousand changes a second, seconds of them;
+/// at a site's usual rate, hours.
+const RECENT_BYTES: usize = 32 << 20;
+const RECENT_CHANGES: usize = 65_536;
+
+fn change_bytes(c: &Change) -> usize {
+    c.object.len() + c.name.len() + std::mem::size_of::<Change>() + 64
 }
 
 /// A change as broadcast, with the version of the change sent before it:
@@ -781,7 +803,32 @@ impl Published {
             log_start: AtomicU64::new(log_start),
             last_sent: AtomicU64::new(rv),
             changes,
+            recent: Mutex::new(Recent { sent: VecDeque::new(), bytes: 0, floor: rv }),
         }
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The changes after `last` up to `top` from `Recent`; `None` when it
+    /// does not hold every one of them.
+    fn since(&self, last: u64, top: u64) -> Option<Vec<Arc<Change>>> {
+        let r = self.recent();
+        if last < r.floor {
+            return None;
+        }
+        let first = r.sent.partition_point(|s| s.change.rv <= last);
+        Some(r.sent.range(first..).take_while(|s| s.change.rv <= top).map(|s| s.change.clone()).collect())
+    }
+
+    /// Changes up to `rv` were not all published (lost to etcd's compaction,
+    /// or a change-log entry that did not decode): a watcher behind it finds
+    /// a gap at the next change and reads the log, which says what it can.
+    fn gap(&self, rv: u64) {
+        let mut r = self.recent();
+        r.floor = r.floor.max(rv);
+        self.last_sent.fetch_max(rv, Ordering::AcqRel);
     }
 
     /// Publishes the changes newer than what was published, in version order,
@@ -792,9 +839,22 @@ impl Published {
             if c.rv <= self.rv.load(Ordering::Acquire) {
                 continue;
             }
-            self.rv.store(c.rv, Ordering::Release);
             let prev = self.last_sent.swap(c.rv, Ordering::AcqRel);
-            let _ = self.changes.send(Sent { prev, change: Arc::new(c) });
+            let sent = Sent { prev, change: Arc::new(c) };
+            {
+                // Before the version moves: a refill that reads the version
+                // finds every change up to it here.
+                let mut r = self.recent();
+                r.bytes += change_bytes(&sent.change);
+                r.sent.push_back(sent.clone());
+                while r.bytes > RECENT_BYTES || r.sent.len() > RECENT_CHANGES {
+                    let Some(old) = r.sent.pop_front() else { break };
+                    r.bytes -= change_bytes(&old.change);
+                    r.floor = r.floor.max(old.change.rv);
+                }
+            }
+            self.rv.store(sent.change.rv, Ordering::Release);
+            let _ = self.changes.send(sent);
         }
         self.rv.fetch_max(rv, Ordering::AcqRel);
     }
@@ -1043,13 +1103,16 @@ impl Watch {
         if self.last + 1 < start {
             return Err(StoreError::Gone { requested: self.last, oldest: start });
         }
-        let changes = self.shared.backend.log_range(self.last + 1, top).await?;
+        let changes = match published.since(self.last, top) {
+            Some(changes) => changes,
+            None => self.shared.backend.log_range(self.last + 1, top).await?.into_iter().map(Arc::new).collect(),
+        };
         // The log may have been compacted past `last` while it was read.
         let start = published.log_start.load(Ordering::Acquire);
         if self.last + 1 < start {
             return Err(StoreError::Gone { requested: self.last, oldest: start });
         }
-        self.backlog.extend(changes.into_iter().map(Arc::new));
+        self.backlog.extend(changes);
         self.last = top;
         Ok(())
     }

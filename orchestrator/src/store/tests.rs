@@ -147,7 +147,16 @@ async fn watch_resumes_from_a_version_and_reports_gone(f: &Fixture) {
     // The log kept its bound: the newest `log_keep` changes replay.
     let top = store.resource_version();
     let mut recent = store.watch(top - 9).await.expect("watch within the log");
-    assert_eq!(collect(&mut recent, 9).await.last().map(|c| c.rv), Some(top));
+    let replayed: Vec<u64> = collect(&mut recent, 9).await.iter().map(|c| c.rv).collect();
+    assert_eq!(replayed.last(), Some(&top));
+    // Those came from the store's recent changes; reopened, it holds none,
+    // and the same watch replays the log.
+    drop((w, from_own, recent));
+    drop(store);
+    let store = f.open(StoreOptions { log_keep: 10, ..StoreOptions::default() }).await;
+    let mut from_log = store.watch(top - 9).await.expect("watch within the log, reopened");
+    let again: Vec<u64> = collect(&mut from_log, 9).await.iter().map(|c| c.rv).collect();
+    assert_eq!(again, replayed);
 }
 
 on_both!(failed_write_stores_nothing);
@@ -608,20 +617,25 @@ async fn etcd_replay_after_compaction_is_whole_or_gone() {
     let entry: Change = serde_json::from_slice(entry.kvs()[0].value()).expect("log entry");
     assert_eq!((entry.name.as_str(), entry.object.as_str()), ("b", ""));
 
-    // Before compaction a replay reads every object from history.
-    let mut w = store.watch(before).await.expect("watch");
+    // Another server (its recent changes hold none of these) replays them
+    // from the log: before compaction every object from etcd's history.
+    let reader = f.open(StoreOptions::default()).await;
+    let mut w = reader.watch(before).await.expect("watch");
     let seen = collect(&mut w, 3).await;
     let first_a: Pod = serde_json::from_str(&seen[0].object).expect("object");
     assert_eq!(first_a.metadata.resource_version, Some(a), "the object as it was at its change");
 
     let revision = client.get("probe", None).await.expect("get").header().map_or(0, |h| h.revision());
     client.compact(revision, None).await.expect("compact");
-    match store.watch(before).await {
+    // The writer published them itself: its watches resume from memory, whole.
+    let mut w = store.watch(before).await.expect("watch on the writer");
+    assert_eq!(collect(&mut w, 3).await.iter().map(|c| c.rv).collect::<Vec<_>>(), vec![a, b, a_again]);
+    match reader.watch(before).await {
         Err(StoreError::Gone { requested, oldest }) => assert_eq!((requested, oldest), (before, a + 1)),
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a watch from before a change lost to compaction was not told Gone"),
     }
-    let mut w = store.watch(a).await.expect("watch");
+    let mut w = reader.watch(a).await.expect("watch");
     let seen: Vec<(u64, String, u64)> = collect(&mut w, 2)
         .await
         .iter()
@@ -692,4 +706,48 @@ async fn etcd_config_errors_name_the_field() {
         ..base.clone()
     };
     check(with_ca.clone(), "ca missing/ca.pem").await;
+}
+
+fn change(rv: u64, object_bytes: usize) -> Change {
+    Change {
+        rv,
+        kind: Kind::Pod,
+        name: format!("p{rv}"),
+        event_type: WatchEventType::Added,
+        object: "x".repeat(object_bytes),
+        node_name: None,
+        prev_node_name: None,
+        labels: BTreeMap::new(),
+    }
+}
+
+/// A refill is served from the recent changes only where they hold every
+/// change it needs: not from before the store opened, across a gap, or
+/// past what the bounds let go.
+#[test]
+fn recent_changes_serve_a_refill_only_when_whole() {
+    let rvs = |v: Option<Vec<Arc<Change>>>| v.map(|v| v.iter().map(|c| c.rv).collect::<Vec<_>>());
+    let p = Published::new(10, 1);
+    // 12 went to an event: no change has it.
+    p.publish(13, 1, vec![change(11, 10), change(13, 10)]);
+    let cases: [(u64, u64, Option<Vec<u64>>); 5] = [
+        (10, 13, Some(vec![11, 13])),
+        (11, 13, Some(vec![13])),
+        (13, 13, Some(vec![])),
+        (10, 11, Some(vec![11])),
+        (9, 13, None),
+    ];
+    for (last, top, want) in cases {
+        assert_eq!(rvs(p.since(last, top)), want, "after {last} up to {top}");
+    }
+    let mut rx = p.changes.subscribe();
+    p.gap(20);
+    assert_eq!(rvs(p.since(13, 20)), None, "across a gap");
+    p.publish(21, 1, vec![change(21, 10)]);
+    assert_eq!(rx.try_recv().map(|s| (s.prev, s.change.rv)).ok(), Some((20, 21)), "a watcher at 13 sees the gap");
+    assert_eq!(rvs(p.since(20, 21)), Some(vec![21]));
+    // One change larger than the byte bound pushes every older one out, and itself.
+    p.publish(22, 1, vec![change(22, RECENT_BYTES)]);
+    assert_eq!(rvs(p.since(21, 22)), None);
+    assert_eq!(rvs(p.since(22, 22)), Some(vec![]));
 }
