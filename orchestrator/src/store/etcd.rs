@@ -30,8 +30,8 @@ use etcd_client::{
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    decode, log_key, object_key, read_counter, Base, Batcher, Change, Committed, Job, LeaderGuard, Limits, Published, StoreError,
-    StoreOptions, Visit, Writes, KEY_LOG_START, KEY_RV, LOG_PREFIX,
+    decode, log_key, object_key, read_counter, Base, Batcher, Change, Committed, Job, LeaderGuard, Limits, Published,
+    StoreError, StoreOptions, Visit, Writes, KEY_LOG_START, KEY_RV, LOG_PREFIX,
 };
 
 /// Every batch writes its commit token here: this server's random id and a
@@ -345,7 +345,11 @@ impl Follow {
                     Some(resp) => (resp, false),
                     None => match self.read_at(&keys, 0).await? {
                         Some(resp) => (resp, true),
-                        None => return Err(StoreError::Etcd("reading the log's objects: compacted at the newest revision".into())),
+                        None => {
+                            return Err(StoreError::Etcd(
+                                "reading the log's objects: compacted at the newest revision".into(),
+                            ))
+                        }
                     },
                 };
                 for (j, &i) in chunk.iter().enumerate() {
@@ -401,7 +405,10 @@ impl Follow {
                                     changes.push(c);
                                 }
                                 None => {
-                                    tracing::warn!(rv = c.rv, "a change-log entry's object is not in its revision's events");
+                                    tracing::warn!(
+                                        rv = c.rv,
+                                        "a change-log entry's object is not in its revision's events"
+                                    );
                                     lost = true;
                                 }
                             }

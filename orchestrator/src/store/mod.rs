@@ -535,6 +535,8 @@ struct Batcher {
     writes: Writes,
     /// The change-log entries, encoded: `(rv, json)`.
     log: Vec<(u64, Vec<u8>)>,
+    /// Per entry of `log`: slim (`log_entry`), its object to be read under its key.
+    slim: Vec<bool>,
     changes: Vec<Change>,
     /// Whether this batch holds leader writes: its transaction then checks
     /// the leader's lease. Leader writes (bindings) and others (a user's
@@ -568,6 +570,7 @@ impl Batcher {
             rv: base.rv,
             writes: BTreeMap::new(),
             log: Vec::new(),
+            slim: Vec::new(),
             changes: Vec::new(),
             leader: false,
             ops: 0,
@@ -583,17 +586,40 @@ impl Batcher {
         if s.writes.is_empty() && s.changes.is_empty() {
             return Admit::Merged;
         }
+        let encode = |c: &Change, slim: bool| {
+            log_entry(c, slim)
+                .map_err(|source| Admit::Refused(StoreError::Encode { key: format!("log/{}", c.rv), source }))
+        };
+        // A slim entry's object is read back under its key at the batch's
+        // revision, so only a key's last change in the batch may be slim: one
+        // written again (by this write, or by a later one in the batch) keeps
+        // its object in the entry.
+        let written_again = |c: &Change, later: &[Change]| later.iter().any(|l| l.kind == c.kind && l.name == c.name);
         let mut log = Vec::with_capacity(s.changes.len());
-        for c in &s.changes {
-            match log_entry(c, limits.slim_log) {
+        let mut slim = Vec::with_capacity(s.changes.len());
+        for (i, c) in s.changes.iter().enumerate() {
+            let thin =
+                limits.slim_log && c.event_type != WatchEventType::Deleted && !written_again(c, &s.changes[i + 1..]);
+            match encode(c, thin) {
                 Ok(bytes) => log.push((c.rv, bytes)),
-                Err(source) => return Admit::Refused(StoreError::Encode { key: format!("log/{}", c.rv), source }),
+                Err(refused) => return refused,
+            }
+            slim.push(thin);
+        }
+        let mut fattened = Vec::new();
+        for (i, c) in self.changes.iter().enumerate() {
+            if self.slim[i] && s.writes.contains_key(&object_key(c.kind, &c.name)) {
+                match encode(c, false) {
+                    Ok(bytes) => fattened.push((i, bytes)),
+                    Err(refused) => return refused,
+                }
             }
         }
         let op_bytes = OP_BYTES + limits.key_prefix;
         let ops = s.writes.len() + log.len();
         let bytes = s.writes.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + op_bytes).sum::<usize>()
-            + log.iter().map(|(_, v)| v.len() + 12 + op_bytes).sum::<usize>();
+            + log.iter().map(|(_, v)| v.len() + 12 + op_bytes).sum::<usize>()
+            + fattened.iter().map(|(i, v)| v.len().saturating_sub(self.log[*i].1.len())).sum::<usize>();
         let fits =
             |ops: usize, bytes: usize| ops + FIXED_OPS <= limits.max_ops && bytes + FIXED_BYTES <= limits.max_bytes;
         if self.is_empty() {
@@ -613,7 +639,12 @@ impl Batcher {
         self.rv = s.rv;
         self.leader |= s.leader;
         self.writes.extend(s.writes);
+        for (i, bytes) in fattened {
+            self.log[i].1 = bytes;
+            self.slim[i] = false;
+        }
         self.log.extend(log);
+        self.slim.extend(slim);
         self.changes.extend(s.changes);
         Admit::Merged
     }
@@ -1236,11 +1267,8 @@ fn commit_loop(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, options: StoreO
             let sending = if b.is_empty() {
                 None
             } else {
-                let guard = if b.leader {
-                    shared.guard.lock().unwrap_or_else(|p| p.into_inner()).clone()
-                } else {
-                    None
-                };
+                let guard =
+                    if b.leader { shared.guard.lock().unwrap_or_else(|p| p.into_inner()).clone() } else { None };
                 Some(shared.backend.send(&mut b, &shared.published, guard, options))
             };
             flights.push_back(Flight { jobs, leaders, batch: b, sending, sent_at });
