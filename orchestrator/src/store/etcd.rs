@@ -336,33 +336,39 @@ impl Follow {
                 by_revision.entry(*revision).or_default().push(i);
             }
         }
-        let mut lost: Option<u64> = None;
+        let mut reads = Vec::new();
         for (revision, wanted) in by_revision {
             for chunk in wanted.chunks(self.options.max_txn_ops.max(1)) {
+                reads.push((revision, chunk.to_vec()));
+            }
+        }
+        // A few reads in flight at once: a replay of many commits is many
+        // round trips, each a quorum's read index.
+        let mut reads = reads.into_iter();
+        let mut flying = tokio::task::JoinSet::new();
+        let mut lost: Option<u64> = None;
+        loop {
+            while flying.len() < REPLAY_READS {
+                let Some((revision, chunk)) = reads.next() else { break };
                 let keys: Vec<Vec<u8>> =
                     chunk.iter().map(|&i| self.key(&object_key(entries[i].0.kind, &entries[i].0.name))).collect();
-                let (resp, now) = match self.read_at(&keys, revision).await? {
-                    Some(resp) => (resp, false),
-                    None => match self.read_at(&keys, 0).await? {
-                        Some(resp) => (resp, true),
-                        None => {
-                            return Err(StoreError::Etcd(
-                                "reading the log's objects: compacted at the newest revision".into(),
-                            ))
-                        }
-                    },
+                let (client, options) = (self.client.clone(), self.options);
+                flying.spawn(async move { (revision, chunk, read_history(client, options, keys, revision).await) });
+            }
+            let Some(done) = flying.join_next().await else { break };
+            let (revision, chunk, read) =
+                done.map_err(|e| StoreError::Etcd(format!("reading the log's objects: the read's task ended: {e}")))?;
+            let (resp, now) = read?;
+            for (j, &i) in chunk.iter().enumerate() {
+                let found = match resp.op_responses().get(j) {
+                    Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
+                    _ => None,
                 };
-                for (j, &i) in chunk.iter().enumerate() {
-                    let found = match resp.op_responses().get(j) {
-                        Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
-                        _ => None,
-                    };
-                    match found {
-                        Some(found) if !now || found.mod_revision() == revision => {
-                            entries[i].0.object = String::from_utf8_lossy(found.value()).into_owned();
-                        }
-                        _ => lost = lost.max(Some(entries[i].0.rv)),
+                match found {
+                    Some(found) if !now || found.mod_revision() == revision => {
+                        entries[i].0.object = String::from_utf8_lossy(found.value()).into_owned();
                     }
+                    _ => lost = lost.max(Some(entries[i].0.rv)),
                 }
             }
         }
@@ -476,26 +482,6 @@ impl Follow {
         Ok(())
     }
 
-    /// `keys` as they were at `revision` (0: now), in one transaction; None
-    /// when etcd compacted that revision away.
-    async fn read_at(&self, keys: &[Vec<u8>], revision: i64) -> Result<Option<TxnResponse>, StoreError> {
-        let during = "reading the log's objects";
-        let ops: Vec<TxnOp> =
-            keys.iter().map(|k| TxnOp::get(k.clone(), Some(GetOptions::new().with_revision(revision)))).collect();
-        let mut kv = self.client.kv_client();
-        match tokio::time::timeout(self.options.request_timeout, kv.txn(Txn::new().and_then(ops))).await {
-            Ok(Ok(resp)) => Ok(Some(resp)),
-            // etcd's ErrCompacted: "mvcc: required revision has been compacted".
-            Ok(Err(etcd_client::Error::GRpcStatus(s)))
-                if i32::from(s.code()) == OUT_OF_RANGE && s.message().contains("compacted") =>
-            {
-                Ok(None)
-            }
-            Ok(Err(e)) => Err(etcd_error(during, e)),
-            Err(_) => Err(timed_out(during, self.options)),
-        }
-    }
-
     /// Follows the prefix until aborted: one watch from the mirror's next
     /// revision, set up again whenever it ends.
     async fn feed(self: Arc<Follow>) {
@@ -549,6 +535,35 @@ impl Follow {
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
+}
+
+/// Reads of a replay's objects in flight at once (`Follow::fill_objects`).
+const REPLAY_READS: usize = 8;
+
+/// `keys` as they were at `revision`, in one transaction; where etcd
+/// compacted that revision, as they are now (`true`), for the caller to
+/// check that nothing wrote them since.
+async fn read_history(
+    client: Client,
+    options: EtcdOptions,
+    keys: Vec<Vec<u8>>,
+    revision: i64,
+) -> Result<(TxnResponse, bool), StoreError> {
+    let during = "reading the log's objects";
+    let mut kv = client.kv_client();
+    for (at, now) in [(revision, false), (0, true)] {
+        let ops: Vec<TxnOp> =
+            keys.iter().map(|k| TxnOp::get(k.clone(), Some(GetOptions::new().with_revision(at)))).collect();
+        match tokio::time::timeout(options.request_timeout, kv.txn(Txn::new().and_then(ops))).await {
+            Ok(Ok(resp)) => return Ok((resp, now)),
+            // etcd's ErrCompacted: "mvcc: required revision has been compacted".
+            Ok(Err(etcd_client::Error::GRpcStatus(s)))
+                if i32::from(s.code()) == OUT_OF_RANGE && s.message().contains("compacted") => {}
+            Ok(Err(e)) => return Err(etcd_error(during, e)),
+            Err(_) => return Err(timed_out(during, options)),
+        }
+    }
+    Err(StoreError::Etcd(format!("{during}: etcd says even its newest revision is compacted")))
 }
 
 /// gRPC codes with which etcd refuses a request before applying it
