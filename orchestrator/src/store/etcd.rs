@@ -381,14 +381,17 @@ impl Follow {
     /// Applies one watch response: newer events go into the mirror, the
     /// log entries among them are published.
     fn apply_events(&self, events: &[etcd_client::Event]) {
+        let mut m = self.write();
         // A slim log entry's object is the put of its key in the same
-        // transaction: etcd never splits one revision's events between responses.
+        // transaction: etcd never splits one revision's events between
+        // responses. Only events the mirror has not seen (not the echo of
+        // this server's own commits, which it applied already).
         let puts: std::collections::HashMap<(&[u8], i64), &[u8]> = events
             .iter()
             .filter(|ev| ev.event_type() == EventType::Put)
-            .filter_map(|ev| ev.kv().map(|kv| ((kv.key(), kv.mod_revision()), kv.value())))
+            .filter_map(|ev| ev.kv().filter(|kv| kv.mod_revision() > m.revision))
+            .map(|kv| ((kv.key(), kv.mod_revision()), kv.value()))
             .collect();
-        let mut m = self.write();
         let mut top = m.revision;
         let mut changes = Vec::new();
         let mut lost = false;

@@ -218,13 +218,13 @@ const KEY_RV: &[u8] = b"meta/rv";
 const KEY_LOG_START: &[u8] = b"meta/log_start";
 const LOG_PREFIX: &str = "log/";
 
-/// A change as its log entry stores it. Slim (etcd): a put's object is left
-/// out, since the entry's own transaction writes it under `object_key`, so
-/// etcd's history holds it at the entry's revision; a deletion keeps it (its
-/// key is gone). An empty `object` marks the slim entry: an object's JSON is
+/// A change as its log entry stores it. Slim (etcd, where `Batcher::admit`
+/// allows it): the object is left out, since the entry's own transaction
+/// writes it under `object_key`, so etcd's history holds it at the entry's
+/// revision. An empty `object` marks the slim entry: an object's JSON is
 /// never empty. This halves what every etcd member writes per change.
 fn log_entry(c: &Change, slim: bool) -> Result<Vec<u8>, serde_json::Error> {
-    if !slim || c.event_type == WatchEventType::Deleted {
+    if !slim {
         return serde_json::to_vec(c);
     }
     serde_json::to_vec(&Change {
@@ -591,9 +591,10 @@ impl Batcher {
                 .map_err(|source| Admit::Refused(StoreError::Encode { key: format!("log/{}", c.rv), source }))
         };
         // A slim entry's object is read back under its key at the batch's
-        // revision, so only a key's last change in the batch may be slim: one
-        // written again (by this write, or by a later one in the batch) keeps
-        // its object in the entry.
+        // revision, so only a put that is its key's last change in the batch
+        // may be slim: a deletion (its key is gone) and a change whose key is
+        // written again (by this write, or by a later one in the batch) keep
+        // their object in the entry.
         let written_again = |c: &Change, later: &[Change]| later.iter().any(|l| l.kind == c.kind && l.name == c.name);
         let mut log = Vec::with_capacity(s.changes.len());
         let mut slim = Vec::with_capacity(s.changes.len());
@@ -866,23 +867,21 @@ impl Published {
     /// then moves the published version to `rv`.
     fn publish(&self, rv: u64, log_start: u64, changes: impl IntoIterator<Item = Change>) {
         self.log_start.fetch_max(log_start, Ordering::AcqRel);
+        // Held while the version moves: a refill that reads the version
+        // finds every change up to it in `recent`.
+        let mut r = self.recent();
         for c in changes {
             if c.rv <= self.rv.load(Ordering::Acquire) {
                 continue;
             }
             let prev = self.last_sent.swap(c.rv, Ordering::AcqRel);
             let sent = Sent { prev, change: Arc::new(c) };
-            {
-                // Before the version moves: a refill that reads the version
-                // finds every change up to it here.
-                let mut r = self.recent();
-                r.bytes += change_bytes(&sent.change);
-                r.sent.push_back(sent.clone());
-                while r.bytes > RECENT_BYTES || r.sent.len() > RECENT_CHANGES {
-                    let Some(old) = r.sent.pop_front() else { break };
-                    r.bytes -= change_bytes(&old.change);
-                    r.floor = r.floor.max(old.change.rv);
-                }
+            r.bytes += change_bytes(&sent.change);
+            r.sent.push_back(sent.clone());
+            while r.bytes > RECENT_BYTES || r.sent.len() > RECENT_CHANGES {
+                let Some(old) = r.sent.pop_front() else { break };
+                r.bytes -= change_bytes(&old.change);
+                r.floor = r.floor.max(old.change.rv);
             }
             self.rv.store(sent.change.rv, Ordering::Release);
             let _ = self.changes.send(sent);
