@@ -172,7 +172,8 @@ fn pod() -> Value {
             "terminationGracePeriodSeconds": 30,
             "init": true,
             "ttlSecondsAfterFinished": 600,
-            "volumes": [{"name": "scratch", "hostPath": {"path": "/srv/scratch"}}]
+            "volumes": [{"name": "scratch", "hostPath": {"path": "/srv/scratch"}}],
+            "pidsLimit": 256
         },
         "status": pod_status()
     })

@@ -43,6 +43,9 @@ pub const MAX_JOIN_ATTEMPT_LEN: usize = 64;
 /// Members of one job (`spec.parallelism`): all of them are stored in the
 /// job's own write.
 pub const MAX_JOB_MEMBERS: u32 = 4096;
+/// Largest `spec.pidsLimit`: Linux's `PID_MAX_LIMIT` (2^22), more than any
+/// node can hold, so a larger value can only be a mistake.
+pub const MAX_PIDS_LIMIT: u64 = 1 << 22;
 /// hostPath volumes per pod.
 pub const MAX_VOLUMES: usize = 64;
 /// Bytes of a host or mount path (Linux's `PATH_MAX`).

@@ -77,6 +77,11 @@ pub struct PodSpec {
     /// program, its input and its output on the node's (shared) filesystem.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// The most processes and threads each container of the pod may hold at
+    /// once (its cgroup's `pids.max`), from 1 to `limits::MAX_PIDS_LIMIT`;
+    /// the node's `--pod-pids-limit` when unset. A fork bomb stops there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u64>,
 }
 
 /// A host folder a pod's containers may mount.

@@ -348,6 +348,11 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     if pod.spec.ttl_seconds_after_finished.is_some_and(|t| t > MAX_TTL_SECONDS) {
         e.push("spec.ttlSecondsAfterFinished", format!("at most {MAX_TTL_SECONDS} seconds (a year)"));
     }
+    if let Some(n) = pod.spec.pids_limit {
+        if !(1..=crate::limits::MAX_PIDS_LIMIT).contains(&n) {
+            e.push("spec.pidsLimit", format!("from 1 to {} processes, got {n}", crate::limits::MAX_PIDS_LIMIT));
+        }
+    }
     if pod.spec.node_name.as_deref().is_some_and(|n| !is_dns1123_subdomain(n)) {
         e.push("spec.nodeName", "must be a DNS-1123 subdomain");
     }
@@ -894,6 +899,10 @@ spec:
                 vec!["metadata.annotations"],
             ),
             (Box::new(|p| p.spec.ttl_seconds_after_finished = Some(MAX_TTL_SECONDS)), vec![]),
+            (Box::new(|p| p.spec.pids_limit = Some(1)), vec![]),
+            (Box::new(|p| p.spec.pids_limit = Some(crate::limits::MAX_PIDS_LIMIT)), vec![]),
+            (Box::new(|p| p.spec.pids_limit = Some(0)), vec!["spec.pidsLimit"]),
+            (Box::new(|p| p.spec.pids_limit = Some(crate::limits::MAX_PIDS_LIMIT + 1)), vec!["spec.pidsLimit"]),
             (
                 Box::new(|p| p.spec.ttl_seconds_after_finished = Some(MAX_TTL_SECONDS + 1)),
                 vec!["spec.ttlSecondsAfterFinished"],

@@ -234,6 +234,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             init: !args.no_init,
             ttl_seconds_after_finished: None,
             volumes,
+            pids_limit: None,
         },
         status: None,
     })
