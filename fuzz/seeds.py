@@ -149,8 +149,15 @@ def main():
         "events": "GET /api/v1/events?kind=Node&name=n1\n\n",
         "health": "GET /healthz\n\n",
     }
+    # The target's input: request line, caller, Content-Type, Authorization, body.
     for n, r in requests.items():
-        put("api_request", n, r)
+        first, rest = r.split("\n", 1)
+        caller = "anonymous" if n in ("join", "health") else ("node:n1" if n in ("heartbeat", "report", "register") else "admin")
+        put("api_request", n, first + "\n" + caller + "\n\n" + rest)
+    put("api_request", "create-as-json", "POST /api/v1/pods\nadmin\napplication/json\n\n" + POD_JSON)
+    put("api_request", "anonymous-create", "POST /api/v1/pods\nanonymous\n\n\n" + POD_JSON)
+    put("api_request", "other-cn-list", "GET /api/v1/pods\ncn:mallory\n\n\n")
+    put("api_request", "nested", "POST /api/v1/jobs\nadmin\n\n\n{\"k\": " + "[" * 2000 + "]" * 2000 + "}")
 
     # Every input a target once failed on stays a seed.
     for kept in ("specs/tests/fuzz-regressions", "nodelet/tests/fuzz-regressions"):

@@ -41,9 +41,21 @@ fn installed_units_pass_systemds_own_checks() {
     let units = tmp.path().join("units");
     let (ok, out) = install(&units, &["server", "--", "--data-dir", "/var/lib/pinion", "--listen", "0.0.0.0:7443"]);
     assert!(ok, "{out}");
+    let token_file = tmp.path().join("etc/join-token");
     let (ok, out) = install(
         &units,
-        &["agent", "--", "--server", "https://10.0.0.1:7443", "--token", "abc.def", "--label", "zone=edge 1"],
+        &[
+            "agent",
+            "--token-file",
+            token_file.to_str().expect("utf-8"),
+            "--",
+            "--server",
+            "https://10.0.0.1:7443",
+            "--token",
+            "abc.def",
+            "--label",
+            "zone=edge 1",
+        ],
     );
     assert!(ok, "{out}");
     for unit in ["pinion-server.service", "pinion-agent.service"] {
@@ -56,11 +68,18 @@ fn installed_units_pass_systemds_own_checks() {
         assert!(text.contains(&format!("ExecStart={PINION} ")), "{text}");
     }
     let agent = std::fs::read_to_string(units.join("pinion-agent.service")).expect("agent unit");
-    for line in ["Delegate=yes\n", "KillMode=process\n", "\"zone=edge 1\"", "--token abc.def"] {
+    let by_file = format!("--token-file {}", token_file.display());
+    for line in ["Delegate=yes\n", "KillMode=process\n", "\"zone=edge 1\"", &by_file] {
         assert!(agent.contains(line), "agent unit lacks {line:?}:\n{agent}");
     }
-    let mode = |u: &str| std::fs::metadata(units.join(u)).expect("unit").permissions().mode() & 0o777;
-    assert_eq!(mode("pinion-agent.service"), 0o600, "a unit holding the join token is root's only");
+    // The token is in a file of root's, never in the unit, so never in `ps`.
+    assert!(!agent.contains("abc.def"), "the unit holds the token:\n{agent}");
+    assert_eq!(std::fs::read_to_string(&token_file).expect("token file"), "abc.def\n");
+    let mode_of = |p: &Path| std::fs::metadata(p).expect("file").permissions().mode() & 0o777;
+    assert_eq!(mode_of(&token_file), 0o600, "the token file is root's only");
+    assert_eq!(mode_of(token_file.parent().expect("dir")), 0o700);
+    let mode = |u: &str| mode_of(&units.join(u));
+    assert_eq!(mode("pinion-agent.service"), 0o644);
     assert_eq!(mode("pinion-server.service"), 0o644);
     // Flags the daemon would refuse are refused here, and nothing is written.
     let (ok, out) = install(&units, &["server", "--", "--listn", "0.0.0.0:7443"]);
@@ -109,14 +128,15 @@ fn the_server_and_the_agent_tell_systemd_they_are_ready() {
         .find_map(|l| l.trim().trim_start_matches("- ").trim_start_matches("server: ").strip_prefix("https://"))
         .map(|rest| format!("https://{rest}"))
         .expect("a server URL in admin.conf");
-    let token = std::fs::read_to_string(srv.join("join-token")).expect("join token");
+    // The token from a file, as an installed unit passes it.
+    let token = srv.join("join-token");
     let node = dir.join("node");
     let _agent = spawn(&[
         "agent",
         "--server",
         &url,
-        "--token",
-        token.trim(),
+        "--token-file",
+        token.to_str().expect("utf-8"),
         "--runtime",
         "hollow",
         "--synthetic",

@@ -3,6 +3,8 @@
 - `field_named`: issue 12 asks that every 4xx caused by a field name it. A 400,
   and a 422 `Invalid`, must carry `details` with a non-empty `field` each
   (the body's path, a query or path parameter, or `(body)`).
+- `anonymous_refused`: in the anonymous pass (run.sh without a client
+  certificate) every route but /healthz, /version and the join answers 401.
 - Watches and log follows never end on their own, so `before_call` turns
   `watch` and `follow` off (the attach stream is excluded on the command line).
 - `after_call` counts requests and status codes into $PINION_SCHEMATHESIS_STATS
@@ -36,6 +38,23 @@ def field_named(ctx, response, case):
         raise AssertionError(
             f"{response.status_code} {body.get('reason')} names no field: {body.get('message')!r}"
         )
+    return None
+
+
+# What a caller without a certificate may reach (the join carries its token).
+PUBLIC = {"/healthz", "/version", "/api/v1/join"}
+
+
+@schemathesis.check
+def anonymous_refused(ctx, response, case):
+    """In the anonymous pass every other route answers 401, before its body is read."""
+    if os.environ.get("PINION_SCHEMATHESIS_ANONYMOUS") != "1":
+        return None
+    if case.path in PUBLIC:
+        return None
+    # 404/405 come from the router before the door; nothing was read either.
+    if response.status_code not in (401, 404, 405):
+        raise AssertionError(f"{case.method} {case.path} without a certificate answered {response.status_code}, not 401")
     return None
 
 

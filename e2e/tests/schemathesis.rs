@@ -26,6 +26,8 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_EXAMPLES: &str = "20";
 const DEFAULT_SEED: &str = "12";
+/// Examples per operation in the pass without a certificate (each is a 401).
+const ANONYMOUS_EXAMPLES: &str = "5";
 
 /// Runs `cmd` to its end or `limit`; its status (None: killed at the limit).
 fn wait_bounded(mut child: Child, limit: Duration) -> anyhow::Result<Option<std::process::ExitStatus>> {
@@ -146,8 +148,6 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
     let status = wait_bounded(child, RUN_TIMEOUT)?;
     let took = started.elapsed();
     let output = std::fs::read_to_string(&report).unwrap_or_default();
-    let server_errors = std::fs::read_to_string(&server_log).unwrap_or_default();
-    let alive = server.0.try_wait()?.is_none();
     eprintln!(
         "schemathesis: {examples} examples per operation, seed {seed}, {:.1} s; {}",
         took.as_secs_f64(),
@@ -162,6 +162,39 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
         Some(s) if !s.success() => bail!("Schemathesis reported findings ({s}):\n{tail}"),
         Some(_) => {}
     }
+    // The same operations without a certificate: everything but the public
+    // routes is refused (hooks.py's `anonymous_refused`), nothing panics.
+    let anonymous_dir = dir.path().join("anonymous");
+    std::fs::create_dir_all(&anonymous_dir)?;
+    std::fs::copy(creds_dir.join("ca.pem"), anonymous_dir.join("ca.pem"))?;
+    std::fs::copy(creds_dir.join("join-token"), anonymous_dir.join("join-token"))?;
+    let anonymous_report = dir.path().join("schemathesis-anonymous.txt");
+    let report_file = std::fs::File::create(&anonymous_report)?;
+    let child = Command::new("bash")
+        .arg(repo.join("e2e/schemathesis/run.sh"))
+        .arg(&st)
+        .arg(&url)
+        .arg(&anonymous_dir)
+        .arg(ANONYMOUS_EXAMPLES)
+        .args(["--seed", &seed])
+        .current_dir(dir.path())
+        .stdout(report_file.try_clone()?)
+        .stderr(Stdio::from(report_file))
+        .spawn()
+        .context("running e2e/schemathesis/run.sh without a certificate")?;
+    let status = wait_bounded(child, RUN_TIMEOUT)?;
+    let output = std::fs::read_to_string(&anonymous_report).unwrap_or_default();
+    let tail: String = {
+        let lines: Vec<&str> = output.lines().collect();
+        lines[lines.len().saturating_sub(150)..].join("\n")
+    };
+    match status {
+        None => bail!("the anonymous Schemathesis run did not finish in {RUN_TIMEOUT:?}:\n{tail}"),
+        Some(s) if !s.success() => bail!("the anonymous Schemathesis run reported findings ({s}):\n{tail}"),
+        Some(_) => {}
+    }
+    let server_errors = std::fs::read_to_string(&server_log).unwrap_or_default();
+    let alive = server.0.try_wait()?.is_none();
     if !alive {
         bail!("the server exited during the run:\n{server_errors}");
     }

@@ -47,7 +47,9 @@ pub struct JoinConfig {
     pub ca: Option<PathBuf>,
     /// Node labels for the scheduler's nodeSelector.
     pub labels: BTreeMap<String, String>,
-    /// Where the node's HTTPS endpoint listens; port 0 picks a free one.
+    /// Where the node's HTTPS endpoint listens: `IP:PORT`, or `:PORT` for
+    /// the node's own address (`advertise_address`, else the one on the
+    /// route to the server); port 0 picks a free one.
     pub endpoint_listen: String,
     /// The address the server calls the endpoint on [default: the listener's
     /// address, or this host's address on the route to the server].
@@ -256,20 +258,34 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
         liveness: join.liveness,
     };
     let creds = crate::link::credentials(&link).await?;
-    let listener = TcpListener::bind(&join.endpoint_listen)
-        .await
-        .map_err(|source| DaemonError::EndpointListen { addr: join.endpoint_listen.clone(), source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| DaemonError::EndpointListen { addr: join.endpoint_listen.clone(), source })?;
+    let listen_err = |source| DaemonError::EndpointListen { addr: join.endpoint_listen.clone(), source };
+    // `:PORT` (the default) listens on the node's own address only: the one
+    // it advertises, else the one on its route to the server. An address
+    // given in full (`0.0.0.0:PORT` included) is taken as said.
+    let node_address = || -> Result<IpAddr, DaemonError> {
+        match join.advertise_address {
+            Some(ip) => Ok(ip),
+            // The servers of one site share a route; the first one stands for all.
+            None => {
+                let server = creds.servers.first().ok_or(DaemonError::NoServers)?;
+                route_address(server).map_err(|source| DaemonError::Route { server: server.clone(), source })
+            }
+        }
+    };
+    let listener = match join.endpoint_listen.strip_prefix(':') {
+        Some(port) => {
+            let port: u16 = port.parse().map_err(|_| {
+                listen_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a port (use :PORT or IP:PORT)"))
+            })?;
+            TcpListener::bind(SocketAddr::new(node_address()?, port)).await.map_err(listen_err)?
+        }
+        None => TcpListener::bind(&join.endpoint_listen).await.map_err(listen_err)?,
+    };
+    let local = listener.local_addr().map_err(listen_err)?;
     let ip = match join.advertise_address {
         Some(ip) => ip,
         None if !local.ip().is_unspecified() => local.ip(),
-        // The servers of one site share a route; the first one stands for all.
-        None => {
-            let server = creds.servers.first().ok_or(DaemonError::NoServers)?;
-            route_address(server).map_err(|source| DaemonError::Route { server: server.clone(), source })?
-        }
+        None => node_address()?,
     };
     let tls = creds.serving_config().map_err(|source| DaemonError::NodeCertificate {
         path: crate::link::credentials_path(&agent.data_dir),

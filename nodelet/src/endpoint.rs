@@ -24,10 +24,11 @@
 //! file, so "not running" seen at the end of the file means nothing is missing.
 //! A rotation (the path now names another inode) is followed to the new file.
 //!
-//! At most `EndpointConfig::max_connections` connections are served at once
-//! (the accept loop waits beyond, so a flood of callers costs a backlog, not
-//! memory); a quiet connection gets an HTTP/2 PING every heartbeat and TCP
-//! keepalive, so a caller whose path went silent is let go.
+//! At most `EndpointConfig::max_connections` connections of the server's
+//! proxy and the admin are served at once, and a few of anyone else's; the
+//! handshake, the first request byte, each write and idleness are bounded
+//! (`pinion_client::door`); a quiet connection gets an HTTP/2 PING every
+//! heartbeat and TCP keepalive, so a caller whose path went silent is let go.
 
 use std::convert::Infallible;
 use std::os::unix::fs::MetadataExt;
@@ -48,13 +49,22 @@ use specs::api::{ApiError, ExecFrame, ExecRequest, Liveness, TextChunks};
 use specs::status::ContainerState;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use pinion_client::door::{self, Activity, Bounds, Pool, WhenFull, Watched};
+use tokio::sync::{mpsc, watch};
 
 use crate::runtime::{ExecProcess, Runtime, RuntimeError};
 use crate::source::NodeReport;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A log or exec reply the caller does not read for this long ends its connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The whole life of a connection from a caller who may call nothing.
+const UNKNOWN_LIFETIME: Duration = Duration::from_secs(30);
+/// Connections of callers who may call nothing, held at once.
+const UNKNOWN_CONNECTIONS: usize = 16;
 const POLL: Duration = Duration::from_millis(200);
 const CHUNK: usize = 64 * 1024;
 /// Largest exec request body (a command within `specs::limits`' bounds; the
@@ -91,7 +101,28 @@ struct Ctx {
     metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// Serves until `stop` turns true.
+/// The bounds of a caller's connection (`pinion_client::door`): the
+/// server's proxy keeps one connection per node, pinged every heartbeat, so
+/// only an unknown caller is held to a short life.
+fn bounds(known: bool) -> Bounds {
+    let known_bounds = Bounds {
+        first_byte: FIRST_BYTE_TIMEOUT,
+        idle: IDLE_TIMEOUT,
+        write_stall: WRITE_TIMEOUT,
+        lifetime: None,
+    };
+    if known {
+        known_bounds
+    } else {
+        Bounds { idle: FIRST_BYTE_TIMEOUT, lifetime: Some(UNKNOWN_LIFETIME), ..known_bounds }
+    }
+}
+
+/// Serves until `stop` turns true. The accept loop never waits: a
+/// connection takes a seat in the handshake pool (the oldest evicted when
+/// full), then one in the pool of its caller (the server's proxy and the
+/// admin: refused when full; anyone else: a small pool, the oldest evicted),
+/// so a flood of raw connections cannot keep the server's proxy out.
 // Each argument is a separate piece of the daemon's wiring (as `daemon::run` holds them).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
@@ -106,9 +137,11 @@ pub async fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let ctx = Ctx { data_dir, reports, runtime, liveness: config.liveness, stop: stop.clone(), metrics };
-    let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let handshakes = Pool::new("handshake", config.max_connections.max(1), WhenFull::EvictOldest);
+    let known = Pool::new("known", config.max_connections.max(1), WhenFull::Refuse);
+    let unknown = Pool::new("unknown", UNKNOWN_CONNECTIONS, WhenFull::EvictOldest);
     loop {
-        let Some((permit, accepted)) = next_connection(&listener, &slots, &mut stop).await else { return };
+        let Some(accepted) = next_connection(&listener, &mut stop).await else { return };
         let (tcp, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
@@ -122,15 +155,25 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         pinion_client::keep_alive(&tcp, &config.liveness);
         let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
+        // Seated here, in the order of arrival, so that "oldest" means it.
+        let Some(mut seat) = handshakes.enter() else { continue };
+        let (known, unknown) = (known.clone(), unknown.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "endpoint: TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "endpoint: TLS handshake timed out"),
+            let tls = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => match r {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "endpoint: TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "endpoint: TLS handshake timed out"),
+                },
+                _ = seat.evicted() => return tracing::debug!(%peer, "endpoint: handshake evicted by newer ones"),
             };
+            drop(seat);
             let caller = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(common_name);
             let allowed = matches!(caller.as_deref(), Some(PROXY_CN) | Some(ADMIN_CN));
+            let pool = if allowed { &known } else { &unknown };
+            let Some(mut seat) = pool.enter() else {
+                return tracing::warn!(%peer, "endpoint: connection refused: every slot is taken");
+            };
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let ctx = ctx.clone();
                 let caller = caller.clone();
@@ -153,8 +196,14 @@ pub async fn serve(
                 .timer(TokioTimer::new())
                 .keep_alive_interval(config.liveness.heartbeat)
                 .keep_alive_timeout(config.liveness.silence().saturating_sub(config.liveness.heartbeat));
-            if let Err(e) = builder.serve_connection(TokioIo::new(tls), svc).await {
-                tracing::debug!(error = %e, "endpoint: connection ended");
+            let activity = Activity::new();
+            let conn = builder.serve_connection(TokioIo::new(Watched::new(tls, activity.clone())), svc);
+            tokio::select! {
+                r = conn => if let Err(e) = r { tracing::debug!(error = %e, "endpoint: connection ended") },
+                why = door::watch(activity, bounds(allowed)) => {
+                    tracing::debug!(%peer, reason = %why, "endpoint: connection closed");
+                }
+                _ = seat.evicted() => tracing::debug!(%peer, "endpoint: connection evicted by newer ones"),
             }
         });
     }
@@ -192,20 +241,13 @@ pub(crate) fn metrics_response(metrics: &crate::metrics::Metrics) -> Response<Bo
     r
 }
 
-/// A free connection slot, then the next connection (or its accept error);
-/// `None` once `stop` turns true. Waiting for the slot first keeps a flood of
-/// callers in the kernel's backlog rather than in memory.
+/// The next connection (or its accept error); `None` once `stop` turns true.
 async fn next_connection(
     listener: &TcpListener,
-    slots: &Arc<Semaphore>,
     stop: &mut watch::Receiver<bool>,
-) -> Option<(tokio::sync::OwnedSemaphorePermit, std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>)> {
-    let permit = tokio::select! {
-        p = slots.clone().acquire_owned() => p.ok()?,
-        _ = stop.wait_for(|s| *s) => return None,
-    };
+) -> Option<std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)>> {
     tokio::select! {
-        r = listener.accept() => Some((permit, r)),
+        r = listener.accept() => Some(r),
         _ = stop.wait_for(|s| *s) => None,
     }
 }
@@ -213,16 +255,17 @@ async fn next_connection(
 /// Serves `GET /metrics` in plain HTTP/1.1 on `listener` (a loopback
 /// address, for a scraper on this machine; `--local-listen`) until `stop`;
 /// any other request is a 404. Unauthenticated: the daemon refuses to bind
-/// anything but loopback.
+/// anything but loopback. At most `max_connections` at once, the oldest
+/// evicted beyond, each bounded like an unknown caller's.
 pub async fn serve_local(
     listener: TcpListener,
     metrics: Arc<crate::metrics::Metrics>,
     max_connections: usize,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(max_connections.max(1)));
+    let pool = Pool::new("local", max_connections.max(1), WhenFull::EvictOldest);
     loop {
-        let Some((permit, accepted)) = next_connection(&listener, &slots, &mut stop).await else { return };
+        let Some(accepted) = next_connection(&listener, &mut stop).await else { return };
         let tcp = match accepted {
             Ok((tcp, _)) => tcp,
             Err(e) => {
@@ -232,8 +275,8 @@ pub async fn serve_local(
             }
         };
         let metrics = metrics.clone();
+        let Some(mut seat) = pool.enter() else { continue };
         tokio::spawn(async move {
-            let _permit = permit;
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let r = match (req.method(), req.uri().path()) {
                     (&Method::GET, "/metrics") => metrics_response(&metrics),
@@ -241,12 +284,17 @@ pub async fn serve_local(
                 };
                 async move { Ok::<_, Infallible>(r) }
             });
+            let activity = Activity::new();
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tcp), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "local listener: connection ended");
+                .serve_connection(TokioIo::new(Watched::new(tcp, activity.clone())), svc);
+            tokio::select! {
+                r = conn => if let Err(e) = r { tracing::debug!(error = %e, "local listener: connection ended") },
+                why = door::watch(activity, bounds(false)) => {
+                    tracing::debug!(reason = %why, "local listener: connection closed");
+                }
+                _ = seat.evicted() => {}
             }
         });
     }

@@ -3,7 +3,8 @@
 //! listener; `run` serves until shutdown, then drains and flushes. `pinion
 //! server` only parses flags and calls these.
 //!
-//! Data dir layout: `store/` (sled), `pki/`, `admin.conf`, `join-token`.
+//! Data dir layout (0700, every file in it 0600): `store/` (sled), `pki/`,
+//! `admin.conf`, `join-token`.
 //!
 //! With `ServerOptions::etcd` the store is etcd's instead of `store/`, the CA
 //! and the join token are the cluster's (`identity`), and the scheduler and
@@ -140,7 +141,7 @@ impl Server {
             },
         };
         let dir = options.data_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
+        private_dir(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
         // On etcd the first server to start creates the cluster's identity.
         let mut identity_created = false;
         let (store, etcd) = match &options.etcd {
@@ -210,6 +211,9 @@ impl Server {
         };
         servers.extend(others.into_iter().filter(|u| Some(u) != options.advertise_url.as_ref()));
         write_admin_config(&pki, &admin_config, &servers)?;
+        // Pod specs (their env) are in the store, and sled makes its files
+        // with the umask's mode; the dir's 0700 is what guards them, this the rest.
+        tighten(&dir, 4).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
         Ok(Server {
             listener,
             addr,
@@ -296,6 +300,7 @@ impl Server {
             advertise_url: self.options.advertise_url.clone(),
             proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?), self.options.api.liveness),
             metrics,
+            joins: Default::default(),
         });
         let local = self.local.map(|(listener, _)| {
             tokio::spawn(crate::api::local::serve(listener, state.clone(), self.options.api, shutdown.clone()))
@@ -312,7 +317,12 @@ impl Server {
             .flush()
             .await
             .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
-        if self.store.close(self.options.api.shutdown_timeout).await {
+        let closed = self.store.close(self.options.api.shutdown_timeout).await;
+        // sled writes its last snapshot on close, with the umask's mode.
+        if let Err(e) = tighten(&self.options.data_dir, 4) {
+            tracing::warn!(error = %e, dir = %self.options.data_dir.display(), "cannot make the data dir's files the server's only");
+        }
+        if closed {
             tracing::info!("server stopped; store flushed and closed");
         } else {
             tracing::warn!("server stopped; store flushed, but some handle kept it open");
@@ -387,6 +397,37 @@ async fn lead(
             }
         }
     }
+}
+
+/// Creates `dir` (and its parents) if missing and makes it 0700: the data
+/// dir holds the store, the CA's key and the admin's credentials. A data
+/// dir an older version made looser is tightened here.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Takes every permission of group and others off what is under `dir`
+/// (`depth` levels down), so files written before this version, or by a
+/// library that follows the umask, are the server's only.
+fn tighten(dir: &Path, depth: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.path().symlink_metadata()?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & 0o7700))?;
+        }
+        if meta.is_dir() && depth > 0 {
+            tighten(&entry.path(), depth - 1)?;
+        }
+    }
+    Ok(())
 }
 
 fn listen_host(listen: &str) -> String {

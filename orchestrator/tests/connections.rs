@@ -193,25 +193,35 @@ async fn an_idle_watch_carries_bookmarks_when_asked() {
     task.await.expect("server task").expect("server");
 }
 
-/// The server's accept loop serves at most `max_connections` at once: a
-/// third connection waits for a slot instead of costing a task and buffers.
+/// Connections that never start TLS sit in the handshake pool, whose oldest
+/// seat goes to a newcomer: they cannot keep the admin out. Known callers
+/// are counted in their own pool, which refuses beyond its cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_server_serves_at_most_its_connection_cap() {
+async fn silent_connections_cannot_keep_the_admin_out() {
+    use tokio::io::AsyncReadExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut opts = ServerOptions::new(dir.path(), "127.0.0.1:0");
-    opts.api.max_connections = 2;
+    opts.api.max_handshakes = 2;
+    opts.api.max_admin_connections = 1;
     let server = Server::bind(opts).await.expect("bind");
     let addr = server.local_addr();
-    let client = Client::new(&Credentials::load(&server.admin_config).expect("admin config")).expect("client");
+    let creds = Credentials::load(&server.admin_config).expect("admin config");
+    let client = Client::new(&creds).expect("client");
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(server.run(rx));
-    // Two connections that never start TLS hold both slots.
-    let hogs = [TcpStream::connect(addr).await.expect("first"), TcpStream::connect(addr).await.expect("second")];
-    let call = tokio::spawn(async move { client.list_pods(None).await.map(|l| l.items.len()) });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!call.is_finished(), "a third connection was served while two held the slots");
-    drop(hogs);
-    assert_eq!(call.await.expect("call task").expect("served once a slot is free"), 0);
+    // Two connections that never start TLS fill the handshake pool.
+    let mut hogs = [TcpStream::connect(addr).await.expect("first"), TcpStream::connect(addr).await.expect("second")];
+    let listed = tokio::time::timeout(Duration::from_secs(10), client.list_pods(None)).await;
+    assert_eq!(listed.expect("served in time").expect("served").items.len(), 0);
+    let mut buf = [0u8; 16];
+    let first = tokio::time::timeout(Duration::from_secs(1), hogs[0].read(&mut buf)).await;
+    assert!(matches!(first, Ok(Ok(0)) | Ok(Err(_))), "the oldest silent connection was let go: {first:?}");
+    // The admin's one seat is the pooled connection `client` holds; a second
+    // admin connection is refused, not queued.
+    let other = Client::new(&creds).expect("second client");
+    let refused = tokio::time::timeout(Duration::from_secs(10), other.list_pods(None)).await.expect("answered");
+    assert!(refused.is_err(), "a second admin connection was served beyond the cap of one");
+    drop(client);
     let _ = stop.send(true);
     task.await.expect("server task").expect("server");
 }

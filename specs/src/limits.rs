@@ -50,3 +50,7 @@ pub const MAX_PIDS_LIMIT: u64 = 1 << 22;
 pub const MAX_VOLUMES: usize = 64;
 /// Bytes of a host or mount path (Linux's `PATH_MAX`).
 pub const MAX_PATH_LEN: usize = 4096;
+/// Deepest nesting of `[` and `{` a YAML or JSON body may have: libyaml's
+/// scanner is quadratic in flow nesting (160,000 levels took 125 s), so a
+/// deeper body is refused before it sees it. Real manifests nest under 20.
+pub const MAX_NESTING: usize = 64;

@@ -172,10 +172,39 @@ fn remove_at(v: &mut serde_yaml_ng::Value, path: &[serde_path_to_error::Segment]
     }
 }
 
+/// Why `text` nests too deep to be handed to a YAML parser, if it does:
+/// more than `MAX_NESTING` unclosed `[` or `{` at some point. Counted over
+/// every byte, quoted or not (a string cannot hide an opening from libyaml's
+/// point of view without this scan knowing YAML's quoting rules), so it only
+/// ever refuses more, never less; a closing bracket never takes the count
+/// below zero, so leading closers cannot buy depth. Linear in the text.
+pub fn nesting_problem(text: &str) -> Option<String> {
+    let mut depth = 0usize;
+    for b in text.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > crate::limits::MAX_NESTING {
+                    return Some(format!(
+                        "nested deeper than {} levels of [ and {{",
+                        crate::limits::MAX_NESTING
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Parses and validates every pod in `text` (YAML or JSON; JSON is YAML).
 pub fn parse_pods(text: &str) -> Result<Vec<Pod>, ManifestError> {
     if text.len() > MAX_MANIFEST_BYTES {
         return Err(ManifestError::one("", format!("manifest larger than {MAX_MANIFEST_BYTES} bytes")));
+    }
+    if let Some(p) = nesting_problem(text) {
+        return Err(ManifestError::one("", p));
     }
     // First split into raw values: a document that is a list holds several pods.
     let mut values = Vec::new();
@@ -248,6 +277,20 @@ mod tests {
             (json.into(), Ok(1)),
             (json_list, Ok(2)),
             ("".into(), Err(&["no pod in manifest"])),
+            // 64 levels are a manifest's business; 65 never reach the parser.
+            (
+                format!("{{\"k\": {}{}}}", "[".repeat(63), "]".repeat(63)),
+                Err(&[
+                    "k: unknown field `k`, expected one of `apiVersion`, `kind`, `metadata`, `spec`, `status`",
+                    "apiVersion: missing field `apiVersion`",
+                ]),
+            ),
+            (
+                format!("{{\"k\": {}{}}}", "[".repeat(64), "]".repeat(64)),
+                Err(&["nested deeper than 64 levels of [ and {"]),
+            ),
+            // Closers first buy nothing.
+            (format!("{}{{\"k\": {}", "]".repeat(100), "[".repeat(64)), Err(&["nested deeper than 64 levels of [ and {"])),
             (
                 POD.replace("rootfs: host", "rootfs: host, cpuPolcy: exclusive"),
                 Err(&[

@@ -80,9 +80,14 @@ pub struct RunArgs {
     /// run the pods it binds here: the global `--server`, repeatable.
     #[arg(skip)]
     pub servers: Vec<String>,
-    /// The server's bootstrap join token (first start only; `DIR/join-token` on the server).
-    #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN")]
+    /// The server's bootstrap join token (first start only; `DIR/join-token`
+    /// on the server). On a shared machine prefer --token-file or the
+    /// environment: every local user can read a process's command line.
+    #[arg(long, value_name = "TOKEN", env = "PINION_JOIN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// A file holding the join token (its first line), as `pinion install` writes it.
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
     /// The server's CA certificate (its `pki/ca.crt`) for the first join; not
     /// needed with a token that pins the CA (`PIN.SECRET`, as the server prints it).
     #[arg(long, value_name = "FILE")]
@@ -91,8 +96,11 @@ pub struct RunArgs {
     #[arg(long = "label", value_name = "K=V")]
     pub labels: Vec<String>,
     /// Where the node's HTTPS endpoint (container logs, for the server) listens
-    /// when joined; port 0 picks a free one. Open it to the server only.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:10250")]
+    /// when joined: `:PORT` is the node's own address (--advertise-address,
+    /// else the one on the route to the server), not every interface;
+    /// `0.0.0.0:PORT` is every interface. Port 0 picks a free one. Open it to
+    /// the server only.
+    #[arg(long, value_name = "ADDR", default_value = ":10250")]
     pub endpoint_listen: String,
     /// The address the server should call the endpoint on [default: this
     /// host's address on the route to the server].
@@ -297,9 +305,16 @@ pub fn join_config(args: &RunArgs, liveness: specs::api::Liveness) -> anyhow::Re
         let (k, v) = l.split_once('=').with_context(|| format!("--label {l:?}: expected K=V"))?;
         labels.insert(k.to_string(), v.to_string());
     }
-    Ok((!args.servers.is_empty()).then(|| JoinConfig {
+    if args.servers.is_empty() {
+        return Ok(None);
+    }
+    let token = match &args.token_file {
+        None => args.token.clone(),
+        Some(path) => Some(read_token(path)?),
+    };
+    Ok(Some(JoinConfig {
         servers: args.servers.clone(),
-        token: args.token.clone(),
+        token,
         ca: args.ca.clone(),
         labels,
         endpoint_listen: args.endpoint_listen.clone(),
@@ -307,6 +322,26 @@ pub fn join_config(args: &RunArgs, liveness: specs::api::Liveness) -> anyhow::Re
         liveness,
         endpoint_max_connections: nodelet::endpoint::EndpointConfig::default().max_connections,
     }))
+}
+
+/// The token in `path`: its first line, which must not be empty. A file
+/// other users may read is used, with a warning.
+fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = std::fs::File::open(path).with_context(|| format!("--token-file {}", path.display()))?;
+    let mode = f.metadata().with_context(|| format!("--token-file {}", path.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(file = %path.display(), mode = format!("{:o}", mode & 0o777), "the join token file is readable by other users; chmod 600 it");
+    }
+    // A token is a line; a bound keeps a wrong path (a device, a log) from being read whole.
+    let mut text = String::new();
+    Read::take(&mut f, 4096).read_to_string(&mut text).with_context(|| format!("--token-file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.is_empty() {
+        bail!("--token-file {}: the file holds no token", path.display());
+    }
+    Ok(token.to_string())
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {

@@ -1,7 +1,9 @@
 //! `pinion install server|agent [--unit-dir DIR] [--bin PATH] -- FLAGS...`:
 //! writes the systemd unit that runs `pinion server` or `pinion agent` with
 //! these flags (checked as the daemon would parse them, before anything is
-//! written). Both are `Type=notify`: the daemon says it is ready once it
+//! written). A join token given as `--token` is written to a file of its own
+//! (root's only) and the unit passes `--token-file`, so `ps` never shows it.
+//! Both are `Type=notify`: the daemon says it is ready once it
 //! listens (the server) or has joined and opened its runtime (the agent).
 //! The agent's unit has `Delegate=yes` (it manages its containers' cgroups)
 //! and `KillMode=process` (stopping or restarting the agent never stops a
@@ -46,9 +48,40 @@ pub struct Args {
     /// The pinion binary the unit runs [default: this one].
     #[arg(long = "bin", value_name = "PATH")]
     pub binary: Option<PathBuf>,
+    /// Where a join token given as `--token` goes (agent): written there
+    /// readable by root only, and the unit says `--token-file PATH`, so the
+    /// token is never in the unit or in any process's command line.
+    #[arg(long, value_name = "PATH", default_value = "/etc/pinion/join-token")]
+    pub token_file: PathBuf,
     /// The daemon's flags, after `--` (e.g. `-- --data-dir /var/lib/pinion --listen 0.0.0.0:7443`).
     #[arg(last = true, value_name = "FLAGS")]
     pub flags: Vec<String>,
+}
+
+/// Takes `--token T` / `--token=T` out of `flags`: the token, and the flags
+/// with `--token-file PATH` in its place.
+fn take_token(flags: &[String], path: &Path) -> anyhow::Result<(Option<String>, Vec<String>)> {
+    let mut out = Vec::with_capacity(flags.len());
+    let mut token = None;
+    let mut words = flags.iter();
+    while let Some(f) = words.next() {
+        let value = if f == "--token" {
+            Some(words.next().context("--token needs a value")?.clone())
+        } else {
+            f.strip_prefix("--token=").map(str::to_string)
+        };
+        match value {
+            Some(v) => {
+                if token.replace(v).is_some() {
+                    bail!("--token is given twice");
+                }
+                out.push("--token-file".to_string());
+                out.push(path.to_str().context("the token file's path is not UTF-8")?.to_string());
+            }
+            None => out.push(f.clone()),
+        }
+    }
+    Ok((token, out))
 }
 
 /// Writes the unit; `check` parses `pinion VERB FLAGS...` as the binary would.
@@ -65,13 +98,28 @@ pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyho
     if !binary.is_absolute() {
         bail!("--bin {}: systemd needs an absolute path", binary.display());
     }
+    if !args.token_file.is_absolute() {
+        bail!("--token-file {}: systemd needs an absolute path", args.token_file.display());
+    }
     let systemd = systemd_version();
-    let text = unit(args.daemon, &binary, &args.flags, systemd)?;
+    let (token, flags) = take_token(&args.flags, &args.token_file)?;
+    let text = unit(args.daemon, &binary, &flags, systemd)?;
+    // The token first: a unit that names a file is never written without it.
+    if let Some(token) = token {
+        if let Some(dir) = args.token_file.parent() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
+        }
+        write_file(&args.token_file, &format!("{token}\n"), 0o600)?;
+        println!("wrote {} (the join token, readable by root only)", args.token_file.display());
+    }
     std::fs::create_dir_all(&args.unit_dir).with_context(|| format!("creating {}", args.unit_dir.display()))?;
     let path = args.unit_dir.join(args.daemon.unit_name());
-    // A join token is a secret: such a unit is readable by root only.
-    let secret = args.flags.iter().any(|f| f == "--token" || f.starts_with("--token="));
-    write_file(&path, &text, if secret { 0o600 } else { 0o644 })?;
+    write_file(&path, &text, 0o644)?;
     println!("wrote {}", path.display());
     println!("start it: systemctl daemon-reload && systemctl enable --now {}", args.daemon.unit_name());
     if args.daemon == Daemon::Agent && !has_delegate_subgroup(systemd) {
@@ -106,7 +154,9 @@ fn parse_systemd_version(text: &str) -> Option<u32> {
 fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("service.tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     // A leftover from an interrupted run would keep its own mode.
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()

@@ -60,6 +60,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             node: node_args.clone(),
             servers,
             token,
+            token_file: None,
             ca,
             labels: Vec::new(),
             endpoint_listen: "127.0.0.1:0".into(),

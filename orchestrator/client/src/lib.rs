@@ -28,6 +28,7 @@
 //! unanswered, which is what ends a log follow through a dead path.
 
 mod connect;
+pub mod door;
 mod lines;
 pub mod query;
 pub mod tls;

@@ -32,6 +32,8 @@ pub struct ApiState {
     /// How the server calls nodelets (pod logs): a pooled client per node.
     pub proxy: super::proxy::NodeClients,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Failed joins per source address (logged, rate-limited).
+    pub joins: super::joins::Joins,
 }
 
 pub enum Reply {

@@ -9,12 +9,14 @@
 pub mod apply;
 pub mod attach;
 pub mod error;
+pub mod joins;
 pub mod local;
 pub mod parse;
 pub mod proxy;
 pub mod routes;
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -27,11 +29,12 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
+use pinion_client::door::{self, Activity, Bounds, Pool, Seat, WhenFull, Watched};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use self::apply::{apply, bookmark_line, watch_line, ApiState, Reply};
 use self::error::{bad_request, error};
-use self::routes::{match_route, routes, Matched, Route};
+use self::routes::{match_route, routes, Matched, Route, RouteId};
 use crate::tls::Identity;
 
 /// A reply body. Its error ends a stream abruptly (HTTP/2 RST_STREAM, an
@@ -46,11 +49,31 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 pub struct ApiConfig {
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,
-    /// Connections served at once; the accept loop waits beyond that.
+    /// Largest body from a caller without a certificate (a join request).
+    pub anonymous_body_limit: usize,
+    /// Connections of nodes served at once; one more is refused.
     pub max_connections: usize,
+    /// Connections of the admin served at once; one more is refused.
+    pub max_admin_connections: usize,
+    /// Connections without a known identity (joins, health checks; the local
+    /// listener's callers); one more evicts the oldest.
+    pub max_anonymous_connections: usize,
+    /// TLS handshakes under way at once; one more evicts the oldest.
+    pub max_handshakes: usize,
     pub handshake_timeout: Duration,
     /// Time to send the request head, and separately the body.
     pub read_timeout: Duration,
+    /// From the handshake's end to the first request byte.
+    pub first_byte_timeout: Duration,
+    /// A connection where nothing moved either way for this long ends.
+    pub idle_timeout: Duration,
+    /// A reply the caller does not read for this long ends its connection.
+    pub write_timeout: Duration,
+    /// The whole life of a connection without a known identity.
+    pub anonymous_lifetime: Duration,
+    /// How long decoding one body may take before the caller is answered 503
+    /// (the decoding runs off the async workers, bounded in size and depth).
+    pub decode_timeout: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_timeout: Duration,
     /// How often an idle stream or connection carries something; clients
@@ -62,12 +85,101 @@ impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             body_limit: 1 << 20,
+            anonymous_body_limit: 16 << 10,
             max_connections: 4096,
+            max_admin_connections: 1024,
+            max_anonymous_connections: 256,
+            max_handshakes: 512,
             handshake_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
+            first_byte_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            write_timeout: Duration::from_secs(30),
+            anonymous_lifetime: Duration::from_secs(60),
+            decode_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(10),
             liveness: Liveness::default(),
         }
+    }
+}
+
+impl ApiConfig {
+    fn bounds(&self, class: Class) -> Bounds {
+        let known = Bounds {
+            first_byte: self.first_byte_timeout,
+            idle: self.idle_timeout,
+            write_stall: self.write_timeout,
+            lifetime: None,
+        };
+        match class {
+            Class::Admin | Class::Node | Class::Local => known,
+            Class::Anonymous => Bounds {
+                idle: self.idle_timeout.min(self.first_byte_timeout),
+                lifetime: Some(self.anonymous_lifetime),
+                ..known
+            },
+        }
+    }
+}
+
+/// The pools a connection is counted in, by who it proved to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Admin,
+    Node,
+    /// No certificate, or one naming no identity this server grants anything.
+    Anonymous,
+    /// The local listener's callers (loopback, no certificate, read-only).
+    Local,
+}
+
+impl Class {
+    fn of(identity: &Identity) -> Class {
+        match identity {
+            Identity::Admin => Class::Admin,
+            Identity::Node(_) => Class::Node,
+            Identity::Anonymous | Identity::Other(_) => Class::Anonymous,
+        }
+    }
+}
+
+struct Pools {
+    handshakes: Arc<Pool>,
+    admin: Arc<Pool>,
+    node: Arc<Pool>,
+    anonymous: Arc<Pool>,
+}
+
+impl Pools {
+    fn new(config: &ApiConfig, kind: &Listener) -> Pools {
+        let anonymous = match kind {
+            Listener::Api(_) => "anonymous",
+            Listener::Local => "local",
+        };
+        Pools {
+            handshakes: Pool::new("handshake", config.max_handshakes, WhenFull::EvictOldest),
+            admin: Pool::new("admin", config.max_admin_connections, WhenFull::Refuse),
+            node: Pool::new("node", config.max_connections, WhenFull::Refuse),
+            anonymous: Pool::new(anonymous, config.max_anonymous_connections, WhenFull::EvictOldest),
+        }
+    }
+
+    fn of(&self, class: Class) -> &Arc<Pool> {
+        match class {
+            Class::Admin => &self.admin,
+            Class::Node => &self.node,
+            Class::Anonymous | Class::Local => &self.anonymous,
+        }
+    }
+
+    /// Every connection at once, counted for shutdown.
+    fn total(config: &ApiConfig) -> usize {
+        config
+            .max_handshakes
+            .saturating_add(config.max_admin_connections)
+            .saturating_add(config.max_connections)
+            .saturating_add(config.max_anonymous_connections)
+            .min(Semaphore::MAX_PERMITS)
     }
 }
 
@@ -91,9 +203,11 @@ enum Listener {
     Local,
 }
 
-/// The bounded accept loop both listeners share: at most
-/// `config.max_connections` at once; on shutdown it stops accepting and waits
-/// (up to `shutdown_timeout`) for the connections to finish.
+/// The accept loop both listeners share. It never waits for a slot: a
+/// connection is seated in the handshake pool, then in its identity's pool
+/// (`pinion_client::door`), and closed where a pool refuses it; on shutdown
+/// it stops accepting and waits (up to `shutdown_timeout`) for the
+/// connections to finish.
 async fn accept_loop(
     listener: TcpListener,
     kind: Listener,
@@ -103,12 +217,10 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let table = Arc::new(table);
-    let slots = Arc::new(Semaphore::new(config.max_connections));
+    let pools = Arc::new(Pools::new(&config, &kind));
+    let total = Pools::total(&config);
+    let live = Arc::new(Semaphore::new(total));
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = shutdown.changed() => break,
-        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -121,41 +233,70 @@ async fn accept_loop(
             },
             _ = shutdown.changed() => break,
         };
+        // Every pool is full at once: nothing can be seated.
+        let Ok(permit) = live.clone().try_acquire_owned() else { continue };
         let _ = tcp.set_nodelay(true);
         pinion_client::keep_alive(&tcp, &config.liveness);
-        let (kind, state, table, shutdown) = (kind.clone(), state.clone(), table.clone(), shutdown.clone());
+        // Seated here, in the order of arrival, so that "oldest" means it.
+        let handshake = match kind {
+            Listener::Api(_) => pools.handshakes.enter(),
+            Listener::Local => None,
+        };
+        let (kind, state, table, pools, shutdown) =
+            (kind.clone(), state.clone(), table.clone(), pools.clone(), shutdown.clone());
         tokio::spawn(async move {
             let _permit = permit;
             match kind {
                 Listener::Api(acceptor) => {
-                    let tls = match tokio::time::timeout(config.handshake_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                    let Some(mut seat) = handshake else { return };
+                    let tls = tokio::select! {
+                        r = tokio::time::timeout(config.handshake_timeout, acceptor.accept(tcp)) => match r {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                            Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                        },
+                        _ = seat.evicted() => return tracing::debug!(%peer, "TLS handshake evicted by newer ones"),
                     };
-                    let identity = Arc::new(Identity::from_peer(tls.get_ref().1.peer_certificates()));
-                    serve_connection(tls, identity, false, state, table, config, shutdown).await;
+                    drop(seat);
+                    let identity = Identity::from_peer(tls.get_ref().1.peer_certificates());
+                    let class = Class::of(&identity);
+                    let pool = pools.of(class);
+                    let Some(seat) = pool.enter() else {
+                        return tracing::warn!(%peer, pool = pool.name(), "connection refused: its pool is full");
+                    };
+                    let conn = Conn { identity: Arc::new(identity), peer, local: false, seat, class };
+                    serve_connection(tls, conn, state, table, config, shutdown).await;
                 }
                 // Only the read-only routes of `local::routes` are in `table`;
                 // on them the local listener reads what the admin may read.
                 Listener::Local => {
-                    serve_connection(tcp, Arc::new(Identity::Admin), true, state, table, config, shutdown).await
+                    let Some(seat) = pools.of(Class::Local).enter() else { return };
+                    let conn = Conn { identity: Arc::new(Identity::Admin), peer, local: true, seat, class: Class::Local };
+                    serve_connection(tcp, conn, state, table, config, shutdown).await
                 }
             }
         });
     }
     drop(listener);
     // Every connection holds a permit: all permits back means all handlers gone.
-    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
-    if tokio::time::timeout(config.shutdown_timeout, slots.acquire_many(all)).await.is_err() {
+    let all = u32::try_from(total).unwrap_or(u32::MAX);
+    if tokio::time::timeout(config.shutdown_timeout, live.acquire_many(all)).await.is_err() {
         tracing::warn!("shutdown: some connections did not finish in time");
     }
 }
 
+/// One accepted connection, once its caller is known.
+struct Conn {
+    identity: Arc<Identity>,
+    peer: SocketAddr,
+    local: bool,
+    seat: Seat,
+    class: Class,
+}
+
 async fn serve_connection<S>(
     io: S,
-    identity: Arc<Identity>,
-    local: bool,
+    conn: Conn,
     state: Arc<ApiState>,
     table: Arc<Vec<Route>>,
     config: ApiConfig,
@@ -163,14 +304,15 @@ async fn serve_connection<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let Conn { identity, peer, local, mut seat, class } = conn;
     let stop = shutdown.clone();
     let svc = hyper::service::service_fn(move |req| {
         let (identity, state, table, stop) = (identity.clone(), state.clone(), table.clone(), stop.clone());
         async move {
             Ok::<_, Infallible>(if local {
-                local::respond(req, &identity, state, &table, config, stop).await
+                local::respond(req, &identity, peer, state, &table, config, stop).await
             } else {
-                handle(req, &identity, state, &table, config, stop).await
+                handle(req, &identity, peer, state, &table, config, stop).await
             })
         }
     });
@@ -187,13 +329,18 @@ async fn serve_connection<S>(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .keep_alive_interval(config.liveness.heartbeat)
         .keep_alive_timeout(config.liveness.silence().saturating_sub(config.liveness.heartbeat));
-    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    let activity = Activity::new();
+    let conn = builder.serve_connection(TokioIo::new(Watched::new(io, activity.clone())), svc);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "connection ended") },
+        why = door::watch(activity, config.bounds(class)) => {
+            tracing::debug!(%peer, ?class, reason = %why, "connection closed");
+        }
+        _ = seat.evicted() => tracing::debug!(%peer, ?class, "connection evicted by newer ones"),
         _ = shutdown.changed() => {
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            let _ = tokio::time::timeout(config.shutdown_timeout, conn).await;
         }
     }
 }
@@ -210,9 +357,41 @@ pub fn error_response(e: &ApiError) -> Response<Body> {
     json_response(e.code, body)
 }
 
+/// Routes a caller without a known identity may reach: health checks and
+/// the join (which carries its own proof, the token).
+pub fn public(route: RouteId) -> bool {
+    matches!(route, RouteId::Health | RouteId::Version | RouteId::Join)
+}
+
+/// Who asks is known before anything they send is read: a caller without a
+/// certificate, or with one naming no identity, reaches only `public` routes.
+fn admit(route: RouteId, identity: &Identity) -> Result<(), ApiError> {
+    match identity {
+        _ if public(route) => Ok(()),
+        Identity::Anonymous => {
+            Err(error::unauthorized("a client certificate is required (admin credentials or a joined node's)"))
+        }
+        Identity::Other(cn) => {
+            Err(error::forbidden(format!("certificate {cn:?} is not an admin or node identity")))
+        }
+        Identity::Admin | Identity::Node(_) => Ok(()),
+    }
+}
+
+/// What the front door decides before a byte of the body is read: a
+/// refusal, or the largest body this caller may send on this route.
+pub fn screen(route: RouteId, identity: &Identity, config: &ApiConfig) -> Result<usize, ApiError> {
+    admit(route, identity)?;
+    Ok(match identity {
+        Identity::Admin | Identity::Node(_) => config.body_limit,
+        Identity::Anonymous | Identity::Other(_) => config.anonymous_body_limit,
+    })
+}
+
 async fn handle(
     req: Request<Incoming>,
     identity: &Identity,
+    peer: SocketAddr,
     state: Arc<ApiState>,
     table: &[Route],
     config: ApiConfig,
@@ -235,19 +414,40 @@ async fn handle(
         }
         Matched::NotFound => return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path()))),
     };
-    let too_large =
-        || error(413, "RequestEntityTooLarge", format!("request body is larger than {} bytes", config.body_limit));
+    // Refused before the body is read: the body is never drained either, so
+    // an anonymous upload costs at most what the kernel buffered.
+    let limit = match screen(route, identity, &config) {
+        Ok(limit) => limit,
+        Err(e) => return error_response(&e),
+    };
+    if route == RouteId::Join {
+        if let Err(limited) = state.joins.admit(peer.ip()) {
+            let mut r = error_response(&error(
+                429,
+                "TooManyRequests",
+                format!(
+                    "too many failed joins from {}; try again in {} s",
+                    peer.ip(),
+                    limited.retry_after.as_secs().max(1)
+                ),
+            ));
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&limited.retry_after.as_secs().max(1).to_string()) {
+                r.headers_mut().insert(hyper::header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+    }
+    let too_large = || error(413, "RequestEntityTooLarge", format!("request body is larger than {limit} bytes"));
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > config.body_limit as u64) {
-        drain(req.into_body(), config).await;
+    if declared.is_some_and(|n| n > limit as u64) {
+        drain(req.into_body(), limit, config).await;
         return error_response(&too_large());
     }
     let (parts, mut body) = req.into_parts();
-    let limit = config.body_limit;
     let collected = tokio::time::timeout(config.read_timeout, async {
         let mut buf = bytes::BytesMut::new();
         while let Some(frame) = body.frame().await {
@@ -264,17 +464,25 @@ async fn handle(
     let body = match collected {
         Ok(Ok(Some(b))) => b,
         Ok(Ok(None)) => {
-            drain(body, config).await;
+            drain(body, limit, config).await;
             return error_response(&too_large());
         }
         Ok(Err(e)) => return error_response(&bad_request(format!("cannot read the body: {e}"))),
         Err(_) => return error_response(&error(408, "RequestTimeout", "the body did not arrive in time")),
     };
-    let action = match parse::parse(route, param, parts.uri.query().unwrap_or(""), &parts.headers, &body) {
+    let action = match decode(route, param, parts, body, config).await {
         Ok(a) => a,
         Err(e) => return error_response(&e),
     };
-    match apply(&state, identity, action).await {
+    let result = apply(&state, identity, action).await;
+    if route == RouteId::Join {
+        if let Err(e) = &result {
+            if e.code == 401 {
+                state.joins.failed(peer.ip(), &e.message);
+            }
+        }
+    }
+    match result {
         Ok(Reply::Json(code, v)) => json_response(code, v),
         Ok(Reply::Metrics(text)) => {
             let mut r = json_response(200, text.into_bytes());
@@ -361,10 +569,35 @@ impl Drop for WatchOpen {
     }
 }
 
+/// Parses a request into an action. A body is decoded on a blocking thread,
+/// never on the async workers, so no body can stall the other connections;
+/// its size and nesting are bounded (`parse`), and a decoding that still
+/// takes longer than `decode_timeout` is answered 503 (its thread finishes
+/// on its own).
+async fn decode(
+    route: RouteId,
+    param: Option<String>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+    config: ApiConfig,
+) -> Result<parse::Action, ApiError> {
+    let query = parts.uri.query().unwrap_or("").to_string();
+    if body.is_empty() {
+        return parse::parse(route, param, &query, &parts.headers, &body);
+    }
+    let headers = parts.headers;
+    let task = tokio::task::spawn_blocking(move || parse::parse(route, param, &query, &headers, &body));
+    match tokio::time::timeout(config.decode_timeout, task).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(error::internal(format!("decoding the body failed: {e}"))),
+        Err(_) => Err(error(503, "ServiceUnavailable", "decoding the body took too long")),
+    }
+}
+
 /// Reads and discards what is left of a refused body (up to 16 times the limit)
 /// so the client, still sending, reads the 413 instead of a broken pipe.
-async fn drain(mut body: Incoming, config: ApiConfig) {
-    let cap = config.body_limit.saturating_mul(16);
+async fn drain(mut body: Incoming, limit: usize, config: ApiConfig) {
+    let cap = limit.saturating_mul(16);
     let _ = tokio::time::timeout(config.read_timeout, async {
         let mut seen = 0usize;
         while let Some(Ok(frame)) = body.frame().await {

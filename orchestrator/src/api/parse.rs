@@ -88,7 +88,7 @@ pub fn parse(
                 Action::ListPods { selector, node }
             }
         }
-        RouteId::CreatePod => Action::CreatePod(Box::new(parse_pod(body)?)),
+        RouteId::CreatePod => Action::CreatePod(Box::new(parse_pod(body, is_json(headers))?)),
         RouteId::GetPod => Action::GetPod(name()?),
         RouteId::DeletePod => Action::DeletePod(name()?),
         RouteId::UpdatePodStatus => Action::UpdatePodStatus { name: name()?, status: Box::new(decode_json(body)?) },
@@ -147,20 +147,52 @@ pub fn parse(
             Action::ListEvents { kind, name: name.to_string() }
         }
         RouteId::ListJobs => Action::ListJobs { selector: selector(&q)? },
-        RouteId::CreateJob => Action::CreateJob(Box::new(parse_job(body)?)),
+        RouteId::CreateJob => Action::CreateJob(Box::new(parse_job(body, is_json(headers))?)),
         RouteId::GetJob => Action::GetJob(name()?),
         RouteId::DeleteJob => Action::DeleteJob(name()?),
     })
 }
 
+/// Whether the body says it is JSON: then it is decoded as JSON (linear, its
+/// depth bounded by serde_json), never by the YAML parser.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The body as text, refused before any parser sees it when it nests
+/// deeper than `specs::limits::MAX_NESTING` (libyaml is quadratic there;
+/// JSON is checked the same way so that the refusal reads the same).
+fn body_text(body: &Bytes) -> Result<&str, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| bad_field("(body)", "not UTF-8"))?;
+    match specs::manifest::nesting_problem(text) {
+        Some(p) => Err(bad_field("(body)", p)),
+        None => Ok(text),
+    }
+}
+
 /// A job, YAML or JSON: a decoding error names its field, then every
 /// semantic problem (`specs::job::validate_job`, the template's as a pod's
 /// under `spec.template`).
-pub fn parse_job(body: &Bytes) -> Result<specs::job::Job, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| bad_field("(body)", "not UTF-8"))?;
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    let mut job: specs::job::Job =
-        serde_path_to_error::deserialize(de).map_err(|e| invalid("Job", "", vec![json_field_error(&e)]))?;
+pub fn parse_job(body: &Bytes, json: bool) -> Result<specs::job::Job, ApiError> {
+    let text = body_text(body)?;
+    let mut job: specs::job::Job = if json {
+        // serde reads a struct from a list too; a job is an object.
+        if !text.trim_start().starts_with('{') {
+            return Err(invalid(
+                "Job",
+                "",
+                vec![FieldError { field: "(body)".into(), message: "a job is a JSON object".into() }],
+            ));
+        }
+        from_json(body).map_err(|e| invalid("Job", "", vec![e]))?
+    } else {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| invalid("Job", "", vec![json_field_error(&e)]))?
+    };
     let problems = specs::job::validate_job(&job);
     if !problems.is_empty() {
         return Err(invalid("Job", &job.metadata.name, problems));
@@ -214,10 +246,14 @@ fn decode_error(e: &serde_yaml_ng::Error) -> FieldError {
 }
 
 /// One pod from a YAML or JSON body, every problem with its field path.
-pub fn parse_pod(body: &Bytes) -> Result<Pod, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|_| bad_field("(body)", "not UTF-8"))?;
-    let value: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(text).map_err(|e| invalid("Pod", "", vec![decode_error(&e)]))?;
+pub fn parse_pod(body: &Bytes, json: bool) -> Result<Pod, ApiError> {
+    let text = body_text(body)?;
+    let value: serde_yaml_ng::Value = if json {
+        let v: serde_json::Value = from_json(body).map_err(|e| invalid("Pod", "", vec![e]))?;
+        serde_yaml_ng::to_value(v).map_err(|e| invalid("Pod", "", vec![decode_error(&e)]))?
+    } else {
+        serde_yaml_ng::from_str(text).map_err(|e| invalid("Pod", "", vec![decode_error(&e)]))?
+    };
     // Structural problems first (all of them), then the semantic ones.
     let mut decoded = specs::manifest::decode_pod(&value);
     // A problem with the document as a whole (a list, a string) has the empty path.
@@ -269,7 +305,7 @@ mod tests {
     use super::*;
 
     fn check_pod(manifest: &str, expected_fields: &[&str]) {
-        let got = parse_pod(&Bytes::from(manifest.to_string()));
+        let got = parse_pod(&Bytes::from(manifest.to_string()), false);
         let fields: Vec<String> = match got {
             Ok(_) => Vec::new(),
             Err(e) => e.details.iter().map(|d| d.field.clone()).collect(),
@@ -333,7 +369,7 @@ mod tests {
             ("devices", both("example.com/gpu", MAX_DEVICES as u128)),
         ];
         let check_pod = |what: &str, yaml: &str, ok: bool| {
-            let parsed = parse_pod(&Bytes::from(yaml.to_string()));
+            let parsed = parse_pod(&Bytes::from(yaml.to_string()), false);
             let pod = specs::Pod::from_yaml(yaml).expect(what);
             let validated = specs::validate::validate_pod(&pod);
             assert_eq!(parsed.is_ok(), ok, "{what}: parser: {:?}", parsed.err());
