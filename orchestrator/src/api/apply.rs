@@ -74,6 +74,8 @@ pub struct WatchFilter {
     pub selector: LabelSelector,
     /// Pods only: the node whose pods are watched.
     pub node: Option<String>,
+    /// False: each container's env keeps its names and loses its values.
+    pub env_values: bool,
 }
 
 impl WatchFilter {
@@ -101,7 +103,41 @@ impl WatchFilter {
                 }
             }
         };
-        Some(watch_line(ty, &c.object))
+        if self.env_values {
+            Some(watch_line(ty, &c.object))
+        } else {
+            Some(watch_line(ty, &without_env_values(&c.object)))
+        }
+    }
+}
+
+/// An object's JSON with `value` taken out of every entry of every `env` list.
+fn without_env_values(object_json: &str) -> String {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (key, child) in map.iter_mut() {
+                    match (key.as_str(), child) {
+                        ("env", serde_json::Value::Array(vars)) => {
+                            for var in vars.iter_mut().filter_map(|v| v.as_object_mut()) {
+                                var.remove("value");
+                            }
+                        }
+                        (_, child) => strip(child),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(object_json) {
+        Ok(mut v) => {
+            strip(&mut v);
+            serde_json::to_string(&v).unwrap_or_default()
+        }
+        // Never sent as it is: an object that does not parse could hold anything.
+        Err(_) => "{}".to_string(),
     }
 }
 
@@ -138,6 +174,7 @@ async fn start_watch<T: Object>(
             let listed = store.list::<T>().map_err(store_error)?;
             for o in listed.items.iter().filter(|o| filter.keeps(*o)) {
                 let obj = serde_json::to_string(o).map_err(|e| super::error::internal(e.to_string()))?;
+                let obj = if filter.env_values { obj } else { without_env_values(&obj) };
                 initial.push(watch_line(WatchEventType::Added, &obj));
             }
             listed.rv
@@ -280,20 +317,26 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 },
             )
         }
-        Action::ListPods { selector, node } => {
+        Action::ListPods { selector, node, env_values } => {
             let node = scope_to_node(id, node)?;
             let listed = store.list::<Pod>().map_err(store_error)?;
-            let items: Vec<Pod> = listed
+            let mut items: Vec<Pod> = listed
                 .items
                 .into_iter()
                 .filter(|p| selector.matches(&p.metadata.labels))
                 .filter(|p| node.is_none() || p.spec.node_name == node)
                 .collect();
+            if !env_values {
+                for var in items.iter_mut().flat_map(|p| p.spec.containers.iter_mut()).flat_map(|c| c.env.iter_mut()) {
+                    var.value.clear();
+                }
+            }
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
-        Action::WatchPods { selector, node, from, bookmarks } => {
+        Action::WatchPods { selector, node, from, bookmarks, env_values } => {
             let node = scope_to_node(id, node)?;
-            start_watch::<Pod>(store, WatchFilter { kind: Kind::Pod, selector, node }, from, bookmarks).await
+            start_watch::<Pod>(store, WatchFilter { kind: Kind::Pod, selector, node, env_values }, from, bookmarks)
+                .await
         }
         Action::CreatePod(pod) => {
             require_admin(id, "create pods")?;
@@ -506,7 +549,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::WatchNodes { selector, from, bookmarks } => {
             require_admin(id, "watch nodes")?;
-            start_watch::<Node>(store, WatchFilter { kind: Kind::Node, selector, node: None }, from, bookmarks).await
+            start_watch::<Node>(
+                store,
+                WatchFilter { kind: Kind::Node, selector, node: None, env_values: true },
+                from,
+                bookmarks,
+            )
+            .await
         }
         Action::RegisterNode(node) => {
             require_self(id, &node.metadata.name)?;

@@ -125,67 +125,8 @@ pub(super) async fn respond(
         }
         return asset(path);
     }
-    let pods = path == "/api/v1/pods";
-    let reply = handle(req, identity, peer, state, table, config, shutdown).await;
-    if pods {
-        without_env_values(reply).await
-    } else {
-        reply
-    }
-}
-
-/// The pod list and its watch as every local user may read them: each
-/// container's `env` keeps its names and loses its values (passwords and
-/// tokens are often there). A watch's frames are whole lines, one object each.
-async fn without_env_values(reply: Response<Body>) -> Response<Body> {
-    let (parts, body) = reply.into_parts();
-    let ndjson = parts.headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/x-ndjson"));
-    if ndjson {
-        let body = body.map_frame(|f| match f.into_data() {
-            Ok(line) => hyper::body::Frame::data(redact_line(&line)),
-            Err(other) => other,
-        });
-        return Response::from_parts(parts, body.boxed());
-    }
-    let bytes = match body.collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            return error_response(&error(500, "InternalError", format!("cannot read the pod list: {e}")));
-        }
-    };
-    Response::from_parts(parts, Full::new(redact_line(&bytes)).map_err(|never| match never {}).boxed())
-}
-
-fn redact_line(line: &Bytes) -> Bytes {
-    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(line) else { return line.clone() };
-    drop_env_values(&mut v);
-    let mut out = serde_json::to_vec(&v).unwrap_or_default();
-    if line.ends_with(b"\n") {
-        out.push(b'\n');
-    }
-    Bytes::from(out)
-}
-
-/// Removes `value` from every entry of every `env` list, wherever it is.
-fn drop_env_values(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(map) => {
-            for (key, child) in map.iter_mut() {
-                match (key.as_str(), child) {
-                    ("env", serde_json::Value::Array(vars)) => {
-                        for var in vars {
-                            if let Some(var) = var.as_object_mut() {
-                                var.remove("value");
-                            }
-                        }
-                    }
-                    (_, child) => drop_env_values(child),
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_env_values),
-        _ => {}
-    }
+    // Every user of this machine may call here: the env's values stay out.
+    handle(req, identity, peer, false, state, table, config, shutdown).await
 }
 
 fn asset(path: &str) -> Response<Body> {

@@ -27,9 +27,9 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use pinion_client::door::{self, Activity, Bounds, Pool, Seat, Watched, WhenFull};
 use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
-use pinion_client::door::{self, Activity, Bounds, Pool, Seat, WhenFull, Watched};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use self::apply::{apply, bookmark_line, watch_line, ApiState, Reply};
@@ -271,7 +271,8 @@ async fn accept_loop(
                 // on them the local listener reads what the admin may read.
                 Listener::Local => {
                     let Some(seat) = pools.of(Class::Local).enter() else { return };
-                    let conn = Conn { identity: Arc::new(Identity::Admin), peer, local: true, seat, class: Class::Local };
+                    let conn =
+                        Conn { identity: Arc::new(Identity::Admin), peer, local: true, seat, class: Class::Local };
                     serve_connection(tcp, conn, state, table, config, shutdown).await
                 }
             }
@@ -312,7 +313,7 @@ async fn serve_connection<S>(
             Ok::<_, Infallible>(if local {
                 local::respond(req, &identity, peer, state, &table, config, stop).await
             } else {
-                handle(req, &identity, peer, state, &table, config, stop).await
+                handle(req, &identity, peer, true, state, &table, config, stop).await
             })
         }
     });
@@ -371,9 +372,7 @@ fn admit(route: RouteId, identity: &Identity) -> Result<(), ApiError> {
         Identity::Anonymous => {
             Err(error::unauthorized("a client certificate is required (admin credentials or a joined node's)"))
         }
-        Identity::Other(cn) => {
-            Err(error::forbidden(format!("certificate {cn:?} is not an admin or node identity")))
-        }
+        Identity::Other(cn) => Err(error::forbidden(format!("certificate {cn:?} is not an admin or node identity"))),
         Identity::Admin | Identity::Node(_) => Ok(()),
     }
 }
@@ -388,10 +387,13 @@ pub fn screen(route: RouteId, identity: &Identity, config: &ApiConfig) -> Result
     })
 }
 
+// Each argument is a separate piece of the connection's wiring.
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     req: Request<Incoming>,
     identity: &Identity,
     peer: SocketAddr,
+    env_values: bool,
     state: Arc<ApiState>,
     table: &[Route],
     config: ApiConfig,
@@ -471,7 +473,8 @@ async fn handle(
         Err(_) => return error_response(&error(408, "RequestTimeout", "the body did not arrive in time")),
     };
     let action = match decode(route, param, parts, body, config).await {
-        Ok(a) => a,
+        Ok(a) if env_values => a,
+        Ok(a) => a.without_env_values(),
         Err(e) => return error_response(&e),
     };
     let result = apply(&state, identity, action).await;

@@ -17,29 +17,89 @@ pub enum Action {
     Health,
     Version,
     Metrics,
-    Join { token: Option<String>, request: JoinRequest },
-    ListPods { selector: LabelSelector, node: Option<String> },
-    WatchPods { selector: LabelSelector, node: Option<String>, from: Option<u64>, bookmarks: bool },
+    Join {
+        token: Option<String>,
+        request: JoinRequest,
+    },
+    /// `env_values`: false on the local listener, whose callers are every
+    /// user of the machine (the env's names are kept, its values left out).
+    ListPods {
+        selector: LabelSelector,
+        node: Option<String>,
+        env_values: bool,
+    },
+    WatchPods {
+        selector: LabelSelector,
+        node: Option<String>,
+        from: Option<u64>,
+        bookmarks: bool,
+        env_values: bool,
+    },
     CreatePod(Box<Pod>),
     GetPod(String),
     DeletePod(String),
-    UpdatePodStatus { name: String, status: Box<PodStatus> },
-    RejectPod { name: String, rejection: PodRejection },
-    PodLog { name: String, container: Option<String>, follow: bool },
-    AttachPod { name: String, container: Option<String>, known_version: Option<u64>, offset: u64 },
-    ExecPod { name: String, request: ExecRequest },
-    ListNodes { selector: LabelSelector },
-    WatchNodes { selector: LabelSelector, from: Option<u64>, bookmarks: bool },
+    UpdatePodStatus {
+        name: String,
+        status: Box<PodStatus>,
+    },
+    RejectPod {
+        name: String,
+        rejection: PodRejection,
+    },
+    PodLog {
+        name: String,
+        container: Option<String>,
+        follow: bool,
+    },
+    AttachPod {
+        name: String,
+        container: Option<String>,
+        known_version: Option<u64>,
+        offset: u64,
+    },
+    ExecPod {
+        name: String,
+        request: ExecRequest,
+    },
+    ListNodes {
+        selector: LabelSelector,
+    },
+    WatchNodes {
+        selector: LabelSelector,
+        from: Option<u64>,
+        bookmarks: bool,
+    },
     RegisterNode(Box<Node>),
     GetNode(String),
     DeleteNode(String),
     Heartbeat(String),
-    ReportNodeStatus { name: String, report: Box<NodeStatusReport> },
-    ListEvents { kind: String, name: String },
-    ListJobs { selector: LabelSelector },
+    ReportNodeStatus {
+        name: String,
+        report: Box<NodeStatusReport>,
+    },
+    ListEvents {
+        kind: String,
+        name: String,
+    },
+    ListJobs {
+        selector: LabelSelector,
+    },
     CreateJob(Box<specs::job::Job>),
     GetJob(String),
     DeleteJob(String),
+}
+
+impl Action {
+    /// The same action, answered without env values (the local listener).
+    pub fn without_env_values(self) -> Action {
+        match self {
+            Action::ListPods { selector, node, .. } => Action::ListPods { selector, node, env_values: false },
+            Action::WatchPods { selector, node, from, bookmarks, .. } => {
+                Action::WatchPods { selector, node, from, bookmarks, env_values: false }
+            }
+            other => other,
+        }
+    }
 }
 
 pub fn parse(
@@ -83,9 +143,9 @@ pub fn parse(
             if q.flag("watch")? {
                 // Opt-in, as in Kubernetes: a client older than BOOKMARK would
                 // refuse the event type.
-                Action::WatchPods { selector, node, from, bookmarks }
+                Action::WatchPods { selector, node, from, bookmarks, env_values: true }
             } else {
-                Action::ListPods { selector, node }
+                Action::ListPods { selector, node, env_values: true }
             }
         }
         RouteId::CreatePod => Action::CreatePod(Box::new(parse_pod(body, is_json(headers))?)),
