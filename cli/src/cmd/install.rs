@@ -300,7 +300,7 @@ mod tests {
             ),
             (
                 Daemon::Agent,
-                "--server https://ctl.example:7443 --data-dir /var/lib/pinion-agent --reserved-cpus 0",
+                "--server https://ctl.example:7443 --token-file /etc/pinion/join-token --data-dir /var/lib/pinion-agent --reserved-cpus 0",
                 include_str!("../../../dist/systemd/pinion-agent.service"),
             ),
         ];
