@@ -3,13 +3,21 @@
 //! acknowledged. Reads go straight to sled; they may see a batch that is
 //! being flushed (not yet acknowledged), which is the price of not copying
 //! the tree.
+//!
+//! The change log is trimmed in the same batch that grows it, to
+//! `StoreOptions::log_keep` versions and `log_keep_bytes` bytes: every entry
+//! holds a whole object (a deletion the object as it was), so a count alone
+//! let churn of big objects keep gigabytes of history, which sled then
+//! amplifies (a leaf of up to 16 such entries is rewritten whole as one blob).
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
 use super::{
     decode, log_key, read_counter, Base, Batcher, Change, Published, StoreError, StoreOptions, Visit, KEY_LOG_START,
-    KEY_RV,
+    KEY_RV, LOG_PREFIX,
 };
 
 pub(super) struct SledBackend {
@@ -18,7 +26,54 @@ pub(super) struct SledBackend {
     /// The data dir, named in disk-full errors and checked for free space.
     dir: PathBuf,
     /// Set by the first failed batch; see `StoreError::Broken`.
-    broken: std::sync::Mutex<Option<(String, bool)>>,
+    broken: Mutex<Option<(String, bool)>>,
+    /// The change log's entries as stored, oldest first: what the byte bound
+    /// trims. Changed only by the committer, after its batch is durable.
+    log: Mutex<LogSizes>,
+}
+
+/// Each change-log entry's version and size (key and value), and their sum.
+#[derive(Debug, Default)]
+struct LogSizes {
+    entries: VecDeque<(u64, u64)>,
+    bytes: u64,
+}
+
+/// What one batch does to the change log.
+#[derive(Debug, PartialEq, Eq)]
+struct Trim {
+    /// The new entries to write (a batch bigger than the bound may lose its oldest ones at once).
+    keep_new: usize,
+    /// How many of the stored entries to remove, oldest first.
+    drop_old: usize,
+    /// The log's start after the batch.
+    start: u64,
+}
+
+impl LogSizes {
+    /// The entries dropped so that at most `keep` versions and `keep_bytes`
+    /// bytes remain once `new` (the batch's entries, oldest first) is added;
+    /// the newest entry always stays, whatever its size, so a watch from just
+    /// before it still resumes. `rv` is the batch's last version.
+    fn trim(&self, new: &[(u64, u64)], rv: u64, start: u64, keep: u64, keep_bytes: u64) -> Trim {
+        let by_count = rv.saturating_sub(keep);
+        let mut bytes = self.bytes + new.iter().map(|(_, b)| b).sum::<u64>();
+        let mut left = self.entries.len() + new.len();
+        let mut start = start.max(by_count);
+        let mut dropped = 0usize;
+        for &(entry_rv, size) in self.entries.iter().chain(new) {
+            let too_big = bytes > keep_bytes && left > 1;
+            if !too_big && entry_rv >= start {
+                break;
+            }
+            bytes -= size;
+            left -= 1;
+            dropped += 1;
+            start = start.max(entry_rv + 1);
+        }
+        let drop_old = dropped.min(self.entries.len());
+        Trim { keep_new: new.len() - (dropped - drop_old), drop_old, start }
+    }
 }
 
 impl SledBackend {
@@ -28,7 +83,16 @@ impl SledBackend {
         let tree = db.open_tree("objects")?;
         let rv = read_counter(tree.get(KEY_RV)?.as_deref());
         let log_start = read_counter(tree.get(KEY_LOG_START)?.as_deref()).max(1);
-        let backend = SledBackend { db, tree, dir: dir.to_path_buf(), broken: std::sync::Mutex::new(None) };
+        // Reads every entry once (sled has no key-only scan); the bound keeps
+        // that small, except on the first open of a store written before it.
+        let mut log = LogSizes::default();
+        for kv in tree.scan_prefix(LOG_PREFIX) {
+            let (k, v) = kv?;
+            let size = (k.len() + v.len()) as u64;
+            log.entries.push_back((read_counter(Some(&k[LOG_PREFIX.len()..])), size));
+            log.bytes += size;
+        }
+        let backend = SledBackend { db, tree, dir: dir.to_path_buf(), broken: Mutex::new(None), log: Mutex::new(log) };
         Ok((backend, rv, log_start))
     }
 
@@ -97,9 +161,19 @@ impl SledBackend {
         let size: usize = b.writes.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
             + b.log.iter().map(|(_, v)| v.len()).sum::<usize>();
         check_space(&self.dir, options.min_free_bytes.saturating_add(2 * size as u64))?;
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let new: Vec<(u64, u64)> = b.log.iter().map(|(rv, v)| (*rv, (log_key(*rv).len() + v.len()) as u64)).collect();
+        let trim = log.trim(&new, b.rv, b.base.log_start, options.log_keep, options.log_keep_bytes);
         let mut batch = sled::Batch::default();
-        for (rv, bytes) in std::mem::take(&mut b.log) {
+        let skip = new.len() - trim.keep_new;
+        for (rv, bytes) in std::mem::take(&mut b.log).into_iter().skip(skip) {
             batch.insert(log_key(rv), bytes);
+        }
+        for &(rv, _) in log.entries.iter().take(trim.drop_old) {
+            batch.remove(log_key(rv));
+        }
+        if trim.start > b.base.log_start {
+            batch.insert(KEY_LOG_START, &trim.start.to_be_bytes());
         }
         for (k, v) in std::mem::take(&mut b.writes) {
             match v {
@@ -108,18 +182,31 @@ impl SledBackend {
             }
         }
         batch.insert(KEY_RV, &b.rv.to_be_bytes());
-        // Compact the log to its bound in the same batch.
-        let start = b.base.log_start;
-        let new_start = b.rv.saturating_sub(options.log_keep).max(start);
-        if new_start > start {
-            for rv in start..new_start {
-                batch.remove(log_key(rv));
-            }
-            batch.insert(KEY_LOG_START, &new_start.to_be_bytes());
-        }
         self.tree.apply_batch(batch)?;
         self.db.flush()?;
-        Ok(new_start)
+        for _ in 0..trim.drop_old {
+            if let Some((_, size)) = log.entries.pop_front() {
+                log.bytes -= size;
+            }
+        }
+        for &(rv, size) in &new[skip..] {
+            log.entries.push_back((rv, size));
+            log.bytes += size;
+        }
+        Ok(trim.start.max(b.base.log_start))
+    }
+
+    /// The change log's entry count and bytes as stored, read from sled.
+    #[cfg(test)]
+    pub(super) fn log_stored(&self) -> Result<(usize, u64), StoreError> {
+        let mut count = 0;
+        let mut bytes = 0;
+        for kv in self.tree.scan_prefix(LOG_PREFIX) {
+            let (k, v) = kv?;
+            count += 1;
+            bytes += (k.len() + v.len()) as u64;
+        }
+        Ok((count, bytes))
     }
 
     #[cfg(test)]

@@ -159,6 +159,72 @@ async fn watch_resumes_from_a_version_and_reports_gone(f: &Fixture) {
     assert_eq!(again, replayed);
 }
 
+/// A pod with a `kib` KiB annotation.
+fn big_pod(name: &str, kib: usize) -> Pod {
+    let mut p = pod(name);
+    p.metadata.annotations.insert("test.pinion.io/blob".into(), "x".repeat(kib << 10));
+    p
+}
+
+/// The sled log's entries and bytes as stored.
+fn sled_log(store: &Store) -> (usize, u64) {
+    match &store.shared.backend {
+        Backend::Sled(b) => b.log_stored().expect("scan the log"),
+        Backend::Etcd(_) => panic!("a sled test opened etcd"),
+    }
+}
+
+/// Churn of big objects (each entry holds one whole) keeps the change log
+/// within its byte bound, across a reopen; a watch from before the entries
+/// trimmed is told Gone, one from within the log replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_log_keeps_its_byte_bound_under_churn() {
+    const BOUND: u64 = 256 << 10;
+    const KIB: usize = 16;
+    let f = Fixture::sled();
+    let options = StoreOptions { log_keep_bytes: BOUND, ..StoreOptions::default() };
+    let churn = |store: Store, rounds: usize| async move {
+        for _ in 0..rounds {
+            for i in 0..8 {
+                let name = format!("p{i}");
+                let gone = name.clone();
+                store.write(move |t| t.delete::<Pod>(&gone).map(|_| ())).await.expect("delete");
+                let p = big_pod(&name, KIB);
+                store.write(move |t| -> Result<u64, StoreError> { t.put(&mut p.clone()) }).await.expect("put");
+            }
+        }
+        store
+    };
+    let store = f.open(options).await;
+    let first = store.resource_version();
+    // 160 changes of 16 KiB: 2.5 MiB of log without the bound.
+    let store = churn(store, 10).await;
+    let (entries, bytes) = sled_log(&store);
+    assert!(bytes <= BOUND, "{entries} entries, {bytes} bytes kept; bound {BOUND}");
+    assert!(entries >= 8, "only {entries} entries kept under a {BOUND}-byte bound");
+    match store.watch(first).await {
+        Err(StoreError::Gone { requested, oldest }) => assert_eq!(requested, first, "oldest {oldest}"),
+        other => panic!("a watch from before the trimmed log was not told Gone: {:?}", other.map(|_| ())),
+    }
+    let top = store.resource_version();
+    let from = top - entries as u64 + 1;
+    let mut w = store.watch(from).await.expect("watch within the log");
+    let replayed: Vec<u64> = collect(&mut w, entries - 1).await.iter().map(|c| c.rv).collect();
+    drop(w);
+    drop(store);
+    // Reopened, the bound still holds (the sizes are read back) and the
+    // same watch replays the log itself.
+    let store = f.open(options).await;
+    let mut w = store.watch(from).await.expect("watch within the log, reopened");
+    let again: Vec<u64> = collect(&mut w, entries - 1).await.iter().map(|c| c.rv).collect();
+    assert_eq!(again, replayed);
+    drop(w);
+    let store = churn(store, 3).await;
+    let (entries, bytes) = sled_log(&store);
+    assert!(bytes <= BOUND, "after the reopen: {entries} entries, {bytes} bytes kept; bound {BOUND}");
+    assert_eq!(store.list::<Pod>().expect("list").items.len(), 8);
+}
+
 on_both!(failed_write_stores_nothing);
 async fn failed_write_stores_nothing(f: &Fixture) {
     let store = f.open(StoreOptions::default()).await;
