@@ -40,6 +40,7 @@ impl Fixture {
         self.ids.push(id.clone());
         ContainerConfig {
             mounts: Vec::new(),
+            pids_limit: None,
             id: id.clone(),
             pod: test.replace('_', "-"),
             container: "main".into(),

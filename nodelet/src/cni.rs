@@ -693,7 +693,8 @@ impl PodNetworks {
 
     fn write_record(&self, sandbox: &str, rec: &Record) -> Result<(), CniError> {
         let path = self.record_path(sandbox);
-        std::fs::create_dir_all(&self.state_dir)
+        // The records hold the pod's addresses and the plugins' config.
+        crate::fsutil::private_dir(&self.state_dir)
             .map_err(|source| CniError::Io { path: self.state_dir.clone(), source })?;
         let bytes = serde_json::to_vec_pretty(rec).map_err(|e| CniError::Io {
             path: path.clone(),

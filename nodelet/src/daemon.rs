@@ -4,10 +4,11 @@
 //! node's HTTPS endpoint) and returns once they are all stopped. `pinion agent`
 //! and `pinion up` only parse flags into a `DaemonConfig` and call it.
 //!
-//! Order at start: the data dir, then the join (a bad token is a clear error,
-//! not a silent retry loop), then the endpoint's listener, then the runtime
-//! (with the real runtime, this process confines itself to the reserved CPUs),
-//! then the agent. Containers outlive the daemon.
+//! Order at start: the data dir (made private, see `datadir`), then the join
+//! (a bad token is a clear error, not a silent retry loop), then the
+//! endpoint's listener, then the runtime (with the real runtime, this process
+//! confines itself to the reserved CPUs), then the agent. Containers outlive
+//! the daemon.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -104,6 +105,8 @@ pub enum DaemonError {
     Cgroups(String),
     #[error(transparent)]
     Agent(#[from] AgentError),
+    #[error("--data-dir: {0}")]
+    DataDir(#[from] crate::datadir::DataDirError),
     #[error("--cni-conf-dir: {0}")]
     Network(String),
 }
@@ -127,7 +130,8 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         let path = path.clone();
         move |source| DaemonError::Io { path, source }
     };
-    std::fs::create_dir_all(&agent.data_dir).map_err(io(&agent.data_dir))?;
+    // Before anything writes there (the join's key, the checkpoint).
+    crate::datadir::prepare(&agent.data_dir)?;
     agent.data_dir = agent.data_dir.canonicalize().map_err(io(&agent.data_dir))?;
     let joined = match join {
         Some(join) => Some(prepare_join(&agent, join).await?),

@@ -2,10 +2,66 @@
 //! hollow runtime's state: a reader sees the old content or the new one, never a
 //! torn file, and an acknowledged write survives `kill -9` and (except for
 //! [`replace_atomic`]) power loss.
+//!
+//! And private files: everything the node writes under its data dir may hold a
+//! pod's spec (its env), a log or a key, so files are made 0600 and folders
+//! 0700 at creation, by explicit modes rather than the process's umask (which
+//! the containers would inherit).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+
+/// The mode of every file the node writes under its data dir.
+pub const PRIVATE_FILE: u32 = 0o600;
+/// The mode of every folder the node makes under (and of) its data dir.
+pub const PRIVATE_DIR: u32 = 0o700;
+
+/// Creates `dir` and its missing parents 0700; an existing `dir` that lets its
+/// group or others in is tightened to 0700 (a node upgraded from a version that
+/// made it 0755).
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(PRIVATE_DIR).create(dir)?;
+    tighten(dir).map(drop)
+}
+
+/// Opens `path` for writing, created 0600 (truncated: `append` false).
+pub fn create_private(path: &Path, append: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.write(true).create(true).mode(PRIVATE_FILE);
+    if append {
+        o.append(true);
+    } else {
+        o.truncate(true);
+    }
+    let f = o.open(path)?;
+    // The mode only applies to a new file: one left by an older version keeps
+    // its own unless told.
+    tighten_file(&f)?;
+    Ok(f)
+}
+
+fn tighten_file(f: &File) -> io::Result<()> {
+    let mode = f.metadata()?.permissions().mode();
+    if mode & 0o077 != 0 {
+        f.set_permissions(fs::Permissions::from_mode(mode & 0o7700))?;
+    }
+    Ok(())
+}
+
+/// Takes every group and other permission away from `path` (a file or a
+/// folder; a symlink is left alone, its target may not be ours). Whether it
+/// changed anything.
+pub fn tighten(path: &Path) -> io::Result<bool> {
+    let meta = fs::symlink_metadata(path)?;
+    let mode = meta.permissions().mode();
+    if meta.file_type().is_symlink() || mode & 0o077 == 0 {
+        return Ok(false);
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7700))?;
+    Ok(true)
+}
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory,
 /// fsync, rename over `path`, fsync the directory (so the rename itself is durable).
@@ -33,7 +89,7 @@ fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()>
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        let mut f = create_private(&tmp, false)?;
         f.write_all(bytes)?;
         if durable {
             f.sync_all()?;
@@ -68,6 +124,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn replaces_content_and_leaves_no_temporary() {
@@ -99,6 +156,32 @@ mod tests {
         fs::create_dir(dir.path().join(".state.json.tmp")).unwrap();
         assert!(write_atomic(&p, b"new").is_err());
         assert_eq!(fs::read(&p).unwrap(), b"old");
+    }
+
+    #[test]
+    fn written_files_and_made_folders_are_private_even_over_loose_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("checkpoint.json");
+        // A temporary and a folder left 0644/0755 by an older version.
+        fs::write(dir.path().join(".checkpoint.json.tmp"), "x").unwrap();
+        fs::set_permissions(dir.path().join(".checkpoint.json.tmp"), fs::Permissions::from_mode(0o644)).unwrap();
+        write_atomic(&p, b"{}").unwrap();
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        replace_atomic(&p, b"{}").unwrap();
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        let logs = dir.path().join("logs/a/b");
+        private_dir(&logs).unwrap();
+        assert_eq!(fs::metadata(&logs).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(fs::metadata(dir.path().join("logs")).unwrap().permissions().mode() & 0o777, 0o700);
+        fs::set_permissions(&logs, fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&logs).unwrap();
+        assert_eq!(fs::metadata(&logs).unwrap().permissions().mode() & 0o777, 0o700);
+        let log = logs.join("c.log");
+        fs::write(&log, "old").unwrap();
+        fs::set_permissions(&log, fs::Permissions::from_mode(0o644)).unwrap();
+        drop(create_private(&log, true).unwrap());
+        assert_eq!(fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::read(&log).unwrap(), b"old", "append keeps the content");
     }
 
     #[test]

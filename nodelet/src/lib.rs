@@ -9,6 +9,7 @@ pub mod agent;
 pub mod checkpoint;
 pub mod cni;
 pub mod daemon;
+pub mod datadir;
 pub mod devices;
 pub mod discovery;
 pub mod endpoint;

@@ -85,6 +85,7 @@ fn main() -> anyhow::Result<()> {
 fn config(work: &Path, id: &str) -> ContainerConfig {
     ContainerConfig {
         mounts: Vec::new(),
+        pids_limit: None,
         id: id.into(),
         pod: "bench".into(),
         container: "main".into(),

@@ -39,6 +39,7 @@ pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,7 +103,17 @@ pub struct AgentConfig {
     /// configuration, or the hollow runtime): a namespace per container
     /// holding only `lo`.
     pub cni: Option<crate::cni::CniConfig>,
+    /// The pids limit of each container whose pod sets no `spec.pidsLimit`
+    /// (`--pod-pids-limit`); `None`: no limit.
+    pub pod_pids_limit: Option<u64>,
 }
+
+/// The default `--pod-pids-limit`: above what a real workload holds (a
+/// 256-rank MPI job with 8 threads each is 2,048), and a fork bomb stopped
+/// there costs the host about 64 MiB of kernel stacks, where the kernel's
+/// own bound (`pid_max`: 32,768, or systemd's 4,194,304) leaves it unusable.
+/// The kubelet has no default; CRI-O's 1,024 is too few for a threaded job.
+pub const DEFAULT_POD_PIDS_LIMIT: u64 = 4096;
 
 impl AgentConfig {
     pub fn new(node_name: String, data_dir: PathBuf, topology: NodeTopology, settings: NodeSettings) -> Self {
@@ -123,6 +134,7 @@ impl AgentConfig {
             on_settings_change: resettle::OnSettingsChange::Keep,
             metrics: crate::metrics::Metrics::new(),
             cni: None,
+            pod_pids_limit: Some(DEFAULT_POD_PIDS_LIMIT),
         }
     }
 }
@@ -152,7 +164,7 @@ pub async fn run(
     report: watch::Sender<NodeReport>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    std::fs::create_dir_all(&config.data_dir)
+    crate::fsutil::private_dir(&config.data_dir)
         .map_err(|source| AgentError::Io { path: config.data_dir.clone(), source })?;
     let _lock = lock_data_dir(&config)?;
     // Watching before recovery: an exit during it is not lost (the planner
@@ -303,6 +315,7 @@ fn lock_data_dir(config: &AgentConfig) -> Result<nix::fcntl::Flock<std::fs::File
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(crate::fsutil::PRIVATE_FILE)
         .open(&path)
         .map_err(|source| AgentError::Io { path: path.clone(), source })?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| AgentError::Locked { path })
@@ -389,7 +402,12 @@ impl Executor {
                         }
                     }
                     if let Some(dir) = config.log_path.parent() {
-                        if let Err(e) = tokio::fs::create_dir_all(dir).await {
+                        let made = tokio::fs::DirBuilder::new()
+                            .recursive(true)
+                            .mode(crate::fsutil::PRIVATE_DIR)
+                            .create(dir)
+                            .await;
+                        if let Err(e) = made {
                             tracing::warn!(key, dir = %dir.display(), error = %e, "cannot create the log folder");
                         }
                     }

@@ -819,7 +819,17 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Opt
     let cp = reconcile::placement_of(placement, &spec.name)?;
     let id = e.ctrs[i].runtime_id.clone()?;
     let cpus = st.alloc.cpuset_for(&st.cfg.topology, &st.cfg.settings, cp);
-    let mut cfg = reconcile::container_config(&st.cfg.data_dir, &st.cfg.device_nodes, key, &e.pod, spec, cp, cpus, id);
+    let mut cfg = reconcile::container_config(
+        &st.cfg.data_dir,
+        &st.cfg.device_nodes,
+        key,
+        &e.pod,
+        spec,
+        cp,
+        cpus,
+        id,
+        st.cfg.pod_pids_limit,
+    );
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
     let network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
     if let (Some(net), Some(cni)) = (&network, &st.cfg.cni) {

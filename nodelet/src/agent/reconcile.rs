@@ -246,7 +246,8 @@ fn with_cpus_env(c: &Container, placement: &ContainerPlacement, cpus: &CpuSet) -
 pub const CPUS_ENV: &str = "PINION_CPUS";
 
 /// Everything the runtime needs to start one container of an admitted pod.
-/// `cpus` is the container's live cpuset (`Allocations::cpuset_for`).
+/// `cpus` is the container's live cpuset (`Allocations::cpuset_for`);
+/// `node_pids_limit` the node's `--pod-pids-limit`, for a pod that sets none.
 #[allow(clippy::too_many_arguments)]
 pub fn container_config(
     data_dir: &Path,
@@ -257,6 +258,7 @@ pub fn container_config(
     placement: &ContainerPlacement,
     cpus: CpuSet,
     id: String,
+    node_pids_limit: Option<u64>,
 ) -> ContainerConfig {
     let res = &c.resources;
     let shared = matches!(placement.cpu_policy, CpuPolicy::Shared | CpuPolicy::Numa);
@@ -335,6 +337,7 @@ pub fn container_config(
             .unwrap_or_default(),
         log_path: pod_container_log_path(data_dir, pod_key, pod, &c.name),
         init: pod.spec.init,
+        pids_limit: pod.spec.pids_limit.or(node_pids_limit),
         mounts: c
             .volume_mounts
             .iter()
@@ -582,6 +585,7 @@ mod tests {
             &placement,
             CpuSet::parse_list("2-3").unwrap(),
             "id1".into(),
+            Some(4096),
         );
         assert_eq!(cfg.args, vec!["sleep", "inf"]);
         assert_eq!(cfg.env, vec![("K".to_string(), "V".to_string())]);
@@ -599,6 +603,7 @@ mod tests {
         let uid = log_uid(&p, &spec_hash(&p));
         assert_eq!(cfg.log_path, PathBuf::from(format!("/d/logs/static_p_{uid}/a.log")));
         assert!(!cfg.init);
+        assert_eq!(cfg.pids_limit, Some(4096), "the node's default");
         assert_eq!(
             (cfg.cap_add.as_slice(), cfg.cap_drop.as_slice()),
             (
@@ -618,8 +623,23 @@ mod tests {
             &cp("a", CpuPolicy::Exclusive, "2-3"),
             CpuSet::parse_list("2-3").unwrap(),
             "id2".into(),
+            Some(4096),
         );
         assert_eq!((cfg.cpu_quota, cfg.cpu_shares, cfg.bind_memory), (None, Some(2048), false));
+        let mut r = q.clone();
+        r.spec.pids_limit = Some(64);
+        let cfg = container_config(
+            Path::new("/d"),
+            &BTreeMap::new(),
+            "static/r",
+            &r,
+            &r.spec.containers[0],
+            &cp("a", CpuPolicy::Exclusive, "2-3"),
+            CpuSet::parse_list("2-3").unwrap(),
+            "id3".into(),
+            Some(4096),
+        );
+        assert_eq!(cfg.pids_limit, Some(64), "the pod's own wins");
         assert_eq!(cfg.rootfs, RootfsConfig::Host);
         assert_eq!(cfg.cwd, "/");
     }

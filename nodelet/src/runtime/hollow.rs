@@ -266,7 +266,7 @@ impl HollowRuntime {
     /// Opens (or creates) the hollow runtime's state under `data_dir/hollow`.
     pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
         let dir = data_dir.join("hollow");
-        std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
+        crate::fsutil::private_dir(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
         let path = dir.join("containers.json");
         let mut state: State = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Io {
@@ -341,8 +341,8 @@ impl Runtime for HollowRuntime {
             .filter(|d| !matches!(course, Course::ExitNow(_)) && !d.as_os_str().is_empty())
             .filter(|_| !cfg.log_path.starts_with("/dev"))
         {
-            std::fs::create_dir_all(dir)
-                .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&cfg.log_path))
+            crate::fsutil::private_dir(dir)
+                .and_then(|()| crate::fsutil::create_private(&cfg.log_path, true))
                 .map_err(|e| cerr(&cfg.id, format!("{}: {e}", cfg.log_path.display())))?;
         }
         let ends_at = match course {
@@ -440,6 +440,7 @@ mod tests {
     pub fn config(id: &str, cpus: &str) -> ContainerConfig {
         ContainerConfig {
             mounts: Vec::new(),
+            pids_limit: None,
             id: id.into(),
             pod: "static/p".into(),
             container: "main".into(),

@@ -81,8 +81,14 @@ impl LibcontainerRuntime {
     /// directories and removes containers whose creation never finished.
     pub fn new(data_dir: &Path, shim_exe: &Path) -> Result<Self, RuntimeError> {
         let layout = Layout::new(data_dir);
+        // Containers run as root: their overlay upper folders (and so any
+        // setuid file they make) must be out of other users' reach.
+        crate::datadir::prepare(data_dir)?;
         for dir in [layout.containers(), layout.state_root(), layout.images(), layout.exits()] {
-            fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
+            crate::fsutil::private_dir(&dir).map_err(ioerr(&dir))?;
+        }
+        for dir in image::remove_leftovers(&layout.images()).map_err(ioerr(&layout.images()))? {
+            tracing::warn!(dir = %dir.display(), "removed what an interrupted image import left");
         }
         let rt = Self { layout, shim_exe: shim_exe.to_path_buf(), cgroups: cgroups::Parent::default_parent() };
         for id in rt.sweep()? {
@@ -206,7 +212,7 @@ impl LibcontainerRuntime {
             spec = spec::with_init(spec, &self.shim_exe).map_err(|e| cerr(id, format!("init mount: {e}")))?;
         }
         let spec_path = self.layout.bundle(id).join("config.json");
-        spec.save(&spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
+        save_spec(&spec, &spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
         // After the spec is saved: a cleanup finds the cgroup through it.
         cgroups::precreate(&self.cgroups, id).map_err(|e| cerr(id, format!("the container's cgroup: {e}")))?;
         write_json(&self.layout.config(id), cfg)
@@ -241,7 +247,7 @@ impl LibcontainerRuntime {
 
     fn launch_shim(&self, id: &str, trace: &mut StartTrace) -> Result<i32, RuntimeError> {
         let log_path = self.layout.shim_log(id);
-        let log = File::create(&log_path).map_err(ioerr(&log_path))?;
+        let log = crate::fsutil::create_private(&log_path, false).map_err(ioerr(&log_path))?;
         let mut child = self
             .shim_command(id, log)
             .stdin(Stdio::null())
@@ -299,6 +305,14 @@ impl LibcontainerRuntime {
         poll_until(RECORD_GRACE, || path.exists() || !shim.is_some_and(|s| s.alive()));
         read_json(&path).ok().flatten()
     }
+}
+
+/// The bundle's `config.json` (it holds the container's env): 0600, where
+/// `Spec::save` would leave it as the umask says.
+fn save_spec(spec: &Spec, path: &Path) -> Result<(), RuntimeError> {
+    let bytes =
+        serde_json::to_vec(spec).map_err(|e| RuntimeError::Io { path: path.to_path_buf(), source: e.into() })?;
+    records::write_atomic(path, &bytes)
 }
 
 /// The steps a shim stamps in its `ok` line, by the word it uses.
@@ -529,7 +543,7 @@ impl Runtime for LibcontainerRuntime {
         if dir.exists() || self.layout.state_root().join(id).exists() {
             return Err(cerr(id, "a container with this id already exists"));
         }
-        fs::create_dir_all(&dir).map_err(ioerr(&dir))?;
+        crate::fsutil::private_dir(&self.layout.bundle(id)).map_err(ioerr(&dir))?;
         let result = self.prepare(cfg).and_then(|()| {
             tracing::debug!(target: "podstart", id, "bundle prepared");
             trace.mark(Step::BundlePrepared);
@@ -602,7 +616,7 @@ impl Runtime for LibcontainerRuntime {
                 cpu.set_cpus(Some(cpus.to_string()));
                 cpu.set_mems(Some(mems));
             }
-            let _ = spec.save(&spec_path);
+            let _ = save_spec(&spec, &spec_path);
         }
         Ok(())
     }

@@ -69,6 +69,11 @@ pub struct ContainerConfig {
     /// Host folders bound into the container (the pod's hostPath volumes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<BindMount>,
+    /// The most processes and threads the container may hold (its cgroup's
+    /// `pids.max`): the pod's `spec.pidsLimit`, else the node's
+    /// `--pod-pids-limit`; `None`: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u64>,
 }
 
 /// A host folder seen inside a container.
@@ -138,6 +143,8 @@ pub enum RuntimeError {
     Image { reference: String, message: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    DataDir(#[from] crate::datadir::DataDirError),
     /// This runtime cannot do what was asked (the hollow runtime runs no processes).
     #[error("{0}")]
     Unsupported(&'static str),

@@ -72,7 +72,7 @@ impl LibcontainerRuntime {
         let (out_read, out_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
         let log_path = layout.exec_log(id);
-        let log = File::options().create(true).append(true).open(&log_path).map_err(ioerr(&log_path))?;
+        let log = crate::fsutil::create_private(&log_path, true).map_err(ioerr(&log_path))?;
         let (out_fd, err_fd) = (out_write.as_raw_fd(), err_write.as_raw_fd());
         let mut helper = self.shim_command(id, log);
         helper.arg("exec").arg("--").args(command).stdin(Stdio::piped());
@@ -219,7 +219,7 @@ fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::Cp
     // folder: one exec joins at a time, so the socket that appeared is ours.
     let state = layout.state_root().join(id);
     let lock_path = layout.exec_lock(id);
-    let lock = File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let lock = crate::fsutil::create_private(&lock_path, false).map_err(|e| format!("{}: {e}", lock_path.display()))?;
     let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| format!("locking {}: {e}", lock_path.display()))?;
     let before = notify_sockets(&state);

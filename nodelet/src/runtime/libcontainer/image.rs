@@ -7,11 +7,18 @@
 //! whiteouts (`.wh.NAME`) and opaque markers (`.wh..wh..opq`) remove what lower
 //! layers put there; device nodes and FIFOs are skipped. Blob digests are
 //! verified (sha256). No registry is ever contacted.
+//!
+//! An import is bounded ([`ImportLimits`]: layers, bytes written, files
+//! written), each checked from the tar headers before the bytes they
+//! announce are read, so a small archive that would unpack to gigabytes is
+//! refused at once. Its work folder (`images/.import-PID-N`) is removed when
+//! it fails; one a `kill -9` left is removed by the next import or the next
+//! start of the runtime ([`remove_leftovers`]).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{symlink, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +46,60 @@ pub struct ImageRecord {
 struct RefIndex {
     /// `NAME:TAG` -> manifest digest hex (the directory under `images/`).
     refs: BTreeMap<String, String>,
+}
+
+/// The bounds of one import. The defaults hold the biggest images sites run
+/// (CUDA development images unpack to about 10 GiB and 150,000 files; the
+/// overlay driver of Docker stops at 128 layers) and stop an archive made to
+/// fill the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportLimits {
+    /// Layers in the image's manifest (`--max-layers`).
+    pub max_layers: usize,
+    /// Bytes written: the layout archive's files and every layer's files,
+    /// as their tar headers declare them (`--max-bytes`).
+    pub max_bytes: u64,
+    /// Files, folders and links written, the same way (`--max-files`).
+    pub max_files: u64,
+}
+
+impl Default for ImportLimits {
+    fn default() -> Self {
+        ImportLimits { max_layers: 128, max_bytes: 32 << 30, max_files: 1_000_000 }
+    }
+}
+
+/// What an import has written so far, against its limits.
+#[derive(Clone, Copy)]
+struct Budget {
+    limits: ImportLimits,
+    bytes: u64,
+    files: u64,
+}
+
+impl Budget {
+    fn new(limits: ImportLimits) -> Self {
+        Budget { limits, bytes: 0, files: 0 }
+    }
+
+    /// One more entry of `size` bytes; refused, naming the bound, past either.
+    fn take(&mut self, size: u64) -> Result<(), String> {
+        self.files += 1;
+        self.bytes = self.bytes.saturating_add(size);
+        if self.files > self.limits.max_files {
+            return Err(format!(
+                "the image holds more than {} files (the import's bound, --max-files)",
+                self.limits.max_files
+            ));
+        }
+        if self.bytes > self.limits.max_bytes {
+            return Err(format!(
+                "the image unpacks to more than {} bytes (the import's bound, --max-bytes)",
+                self.limits.max_bytes
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn err(reference: &str, message: impl Into<String>) -> RuntimeError {
@@ -164,25 +225,94 @@ impl Drop for TempDir {
     }
 }
 
+/// The prefix of an import's work folder in `images/`: `.import-PID-N`.
+const WORK_PREFIX: &str = ".import-";
+/// The prefix of an image being published (under the images' `.lock`).
+const READY_PREFIX: &str = ".ready-";
+const LOCK: &str = ".lock";
+
 /// Imports `source` (an OCI layout directory or a tar of one) as `name`
-/// (default: the layout's `org.opencontainers.image.ref.name`).
+/// (default: the layout's `org.opencontainers.image.ref.name`), within the
+/// default [`ImportLimits`].
 pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageRecord, RuntimeError> {
+    import_with(images, source, name, ImportLimits::default())
+}
+
+/// Removes what interrupted imports left in `images`: work folders whose
+/// process is gone and half-published images. Returns what it removed.
+pub fn remove_leftovers(images: &Path) -> io::Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(images) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    // A `.ready-` folder exists only while its importer holds the lock.
+    let _lock = lock(images)?;
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let stale = if let Some(rest) = name.strip_prefix(WORK_PREFIX) {
+            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+            // A live importer (the CLI beside the agent) keeps its folder.
+            !pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+        } else {
+            name.starts_with(READY_PREFIX)
+        };
+        if stale {
+            let path = entry.path();
+            match fs::remove_dir_all(&path) {
+                Ok(()) => removed.push(path),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// The images' publishing lock (released by the kernel on `kill -9`).
+fn lock(images: &Path) -> io::Result<nix::fcntl::Flock<File>> {
+    let path = images.join(LOCK);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(crate::fsutil::PRIVATE_FILE)
+        .open(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| io::Error::new(io::Error::from(e).kind(), format!("locking {}: {e}", path.display())))
+}
+
+/// [`import`] within `limits`. A refused import leaves nothing behind.
+pub fn import_with(
+    images: &Path,
+    source: &Path,
+    name: Option<&str>,
+    limits: ImportLimits,
+) -> Result<ImageRecord, RuntimeError> {
     let label = name.map(str::to_string).unwrap_or_else(|| source.display().to_string());
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source: io::Error| RuntimeError::Io { path: p, source }
     };
-    fs::create_dir_all(images).map_err(io(images))?;
-    let work = TempDir(images.join(format!(".import-{}-{}", std::process::id(), unique())));
+    // Image files keep their modes (setuid ones too): the folder above them
+    // must be root's alone.
+    crate::fsutil::private_dir(images).map_err(io(images))?;
+    for dir in remove_leftovers(images).map_err(io(images))? {
+        tracing::warn!(dir = %dir.display(), "removed what an interrupted image import left");
+    }
+    let work = TempDir(images.join(format!("{WORK_PREFIX}{}-{}", std::process::id(), unique())));
     fs::create_dir_all(&work.0).map_err(io(&work.0))?;
     let meta = fs::metadata(source).map_err(io(source))?;
+    let mut written = Budget::new(limits);
     let layout = if meta.is_dir() {
         source.to_path_buf()
     } else {
         let dir = work.0.join("layout");
         fs::create_dir_all(&dir).map_err(io(&dir))?;
         let file = File::open(source).map_err(io(source))?;
-        unpack_tar(open_maybe_gzip(file).map_err(io(source))?, &dir, false)
+        unpack_tar(open_maybe_gzip(file).map_err(io(source))?, &dir, false, &mut written)
             .map_err(|m| err(&label, format!("{}: {m}", source.display())))?;
         dir
     };
@@ -199,6 +329,16 @@ pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageR
     verify_digest(&config_path, &manifest.config.digest, &reference)?;
     let config: ImageConfig = read_blob_json(&config_path, &reference)?;
     let run = config.config.unwrap_or_default();
+    if manifest.layers.len() > limits.max_layers {
+        return Err(err(
+            &reference,
+            format!(
+                "{} layers, more than the import's bound of {} (--max-layers)",
+                manifest.layers.len(),
+                limits.max_layers
+            ),
+        ));
+    }
 
     let rootfs = work.0.join("rootfs");
     fs::create_dir_all(&rootfs).map_err(io(&rootfs))?;
@@ -209,7 +349,8 @@ pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageR
         }
         let path = blob_path(&layout, &layer.digest, &reference)?;
         verify_digest(&path, &layer.digest, &reference)?;
-        apply_layer(&path, &rootfs).map_err(|m| err(&reference, format!("layer {i} ({}): {m}", layer.digest)))?;
+        apply_layer(&path, &rootfs, &mut written)
+            .map_err(|m| err(&reference, format!("layer {i} ({}): {m}", layer.digest)))?;
     }
     let hex = digest_hex(&desc.digest, &reference)?.to_string();
     let record = ImageRecord {
@@ -225,15 +366,11 @@ pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageR
     // Publishing (the image directory and the name index) is one writer at a
     // time: two imports racing would lose an index entry or trip on the rename.
     // Unpacking above runs in parallel. The kernel drops the lock on kill -9.
-    let lock_path = images.join(".lock");
-    let lock_file =
-        fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| RuntimeError::Io { path: lock_path.clone(), source: io::Error::from(e) })?;
+    let _lock = lock(images).map_err(io(images))?;
     let dest = images.join(&hex);
     if !dest.exists() {
         // Keep only what the image needs; the tar's layout copy goes with `work`.
-        let keep = images.join(format!(".ready-{hex}-{}", unique()));
+        let keep = images.join(format!("{READY_PREFIX}{hex}-{}", unique()));
         fs::create_dir_all(&keep).map_err(io(&keep))?;
         fs::rename(&rootfs, keep.join("rootfs")).map_err(io(&rootfs))?;
         fs::rename(work.0.join("image.json"), keep.join("image.json")).map_err(io(&keep))?;
@@ -347,14 +484,18 @@ fn open_maybe_gzip(mut file: File) -> io::Result<Box<dyn Read>> {
 }
 
 /// Applies one layer: whiteouts first (they only hide what lower layers put
-/// there), then the content.
-fn apply_layer(blob: &Path, root: &Path) -> Result<(), String> {
+/// there), then the content. The first pass also weighs the layer from its
+/// headers, so nothing of a layer past the bounds is written; the second
+/// counts what it writes again (the blob is read twice).
+fn apply_layer(blob: &Path, root: &Path, written: &mut Budget) -> Result<(), String> {
     let open = || -> Result<Box<dyn Read>, String> {
         File::open(blob).and_then(open_maybe_gzip).map_err(|e| format!("{}: {e}", blob.display()))
     };
+    let mut declared = *written;
     let mut archive = tar::Archive::new(open()?);
     for entry in archive.entries().map_err(|e| format!("not a tar archive: {e}"))? {
         let entry = entry.map_err(|e| format!("reading the archive: {e}"))?;
+        declared.take(entry.header().entry_size().map_err(|e| format!("entry size: {e}"))?)?;
         let rel = clean_path(&entry.path().map_err(|e| format!("entry name: {e}"))?)?;
         let Some(file_name) = rel.file_name().and_then(|n| n.to_str()) else { continue };
         let parent = rel.parent().unwrap_or(Path::new(""));
@@ -370,7 +511,7 @@ fn apply_layer(blob: &Path, root: &Path) -> Result<(), String> {
             remove_any(&dir.join(hidden))?;
         }
     }
-    unpack_tar(open()?, root, true)
+    unpack_tar(open()?, root, true, written)
 }
 
 fn remove_any(path: &Path) -> Result<(), String> {
@@ -462,11 +603,13 @@ fn resolve_in_root(root: &Path, rel: &Path, entry: &Path) -> Result<PathBuf, Str
 
 /// Unpacks a tar into `root` safely. `layer`: a container layer (symlinks,
 /// hard links and ownership kept, devices skipped); otherwise an image layout
-/// archive (only files and directories).
-fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool) -> Result<(), String> {
+/// archive (only files and directories). Each entry is weighed in `written`
+/// from its header, before its bytes are read.
+fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool, written: &mut Budget) -> Result<(), String> {
     let mut archive = tar::Archive::new(reader);
     for entry in archive.entries().map_err(|e| format!("not a tar archive: {e}"))? {
         let mut entry = entry.map_err(|e| format!("reading the archive: {e}"))?;
+        written.take(entry.header().entry_size().map_err(|e| format!("entry size: {e}"))?)?;
         let raw = entry.path().map_err(|e| format!("entry name: {e}"))?.into_owned();
         let rel = clean_path(&raw)?;
         let Some(file_name) = rel.file_name().map(|n| n.to_owned()) else { continue };

@@ -2,7 +2,7 @@
 //! `log_path`, rotating it when it reaches `max_bytes` (`log_path.1` is the
 //! newest old file; at most `keep` old files stay).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -24,12 +24,13 @@ fn rotated(path: &Path, n: usize) -> PathBuf {
 }
 
 impl RotatingLog {
-    /// Opens (appends to) `path`, creating its parent directory.
+    /// Opens (appends to) `path`, creating its parent directory; both are
+    /// private (0700, 0600): a log holds whatever the container printed.
     pub fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<Self> {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
+            crate::fsutil::private_dir(parent)?;
         }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = crate::fsutil::create_private(path, true)?;
         let size = file.metadata()?.len();
         Ok(Self { path: path.to_path_buf(), max_bytes: max_bytes.max(1), keep, file, size })
     }
@@ -45,7 +46,7 @@ impl RotatingLog {
                 }
             }
             std::fs::rename(&self.path, rotated(&self.path, 1))?;
-            self.file = OpenOptions::new().create(true).append(true).open(&self.path)?;
+            self.file = crate::fsutil::create_private(&self.path, true)?;
         }
         self.size = 0;
         Ok(())

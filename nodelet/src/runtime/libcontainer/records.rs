@@ -139,7 +139,8 @@ pub fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> Result<(),
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp =
         dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
-    let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    // Records hold the container's config (its env): 0600, as every file under the data dir.
+    let mut f = crate::fsutil::create_private(&tmp, false).map_err(io_err(&tmp))?;
     f.write_all(bytes).map_err(io_err(&tmp))?;
     if durable {
         f.sync_all().map_err(io_err(&tmp))?;

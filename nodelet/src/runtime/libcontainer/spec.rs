@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use oci_spec::runtime::{
     Arch, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceBuilder,
     LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxMemoryPolicyBuilder,
-    LinuxNamespaceType, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArgBuilder,
-    LinuxSeccompBuilder, LinuxSeccompOperator, LinuxSyscallBuilder, MemoryPolicyModeType, Mount, MountBuilder,
-    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
+    LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator, LinuxSyscallBuilder, MemoryPolicyModeType,
+    Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, UserBuilder,
 };
 
 use super::super::{ContainerConfig, CpuQuota, RuntimeError};
@@ -29,6 +29,21 @@ pub struct ProcessSpec {
     pub args: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
+}
+
+/// The size of a container's `/tmp` when it has no memory limit. A tmpfs's
+/// pages are charged to the memory cgroup of whoever writes them, so with a
+/// limit `/tmp` is as big as the limit (it can cost the host no more); without
+/// one, an unsized tmpfs may take half the host's RAM, so it gets what
+/// Docker gives `/dev/shm`, which programs use the same way.
+pub const DEFAULT_TMP_BYTES: u64 = 64 << 20;
+
+/// The umask of a container's processes, whatever the agent's own is.
+pub const CONTAINER_UMASK: u32 = 0o022;
+
+/// The `size=` of a container's `/tmp` (see [`DEFAULT_TMP_BYTES`]).
+pub fn tmp_size(cfg: &ContainerConfig) -> u64 {
+    cfg.memory_limit_bytes.unwrap_or(DEFAULT_TMP_BYTES)
 }
 
 /// Host directories a `rootfs: host` container sees read-only, when present.
@@ -184,6 +199,7 @@ pub fn build(
         .args(process.args.clone())
         .env(process.env.clone())
         .cwd(process.cwd.clone())
+        .user(UserBuilder::default().uid(0u32).gid(0u32).umask(CONTAINER_UMASK).build().map_err(e("user"))?)
         .no_new_privileges(true)
         .capabilities(capabilities)
         .rlimits(vec![PosixRlimitBuilder::default()
@@ -218,6 +234,11 @@ pub fn build(
             );
         }
         resources = resources.hugepage_limits(limits);
+    }
+    if let Some(limit) = cfg.pids_limit {
+        let limit = i64::try_from(limit).ok().filter(|l| *l > 0);
+        let limit = limit.ok_or_else(|| spec_err(id, "pids", "the limit must be from 1 to 2^63-1"))?;
+        resources = resources.pids(LinuxPidsBuilder::default().limit(limit).build().map_err(e("pids"))?);
     }
     // Deny every device, then allow the configured nodes (libcgroups adds the
     // standard /dev/null, /dev/zero, ... rules on top).
@@ -293,7 +314,8 @@ pub fn build(
     // The cgroup filesystem is not needed inside and on a hybrid host it is the
     // slowest mount to set up; containers read their limits from /proc.
     mounts.retain(|m| m.destination() != Path::new("/sys/fs/cgroup"));
-    mounts.push(mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]).map_err(e("mounts"))?);
+    let tmp_size = format!("size={}", tmp_size(cfg));
+    mounts.push(mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777", &tmp_size]).map_err(e("mounts"))?);
     for dir in host_mounts {
         mounts.push(mount(dir, "bind", dir, &["rbind", "ro", "nosuid", "nodev"]).map_err(e("mounts"))?);
     }
@@ -751,7 +773,7 @@ mod tests {
             cpus: "1".parse().unwrap_or_default(),
             mems: "0".parse().unwrap_or_default(),
             bind_memory: true,
-            memory_limit_bytes: Some(64 << 20),
+            memory_limit_bytes: Some(128 << 20),
             cpu_quota: None,
             cpu_shares: Some(512),
             hugepage_limits: [(2 << 20, 4 << 20)].into_iter().collect(),
@@ -763,6 +785,7 @@ mod tests {
             system_cpus: Default::default(),
             log_path: PathBuf::from("/tmp/x.log"),
             init: false,
+            pids_limit: Some(4096),
         }
     }
 
@@ -785,12 +808,20 @@ mod tests {
         check("/linux/resources/cpu/cpus", "1".into());
         check("/linux/resources/cpu/mems", "0".into());
         check("/linux/resources/cpu/shares", 512.into());
-        check("/linux/resources/memory/limit", (64i64 << 20).into());
+        check("/linux/resources/memory/limit", (128i64 << 20).into());
         check("/linux/resources/hugepageLimits/0/pageSize", "2MB".into());
         check("/linux/memoryPolicy/mode", "MPOL_BIND".into());
         check("/linux/memoryPolicy/nodes", "0".into());
         check("/linux/seccomp/defaultAction", "SCMP_ACT_ERRNO".into());
         check("/process/noNewPrivileges", true.into());
+        check("/linux/resources/pids/limit", 4096.into());
+        check("/process/user/umask", 0o022.into());
+        let tmp = v
+            .pointer("/mounts")
+            .and_then(|m| m.as_array())
+            .and_then(|m| m.iter().find(|m| m.get("destination").and_then(|d| d.as_str()) == Some("/tmp")).cloned());
+        let options = tmp.and_then(|t| t.get("options").cloned()).unwrap_or_default();
+        assert_eq!(options, serde_json::json!(["nosuid", "nodev", "mode=1777", "size=134217728"]), "the memory limit");
         check("/root/readonly", true.into());
         let caps = v.pointer("/process/capabilities/bounding").and_then(|c| c.as_array()).map(|c| c.len());
         assert_eq!(caps, Some(14));
@@ -820,11 +851,16 @@ mod tests {
         let mut c = cfg();
         c.host_network = true;
         c.mems = Default::default();
+        c.pids_limit = None;
+        c.memory_limit_bytes = None;
         let spec = build(&c, &process(), &[], Path::new("/pinion")).map_err(|e| e.to_string());
         let v = serde_json::to_value(spec.unwrap_or_default()).unwrap_or_default();
         let text = v.pointer("/linux/namespaces").map(|n| n.to_string()).unwrap_or_default();
         assert!(!text.contains("network"), "{text}");
         assert!(v.pointer("/linux/memoryPolicy").is_none());
+        assert!(v.pointer("/linux/resources/pids").is_none());
+        let mounts = v.pointer("/mounts").map(|m| m.to_string()).unwrap_or_default();
+        assert!(mounts.contains("\"size=67108864\""), "no memory limit: a 64 MiB /tmp: {mounts}");
         assert_eq!(v.pointer("/root/readonly"), Some(&false.into()));
     }
 
