@@ -43,13 +43,13 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use pinion_client::door::{self, Activity, Bounds, Pool, Watched, WhenFull};
 use pinion_client::query::Query;
 use pinion_client::tls::{common_name, ADMIN_CN, PROXY_CN};
 use specs::api::{ApiError, ExecFrame, ExecRequest, Liveness, TextChunks};
 use specs::status::ContainerState;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
-use pinion_client::door::{self, Activity, Bounds, Pool, WhenFull, Watched};
 use tokio::sync::{mpsc, watch};
 
 use crate::runtime::{ExecProcess, Runtime, RuntimeError};
@@ -105,12 +105,8 @@ struct Ctx {
 /// server's proxy keeps one connection per node, pinged every heartbeat, so
 /// only an unknown caller is held to a short life.
 fn bounds(known: bool) -> Bounds {
-    let known_bounds = Bounds {
-        first_byte: FIRST_BYTE_TIMEOUT,
-        idle: IDLE_TIMEOUT,
-        write_stall: WRITE_TIMEOUT,
-        lifetime: None,
-    };
+    let known_bounds =
+        Bounds { first_byte: FIRST_BYTE_TIMEOUT, idle: IDLE_TIMEOUT, write_stall: WRITE_TIMEOUT, lifetime: None };
     if known {
         known_bounds
     } else {

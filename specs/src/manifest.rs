@@ -185,10 +185,7 @@ pub fn nesting_problem(text: &str) -> Option<String> {
             b'[' | b'{' => {
                 depth += 1;
                 if depth > crate::limits::MAX_NESTING {
-                    return Some(format!(
-                        "nested deeper than {} levels of [ and {{",
-                        crate::limits::MAX_NESTING
-                    ));
+                    return Some(format!("nested deeper than {} levels of [ and {{", crate::limits::MAX_NESTING));
                 }
             }
             b']' | b'}' => depth = depth.saturating_sub(1),

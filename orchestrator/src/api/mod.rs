@@ -44,6 +44,9 @@ pub type Body = BoxBody<Bytes, std::io::Error>;
 
 /// Requests (and watches) one HTTP/2 connection may have open at once.
 const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// A request's head: its path, query and headers (the certificate, not a
+/// header, says who asks; nothing here needs more).
+const MAX_HEADER_BYTES: u32 = 64 << 10;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ApiConfig {
@@ -321,13 +324,18 @@ async fn serve_connection<S>(
     // requests and watches), HTTP/1.1 otherwise; the auto builder reads the
     // connection preface to tell them apart.
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(config.read_timeout);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.read_timeout)
+        .max_buf_size(MAX_HEADER_BYTES as usize * 2);
     // Pings on a quiet connection: a client whose path went silent is let go
     // (its watches and follows with it) instead of held until the OS gives up.
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .max_header_list_size(MAX_HEADER_BYTES)
         .keep_alive_interval(config.liveness.heartbeat)
         .keep_alive_timeout(config.liveness.silence().saturating_sub(config.liveness.heartbeat));
     let activity = Activity::new();
