@@ -587,3 +587,77 @@ fn pods_reach_each_other_over_cni_and_a_kill_9_leaks_no_network() {
     h.signal_agent("TERM");
     assert_eq!(network_leaks(&h, &bridge, &prefix, &sandboxes), Vec::<String>::new(), "{}", h.agent_log());
 }
+
+/// Every regular file under `dir` holding `needle`, without entering the
+/// containers' own trees (a host-rootfs container's rootfs binds `/usr`).
+fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(kind) = e.file_type() else { continue };
+            let name = e.file_name().to_string_lossy().into_owned();
+            if kind.is_dir() && !["rootfs", "upper", "work"].contains(&name.as_str()) {
+                todo.push(e.path());
+            } else if kind.is_file()
+                && std::fs::read(e.path()).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                found.push(e.path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Issue 25, finding 4: a pod's env is in the checkpoint, the status file,
+/// the container's records and bundle, and its log when it prints it. None
+/// of those files may be readable by another host user (`nobody`): the data
+/// dir is 0700 and each file 0600, a data dir an older version left open
+/// included (it is tightened at start).
+#[test]
+fn no_file_holding_a_pods_env_is_readable_by_another_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    // As /var/lib: the folder above the data dir lets everyone through.
+    std::fs::set_permissions(h.tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = format!("s3cret-{}-value", std::process::id());
+    // What an older version left: an open data dir and an old 0644 log.
+    let old_log = h.data.join("logs/static_old_1/main.log");
+    std::fs::create_dir_all(old_log.parent().unwrap()).unwrap();
+    std::fs::write(&old_log, format!("{secret}\n")).unwrap();
+    for (p, mode) in [(&h.data, 0o755), (&h.data.join("logs"), 0o755), (&old_log, 0o644)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let name = format!("env-{}", std::process::id());
+    h.write(
+        &name,
+        &format!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, 'echo $SECRET; exec sleep 1000']\n    env: [{{name: SECRET, value: {secret}}}]\n    resources: {{requests: {{cpu: '0'}}, limits: {{cpu: 500m, memory: 64Mi}}}}\n"
+        ),
+    );
+    h.start_agent();
+    h.wait_log(&name, "the secret", |l| l.contains(&secret));
+    h.wait("running", |v| v["pods"][format!("static/{name}")]["phase"] == "Running");
+    let holding = files_holding(&h.data, &secret);
+    let names: Vec<String> =
+        holding.iter().map(|p| p.strip_prefix(&h.data).unwrap().to_string_lossy().into_owned()).collect();
+    for want in ["checkpoint.json", "container.json", "config.json", "main.log"] {
+        assert!(names.iter().any(|n| n.ends_with(want)), "the env is in {want}: {names:?}");
+    }
+    let mut readable = Vec::new();
+    for (path, name) in holding.iter().zip(&names) {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let out = Command::new("runuser").args(["-u", "nobody", "--", "cat"]).arg(path).output().unwrap();
+        if mode & 0o077 != 0 || out.status.success() {
+            readable.push(format!("{name} ({mode:o}, nobody read it: {})", out.status.success()));
+        }
+    }
+    assert!(readable.is_empty(), "readable by others: {readable:#?}");
+    let mode = std::fs::metadata(&h.data).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the data dir");
+    std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}

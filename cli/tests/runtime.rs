@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,9 @@ const SHIM: &str = env!("CARGO_BIN_EXE_pinion");
 
 struct Fixture {
     dir: tempfile::TempDir,
+    /// The runtime's data dir, in `dir`, which is 0755 as `/var/lib` is: only
+    /// the data dir itself may keep other users out.
+    data: PathBuf,
     rt: LibcontainerRuntime,
     ids: Vec<String>,
 }
@@ -30,8 +34,10 @@ fn fixture() -> Option<Fixture> {
         return None;
     }
     let dir = tempfile::Builder::new().prefix("pinion-rt-").tempdir().expect("tempdir");
-    let rt = LibcontainerRuntime::new(dir.path(), Path::new(SHIM)).expect("runtime");
-    Some(Fixture { dir, rt, ids: Vec::new() })
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let data = dir.path().join("data");
+    let rt = LibcontainerRuntime::new(&data, Path::new(SHIM)).expect("runtime");
+    Some(Fixture { dir, data, rt, ids: Vec::new() })
 }
 
 impl Fixture {
@@ -61,7 +67,7 @@ impl Fixture {
             cap_add: vec![],
             cap_drop: vec![],
             system_cpus: Default::default(),
-            log_path: self.dir.path().join("logs").join(format!("{id}.log")),
+            log_path: self.data.join("logs").join(format!("{id}.log")),
             init: false,
         }
     }
@@ -222,7 +228,7 @@ fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
     let bound = log.lines().find_map(|l| l.strip_prefix("bound: ")).and_then(|n| n.trim().parse::<u32>().ok());
     assert!(bound.is_some_and(|n| n > 0), "no mapping bound to node 0: {log}");
     // A new runtime instance (the agent restarted) still knows the exit code.
-    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    let again = LibcontainerRuntime::new(&fx.data, Path::new(SHIM)).expect("runtime");
     assert_eq!(again.state(&cfg.id).expect("state"), ContainerState::Exited { code: 7, oom_killed: false });
     assert_eq!(again.list().expect("list"), vec![cfg.id.clone()]);
     fx.finish();
@@ -244,7 +250,7 @@ fn cpuset_is_updated_in_place_and_a_running_container_is_adopted() {
         assert_eq!(cpuset_file(&cfg.id, "cpuset.cpus"), want);
     }
     // The agent restarts: a new instance adopts the same process.
-    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    let again = LibcontainerRuntime::new(&fx.data, Path::new(SHIM)).expect("runtime");
     assert_eq!(again.state(&cfg.id).expect("state"), ContainerState::Running { pid });
     // `sh` as pid 1 ignores SIGTERM: stop escalates to SIGKILL after the grace.
     again.stop(&cfg.id, Duration::from_millis(200)).expect("stop");
@@ -366,7 +372,7 @@ fn a_half_created_container_whose_shim_died_is_swept_at_startup() {
     std::fs::write(&wrapper, format!("#!/bin/sh\nPINION_SHIM_CRASH_AFTER_BUILD=1 exec {SHIM} \"$@\"\n"))
         .expect("wrapper");
     std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let crashing = LibcontainerRuntime::new(fx.dir.path(), &wrapper).expect("runtime");
+    let crashing = LibcontainerRuntime::new(&fx.data, &wrapper).expect("runtime");
     let cfg = fx.cfg("sweep", &["true"]);
     crashing.start(&cfg, &mut Default::default()).expect("the crashing shim still reports");
     assert!(!fx.rt.cgroup_dirs(&cfg.id).is_empty(), "the half-created container has a cgroup");
@@ -378,7 +384,7 @@ fn a_half_created_container_whose_shim_died_is_swept_at_startup() {
         std::thread::sleep(Duration::from_millis(10));
     }
     // The agent restarts: the sweep removes it entirely.
-    let again = LibcontainerRuntime::new(fx.dir.path(), Path::new(SHIM)).expect("runtime");
+    let again = LibcontainerRuntime::new(&fx.data, Path::new(SHIM)).expect("runtime");
     assert_eq!(again.list().expect("list"), Vec::<String>::new());
     assert_eq!(again.cgroup_dirs(&cfg.id), Vec::<PathBuf>::new());
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -544,7 +550,7 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
     let archive = fx.dir.path().join("layout.tar");
     let status = std::process::Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&archive).arg(".").status();
     assert!(status.is_ok_and(|s| s.success()));
-    let data_dir = fx.dir.path().to_string_lossy().to_string();
+    let data_dir = fx.data.to_string_lossy().to_string();
     let out = pinion(&["image", "import", archive.to_str().expect("path"), "--data-dir", &data_dir]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = pinion(&["image", "list", "--data-dir", &data_dir]);
@@ -564,7 +570,7 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
 fn bad_images_are_refused_with_a_clear_error() {
     let Some(fx) = fixture() else { return };
     let marker = format!("pinion-escape-{}", std::process::id());
-    let data_dir = fx.dir.path().to_string_lossy().to_string();
+    let data_dir = fx.data.to_string_lossy().to_string();
     let check = |name: &str, items: Vec<Item>, expected: &str| {
         let layout = fx.dir.path().join(name);
         let config = serde_json::json!({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["true"]}});
@@ -649,5 +655,160 @@ fn exec_runs_in_the_container_and_its_cancel_leaves_nothing() {
     assert_eq!(ends, (Ok(String::new()), Ok(String::new())), "no process holds the output open");
     assert_eq!(processes_in(&cfg.id).len(), 1, "only the container's own process is left");
     assert!(matches!(fx.rt.state(&cfg.id).expect("state"), ContainerState::Running { .. }));
+    fx.finish();
+}
+
+/// Host binaries and the libraries they link, as image layer entries at
+/// their own (canonical) paths.
+fn binary_files(binaries: &[&str]) -> Vec<Item> {
+    let mut paths = std::collections::BTreeSet::new();
+    for b in binaries {
+        let exe = std::fs::canonicalize(b).expect("binary");
+        let out = std::process::Command::new("ldd").arg(&exe).output().expect("ldd");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let p = line.split("=>").last().unwrap_or("").split_whitespace().next().unwrap_or("");
+            if p.starts_with('/') {
+                // As ldd names it (the loader's path is written in the binary).
+                paths.insert(PathBuf::from(p));
+            }
+        }
+        paths.insert(exe);
+    }
+    paths
+        .iter()
+        .map(|p| {
+            let inside = p.to_string_lossy().trim_start_matches('/').to_string();
+            Item::File(inside, std::fs::read(p).expect("read binary"), 0o755)
+        })
+        .collect()
+}
+
+/// `argv` run as the host user `nobody`. Through `runuser`, not `setpriv
+/// --reuid`: setpriv keeps root's capabilities across the uid change (the
+/// exec then passes every permission check).
+fn as_nobody(argv: &[&str]) -> std::process::Output {
+    std::process::Command::new("runuser").args(["-u", "nobody", "--"]).args(argv).output().expect("runuser")
+}
+
+/// Issue 25, finding 3: containers run as uid 0, so a setuid file one makes
+/// in its root is setuid root on the host, in its overlay's upper folder
+/// (and in the merged rootfs while mounted). Neither may be reachable by
+/// another host user: the data dir is 0700.
+#[test]
+fn a_setuid_file_made_in_a_container_is_not_root_for_another_host_user() {
+    let Some(mut fx) = fixture() else { return };
+    let id_bin = std::fs::canonicalize("/usr/bin/id").expect("id");
+    // This host honours setuid where the data dir lives (no nosuid mount):
+    // otherwise the test would prove nothing.
+    let open = fx.dir.path().join("open-id");
+    std::fs::copy(&id_bin, &open).expect("copy id");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    let out = as_nobody(&[open.to_str().expect("path"), "-u"]);
+    if String::from_utf8_lossy(&out.stdout).trim() != "0" {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "setuid is not honoured under {}",
+            fx.dir.path().display()
+        );
+        eprintln!("skipping: setuid is not honoured under {}", fx.dir.path().display());
+        return;
+    }
+
+    let layout = fx.dir.path().join("suid-layout");
+    let items = binary_files(&["/bin/sh", "/bin/cp", "/bin/chmod", "/usr/bin/id"]);
+    let config = serde_json::json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin:/bin"]}});
+    write_layout(&layout, &[(layer_tar(&items), "application/vnd.oci.image.layer.v1.tar")], config, "suid:1");
+    nodelet::runtime::libcontainer::image::import(&fx.data.join("images"), &layout, None).expect("import");
+    let script =
+        format!("{} {} /x && {} 4755 /x && echo made", canon("/bin/cp"), id_bin.display(), canon("/bin/chmod"));
+    let mut cfg = fx.cfg("suid", &[&canon("/bin/sh"), "-c", &script]);
+    cfg.rootfs = RootfsConfig::Image("suid:1".into());
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
+    assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", fx.log(&cfg));
+    let container = fx.data.join("containers").join(&cfg.id);
+    for made in [container.join("upper/x"), container.join("bundle/rootfs/x")] {
+        let meta = std::fs::metadata(&made).expect("the container's file");
+        assert!(meta.permissions().mode() & 0o4000 != 0, "{} is setuid", made.display());
+        let out = as_nobody(&[made.to_str().expect("path"), "-u"]);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            !out.status.success() && stdout.trim() != "0",
+            "nobody ran {} as uid {stdout} ({stderr})",
+            made.display()
+        );
+        assert!(stderr.contains("Permission denied"), "{stderr}");
+    }
+    fx.finish();
+}
+
+fn canon(path: &str) -> String {
+    std::fs::canonicalize(path).expect("path").to_string_lossy().into_owned()
+}
+
+/// Issue 25, finding 5: a fork bomb stops at the container's pids limit
+/// (`pids.max` of its cgroup) and the host can still fork. The bomb is
+/// bounded (300) so that it cannot hurt the host when the limit is missing.
+#[test]
+fn a_fork_bomb_stops_at_the_pids_limit_and_the_host_is_fine() {
+    let Some(mut fx) = fixture() else { return };
+    let mut cfg = fx.cfg(
+        "forkbomb",
+        &["sh", "-c", "i=0; while [ $i -lt 300 ]; do sleep 60 & i=$((i+1)); echo n=$i; done; echo survived"],
+    );
+    cfg.pids_limit = Some(64);
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
+    let state = fx.wait_exit(&cfg.id);
+    let log = fx.log(&cfg);
+    let forked: u32 =
+        log.lines().filter_map(|l| l.strip_prefix("n=")).filter_map(|n| n.parse().ok()).max().unwrap_or(0);
+    let pids = |file: &str| {
+        std::fs::read_to_string(format!("/sys/fs/cgroup/pids/pinion/{}/{file}", cfg.id))
+            .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/pinion/{}/{file}", cfg.id)))
+            .unwrap_or_default()
+    };
+    assert_eq!(pids("pids.max").trim(), "64");
+    assert!(forked < 64 && !log.contains("survived"), "forked {forked}: {log}");
+    assert!(log.contains("Cannot fork") || log.contains("Resource temporarily unavailable"), "{log}");
+    assert!(matches!(state, ContainerState::Exited { .. }), "{state:?}");
+    let refused: u64 = pids("pids.events")
+        .lines()
+        .find_map(|l| l.strip_prefix("max "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused > 0, "pids.events counts the refused forks");
+    // The host is fine.
+    let host = std::process::Command::new("true").status().expect("the host forks");
+    assert!(host.success());
+    fx.finish();
+}
+
+/// Issue 25, finding 3 (hostPath): the pod's host folders are mounted
+/// `nosuid,nodev` (a setuid file or a device node there gives nothing inside),
+/// and the container's `/tmp` is a tmpfs sized by its memory limit. Read
+/// from where it matters: the container's own mountinfo.
+#[test]
+fn host_paths_are_nosuid_nodev_and_tmp_is_sized() {
+    let Some(mut fx) = fixture() else { return };
+    let vol = fx.dir.path().join("vol");
+    std::fs::create_dir(&vol).expect("vol");
+    let mut cfg = fx.cfg("hostpath", &["sh", "-c", "grep -E ' /(vol|tmp) ' /proc/self/mountinfo"]);
+    cfg.mounts =
+        vec![nodelet::runtime::BindMount { source: vol.clone(), destination: PathBuf::from("/vol"), read_only: false }];
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
+    assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
+    let log = fx.log(&cfg);
+    let line = |target: &str| {
+        log.lines()
+            .find(|l| l.split(' ').nth(4) == Some(target))
+            .unwrap_or_else(|| panic!("{target} is not mounted: {log}"))
+            .to_string()
+    };
+    let vol_line = line("/vol");
+    // Field 6: the mount's own options.
+    let opts: Vec<&str> = vol_line.split(' ').nth(5).unwrap_or("").split(',').collect();
+    assert!(opts.contains(&"nosuid") && opts.contains(&"nodev") && opts.contains(&"rw"), "{vol_line}");
+    let tmp_line = line("/tmp");
+    // The fixture's memory limit, 256 MiB, in the superblock's options.
+    assert!(tmp_line.contains("size=262144k") && tmp_line.contains("nosuid"), "{tmp_line}");
     fx.finish();
 }

@@ -27,6 +27,15 @@ pub enum Command {
         /// The nodelet's data directory.
         #[arg(long, env = "PINION_DATA_DIR", default_value = "/var/lib/pinion")]
         data_dir: PathBuf,
+        /// Refuse an image with more layers than this.
+        #[arg(long, default_value_t = image::ImportLimits::default().max_layers)]
+        max_layers: usize,
+        /// Refuse an import that would write more than this (a quantity: 32Gi).
+        #[arg(long, default_value = "32Gi", value_parser = parse_bytes)]
+        max_bytes: u64,
+        /// Refuse an import that would write more files, folders and links than this.
+        #[arg(long, default_value_t = image::ImportLimits::default().max_files)]
+        max_files: u64,
     },
     /// List imported images.
     List {
@@ -39,9 +48,10 @@ pub enum Command {
 
 pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Import { file, name, data_dir } => {
+        Command::Import { file, name, data_dir, max_layers, max_bytes, max_files } => {
             let images = Layout::new(&data_dir).images();
-            let rec = tokio::task::spawn_blocking(move || image::import(&images, &file, name.as_deref()))
+            let limits = image::ImportLimits { max_layers, max_bytes, max_files };
+            let rec = tokio::task::spawn_blocking(move || image::import_with(&images, &file, name.as_deref(), limits))
                 .await
                 .context("the import task failed")??;
             println!("imported {} ({}, {} layers)", rec.reference, rec.digest, rec.layers);
@@ -63,4 +73,13 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--max-bytes`: a Kubernetes quantity of bytes (`32Gi`, `500M`, `1048576`).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let q = specs::Quantity::parse(s).map_err(|e| e.to_string())?;
+    u64::try_from(q.units_ceil())
+        .ok()
+        .filter(|b| *b > 0)
+        .ok_or_else(|| format!("{s}: must be a positive number of bytes"))
 }

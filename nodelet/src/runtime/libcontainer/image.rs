@@ -692,8 +692,111 @@ fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool, written: &mut Bud
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A layer of `files` regular files (path, size in bytes of zeros), gzipped.
+    fn layer(files: &[(&str, usize)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+        for (path, size) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(*size as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, path, io::repeat(0).take(*size as u64)).unwrap();
+        }
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    /// An OCI layout in `dir` with these layers, named `bomb:1`.
+    fn layout(dir: &Path, layers: &[Vec<u8>]) {
+        let blobs = dir.join("blobs/sha256");
+        fs::create_dir_all(&blobs).unwrap();
+        let put = |bytes: &[u8]| {
+            fs::write(blobs.join(hex(bytes)), bytes).unwrap();
+            serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                               "digest": format!("sha256:{}", hex(bytes)), "size": bytes.len()})
+        };
+        let config = put(br#"{"config": {"Cmd": ["true"]}}"#);
+        let layers: Vec<_> = layers.iter().map(|l| put(l)).collect();
+        let manifest = put(&serde_json::to_vec(&serde_json::json!({"config": config, "layers": layers})).unwrap());
+        let mut m = manifest;
+        m["annotations"] = serde_json::json!({REF_NAME: "bomb:1"});
+        fs::write(dir.join("index.json"), serde_json::to_vec(&serde_json::json!({"manifests": [m]})).unwrap()).unwrap();
+    }
+
+    /// What `images` holds apart from the publishing lock.
+    fn left(images: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(images)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.retain(|n| n != LOCK);
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_import_past_its_bounds_is_refused_naming_the_bound_and_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let images = tmp.path().join("data/images");
+        let small = ImportLimits { max_layers: 2, max_bytes: 1 << 20, max_files: 10 };
+        let check = |name: &str, layers: Vec<Vec<u8>>, bound: &str| {
+            let src = tmp.path().join(name);
+            layout(&src, &layers);
+            let started = std::time::Instant::now();
+            let e = import_with(&images, &src, None, small).unwrap_err().to_string();
+            assert!(e.contains(bound) && e.contains("bomb:1"), "{name}: {e}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(5), "{name}: refused from the headers");
+            assert_eq!(left(&images), Vec::<String>::new(), "{name}");
+        };
+        // 64 MiB of zeros in a gzip of about 64 KiB: refused from its header.
+        check("bytes", vec![layer(&[("zeros", 64 << 20)])], "more than 1048576 bytes (the import's bound, --max-bytes)");
+        // Within the bytes, across two layers: the total counts.
+        check(
+            "total",
+            vec![layer(&[("a", 600 << 10)]), layer(&[("b", 600 << 10)])],
+            "more than 1048576 bytes (the import's bound, --max-bytes)",
+        );
+        let many: Vec<(String, usize)> = (0..11).map(|i| (format!("f{i}"), 1)).collect();
+        let many: Vec<(&str, usize)> = many.iter().map(|(p, s)| (p.as_str(), *s)).collect();
+        check("files", vec![layer(&many)], "more than 10 files (the import's bound, --max-files)");
+        check(
+            "layers",
+            vec![layer(&[("a", 1)]), layer(&[("b", 1)]), layer(&[("c", 1)])],
+            "3 layers, more than the import's bound of 2 (--max-layers)",
+        );
+        // Within every bound it imports.
+        let src = tmp.path().join("fine");
+        layout(&src, &[layer(&[("a", 1000)]), layer(&[("b", 1000)])]);
+        let rec = import_with(&images, &src, None, small).unwrap();
+        assert_eq!((rec.reference.as_str(), rec.layers), ("bomb:1", 2));
+    }
+
+    #[test]
+    fn what_a_killed_import_left_is_removed_and_a_live_one_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let images = data.join("images");
+        // PIDs above the kernel's PID_MAX_LIMIT (2^22) never run.
+        let dead = images.join(".import-99999999-1");
+        let live = images.join(format!(".import-{}-2", std::process::id()));
+        let ready = images.join(".ready-abc-3");
+        for d in [&dead, &live, &ready] {
+            fs::create_dir_all(d.join("rootfs/usr")).unwrap();
+            fs::write(d.join("rootfs/usr/big"), "x").unwrap();
+        }
+        // At the runtime's start (the agent's), as at the next import.
+        crate::runtime::libcontainer::LibcontainerRuntime::new(&data, Path::new("/bin/true")).unwrap();
+        assert_eq!(left(&images), vec![live.file_name().unwrap().to_string_lossy().into_owned()]);
+        fs::create_dir_all(&dead).unwrap();
+        assert_eq!(remove_leftovers(&images).unwrap(), vec![dead.clone()]);
+        assert!(live.exists());
+    }
 
     #[test]
     fn references_are_normalized_or_refused() {
