@@ -755,7 +755,11 @@ mod tests {
             assert_eq!(left(&images), Vec::<String>::new(), "{name}");
         };
         // 64 MiB of zeros in a gzip of about 64 KiB: refused from its header.
-        check("bytes", vec![layer(&[("zeros", 64 << 20)])], "more than 1048576 bytes (the import's bound, --max-bytes)");
+        check(
+            "bytes",
+            vec![layer(&[("zeros", 64 << 20)])],
+            "more than 1048576 bytes (the import's bound, --max-bytes)",
+        );
         // Within the bytes, across two layers: the total counts.
         check(
             "total",
