@@ -320,3 +320,66 @@ async fn the_data_dir_is_the_servers_only() {
     }
     assert!(open.is_empty(), "readable by others: {open:?}");
 }
+
+/// Finding 2: callers that never read a large list cannot make the server
+/// hold a copy each: the local listener holds at most its reply budget of
+/// lists at once; one more waits for room (here 2 s) and is answered 503,
+/// and room comes back when a reader goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_lists_hold_at_most_the_reply_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |o| {
+        o.local_listen = Some(orchestrator::server::LocalListen { addr: "127.0.0.1:0".into(), if_free: false });
+        o.api.local_reply_budget_mib = 13;
+        o.api.read_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let annotation = "x".repeat(200_000);
+    // 12 MB: more than the kernel buffers of a loopback connection hold.
+    for i in 0..60 {
+        let pod = format!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: big{i}, annotations: {{blob: {annotation}}}}}\nspec:\n  containers:\n  - name: main\n    rootfs: host\n"
+        );
+        s.admin.create_pod(Bytes::from(pod)).await.expect("create");
+    }
+    let local = s.local.expect("local listener");
+    let ask = |tcp: TcpStream| async move {
+        let mut tcp = tcp;
+        tcp.write_all(b"GET /api/v1/pods HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.expect("ask");
+        tcp
+    };
+    // A list (12 MB: 12 MiB of the budget of 13 once its size is known) read
+    // whole, so the next one's estimate is right.
+    let mut first = ask(TcpStream::connect(local).await.expect("connect")).await;
+    let mut whole = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = first.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            whole.extend_from_slice(&buf[..n]);
+            if whole.len() > 12_000_000 {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(whole.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&whole[..whole.len().min(200)]));
+    drop(first);
+    // One reader that never reads holds the budget...
+    let hog = ask(TcpStream::connect(local).await.expect("connect")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // ...so the next is refused once its wait for room ends.
+    let mut next = ask(TcpStream::connect(local).await.expect("connect")).await;
+    let mut head = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), next.read(&mut head)).await.expect("answered").expect("read");
+    assert!(head[..n].starts_with(b"HTTP/1.1 503"), "{}", String::from_utf8_lossy(&head[..n]));
+    drop(hog);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut after = ask(TcpStream::connect(local).await.expect("connect")).await;
+    let n =
+        tokio::time::timeout(Duration::from_secs(10), after.read(&mut head)).await.expect("answered").expect("read");
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "room came back: {}", String::from_utf8_lossy(&head[..n]));
+    s.stop().await;
+}

@@ -25,7 +25,6 @@ use super::apply::ApiState;
 use super::error::error;
 use super::routes::{Route, RouteId};
 use super::{error_response, handle, ApiConfig, Body};
-use crate::tls::Identity;
 
 /// The API routes the local listener serves (their GET method only): what the
 /// web view reads. Every entry is a read; a route added here is readable by
@@ -98,8 +97,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ApiState>, config: ApiConfi
 /// the redirect to the page, or an API route of `table`.
 pub(super) async fn respond(
     req: Request<Incoming>,
-    identity: &Identity,
-    peer: std::net::SocketAddr,
+    caller: &super::Caller,
     state: Arc<ApiState>,
     table: &[Route],
     config: ApiConfig,
@@ -125,8 +123,7 @@ pub(super) async fn respond(
         }
         return asset(path);
     }
-    // Every user of this machine may call here: the env's values stay out.
-    handle(req, identity, peer, false, state, table, config, shutdown).await
+    handle(req, caller, state, table, config, shutdown).await
 }
 
 fn asset(path: &str) -> Response<Body> {

@@ -30,7 +30,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pinion_client::door::{self, Activity, Bounds, Pool, Seat, Watched, WhenFull};
 use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use self::apply::{apply, bookmark_line, watch_line, ApiState, Reply};
 use self::error::{bad_request, error};
@@ -77,6 +77,11 @@ pub struct ApiConfig {
     /// How long decoding one body may take before the caller is answered 503
     /// (the decoding runs off the async workers, bounded in size and depth).
     pub decode_timeout: Duration,
+    /// MiB of large replies the API holds at once (a reply waits for room
+    /// up to `read_timeout`, then 503).
+    pub reply_budget_mib: usize,
+    /// The same for the local listener, whose callers are every local user.
+    pub local_reply_budget_mib: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_timeout: Duration,
     /// How often an idle stream or connection carries something; clients
@@ -100,6 +105,8 @@ impl Default for ApiConfig {
             write_timeout: Duration::from_secs(30),
             anonymous_lifetime: Duration::from_secs(60),
             decode_timeout: Duration::from_secs(10),
+            reply_budget_mib: 512,
+            local_reply_budget_mib: 128,
             shutdown_timeout: Duration::from_secs(10),
             liveness: Liveness::default(),
         }
@@ -151,6 +158,9 @@ struct Pools {
     admin: Arc<Pool>,
     node: Arc<Pool>,
     anonymous: Arc<Pool>,
+    /// MiB of lists held at once on this listener: a caller that does not read holds its reply until the write
+    /// bound, and many of them must not hold many copies of a big list.
+    replies: Budget,
 }
 
 impl Pools {
@@ -159,7 +169,12 @@ impl Pools {
             Listener::Api(_) => "anonymous",
             Listener::Local => "local",
         };
+        let replies = match kind {
+            Listener::Api(_) => config.reply_budget_mib,
+            Listener::Local => config.local_reply_budget_mib,
+        };
         Pools {
+            replies: Budget::new(replies),
             handshakes: Pool::new("handshake", config.max_handshakes, WhenFull::EvictOldest),
             admin: Pool::new("admin", config.max_admin_connections, WhenFull::Refuse),
             node: Pool::new("node", config.max_connections, WhenFull::Refuse),
@@ -267,15 +282,22 @@ async fn accept_loop(
                     let Some(seat) = pool.enter() else {
                         return tracing::warn!(%peer, pool = pool.name(), "connection refused: its pool is full");
                     };
-                    let conn = Conn { identity: Arc::new(identity), peer, local: false, seat, class };
+                    let conn = Conn {
+                        caller: Arc::new(Caller { identity, peer, env_values: true, replies: pools.replies.clone() }),
+                        local: false,
+                        seat,
+                        class,
+                    };
                     serve_connection(tls, conn, state, table, config, shutdown).await;
                 }
                 // Only the read-only routes of `local::routes` are in `table`;
                 // on them the local listener reads what the admin may read.
                 Listener::Local => {
                     let Some(seat) = pools.of(Class::Local).enter() else { return };
-                    let conn =
-                        Conn { identity: Arc::new(Identity::Admin), peer, local: true, seat, class: Class::Local };
+                    // Every user of this machine may call here: the env's values stay out.
+                    let caller =
+                        Caller { identity: Identity::Admin, peer, env_values: false, replies: pools.replies.clone() };
+                    let conn = Conn { caller: Arc::new(caller), local: true, seat, class: Class::Local };
                     serve_connection(tcp, conn, state, table, config, shutdown).await
                 }
             }
@@ -291,11 +313,19 @@ async fn accept_loop(
 
 /// One accepted connection, once its caller is known.
 struct Conn {
-    identity: Arc<Identity>,
-    peer: SocketAddr,
+    caller: Arc<Caller>,
     local: bool,
     seat: Seat,
     class: Class,
+}
+
+/// Who is on the other end of a connection, and what its listener grants.
+pub(crate) struct Caller {
+    identity: Identity,
+    peer: SocketAddr,
+    /// False on the local listener: pods are shown without env values.
+    env_values: bool,
+    replies: Budget,
 }
 
 async fn serve_connection<S>(
@@ -308,15 +338,16 @@ async fn serve_connection<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let Conn { identity, peer, local, mut seat, class } = conn;
+    let Conn { caller, local, mut seat, class } = conn;
+    let peer = caller.peer;
     let stop = shutdown.clone();
     let svc = hyper::service::service_fn(move |req| {
-        let (identity, state, table, stop) = (identity.clone(), state.clone(), table.clone(), stop.clone());
+        let (caller, state, table, stop) = (caller.clone(), state.clone(), table.clone(), stop.clone());
         async move {
             Ok::<_, Infallible>(if local {
-                local::respond(req, &identity, peer, state, &table, config, stop).await
+                local::respond(req, &caller, state, &table, config, stop).await
             } else {
-                handle(req, &identity, peer, true, state, &table, config, stop).await
+                handle(req, &caller, state, &table, config, stop).await
             })
         }
     });
@@ -395,18 +426,15 @@ pub fn screen(route: RouteId, identity: &Identity, config: &ApiConfig) -> Result
     })
 }
 
-// Each argument is a separate piece of the connection's wiring.
-#[allow(clippy::too_many_arguments)]
 async fn handle(
     req: Request<Incoming>,
-    identity: &Identity,
-    peer: SocketAddr,
-    env_values: bool,
+    caller: &Caller,
     state: Arc<ApiState>,
     table: &[Route],
     config: ApiConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Response<Body> {
+    let (identity, peer, env_values) = (&caller.identity, caller.peer, caller.env_values);
     let (route, param) = match match_route(table, req.method(), req.uri().path()) {
         Matched::Route(r, p) => (r, p),
         Matched::MethodNotAllowed => {
@@ -485,6 +513,16 @@ async fn handle(
         Ok(a) => a.without_env_values(),
         Err(e) => return error_response(&e),
     };
+    // A list is as large as the store: room for it (as large as the last one
+    // was) is taken before it is read, so callers that do not read their
+    // replies cannot make the server hold many copies of it.
+    let mut held = None;
+    if lists_everything(&action) {
+        match caller.replies.hold(caller.replies.estimate(), config.read_timeout).await {
+            Some(p) => held = Some(p),
+            None => return error_response(&busy()),
+        }
+    }
     let result = apply(&state, identity, action).await;
     if route == RouteId::Join {
         if let Err(e) = &result {
@@ -494,7 +532,18 @@ async fn handle(
         }
     }
     match result {
-        Ok(Reply::Json(code, v)) => json_response(code, v),
+        Ok(Reply::Json(code, v)) => match held {
+            None => json_response(code, v),
+            Some(permit) => {
+                caller.replies.note(v.len());
+                let Some(permit) = caller.replies.grow(permit, v.len()) else {
+                    return error_response(&busy());
+                };
+                let mut r = json_response(code, Vec::new());
+                *r.body_mut() = BodyExt::boxed(Held { rest: Bytes::from(v), permit: Some(permit) });
+                r
+            }
+        },
         Ok(Reply::Metrics(text)) => {
             let mut r = json_response(200, text.into_bytes());
             r.headers_mut().insert(
@@ -508,6 +557,9 @@ async fn handle(
             let mut stop = shutdown;
             let heartbeat = config.liveness.heartbeat;
             let watches = state.metrics.watches.clone();
+            if held.is_some() {
+                caller.replies.note(initial.iter().map(String::len).sum());
+            }
             tokio::spawn(async move {
                 // Counted while this task lives, however it ends.
                 watches.inc();
@@ -517,6 +569,8 @@ async fn handle(
                         return;
                     }
                 }
+                // The listed objects are in the channel or sent: the changes after are small.
+                drop(held);
                 // Every change read so far was sent or filtered out: a bookmark
                 // at this version skips nothing.
                 let mut version = from;
@@ -568,6 +622,114 @@ async fn handle(
             proxy::exec(&state.proxy, &node, &endpoint, &path, &request, config.liveness, shutdown).await
         }
         Err(e) => error_response(&e),
+    }
+}
+
+/// Whether an action reads a whole kind from the store (a list, or a watch
+/// that lists first).
+fn lists_everything(action: &parse::Action) -> bool {
+    use parse::Action::*;
+    matches!(
+        action,
+        ListPods { .. }
+            | ListNodes { .. }
+            | ListJobs { .. }
+            | ListEvents { .. }
+            | WatchPods { from: None, .. }
+            | WatchNodes { from: None, .. }
+    )
+}
+
+fn busy() -> ApiError {
+    error(503, "ServiceUnavailable", "too many large replies are being sent; try again")
+}
+
+/// MiB of lists a listener holds at once, and the size of the last list it
+/// sent (the estimate for the next).
+#[derive(Clone)]
+struct Budget {
+    mib: Arc<Semaphore>,
+    size: u32,
+    last: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Budget {
+    fn new(mib: usize) -> Budget {
+        let size = u32::try_from(mib.clamp(1, Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
+        Budget { mib: Arc::new(Semaphore::new(size as usize)), size, last: Default::default() }
+    }
+
+    fn mib_of(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX).clamp(1, self.size)
+    }
+
+    fn estimate(&self) -> usize {
+        self.last.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn note(&self, bytes: usize) {
+        self.last.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Room for a reply of `bytes`, waited for up to `limit`; a reply larger
+    /// than the whole budget takes all of it.
+    async fn hold(&self, bytes: usize, limit: Duration) -> Option<OwnedSemaphorePermit> {
+        let mib = self.mib_of(bytes);
+        tokio::time::timeout(limit, self.mib.clone().acquire_many_owned(mib)).await.ok()?.ok()
+    }
+
+    /// `held`, grown to cover `bytes` when the reply came out larger, if
+    /// there is room now: a reply waiting for room would hold its bytes
+    /// while it waits, which is what the budget is there to prevent.
+    fn grow(&self, mut held: OwnedSemaphorePermit, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let want = self.mib_of(bytes);
+        let have = u32::try_from(held.num_permits()).unwrap_or(u32::MAX);
+        if want > have {
+            held.merge(self.mib.clone().try_acquire_many_owned(want - have).ok()?);
+        }
+        Some(held)
+    }
+}
+
+/// A large reply handed out in pieces, holding its listener's reply budget
+/// until the last piece is taken. The pieces matter: the HTTP layer asks for
+/// the next one only when it has room to write it, so the budget is held
+/// while the caller is still reading, not only until the reply was handed
+/// to a buffer in one piece.
+struct Held {
+    rest: Bytes,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The piece a `Held` reply is handed out in.
+const PIECE: usize = 64 << 10;
+
+impl hyper::body::Body for Held {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if self.rest.is_empty() {
+            self.permit = None;
+            return Poll::Ready(None);
+        }
+        let n = self.rest.len().min(PIECE);
+        let piece = self.rest.split_to(n);
+        if self.rest.is_empty() {
+            self.permit = None;
+        }
+        Poll::Ready(Some(Ok(Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
     }
 }
 
