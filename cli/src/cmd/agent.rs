@@ -165,6 +165,11 @@ pub struct NodeArgs {
     /// Folders holding the CNI plugins, separated by `:`.
     #[arg(long, value_name = "DIRS", default_value = nodelet::cni::DEFAULT_BIN_DIRS)]
     pub cni_bin_dir: String,
+    /// Each container's process limit (its cgroup's pids.max) when its pod
+    /// sets no `spec.pidsLimit`, so one fork bomb cannot exhaust the host; 0: none.
+    #[arg(long, value_name = "N", default_value_t = nodelet::agent::DEFAULT_POD_PIDS_LIMIT,
+          value_parser = clap::value_parser!(u64).range(0..=specs::limits::MAX_PIDS_LIMIT))]
+    pub pod_pids_limit: u64,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -281,6 +286,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
     agent.device_nodes = device_nodes;
     agent.sysfs_root = args.node.topology.sysfs_source();
     agent.on_settings_change = args.node.on_settings_change;
+    agent.pod_pids_limit = (args.node.pod_pids_limit > 0).then_some(args.node.pod_pids_limit);
     // Used only with a configuration and real containers (`nodelet::daemon`).
     agent.cni = Some(nodelet::cni::CniConfig::new(
         args.node.cni_conf_dir.clone(),

@@ -73,6 +73,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     // The node's configuration before anything starts: a flag `pinion agent`
     // would refuse stops `up` here.
     let mut config = crate::cmd::agent::daemon_config(node(None), g.liveness())?;
+    // The server's and the node's data dirs are inside: neither is reachable
+    // through this one by another user.
+    nodelet::fsutil::private_dir(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
     if matches!(config.runtime, nodelet::daemon::RuntimeChoice::Libcontainer { .. }) {
         // A cluster in one command gives its pods addresses: the default
         // network unless the operator has one.
