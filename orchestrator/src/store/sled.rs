@@ -79,7 +79,8 @@ impl LogSizes {
 impl SledBackend {
     /// Opens the data under `dir`; returns it with its version and log start.
     pub(super) fn open(dir: &Path, options: &StoreOptions) -> Result<(SledBackend, u64, u64), StoreError> {
-        let db = sled::Config::new().path(dir).cache_capacity(options.cache_bytes).open()?;
+        let db =
+            sled::Config::new().path(dir).cache_capacity(options.cache_bytes).segment_size(segment_size(dir)).open()?;
         let tree = db.open_tree("objects")?;
         let rv = read_counter(tree.get(KEY_RV)?.as_deref());
         let log_start = read_counter(tree.get(KEY_LOG_START)?.as_deref()).max(1);
@@ -215,6 +216,25 @@ impl SledBackend {
     }
 }
 
+/// sled's segment for a new store: 16 MiB, its largest. sled writes a page
+/// bigger than a quarter segment (128 KiB at its default of 512 KiB) to a
+/// blob file of its own, and in 0.34 those are not reclaimed as the page is
+/// rewritten: churning 400 pods of 200 KB (a leaf holds up to 16 values, so
+/// pages of megabytes) grew `blobs/` by about 0.7 GB a round with the log
+/// bounded. At 16 MiB such a page stays in the log, whose segments sled
+/// cleans. A store made before keeps its own size (sled refuses another),
+/// read from sled's `conf` file.
+const SEGMENT_BYTES: usize = 16 << 20;
+
+fn segment_size(dir: &Path) -> usize {
+    let Ok(conf) = std::fs::read_to_string(dir.join("conf")) else { return SEGMENT_BYTES };
+    conf.lines()
+        .find_map(|l| l.strip_prefix("segment_size: "))
+        .and_then(|v| v.trim().parse().ok())
+        // Unreadable: sled's own default, and sled's own error if that is wrong too.
+        .unwrap_or(512 << 10)
+}
+
 /// Refuses a batch when the data dir's file system has less than `needed`
 /// bytes free for this process (`f_bavail`: what root keeps back is not ours).
 fn check_space(dir: &Path, needed: u64) -> Result<(), StoreError> {
@@ -230,4 +250,33 @@ fn check_space(dir: &Path, needed: u64) -> Result<(), StoreError> {
         return Err(StoreError::DiskFull { dir: dir.to_path_buf(), available, needed });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod trim_tests {
+    use super::{LogSizes, Trim};
+
+    /// `stored` and `new` as `(version, bytes)`; the batch's version is the newest one.
+    fn check(stored: &[(u64, u64)], new: &[(u64, u64)], start: u64, keep: u64, keep_bytes: u64, expected: Trim) {
+        let log = LogSizes { entries: stored.iter().copied().collect(), bytes: stored.iter().map(|(_, b)| b).sum() };
+        let rv = new.last().or(stored.last()).map_or(0, |(rv, _)| *rv);
+        assert_eq!(log.trim(new, rv, start, keep, keep_bytes), expected, "{stored:?} + {new:?}");
+    }
+
+    #[test]
+    fn trims_the_oldest_entries_by_count_or_bytes_and_keeps_the_newest() {
+        let stored = [(1, 100), (2, 100), (3, 100)];
+        // Within both bounds: nothing goes.
+        check(&stored, &[(4, 100)], 1, 10, 1000, Trim { keep_new: 1, drop_old: 0, start: 1 });
+        // Bytes: the two oldest go, the start moves past them.
+        check(&stored, &[(4, 100)], 1, 10, 250, Trim { keep_new: 1, drop_old: 2, start: 3 });
+        // Versions: those from `rv - keep` on (events take versions without entries).
+        check(&stored, &[(6, 100)], 1, 3, 1000, Trim { keep_new: 1, drop_old: 2, start: 3 });
+        // One entry bigger than the bound: it stays alone.
+        check(&stored, &[(4, 5000)], 1, 10, 250, Trim { keep_new: 1, drop_old: 3, start: 4 });
+        // A batch bigger than the bound loses its own oldest entries.
+        check(&[], &[(1, 100), (2, 100), (3, 100)], 1, 10, 150, Trim { keep_new: 1, drop_old: 0, start: 3 });
+        // The start never moves back.
+        check(&[(9, 10)], &[(10, 10)], 9, 10, 1000, Trim { keep_new: 1, drop_old: 0, start: 9 });
+    }
 }
