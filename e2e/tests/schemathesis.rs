@@ -99,6 +99,49 @@ fn start_server(pinion: &Path, data: &Path, stderr: &Path) -> anyhow::Result<(Pr
     }
 }
 
+/// One Schemathesis run: as the identity in `creds` (none without its cert.pem).
+struct Pass<'a> {
+    name: &'a str,
+    creds: &'a Path,
+    examples: &'a str,
+    stats: Option<&'a Path>,
+}
+
+/// Runs a pass to its end within `RUN_TIMEOUT`; any finding fails it.
+fn run_pass(st: &Path, url: &str, seed: &str, dir: &Path, pass: &Pass) -> anyhow::Result<Duration> {
+    let repo = e2e::binary::repo_root();
+    let report = dir.join(format!("schemathesis-{}.txt", pass.name));
+    // One file for both streams, one offset: they must not write over each other.
+    let report_file = std::fs::File::create(&report)?;
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo.join("e2e/schemathesis/run.sh"))
+        .arg(st)
+        .arg(url)
+        .arg(pass.creds)
+        .arg(pass.examples)
+        .args(["--seed", seed])
+        .current_dir(dir)
+        .stdout(report_file.try_clone()?)
+        .stderr(Stdio::from(report_file));
+    if let Some(stats) = pass.stats {
+        cmd.env("PINION_SCHEMATHESIS_STATS", stats);
+    }
+    let child = cmd.spawn().with_context(|| format!("running e2e/schemathesis/run.sh ({})", pass.name))?;
+    let started = Instant::now();
+    let status = wait_bounded(child, RUN_TIMEOUT)?;
+    let took = started.elapsed();
+    let output = std::fs::read_to_string(&report).unwrap_or_default();
+    let tail: String = {
+        let lines: Vec<&str> = output.lines().collect();
+        lines[lines.len().saturating_sub(150)..].join("\n")
+    };
+    match status {
+        None => bail!("the {} Schemathesis pass did not finish in {RUN_TIMEOUT:?}:\n{tail}", pass.name),
+        Some(s) if !s.success() => bail!("the {} Schemathesis pass reported findings ({s}):\n{tail}", pass.name),
+        Some(_) => Ok(took),
+    }
+}
+
 #[test]
 fn schemathesis_finds_nothing() -> anyhow::Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
@@ -128,71 +171,22 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
     let examples = std::env::var("PINION_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| DEFAULT_EXAMPLES.into());
     let seed = std::env::var("PINION_SCHEMATHESIS_SEED").unwrap_or_else(|_| DEFAULT_SEED.into());
     let stats = dir.path().join("stats.json");
-    let report = dir.path().join("schemathesis.txt");
-    // One file for both streams, one offset: they must not write over each other.
-    let report_file = std::fs::File::create(&report)?;
-    let child = Command::new("bash")
-        .arg(repo.join("e2e/schemathesis/run.sh"))
-        .arg(&st)
-        .arg(&url)
-        .arg(&creds_dir)
-        .arg(&examples)
-        .args(["--seed", &seed])
-        .current_dir(dir.path())
-        .env("PINION_SCHEMATHESIS_STATS", &stats)
-        .stdout(report_file.try_clone()?)
-        .stderr(Stdio::from(report_file))
-        .spawn()
-        .context("running e2e/schemathesis/run.sh")?;
-    let started = Instant::now();
-    let status = wait_bounded(child, RUN_TIMEOUT)?;
-    let took = started.elapsed();
-    let output = std::fs::read_to_string(&report).unwrap_or_default();
+    let admin = Pass { name: "admin", creds: &creds_dir, examples: &examples, stats: Some(&stats) };
+    let took = run_pass(&st, &url, &seed, dir.path(), &admin)?;
     eprintln!(
         "schemathesis: {examples} examples per operation, seed {seed}, {:.1} s; {}",
         took.as_secs_f64(),
         std::fs::read_to_string(&stats).unwrap_or_else(|_| "no stats".into())
     );
-    let tail: String = {
-        let lines: Vec<&str> = output.lines().collect();
-        lines[lines.len().saturating_sub(150)..].join("\n")
-    };
-    match status {
-        None => bail!("Schemathesis did not finish in {RUN_TIMEOUT:?}:\n{tail}"),
-        Some(s) if !s.success() => bail!("Schemathesis reported findings ({s}):\n{tail}"),
-        Some(_) => {}
-    }
     // The same operations without a certificate: everything but the public
     // routes is refused (hooks.py's `anonymous_refused`), nothing panics.
     let anonymous_dir = dir.path().join("anonymous");
     std::fs::create_dir_all(&anonymous_dir)?;
     std::fs::copy(creds_dir.join("ca.pem"), anonymous_dir.join("ca.pem"))?;
     std::fs::copy(creds_dir.join("join-token"), anonymous_dir.join("join-token"))?;
-    let anonymous_report = dir.path().join("schemathesis-anonymous.txt");
-    let report_file = std::fs::File::create(&anonymous_report)?;
-    let child = Command::new("bash")
-        .arg(repo.join("e2e/schemathesis/run.sh"))
-        .arg(&st)
-        .arg(&url)
-        .arg(&anonymous_dir)
-        .arg(ANONYMOUS_EXAMPLES)
-        .args(["--seed", &seed])
-        .current_dir(dir.path())
-        .stdout(report_file.try_clone()?)
-        .stderr(Stdio::from(report_file))
-        .spawn()
-        .context("running e2e/schemathesis/run.sh without a certificate")?;
-    let status = wait_bounded(child, RUN_TIMEOUT)?;
-    let output = std::fs::read_to_string(&anonymous_report).unwrap_or_default();
-    let tail: String = {
-        let lines: Vec<&str> = output.lines().collect();
-        lines[lines.len().saturating_sub(150)..].join("\n")
-    };
-    match status {
-        None => bail!("the anonymous Schemathesis run did not finish in {RUN_TIMEOUT:?}:\n{tail}"),
-        Some(s) if !s.success() => bail!("the anonymous Schemathesis run reported findings ({s}):\n{tail}"),
-        Some(_) => {}
-    }
+    let anonymous = Pass { name: "anonymous", creds: &anonymous_dir, examples: ANONYMOUS_EXAMPLES, stats: None };
+    let took = run_pass(&st, &url, &seed, dir.path(), &anonymous)?;
+    eprintln!("schemathesis without a certificate: {ANONYMOUS_EXAMPLES} examples per operation, {:.1} s", took.as_secs_f64());
     let server_errors = std::fs::read_to_string(&server_log).unwrap_or_default();
     let alive = server.0.try_wait()?.is_none();
     if !alive {

@@ -156,7 +156,7 @@ async fn run(
     println!(
         "registered {nodes} nodes in {:.1}s; server RSS {:.1} MiB",
         t.elapsed().as_secs_f64(),
-        rss_mib(pid, "VmRSS:")
+        e2e::process::memory_mib(pid, "VmRSS:")
     );
 
     if let Some((size, jobs)) = gangs {
@@ -194,7 +194,7 @@ async fn run(
         "created {pods} pods over {conns} connections in {:.2}s = {:.0} pods/s (durable before each reply); server RSS {:.1} MiB",
         created.as_secs_f64(),
         pods as f64 / created.as_secs_f64(),
-        rss_mib(pid, "VmRSS:")
+        e2e::process::memory_mib(pid, "VmRSS:")
     );
     let (bound, pending) =
         tokio::time::timeout(Duration::from_secs(600), counter).await.context("binding timed out")???;
@@ -215,8 +215,8 @@ async fn run(
     );
     println!(
         "server RSS with {nodes} nodes and {pods} pods: {:.1} MiB (peak {:.1} MiB)",
-        rss_mib(pid, "VmRSS:"),
-        rss_mib(pid, "VmHWM:")
+        e2e::process::memory_mib(pid, "VmRSS:"),
+        e2e::process::memory_mib(pid, "VmHWM:")
     );
     Ok(())
 }
@@ -281,7 +281,7 @@ async fn run_gangs(
         "created {jobs} jobs of {size} members ({members} pods) over {conns} connections in {:.2}s = {:.0} jobs/s; server RSS {:.1} MiB",
         created.as_secs_f64(),
         jobs as f64 / created.as_secs_f64(),
-        rss_mib(pid, "VmRSS:")
+        e2e::process::memory_mib(pid, "VmRSS:")
     );
     let (bound, nodes_per_gang, in_pieces) =
         tokio::time::timeout(Duration::from_secs(600), counter).await.context("binding timed out")???;
@@ -293,23 +293,12 @@ async fn run_gangs(
     );
     println!(
         "server RSS with {nodes} nodes and {jobs} jobs ({members} pods): {:.1} MiB (peak {:.1} MiB)",
-        rss_mib(pid, "VmRSS:"),
-        rss_mib(pid, "VmHWM:")
+        e2e::process::memory_mib(pid, "VmRSS:"),
+        e2e::process::memory_mib(pid, "VmHWM:")
     );
     Ok(())
 }
 
-/// A memory figure of a process from /proc/PID/status, in MiB (0 when unreadable).
-fn rss_mib(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    kib as f64 / 1024.0
-}
 
 fn orchestrator_creds(path: &std::path::Path) -> anyhow::Result<orchestrator::tls::Credentials> {
     Ok(orchestrator::tls::Credentials::load(path)?)
