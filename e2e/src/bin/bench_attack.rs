@@ -121,9 +121,14 @@ async fn anonymous_tls(addr: String, ca: String) -> anyhow::Result<tokio_rustls:
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = TcpStream::connect(addr.trim_start_matches("https://")).await?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?)
+    // A server that stopped accepting leaves a connect in its backlog forever.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let tcp = TcpStream::connect(addr.trim_start_matches("https://")).await?;
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?)
+    })
+    .await
+    .context("connect and handshake within 30 s")?
 }
 
 /// Whether the peer has closed `s` (a read answers at once with EOF or an error).
