@@ -322,7 +322,8 @@ fn api_error(r: Result<(u16, specs::Pod), ClientError>) -> Option<(u16, String)>
     }
 }
 
-/// The data dir on a 16 MiB tmpfs, filled by a file: creates go on until
+/// The data dir on a 64 MiB tmpfs (a new store's first sled segment is
+/// 16 MiB, so a smaller disk cannot even open it), filled by a file: creates go on until
 /// one is refused (at once, when the server checks the free space itself),
 /// with 507 and a message naming the full data dir; the server stays up, a
 /// refused pod is nowhere (nor after a restart); with the filler deleted,
@@ -339,7 +340,7 @@ fn a_full_data_dir_refuses_writes_clearly_and_recovers_when_space_returns() {
     let pinion = e2e::binary::pinion().unwrap_or_else(|e| panic!("{e:#}"));
     let tmp = tempfile::Builder::new().prefix("pinion-faults-").tempdir().unwrap();
     let data = tmp.path().join("srv");
-    let _fs = Tmpfs::mount(&data, "16m");
+    let _fs = Tmpfs::mount(&data, "64m");
     let mut server = Server::new(&pinion, &data, &out);
     server.start();
     let rt = runtime();
