@@ -186,7 +186,10 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
     std::fs::copy(creds_dir.join("join-token"), anonymous_dir.join("join-token"))?;
     let anonymous = Pass { name: "anonymous", creds: &anonymous_dir, examples: ANONYMOUS_EXAMPLES, stats: None };
     let took = run_pass(&st, &url, &seed, dir.path(), &anonymous)?;
-    eprintln!("schemathesis without a certificate: {ANONYMOUS_EXAMPLES} examples per operation, {:.1} s", took.as_secs_f64());
+    eprintln!(
+        "schemathesis without a certificate: {ANONYMOUS_EXAMPLES} examples per operation, {:.1} s",
+        took.as_secs_f64()
+    );
     let server_errors = std::fs::read_to_string(&server_log).unwrap_or_default();
     let alive = server.0.try_wait()?.is_none();
     if !alive {

@@ -224,11 +224,8 @@ async fn an_unreadable_record_is_skipped_and_counted() {
     s.stop().await;
     {
         // As the server made it: sled refuses another segment size than the one in `conf`.
-        let db = sled::Config::new()
-            .path(dir.path().join("store"))
-            .segment_size(16 << 20)
-            .open()
-            .expect("open the store");
+        let db =
+            sled::Config::new().path(dir.path().join("store")).segment_size(16 << 20).open().expect("open the store");
         let tree = db.open_tree("objects").expect("tree");
         // What the server wrote: a placement naming NUMA id 4000000000.
         let good = tree.get("pod/good").expect("read").expect("the pod");

@@ -299,7 +299,6 @@ async fn run_gangs(
     Ok(())
 }
 
-
 fn orchestrator_creds(path: &std::path::Path) -> anyhow::Result<orchestrator::tls::Credentials> {
     Ok(orchestrator::tls::Credentials::load(path)?)
 }

@@ -77,7 +77,6 @@ fn start(pinion: &Path, dir: &Path) -> anyhow::Result<Server> {
     Ok(Server { proc, url, local, data, creds, admin, log })
 }
 
-
 /// The admin's `get nodes` every 100 ms until stopped: (calls, failures, slowest).
 struct Prober {
     stop: Arc<AtomicBool>,
@@ -160,7 +159,10 @@ async fn nested(s: &Server) -> anyhow::Result<()> {
                 Err(_) => "no answer in 300 s".into(),
             };
             let took = t.elapsed();
-            println!("nested 160,000 deep, {who} {content_type} POST {path}: {answer} after {:.3} s", took.as_secs_f64());
+            println!(
+                "nested 160,000 deep, {who} {content_type} POST {path}: {answer} after {:.3} s",
+                took.as_secs_f64()
+            );
             if took > Duration::from_secs(30) {
                 println!("nested: the rest skipped (each would take as long)");
                 println!("nested: {}", probe.finish().await?);
@@ -218,7 +220,11 @@ async fn idle(s: &Server) -> anyhow::Result<()> {
             open += 1;
         }
     }
-    println!("idle: {open} of {} still open 15 s later; server RSS {:.1} MiB", held.len(), e2e::process::memory_mib(s.pid(), "VmRSS:"));
+    println!(
+        "idle: {open} of {} still open 15 s later; server RSS {:.1} MiB",
+        held.len(),
+        e2e::process::memory_mib(s.pid(), "VmRSS:")
+    );
     drop(held);
     // One alone, timed to its close.
     let mut one = anonymous_tls(s.url.clone(), s.creds.ca_cert.clone()).await?;
