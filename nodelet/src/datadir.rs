@@ -12,7 +12,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::fsutil::{private_dir, tighten};
+use crate::fsutil::private_dir;
+use pinion_client::private::tighten_tree;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataDirError {
@@ -58,33 +59,7 @@ pub fn prepare(root: &Path) -> Result<usize, DataDirError> {
         _ => {}
     }
     private_dir(root).map_err(io(root))?;
-    let mut tightened = 0;
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            // Removed meanwhile (a container that went away).
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io(&dir)(e)),
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let rel = path.strip_prefix(root).unwrap_or(&path);
-            let Ok(kind) = entry.file_type() else { continue };
-            if kind.is_symlink() || (kind.is_dir() && is_container_tree(rel)) {
-                continue;
-            }
-            match tighten(&path) {
-                Ok(true) => tightened += 1,
-                Ok(false) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io(&path)(e)),
-            }
-            if kind.is_dir() {
-                todo.push(path);
-            }
-        }
-    }
+    let tightened = tighten_tree(root, is_container_tree).map_err(io(root))?;
     if tightened > 0 {
         tracing::warn!(dir = %root.display(), tightened, "the data dir let other users in: made private (0700 folders, 0600 files)");
     }

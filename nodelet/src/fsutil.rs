@@ -8,23 +8,12 @@
 //! 0700 at creation, by explicit modes rather than the process's umask (which
 //! the containers would inherit).
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-/// The mode of every file the node writes under its data dir.
-pub const PRIVATE_FILE: u32 = 0o600;
-/// The mode of every folder the node makes under (and of) its data dir.
-pub const PRIVATE_DIR: u32 = 0o700;
-
-/// Creates `dir` and its missing parents 0700; an existing `dir` that lets its
-/// group or others in is tightened to 0700 (a node upgraded from a version that
-/// made it 0755).
-pub fn private_dir(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(PRIVATE_DIR).create(dir)?;
-    tighten(dir).map(drop)
-}
+pub use pinion_client::private::{private_dir, tighten, PRIVATE_DIR, PRIVATE_FILE};
 
 /// Opens `path` for writing, created 0600 (truncated: `append` false).
 pub fn create_private(path: &Path, append: bool) -> io::Result<File> {
@@ -48,19 +37,6 @@ fn tighten_file(f: &File) -> io::Result<()> {
         f.set_permissions(fs::Permissions::from_mode(mode & 0o7700))?;
     }
     Ok(())
-}
-
-/// Takes every group and other permission away from `path` (a file or a
-/// folder; a symlink is left alone, its target may not be ours). Whether it
-/// changed anything.
-pub fn tighten(path: &Path) -> io::Result<bool> {
-    let meta = fs::symlink_metadata(path)?;
-    let mode = meta.permissions().mode();
-    if meta.file_type().is_symlink() || mode & 0o077 == 0 {
-        return Ok(false);
-    }
-    fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7700))?;
-    Ok(true)
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory,

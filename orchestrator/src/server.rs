@@ -30,6 +30,7 @@ use crate::metrics::{ControllerMetrics, Metrics};
 use crate::peers::Peers;
 use crate::store::{EtcdConfig, EtcdOptions, LeaderGuard, Store, StoreError, StoreOptions};
 use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
+use pinion_client::private::{private_dir, tighten_tree};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -141,6 +142,7 @@ impl Server {
             },
         };
         let dir = options.data_dir.clone();
+        // The store, the CA's key and the admin's credentials live here.
         private_dir(&dir).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
         // On etcd the first server to start creates the cluster's identity.
         let mut identity_created = false;
@@ -213,7 +215,7 @@ impl Server {
         write_admin_config(&pki, &admin_config, &servers)?;
         // Pod specs (their env) are in the store, and sled makes its files
         // with the umask's mode; the dir's 0700 is what guards them, this the rest.
-        tighten(&dir, 4).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
+        tighten_tree(&dir, |_| false).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
         Ok(Server {
             listener,
             addr,
@@ -319,7 +321,7 @@ impl Server {
             .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
         let closed = self.store.close(self.options.api.shutdown_timeout).await;
         // sled writes its last snapshot on close, with the umask's mode.
-        if let Err(e) = tighten(&self.options.data_dir, 4) {
+        if let Err(e) = tighten_tree(&self.options.data_dir, |_| false) {
             tracing::warn!(error = %e, dir = %self.options.data_dir.display(), "cannot make the data dir's files the server's only");
         }
         if closed {
@@ -397,37 +399,6 @@ async fn lead(
             }
         }
     }
-}
-
-/// Creates `dir` (and its parents) if missing and makes it 0700: the data
-/// dir holds the store, the CA's key and the admin's credentials. A data
-/// dir an older version made looser is tightened here.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-}
-
-/// Takes every permission of group and others off what is under `dir`
-/// (`depth` levels down), so files written before this version, or by a
-/// library that follows the umask, are the server's only.
-fn tighten(dir: &Path, depth: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.path().symlink_metadata()?;
-        if meta.file_type().is_symlink() {
-            continue;
-        }
-        let mode = meta.permissions().mode();
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & 0o7700))?;
-        }
-        if meta.is_dir() && depth > 0 {
-            tighten(&entry.path(), depth - 1)?;
-        }
-    }
-    Ok(())
 }
 
 fn listen_host(listen: &str) -> String {

@@ -30,6 +30,7 @@
 mod connect;
 pub mod door;
 mod lines;
+pub mod private;
 pub mod query;
 pub mod tls;
 
