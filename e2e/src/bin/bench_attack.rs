@@ -136,6 +136,17 @@ async fn closed<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> bool {
     matches!(tokio::time::timeout(Duration::from_millis(5), s.read(&mut buf)).await, Ok(Ok(0)) | Ok(Err(_)))
 }
 
+/// How many of `conns` the peer has not closed.
+async fn still_open<S: tokio::io::AsyncRead + Unpin>(conns: &mut [S]) -> usize {
+    let mut open = 0;
+    for c in conns {
+        if !closed(c).await {
+            open += 1;
+        }
+    }
+    open
+}
+
 async fn nested(s: &Server) -> anyhow::Result<()> {
     let body = Bytes::from(format!("{{\"k\": {}{}}}", "[".repeat(160_000), "]".repeat(160_000)));
     let probe = Prober::start(s.admin.clone());
@@ -206,20 +217,10 @@ async fn idle(s: &Server) -> anyhow::Result<()> {
         if matches!(r, Ok(Ok(_))) { "answered" } else { "FAILED" },
         t.elapsed().as_secs_f64()
     );
-    let mut open = 0;
-    for c in &mut held {
-        if !closed(c).await {
-            open += 1;
-        }
-    }
+    let open = still_open(&mut held).await;
     println!("idle: {open} of {} still open at once", held.len());
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let mut open = 0;
-    for c in &mut held {
-        if !closed(c).await {
-            open += 1;
-        }
-    }
+    let open = still_open(&mut held).await;
     println!(
         "idle: {open} of {} still open 15 s later; server RSS {:.1} MiB",
         held.len(),
@@ -378,12 +379,7 @@ async fn endpoint(s: &Server, pinion: &Path, dir: &Path) -> anyhow::Result<()> {
         Ok(Err(e)) => format!("error {e}"),
         Err(_) => "no answer in 60 s".into(),
     };
-    let mut open = 0;
-    for c in &mut raw {
-        if !closed(c).await {
-            open += 1;
-        }
-    }
+    let open = still_open(&mut raw).await;
     println!(
         "endpoint: the admin's logs through the server beside 1,500 raw connections to the node endpoint: {answer} after {:.3} s; {open} of 1,500 still open",
         t.elapsed().as_secs_f64()

@@ -52,8 +52,6 @@ struct Seats {
     next: u64,
     /// Oldest first; the sender tells that seat's connection to end.
     held: BTreeMap<u64, oneshot::Sender<()>>,
-    evicted: u64,
-    refused: u64,
 }
 
 impl Pool {
@@ -70,13 +68,9 @@ impl Pool {
         let mut seats = self.seats.lock().unwrap_or_else(|p| p.into_inner());
         if seats.held.len() >= self.capacity {
             match self.when_full {
-                WhenFull::Refuse => {
-                    seats.refused += 1;
-                    return None;
-                }
+                WhenFull::Refuse => return None,
                 WhenFull::EvictOldest => {
                     if let Some((_, tell)) = seats.held.pop_first() {
-                        seats.evicted += 1;
                         let _ = tell.send(());
                     }
                 }
@@ -87,17 +81,6 @@ impl Pool {
         let (tell, evicted) = oneshot::channel();
         seats.held.insert(id, tell);
         Some(Seat { pool: self.clone(), id, evicted })
-    }
-
-    /// Connections seated now.
-    pub fn held(&self) -> usize {
-        self.seats.lock().unwrap_or_else(|p| p.into_inner()).held.len()
-    }
-
-    /// Connections evicted and refused so far.
-    pub fn turned_away(&self) -> (u64, u64) {
-        let s = self.seats.lock().unwrap_or_else(|p| p.into_inner());
-        (s.evicted, s.refused)
     }
 }
 
@@ -353,14 +336,12 @@ mod tests {
         let mut first = evicting.enter().expect("seat");
         let _second = evicting.enter().expect("seat");
         let _third = evicting.enter().expect("seat");
-        assert_eq!(evicting.held(), 2);
+        assert_eq!(evicting.seats.lock().expect("lock").held.len(), 2);
         assert!(first.evicted.try_recv().is_ok(), "the oldest was told to go");
-        assert_eq!(evicting.turned_away(), (1, 0));
         let refusing = Pool::new("admin", 1, WhenFull::Refuse);
         let seat = refusing.enter().expect("seat");
         assert!(refusing.enter().is_none());
         drop(seat);
         assert!(refusing.enter().is_some(), "a seat given back is free again");
-        assert_eq!(refusing.turned_away(), (0, 1));
     }
 }

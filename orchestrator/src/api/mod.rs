@@ -158,8 +158,9 @@ struct Pools {
     admin: Arc<Pool>,
     node: Arc<Pool>,
     anonymous: Arc<Pool>,
-    /// MiB of lists held at once on this listener: a caller that does not read holds its reply until the write
-    /// bound, and many of them must not hold many copies of a big list.
+    /// MiB of lists held at once on this listener: a caller that does not
+    /// read holds its reply until the write bound, and many of them must not
+    /// hold many copies of a big list.
     replies: Budget,
 }
 
