@@ -82,8 +82,10 @@ impl LibcontainerRuntime {
     pub fn new(data_dir: &Path, shim_exe: &Path) -> Result<Self, RuntimeError> {
         let layout = Layout::new(data_dir);
         // Containers run as root: their overlay upper folders (and so any
-        // setuid file they make) must be out of other users' reach.
-        crate::datadir::prepare(data_dir)?;
+        // setuid file they make) must be out of other users' reach. (The
+        // daemon has already checked the folder and tightened what an older
+        // version left, `datadir::prepare`, before anything else ran.)
+        crate::fsutil::private_dir(data_dir).map_err(ioerr(data_dir))?;
         for dir in [layout.containers(), layout.state_root(), layout.images(), layout.exits()] {
             crate::fsutil::private_dir(&dir).map_err(ioerr(&dir))?;
         }

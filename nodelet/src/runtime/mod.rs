@@ -143,8 +143,6 @@ pub enum RuntimeError {
     Image { reference: String, message: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error(transparent)]
-    DataDir(#[from] crate::datadir::DataDirError),
     /// This runtime cannot do what was asked (the hollow runtime runs no processes).
     #[error("{0}")]
     Unsupported(&'static str),
