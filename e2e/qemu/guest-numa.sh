@@ -165,8 +165,14 @@ MANIFESTS=/var/lib/pinion-qemu/manifests
 DATA=/var/lib/pinion-qemu/data
 ALL_CPUS=$(cat /sys/devices/system/cpu/online)
 RESERVED=0
+# The guest sees the host's /etc, where a host's `pinion up` may have written a pod
+# network whose bridge this guest's kernel cannot make: the agents here read an empty
+# CNI folder instead (pods get a namespace with only lo), which is what is under test.
+CNI_NONE=/var/lib/pinion-qemu/cni-none
+mkdir -p "$CNI_NONE"
 # The agent's command line; CPU 0 reserved, real containers through libcontainer.
-agent_args=(agent --manifests "$MANIFESTS" --data-dir "$DATA" --reserved-cpus "$RESERVED" --runtime libcontainer)
+agent_args=(agent --manifests "$MANIFESTS" --data-dir "$DATA" --reserved-cpus "$RESERVED" --runtime libcontainer
+  --cni-conf-dir "$CNI_NONE")
 agent_pid=
 start_agent() {
   "$PINION_BIN" "${agent_args[@]}" >>"$OUT/agent.log" 2>&1 &
@@ -382,7 +388,8 @@ if "$PINION_BIN" agent --help 2>/dev/null | grep -q -- --manifests; then
   outside >"$OUT/outside-before"
   (
     echo $BASHPID >"$UNIT/cgroup.procs"
-    exec "$PINION_BIN" agent --manifests "$DMAN" --data-dir "$DDATA" --reserved-cpus 0 --runtime libcontainer
+    exec "$PINION_BIN" agent --manifests "$DMAN" --data-dir "$DDATA" --reserved-cpus 0 --runtime libcontainer \
+      --cni-conf-dir "$CNI_NONE"
   ) >>"$OUT/agent-delegated.log" 2>&1 &
   dpid=$!
   cat >"$DMAN/deleg.yaml.tmp" <<EOF

@@ -124,6 +124,11 @@ impl EtcdCluster {
             .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
             .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", "pinion-test"])
+            // etcd's tuning guide for a slow or busy host: a test suite shares two cores
+            // with dozens of tests, and a missed 100 ms heartbeat must not start an
+            // election in the middle of a test (a three-member test failed once in CI
+            // under the whole suite's load, and did not fail alone here).
+            .args(["--heartbeat-interval", "250", "--election-timeout", "2500"])
             // What README recommends for Pinion (etcd's defaults: 128 and 1.5 MiB);
             // a server uses them only when told (`--etcd-max-txn-ops`, ...).
             .args(["--max-txn-ops", &MAX_TXN_OPS.to_string(), "--max-request-bytes", &MAX_REQUEST_BYTES.to_string()])
