@@ -31,13 +31,12 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use specs::api::{ApiError, Event, Node, NodeCondition, ObjectRef, PodPlan, WatchEventType};
-use specs::pod::ObjectMeta;
+use specs::api::{Node, NodeCondition, PodPlan, WatchEventType};
 use specs::{Pod, PodPhase, PodStatus};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::api::error::Refused;
+use crate::cluster::{event, ClusterError};
 use crate::metrics::{ControllerMetrics, Outcome};
 use crate::scheduler::{GangRequest, NodeInfo, Scheduler};
 use crate::store::{Change, Kind, Store, StoreError};
@@ -79,21 +78,6 @@ const PASS: usize = 2048;
 const DECIDE_CHUNK: usize = 32;
 /// Binding writes in flight at once (the store folds them into shared flushes).
 const WRITES_IN_FLIGHT: usize = 4096;
-
-pub fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
-pub fn event(kind: &str, name: &str, event_type: &str, reason: &str, message: impl Into<String>) -> Event {
-    Event {
-        metadata: ObjectMeta::default(),
-        involved_object: ObjectRef { kind: kind.into(), name: name.into() },
-        event_type: event_type.into(),
-        reason: reason.into(),
-        message: message.into(),
-        timestamp: now_rfc3339(),
-    }
-}
 
 struct NodeState {
     /// The stored node; `node.status.allocations` is its last reported truth.
@@ -554,7 +538,7 @@ impl Controller {
 
     /// Records a heartbeat; a NotReady node is stored Ready again. `Ok(false)`
     /// when the node is unknown.
-    pub async fn heartbeat(&self, name: &str) -> Result<bool, Refused> {
+    pub async fn heartbeat(&self, name: &str) -> Result<bool, ClusterError> {
         {
             let mut inner = self.lock();
             let Some(n) = inner.nodes.get_mut(name) else { return Ok(false) };
@@ -570,7 +554,7 @@ impl Controller {
         let n = name.to_string();
         let node = self
             .store
-            .write(move |t| -> Result<Option<Node>, Refused> {
+            .write(move |t| -> Result<Option<Node>, ClusterError> {
                 t.as_leader();
                 let Some(mut node) = t.get::<Node>(&n)? else { return Ok(None) };
                 node.status.condition = NodeCondition::Ready;
@@ -839,7 +823,7 @@ impl Controller {
         let pod_name = name.clone();
         let r = self
             .store
-            .write(move |t| -> Result<(), Refused> {
+            .write(move |t| -> Result<(), ClusterError> {
                 t.as_leader();
                 bind_in_txn(t, &pod_name, &uid, &b, None)
             })
@@ -847,7 +831,7 @@ impl Controller {
         if r.is_ok() {
             self.metrics.bound(1);
         }
-        if let Err(Refused(e)) = r {
+        if let Err(e) = r {
             tracing::debug!(pod = %name, error = %e, "binding not stored; releasing it");
             let mut inner = self.lock();
             inner.binding_not_stored(pod, &binding, &e, self.config.backoff_base);
@@ -877,18 +861,18 @@ impl Controller {
         let j = job.clone();
         let r = self
             .store
-            .write(move |t| -> Result<(), Refused> {
+            .write(move |t| -> Result<(), ClusterError> {
                 t.as_leader();
                 for (name, uid, b, local_rank, nodes) in &plan {
                     bind_in_txn(t, name, uid, b, Some((*local_rank, nodes)))?;
                 }
-                crate::jobs::mark_running(t, &j)
+                crate::cluster::jobs::mark_running(t, &j)
             })
             .await;
         if r.is_ok() {
             self.metrics.bound(members.len() as u64);
         }
-        if let Err(Refused(e)) = r {
+        if let Err(e) = r {
             tracing::info!(job = %job, error = %e, "gang binding not stored; releasing every member");
             let mut inner = self.lock();
             for m in &members {
@@ -905,9 +889,9 @@ impl Controller {
         let n = name.clone();
         let r = self
             .store
-            .write(move |t| -> Result<crate::jobs::MemberChanges, Refused> {
+            .write(move |t| -> Result<crate::cluster::jobs::MemberChanges, ClusterError> {
                 t.as_leader();
-                crate::jobs::reconcile(t, &n)
+                crate::cluster::jobs::reconcile(t, &n)
             })
             .await;
         match r {
@@ -917,7 +901,7 @@ impl Controller {
                 }
                 self.pods_created(&changes.created);
             }
-            Err(Refused(e)) => tracing::warn!(job = %name, error = %e, "cannot record a job's progress"),
+            Err(e) => tracing::warn!(job = %name, error = %e, "cannot record a job's progress"),
         }
     }
 
@@ -931,7 +915,7 @@ impl Controller {
     ) {
         let r = self
             .store
-            .write(move |t| -> Result<(), Refused> {
+            .write(move |t| -> Result<(), ClusterError> {
                 t.as_leader();
                 let Some(mut pod) = t.get::<Pod>(&name)? else { return Ok(()) };
                 if pod.spec.node_name.is_some() {
@@ -949,7 +933,7 @@ impl Controller {
                 Ok(())
             })
             .await;
-        if let Err(Refused(e)) = r {
+        if let Err(e) = r {
             tracing::warn!(error = %e, "cannot record why a pod is pending");
         }
     }
@@ -962,7 +946,7 @@ impl Controller {
         let n = name.clone();
         let r = self
             .store
-            .write(move |t| -> Result<Option<Pod>, Refused> {
+            .write(move |t| -> Result<Option<Pod>, ClusterError> {
                 t.as_leader();
                 let Some(mut pod) = t.get::<Pod>(&n)? else { return Ok(None) };
                 let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
@@ -1004,7 +988,7 @@ impl Controller {
                 self.lock().wake_waiting();
                 self.wake.notify_one();
             }
-            Err(Refused(e)) => tracing::error!(pod = %name, error = %e, "cannot requeue an expired binding"),
+            Err(e) => tracing::error!(pod = %name, error = %e, "cannot requeue an expired binding"),
         }
     }
 
@@ -1013,7 +997,7 @@ impl Controller {
         let n = name.clone();
         let r = self
             .store
-            .write(move |t| -> Result<Option<Pod>, Refused> {
+            .write(move |t| -> Result<Option<Pod>, ClusterError> {
                 t.as_leader();
                 let Some(pod) = t.get::<Pod>(&n)? else { return Ok(None) };
                 if pod.metadata.uid.clone().unwrap_or_default() != uid || !is_terminal(&pod) {
@@ -1028,7 +1012,7 @@ impl Controller {
                 self.pod_deleted(&pod);
             }
             Ok(None) => {}
-            Err(Refused(e)) => tracing::error!(pod = %name, error = %e, "cannot remove a finished pod"),
+            Err(e) => tracing::error!(pod = %name, error = %e, "cannot remove a finished pod"),
         }
     }
 
@@ -1079,7 +1063,7 @@ impl Controller {
         let node_name = name.to_string();
         let r = self
             .store
-            .write(move |t| -> Result<Option<Node>, Refused> {
+            .write(move |t| -> Result<Option<Node>, ClusterError> {
                 t.as_leader();
                 let Some(mut node) = t.get::<Node>(&node_name)? else { return Ok(None) };
                 node.status.condition = NodeCondition::NotReady;
@@ -1110,7 +1094,7 @@ impl Controller {
         match r {
             Ok(Some(node)) => self.node_updated(&node, false),
             Ok(None) => {}
-            Err(Refused(e)) => tracing::error!(node = %name, error = %e, "cannot mark node NotReady"),
+            Err(e) => tracing::error!(node = %name, error = %e, "cannot mark node NotReady"),
         }
     }
 }
@@ -1123,15 +1107,15 @@ fn bind_in_txn(
     uid: &Option<String>,
     b: &crate::scheduler::Binding,
     gang: Option<(u32, &str)>,
-) -> Result<(), Refused> {
+) -> Result<(), ClusterError> {
     let Some(mut pod) = t.get::<Pod>(name)? else {
-        return Err(Refused(crate::api::error::not_found("Pod", name)));
+        return Err(ClusterError::not_found("Pod", name));
     };
     if pod.metadata.uid != *uid {
-        return Err(Refused(crate::api::error::conflict("replaced by a new pod of the same name")));
+        return Err(ClusterError::Conflict("replaced by a new pod of the same name".into()));
     }
     if pod.spec.node_name.is_some() {
-        return Err(Refused(crate::api::error::conflict("already bound")));
+        return Err(ClusterError::Conflict("already bound".into()));
     }
     let mut status = pod.status.take().unwrap_or_default();
     status.phase = PodPhase::Scheduled;
@@ -1271,12 +1255,12 @@ impl Inner {
     /// pod is still known and not queued again meanwhile, it goes back to the
     /// queue after `retry`, so it never waits unbound and forgotten until a
     /// restart. A refusal about the pod (gone, replaced, bound) leaves it.
-    fn binding_not_stored(&mut self, pod: &Pod, binding: &crate::scheduler::Binding, e: &ApiError, retry: Duration) {
+    fn binding_not_stored(&mut self, pod: &Pod, binding: &crate::scheduler::Binding, e: &ClusterError, retry: Duration) {
         let name = &pod.metadata.name;
         if self.sched.binding(name).is_some_and(|held| held == *binding) {
             self.sched.release(name);
         }
-        if e.code >= 500 && self.orders.contains_key(name) && !self.queue.contains_key(name) {
+        if e.is_server_fault() && self.orders.contains_key(name) && !self.queue.contains_key(name) {
             self.enqueue(Arc::new(pod.clone()), Wait::Backoff(Instant::now() + retry), false);
         }
     }
@@ -1556,13 +1540,19 @@ mod tests {
         let (c, _loops) =
             Controller::start(store, ControllerConfig::default(), Default::default(), stopped).expect("start");
         let binding = crate::scheduler::Binding { node: "n1".into(), epoch: 1, placement: Default::default() };
-        for (code, requeued) in [(507, true), (503, true), (404, false), (409, false)] {
+        let disk_full = || StoreError::DiskFull { dir: "/d".into(), available: 0, needed: 1 };
+        let refusals = [
+            ("full", ClusterError::Store(disk_full()), true),
+            ("leader", ClusterError::NotLeader, true),
+            ("gone", ClusterError::not_found("Pod", "x"), false),
+            ("bound", ClusterError::Conflict("already bound".into()), false),
+        ];
+        for (code, e, requeued) in refusals {
             let p = pod(&format!("p{code}"));
             c.pod_created(&p);
             let mut inner = c.lock();
             // As `decide` leaves a pod it bound: out of the queue, its place kept.
             assert!(inner.dequeue(&p.metadata.name).is_some());
-            let e = crate::api::error::error(code, "X", "refused");
             inner.binding_not_stored(&p, &binding, &e, Duration::from_secs(60));
             let wait = inner.queue.get(&p.metadata.name).map(|e| e.wait);
             assert_eq!(matches!(wait, Some(Wait::Backoff(_))), requeued, "{code}: {wait:?}");

@@ -12,9 +12,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use specs::api::ApiError;
-
-use crate::api::error::error;
+use crate::cluster::ClusterError;
 use crate::controller::Controller;
 
 pub struct Leading {
@@ -52,14 +50,8 @@ impl Leading {
         }
     }
 
-    /// The controller for a node's call, or 503 on a server that does not lead.
-    pub fn required(&self) -> Result<Arc<Controller>, ApiError> {
-        self.current().ok_or_else(|| {
-            error(
-                503,
-                "NotLeader",
-                "this server does not lead the cluster now: a node's calls go to the leader (try the next server)",
-            )
-        })
+    /// The controller for a node's call; `NotLeader` on a server that does not lead.
+    pub fn required(&self) -> Result<Arc<Controller>, ClusterError> {
+        self.current().ok_or(ClusterError::NotLeader)
     }
 }

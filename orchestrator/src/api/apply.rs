@@ -1,17 +1,17 @@
-//! Carries out parsed actions: authorization by identity, then the store write
-//! or read, then the controller notification. The only API layer that touches
-//! the store.
+//! Carries out parsed actions: authorize (`cluster::authorize`), call the
+//! cluster's command (`cluster::pods`, `nodes`, `jobs`) or read the store, and
+//! answer; a `ClusterError` becomes an HTTP answer once (`error::answer`).
+//! The only API layer that touches the store.
 
 use std::sync::Arc;
 
-use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, NodeCondition, NodeStatus, WatchEventType};
-use specs::engine::SETTINGS_MISFIT;
+use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, WatchEventType};
 use specs::job::Job;
-use specs::{Pod, PodPhase, PodStatus};
+use specs::{Pod, PodPhase};
 
-use super::error::{bad_field, conflict, forbidden, not_found, store_error, unauthorized, Refused};
+use super::error::{store_error, unauthorized};
 use super::parse::Action;
-use crate::controller::{event, now_rfc3339};
+use crate::cluster::{self, authorize, jobs, nodes, pods, ClusterError, Request};
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
 use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
@@ -195,56 +195,13 @@ pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
     format!("{{\"type\":\"{ty}\",\"object\":{object_json}}}\n")
 }
 
-fn require_known(id: &Identity) -> Result<(), ApiError> {
-    match id {
-        Identity::Anonymous => {
-            Err(unauthorized("a client certificate is required (admin credentials or a joined node's)"))
-        }
-        Identity::Other(cn) => Err(forbidden(format!("certificate {cn:?} is not an admin or node identity"))),
-        _ => Ok(()),
-    }
-}
-
-fn require_admin(id: &Identity, what: &str) -> Result<(), ApiError> {
-    require_known(id)?;
-    match id {
-        Identity::Admin => Ok(()),
-        Identity::Node(n) => Err(forbidden(format!("node {n:?} may not {what}"))),
-        _ => Err(forbidden(format!("may not {what}"))),
-    }
-}
-
-/// Admin, or the node itself.
-fn require_self(id: &Identity, node: &str) -> Result<(), ApiError> {
-    require_known(id)?;
-    match id {
-        Identity::Admin => Ok(()),
-        Identity::Node(n) if n == node => Ok(()),
-        Identity::Node(n) => Err(forbidden(format!("node {n:?} may not act for node {node:?}"))),
-        _ => Err(forbidden("not allowed")),
-    }
-}
-
-/// Admin, or the node the pod is bound to.
-fn require_pod_access(id: &Identity, pod: &Pod) -> Result<(), ApiError> {
-    require_known(id)?;
-    match id {
-        Identity::Admin => Ok(()),
-        Identity::Node(n) if pod.spec.node_name.as_deref() == Some(n) => Ok(()),
-        Identity::Node(n) => {
-            Err(forbidden(format!("node {n:?} may not access pod {:?} (not bound to it)", pod.metadata.name)))
-        }
-        _ => Err(forbidden("not allowed")),
-    }
-}
-
 pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Reply, ApiError> {
     let store = &state.store;
     match action {
         Action::Health => json(200, &serde_json::json!({"status": "ok"})),
         Action::Version => json(200, &serde_json::json!({"version": env!("CARGO_PKG_VERSION")})),
         Action::Metrics => {
-            require_admin(id, "read the metrics")?;
+            authorize(id, Request::ReadMetrics)?;
             Ok(Reply::Metrics(state.metrics.encode()))
         }
         Action::Join { token, request } => {
@@ -255,30 +212,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             if !token_matches(&given, &state.join_secret) {
                 return Err(unauthorized("the join token is not valid"));
             }
-            // The token admits new machines; it must not mint a second identity
-            // for a node that already joined (that would be impersonation). The
-            // name is claimed in one store write, so of two joins racing for it
-            // (the node registers only later) exactly one gets a certificate.
-            // A retry of the same attempt (its reply was lost) before the node
-            // registered holds the claim already and is answered again.
-            let name = request.node_name.clone();
-            let attempt = request.attempt.clone().unwrap_or_default();
-            let claim = store
-                .write(move |t| -> Result<Claim, Refused> {
-                    // A node registered before claims existed has no claim.
-                    let claim = match t.get::<Node>(&name)? {
-                        Some(_) => Claim::Taken,
-                        None => t.claim(JOIN_CLAIMS, &name, attempt.as_bytes())?,
-                    };
-                    if claim == Claim::Taken {
-                        return Err(Refused(conflict(format!(
-                            "node {name:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {name})"
-                        ))));
-                    }
-                    Ok(claim)
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
+            let (name, attempt) = (request.node_name.clone(), request.attempt.clone().unwrap_or_default());
+            let claim = store.write(move |t| nodes::claim_name(t, &name, &attempt)).await?;
             let creds = match state
                 .pki
                 .credentials(&state.server_url, &format!("{NODE_CN_PREFIX}{}", request.node_name))
@@ -290,10 +225,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                     // its first try may have delivered one).
                     let name = request.node_name.clone();
                     if claim == Claim::New {
-                        if let Err(Refused(r)) =
-                            store.write(move |t| -> Result<bool, Refused> { Ok(t.release(JOIN_CLAIMS, &name)?) }).await
-                        {
-                            tracing::error!(node = %request.node_name, error = %r.message, "cannot free the node name after a failed join");
+                        if let Err(r) = store.write(move |t| nodes::release_name(t, &name)).await {
+                            tracing::error!(node = %request.node_name, error = %r, "cannot free the node name after a failed join");
                         }
                     }
                     return Err(super::error::internal(e.to_string()));
@@ -318,7 +251,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             )
         }
         Action::ListPods { selector, node, env_values } => {
-            let node = scope_to_node(id, node)?;
+            authorize(id, Request::ReadPods { node: node.as_deref() })?;
+            let node = cluster::pods_visible_to(id, node);
             let listed = store.list::<Pod>().map_err(store_error)?;
             let mut items: Vec<Pod> = listed
                 .items
@@ -334,16 +268,15 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::WatchPods { selector, node, from, bookmarks, env_values } => {
-            let node = scope_to_node(id, node)?;
+            authorize(id, Request::ReadPods { node: node.as_deref() })?;
+            let node = cluster::pods_visible_to(id, node);
             start_watch::<Pod>(store, WatchFilter { kind: Kind::Pod, selector, node, env_values }, from, bookmarks)
                 .await
         }
         Action::CreatePod(pod) => {
-            require_admin(id, "create pods")?;
-            let uid = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
-            // Decided before the write (the scheduler's lock is not taken inside
-            // the store's committer); used only for a pod not stored yet. A pod
-            // that names its node skips the scheduler, and this check with it.
+            authorize(id, Request::CreatePod)?;
+            let uid = cluster::new_uid()?;
+            // A pod that names its node skips the scheduler, and this check with it.
             let waits =
                 pod.metadata.annotations.get(specs::pod::WAIT_FOR_NODES_ANNOTATION).map(String::as_str) == Some("true");
             let never = if waits || pod.spec.node_name.is_some() {
@@ -351,155 +284,68 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             } else {
                 state.controller.current().and_then(|c| c.never_fits(&pod))
             };
-            let (code, pod, replaced) = store
-                .write(move |t| -> Result<(u16, Pod, Option<Pod>), Refused> {
-                    let mut pod = (*pod).clone();
-                    let name = pod.metadata.name.clone();
-                    let mut replaced = None;
-                    if let Some(existing) = t.get::<Pod>(&name)? {
-                        if is_finished(&existing) {
-                            // A finished pod's name is free again: the old pod and
-                            // its events go in this same write.
-                            replaced = t.delete::<Pod>(&name)?;
-                        } else if same_user_spec(&existing, &pod) {
-                            return Ok((200, existing, None));
-                        } else {
-                            return Err(Refused(conflict(format!(
-                                "pod {name:?} already exists with a different spec (pods are immutable; delete it first)"
-                            ))));
-                        }
-                    }
-                    if let Some(message) = &never {
-                        return Err(Refused(super::error::error(422, "Unschedulable", format!(
-                            "{message} (annotate the pod {}: \"true\" to wait for such a node)",
-                            specs::pod::WAIT_FOR_NODES_ANNOTATION
-                        ))));
-                    }
-                    pod.metadata.uid = Some(uid[..16].to_string());
-                    pod.metadata.creation_timestamp = Some(now_rfc3339());
-                    let phase = if pod.spec.node_name.is_some() { PodPhase::Scheduled } else { PodPhase::Pending };
-                    pod.status = Some(PodStatus {
-                        phase,
-                        node_name: pod.spec.node_name.clone(),
-                        reason: pod.spec.node_name.as_ref().map(|_| "NodeNameSet".to_string()),
-                        ..PodStatus::default()
-                    });
-                    t.put(&mut pod)?;
-                    Ok((201, pod, replaced))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
+            let created = store.write(move |t| pods::create(t, &pod, &uid, never.as_deref())).await?;
             if let Some(c) = state.controller.direct() {
-                if let Some(old) = replaced {
-                    c.pod_deleted(&old);
+                if let Some(old) = &created.replaced {
+                    c.pod_deleted(old);
                 }
-                if code == 201 {
-                    c.pod_created(&pod);
-                }
-            }
-            json(code, &pod)
-        }
-        Action::GetPod(name) => {
-            let pod = store.get::<Pod>(&name).map_err(store_error)?;
-            match pod {
-                Some(p) => {
-                    require_pod_access(id, &p)?;
-                    json(200, &p)
-                }
-                None => {
-                    require_known(id)?;
-                    Err(not_found("Pod", &name))
+                if created.new {
+                    c.pod_created(&created.pod);
                 }
             }
+            json(if created.new { 201 } else { 200 }, &created.pod)
         }
+        Action::GetPod(name) => match store.get::<Pod>(&name).map_err(store_error)? {
+            Some(p) => {
+                authorize(id, Request::Pod(&p))?;
+                json(200, &p)
+            }
+            None => {
+                authorize(id, Request::Known)?;
+                Err(ClusterError::not_found("Pod", &name).into())
+            }
+        },
         Action::DeletePod(name) => {
-            require_admin(id, "delete pods")?;
+            authorize(id, Request::DeletePod)?;
             let n = name.clone();
-            // An unreadable record (lists skip it) can be deleted too.
-            let (pod, purged) = store
-                .write(move |t| -> Result<(Option<Pod>, bool), Refused> {
-                    if t.purge_unreadable::<Pod>(&n)? {
-                        return Ok((None, true));
-                    }
-                    Ok((t.delete::<Pod>(&n)?, false))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
-            match (pod, purged) {
-                (Some(p), _) => {
+            match store.write(move |t| pods::delete(t, &n)).await? {
+                pods::Deleted::Pod(p) => {
                     if let Some(c) = state.controller.direct() {
                         c.pod_deleted(&p);
                     }
                     json(200, &p)
                 }
-                // An unreadable pod was purged: only its name is known.
-                (None, true) => json(200, &Pod::new(name.as_str(), Default::default())),
-                (None, false) => Err(not_found("Pod", &name)),
+                pods::Deleted::Unreadable => json(200, &Pod::new(name.as_str(), Default::default())),
             }
         }
         Action::UpdatePodStatus { name, status } => {
-            require_known(id)?;
+            authorize(id, Request::Known)?;
             let controller = state.controller.required()?;
-            let id2 = id.clone();
-            let (pod, finished) = store
-                .write(move |t| -> Result<(Pod, bool), Refused> {
-                    let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
-                    require_pod_access(&id2, &pod)?;
-                    if !reported_for(&status, &pod) {
-                        return Err(Refused(conflict(format!("the status is about an earlier pod {name:?}"))));
-                    }
-                    let was_finished = is_finished(&pod);
-                    merge_status(&mut pod, (*status).clone())?;
-                    t.put(&mut pod)?;
-                    let finished = !was_finished && is_finished(&pod);
-                    Ok((pod, finished))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
+            let id = id.clone();
+            let (pod, finished) = store.write(move |t| pods::report_status(t, &id, &name, &status)).await?;
             if finished {
                 controller.pod_finished(&pod);
             }
             json(200, &pod)
         }
         Action::RejectPod { name, rejection } => {
-            require_known(id)?;
+            authorize(id, Request::Known)?;
             let controller = state.controller.required()?;
-            let rejection_reason = format!("{}: {}", rejection.reason, rejection.message);
-            let id2 = id.clone();
-            let (pod, node) = store
-                .write(move |t| -> Result<(Pod, String), Refused> {
-                    let Some(mut pod) = t.get::<Pod>(&name)? else { return Err(Refused(not_found("Pod", &name))) };
-                    require_pod_access(&id2, &pod)?;
-                    let Some(node) = pod.spec.node_name.take() else {
-                        return Err(Refused(conflict(format!("pod {name:?} is not bound to a node"))));
-                    };
-                    let s = pod.status.get_or_insert_with(PodStatus::default);
-                    let message =
-                        format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
-                    s.phase = PodPhase::Pending;
-                    s.node_name = None;
-                    s.plan = None;
-                    s.placement = None;
-                    s.reason = Some("Rejected".into());
-                    s.message = Some(message.clone());
-                    t.put(&mut pod)?;
-                    t.add_event(event("Pod", &name, "Warning", "Rejected", message))?;
-                    Ok((pod, node))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
-            controller.pod_rejected(&pod, &node, &rejection_reason);
+            let reason = format!("{}: {}", rejection.reason, rejection.message);
+            let id = id.clone();
+            let (pod, node) = store.write(move |t| pods::reject(t, &id, &name, &rejection)).await?;
+            controller.pod_rejected(&pod, &node, &reason);
             json(200, &pod)
         }
         Action::PodLog { name, container, follow } => {
-            require_admin(id, "read pod logs")?;
-            let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
-            let container = pick_container(&pod, container)?;
+            authorize(id, Request::PodLogs)?;
+            let pod = stored_pod(store, &name)?;
+            let container = pods::pick_container(&pod, container)?;
             let (node, endpoint, path) = log_target(state, &pod, &container, follow)?;
             Ok(Reply::Proxy { node, endpoint, path })
         }
         Action::AttachPod { name, container, known_version, offset } => {
-            require_admin(id, "attach to pods")?;
+            authorize(id, Request::AttachPod)?;
             // The version is read before the pod: every change after the pod
             // as read is in the change log after `from`, so none is missed.
             let from = store.resource_version();
@@ -507,27 +353,31 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 // A version from the future would hold back the pod's status frames.
                 return Err(store_error(crate::store::StoreError::Future { requested: known, current: from }));
             }
-            let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
-            let container = pick_container(&pod, container)?;
+            let pod = stored_pod(store, &name)?;
+            let container = pods::pick_container(&pod, container)?;
             let watch = store.watch(from).await.map_err(store_error)?;
             Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch })))
         }
         Action::ExecPod { name, mut request } => {
-            require_admin(id, "exec in pods")?;
-            let pod = store.get::<Pod>(&name).map_err(store_error)?.ok_or_else(|| not_found("Pod", &name))?;
-            let container = pick_container(&pod, request.container.take())?;
+            authorize(id, Request::ExecPod)?;
+            let pod = stored_pod(store, &name)?;
+            let container = pods::pick_container(&pod, request.container.take())?;
             // The pod's state, not the request, is at fault: 409, as for logs of an unbound pod.
             let status = pod.status.clone().unwrap_or_default();
             if status.phase != PodPhase::Running {
-                return Err(conflict(format!(
+                return Err(ClusterError::Conflict(format!(
                     "pod {name:?} is {:?}, not Running: exec needs a running container",
                     status.phase
-                )));
+                ))
+                .into());
             }
             let shown = status.container_statuses.iter().find(|c| c.name == container).map(|c| c.state);
             if shown != Some(specs::status::ContainerState::Running) {
                 let state = shown.map_or("not started".to_string(), |s| format!("{s:?}"));
-                return Err(conflict(format!("container {container:?} of pod {name:?} is not running ({state})")));
+                return Err(ClusterError::Conflict(format!(
+                    "container {container:?} of pod {name:?} is not running ({state})"
+                ))
+                .into());
             }
             let (node, endpoint) = node_endpoint(state, &pod, "it runs nothing to exec in", "an exec")?;
             let mut path = format!(
@@ -542,13 +392,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             Ok(Reply::Exec { node, endpoint, path, request })
         }
         Action::ListNodes { selector } => {
-            require_admin(id, "list nodes")?;
+            authorize(id, Request::ListNodes)?;
             let listed = store.list::<Node>().map_err(store_error)?;
             let items: Vec<Node> = listed.items.into_iter().filter(|n| selector.matches(&n.metadata.labels)).collect();
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::WatchNodes { selector, from, bookmarks } => {
-            require_admin(id, "watch nodes")?;
+            authorize(id, Request::WatchNodes)?;
             start_watch::<Node>(
                 store,
                 WatchFilter { kind: Kind::Node, selector, node: None, env_values: true },
@@ -558,222 +408,87 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             .await
         }
         Action::RegisterNode(node) => {
-            require_self(id, &node.metadata.name)?;
+            authorize(id, Request::ActForNode(&node.metadata.name))?;
             let controller = state.controller.required()?;
-            let (code, node) = store
-                .write(move |t| -> Result<(u16, Node), Refused> {
-                    let mut node = (*node).clone();
-                    let name = node.metadata.name.clone();
-                    let code = match t.get::<Node>(&name)? {
-                        Some(existing) => {
-                            // Re-registration: new topology/settings/labels, same history.
-                            node.metadata.uid = existing.metadata.uid;
-                            node.metadata.creation_timestamp = existing.metadata.creation_timestamp;
-                            node.status.allocations = existing.status.allocations;
-                            200
-                        }
-                        None => {
-                            node.metadata.creation_timestamp = Some(now_rfc3339());
-                            201
-                        }
-                    };
-                    node.status.condition = NodeCondition::Ready;
-                    node.status.last_report = Some(now_rfc3339());
-                    node.status.numa = NodeStatus::numa_summary(
-                        &node.spec.topology,
-                        &node.spec.settings,
-                        &node.status.allocations,
-                        &node.status.offline_cpus,
-                    );
-                    t.put(&mut node)?;
-                    t.add_event(event("Node", &name, "Normal", "Registered", "node registered"))?;
-                    Ok((code, node))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
+            let (new, node) = store.write(move |t| nodes::register(t, &node)).await?;
             controller.node_registered(&node);
-            json(code, &node)
+            json(if new { 201 } else { 200 }, &node)
         }
         Action::GetNode(name) => {
-            require_self(id, &name)?;
-            match store.get::<Node>(&name).map_err(store_error)? {
-                Some(n) => json(200, &n),
-                None => Err(not_found("Node", &name)),
-            }
+            authorize(id, Request::ActForNode(&name))?;
+            let node = store.get::<Node>(&name).map_err(store_error)?;
+            json(200, &node.ok_or_else(|| ClusterError::not_found("Node", &name))?)
         }
         Action::DeleteNode(name) => {
-            require_admin(id, "delete nodes")?;
+            authorize(id, Request::DeleteNode)?;
             let n = name.clone();
-            // The name's join claim goes too, so the machine can join again;
-            // an unreadable record (lists skip it) is removed as well.
-            let (node, claimed) = store
-                .write(move |t| -> Result<(Option<Node>, bool), Refused> {
-                    let purged = t.purge_unreadable::<Node>(&n)?;
-                    let node = if purged { None } else { t.delete::<Node>(&n)? };
-                    Ok((node, t.release(JOIN_CLAIMS, &n)? || purged))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
-            match (node, claimed) {
-                (Some(node), _) => {
+            match store.write(move |t| nodes::delete(t, &n)).await? {
+                nodes::Deleted::Node(node) => {
                     if let Some(c) = state.controller.direct() {
                         c.node_deleted(&name);
                     }
                     json(200, &node)
                 }
-                // Joined but never registered (only its name was held), or unreadable.
-                (None, true) => json(200, &joined_only(&name)),
-                (None, false) => Err(not_found("Node", &name)),
+                nodes::Deleted::NameOnly => json(200, &nodes::joined_only(&name)),
             }
         }
         Action::Heartbeat(name) => {
-            require_self(id, &name)?;
-            match state.controller.required()?.heartbeat(&name).await.map_err(|Refused(e)| e)? {
-                false => Err(not_found("Node", &name)),
+            authorize(id, Request::ActForNode(&name))?;
+            match state.controller.required()?.heartbeat(&name).await? {
+                false => Err(ClusterError::not_found("Node", &name).into()),
                 true => json(200, &serde_json::json!({"condition": "Ready"})),
             }
         }
         Action::ReportNodeStatus { name, report } => {
-            require_self(id, &name)?;
-            let n = name.clone();
+            authorize(id, Request::ActForNode(&name))?;
             let controller = state.controller.required()?;
             let _g = controller.transition_guard().await;
-            let (node, confirmed, finished) = store
-                .write(move |t| -> Result<(Node, Vec<String>, Vec<Pod>), Refused> {
-                    let Some(mut node) = t.get::<Node>(&n)? else { return Err(Refused(not_found("Node", &n))) };
-                    let (mut confirmed, mut finished) = (Vec::new(), Vec::new());
-                    let was_ready = node.status.condition == NodeCondition::Ready;
-                    node.status.allocations = report.allocations.clone();
-                    node.status.condition = NodeCondition::Ready;
-                    node.status.last_report = Some(now_rfc3339());
-                    node.status.offline_cpus = report.offline_cpus.clone();
-                    node.status.numa = NodeStatus::numa_summary(
-                        &node.spec.topology,
-                        &node.spec.settings,
-                        &node.status.allocations,
-                        &node.status.offline_cpus,
-                    );
-                    t.put(&mut node)?;
-                    if !was_ready {
-                        t.add_event(event("Node", &n, "Normal", "NodeReady", "status reports resumed"))?;
-                    }
-                    for (pod_name, status) in report.pods.clone() {
-                        let Some(mut pod) = t.get::<Pod>(&pod_name)? else { continue };
-                        if pod.spec.node_name.as_deref() != Some(&n) {
-                            continue; // Not ours (any more): the node learns from its watch.
-                        }
-                        if !reported_for(&status, &pod) {
-                            continue; // About an earlier pod of this name.
-                        }
-                        // Admitted (running or done): the binding is no longer in flight.
-                        if matches!(status.phase, PodPhase::Running | PodPhase::Succeeded | PodPhase::Failed) {
-                            confirmed.push(pod_name.clone());
-                        }
-                        let before = pod.status.clone();
-                        let was_finished = is_finished(&pod);
-                        if merge_status(&mut pod, status).is_ok() && pod.status != before {
-                            if let Some(message) = new_misfit(before.as_ref(), pod.status.as_ref()) {
-                                t.add_event(event("Pod", &pod_name, "Warning", SETTINGS_MISFIT, message))?;
-                            }
-                            t.put(&mut pod)?;
-                            if !was_finished && is_finished(&pod) {
-                                finished.push(pod);
-                            }
-                        }
-                    }
-                    Ok((node, confirmed, finished))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
-            controller.node_reported(&node, true, &confirmed);
-            for pod in &finished {
+            let reported = store.write(move |t| nodes::report(t, &name, &report)).await?;
+            controller.node_reported(&reported.node, true, &reported.confirmed);
+            for pod in &reported.finished {
                 controller.pod_finished(pod);
             }
-            json(200, &node.status)
+            json(200, &reported.node.status)
         }
         Action::ListJobs { selector } => {
-            require_admin(id, "list jobs")?;
+            authorize(id, Request::ListJobs)?;
             let listed = store.list::<Job>().map_err(store_error)?;
             let items: Vec<Job> = listed.items.into_iter().filter(|j| selector.matches(&j.metadata.labels)).collect();
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::GetJob(name) => {
-            require_admin(id, "read jobs")?;
-            match store.get::<Job>(&name).map_err(store_error)? {
-                Some(j) => json(200, &j),
-                None => Err(not_found("Job", &name)),
-            }
+            authorize(id, Request::ReadJob)?;
+            let job = store.get::<Job>(&name).map_err(store_error)?;
+            json(200, &job.ok_or_else(|| ClusterError::not_found("Job", &name))?)
         }
         Action::CreateJob(job) => {
-            require_admin(id, "create jobs")?;
-            let uid = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
+            authorize(id, Request::CreateJob)?;
+            let uid = cluster::new_uid()?;
             // As for a pod: a gang no cluster could ever hold at once is refused now.
             let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
-            let (code, job, changes) = store
-                .write(move |t| -> Result<(u16, Job, crate::jobs::MemberChanges), Refused> {
-                    let mut job = (*job).clone();
-                    let name = job.metadata.name.clone();
-                    let mut changes = crate::jobs::MemberChanges::default();
-                    if let Some(existing) = t.get::<Job>(&name)? {
-                        let ended = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
-                        if !ended && existing.spec == job.spec && existing.metadata.labels == job.metadata.labels {
-                            return Ok((200, existing, changes));
-                        }
-                        if !ended {
-                            return Err(Refused(conflict(format!(
-                                "job {name:?} already exists with a different spec and has not ended (delete it first)"
-                            ))));
-                        }
-                        // An ended job's name is free again: it and its members go in this write.
-                        if let Some((_, old)) = crate::jobs::delete(t, &name)? {
-                            changes = old;
-                        }
-                    }
-                    if let Some(message) = &never {
-                        return Err(Refused(super::error::error(422, "Unschedulable", message.clone())));
-                    }
-                    job.metadata.uid = Some(uid[..16].to_string());
-                    job.metadata.creation_timestamp = Some(now_rfc3339());
-                    job.status = Some(specs::job::JobStatus::default());
-                    t.put(&mut job)?;
-                    let created = crate::jobs::create_members(t, &job)?;
-                    changes.deleted.extend(created.deleted);
-                    changes.created = created.created;
-                    Ok((201, job, changes))
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
+            let created = store.write(move |t| jobs::create(t, &job, &uid, never.as_deref())).await?;
             if let Some(c) = state.controller.direct() {
-                for p in &changes.deleted {
+                for p in &created.members.deleted {
                     c.pod_deleted(p);
                 }
-                c.pods_created(&changes.created);
+                c.pods_created(&created.members.created);
             }
-            json(code, &job)
+            json(if created.new { 201 } else { 200 }, &created.job)
         }
         Action::DeleteJob(name) => {
-            require_admin(id, "delete jobs")?;
+            authorize(id, Request::DeleteJob)?;
             let n = name.clone();
-            let deleted = store
-                .write(move |t| -> Result<Option<(Job, crate::jobs::MemberChanges)>, Refused> {
-                    crate::jobs::delete(t, &n)
-                })
-                .await
-                .map_err(|Refused(e)| e)?;
-            match deleted {
-                Some((job, changes)) => {
-                    if let Some(c) = state.controller.direct() {
-                        for p in &changes.deleted {
-                            c.pod_deleted(p);
-                        }
-                    }
-                    json(200, &job)
+            let deleted = store.write(move |t| jobs::delete(t, &n)).await?;
+            let (job, members) = deleted.ok_or_else(|| ClusterError::not_found("Job", &name))?;
+            if let Some(c) = state.controller.direct() {
+                for p in &members.deleted {
+                    c.pod_deleted(p);
                 }
-                None => Err(not_found("Job", &name)),
             }
+            json(200, &job)
         }
         Action::ListEvents { kind, name } => {
-            require_admin(id, "list events")?;
+            authorize(id, Request::ReadEvents)?;
             let kind = match kind.as_str() {
                 "Node" => Kind::Node,
                 "Job" => Kind::Job,
@@ -785,35 +500,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
     }
 }
 
-/// The claim space of node names taken by a join (`Txn::claim`).
-const JOIN_CLAIMS: &str = "join";
-
-/// What a delete answers for a node that joined but never registered.
-fn joined_only(name: &str) -> Node {
-    Node {
-        api_version: specs::pod::API_VERSION.to_string(),
-        kind: "Node".into(),
-        metadata: specs::pod::ObjectMeta { name: name.to_string(), ..Default::default() },
-        spec: Default::default(),
-        status: Default::default(),
-    }
-}
-
-/// The container a log or attach request means: the one named, or the pod's only one.
-fn pick_container(pod: &Pod, container: Option<String>) -> Result<String, ApiError> {
-    let name = &pod.metadata.name;
-    let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
-    match (container, names.as_slice()) {
-        (Some(c), _) if names.contains(&c.as_str()) => Ok(c),
-        (Some(c), _) => {
-            Err(bad_field("container", format!("pod {name:?} has no container {c:?} (it has: {})", names.join(", "))))
-        }
-        (None, [only]) => Ok(only.to_string()),
-        (None, _) => Err(bad_field(
-            "container",
-            format!("pod {name:?} has {} containers: name one ({})", names.len(), names.join(", ")),
-        )),
-    }
+fn stored_pod(store: &Store, name: &str) -> Result<Pod, ApiError> {
+    Ok(store.get::<Pod>(name).map_err(store_error)?.ok_or_else(|| ClusterError::not_found("Pod", name))?)
 }
 
 /// Where a bound pod's container log is served: its node, the node's
@@ -846,85 +534,14 @@ fn node_endpoint(state: &ApiState, pod: &Pod, unbound: &str, what: &str) -> Resu
     let name = &pod.metadata.name;
     let Some(node) = pod.spec.node_name.clone() else {
         // The pod's state, not the request, is at fault: as for a rejection of an unbound pod.
-        return Err(conflict(format!("pod {name:?} is not on a node yet ({unbound})")));
+        return Err(ClusterError::Conflict(format!("pod {name:?} is not on a node yet ({unbound})")).into());
     };
-    let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| not_found("Node", &node))?;
+    let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| ClusterError::not_found("Node", &node))?;
     let Some(endpoint) = n.spec.endpoint.clone() else {
-        // Nothing upstream failed (that is 502 NodeUnreachable): the node's
-        // registration lacks what this needs, a state to change, not a server fault.
-        return Err(super::error::error(
-            409,
-            "NoNodeEndpoint",
-            format!("node {node:?} registered no endpoint, so {what} cannot be reached"),
-        ));
+        return Err(ClusterError::NoNodeEndpoint(format!(
+            "node {node:?} registered no endpoint, so {what} cannot be reached"
+        ))
+        .into());
     };
     Ok((node, endpoint))
-}
-
-fn is_finished(pod: &Pod) -> bool {
-    pod.status.as_ref().is_some_and(|s| s.phase.is_terminal())
-}
-
-/// Whether a create repeats the stored pod: the same user-given spec, labels
-/// and annotations, ignoring what the system sets (the scheduler's
-/// `spec.nodeName` unless the caller named a node, the status, uid, versions).
-fn same_user_spec(stored: &Pod, given: &Pod) -> bool {
-    let mut spec = stored.spec.clone();
-    if given.spec.node_name.is_none() {
-        spec.node_name = None;
-    }
-    spec == given.spec
-        && stored.metadata.labels == given.metadata.labels
-        && stored.metadata.annotations == given.metadata.annotations
-}
-
-/// Nodes see only their own pods: the node filter is forced to the caller.
-fn scope_to_node(id: &Identity, node: Option<String>) -> Result<Option<String>, ApiError> {
-    require_known(id)?;
-    match id {
-        Identity::Node(me) => match node {
-            None => Ok(Some(me.clone())),
-            Some(n) if &n == me => Ok(Some(n)),
-            Some(n) => Err(forbidden(format!("node {me:?} may not read the pods of node {n:?}"))),
-        },
-        _ => Ok(node),
-    }
-}
-
-/// A reported status replaces the observed parts; the scheduler's parts (plan,
-/// attempts, placement when not reported) stay. A terminal phase is final.
-fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ApiError> {
-    let current = pod.status.clone().unwrap_or_default();
-    if !current.phase.can_become(reported.phase) {
-        return Err(conflict(format!(
-            "pod {:?} is {:?}; it cannot become {:?}",
-            pod.metadata.name, current.phase, reported.phase
-        )));
-    }
-    reported.plan = current.plan;
-    reported.attempts = current.attempts;
-    if reported.placement.is_none() {
-        reported.placement = current.placement;
-    }
-    reported.node_name = pod.spec.node_name.clone();
-    // The node's tag, checked by the caller; not part of the stored status.
-    reported.pod_uid = None;
-    pod.status = Some(reported);
-    Ok(())
-}
-
-/// The message of a node's report that a pod's placement no longer fits
-/// the node's settings (after the node restarted with others), when it did
-/// not say so before: one event per finding, not one per report.
-fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Option<String> {
-    let now = now.filter(|s| s.reason.as_deref() == Some(SETTINGS_MISFIT))?;
-    let said = |s: &PodStatus| (s.reason.clone(), s.message.clone());
-    (before.map(said) != Some(said(now))).then(|| now.message.clone().unwrap_or_default())
-}
-
-/// Whether a node's status report is about this incarnation of the pod: a
-/// report naming another uid (the pod was replaced under the same name) is
-/// about a pod that is gone.
-fn reported_for(status: &PodStatus, pod: &Pod) -> bool {
-    status.pod_uid.is_none() || status.pod_uid == pod.metadata.uid
 }

@@ -4,6 +4,7 @@
 use specs::api::ApiError;
 use specs::validate::FieldError;
 
+use crate::cluster::ClusterError;
 use crate::store::StoreError;
 
 pub fn error(code: u16, reason: &str, message: impl Into<String>) -> ApiError {
@@ -51,19 +52,28 @@ pub fn internal(message: impl Into<String>) -> ApiError {
     error(500, "InternalError", message)
 }
 
-/// Store failures become API errors inside write closures (`?` works there).
-#[derive(Debug)]
-pub struct Refused(pub ApiError);
-
-impl From<StoreError> for Refused {
-    fn from(e: StoreError) -> Refused {
-        Refused(store_error(e))
+/// The one mapping from the cluster's refusals to HTTP answers.
+pub fn answer(e: ClusterError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        ClusterError::NotFound { .. } => error(404, "NotFound", message),
+        ClusterError::Conflict(_) => conflict(message),
+        ClusterError::Unauthorized(_) => unauthorized(message),
+        ClusterError::Forbidden(_) => forbidden(message),
+        ClusterError::Unschedulable(_) => error(422, "Unschedulable", message),
+        // Nothing upstream failed (that is 502 NodeUnreachable): the node's
+        // registration lacks what this needs, a state to change, not a server fault.
+        ClusterError::NoNodeEndpoint(m) => error(409, "NoNodeEndpoint", m),
+        ClusterError::BadField { field, message } => bad_field(field, message),
+        ClusterError::NotLeader => error(503, "NotLeader", message),
+        ClusterError::Store(e) => store_error(e),
+        ClusterError::Internal(_) => internal(message),
     }
 }
 
-impl From<ApiError> for Refused {
-    fn from(e: ApiError) -> Refused {
-        Refused(e)
+impl From<ClusterError> for ApiError {
+    fn from(e: ClusterError) -> ApiError {
+        answer(e)
     }
 }
 

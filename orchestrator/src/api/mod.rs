@@ -407,14 +407,10 @@ pub fn public(route: RouteId) -> bool {
 /// Who asks is known before anything they send is read: a caller without a
 /// certificate, or with one naming no identity, reaches only `public` routes.
 fn admit(route: RouteId, identity: &Identity) -> Result<(), ApiError> {
-    match identity {
-        _ if public(route) => Ok(()),
-        Identity::Anonymous => {
-            Err(error::unauthorized("a client certificate is required (admin credentials or a joined node's)"))
-        }
-        Identity::Other(cn) => Err(error::forbidden(format!("certificate {cn:?} is not an admin or node identity"))),
-        Identity::Admin | Identity::Node(_) => Ok(()),
+    if public(route) {
+        return Ok(());
     }
+    crate::cluster::authorize(identity, crate::cluster::Request::Known).map_err(error::answer)
 }
 
 /// What the front door decides before a byte of the body is read: a

@@ -6,8 +6,7 @@
 use specs::job::{self, Job, JobAction, JobPhase, JobStatus};
 use specs::{Pod, PodPhase, PodStatus};
 
-use crate::api::error::{conflict, internal, Refused};
-use crate::controller::{event, now_rfc3339};
+use super::{event, now_rfc3339, ClusterError};
 use crate::store::Txn;
 
 /// What a job write did to pods, for the controller's queue.
@@ -24,10 +23,54 @@ impl MemberChanges {
     }
 }
 
+/// What a job create did.
+#[derive(Debug)]
+pub struct Created {
+    /// False: the same job was stored already, and is answered again.
+    pub new: bool,
+    pub job: Job,
+    pub members: MemberChanges,
+}
+
+/// Stores a new job and its members in one write. An ended job's name is free
+/// again: it and its members go in this write. A job not ended is answered
+/// again when the create repeats it, else refused. `never`: why no cluster
+/// could ever hold the gang at once, decided before the write.
+pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> Result<Created, ClusterError> {
+    let mut job = given.clone();
+    let name = job.metadata.name.clone();
+    let mut members = MemberChanges::default();
+    if let Some(existing) = t.get::<Job>(&name)? {
+        let ended = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+        if !ended && existing.spec == job.spec && existing.metadata.labels == job.metadata.labels {
+            return Ok(Created { new: false, job: existing, members });
+        }
+        if !ended {
+            return Err(ClusterError::Conflict(format!(
+                "job {name:?} already exists with a different spec and has not ended (delete it first)"
+            )));
+        }
+        if let Some((_, old)) = delete(t, &name)? {
+            members = old;
+        }
+    }
+    if let Some(message) = never {
+        return Err(ClusterError::Unschedulable(message.to_string()));
+    }
+    job.metadata.uid = Some(uid.to_string());
+    job.metadata.creation_timestamp = Some(now_rfc3339());
+    job.status = Some(JobStatus::default());
+    t.put(&mut job)?;
+    let created = create_members(t, &job)?;
+    members.deleted.extend(created.deleted);
+    members.created = created.created;
+    Ok(Created { new: true, job, members })
+}
+
 /// Stores the job's members for its current attempt: a pod of a member's name
 /// that is finished, or belongs to this job, is replaced; any other is a
 /// conflict that refuses the whole write.
-pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Refused> {
+pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, ClusterError> {
     let mut out = MemberChanges::default();
     for mut pod in job::members(job) {
         let name = pod.metadata.name.clone();
@@ -35,17 +78,16 @@ pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Refus
             let ours = job::membership(&existing).is_some_and(|(j, _, _)| j == job.metadata.name);
             let finished = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
             if !ours && !finished {
-                return Err(Refused(conflict(format!(
+                return Err(ClusterError::Conflict(format!(
                     "pod {name:?} exists and is not finished: job {:?} needs its name for a member",
                     job.metadata.name
-                ))));
+                )));
             }
             if let Some(old) = t.delete::<Pod>(&name)? {
                 out.deleted.push(old);
             }
         }
-        let uid = crate::tls::random_token().map_err(|e| Refused(internal(e.to_string())))?;
-        pod.metadata.uid = Some(uid[..16].to_string());
+        pod.metadata.uid = Some(super::new_uid()?);
         pod.metadata.creation_timestamp = Some(now_rfc3339());
         pod.status = Some(PodStatus { phase: PodPhase::Pending, ..PodStatus::default() });
         t.put(&mut pod)?;
@@ -56,7 +98,7 @@ pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Refus
 
 /// Removes the job and its members (pods named as its members and labelled
 /// with it); returns the job as it was, `None` when there is none.
-pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)>, Refused> {
+pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)>, ClusterError> {
     let Some(job) = t.delete::<Job>(name)? else { return Ok(None) };
     let mut out = MemberChanges::default();
     for rank in 0..job.spec.parallelism.min(job::MAX_MEMBERS) {
@@ -73,7 +115,7 @@ pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)
 
 /// The job's current members by rank: a pod of the member's name labelled
 /// with the job and of its current attempt, else `None`.
-fn current_members(t: &Txn<'_>, job: &Job) -> Result<Vec<Option<Pod>>, Refused> {
+fn current_members(t: &Txn<'_>, job: &Job) -> Result<Vec<Option<Pod>>, ClusterError> {
     let attempt = job.status.as_ref().map_or(0, |s| s.attempt);
     let mut out = Vec::with_capacity(job.spec.parallelism as usize);
     for rank in 0..job.spec.parallelism.min(job::MAX_MEMBERS) {
@@ -87,7 +129,7 @@ fn current_members(t: &Txn<'_>, job: &Job) -> Result<Vec<Option<Pod>>, Refused> 
 
 /// Judges the job from its members and carries the verdict out in this write:
 /// the status, and the members stopped (deleted) or started again.
-pub fn reconcile(t: &mut Txn<'_>, name: &str) -> Result<MemberChanges, Refused> {
+pub fn reconcile(t: &mut Txn<'_>, name: &str) -> Result<MemberChanges, ClusterError> {
     let Some(mut job) = t.get::<Job>(name)? else { return Ok(MemberChanges::default()) };
     let members = current_members(t, &job)?;
     let refs: Vec<Option<&Pod>> = members.iter().map(Option::as_ref).collect();
@@ -131,7 +173,7 @@ pub fn reconcile(t: &mut Txn<'_>, name: &str) -> Result<MemberChanges, Refused> 
 }
 
 /// The job is placed (at least its minimum of members): Pending becomes Running.
-pub fn mark_running(t: &mut Txn<'_>, name: &str) -> Result<(), Refused> {
+pub fn mark_running(t: &mut Txn<'_>, name: &str) -> Result<(), ClusterError> {
     let Some(mut job) = t.get::<Job>(name)? else { return Ok(()) };
     let status = job.status.get_or_insert_with(JobStatus::default);
     if status.phase == JobPhase::Pending {

@@ -1,0 +1,156 @@
+//! The rules of nodes: one join per name, a registration that keeps the
+//! node's history, and a node's status report merged into the node and its
+//! pods (the "confirmed" rule: a pod reported running or done is no longer a
+//! binding in flight). Each command runs inside one store write.
+
+use specs::api::{Node, NodeCondition, NodeStatus, NodeStatusReport};
+use specs::engine::SETTINGS_MISFIT;
+use specs::{Pod, PodPhase};
+
+use super::pods::{is_finished, merge_status, new_misfit, reported_for};
+use super::{event, now_rfc3339, ClusterError};
+use crate::store::{Claim, Txn};
+
+/// The claim space of node names taken by a join (`Txn::claim`).
+const JOIN_CLAIMS: &str = "join";
+
+/// Claims `name` for a join. The token admits new machines; it must not mint
+/// a second identity for a node that already joined (that would be
+/// impersonation), so of two joins racing for a name exactly one gets it. A
+/// retry of the same `attempt` (its reply was lost) before the node registered
+/// holds the claim already and is answered again (`Claim::Held`).
+pub fn claim_name(t: &mut Txn<'_>, name: &str, attempt: &str) -> Result<Claim, ClusterError> {
+    // A node registered before claims existed has no claim.
+    let claim = match t.get::<Node>(name)? {
+        Some(_) => Claim::Taken,
+        None => t.claim(JOIN_CLAIMS, name, attempt.as_bytes())?,
+    };
+    if claim == Claim::Taken {
+        return Err(ClusterError::Conflict(format!(
+            "node {name:?} has already joined; to join a machine again under that name, delete the node first (pinion delete node {name})"
+        )));
+    }
+    Ok(claim)
+}
+
+/// Frees a name a join claimed and issued nothing for.
+pub fn release_name(t: &mut Txn<'_>, name: &str) -> Result<bool, ClusterError> {
+    Ok(t.release(JOIN_CLAIMS, name)?)
+}
+
+/// Stores a node's registration, Ready. Registering again brings new
+/// topology, settings and labels, and keeps the node's history (uid, age,
+/// allocations). Returns whether the node is new.
+pub fn register(t: &mut Txn<'_>, given: &Node) -> Result<(bool, Node), ClusterError> {
+    let mut node = given.clone();
+    let name = node.metadata.name.clone();
+    let new = match t.get::<Node>(&name)? {
+        Some(existing) => {
+            node.metadata.uid = existing.metadata.uid;
+            node.metadata.creation_timestamp = existing.metadata.creation_timestamp;
+            node.status.allocations = existing.status.allocations;
+            false
+        }
+        None => {
+            node.metadata.creation_timestamp = Some(now_rfc3339());
+            true
+        }
+    };
+    node.status.condition = NodeCondition::Ready;
+    node.status.last_report = Some(now_rfc3339());
+    summarize(&mut node);
+    t.put(&mut node)?;
+    t.add_event(event("Node", &name, "Normal", "Registered", "node registered"))?;
+    Ok((new, node))
+}
+
+/// What a node delete removed.
+#[derive(Debug)]
+pub enum Deleted {
+    Node(Node),
+    /// Joined but never registered (only its name was held), or unreadable.
+    NameOnly,
+}
+
+/// Removes the node and its join claim, so the machine can join again; an
+/// unreadable record (lists skip it) is removed as well.
+pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
+    let purged = t.purge_unreadable::<Node>(name)?;
+    let node = if purged { None } else { t.delete::<Node>(name)? };
+    let claimed = t.release(JOIN_CLAIMS, name)? || purged;
+    match (node, claimed) {
+        (Some(node), _) => Ok(Deleted::Node(node)),
+        (None, true) => Ok(Deleted::NameOnly),
+        (None, false) => Err(ClusterError::not_found("Node", name)),
+    }
+}
+
+/// What a node's status report changed.
+#[derive(Debug)]
+pub struct Reported {
+    pub node: Node,
+    /// Pods the node admitted (running or done): their bindings are no longer in flight.
+    pub confirmed: Vec<String>,
+    /// Pods this report finished.
+    pub finished: Vec<Pod>,
+}
+
+/// A node's report: its allocations are the node's truth, it is Ready, and
+/// each pod still bound to it takes the reported status (one event when a
+/// placement stops fitting the node's settings). A pod bound elsewhere, or a
+/// report about an earlier pod of the name, is left alone.
+pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<Reported, ClusterError> {
+    let Some(mut node) = t.get::<Node>(name)? else { return Err(ClusterError::not_found("Node", name)) };
+    let (mut confirmed, mut finished) = (Vec::new(), Vec::new());
+    let was_ready = node.status.condition == NodeCondition::Ready;
+    node.status.allocations = report.allocations.clone();
+    node.status.condition = NodeCondition::Ready;
+    node.status.last_report = Some(now_rfc3339());
+    node.status.offline_cpus = report.offline_cpus.clone();
+    summarize(&mut node);
+    t.put(&mut node)?;
+    if !was_ready {
+        t.add_event(event("Node", name, "Normal", "NodeReady", "status reports resumed"))?;
+    }
+    for (pod_name, status) in &report.pods {
+        let Some(mut pod) = t.get::<Pod>(pod_name)? else { continue };
+        if pod.spec.node_name.as_deref() != Some(name) || !reported_for(status, &pod) {
+            continue;
+        }
+        if matches!(status.phase, PodPhase::Running | PodPhase::Succeeded | PodPhase::Failed) {
+            confirmed.push(pod_name.clone());
+        }
+        let before = pod.status.clone();
+        let was_finished = is_finished(&pod);
+        if merge_status(&mut pod, status.clone()).is_ok() && pod.status != before {
+            if let Some(message) = new_misfit(before.as_ref(), pod.status.as_ref()) {
+                t.add_event(event("Pod", pod_name, "Warning", SETTINGS_MISFIT, message))?;
+            }
+            t.put(&mut pod)?;
+            if !was_finished && is_finished(&pod) {
+                finished.push(pod);
+            }
+        }
+    }
+    Ok(Reported { node, confirmed, finished })
+}
+
+/// What a delete answers for a node that joined but never registered.
+pub fn joined_only(name: &str) -> Node {
+    Node {
+        api_version: specs::pod::API_VERSION.to_string(),
+        kind: "Node".into(),
+        metadata: specs::pod::ObjectMeta { name: name.to_string(), ..Default::default() },
+        spec: Default::default(),
+        status: Default::default(),
+    }
+}
+
+fn summarize(node: &mut Node) {
+    node.status.numa = NodeStatus::numa_summary(
+        &node.spec.topology,
+        &node.spec.settings,
+        &node.status.allocations,
+        &node.status.offline_cpus,
+    );
+}

@@ -1,0 +1,196 @@
+//! The rules of pods: a create over a finished pod, a create that repeats the
+//! stored one, a node's status merged into what the scheduler wrote, a
+//! rejected binding sent back to the queue. Each command runs inside one store
+//! write, so a pod is never half-changed.
+
+use specs::api::PodRejection;
+use specs::engine::SETTINGS_MISFIT;
+use specs::{Pod, PodPhase, PodStatus};
+
+use super::authorize::{authorize, Request};
+use super::{event, now_rfc3339, ClusterError};
+use crate::store::Txn;
+use crate::tls::Identity;
+
+/// What a create did.
+#[derive(Debug)]
+pub struct Created {
+    /// False: the same pod was stored already, and is answered again.
+    pub new: bool,
+    pub pod: Pod,
+    /// The finished pod the create took the name of.
+    pub replaced: Option<Pod>,
+}
+
+/// Stores a new pod, Pending (or Scheduled when it names its node). A finished
+/// pod's name is free again: it and its events go in this same write. A pod
+/// not finished is answered again when the create repeats it, else refused.
+/// `never`: why no node of the cluster could ever hold it, decided before the
+/// write (the scheduler's lock is not taken inside the store's committer).
+pub fn create(t: &mut Txn<'_>, given: &Pod, uid: &str, never: Option<&str>) -> Result<Created, ClusterError> {
+    let mut pod = given.clone();
+    let name = pod.metadata.name.clone();
+    let mut replaced = None;
+    if let Some(existing) = t.get::<Pod>(&name)? {
+        if is_finished(&existing) {
+            replaced = t.delete::<Pod>(&name)?;
+        } else if same_user_spec(&existing, &pod) {
+            return Ok(Created { new: false, pod: existing, replaced: None });
+        } else {
+            return Err(ClusterError::Conflict(format!(
+                "pod {name:?} already exists with a different spec (pods are immutable; delete it first)"
+            )));
+        }
+    }
+    if let Some(message) = never {
+        return Err(ClusterError::Unschedulable(format!(
+            "{message} (annotate the pod {}: \"true\" to wait for such a node)",
+            specs::pod::WAIT_FOR_NODES_ANNOTATION
+        )));
+    }
+    pod.metadata.uid = Some(uid.to_string());
+    pod.metadata.creation_timestamp = Some(now_rfc3339());
+    let phase = if pod.spec.node_name.is_some() { PodPhase::Scheduled } else { PodPhase::Pending };
+    pod.status = Some(PodStatus {
+        phase,
+        node_name: pod.spec.node_name.clone(),
+        reason: pod.spec.node_name.as_ref().map(|_| "NodeNameSet".to_string()),
+        ..PodStatus::default()
+    });
+    t.put(&mut pod)?;
+    Ok(Created { new: true, pod, replaced })
+}
+
+/// What a delete removed.
+#[derive(Debug)]
+pub enum Deleted {
+    Pod(Pod),
+    /// A record no longer readable (lists skip it): only its name is known.
+    Unreadable,
+}
+
+pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
+    if t.purge_unreadable::<Pod>(name)? {
+        return Ok(Deleted::Unreadable);
+    }
+    t.delete::<Pod>(name)?.map(Deleted::Pod).ok_or_else(|| ClusterError::not_found("Pod", name))
+}
+
+/// A node's report of one pod's status, merged into the stored pod. Returns
+/// the pod and whether this report finished it.
+pub fn report_status(
+    t: &mut Txn<'_>,
+    id: &Identity,
+    name: &str,
+    status: &PodStatus,
+) -> Result<(Pod, bool), ClusterError> {
+    let Some(mut pod) = t.get::<Pod>(name)? else { return Err(ClusterError::not_found("Pod", name)) };
+    authorize(id, Request::Pod(&pod))?;
+    if !reported_for(status, &pod) {
+        return Err(ClusterError::Conflict(format!("the status is about an earlier pod {name:?}")));
+    }
+    let was_finished = is_finished(&pod);
+    merge_status(&mut pod, status.clone())?;
+    t.put(&mut pod)?;
+    let finished = !was_finished && is_finished(&pod);
+    Ok((pod, finished))
+}
+
+/// The node would not admit the pod: it goes back to Pending, unbound, with
+/// the node's reason. Returns the pod and the node that rejected it.
+pub fn reject(
+    t: &mut Txn<'_>,
+    id: &Identity,
+    name: &str,
+    rejection: &PodRejection,
+) -> Result<(Pod, String), ClusterError> {
+    let Some(mut pod) = t.get::<Pod>(name)? else { return Err(ClusterError::not_found("Pod", name)) };
+    authorize(id, Request::Pod(&pod))?;
+    let Some(node) = pod.spec.node_name.take() else {
+        return Err(ClusterError::Conflict(format!("pod {name:?} is not bound to a node")));
+    };
+    let s = pod.status.get_or_insert_with(PodStatus::default);
+    let message = format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
+    s.phase = PodPhase::Pending;
+    s.node_name = None;
+    s.plan = None;
+    s.placement = None;
+    s.reason = Some("Rejected".into());
+    s.message = Some(message.clone());
+    t.put(&mut pod)?;
+    t.add_event(event("Pod", name, "Warning", "Rejected", message))?;
+    Ok((pod, node))
+}
+
+/// The container a log, attach or exec means: the one named, or the pod's only one.
+pub fn pick_container(pod: &Pod, container: Option<String>) -> Result<String, ClusterError> {
+    let name = &pod.metadata.name;
+    let names: Vec<&str> = pod.spec.containers.iter().map(|c| c.name.as_str()).collect();
+    match (container, names.as_slice()) {
+        (Some(c), _) if names.contains(&c.as_str()) => Ok(c),
+        (Some(c), _) => Err(ClusterError::BadField {
+            field: "container",
+            message: format!("pod {name:?} has no container {c:?} (it has: {})", names.join(", ")),
+        }),
+        (None, [only]) => Ok(only.to_string()),
+        (None, _) => Err(ClusterError::BadField {
+            field: "container",
+            message: format!("pod {name:?} has {} containers: name one ({})", names.len(), names.join(", ")),
+        }),
+    }
+}
+
+pub fn is_finished(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+}
+
+/// Whether a create repeats the stored pod: the same user-given spec, labels
+/// and annotations, ignoring what the system sets (the scheduler's
+/// `spec.nodeName` unless the caller named a node, the status, uid, versions).
+fn same_user_spec(stored: &Pod, given: &Pod) -> bool {
+    let mut spec = stored.spec.clone();
+    if given.spec.node_name.is_none() {
+        spec.node_name = None;
+    }
+    spec == given.spec
+        && stored.metadata.labels == given.metadata.labels
+        && stored.metadata.annotations == given.metadata.annotations
+}
+
+/// A reported status replaces the observed parts; the scheduler's parts (plan,
+/// attempts, placement when not reported) stay. A terminal phase is final.
+pub(super) fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(), ClusterError> {
+    let current = pod.status.clone().unwrap_or_default();
+    if !current.phase.can_become(reported.phase) {
+        return Err(ClusterError::Conflict(format!(
+            "pod {:?} is {:?}; it cannot become {:?}",
+            pod.metadata.name, current.phase, reported.phase
+        )));
+    }
+    reported.plan = current.plan;
+    reported.attempts = current.attempts;
+    if reported.placement.is_none() {
+        reported.placement = current.placement;
+    }
+    reported.node_name = pod.spec.node_name.clone();
+    // The node's tag, checked by the caller; not part of the stored status.
+    reported.pod_uid = None;
+    pod.status = Some(reported);
+    Ok(())
+}
+
+/// The message of a node's report that a pod's placement no longer fits
+/// the node's settings (after the node restarted with others), when it did
+/// not say so before: one event per finding, not one per report.
+pub(super) fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Option<String> {
+    let now = now.filter(|s| s.reason.as_deref() == Some(SETTINGS_MISFIT))?;
+    let said = |s: &PodStatus| (s.reason.clone(), s.message.clone());
+    (before.map(said) != Some(said(now))).then(|| now.message.clone().unwrap_or_default())
+}
+
+/// Whether a node's status report is about this incarnation of the pod: a
+/// report naming another uid (the pod was replaced under the same name) is
+/// about a pod that is gone.
+pub(super) fn reported_for(status: &PodStatus, pod: &Pod) -> bool {
+    status.pod_uid.is_none() || status.pod_uid == pod.metadata.uid
+}

@@ -1,0 +1,408 @@
+//! The cluster's rules, table-tested over a real store in a temporary folder:
+//! no server, no network.
+
+use specs::api::{NodeStatusReport, PodRejection};
+use specs::job::Job;
+use specs::{Pod, PodPhase, PodStatus};
+
+use super::authorize::{authorize, pods_visible_to, Request};
+use super::{jobs, nodes, pods, ClusterError};
+use crate::store::{Claim, Kind, Store, Txn};
+use crate::tls::Identity;
+
+fn pod(name: &str) -> Pod {
+    let spec: specs::PodSpec =
+        serde_json::from_str(r#"{"containers":[{"name":"main","image":"busybox:1"}]}"#).expect("spec");
+    Pod::new(name, spec)
+}
+
+fn bound(name: &str, node: &str) -> Pod {
+    let mut p = pod(name);
+    p.spec.node_name = Some(node.into());
+    p
+}
+
+fn job(name: &str, parallelism: u32) -> Job {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "pinion.io/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"parallelism": parallelism, "template": {"spec": {"containers": [{"name": "main", "image": "busybox:1"}]}}}
+    }))
+    .expect("job")
+}
+
+fn status(phase: PodPhase) -> PodStatus {
+    PodStatus { phase, ..PodStatus::default() }
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    store: Store,
+}
+
+impl World {
+    fn new() -> World {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), Default::default()).expect("store");
+        World { _dir: dir, store }
+    }
+
+    /// One command in one write, as the API runs it.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnMut(&mut Txn<'_>) -> Result<T, ClusterError> + Send + 'static,
+    ) -> Result<T, ClusterError> {
+        self.store.write(f).await
+    }
+
+    async fn put_pod(&self, p: Pod) -> Pod {
+        self.run(move |t| {
+            let mut p = p.clone();
+            t.put(&mut p)?;
+            Ok(p)
+        })
+        .await
+        .expect("put")
+    }
+
+    fn pod(&self, name: &str) -> Option<Pod> {
+        self.store.get::<Pod>(name).expect("get")
+    }
+
+    fn reasons(&self, kind: Kind, name: &str) -> Vec<String> {
+        self.store.events(kind, name).expect("events").into_iter().map(|e| e.reason).collect()
+    }
+}
+
+fn kind_of(r: &Result<(), ClusterError>) -> &'static str {
+    match r {
+        Ok(()) => "ok",
+        Err(ClusterError::Unauthorized(_)) => "401",
+        Err(ClusterError::Forbidden(_)) => "403",
+        Err(_) => "other",
+    }
+}
+
+#[test]
+fn every_request_by_every_identity() {
+    let admin = Identity::Admin;
+    let n1 = Identity::Node("n1".into());
+    let anon = Identity::Anonymous;
+    let other = Identity::Other("someone".into());
+    let on_n1 = bound("p", "n1");
+    let on_n2 = bound("q", "n2");
+    let unbound = pod("r");
+    // (request, admin, node n1, anonymous, another certificate)
+    let table: Vec<(Request, [&str; 4])> = vec![
+        (Request::Public, ["ok", "ok", "ok", "ok"]),
+        (Request::Join, ["ok", "ok", "ok", "ok"]),
+        (Request::Known, ["ok", "ok", "401", "403"]),
+        (Request::ReadMetrics, ["ok", "403", "401", "403"]),
+        (Request::ReadPods { node: None }, ["ok", "ok", "401", "403"]),
+        (Request::ReadPods { node: Some("n1") }, ["ok", "ok", "401", "403"]),
+        (Request::ReadPods { node: Some("n2") }, ["ok", "403", "401", "403"]),
+        (Request::Pod(&on_n1), ["ok", "ok", "401", "403"]),
+        (Request::Pod(&on_n2), ["ok", "403", "401", "403"]),
+        (Request::Pod(&unbound), ["ok", "403", "401", "403"]),
+        (Request::CreatePod, ["ok", "403", "401", "403"]),
+        (Request::DeletePod, ["ok", "403", "401", "403"]),
+        (Request::PodLogs, ["ok", "403", "401", "403"]),
+        (Request::AttachPod, ["ok", "403", "401", "403"]),
+        (Request::ExecPod, ["ok", "403", "401", "403"]),
+        (Request::ListNodes, ["ok", "403", "401", "403"]),
+        (Request::WatchNodes, ["ok", "403", "401", "403"]),
+        (Request::ActForNode("n1"), ["ok", "ok", "401", "403"]),
+        (Request::ActForNode("n2"), ["ok", "403", "401", "403"]),
+        (Request::DeleteNode, ["ok", "403", "401", "403"]),
+        (Request::ListJobs, ["ok", "403", "401", "403"]),
+        (Request::ReadJob, ["ok", "403", "401", "403"]),
+        (Request::CreateJob, ["ok", "403", "401", "403"]),
+        (Request::DeleteJob, ["ok", "403", "401", "403"]),
+        (Request::ReadEvents, ["ok", "403", "401", "403"]),
+    ];
+    for (request, want) in table {
+        let got: Vec<&str> = [&admin, &n1, &anon, &other].map(|id| kind_of(&authorize(id, request))).to_vec();
+        assert_eq!(got, want, "{request:?}");
+    }
+    // A refusal names who asked and what they may not do.
+    let e = authorize(&n1, Request::DeletePod).expect_err("refused");
+    assert_eq!(e.to_string(), "node \"n1\" may not delete pods");
+    let e = authorize(&n1, Request::Pod(&on_n2)).expect_err("refused");
+    assert_eq!(e.to_string(), "node \"n1\" may not access pod \"q\" (not bound to it)");
+}
+
+#[test]
+fn a_node_sees_only_its_own_pods() {
+    let n1 = Identity::Node("n1".into());
+    assert_eq!(pods_visible_to(&n1, None).as_deref(), Some("n1"));
+    assert_eq!(pods_visible_to(&Identity::Admin, None), None);
+    assert_eq!(pods_visible_to(&Identity::Admin, Some("n2".into())).as_deref(), Some("n2"));
+}
+
+#[tokio::test]
+async fn creating_a_pod() {
+    let w = World::new();
+    // New: Pending with the given uid; naming a node: Scheduled there.
+    let c = w.run(|t| pods::create(t, &pod("a"), "uid-a", None)).await.expect("create");
+    assert!(c.new && c.replaced.is_none());
+    assert_eq!(c.pod.metadata.uid.as_deref(), Some("uid-a"));
+    assert_eq!(c.pod.status.as_ref().map(|s| s.phase), Some(PodPhase::Pending));
+    let c = w.run(|t| pods::create(t, &bound("b", "n1"), "uid-b", None)).await.expect("create");
+    let s = c.pod.status.expect("status");
+    assert_eq!((s.phase, s.reason.as_deref(), s.node_name.as_deref()), (PodPhase::Scheduled, Some("NodeNameSet"), Some("n1")));
+
+    // The same create again is answered with the stored pod; another spec is refused.
+    let again = w.run(|t| pods::create(t, &pod("a"), "uid-x", None)).await.expect("repeat");
+    assert!(!again.new);
+    assert_eq!(again.pod.metadata.uid.as_deref(), Some("uid-a"));
+    let mut other = pod("a");
+    other.metadata.labels.insert("k".into(), "v".into());
+    let e = w.run(move |t| pods::create(t, &other, "uid-y", None)).await.expect_err("conflict");
+    assert!(matches!(e, ClusterError::Conflict(ref m) if m.contains("already exists with a different spec")), "{e}");
+
+    // A finished pod's name is free again: the old pod goes in the same write.
+    let mut done = w.pod("a").expect("a");
+    done.status = Some(status(PodPhase::Succeeded));
+    w.put_pod(done).await;
+    let c = w.run(|t| pods::create(t, &pod("a"), "uid-a2", None)).await.expect("over finished");
+    assert!(c.new);
+    assert_eq!(c.replaced.and_then(|p| p.metadata.uid).as_deref(), Some("uid-a"));
+    assert_eq!(w.pod("a").and_then(|p| p.metadata.uid).as_deref(), Some("uid-a2"));
+
+    // A pod no node could hold is refused and nothing is stored.
+    let e = w.run(|t| pods::create(t, &pod("huge"), "u", Some("0/1 nodes fit"))).await.expect_err("never");
+    assert!(matches!(e, ClusterError::Unschedulable(ref m) if m.starts_with("0/1 nodes fit (annotate")), "{e}");
+    assert!(w.pod("huge").is_none());
+}
+
+#[tokio::test]
+async fn deleting_a_pod() {
+    let w = World::new();
+    let e = w.run(|t| pods::delete(t, "none")).await.expect_err("missing");
+    assert!(matches!(e, ClusterError::NotFound { kind: "Pod", .. }));
+    assert_eq!(e.to_string(), "pod \"none\" not found");
+    w.put_pod(pod("a")).await;
+    assert!(matches!(w.run(|t| pods::delete(t, "a")).await, Ok(pods::Deleted::Pod(p)) if p.metadata.name == "a"));
+    assert!(w.pod("a").is_none());
+}
+
+#[tokio::test]
+async fn a_nodes_report_of_one_pod() {
+    let w = World::new();
+    let mut p = bound("p", "n1");
+    p.metadata.uid = Some("u1".into());
+    p.status = Some(status(PodPhase::Scheduled));
+    w.put_pod(p).await;
+    let n1 = Identity::Node("n1".into());
+    let n2 = Identity::Node("n2".into());
+    let report = |phase, uid: Option<&str>| PodStatus { pod_uid: uid.map(str::to_string), ..status(phase) };
+    // (who, status reported, outcome: "ok" + finished, or the refusal)
+    let table: Vec<(&Identity, PodStatus, &str)> = vec![
+        (&n2, report(PodPhase::Running, None), "forbidden"),
+        (&n1, report(PodPhase::Running, Some("u0")), "conflict"),
+        (&n1, report(PodPhase::Running, Some("u1")), "ok"),
+        (&n1, report(PodPhase::Succeeded, None), "ok finished"),
+        // A terminal phase is final.
+        (&n1, report(PodPhase::Running, None), "conflict"),
+    ];
+    for (who, reported, want) in table {
+        let who2 = who.clone();
+        let r2 = reported.clone();
+        let got = match w.run(move |t| pods::report_status(t, &who2, "p", &r2)).await {
+            Ok((_, true)) => "ok finished",
+            Ok((_, false)) => "ok",
+            Err(ClusterError::Forbidden(_)) => "forbidden",
+            Err(ClusterError::Conflict(_)) => "conflict",
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(got, want, "{who:?} {:?}", reported.phase);
+    }
+    let stored = w.pod("p").and_then(|p| p.status).expect("status");
+    assert_eq!((stored.phase, stored.pod_uid, stored.node_name.as_deref()), (PodPhase::Succeeded, None, Some("n1")));
+}
+
+#[tokio::test]
+async fn a_rejected_binding_goes_back_to_pending() {
+    let w = World::new();
+    w.put_pod(pod("free")).await;
+    let mut p = bound("p", "n1");
+    p.status = Some(PodStatus { phase: PodPhase::Scheduled, node_name: Some("n1".into()), ..PodStatus::default() });
+    w.put_pod(p).await;
+    let n1 = Identity::Node("n1".into());
+    let rejection = PodRejection { reason: "TopologyAffinityError".into(), message: "no NUMA node fits".into() };
+    // A node may not touch a pod not bound to it; an admin is told it is unbound.
+    let (id, r) = (n1.clone(), rejection.clone());
+    let e = w.run(move |t| pods::reject(t, &id, "free", &r)).await.expect_err("not its pod");
+    assert!(matches!(e, ClusterError::Forbidden(_)), "{e}");
+    let r = rejection.clone();
+    let e = w.run(move |t| pods::reject(t, &Identity::Admin, "free", &r)).await.expect_err("unbound");
+    assert_eq!(e.to_string(), "pod \"free\" is not bound to a node");
+    let (id, r) = (n1.clone(), rejection.clone());
+    let (pod, node) = w.run(move |t| pods::reject(t, &id, "p", &r)).await.expect("reject");
+    assert_eq!(node, "n1");
+    assert_eq!(pod.spec.node_name, None);
+    let s = pod.status.expect("status");
+    assert_eq!((s.phase, s.reason.as_deref()), (PodPhase::Pending, Some("Rejected")));
+    assert_eq!(s.message.as_deref(), Some("node n1 rejected the binding: TopologyAffinityError: no NUMA node fits"));
+    assert_eq!(w.reasons(Kind::Pod, "p"), ["Rejected"]);
+}
+
+#[test]
+fn picking_a_container() {
+    let one = pod("p");
+    let mut two = pod("q");
+    let mut side = two.spec.containers[0].clone();
+    side.name = "side".into();
+    two.spec.containers.push(side);
+    let table: Vec<(&Pod, Option<&str>, Result<&str, &str>)> = vec![
+        (&one, None, Ok("main")),
+        (&one, Some("main"), Ok("main")),
+        (&one, Some("x"), Err("container: pod \"p\" has no container \"x\" (it has: main)")),
+        (&two, None, Err("container: pod \"q\" has 2 containers: name one (main, side)")),
+        (&two, Some("side"), Ok("side")),
+    ];
+    for (p, asked, want) in table {
+        let got = pods::pick_container(p, asked.map(str::to_string)).map_err(|e| e.to_string());
+        assert_eq!(got.as_deref().map_err(String::as_str), want, "{asked:?}");
+    }
+}
+
+#[tokio::test]
+async fn one_join_per_name() {
+    let w = World::new();
+    let claim = |name: &'static str, attempt: &'static str| {
+        let store = w.store.clone();
+        async move { store.write(move |t| nodes::claim_name(t, name, attempt)).await }
+    };
+    assert_eq!(claim("n1", "a1").await.expect("first"), Claim::New);
+    // The same attempt again (its reply was lost) holds the claim already.
+    assert_eq!(claim("n1", "a1").await.expect("retry"), Claim::Again);
+    let e = claim("n1", "a2").await.expect_err("another attempt");
+    assert!(e.to_string().contains("has already joined"), "{e}");
+    // A node registered before claims existed has no claim and is still taken.
+    w.run(|t| nodes::register(t, &nodes::joined_only("old"))).await.expect("register");
+    assert!(claim("old", "a").await.is_err());
+    // A released name can be joined again.
+    assert!(w.run(|t| nodes::release_name(t, "n1")).await.expect("release"));
+    assert_eq!(claim("n1", "a3").await.expect("again"), Claim::New);
+}
+
+#[tokio::test]
+async fn registering_and_deleting_a_node() {
+    let w = World::new();
+    let (new, first) = w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    assert!(new);
+    let mut again = nodes::joined_only("n1");
+    again.metadata.labels.insert("zone".into(), "a".into());
+    let (new, second) = w.run(move |t| nodes::register(t, &again)).await.expect("register again");
+    assert!(!new);
+    assert_eq!(second.metadata.creation_timestamp, first.metadata.creation_timestamp);
+    assert_eq!(second.metadata.labels.get("zone").map(String::as_str), Some("a"));
+    assert_eq!(w.reasons(Kind::Node, "n1"), ["Registered", "Registered"]);
+
+    assert!(matches!(w.run(|t| nodes::delete(t, "n1")).await, Ok(nodes::Deleted::Node(_))));
+    // Joined (the name claimed) but never registered: only the name goes.
+    w.run(|t| nodes::claim_name(t, "n2", "a")).await.expect("claim");
+    assert!(matches!(w.run(|t| nodes::delete(t, "n2")).await, Ok(nodes::Deleted::NameOnly)));
+    let e = w.run(|t| nodes::delete(t, "n2")).await.expect_err("gone");
+    assert_eq!(e.to_string(), "node \"n2\" not found");
+}
+
+#[tokio::test]
+async fn a_nodes_report_confirms_what_it_admitted() {
+    let w = World::new();
+    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let scheduled = |name: &str, node: &str, uid: &str| {
+        let mut p = bound(name, node);
+        p.metadata.uid = Some(uid.into());
+        p.status = Some(status(PodPhase::Scheduled));
+        p
+    };
+    for p in [
+        scheduled("starting", "n1", "u"),
+        scheduled("running", "n1", "u"),
+        scheduled("done", "n1", "u"),
+        scheduled("elsewhere", "n2", "u"),
+        scheduled("replaced", "n1", "new"),
+    ] {
+        w.put_pod(p).await;
+    }
+    let mut report = NodeStatusReport::default();
+    for (name, phase, uid) in [
+        ("starting", PodPhase::Scheduled, "u"),
+        ("running", PodPhase::Running, "u"),
+        ("done", PodPhase::Succeeded, "u"),
+        ("elsewhere", PodPhase::Running, "u"),
+        ("replaced", PodPhase::Running, "old"),
+        ("unknown", PodPhase::Running, "u"),
+    ] {
+        report.pods.insert(name.into(), PodStatus { pod_uid: Some(uid.into()), ..status(phase) });
+    }
+    let r = w.run(move |t| nodes::report(t, "n1", &report)).await.expect("report");
+    assert_eq!(r.confirmed, ["done", "running"]);
+    assert_eq!(r.finished.iter().map(|p| p.metadata.name.as_str()).collect::<Vec<_>>(), ["done"]);
+    let phase = |n: &str| w.pod(n).and_then(|p| p.status).map(|s| s.phase);
+    assert_eq!(phase("running"), Some(PodPhase::Running));
+    // Bound elsewhere, or about an earlier pod of the name: left alone.
+    assert_eq!(phase("elsewhere"), Some(PodPhase::Scheduled));
+    assert_eq!(phase("replaced"), Some(PodPhase::Scheduled));
+
+    let e = w.run(|t| nodes::report(t, "n9", &NodeStatusReport::default())).await.expect_err("unknown node");
+    assert!(matches!(e, ClusterError::NotFound { kind: "Node", .. }));
+}
+
+#[tokio::test]
+async fn a_misfit_is_one_event_per_finding() {
+    let w = World::new();
+    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let mut p = bound("p", "n1");
+    p.status = Some(status(PodPhase::Running));
+    w.put_pod(p).await;
+    let misfit = |message: &str| {
+        let mut r = NodeStatusReport::default();
+        let s = PodStatus {
+            reason: Some(specs::engine::SETTINGS_MISFIT.into()),
+            message: Some(message.into()),
+            ..status(PodPhase::Running)
+        };
+        r.pods.insert("p".into(), s);
+        r
+    };
+    for message in ["cpu 3 reserved", "cpu 3 reserved", "cpu 4 reserved"] {
+        let r = misfit(message);
+        w.run(move |t| nodes::report(t, "n1", &r)).await.expect("report");
+    }
+    let misfits = w.reasons(Kind::Pod, "p").into_iter().filter(|r| r == specs::engine::SETTINGS_MISFIT).count();
+    assert_eq!(misfits, 2);
+}
+
+#[tokio::test]
+async fn creating_a_job() {
+    let w = World::new();
+    let c = w.run(|t| jobs::create(t, &job("j", 2), "uj", None)).await.expect("create");
+    assert!(c.new);
+    assert_eq!(c.members.created.len(), 2);
+    assert!(c.members.created.iter().all(|p| w.pod(&p.metadata.name).is_some()));
+    let again = w.run(|t| jobs::create(t, &job("j", 2), "uj2", None)).await.expect("repeat");
+    assert!(!again.new && again.members.created.is_empty());
+    let e = w.run(|t| jobs::create(t, &job("j", 3), "uj3", None)).await.expect_err("conflict");
+    assert!(e.to_string().contains("has not ended"), "{e}");
+    let e = w.run(|t| jobs::create(t, &job("k", 2), "uk", Some("no gang of 2 fits"))).await.expect_err("never");
+    assert!(matches!(e, ClusterError::Unschedulable(_)));
+    assert!(w.store.get::<Job>("k").expect("get").is_none());
+}
+
+#[test]
+fn a_store_fault_is_the_servers_and_a_refusal_is_the_objects() {
+    let full = ClusterError::Store(crate::store::StoreError::DiskFull { dir: "/d".into(), available: 0, needed: 1 });
+    for (e, server) in [
+        (full, true),
+        (ClusterError::NotLeader, true),
+        (ClusterError::Internal("x".into()), true),
+        (ClusterError::not_found("Pod", "p"), false),
+        (ClusterError::Conflict("already bound".into()), false),
+        (ClusterError::Forbidden("no".into()), false),
+    ] {
+        assert_eq!(e.is_server_fault(), server, "{e}");
+    }
+}
+
