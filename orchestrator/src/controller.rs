@@ -637,9 +637,9 @@ impl Controller {
         self.wake.notify_one();
     }
 
-    /// On a store shared by several servers: the users' changes made through
-    /// any server (pods created or deleted, nodes deleted) reach the leader's
-    /// controller here, from the store's watch (see `leading`). Returns when
+    /// The users' changes made through any server (pods and jobs' members
+    /// created or deleted, nodes deleted) reach the controller here, from the
+    /// store's watch, on sled as on etcd (see `leading`). Returns when
     /// `shutdown` turns true, or with the error that ended the watch (the
     /// leader then starts a fresh controller from the store).
     pub async fn follow(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {

@@ -252,14 +252,22 @@ impl Server {
         let controller_metrics = ControllerMetrics::default();
         let (leading, loops) = match self.etcd.clone() {
             None => {
-                let (controller, loops) = Controller::start(
+                // Started here, not in the task: a store that cannot be read
+                // stops the server before it listens.
+                let (stop, stopped) = watch::channel(false);
+                let (controller, loops) =
+                    Controller::start(self.store.clone(), self.options.controller, controller_metrics.clone(), stopped)
+                        .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
+                let leading = Arc::new(Leading::single(controller.clone()));
+                let follow = tokio::spawn(follow_alone(
                     self.store.clone(),
                     self.options.controller,
                     controller_metrics.clone(),
+                    leading.clone(),
+                    (controller, loops, stop),
                     shutdown.clone(),
-                )
-                .map_err(|source| ServerError::Store { path: self.options.data_dir.join("store"), source })?;
-                (Arc::new(Leading::single(controller)), loops)
+                ));
+                (leading, vec![follow])
             }
             Some((client, prefix)) => {
                 let leading = Arc::new(Leading::elected());
@@ -330,6 +338,53 @@ impl Server {
             tracing::warn!("server stopped; store flushed, but some handle kept it open");
         }
         Ok(())
+    }
+}
+
+/// One server's controller learns every change from the store's watch, as a
+/// leader's does on etcd (one path for both). When its watch fails (it fell
+/// behind the change log) a fresh controller is started from the store; at
+/// shutdown its loops finish.
+async fn follow_alone(
+    store: Store,
+    config: ControllerConfig,
+    metrics: ControllerMetrics,
+    leading: Arc<Leading>,
+    first: (Arc<Controller>, Vec<tokio::task::JoinHandle<()>>, watch::Sender<bool>),
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (mut controller, mut loops, mut stop) = first;
+    loop {
+        let lost = tokio::select! {
+            r = controller.clone().follow(stop.subscribe()) => r.err(),
+            _ = shutdown.changed() => None,
+        };
+        let _ = stop.send(true);
+        for l in loops.drain(..) {
+            let _ = l.await;
+        }
+        let Some(e) = lost else { return };
+        if *shutdown.borrow() {
+            return;
+        }
+        tracing::warn!(error = %e, "the controller lost the store's watch; restarting it");
+        loop {
+            let (next_stop, stopped) = watch::channel(false);
+            match Controller::start(store.clone(), config, metrics.clone(), stopped) {
+                Ok((c, l)) => {
+                    leading.set(Some(c.clone()));
+                    (controller, loops, stop) = (c, l, next_stop);
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the controller from the store; trying again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                }
+            }
+        }
     }
 }
 

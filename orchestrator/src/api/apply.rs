@@ -285,14 +285,6 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 state.controller.current().and_then(|c| c.never_fits(&pod))
             };
             let created = store.write(move |t| pods::create(t, &pod, &uid, never.as_deref())).await?;
-            if let Some(c) = state.controller.direct() {
-                if let Some(old) = &created.replaced {
-                    c.pod_deleted(old);
-                }
-                if created.new {
-                    c.pod_created(&created.pod);
-                }
-            }
             json(if created.new { 201 } else { 200 }, &created.pod)
         }
         Action::GetPod(name) => match store.get::<Pod>(&name).map_err(store_error)? {
@@ -309,12 +301,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, Request::DeletePod)?;
             let n = name.clone();
             match store.write(move |t| pods::delete(t, &n)).await? {
-                pods::Deleted::Pod(p) => {
-                    if let Some(c) = state.controller.direct() {
-                        c.pod_deleted(&p);
-                    }
-                    json(200, &p)
-                }
+                pods::Deleted::Pod(p) => json(200, &p),
                 pods::Deleted::Unreadable => json(200, &Pod::new(name.as_str(), Default::default())),
             }
         }
@@ -423,12 +410,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, Request::DeleteNode)?;
             let n = name.clone();
             match store.write(move |t| nodes::delete(t, &n)).await? {
-                nodes::Deleted::Node(node) => {
-                    if let Some(c) = state.controller.direct() {
-                        c.node_deleted(&name);
-                    }
-                    json(200, &node)
-                }
+                nodes::Deleted::Node(node) => json(200, &node),
                 nodes::Deleted::NameOnly => json(200, &nodes::joined_only(&name)),
             }
         }
@@ -467,24 +449,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             // As for a pod: a gang no cluster could ever hold at once is refused now.
             let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
             let created = store.write(move |t| jobs::create(t, &job, &uid, never.as_deref())).await?;
-            if let Some(c) = state.controller.direct() {
-                for p in &created.members.deleted {
-                    c.pod_deleted(p);
-                }
-                c.pods_created(&created.members.created);
-            }
             json(if created.new { 201 } else { 200 }, &created.job)
         }
         Action::DeleteJob(name) => {
             authorize(id, Request::DeleteJob)?;
             let n = name.clone();
             let deleted = store.write(move |t| jobs::delete(t, &n)).await?;
-            let (job, members) = deleted.ok_or_else(|| ClusterError::not_found("Job", &name))?;
-            if let Some(c) = state.controller.direct() {
-                for p in &members.deleted {
-                    c.pod_deleted(p);
-                }
-            }
+            let (job, _members) = deleted.ok_or_else(|| ClusterError::not_found("Job", &name))?;
             json(200, &job)
         }
         Action::ListEvents { kind, name } => {
