@@ -332,7 +332,7 @@ fn the_wire_types_match_their_schemas() {
     s.check::<WatchEvent<ApiError>>("WatchEvent", json!({"type": "ERROR", "object": api_error()}));
     // What `apply::bookmark_line` writes, read as the clients read it.
     for kind in [orchestrator::store::Kind::Pod, orchestrator::store::Kind::Node] {
-        let line = orchestrator::api::apply::bookmark_line(kind, 42);
+        let line = orchestrator::api::bookmark_line(kind, 42);
         let bookmark: Value = serde_json::from_str(line.trim()).expect("a JSON line");
         s.check::<WatchEvent<Value>>("WatchEvent", bookmark);
     }

@@ -63,11 +63,6 @@ impl ManifestError {
             }],
         }
     }
-
-    /// The field errors alone (document indexes dropped).
-    pub fn field_errors(&self) -> Vec<FieldError> {
-        self.problems.iter().map(|p| p.error.clone()).collect()
-    }
 }
 
 /// Most structural problems collected from one pod before giving up.

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use orchestrator::api::parse::percent_encode;
+use orchestrator::api::percent_encode;
 use orchestrator::client::Client;
 
 use crate::common::{GlobalArgs, Resumes};

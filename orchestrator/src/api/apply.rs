@@ -198,13 +198,20 @@ pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
 pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Reply, ApiError> {
     let store = &state.store;
     match action {
-        Action::Health => json(200, &serde_json::json!({"status": "ok"})),
-        Action::Version => json(200, &serde_json::json!({"version": env!("CARGO_PKG_VERSION")})),
+        Action::Health => {
+            authorize(id, Request::Public)?;
+            json(200, &serde_json::json!({"status": "ok"}))
+        }
+        Action::Version => {
+            authorize(id, Request::Public)?;
+            json(200, &serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
+        }
         Action::Metrics => {
             authorize(id, Request::ReadMetrics)?;
             Ok(Reply::Metrics(state.metrics.encode()))
         }
         Action::Join { token, request } => {
+            authorize(id, Request::Join)?;
             let Some(token) = token else {
                 return Err(unauthorized("join needs the bootstrap token as `Authorization: Bearer TOKEN`"));
             };

@@ -32,10 +32,6 @@ pub fn invalid(kind: &str, name: &str, details: Vec<FieldError>) -> ApiError {
     ApiError { code: 422, reason: "Invalid".into(), message, details }
 }
 
-pub fn not_found(kind: &str, name: &str) -> ApiError {
-    error(404, "NotFound", format!("{} {name:?} not found", kind.to_lowercase()))
-}
-
 pub fn conflict(message: impl Into<String>) -> ApiError {
     error(409, "Conflict", message)
 }

@@ -6,14 +6,17 @@
 //! accepted socket, an HTTP/2 PING on a quiet connection, a BOOKMARK on an idle
 //! watch that asked for them, a heartbeat frame on an idle attach stream.
 
-pub mod apply;
-pub mod attach;
-pub mod error;
-pub mod joins;
-pub mod local;
-pub mod parse;
-pub mod proxy;
+pub(crate) mod apply;
+pub(crate) mod attach;
+pub(crate) mod error;
+pub(crate) mod joins;
+pub(crate) mod local;
+pub(crate) mod parse;
+pub(crate) mod proxy;
 pub mod routes;
+
+pub use apply::bookmark_line;
+pub use parse::percent_encode;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -32,7 +35,7 @@ use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
-use self::apply::{apply, bookmark_line, watch_line, ApiState, Reply};
+use self::apply::{apply, watch_line, ApiState, Reply};
 use self::error::{bad_request, error};
 use self::routes::{match_route, routes, Matched, Route, RouteId};
 use crate::tls::Identity;

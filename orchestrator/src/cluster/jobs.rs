@@ -29,7 +29,6 @@ pub struct Created {
     /// False: the same job was stored already, and is answered again.
     pub new: bool,
     pub job: Job,
-    pub members: MemberChanges,
 }
 
 /// Stores a new job and its members in one write. An ended job's name is free
@@ -39,20 +38,17 @@ pub struct Created {
 pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> Result<Created, ClusterError> {
     let mut job = given.clone();
     let name = job.metadata.name.clone();
-    let mut members = MemberChanges::default();
     if let Some(existing) = t.get::<Job>(&name)? {
         let ended = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
         if !ended && existing.spec == job.spec && existing.metadata.labels == job.metadata.labels {
-            return Ok(Created { new: false, job: existing, members });
+            return Ok(Created { new: false, job: existing });
         }
         if !ended {
             return Err(ClusterError::Conflict(format!(
                 "job {name:?} already exists with a different spec and has not ended (delete it first)"
             )));
         }
-        if let Some((_, old)) = delete(t, &name)? {
-            members = old;
-        }
+        delete(t, &name)?;
     }
     if let Some(message) = never {
         return Err(ClusterError::Unschedulable(message.to_string()));
@@ -61,10 +57,8 @@ pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> R
     job.metadata.creation_timestamp = Some(now_rfc3339());
     job.status = Some(JobStatus::default());
     t.put(&mut job)?;
-    let created = create_members(t, &job)?;
-    members.deleted.extend(created.deleted);
-    members.created = created.created;
-    Ok(Created { new: true, job, members })
+    create_members(t, &job)?;
+    Ok(Created { new: true, job })
 }
 
 /// Stores the job's members for its current attempt: a pod of a member's name

@@ -18,8 +18,6 @@ pub struct Created {
     /// False: the same pod was stored already, and is answered again.
     pub new: bool,
     pub pod: Pod,
-    /// The finished pod the create took the name of.
-    pub replaced: Option<Pod>,
 }
 
 /// Stores a new pod, Pending (or Scheduled when it names its node). A finished
@@ -30,12 +28,11 @@ pub struct Created {
 pub fn create(t: &mut Txn<'_>, given: &Pod, uid: &str, never: Option<&str>) -> Result<Created, ClusterError> {
     let mut pod = given.clone();
     let name = pod.metadata.name.clone();
-    let mut replaced = None;
     if let Some(existing) = t.get::<Pod>(&name)? {
         if is_finished(&existing) {
-            replaced = t.delete::<Pod>(&name)?;
+            t.delete::<Pod>(&name)?;
         } else if same_user_spec(&existing, &pod) {
-            return Ok(Created { new: false, pod: existing, replaced: None });
+            return Ok(Created { new: false, pod: existing });
         } else {
             return Err(ClusterError::Conflict(format!(
                 "pod {name:?} already exists with a different spec (pods are immutable; delete it first)"
@@ -58,7 +55,7 @@ pub fn create(t: &mut Txn<'_>, given: &Pod, uid: &str, never: Option<&str>) -> R
         ..PodStatus::default()
     });
     t.put(&mut pod)?;
-    Ok(Created { new: true, pod, replaced })
+    Ok(Created { new: true, pod })
 }
 
 /// What a delete removed.

@@ -143,7 +143,7 @@ async fn creating_a_pod() {
     let w = World::new();
     // New: Pending with the given uid; naming a node: Scheduled there.
     let c = w.run(|t| pods::create(t, &pod("a"), "uid-a", None)).await.expect("create");
-    assert!(c.new && c.replaced.is_none());
+    assert!(c.new);
     assert_eq!(c.pod.metadata.uid.as_deref(), Some("uid-a"));
     assert_eq!(c.pod.status.as_ref().map(|s| s.phase), Some(PodPhase::Pending));
     let c = w.run(|t| pods::create(t, &bound("b", "n1"), "uid-b", None)).await.expect("create");
@@ -163,10 +163,22 @@ async fn creating_a_pod() {
     let mut done = w.pod("a").expect("a");
     done.status = Some(status(PodPhase::Succeeded));
     w.put_pod(done).await;
+    let from = w.store.resource_version();
+    let mut changes = w.store.watch(from).await.expect("watch");
     let c = w.run(|t| pods::create(t, &pod("a"), "uid-a2", None)).await.expect("over finished");
     assert!(c.new);
-    assert_eq!(c.replaced.and_then(|p| p.metadata.uid).as_deref(), Some("uid-a"));
     assert_eq!(w.pod("a").and_then(|p| p.metadata.uid).as_deref(), Some("uid-a2"));
+    // The controller learns both from the store's watch: the old pod deleted, the new one added.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let change = changes.next().await.expect("change");
+        let uid = serde_json::from_str::<Pod>(&change.object).expect("pod").metadata.uid;
+        seen.push((change.event_type, uid.unwrap_or_default()));
+    }
+    assert_eq!(
+        seen,
+        [(specs::api::WatchEventType::Deleted, "uid-a".into()), (specs::api::WatchEventType::Added, "uid-a2".to_string())]
+    );
 
     // A pod no node could hold is refused and nothing is stored.
     let e = w.run(|t| pods::create(t, &pod("huge"), "u", Some("0/1 nodes fit"))).await.expect_err("never");
@@ -380,10 +392,12 @@ async fn creating_a_job() {
     let w = World::new();
     let c = w.run(|t| jobs::create(t, &job("j", 2), "uj", None)).await.expect("create");
     assert!(c.new);
-    assert_eq!(c.members.created.len(), 2);
-    assert!(c.members.created.iter().all(|p| w.pod(&p.metadata.name).is_some()));
+    let members = |w: &World| w.store.list::<Pod>().expect("list").items.len();
+    assert_eq!(members(&w), 2);
     let again = w.run(|t| jobs::create(t, &job("j", 2), "uj2", None)).await.expect("repeat");
-    assert!(!again.new && again.members.created.is_empty());
+    assert!(!again.new);
+    assert_eq!(again.job.metadata.uid.as_deref(), Some("uj"));
+    assert_eq!(members(&w), 2);
     let e = w.run(|t| jobs::create(t, &job("j", 3), "uj3", None)).await.expect_err("conflict");
     assert!(e.to_string().contains("has not ended"), "{e}");
     let e = w.run(|t| jobs::create(t, &job("k", 2), "uk", Some("no gang of 2 fits"))).await.expect_err("never");

@@ -338,18 +338,6 @@ impl Scheduler {
         self.pods.retain(|_, p| p.node != name);
     }
 
-    /// Marks a node ready or not (missed heartbeats); returns false for an unknown node.
-    pub fn set_ready(&mut self, name: &str, ready: bool) -> bool {
-        match self.index.get(name) {
-            Some(&i) => {
-                self.nodes[i].info.ready = ready;
-                self.hot[i].ready = ready;
-                true
-            }
-            None => false,
-        }
-    }
-
     /// The node's truth arrived: its mirror becomes that truth plus the pods bound
     /// here and not yet in it. Returns whether the mirror changed.
     pub fn on_node_report(&mut self, name: &str, allocations: Allocations) -> bool {
