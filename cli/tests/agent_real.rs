@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use e2e::host::{has_two_cpus, is_root};
+use pinion_client::testing::{has_two_cpus, is_root, requires};
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::Runtime;
 use serde_json::Value;
@@ -35,9 +35,7 @@ struct Host {
 
 /// `None` (skip) without root or two CPUs, outside CI.
 fn host() -> Option<Host> {
-    if !is_root() || !has_two_cpus() {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "these tests need root and CPUs 0-1 under CI=true");
-        eprintln!("skipping: needs root and CPUs 0 and 1");
+    if !requires(is_root() && has_two_cpus(), "root and CPUs 0 and 1") {
         return None;
     }
     let tmp = tempfile::Builder::new().prefix("pinion-agent-").tempdir().unwrap();
@@ -522,9 +520,7 @@ fn network_leaks(h: &Host, bridge: &str, subnet_prefix: &str, sandboxes: &[Strin
 fn pods_reach_each_other_over_cni_and_a_kill_9_leaks_no_network() {
     let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
     let Some(mut h) = host() else { return };
-    if !Path::new("/usr/lib/cni/bridge").is_file() {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "needs containernetworking-plugins under CI=true");
-        eprintln!("SKIPPED: needs /usr/lib/cni (containernetworking-plugins)");
+    if !requires(Path::new("/usr/lib/cni/bridge").is_file(), "/usr/lib/cni (containernetworking-plugins)") {
         return;
     }
     let pid = std::process::id();

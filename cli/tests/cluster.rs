@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::process::Proc;
+use pinion_client::testing::{wait_for, Relay};
 use serde_json::Value;
 
 #[path = "../../nodelet/tests/device_tree/mod.rs"]
@@ -141,8 +142,8 @@ fn server_with_two_joined_nodelets_places_by_numa_and_survives_a_nodelet_kill() 
     let _small = agent(dir, &external, token.trim(), "small", 10);
     // Both joined first: with only `small` registered, a 20-CPU pod is one no
     // node could ever run, and the server refuses it (a CI run lost this race).
-    wait_for("big Ready", || node_condition(&config, "big") == "Ready");
-    wait_for("small Ready", || node_condition(&config, "small") == "Ready");
+    wait_for("big Ready", CHANGE, || node_condition(&config, "big") == "Ready");
+    wait_for("small Ready", CHANGE, || node_condition(&config, "small") == "Ready");
 
     apply(&config, dir, "p20", 20);
     let placed = wait_pod(&config, "p20", "p20 running", |p| p["status"]["phase"] == "Running");
@@ -364,13 +365,8 @@ fn agent_pods(data: &Path) -> Value {
     v["pods"].clone()
 }
 
-fn wait_for(what: &str, pred: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !pred() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// How long a node's condition or the nodelet's pods may take to change.
+const CHANGE: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
@@ -384,7 +380,7 @@ fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
     );
     let url = line.split('(').nth(1).and_then(|s| s.strip_suffix(')')).expect("server URL").to_string();
     let server_addr: std::net::SocketAddr = url.trim_start_matches("https://").parse().expect("server address");
-    let relay = e2e::relay::Relay::start(server_addr).expect("relay");
+    let relay = Relay::start(server_addr).expect("relay");
     let token = std::fs::read_to_string(srv.join("join-token")).expect("join token");
     let config = srv.join("admin.conf");
     // The nodelet reaches the server only through the relay.
@@ -407,7 +403,7 @@ fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
     let keep_cpus = cpus(&keep);
 
     relay.set_cut(true);
-    wait_for("edge NotReady", || node_condition(&config, "edge") == "NotReady");
+    wait_for("edge NotReady", CHANGE, || node_condition(&config, "edge") == "NotReady");
     let unknown = wait_pod(&config, "keep", "keep Unknown", |p| p["status"]["phase"] == "Unknown");
     assert_eq!(unknown["spec"]["nodeName"], "edge", "left bound, not deleted: {unknown:#}");
     // While cut off: one pod deleted, one created (nowhere to go: the only node is NotReady).
@@ -423,12 +419,12 @@ fn a_nodelet_cut_off_keeps_its_pods_and_reconciles_when_it_comes_back() {
     assert_eq!(pods["gone"]["phase"], "Running", "{pods:#}");
 
     relay.set_cut(false);
-    wait_for("edge Ready", || node_condition(&config, "edge") == "Ready");
+    wait_for("edge Ready", CHANGE, || node_condition(&config, "edge") == "Ready");
     let back = wait_pod(&config, "keep", "keep Running again", |p| p["status"]["phase"] == "Running");
     assert_eq!(cpus(&back), keep_cpus, "the same CPUs: untouched while away");
     let new = wait_pod(&config, "new", "new running", |p| p["status"]["phase"] == "Running");
     assert_eq!(new["spec"]["nodeName"], "edge");
-    wait_for("the nodelet to drop the pod deleted while it was away", || {
+    wait_for("the nodelet to drop the pod deleted while it was away", CHANGE, || {
         agent_pods(&dir.join("edge")).get("gone").is_none()
     });
     // Nothing duplicated: each pod once on the node, no CPU given twice.

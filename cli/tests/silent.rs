@@ -1,4 +1,4 @@
-//! Paths that go silent without closing: a relay (`e2e::relay`) in front of
+//! Paths that go silent without closing: a relay (`pinion_client::testing::Relay`) in front of
 //! the server stops forwarding on every established connection but keeps it
 //! open, and forwards new ones, as a NAT that forgot an idle flow. The server
 //! runs in-process with a short heartbeat (`ApiConfig::liveness`), the readers
@@ -21,8 +21,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{eventually, lines_until, Cluster, SOON};
+use common::{lines_until, Cluster, SOON};
 use e2e::process::Proc;
+use pinion_client::testing::eventually;
 use specs::api::NodeCondition;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e::host::{has_two_cpus, is_root};
+use pinion_client::testing::{has_two_cpus, is_root, requires, Relay};
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::Runtime;
 use serde_json::Value;
@@ -32,9 +32,7 @@ struct Up {
 
 impl Up {
     fn start() -> Option<Up> {
-        if !is_root() || !has_two_cpus() {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "this test needs root and CPUs 0-1 under CI=true");
-            eprintln!("skipping: needs root and CPUs 0 and 1");
+        if !requires(is_root() && has_two_cpus(), "root and CPUs 0 and 1") {
             return None;
         }
         let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
@@ -328,7 +326,7 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     // reconnects and resumes, so every byte of output comes once.
     let creds = std::fs::read_to_string(&up.config).unwrap();
     let url = orchestrator::tls::Credentials::parse(&creds).unwrap().servers[0].clone();
-    let relay = e2e::relay::Relay::start(url.trim_start_matches("https://").parse().unwrap()).unwrap();
+    let relay = Relay::start(url.trim_start_matches("https://").parse().unwrap()).unwrap();
     let relayed = up.config.with_file_name("relayed-config");
     std::fs::write(&relayed, creds.replace(&url, &format!("https://{}", relay.addr))).unwrap();
     let cut = format!("cut-{tag}");

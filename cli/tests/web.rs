@@ -83,10 +83,7 @@ fn shown_on(page: &mut Chromium, pod: &str, cpus: &BTreeSet<u64>) -> Value {
 
 #[test]
 fn the_web_view_shows_each_pod_on_its_cpus_and_follows_the_watch() {
-    let Some(browser) = e2e::chromium::binary_or_skip("the_web_view_shows_each_pod_on_its_cpus_and_follows_the_watch")
-    else {
-        return;
-    };
+    let Some(browser) = e2e::chromium::binary_or_skip() else { return };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let root = sysfs_fixtures::extract("32intel64-2p8co2t+8ve");

@@ -5,11 +5,9 @@
 pub mod binary;
 pub mod chromium;
 pub mod firstbyte;
-pub mod host;
 pub mod peers;
 pub mod process;
 pub mod qemu;
-pub mod relay;
 pub mod scenario;
 pub mod scrape;
 pub mod slurm;

@@ -50,11 +50,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use pinion_client::testing::{has_two_cpus, is_root, on_path, under_ci, Relay};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::process::Proc;
-use crate::relay::Relay;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -442,13 +442,15 @@ pub fn run_on(
     let mut outcome = Outcome { out_dir: out_dir.to_path_buf(), ..Outcome::default() };
     for r in &scenario.requires {
         let missing = match r {
-            Requirement::Root => !crate::host::is_root(),
-            Requirement::TwoCpus => !crate::host::has_two_cpus(),
-            Requirement::Mpi => !["mpicc", "mpirun"].iter().all(|p| crate::host::on_path(p)),
+            Requirement::Root => !is_root(),
+            Requirement::TwoCpus => !has_two_cpus(),
+            Requirement::Mpi => !["mpicc", "mpirun"].iter().all(|p| on_path(p)),
         };
+        // Not `requires`: the runner reports a skip in its outcome and a
+        // failure as its error, naming the scenario file.
         if missing {
             let why = format!("needs {r:?}");
-            if std::env::var("CI").as_deref() == Ok("true") {
+            if under_ci() {
                 bail!("{}: {why}, and CI=true", path.display());
             }
             outcome.skipped = Some(why);

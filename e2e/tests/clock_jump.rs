@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::process::Proc;
+use pinion_client::testing::{missing, wait_for};
 use serde_json::Value;
 
 const GRACE_SECS: u64 = 3;
@@ -32,21 +33,6 @@ fn faked(cmd: &mut Command, lib: &Path, shift: &Path) {
         .env("FAKETIME_TIMESTAMP_FILE", shift)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env("FAKETIME_CACHE_DURATION", "1");
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {within:?} (the daemons' output: {}/clock_jump)",
-            env!("CARGO_TARGET_TMPDIR")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 struct Cli {
@@ -127,8 +113,7 @@ fn now_secs() -> i64 {
 #[test]
 fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
     let Some(lib) = libfaketime() else {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but libfaketime is missing (e2e/host-setup.sh)");
-        eprintln!("skipped: libfaketime not installed (apt-get install faketime)");
+        missing("libfaketime (apt-get install faketime; e2e/host-setup.sh)");
         return;
     };
     let pinion = e2e::binary::pinion().expect("the pinion binary");
@@ -141,6 +126,7 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
     let logs = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("clock_jump");
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).expect("the log folder");
+    let logged = |what: &str| format!("{what} (the daemons' output: {})", logs.display());
     let srv = dir.path().join("srv");
     let srv_log = logs.join("server.out");
     let mut cmd = Command::new(&pinion);
@@ -150,7 +136,7 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
         .stderr(std::fs::File::create(logs.join("server.err")).expect("log"));
     faked(&mut cmd, &lib, &srv_shift);
     let _server = Proc(cmd.spawn().expect("start pinion server"));
-    let addr = wait_for("the server listens", Duration::from_secs(30), || {
+    let addr = wait_for(logged("the server listens"), Duration::from_secs(30), || {
         let text = std::fs::read_to_string(&srv_log).unwrap_or_default();
         let line = text.lines().find(|l| l.starts_with("listening on"))?.to_string();
         line.split_whitespace().nth(2).map(str::to_string)
@@ -170,9 +156,9 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
     let _node = Proc(cmd.spawn().expect("start pinion agent"));
 
     let cli = Cli { pinion: pinion.clone(), config: srv.join("admin.conf") };
-    wait_for("the node is Ready", Duration::from_secs(60), || cli.node_ready().then_some(()));
+    wait_for(logged("the node is Ready"), Duration::from_secs(60), || cli.node_ready().then_some(()));
     cli.apply(dir.path(), "p0");
-    wait_for("p0 runs", Duration::from_secs(60), || cli.running("p0").then_some(()));
+    wait_for(logged("p0 runs"), Duration::from_secs(60), || cli.running("p0").then_some(()));
 
     // (server's shift, node's shift), each relative to the true time.
     let jumps = [("+0", "-10m"), ("-10m", "+10m"), ("+2h", "-1d"), ("+0", "+0")];
@@ -189,7 +175,7 @@ fn a_node_and_a_server_whose_realtime_clocks_jump_keep_working() {
         let name = format!("p{}", i + 1);
         cli.apply(dir.path(), &name);
         wait_for(
-            &format!("{name} runs after jump {i} (server {server_by}, node {node_by})"),
+            logged(&format!("{name} runs after jump {i} (server {server_by}, node {node_by})")),
             Duration::from_secs(60),
             || cli.running(&name).then_some(()),
         );

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use e2e::process::Proc;
-use e2e::relay::Relay;
 use orchestrator::testing::etcd::{available, EtcdCluster};
+use pinion_client::testing::{wait_for, Relay};
 use serde_json::Value;
 
 /// Submissions in the burst, and after how many acknowledged ones the leader dies.
@@ -101,14 +101,6 @@ fn pods(config: &Path, servers: &[String]) -> Vec<Value> {
     assert!(ok, "get pods: {err}");
     let v: Value = serde_json::from_str(&out).expect("pods json");
     v["items"].as_array().cloned().unwrap_or_default()
-}
-
-fn wait_for(what: &str, limit: Duration, mut pred: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !pred() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The URL the leader key names, read with etcdctl.

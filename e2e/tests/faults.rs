@@ -17,6 +17,7 @@ use bytes::Bytes;
 use e2e::process::Proc;
 use orchestrator::client::tls::Credentials;
 use orchestrator::client::{Client, ClientError};
+use pinion_client::testing::{is_root, requires};
 use serde_json::Value;
 
 struct Server {
@@ -331,9 +332,7 @@ fn api_error(r: Result<(u16, specs::Pod), ClientError>) -> Option<(u16, String)>
 /// after one.
 #[test]
 fn a_full_data_dir_refuses_writes_clearly_and_recovers_when_space_returns() {
-    if !e2e::host::is_root() {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "mounting a tmpfs needs root under CI=true");
-        eprintln!("skipping: mounting a tmpfs needs root");
+    if !requires(is_root(), "root (to mount a tmpfs)") {
         return;
     }
     let out = out_dir("disk-full");

@@ -23,14 +23,10 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(170);
 
 #[test]
 fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
     let repo = e2e::binary::repo_root();
     let pinion = e2e::binary::pinion()?;
     let Some(guest) = Guest::prepare(&repo)? else {
-        if ci {
-            bail!("CI=true and the QEMU packages are missing (run the test as root, or e2e/qemu/prepare.sh first)");
-        }
-        eprintln!("SKIPPED: the QEMU packages are missing and this user may not install them");
+        pinion_client::testing::missing("the QEMU packages (run the test as root, or e2e/qemu/prepare.sh first)");
         return Ok(());
     };
     let numa_touch = guest.var("NUMA_TOUCH").context("prepare.sh gave no NUMA_TOUCH")?;

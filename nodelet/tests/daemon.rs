@@ -7,55 +7,29 @@
 //! node's endpoint sees the server's proxy keep one connection to the node.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use nodelet::agent::resettle::OnSettingsChange;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
 use orchestrator::client::{Client, ClientError};
-use orchestrator::server::{Server, ServerOptions};
-use orchestrator::tls::Credentials;
+use orchestrator::testing::server::TestServer;
+use pinion_client::testing::{eventually, Relay};
 use specs::api::NodeCondition;
 use specs::topology::{Cpu, NumaNode};
 use specs::{CpuSet, NodeSettings, NodeTopology, PodPhase};
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-/// Two NUMA nodes of four CPUs, one thread per core.
+/// How long the node and the server have to converge on what a test awaits.
+const CONVERGE: Duration = Duration::from_secs(60);
+
 /// A real server in this process, on loopback. Its heartbeat grace is a
 /// minute: a node a test stops or restarts is not declared lost meanwhile.
-struct TestServer {
-    token: String,
-    creds: Credentials,
-    admin: Client,
-    addr: std::net::SocketAddr,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), orchestrator::server::ServerError>>,
-}
-
-impl TestServer {
-    async fn start(dir: &std::path::Path) -> TestServer {
-        let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
-        opts.controller.heartbeat_grace = Duration::from_secs(60);
-        let server = Server::bind(opts).await.expect("bind the server");
-        let token = server.join_token.to_string();
-        let creds = Credentials::load(&server.admin_config).expect("admin config");
-        let admin = Client::new(&creds).expect("admin client");
-        let addr = server.local_addr();
-        let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(server.run(rx));
-        TestServer { token, creds, admin, addr, stop, task }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.task.await.expect("server task").expect("the server stops cleanly");
-    }
+async fn start_server(dir: &std::path::Path) -> TestServer {
+    TestServer::start(dir, |o| o.controller.heartbeat_grace = Duration::from_secs(60)).await
 }
 
 /// A join to `server` with `token`, an endpoint on any loopback port, 16
@@ -73,6 +47,7 @@ fn plain_join(server: impl Into<String>, token: impl Into<String>) -> JoinConfig
     }
 }
 
+/// Two NUMA nodes of four CPUs, one thread per core.
 fn topology() -> NodeTopology {
     NodeTopology {
         cpus: (0..8)
@@ -92,57 +67,19 @@ fn topology() -> NodeTopology {
     }
 }
 
-/// Forwards `127.0.0.1:PORT` to `to`, counting accepted connections.
-async fn counting_relay(to: std::net::SocketAddr) -> (u16, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
-    relay(listener, to)
-}
-
-fn relay(listener: TcpListener, to: std::net::SocketAddr) -> (u16, Arc<AtomicUsize>) {
-    let port = listener.local_addr().expect("relay addr").port();
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = count.clone();
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            seen.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = TcpStream::connect(to).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    (port, count)
-}
-
-/// Polls `probe` until it returns `Some`, for at most a minute.
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within a minute");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(&dir.path().join("server")).await;
+    let server = start_server(&dir.path().join("server")).await;
     let (token, admin) = (server.token.clone(), server.admin.clone());
-    let (port, connections) = counting_relay(server.addr).await;
+    let relay = Relay::start(server.addr).expect("relay");
+    let port = relay.addr.port();
     // The server reaches the node's endpoint through a counting relay too: the
     // node advertises the relay's address (127.0.0.1:P) and listens on
     // 127.0.0.2:P, where the relay forwards.
-    let endpoint_relay = TcpListener::bind("127.0.0.1:0").await.expect("bind the endpoint relay");
-    let p = endpoint_relay.local_addr().expect("relay addr").port();
-    let (_, endpoint_connections) = relay(endpoint_relay, ([127, 0, 0, 2], p).into());
+    let endpoint_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the endpoint relay");
+    let p = endpoint_listener.local_addr().expect("relay addr").port();
+    let endpoint_relay = Relay::serve(endpoint_listener, ([127, 0, 0, 2], p).into()).expect("endpoint relay");
 
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
     let config = DaemonConfig {
@@ -165,7 +102,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
 
-    let node = eventually("the node registers", || async {
+    let node = eventually("the node registers", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })
     .await;
@@ -174,7 +111,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
 
     let manifest = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n";
     admin.create_pod(Bytes::from(manifest)).await.expect("create the pod");
-    let running = eventually("the pod runs", || async {
+    let running = eventually("the pod runs", CONVERGE, || async {
         admin.get_pod("web").await.ok().filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
     })
     .await;
@@ -201,17 +138,17 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
         Err(ClientError::Api(e)) => assert_eq!(e.code, 400, "{e}"),
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
-    assert_eq!(endpoint_connections.load(Ordering::SeqCst), 1, "connections from the server to the node");
+    assert_eq!(endpoint_relay.connections(), 1, "connections from the server to the node");
 
     admin.delete_pod("web").await.expect("delete the pod");
-    eventually("the node frees the pod's CPUs", || async {
+    eventually("the node frees the pod's CPUs", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.allocations.pods.is_empty())
     })
     .await;
     assert!(matches!(admin.get_pod("web").await, Err(ClientError::Api(e)) if e.code == 404));
 
     // The join's connection, then one for everything the link sent since.
-    assert_eq!(connections.load(Ordering::SeqCst), 2, "connections from the node to the server");
+    assert_eq!(relay.connections(), 2, "connections from the node to the server");
 
     let _ = stop_node.send(true);
     node_task.await.expect("node task").expect("the daemon stops cleanly");
@@ -252,7 +189,7 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_cannot_keep_callers_out_of_the_endpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(&dir.path().join("server")).await;
+    let server = start_server(&dir.path().join("server")).await;
     let (token, admin) = (server.token.clone(), server.admin.clone());
     let url = format!("https://{}", server.addr);
     let config = DaemonConfig {
@@ -265,7 +202,7 @@ async fn silent_connections_cannot_keep_callers_out_of_the_endpoint() {
     };
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
-    let node = eventually("the node registers", || async {
+    let node = eventually("the node registers", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })
     .await;
@@ -300,7 +237,7 @@ async fn silent_connections_cannot_keep_callers_out_of_the_endpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(&dir.path().join("server")).await;
+    let server = start_server(&dir.path().join("server")).await;
     let (token, admin, addr) = (server.token.clone(), server.admin.clone(), server.addr);
 
     let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
@@ -315,12 +252,12 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     };
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
-    eventually("the node registers", || async {
+    eventually("the node registers", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })
     .await;
     let checkpoint = node_dir.join("checkpoint.json");
-    eventually("the agent writes its first checkpoint", || async { checkpoint.is_file().then_some(()) }).await;
+    eventually("the agent writes its first checkpoint", CONVERGE, || async { checkpoint.is_file().then_some(()) }).await;
     // A folder where the checkpoint goes makes every write fail (rename(2)
     // onto a non-empty folder), root or not, until it is taken away.
     std::fs::remove_file(&checkpoint).expect("remove the checkpoint");
@@ -329,7 +266,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let manifest = "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n";
     admin.create_pod(Bytes::from(manifest)).await.expect("create the pod");
     let failing =
-        eventually("the node reports the failed checkpoint write", || async {
+        eventually("the node reports the failed checkpoint write", CONVERGE, || async {
             admin.get_pod("web").await.ok().filter(|p| {
                 p.status.as_ref().and_then(|s| s.message.as_deref()).is_some_and(|m| m.contains("checkpoint"))
             })
@@ -338,7 +275,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     assert_eq!(failing.spec.node_name.as_deref(), Some("edge"), "still bound while the node retries: {failing:?}");
 
     std::fs::remove_dir_all(&checkpoint).expect("unblock the checkpoint");
-    let running = eventually("the node's retry runs the pod", || async {
+    let running = eventually("the node's retry runs the pod", CONVERGE, || async {
         admin.get_pod("web").await.ok().filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
     })
     .await;
@@ -362,7 +299,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_reports_its_misfit_pod() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(&dir.path().join("server")).await;
+    let server = start_server(&dir.path().join("server")).await;
     let (token, admin, addr) = (server.token.clone(), server.admin.clone(), server.addr);
     let node_dir = dir.path().join("node");
     let config = |reserved: &str, on_change| {
@@ -386,12 +323,12 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
     let manifest = |name: &str, cpu: u32| {
         Bytes::from(format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    image: busybox\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpu}, memory: 1Gi}}\n"))
     };
-    eventually("the node registers", || async {
+    eventually("the node registers", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })
     .await;
     admin.create_pod(manifest("web", 2)).await.expect("create the pod");
-    let running = eventually("the pod runs", || async {
+    let running = eventually("the pod runs", CONVERGE, || async {
         admin.get_pod("web").await.ok().filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
     })
     .await;
@@ -403,7 +340,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
     // CPU 1 is reserved now.
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config("0-1", OnSettingsChange::Keep), rx));
-    let node = eventually("the node registers its new settings", || async {
+    let node = eventually("the node registers its new settings", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| reserved_of(n) == "0-1")
     })
     .await;
@@ -411,7 +348,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
     assert_eq!(offered.cpu_millis, 6000, "8 CPUs less 2 reserved");
     assert!(node.status.numa.iter().all(|n| !n.free_cpus.contains(1)), "CPU 1 is not free: {:?}", node.status.numa);
     let pod =
-        eventually("the node reports the misfit", || async {
+        eventually("the node reports the misfit", CONVERGE, || async {
             admin.get_pod("web").await.ok().filter(|p| {
                 p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some(specs::engine::SETTINGS_MISFIT))
             })
@@ -428,7 +365,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
     // The scheduler counts with 6 allocatable CPUs, 2 of them requested: a
     // pod of 5 would have fit on the node as it was, and does not now.
     admin.create_pod(manifest("big", 5)).await.expect("create big");
-    let big = eventually("the scheduler says why big does not fit", || async {
+    let big = eventually("the scheduler says why big does not fit", CONVERGE, || async {
         admin
             .get_pod("big")
             .await
@@ -445,14 +382,14 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
     // here any more; the node's rejection hands it back to the scheduler.
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config("0-6", OnSettingsChange::Restart), rx));
-    let pod = eventually("web is handed back", || async {
+    let pod = eventually("web is handed back", CONVERGE, || async {
         admin.get_pod("web").await.ok().filter(|p| p.spec.node_name.is_none())
     })
     .await;
     assert_ne!(pod.status.as_ref().map(|s| s.phase), Some(PodPhase::Running), "{pod:?}");
     let node = admin.get_node("edge").await.expect("node");
     assert_eq!(reserved_of(&node), "0-6");
-    eventually("the node freed web's CPUs", || async {
+    eventually("the node freed web's CPUs", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.allocations.pods.is_empty())
     })
     .await;
@@ -564,7 +501,7 @@ async fn plain_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_metric_is_scraped_and_moved() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(&dir.path().join("server")).await;
+    let server = start_server(&dir.path().join("server")).await;
     let admin = server.admin.clone();
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests).expect("manifests");
@@ -587,7 +524,7 @@ async fn every_documented_metric_is_scraped_and_moved() {
     };
     let (stop_node, rx) = watch::channel(false);
     let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
-    eventually("the node registers", || async {
+    eventually("the node registers", CONVERGE, || async {
         admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
     })
     .await;
@@ -602,18 +539,18 @@ async fn every_documented_metric_is_scraped_and_moved() {
     }
     let restarted =
         |p: &specs::Pod| p.status.as_ref().is_some_and(|s| s.container_statuses.iter().any(|c| c.restart_count > 0));
-    eventually("`first` runs, `crash` restarts", || async {
+    eventually("`first` runs, `crash` restarts", CONVERGE, || async {
         let first = admin.get_pod("first").await.ok()?;
         let crash = admin.get_pod("crash").await.ok()?;
         (first.status.as_ref()?.phase == PodPhase::Running && restarted(&crash)).then_some(())
     })
     .await;
-    eventually("`second` waits, unschedulable", || async {
+    eventually("`second` waits, unschedulable", CONVERGE, || async {
         let second = admin.get_pod("second").await.ok()?;
         (second.status.as_ref()?.reason.as_deref() == Some("Unschedulable")).then_some(())
     })
     .await;
-    let node_scrape = eventually("the node refuses the static pod", || async {
+    let node_scrape = eventually("the node refuses the static pod", CONVERGE, || async {
         let (status, body) = plain_get(local, "/metrics").await;
         assert_eq!(status, 200, "{body}");
         body.contains("pinion_pod_rejections_total{reason=\"InsufficientCpu\"}").then_some(body)

@@ -1,29 +1,26 @@
 //! In-process API tests: a real server on 127.0.0.1:0 with real TLS and a real
 //! sled store in a temp dir, driven through the real client.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::TestServer;
 use hyper::Method;
 use orchestrator::client::{Client, ClientError};
+use orchestrator::testing::server::TestServer;
+use pinion_client::testing::eventually;
 use specs::api::{Node, NodeCondition, NodeSpec, NodeStatus, WatchEventType};
 use specs::pod::ObjectMeta;
 use specs::topology::{Cpu, NumaNode};
 use specs::{NodeTopology, Pod, PodPhase};
 
-impl TestServer {
-    /// A node that joined and registered `numa` NUMA nodes of `cpus` CPUs.
-    async fn registered_node(&self, dir: &Path, name: &str, numa: u32, cpus: u32) -> Client {
-        let n = self.node_client(dir, name).await;
-        n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object(name, numa, cpus))))
-            .await
-            .expect("register");
-        n
-    }
+/// A node that joined `s` and registered `numa` NUMA nodes of `cpus` CPUs.
+async fn registered_node(s: &TestServer, dir: &Path, name: &str, numa: u32, cpus: u32) -> Client {
+    let n = s.node_client(dir, name).await;
+    n.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_object(name, numa, cpus))))
+        .await
+        .expect("register");
+    n
 }
 
 /// A server with this heartbeat grace, a fast backoff and a small body limit.
@@ -80,20 +77,8 @@ fn api_code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> u16 {
     }
 }
 
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
+/// How long the controller may take to bind, mark or explain.
+const SOON: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_pods_survive_a_restart_with_monotonic_versions() {
@@ -288,7 +273,7 @@ async fn bad_input_lists_every_problem_and_stores_nothing() {
 async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_ready() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = server(dir.path(), Duration::from_millis(300)).await;
-    let n = s.registered_node(dir.path(), "small", 1, 2).await;
+    let n = registered_node(&s, dir.path(), "small", 1, 2).await;
     let huge = "  topology: {policy: single-numa-node}\n";
     let body = |meta: &str| {
         format!(
@@ -306,7 +291,7 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
     s.admin.create_pod(Bytes::from(body(waiting))).await.expect("create");
     s.admin.create_pod(manifest("pinned", "  nodeName: small\n")).await.expect("bound pod");
     let admin = s.admin.clone();
-    eventually("an Unschedulable reason", || {
+    eventually("an Unschedulable reason", SOON, || {
         let admin = admin.clone();
         async move {
             let p = admin.get_pod("huge").await.expect("get");
@@ -322,7 +307,7 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
     assert!(events.items.iter().any(|e| e.reason == "FailedScheduling"), "{events:?}");
 
     // No heartbeats: NotReady after the grace period, its pod Unknown (not deleted).
-    eventually("NotReady", || {
+    eventually("NotReady", SOON, || {
         let admin = admin.clone();
         async move { admin.get_node("small").await.expect("node").status.condition == NodeCondition::NotReady }
     })
@@ -339,7 +324,7 @@ async fn unplaceable_pods_stay_pending_with_a_reason_and_lost_nodes_become_not_r
 async fn a_binding_reaches_the_nodes_watch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = server(dir.path(), Duration::from_secs(60)).await;
-    let n = s.registered_node(dir.path(), "n1", 2, 4).await;
+    let n = registered_node(&s, dir.path(), "n1", 2, 4).await;
     let mut w = n.watch_pods(None, None, None).await.expect("watch");
     s.admin.create_pod(manifest("web", "")).await.expect("create");
     let (ty, pod) =
@@ -359,7 +344,7 @@ async fn a_binding_reaches_the_nodes_watch() {
 async fn concurrent_creates_never_overcommit_a_node() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = server(dir.path(), Duration::from_secs(60)).await;
-    let _n = s.registered_node(dir.path(), "n1", 2, 4).await;
+    let _n = registered_node(&s, dir.path(), "n1", 2, 4).await;
     let guaranteed =
         "  containers:\n  - name: main\n    image: busybox:latest\n    resources: {limits: {cpu: '1', memory: 64Mi}}\n";
     let mut tasks = Vec::new();
@@ -377,7 +362,7 @@ async fn concurrent_creates_never_overcommit_a_node() {
     for t in tasks {
         t.await.expect("task");
     }
-    eventually("every pod bound or pending with a reason", || {
+    eventually("every pod bound or pending with a reason", SOON, || {
         let admin = s.admin.clone();
         async move {
             let pods = admin.list_pods(None).await.expect("list").items;
@@ -409,7 +394,7 @@ async fn concurrent_creates_never_overcommit_a_node() {
 async fn reports_update_pods_and_rejections_requeue_with_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = server(dir.path(), Duration::from_secs(60)).await;
-    let n = s.registered_node(dir.path(), "edge", 2, 4).await;
+    let n = registered_node(&s, dir.path(), "edge", 2, 4).await;
     let other = s.node_client(dir.path(), "other").await;
     s.admin.create_pod(manifest("run", "  nodeName: edge\n")).await.expect("create");
     s.admin.create_pod(manifest("refused", "  nodeName: edge\n")).await.expect("create");
@@ -510,7 +495,7 @@ async fn gangs_are_bound_whole_never_in_pieces() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = server(dir.path(), Duration::from_secs(60)).await;
     for i in 0..8 {
-        s.registered_node(dir.path(), &format!("n{i}"), 1, 8).await;
+        registered_node(&s, dir.path(), &format!("n{i}"), 1, 8).await;
     }
     let (jobs, size) = (160usize, 16usize);
     let mut tasks = Vec::new();

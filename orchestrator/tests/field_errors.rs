@@ -4,30 +4,26 @@
 //! path parameter, `(body)`); a log request for a pod not on a node yet is
 //! a conflict, not a bad request.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::TestServer;
 use http_body_util::Full;
 use hyper::{Method, Request};
+use orchestrator::testing::server::TestServer;
 use specs::api::ApiError;
 
-impl TestServer {
-    /// The status and the error body of a request expected to be refused.
-    async fn refused(&self, method: Method, path: &str, body: Option<&str>) -> (u16, ApiError) {
-        let payload = body.map(|b| ("application/json", Bytes::from(b.to_string())));
-        let (code, bytes) = self.admin.request(method.clone(), path, payload).await.expect("request");
-        // A reply that is no ApiError (an accepted request) is reported with the others.
-        let e = serde_json::from_slice(&bytes).unwrap_or_else(|_| ApiError {
-            code,
-            reason: "(accepted)".into(),
-            message: String::from_utf8_lossy(&bytes[..bytes.len().min(120)]).into_owned(),
-            details: Vec::new(),
-        });
-        (code, e)
-    }
+/// The status and the error body of a request to `s` expected to be refused.
+async fn refused(s: &TestServer, method: Method, path: &str, body: Option<&str>) -> (u16, ApiError) {
+    let payload = body.map(|b| ("application/json", Bytes::from(b.to_string())));
+    let (code, bytes) = s.admin.request(method.clone(), path, payload).await.expect("request");
+    // A reply that is no ApiError (an accepted request) is reported with the others.
+    let e = serde_json::from_slice(&bytes).unwrap_or_else(|_| ApiError {
+        code,
+        reason: "(accepted)".into(),
+        message: String::from_utf8_lossy(&bytes[..bytes.len().min(120)]).into_owned(),
+        details: Vec::new(),
+    });
+    (code, e)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +127,7 @@ async fn every_bad_request_names_its_field() {
     ];
     let mut wrong = Vec::new();
     for (method, path, body, code, field) in table {
-        let (got, e) = s.refused(method.clone(), path, *body).await;
+        let (got, e) = refused(&s, method.clone(), path, *body).await;
         let fields: Vec<&str> = e.details.iter().map(|d| d.field.as_str()).collect();
         if got != *code || !fields.contains(field) || fields.iter().any(|f| f.is_empty()) {
             wrong.push(format!(
@@ -141,7 +137,7 @@ async fn every_bad_request_names_its_field() {
     }
     // The pod's state is at fault, not a field: not on a node yet, or on a
     // node that registered no endpoint (a 4xx: no upstream failed).
-    let (got, e) = s.refused(Method::GET, "/api/v1/pods/two/log?container=a", None).await;
+    let (got, e) = refused(&s, Method::GET, "/api/v1/pods/two/log?container=a", None).await;
     if got != 409 {
         wrong.push(format!("log of a pod on no node: want 409, got {got} ({e})"));
     }
@@ -154,7 +150,7 @@ async fn every_bad_request_names_its_field() {
             s.admin.request(Method::POST, path, Some(("application/json", Bytes::from(body)))).await.expect("create");
         assert_eq!(code, 201, "{path}");
     }
-    let (got, e) = s.refused(Method::GET, "/api/v1/pods/bound/log", None).await;
+    let (got, e) = refused(&s, Method::GET, "/api/v1/pods/bound/log", None).await;
     if got != 409 {
         wrong.push(format!("log of a pod on a node without an endpoint: want 409, got {got} ({e})"));
     }

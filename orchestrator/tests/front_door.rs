@@ -6,16 +6,14 @@
 //! shows no env values, and the data dir is the server's only.
 //! A real server on 127.0.0.1:0 with a real sled store in a temp dir.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::TestServer;
 use hyper::Method;
 use orchestrator::client::ClientError;
+use orchestrator::testing::server::TestServer;
 use orchestrator::tls::Credentials;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -4,14 +4,13 @@
 //! unreadable record on disk neither stops the server nor fails a list.
 //! A real server on 127.0.0.1:0 with a real sled store in a temp dir.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::TestServer;
 use hyper::Method;
 use orchestrator::client::{Client, ClientError};
+use orchestrator::testing::server::TestServer;
+use pinion_client::testing::eventually;
 use orchestrator::tls::Credentials;
 use serde_json::{json, Value};
 use specs::api::Node;
@@ -52,20 +51,8 @@ fn pod(name: &str, extra: &str) -> Bytes {
     ))
 }
 
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
+/// How long the controller may take to bind, mark or explain.
+const SOON: Duration = Duration::from_secs(10);
 
 /// The attack: a node registered with NUMA id 4000000000 was accepted,
 /// the first pod bound to it grew the server by gigabytes, and every later pod
@@ -94,7 +81,7 @@ async fn a_node_with_an_unbounded_or_incoherent_topology_is_refused() {
     // A sane registration of the same node works, and pods bind and read back.
     assert_eq!(register(&n, &node_json("evil", &[0, 1])).await.expect("register").0, 201);
     s.admin.create_pod(pod("after", "")).await.expect("create");
-    eventually("the pod bound", || async {
+    eventually("the pod bound", SOON, || async {
         s.admin.get_pod("after").await.is_ok_and(|p| p.spec.node_name.as_deref() == Some("evil"))
     })
     .await;
@@ -190,7 +177,7 @@ async fn the_api_refuses_exactly_where_the_engine_does() {
     assert_eq!((code, fields), (422, vec!["spec.topology.numaNodes".to_string()]));
     register(&n, &node_json("wide", &over[..MAX_NUMA_NODES])).await.expect("at the limit");
     s.admin.create_pod(pod("fits", "    resources: {requests: {cpu: \"1\"}}\n")).await.expect("create");
-    eventually("the pod placed on the widest node", || async {
+    eventually("the pod placed on the widest node", SOON, || async {
         s.admin.get_pod("fits").await.is_ok_and(|p| p.spec.node_name.as_deref() == Some("wide"))
     })
     .await;

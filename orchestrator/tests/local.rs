@@ -3,15 +3,13 @@
 //! routes (a list and a watch of nodes, through the same handlers as the
 //! HTTPS API), and everything else refused.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::TestServer;
 use hyper::Method;
 use orchestrator::server::LocalListen;
+use orchestrator::testing::server::TestServer;
 use specs::api::{Node, NodeSpec, NodeStatus};
 use specs::pod::ObjectMeta;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

@@ -4,18 +4,16 @@
 //! happens without an `advance` happened without any timer firing; whatever
 //! a timer should do happens at the `advance` that reaches it, not before.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::TestServer;
 use hyper::Method;
 use orchestrator::client::{Client, ClientError, PodWatch};
 use orchestrator::server::ServerOptions;
+use orchestrator::testing::server::TestServer;
 use orchestrator::tls::Credentials;
 use specs::api::{Node, NodeSpec, NodeStatus};
 use specs::pod::ObjectMeta;
@@ -23,14 +21,25 @@ use specs::topology::{Cpu, NumaNode};
 use specs::{Allocations, NodeTopology, Pod, PodPhase};
 use tokio::task::JoinHandle;
 
-impl TestServer {
+/// What these tests ask of the server beyond `TestServer`'s own calls.
+trait Queue {
     /// A node of one NUMA node with `cpus` CPUs, joined and registered.
+    async fn node(&self, dir: &Path, name: &str, cpus: u32) -> Client;
+    /// Registers a joined node (again, after a restart: the server's port moved).
+    async fn register(&self, creds: Credentials, name: &str, cpus: u32) -> Client;
+    async fn create(&self, name: &str, meta: &str, spec: &str) -> Pod;
+    /// Every pod change from now on (a list, then a watch from its version).
+    async fn watch_from_now(&self) -> PodWatch;
+    async fn reason(&self, name: &str) -> Option<String>;
+    async fn event_reasons(&self, name: &str) -> Vec<String>;
+}
+
+impl Queue for TestServer {
     async fn node(&self, dir: &Path, name: &str, cpus: u32) -> Client {
         let creds = self.join(dir, name).await;
         self.register(creds, name, cpus).await
     }
 
-    /// Registers a joined node (again, after a restart: the server's port moved).
     async fn register(&self, mut creds: Credentials, name: &str, cpus: u32) -> Client {
         creds.servers = vec![self.url.clone()];
         let n = Client::new(&creds).expect("node client");
@@ -64,7 +73,6 @@ impl TestServer {
         pod
     }
 
-    /// Every pod change from now on (a list, then a watch from its version).
     async fn watch_from_now(&self) -> PodWatch {
         let from = self.admin.list_pods(None).await.expect("list").resource_version;
         self.admin.watch_pods(None, None, Some(from)).await.expect("watch")

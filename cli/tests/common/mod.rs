@@ -1,5 +1,5 @@
 //! A real server in-process with a short heartbeat, a cuttable relay in
-//! front of it (`e2e::relay`), hollow nodes that join it and the `pinion`
+//! front of it (`pinion_client::testing::Relay`), hollow nodes that join it and the `pinion`
 //! binary pointed at it: for the tests of dead and moved connections.
 #![allow(dead_code)] // each test crate uses a part
 
@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use e2e::process::Proc;
-use e2e::relay::Relay;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
 use orchestrator::client::Client;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
+use pinion_client::testing::{eventually, Relay};
 use specs::api::Liveness;
 use specs::{CpuSet, NodeSettings, Pod, PodPhase};
 use tokio::sync::watch;
@@ -187,21 +187,6 @@ pub fn with_stdout_lines(mut cmd: Command) -> (Proc, mpsc::Receiver<String>) {
         }
     });
     (Proc(child), rx)
-}
-
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Lines from `rx` until one satisfies `done` (all of them, that one included).

@@ -27,12 +27,15 @@
 //! is pinged every heartbeat (HTTP/2) and dropped when the ping goes
 //! unanswered, which is what ends a log follow through a dead path.
 
+pub mod backoff;
 mod connect;
 pub mod door;
 mod lines;
 pub mod private;
 pub mod query;
 pub mod tls;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

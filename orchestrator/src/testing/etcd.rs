@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use crate::store::EtcdConfig;
 
 /// Whether `etcd` can be run here. Outside CI a missing etcd prints SKIPPED
-/// and the test returns; under `CI=true` it is a failure, never a skip.
+/// and the test returns; under `CI=true` it is a failure, never a skip
+/// (`pinion_client::testing::requires`).
 pub fn available(test: &str) -> bool {
     let found = Command::new("etcd")
         .arg("--version")
@@ -18,13 +19,7 @@ pub fn available(test: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !found {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{test}: etcd is not installed (e2e/host-setup.sh installs etcd-server)");
-        }
-        eprintln!("SKIPPED {test}: etcd is not installed (apt-get install etcd-server)");
-    }
-    found
+    pinion_client::testing::requires(found, format_args!("etcd for {test} (apt-get install etcd-server; e2e/host-setup.sh)"))
 }
 
 /// TLS on the members' client port: the server certificate etcd presents,

@@ -37,7 +37,12 @@ impl Relay {
     /// Listens on `at` (another loopback address, say, with the port of the
     /// service it stands in front of) and forwards every connection to `to`.
     pub fn start_on(at: SocketAddr, to: SocketAddr) -> std::io::Result<Relay> {
-        let listener = TcpListener::bind(at)?;
+        Relay::serve(TcpListener::bind(at)?, to)
+    }
+
+    /// Forwards every connection `listener` accepts to `to` (a test that
+    /// needs the relay's port before it knows where to forward binds first).
+    pub fn serve(listener: TcpListener, to: SocketAddr) -> std::io::Result<Relay> {
         let addr = listener.local_addr()?;
         let cut = Arc::new(AtomicBool::new(false));
         let lines = Arc::new(Lines::default());
@@ -71,7 +76,7 @@ impl Relay {
         now
     }
 
-    /// Connections accepted so far.
+    /// Connections accepted (and forwarded) so far.
     pub fn connections(&self) -> u64 {
         self.lines.next.load(Ordering::SeqCst)
     }

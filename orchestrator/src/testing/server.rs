@@ -1,20 +1,25 @@
-//! A real server for the API tests: 127.0.0.1:0, real TLS, a real sled store
-//! in the test's folder, the admin's client, and nodes that join it.
-#![allow(dead_code)] // each test crate uses a part
+//! A real server for in-process tests (this crate's API tests, the node
+//! daemon's): 127.0.0.1:0, real TLS, a real sled store in the test's folder,
+//! the admin's client, and nodes that join it.
 
 use std::path::Path;
 
-use orchestrator::client::Client;
-use orchestrator::server::{Server, ServerError, ServerOptions};
-use orchestrator::tls::Credentials;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::client::Client;
+use crate::server::{Server, ServerError, ServerOptions};
+use crate::tls::Credentials;
+
 pub struct TestServer {
     pub url: String,
+    /// Where the server listens.
+    pub addr: std::net::SocketAddr,
     /// The local listener's address, when the options asked for one.
     pub local: Option<std::net::SocketAddr>,
     pub token: String,
+    /// The admin's credentials.
+    pub creds: Credentials,
     pub admin: Client,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServerError>>,
@@ -25,21 +30,23 @@ impl TestServer {
     pub async fn start(dir: &Path, configure: impl FnOnce(&mut ServerOptions)) -> TestServer {
         let mut opts = ServerOptions::new(dir, "127.0.0.1:0");
         configure(&mut opts);
-        let server = Server::bind(opts).await.expect("bind");
+        let server = Server::bind(opts).await.expect("bind the server");
         let url = server.server_url();
+        let addr = server.local_addr();
         let local = server.local_listen_addr();
         let token = server.join_token.to_string();
         let creds = Credentials::load(&server.admin_config).expect("admin config");
         assert_eq!(creds.servers, std::slice::from_ref(&url));
+        let admin = Client::new(&creds).expect("admin client");
         let (stop, rx) = watch::channel(false);
         let task = tokio::spawn(server.run(rx));
-        TestServer { url, local, token, admin: Client::new(&creds).expect("client"), stop, task }
+        TestServer { url, addr, local, token, creds, admin, stop, task }
     }
 
     /// Stops the server; it must end without an error.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        self.task.await.expect("join").expect("server run");
+        self.task.await.expect("the server task").expect("the server stops cleanly");
     }
 
     /// A client with no identity that trusts the server's CA (in `dir/pki`).
