@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
+use pinion_client::backoff::Doubling;
 use pinion_client::tls::{ca_pin, Credentials, JoinToken, TlsError};
 use pinion_client::{percent_encode, Client, ClientError};
 use specs::api::{List, Node, NodeSpec, NodeStatus, NodeStatusReport, PodRejection, WatchEventType};
@@ -35,6 +36,7 @@ use crate::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(3);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+const RETRY: Doubling = Doubling::new(RETRY_MIN, RETRY_MAX);
 /// How long a first join keeps retrying a server that does not answer.
 const JOIN_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -191,7 +193,7 @@ async fn join_with_retries(
             Err(e) if tokio::time::Instant::now() + wait < deadline => {
                 tracing::warn!(node, error = %e, retry_in = ?wait, "join failed; retrying");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY_MAX);
+                wait = RETRY.after(wait);
             }
             result => return result,
         }
@@ -258,7 +260,7 @@ impl Rejected {
 }
 
 fn next_delay(d: Duration) -> Duration {
-    (d * 2).min(RETRY_MAX)
+    RETRY.after(d)
 }
 
 async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {

@@ -22,10 +22,7 @@ impl Backoff {
     /// The delay before the restart that follows `streak` consecutive crashes
     /// (streak 0: the first crash).
     pub fn delay(&self, streak: u32) -> Duration {
-        // 2^20 * base is far past any sensible cap; stop doubling there so the
-        // multiplication cannot overflow.
-        let factor = 1u32 << streak.min(20);
-        self.base.saturating_mul(factor).min(self.cap)
+        pinion_client::backoff::Doubling::new(self.base, self.cap).delay(streak)
     }
 
     /// Whether a run this long resets the streak.

@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pinion_client::backoff::Doubling;
 use serde::{Deserialize, Serialize};
 use specs::pod::SchedulingStrategy;
 use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod, Rejection};
@@ -613,11 +614,10 @@ impl Scheduler {
             self.unbind(pod_key);
         }
         let generation = self.index.get(node).map(|&i| self.nodes[i].generation);
-        let (initial, max) = (self.config.backoff_initial, self.config.backoff_max);
         let r = self.retries.entry(pod_key.to_string()).or_default();
         r.attempts += 1;
-        let factor = 1u32.checked_shl(r.attempts.saturating_sub(1).min(31)).unwrap_or(u32::MAX);
-        let delay = initial.saturating_mul(factor).min(max);
+        let delay =
+            Doubling::new(self.config.backoff_initial, self.config.backoff_max).delay(r.attempts.saturating_sub(1));
         let at = now + delay;
         r.retry_at = Some(at);
         r.last_reason = reason.to_string();

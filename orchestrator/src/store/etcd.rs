@@ -27,6 +27,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KeyValue,
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
+use pinion_client::backoff::Doubling;
 use tokio::sync::{mpsc, watch};
 
 use super::{
@@ -488,7 +489,7 @@ impl Follow {
     /// Follows the prefix until aborted: one watch from the mirror's next
     /// revision, set up again whenever it ends.
     async fn feed(self: Arc<Follow>) {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = WATCH_RETRY.base;
         loop {
             let from = self.read().revision + 1;
             let options = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
@@ -514,7 +515,7 @@ impl Follow {
                             break;
                         }
                         Ok(Some(resp)) => {
-                            backoff = Duration::from_millis(100);
+                            backoff = WATCH_RETRY.base;
                             if !resp.events().is_empty() {
                                 self.apply_events(resp.events());
                             }
@@ -535,10 +536,13 @@ impl Follow {
                 }
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff = WATCH_RETRY.after(backoff);
         }
     }
 }
+
+/// The wait before watching again after a watch ended or failed.
+const WATCH_RETRY: Doubling = Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// Reads of a replay's objects in flight at once (`Follow::fill_objects`).
 const REPLAY_READS: usize = 8;
