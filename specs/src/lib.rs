@@ -13,6 +13,8 @@ pub mod pod;
 pub mod qos;
 pub mod quantity;
 pub mod status;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod topology;
 pub mod validate;
 

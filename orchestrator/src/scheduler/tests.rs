@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use specs::pod::{ResourceRequirements, SchedulingStrategy, TopologySpec};
+use specs::pod::SchedulingStrategy;
 use specs::topology::{Cpu, NumaNode};
 use specs::{
-    Allocations, Container, ContainerPlacement, CpuPolicy, CpuSet, NodeSettings, NodeTopology, NumaSet, Placement, Pod,
-    PodSpec, Quantity, RejectReason, TopologyPolicy,
+    Allocations, ContainerPlacement, CpuPolicy, CpuSet, NodeSettings, NodeTopology, NumaSet, Placement, Pod, Quantity,
+    RejectReason, TopologyPolicy,
 };
 
 use super::*;
@@ -56,21 +56,11 @@ pub(super) fn node(name: &str, cores_per_numa: &[u32]) -> NodeInfo {
 /// A Guaranteed pod of one container with `cpus` whole CPUs (exclusive) and
 /// `mem_gi` Gi, under the given topology policy.
 pub(super) fn pod(name: &str, cpus: u32, mem_gi: u64, policy: Option<TopologyPolicy>) -> Pod {
-    let mut res = BTreeMap::new();
-    res.insert("cpu".to_string(), Quantity::from_units(i64::from(cpus)));
-    res.insert("memory".to_string(), Quantity::parse(&format!("{mem_gi}Gi")).unwrap());
-    Pod::new(
-        name,
-        PodSpec {
-            containers: vec![Container {
-                name: "main".into(),
-                resources: ResourceRequirements { requests: res.clone(), limits: res },
-                ..Container::default()
-            }],
-            topology: policy.map(|p| TopologySpec { policy: Some(p), ..Default::default() }),
-            ..PodSpec::default()
-        },
-    )
+    let mut p = specs::testing::pod(name).guaranteed(&cpus.to_string(), &format!("{mem_gi}Gi"));
+    if let Some(policy) = policy {
+        p = p.policy(policy);
+    }
+    p.build()
 }
 
 fn snn(name: &str, cpus: u32) -> Pod {

@@ -71,13 +71,7 @@ macro_rules! on_both {
 }
 
 fn pod(name: &str) -> Pod {
-    let text = format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox}}]\n"
-    );
-    match Pod::from_yaml(&text) {
-        Ok(p) => p,
-        Err(e) => panic!("test manifest: {e}"),
-    }
+    specs::testing::pod(name).named("c").image("busybox").build()
 }
 
 async fn try_create(store: &Store, name: &str) -> Result<u64, StoreError> {
