@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use orchestrator::client::Client;
 use orchestrator::tls::Credentials;
+use pinion_wire::Client;
 
 use crate::common::GlobalArgs;
 

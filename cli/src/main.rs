@@ -147,8 +147,8 @@ fn error_line(e: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    let refused = e.chain().find_map(|c| match c.downcast_ref::<orchestrator::client::ClientError>() {
-        Some(orchestrator::client::ClientError::Connect { addr, source })
+    let refused = e.chain().find_map(|c| match c.downcast_ref::<pinion_wire::ClientError>() {
+        Some(pinion_wire::ClientError::Connect { addr, source })
             if source.kind() == std::io::ErrorKind::ConnectionRefused =>
         {
             Some(addr.clone())
@@ -169,10 +169,8 @@ mod tests {
     fn each_cause_once_and_a_hint_for_a_refused_connection() {
         let refused =
             || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
-        let e = anyhow::Error::new(orchestrator::client::ClientError::Connect {
-            addr: "127.0.0.1:7443".into(),
-            source: refused(),
-        });
+        let e =
+            anyhow::Error::new(pinion_wire::ClientError::Connect { addr: "127.0.0.1:7443".into(), source: refused() });
         assert_eq!(
             error_line(&e),
             "cannot connect to 127.0.0.1:7443: Connection refused (os error 111); is a server running at https://127.0.0.1:7443? (start one with: pinion up)"

@@ -12,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pinion_client::testing::{has_two_cpus, is_root, requires};
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::Runtime;
+use pinion_wire::testing::{has_two_cpus, is_root, requires};
 use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::process::Proc;
-use pinion_client::testing::{wait_for, Relay};
+use pinion_wire::testing::{wait_for, Relay};
 use serde_json::Value;
 
 #[path = "../../nodelet/tests/device_tree/mod.rs"]

@@ -1,5 +1,5 @@
 //! Clients and nodelets that know several servers: one real server reached
-//! through two loopback relays (`pinion_client::testing::Relay`), A and B, standing for two
+//! through two loopback relays (`pinion_wire::testing::Relay`), A and B, standing for two
 //! servers of one cluster (they share its resource versions, as the servers
 //! of an etcd cluster do). A is cut (or its port refuses connections) and
 //! everything carries on through B:
@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{lines_until, Cluster, SOON};
-use orchestrator::client::{Client, ClientError};
-use pinion_client::testing::{eventually, Relay};
+use pinion_wire::testing::{eventually, Relay};
+use pinion_wire::{Client, ClientError};
 use specs::api::{NodeCondition, WatchEventType};
 use specs::PodPhase;
 

@@ -15,8 +15,8 @@ const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 /// `systemd-analyze`, or `None` outside CI when it is missing (under CI=true
 /// a missing tool fails the test: CI's machines have systemd).
 fn systemd_analyze() -> Option<&'static str> {
-    let found = pinion_client::testing::on_path("systemd-analyze");
-    pinion_client::testing::requires(found, "systemd-analyze").then_some("systemd-analyze")
+    let found = pinion_wire::testing::on_path("systemd-analyze");
+    pinion_wire::testing::requires(found, "systemd-analyze").then_some("systemd-analyze")
 }
 
 fn install(unit_dir: &Path, args: &[&str]) -> (bool, String) {

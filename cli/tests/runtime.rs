@@ -28,7 +28,7 @@ struct Fixture {
 
 /// `None` (skip) when not root, outside CI.
 fn fixture() -> Option<Fixture> {
-    if !pinion_client::testing::requires_root() {
+    if !pinion_wire::testing::requires_root() {
         return None;
     }
     let dir = tempfile::Builder::new().prefix("pinion-rt-").tempdir().expect("tempdir");
@@ -703,7 +703,7 @@ fn a_setuid_file_made_in_a_container_is_not_root_for_another_host_user() {
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o4755)).expect("chmod");
     let out = as_nobody(&[open.to_str().expect("path"), "-u"]);
     let honoured = String::from_utf8_lossy(&out.stdout).trim() == "0";
-    if !pinion_client::testing::requires(honoured, format_args!("setuid honoured under {}", fx.dir.path().display())) {
+    if !pinion_wire::testing::requires(honoured, format_args!("setuid honoured under {}", fx.dir.path().display())) {
         return;
     }
 

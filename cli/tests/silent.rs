@@ -1,4 +1,4 @@
-//! Paths that go silent without closing: a relay (`pinion_client::testing::Relay`) in front of
+//! Paths that go silent without closing: a relay (`pinion_wire::testing::Relay`) in front of
 //! the server stops forwarding on every established connection but keeps it
 //! open, and forwards new ones, as a NAT that forgot an idle flow. The server
 //! runs in-process with a short heartbeat (`ApiConfig::liveness`), the readers
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::{lines_until, Cluster, SOON};
 use e2e::process::Proc;
-use pinion_client::testing::eventually;
+use pinion_wire::testing::eventually;
 use specs::api::NodeCondition;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use pinion_client::testing::{has_two_cpus, is_root, requires, Relay};
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::Runtime;
+use pinion_wire::testing::{has_two_cpus, is_root, requires, Relay};
 use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");

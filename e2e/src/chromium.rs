@@ -25,8 +25,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// installed. Under `CI=true` its absence fails the test (e2e/host-setup.sh
 /// installs it).
 pub fn binary_or_skip() -> Option<&'static str> {
-    let found = pinion_client::testing::on_path("chromium");
-    pinion_client::testing::requires(found, "chromium (apt-get install chromium; e2e/host-setup.sh)")
+    let found = pinion_wire::testing::on_path("chromium");
+    pinion_wire::testing::requires(found, "chromium (apt-get install chromium; e2e/host-setup.sh)")
         .then_some("chromium")
 }
 

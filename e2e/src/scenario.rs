@@ -50,7 +50,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use pinion_client::testing::{has_two_cpus, is_root, on_path, under_ci, Relay};
+use pinion_wire::testing::{has_two_cpus, is_root, on_path, under_ci, Relay};
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::process::Proc;
-use pinion_client::testing::{missing, wait_for};
+use pinion_wire::testing::{missing, wait_for};
 use serde_json::Value;
 
 const GRACE_SECS: u64 = 3;

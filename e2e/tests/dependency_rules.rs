@@ -48,7 +48,7 @@ fn reaches(deps: &BTreeMap<String, BTreeSet<String>>, krate: &str) -> BTreeSet<S
 #[test]
 fn crates_depend_only_on_what_the_architecture_allows() {
     let deps = dependencies();
-    for krate in ["specs", "orchestrator", "pinion-client", "nodelet", "cli", "e2e"] {
+    for krate in ["specs", "orchestrator", "pinion-wire", "nodelet", "cli", "e2e"] {
         assert!(deps.contains_key(krate), "no workspace crate {krate} (known: {:?})", deps.keys());
     }
     let mut broken = Vec::new();
@@ -65,7 +65,7 @@ fn crates_depend_only_on_what_the_architecture_allows() {
     // The node side and the client it shares with the CLI: no store, no CA,
     // and not the server.
     forbid("nodelet", &["sled", "rcgen", "orchestrator"]);
-    forbid("pinion-client", &["sled", "rcgen", "orchestrator"]);
+    forbid("pinion-wire", &["sled", "rcgen", "orchestrator"]);
     // Only the server has a store.
     for (krate, own) in &deps {
         if krate != "orchestrator" && own.contains("sled") {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use e2e::process::Proc;
 use orchestrator::testing::etcd::{available, EtcdCluster};
-use pinion_client::testing::{wait_for, Relay};
+use pinion_wire::testing::{wait_for, Relay};
 use serde_json::Value;
 
 /// Submissions in the burst, and after how many acknowledged ones the leader dies.

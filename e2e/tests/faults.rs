@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use e2e::process::Proc;
-use orchestrator::client::tls::Credentials;
-use orchestrator::client::{Client, ClientError};
-use pinion_client::testing::{is_root, requires};
+use pinion_wire::testing::{is_root, requires};
+use pinion_wire::tls::Credentials;
+use pinion_wire::{Client, ClientError};
 use serde_json::Value;
 
 struct Server {

@@ -26,7 +26,7 @@ fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
     let repo = e2e::binary::repo_root();
     let pinion = e2e::binary::pinion()?;
     let Some(guest) = Guest::prepare(&repo)? else {
-        pinion_client::testing::missing("the QEMU packages (run the test as root, or e2e/qemu/prepare.sh first)");
+        pinion_wire::testing::missing("the QEMU packages (run the test as root, or e2e/qemu/prepare.sh first)");
         return Ok(());
     };
     let numa_touch = guest.var("NUMA_TOUCH").context("prepare.sh gave no NUMA_TOUCH")?;

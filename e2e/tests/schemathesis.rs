@@ -147,7 +147,7 @@ fn schemathesis_finds_nothing() -> anyhow::Result<()> {
     let repo = e2e::binary::repo_root();
     let dir = tempfile::Builder::new().prefix("pinion-schemathesis-").tempdir()?;
     let Some(st) = schemathesis(&repo, dir.path())? else {
-        pinion_client::testing::missing("Schemathesis, which could not be installed (python3, python3-venv and PyPI)");
+        pinion_wire::testing::missing("Schemathesis, which could not be installed (python3, python3-venv and PyPI)");
         return Ok(());
     };
     let pinion = e2e::binary::pinion()?;

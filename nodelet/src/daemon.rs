@@ -98,7 +98,7 @@ pub enum DaemonError {
     #[error("finding this host's address towards {server}; give --advertise-address: {source}")]
     Route { server: String, source: std::io::Error },
     #[error("the node certificate ({}): {source}", path.display())]
-    NodeCertificate { path: PathBuf, source: pinion_client::tls::TlsError },
+    NodeCertificate { path: PathBuf, source: pinion_wire::tls::TlsError },
     #[error("the container runtime: {0}")]
     Runtime(#[from] RuntimeError),
     #[error("the agent's cgroups: {0}")]
@@ -242,7 +242,7 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 
 struct Joined {
     link: LinkConfig,
-    creds: pinion_client::tls::Credentials,
+    creds: pinion_wire::tls::Credentials,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     endpoint: crate::endpoint::EndpointConfig,

@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::fsutil::private_dir;
-use pinion_client::private::tighten_tree;
+use pinion_wire::private::tighten_tree;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataDirError {

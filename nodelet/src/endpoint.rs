@@ -27,7 +27,7 @@
 //! At most `EndpointConfig::max_connections` connections of the server's
 //! proxy and the admin are served at once, and a few of anyone else's; the
 //! handshake, the first request byte, each write and idleness are bounded
-//! (`pinion_client::door`); a quiet connection gets an HTTP/2 PING every
+//! (`pinion_wire::door`); a quiet connection gets an HTTP/2 PING every
 //! heartbeat and TCP keepalive, so a caller whose path went silent is let go.
 
 use std::convert::Infallible;
@@ -43,9 +43,9 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use pinion_client::door::{self, Activity, Bounds, Pool, Watched, WhenFull};
-use pinion_client::query::Query;
-use pinion_client::tls::{common_name, ADMIN_CN, PROXY_CN};
+use pinion_wire::door::{self, Activity, Bounds, Pool, Watched, WhenFull};
+use pinion_wire::query::Query;
+use pinion_wire::tls::{common_name, ADMIN_CN, PROXY_CN};
 use specs::api::{ApiError, ExecFrame, ExecRequest, Liveness, TextChunks};
 use specs::status::ContainerState;
 use tokio::io::AsyncReadExt;
@@ -101,7 +101,7 @@ struct Ctx {
     metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// The bounds of a caller's connection (`pinion_client::door`): the
+/// The bounds of a caller's connection (`pinion_wire::door`): the
 /// server's proxy keeps one connection per node, pinged every heartbeat, so
 /// only an unknown caller is held to a short life.
 fn bounds(known: bool) -> Bounds {
@@ -149,7 +149,7 @@ pub async fn serve(
         // A log stream's last small frame must not wait for the previous
         // one's ACK (Nagle against delayed ACK: 40 ms at the end of a `run`).
         let _ = tcp.set_nodelay(true);
-        pinion_client::keep_alive(&tcp, &config.liveness);
+        pinion_wire::keep_alive(&tcp, &config.liveness);
         let (acceptor, ctx) = (acceptor.clone(), ctx.clone());
         // Seated here, in the order of arrival, so that "oldest" means it.
         let Some(mut seat) = handshakes.enter() else { continue };

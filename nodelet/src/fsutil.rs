@@ -13,7 +13,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-pub use pinion_client::private::{private_dir, tighten, PRIVATE_DIR, PRIVATE_FILE};
+pub use pinion_wire::private::{private_dir, tighten, PRIVATE_DIR, PRIVATE_FILE};
 
 /// Opens `path` for writing, created 0600 (truncated: `append` false).
 pub fn create_private(path: &Path, append: bool) -> io::Result<File> {

@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
-use pinion_client::backoff::Doubling;
-use pinion_client::tls::{ca_pin, Credentials, JoinToken, TlsError};
-use pinion_client::{percent_encode, Client, ClientError};
+use pinion_wire::backoff::Doubling;
+use pinion_wire::tls::{ca_pin, Credentials, JoinToken, TlsError};
+use pinion_wire::{percent_encode, Client, ClientError};
 use specs::api::{List, Node, NodeSpec, NodeStatus, NodeStatusReport, PodRejection, WatchEventType};
 use specs::pod::{ObjectMeta, API_VERSION};
 use specs::{Allocations, NodeSettings, NodeTopology, Pod, PodPhase, PodStatus};
@@ -171,7 +171,7 @@ fn join_attempt(data_dir: &Path) -> Result<String, LinkError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    let attempt = pinion_client::tls::new_join_attempt()?;
+    let attempt = pinion_wire::tls::new_join_attempt()?;
     std::fs::create_dir_all(data_dir).map_err(io)?;
     crate::fsutil::write_atomic(&path, attempt.as_bytes()).map_err(io)?;
     Ok(attempt)

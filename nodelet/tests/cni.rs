@@ -18,8 +18,8 @@ const PLUGINS: &str = "/usr/lib/cni";
 fn available() -> bool {
     let root = nix::unistd::geteuid().is_root();
     let plugins = Path::new(PLUGINS).join("bridge").is_file() && Path::new(PLUGINS).join("host-device").is_file();
-    let tools = ["ip", "nsenter", "ping", "iptables"].iter().all(|t| pinion_client::testing::on_path(t));
-    pinion_client::testing::requires(
+    let tools = ["ip", "nsenter", "ping", "iptables"].iter().all(|t| pinion_wire::testing::on_path(t));
+    pinion_wire::testing::requires(
         root && plugins && tools,
         format_args!(
             "root ({root}), {PLUGINS}/bridge and host-device ({plugins}), ip, nsenter, ping, iptables ({tools}); \

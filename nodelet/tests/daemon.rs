@@ -13,9 +13,9 @@ use bytes::Bytes;
 use nodelet::agent::resettle::OnSettingsChange;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
-use orchestrator::client::{Client, ClientError};
 use orchestrator::testing::server::TestServer;
-use pinion_client::testing::{eventually, Relay};
+use pinion_wire::testing::{eventually, Relay};
+use pinion_wire::{Client, ClientError};
 use specs::api::NodeCondition;
 use specs::topology::{Cpu, NumaNode};
 use specs::{CpuSet, NodeSettings, NodeTopology, PodPhase};
@@ -185,7 +185,7 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
 
 /// A flood of connections that never start TLS cannot keep the server's
 /// proxy (here the admin) out: they sit in the handshake pool, whose oldest
-/// seat goes to each newcomer (`pinion_client::door`).
+/// seat goes to each newcomer (`pinion_wire::door`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_cannot_keep_callers_out_of_the_endpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -257,7 +257,8 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     })
     .await;
     let checkpoint = node_dir.join("checkpoint.json");
-    eventually("the agent writes its first checkpoint", CONVERGE, || async { checkpoint.is_file().then_some(()) }).await;
+    eventually("the agent writes its first checkpoint", CONVERGE, || async { checkpoint.is_file().then_some(()) })
+        .await;
     // A folder where the checkpoint goes makes every write fail (rename(2)
     // onto a non-empty folder), root or not, until it is taken away.
     std::fs::remove_file(&checkpoint).expect("remove the checkpoint");

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::Method;
-use orchestrator::client::Client;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
+use pinion_wire::Client;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();

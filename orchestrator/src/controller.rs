@@ -1255,7 +1255,13 @@ impl Inner {
     /// pod is still known and not queued again meanwhile, it goes back to the
     /// queue after `retry`, so it never waits unbound and forgotten until a
     /// restart. A refusal about the pod (gone, replaced, bound) leaves it.
-    fn binding_not_stored(&mut self, pod: &Pod, binding: &crate::scheduler::Binding, e: &ClusterError, retry: Duration) {
+    fn binding_not_stored(
+        &mut self,
+        pod: &Pod,
+        binding: &crate::scheduler::Binding,
+        e: &ClusterError,
+        retry: Duration,
+    ) {
         let name = &pod.metadata.name;
         if self.sched.binding(name).is_some_and(|held| held == *binding) {
             self.sched.release(name);

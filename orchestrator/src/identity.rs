@@ -18,9 +18,9 @@ use std::time::Duration;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
-use crate::client::tls::{ca_pin, write_private, JoinToken};
 use crate::store::etcd::{bounded, CallError};
 use crate::tls::{load_or_create_join_token, Pki, TlsError};
+use pinion_wire::tls::{ca_pin, write_private, JoinToken};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {

@@ -1,12 +1,11 @@
 //! Pinion's control plane as a library: durable store (sled), HTTPS API
-//! (hyper + rustls), the topology-aware scheduler and node lifecycle.
+//! (hyper + rustls), the cluster's rules (`cluster`), the topology-aware
+//! scheduler and the controller. What travels the wire, and the HTTPS client
+//! the CLI and the nodelet share, is the `pinion_wire` crate.
 
 pub mod api;
 pub(crate) mod cluster;
 pub(crate) mod compaction;
-/// The HTTPS client lives in its own crate (no store, no CA) so that the
-/// nodelet can use it without this one; re-exported for the CLI and tests.
-pub use pinion_client as client;
 pub(crate) mod controller;
 pub(crate) mod identity;
 pub(crate) mod leader;

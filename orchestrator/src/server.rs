@@ -30,7 +30,7 @@ use crate::metrics::{ControllerMetrics, Metrics};
 use crate::peers::Peers;
 use crate::store::{EtcdConfig, EtcdOptions, LeaderGuard, Store, StoreError, StoreOptions};
 use crate::tls::{load_or_create_join_token, Credentials, JoinToken, Pki, TlsError, ADMIN_CN};
-use pinion_client::private::{private_dir, tighten_tree};
+use pinion_wire::private::{private_dir, tighten_tree};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -192,7 +192,7 @@ impl Server {
         names.extend(options.tls_sans.iter().cloned());
         // The certificate must name the host others are told to reach.
         if let Some(host) =
-            options.advertise_url.as_deref().and_then(|u| crate::client::parse_url(u).ok()).map(|(_, host)| host)
+            options.advertise_url.as_deref().and_then(|u| pinion_wire::parse_url(u).ok()).map(|(_, host)| host)
         {
             names.push(host);
         }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
-use orchestrator::client::{Client, ClientError};
 use orchestrator::testing::server::TestServer;
-use pinion_client::testing::eventually;
+use pinion_wire::testing::eventually;
+use pinion_wire::{Client, ClientError};
 use specs::api::{Node, NodeCondition, NodeSpec, NodeStatus, WatchEventType};
 use specs::pod::ObjectMeta;
 use specs::topology::{Cpu, NumaNode};
@@ -175,7 +175,7 @@ async fn identities_are_enforced() {
     let mut wrong = pin;
     wrong[0] ^= 1;
     match Client::pinned(std::slice::from_ref(&s.url), wrong).expect("pinned").join(&s.token, "edge-8", None).await {
-        Err(orchestrator::client::ClientError::Connect { source, .. }) => {
+        Err(pinion_wire::ClientError::Connect { source, .. }) => {
             assert!(source.to_string().contains("not the one the join token pins"), "{source}")
         }
         other => panic!("expected a refused handshake, got {:?}", other.map(|_| ())),

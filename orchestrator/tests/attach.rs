@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
-use orchestrator::client::{AttachStream, Client, ClientError};
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
+use pinion_wire::{AttachStream, Client, ClientError};
 use specs::api::{AttachFrame, Node, NodeSpec, NodeStatus};
 use specs::pod::ObjectMeta;
 use specs::topology::{Cpu, NumaNode};

@@ -12,9 +12,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use orchestrator::client::Client;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
+use pinion_wire::Client;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Forwards `127.0.0.1:PORT` to `to`, counting accepted connections.
@@ -129,7 +129,7 @@ async fn http1_is_served_and_a_second_connection_resumes_the_tls_session() {
 
 /// A stream read line by line, each as JSON.
 struct JsonLines {
-    stream: orchestrator::client::ByteStream,
+    stream: pinion_wire::ByteStream,
     buf: Vec<u8>,
 }
 
@@ -271,7 +271,7 @@ async fn a_watch_line_longer_than_the_cap_is_refused() {
     let mut watch = client.watch_pods(None, None, Some(0)).await.expect("the reply's head");
     let next = tokio::time::timeout(Duration::from_secs(60), watch.next()).await.expect("refused in time");
     match next {
-        Err(orchestrator::client::ClientError::LineTooLong(e)) => assert_eq!(e.max, specs::api::MAX_STREAM_LINE),
+        Err(pinion_wire::ClientError::LineTooLong(e)) => assert_eq!(e.max, specs::api::MAX_STREAM_LINE),
         other => panic!("expected LineTooLong, got {:?}", other.map(|o| o.map(|(t, _)| t))),
     }
     assert!(sent.load(Ordering::SeqCst) < 64 << 20, "the client stopped reading before the line's end");

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
-use orchestrator::client::ClientError;
 use orchestrator::testing::server::TestServer;
 use orchestrator::tls::Credentials;
+use pinion_wire::ClientError;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -43,8 +43,8 @@ async fn tls_connection(
         None => {
             let ca = std::fs::read_to_string(dir.join("pki/ca.crt")).expect("ca");
             let mut roots = rustls::RootCertStore::empty();
-            roots.add(pinion_client::tls::pem_cert(&ca, "ca").expect("ca pem")).expect("root");
-            rustls::ClientConfig::builder_with_provider(pinion_client::tls::provider())
+            roots.add(pinion_wire::tls::pem_cert(&ca, "ca").expect("ca pem")).expect("root");
+            rustls::ClientConfig::builder_with_provider(pinion_wire::tls::provider())
                 .with_safe_default_protocol_versions()
                 .expect("versions")
                 .with_root_certificates(roots)

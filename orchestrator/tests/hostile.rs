@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
-use orchestrator::client::{Client, ClientError};
 use orchestrator::testing::server::TestServer;
-use pinion_client::testing::eventually;
 use orchestrator::tls::Credentials;
+use pinion_wire::testing::eventually;
+use pinion_wire::{Client, ClientError};
 use serde_json::{json, Value};
 use specs::api::Node;
 

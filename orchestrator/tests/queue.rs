@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::Method;
-use orchestrator::client::{Client, ClientError, PodWatch};
 use orchestrator::server::ServerOptions;
 use orchestrator::testing::server::TestServer;
 use orchestrator::tls::Credentials;
+use pinion_wire::{Client, ClientError, PodWatch};
 use specs::api::{Node, NodeSpec, NodeStatus};
 use specs::pod::ObjectMeta;
 use specs::topology::{Cpu, NumaNode};

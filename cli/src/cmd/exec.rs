@@ -70,7 +70,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints the command's output as it comes; its exit code.
-async fn stream(client: &orchestrator::client::Client, args: &Args, request: &ExecRequest) -> anyhow::Result<u8> {
+async fn stream(client: &pinion_wire::Client, args: &Args, request: &ExecRequest) -> anyhow::Result<u8> {
     let pod = &args.name;
     let mut frames = client.exec_pod(pod, request).await.with_context(|| format!("exec in pod {pod}"))?;
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());

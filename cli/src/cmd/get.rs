@@ -323,11 +323,11 @@ const AGE_COLUMN: usize = 4;
 /// Reopens the pod watch from `from` after a pause, retrying (with growing
 /// pauses) while the server cannot be reached or is failing.
 async fn resume_watch(
-    client: &orchestrator::client::Client,
+    client: &pinion_wire::Client,
     selector: Option<&str>,
     from: u64,
     resumes: &mut Resumes,
-) -> anyhow::Result<orchestrator::client::PodWatch> {
+) -> anyhow::Result<pinion_wire::PodWatch> {
     loop {
         let Some(pause) = resumes.pause() else {
             anyhow::bail!("resuming the watch: gave up after {} tries", resumes.tries());
@@ -346,7 +346,7 @@ async fn resume_watch(
 
 /// `get pods -w`: the table, then one row per change (a deleted pod's STATUS
 /// reads `Deleted`), in the first table's columns, until the stream ends.
-async fn watch_pods(client: &orchestrator::client::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
+async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
     let list = client.list_pods(args.selector.as_deref()).await?;
     let keep = |p: &Pod| args.name.as_ref().is_none_or(|n| *n == p.metadata.name);
     let headers = pod_headers(wide);

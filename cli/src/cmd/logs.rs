@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use orchestrator::api::percent_encode;
-use orchestrator::client::Client;
+use pinion_wire::Client;
 
 use crate::common::{GlobalArgs, Resumes};
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use orchestrator::client::{Client, ClientError};
+use pinion_wire::{Client, ClientError};
 use specs::api::AttachFrame;
 use specs::pod::{
     Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource,

@@ -108,7 +108,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
     opts.local_listen = args.local_listen.map(|addr| LocalListen { addr, if_free: false });
     if let Some(url) = &args.advertise_url {
-        if let Err(e) = orchestrator::client::parse_url(url) {
+        if let Err(e) = pinion_wire::parse_url(url) {
             anyhow::bail!("--advertise-url: {e}");
         }
         opts.advertise_url = Some(url.clone());

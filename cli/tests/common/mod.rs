@@ -1,5 +1,5 @@
 //! A real server in-process with a short heartbeat, a cuttable relay in
-//! front of it (`pinion_client::testing::Relay`), hollow nodes that join it and the `pinion`
+//! front of it (`pinion_wire::testing::Relay`), hollow nodes that join it and the `pinion`
 //! binary pointed at it: for the tests of dead and moved connections.
 #![allow(dead_code)] // each test crate uses a part
 
@@ -14,10 +14,10 @@ use bytes::Bytes;
 use e2e::process::Proc;
 use nodelet::agent::AgentConfig;
 use nodelet::daemon::{DaemonConfig, JoinConfig, RuntimeChoice};
-use orchestrator::client::Client;
 use orchestrator::server::{Server, ServerOptions};
 use orchestrator::tls::Credentials;
-use pinion_client::testing::{eventually, Relay};
+use pinion_wire::testing::{eventually, Relay};
+use pinion_wire::Client;
 use specs::api::Liveness;
 use specs::{CpuSet, NodeSettings, Pod, PodPhase};
 use tokio::sync::watch;

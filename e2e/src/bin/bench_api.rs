@@ -145,7 +145,7 @@ async fn run(
     }
     std::thread::spawn(move || for _ in lines {});
     let creds = orchestrator_creds(&data.join("admin.conf"))?;
-    let client = orchestrator::client::Client::new(&creds)?;
+    let client = pinion_wire::Client::new(&creds)?;
 
     let t = Instant::now();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -225,7 +225,7 @@ async fn run(
 /// bound, counted on a watch opened before the first create.
 async fn run_gangs(
     creds: &orchestrator::tls::Credentials,
-    client: &orchestrator::client::Client,
+    client: &pinion_wire::Client,
     pid: u32,
     conns: usize,
     nodes: usize,
@@ -377,7 +377,7 @@ async fn parallel(
     }
     let mut tasks = Vec::new();
     for shard in shards {
-        let conn = orchestrator::client::Client::new(creds)?;
+        let conn = pinion_wire::Client::new(creds)?;
         tasks.push(tokio::spawn(async move {
             for body in shard {
                 let body = bytes::Bytes::from(body);

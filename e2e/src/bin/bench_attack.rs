@@ -21,8 +21,8 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use e2e::process::Proc;
 use hyper::Method;
-use orchestrator::client::Client;
 use orchestrator::tls::Credentials;
+use pinion_wire::Client;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -114,8 +114,8 @@ impl Prober {
 /// A TLS connection speaking HTTP/1.1 to `addr`, trusting `ca`, with no identity.
 async fn anonymous_tls(addr: String, ca: String) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(pinion_client::tls::pem_cert(&ca, "ca")?)?;
-    let mut config = rustls::ClientConfig::builder_with_provider(pinion_client::tls::provider())
+    roots.add(pinion_wire::tls::pem_cert(&ca, "ca")?)?;
+    let mut config = rustls::ClientConfig::builder_with_provider(pinion_wire::tls::provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
@@ -393,8 +393,8 @@ async fn joins(s: &Server) -> anyhow::Result<()> {
     let (mut refused, mut limited, mut other) = (0, 0, 0);
     for i in 0..5000 {
         match anonymous.join("0000.guess", &format!("g{i}"), None).await {
-            Err(orchestrator::client::ClientError::Api(e)) if e.code == 401 => refused += 1,
-            Err(orchestrator::client::ClientError::Api(e)) if e.code == 429 => limited += 1,
+            Err(pinion_wire::ClientError::Api(e)) if e.code == 401 => refused += 1,
+            Err(pinion_wire::ClientError::Api(e)) if e.code == 429 => limited += 1,
             _ => other += 1,
         }
     }

@@ -207,7 +207,7 @@ fn pinion_queue_watched(up: &Up, name: &str, n: usize) -> anyhow::Result<f64> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         let creds = orchestrator::tls::Credentials::load(&up.dir.path().join("config"))?;
-        let client = orchestrator::client::Client::new(&creds)?;
+        let client = pinion_wire::Client::new(&creds)?;
         let selector = format!("{}={name}", specs::pod::ARRAY_LABEL);
         let list = client.list_pods(Some(&selector)).await?;
         let mut watch = client.watch_pods(None, Some(&selector), Some(list.resource_version)).await?;

@@ -22,7 +22,7 @@ impl Backoff {
     /// The delay before the restart that follows `streak` consecutive crashes
     /// (streak 0: the first crash).
     pub fn delay(&self, streak: u32) -> Duration {
-        pinion_client::backoff::Doubling::new(self.base, self.cap).delay(streak)
+        pinion_wire::backoff::Doubling::new(self.base, self.cap).delay(streak)
     }
 
     /// Whether a run this long resets the streak.

@@ -514,7 +514,8 @@ fn node_endpoint(state: &ApiState, pod: &Pod, unbound: &str, what: &str) -> Resu
         // The pod's state, not the request, is at fault: as for a rejection of an unbound pod.
         return Err(ClusterError::Conflict(format!("pod {name:?} is not on a node yet ({unbound})")).into());
     };
-    let n = state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| ClusterError::not_found("Node", &node))?;
+    let n =
+        state.store.get::<Node>(&node).map_err(store_error)?.ok_or_else(|| ClusterError::not_found("Node", &node))?;
     let Some(endpoint) = n.spec.endpoint.clone() else {
         return Err(ClusterError::NoNodeEndpoint(format!(
             "node {node:?} registered no endpoint, so {what} cannot be reached"

@@ -30,7 +30,7 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use pinion_client::door::{self, Activity, Bounds, Pool, Seat, Watched, WhenFull};
+use pinion_wire::door::{self, Activity, Bounds, Pool, Seat, Watched, WhenFull};
 use specs::api::{ApiError, Liveness, WatchEventType};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -227,7 +227,7 @@ enum Listener {
 
 /// The accept loop both listeners share. It never waits for a slot: a
 /// connection is seated in the handshake pool, then in its identity's pool
-/// (`pinion_client::door`), and closed where a pool refuses it; on shutdown
+/// (`pinion_wire::door`), and closed where a pool refuses it; on shutdown
 /// it stops accepting and waits (up to `shutdown_timeout`) for the
 /// connections to finish.
 async fn accept_loop(
@@ -258,7 +258,7 @@ async fn accept_loop(
         // Every pool is full at once: nothing can be seated.
         let Ok(permit) = live.clone().try_acquire_owned() else { continue };
         let _ = tcp.set_nodelay(true);
-        pinion_client::keep_alive(&tcp, &config.liveness);
+        pinion_wire::keep_alive(&tcp, &config.liveness);
         // Seated here, in the order of arrival, so that "oldest" means it.
         let handshake = match kind {
             Listener::Api(_) => pools.handshakes.enter(),

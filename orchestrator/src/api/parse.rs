@@ -353,7 +353,7 @@ pub fn parse_node(body: &Bytes) -> Result<Node, ApiError> {
 /// Names in paths, node names and join requests: one rule, in `specs`.
 pub use specs::validate::name_problem;
 
-pub use pinion_client::query::{percent_encode, Query};
+pub use pinion_wire::query::{percent_encode, Query};
 
 /// The `labelSelector` parameter.
 fn selector(q: &Query) -> Result<LabelSelector, ApiError> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::Response;
-use pinion_client::{Client, ClientError};
+use pinion_wire::{Client, ClientError};
 
 use specs::api::{ExecFrame, ExecRequest, Liveness};
 use tokio::sync::{mpsc, watch};

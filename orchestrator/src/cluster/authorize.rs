@@ -20,7 +20,9 @@ pub enum Request<'a> {
     Known,
     ReadMetrics,
     /// Listing or watching pods, of one node or of all.
-    ReadPods { node: Option<&'a str> },
+    ReadPods {
+        node: Option<&'a str>,
+    },
     /// A pod as stored: read it, report its status, reject its binding.
     Pod(&'a Pod),
     CreatePod,

@@ -148,7 +148,10 @@ async fn creating_a_pod() {
     assert_eq!(c.pod.status.as_ref().map(|s| s.phase), Some(PodPhase::Pending));
     let c = w.run(|t| pods::create(t, &bound("b", "n1"), "uid-b", None)).await.expect("create");
     let s = c.pod.status.expect("status");
-    assert_eq!((s.phase, s.reason.as_deref(), s.node_name.as_deref()), (PodPhase::Scheduled, Some("NodeNameSet"), Some("n1")));
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.node_name.as_deref()),
+        (PodPhase::Scheduled, Some("NodeNameSet"), Some("n1"))
+    );
 
     // The same create again is answered with the stored pod; another spec is refused.
     let again = w.run(|t| pods::create(t, &pod("a"), "uid-x", None)).await.expect("repeat");
@@ -177,7 +180,10 @@ async fn creating_a_pod() {
     }
     assert_eq!(
         seen,
-        [(specs::api::WatchEventType::Deleted, "uid-a".into()), (specs::api::WatchEventType::Added, "uid-a2".to_string())]
+        [
+            (specs::api::WatchEventType::Deleted, "uid-a".into()),
+            (specs::api::WatchEventType::Added, "uid-a2".to_string())
+        ]
     );
 
     // A pod no node could hold is refused and nothing is stored.
@@ -419,4 +425,3 @@ fn a_store_fault_is_the_servers_and_a_refusal_is_the_objects() {
         assert_eq!(e.is_server_fault(), server, "{e}");
     }
 }
-

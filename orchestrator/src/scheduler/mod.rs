@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pinion_client::backoff::Doubling;
+use pinion_wire::backoff::Doubling;
 use serde::{Deserialize, Serialize};
 use specs::pod::SchedulingStrategy;
 use specs::{Allocations, NodeSettings, NodeTopology, Placement, Pod, Rejection};

@@ -27,7 +27,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KeyValue,
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
-use pinion_client::backoff::Doubling;
+use pinion_wire::backoff::Doubling;
 use tokio::sync::{mpsc, watch};
 
 use super::{

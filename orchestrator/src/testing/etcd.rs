@@ -11,7 +11,7 @@ use crate::store::EtcdConfig;
 
 /// Whether `etcd` can be run here. Outside CI a missing etcd prints SKIPPED
 /// and the test returns; under `CI=true` it is a failure, never a skip
-/// (`pinion_client::testing::requires`).
+/// (`pinion_wire::testing::requires`).
 pub fn available(test: &str) -> bool {
     let found = Command::new("etcd")
         .arg("--version")
@@ -19,7 +19,10 @@ pub fn available(test: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    pinion_client::testing::requires(found, format_args!("etcd for {test} (apt-get install etcd-server; e2e/host-setup.sh)"))
+    pinion_wire::testing::requires(
+        found,
+        format_args!("etcd for {test} (apt-get install etcd-server; e2e/host-setup.sh)"),
+    )
 }
 
 /// TLS on the members' client port: the server certificate etcd presents,

@@ -7,9 +7,9 @@ use std::path::Path;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::client::Client;
 use crate::server::{Server, ServerError, ServerOptions};
 use crate::tls::Credentials;
+use pinion_wire::Client;
 
 pub struct TestServer {
     pub url: String,

@@ -1,5 +1,9 @@
-//! Pinion's HTTPS client, shared by the CLI, the nodelet's link and the
-//! server's proxy to nodes. It carries no server code: no store, no CA.
+//! Pinion's wire, shared by the CLI, the nodelet and the server: the HTTPS
+//! client (this module; the CLI, the nodelet's link and the server's proxy to
+//! nodes use it), the serving side both servers share (`tls`, `door`,
+//! `connect::keep_alive`, `query`), private files (`private`), one backoff,
+//! and, behind the `testing` feature, the tests' scaffolding. It carries no
+//! store and no CA.
 //!
 //! A `Client` is bound to one identity and knows every server of a cluster,
 //! keeping a pool of connections to each (hyper-util's pooled client over
@@ -33,9 +37,9 @@ pub mod door;
 mod lines;
 pub mod private;
 pub mod query;
-pub mod tls;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tls;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
