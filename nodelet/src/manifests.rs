@@ -19,14 +19,12 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use specs::limits::MAX_STATIC_MANIFEST_BYTES;
 use specs::Pod;
 use tokio::sync::mpsc;
 
 use crate::fsutil::fnv1a64;
 use crate::source::{DesiredChange, SourceKind};
-
-/// Manifests larger than this are refused (a pod is a few KiB).
-pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -133,10 +131,10 @@ fn keep_pods_of_broken_files(old: &BTreeMap<String, Seen>, new: &mut BTreeMap<St
 
 fn read_limited(path: &Path) -> std::io::Result<String> {
     let meta = std::fs::metadata(path)?;
-    if meta.len() > MAX_MANIFEST_BYTES {
+    if meta.len() > MAX_STATIC_MANIFEST_BYTES {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+            format!("larger than {MAX_STATIC_MANIFEST_BYTES} bytes"),
         ));
     }
     std::fs::read_to_string(path)

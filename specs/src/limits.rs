@@ -54,3 +54,16 @@ pub const MAX_PATH_LEN: usize = 4096;
 /// scanner is quadratic in flow nesting (160,000 levels took 125 s), so a
 /// deeper body is refused before it sees it. Real manifests nest under 20.
 pub const MAX_NESTING: usize = 64;
+/// Largest text `manifest::parse_pods` reads (`pinion plan`, each file of the
+/// nodelet's static pod folder): bounds parser memory on hostile input. The
+/// server's API bounds a body by `ApiConfig::body_limit` instead.
+pub const MAX_MANIFEST_BYTES: usize = 4 * 1024 * 1024;
+/// Most pods in one manifest.
+pub const MAX_PODS: usize = 1024;
+/// Largest file the nodelet reads from its static pod folder (`--manifests`),
+/// checked on the file's length before it is read: a pod is a few KiB, and
+/// a node reads the folder again at every change.
+pub const MAX_STATIC_MANIFEST_BYTES: u64 = 1 << 20;
+/// Largest magnitude of a quantity, in whole units (10^24: a yotta-byte is
+/// absurd enough); in nano-units it fits an `i128` with room for sums.
+pub const MAX_UNITS: i128 = 1_000_000_000_000_000_000_000_000;

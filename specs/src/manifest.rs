@@ -7,13 +7,9 @@
 
 use serde::Deserialize;
 
+use crate::limits::{MAX_MANIFEST_BYTES, MAX_PODS};
 use crate::pod::Pod;
 use crate::validate::{validate_pod, FieldError};
-
-/// Largest manifest accepted, in bytes: bounds parser memory on hostile input.
-pub const MAX_MANIFEST_BYTES: usize = 4 * 1024 * 1024;
-/// Most pods in one manifest.
-pub const MAX_PODS: usize = 1024;
 
 /// One problem in a manifest; `document` is the 0-based document (or JSON list
 /// element) index, set when the manifest holds more than one pod.

@@ -11,9 +11,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::limits::MAX_UNITS;
+
 const NANO: i128 = 1_000_000_000;
-/// Largest magnitude accepted, in whole units (10^24: a yotta-byte is absurd enough).
-pub const MAX_UNITS: i128 = 1_000_000_000_000_000_000_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid quantity {input:?}: {reason}")]
