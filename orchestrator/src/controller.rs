@@ -554,13 +554,9 @@ impl Controller {
         let n = name.to_string();
         let node = self
             .store
-            .write(move |t| -> Result<Option<Node>, ClusterError> {
+            .write(move |t| {
                 t.as_leader();
-                let Some(mut node) = t.get::<Node>(&n)? else { return Ok(None) };
-                node.status.condition = NodeCondition::Ready;
-                t.put(&mut node)?;
-                t.add_event(event("Node", &n, "Normal", "NodeReady", "heartbeats resumed"))?;
-                Ok(Some(node))
+                crate::cluster::nodes::mark_ready(t, &n)
             })
             .await?;
         match node {
@@ -1026,15 +1022,10 @@ impl Controller {
             if *shutdown.borrow() {
                 return;
             }
-            let now = Instant::now();
-            let lost: Vec<String> = {
+            let lost = {
                 let inner = self.lock();
-                inner
-                    .nodes
-                    .iter()
-                    .filter(|(_, n)| n.ready && now.duration_since(n.last_seen) > self.config.heartbeat_grace)
-                    .map(|(k, _)| k.clone())
-                    .collect()
+                let seen = inner.nodes.iter().map(|(k, n)| (k.as_str(), n.ready, n.last_seen));
+                silent_nodes(seen, Instant::now(), self.config.heartbeat_grace)
             };
             for name in lost {
                 self.mark_not_ready(&name).await;
@@ -1045,8 +1036,11 @@ impl Controller {
     async fn mark_not_ready(&self, name: &str) {
         let grace = self.config.heartbeat_grace;
         let _g = self.transitions.lock().await;
-        let still_lost =
-            self.lock().nodes.get(name).is_some_and(|n| n.ready && Instant::now().duration_since(n.last_seen) > grace);
+        let still_lost = {
+            let inner = self.lock();
+            let seen = inner.nodes.get(name).map(|n| (name, n.ready, n.last_seen));
+            !silent_nodes(seen.into_iter(), Instant::now(), grace).is_empty()
+        };
         if !still_lost {
             return;
         }
@@ -1063,32 +1057,9 @@ impl Controller {
         let node_name = name.to_string();
         let r = self
             .store
-            .write(move |t| -> Result<Option<Node>, ClusterError> {
+            .write(move |t| {
                 t.as_leader();
-                let Some(mut node) = t.get::<Node>(&node_name)? else { return Ok(None) };
-                node.status.condition = NodeCondition::NotReady;
-                t.put(&mut node)?;
-                let msg = format!(
-                    "no heartbeat for more than {}s; its pods are left running and marked Unknown",
-                    grace.as_secs_f64()
-                );
-                t.add_event(event("Node", &node_name, "Warning", "NodeNotReady", msg))?;
-                for p in &mine {
-                    let Some(mut pod) = t.get::<Pod>(p)? else { continue };
-                    if pod.spec.node_name.as_deref() != Some(&node_name) {
-                        continue;
-                    }
-                    let s = pod.status.get_or_insert_with(PodStatus::default);
-                    if s.phase.is_terminal() {
-                        continue;
-                    }
-                    s.phase = PodPhase::Unknown;
-                    s.reason = Some("NodeLost".into());
-                    s.message = Some(format!("node {node_name} stopped reporting"));
-                    t.put(&mut pod)?;
-                    t.add_event(event("Pod", p, "Warning", "NodeLost", format!("node {node_name} is NotReady")))?;
-                }
-                Ok(Some(node))
+                crate::cluster::nodes::mark_lost(t, &node_name, &mine, grace)
             })
             .await;
         match r {
@@ -1097,6 +1068,19 @@ impl Controller {
             Err(e) => tracing::error!(node = %name, error = %e, "cannot mark node NotReady"),
         }
     }
+}
+
+/// The Ready nodes whose last heartbeat is older than `grace` at `now`: the
+/// node-lifecycle decision, apart from the store write that carries it out
+/// (`cluster::nodes::mark_lost`).
+fn silent_nodes<'a>(
+    seen: impl Iterator<Item = (&'a str, bool, Instant)>,
+    now: Instant,
+    grace: Duration,
+) -> Vec<String> {
+    seen.filter(|&(_, ready, last)| ready && now.saturating_duration_since(last) > grace)
+        .map(|(name, _, _)| name.to_string())
+        .collect()
 }
 
 /// Binds the stored pod `name` (this incarnation, `uid`) as `b` says; a
@@ -1528,6 +1512,25 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_is_lost_when_ready_and_silent_past_the_grace() {
+        let now = Instant::now();
+        let grace = Duration::from_secs(40);
+        let ago = |s: u64| now - Duration::from_secs(s);
+        // (name, ready, last heartbeat): lost?
+        let table = [
+            ("fresh", true, ago(1), false),
+            ("at-grace", true, ago(40), false),
+            ("silent", true, ago(41), true),
+            ("already-not-ready", false, ago(500), false),
+        ];
+        let lost = silent_nodes(table.iter().map(|&(n, r, t, _)| (n, r, t)), now, grace);
+        let want: Vec<String> = table.iter().filter(|r| r.3).map(|r| r.0.to_string()).collect();
+        assert_eq!(lost, want);
+        // A heartbeat from the future (a clock read across threads) is not silence.
+        assert!(silent_nodes([("n", true, now + Duration::from_secs(5))].into_iter(), now, grace).is_empty());
+    }
 
     fn pod(name: &str) -> Pod {
         let spec: specs::PodSpec =

@@ -135,6 +135,48 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
     Ok(Reported { node, confirmed, finished })
 }
 
+/// Heartbeats resumed: a NotReady node is Ready again. `None` for a node not stored.
+pub fn mark_ready(t: &mut Txn<'_>, name: &str) -> Result<Option<Node>, ClusterError> {
+    let Some(mut node) = t.get::<Node>(name)? else { return Ok(None) };
+    node.status.condition = NodeCondition::Ready;
+    t.put(&mut node)?;
+    t.add_event(event("Node", name, "Normal", "NodeReady", "heartbeats resumed"))?;
+    Ok(Some(node))
+}
+
+/// No heartbeat within `grace`: the node is NotReady, and each of `pods`
+/// still bound to it and not finished is Unknown (`NodeLost`), left running
+/// where it is. `None` for a node not stored.
+pub fn mark_lost(
+    t: &mut Txn<'_>,
+    name: &str,
+    pods: &[String],
+    grace: std::time::Duration,
+) -> Result<Option<Node>, ClusterError> {
+    let Some(mut node) = t.get::<Node>(name)? else { return Ok(None) };
+    node.status.condition = NodeCondition::NotReady;
+    t.put(&mut node)?;
+    let message =
+        format!("no heartbeat for more than {}s; its pods are left running and marked Unknown", grace.as_secs_f64());
+    t.add_event(event("Node", name, "Warning", "NodeNotReady", message))?;
+    for p in pods {
+        let Some(mut pod) = t.get::<Pod>(p)? else { continue };
+        if pod.spec.node_name.as_deref() != Some(name) {
+            continue;
+        }
+        let s = pod.status.get_or_insert_with(specs::PodStatus::default);
+        if s.phase.is_terminal() {
+            continue;
+        }
+        s.phase = PodPhase::Unknown;
+        s.reason = Some("NodeLost".into());
+        s.message = Some(format!("node {name} stopped reporting"));
+        t.put(&mut pod)?;
+        t.add_event(event("Pod", p, "Warning", "NodeLost", format!("node {name} is NotReady")))?;
+    }
+    Ok(Some(node))
+}
+
 /// What a delete answers for a node that joined but never registered.
 pub fn joined_only(name: &str) -> Node {
     Node {

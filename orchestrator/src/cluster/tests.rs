@@ -394,6 +394,40 @@ async fn a_misfit_is_one_event_per_finding() {
 }
 
 #[tokio::test]
+async fn a_lost_node_and_its_pods() {
+    let w = World::new();
+    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let with = |name: &str, node: &str, phase| {
+        let mut p = bound(name, node);
+        p.status = Some(status(phase));
+        p
+    };
+    for p in [
+        with("running", "n1", PodPhase::Running),
+        with("done", "n1", PodPhase::Succeeded),
+        with("moved", "n2", PodPhase::Running),
+    ] {
+        w.put_pod(p).await;
+    }
+    let names: Vec<String> = ["running", "done", "moved", "gone"].map(String::from).to_vec();
+    let grace = std::time::Duration::from_secs(40);
+    let node = w.run(move |t| nodes::mark_lost(t, "n1", &names, grace)).await.expect("lost").expect("node");
+    assert_eq!(node.status.condition, specs::api::NodeCondition::NotReady);
+    let phase = |n: &str| w.pod(n).and_then(|p| p.status).map(|s| s.phase);
+    // (pod, phase after): only the unfinished pod still bound to the node is Unknown.
+    for (name, want) in [("running", PodPhase::Unknown), ("done", PodPhase::Succeeded), ("moved", PodPhase::Running)] {
+        assert_eq!(phase(name), Some(want), "{name}");
+    }
+    assert_eq!(w.reasons(Kind::Pod, "running"), ["NodeLost"]);
+    assert_eq!(w.reasons(Kind::Node, "n1"), ["Registered", "NodeNotReady"]);
+
+    let node = w.run(|t| nodes::mark_ready(t, "n1")).await.expect("ready").expect("node");
+    assert_eq!(node.status.condition, specs::api::NodeCondition::Ready);
+    assert_eq!(w.reasons(Kind::Node, "n1"), ["Registered", "NodeNotReady", "NodeReady"]);
+    assert!(w.run(|t| nodes::mark_ready(t, "n9")).await.expect("unknown").is_none());
+}
+
+#[tokio::test]
 async fn creating_a_job() {
     let w = World::new();
     let c = w.run(|t| jobs::create(t, &job("j", 2), "uj", None)).await.expect("create");
