@@ -67,7 +67,7 @@ pub fn register(t: &mut Txn<'_>, given: &Node) -> Result<(bool, Node), ClusterEr
 /// What a node delete removed.
 #[derive(Debug)]
 pub enum Deleted {
-    Node(Node),
+    Node(Box<Node>),
     /// Joined but never registered (only its name was held), or unreadable.
     NameOnly,
 }
@@ -79,7 +79,7 @@ pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
     let node = if purged { None } else { t.delete::<Node>(name)? };
     let claimed = t.release(JOIN_CLAIMS, name)? || purged;
     match (node, claimed) {
-        (Some(node), _) => Ok(Deleted::Node(node)),
+        (Some(node), _) => Ok(Deleted::Node(Box::new(node))),
         (None, true) => Ok(Deleted::NameOnly),
         (None, false) => Err(ClusterError::not_found("Node", name)),
     }

@@ -61,7 +61,7 @@ pub fn create(t: &mut Txn<'_>, given: &Pod, uid: &str, never: Option<&str>) -> R
 /// What a delete removed.
 #[derive(Debug)]
 pub enum Deleted {
-    Pod(Pod),
+    Pod(Box<Pod>),
     /// A record no longer readable (lists skip it): only its name is known.
     Unreadable,
 }
@@ -70,7 +70,7 @@ pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
     if t.purge_unreadable::<Pod>(name)? {
         return Ok(Deleted::Unreadable);
     }
-    t.delete::<Pod>(name)?.map(Deleted::Pod).ok_or_else(|| ClusterError::not_found("Pod", name))
+    t.delete::<Pod>(name)?.map(|p| Deleted::Pod(Box::new(p))).ok_or_else(|| ClusterError::not_found("Pod", name))
 }
 
 /// A node's report of one pod's status, merged into the stored pod. Returns

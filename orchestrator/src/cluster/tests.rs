@@ -459,24 +459,3 @@ fn a_store_fault_is_the_servers_and_a_refusal_is_the_objects() {
         assert_eq!(e.is_server_fault(), server, "{e}");
     }
 }
-
-/// The domain knows nothing of how it is asked: no module of `cluster/` names
-/// the API layer, HTTP or a status code's crate.
-#[test]
-fn the_domain_does_not_import_the_api_layer() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cluster");
-    let mut read = 0;
-    for entry in std::fs::read_dir(&dir).expect("src/cluster") {
-        let path = entry.expect("entry").path();
-        if path.extension().and_then(|e| e.to_str()) != Some("rs") || path.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("read");
-        read += 1;
-        for word in ["crate::api", "super::api", "hyper", "http::", "ApiError", "StatusCode"] {
-            let code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
-            assert!(code.clone().all(|l| !l.contains(word)), "{} names {word}", path.display());
-        }
-    }
-    assert!(read >= 5, "read {read} modules of {}", dir.display());
-}
