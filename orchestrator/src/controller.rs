@@ -1533,9 +1533,7 @@ mod tests {
     }
 
     fn pod(name: &str) -> Pod {
-        let spec: specs::PodSpec =
-            serde_json::from_str(r#"{"containers":[{"name":"main","image":"busybox:1"}]}"#).expect("spec");
-        Pod::new(name, spec)
+        specs::testing::pod(name).image("busybox:1").build()
     }
 
     /// A binding the store refused goes back to the queue only when the

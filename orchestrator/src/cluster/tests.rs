@@ -11,9 +11,7 @@ use crate::store::{Claim, Kind, Store, Txn};
 use crate::tls::Identity;
 
 fn pod(name: &str) -> Pod {
-    let spec: specs::PodSpec =
-        serde_json::from_str(r#"{"containers":[{"name":"main","image":"busybox:1"}]}"#).expect("spec");
-    Pod::new(name, spec)
+    specs::testing::pod(name).image("busybox:1").build()
 }
 
 fn bound(name: &str, node: &str) -> Pod {
