@@ -26,9 +26,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tokio::io::AsyncWriteExt;
 
 use crate::fsutil::write_atomic;
+use crate::host::{Host, PluginFailure, PluginRun, RealHost};
 
 /// Where operators put network configurations.
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
@@ -311,8 +311,8 @@ fn plugin_message(code: Option<i32>, stdout: &[u8], stderr: &[u8]) -> String {
     }
 }
 
-fn find_plugin(bin_dirs: &[PathBuf], name: &str) -> Result<PathBuf, CniError> {
-    bin_dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()).ok_or_else(|| CniError::PluginMissing {
+fn find_plugin(host: &dyn Host, bin_dirs: &[PathBuf], name: &str) -> Result<PathBuf, CniError> {
+    bin_dirs.iter().map(|d| d.join(name)).find(|p| host.is_file(p)).ok_or_else(|| CniError::PluginMissing {
         plugin: name.to_string(),
         dirs: bin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":"),
     })
@@ -320,49 +320,32 @@ fn find_plugin(bin_dirs: &[PathBuf], name: &str) -> Result<PathBuf, CniError> {
 
 /// Runs one plugin; its result (ADD) or `None` (DEL, CHECK, empty output).
 async fn exec_plugin(
+    host: &dyn Host,
     cfg: &CniConfig,
     plugin: &str,
     env: Vec<(&'static str, String)>,
     input: &Value,
     command: Command,
 ) -> Result<Option<Value>, CniError> {
-    let bin = find_plugin(&cfg.bin_dirs, plugin)?;
+    let bin = find_plugin(host, &cfg.bin_dirs, plugin)?;
     let stdin = serde_json::to_vec(input).map_err(|e| CniError::Plugin {
         plugin: plugin.into(),
         command: command.as_str(),
         message: format!("configuration: {e}"),
     })?;
-    let mut cmd = tokio::process::Command::new(&bin);
-    cmd.envs(env)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        // Its own group: at the timeout everything it started goes with it.
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|source| CniError::Io { path: bin.clone(), source })?;
-    let pid = child.id();
-    let run = async {
-        if let Some(mut input) = child.stdin.take() {
-            // A plugin that exits without reading is judged by its exit.
-            let _ = input.write_all(&stdin).await;
-        }
-        child.wait_with_output().await
-    };
-    let out = match tokio::time::timeout(cfg.timeout, run).await {
-        Ok(out) => out.map_err(|source| CniError::Io { path: bin.clone(), source })?,
-        Err(_) => {
-            if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
+    let run = PluginRun { bin: &bin, env: &env, stdin: &stdin, timeout: cfg.timeout };
+    let out = match host.run_plugin(run).await {
+        Ok(out) => out,
+        Err(PluginFailure::Io(source)) => return Err(CniError::Io { path: bin.clone(), source }),
+        Err(PluginFailure::TimedOut) => {
             return Err(CniError::Timeout { plugin: plugin.into(), command: command.as_str(), after: cfg.timeout });
         }
     };
-    if !out.status.success() {
+    if !out.success() {
         return Err(CniError::Plugin {
             plugin: plugin.into(),
             command: command.as_str(),
-            message: plugin_message(out.status.code(), &out.stdout, &out.stderr),
+            message: plugin_message(out.code, &out.stdout, &out.stderr),
         });
     }
     if command != Command::Add || out.stdout.iter().all(u8::is_ascii_whitespace) {
@@ -433,6 +416,8 @@ pub struct PodNetworks {
     leftover: Mutex<BTreeMap<String, std::time::Instant>>,
     /// Removals in flight.
     removing: Mutex<std::collections::BTreeSet<String>>,
+    /// Namespaces and plugins go through it (the host itself, or a test's double).
+    host: Arc<dyn Host>,
 }
 
 /// A failed removal is tried again after this long.
@@ -441,6 +426,11 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 impl PodNetworks {
     /// The networks of this node, with what an earlier agent left recorded.
     pub fn new(cfg: CniConfig, state_dir: PathBuf) -> Result<Self, CniError> {
+        Self::with_host(cfg, state_dir, Arc::new(RealHost))
+    }
+
+    /// [`Self::new`] with its namespace and plugin calls made on `host`.
+    pub(crate) fn with_host(cfg: CniConfig, state_dir: PathBuf, host: Arc<dyn Host>) -> Result<Self, CniError> {
         let nets = PodNetworks {
             cfg,
             state_dir,
@@ -448,6 +438,7 @@ impl PodNetworks {
             up: Mutex::default(),
             leftover: Mutex::default(),
             removing: Mutex::default(),
+            host,
         };
         let now = std::time::Instant::now();
         *nets.leftover.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -515,7 +506,7 @@ impl PodNetworks {
         // What an earlier agent left: whole (adopted, checked at recovery)
         // or half made (killed in the middle): the latter goes first.
         match self.read_record(&req.sandbox)? {
-            Some(rec) if rec.attachments.iter().all(|a| a.result.is_some()) && is_mounted(&netns) => {
+            Some(rec) if rec.attachments.iter().all(|a| a.result.is_some()) && is_mounted(&*self.host, &netns) => {
                 let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
                 self.set_up(&req.sandbox, Some(ips.clone()));
                 self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.sandbox);
@@ -534,7 +525,7 @@ impl PodNetworks {
         // its own clear error, with nothing to undo.
         for a in &attachments {
             for plugin in plugins_of(&a.config) {
-                find_plugin(&self.cfg.bin_dirs, plugin_type(plugin))?;
+                find_plugin(&*self.host, &self.cfg.bin_dirs, plugin_type(plugin))?;
             }
         }
         let mut rec = Record { key: req.key.clone(), netns: netns.clone(), attachments };
@@ -544,7 +535,7 @@ impl PodNetworks {
         // How many attachments were tried: only those are deleted on failure.
         let mut tried = 0;
         let made = async {
-            create_netns(&netns).await?;
+            create_netns(&self.host, &netns).await?;
             for i in 0..rec.attachments.len() {
                 tried = i + 1;
                 let result = self.add(&req.sandbox, &netns, &rec.attachments[i]).await?;
@@ -586,7 +577,7 @@ impl PodNetworks {
                 self.del(sandbox, &netns, a).await?;
             }
         }
-        remove_netns(&netns)?;
+        remove_netns(&*self.host, &netns)?;
         let path = self.record_path(sandbox);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -611,7 +602,7 @@ impl PodNetworks {
         let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
         self.set_up(sandbox, Some(ips.clone()));
         self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
-        if !is_mounted(&netns) {
+        if !is_mounted(&*self.host, &netns) {
             return Err(CniError::Netns { path: netns, reason: "not mounted".into() });
         }
         for a in &rec.attachments {
@@ -621,7 +612,7 @@ impl PodNetworks {
             for plugin in plugins_of(&a.config) {
                 let env = plugin_env(Command::Check, sandbox, &netns, &a.ifname, &self.cfg.bin_dirs);
                 let input = plugin_input(&a.config, plugin, Some(result));
-                exec_plugin(&self.cfg, plugin_type(plugin), env, &input, Command::Check).await?;
+                exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Check).await?;
             }
         }
         Ok(ips)
@@ -654,7 +645,7 @@ impl PodNetworks {
             let env = plugin_env(Command::Add, sandbox, netns, &a.ifname, &self.cfg.bin_dirs);
             let input = plugin_input(&a.config, plugin, prev.as_ref());
             let kind = plugin_type(plugin);
-            let result = exec_plugin(&self.cfg, kind, env, &input, Command::Add).await?;
+            let result = exec_plugin(&*self.host, &self.cfg, kind, env, &input, Command::Add).await?;
             prev = Some(result.ok_or_else(|| CniError::Plugin {
                 plugin: kind.into(),
                 command: "ADD",
@@ -668,7 +659,7 @@ impl PodNetworks {
         for plugin in plugins_of(&a.config).into_iter().rev() {
             let env = plugin_env(Command::Del, sandbox, netns, &a.ifname, &self.cfg.bin_dirs);
             let input = plugin_input(&a.config, plugin, a.result.as_ref());
-            exec_plugin(&self.cfg, plugin_type(plugin), env, &input, Command::Del).await?;
+            exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Del).await?;
         }
         Ok(())
     }
@@ -720,46 +711,33 @@ fn host_device_config(host: &str) -> Value {
 // ---------------------------------------------------------------------------
 // Pinned network namespaces
 
-/// Whether `path` is a mount point (a pinned namespace), from /proc/self/mountinfo.
-fn is_mounted(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let want = path.display().to_string();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+/// Whether `path` is a mount point (a pinned namespace).
+fn is_mounted(host: &dyn Host, path: &Path) -> bool {
+    host.mount_points().iter().any(|m| m == path)
 }
 
 /// A new network namespace, bind-mounted on `path`, with `lo` up. Made on a
 /// thread of its own, which alone enters the namespace and then ends.
-async fn create_netns(path: &Path) -> Result<(), CniError> {
+async fn create_netns(host: &Arc<dyn Host>, path: &Path) -> Result<(), CniError> {
     let path = path.to_path_buf();
     let err = |path: &Path, reason: String| CniError::Netns { path: path.to_path_buf(), reason };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
     }
     std::fs::File::create(&path).map_err(|source| CniError::Io { path: path.clone(), source })?;
-    let target = path.clone();
-    let made = tokio::task::spawn_blocking(move || {
-        std::thread::spawn(move || -> Result<(), String> {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
-            let own = format!("/proc/self/task/{}/ns/net", nix::unistd::gettid());
-            nix::mount::mount(Some(own.as_str()), &target, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
-                .map_err(|e| format!("bind mount: {e}"))?;
-            crate::runtime::libcontainer::net::loopback_up_here().map_err(|e| format!("bringing lo up: {e}"))
-        })
-        .join()
-        .unwrap_or_else(|_| Err("the namespace thread panicked".into()))
-    })
-    .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    let (target, pinner) = (path.clone(), host.clone());
+    let made =
+        tokio::task::spawn_blocking(move || pinner.pin_new_netns(&target)).await.unwrap_or_else(|e| Err(e.to_string()));
     if let Err(reason) = made {
-        let _ = remove_netns(&path);
+        let _ = remove_netns(&**host, &path);
         return Err(err(&path, reason));
     }
     Ok(())
 }
 
 /// Unmounts and removes a pin; absent is fine.
-fn remove_netns(path: &Path) -> Result<(), CniError> {
-    match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
+fn remove_netns(host: &dyn Host, path: &Path) -> Result<(), CniError> {
+    match host.unmount(path) {
         Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
         Err(e) => return Err(CniError::Netns { path: path.to_path_buf(), reason: format!("unmount: {e}") }),
     }
@@ -823,6 +801,7 @@ pub fn write_default(dir: &Path) -> Result<Option<PathBuf>, CniError> {
 #[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
     use super::*;
+    use crate::host::{Call, PluginOutput, Recorder};
 
     #[test]
     fn config_selection() {
@@ -941,6 +920,187 @@ mod tests {
         check(Some(1), r#"{"msg":"x"}"#, "noise", "x");
         check(Some(2), "", "boom\n", "exit code 2: boom");
         check(None, "", "", "killed by a signal");
+    }
+
+    /// A node's pod networks on a double of the host: a bridge + portmap
+    /// network, the plugins (and `host-device`) in `/opt/cni/bin`.
+    struct Nets {
+        _dir: tempfile::TempDir,
+        host: Arc<Recorder>,
+        nets: PodNetworks,
+        netns: PathBuf,
+        record: PathBuf,
+    }
+
+    fn nets(host: Recorder) -> Nets {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("net.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        let list = r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"portmap"}]}"#;
+        std::fs::write(conf.join("10-n.conflist"), list).unwrap();
+        let mut cfg = CniConfig::new(conf, vec![PathBuf::from("/opt/cni/bin")]);
+        cfg.netns_dir = dir.path().join("netns");
+        let host = Arc::new(host);
+        let nets = PodNetworks::with_host(cfg, dir.path().join("state"), host.clone()).unwrap();
+        let netns = nets.config().netns_path(&sandbox());
+        let record = nets.record_path(&sandbox());
+        Nets { _dir: dir, host, nets, netns, record }
+    }
+
+    fn plugins(host: Recorder, names: &[&str]) -> Recorder {
+        names.iter().fold(host, |h, n| h.file(format!("/opt/cni/bin/{n}"), ""))
+    }
+
+    fn sandbox() -> String {
+        sandbox_id("default/web", "u1")
+    }
+
+    fn request(netdevs: &[(&str, &str)]) -> PodNetRequest {
+        let netdevs = netdevs.iter().map(|(h, i)| (h.to_string(), i.to_string())).collect();
+        PodNetRequest { key: "default/web".into(), sandbox: sandbox(), netdevs }
+    }
+
+    fn refused(msg: &str) -> PluginOutput {
+        PluginOutput { code: Some(1), stdout: format!(r#"{{"code":11,"msg":"{msg}"}}"#).into_bytes(), stderr: vec![] }
+    }
+
+    /// The calls, by what they do (the paths are the fixture's).
+    #[derive(Debug, Clone, Copy)]
+    enum Did {
+        Pin,
+        Unpin,
+        Add(&'static str, &'static str),
+        Del(&'static str, &'static str),
+    }
+
+    fn calls(n: &Nets, did: &[Did]) -> Vec<Call> {
+        did.iter()
+            .map(|d| match *d {
+                Did::Pin => Call::PinNetns(n.netns.clone()),
+                Did::Unpin => Call::Unmount(n.netns.clone()),
+                Did::Add(plugin, ifname) => Call::plugin(plugin, "ADD", ifname),
+                Did::Del(plugin, ifname) => Call::plugin(plugin, "DEL", ifname),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_failed_pod_network_setup_undoes_what_it_did() {
+        use nix::errno::Errno;
+        use Did::*;
+        let all = |h: Recorder| plugins(h, &["bridge", "portmap", "host-device"]);
+        struct Case {
+            name: &'static str,
+            host: Recorder,
+            netdevs: &'static [(&'static str, &'static str)],
+            /// `None`: set up.
+            error: Option<&'static str>,
+            calls: &'static [Did],
+            /// The record and the pin are left (set up, or a cleanup that failed).
+            left: bool,
+        }
+        let cases = [
+            Case {
+                name: "set up",
+                host: all(Recorder::default()),
+                netdevs: &[("ens1f0v1", "net1")],
+                error: None,
+                calls: &[Pin, Add("bridge", "eth0"), Add("portmap", "eth0"), Add("host-device", "net1")],
+                left: true,
+            },
+            Case {
+                name: "the second plugin's ADD fails: both are deleted, last first, then the pin",
+                host: all(Recorder::default()).plugin("portmap", "ADD", refused("no chain")),
+                netdevs: &[],
+                error: Some("CNI plugin portmap ADD failed: no chain (CNI error 11)"),
+                calls: &[
+                    Pin,
+                    Add("bridge", "eth0"),
+                    Add("portmap", "eth0"),
+                    Del("portmap", "eth0"),
+                    Del("bridge", "eth0"),
+                    Unpin,
+                ],
+                left: false,
+            },
+            Case {
+                name: "a device's ADD fails: every attachment is deleted",
+                host: all(Recorder::default()).plugin("host-device", "ADD", refused("no such device")),
+                netdevs: &[("ens1f0v1", "net1")],
+                error: Some("CNI plugin host-device ADD failed: no such device"),
+                calls: &[
+                    Pin,
+                    Add("bridge", "eth0"),
+                    Add("portmap", "eth0"),
+                    Add("host-device", "net1"),
+                    Del("host-device", "net1"),
+                    Del("portmap", "eth0"),
+                    Del("bridge", "eth0"),
+                    Unpin,
+                ],
+                left: false,
+            },
+            Case {
+                name: "the namespace cannot be made: no plugin runs",
+                host: all(Recorder::default()).fail_first(|c| matches!(c, Call::PinNetns(_)), Errno::EPERM),
+                netdevs: &[],
+                error: Some("unshare: EPERM"),
+                // Its own cleanup, then the setup's.
+                calls: &[Pin, Unpin, Unpin],
+                left: false,
+            },
+            Case {
+                name: "a plugin is missing: nothing is made",
+                host: plugins(Recorder::default(), &["bridge"]),
+                netdevs: &[],
+                error: Some("CNI plugin \"portmap\" not found in /opt/cni/bin"),
+                calls: &[],
+                left: false,
+            },
+            Case {
+                name: "the cleanup's DEL fails too: both errors, the record and pin kept for the next try",
+                host: all(Recorder::default()).plugin("portmap", "ADD", refused("no chain")).plugin(
+                    "portmap",
+                    "DEL",
+                    refused("busy"),
+                ),
+                netdevs: &[],
+                error: Some("no chain (CNI error 11); cleaning up after it: CNI plugin portmap DEL failed: busy"),
+                calls: &[Pin, Add("bridge", "eth0"), Add("portmap", "eth0"), Del("portmap", "eth0")],
+                left: true,
+            },
+        ];
+        for case in cases {
+            let n = nets(case.host);
+            let got = n.nets.setup(&request(case.netdevs)).await;
+            match (&got, case.error) {
+                (Ok(_), None) => {}
+                (Err(e), Some(text)) => assert!(e.to_string().contains(text), "{}: {e}", case.name),
+                (got, want) => panic!("{}: got {got:?}, want {want:?}", case.name),
+            }
+            assert_eq!(n.host.calls(), calls(&n, case.calls), "{}", case.name);
+            assert_eq!(n.record.exists(), case.left, "{}: the record", case.name);
+            assert_eq!(n.host.is_mounted(&n.netns), case.left, "{}: the pin", case.name);
+            assert_eq!(n.netns.exists(), case.left, "{}: the pin's file", case.name);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pod_network_is_torn_down_last_attachment_first() {
+        use Did::*;
+        let n = nets(plugins(Recorder::default(), &["bridge", "portmap", "host-device"]));
+        n.nets.setup(&request(&[("ens1f0v1", "net1")])).await.unwrap();
+        n.host.take_calls();
+        // Set up already: nothing runs again.
+        n.nets.setup(&request(&[("ens1f0v1", "net1")])).await.unwrap();
+        assert_eq!(n.host.take_calls(), []);
+        n.nets.teardown(&sandbox()).await.unwrap();
+        let want = [Del("host-device", "net1"), Del("portmap", "eth0"), Del("bridge", "eth0"), Unpin];
+        assert_eq!(n.host.take_calls(), calls(&n, &want));
+        assert!(!n.record.exists() && !n.netns.exists());
+        // Nothing recorded: only the (absent) pin is looked at.
+        n.nets.teardown(&sandbox()).await.unwrap();
+        assert_eq!(n.host.take_calls(), calls(&n, &[Unpin]));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod endpoint;
 pub mod fault;
 pub mod fsutil;
+pub(crate) mod host;
 pub mod hwloc;
 pub mod link;
 pub mod manifests;

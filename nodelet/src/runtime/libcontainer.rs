@@ -26,6 +26,7 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::libcontainer::container::{Container, ContainerStatus};
@@ -34,6 +35,7 @@ use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxCpuBuilder, LinuxResourcesBuilder, Spec};
 use specs::{CpuSet, NumaSet};
 
+use crate::host::{Host, RealHost};
 use crate::metrics::{StartTrace, Step};
 
 use self::records::{read_json, write_json, ExitRecord, Layout, ProcId, StartedRecord, UNKNOWN_EXIT_CODE};
@@ -53,6 +55,8 @@ pub struct LibcontainerRuntime {
     /// Where new containers' cgroups go (`/pinion` unless the agent settled
     /// into a delegated subtree).
     cgroups: cgroups::Parent,
+    /// Cgroups and mounts go through it (the host itself, or a test's double).
+    host: Arc<dyn Host>,
 }
 
 fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
@@ -80,6 +84,11 @@ impl LibcontainerRuntime {
     /// `shim_exe` is the `pinion` binary (run as `pinion shim`). Creates the data
     /// directories and removes containers whose creation never finished.
     pub fn new(data_dir: &Path, shim_exe: &Path) -> Result<Self, RuntimeError> {
+        Self::with_host(data_dir, shim_exe, Arc::new(RealHost))
+    }
+
+    /// [`Self::new`] with its cgroup and mount calls made on `host`.
+    pub(crate) fn with_host(data_dir: &Path, shim_exe: &Path, host: Arc<dyn Host>) -> Result<Self, RuntimeError> {
         let layout = Layout::new(data_dir);
         // Containers run as root: their overlay upper folders (and so any
         // setuid file they make) must be out of other users' reach. (The
@@ -92,7 +101,7 @@ impl LibcontainerRuntime {
         for dir in image::remove_leftovers(&layout.images()).map_err(ioerr(&layout.images()))? {
             tracing::warn!(dir = %dir.display(), "removed what an interrupted image import left");
         }
-        let rt = Self { layout, shim_exe: shim_exe.to_path_buf(), cgroups: cgroups::Parent::default_parent() };
+        let rt = Self { layout, shim_exe: shim_exe.to_path_buf(), cgroups: cgroups::Parent::default_parent(), host };
         for id in rt.sweep()? {
             tracing::warn!(id, "removed a container whose creation did not finish");
         }
@@ -131,7 +140,7 @@ impl LibcontainerRuntime {
 
     /// The host directories of this container's cgroup that exist now.
     pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
-        cgroups::existing_dirs(&self.cgroup_of(id))
+        cgroups::existing_dirs(&*self.host, &self.cgroup_of(id))
     }
 
     fn process_spec(cfg: &ContainerConfig, image: Option<&image::ImageRecord>) -> spec::ProcessSpec {
@@ -173,7 +182,7 @@ impl LibcontainerRuntime {
             RootfsConfig::Image(reference) => {
                 let (rec, lower) = image::resolve(&self.layout.images(), reference)?;
                 let dir = self.layout.container(id);
-                rootfs::mount_overlay(&lower, &dir.join("upper"), &dir.join("work"), &rootfs)
+                rootfs::mount_overlay(&*self.host, &lower, &dir.join("upper"), &dir.join("work"), &rootfs)
                     .map_err(|e| cerr(id, format!("mounting the image {reference} overlay: {e}")))?;
                 (Self::process_spec(cfg, Some(&rec)), Vec::new())
             }
@@ -216,7 +225,8 @@ impl LibcontainerRuntime {
         let spec_path = self.layout.bundle(id).join("config.json");
         save_spec(&spec, &spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
         // After the spec is saved: a cleanup finds the cgroup through it.
-        cgroups::precreate(&self.cgroups, id).map_err(|e| cerr(id, format!("the container's cgroup: {e}")))?;
+        cgroups::precreate(&*self.host, &self.cgroups, id)
+            .map_err(|e| cerr(id, format!("the container's cgroup: {e}")))?;
         write_json(&self.layout.config(id), cfg)
     }
 
@@ -479,7 +489,7 @@ fn watch_exit_notices(ino: nix::sys::inotify::Inotify, dir: PathBuf, tx: ExitSen
 /// Deletes libcontainer's state of `id` (killing a never-started init) and the
 /// cgroup; tolerant of anything already gone. `init_dead`: our records say the
 /// init has exited, so libcontainer must not signal its (possibly reused) PID.
-pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, cgroup: &Path, init_dead: bool) {
+pub(crate) fn cleanup_libcontainer_with(host: &dyn Host, layout: &Layout, id: &str, cgroup: &Path, init_dead: bool) {
     let dir = layout.state_root().join(id);
     if dir.exists() {
         match Container::load(dir.clone()) {
@@ -495,7 +505,7 @@ pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, cgroup: &Path
         }
         let _ = fs::remove_dir_all(&dir);
     }
-    if let Err(e) = cgroups::remove(cgroup) {
+    if let Err(e) = cgroups::remove(host, cgroup) {
         tracing::warn!(id, "{e}");
     }
 }
@@ -503,7 +513,7 @@ pub(crate) fn cleanup_libcontainer_with(layout: &Layout, id: &str, cgroup: &Path
 /// The shim's cleanup: the container's cgroup is the one its bundle records.
 pub(crate) fn cleanup_libcontainer(layout: &Layout, id: &str) {
     let cgroup = cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT));
-    cleanup_libcontainer_with(layout, id, &cgroup, false)
+    cleanup_libcontainer_with(&RealHost, layout, id, &cgroup, false)
 }
 
 /// Polls `done` until it holds or `timeout` passes; the interval grows from
@@ -582,7 +592,7 @@ impl Runtime for LibcontainerRuntime {
                 // The shim died before the container: nobody saw the exit.
                 None => ContainerState::Exited {
                     code: UNKNOWN_EXIT_CODE,
-                    oom_killed: cgroups::oom_killed(&self.cgroup_of(id)),
+                    oom_killed: cgroups::oom_killed(&*self.host, &self.cgroup_of(id)),
                 },
             });
         }
@@ -608,7 +618,7 @@ impl Runtime for LibcontainerRuntime {
             .build()
             .map_err(|e| cerr(id, format!("cpuset: {e}")))?;
         let resources = LinuxResourcesBuilder::default().cpu(cpu).build().map_err(|e| cerr(id, format!("{e}")))?;
-        cgroups::apply(&self.cgroup_of(id), &resources).map_err(|e| cerr(id, e))?;
+        cgroups::apply(&*self.host, &self.cgroup_of(id), &resources).map_err(|e| cerr(id, e))?;
         // Keep the bundle's spec in step so it tells the truth.
         let spec_path = self.layout.bundle(id).join("config.json");
         if let Ok(mut spec) = Spec::load(&spec_path) {
@@ -657,19 +667,19 @@ impl Runtime for LibcontainerRuntime {
             }
         }
         let cgroup = self.cgroup_of(id);
-        cleanup_libcontainer_with(&self.layout, id, &cgroup, init_dead);
-        let left = cgroups::existing_dirs(&cgroup);
+        cleanup_libcontainer_with(&*self.host, &self.layout, id, &cgroup, init_dead);
+        let left = cgroups::existing_dirs(&*self.host, &cgroup);
         if !left.is_empty() {
             return Err(cerr(id, format!("cgroup directories remain: {left:?}")));
         }
         let dir = self.layout.container(id);
-        rootfs::unmount_all(&dir).map_err(|e| cerr(id, e.to_string()))?;
+        rootfs::unmount_all(&*self.host, &dir).map_err(|e| cerr(id, e.to_string()))?;
         match fs::remove_file(self.layout.exit_notice(id)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(RuntimeError::Io { path: self.layout.exit_notice(id), source: e }),
         }
-        if !rootfs::mounts_under(&dir).is_empty() {
+        if !rootfs::mounts_under(&*self.host, &dir).is_empty() {
             return Err(cerr(id, format!("{} is still mounted", dir.display())));
         }
         match fs::remove_dir_all(&dir) {
@@ -761,6 +771,208 @@ mod tests {
         drop(rx);
         let _ = watcher.join();
         Ok(())
+    }
+
+    /// A runtime on a double of the host, in a folder of its own, whose
+    /// "shim" is a script that reports `report` (`error ...`, as a failed
+    /// create would).
+    struct Fixture {
+        dir: tempfile::TempDir,
+        host: Arc<crate::host::Recorder>,
+        rt: LibcontainerRuntime,
+    }
+
+    /// The delegated subtree the fixtures' cgroups go in.
+    const PODS: &str = "/system.slice/pinion.service/pods";
+
+    fn fixture(host: crate::host::Recorder, report: &str) -> Fixture {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let shim = dir.path().join("shim");
+        fs::write(&shim, format!("#!/bin/sh\necho '{report}'\n")).unwrap_or_else(|e| panic!("{e}"));
+        fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)).unwrap_or_else(|e| panic!("{e}"));
+        let host = Arc::new(host);
+        let rt = LibcontainerRuntime::with_host(&dir.path().join("data"), &shim, host.clone())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_cgroup_parent(cgroups::Parent { path: PODS.into(), delegated: true });
+        Fixture { dir, host, rt }
+    }
+
+    fn config(id: &str, rootfs: RootfsConfig, args: &[&str]) -> ContainerConfig {
+        ContainerConfig {
+            mounts: Vec::new(),
+            pids_limit: Some(64),
+            id: id.into(),
+            pod: "static/p".into(),
+            container: "main".into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: vec![],
+            cwd: "/".into(),
+            rootfs,
+            cpus: CpuSet::parse_list("1").unwrap_or_default(),
+            mems: NumaSet::single(0).unwrap_or_default(),
+            bind_memory: false,
+            memory_limit_bytes: Some(64 << 20),
+            cpu_quota: None,
+            cpu_shares: None,
+            hugepage_limits: Default::default(),
+            device_nodes: vec![],
+            host_network: false,
+            netns: None,
+            cap_add: vec![],
+            cap_drop: vec![],
+            system_cpus: Default::default(),
+            log_path: "/dev/null".into(),
+            init: false,
+        }
+    }
+
+    /// An image `busybox:1` with an empty rootfs, recorded as an import leaves it.
+    fn image(fx: &Fixture) -> PathBuf {
+        let images = fx.rt.layout.images();
+        let rec = image::ImageRecord {
+            reference: "busybox:1".into(),
+            digest: "sha256:ab".into(),
+            entrypoint: vec![],
+            cmd: vec!["sh".into()],
+            env: vec![],
+            working_dir: String::new(),
+            layers: 1,
+        };
+        let full = image::normalize_reference("busybox:1").unwrap_or_else(|e| panic!("{e}"));
+        fs::create_dir_all(images.join("ab/rootfs")).unwrap_or_else(|e| panic!("{e}"));
+        write_json(&images.join("ab/image.json"), &rec).unwrap_or_else(|e| panic!("{e}"));
+        write_json(&images.join("refs.json"), &serde_json::json!({ "refs": { full: "ab" } }))
+            .unwrap_or_else(|e| panic!("{e}"));
+        images.join("ab/rootfs")
+    }
+
+    #[test]
+    fn a_start_that_fails_midway_undoes_what_it_did_in_reverse() {
+        use crate::host::{Call, Recorder};
+        use nix::errno::Errno;
+        let pods = Path::new("/sys/fs/cgroup").join(PODS.trim_start_matches('/'));
+        let delegated = || Recorder::v2().dir(&pods);
+        /// The calls, by what they do (their paths are the fixture's).
+        #[derive(Clone, Copy)]
+        enum Did {
+            MakeCgroup,
+            RemoveCgroup,
+            MountOverlay,
+            Unmount,
+        }
+        use Did::*;
+        struct Case {
+            name: &'static str,
+            host: Recorder,
+            image: bool,
+            args: &'static [&'static str],
+            error: &'static str,
+            calls: &'static [Did],
+        }
+        let cases = [
+            Case {
+                name: "the shim fails: the cgroup goes",
+                host: delegated(),
+                image: false,
+                args: &["true"],
+                error: "creating the container: boom",
+                calls: &[MakeCgroup, RemoveCgroup],
+            },
+            Case {
+                name: "no cgroup directory: nothing to remove",
+                host: delegated().fail_first(|c| matches!(c, Call::CreateDir(_)), Errno::EACCES),
+                image: false,
+                args: &["true"],
+                error: "the container's cgroup",
+                calls: &[MakeCgroup],
+            },
+            Case {
+                name: "the command is not in the image: the overlay goes",
+                host: delegated(),
+                image: true,
+                args: &["/bin/missing"],
+                error: "command \"/bin/missing\" not found",
+                calls: &[MountOverlay, Unmount],
+            },
+            Case {
+                name: "the overlay mount fails: nothing to undo",
+                host: delegated().fail_first(|c| matches!(c, Call::Mount { .. }), Errno::ENODEV),
+                image: true,
+                args: &["/bin/missing"],
+                error: "mounting the image busybox:1 overlay",
+                calls: &[MountOverlay],
+            },
+        ];
+        for case in cases {
+            let fx = fixture(case.host, "error creating the container: boom");
+            let rootfs = if case.image { RootfsConfig::Image("busybox:1".into()) } else { RootfsConfig::Host };
+            let lower = image(&fx);
+            let err = match fx.rt.start(&config("c1", rootfs, case.args), &mut StartTrace::default()) {
+                Ok(()) => panic!("{}: started", case.name),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(case.error), "{}: {err}", case.name);
+            let dir = fx.rt.layout.container("c1");
+            let target = fx.rt.layout.rootfs("c1");
+            let call = |step: &Did| match step {
+                MakeCgroup => Call::CreateDir(pods.join("c1")),
+                RemoveCgroup => Call::RemoveCgroup(Path::new(PODS).join("c1")),
+                MountOverlay => Call::Mount {
+                    source: "overlay".into(),
+                    target: target.clone(),
+                    fstype: "overlay".into(),
+                    data: format!(
+                        "lowerdir={},upperdir={},workdir={}",
+                        lower.display(),
+                        dir.join("upper").display(),
+                        dir.join("work").display()
+                    ),
+                },
+                Unmount => Call::Unmount(target.clone()),
+            };
+            let want: Vec<Call> = case.calls.iter().map(call).collect();
+            assert_eq!(fx.host.calls(), want, "{}", case.name);
+            assert!(!dir.exists(), "{}: {} is left", case.name, dir.display());
+            assert!(fx.host.mount_points().is_empty(), "{}", case.name);
+            drop(fx.dir);
+        }
+    }
+
+    #[test]
+    fn a_cpuset_update_applies_cpus_and_mems_to_the_running_container() {
+        use crate::host::{Call, Recorder};
+        let fx = fixture(Recorder::v1(), "unused");
+        let id = "c1";
+        fs::create_dir_all(fx.rt.layout.bundle(id)).unwrap_or_else(|e| panic!("{e}"));
+        let check = |cpus: &str, mems: &str, want: Result<(&str, String), &str>| {
+            let (c, m) = (CpuSet::parse_list(cpus).unwrap_or_default(), NumaSet::parse_list(mems).unwrap_or_default());
+            let got = fx.rt.update_cpuset(id, &c, &m);
+            let calls = fx.host.take_calls();
+            match (got, want) {
+                (Ok(()), Ok((cpus, mems))) => {
+                    let [Call::ApplyCgroup { cgroup, resources }] = calls.as_slice() else {
+                        panic!("{cpus}/{mems}: {calls:?}")
+                    };
+                    assert_eq!(cgroup, &Path::new(PODS).join(id));
+                    let cpu = resources.cpu().clone().unwrap_or_default();
+                    assert_eq!((cpu.cpus().as_deref(), cpu.mems().as_deref()), (Some(cpus), Some(mems.as_str())));
+                    assert!(resources.memory().is_none() && resources.pids().is_none(), "the cpuset only");
+                }
+                (Err(e), Err(text)) => {
+                    assert!(e.to_string().contains(text), "{e}");
+                    assert_eq!(calls, [], "{cpus}/{mems}");
+                }
+                (got, want) => panic!("{cpus}/{mems}: got {got:?}, want {want:?}"),
+            }
+        };
+        check("2-3", "0", Err("the container is not running"));
+        // Running: its init is this test's own process.
+        let me = ProcId::of(std::process::id() as i32).unwrap_or_else(|| panic!("no /proc/self"));
+        write_json(&fx.rt.layout.started(id), &StartedRecord { init: me, shim: me }).unwrap_or_else(|e| panic!("{e}"));
+        check("2-3", "0", Ok(("2-3", "0".into())));
+        check("0,2", "", Ok(("0,2", spec::all_mems())));
+        check("", "0", Err("empty CPU set"));
     }
 
     #[test]

@@ -20,11 +20,11 @@
 
 use std::path::{Path, PathBuf};
 
-use libcgroups::common::{create_cgroup_manager, CgroupConfig, CgroupManager, CgroupSetup, ControllerOpt};
 use oci_spec::runtime::LinuxResources;
 
 use super::records::Layout;
 use super::spec::cgroup_path;
+use crate::host::Host;
 use crate::runtime::CpuQuota;
 
 const ROOT: &str = "/sys/fs/cgroup";
@@ -56,16 +56,22 @@ impl Parent {
 /// prepares it (moves this process into `supervisor`, enables controllers).
 /// Called once by the agent at start.
 pub fn settle_parent() -> Result<Parent, String> {
-    if !matches!(setup(), Some(CgroupSetup::Unified)) {
+    settle_parent_on(&crate::host::RealHost, std::process::id())
+}
+
+/// [`settle_parent`] on `host`, for the process `pid`.
+pub(crate) fn settle_parent_on(host: &dyn Host, pid: u32) -> Result<Parent, String> {
+    if !host.cgroup_v2_only() {
         return Ok(Parent::default_parent());
     }
-    let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let proc_self = Path::new("/proc/self/cgroup");
+    let text = host.read_file(proc_self).map_err(|e| format!("{}: {e}", proc_self.display()))?;
     let Some(own) = unified_path(&text) else { return Ok(Parent::default_parent()) };
     let root = Path::new(ROOT);
-    let Some(delegated) = delegated_root(&own, |p| is_delegated(&root.join(rel(p)))) else {
+    let Some(delegated) = delegated_root(&own, |p| is_delegated(host, &root.join(rel(p)))) else {
         return Ok(Parent::default_parent());
     };
-    enter(root, &delegated)?;
+    enter(host, root, &delegated, pid)?;
     Ok(Parent { path: delegated.join("pods"), delegated: true })
 }
 
@@ -91,8 +97,8 @@ fn delegated_root(own: &Path, marked: impl Fn(&Path) -> bool) -> Option<PathBuf>
         .map(Path::to_path_buf)
 }
 
-fn is_delegated(dir: &Path) -> bool {
-    DELEGATE_XATTRS.iter().any(|name| matches!(xattr::get(dir, name), Ok(Some(v)) if v.as_slice() == b"1"))
+fn is_delegated(host: &dyn Host, dir: &Path) -> bool {
+    DELEGATE_XATTRS.iter().any(|name| host.xattr(dir, name).is_some_and(|v| v.as_slice() == b"1"))
 }
 
 fn rel(p: &Path) -> &Path {
@@ -100,25 +106,25 @@ fn rel(p: &Path) -> &Path {
 }
 
 /// Moves this process into `D/supervisor` and gives `D/pods` the controllers.
-fn enter(root: &Path, delegated: &Path) -> Result<(), String> {
+fn enter(host: &dyn Host, root: &Path, delegated: &Path, pid: u32) -> Result<(), String> {
     let d = root.join(rel(delegated));
     let supervisor = d.join("supervisor");
-    mkdir(&supervisor)?;
-    write(&supervisor.join("cgroup.procs"), &std::process::id().to_string())?;
+    mkdir(host, &supervisor)?;
+    write(host, &supervisor.join("cgroup.procs"), &pid.to_string())?;
     let pods = d.join("pods");
-    enable(&d)?;
-    mkdir(&pods)?;
-    enable(&pods)?;
+    enable(host, &d)?;
+    mkdir(host, &pods)?;
+    enable(host, &pods)?;
     tracing::info!(subtree = %delegated.display(), "cgroups: inside the delegated subtree (agent in supervisor/, containers in pods/)");
     Ok(())
 }
 
 /// Enables in `dir/cgroup.subtree_control` the wanted controllers `dir` has
 /// and has not enabled yet; writes nothing when there is nothing to add.
-fn enable(dir: &Path) -> Result<(), String> {
+fn enable(host: &dyn Host, dir: &Path) -> Result<(), String> {
     let read = |name: &str| {
         let p = dir.join(name);
-        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+        host.read_file(&p).map_err(|e| format!("{}: {e}", p.display()))
     };
     let (available, enabled) = (read("cgroup.controllers")?, read("cgroup.subtree_control")?);
     let add = to_enable(&available, &enabled);
@@ -126,7 +132,7 @@ fn enable(dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     let path = dir.join("cgroup.subtree_control");
-    write(&path, &add)
+    write(host, &path, &add)
         .map_err(|e| format!("{e} (a delegated cgroup must hold no process but the agent, which moved to supervisor/)"))
 }
 
@@ -141,25 +147,25 @@ fn to_enable(available: &str, enabled: &str) -> String {
         .join(" ")
 }
 
-fn mkdir(dir: &Path) -> Result<(), String> {
-    match std::fs::create_dir(dir) {
+fn mkdir(host: &dyn Host, dir: &Path) -> Result<(), String> {
+    match host.create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(format!("{}: {e}", dir.display())),
     }
 }
 
-fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
+fn write(host: &dyn Host, path: &Path, value: &str) -> Result<(), String> {
+    host.write_file(path, value).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Creates a new container's cgroup directory inside the delegated subtree
 /// (see the module comment); elsewhere libcgroups creates it.
-pub fn precreate(parent: &Parent, id: &str) -> Result<(), String> {
+pub(crate) fn precreate(host: &dyn Host, parent: &Parent, id: &str) -> Result<(), String> {
     if !parent.delegated {
         return Ok(());
     }
-    mkdir(&Path::new(ROOT).join(rel(&cgroup_path(&parent.path, id))))
+    mkdir(host, &Path::new(ROOT).join(rel(&cgroup_path(&parent.path, id))))
 }
 
 /// A container's cgroup: what its bundle's `config.json` records (so a
@@ -172,85 +178,70 @@ pub fn of(layout: &Layout, id: &str, parent: &Path) -> PathBuf {
         .unwrap_or_else(|| cgroup_path(parent, id))
 }
 
-fn manager(cgroup: &Path) -> Result<libcgroups::common::AnyCgroupManager, String> {
-    let name = cgroup.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    create_cgroup_manager(CgroupConfig {
-        cgroup_path: cgroup.to_path_buf(),
-        systemd_cgroup: false,
-        container_name: name,
-    })
-    .map_err(|e| format!("cgroup manager for {}: {e}", cgroup.display()))
-}
-
 /// Applies `resources` to the running container's cgroup (youki's `update`).
-pub fn apply(cgroup: &Path, resources: &LinuxResources) -> Result<(), String> {
-    let m = manager(cgroup)?;
-    m.apply(&ControllerOpt { resources, disable_oom_killer: false, oom_score_adj: None, freezer_state: None })
-        .map_err(|e| format!("applying cgroup resources: {e}"))
+pub(crate) fn apply(host: &dyn Host, cgroup: &Path, resources: &LinuxResources) -> Result<(), String> {
+    host.apply_cgroup(cgroup, resources)
 }
 
 /// Sets the CFS bandwidth limit of the container's cgroup: v1
 /// `cpu.cfs_period_us` then `cpu.cfs_quota_us`, v2 `cpu.max`. Two file
 /// writes, no controller walk: the shim calls it between create and start.
-pub fn set_cpu_quota(cgroup: &Path, quota: CpuQuota) -> Result<(), String> {
+pub(crate) fn set_cpu_quota(host: &dyn Host, cgroup: &Path, quota: CpuQuota) -> Result<(), String> {
     let rel = rel(cgroup);
-    match setup() {
-        Some(CgroupSetup::Unified) => {
-            write(&Path::new(ROOT).join(rel).join("cpu.max"), &format!("{} {}", quota.quota_us, quota.period_us))
-        }
-        _ => {
-            let mount = libcgroups::v1::util::get_subsystem_mount_point(&libcgroups::v1::ControllerType::Cpu)
-                .map_err(|e| format!("the cpu cgroup hierarchy: {e}"))?;
-            let dir = mount.join(rel);
-            write(&dir.join("cpu.cfs_period_us"), &quota.period_us.to_string())?;
-            write(&dir.join("cpu.cfs_quota_us"), &quota.quota_us.to_string())
-        }
+    if host.cgroup_v2_only() {
+        return write(
+            host,
+            &Path::new(ROOT).join(rel).join("cpu.max"),
+            &format!("{} {}", quota.quota_us, quota.period_us),
+        );
     }
+    let mount = host
+        .v1_mount_point(&libcgroups::v1::ControllerType::Cpu)
+        .map_err(|e| format!("the cpu cgroup hierarchy: {e}"))?;
+    let dir = mount.join(rel);
+    write(host, &dir.join("cpu.cfs_period_us"), &quota.period_us.to_string())?;
+    write(host, &dir.join("cpu.cfs_quota_us"), &quota.quota_us.to_string())
 }
 
 /// Kills what is left inside and removes the cgroup in every hierarchy; a cgroup
 /// that does not exist is not an error.
-pub fn remove(cgroup: &Path) -> Result<(), String> {
-    if existing_dirs(cgroup).is_empty() {
+pub(crate) fn remove(host: &dyn Host, cgroup: &Path) -> Result<(), String> {
+    if existing_dirs(host, cgroup).is_empty() {
         return Ok(());
     }
-    manager(cgroup)?.remove().map_err(|e| format!("removing cgroup {}: {e}", cgroup.display()))
+    host.remove_cgroup(cgroup)
 }
 
-fn v1_dirs() -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(ROOT) else { return Vec::new() };
-    entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && !p.is_symlink() && p.join("cgroup.procs").exists())
-        .collect()
-}
-
-fn setup() -> Option<CgroupSetup> {
-    libcgroups::common::get_cgroup_setup().ok()
+/// The v1 hierarchies: the directories under the root holding a
+/// `cgroup.procs` (the controllers' symlinks such as `cpu -> cpu,cpuacct`
+/// are left out: their target is listed itself).
+fn v1_dirs(host: &dyn Host) -> Vec<PathBuf> {
+    let Ok(entries) = host.read_dir(Path::new(ROOT)) else { return Vec::new() };
+    entries.into_iter().filter(|p| host.is_dir(p) && !p.is_symlink() && host.is_file(&p.join("cgroup.procs"))).collect()
 }
 
 /// Every directory of this container's cgroup that exists now, in any hierarchy.
-pub fn existing_dirs(cgroup: &Path) -> Vec<PathBuf> {
+pub(crate) fn existing_dirs(host: &dyn Host, cgroup: &Path) -> Vec<PathBuf> {
     let rel = rel(cgroup);
     let mut roots = vec![PathBuf::from(ROOT)];
-    roots.extend(v1_dirs());
-    if Path::new(ROOT).join("unified").exists() {
+    roots.extend(v1_dirs(host));
+    if host.is_dir(&Path::new(ROOT).join("unified")) {
         roots.push(Path::new(ROOT).join("unified"));
     }
     roots.sort();
     roots.dedup();
-    roots.into_iter().map(|r| r.join(rel)).filter(|p| p.is_dir()).collect()
+    roots.into_iter().map(|r| r.join(rel)).filter(|p| host.is_dir(p)).collect()
 }
 
 /// Whether the kernel's OOM killer killed a process of this container.
-pub fn oom_killed(cgroup: &Path) -> bool {
+pub(crate) fn oom_killed(host: &dyn Host, cgroup: &Path) -> bool {
     let rel = rel(cgroup);
-    let (file, key) = match setup() {
-        Some(CgroupSetup::Unified) => (Path::new(ROOT).join(rel).join("memory.events"), "oom_kill"),
-        _ => (Path::new(ROOT).join("memory").join(rel).join("memory.oom_control"), "oom_kill"),
+    let (file, key) = if host.cgroup_v2_only() {
+        (Path::new(ROOT).join(rel).join("memory.events"), "oom_kill")
+    } else {
+        (Path::new(ROOT).join("memory").join(rel).join("memory.oom_control"), "oom_kill")
     };
-    let Ok(text) = std::fs::read_to_string(&file) else { return false };
+    let Ok(text) = host.read_file(&file) else { return false };
     text.lines()
         .filter_map(|l| l.split_once(' '))
         .any(|(k, v)| k == key && v.trim().parse::<u64>().map(|n| n > 0).unwrap_or(false))
@@ -258,7 +249,145 @@ pub fn oom_killed(cgroup: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use nix::errno::Errno;
+
     use super::*;
+    use crate::host::{Call, Recorder};
+
+    const QUOTA: CpuQuota = CpuQuota { quota_us: 50_000, period_us: 100_000 };
+
+    #[test]
+    fn the_cpu_quota_goes_to_the_files_of_each_layout() {
+        let check = |host: Recorder, want: Result<(), &str>, calls: &[Call]| {
+            let got = set_cpu_quota(&host, Path::new("/pinion/c1"), QUOTA);
+            match (&got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(text)) => assert!(e.contains(text), "{e}"),
+                _ => panic!("got {got:?}, want {want:?}"),
+            }
+            assert_eq!(host.calls(), calls);
+        };
+        let v1 = "/sys/fs/cgroup/cpu,cpuacct/pinion/c1";
+        check(
+            Recorder::v1().dir(v1),
+            Ok(()),
+            &[
+                Call::write(format!("{v1}/cpu.cfs_period_us"), "100000"),
+                Call::write(format!("{v1}/cpu.cfs_quota_us"), "50000"),
+            ],
+        );
+        let v2 = "/sys/fs/cgroup/pinion/c1";
+        check(Recorder::v2().dir(v2), Ok(()), &[Call::write(format!("{v2}/cpu.max"), "50000 100000")]);
+        // The period first: a failed write stops there, naming the file.
+        check(
+            Recorder::v1().dir(v1).fail_call(0, Errno::EINVAL),
+            Err("cpu,cpuacct/pinion/c1/cpu.cfs_period_us: Invalid argument"),
+            &[Call::write(format!("{v1}/cpu.cfs_period_us"), "100000")],
+        );
+        // No such cgroup.
+        check(
+            Recorder::v2(),
+            Err("/sys/fs/cgroup/pinion/c1/cpu.max"),
+            &[Call::write(format!("{v2}/cpu.max"), "50000 100000")],
+        );
+    }
+
+    /// A v2 host whose agent runs in `own`, with `marked` carrying systemd's
+    /// delegation mark; the unit's cgroup has every controller.
+    fn delegated_host(own: &str, marked: &str) -> Recorder {
+        let unit = "/sys/fs/cgroup/system.slice/pinion.service";
+        Recorder::v2()
+            .file("/proc/self/cgroup", &format!("0::{own}\n"))
+            .file(format!("{unit}/cgroup.controllers"), "cpuset cpu io memory pids")
+            .file(format!("{unit}/cgroup.subtree_control"), "")
+            .xattr(format!("/sys/fs/cgroup{marked}"), "trusted.delegate", b"1")
+    }
+
+    #[test]
+    fn the_agent_settles_into_a_delegated_subtree_or_stays_out() {
+        let unit = "/sys/fs/cgroup/system.slice/pinion.service";
+        let into_subtree = [
+            Call::CreateDir(format!("{unit}/supervisor").into()),
+            Call::write(format!("{unit}/supervisor/cgroup.procs"), "4242"),
+            Call::write(format!("{unit}/cgroup.subtree_control"), "+cpuset +cpu +io +memory +pids"),
+            Call::CreateDir(format!("{unit}/pods").into()),
+            Call::write(format!("{unit}/pods/cgroup.subtree_control"), "+cpuset +cpu +io +memory +pids"),
+        ];
+        let delegated = Parent { path: "/system.slice/pinion.service/pods".into(), delegated: true };
+        let check = |host: Recorder, want: Result<&Parent, &str>, calls: &[Call]| {
+            let got = settle_parent_on(&host, 4242);
+            match (&got, want) {
+                (Ok(p), Ok(w)) => assert_eq!(p, w),
+                (Err(e), Err(text)) => assert!(e.contains(text), "{e}"),
+                _ => panic!("got {got:?}, want {want:?}"),
+            }
+            assert_eq!(host.calls(), calls);
+        };
+        let svc = "/system.slice/pinion.service";
+        // cgroup v1 (or hybrid): /pinion of each hierarchy, nothing written.
+        check(Recorder::v1(), Ok(&Parent::default_parent()), &[]);
+        // v2 without a delegation mark, or only the root marked.
+        check(delegated_host(svc, "/other.slice"), Ok(&Parent::default_parent()), &[]);
+        check(delegated_host(svc, ""), Ok(&Parent::default_parent()), &[]);
+        check(delegated_host(svc, svc), Ok(&delegated), &into_subtree);
+        // Already in supervisor/ (an earlier run): the same subtree.
+        let again = delegated_host(&format!("{svc}/supervisor"), svc).dir(format!("{unit}/supervisor"));
+        check(again, Ok(&delegated), &into_subtree);
+        // The unit's cgroup still holds a process: enabling is refused.
+        let busy = delegated_host(svc, svc).fail_call(2, Errno::EBUSY);
+        check(busy, Err("a delegated cgroup must hold no process but the agent"), &into_subtree[..3]);
+    }
+
+    #[test]
+    fn a_cgroup_is_precreated_only_in_a_delegated_subtree() {
+        let host = Recorder::v2().dir("/sys/fs/cgroup/d/pods");
+        precreate(&host, &Parent::default_parent(), "c1").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(host.calls(), []);
+        let parent = Parent { path: "/d/pods".into(), delegated: true };
+        precreate(&host, &parent, "c1").unwrap_or_else(|e| panic!("{e}"));
+        // Once more (a retried start): the directory is there already.
+        precreate(&host, &parent, "c1").unwrap_or_else(|e| panic!("{e}"));
+        let mkdir = Call::CreateDir("/sys/fs/cgroup/d/pods/c1".into());
+        assert_eq!(host.calls(), [mkdir.clone(), mkdir]);
+    }
+
+    #[test]
+    fn a_cgroup_is_found_and_removed_in_every_hierarchy() {
+        let cgroup = Path::new("/pinion/c1");
+        let check = |host: Recorder, dirs: &[&str]| {
+            let want: Vec<PathBuf> = dirs.iter().map(PathBuf::from).collect();
+            assert_eq!(existing_dirs(&host, cgroup), want);
+            remove(&host, cgroup).unwrap_or_else(|e| panic!("{e}"));
+            let removed = if dirs.is_empty() { vec![] } else { vec![Call::RemoveCgroup(cgroup.into())] };
+            assert_eq!(host.calls(), removed, "{dirs:?}");
+            assert_eq!(existing_dirs(&host, cgroup), Vec::<PathBuf>::new());
+        };
+        check(Recorder::v1(), &[]);
+        check(
+            Recorder::v1().dir("/sys/fs/cgroup/cpuset/pinion/c1").dir("/sys/fs/cgroup/memory/pinion/c1"),
+            &["/sys/fs/cgroup/cpuset/pinion/c1", "/sys/fs/cgroup/memory/pinion/c1"],
+        );
+        // Hybrid: the v2 hierarchy at unified/ counts too.
+        check(
+            Recorder::v1().dir("/sys/fs/cgroup/unified/pinion/c1").dir("/sys/fs/cgroup/pids/pinion/c1"),
+            &["/sys/fs/cgroup/pids/pinion/c1", "/sys/fs/cgroup/unified/pinion/c1"],
+        );
+        check(Recorder::v2().dir("/sys/fs/cgroup/pinion/c1"), &["/sys/fs/cgroup/pinion/c1"]);
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_each_layout() {
+        let check = |host: Recorder, want: bool| assert_eq!(oom_killed(&host, Path::new("/pinion/c1")), want);
+        let v1 = "/sys/fs/cgroup/memory/pinion/c1/memory.oom_control";
+        let v2 = "/sys/fs/cgroup/pinion/c1/memory.events";
+        check(Recorder::v1(), false);
+        check(Recorder::v1().file(v1, "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"), false);
+        check(Recorder::v1().file(v1, "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"), true);
+        check(Recorder::v2().file(v2, "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"), true);
+        check(Recorder::v2().file(v2, "oom 1\noom_kill 0\n"), false);
+        // The v1 file on a v2 host is not read.
+        check(Recorder::v2().file(v1, "oom_kill 1\n"), false);
+    }
 
     #[test]
     fn own_cgroup_is_the_unified_line() {

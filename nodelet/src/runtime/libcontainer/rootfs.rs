@@ -9,9 +9,10 @@ use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::MsFlags;
 
 use super::spec::HOST_DIRS;
+use crate::host::{Host, MountRequest};
 
 /// Prepares `rootfs` for a host-rootfs container; returns the host directories
 /// to bind-mount read-only over their mount points.
@@ -44,7 +45,7 @@ pub fn prepare_host(rootfs: &Path) -> io::Result<Vec<PathBuf>> {
 }
 
 /// Mounts an overlay of `lower` (read-only) and a fresh `upper` on `target`.
-pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> io::Result<()> {
+pub(crate) fn mount_overlay(host: &dyn Host, lower: &Path, upper: &Path, work: &Path, target: &Path) -> io::Result<()> {
     for p in [lower, upper, work, target] {
         let s = p.to_string_lossy();
         if s.contains([',', ':', '\n']) {
@@ -55,43 +56,21 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
     fs::create_dir_all(work)?;
     fs::create_dir_all(target)?;
     let opts = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
-    mount(Some("overlay"), target, Some("overlay"), MsFlags::empty(), Some(opts.as_str())).map_err(io::Error::from)
+    let m = MountRequest { source: "overlay", target, fstype: "overlay", flags: MsFlags::empty(), data: &opts };
+    host.mount(&m).map_err(io::Error::from)
 }
 
 /// Mount points at or under `path` in this mount namespace, deepest first.
-pub fn mounts_under(path: &Path) -> Vec<PathBuf> {
-    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut out: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(unescape(m)))
-        .filter(|m| m.starts_with(path))
-        .collect();
+pub(crate) fn mounts_under(host: &dyn Host, path: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = host.mount_points().into_iter().filter(|m| m.starts_with(path)).collect();
     out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     out
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Detaches every mount under `path` (the overlay of an image container).
-pub fn unmount_all(path: &Path) -> io::Result<()> {
-    for m in mounts_under(path) {
-        match umount2(&m, MntFlags::MNT_DETACH) {
+pub(crate) fn unmount_all(host: &dyn Host, path: &Path) -> io::Result<()> {
+    for m in mounts_under(host, path) {
+        match host.unmount(&m) {
             Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
             Err(e) => return Err(io::Error::other(format!("unmounting {}: {e}", m.display()))),
         }
@@ -102,12 +81,6 @@ pub fn unmount_all(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape(r"/a\040b\134c"), "/a b\\c");
-        assert_eq!(unescape("/plain"), "/plain");
-    }
 
     #[test]
     fn host_rootfs_has_mount_points_and_copied_symlinks() -> io::Result<()> {

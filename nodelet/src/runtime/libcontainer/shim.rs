@@ -177,7 +177,8 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
         // container's own process has not run yet.
         if let Some(quota) = cfg.cpu_quota {
             let cgroup = cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT));
-            cgroups::set_cpu_quota(&cgroup, quota).map_err(|e| format!("setting the CPU quota: {e}"))?;
+            cgroups::set_cpu_quota(&crate::host::RealHost, &cgroup, quota)
+                .map_err(|e| format!("setting the CPU quota: {e}"))?;
         }
         container.start().map_err(|e| format!("starting the container: {e}"))?;
         tracing::debug!(target: "podstart", id, "container started");
@@ -231,7 +232,8 @@ fn supervise(id: &str, log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32
 }
 
 fn exit_record(layout: &Layout, id: &str, status: Option<WaitStatus>) -> ExitRecord {
-    let oom_killed = cgroups::oom_killed(&cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT)));
+    let oom_killed =
+        cgroups::oom_killed(&crate::host::RealHost, &cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT)));
     match status {
         Some(WaitStatus::Exited(_, code)) => ExitRecord { code, signal: None, oom_killed },
         Some(WaitStatus::Signaled(_, sig, _)) => {
