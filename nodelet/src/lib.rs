@@ -4,12 +4,12 @@
 //! the agent, its static-pod folder, the link to an orchestrator and the
 //! node's HTTPS endpoint). `pinion agent` and `pinion up` only parse flags.
 
-pub mod affinity;
+pub(crate) mod affinity;
 pub mod agent;
 pub mod checkpoint;
 pub mod cni;
 pub mod daemon;
-pub mod datadir;
+pub(crate) mod datadir;
 pub mod devices;
 pub mod discovery;
 pub mod endpoint;
@@ -17,7 +17,7 @@ pub mod fault;
 pub mod fsutil;
 pub(crate) mod host;
 pub mod hwloc;
-pub mod link;
+pub(crate) mod link;
 pub mod manifests;
 pub mod metrics;
 pub mod runtime;

@@ -31,8 +31,8 @@
 //! with, which may differ from the checkpoint's (`resettle`): the node never
 //! refuses to start over them.
 
-pub mod backoff;
-pub mod plan;
+pub(crate) mod backoff;
+pub(crate) mod plan;
 pub mod reconcile;
 pub mod resettle;
 pub mod status;

@@ -10,10 +10,10 @@
 //! `shim.log`), `libcontainer/<id>/` (libcontainer's state), `exits/<id>.json`
 //! (the exit notices `watch_exits` waits for with inotify) and `images/`.
 
-pub mod cgroups;
+pub(crate) mod cgroups;
 pub mod exec;
 pub mod image;
-pub mod logs;
+pub(crate) mod logs;
 pub(crate) mod net;
 pub mod records;
 pub mod rootfs;

@@ -102,9 +102,6 @@ fn proc_stat(pid: i32) -> Option<(char, u64)> {
     Some((state, start))
 }
 
-/// Written by the shim as soon as it has detached.
-pub type ShimRecord = ProcId;
-
 /// Written by the shim once the container runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
