@@ -68,7 +68,7 @@ fn ioerr(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
 }
 
 /// Ids become file names and cgroup names: keep them plain.
-pub fn check_id(id: &str) -> Result<(), RuntimeError> {
+pub(crate) fn check_id(id: &str) -> Result<(), RuntimeError> {
     let ok = !id.is_empty()
         && id.len() <= 128
         && !id.starts_with(['.', '-'])
@@ -110,7 +110,7 @@ impl LibcontainerRuntime {
 
     /// Puts new containers' cgroups under `parent` (the agent's
     /// [`cgroups::settle_parent`]); containers already there keep theirs.
-    pub fn with_cgroup_parent(mut self, parent: cgroups::Parent) -> Self {
+    pub(crate) fn with_cgroup_parent(mut self, parent: cgroups::Parent) -> Self {
         self.cgroups = parent;
         self
     }
@@ -120,7 +120,7 @@ impl LibcontainerRuntime {
     }
 
     /// The cgroup of container `id` (relative to each hierarchy's root).
-    pub fn cgroup_of(&self, id: &str) -> PathBuf {
+    pub(crate) fn cgroup_of(&self, id: &str) -> PathBuf {
         cgroups::of(&self.layout, id, &self.cgroups.path)
     }
 
@@ -394,7 +394,7 @@ impl Report {
 /// libcontainer validates the command inside the new container and reports it
 /// in words only (`executable 'x' not found in $PATH`, `... does not have
 /// correct permissions`): the exit code a shell would give, if that is the error.
-pub fn cannot_run_code(message: &str) -> Option<i32> {
+pub(crate) fn cannot_run_code(message: &str) -> Option<i32> {
     if message.contains("not found in $PATH") {
         Some(NOT_FOUND_CODE)
     } else if message.contains("does not have correct permissions")
