@@ -942,28 +942,9 @@ impl Controller {
         let n = name.clone();
         let r = self
             .store
-            .write(move |t| -> Result<Option<Pod>, ClusterError> {
+            .write(move |t| {
                 t.as_leader();
-                let Some(mut pod) = t.get::<Pod>(&n)? else { return Ok(None) };
-                let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
-                if pod.spec.node_name.as_deref() != Some(&node) || phase != PodPhase::Scheduled {
-                    return Ok(None); // Moved on, or the node reported it.
-                }
-                let message = format!(
-                    "node {node} neither confirmed nor rejected the binding within {}s; scheduling again",
-                    timeout.as_secs_f64()
-                );
-                pod.spec.node_name = None;
-                let s = pod.status.get_or_insert_with(PodStatus::default);
-                s.phase = PodPhase::Pending;
-                s.node_name = None;
-                s.plan = None;
-                s.placement = None;
-                s.reason = Some("BindingExpired".into());
-                s.message = Some(message.clone());
-                t.put(&mut pod)?;
-                t.add_event(event("Pod", &n, "Warning", "BindingExpired", message))?;
-                Ok(Some(pod))
+                crate::cluster::pods::expire_binding(t, &n, &node, timeout)
             })
             .await;
         match r {

@@ -103,20 +103,51 @@ pub fn reject(
 ) -> Result<(Pod, String), ClusterError> {
     let Some(mut pod) = t.get::<Pod>(name)? else { return Err(ClusterError::not_found("Pod", name)) };
     authorize(id, Request::Pod(&pod))?;
-    let Some(node) = pod.spec.node_name.take() else {
+    let Some(node) = pod.spec.node_name.clone() else {
         return Err(ClusterError::Conflict(format!("pod {name:?} is not bound to a node")));
     };
-    let s = pod.status.get_or_insert_with(PodStatus::default);
     let message = format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
+    unbind(t, &mut pod, "Rejected", message)?;
+    Ok((pod, node))
+}
+
+/// A binding the node neither confirmed nor rejected within `timeout`: the
+/// pod goes back to Pending, unless it moved on or the node reported it
+/// meanwhile (`None` then).
+pub fn expire_binding(
+    t: &mut Txn<'_>,
+    name: &str,
+    node: &str,
+    timeout: std::time::Duration,
+) -> Result<Option<Pod>, ClusterError> {
+    let Some(mut pod) = t.get::<Pod>(name)? else { return Ok(None) };
+    let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    if pod.spec.node_name.as_deref() != Some(node) || phase != PodPhase::Scheduled {
+        return Ok(None);
+    }
+    let message = format!(
+        "node {node} neither confirmed nor rejected the binding within {}s; scheduling again",
+        timeout.as_secs_f64()
+    );
+    unbind(t, &mut pod, "BindingExpired", message)?;
+    Ok(Some(pod))
+}
+
+/// Sends a bound pod back to the queue: unbound, Pending, the scheduler's
+/// plan gone, with one Warning event saying why.
+fn unbind(t: &mut Txn<'_>, pod: &mut Pod, reason: &str, message: String) -> Result<(), ClusterError> {
+    pod.spec.node_name = None;
+    let s = pod.status.get_or_insert_with(PodStatus::default);
     s.phase = PodPhase::Pending;
     s.node_name = None;
     s.plan = None;
     s.placement = None;
-    s.reason = Some("Rejected".into());
+    s.reason = Some(reason.into());
     s.message = Some(message.clone());
-    t.put(&mut pod)?;
-    t.add_event(event("Pod", name, "Warning", "Rejected", message))?;
-    Ok((pod, node))
+    t.put(pod)?;
+    let name = pod.metadata.name.clone();
+    t.add_event(event("Pod", &name, "Warning", reason, message))?;
+    Ok(())
 }
 
 /// The container a log, attach or exec means: the one named, or the pod's only one.

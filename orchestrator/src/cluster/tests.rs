@@ -262,6 +262,31 @@ async fn a_rejected_binding_goes_back_to_pending() {
     assert_eq!(w.reasons(Kind::Pod, "p"), ["Rejected"]);
 }
 
+#[tokio::test]
+async fn an_unconfirmed_binding_expires_back_to_pending() {
+    let w = World::new();
+    let scheduled = |name: &str, phase| {
+        let mut p = bound(name, "n1");
+        p.status = Some(PodStatus { phase, node_name: Some("n1".into()), ..PodStatus::default() });
+        p
+    };
+    w.put_pod(scheduled("waiting", PodPhase::Scheduled)).await;
+    w.put_pod(scheduled("running", PodPhase::Running)).await;
+    let timeout = std::time::Duration::from_secs(30);
+    // (pod, node the binding named, expired?)
+    for (name, node, expired) in
+        [("waiting", "n2", false), ("running", "n1", false), ("gone", "n1", false), ("waiting", "n1", true)]
+    {
+        let got = w.run(move |t| pods::expire_binding(t, name, node, timeout)).await.expect("expire");
+        assert_eq!(got.is_some(), expired, "{name} on {node}");
+    }
+    let p = w.pod("waiting").expect("pod");
+    let s = p.status.expect("status");
+    assert_eq!((p.spec.node_name, s.phase, s.reason.as_deref()), (None, PodPhase::Pending, Some("BindingExpired")));
+    assert_eq!(w.reasons(Kind::Pod, "waiting"), ["BindingExpired"]);
+    assert_eq!(w.pod("running").and_then(|p| p.status).map(|s| s.phase), Some(PodPhase::Running));
+}
+
 #[test]
 fn picking_a_container() {
     let one = pod("p");
