@@ -433,11 +433,13 @@ impl Runtime for HollowRuntime {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::runtime::RootfsConfig;
 
-    pub fn config(id: &str, cpus: &str) -> ContainerConfig {
+    /// A container `main` of pod `static/p` on `cpus`, running `sleep inf`
+    /// on the host's root, nothing else set: what the runtimes' tests start from.
+    pub(crate) fn config(id: &str, cpus: &str) -> ContainerConfig {
         ContainerConfig {
             mounts: Vec::new(),
             pids_limit: None,

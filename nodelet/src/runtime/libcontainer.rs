@@ -800,30 +800,11 @@ mod tests {
 
     fn config(id: &str, rootfs: RootfsConfig, args: &[&str]) -> ContainerConfig {
         ContainerConfig {
-            mounts: Vec::new(),
             pids_limit: Some(64),
-            id: id.into(),
-            pod: "static/p".into(),
-            container: "main".into(),
             args: args.iter().map(|a| a.to_string()).collect(),
-            env: vec![],
-            cwd: "/".into(),
             rootfs,
-            cpus: CpuSet::parse_list("1").unwrap_or_default(),
-            mems: NumaSet::single(0).unwrap_or_default(),
-            bind_memory: false,
             memory_limit_bytes: Some(64 << 20),
-            cpu_quota: None,
-            cpu_shares: None,
-            hugepage_limits: Default::default(),
-            device_nodes: vec![],
-            host_network: false,
-            netns: None,
-            cap_add: vec![],
-            cap_drop: vec![],
-            system_cpus: Default::default(),
-            log_path: "/dev/null".into(),
-            init: false,
+            ..crate::runtime::hollow::tests::config(id, "1")
         }
     }
 
