@@ -1,9 +1,10 @@
 //! The rules of pods: a create over a finished pod, a create that repeats the
 //! stored one, a node's status merged into what the scheduler wrote, a
-//! rejected binding sent back to the queue. Each command runs inside one store
-//! write, so a pod is never half-changed.
+//! rejected binding sent back to the queue, the controller's bindings, the
+//! reasons a pod waits, a finished pod removed after its time to live. Each
+//! command runs inside one store write, so a pod is never half-changed.
 
-use specs::api::PodRejection;
+use specs::api::{PodPlan, PodRejection};
 use specs::engine::SETTINGS_MISFIT;
 use specs::{Pod, PodPhase, PodStatus};
 
@@ -148,6 +149,98 @@ fn unbind(t: &mut Txn<'_>, pod: &mut Pod, reason: &str, message: String) -> Resu
     let name = pod.metadata.name.clone();
     t.add_event(event("Pod", &name, "Warning", reason, message))?;
     Ok(())
+}
+
+/// What a gang's member learns at its binding: `PINION_LOCAL_RANK` (its rank
+/// among the members on its node) and `PINION_NODES` (every member's node
+/// address, in rank order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GangPlace {
+    pub local_rank: u32,
+    pub nodes: String,
+}
+
+/// Binds the stored pod `name` (this incarnation, `uid`) as the scheduler
+/// decided: Scheduled, on its node, with the plan the node may adopt and one
+/// Normal event. A pod gone, replaced or already bound is refused, so a
+/// decision made on a stale view never lands.
+pub fn bind(
+    t: &mut Txn<'_>,
+    name: &str,
+    uid: &Option<String>,
+    b: &crate::scheduler::Binding,
+    gang: Option<&GangPlace>,
+) -> Result<(), ClusterError> {
+    let Some(mut pod) = t.get::<Pod>(name)? else {
+        return Err(ClusterError::not_found("Pod", name));
+    };
+    if pod.metadata.uid != *uid {
+        return Err(ClusterError::Conflict("replaced by a new pod of the same name".into()));
+    }
+    if pod.spec.node_name.is_some() {
+        return Err(ClusterError::Conflict("already bound".into()));
+    }
+    let mut status = pod.status.take().unwrap_or_default();
+    status.phase = PodPhase::Scheduled;
+    status.node_name = Some(b.node.clone());
+    status.reason = Some("Scheduled".into());
+    let cpus: Vec<String> = b.placement.containers.iter().map(|c| format!("{}={}", c.name, c.cpus)).collect();
+    let message = format!("bound to {} (NUMA {}; cpus {})", b.node, b.placement.numa_affinity, cpus.join(" "));
+    status.message = Some(message.clone());
+    status.placement = Some(b.placement.summary());
+    status.plan = Some(PodPlan { epoch: b.epoch, placement: b.placement.clone() });
+    status.attempts = status.attempts.saturating_add(1);
+    pod.spec.node_name = Some(b.node.clone());
+    if let Some(g) = gang {
+        for c in &mut pod.spec.containers {
+            specs::job::set_env(&mut c.env, "PINION_LOCAL_RANK", &g.local_rank.to_string());
+            specs::job::set_env(&mut c.env, "PINION_NODES", &g.nodes);
+        }
+    }
+    pod.status = Some(status);
+    t.put(&mut pod)?;
+    t.add_event(event("Pod", name, "Normal", "Scheduled", message))?;
+    Ok(())
+}
+
+/// Why a queued pod waits, as its status and one event say it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// The status reason: `Unschedulable`, `ArrayThrottled`, `Queued`.
+    pub reason: &'static str,
+    pub event_type: &'static str,
+    pub event_reason: &'static str,
+    pub message: String,
+}
+
+/// Records why the unbound pod `name` waits. Nothing is written when the pod
+/// is gone or bound meanwhile, or when its status already says this: a pod
+/// that waits long gets one event per change of reason, not one per pass.
+pub fn say_waiting(t: &mut Txn<'_>, name: &str, why: &Waiting) -> Result<bool, ClusterError> {
+    let Some(mut pod) = t.get::<Pod>(name)? else { return Ok(false) };
+    if pod.spec.node_name.is_some() {
+        return Ok(false);
+    }
+    let status = pod.status.get_or_insert_with(PodStatus::default);
+    if status.reason.as_deref() == Some(why.reason) && status.message.as_deref() == Some(why.message.as_str()) {
+        return Ok(false);
+    }
+    status.phase = PodPhase::Pending;
+    status.reason = Some(why.reason.into());
+    status.message = Some(why.message.clone());
+    t.put(&mut pod)?;
+    t.add_event(event("Pod", name, why.event_type, why.event_reason, why.message.clone()))?;
+    Ok(true)
+}
+
+/// A finished pod's time to live ran out: it goes, with its events. `None`
+/// when the pod of that name is another incarnation (`uid`) or not finished.
+pub fn remove_finished(t: &mut Txn<'_>, name: &str, uid: &str) -> Result<Option<Pod>, ClusterError> {
+    let Some(pod) = t.get::<Pod>(name)? else { return Ok(None) };
+    if pod.metadata.uid.as_deref().unwrap_or_default() != uid || !is_finished(&pod) {
+        return Ok(None);
+    }
+    Ok(t.delete::<Pod>(name)?)
 }
 
 /// The container a log, attach or exec means: the one named, or the pod's only one.

@@ -482,3 +482,93 @@ fn a_store_fault_is_the_servers_and_a_refusal_is_the_objects() {
         assert_eq!(e.is_server_fault(), server, "{e}");
     }
 }
+
+#[tokio::test]
+async fn binding_a_pod_the_scheduler_placed() {
+    let w = World::new();
+    let mut p = pod("p");
+    p.metadata.uid = Some("u1".into());
+    w.put_pod(p).await;
+    w.put_pod(bound("taken", "n2")).await;
+    let b = crate::scheduler::Binding { node: "n1".into(), epoch: 7, placement: Default::default() };
+    let uid = |s: &str| Some(s.to_string());
+    // (pod, uid the decision saw, refused as)
+    let refusals = [("gone", uid("u1"), "404"), ("p", uid("u0"), "409"), ("taken", None, "409")];
+    for (name, seen, want) in refusals {
+        let b = b.clone();
+        let r = w.run(move |t| pods::bind(t, name, &seen, &b, None)).await;
+        let got = match r {
+            Err(ClusterError::NotFound { .. }) => "404",
+            Err(ClusterError::Conflict(_)) => "409",
+            _ => "other",
+        };
+        assert_eq!(got, want, "{name}");
+    }
+    let place = pods::GangPlace { local_rank: 1, nodes: "10.0.0.1,10.0.0.1".into() };
+    let b2 = b.clone();
+    w.run(move |t| pods::bind(t, "p", &uid("u1"), &b2, Some(&place))).await.expect("bind");
+    let p = w.pod("p").expect("pod");
+    let s = p.status.clone().expect("status");
+    assert_eq!((p.spec.node_name.as_deref(), s.phase, s.attempts), (Some("n1"), PodPhase::Scheduled, 1));
+    assert_eq!(s.plan.map(|plan| plan.epoch), Some(7));
+    let env: Vec<(String, String)> =
+        p.spec.containers[0].env.iter().map(|e| (e.name.clone(), e.value.clone())).collect();
+    assert!(env.contains(&("PINION_LOCAL_RANK".into(), "1".into())), "{env:?}");
+    assert!(env.contains(&("PINION_NODES".into(), "10.0.0.1,10.0.0.1".into())), "{env:?}");
+    assert_eq!(w.reasons(Kind::Pod, "p"), ["Scheduled"]);
+}
+
+#[tokio::test]
+async fn a_waiting_pod_says_why_once_per_reason() {
+    let w = World::new();
+    w.put_pod(pod("p")).await;
+    w.put_pod(bound("b", "n1")).await;
+    let why = |reason: &'static str, message: &str| pods::Waiting {
+        reason,
+        event_type: "Warning",
+        event_reason: "FailedScheduling",
+        message: message.into(),
+    };
+    // (pod, why, written?)
+    let table = [
+        ("p", why("Unschedulable", "no CPUs"), true),
+        ("p", why("Unschedulable", "no CPUs"), false),
+        ("p", why("Unschedulable", "no memory"), true),
+        ("p", why("ArrayThrottled", "no memory"), true),
+        ("b", why("Unschedulable", "no CPUs"), false),
+        ("gone", why("Unschedulable", "no CPUs"), false),
+    ];
+    for (name, why, written) in table {
+        let said = why.clone();
+        let got = w.run(move |t| pods::say_waiting(t, name, &said)).await.expect("say");
+        assert_eq!(got, written, "{name}: {why:?}");
+    }
+    let s = w.pod("p").and_then(|p| p.status).expect("status");
+    assert_eq!(
+        (s.phase, s.reason.as_deref(), s.message.as_deref()),
+        (PodPhase::Pending, Some("ArrayThrottled"), Some("no memory"))
+    );
+    assert_eq!(w.reasons(Kind::Pod, "p").len(), 3);
+}
+
+#[tokio::test]
+async fn a_finished_pod_is_removed_after_its_ttl_only_if_it_is_that_pod() {
+    let w = World::new();
+    let with = |name: &str, uid: &str, phase| {
+        let mut p = pod(name);
+        p.metadata.uid = Some(uid.into());
+        p.status = Some(status(phase));
+        p
+    };
+    w.put_pod(with("done", "u1", PodPhase::Succeeded)).await;
+    w.put_pod(with("again", "u2", PodPhase::Running)).await;
+    // (pod, uid the timer was set for, removed?)
+    for (name, uid, removed) in
+        [("done", "u0", false), ("again", "u2", false), ("gone", "u3", false), ("done", "u1", true)]
+    {
+        let got = w.run(move |t| pods::remove_finished(t, name, uid)).await.expect("remove");
+        assert_eq!(got.is_some(), removed, "{name}/{uid}");
+    }
+    assert!(w.pod("done").is_none());
+    assert!(w.pod("again").is_some());
+}

@@ -27,7 +27,7 @@ mod summary;
 #[cfg(test)]
 mod props;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -1,0 +1,263 @@
+//! The queue's decider: for the pods due now, whether each binds (alone, or
+//! with its gang), waits for its array, or waits for capacity, and what its
+//! status says. It changes only the in-memory `State` and returns the
+//! effects for the executor to write; no I/O.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use specs::api::Node;
+use specs::Pod;
+use tokio::time::Instant;
+
+use super::effect::{Effect, GangBind};
+use super::state::{array_limit, gang_key, QueueEntry, State, Wait};
+use crate::cluster::pods::{GangPlace, Waiting};
+use crate::metrics::Outcome;
+use crate::scheduler::GangRequest;
+
+/// Why a pod (or a gang) fits nowhere, as its status says it: the summary,
+/// then each node's reason.
+fn unschedulable_words(u: crate::scheduler::Unschedulable) -> Arc<str> {
+    if u.per_node.is_empty() {
+        return u.message.into();
+    }
+    let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
+    format!("{}: {}", u.message, per.join("; ")).into()
+}
+
+/// A node's address as members see it: its endpoint's host (`HOST:PORT`),
+/// else its name.
+fn node_address(node: &Node) -> String {
+    node.spec
+        .endpoint
+        .as_deref()
+        .and_then(|e| e.rsplit_once(':'))
+        .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+        .filter(|h| !h.is_empty())
+        .map_or_else(|| node.metadata.name.clone(), str::to_string)
+}
+
+impl State {
+    /// The timers' decider: bindings no node confirmed in time (their
+    /// capacity already back in the scheduler's mirror), finished pods past
+    /// their time to live, and jobs whose members changed.
+    pub(super) fn timers(&mut self, now: Instant) -> Vec<Effect> {
+        let expired = self.sched.expire_assumed(now.into_std());
+        let mut out: Vec<Effect> = expired.into_iter().map(|(pod, node)| Effect::ExpireBinding { pod, node }).collect();
+        out.extend(self.expiry.due(now));
+        out.extend(std::mem::take(&mut self.dirty_jobs).into_iter().map(Effect::ReconcileJob));
+        out
+    }
+
+    /// Up to `most` queued pods due at `now`, in queue order.
+    pub(super) fn due_pods(&self, now: Instant, most: usize) -> Vec<String> {
+        self.order
+            .values()
+            .filter(|name| self.queue.get(*name).is_some_and(|e| e.due(now)))
+            .take(most)
+            .cloned()
+            .collect()
+    }
+
+    /// When the next timer is due: a backoff, a binding's expiry, a TTL.
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        let backoff = self.queue.values().filter_map(|e| match e.wait {
+            Wait::Backoff(at) => Some(at),
+            _ => None,
+        });
+        let expiry = self.sched.next_expiry().map(Instant::from_std);
+        backoff.chain(expiry).chain(self.expiry.next()).min()
+    }
+
+    /// `decide` for any queued pod: one queued behind a gang that did not fit
+    /// waits; a gang's member brings its whole gang.
+    pub(super) fn decide_any(&mut self, name: &str, now: Instant, failed: &mut HashMap<u64, Arc<str>>) -> Vec<Effect> {
+        let Some(e) = self.queue.get(name).filter(|e| e.due(now)) else { return Vec::new() };
+        let pod = e.pod.clone();
+        let gang = specs::job::Gang::of(&pod);
+        if let Some((first, key)) = &self.blocked_by {
+            let same = gang.as_ref().is_some_and(|g| gang_key(g) == *key);
+            if !same && e.order > *first {
+                let job = key.split('#').next().unwrap_or_default();
+                let message: Arc<str> =
+                    format!("queued behind job {job}, which is first in line and does not fit yet (no backfill)")
+                        .into();
+                let Some(e) = self.queue.get_mut(name) else { return Vec::new() };
+                e.wait = Wait::Unschedulable;
+                return Self::say(name, e, "Queued", "Normal", "Queued", message).into_iter().collect();
+            }
+        }
+        match gang {
+            Some(g) => self.decide_gang(g, now),
+            None => self.decide(name, now, failed).into_iter().collect(),
+        }
+    }
+
+    /// Places the gang's queued members together (see `Scheduler::schedule_gang`).
+    fn decide_gang(&mut self, g: specs::job::Gang, now: Instant) -> Vec<Effect> {
+        let key = gang_key(&g);
+        let Some(st) = self.gangs.get(&key) else { return Vec::new() };
+        let members: Vec<(u32, String, Arc<Pod>)> = st
+            .queued
+            .iter()
+            .filter_map(|(rank, n)| self.queue.get(n).map(|e| (*rank, n.clone(), e.pod.clone())))
+            .collect();
+        let Some(first) = members.first().and_then(|(_, n, _)| self.queue.get(n)).map(|e| e.order) else {
+            return Vec::new();
+        };
+        let size = g.size as usize;
+        let mut nodes_by_rank = vec![String::new(); size];
+        let mut held = Vec::new();
+        for rank in 0..g.size {
+            if st.queued.contains_key(&rank) {
+                continue;
+            }
+            if let Some(b) = self.sched.binding(&specs::job::member_name(&g.job, rank)) {
+                held.push(b.node.clone());
+                nodes_by_rank[rank as usize] = b.node;
+            }
+        }
+        let started = st.started || !held.is_empty();
+        let min = g.min_members as usize;
+        if !started && members.len() < min {
+            // Members arrive one store change at a time on a shared store (the
+            // leader follows etcd's watch): a part of a gang is never placed as
+            // if it were the whole. The next member's arrival tries again; no
+            // status is written meanwhile (the rest are a moment away, and a
+            // write per arrival would cost a gang of n about n*n/2 writes).
+            for (_, n, _) in &members {
+                if let Some(e) = self.queue.get_mut(n) {
+                    e.wait = Wait::Unschedulable;
+                }
+            }
+            return Vec::new();
+        }
+        // A gang already started (its minimum placed) places the rest as they fit.
+        let min = if started { 1 } else { min };
+        let request = GangRequest {
+            members: members.iter().map(|(_, n, p)| (n.clone(), p.clone())).collect(),
+            placement: g.placement,
+            min_members: min,
+            max_nodes: g.max_nodes.map(|n| n as usize),
+            per_node: g.per_node.map(|n| n as usize),
+            nodes_held: held,
+        };
+        let started_at = std::time::Instant::now();
+        let decided = self.sched.schedule_gang(&request, now.into_std());
+        let outcome = if decided.is_ok() { Outcome::Bound } else { Outcome::Unschedulable };
+        self.metrics.attempt(outcome, started_at.elapsed().as_secs_f64());
+        match decided {
+            Ok(bound) => {
+                if self.blocked_by.as_ref().is_some_and(|(_, k)| *k == key) {
+                    self.blocked_by = None;
+                }
+                if let Some(st) = self.gangs.get_mut(&key) {
+                    st.started = true;
+                }
+                let ranks: HashMap<&str, u32> = members.iter().map(|(r, n, _)| (n.as_str(), *r)).collect();
+                for (n, b) in &bound {
+                    if let Some(r) = ranks.get(n.as_str()) {
+                        nodes_by_rank[*r as usize] = b.node.clone();
+                    }
+                }
+                let addresses: Vec<String> = nodes_by_rank
+                    .iter()
+                    .map(|n| match self.nodes.get(n) {
+                        Some(s) => node_address(&s.node),
+                        None => n.clone(),
+                    })
+                    .collect();
+                let nodes = addresses.join(",");
+                let mut binds = Vec::with_capacity(bound.len());
+                for (n, binding) in bound {
+                    let Some(e) = self.dequeue(&n) else { continue };
+                    let rank = ranks.get(n.as_str()).copied().unwrap_or(0) as usize;
+                    let local_rank = nodes_by_rank[..rank].iter().filter(|x| **x == binding.node).count() as u32;
+                    binds.push(GangBind { pod: e.pod, binding, place: GangPlace { local_rank, nodes: nodes.clone() } });
+                }
+                if binds.is_empty() {
+                    return Vec::new();
+                }
+                vec![Effect::BindGang(binds)]
+            }
+            Err(u) => {
+                self.metrics.rejected(&u.counts);
+                let message = unschedulable_words(u);
+                if self.blocked_by.as_ref().is_none_or(|(o, _)| first < *o) {
+                    self.blocked_by = Some((first, key));
+                }
+                let mut out = Vec::new();
+                for (_, n, _) in members {
+                    let Some(e) = self.queue.get_mut(&n) else { continue };
+                    e.wait = Wait::Unschedulable;
+                    out.extend(Self::say(&n, e, "Unschedulable", "Warning", "FailedScheduling", message.clone()));
+                }
+                out
+            }
+        }
+    }
+
+    /// Throttle, then schedule (or reuse a twin's failure in this pass).
+    fn decide(&mut self, name: &str, now: Instant, failed: &mut HashMap<u64, Arc<str>>) -> Option<Effect> {
+        let e = self.queue.get(name).filter(|e| e.due(now))?;
+        let pod = e.pod.clone();
+        if let Some((array, limit)) = &e.array {
+            let bound = self.arrays.get(array).map_or(0, |a| a.bound.len());
+            if bound >= *limit {
+                let message: Arc<str> =
+                    format!("array {array} has {bound} unfinished tasks bound, its parallelism is {limit}").into();
+                let e = self.queue.get_mut(name)?;
+                e.wait = Wait::Throttled;
+                return Self::say(name, e, "ArrayThrottled", "Normal", "ArrayThrottled", message);
+            }
+        }
+        let (twin, rejected) = (e.twin, e.rejected);
+        if let Some(message) = failed.get(&twin).filter(|_| !rejected).cloned() {
+            let e = self.queue.get_mut(name)?;
+            e.wait = Wait::Unschedulable;
+            return Self::say(name, e, "Unschedulable", "Warning", "FailedScheduling", message);
+        }
+        let started_at = std::time::Instant::now();
+        let decided = self.sched.schedule(name, &pod, now.into_std());
+        let outcome = if decided.is_ok() { Outcome::Bound } else { Outcome::Unschedulable };
+        self.metrics.attempt(outcome, started_at.elapsed().as_secs_f64());
+        match decided {
+            Ok(binding) => {
+                self.dequeue(name);
+                if let Some((array, _)) = array_limit(&pod) {
+                    self.arrays.entry(array).or_default().bound.insert(name.to_string());
+                }
+                Some(Effect::Bind { pod, binding })
+            }
+            Err(u) => {
+                self.metrics.rejected(&u.counts);
+                let message = unschedulable_words(u);
+                if !rejected {
+                    failed.insert(twin, message.clone());
+                }
+                let e = self.queue.get_mut(name)?;
+                e.wait = Wait::Unschedulable;
+                Self::say(name, e, "Unschedulable", "Warning", "FailedScheduling", message)
+            }
+        }
+    }
+
+    /// A status write only when the reason changed since the last one.
+    fn say(
+        name: &str,
+        e: &mut QueueEntry,
+        reason: &'static str,
+        event_type: &'static str,
+        event_reason: &'static str,
+        message: Arc<str>,
+    ) -> Option<Effect> {
+        if e.said.as_deref() == Some(&*message) {
+            return None;
+        }
+        let text = message.to_string();
+        e.said = Some(message);
+        let why = Waiting { reason, event_type, event_reason, message: text };
+        Some(Effect::SayWaiting { pod: name.to_string(), why })
+    }
+}

@@ -1,0 +1,387 @@
+//! The controller's view of the cluster, kept in memory under one lock: the
+//! queue of pending pods and its order, job arrays and gangs, the nodes'
+//! last reports, finished pods' expiry, and the scheduler with its per-node
+//! mirrors. Its methods keep that bookkeeping consistent; what to do about it
+//! is `decide`'s, and the store writes are the executor's (`mod.rs`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use specs::api::Node;
+use specs::Pod;
+use tokio::time::Instant;
+
+use super::expiry::Expiry;
+use crate::cluster::ClusterError;
+use crate::metrics::ControllerMetrics;
+use crate::scheduler::{NodeInfo, Scheduler};
+
+/// A node as the controller last saw it.
+pub(super) struct NodeState {
+    /// The stored node; `node.status.allocations` is its last reported truth.
+    pub(super) node: Node,
+    /// Shared with the scheduler's mirror; rebuilt only when the node re-registers.
+    pub(super) topology: Arc<specs::NodeTopology>,
+    pub(super) ready: bool,
+    pub(super) last_seen: Instant,
+}
+
+/// Where a pod stands in the queue: submission order, except that the tasks
+/// of a job array go together (at the array's first submission) by task index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Order {
+    /// A job's priority: a higher one sorts first.
+    pub(super) priority: std::cmp::Reverse<i32>,
+    pub(super) group: u64,
+    pub(super) task: u64,
+    pub(super) seq: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Tried at the next pass.
+    Now,
+    /// A node rejected it: tried again from then on.
+    Backoff(Instant),
+    /// Fits nowhere now: tried again on the next cluster event.
+    Unschedulable,
+    /// Its array has as many unfinished tasks bound as it allows.
+    Throttled,
+}
+
+/// A pod in the queue.
+pub(super) struct QueueEntry {
+    pub(super) order: Order,
+    pub(super) pod: Arc<Pod>,
+    pub(super) wait: Wait,
+    /// The spec's hash: in one pass, a pod whose twin fit nowhere is not tried
+    /// again (binds in a pass only take capacity away).
+    pub(super) twin: u64,
+    /// A node rejected it: the scheduler keeps per-pod marks, so no twin shortcut.
+    pub(super) rejected: bool,
+    /// `(array, parallelism)` when the pod is a throttled array task.
+    pub(super) array: Option<(String, usize)>,
+    /// The reason last written to its status (not written again while unchanged).
+    pub(super) said: Option<Arc<str>>,
+}
+
+impl QueueEntry {
+    pub(super) fn due(&self, now: Instant) -> bool {
+        match self.wait {
+            Wait::Now => true,
+            Wait::Backoff(at) => at <= now,
+            Wait::Unschedulable | Wait::Throttled => false,
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct ArrayState {
+    /// Queue group of the array (its first task's submission).
+    pub(super) group: u64,
+    /// Unfinished tasks bound to a node.
+    pub(super) bound: HashSet<String>,
+    /// Unfinished tasks known (queued or bound); at zero the array is forgotten,
+    /// so a new array of that name queues at its own submission.
+    pub(super) members: usize,
+}
+
+/// A job attempt's members while any is queued or bound.
+#[derive(Default)]
+pub(super) struct GangState {
+    /// Queue group of the gang (its first member's submission).
+    pub(super) group: u64,
+    /// Members waiting in the queue, by rank.
+    pub(super) queued: BTreeMap<u32, String>,
+    /// Members known (queued or bound, unfinished); at zero it is forgotten.
+    pub(super) members: usize,
+    /// Its minimum was placed once: the rest are placed as they fit.
+    pub(super) started: bool,
+}
+
+pub(super) struct State {
+    pub(super) sched: Scheduler,
+    /// Gangs by `job#attempt`.
+    pub(super) gangs: HashMap<String, GangState>,
+    /// The first gang in line that did not fit, and its place: what queued
+    /// behind it waits (no backfill) until it is placed or gone.
+    pub(super) blocked_by: Option<(Order, String)>,
+    /// Jobs whose members changed: judged again at the next pass.
+    pub(super) dirty_jobs: BTreeSet<String>,
+    pub(super) nodes: HashMap<String, NodeState>,
+    pub(super) queue: HashMap<String, QueueEntry>,
+    /// The queue in the order pods are tried.
+    pub(super) order: BTreeMap<Order, String>,
+    /// Every unfinished pod's place in the queue (kept when bound, so a pod
+    /// sent back keeps its place).
+    pub(super) orders: HashMap<String, Order>,
+    pub(super) arrays: HashMap<String, ArrayState>,
+    /// Finished pods and when each goes.
+    pub(super) expiry: Expiry,
+    pub(super) seq: u64,
+    pub(super) metrics: ControllerMetrics,
+}
+
+pub(super) fn is_terminal(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+}
+
+/// Where the scheduler's mirror keeps the CPUs a node reports offline: a key
+/// no pod can have (names have no `/`), as the node's static pods do.
+const OFFLINE_KEY: &str = "node/offline-cpus";
+
+/// The node's reported allocations, plus its offline CPUs held as one
+/// exclusive allocation: the scheduler places nothing on them and does not
+/// count them free, while the submission check, which asks whether the
+/// registered machine could ever run a pod, still sees every CPU.
+pub(super) fn mirror_allocations(node: &Node) -> specs::Allocations {
+    let mut a = node.status.allocations.clone();
+    let offline = node
+        .status
+        .offline_cpus
+        .difference(&a.exclusive_cpus())
+        .difference(&node.spec.settings.reserved_cpus)
+        .difference(&node.spec.topology.reserved_cpus);
+    if !offline.is_empty() {
+        let held = specs::ContainerPlacement {
+            name: "offline".into(),
+            cpu_policy: specs::CpuPolicy::Exclusive,
+            cpus: offline,
+            mems: Default::default(),
+            memory: Default::default(),
+            hugepages: Default::default(),
+            devices: Default::default(),
+        };
+        a.pods.insert(OFFLINE_KEY.into(), specs::Placement { containers: vec![held], ..Default::default() });
+    }
+    a
+}
+
+/// The key of a gang in `State::gangs`.
+pub(super) fn gang_key(g: &specs::job::Gang) -> String {
+    format!("{}#{}", g.job, g.attempt)
+}
+
+/// Hash of what placing the pod depends on: its spec less what only the
+/// node's runtime reads (commands, environment, images, ...), so that the
+/// tasks of an array, which differ in their environment, are twins.
+pub(super) fn twin_hash(pod: &Pod) -> u64 {
+    let mut spec = pod.spec.clone();
+    spec.termination_grace_period_seconds = None;
+    spec.ttl_seconds_after_finished = None;
+    spec.init = false;
+    for c in &mut spec.containers {
+        c.image = None;
+        c.rootfs = None;
+        c.command.clear();
+        c.args.clear();
+        c.env.clear();
+        c.working_dir = None;
+        c.security_context = None;
+    }
+    let mut h = DefaultHasher::new();
+    serde_json::to_string(&spec).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
+/// `(array, parallelism)` of a task pod that names a valid parallelism.
+pub(super) fn array_limit(pod: &Pod) -> Option<(String, usize)> {
+    let array = pod.metadata.labels.get(specs::pod::ARRAY_LABEL)?;
+    let n: usize = pod.metadata.annotations.get(specs::pod::ARRAY_PARALLELISM_ANNOTATION)?.parse().ok()?;
+    (n > 0).then(|| (array.clone(), n))
+}
+
+impl State {
+    pub(super) fn new(sched: Scheduler, metrics: ControllerMetrics) -> State {
+        State {
+            sched,
+            gangs: HashMap::new(),
+            blocked_by: None,
+            dirty_jobs: BTreeSet::new(),
+            nodes: HashMap::new(),
+            queue: HashMap::new(),
+            order: BTreeMap::new(),
+            orders: HashMap::new(),
+            arrays: HashMap::new(),
+            expiry: Expiry::default(),
+            seq: 0,
+            metrics,
+        }
+    }
+
+    /// A pod's place in the queue, assigned once per pod.
+    pub(super) fn order_of(&mut self, pod: &Pod) -> Order {
+        if let Some(o) = self.orders.get(&pod.metadata.name) {
+            return *o;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        if let Some(g) = specs::job::Gang::of(pod) {
+            let st = self.gangs.entry(gang_key(&g)).or_insert_with(|| GangState { group: seq, ..Default::default() });
+            st.members += 1;
+            return Order { priority: std::cmp::Reverse(g.priority), group: st.group, task: u64::from(g.rank), seq };
+        }
+        let priority = std::cmp::Reverse(0);
+        match pod.metadata.labels.get(specs::pod::ARRAY_LABEL) {
+            Some(array) => {
+                let a =
+                    self.arrays.entry(array.clone()).or_insert_with(|| ArrayState { group: seq, ..Default::default() });
+                a.members += 1;
+                let task = pod
+                    .metadata
+                    .annotations
+                    .get(specs::pod::ARRAY_TASK_ANNOTATION)
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(u64::MAX);
+                Order { priority, group: a.group, task, seq }
+            }
+            None => Order { priority, group: seq, task: 0, seq },
+        }
+    }
+
+    /// The pod finished or was deleted: out of the queue, its array and the
+    /// queue order, and the scheduler forgets it (a later pod of the same
+    /// name is a new pod: no backoff, no stale marks).
+    pub(super) fn let_go(&mut self, pod: &Pod) {
+        if let Some(g) = specs::job::Gang::of(pod) {
+            if self.blocked_by.as_ref().is_some_and(|(_, k)| *k == gang_key(&g)) {
+                self.blocked_by = None;
+            }
+        }
+        self.dequeue(&pod.metadata.name);
+        self.leave_array(pod);
+        self.forget_order(pod);
+        self.sched.release(&pod.metadata.name);
+    }
+
+    /// The pod is finished or gone: it leaves the queue order (and its array).
+    pub(super) fn forget_order(&mut self, pod: &Pod) {
+        if self.orders.remove(&pod.metadata.name).is_none() {
+            return;
+        }
+        if let Some(g) = specs::job::Gang::of(pod) {
+            let key = gang_key(&g);
+            if let Some(st) = self.gangs.get_mut(&key) {
+                st.members = st.members.saturating_sub(1);
+                if st.members == 0 && st.queued.is_empty() {
+                    self.gangs.remove(&key);
+                }
+            }
+            return;
+        }
+        let Some(array) = pod.metadata.labels.get(specs::pod::ARRAY_LABEL) else { return };
+        if let Some(a) = self.arrays.get_mut(array) {
+            a.members = a.members.saturating_sub(1);
+            if a.members == 0 && a.bound.is_empty() {
+                self.arrays.remove(array);
+            }
+        }
+    }
+
+    pub(super) fn enqueue(&mut self, pod: Arc<Pod>, wait: Wait, rejected: bool) {
+        let name = pod.metadata.name.clone();
+        let order = match self.orders.get(&name) {
+            Some(o) => *o,
+            None => {
+                let o = self.order_of(&pod);
+                self.orders.insert(name.clone(), o);
+                o
+            }
+        };
+        self.dequeue(&name);
+        let entry =
+            QueueEntry { order, twin: twin_hash(&pod), array: array_limit(&pod), pod, wait, rejected, said: None };
+        if let Some(g) = specs::job::Gang::of(&entry.pod) {
+            self.gangs.entry(gang_key(&g)).or_default().queued.insert(g.rank, name.clone());
+        }
+        self.order.insert(order, name.clone());
+        self.queue.insert(name, entry);
+    }
+
+    pub(super) fn dequeue(&mut self, name: &str) -> Option<QueueEntry> {
+        let e = self.queue.remove(name)?;
+        self.order.remove(&e.order);
+        if let Some(g) = specs::job::Gang::of(&e.pod) {
+            if let Some(st) = self.gangs.get_mut(&gang_key(&g)) {
+                st.queued.remove(&g.rank);
+            }
+        }
+        Some(e)
+    }
+
+    /// The store did not take `binding`: the scheduler lets go of it (only
+    /// this one: a new pod of the name may be bound by now). When the store
+    /// itself refused (5xx: disk full, unavailable, not the leader) and the
+    /// pod is still known and not queued again meanwhile, it goes back to the
+    /// queue after `retry`, so it never waits unbound and forgotten until a
+    /// restart. A refusal about the pod (gone, replaced, bound) leaves it.
+    pub(super) fn binding_not_stored(
+        &mut self,
+        pod: &Pod,
+        binding: &crate::scheduler::Binding,
+        e: &ClusterError,
+        retry: Duration,
+    ) {
+        let name = &pod.metadata.name;
+        if self.sched.binding(name).is_some_and(|held| held == *binding) {
+            self.sched.release(name);
+        }
+        if e.is_server_fault() && self.orders.contains_key(name) && !self.queue.contains_key(name) {
+            self.enqueue(Arc::new(pod.clone()), Wait::Backoff(Instant::now() + retry), false);
+        }
+    }
+
+    /// A member of a job finished or left: the job is judged again.
+    pub(super) fn member_changed(&mut self, pod: &Pod) {
+        if let Some(g) = specs::job::Gang::of(pod) {
+            self.dirty_jobs.insert(g.job);
+        }
+    }
+
+    /// The pod no longer counts against its array's parallelism.
+    pub(super) fn leave_array(&mut self, pod: &Pod) {
+        let Some(array) = pod.metadata.labels.get(specs::pod::ARRAY_LABEL) else { return };
+        if let Some(a) = self.arrays.get_mut(array) {
+            if a.bound.remove(&pod.metadata.name) {
+                let array = array.clone();
+                self.wake_array(&array);
+            }
+        }
+    }
+
+    /// A cluster event: every pod waiting for capacity is tried again at once.
+    pub(super) fn wake_waiting(&mut self) {
+        for e in self.queue.values_mut() {
+            if e.wait == Wait::Unschedulable {
+                e.wait = Wait::Now;
+            }
+        }
+    }
+
+    pub(super) fn wake_array(&mut self, array: &str) {
+        for e in self.queue.values_mut() {
+            if e.wait == Wait::Throttled && e.array.as_ref().is_some_and(|(a, _)| a == array) {
+                e.wait = Wait::Now;
+            }
+        }
+    }
+
+    /// Pushes the node's reported truth to the scheduler, which keeps the
+    /// in-flight bindings on top of it.
+    pub(super) fn sync_mirror(&mut self, name: &str) {
+        let Some(n) = self.nodes.get(name) else {
+            self.sched.remove_node(name);
+            return;
+        };
+        self.sched.upsert_node(NodeInfo {
+            name: name.to_string(),
+            labels: n.node.metadata.labels.clone(),
+            topology: n.topology.clone(),
+            settings: n.node.spec.settings.clone(),
+            allocations: mirror_allocations(&n.node),
+            ready: n.ready,
+        });
+    }
+}
