@@ -328,6 +328,48 @@ fn the_cluster_module_knows_nothing_of_http_or_the_api() {
     );
 }
 
+/// What a decider must not name: the store, a spawned task, an await, the
+/// file system or the network. Its effects are carried out by the executor.
+fn io_mentions(text: &str) -> Vec<String> {
+    let code = code(text);
+    let found: BTreeSet<&str> = tokens(&code)
+        .into_iter()
+        .filter(|t| matches!(*t, "Store" | "Txn" | "async" | "await" | "spawn" | "fs" | "net" | "File"))
+        .collect();
+    found.into_iter().map(str::to_string).collect()
+}
+
+/// The controller's files whose code is decisions over its in-memory state;
+/// `mod.rs` (the executor and the loops) and `tests.rs` are the rest.
+const CONTROLLER_DECIDERS: &[&str] = &["decide.rs", "effect.rs", "expiry.rs", "lifecycle.rs", "state.rs"];
+
+#[test]
+fn the_controllers_deciders_do_no_io() {
+    let dir = root().join("orchestrator/src/controller");
+    let mut broken = Vec::new();
+    let mut seen = Vec::new();
+    for f in rust_files(&dir) {
+        let name = f.rsplit('/').next().unwrap_or_default();
+        if matches!(name, "mod.rs" | "tests.rs") {
+            continue;
+        }
+        if !CONTROLLER_DECIDERS.contains(&name) {
+            broken.push(format!("{f} is new: a decider (list it in CONTROLLER_DECIDERS) or I/O (move it to mod.rs)"));
+            continue;
+        }
+        seen.push(name.to_string());
+        for m in io_mentions(&read(&f)) {
+            broken.push(format!("{f} names `{m}`"));
+        }
+    }
+    assert_eq!(seen.len(), CONTROLLER_DECIDERS.len(), "a listed decider is gone: {seen:?}");
+    assert!(
+        broken.is_empty(),
+        "the controller's deciders return effects and leave the writes to Controller::execute:\n{}",
+        broken.join("\n")
+    );
+}
+
 #[test]
 fn only_cli_and_e2e_use_anyhow() {
     let mut broken = Vec::new();
@@ -388,4 +430,9 @@ fn the_readers_see_what_the_rules_are_about() {
     assert!(http_or_api_mentions("use crate::{store::Txn, tls::Identity};").is_empty());
     assert_eq!(http_or_api_mentions("fn f() -> hyper::StatusCode { todo!() }"), ["StatusCode", "hyper"]);
     assert_eq!(http_or_api_mentions("let s = http::StatusCode::OK;"), ["StatusCode", "http"]);
+
+    // A decider may name effects and the state, not the store or an await.
+    assert!(io_mentions("fn timers(&mut self) -> Vec<Effect> { /* store.write */ Vec::new() }").is_empty());
+    assert_eq!(io_mentions("async fn f(s: &Store) { s.write(|t: &mut Txn| ()).await }"), ["Store", "Txn", "async", "await"]);
+    assert_eq!(io_mentions("let _ = std::fs::read(\"x\");"), ["fs"]);
 }
