@@ -2,7 +2,6 @@
 //! (a restarted agent included) can tell what happened to it, and the
 //! `/proc` checks that tell a live container from a reused PID.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -127,28 +126,16 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
     move |source| RuntimeError::Io { path: path.to_path_buf(), source }
 }
 
-/// Temp file, rename: a reader (or a process restarted after `kill -9`) sees
-/// the old content or the new, never half. `durable` adds fsync of the file and
-/// the directory, for what must also survive a power loss; records about
-/// processes need not (the processes do not survive a reboot either), and the
-/// fsyncs cost milliseconds on every container start.
-pub fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RuntimeError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp =
-        dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
-    // Records hold the container's config (its env): 0600, as every file under the data dir.
-    let mut f = crate::fsutil::create_private(&tmp, false).map_err(io_err(&tmp))?;
-    f.write_all(bytes).map_err(io_err(&tmp))?;
-    if durable {
-        f.sync_all().map_err(io_err(&tmp))?;
-    }
-    std::fs::rename(&tmp, path).map_err(io_err(path))?;
-    if durable {
-        if let Ok(d) = std::fs::File::open(dir) {
-            d.sync_all().map_err(io_err(dir))?;
-        }
-    }
-    Ok(())
+/// Temp file (0600), rename: a reader (or a process restarted after `kill -9`)
+/// sees the old content or the new, never half (`fsutil`'s atomic writes).
+/// `durable` adds fsync of the file and the directory, for what must also
+/// survive a power loss; records about processes need not (the processes do
+/// not survive a reboot either), and the fsyncs cost milliseconds on every
+/// container start.
+fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> Result<(), RuntimeError> {
+    let written =
+        if durable { crate::fsutil::write_atomic(path, bytes) } else { crate::fsutil::replace_atomic(path, bytes) };
+    written.map_err(io_err(path))
 }
 
 /// A process record: atomic, not fsynced (see [`write_atomic_with`]).
