@@ -18,25 +18,15 @@
 //! the mean wall time: on a shared, loaded machine preemption would otherwise
 //! inflate the figure several-fold. It is the cost on one uncontended core.
 
-use std::collections::BTreeMap;
-
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use specs::engine::{admit, Allocations, NodeSettings};
-use specs::pod::{Container, Pod, PodSpec, TopologyPolicy};
+use specs::pod::{Pod, TopologyPolicy};
 use specs::topology::NodeTopology;
-use specs::Quantity;
 
 fn pod(cpus: &str) -> Pod {
-    let res: BTreeMap<String, Quantity> = [("cpu", cpus), ("memory", "4Gi")]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), Quantity::parse(v).expect("constant quantity")))
-        .collect();
-    let mut c = Container { name: "c".into(), ..Default::default() };
-    c.resources.requests = res.clone();
-    c.resources.limits = res;
-    Pod::new("bench", PodSpec { containers: vec![c], ..Default::default() })
+    specs::testing::pod("bench").named("c").guaranteed(cpus, "4Gi").build()
 }
 
 fn machines() -> Vec<(&'static str, NodeTopology)> {

@@ -74,6 +74,19 @@ impl PodBuilder {
         self
     }
 
+    /// The pod's containers are these, in place of `main` (table-driven
+    /// engine tests build their containers row by row).
+    pub fn containers(mut self, containers: Vec<Container>) -> Self {
+        self.0.spec.containers = containers;
+        self
+    }
+
+    /// The whole of `spec.topology`.
+    pub fn topology(mut self, topology: TopologySpec) -> Self {
+        self.0.spec.topology = Some(topology);
+        self
+    }
+
     /// The pod's own topology policy (`spec.topology.policy`).
     pub fn policy(mut self, policy: TopologyPolicy) -> Self {
         self.0.spec.topology.get_or_insert_with(TopologySpec::default).policy = Some(policy);
@@ -119,6 +132,11 @@ mod tests {
         check(
             pod("p").guaranteed("2", "1Gi").policy(TopologyPolicy::SingleNumaNode).container("side"),
             "spec:\n  topology: {policy: single-numa-node}\n  containers:\n  - name: main\n    resources:\n      requests: {cpu: 2, memory: 1Gi}\n      limits: {cpu: 2, memory: 1Gi}\n  - name: side\n",
+        );
+        let side = Container { name: "side".into(), ..Container::default() };
+        check(
+            pod("p").containers(vec![side]).topology(TopologySpec { relaxed: vec!["memory".into()], ..TopologySpec::default() }),
+            "spec:\n  topology: {relaxed: [memory]}\n  containers: [{name: side}]\n",
         );
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use specs::engine::{admit, Allocations, ContainerPlacement, CpuManagerOptions, NodeSettings, Placement, RejectReason};
-use specs::pod::{Container, CpuPolicy, Pod, PodSpec, TopologyPolicy, TopologyScope, TopologySpec};
+use specs::pod::{Container, CpuPolicy, Pod, TopologyPolicy, TopologyScope, TopologySpec};
 use specs::topology::{HugePages, NodeTopology, PciDevice};
 use specs::{CpuSet, Quantity};
 
@@ -42,7 +42,7 @@ fn gctr(name: &str, cpu: &str, mem: &str) -> Container {
 }
 
 fn pod(name: &str, containers: Vec<Container>) -> Pod {
-    Pod::new(name, PodSpec { containers, ..Default::default() })
+    specs::testing::pod(name).containers(containers).build()
 }
 
 fn with_topology(mut p: Pod, policy: Option<TopologyPolicy>, scope: Option<TopologyScope>) -> Pod {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use specs::engine::{admit, Allocations, ContainerPlacement, NodeSettings, OptionError, Placement};
-use specs::pod::{Container, CpuPolicy, Pod, PodSpec, TopologyPolicy};
+use specs::pod::{Container, CpuPolicy, Pod, TopologyPolicy};
 use specs::topology::NodeTopology;
 use specs::{CpuSet, Quantity};
 
@@ -33,18 +33,11 @@ fn machine(desc: &str) -> NodeTopology {
 }
 
 fn guaranteed(cpus: &str) -> Pod {
-    let res: BTreeMap<String, Quantity> = [("cpu", cpus), ("memory", "1Gi")]
-        .iter()
-        .map(|(k, v)| (k.to_string(), Quantity::parse(v).expect("test quantity")))
-        .collect();
-    let mut c = Container { name: "c".into(), ..Default::default() };
-    c.resources.requests = res.clone();
-    c.resources.limits = res;
-    pod(vec![c])
+    specs::testing::pod("p").named("c").guaranteed(cpus, "1Gi").build()
 }
 
 fn pod(containers: Vec<Container>) -> Pod {
-    Pod::new("p", PodSpec { containers, ..Default::default() })
+    specs::testing::pod("p").containers(containers).build()
 }
 
 /// A pod with one BestEffort or Burstable container of the given policy.

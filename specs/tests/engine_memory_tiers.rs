@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use specs::engine::{admit, Allocations, NodeSettings, Placement, RejectReason};
 use specs::pod::{
-    Container, CpuPolicy, MemoryPlacement, Pod, PodSpec, RootfsSource, TopologyPolicy, TopologyScope, TopologySpec,
+    Container, CpuPolicy, MemoryPlacement, Pod, RootfsSource, TopologyPolicy, TopologyScope, TopologySpec,
 };
 use specs::topology::{HugePages, NodeTopology, NumaKind, PciDevice};
 use specs::Quantity;
@@ -30,7 +30,7 @@ fn g(cpu: &str, mem: &str) -> Container {
 }
 
 fn pod(containers: Vec<Container>, topology: TopologySpec) -> Pod {
-    Pod::new("p", PodSpec { containers, topology: Some(topology), ..Default::default() })
+    specs::testing::pod("p").containers(containers).topology(topology).build()
 }
 
 /// A pod with its memory on the nearest memory-only nodes.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use specs::engine::{admit, Allocations, CpuManagerOptions, NodeSettings};
-use specs::pod::{Container, CpuPolicy, MemoryPlacement, Pod, PodSpec, TopologyPolicy, TopologyScope};
+use specs::pod::{Container, CpuPolicy, MemoryPlacement, Pod, TopologyPolicy, TopologyScope};
 use specs::topology::{Cpu, NodeTopology, NumaKind, NumaNode};
 use specs::{CpuSet, NumaSet, Quantity};
 
@@ -73,7 +73,12 @@ fn pod(i: usize, ctrs: &[Ctr], policy: Option<TopologyPolicy>, scope: Option<Top
             memory: if asks.tier { MemoryPlacement::NearestMemoryOnly } else { MemoryPlacement::CpuNodes },
             relaxed: if asks.relax_memory { vec!["memory".into()] } else { vec![] },
         });
-    Pod::new(format!("p{i}"), PodSpec { containers, topology, ..Default::default() })
+    let p = specs::testing::pod(&format!("p{i}")).containers(containers);
+    match topology {
+        Some(t) => p.topology(t),
+        None => p,
+    }
+    .build()
 }
 
 fn policy_strategy() -> impl Strategy<Value = TopologyPolicy> {

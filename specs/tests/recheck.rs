@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use specs::engine::{admit, recheck, Allocations, MisfitReason, NodeSettings};
-use specs::pod::{Container, Pod, PodSpec, TopologyPolicy, TopologyScope, TopologySpec};
+use specs::pod::{Container, Pod, TopologyPolicy, TopologyScope, TopologySpec};
 use specs::topology::{NodeTopology, PciDevice};
 use specs::{CpuSet, Quantity};
 
@@ -34,12 +34,12 @@ fn ctr(name: &str, res: &[(&str, &str)], guaranteed: bool) -> Container {
 }
 
 fn pod_of(containers: Vec<Container>) -> Pod {
-    Pod::new("p", PodSpec { containers, ..Default::default() })
+    specs::testing::pod("p").containers(containers).build()
 }
 
 /// A Guaranteed pod of one container with `cpus` exclusive CPUs.
 fn exclusive(cpus: &str) -> Pod {
-    pod_of(vec![ctr("main", &[("cpu", cpus), ("memory", "1Gi")], true)])
+    specs::testing::pod("p").guaranteed(cpus, "1Gi").build()
 }
 
 /// A Burstable pod: its container runs on the shared pool.
