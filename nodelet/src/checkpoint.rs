@@ -156,10 +156,7 @@ mod tests {
     use specs::{ContainerPlacement, CpuPolicy, CpuSet, NumaSet, Placement};
 
     fn pod(name: &str) -> Pod {
-        Pod::from_yaml(&format!(
-            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    command: [sleep, inf]\n"
-        ))
-        .unwrap()
+        specs::testing::pod(name).command(&["sleep", "inf"]).build()
     }
 
     fn placement(cpus: &str) -> Placement {

@@ -12,7 +12,7 @@ use nodelet::runtime::hollow::HollowRuntime;
 use nodelet::runtime::Runtime;
 use nodelet::source::{DesiredChange, NodeReport};
 use specs::topology::{Cpu, NumaNode};
-use specs::{CpuSet, NodeSettings, NodeTopology, NumaSet, Pod, PodPhase, TopologyPolicy};
+use specs::{CpuSet, NodeSettings, NodeTopology, NumaSet, Pod, PodPhase, RestartPolicy, TopologyPolicy};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -51,13 +51,12 @@ fn fixture(name: &str, into: &Path) -> NodeTopology {
 }
 
 fn pod(name: &str, cpus: u32) -> Pod {
-    Pod::from_yaml(&pod_yaml(name, &cpus.to_string())).unwrap()
+    sleeper(name, &cpus.to_string())
 }
 
-fn pod_yaml(name: &str, cpu: &str) -> String {
-    format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: {cpu}, memory: 1Gi}}\n"
-    )
+/// `sleep inf` on the host's binaries with a CPU limit of `cpu`.
+fn sleeper(name: &str, cpu: &str) -> Pod {
+    specs::testing::pod(name).grace_seconds(0).host_rootfs().command(&["sleep", "inf"]).limits(cpu, "1Gi").build()
 }
 
 struct Agent {
@@ -243,10 +242,11 @@ async fn hollow_job_throughput_on_64_cpus() {
     let mut a = start(dir.path(), t, settings);
     let n: usize = std::env::var("JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let job = |i: usize| {
-        Pod::from_yaml(&format!(
-            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: j{i}}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    command: ['true']\n    resources:\n      limits: {{cpu: 1, memory: 64Mi}}\n"
-        ))
-        .unwrap()
+        specs::testing::pod(&format!("j{i}"))
+            .restart(RestartPolicy::Never)
+            .command(&["true"])
+            .limits("1", "64Mi")
+            .build()
     };
     let started = std::time::Instant::now();
     for i in 0..n {
@@ -309,7 +309,7 @@ async fn a_cpu_going_offline_under_a_pod_is_reported_and_not_handed_out_until_ba
 
     // A shared pod first: its cpuset is the pool, CPU 1 included when it
     // was admitted, but it holds no CPU of its own.
-    let shared = Pod::from_yaml(&pod_yaml("s", "500m")).unwrap();
+    let shared = sleeper("s", "500m");
     a.apply("static/s", shared).await;
     a.wait("s running", |r| running(r, "static/s")).await;
     a.apply("static/a", pod("a", 1)).await;

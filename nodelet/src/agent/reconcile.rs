@@ -363,6 +363,7 @@ pub fn placement_of<'a>(placement: &'a Placement, name: &str) -> Option<&'a Cont
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use specs::testing::pod;
     use specs::topology::{Cpu, NumaNode};
     use specs::NumaSet;
 
@@ -402,7 +403,7 @@ mod tests {
     #[test]
     fn log_folders_belong_to_one_pod() {
         let d = Path::new("/d");
-        let mut p = pod("  - name: a\n");
+        let mut p = pod("p").named("a").build();
         assert_eq!(log_uid(&p, "0123"), "h0123", "a static pod: its spec hash");
         p.metadata.uid = Some("7f3e-11".into());
         assert_eq!(log_uid(&p, "0123"), "7f3e-11");
@@ -460,13 +461,6 @@ mod tests {
         NodeTopology { cpus, numa_nodes, ..Default::default() }
     }
 
-    fn pod(yaml_containers: &str) -> Pod {
-        Pod::from_yaml(&format!(
-            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n{yaml_containers}"
-        ))
-        .unwrap()
-    }
-
     fn cp(name: &str, policy: CpuPolicy, cpus: &str) -> ContainerPlacement {
         ContainerPlacement {
             name: name.into(),
@@ -482,7 +476,7 @@ mod tests {
     #[test]
     fn plans_are_checked_before_adoption() {
         let t = topo();
-        let p = pod("  - name: a\n");
+        let p = pod("p").named("a").build();
         let mut alloc = Allocations::default();
         alloc.apply(
             "other",
@@ -533,7 +527,7 @@ mod tests {
                      host_network: bool,
                      cni: Option<&crate::cni::CniConfig>,
                      want: Option<&[(&str, &str)]>| {
-            let mut p = pod("  - name: a\n");
+            let mut p = pod("p").named("a").build();
             p.spec.host_network = host_network;
             if let Some(a) = annotation {
                 p.metadata.annotations.insert(specs::pod::INTERFACES_ANNOTATION.into(), a.into());
@@ -560,12 +554,15 @@ mod tests {
 
     #[test]
     fn container_config_from_pod_and_placement() {
-        let p = pod(concat!(
+        // Every field the config reads, as a manifest says it.
+        let p = Pod::from_yaml(concat!(
+            "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n",
             "  - name: a\n    command: [sleep]\n    args: [inf]\n    image: busybox:1\n",
             "    env: [{name: K, value: V}]\n    workingDir: /w\n",
             "    securityContext: {capabilities: {add: [sys_nice, CAP_IPC_LOCK], drop: [all, NET_RAW]}}\n",
             "    resources:\n      limits: {cpu: 1500m, memory: 64Mi, hugepages-2Mi: 4Mi}\n",
-        ));
+        ))
+        .unwrap();
         let mut placement = cp("a", CpuPolicy::Shared, "0-3");
         placement.mems = NumaSet::single(1).expect("id within MAX_ID");
         placement.devices.insert("pinion.io/vf".into(), vec!["0000:3b:00.1".into()]);
@@ -613,7 +610,7 @@ mod tests {
         );
 
         // Exclusive: no quota; no image: host rootfs; no mems: no binding.
-        let q = pod("  - name: a\n    resources:\n      limits: {cpu: 2, memory: 1Gi}\n");
+        let q = pod("p").named("a").limits("2", "1Gi").build();
         let cfg = container_config(
             Path::new("/d"),
             &BTreeMap::new(),

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use specs::qos::{effective_cpu_policy, qos_class};
+use specs::testing;
 use specs::topology::{Cpu, NumaNode};
-use specs::{ContainerPlacement, PodPhase, RejectReason};
+use specs::{ContainerPlacement, PodPhase, RejectReason, RestartPolicy};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -74,20 +75,17 @@ fn topology(n: u32) -> NodeTopology {
     }
 }
 
-fn pod(name: &str, cpu: &str, policy: &str) -> Pod {
-    Pod::from_yaml(&format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    command: [sleep, inf]\n    resources:\n      limits: {{cpu: '{cpu}', memory: 64Mi}}\n"
-    ))
-    .unwrap()
+fn pod(name: &str, cpu: &str, policy: RestartPolicy) -> Pod {
+    testing::pod(name).restart(policy).grace_seconds(0).command(&["sleep", "inf"]).limits(cpu, "64Mi").build()
 }
 
 fn exclusive(name: &str, cpus: u32) -> Pod {
-    pod(name, &cpus.to_string(), "Always")
+    pod(name, &cpus.to_string(), RestartPolicy::Always)
 }
 
 fn shared(name: &str) -> Pod {
     // A fractional CPU limit makes the container shared.
-    pod(name, "500m", "Always")
+    pod(name, "500m", RestartPolicy::Always)
 }
 
 fn config(dir: &Path, cpus: u32) -> AgentConfig {
@@ -252,10 +250,10 @@ async fn rejection_is_retried_only_when_allocations_change() {
 async fn restart_policies_with_backoff() {
     let dir = tempfile::tempdir().unwrap();
     let mut h = start(config(dir.path(), 8));
-    h.apply("static/always", pod("always", "1", "Always")).await;
-    h.apply("static/never", pod("never", "1", "Never")).await;
-    h.apply("static/onfail", pod("onfail", "1", "OnFailure")).await;
-    h.apply("static/oom", pod("oom", "1", "Never")).await;
+    h.apply("static/always", pod("always", "1", RestartPolicy::Always)).await;
+    h.apply("static/never", pod("never", "1", RestartPolicy::Never)).await;
+    h.apply("static/onfail", pod("onfail", "1", RestartPolicy::OnFailure)).await;
+    h.apply("static/oom", pod("oom", "1", RestartPolicy::Never)).await;
     h.wait("all running", |r| ["always", "never", "onfail", "oom"].iter().all(|k| running(r, &format!("static/{k}"))))
         .await;
     let cpus_before = cpus_of(&h.report.borrow(), "static/always");
@@ -478,11 +476,8 @@ async fn status_file_mirrors_the_report() {
     assert!(err.contains("nope/status.json"), "{err}");
 }
 
-fn job(name: &str, command: &str) -> Pod {
-    Pod::from_yaml(&format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    command: [{command}]\n    resources:\n      limits: {{cpu: '1', memory: 64Mi}}\n"
-    ))
-    .unwrap()
+fn job(name: &str, command: &[&str]) -> Pod {
+    testing::pod(name).restart(RestartPolicy::Never).command(command).limits("1", "64Mi").build()
 }
 
 #[tokio::test]
@@ -492,10 +487,10 @@ async fn jobs_pass_through_one_cpu_as_each_one_exits() {
     let mut h = start(config(dir.path(), 2));
     let keys: Vec<String> = (0..30).map(|i| format!("static/j{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
-        let command = match i % 3 {
-            0 => "'true'",
-            1 => "'false'",
-            _ => "sleep, '0.01'",
+        let command: &[&str] = match i % 3 {
+            0 => &["true"],
+            1 => &["false"],
+            _ => &["sleep", "0.01"],
         };
         h.apply(k, job(&format!("j{i}"), command)).await;
     }
@@ -604,7 +599,7 @@ async fn a_stuck_start_holds_up_no_other_pod() {
         let _ = stop_rx.await;
     }));
     let mut h = Harness { rt: hollow, tx, report, stop, task };
-    h.apply("static/done", job("done", "sleep, inf")).await;
+    h.apply("static/done", job("done", &["sleep", "inf"])).await;
     h.wait("done running", |r| running(r, "static/done")).await;
     h.apply("static/slow", exclusive("slow", 1)).await;
     h.wait("slow starting", |r| {

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use specs::topology::{Cpu, NumaNode};
-use specs::{NodeSettings, NodeTopology, PodPhase};
+use specs::{NodeSettings, NodeTopology, PodPhase, RestartPolicy};
 
 use super::super::status;
 use super::*;
@@ -33,11 +33,8 @@ fn state(t0: Instant) -> State {
     State::new(cfg, Allocations::default(), t0)
 }
 
-fn pod(name: &str, command: &str, policy: &str) -> Pod {
-    Pod::from_yaml(&format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 3\n  containers:\n  - name: main\n    command: [{command}]\n    resources:\n      limits: {{cpu: '1', memory: 64Mi}}\n"
-    ))
-    .unwrap()
+fn pod(name: &str, command: &[&str], policy: RestartPolicy) -> Pod {
+    specs::testing::pod(name).restart(policy).grace_seconds(3).command(command).limits("1", "64Mi").build()
 }
 
 /// A fractional limit and no request: a shared container that takes none
@@ -134,8 +131,8 @@ fn pods_arriving_together_are_admitted_first_come_first_served() {
     check(
         &mut st,
         Event::Changes(vec![
-            apply("static/zed", pod("zed", "sleep, inf", "Never")),
-            apply("static/abe", pod("abe", "sleep, inf", "Never")),
+            apply("static/zed", pod("zed", &["sleep", "inf"], RestartPolicy::Never)),
+            apply("static/abe", pod("abe", &["sleep", "inf"], RestartPolicy::Never)),
         ]),
         t,
         &["checkpoint 1 alloc=[static/zed] ids=[static-zed_main_0]"],
@@ -148,7 +145,7 @@ fn a_new_pod_starts_only_after_the_checkpoint_holding_it() {
     let mut st = state(t);
     check(
         &mut st,
-        Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Never"))]),
+        Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::Never))]),
         t,
         &["checkpoint 1 alloc=[static/a] ids=[static-a_main_0]"],
     );
@@ -165,7 +162,7 @@ fn one_checkpoint_covers_every_pod_of_a_pass_and_waits_for_the_write_in_flight()
     let mut st = state(t);
     // Shared pods (no exclusive CPU) fit together.
     let shared = |n: &str| {
-        let mut p = pod(n, "sleep, inf", "Never");
+        let mut p = pod(n, &["sleep", "inf"], RestartPolicy::Never);
         shared_cpu(&mut p);
         p
     };
@@ -199,10 +196,10 @@ fn one_checkpoint_covers_every_pod_of_a_pass_and_waits_for_the_write_in_flight()
 fn an_exit_frees_the_cpus_at_once_for_the_next_pod() {
     let t = Instant::now();
     let mut st = state(t);
-    run_pod(&mut st, t, "static/a", pod("a", "true", "Never"), 1);
+    run_pod(&mut st, t, "static/a", pod("a", &["true"], RestartPolicy::Never), 1);
     check(&mut st, written(1), t, &[]);
     // b does not fit beside a.
-    check(&mut st, Event::Changes(vec![apply("static/b", pod("b", "true", "Never"))]), t, &[]);
+    check(&mut st, Event::Changes(vec![apply("static/b", pod("b", &["true"], RestartPolicy::Never))]), t, &[]);
     assert_eq!(status::build(&st).pods["static/b"].reason.as_deref(), Some("InsufficientCpu"));
     // a's exit: its CPU freed and b admitted in the same pass, one write;
     // a's container is removed once that write (which no longer names it) is durable.
@@ -217,7 +214,7 @@ fn an_exit_frees_the_cpus_at_once_for_the_next_pod() {
 fn an_exit_reported_before_the_start_returned_is_kept() {
     let t = Instant::now();
     let mut st = state(t);
-    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "false", "Never"))]), t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["false"], RestartPolicy::Never))]), t);
     plan(&mut st, written(1), t);
     let ev = exited(&st, "static/a", 1);
     check(&mut st, ev, t, &[]);
@@ -234,7 +231,7 @@ fn an_exit_reported_before_the_start_returned_is_kept() {
 fn a_dead_container_is_removed_only_once_a_checkpoint_without_it_is_durable() {
     let t = Instant::now();
     let mut st = state(t);
-    run_pod(&mut st, t, "static/a", pod("a", "true", "Never"), 1);
+    run_pod(&mut st, t, "static/a", pod("a", &["true"], RestartPolicy::Never), 1);
     check(&mut st, written(1), t, &[]);
     let ev = exited(&st, "static/a", 0);
     check(&mut st, ev, t, &["checkpoint 2 alloc=[] ids=[]"]);
@@ -248,7 +245,7 @@ fn a_dead_container_is_removed_only_once_a_checkpoint_without_it_is_durable() {
 fn restarts_wait_for_their_backoff_with_a_new_incarnation() {
     let t = Instant::now();
     let mut st = state(t);
-    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    run_pod(&mut st, t, "static/a", pod("a", &["sleep", "inf"], RestartPolicy::Always), 1);
     check(&mut st, written(1), t, &[]);
     let ev = exited(&st, "static/a", 2);
     check(&mut st, ev, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
@@ -263,7 +260,7 @@ fn restarts_wait_for_their_backoff_with_a_new_incarnation() {
 fn a_deleted_pod_is_stopped_and_forgotten_with_its_logs() {
     let t = Instant::now();
     let mut st = state(t);
-    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    run_pod(&mut st, t, "static/a", pod("a", &["sleep", "inf"], RestartPolicy::Always), 1);
     check(&mut st, written(1), t, &[]);
     let logs = reconcile::pod_log_dir(
         Path::new(""),
@@ -297,12 +294,12 @@ fn a_deleted_pod_is_stopped_and_forgotten_with_its_logs() {
 fn a_pod_replaced_by_an_equal_spec_starts_after_the_old_container_is_removed() {
     let t = Instant::now();
     let mut st = state(t);
-    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    run_pod(&mut st, t, "static/a", pod("a", &["sleep", "inf"], RestartPolicy::Always), 1);
     check(&mut st, written(1), t, &[]);
     let old = id_of(&st, "static/a");
     let remove = Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]);
     check(&mut st, remove, t, &["stop static/a [static-a_main_0] 3s"]);
-    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Always"))]), t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::Always))]), t);
     let stopped = Event::Stopped { key: "static/a".into(), errors: vec![] };
     check(&mut st, stopped, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
     check(&mut st, written(2), t, &["remove static-a_main_0"]);
@@ -319,7 +316,7 @@ fn a_pod_replaced_by_an_equal_spec_starts_after_the_old_container_is_removed() {
 fn a_failed_stop_keeps_the_cpus_and_is_retried_later() {
     let t = Instant::now();
     let mut st = state(t);
-    run_pod(&mut st, t, "static/a", pod("a", "sleep, inf", "Always"), 1);
+    run_pod(&mut st, t, "static/a", pod("a", &["sleep", "inf"], RestartPolicy::Always), 1);
     check(&mut st, written(1), t, &[]);
     plan(&mut st, Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]), t);
     check(&mut st, Event::Stopped { key: "static/a".into(), errors: vec!["stop: busy".into()] }, t, &[]);
@@ -331,7 +328,7 @@ fn a_failed_stop_keeps_the_cpus_and_is_retried_later() {
 fn a_command_that_cannot_run_fails_a_never_pod_without_retry() {
     let t = Instant::now();
     let mut st = state(t);
-    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "nope", "Never"))]), t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["nope"], RestartPolicy::Never))]), t);
     plan(&mut st, written(1), t);
     let failure = StartFailure::CannotRun { code: 127, message: "command \"nope\" not found in $PATH".into() };
     let event = Event::Started {
@@ -355,7 +352,7 @@ fn a_command_that_cannot_run_fails_a_never_pod_without_retry() {
 fn a_failed_start_is_a_crash_of_the_container() {
     let t = Instant::now();
     let mut st = state(t);
-    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "OnFailure"))]), t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::OnFailure))]), t);
     plan(&mut st, written(1), t);
     let event = Event::Started {
         key: "static/a".into(),
@@ -375,7 +372,7 @@ fn a_failed_start_is_a_crash_of_the_container() {
 fn a_failed_checkpoint_write_starts_nothing_and_is_retried() {
     let t = Instant::now();
     let mut st = state(t);
-    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Never"))]), t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::Never))]), t);
     check(&mut st, Event::CheckpointWritten { generation: 1, result: Err("disk full".into()) }, t, &[]);
     assert_eq!(status::build(&st).pods["static/a"].message.as_deref(), Some("disk full"));
     check(&mut st, Event::Tick, t + RETRY_AFTER, &["checkpoint 2 alloc=[static/a] ids=[static-a_main_0]"]);
@@ -386,7 +383,7 @@ fn a_failed_checkpoint_write_starts_nothing_and_is_retried() {
 fn a_pod_deleted_while_starting_is_stopped_once_the_start_returns() {
     let t = Instant::now();
     let mut st = state(t);
-    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", "sleep, inf", "Never"))]), t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::Never))]), t);
     plan(&mut st, written(1), t);
     check(&mut st, Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]), t, &[]);
     let ev = started(&st, "static/a");
@@ -397,13 +394,13 @@ fn a_pod_deleted_while_starting_is_stopped_once_the_start_returns() {
 fn exclusive_admissions_move_the_shared_pool_in_place() {
     let t = Instant::now();
     let mut st = state(t);
-    let mut shared = pod("s", "sleep, inf", "Always");
+    let mut shared = pod("s", &["sleep", "inf"], RestartPolicy::Always);
     shared_cpu(&mut shared);
     run_pod(&mut st, t, "static/s", shared, 1);
     check(&mut st, written(1), t, &[]);
     check(
         &mut st,
-        Event::Changes(vec![apply("static/x", pod("x", "sleep, inf", "Always"))]),
+        Event::Changes(vec![apply("static/x", pod("x", &["sleep", "inf"], RestartPolicy::Always))]),
         t,
         &["cpuset static/s/main 0", "checkpoint 2 alloc=[static/s static/x] ids=[static-s_main_0 static-x_main_0]"],
     );
