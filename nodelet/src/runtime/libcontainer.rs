@@ -33,6 +33,7 @@ use ::libcontainer::container::{Container, ContainerStatus};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use oci_spec::runtime::{LinuxCpuBuilder, LinuxResourcesBuilder, Spec};
+use pinion_wire::backoff::Doubling;
 use specs::{CpuSet, NumaSet};
 
 use crate::host::{Host, RealHost};
@@ -516,11 +517,14 @@ pub(crate) fn cleanup_libcontainer(layout: &Layout, id: &str) {
     cleanup_libcontainer_with(&RealHost, layout, id, &cgroup, false)
 }
 
-/// Polls `done` until it holds or `timeout` passes; the interval grows from
-/// 100 us to 5 ms so short waits stay short and long ones stay cheap.
+/// The pause between two polls: from 100 us to 5 ms, so short waits stay
+/// short and long ones stay cheap.
+const POLL: Doubling = Doubling::new(Duration::from_micros(100), Duration::from_millis(5));
+
+/// Polls `done` until it holds or `timeout` passes, pausing as `POLL` says.
 fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_micros(100);
+    let mut pause = POLL.base;
     loop {
         if done() {
             return true;
@@ -529,7 +533,7 @@ fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(5));
+        pause = POLL.after(pause);
     }
 }
 
