@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use orchestrator::scheduler::{NodeInfo, Scheduler, SchedulerConfig};
-use specs::pod::{ResourceRequirements, TopologySpec};
 use specs::topology::{Cpu, NumaNode};
-use specs::{Allocations, Container, CpuSet, NodeSettings, NodeTopology, Pod, PodSpec, Quantity, TopologyPolicy};
+use specs::{Allocations, CpuSet, NodeSettings, NodeTopology, Pod, TopologyPolicy};
 
 const GI: u64 = 1 << 30;
 
@@ -85,25 +84,13 @@ fn nodes(count: usize, rng: &mut Rng) -> Vec<NodeInfo> {
 }
 
 fn pod(i: usize, rng: &mut Rng) -> Pod {
-    let cpus = rng.range(1, 8) as i64;
+    let cpus = rng.range(1, 8);
     let mem = rng.range(1, 8);
     let policy = if i & 1 == 0 { TopologyPolicy::SingleNumaNode } else { TopologyPolicy::BestEffort };
-    let res = BTreeMap::from([
-        ("cpu".to_string(), Quantity::from_units(cpus)),
-        ("memory".to_string(), Quantity::from_units((mem * GI) as i64)),
-    ]);
-    Pod::new(
-        format!("pod-{i}"),
-        PodSpec {
-            containers: vec![Container {
-                name: "main".into(),
-                resources: ResourceRequirements { requests: res.clone(), limits: res },
-                ..Container::default()
-            }],
-            topology: Some(TopologySpec { policy: Some(policy), ..Default::default() }),
-            ..PodSpec::default()
-        },
-    )
+    specs::testing::pod(&format!("pod-{i}"))
+        .guaranteed(&cpus.to_string(), &(mem * GI).to_string())
+        .policy(policy)
+        .build()
 }
 
 /// CPU seconds this thread has used (utime + stime from `/proc/thread-self/stat`,

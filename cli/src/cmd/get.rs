@@ -427,8 +427,7 @@ mod tests {
     }
 
     fn bare_pod(name: &str) -> Pod {
-        let text = format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec: {{containers: [{{name: c, rootfs: host}}]}}\n");
-        serde_yaml_ng::from_str(&text).expect("a pod")
+        specs::testing::pod(name).named("c").host_rootfs().build()
     }
 
     fn check_status(
