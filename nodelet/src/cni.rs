@@ -37,14 +37,14 @@ pub const DEFAULT_BIN_DIRS: &str = "/usr/lib/cni:/opt/cni/bin";
 /// Where pods' network namespaces are pinned.
 pub const DEFAULT_NETNS_DIR: &str = "/run/pinion/netns";
 /// The interface of the configured network inside a pod.
-pub const POD_IFNAME: &str = "eth0";
+const POD_IFNAME: &str = "eth0";
 /// How long one plugin call may take.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the node's pod network comes from (`--cni-conf-dir`, `--cni-bin-dir`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CniConfig {
-    pub conf_dir: PathBuf,
+    pub(crate) conf_dir: PathBuf,
     pub bin_dirs: Vec<PathBuf>,
     pub netns_dir: PathBuf,
     /// Limit on one plugin call.
@@ -94,12 +94,12 @@ pub enum CniError {
 /// A network configuration list as libcni reads it: a `.conf` is a list of
 /// one plugin.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NetworkConfig {
-    pub path: PathBuf,
-    pub cni_version: String,
-    pub name: String,
+struct NetworkConfig {
+    path: PathBuf,
+    cni_version: String,
+    name: String,
     /// Each plugin's own configuration, `type` checked.
-    pub plugins: Vec<Map<String, Value>>,
+    plugins: Vec<Map<String, Value>>,
 }
 
 impl NetworkConfig {
@@ -114,7 +114,7 @@ const CONFIG_EXTENSIONS: [&str; 3] = ["conflist", "conf", "json"];
 /// The configuration file libcni-based runtimes would use: the first by
 /// name with a configuration extension. `None` when the folder is absent or
 /// holds none.
-pub fn config_file(dir: &Path) -> Result<Option<PathBuf>, CniError> {
+pub(crate) fn config_file(dir: &Path) -> Result<Option<PathBuf>, CniError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -139,7 +139,7 @@ fn first_config<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
 }
 
 /// Reads the configuration in `dir` (see `config_file`).
-pub fn load_config(dir: &Path) -> Result<NetworkConfig, CniError> {
+fn load_config(dir: &Path) -> Result<NetworkConfig, CniError> {
     let path = config_file(dir)?.ok_or_else(|| CniError::NoConfig { dir: dir.to_path_buf() })?;
     let bytes = std::fs::read(&path).map_err(|source| CniError::Io { path: path.clone(), source })?;
     parse_config(&path, &bytes)
@@ -147,7 +147,7 @@ pub fn load_config(dir: &Path) -> Result<NetworkConfig, CniError> {
 
 /// Parses a `.conflist` (an object with `plugins`) or a single plugin's
 /// `.conf`; every problem names its field.
-pub fn parse_config(path: &Path, bytes: &[u8]) -> Result<NetworkConfig, CniError> {
+fn parse_config(path: &Path, bytes: &[u8]) -> Result<NetworkConfig, CniError> {
     let bad = |field: &str, reason: String| CniError::Config { path: path.to_path_buf(), field: field.into(), reason };
     let value: Value = serde_json::from_slice(bytes).map_err(|e| bad("(file)", format!("not JSON: {e}")))?;
     let Value::Object(top) = value else {
@@ -210,7 +210,7 @@ fn plugin_type(plugin: &Map<String, Value>) -> &str {
 // Running plugins
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
+enum Command {
     Add,
     Del,
     Check,
@@ -227,7 +227,7 @@ impl Command {
 }
 
 /// The environment of one plugin call (CNI spec 1.0, "Parameters").
-pub fn plugin_env(
+fn plugin_env(
     command: Command,
     container_id: &str,
     netns: &Path,
@@ -247,7 +247,7 @@ pub fn plugin_env(
 /// One plugin's stdin: its configuration with the list's `cniVersion` and
 /// `name`, and the previous result (ADD: the previous plugin's; DEL and
 /// CHECK: the recorded final one).
-pub fn plugin_input(list: &Value, plugin: &Map<String, Value>, prev: Option<&Value>) -> Value {
+fn plugin_input(list: &Value, plugin: &Map<String, Value>, prev: Option<&Value>) -> Value {
     let mut conf = plugin.clone();
     for field in ["cniVersion", "name"] {
         if let Some(v) = list.get(field) {
@@ -263,7 +263,7 @@ pub fn plugin_input(list: &Value, plugin: &Map<String, Value>, prev: Option<&Val
 /// The addresses a result gives the pod: those on interfaces inside the
 /// sandbox (an interface with `sandbox` set), or every one when the result
 /// does not say which interface holds them; without the prefix length.
-pub fn result_ips(result: &Value) -> Vec<String> {
+fn result_ips(result: &Value) -> Vec<String> {
     let interfaces = result.get("interfaces").and_then(Value::as_array);
     let in_sandbox = |i: u64| {
         interfaces
@@ -476,7 +476,8 @@ impl PodNetworks {
         self.leftover.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect()
     }
 
-    pub fn config(&self) -> &CniConfig {
+    #[cfg(test)]
+    fn config(&self) -> &CniConfig {
         &self.cfg
     }
 
@@ -619,7 +620,7 @@ impl PodNetworks {
     }
 
     /// Every sandbox with a record or a pinned namespace (an earlier agent's).
-    pub fn recorded(&self) -> Result<Vec<String>, CniError> {
+    fn recorded(&self) -> Result<Vec<String>, CniError> {
         let mut out = std::collections::BTreeSet::new();
         for (dir, suffix) in [(&self.state_dir, ".json"), (&self.cfg.netns_dir, "")] {
             let entries = match std::fs::read_dir(dir) {
@@ -756,7 +757,7 @@ fn remove_netns(host: &dyn Host, path: &Path) -> Result<(), CniError> {
 /// that common ranges (Docker's 172.17/16, Kubernetes' 10.96/12 and
 /// 10.244/16, podman's 10.88/16, home 192.168/16) leave alone, and masquerade
 /// so pods reach beyond the node with no route set up for them upstream.
-pub fn default_network() -> Value {
+fn default_network() -> Value {
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "pinion",
@@ -780,8 +781,8 @@ pub fn default_network() -> Value {
 
 pub const DEFAULT_SUBNET: &str = "10.213.0.0/16";
 /// host-local's leases for the default network (its own default is /var/lib/cni/networks).
-pub const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
-pub const DEFAULT_FILE: &str = "10-pinion.conflist";
+const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
+const DEFAULT_FILE: &str = "10-pinion.conflist";
 
 /// Writes `default_network` as `dir/10-pinion.conflist` (temp file, fsync,
 /// rename) when `dir` holds no configuration; the file written, if any.

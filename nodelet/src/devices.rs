@@ -34,14 +34,14 @@ use crate::discovery::{dir_entries, malformed, read_opt, DiscoveryError};
 /// The resource NVIDIA's device plugin offers GPUs as.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
 /// Prefix of a physical function's VFs' resource; the PF's netdev follows.
-pub const SRIOV_PREFIX: &str = "pinion.io/sriov-vf-";
+const SRIOV_PREFIX: &str = "pinion.io/sriov-vf-";
 const NVIDIA_VENDOR: &str = "0x10de";
 /// What every process using an NVIDIA GPU opens besides the GPU's own node.
 const NVIDIA_CONTROL_NODES: [&str; 4] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
 
 /// Finds the GPUs and VFs among `topology.devices` (read under `root`) and
 /// marks them offered, then fills every device's DRA locality.
-pub fn offer(root: &Path, topology: &mut NodeTopology) -> Result<(), DiscoveryError> {
+pub(crate) fn offer(root: &Path, topology: &mut NodeTopology) -> Result<(), DiscoveryError> {
     let pci = root.join("sys/bus/pci/devices");
     for d in &mut topology.devices {
         let dir = pci.join(&d.address);
@@ -158,19 +158,19 @@ pub struct DeviceEntry {
     /// that is no PCI function (a veth or dummy end standing in for a VF):
     /// its address is then `netdev/NAME`.
     #[serde(default)]
-    pub address: String,
+    address: String,
     /// The device is this network interface on the host: a pod holding it
     /// gets it moved into its network namespace (CNI `host-device`).
     #[serde(default)]
-    pub netdev: Option<String>,
+    netdev: Option<String>,
     /// Absent: the nodes discovery found for the device (none for one it did
     /// not offer); given (even empty): exactly these.
     #[serde(default)]
-    pub device_nodes: Option<Vec<PathBuf>>,
+    device_nodes: Option<Vec<PathBuf>>,
 }
 
 /// The address of a `--devices` netdev that is no PCI function: this and its name.
-pub const NETDEV_PREFIX: &str = "netdev/";
+const NETDEV_PREFIX: &str = "netdev/";
 
 /// The `--devices` file: resource name -> its devices.
 pub type DevicesFile = BTreeMap<String, Vec<DeviceEntry>>;

@@ -116,7 +116,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
 /// agent re-reads to notice a CPU taken offline (or brought back) while it
 /// runs. sysfs gives no inotify events, so this is polled; it reads a few
 /// small files per CPU.
-pub fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
+pub(crate) fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
     let cpu_dir = root.join("sys/devices/system/cpu");
     CpuSet::from_ids(read_cpus(&cpu_dir)?.iter().map(|t| t.id)).map_err(|e| malformed(&cpu_dir, e.to_string()))
 }

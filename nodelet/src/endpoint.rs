@@ -78,7 +78,7 @@ type Body = BoxBody<Bytes, Infallible>;
 
 #[derive(Debug, Clone, Copy)]
 pub struct EndpointConfig {
-    pub liveness: Liveness,
+    pub(crate) liveness: Liveness,
     /// Connections served at once.
     pub max_connections: usize,
 }
@@ -121,7 +121,7 @@ fn bounds(known: bool) -> Bounds {
 /// so a flood of raw connections cannot keep the server's proxy out.
 // Each argument is a separate piece of the daemon's wiring (as `daemon::run` holds them).
 #[allow(clippy::too_many_arguments)]
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     config: EndpointConfig,
@@ -253,7 +253,7 @@ async fn next_connection(
 /// any other request is a 404. Unauthenticated: the daemon refuses to bind
 /// anything but loopback. At most `max_connections` at once, the oldest
 /// evicted beyond, each bounded like an unknown caller's.
-pub async fn serve_local(
+pub(crate) async fn serve_local(
     listener: TcpListener,
     metrics: Arc<crate::metrics::Metrics>,
     max_connections: usize,

@@ -30,9 +30,9 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 4] = [Fault::AfterCheckpoint, Fault::AfterCreate, Fault::AfterStart, Fault::DuringStop];
+    const ALL: [Fault; 4] = [Fault::AfterCheckpoint, Fault::AfterCreate, Fault::AfterStart, Fault::DuringStop];
 
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Fault::AfterCheckpoint => "after-checkpoint",
             Fault::AfterCreate => "after-create",
@@ -59,12 +59,12 @@ fn armed() -> Option<Fault> {
 }
 
 /// Whether `point` is the armed fault.
-pub fn is(point: Fault) -> bool {
+pub(crate) fn is(point: Fault) -> bool {
     armed() == Some(point)
 }
 
 /// Dies by SIGKILL when `point` is the armed fault.
-pub fn hit(point: Fault) {
+pub(crate) fn hit(point: Fault) {
     if is(point) {
         die(point);
     }
@@ -81,7 +81,7 @@ fn die(point: Fault) {
 
 /// From a shim: SIGKILLs the agent `agent` when `point` is armed and waits
 /// (at most 10 s) until it is dead, so what follows happens without an agent.
-pub fn kill_agent_at(point: Fault, agent: i32) {
+pub(crate) fn kill_agent_at(point: Fault, agent: i32) {
     if !is(point) || agent <= 1 {
         return;
     }

@@ -13,10 +13,11 @@ use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-pub use pinion_wire::private::{private_dir, tighten, PRIVATE_DIR, PRIVATE_FILE};
+pub use pinion_wire::private::private_dir;
+pub(crate) use pinion_wire::private::{PRIVATE_DIR, PRIVATE_FILE};
 
 /// Opens `path` for writing, created 0600 (truncated: `append` false).
-pub fn create_private(path: &Path, append: bool) -> io::Result<File> {
+pub(crate) fn create_private(path: &Path, append: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
     o.write(true).create(true).mode(PRIVATE_FILE);
     if append {
@@ -41,7 +42,7 @@ fn tighten_file(f: &File) -> io::Result<()> {
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory,
 /// fsync, rename over `path`, fsync the directory (so the rename itself is durable).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     write_atomic_with(path, bytes, true)
 }
 
@@ -50,7 +51,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// power loss may lose the write. For files rebuilt from memory at every
 /// change and at start (the status report), where two fsyncs per change would
 /// only slow the agent's loop down.
-pub fn replace_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn replace_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     write_atomic_with(path, bytes, false)
 }
 
@@ -87,7 +88,7 @@ fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()>
 
 /// FNV-1a, 64 bits: a stable hash for spec fingerprints and id suffixes. Unlike
 /// `DefaultHasher` its output is fixed forever, which a checkpoint needs.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);

@@ -35,11 +35,11 @@ use specs::NodeTopology;
 
 /// Largest XML document read: an 8,192-CPU machine with its caches and PCI
 /// tree is a few MiB.
-pub const MAX_XML_BYTES: usize = 64 << 20;
+const MAX_XML_BYTES: usize = 64 << 20;
 /// Most XML nodes (elements, attributes' text, whitespace) parsed, so that a
 /// hostile document cannot make the parser's arena grow past the file size
 /// many times over.
-pub const MAX_XML_NODES: u32 = 4_000_000;
+const MAX_XML_NODES: u32 = 4_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HwlocError {

@@ -27,7 +27,7 @@ use crate::fsutil::fnv1a64;
 use crate::source::{DesiredChange, SourceKind};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ManifestError {
+pub(crate) enum ManifestError {
     #[error("manifest folder {path}: {source}")]
     Dir { path: PathBuf, source: std::io::Error },
 }
@@ -232,7 +232,7 @@ impl Watch {
 /// gone. The folder must exist at start; if it disappears later the pods keep
 /// running (an unmounted disk is not a request to stop everything) and a
 /// warning is logged at every rescan.
-pub async fn watch(
+pub(crate) async fn watch(
     dir: PathBuf,
     tx: mpsc::Sender<DesiredChange>,
     rescan: Duration,

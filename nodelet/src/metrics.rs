@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 use specs::RejectReason;
 
 /// The content type of a scrape (what `encode` writes).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// One step of a pod start, timed from the step before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
@@ -63,12 +63,12 @@ impl StartTrace {
         t
     }
 
-    pub fn mark(&mut self, step: Step) {
+    pub(crate) fn mark(&mut self, step: Step) {
         self.mark_at(step, monotonic_ns());
     }
 
     /// A stamp taken elsewhere (the shim's).
-    pub fn mark_at(&mut self, step: Step, ns: u64) {
+    pub(crate) fn mark_at(&mut self, step: Step, ns: u64) {
         self.stamps.push((step, ns));
     }
 
@@ -79,7 +79,7 @@ impl StartTrace {
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: comparable between processes of this machine.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
         Ok(t) => (t.tv_sec() as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec() as u64),
         Err(_) => 0,
@@ -109,7 +109,7 @@ impl EncodeLabelValue for Reason {
 }
 
 /// Every metric of one node agent; its handles are shared atomics.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     pod_start: Histogram,
     steps: Family<StepLabel, Histogram, fn() -> Histogram>,
@@ -149,41 +149,41 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Arc<Metrics> {
+    pub(crate) fn new() -> Arc<Metrics> {
         Arc::new(Metrics::default())
     }
 
     /// OpenMetrics text, ending in `# EOF`.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
     }
 
-    pub fn step(&self, step: Step, seconds: f64) {
+    pub(crate) fn step(&self, step: Step, seconds: f64) {
         self.steps.get_or_create(&StepLabel { step }).observe(seconds);
     }
 
-    pub fn trace(&self, trace: &StartTrace) {
+    pub(crate) fn trace(&self, trace: &StartTrace) {
         for (step, seconds) in trace.steps() {
             self.step(step, seconds);
         }
     }
 
-    pub fn pod_started(&self, seconds: f64) {
+    pub(crate) fn pod_started(&self, seconds: f64) {
         self.pod_start.observe(seconds);
     }
 
-    pub fn restarted(&self) {
+    pub(crate) fn restarted(&self) {
         self.restarts.inc();
     }
 
-    pub fn admitted(&self) {
+    pub(crate) fn admitted(&self) {
         self.admissions.inc();
     }
 
-    pub fn rejected(&self, reason: RejectReason) {
+    pub(crate) fn rejected(&self, reason: RejectReason) {
         self.rejections.get_or_create(&ReasonLabel { reason: Reason(reason) }).inc();
     }
 }

@@ -13,8 +13,8 @@ use specs::{Allocations, CpuSet, Placement, Pod, PodStatus, Rejection};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BoundPlan {
-    pub epoch: u64,
-    pub placement: Placement,
+    pub(crate) epoch: u64,
+    pub(crate) placement: Placement,
 }
 
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ pub enum SourceKind {
 }
 
 impl SourceKind {
-    pub fn of_key(key: &str) -> SourceKind {
+    pub(crate) fn of_key(key: &str) -> SourceKind {
         if key.starts_with("static/") {
             SourceKind::Static
         } else {
@@ -71,5 +71,5 @@ pub struct NodeReport {
     /// The runtime id of every running container, by pod key and container
     /// name: where the node's endpoint runs an exec.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub running: BTreeMap<String, BTreeMap<String, String>>,
+    pub(crate) running: BTreeMap<String, BTreeMap<String, String>>,
 }

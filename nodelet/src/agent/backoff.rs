@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub base: Duration,
-    pub cap: Duration,
-    pub reset_after: Duration,
+pub(crate) struct Backoff {
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
+    pub(crate) reset_after: Duration,
 }
 
 impl Default for Backoff {
@@ -21,12 +21,12 @@ impl Default for Backoff {
 impl Backoff {
     /// The delay before the restart that follows `streak` consecutive crashes
     /// (streak 0: the first crash).
-    pub fn delay(&self, streak: u32) -> Duration {
+    pub(crate) fn delay(&self, streak: u32) -> Duration {
         pinion_wire::backoff::Doubling::new(self.base, self.cap).delay(streak)
     }
 
     /// Whether a run this long resets the streak.
-    pub fn resets_after(&self, ran: Duration) -> bool {
+    pub(crate) fn resets_after(&self, ran: Duration) -> bool {
         ran >= self.reset_after
     }
 }

@@ -55,34 +55,34 @@ use crate::runtime::{ContainerState, ExitEvent, Runtime, RuntimeError};
 use crate::source::{DesiredChange, NodeReport};
 use plan::{Action, CtrState, Desired, Event, PodEntry, Stage, StartFailure, State};
 
-pub use backoff::Backoff;
+pub(crate) use backoff::Backoff;
 
 /// The engine's signature; the agent calls `specs::admit` unless a test passes
 /// another function.
-pub type AdmitFn = fn(&NodeTopology, &NodeSettings, &Allocations, &str, &Pod) -> Result<Placement, Rejection>;
+type AdmitFn = fn(&NodeTopology, &NodeSettings, &Allocations, &str, &Pod) -> Result<Placement, Rejection>;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// Checkpoint, status file and container logs live here.
-    pub data_dir: PathBuf,
-    pub topology: NodeTopology,
-    pub settings: NodeSettings,
-    pub backoff: Backoff,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) topology: NodeTopology,
+    pub(crate) settings: NodeSettings,
+    backoff: Backoff,
     /// Grace between SIGTERM and SIGKILL when the pod does not say.
-    pub default_grace: Duration,
+    default_grace: Duration,
     /// How often the state of running containers is read as a safety net
     /// for a lost exit notification. Exits themselves are pushed by the
     /// runtime at once; this is off every pod's critical path.
     pub recheck_interval: Duration,
     /// Limit on one runtime start.
-    pub start_timeout: Duration,
+    start_timeout: Duration,
     /// Limit on other runtime calls (state, update, remove, list) and on a
     /// checkpoint write; stop gets its grace on top.
-    pub op_timeout: Duration,
+    op_timeout: Duration,
     /// PCI address -> device nodes handed to a container that is allocated the device.
     pub device_nodes: BTreeMap<String, Vec<PathBuf>>,
-    pub admit: AdmitFn,
+    admit: AdmitFn,
     /// The sysfs root `topology` was discovered from, when it was: its CPUs'
     /// online state is read again every `cpu_recheck_interval`, so that a CPU
     /// taken offline while the agent runs is never handed out (and one
@@ -97,7 +97,7 @@ pub struct AgentConfig {
     /// no longer allow (see `resettle`): report it, and restart it or not.
     pub on_settings_change: resettle::OnSettingsChange,
     /// The node's metrics, which the planner and the executor update.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// The node's CNI network (`crate::cni`): each pod without
     /// `hostNetwork` gets a pinned namespace and an address. `None` (no
     /// configuration, or the hollow runtime): a namespace per container

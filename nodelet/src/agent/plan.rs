@@ -32,10 +32,10 @@ use crate::source::{BoundPlan, DesiredChange, SourceKind};
 
 /// How long a failed checkpoint write, cpuset update or stop waits before it
 /// is tried again (each failure is also an event: retrying at once would spin).
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// Not admitted. `rejected`: the epoch and rejection of the last failed try.
     Pending {
         rejected: Option<(u64, Rejection)>,
@@ -52,13 +52,13 @@ pub enum Stage {
 }
 
 #[derive(Debug, Clone)]
-pub struct Desired {
-    pub pod: Pod,
-    pub plan: Option<BoundPlan>,
+pub(crate) struct Desired {
+    pub(crate) pod: Pod,
+    pub(crate) plan: Option<BoundPlan>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum CtrState {
+pub(crate) enum CtrState {
     /// Not running; start at `at` (`reason`: why it waits, e.g. `CrashLoopBackOff`).
     Waiting {
         at: Instant,
@@ -82,59 +82,59 @@ pub enum CtrState {
 }
 
 #[derive(Debug, Clone)]
-pub struct Ctr {
-    pub name: String,
+pub(crate) struct Ctr {
+    pub(crate) name: String,
     /// The current incarnation's runtime id (it may have exited but not been removed).
-    pub runtime_id: Option<String>,
-    pub restart_count: u32,
+    pub(crate) runtime_id: Option<String>,
+    pub(crate) restart_count: u32,
     /// Consecutive crashes, for the backoff (not persisted: a restarted agent is lenient).
-    pub streak: u32,
-    pub state: CtrState,
-    pub last_exit: Option<(i32, bool)>,
+    streak: u32,
+    pub(crate) state: CtrState,
+    pub(crate) last_exit: Option<(i32, bool)>,
     /// Why the last run ended, when the exit code alone does not say (`ContainerCannotRun`).
-    pub last_reason: Option<String>,
+    pub(crate) last_reason: Option<String>,
     /// The cpuset last given to the runtime; `None` forces an update.
-    pub applied: Option<(CpuSet, NumaSet)>,
+    pub(crate) applied: Option<(CpuSet, NumaSet)>,
     /// A cpuset update is in flight.
-    pub updating: bool,
+    updating: bool,
     /// A failed cpuset update is not retried before this.
-    pub update_after: Option<Instant>,
+    update_after: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
-pub struct PodEntry {
+pub(crate) struct PodEntry {
     /// Shared with the checkpoints taken of it (see `PodRecord::pod`).
-    pub pod: Arc<Pod>,
-    pub hash: String,
-    pub plan: Option<BoundPlan>,
-    pub stage: Stage,
-    pub ctrs: Vec<Ctr>,
+    pub(crate) pod: Arc<Pod>,
+    pub(crate) hash: String,
+    plan: Option<BoundPlan>,
+    pub(crate) stage: Stage,
+    pub(crate) ctrs: Vec<Ctr>,
     /// The last error worth showing (runtime failure, checkpoint failure).
-    pub message: Option<String>,
-    pub attempts: u32,
+    pub(crate) message: Option<String>,
+    pub(crate) attempts: u32,
     /// When the agent learned of it (`State::arrivals`): pods waiting for
     /// admission are tried in this order, first come first served, as the
     /// scheduler's queue bound them.
-    pub arrival: u64,
+    arrival: u64,
     /// Its placement does not fit the settings the agent restarted with
     /// (`super::resettle`); reported until the pod goes.
-    pub misfit: Option<specs::engine::Misfit>,
+    pub(crate) misfit: Option<specs::engine::Misfit>,
     /// Its first start, timed for the metrics; `None` for a pod adopted
     /// after a restart, and once its last container started.
-    pub start: Option<StartClock>,
+    start: Option<StartClock>,
 }
 
 /// When a pod's start passed the planner's steps (`crate::metrics::Step`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StartClock {
-    pub received: Instant,
-    pub admitted: Option<Instant>,
+struct StartClock {
+    received: Instant,
+    admitted: Option<Instant>,
     /// The checkpoint step is timed once per pod, at its first container.
-    pub checkpointed: bool,
+    checkpointed: bool,
 }
 
 impl PodEntry {
-    pub fn new(d: Desired, now: Instant) -> Self {
+    pub(crate) fn new(d: Desired, now: Instant) -> Self {
         let ctrs = d
             .pod
             .spec
@@ -172,14 +172,14 @@ impl PodEntry {
     }
 
     /// The pod's log folder (see `reconcile::pod_log_dir`).
-    pub fn log_dir(&self, data_dir: &std::path::Path, key: &str) -> PathBuf {
+    fn log_dir(&self, data_dir: &std::path::Path, key: &str) -> PathBuf {
         reconcile::pod_log_dir(data_dir, key, &reconcile::log_uid(&self.pod, &self.hash))
     }
 }
 
 /// Why a start failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartFailure {
+pub(crate) enum StartFailure {
     /// The command cannot be executed: the job's failure, with its exit code.
     CannotRun { code: i32, message: String },
     /// Anything else (runtime fault, timeout): recorded as `START_ERROR_CODE`.
@@ -187,7 +187,7 @@ pub enum StartFailure {
 }
 
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     /// Desired changes, everything queued at once (one pass, one checkpoint).
     Changes(Vec<DesiredChange>),
     /// The runtime says a container's process ended.
@@ -241,7 +241,7 @@ pub enum Event {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Write (and fsync) this checkpoint; answered by `CheckpointWritten`.
     WriteCheckpoint { generation: u64, checkpoint: Box<Checkpoint> },
     /// Start a container whose id is durable; answered by `Started`.
@@ -263,7 +263,7 @@ pub enum Action {
 
 impl Action {
     /// A one-line summary, for logs and the planner's tests.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         match self {
             Action::WriteCheckpoint { generation, checkpoint } => {
                 let ids: Vec<&str> = checkpoint
@@ -288,55 +288,55 @@ impl Action {
 }
 
 /// The agent's memory: the node's allocations and every pod it knows.
-pub struct State {
-    pub cfg: AgentConfig,
-    pub alloc: Allocations,
-    pub pods: BTreeMap<String, PodEntry>,
+pub(crate) struct State {
+    pub(crate) cfg: AgentConfig,
+    pub(crate) alloc: Allocations,
+    pub(crate) pods: BTreeMap<String, PodEntry>,
     /// Keys whose latest manifest is malformed: the message, shown in the status.
-    pub invalid: BTreeMap<String, String>,
+    pub(crate) invalid: BTreeMap<String, String>,
     /// The checkpoint in memory differs from the file.
-    pub dirty: bool,
+    pub(crate) dirty: bool,
     /// The checkpoint write in flight, and the last generation handed out.
-    pub writing: Option<u64>,
-    pub generation: u64,
+    pub(crate) writing: Option<u64>,
+    generation: u64,
     /// After a failed write, the next one waits until then.
-    pub write_retry_at: Option<Instant>,
-    pub recheck_in_flight: bool,
-    pub next_recheck: Instant,
+    write_retry_at: Option<Instant>,
+    recheck_in_flight: bool,
+    next_recheck: Instant,
     /// The allocation epoch the latest release left (see `reconcile::retry_admission`).
-    pub released_at: u64,
+    released_at: u64,
     /// The machine as discovered at start; `cfg.topology` is its online part.
-    pub discovered: NodeTopology,
+    discovered: NodeTopology,
     /// CPUs of `discovered` offline now: never handed out while offline.
-    pub offline: CpuSet,
+    pub(crate) offline: CpuSet,
     /// Dead incarnations to remove once a checkpoint that no longer names
     /// them is durable, and the ones each write in flight clears. Removed
     /// earlier, a crash before that write would leave the checkpoint naming
     /// a container the runtime lacks, which a restarted agent must be able
     /// to read as "never created" (its start is still to come).
-    pub doomed: Vec<String>,
-    pub doomed_by: BTreeMap<u64, Vec<String>>,
+    pub(crate) doomed: Vec<String>,
+    pub(crate) doomed_by: BTreeMap<u64, Vec<String>>,
     /// Removals in flight. An id is not used again (a pod replaced by an
     /// equal spec gets the same ids) before its old container is gone.
-    pub removing: BTreeSet<String>,
+    pub(crate) removing: BTreeSet<String>,
     /// Removals that failed (their ids still in `removing`), tried again at
     /// these times.
-    pub remove_retry: BTreeMap<String, Instant>,
+    pub(crate) remove_retry: BTreeMap<String, Instant>,
     /// Pods learned of so far (see `PodEntry::arrival`).
-    pub arrivals: u64,
+    arrivals: u64,
     /// Pod key -> its network's sandbox and addresses (`Event::PodNetwork`).
-    pub pod_ips: BTreeMap<String, (String, Vec<String>)>,
+    pub(crate) pod_ips: BTreeMap<String, (String, Vec<String>)>,
 }
 
 impl State {
     /// Frees a pod's allocation; pods the engine rejected are tried again.
-    pub fn release(&mut self, key: &str) {
+    pub(crate) fn release(&mut self, key: &str) {
         if self.alloc.release(key).is_some() {
             self.released_at = self.alloc.epoch;
         }
     }
 
-    pub fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
+    pub(crate) fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
         let next_recheck = now + cfg.recheck_interval;
         let discovered = cfg.topology.clone();
         State {
@@ -364,7 +364,7 @@ impl State {
 
     /// The checkpoint as a projection of memory: allocations plus every admitted,
     /// terminating or finished pod.
-    pub fn checkpoint(&self) -> Checkpoint {
+    pub(crate) fn checkpoint(&self) -> Checkpoint {
         let mut cp = Checkpoint {
             version: VERSION,
             allocations: self.alloc.clone(),
@@ -400,7 +400,7 @@ impl State {
 
     /// When the loop must wake up at the latest with no event: the next due
     /// start, retry or safety re-check.
-    pub fn next_wake(&self) -> Instant {
+    pub(crate) fn next_wake(&self) -> Instant {
         let mut wake = self.next_recheck;
         if let Some(t) = self.write_retry_at {
             wake = wake.min(t);
@@ -426,13 +426,13 @@ impl State {
 }
 
 /// Folds `event` into `state` and plans what follows (see the module docs).
-pub fn plan(state: &mut State, event: Event, now: Instant) -> Vec<Action> {
+pub(crate) fn plan(state: &mut State, event: Event, now: Instant) -> Vec<Action> {
     plan_batch(state, vec![event], now)
 }
 
 /// `plan` for every event already queued, with one pass (and so at most one
 /// checkpoint write) after all of them.
-pub fn plan_batch(state: &mut State, events: Vec<Event>, now: Instant) -> Vec<Action> {
+pub(crate) fn plan_batch(state: &mut State, events: Vec<Event>, now: Instant) -> Vec<Action> {
     let mut out = Vec::new();
     for event in events {
         on_event(state, event, now, &mut out);
@@ -581,7 +581,7 @@ fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant) {
 /// A container ended (or could not start): record it, remove the dead
 /// incarnation, and wait to restart it or mark it terminated.
 #[allow(clippy::too_many_arguments)]
-pub fn after_exit(
+pub(crate) fn after_exit(
     st: &mut State,
     key: &str,
     i: usize,

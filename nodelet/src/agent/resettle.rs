@@ -35,7 +35,7 @@ pub enum OnSettingsChange {
 /// it, as `admit` saw them come), and marks the misfits. `previous`: the
 /// settings the checkpoint was written under (`None` from an agent that did
 /// not record them). Returns the misfits, for the log.
-pub fn resettle(st: &mut State, previous: Option<&NodeSettings>) -> Vec<(String, Misfit)> {
+pub(crate) fn resettle(st: &mut State, previous: Option<&NodeSettings>) -> Vec<(String, Misfit)> {
     match previous {
         Some(old) if *old != st.cfg.settings => {
             tracing::info!(
@@ -73,7 +73,7 @@ pub fn resettle(st: &mut State, previous: Option<&NodeSettings>) -> Vec<(String,
 }
 
 /// What differs between two settings, one phrase each, for the log.
-pub fn changes(old: &NodeSettings, new: &NodeSettings) -> Vec<String> {
+fn changes(old: &NodeSettings, new: &NodeSettings) -> Vec<String> {
     let mut out = Vec::new();
     if old.reserved_cpus != new.reserved_cpus {
         out.push(format!("reserved CPUs {} -> {}", show(&old.reserved_cpus), show(&new.reserved_cpus)));
@@ -108,7 +108,7 @@ fn show(cpus: &specs::CpuSet) -> String {
 }
 
 /// The status text of a misfit pod: what is wrong and what the agent does.
-pub fn status_message(m: &Misfit, on_change: OnSettingsChange) -> String {
+pub(crate) fn status_message(m: &Misfit, on_change: OnSettingsChange) -> String {
     let then = match on_change {
         OnSettingsChange::Keep => "it keeps running where it is (--on-settings-change keep)",
         OnSettingsChange::Restart => "it is restarted under the new settings (--on-settings-change restart)",

@@ -14,7 +14,7 @@ use super::{reconcile, AgentError};
 use crate::fsutil::replace_atomic;
 use crate::source::NodeReport;
 
-pub const FILE_NAME: &str = "status.json";
+const FILE_NAME: &str = "status.json";
 
 pub fn path(data_dir: &Path) -> PathBuf {
     data_dir.join(FILE_NAME)

@@ -31,15 +31,15 @@ pub struct HollowContainer {
     pub config: ContainerConfig,
     /// The live cpuset (follows `update_cpuset`).
     pub cpus: CpuSet,
-    pub mems: NumaSet,
+    mems: NumaSet,
     pub state: ContainerState,
     /// How many times `update_cpuset` changed it (tests check "no restart").
     #[serde(default)]
-    pub cpuset_updates: u32,
+    pub(crate) cpuset_updates: u32,
     /// When a `sleep N` container ends (milliseconds since the Unix epoch), so
     /// that a reopened runtime ends it on time too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ends_at_ms: Option<u64>,
+    ends_at_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -311,7 +311,8 @@ impl HollowRuntime {
     }
 
     /// Makes a running container end as if its process exited with `code`.
-    pub fn exit(&self, id: &str, code: i32, oom_killed: bool) -> Result<(), RuntimeError> {
+    #[cfg(test)]
+    pub(crate) fn exit(&self, id: &str, code: i32, oom_killed: bool) -> Result<(), RuntimeError> {
         if self.inner.end(id, code, oom_killed)? {
             Ok(())
         } else {

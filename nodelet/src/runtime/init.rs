@@ -32,7 +32,7 @@ const FORWARDED: &[Signal] = &[
 ];
 
 /// The exit code for a child's wait status: its own code, or 128 + signal.
-pub fn exit_code(status: WaitStatus) -> Option<i32> {
+fn exit_code(status: WaitStatus) -> Option<i32> {
     match status {
         WaitStatus::Exited(_, code) => Some(code),
         WaitStatus::Signaled(_, sig, _) => Some(128 + sig as i32),
@@ -41,7 +41,7 @@ pub fn exit_code(status: WaitStatus) -> Option<i32> {
 }
 
 /// The exit code of a command that could not be executed (as a shell's).
-pub fn exec_error_code(e: Errno) -> i32 {
+fn exec_error_code(e: Errno) -> i32 {
     if e == Errno::ENOENT {
         NOT_FOUND_CODE
     } else {

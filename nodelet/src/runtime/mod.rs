@@ -117,19 +117,19 @@ pub enum ContainerState {
 /// A container's process ended, as the runtime recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExitEvent {
-    pub id: String,
+    pub(crate) id: String,
     /// The exit code, or 128 + signal when killed by a signal.
-    pub code: i32,
-    pub oom_killed: bool,
+    pub(crate) code: i32,
+    pub(crate) oom_killed: bool,
 }
 
 /// Where a runtime sends exit events; sending never blocks.
-pub type ExitSender = tokio::sync::mpsc::UnboundedSender<ExitEvent>;
+pub(crate) type ExitSender = tokio::sync::mpsc::UnboundedSender<ExitEvent>;
 
 /// Exit code of a command that does not exist (the shells' and Docker's).
-pub const NOT_FOUND_CODE: i32 = 127;
+const NOT_FOUND_CODE: i32 = 127;
 /// Exit code of a command that exists but cannot be executed.
-pub const NOT_EXECUTABLE_CODE: i32 = 126;
+const NOT_EXECUTABLE_CODE: i32 = 126;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

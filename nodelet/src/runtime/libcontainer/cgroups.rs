@@ -29,7 +29,7 @@ use crate::runtime::CpuQuota;
 
 const ROOT: &str = "/sys/fs/cgroup";
 /// Where containers' cgroups go when the agent has no delegated subtree.
-pub const DEFAULT_PARENT: &str = "/pinion";
+pub(crate) const DEFAULT_PARENT: &str = "/pinion";
 /// The v2 controllers a container's limits use; those the delegated subtree
 /// has are enabled below it, the others are left alone.
 const CONTROLLERS: [&str; 6] = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids"];
@@ -38,16 +38,16 @@ const DELEGATE_XATTRS: [&str; 2] = ["trusted.delegate", "user.delegate"];
 
 /// Where the agent puts its containers' cgroups.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Parent {
+pub(crate) struct Parent {
     /// Relative to each hierarchy's root, written absolute (`/pinion`).
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Inside a delegated v2 subtree: the agent creates each container's
     /// directory itself (see the module comment).
-    pub delegated: bool,
+    pub(crate) delegated: bool,
 }
 
 impl Parent {
-    pub fn default_parent() -> Self {
+    pub(crate) fn default_parent() -> Self {
         Self { path: PathBuf::from(DEFAULT_PARENT), delegated: false }
     }
 }
@@ -55,7 +55,7 @@ impl Parent {
 /// Decides where containers' cgroups go and, inside a delegated subtree,
 /// prepares it (moves this process into `supervisor`, enables controllers).
 /// Called once by the agent at start.
-pub fn settle_parent() -> Result<Parent, String> {
+pub(crate) fn settle_parent() -> Result<Parent, String> {
     settle_parent_on(&crate::host::RealHost, std::process::id())
 }
 
@@ -171,7 +171,7 @@ pub(crate) fn precreate(host: &dyn Host, parent: &Parent, id: &str) -> Result<()
 /// A container's cgroup: what its bundle's `config.json` records (so a
 /// container keeps its cgroup across agents placing new ones elsewhere), else
 /// under `parent`.
-pub fn of(layout: &Layout, id: &str, parent: &Path) -> PathBuf {
+pub(crate) fn of(layout: &Layout, id: &str, parent: &Path) -> PathBuf {
     oci_spec::runtime::Spec::load(layout.bundle(id).join("config.json"))
         .ok()
         .and_then(|s| s.linux().as_ref().and_then(|l| l.cgroups_path().clone()))

@@ -325,7 +325,7 @@ fn supervise(pid: Pid) -> i32 {
 }
 
 /// SIGKILL to every live process of session `sid`, again until none is left.
-pub fn kill_session(sid: Pid) {
+fn kill_session(sid: Pid) {
     for _ in 0..SWEEPS {
         let members = session_members(sid);
         if members.is_empty() {
@@ -340,7 +340,7 @@ pub fn kill_session(sid: Pid) {
 }
 
 /// Live processes (not zombies) whose session is `sid`, from `/proc`.
-pub fn session_members(sid: Pid) -> Vec<Pid> {
+fn session_members(sid: Pid) -> Vec<Pid> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut found = Vec::new();
     for e in entries.flatten() {

@@ -37,8 +37,8 @@ pub struct ImageRecord {
     pub digest: String,
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
-    pub env: Vec<String>,
-    pub working_dir: String,
+    pub(crate) env: Vec<String>,
+    pub(crate) working_dir: String,
     pub layers: usize,
 }
 
@@ -107,7 +107,7 @@ fn err(reference: &str, message: impl Into<String>) -> RuntimeError {
 }
 
 /// `name` or `name:tag` -> `name:tag` (default tag `latest`), checked.
-pub fn normalize_reference(reference: &str) -> Result<String, RuntimeError> {
+pub(crate) fn normalize_reference(reference: &str) -> Result<String, RuntimeError> {
     let last = reference.rsplit('/').next().unwrap_or(reference);
     let full = if last.contains(':') { reference.to_string() } else { format!("{reference}:latest") };
     let ok = !reference.is_empty()
@@ -145,7 +145,7 @@ pub fn list(images: &Path) -> Result<Vec<ImageRecord>, RuntimeError> {
 }
 
 /// The image's record and its unpacked rootfs (read-only lower layer).
-pub fn resolve(images: &Path, reference: &str) -> Result<(ImageRecord, PathBuf), RuntimeError> {
+pub(crate) fn resolve(images: &Path, reference: &str) -> Result<(ImageRecord, PathBuf), RuntimeError> {
     let full = normalize_reference(reference)?;
     let index: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
     let hex = index
@@ -240,7 +240,7 @@ pub fn import(images: &Path, source: &Path, name: Option<&str>) -> Result<ImageR
 
 /// Removes what interrupted imports left in `images`: work folders whose
 /// process is gone and half-published images. Returns what it removed.
-pub fn remove_leftovers(images: &Path) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn remove_leftovers(images: &Path) -> io::Result<Vec<PathBuf>> {
     let entries = match fs::read_dir(images) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -6,10 +6,10 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_MAX_BYTES: u64 = 10 << 20;
-pub const DEFAULT_KEEP: usize = 2;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 10 << 20;
+pub(crate) const DEFAULT_KEEP: usize = 2;
 
-pub struct RotatingLog {
+pub(crate) struct RotatingLog {
     path: PathBuf,
     max_bytes: u64,
     keep: usize,
@@ -26,7 +26,7 @@ fn rotated(path: &Path, n: usize) -> PathBuf {
 impl RotatingLog {
     /// Opens (appends to) `path`, creating its parent directory; both are
     /// private (0700, 0600): a log holds whatever the container printed.
-    pub fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<Self> {
+    pub(crate) fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<Self> {
         if let Some(parent) = path.parent() {
             crate::fsutil::private_dir(parent)?;
         }
@@ -53,7 +53,7 @@ impl RotatingLog {
     }
 
     /// Appends `buf`, splitting it across files so no file exceeds `max_bytes`.
-    pub fn write_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
+    pub(crate) fn write_all(&mut self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
             if self.size >= self.max_bytes {
                 self.rotate()?;

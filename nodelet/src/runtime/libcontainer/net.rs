@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::sched::{setns, CloneFlags};
 
-pub fn loopback_up(pid: i32) -> Result<(), String> {
+pub(crate) fn loopback_up(pid: i32) -> Result<(), String> {
     let target = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("/proc/{pid}/ns/net: {e}"))?;
     let own = File::open("/proc/self/ns/net").map_err(|e| format!("/proc/self/ns/net: {e}"))?;
     setns(&target, CloneFlags::CLONE_NEWNET).map_err(|e| format!("entering the container's netns: {e}"))?;
@@ -23,7 +23,7 @@ pub fn loopback_up(pid: i32) -> Result<(), String> {
 }
 
 /// `lo` up in the calling thread's network namespace.
-pub fn loopback_up_here() -> Result<(), String> {
+pub(crate) fn loopback_up_here() -> Result<(), String> {
     set_lo_up(&socket()?)
 }
 

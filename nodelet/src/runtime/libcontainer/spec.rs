@@ -19,7 +19,7 @@ use super::super::{ContainerConfig, CpuQuota, RuntimeError};
 /// The cgroup of a container under `parent` (see [`super::cgroups::settle_parent`]),
 /// relative to each hierarchy's root; absolute so that libcgroups never derives
 /// one from the caller's own cgroup.
-pub fn cgroup_path(parent: &Path, id: &str) -> PathBuf {
+pub(crate) fn cgroup_path(parent: &Path, id: &str) -> PathBuf {
     parent.join(id)
 }
 
@@ -36,18 +36,18 @@ pub struct ProcessSpec {
 /// limit `/tmp` is as big as the limit (it can cost the host no more); without
 /// one, an unsized tmpfs may take half the host's RAM, so it gets what
 /// Docker gives `/dev/shm`, which programs use the same way.
-pub const DEFAULT_TMP_BYTES: u64 = 64 << 20;
+const DEFAULT_TMP_BYTES: u64 = 64 << 20;
 
 /// The umask of a container's processes, whatever the agent's own is.
-pub const CONTAINER_UMASK: u32 = 0o022;
+const CONTAINER_UMASK: u32 = 0o022;
 
 /// The `size=` of a container's `/tmp` (see [`DEFAULT_TMP_BYTES`]).
-pub fn tmp_size(cfg: &ContainerConfig) -> u64 {
+fn tmp_size(cfg: &ContainerConfig) -> u64 {
     cfg.memory_limit_bytes.unwrap_or(DEFAULT_TMP_BYTES)
 }
 
 /// Host directories a `rootfs: host` container sees read-only, when present.
-pub const HOST_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"];
+pub(crate) const HOST_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc"];
 
 /// Docker's default capability set (14).
 const DEFAULT_CAPS: &[Capability] = &[
@@ -138,7 +138,7 @@ fn spec_err(id: &str, what: &str, e: impl std::fmt::Display) -> RuntimeError {
 }
 
 /// `mems` to write when the config names none: every online node of the host.
-pub fn all_mems() -> String {
+pub(crate) fn all_mems() -> String {
     std::fs::read_to_string("/sys/devices/system/node/online")
         .map(|s| s.trim().to_string())
         .ok()
@@ -339,11 +339,11 @@ pub fn build(
 }
 
 /// Where the minimal init (`pinion init`) is bind-mounted inside a container.
-pub const INIT_PATH: &str = "/.pinion-init";
+pub(crate) const INIT_PATH: &str = "/.pinion-init";
 
 /// `spec` with `host_init` (the pinion binary) bind-mounted read-only at
 /// [`INIT_PATH`]; the caller puts `INIT_PATH init --` before the command.
-pub fn with_init(mut spec: Spec, host_init: &Path) -> Result<Spec, oci_spec::OciSpecError> {
+pub(crate) fn with_init(mut spec: Spec, host_init: &Path) -> Result<Spec, oci_spec::OciSpecError> {
     let m = mount(INIT_PATH, "bind", host_init, &["bind", "ro", "nosuid", "nodev"])?;
     let mut mounts = spec.mounts().clone().unwrap_or_default();
     mounts.push(m);
@@ -378,7 +378,7 @@ fn mount(
 }
 
 /// The hugetlb controller's name for a page size: `2MB`, `1GB`, `64KB`.
-pub fn page_size_name(bytes: u64) -> String {
+fn page_size_name(bytes: u64) -> String {
     const K: u64 = 1024;
     if bytes >= K * K * K && bytes.is_multiple_of(K * K * K) {
         format!("{}GB", bytes / (K * K * K))
@@ -705,7 +705,7 @@ const CLONE_NS_FLAGS: u64 = 0x7E02_0000;
 /// or disable it at boot (Debian: `syscall.x32=n`); without it in the filter an
 /// x32 syscall is refused as a foreign architecture (the thread is killed)
 /// instead of being allowed.
-pub fn default_seccomp(cap_add: &[String]) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
+fn default_seccomp(cap_add: &[String]) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
     let architectures = if cfg!(target_arch = "x86_64") {
         vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86]
     } else if cfg!(target_arch = "aarch64") {
