@@ -128,7 +128,7 @@ impl Host {
 
     fn log(&self, stem: &str) -> String {
         // Log folders are per pod uid; the newest one of the key is this pod's.
-        let path = nodelet::agent::reconcile::log_path(&self.data, &format!("static/{stem}"), "main");
+        let path = nodelet::endpoint::newest_log(&self.data, &format!("static/{stem}"), "main");
         std::fs::read_to_string(path).unwrap_or_default()
     }
 

@@ -329,12 +329,17 @@ fn the_cluster_module_knows_nothing_of_http_or_the_api() {
 }
 
 /// What a decider must not name: the store, a spawned task, an await, the
-/// file system or the network. Its effects are carried out by the executor.
+/// file system, the network or a process. Its effects are the executor's.
 fn io_mentions(text: &str) -> Vec<String> {
     let code = code(text);
     let found: BTreeSet<&str> = tokens(&code)
         .into_iter()
-        .filter(|t| matches!(*t, "Store" | "Txn" | "async" | "await" | "spawn" | "fs" | "net" | "File"))
+        .filter(|t| {
+            matches!(
+                *t,
+                "Store" | "Txn" | "async" | "await" | "spawn" | "fs" | "File" | "TcpStream" | "TcpListener" | "Command"
+            )
+        })
         .collect();
     found.into_iter().map(str::to_string).collect()
 }
@@ -368,6 +373,21 @@ fn the_controllers_deciders_do_no_io() {
         "the controller's deciders return effects and leave the writes to Controller::execute:\n{}",
         broken.join("\n")
     );
+}
+
+/// The node agent's pure deciders: `plan` (state, event, now -> actions) and
+/// `reconcile` (restarts, phases, what a container is given).
+const AGENT_DECIDERS: &[&str] = &["nodelet/src/agent/plan.rs", "nodelet/src/agent/reconcile.rs"];
+
+#[test]
+fn the_agents_deciders_do_no_io() {
+    let mut broken = Vec::new();
+    for f in AGENT_DECIDERS {
+        for m in io_mentions(&read(f)) {
+            broken.push(format!("{f} names `{m}`"));
+        }
+    }
+    assert!(broken.is_empty(), "the agent's deciders leave I/O to its executor:\n{}", broken.join("\n"));
 }
 
 #[test]
@@ -433,6 +453,9 @@ fn the_readers_see_what_the_rules_are_about() {
 
     // A decider may name effects and the state, not the store or an await.
     assert!(io_mentions("fn timers(&mut self) -> Vec<Effect> { /* store.write */ Vec::new() }").is_empty());
-    assert_eq!(io_mentions("async fn f(s: &Store) { s.write(|t: &mut Txn| ()).await }"), ["Store", "Txn", "async", "await"]);
+    assert_eq!(
+        io_mentions("async fn f(s: &Store) { s.write(|t: &mut Txn| ()).await }"),
+        ["Store", "Txn", "async", "await"]
+    );
     assert_eq!(io_mentions("let _ = std::fs::read(\"x\");"), ["fs"]);
 }

@@ -324,7 +324,7 @@ async fn logs(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     // passes the uid; without one (an older server), the newest of the name.
     let path = match q.get("uid") {
         Some(uid) => crate::agent::reconcile::container_log_path(&ctx.data_dir, &pod, uid, &container),
-        None => crate::agent::reconcile::log_path(&ctx.data_dir, &pod, &container),
+        None => newest_log(&ctx.data_dir, &pod, &container),
     };
     let file = match tokio::fs::File::open(&path).await {
         Ok(f) => f,
@@ -608,5 +608,39 @@ impl hyper::body::Body for ChannelBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// The log of `container` of the newest pod under `pod_key` (the most
+/// recently changed folder of the key, read from the disk), for callers that
+/// know no uid; a path that does not exist when the key has no logs.
+pub fn newest_log(data_dir: &Path, pod_key: &str, container: &str) -> PathBuf {
+    let prefix = format!("{}_", crate::agent::reconcile::key_dir(pod_key));
+    let logs = data_dir.join("logs");
+    let newest = std::fs::read_dir(&logs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().and_then(|n| n.strip_prefix(&prefix)).is_some_and(|uid| !uid.contains('_')))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+    let dir = newest.map_or_else(|| logs.join(crate::agent::reconcile::key_dir(pod_key)), |e| e.path());
+    dir.join(format!("{}.log", crate::agent::reconcile::sanitize(container, 120)))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_log_of_a_key_is_found_without_its_uid() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = crate::agent::reconcile::container_log_path(dir.path(), "static/web", "h1", "main");
+        std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+        // Another key that shares the prefix is never taken for this one.
+        let other = crate::agent::reconcile::container_log_path(dir.path(), "static/web/x", "u", "main");
+        std::fs::create_dir_all(other.parent().unwrap()).unwrap();
+        assert_eq!(newest_log(dir.path(), "static/web", "main"), old);
+        assert_eq!(newest_log(dir.path(), "static/none", "main"), dir.path().join("logs/static_none/main.log"));
     }
 }

@@ -695,7 +695,7 @@ impl Agent {
     }
 
     fn log(&self, stem: &str) -> PathBuf {
-        nodelet::agent::reconcile::log_path(&self.data, &format!("static/{stem}"), "main")
+        nodelet::endpoint::newest_log(&self.data, &format!("static/{stem}"), "main")
     }
 
     /// The value on the first line a pod printed (`Cpus_allowed_list:\tN`).

@@ -106,7 +106,7 @@ pub fn check_plan(
 }
 
 /// Keeps `[A-Za-z0-9.-]`, turns everything else into `-`, at most `max` bytes.
-fn sanitize(s: &str, max: usize) -> String {
+pub(crate) fn sanitize(s: &str, max: usize) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '-' }).take(max).collect()
 }
 
@@ -123,7 +123,7 @@ pub fn runtime_id(pod_key: &str, container: &str, spec_hash: &str, incarnation: 
 
 /// The folder name of a pod key: `/` becomes `_` (which `sanitize` never
 /// produces), so two keys never share a folder.
-fn key_dir(pod_key: &str) -> String {
+pub(crate) fn key_dir(pod_key: &str) -> String {
     pod_key.split('/').map(|part| sanitize(part, 120)).collect::<Vec<_>>().join("_")
 }
 
@@ -207,22 +207,6 @@ pub fn container_log_path(data_dir: &Path, pod_key: &str, uid: &str, container: 
 /// spec hash for a static pod): for a caller that holds the pod itself.
 pub fn pod_container_log_path(data_dir: &Path, pod_key: &str, pod: &Pod, container: &str) -> PathBuf {
     container_log_path(data_dir, pod_key, &log_uid(pod, &spec_hash(pod)), container)
-}
-
-/// The log of `container` of the newest pod under `pod_key` (the most
-/// recently changed folder of the key), for callers that know no uid; a path
-/// that does not exist when the key has no logs.
-pub fn log_path(data_dir: &Path, pod_key: &str, container: &str) -> PathBuf {
-    let prefix = format!("{}_", key_dir(pod_key));
-    let logs = data_dir.join("logs");
-    let newest = std::fs::read_dir(&logs)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_str().and_then(|n| n.strip_prefix(&prefix)).is_some_and(|uid| !uid.contains('_')))
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
-    let dir = newest.map_or_else(|| logs.join(key_dir(pod_key)), |e| e.path());
-    dir.join(format!("{}.log", sanitize(container, 120)))
 }
 
 fn quantity_u64(q: Option<&Quantity>) -> Option<u64> {
@@ -416,18 +400,6 @@ mod tests {
         // Two pods of one key never share a folder, nor do two keys.
         assert_ne!(pod_log_dir(d, "web", "u1"), pod_log_dir(d, "web", "u2"));
         assert_ne!(pod_log_dir(d, "static/a", "u"), pod_log_dir(d, "static-a", "u"));
-    }
-
-    #[test]
-    fn the_newest_log_of_a_key_is_found_without_its_uid() {
-        let dir = tempfile::tempdir().unwrap();
-        let old = container_log_path(dir.path(), "static/web", "h1", "main");
-        std::fs::create_dir_all(old.parent().unwrap()).unwrap();
-        // Another key that shares the prefix is never taken for this one.
-        let other = container_log_path(dir.path(), "static/web/x", "u", "main");
-        std::fs::create_dir_all(other.parent().unwrap()).unwrap();
-        assert_eq!(log_path(dir.path(), "static/web", "main"), old);
-        assert_eq!(log_path(dir.path(), "static/none", "main"), dir.path().join("logs/static_none/main.log"));
     }
 
     #[test]

@@ -524,7 +524,7 @@ async fn a_pod_log_folder_goes_with_the_pod() {
     let logs = c.config.log_path.parent().unwrap().to_path_buf();
     assert!(logs.is_dir(), "{}", logs.display());
     assert!(logs.starts_with(dir.path().join("logs")), "{}", logs.display());
-    assert_eq!(reconcile::log_path(dir.path(), "static/a", "main"), c.config.log_path);
+    assert_eq!(crate::endpoint::newest_log(dir.path(), "static/a", "main"), c.config.log_path);
     h.remove("static/a").await;
     h.wait("a gone", |r| !r.pods.contains_key("static/a")).await;
     // Removed by its own task, right after the pod was forgotten.
