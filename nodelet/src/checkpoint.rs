@@ -14,9 +14,9 @@ use specs::{Allocations, NodeSettings, Pod, PodPhase};
 
 use crate::fsutil::write_atomic;
 
-pub const FILE_NAME: &str = "checkpoint.json";
+pub(crate) const FILE_NAME: &str = "checkpoint.json";
 /// Bumped on incompatible changes; an unknown version is refused, not guessed.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -139,7 +139,7 @@ impl Checkpoint {
 
 /// A stable fingerprint of what makes a pod: its name and spec (status and
 /// server-set metadata do not count, so a status update is not a change).
-pub fn spec_hash(pod: &Pod) -> String {
+pub(crate) fn spec_hash(pod: &Pod) -> String {
     let mut text = pod.metadata.name.clone();
     text.push('\n');
     // Serializing a struct of BTreeMaps and Vecs is deterministic.

@@ -18,10 +18,10 @@ use crate::source::BoundPlan;
 
 /// Exit code recorded when a container could not be started at all (the
 /// runtime's error is in the pod's message).
-pub const START_ERROR_CODE: i32 = 128;
+pub(crate) const START_ERROR_CODE: i32 = 128;
 /// Exit code recorded when a container vanished while the agent was away and
 /// no runtime recorded how it ended.
-pub const LOST_CODE: i32 = 255;
+pub(crate) const LOST_CODE: i32 = 255;
 
 /// Whether a container that exited with `code` is started again.
 pub fn restarts(policy: RestartPolicy, code: i32) -> bool {
@@ -34,7 +34,7 @@ pub fn restarts(policy: RestartPolicy, code: i32) -> bool {
 
 /// The phase of a pod none of whose containers will run again: Succeeded when
 /// every container's last exit code is 0.
-pub fn finished_phase(exit_codes: &[i32]) -> PodPhase {
+pub(crate) fn finished_phase(exit_codes: &[i32]) -> PodPhase {
     if exit_codes.iter().all(|&c| c == 0) {
         PodPhase::Succeeded
     } else {
@@ -43,7 +43,7 @@ pub fn finished_phase(exit_codes: &[i32]) -> PodPhase {
 }
 
 /// The `reason` of an exited container, in the kubelet's words.
-pub fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
+pub(crate) fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
     if oom_killed {
         "OOMKilled"
     } else if code == 0 {
@@ -61,14 +61,14 @@ pub fn exit_reason(code: i32, oom_killed: bool) -> &'static str {
 /// resources, and a pod that did not fit does not fit in less, so neither the
 /// same state nor a fuller one is tried again: with a queue of jobs, every
 /// admission would otherwise run the engine for every pod still waiting.
-pub fn retry_admission(rejected_at: Option<u64>, last_release: u64) -> bool {
+pub(crate) fn retry_admission(rejected_at: Option<u64>, last_release: u64) -> bool {
     rejected_at.is_none_or(|r| r < last_release)
 }
 
 /// Checks a scheduler's plan before adopting it without running the engine:
 /// computed against the current epoch, one placement per container by name,
 /// exclusive CPUs on this machine, not reserved, and free.
-pub fn check_plan(
+pub(crate) fn check_plan(
     topology: &NodeTopology,
     reserved: &CpuSet,
     alloc: &Allocations,
@@ -129,7 +129,7 @@ pub(crate) fn key_dir(pod_key: &str) -> String {
 
 /// What tells one pod of a key from another for its logs: `metadata.uid`, or
 /// for a pod without one (static pods) `h` and its spec hash.
-pub fn log_uid(pod: &Pod, spec_hash: &str) -> String {
+pub(crate) fn log_uid(pod: &Pod, spec_hash: &str) -> String {
     match pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
         Some(uid) => uid.to_string(),
         None => format!("h{spec_hash}"),
@@ -142,7 +142,7 @@ pub fn log_uid(pod: &Pod, spec_hash: &str) -> String {
 /// for (`pinion.io/interfaces`), the others as `netN`, the first free from
 /// `net1`. A name annotation that does not parse (a static pod skips the
 /// API's validation) names nothing.
-pub fn pod_network(
+pub(crate) fn pod_network(
     cni: Option<&crate::cni::CniConfig>,
     topology: &NodeTopology,
     pod_key: &str,
@@ -193,13 +193,13 @@ pub fn pod_network(
 /// A pod's log folder: `<data>/logs/<pod key, sanitized>_<uid, sanitized>/`.
 /// Keyed by the uid, so a pod re-created under the same name starts with no
 /// logs; the agent removes the folder when it forgets the pod.
-pub fn pod_log_dir(data_dir: &Path, pod_key: &str, uid: &str) -> PathBuf {
+pub(crate) fn pod_log_dir(data_dir: &Path, pod_key: &str, uid: &str) -> PathBuf {
     data_dir.join("logs").join(format!("{}_{}", key_dir(pod_key), sanitize(uid, 80)))
 }
 
 /// Where a container's log goes: `<pod log folder>/<container>.log` (see
 /// [`pod_log_dir`]); the node's log endpoint finds a log with this.
-pub fn container_log_path(data_dir: &Path, pod_key: &str, uid: &str, container: &str) -> PathBuf {
+pub(crate) fn container_log_path(data_dir: &Path, pod_key: &str, uid: &str, container: &str) -> PathBuf {
     pod_log_dir(data_dir, pod_key, uid).join(format!("{}.log", sanitize(container, 120)))
 }
 
@@ -227,13 +227,13 @@ fn with_cpus_env(c: &Container, placement: &ContainerPlacement, cpus: &CpuSet) -
 }
 
 /// The variable naming an exclusive container's CPUs.
-pub const CPUS_ENV: &str = "PINION_CPUS";
+pub(crate) const CPUS_ENV: &str = "PINION_CPUS";
 
 /// Everything the runtime needs to start one container of an admitted pod.
 /// `cpus` is the container's live cpuset (`Allocations::cpuset_for`);
 /// `node_pids_limit` the node's `--pod-pids-limit`, for a pod that sets none.
 #[allow(clippy::too_many_arguments)]
-pub fn container_config(
+pub(crate) fn container_config(
     data_dir: &Path,
     device_nodes: &BTreeMap<String, Vec<PathBuf>>,
     pod_key: &str,
@@ -339,7 +339,7 @@ pub fn container_config(
 }
 
 /// The placement of container `name` (placements list containers by name).
-pub fn placement_of<'a>(placement: &'a Placement, name: &str) -> Option<&'a ContainerPlacement> {
+pub(crate) fn placement_of<'a>(placement: &'a Placement, name: &str) -> Option<&'a ContainerPlacement> {
     placement.containers.iter().find(|c| c.name == name)
 }
 

@@ -104,7 +104,7 @@ fn proc_stat(pid: i32) -> Option<(char, u64)> {
 /// Written by the shim once the container runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StartedRecord {
+pub(crate) struct StartedRecord {
     pub init: ProcId,
     pub shim: ProcId,
 }
@@ -112,7 +112,7 @@ pub struct StartedRecord {
 /// Written by the shim when the container's init has exited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ExitRecord {
+pub(crate) struct ExitRecord {
     /// The exit code, or 128 + signal when killed by a signal.
     pub code: i32,
     pub signal: Option<i32>,
@@ -120,7 +120,7 @@ pub struct ExitRecord {
 }
 
 /// Exit code reported when nobody saw the container exit (its shim died first).
-pub const UNKNOWN_EXIT_CODE: i32 = 255;
+pub(crate) const UNKNOWN_EXIT_CODE: i32 = 255;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + '_ {
     move |source| RuntimeError::Io { path: path.to_path_buf(), source }
@@ -139,18 +139,18 @@ fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> Result<(), Run
 }
 
 /// A process record: atomic, not fsynced (see [`write_atomic_with`]).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
     write_atomic_with(path, bytes, false)
 }
 
 /// Durable JSON (e.g. the image index): atomic and fsynced.
-pub fn write_json_durable<T: Serialize>(path: &Path, value: &T) -> Result<(), RuntimeError> {
+pub(crate) fn write_json_durable<T: Serialize>(path: &Path, value: &T) -> Result<(), RuntimeError> {
     let bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| RuntimeError::Io { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
     write_atomic_with(path, &bytes, true)
 }
 
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RuntimeError> {
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), RuntimeError> {
     let bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| RuntimeError::Io { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
     write_atomic(path, &bytes)
