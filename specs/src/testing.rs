@@ -135,7 +135,9 @@ mod tests {
         );
         let side = Container { name: "side".into(), ..Container::default() };
         check(
-            pod("p").containers(vec![side]).topology(TopologySpec { relaxed: vec!["memory".into()], ..TopologySpec::default() }),
+            pod("p")
+                .containers(vec![side])
+                .topology(TopologySpec { relaxed: vec!["memory".into()], ..TopologySpec::default() }),
             "spec:\n  topology: {relaxed: [memory]}\n  containers: [{name: side}]\n",
         );
     }
