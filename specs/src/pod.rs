@@ -40,6 +40,10 @@ pub struct ObjectMeta {
     /// Set by the server, RFC 3339.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<String>,
+    /// Set by the server, never by the client: who created the object
+    /// (`admin`, a user's name); a job's pods carry their job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -82,6 +86,32 @@ pub struct PodSpec {
     /// the node's `--pod-pids-limit` when unset. A fork bomb stops there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u64>,
+    /// Who the pod's processes are on the node (Kubernetes' pod-level
+    /// `securityContext`); for a user's pod the server fills it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
+    /// `false`: the pod runs in a user namespace of its own, its root mapped
+    /// to an unprivileged range on the host (Kubernetes' `hostUsers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_users: Option<bool>,
+}
+
+/// The identity of a pod's processes, for every container that does not say
+/// otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodSecurityContext {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_group: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supplemental_groups: Vec<u32>,
+    /// Pinion's own: the Unix user whose uid and groups the node looks up by
+    /// name when `runAsUser` is unset (a lab user whose uid the server does
+    /// not know; the node's passwd and group databases do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user_name: Option<String>,
 }
 
 /// A host folder a pod's containers may mount.
@@ -205,6 +235,11 @@ pub struct Container {
 pub struct SecurityContext {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Capabilities>,
+    /// Overrides the pod's `securityContext.runAsUser` for this container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_group: Option<u32>,
 }
 
 /// Linux capabilities on top of the runtime default set (Docker's 14), and

@@ -1029,6 +1029,7 @@ spec:
                             add: vec!["SYS_NICE".into(), "cap_ipc_lock".into(), "NET_ADMIN".into()],
                             drop: vec!["ALL".into()],
                         }),
+                        ..Default::default()
                     })
                 }),
                 vec![],
@@ -1040,6 +1041,7 @@ spec:
                             add: vec!["SYS_NICE".into(), "ALL".into(), "SYS_NICER".into()],
                             drop: vec!["NOPE".into()],
                         }),
+                        ..Default::default()
                     })
                 }),
                 vec![

@@ -206,6 +206,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
         cpu_policy: args.cpu_policy,
         security_context: (!args.cap_add.is_empty()).then(|| SecurityContext {
             capabilities: Some(Capabilities { add: args.cap_add.clone(), drop: Vec::new() }),
+            ..Default::default()
         }),
         volume_mounts,
     };
@@ -235,6 +236,8 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             ttl_seconds_after_finished: None,
             volumes,
             pids_limit: None,
+            security_context: None,
+            host_users: None,
         },
         status: None,
     })
