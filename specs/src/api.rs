@@ -531,6 +531,114 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+/// What a person may do: `admin` everything, `user` their own pods and jobs,
+/// `viewer` read everything and write nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    Admin,
+    User,
+    Viewer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::User => "user",
+            Role::Viewer => "viewer",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Role, String> {
+        match s {
+            "admin" => Ok(Role::Admin),
+            "user" => Ok(Role::User),
+            "viewer" => Ok(Role::Viewer),
+            other => Err(format!("{other:?} is not a role (admin, user, viewer)")),
+        }
+    }
+}
+
+/// A person who uses the cluster (`pinion user add`). Their certificates
+/// carry the record's `metadata.uid`: a revoked user, or one added again,
+/// makes every earlier certificate useless.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct User {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: UserSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UserSpec {
+    pub role: Role,
+    /// The Unix uid the person's pods run as on the nodes; unset: looked up
+    /// by name on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Supplementary groups.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+    /// The pod security profile; the role's default when unset (users
+    /// `baseline`, admins `privileged`, viewers create nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::security::Profile>,
+    /// Capabilities granted beyond the profile's list (`SYS_NICE`, `IPC_LOCK`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// May run pods on the host's network.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    /// When the user was revoked (RFC 3339); a revoked user's certificates
+    /// are refused, and the record stays so that owners keep a name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<String>,
+}
+
+/// A join token as stored: its secret only as a SHA-256 digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Token {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: TokenSpec,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenSpec {
+    /// Hex SHA-256 of the secret.
+    pub secret_sha256: String,
+    /// RFC 3339; never expires when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// Joins left; unlimited when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses_left: Option<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// When the token was revoked (RFC 3339); kept so that a restart does not
+    /// bring the bootstrap token back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<String>,
+}
+
 /// `POST /api/v1/join` body (the bootstrap token travels as a bearer token).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

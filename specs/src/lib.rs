@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod pod;
 pub mod qos;
 pub mod quantity;
+pub mod security;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -149,6 +149,8 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::Node => "Node",
         Kind::Event => "Event",
         Kind::Job => "Job",
+        Kind::User => "User",
+        Kind::Token => "Token",
     };
     watch_line(
         WatchEventType::Bookmark,

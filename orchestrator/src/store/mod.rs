@@ -130,6 +130,8 @@ pub enum Kind {
     Node,
     Event,
     Job,
+    User,
+    Token,
 }
 
 impl Kind {
@@ -139,6 +141,8 @@ impl Kind {
             Kind::Node => "node/",
             Kind::Event => "event/",
             Kind::Job => "job/",
+            Kind::User => "user/",
+            Kind::Token => "token/",
         }
     }
 }
@@ -179,6 +183,26 @@ impl Object for Node {
 
 impl Object for specs::job::Job {
     const KIND: Kind = Kind::Job;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::api::User {
+    const KIND: Kind = Kind::User;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::api::Token {
+    const KIND: Kind = Kind::Token;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
