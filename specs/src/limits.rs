@@ -64,6 +64,18 @@ pub const MAX_PODS: usize = 1024;
 /// checked on the file's length before it is read: a pod is a few KiB, and
 /// a node reads the folder again at every change.
 pub const MAX_STATIC_MANIFEST_BYTES: u64 = 1 << 20;
+/// Most `securityContext.supplementalGroups` of a pod: every one becomes a
+/// `setgroups` entry of each of its processes. Linux allows 65536, NFS's
+/// AUTH_SYS carries 16; a lab user is in a handful, so 64 is room for any
+/// real one while keeping the spec and the OCI config small.
+pub const MAX_SUPPLEMENTAL_GROUPS: usize = 64;
+/// Largest uid or gid a pod may name: `(uid_t) -1` (4294967295) is not an id
+/// but "leave unchanged" to `setresuid`, `setresgid` and `chown`, so it can
+/// be no one's.
+pub const MAX_UNIX_ID: u32 = u32::MAX - 1;
+/// Longest `securityContext.runAsUserName`: `useradd`'s limit (32), which is
+/// also what `utmp` records and what portable tools expect.
+pub const MAX_USER_NAME_LEN: usize = 32;
 /// Largest magnitude of a quantity, in whole units (10^24: a yotta-byte is
 /// absurd enough); in nano-units it fits an `i128` with room for sums.
 pub const MAX_UNITS: i128 = 1_000_000_000_000_000_000_000_000;

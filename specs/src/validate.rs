@@ -373,7 +373,60 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         validate_topology_spec(&mut e, pod, t);
     }
     validate_volumes(&mut e, pod);
+    if let Some(sc) = &pod.spec.security_context {
+        validate_pod_security_context(&mut e, sc);
+    }
     e.0
+}
+
+/// A uid or gid a process can hold (see [`crate::limits::MAX_UNIX_ID`]).
+fn check_unix_id(e: &mut Errs, field: impl Into<String>, id: Option<u32>) {
+    if let Some(id) = id.filter(|id| *id > crate::limits::MAX_UNIX_ID) {
+        e.push(field, format!("{id} is not a valid id: (uid_t) -1 means \"unchanged\" to the kernel"));
+    }
+}
+
+/// The portable Unix user name rule (POSIX's portable file name characters,
+/// not starting with `-` so that no tool reads it as an option, at most
+/// `MAX_USER_NAME_LEN` as `useradd` allows): the node looks it up in its
+/// passwd database.
+pub fn user_name_problem(name: &str) -> Option<String> {
+    use crate::limits::MAX_USER_NAME_LEN;
+    if name.is_empty() {
+        return Some("must not be empty".into());
+    }
+    if name.len() > MAX_USER_NAME_LEN {
+        return Some(format!("must be at most {MAX_USER_NAME_LEN} characters (has {})", name.len()));
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) {
+        return Some(format!("{name:?} is not a portable user name: want letters, digits, '_', '-' and '.'"));
+    }
+    if name.starts_with('-') {
+        return Some(format!("{name:?} must not start with '-'"));
+    }
+    None
+}
+
+/// `spec.securityContext`: who the pod's processes are.
+fn validate_pod_security_context(e: &mut Errs, sc: &crate::pod::PodSecurityContext) {
+    use crate::limits::MAX_SUPPLEMENTAL_GROUPS;
+    let p = "spec.securityContext";
+    check_unix_id(e, format!("{p}.runAsUser"), sc.run_as_user);
+    check_unix_id(e, format!("{p}.runAsGroup"), sc.run_as_group);
+    let groups = &sc.supplemental_groups;
+    if groups.len() > MAX_SUPPLEMENTAL_GROUPS {
+        e.push(
+            format!("{p}.supplementalGroups"),
+            format!("at most {MAX_SUPPLEMENTAL_GROUPS} groups, got {}", groups.len()),
+        );
+    } else {
+        for (i, gid) in groups.iter().enumerate() {
+            check_unix_id(e, format!("{p}.supplementalGroups[{i}]"), Some(*gid));
+        }
+    }
+    if let Some(why) = sc.run_as_user_name.as_deref().and_then(user_name_problem) {
+        e.push(format!("{p}.runAsUserName"), why);
+    }
 }
 
 /// `{at}.name`: a DNS-1123 label not used by an earlier `what` of the list.
@@ -565,6 +618,10 @@ fn validate_container(e: &mut Errs, p: &str, c: &Container) {
                 }
             }
         }
+    }
+    if let Some(sc) = &c.security_context {
+        check_unix_id(e, format!("{p}.securityContext.runAsUser"), sc.run_as_user);
+        check_unix_id(e, format!("{p}.securityContext.runAsGroup"), sc.run_as_group);
     }
     validate_resources(e, p, c);
 }
@@ -1249,6 +1306,72 @@ spec:
             msg(Box::new(topo(CpuNodes, &["pinion.io/gpu"]))),
             ["\"pinion.io/gpu\" is not a resource any container requests"]
         );
+    }
+
+    #[test]
+    fn security_context_rules() {
+        use crate::limits::{MAX_SUPPLEMENTAL_GROUPS, MAX_USER_NAME_LEN};
+        use crate::pod::{PodSecurityContext, SecurityContext};
+        type Edit = Box<dyn FnOnce(&mut Pod)>;
+        let pod_sc =
+            |sc: PodSecurityContext| -> Edit { Box::new(move |p: &mut Pod| p.spec.security_context = Some(sc)) };
+        let named =
+            |name: &str| pod_sc(PodSecurityContext { run_as_user_name: Some(name.into()), ..Default::default() });
+        let groups = |n: usize| pod_sc(PodSecurityContext { supplemental_groups: vec![1000; n], ..Default::default() });
+        let container_sc = |uid: Option<u32>, gid: Option<u32>| -> Edit {
+            Box::new(move |p: &mut Pod| {
+                c0(p).security_context =
+                    Some(SecurityContext { run_as_user: uid, run_as_group: gid, ..Default::default() })
+            })
+        };
+        let sc = "spec.securityContext";
+        let cases: Vec<(Edit, Vec<String>)> = vec![
+            (
+                pod_sc(PodSecurityContext {
+                    run_as_user: Some(1001),
+                    run_as_group: Some(1001),
+                    supplemental_groups: vec![1002, 0, u32::MAX - 1],
+                    run_as_user_name: Some("alice".into()),
+                }),
+                vec![],
+            ),
+            (
+                pod_sc(PodSecurityContext {
+                    run_as_user: Some(u32::MAX),
+                    run_as_group: Some(u32::MAX),
+                    supplemental_groups: vec![5, u32::MAX],
+                    run_as_user_name: None,
+                }),
+                vec![format!("{sc}.runAsUser"), format!("{sc}.runAsGroup"), format!("{sc}.supplementalGroups[1]")],
+            ),
+            (groups(MAX_SUPPLEMENTAL_GROUPS), vec![]),
+            (groups(MAX_SUPPLEMENTAL_GROUPS + 1), vec![format!("{sc}.supplementalGroups")]),
+            (named("nobody"), vec![]),
+            (named("svc_a-1.b"), vec![]),
+            (named("_apt"), vec![]),
+            (named("Alice"), vec![]),
+            (named(&"a".repeat(MAX_USER_NAME_LEN)), vec![]),
+            (named(&"a".repeat(MAX_USER_NAME_LEN + 1)), vec![format!("{sc}.runAsUserName")]),
+            (named(""), vec![format!("{sc}.runAsUserName")]),
+            (named("-rf"), vec![format!("{sc}.runAsUserName")]),
+            (named("al ice"), vec![format!("{sc}.runAsUserName")]),
+            (named("alice:x"), vec![format!("{sc}.runAsUserName")]),
+            (named("../root"), vec![format!("{sc}.runAsUserName")]),
+            (named("élise"), vec![format!("{sc}.runAsUserName")]),
+            (named("a\0b"), vec![format!("{sc}.runAsUserName")]),
+            (container_sc(Some(0), Some(u32::MAX - 1)), vec![]),
+            (
+                container_sc(Some(u32::MAX), Some(u32::MAX)),
+                vec![
+                    "spec.containers[0].securityContext.runAsUser".into(),
+                    "spec.containers[0].securityContext.runAsGroup".into(),
+                ],
+            ),
+        ];
+        for (edit, expected) in cases {
+            let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+            check(edit, &expected);
+        }
     }
 
     #[test]
