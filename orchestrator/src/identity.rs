@@ -102,6 +102,7 @@ fn adopt(identity: &Identity, dir: &Path, key: &str) -> Result<(), IdentityError
     }
     let token = JoinToken {
         ca_pin: Some(ca_pin(&identity.ca_cert).map_err(TlsError::from)?),
+        id: None,
         secret: identity.join_secret.clone(),
     };
     let path = dir.join("join-token");

@@ -72,6 +72,8 @@ pub struct ServerOptions {
     pub leader_ttl: Duration,
     /// The plain-HTTP, read-only loopback listener of the web view (`api::local`).
     pub local_listen: Option<LocalListen>,
+    /// How long the node, user and admin certificates this server issues live.
+    pub lifetimes: crate::tls::Lifetimes,
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +100,7 @@ impl ServerOptions {
             advertise_url: None,
             leader_ttl: Duration::from_secs(3),
             local_listen: None,
+            lifetimes: crate::tls::Lifetimes::default(),
         }
     }
 }
@@ -212,7 +215,7 @@ impl Server {
             None => options.advertise_url.iter().cloned().collect(),
         };
         servers.extend(others.into_iter().filter(|u| Some(u) != options.advertise_url.as_ref()));
-        write_admin_config(&pki, &admin_config, &servers)?;
+        write_admin_config(&pki, &admin_config, &servers, options.lifetimes.admin)?;
         // Pod specs (their env) are in the store, and sled makes its files
         // with the umask's mode; the dir's 0700 is what guards them, this the rest.
         tighten_tree(&dir, |_| false).map_err(|source| ServerError::Io { path: dir.clone(), source })?;
@@ -311,6 +314,7 @@ impl Server {
             proxy: NodeClients::new(Arc::new(self.pki.proxy_client_config()?), self.options.api.liveness),
             metrics,
             joins: Default::default(),
+            lifetimes: self.options.lifetimes,
         });
         let local = self.local.map(|(listener, _)| {
             tokio::spawn(crate::api::local::serve(listener, state.clone(), self.options.api, shutdown.clone()))
@@ -463,10 +467,19 @@ fn listen_host(listen: &str) -> String {
     }
 }
 
-/// Keeps the admin's certificate across restarts; only the URL follows the port.
-fn write_admin_config(pki: &Pki, path: &Path, servers: &[String]) -> Result<(), TlsError> {
+/// Keeps the admin's certificate across restarts while it is young; only the
+/// URL follows the port. One two thirds into its life (or living longer than
+/// `lifetime`, as those written before certificates expired do) is issued
+/// again, so that an admin who only restarts the server never holds an
+/// expired one; the CLI renews it too (`POST /api/v1/renew`).
+fn write_admin_config(pki: &Pki, path: &Path, servers: &[String], lifetime: Duration) -> Result<(), TlsError> {
+    let young = |c: &Credentials| {
+        let now = std::time::SystemTime::now();
+        pinion_wire::tls::CertificateFacts::from_pem(&c.client_cert, "admin.conf")
+            .is_ok_and(|f| now < f.renew_at() && f.not_after <= now + lifetime + crate::tls::CLOCK_SKEW_ALLOWANCE)
+    };
     match Credentials::load(path) {
-        Ok(mut c) if c.ca_cert == pki.ca_cert_pem => {
+        Ok(mut c) if c.ca_cert == pki.ca_cert_pem && young(&c) => {
             if c.servers != servers {
                 c.servers = servers.to_vec();
                 c.save(path)?;
@@ -474,7 +487,8 @@ fn write_admin_config(pki: &Pki, path: &Path, servers: &[String]) -> Result<(), 
             Ok(())
         }
         _ => {
-            let mut c = pki.credentials(&servers[0], ADMIN_CN)?;
+            tracing::info!(path = %path.display(), "writing a fresh admin certificate");
+            let mut c = pki.credentials(&servers[0], ADMIN_CN, None, lifetime)?;
             c.servers = servers.to_vec();
             Ok(c.save(path)?)
         }

@@ -34,6 +34,8 @@ pub struct ApiState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Failed joins per source address (logged, rate-limited).
     pub joins: super::joins::Joins,
+    /// How long the client certificates this server issues live.
+    pub lifetimes: crate::tls::Lifetimes,
 }
 
 pub enum Reply {
@@ -223,10 +225,12 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             }
             let (name, attempt) = (request.node_name.clone(), request.attempt.clone().unwrap_or_default());
             let claim = store.write(move |t| nodes::claim_name(t, &name, &attempt)).await?;
-            let creds = match state
-                .pki
-                .credentials(&state.server_url, &format!("{NODE_CN_PREFIX}{}", request.node_name))
-            {
+            let creds = match state.pki.credentials(
+                &state.server_url,
+                &format!("{NODE_CN_PREFIX}{}", request.node_name),
+                None,
+                state.lifetimes.node,
+            ) {
                 Ok(c) => c,
                 Err(e) => {
                     // No certificate was issued this time: a name this

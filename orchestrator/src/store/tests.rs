@@ -793,7 +793,8 @@ async fn etcd_over_tls_with_client_certificates() {
         path
     };
     let (server_cert, server_key) = pki.issue_server(&["127.0.0.1".into()]).expect("server cert");
-    let (client_cert, client_key) = pki.issue_client("pinion-server").expect("client cert");
+    let (client_cert, client_key) =
+        pki.issue_client("pinion-server", None, std::time::Duration::from_secs(3600)).expect("client cert");
     let tls = crate::testing::etcd::ClientTls {
         ca: write("ca.pem", &pki.ca_cert_pem),
         server_cert: write("server.pem", &server_cert),

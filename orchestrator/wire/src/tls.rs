@@ -11,6 +11,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -39,6 +40,8 @@ pub enum TlsError {
     Credentials { path: PathBuf, source: serde_yaml_ng::Error },
     #[error("join token: {0}")]
     Token(String),
+    #[error("{what}: {reason}")]
+    Certificate { what: String, reason: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
@@ -190,6 +193,112 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     Ok(())
 }
 
+/// What a certificate says about its holder and its life, read from its DER
+/// bytes without checking its signature (rustls verified it, or the file is
+/// our own): enough to name the caller and to know when to renew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFacts {
+    /// The subject's CN: `admin`, `node:NAME`, `user:NAME`.
+    pub common_name: Option<String>,
+    /// The subject's OrganizationalUnitName, if any: which incarnation of
+    /// the identity holds it (for a node, its join claim), so that deleting
+    /// and joining again makes earlier certificates useless.
+    pub incarnation: Option<String>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+}
+
+impl CertificateFacts {
+    /// From one certificate's DER bytes; `what` names it in the error.
+    pub fn parse(der: &[u8], what: &str) -> Result<CertificateFacts, TlsError> {
+        let bad = |reason: String| TlsError::Certificate { what: what.to_string(), reason };
+        let tbs = yasna::parse_der(der, |r| {
+            r.read_sequence(|r| {
+                let tbs = r.next().read_der()?;
+                r.next().read_der()?; // signatureAlgorithm
+                r.next().read_der()?; // signatureValue
+                Ok(tbs)
+            })
+        })
+        .map_err(|e| bad(format!("not an X.509 certificate: {e}")))?;
+        let (validity, subject) = yasna::parse_der(&tbs, |r| {
+            r.read_sequence(|r| {
+                // [0] version, absent in a version 1 certificate.
+                r.read_optional(|r| r.read_tagged(yasna::Tag::context(0), |r| r.read_der()))?;
+                r.next().read_der()?; // serialNumber
+                r.next().read_der()?; // signature
+                r.next().read_der()?; // issuer
+                let validity = r.next().read_sequence(|r| Ok((read_time(r.next())?, read_time(r.next())?)))?;
+                let subject = r.next().read_der()?;
+                // subjectPublicKeyInfo, the unique ids and the extensions.
+                while r.read_optional(|r| r.read_der())?.is_some() {}
+                Ok((validity, subject))
+            })
+        })
+        .map_err(|e| bad(format!("unreadable tbsCertificate: {e}")))?;
+        let (not_before, not_after) = validity;
+        let (not_before, not_after) = match (not_before, not_after) {
+            (Some(b), Some(a)) => (b, a),
+            _ => return Err(bad("unreadable validity".into())),
+        };
+        let mut facts = CertificateFacts { common_name: None, incarnation: None, not_before, not_after };
+        for (oid, value) in name_attributes(&subject).map_err(|e| bad(format!("unreadable subject: {e}")))? {
+            if oid == [2, 5, 4, 3] {
+                facts.common_name = Some(value);
+            } else if oid == [2, 5, 4, 11] {
+                facts.incarnation = Some(value);
+            }
+        }
+        Ok(facts)
+    }
+
+    /// From a PEM text's first certificate.
+    pub fn from_pem(pem: &str, what: &str) -> Result<CertificateFacts, TlsError> {
+        CertificateFacts::parse(pem_cert(pem, what)?.as_ref(), what)
+    }
+
+    /// Two thirds into its life: when its holder asks for the next one (as
+    /// the kubelet does), leaving a third of it for retries.
+    pub fn renew_at(&self) -> SystemTime {
+        let life = self.not_after.duration_since(self.not_before).unwrap_or_default();
+        self.not_before + life * 2 / 3
+    }
+}
+
+/// A `Time` (UTCTime or GeneralizedTime); `None` for one out of range.
+fn read_time(r: yasna::BERReader<'_, '_>) -> yasna::ASN1Result<Option<SystemTime>> {
+    let v = r.read_tagged_der()?;
+    let at = match v.tag() {
+        yasna::tags::TAG_UTCTIME => yasna::models::UTCTime::parse(v.value()).map(|t| t.datetime().unix_timestamp()),
+        yasna::tags::TAG_GENERALIZEDTIME => {
+            yasna::models::GeneralizedTime::parse(v.value()).map(|t| t.datetime().unix_timestamp())
+        }
+        _ => return Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid)),
+    };
+    let Some(secs) = at else { return Err(yasna::ASN1Error::new(yasna::ASN1ErrorKind::Invalid)) };
+    let magnitude = Duration::from_secs(secs.unsigned_abs());
+    Ok(if secs >= 0 { UNIX_EPOCH.checked_add(magnitude) } else { UNIX_EPOCH.checked_sub(magnitude) })
+}
+
+/// A Name's attributes as (OID, text) pairs, in order; a value of any string
+/// type is read as its bytes (lossily, as UTF-8).
+fn name_attributes(name_der: &[u8]) -> yasna::ASN1Result<Vec<(Vec<u64>, String)>> {
+    let mut out = Vec::new();
+    yasna::parse_der(name_der, |r| {
+        r.read_sequence_of(|r| {
+            r.read_set_of(|r| {
+                r.read_sequence(|r| {
+                    let oid = r.next().read_oid()?;
+                    let value = r.next().read_tagged_der()?;
+                    out.push((oid.components().to_vec(), String::from_utf8_lossy(value.value()).into_owned()));
+                    Ok(())
+                })
+            })
+        })
+    })?;
+    Ok(out)
+}
+
 /// The subject's common name of a DER certificate.
 pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     let ee = webpki::EndEntityCert::try_from(cert).ok()?;
@@ -254,29 +363,51 @@ pub fn ca_pin(ca_pem: &str) -> Result<[u8; 32], TlsError> {
     Ok(sha2::Sha256::digest(der.as_ref()).into())
 }
 
+/// The hex SHA-256 of `bytes`: how a join token's secret is stored.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&sha2::Sha256::digest(bytes))
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A bootstrap token, `PIN.SECRET`: PIN is the hex SHA-256 of the server's CA
+/// A join token, `PIN.ID.SECRET`: PIN is the hex SHA-256 of the server's CA
 /// certificate, so a machine given only the URL and the token can check the
 /// server before it sends the secret (as kubeadm's `--discovery-token-ca-cert-hash`
-/// and k3s's secure tokens do). A bare SECRET (no pin) is accepted with `--ca`.
+/// and k3s's secure tokens do); ID names the token's record on the server
+/// (`pinion token create` makes them). The bootstrap token of the first
+/// start has no ID (`PIN.SECRET`). Without a pin (`ID.SECRET`, `SECRET`) a
+/// token is accepted with `--ca`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinToken {
     pub ca_pin: Option<[u8; 32]>,
+    /// The record's id: 1 to 16 lowercase letters and digits.
+    pub id: Option<String>,
     pub secret: String,
+}
+
+/// Whether `id` can be a token's id (and so never a 64-digit pin).
+pub fn is_token_id(id: &str) -> bool {
+    (1..=16).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 impl JoinToken {
     pub fn parse(text: &str) -> Result<JoinToken, TlsError> {
         let text = text.trim();
-        let (pin, secret) = match text.split_once('.') {
-            Some((pin, secret)) => (Some(pin), secret),
-            None => (None, text),
+        let parts: Vec<&str> = text.split('.').collect();
+        let (pin, id, secret) = match parts.as_slice() {
+            [secret] => (None, None, *secret),
+            [first, secret] if is_token_id(first) => (None, Some(*first), *secret),
+            [pin, secret] => (Some(*pin), None, *secret),
+            [pin, id, secret] => (Some(*pin), Some(*id), *secret),
+            _ => return Err(TlsError::Token("a join token is PIN.ID.SECRET, PIN.SECRET or ID.SECRET".into())),
         };
         if secret.is_empty() || !secret.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Err(TlsError::Token("the secret (after the '.') must be letters and digits".into()));
+            return Err(TlsError::Token("the secret (after the last '.') must be letters and digits".into()));
+        }
+        if let Some(id) = id.filter(|id| !is_token_id(id)) {
+            return Err(TlsError::Token(format!("the id {id:?} must be 1 to 16 lowercase letters and digits")));
         }
         let ca_pin = match pin {
             None => None,
@@ -294,16 +425,19 @@ impl JoinToken {
                 Some(pin)
             }
         };
-        Ok(JoinToken { ca_pin, secret: secret.to_string() })
+        Ok(JoinToken { ca_pin, id: id.map(str::to_string), secret: secret.to_string() })
     }
 }
 
 impl std::fmt::Display for JoinToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.ca_pin {
-            Some(pin) => write!(f, "{}.{}", hex(pin), self.secret),
-            None => f.write_str(&self.secret),
+        if let Some(pin) = &self.ca_pin {
+            write!(f, "{}.", hex(pin))?;
         }
+        if let Some(id) = &self.id {
+            write!(f, "{id}.")?;
+        }
+        f.write_str(&self.secret)
     }
 }
 
@@ -406,14 +540,78 @@ mod tests {
         assert_eq!(Credentials::merge_servers(&l(&["a"]), &[]), l(&["a"]));
     }
 
+    /// A certificate with these subject attributes and validity (UTC dates).
+    fn certificate(cn: Option<&str>, ou: Option<&str>, from: (i32, u8, u8), to: (i32, u8, u8)) -> String {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        let mut dn = rcgen::DistinguishedName::new();
+        if let Some(cn) = cn {
+            dn.push(rcgen::DnType::CommonName, cn);
+        }
+        if let Some(ou) = ou {
+            dn.push(rcgen::DnType::OrganizationalUnitName, ou);
+        }
+        p.distinguished_name = dn;
+        p.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+        p.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+        let key = rcgen::KeyPair::generate().expect("key");
+        p.self_signed(&key).expect("sign").pem()
+    }
+
+    fn at(y: i32, m: u8, d: u8) -> SystemTime {
+        let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
+        UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).expect("after 1970"))
+    }
+
+    #[test]
+    fn certificate_facts_name_the_holder_its_incarnation_and_its_life() {
+        let check = |cn: Option<&str>, ou: Option<&str>, from, to| {
+            let pem = certificate(cn, ou, from, to);
+            let facts = CertificateFacts::from_pem(&pem, "test").expect("parses");
+            let want = CertificateFacts {
+                common_name: cn.map(str::to_string),
+                incarnation: ou.map(str::to_string),
+                not_before: at(from.0, from.1, from.2),
+                not_after: at(to.0, to.1, to.2),
+            };
+            assert_eq!(facts, want, "{cn:?} {ou:?}");
+            // The common name reads the same through both readers.
+            assert_eq!(common_name(&pem_cert(&pem, "test").expect("pem")), facts.common_name);
+        };
+        check(Some("node:edge-1"), Some("3f2a"), (2024, 1, 2), (2024, 2, 1));
+        check(Some("user:alice"), None, (2024, 1, 2), (2025, 1, 2));
+        check(Some("admin"), None, (1975, 1, 1), (4096, 1, 1)); // GeneralizedTime past 2049
+        check(None, Some("x"), (2030, 6, 1), (2051, 6, 1)); // UTCTime, then GeneralizedTime
+    }
+
+    #[test]
+    fn renewal_is_due_two_thirds_into_a_certificates_life() {
+        let pem = certificate(Some("node:n"), None, (2024, 1, 1), (2024, 1, 31));
+        let facts = CertificateFacts::from_pem(&pem, "test").expect("parses");
+        assert_eq!(facts.renew_at(), at(2024, 1, 21));
+    }
+
+    #[test]
+    fn what_is_not_a_certificate_is_named_not_parsed() {
+        for (der, needle) in [(&b""[..], "not an X.509"), (&[0x30, 0x03, 0x02, 0x01, 0x01][..], "not an X.509")] {
+            let e = CertificateFacts::parse(der, "clientCert").expect_err("garbage");
+            assert!(e.to_string().starts_with("clientCert: ") && e.to_string().contains(needle), "{e}");
+        }
+        let e = CertificateFacts::from_pem("nothing", "clientCert").expect_err("no PEM");
+        assert!(e.to_string().contains("clientCert"), "{e}");
+    }
+
     #[test]
     fn join_tokens_parse_and_name_what_is_wrong() {
         let pin = "ab".repeat(32);
         for (text, ok) in [
             (format!("{pin}.s3cret"), Ok(true)),
+            (format!("{pin}.ab12.s3cret"), Ok(true)),
+            ("ab12.s3cret".to_string(), Ok(false)),
             ("s3cret\n".to_string(), Ok(false)),
             (format!("{pin}."), Err("the secret")),
-            ("abc.s3cret".to_string(), Err("64 hex digits")),
+            (format!("{pin}.AB.s3cret"), Err("lowercase")),
+            (format!("{pin}.a.b.c"), Err("PIN.ID.SECRET")),
+            ("ABC.s3cret".to_string(), Err("64 hex digits")),
             (format!("{}.s3cret", "zz".repeat(32)), Err("64 hex digits")),
             (format!("{pin}.a b"), Err("letters and digits")),
         ] {
