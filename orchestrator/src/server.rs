@@ -48,6 +48,8 @@ pub enum ServerError {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     LocalListen(#[from] LocalListenError),
+    #[error("the bootstrap join token's record: {0}")]
+    BootstrapToken(String),
 }
 
 #[derive(Debug, Clone)]
@@ -74,6 +76,9 @@ pub struct ServerOptions {
     pub local_listen: Option<LocalListen>,
     /// How long the node, user and admin certificates this server issues live.
     pub lifetimes: crate::tls::Lifetimes,
+    /// How long the bootstrap join token (`DATA_DIR/join-token`) admits
+    /// nodes, from the cluster's first start; `None`: until revoked.
+    pub join_token_ttl: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -101,6 +106,7 @@ impl ServerOptions {
             leader_ttl: Duration::from_secs(3),
             local_listen: None,
             lifetimes: crate::tls::Lifetimes::default(),
+            join_token_ttl: Some(Duration::from_secs(24 * 3600)),
         }
     }
 }
@@ -180,6 +186,7 @@ impl Server {
         }
         let (pki, created) = Pki::load_or_create(&dir)?;
         let (join_token, _) = load_or_create_join_token(&dir, &pki.ca_cert_pem)?;
+        bootstrap_token_record(&store, &join_token, options.join_token_ttl).await?;
         let listener = TcpListener::bind(&options.listen)
             .await
             .map_err(|source| ServerError::Bind { addr: options.listen.clone(), source })?;
@@ -307,7 +314,6 @@ impl Server {
             store: self.store.clone(),
             controller: leading,
             pki: self.pki.clone(),
-            join_secret: self.join_token.secret.clone(),
             server_url: self.server_url(),
             peers: self.peers.clone(),
             advertise_url: self.options.advertise_url.clone(),
@@ -465,6 +471,29 @@ fn listen_host(listen: &str) -> String {
         Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
         None => String::new(),
     }
+}
+
+/// The bootstrap token's record in the store, made at the cluster's first
+/// start (by whichever server of an etcd cluster writes first: one record,
+/// one write) and never renewed or revived afterwards: it admits nodes until
+/// it expires or is revoked, as `pinion token create` tokens do.
+async fn bootstrap_token_record(store: &Store, token: &JoinToken, ttl: Option<Duration>) -> Result<(), ServerError> {
+    use crate::cluster::tokens;
+    let digest = pinion_wire::tls::sha256_hex(token.secret.as_bytes());
+    let now = chrono::Utc::now();
+    let (record, made) = store
+        .write(move |t| tokens::ensure_bootstrap(t, &digest, ttl, now))
+        .await
+        .map_err(|e| ServerError::BootstrapToken(e.to_string()))?;
+    if made {
+        tracing::info!(
+            expires = record.spec.expires.as_deref().unwrap_or("never"),
+            "the bootstrap join token is recorded"
+        );
+    } else if let Some(why) = tokens::refusal(&record, now) {
+        tracing::info!(reason = %why, "the bootstrap join token admits no node; `pinion token create` makes another");
+    }
+    Ok(())
 }
 
 /// Keeps the admin's certificate across restarts while it is young; only the

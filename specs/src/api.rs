@@ -644,9 +644,9 @@ pub struct TokenSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinRequest {
     pub node_name: String,
-    /// Chosen by the machine once per join and kept until it has its
-    /// credentials: a retry whose first reply was lost (same attempt, name not
-    /// yet registered) is given credentials again instead of a 409.
+    /// The node's join record: random, made once and kept. A retry whose
+    /// first reply was lost, or a node whose certificate expired while it
+    /// was cut off, joins again with it (no token needed) instead of a 409.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<String>,
 }
@@ -663,6 +663,43 @@ pub struct JoinResponse {
     /// `https://HOST:PORT` of the cluster's servers as the answering one
     /// knows them, which the node adds to the list it joined with; empty
     /// when it knows none that a node could reach.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
+}
+
+/// `POST /api/v1/tokens` body: a new join token's lifetime, uses and note.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenRequest {
+    /// Seconds from now (at most `limits::MAX_TTL_SECONDS`); absent: never expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// Joins it admits; absent: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+}
+
+/// A join token just made: the token to hand out (`PIN.ID.SECRET`), shown
+/// this once, and its record (without the secret's digest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenCreated {
+    pub token: String,
+    pub record: Token,
+}
+
+/// `POST /api/v1/renew` answer: a fresh certificate and key for the
+/// caller's own identity (the same common name and incarnation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Renewed {
+    pub common_name: String,
+    pub ca_cert: String,
+    pub client_cert: String,
+    pub client_key: String,
+    /// The cluster's servers as the answering one knows them (as `JoinResponse`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub servers: Vec<String>,
 }

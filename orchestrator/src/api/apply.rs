@@ -9,20 +9,18 @@ use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, WatchEventTy
 use specs::job::Job;
 use specs::{Pod, PodPhase};
 
-use super::error::{store_error, unauthorized};
+use super::error::store_error;
 use super::parse::Action;
 use crate::cluster::{self, authorize, jobs, nodes, pods, ClusterError, Request};
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
-use crate::tls::{token_matches, Identity, Pki, NODE_CN_PREFIX};
+use crate::tls::{Identity, Pki, NODE_CN_PREFIX};
 
 /// What the API layer needs, shared by every connection.
 pub struct ApiState {
     pub store: Store,
     pub controller: Arc<Leading>,
     pub pki: Arc<Pki>,
-    /// The secret part of the join token (a caller may send it with or without the CA pin).
-    pub join_secret: String,
     /// `https://HOST:PORT` written into issued credentials.
     pub server_url: String,
     /// The cluster's servers as advertised in etcd (several servers).
@@ -216,19 +214,24 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::Join { token, request } => {
             authorize(id, Request::Join)?;
-            let Some(token) = token else {
-                return Err(unauthorized("join needs the bootstrap token as `Authorization: Bearer TOKEN`"));
+            // A token that does not parse proves nothing (its digest matches
+            // no record); the join record may still.
+            let token = token.map(|t| match crate::tls::JoinToken::parse(&t) {
+                Ok(t) => (t.id, pinion_wire::tls::sha256_hex(t.secret.as_bytes())),
+                Err(_) => (None, String::new()),
+            });
+            let proof = nodes::JoinProof {
+                token,
+                attempt: request.attempt.clone().unwrap_or_default(),
+                new_incarnation: cluster::new_uid()?,
             };
-            let given = crate::tls::JoinToken::parse(&token).map(|t| t.secret).unwrap_or_default();
-            if !token_matches(&given, &state.join_secret) {
-                return Err(unauthorized("the join token is not valid"));
-            }
-            let (name, attempt) = (request.node_name.clone(), request.attempt.clone().unwrap_or_default());
-            let claim = store.write(move |t| nodes::claim_name(t, &name, &attempt)).await?;
+            let name = request.node_name.clone();
+            let joined = store.write(move |t| nodes::join(t, &name, &proof, chrono::Utc::now())).await?;
+            let claim = joined.claim;
             let creds = match state.pki.credentials(
                 &state.server_url,
                 &format!("{NODE_CN_PREFIX}{}", request.node_name),
-                None,
+                Some(&joined.incarnation).filter(|i| !i.is_empty()).map(String::as_str),
                 state.lifetimes.node,
             ) {
                 Ok(c) => c,

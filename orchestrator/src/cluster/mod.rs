@@ -10,6 +10,7 @@ mod error;
 pub mod jobs;
 pub mod nodes;
 pub mod pods;
+pub mod tokens;
 #[cfg(test)]
 mod tests;
 

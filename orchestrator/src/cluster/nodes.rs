@@ -9,21 +9,106 @@ use specs::{Pod, PodPhase};
 
 use super::pods::{is_finished, merge_status, new_misfit, reported_for};
 use super::{event, now_rfc3339, ClusterError};
-use crate::store::{Claim, Txn};
+use crate::store::{Claim, Store, Txn};
 
 /// The claim space of node names taken by a join (`Txn::claim`).
 const JOIN_CLAIMS: &str = "join";
 
-/// Claims `name` for a join. The token admits new machines; it must not mint
-/// a second identity for a node that already joined (that would be
-/// impersonation), so of two joins racing for a name exactly one gets it. A
-/// retry of the same `attempt` (its reply was lost) before the node registered
-/// holds the claim already and is answered again (`Claim::Held`).
-pub fn claim_name(t: &mut Txn<'_>, name: &str, attempt: &str) -> Result<Claim, ClusterError> {
+/// The shortest join record (`JoinRequest::attempt`) that may stand in for a
+/// token: 128 random bits in hex. Nodes make 256 (`new_join_attempt`).
+const JOIN_RECORD_HEX_DIGITS: usize = 32;
+
+/// A join claim's holder: the SHA-256 of the node's join record (the record
+/// itself, a secret, is never stored) and the incarnation its certificates
+/// carry, `DIGEST/INCARNATION`. The incarnation is fresh at each new claim,
+/// so a node deleted and joined again, even with the same record, makes the
+/// certificates of its earlier life useless.
+fn holder(attempt: &str, incarnation: &str) -> Vec<u8> {
+    format!("{}/{incarnation}", pinion_wire::tls::sha256_hex(attempt.as_bytes())).into_bytes()
+}
+
+/// Whether `attempt` is the join record of the claim's holder. A claim made
+/// before holders carried a digest holds the attempt itself.
+fn held_by(held: &[u8], attempt: &str) -> bool {
+    let held = String::from_utf8_lossy(held);
+    match held.split_once('/') {
+        Some((digest, _)) => crate::tls::token_matches(&pinion_wire::tls::sha256_hex(attempt.as_bytes()), digest),
+        None => !attempt.is_empty() && crate::tls::token_matches(attempt, &held),
+    }
+}
+
+/// The incarnation a claim's holder stands for: empty for a claim made
+/// before incarnations (its certificates carry none).
+fn incarnation_of(held: &[u8]) -> String {
+    let held = String::from_utf8_lossy(held);
+    held.split_once('/').map(|(_, i)| i.to_string()).unwrap_or_default()
+}
+
+/// The incarnation a certificate of node `name` must carry (its subject's
+/// OU; empty: none) to act for it now; `None` when no join holds the name
+/// (deleted, or never joined): then no certificate of that name may.
+pub fn incarnation(store: &Store, name: &str) -> Result<Option<String>, ClusterError> {
+    Ok(store.claim_holder(JOIN_CLAIMS, name)?.map(|h| incarnation_of(&h)))
+}
+
+/// What a join proved: a token (checked and spent in the same write), or
+/// nothing but its join record.
+#[derive(Debug, Clone)]
+pub struct JoinProof {
+    /// `(token id, hex SHA-256 of its secret)`; the id `None` for the
+    /// bootstrap token's form `PIN.SECRET`.
+    pub token: Option<(Option<String>, String)>,
+    /// The node's join record (`JoinRequest::attempt`).
+    pub attempt: String,
+    /// The incarnation a new claim takes (random, chosen by the caller).
+    pub new_incarnation: String,
+}
+
+/// A join's outcome: whether the name was claimed now, and the incarnation
+/// the node's certificate carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joined {
+    pub claim: Claim,
+    pub incarnation: String,
+}
+
+/// A join, in one write: a node presenting the join record that holds its
+/// name's claim joins again (a lost reply's retry, or a node whose
+/// certificate expired while it was cut off), registered or not, with no
+/// token; anyone else needs a valid token, which is spent (one use) only
+/// when the name is free and claimed now. A node joins only under a name not
+/// already held.
+pub fn join(
+    t: &mut Txn<'_>,
+    name: &str,
+    proof: &JoinProof,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Joined, ClusterError> {
+    let held = t.claim_holder(JOIN_CLAIMS, name)?;
+    let record_ok = proof.attempt.len() >= JOIN_RECORD_HEX_DIGITS;
+    if let Some(h) = &held {
+        if record_ok && held_by(h, &proof.attempt) {
+            return Ok(Joined { claim: Claim::Again, incarnation: incarnation_of(h) });
+        }
+    }
+    let Some((id, digest)) = &proof.token else {
+        return Err(ClusterError::Unauthorized(
+            "join needs a join token as `Authorization: Bearer TOKEN` (or this node's join record, for a name it holds)".into(),
+        ));
+    };
+    super::tokens::spend(t, id.as_deref(), digest, now)?;
+    let claim = claim_name(t, name, proof)?;
+    Ok(Joined { claim, incarnation: proof.new_incarnation.clone() })
+}
+
+/// Claims `name` for a join's record. The token admits new machines; it must
+/// not mint a second identity for a node that already joined (that would be
+/// impersonation), so of two joins racing for a name exactly one gets it.
+fn claim_name(t: &mut Txn<'_>, name: &str, proof: &JoinProof) -> Result<Claim, ClusterError> {
     // A node registered before claims existed has no claim.
     let claim = match t.get::<Node>(name)? {
         Some(_) => Claim::Taken,
-        None => t.claim(JOIN_CLAIMS, name, attempt.as_bytes())?,
+        None => t.claim(JOIN_CLAIMS, name, &holder(&proof.attempt, &proof.new_incarnation))?,
     };
     if claim == Claim::Taken {
         return Err(ClusterError::Conflict(format!(

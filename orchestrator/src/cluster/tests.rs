@@ -6,7 +6,7 @@ use specs::job::Job;
 use specs::{Pod, PodPhase, PodStatus};
 
 use super::authorize::{authorize, pods_visible_to, Request};
-use super::{jobs, nodes, pods, ClusterError};
+use super::{jobs, nodes, pods, tokens, ClusterError};
 use crate::store::{Claim, Kind, Store, Txn};
 use crate::tls::Identity;
 
@@ -307,24 +307,118 @@ fn picking_a_container() {
     }
 }
 
-#[tokio::test]
-async fn one_join_per_name() {
-    let w = World::new();
-    let claim = |name: &'static str, attempt: &'static str| {
-        let store = w.store.clone();
-        async move { store.write(move |t| nodes::claim_name(t, name, attempt)).await }
+/// A join as the API makes it: `token` is `(id, secret)`, `record` the
+/// node's join record (64 hex digits from one letter, as `new_join_attempt`
+/// makes them long), a fresh incarnation each call.
+async fn join(
+    w: &World,
+    name: &'static str,
+    token: Option<(Option<&'static str>, &'static str)>,
+    record: char,
+) -> Result<nodes::Joined, ClusterError> {
+    let proof = nodes::JoinProof {
+        token: token.map(|(id, secret)| (id.map(str::to_string), pinion_wire::tls::sha256_hex(secret.as_bytes()))),
+        attempt: record.to_string().repeat(64),
+        new_incarnation: super::new_uid()?,
     };
-    assert_eq!(claim("n1", "a1").await.expect("first"), Claim::New);
-    // The same attempt again (its reply was lost) holds the claim already.
-    assert_eq!(claim("n1", "a1").await.expect("retry"), Claim::Again);
-    let e = claim("n1", "a2").await.expect_err("another attempt");
-    assert!(e.to_string().contains("has already joined"), "{e}");
+    w.store.write(move |t| nodes::join(t, name, &proof, chrono::Utc::now())).await
+}
+
+fn token(id: &str, secret: &str, ttl: Option<u64>, uses: Option<u32>) -> tokens::NewToken {
+    tokens::NewToken {
+        id: id.into(),
+        secret_sha256: pinion_wire::tls::sha256_hex(secret.as_bytes()),
+        ttl: ttl.map(std::time::Duration::from_secs),
+        uses,
+        description: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn one_join_per_name_and_a_join_record_that_joins_again() {
+    let w = World::new();
+    let now = chrono::Utc::now();
+    w.run(move |t| {
+        tokens::ensure_bootstrap(
+            t,
+            &pinion_wire::tls::sha256_hex(b"boot"),
+            Some(std::time::Duration::from_secs(3600)),
+            now,
+        )
+    })
+    .await
+    .expect("bootstrap token");
+    let boot = Some((None, "boot"));
+    let first = join(&w, "n1", boot, 'a').await.expect("first");
+    assert_eq!(first.claim, Claim::New);
+    assert_eq!(nodes::incarnation(&w.store, "n1").expect("read"), Some(first.incarnation.clone()));
+    // The same record again (its reply was lost, or its certificate expired
+    // while it was cut off) needs no token, registered or not.
+    let again = join(&w, "n1", None, 'a').await.expect("retry");
+    assert_eq!(again, nodes::Joined { claim: Claim::Again, incarnation: first.incarnation.clone() });
+    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    assert_eq!(join(&w, "n1", None, 'a').await.expect("registered").incarnation, first.incarnation);
+    // Another record is another machine: a token lets it in, not under a held name.
+    let e = join(&w, "n1", boot, 'b').await.expect_err("another record");
+    assert!(matches!(&e, ClusterError::Conflict(m) if m.contains("has already joined")), "{e}");
+    let e = join(&w, "n1", None, 'b').await.expect_err("no token");
+    assert!(matches!(&e, ClusterError::Unauthorized(m) if m.contains("needs a join token")), "{e}");
     // A node registered before claims existed has no claim and is still taken.
     w.run(|t| nodes::register(t, &nodes::joined_only("old"))).await.expect("register");
-    assert!(claim("old", "a").await.is_err());
-    // A released name can be joined again.
-    assert!(w.run(|t| nodes::release_name(t, "n1")).await.expect("release"));
-    assert_eq!(claim("n1", "a3").await.expect("again"), Claim::New);
+    assert!(join(&w, "old", boot, 'c').await.is_err());
+    assert_eq!(nodes::incarnation(&w.store, "old").expect("read"), None);
+    // Deleted: the record alone no longer joins, and a join with a token,
+    // even with the same record, is a new incarnation.
+    w.run(|t| nodes::delete(t, "n1")).await.expect("delete");
+    assert_eq!(nodes::incarnation(&w.store, "n1").expect("read"), None);
+    assert!(matches!(join(&w, "n1", None, 'a').await, Err(ClusterError::Unauthorized(_))));
+    let reborn = join(&w, "n1", boot, 'a').await.expect("joined again");
+    assert_eq!(reborn.claim, Claim::New);
+    assert_ne!(reborn.incarnation, first.incarnation);
+    // A short record never stands in for a token.
+    let short = nodes::JoinProof { token: None, attempt: "a".into(), new_incarnation: "x".into() };
+    let e = w.store.write(move |t| nodes::join(t, "n1", &short, chrono::Utc::now())).await.expect_err("short");
+    assert!(matches!(e, ClusterError::Unauthorized(_)), "{e}");
+}
+
+#[tokio::test]
+async fn join_tokens_expire_run_out_and_are_revoked() {
+    let w = World::new();
+    let now = chrono::Utc::now();
+    for t in [
+        token("once", "s1", Some(3600), Some(1)),
+        token("old", "s2", Some(1), None),
+        token("gone", "s3", None, None),
+        token("many", "s4", None, None),
+    ] {
+        // "old" was made two seconds ago and lived one.
+        let at = if t.id == "old" { now - chrono::Duration::seconds(2) } else { now };
+        w.run(move |txn| tokens::create(txn, &t, at)).await.expect("create");
+    }
+    w.run(move |t| tokens::revoke(t, "gone", now)).await.expect("revoke");
+    let check = |e: Result<nodes::Joined, ClusterError>, needle: &str| match e {
+        Err(ClusterError::Unauthorized(m)) => assert!(m.contains(needle), "{m} (wanted {needle:?})"),
+        other => panic!("{other:?}, wanted a refusal with {needle:?}"),
+    };
+    check(join(&w, "x", Some((Some("old"), "s2")), 'x').await, "expired at");
+    check(join(&w, "x", Some((Some("gone"), "s3")), 'x').await, "was revoked");
+    check(join(&w, "x", Some((Some("many"), "nope")), 'x').await, "not valid");
+    check(join(&w, "x", Some((Some("nobody"), "s4")), 'x').await, "not valid");
+    // No bootstrap record: a token without an id admits nothing.
+    check(join(&w, "x", Some((None, "s4")), 'x').await, "not valid");
+    // A join refused for its name spends no use.
+    join(&w, "n1", Some((Some("many"), "s4")), 'a').await.expect("n1");
+    assert!(matches!(join(&w, "n1", Some((Some("once"), "s1")), 'b').await, Err(ClusterError::Conflict(_))));
+    join(&w, "n2", Some((Some("once"), "s1")), 'c').await.expect("the single use");
+    check(join(&w, "n3", Some((Some("once"), "s1")), 'd').await, "no uses left");
+    // A restart keeps a revoked bootstrap record revoked.
+    let digest = pinion_wire::tls::sha256_hex(b"boot");
+    let d = digest.clone();
+    w.run(move |t| tokens::ensure_bootstrap(t, &d, None, now)).await.expect("made");
+    w.run(move |t| tokens::revoke(t, tokens::BOOTSTRAP, now)).await.expect("revoke");
+    let (again, made) = w.run(move |t| tokens::ensure_bootstrap(t, &digest, None, now)).await.expect("kept");
+    assert!(!made && again.spec.revoked.is_some());
+    check(join(&w, "n4", Some((None, "boot")), 'e').await, "was revoked");
 }
 
 #[tokio::test]
@@ -342,7 +436,9 @@ async fn registering_and_deleting_a_node() {
 
     assert!(matches!(w.run(|t| nodes::delete(t, "n1")).await, Ok(nodes::Deleted::Node(_))));
     // Joined (the name claimed) but never registered: only the name goes.
-    w.run(|t| nodes::claim_name(t, "n2", "a")).await.expect("claim");
+    join(&w, "n2", Some((Some("t"), "s")), 'a').await.expect_err("no such token");
+    w.run(|t| tokens::create(t, &token("t", "s", None, None), chrono::Utc::now())).await.expect("token");
+    join(&w, "n2", Some((Some("t"), "s")), 'a').await.expect("claim");
     assert!(matches!(w.run(|t| nodes::delete(t, "n2")).await, Ok(nodes::Deleted::NameOnly)));
     let e = w.run(|t| nodes::delete(t, "n2")).await.expect_err("gone");
     assert_eq!(e.to_string(), "node \"n2\" not found");

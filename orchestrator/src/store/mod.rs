@@ -469,6 +469,11 @@ impl Txn<'_> {
         Ok(Claim::New)
     }
 
+    /// Who holds `name` in `space`, as this write sees it.
+    pub fn claim_holder(&self, space: &str, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read_raw(&claim_key(space, name))
+    }
+
     /// Frees a claimed name; returns whether it was claimed.
     pub fn release(&mut self, space: &str, name: &str) -> Result<bool, StoreError> {
         let key = claim_key(space, name);
@@ -1056,6 +1061,12 @@ impl Store {
         });
         self.jobs.send(job).await.map_err(|_| E::from(StoreError::Closed))?;
         rx.await.map_err(|_| E::from(StoreError::Closed))?
+    }
+
+    /// Who holds `name` in `space` (`Txn::claim`), as the last durable write
+    /// left it (on etcd, as this server's mirror has it).
+    pub fn claim_holder(&self, space: &str, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.shared.backend.get(&claim_key(space, name))
     }
 
     pub fn get<T: Object>(&self, name: &str) -> Result<Option<T>, StoreError> {
