@@ -56,6 +56,9 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Manage local images (OCI image layouts).
     Image(cmd::image::Args),
+    /// The cluster's people: add (with their role, Unix ids and pod
+    /// security profile), list, revoke.
+    User(cmd::user::Args),
     /// Print shell completions.
     Completions(cmd::completions::Args),
     /// Write the systemd unit for `pinion server` or `pinion agent` with these flags.
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
             Command::Discover(a) => cmd::discover::run(g, a).await,
             Command::Plan(a) => cmd::plan::run(g, a).await,
             Command::Image(a) => cmd::image::run(g, a).await,
+            Command::User(a) => cmd::user::run(g, a).await,
             Command::Completions(a) => cmd::completions::run::<Cli>(a),
             Command::Install(a) => {
                 cmd::install::run(a, |argv| Cli::try_parse_from(argv).map(|_| ()).map_err(|e| e.to_string()))

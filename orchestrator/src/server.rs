@@ -79,6 +79,9 @@ pub struct ServerOptions {
     /// How long the bootstrap join token (`DATA_DIR/join-token`) admits
     /// nodes, from the cluster's first start; `None`: until revoked.
     pub join_token_ttl: Option<Duration>,
+    /// Host folders under which a `baseline` person's pods may mount host
+    /// paths (`--allowed-host-paths`); none by default.
+    pub allowed_host_paths: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -107,6 +110,7 @@ impl ServerOptions {
             local_listen: None,
             lifetimes: crate::tls::Lifetimes::default(),
             join_token_ttl: Some(Duration::from_secs(24 * 3600)),
+            allowed_host_paths: Vec::new(),
         }
     }
 }
@@ -321,6 +325,7 @@ impl Server {
             metrics,
             joins: Default::default(),
             lifetimes: self.options.lifetimes,
+            allowed_host_paths: self.options.allowed_host_paths.clone(),
         });
         let local = self.local.map(|(listener, _)| {
             tokio::spawn(crate::api::local::serve(listener, state.clone(), self.options.api, shutdown.clone()))
@@ -486,10 +491,7 @@ async fn bootstrap_token_record(store: &Store, token: &JoinToken, ttl: Option<Du
         .await
         .map_err(|e| ServerError::BootstrapToken(e.to_string()))?;
     if made {
-        tracing::info!(
-            expires = record.spec.expires.as_deref().unwrap_or("never"),
-            "the bootstrap join token is recorded"
-        );
+        tracing::info!(expires = record.spec.expires.as_deref().unwrap_or("never"), "the bootstrap join token is recorded");
     } else if let Some(why) = tokens::refusal(&record, now) {
         tracing::info!(reason = %why, "the bootstrap join token admits no node; `pinion token create` makes another");
     }
@@ -504,8 +506,9 @@ async fn bootstrap_token_record(store: &Store, token: &JoinToken, ttl: Option<Du
 fn write_admin_config(pki: &Pki, path: &Path, servers: &[String], lifetime: Duration) -> Result<(), TlsError> {
     let young = |c: &Credentials| {
         let now = std::time::SystemTime::now();
-        pinion_wire::tls::CertificateFacts::from_pem(&c.client_cert, "admin.conf")
-            .is_ok_and(|f| now < f.renew_at() && f.not_after <= now + lifetime + crate::tls::CLOCK_SKEW_ALLOWANCE)
+        pinion_wire::tls::CertificateFacts::from_pem(&c.client_cert, "admin.conf").is_ok_and(|f| {
+            now < f.renew_at() && f.not_after <= now + lifetime + crate::tls::CLOCK_SKEW_ALLOWANCE
+        })
     };
     match Credentials::load(path) {
         Ok(mut c) if c.ca_cert == pki.ca_cert_pem && young(&c) => {

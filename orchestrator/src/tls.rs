@@ -115,10 +115,19 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
     move |source| TlsError::Io { path: path.to_path_buf(), source }
 }
 
+/// A person's certificate's common name: `user:NAME`.
+pub const USER_CN_PREFIX: &str = "user:";
+
 /// Who is calling, from the verified client certificate.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Identity {
+    /// The bootstrap admin certificate (`admin.conf`).
     Admin,
+    /// A certificate naming `user:NAME`, as presented: refused until
+    /// `cluster::resolve` has found the person in the store (`Person`).
+    User(String),
+    /// A person as the store knows them at this request: role, ids, profile.
+    Person(std::sync::Arc<specs::api::User>),
     Node(String),
     /// No client certificate (only the join route and health checks accept it).
     Anonymous,
@@ -132,6 +141,8 @@ impl Identity {
             Identity::Admin
         } else if let Some(n) = cn.strip_prefix(NODE_CN_PREFIX) {
             Identity::Node(n.to_string())
+        } else if let Some(n) = cn.strip_prefix(USER_CN_PREFIX) {
+            Identity::User(n.to_string())
         } else {
             Identity::Other(cn.to_string())
         }

@@ -610,6 +610,28 @@ pub struct UserSpec {
     pub revoked: Option<String>,
 }
 
+/// `POST /api/v1/users`'s answer: the person as stored and their first
+/// certificate (the CLI writes the credentials file with its own servers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserCredentials {
+    pub user: User,
+    pub ca_cert: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+impl UserSpec {
+    /// The profile their pods are held to: their own, else their role's.
+    pub fn profile(&self) -> crate::security::Profile {
+        use crate::security::Profile;
+        self.profile.unwrap_or(match self.role {
+            Role::Admin => Profile::Privileged,
+            Role::User | Role::Viewer => Profile::Baseline,
+        })
+    }
+}
+
 /// A join token as stored: its secret only as a SHA-256 digest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

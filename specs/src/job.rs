@@ -362,6 +362,8 @@ pub fn member(job: &Job, rank: u32) -> Pod {
     pod.metadata.labels = labels.clone();
     pod.metadata.labels.insert(JOB_LABEL.into(), name.clone());
     pod.metadata.annotations = annotations.clone();
+    // A member is its job's owner's: they read, follow and delete it.
+    pod.metadata.owner = job.metadata.owner.clone();
     let a = &mut pod.metadata.annotations;
     a.insert(RANK_ANNOTATION.into(), rank.to_string());
     a.insert(SIZE_ANNOTATION.into(), s.parallelism.to_string());

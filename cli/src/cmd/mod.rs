@@ -17,3 +17,4 @@ pub mod server;
 pub mod shim;
 pub mod topology;
 pub mod up;
+pub mod user;

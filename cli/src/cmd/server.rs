@@ -93,6 +93,20 @@ pub struct Args {
     /// replaced within about this long (etcd only).
     #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
     pub leader_ttl: u64,
+    /// Host folders under which a `baseline` person's pods may mount host
+    /// paths (comma-separated absolute paths: `/srv,/scratch`); none by
+    /// default. Admins' pods and `privileged` people are not limited.
+    #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = parse_host_path)]
+    pub allowed_host_paths: Vec<String>,
+}
+
+/// An absolute path without `..`: a prefix that climbs out would allow more
+/// than it names.
+pub fn parse_host_path(s: &str) -> Result<String, String> {
+    if !s.starts_with('/') || s.split('/').any(|p| p == "..") || s.contains('\0') {
+        return Err(format!("{s:?}: want an absolute path without \"..\""));
+    }
+    Ok(s.to_string())
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -106,6 +120,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.scheduler.topology_aware = !args.topology_blind;
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
+    opts.allowed_host_paths = args.allowed_host_paths.clone();
     opts.local_listen = args.local_listen.map(|addr| LocalListen { addr, if_free: false });
     if let Some(url) = &args.advertise_url {
         if let Err(e) = pinion_wire::parse_url(url) {

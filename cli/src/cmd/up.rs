@@ -41,6 +41,11 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
     pub finished_pod_ttl: u64,
+    /// Host folders under which a `baseline` person's pods may mount host
+    /// paths (comma-separated absolute paths: `/srv,/scratch`); none by
+    /// default. Admins' pods and `privileged` people are not limited.
+    #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = crate::cmd::server::parse_host_path)]
+    pub allowed_host_paths: Vec<String>,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -91,6 +96,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.heartbeat_grace = Duration::from_secs(40);
     opts.api.liveness = g.liveness();
     opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
+    opts.allowed_host_paths = args.allowed_host_paths.clone();
     opts.local_listen = match args.local_listen.as_deref() {
         None => Some(LocalListen { addr: DEFAULT_LOCAL_LISTEN.into(), if_free: true }),
         Some("off") => None,

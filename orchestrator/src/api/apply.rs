@@ -11,7 +11,7 @@ use specs::{Pod, PodPhase};
 
 use super::error::store_error;
 use super::parse::Action;
-use crate::cluster::{self, authorize, jobs, nodes, pods, ClusterError, Request};
+use crate::cluster::{self, authorize, jobs, nodes, pods, users, Access, ClusterError, Request};
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
 use crate::tls::{Identity, Pki, NODE_CN_PREFIX};
@@ -32,6 +32,9 @@ pub struct ApiState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Failed joins per source address (logged, rate-limited).
     pub joins: super::joins::Joins,
+    /// Host folders under which a `baseline` person's pods may mount host
+    /// paths (`--allowed-host-paths`).
+    pub allowed_host_paths: Vec<String>,
     /// How long the client certificates this server issues live.
     pub lifetimes: crate::tls::Lifetimes,
 }
@@ -76,18 +79,33 @@ pub struct WatchFilter {
     pub node: Option<String>,
     /// False: each container's env keeps its names and loses its values.
     pub env_values: bool,
+    /// A user's watch: only objects they own.
+    pub owner: Option<String>,
+    /// The person watching: a change to their record (revoked, added again)
+    /// ends the stream, whose next request must prove them again.
+    pub holder: Option<String>,
 }
 
 impl WatchFilter {
     /// Whether a listed object is one the watcher sees (its first ADDED lines).
     fn keeps<T: Object>(&self, obj: &T) -> bool {
-        self.selector.matches(&obj.meta().labels) && (self.node.is_none() || obj.node_name() == self.node.as_deref())
+        self.selector.matches(&obj.meta().labels)
+            && (self.node.is_none() || obj.node_name() == self.node.as_deref())
+            && (self.owner.is_none() || obj.meta().owner == self.owner)
+    }
+
+    /// Whether this change ends the watch: the watcher's own record changed.
+    pub fn ends(&self, c: &Change) -> bool {
+        c.kind == Kind::User && self.holder.as_deref() == Some(c.name.as_str())
     }
 
     /// The line to send for a change, if any. A pod that leaves the watched node
     /// is DELETED for that watcher; one that arrives is ADDED.
     pub fn line(&self, c: &Change) -> Option<String> {
         if c.kind != self.kind || !self.selector.matches(&c.labels) {
+            return None;
+        }
+        if self.owner.is_some() && c.owner != self.owner {
             return None;
         }
         let ty = match &self.node {
@@ -273,6 +291,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let mut items: Vec<Pod> = listed
                 .items
                 .into_iter()
+                .filter(|p| cluster::sees(id, p.metadata.owner.as_deref()))
                 .filter(|p| selector.matches(&p.metadata.labels))
                 .filter(|p| node.is_none() || p.spec.node_name == node)
                 .collect();
@@ -286,11 +305,22 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::WatchPods { selector, node, from, bookmarks, env_values } => {
             authorize(id, Request::ReadPods { node: node.as_deref() })?;
             let node = cluster::pods_visible_to(id, node);
-            start_watch::<Pod>(store, WatchFilter { kind: Kind::Pod, selector, node, env_values }, from, bookmarks)
-                .await
+            let filter = WatchFilter {
+                kind: Kind::Pod,
+                selector,
+                node,
+                env_values,
+                owner: cluster::owner_filter(id),
+                holder: holder(id),
+            };
+            start_watch::<Pod>(store, filter, from, bookmarks).await
         }
-        Action::CreatePod(pod) => {
+        Action::CreatePod(mut pod) => {
             authorize(id, Request::CreatePod)?;
+            pod.metadata.owner = cluster::person_name(id).map(str::to_string);
+            if let Some(held) = users::Held::of(id) {
+                held.apply(&mut pod.spec, "spec", &state.allowed_host_paths)?;
+            }
             let uid = cluster::new_uid()?;
             // A pod that names its node skips the scheduler, and this check with it.
             let waits =
@@ -315,8 +345,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         },
         Action::DeletePod(name) => {
             authorize(id, Request::DeletePod)?;
-            let n = name.clone();
-            match store.write(move |t| pods::delete(t, &n)).await? {
+            let (n, who) = (name.clone(), id.clone());
+            match store.write(move |t| pods::delete(t, &who, &n)).await? {
                 pods::Deleted::Pod(p) => json(200, &p),
                 pods::Deleted::Unreadable => json(200, &Pod::new(name.as_str(), Default::default())),
             }
@@ -343,6 +373,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::PodLog { name, container, follow } => {
             authorize(id, Request::PodLogs)?;
             let pod = stored_pod(store, &name)?;
+            authorize(id, owned(&pod, Access::Read))?;
             let container = pods::pick_container(&pod, container)?;
             let (node, endpoint, path) = log_target(state, &pod, &container, follow)?;
             Ok(Reply::Proxy { node, endpoint, path })
@@ -357,6 +388,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 return Err(store_error(crate::store::StoreError::Future { requested: known, current: from }));
             }
             let pod = stored_pod(store, &name)?;
+            authorize(id, owned(&pod, Access::Read))?;
             let container = pods::pick_container(&pod, container)?;
             let watch = store.watch(from).await.map_err(store_error)?;
             Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch })))
@@ -364,6 +396,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::ExecPod { name, mut request } => {
             authorize(id, Request::ExecPod)?;
             let pod = stored_pod(store, &name)?;
+            authorize(id, owned(&pod, Access::Write))?;
             let container = pods::pick_container(&pod, request.container.take())?;
             // The pod's state, not the request, is at fault: 409, as for logs of an unbound pod.
             let status = pod.status.clone().unwrap_or_default();
@@ -402,13 +435,15 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::WatchNodes { selector, from, bookmarks } => {
             authorize(id, Request::WatchNodes)?;
-            start_watch::<Node>(
-                store,
-                WatchFilter { kind: Kind::Node, selector, node: None, env_values: true },
-                from,
-                bookmarks,
-            )
-            .await
+            let filter = WatchFilter {
+                kind: Kind::Node,
+                selector,
+                node: None,
+                env_values: true,
+                owner: None,
+                holder: holder(id),
+            };
+            start_watch::<Node>(store, filter, from, bookmarks).await
         }
         Action::RegisterNode(node) => {
             authorize(id, Request::ActForNode(&node.metadata.name))?;
@@ -451,16 +486,28 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::ListJobs { selector } => {
             authorize(id, Request::ListJobs)?;
             let listed = store.list::<Job>().map_err(store_error)?;
-            let items: Vec<Job> = listed.items.into_iter().filter(|j| selector.matches(&j.metadata.labels)).collect();
+            let items: Vec<Job> = listed
+                .items
+                .into_iter()
+                .filter(|j| cluster::sees(id, j.metadata.owner.as_deref()))
+                .filter(|j| selector.matches(&j.metadata.labels))
+                .collect();
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::GetJob(name) => {
             authorize(id, Request::ReadJob)?;
             let job = store.get::<Job>(&name).map_err(store_error)?;
-            json(200, &job.ok_or_else(|| ClusterError::not_found("Job", &name))?)
+            let job = job.ok_or_else(|| ClusterError::not_found("Job", &name))?;
+            let owner = job.metadata.owner.as_deref();
+            authorize(id, Request::Owned { kind: "Job", name: &name, owner, access: Access::Read })?;
+            json(200, &job)
         }
-        Action::CreateJob(job) => {
+        Action::CreateJob(mut job) => {
             authorize(id, Request::CreateJob)?;
+            job.metadata.owner = cluster::person_name(id).map(str::to_string);
+            if let Some(held) = users::Held::of(id) {
+                held.apply(&mut job.spec.template.spec, "spec.template.spec", &state.allowed_host_paths)?;
+            }
             let uid = cluster::new_uid()?;
             // As for a pod: a gang no cluster could ever hold at once is refused now.
             let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
@@ -469,21 +516,160 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::DeleteJob(name) => {
             authorize(id, Request::DeleteJob)?;
-            let n = name.clone();
-            let deleted = store.write(move |t| jobs::delete(t, &n)).await?;
+            let (n, who) = (name.clone(), id.clone());
+            let deleted = store.write(move |t| jobs::delete_for(t, &who, &n)).await?;
             let (job, _members) = deleted.ok_or_else(|| ClusterError::not_found("Job", &name))?;
             json(200, &job)
         }
+        Action::ListUsers => {
+            authorize(id, Request::ListUsers)?;
+            let listed = store.list::<specs::api::User>().map_err(store_error)?;
+            json(200, &List { resource_version: listed.rv, items: listed.items, unreadable: listed.unreadable })
+        }
+        Action::CreateUser(user) => {
+            authorize(id, Request::ManageUsers)?;
+            let uid = cluster::new_uid()?;
+            let user = store.write(move |t| users::add(t, &user, &uid)).await?;
+            let cn = format!("{}{}", crate::tls::USER_CN_PREFIX, user.metadata.name);
+            let creds = state
+                .pki
+                .credentials(&state.server_url, &cn, user.metadata.uid.as_deref(), state.lifetimes.user)
+                .map_err(|e| super::error::internal(e.to_string()))?;
+            tracing::info!(user = %user.metadata.name, role = %user.spec.role, by = ?cluster::person_name(id), "user added");
+            let reply = specs::api::UserCredentials {
+                user,
+                ca_cert: creds.ca_cert,
+                client_cert: creds.client_cert,
+                client_key: creds.client_key,
+            };
+            json(201, &reply)
+        }
+        Action::RevokeUser(name) => {
+            authorize(id, Request::ManageUsers)?;
+            let user = store.write(move |t| users::revoke(t, &name)).await?;
+            tracing::info!(user = %user.metadata.name, by = ?cluster::person_name(id), "user revoked");
+            json(200, &user)
+        }
+        Action::Renew { incarnation } => {
+            authorize(id, Request::Renew)?;
+            let (cn, incarnation, lifetime) = renewal(state, id, incarnation)?;
+            let (client_cert, client_key) = state
+                .pki
+                .issue_client(&cn, incarnation.as_deref(), lifetime)
+                .map_err(|e| super::error::internal(e.to_string()))?;
+            tracing::info!(identity = %cn, "certificate renewed");
+            let servers = match &state.peers {
+                Some(p) => p.list().await,
+                None => state.advertise_url.iter().cloned().collect(),
+            };
+            json(
+                200,
+                &specs::api::Renewed {
+                    common_name: cn,
+                    ca_cert: state.pki.ca_cert_pem.clone(),
+                    client_cert,
+                    client_key,
+                    servers,
+                },
+            )
+        }
+        Action::ListTokens => {
+            authorize(id, Request::ListTokens)?;
+            let listed = store.list::<specs::api::Token>().map_err(store_error)?;
+            let items = listed.items.into_iter().map(cluster::tokens::without_secret).collect();
+            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+        }
+        Action::CreateToken(request) => {
+            authorize(id, Request::ManageTokens)?;
+            let random = crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?;
+            // The id names the record (and shows in lists); the secret is another 256 bits.
+            let token = crate::tls::JoinToken {
+                ca_pin: Some(
+                    crate::tls::ca_pin(&state.pki.ca_cert_pem).map_err(|e| super::error::internal(e.to_string()))?,
+                ),
+                id: Some(random.chars().take(8).collect()),
+                secret: crate::tls::random_token().map_err(|e| super::error::internal(e.to_string()))?,
+            };
+            let new = cluster::tokens::NewToken {
+                id: token.id.clone().unwrap_or_default(),
+                secret_sha256: pinion_wire::tls::sha256_hex(token.secret.as_bytes()),
+                ttl: request.ttl_seconds.map(std::time::Duration::from_secs),
+                uses: request.uses,
+                description: request.description,
+            };
+            let record = store.write(move |t| cluster::tokens::create(t, &new, chrono::Utc::now())).await?;
+            tracing::info!(token = %record.metadata.name, by = ?cluster::person_name(id), "join token made");
+            json(
+                201,
+                &specs::api::TokenCreated { token: token.to_string(), record: cluster::tokens::without_secret(record) },
+            )
+        }
+        Action::RevokeToken(token_id) => {
+            authorize(id, Request::ManageTokens)?;
+            let record = store.write(move |t| cluster::tokens::revoke(t, &token_id, chrono::Utc::now())).await?;
+            tracing::info!(token = %record.metadata.name, by = ?cluster::person_name(id), "join token revoked");
+            json(200, &cluster::tokens::without_secret(record))
+        }
         Action::ListEvents { kind, name } => {
             authorize(id, Request::ReadEvents)?;
-            let kind = match kind.as_str() {
-                "Node" => Kind::Node,
-                "Job" => Kind::Job,
-                _ => Kind::Pod,
+            // Events follow their object: another's pod or job is absent.
+            let (kind, owner) = match kind.as_str() {
+                "Node" => (Kind::Node, None),
+                "Job" => (Kind::Job, store.get::<Job>(&name).map_err(store_error)?.and_then(|j| j.metadata.owner)),
+                _ => (Kind::Pod, store.get::<Pod>(&name).map_err(store_error)?.and_then(|p| p.metadata.owner)),
             };
+            if kind != Kind::Node {
+                let what = if kind == Kind::Job { "Job" } else { "Pod" };
+                authorize(
+                    id,
+                    Request::Owned { kind: what, name: &name, owner: owner.as_deref(), access: Access::Read },
+                )?;
+            }
             let events = store.events(kind, &name).map_err(store_error)?;
             json(200, &List { resource_version: store.resource_version(), items: events, unreadable: 0 })
         }
+    }
+}
+
+/// What a renewal issues for this caller: the same common name and
+/// incarnation, with its kind's lifetime. A node's certificate must be of
+/// its name's current join (a deleted node, or one joined again since,
+/// renews nothing); a person was checked against the store already.
+fn renewal(
+    state: &ApiState,
+    id: &Identity,
+    presented: Option<String>,
+) -> Result<(String, Option<String>, std::time::Duration), ApiError> {
+    let lifetimes = state.lifetimes;
+    match id {
+        Identity::Admin => Ok((crate::tls::ADMIN_CN.to_string(), None, lifetimes.admin)),
+        Identity::Node(name) => {
+            let current = nodes::incarnation(&state.store, name)?;
+            if current.as_deref() != Some(presented.as_deref().unwrap_or("")) {
+                return Err(ClusterError::Unauthorized(format!(
+                    "this certificate of node {name:?} is of an earlier join (the node was deleted or joined again)"
+                ))
+                .into());
+            }
+            Ok((format!("{NODE_CN_PREFIX}{name}"), presented, lifetimes.node))
+        }
+        Identity::Person(p) => {
+            Ok((format!("{}{}", crate::tls::USER_CN_PREFIX, p.metadata.name), p.metadata.uid.clone(), lifetimes.user))
+        }
+        _ => Err(ClusterError::Unauthorized("only a node, a person or the admin renews a certificate".into()).into()),
+    }
+}
+
+/// A stored pod as an object its caller must own (a user) to act on.
+fn owned(pod: &Pod, access: Access) -> Request<'_> {
+    Request::Owned { kind: "Pod", name: &pod.metadata.name, owner: pod.metadata.owner.as_deref(), access }
+}
+
+/// The person whose record ends their watches when it changes.
+fn holder(id: &Identity) -> Option<String> {
+    match id {
+        Identity::Person(p) => Some(p.metadata.name.clone()),
+        _ => None,
     }
 }
 

@@ -56,6 +56,8 @@ pub fn answer(e: ClusterError) -> ApiError {
         ClusterError::Conflict(_) => conflict(message),
         ClusterError::Unauthorized(_) => unauthorized(message),
         ClusterError::Forbidden(_) => forbidden(message),
+        ClusterError::Disallowed(details) => ApiError { details, ..forbidden(message) },
+        ClusterError::Invalid(details) => ApiError { details, ..error(422, "Invalid", message) },
         ClusterError::Unschedulable(_) => error(422, "Unschedulable", message),
         // Nothing upstream failed (that is 502 NodeUnreachable): the node's
         // registration lacks what this needs, a state to change, not a server fault.

@@ -149,7 +149,9 @@ enum Class {
 impl Class {
     fn of(identity: &Identity) -> Class {
         match identity {
-            Identity::Admin => Class::Admin,
+            // People share the admin's pool: their certificates are ours,
+            // and each request checks them against the store.
+            Identity::Admin | Identity::User(_) | Identity::Person(_) => Class::Admin,
             Identity::Node(_) => Class::Node,
             Identity::Anonymous | Identity::Other(_) => Class::Anonymous,
         }
@@ -280,14 +282,25 @@ async fn accept_loop(
                         _ = seat.evicted() => return tracing::debug!(%peer, "TLS handshake evicted by newer ones"),
                     };
                     drop(seat);
-                    let identity = Identity::from_peer(tls.get_ref().1.peer_certificates());
+                    let certs = tls.get_ref().1.peer_certificates();
+                    let identity = Identity::from_peer(certs);
+                    let incarnation = certs
+                        .and_then(|c| c.first())
+                        .and_then(|c| pinion_wire::tls::CertificateFacts::parse(c.as_ref(), "client certificate").ok())
+                        .and_then(|f| f.incarnation);
                     let class = Class::of(&identity);
                     let pool = pools.of(class);
                     let Some(seat) = pool.enter() else {
                         return tracing::warn!(%peer, pool = pool.name(), "connection refused: its pool is full");
                     };
                     let conn = Conn {
-                        caller: Arc::new(Caller { identity, peer, env_values: true, replies: pools.replies.clone() }),
+                        caller: Arc::new(Caller {
+                            identity,
+                            incarnation,
+                            peer,
+                            env_values: true,
+                            replies: pools.replies.clone(),
+                        }),
                         local: false,
                         seat,
                         class,
@@ -300,7 +313,13 @@ async fn accept_loop(
                     let Some(seat) = pools.of(Class::Local).enter() else { return };
                     // Every user of this machine may call here: the env's values stay out.
                     let caller =
-                        Caller { identity: Identity::Admin, peer, env_values: false, replies: pools.replies.clone() };
+                        Caller {
+                            identity: Identity::Admin,
+                            incarnation: None,
+                            peer,
+                            env_values: false,
+                            replies: pools.replies.clone(),
+                        };
                     let conn = Conn { caller: Arc::new(caller), local: true, seat, class: Class::Local };
                     serve_connection(tcp, conn, state, table, config, shutdown).await
                 }
@@ -325,7 +344,11 @@ struct Conn {
 
 /// Who is on the other end of a connection, and what its listener grants.
 pub(crate) struct Caller {
+    /// As the certificate presents it; a person is resolved at each request.
     identity: Identity,
+    /// The certificate's incarnation (its subject's OU): a person's or node's
+    /// current one is in the store, and an older one is refused.
+    incarnation: Option<String>,
     peer: SocketAddr,
     /// False on the local listener: pods are shown without env values.
     env_values: bool,
@@ -421,8 +444,8 @@ fn admit(route: RouteId, identity: &Identity) -> Result<(), ApiError> {
 pub fn screen(route: RouteId, identity: &Identity, config: &ApiConfig) -> Result<usize, ApiError> {
     admit(route, identity)?;
     Ok(match identity {
-        Identity::Admin | Identity::Node(_) => config.body_limit,
-        Identity::Anonymous | Identity::Other(_) => config.anonymous_body_limit,
+        Identity::Admin | Identity::Person(_) | Identity::Node(_) => config.body_limit,
+        Identity::User(_) | Identity::Anonymous | Identity::Other(_) => config.anonymous_body_limit,
     })
 }
 
@@ -434,7 +457,7 @@ async fn handle(
     config: ApiConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Response<Body> {
-    let (identity, peer, env_values) = (&caller.identity, caller.peer, caller.env_values);
+    let (peer, env_values) = (caller.peer, caller.env_values);
     let (route, param) = match match_route(table, req.method(), req.uri().path()) {
         Matched::Route(r, p) => (r, p),
         Matched::MethodNotAllowed => {
@@ -452,6 +475,15 @@ async fn handle(
         }
         Matched::NotFound => return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path()))),
     };
+    // Who asks, as the store knows them now: a revoked person or a deleted
+    // node is refused from their next request on, before their body is read;
+    // the public routes stay open to them as to anyone.
+    let identity = match crate::cluster::resolve(&state.store, &caller.identity, caller.incarnation.as_deref()) {
+        Ok(id) => id,
+        Err(_) if public(route) => Identity::Anonymous,
+        Err(e) => return error_response(&error::answer(e)),
+    };
+    let identity = &identity;
     // Refused before the body is read: the body is never drained either, so
     // an anonymous upload costs at most what the kernel buffered.
     let limit = match screen(route, identity, &config) {
@@ -509,6 +541,7 @@ async fn handle(
         Err(_) => return error_response(&error(408, "RequestTimeout", "the body did not arrive in time")),
     };
     let action = match decode(route, param, parts, body, config).await {
+        Ok(parse::Action::Renew { .. }) => parse::Action::Renew { incarnation: caller.incarnation.clone() },
         Ok(a) if env_values => a,
         Ok(a) => a.without_env_values(),
         Err(e) => return error_response(&e),
@@ -591,6 +624,9 @@ async fn handle(
                     let line = match change {
                         Ok(c) => {
                             version = version.max(c.rv);
+                            if filter.ends(&c) {
+                                return;
+                            }
                             match filter.line(&c) {
                                 Some(l) => l,
                                 None => continue,

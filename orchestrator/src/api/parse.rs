@@ -87,6 +87,17 @@ pub enum Action {
     CreateJob(Box<specs::job::Job>),
     GetJob(String),
     DeleteJob(String),
+    ListUsers,
+    CreateUser(Box<specs::api::User>),
+    RevokeUser(String),
+    /// A fresh certificate for the caller; `incarnation` is the presented
+    /// certificate's (filled in by the handler, which knows the caller).
+    Renew {
+        incarnation: Option<String>,
+    },
+    ListTokens,
+    CreateToken(specs::api::TokenRequest),
+    RevokeToken(String),
 }
 
 impl Action {
@@ -210,6 +221,38 @@ pub fn parse(
         RouteId::CreateJob => Action::CreateJob(Box::new(parse_job(body, is_json(headers))?)),
         RouteId::GetJob => Action::GetJob(name()?),
         RouteId::DeleteJob => Action::DeleteJob(name()?),
+        RouteId::ListUsers => Action::ListUsers,
+        RouteId::CreateUser => {
+            let user: specs::api::User = decode_json(body)?;
+            if user.kind != "User" {
+                return Err(bad_field("kind", format!("{:?}: must be User", user.kind)));
+            }
+            let problems = crate::cluster::users::validate(&user);
+            if !problems.is_empty() {
+                return Err(invalid("User", &user.metadata.name, problems));
+            }
+            Action::CreateUser(Box::new(user))
+        }
+        RouteId::RevokeUser => Action::RevokeUser(name()?),
+        RouteId::Renew => Action::Renew { incarnation: None },
+        RouteId::ListTokens => Action::ListTokens,
+        RouteId::CreateToken => {
+            let request: specs::api::TokenRequest = decode_json(body)?;
+            if request.ttl_seconds.is_some_and(|t| t == 0 || t > specs::limits::MAX_TTL_SECONDS) {
+                return Err(bad_field(
+                    "ttlSeconds",
+                    format!("1 to {} (a year); leave it out for a token that never expires", specs::limits::MAX_TTL_SECONDS),
+                ));
+            }
+            if request.uses == Some(0) {
+                return Err(bad_field("uses", "at least 1; leave it out for unlimited uses"));
+            }
+            if request.description.len() > specs::limits::MAX_STRING_LEN {
+                return Err(bad_field("description", format!("at most {} bytes", specs::limits::MAX_STRING_LEN)));
+            }
+            Action::CreateToken(request)
+        }
+        RouteId::RevokeToken => Action::RevokeToken(name()?),
     })
 }
 

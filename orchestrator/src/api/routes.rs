@@ -31,6 +31,13 @@ pub enum RouteId {
     CreateJob,
     GetJob,
     DeleteJob,
+    ListUsers,
+    CreateUser,
+    RevokeUser,
+    Renew,
+    ListTokens,
+    CreateToken,
+    RevokeToken,
 }
 
 pub struct Route {
@@ -68,6 +75,13 @@ pub fn routes() -> Vec<Route> {
         r(Method::POST, "/api/v1/jobs", CreateJob),
         r(Method::GET, "/api/v1/jobs/{name}", GetJob),
         r(Method::DELETE, "/api/v1/jobs/{name}", DeleteJob),
+        r(Method::GET, "/api/v1/users", ListUsers),
+        r(Method::POST, "/api/v1/users", CreateUser),
+        r(Method::DELETE, "/api/v1/users/{name}", RevokeUser),
+        r(Method::POST, "/api/v1/renew", Renew),
+        r(Method::GET, "/api/v1/tokens", ListTokens),
+        r(Method::POST, "/api/v1/tokens", CreateToken),
+        r(Method::DELETE, "/api/v1/tokens/{name}", RevokeToken),
     ]
 }
 

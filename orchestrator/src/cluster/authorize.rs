@@ -1,8 +1,16 @@
 //! Who may do what: the one answer to "may this identity do this to this
 //! object", for every route of the API. Where the answer depends on the
-//! object (a node reads only the pods bound to it), the command asks again
-//! once it has read the object, inside its store write.
+//! object (a node reads only the pods bound to it, a user only their own
+//! pods and jobs), the command asks again once it has read the object,
+//! inside its store write.
+//!
+//! The roles: the bootstrap `admin` certificate and people with the `admin`
+//! role may do everything; a `viewer` reads everything and writes nothing; a
+//! `user` creates pods and jobs and reads, follows, execs in and deletes only
+//! their own, and sees another's as absent (404, not 403: not even its
+//! existence); a node acts for itself and its pods only.
 
+use specs::api::Role;
 use specs::Pod;
 
 use super::ClusterError;
@@ -19,12 +27,23 @@ pub enum Request<'a> {
     /// (reading a pod that may not exist, reporting a pod's status).
     Known,
     ReadMetrics,
-    /// Listing or watching pods, of one node or of all.
+    /// Listing or watching pods, of one node or of all (a user's list is
+    /// then narrowed to their own, `visible`).
     ReadPods {
         node: Option<&'a str>,
     },
-    /// A pod as stored: read it, report its status, reject its binding.
+    /// A pod as stored, to read.
     Pod(&'a Pod),
+    /// A pod as stored, to report its status or reject its binding: its
+    /// node's part (and an admin's).
+    ReportPod(&'a Pod),
+    /// A stored pod or job, to act on as `access` says: a user must own it.
+    Owned {
+        kind: &'static str,
+        name: &'a str,
+        owner: Option<&'a str>,
+        access: Access,
+    },
     CreatePod,
     DeletePod,
     PodLogs,
@@ -40,65 +59,173 @@ pub enum Request<'a> {
     CreateJob,
     DeleteJob,
     ReadEvents,
+    ListUsers,
+    /// Add, change or revoke a person.
+    ManageUsers,
+    /// A fresh certificate for the caller's own identity (any known one).
+    Renew,
+    /// List join tokens (admin only).
+    ListTokens,
+    /// Create or revoke a join token (admin only).
+    ManageTokens,
+}
+
+/// How a request touches an object it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Get, list, watch, logs, attach.
+    Read,
+    /// Delete, exec.
+    Write,
+}
+
+/// What a caller may do, by kind of identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Power {
+    Everything,
+    ReadAll,
+    Own,
 }
 
 /// `Ok` when `id` may make `request`; else why not, naming the identity.
 pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError> {
-    let admin_only = |what: &str| match id {
-        Identity::Admin => Ok(()),
-        Identity::Node(n) => Err(ClusterError::Forbidden(format!("node {n:?} may not {what}"))),
-        _ => Err(ClusterError::Forbidden(format!("may not {what}"))),
-    };
-    match request {
-        Request::Public | Request::Join => return Ok(()),
-        _ => {}
+    if let Request::Public | Request::Join = request {
+        return Ok(());
     }
-    match id {
+    let (power, who) = match id {
         Identity::Anonymous => {
             return Err(ClusterError::Unauthorized(
-                "a client certificate is required (admin credentials or a joined node's)".into(),
+                "a client certificate is required (a user's or admin credentials, or a joined node's)".into(),
             ))
         }
         Identity::Other(cn) => {
-            return Err(ClusterError::Forbidden(format!("certificate {cn:?} is not an admin or node identity")))
+            return Err(ClusterError::Forbidden(format!("certificate {cn:?} is not an admin, user or node identity")))
         }
-        Identity::Admin | Identity::Node(_) => {}
+        Identity::User(name) => {
+            return Err(ClusterError::Unauthorized(format!("user {name:?} is not known to the cluster")))
+        }
+        Identity::Node(n) => return authorize_node(n, request),
+        Identity::Admin => (Power::Everything, "admin".to_string()),
+        Identity::Person(p) => {
+            let power = match p.spec.role {
+                Role::Admin => Power::Everything,
+                Role::Viewer => Power::ReadAll,
+                Role::User => Power::Own,
+            };
+            (power, format!("{} {:?}", p.spec.role, p.metadata.name))
+        }
+    };
+    if power == Power::Everything {
+        return Ok(());
     }
+    let refuse = |what: &str| Err(ClusterError::Forbidden(format!("{who} may not {what}")));
+    let writes = |what: &str| match power {
+        Power::Own => Ok(()),
+        _ => refuse(what),
+    };
     match request {
         Request::Public | Request::Join | Request::Known => Ok(()),
-        Request::ReadPods { node } => match (id, node) {
-            (Identity::Node(me), Some(n)) if n != me => {
-                Err(ClusterError::Forbidden(format!("node {me:?} may not read the pods of node {n:?}")))
+        Request::ReadPods { .. } => Ok(()),
+        Request::Pod(pod) => match power {
+            Power::Own if pod.metadata.owner.as_deref() != person_name(id) => {
+                Err(ClusterError::not_found("Pod", &pod.metadata.name))
             }
             _ => Ok(()),
         },
-        Request::Pod(pod) => match id {
-            Identity::Node(n) if pod.spec.node_name.as_deref() != Some(n) => Err(ClusterError::Forbidden(format!(
-                "node {n:?} may not access pod {:?} (not bound to it)",
-                pod.metadata.name
-            ))),
+        Request::ReportPod(pod) => refuse(&format!("report the status of pod {:?}", pod.metadata.name)),
+        Request::ListNodes | Request::WatchNodes | Request::ListJobs | Request::ReadJob | Request::ReadEvents => Ok(()),
+        Request::Owned { kind, name, owner, access } => match power {
+            Power::ReadAll if access == Access::Read => Ok(()),
+            Power::ReadAll => refuse(&format!("change {} {name:?}", kind.to_lowercase())),
+            // Another's object is absent to them, not forbidden: its very
+            // existence is not theirs to learn.
+            _ if owner != person_name(id) => Err(ClusterError::not_found(kind, name)),
             _ => Ok(()),
         },
-        Request::ActForNode(node) => match id {
-            Identity::Node(n) if n != node => {
-                Err(ClusterError::Forbidden(format!("node {n:?} may not act for node {node:?}")))
-            }
-            _ => Ok(()),
+        // Reads of one object: the command asks again with the object (`Owned`).
+        Request::PodLogs | Request::AttachPod => Ok(()),
+        Request::ReadMetrics => match power {
+            Power::ReadAll => Ok(()),
+            _ => refuse("read the metrics"),
         },
-        Request::ReadMetrics => admin_only("read the metrics"),
-        Request::CreatePod => admin_only("create pods"),
-        Request::DeletePod => admin_only("delete pods"),
-        Request::PodLogs => admin_only("read pod logs"),
-        Request::AttachPod => admin_only("attach to pods"),
-        Request::ExecPod => admin_only("exec in pods"),
-        Request::ListNodes => admin_only("list nodes"),
-        Request::WatchNodes => admin_only("watch nodes"),
-        Request::DeleteNode => admin_only("delete nodes"),
-        Request::ListJobs => admin_only("list jobs"),
-        Request::ReadJob => admin_only("read jobs"),
-        Request::CreateJob => admin_only("create jobs"),
-        Request::DeleteJob => admin_only("delete jobs"),
-        Request::ReadEvents => admin_only("list events"),
+        Request::ListUsers => match power {
+            Power::ReadAll => Ok(()),
+            _ => refuse("list users"),
+        },
+        Request::CreatePod => writes("create pods"),
+        Request::DeletePod => writes("delete pods"),
+        Request::ExecPod => writes("exec in pods"),
+        Request::CreateJob => writes("create jobs"),
+        Request::DeleteJob => writes("delete jobs"),
+        Request::ActForNode(n) => refuse(&format!("act for node {n:?}")),
+        Request::DeleteNode => refuse("delete nodes"),
+        Request::ManageUsers => refuse("manage users"),
+        Request::Renew => Ok(()),
+        Request::ListTokens => refuse("list join tokens"),
+        Request::ManageTokens => refuse("manage join tokens"),
+    }
+}
+
+/// A node's narrow rights: itself, and the pods bound to it.
+fn authorize_node(me: &str, request: Request<'_>) -> Result<(), ClusterError> {
+    let refuse = |what: &str| Err(ClusterError::Forbidden(format!("node {me:?} may not {what}")));
+    match request {
+        Request::Public | Request::Join | Request::Known => Ok(()),
+        Request::ReadPods { node: Some(n) } if n != me => refuse(&format!("read the pods of node {n:?}")),
+        Request::ReadPods { .. } => Ok(()),
+        Request::Pod(pod) | Request::ReportPod(pod) if pod.spec.node_name.as_deref() != Some(me) => {
+            refuse(&format!("access pod {:?} (not bound to it)", pod.metadata.name))
+        }
+        Request::Pod(_) | Request::ReportPod(_) => Ok(()),
+        Request::ActForNode(n) if n != me => refuse(&format!("act for node {n:?}")),
+        Request::ActForNode(_) => Ok(()),
+        Request::Owned { kind, name, .. } => refuse(&format!("access {} {name:?}", kind.to_lowercase())),
+        Request::ReadMetrics => refuse("read the metrics"),
+        Request::CreatePod => refuse("create pods"),
+        Request::DeletePod => refuse("delete pods"),
+        Request::PodLogs => refuse("read pod logs"),
+        Request::AttachPod => refuse("attach to pods"),
+        Request::ExecPod => refuse("exec in pods"),
+        Request::ListNodes => refuse("list nodes"),
+        Request::WatchNodes => refuse("watch nodes"),
+        Request::DeleteNode => refuse("delete nodes"),
+        Request::ListJobs => refuse("list jobs"),
+        Request::ReadJob => refuse("read jobs"),
+        Request::CreateJob => refuse("create jobs"),
+        Request::DeleteJob => refuse("delete jobs"),
+        Request::ReadEvents => refuse("list events"),
+        Request::ListUsers => refuse("list users"),
+        Request::ManageUsers => refuse("manage users"),
+        Request::Renew => Ok(()),
+        Request::ListTokens => refuse("list join tokens"),
+        Request::ManageTokens => refuse("manage join tokens"),
+    }
+}
+
+/// The name a caller's objects are owned under: `admin` for the bootstrap
+/// certificate, a person's name; nodes and strangers own nothing.
+pub fn person_name(id: &Identity) -> Option<&str> {
+    match id {
+        Identity::Admin => Some("admin"),
+        Identity::Person(p) => Some(&p.metadata.name),
+        _ => None,
+    }
+}
+
+/// Whether a caller sees an object with this owner in lists and watches: a
+/// user sees only their own; everyone else who may list sees all.
+pub fn sees(id: &Identity, owner: Option<&str>) -> bool {
+    match id {
+        Identity::Person(p) if p.spec.role == Role::User => owner == Some(p.metadata.name.as_str()),
+        _ => true,
+    }
+}
+
+/// The owner a list or watch is narrowed to (`None`: every owner).
+pub fn owner_filter(id: &Identity) -> Option<String> {
+    match id {
+        Identity::Person(p) if p.spec.role == Role::User => Some(p.metadata.name.clone()),
+        _ => None,
     }
 }
 

@@ -18,6 +18,13 @@ pub enum ClusterError {
     /// Who asks is known and may not do this.
     #[error("{0}")]
     Forbidden(String),
+    /// Who asks may create such objects, not with these fields (a pod
+    /// security profile's refusals), each at its field.
+    #[error("{}", join_fields(.0))]
+    Disallowed(Vec<specs::validate::FieldError>),
+    /// The request's fields, each problem at its field.
+    #[error("{}", join_fields(.0))]
+    Invalid(Vec<specs::validate::FieldError>),
     /// No node of the cluster could ever hold the pod or gang.
     #[error("{0}")]
     Unschedulable(String),
@@ -35,6 +42,10 @@ pub enum ClusterError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Internal(String),
+}
+
+fn join_fields(problems: &[specs::validate::FieldError]) -> String {
+    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 impl ClusterError {

@@ -39,6 +39,11 @@ pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> R
     let mut job = given.clone();
     let name = job.metadata.name.clone();
     if let Some(existing) = t.get::<Job>(&name)? {
+        if existing.metadata.owner != job.metadata.owner {
+            return Err(ClusterError::Conflict(format!(
+                "the job name {name:?} is taken by another's job: pick another name"
+            )));
+        }
         let ended = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
         if !ended && existing.spec == job.spec && existing.metadata.labels == job.metadata.labels {
             return Ok(Created { new: false, job: existing });
@@ -71,6 +76,12 @@ pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Clust
         if let Some(existing) = t.get::<Pod>(&name)? {
             let ours = job::membership(&existing).is_some_and(|(j, _, _)| j == job.metadata.name);
             let finished = existing.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+            if existing.metadata.owner != job.metadata.owner {
+                return Err(ClusterError::Conflict(format!(
+                    "pod {name:?} is another's: job {:?} needs its name for a member",
+                    job.metadata.name
+                )));
+            }
             if !ours && !finished {
                 return Err(ClusterError::Conflict(format!(
                     "pod {name:?} exists and is not finished: job {:?} needs its name for a member",
@@ -94,6 +105,25 @@ pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Clust
 /// with it); returns the job as it was, `None` when there is none.
 pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)>, ClusterError> {
     let Some(job) = t.delete::<Job>(name)? else { return Ok(None) };
+    let members = delete_members(t, &job)?;
+    Ok(Some((job, members)))
+}
+
+/// Removes the job and its members for `id`, who must own it (a user) or
+/// may delete anything.
+pub fn delete_for(
+    t: &mut Txn<'_>,
+    id: &crate::tls::Identity,
+    name: &str,
+) -> Result<Option<(Job, MemberChanges)>, ClusterError> {
+    let Some(job) = t.get::<Job>(name)? else { return Ok(None) };
+    let owner = job.metadata.owner.as_deref();
+    super::authorize(id, super::Request::Owned { kind: "Job", name, owner, access: super::Access::Write })?;
+    delete(t, name)
+}
+
+fn delete_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, ClusterError> {
+    let name = &job.metadata.name;
     let mut out = MemberChanges::default();
     for rank in 0..job.spec.parallelism.min(job::MAX_MEMBERS) {
         let member = job::member_name(name, rank);
@@ -104,7 +134,7 @@ pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)
             }
         }
     }
-    Ok(Some((job, out)))
+    Ok(out)
 }
 
 /// The job's current members by rank: a pod of the member's name labelled

@@ -11,10 +11,12 @@ pub mod jobs;
 pub mod nodes;
 pub mod pods;
 pub mod tokens;
+pub mod users;
 #[cfg(test)]
 mod tests;
 
-pub use authorize::{authorize, pods_visible_to, Request};
+pub use authorize::{authorize, owner_filter, person_name, pods_visible_to, sees, Access, Request};
+pub use users::resolve;
 pub use error::ClusterError;
 use specs::api::{Event, ObjectRef};
 use specs::pod::ObjectMeta;

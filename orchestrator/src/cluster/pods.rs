@@ -8,7 +8,7 @@ use specs::api::{PodPlan, PodRejection};
 use specs::engine::SETTINGS_MISFIT;
 use specs::{Pod, PodPhase, PodStatus};
 
-use super::authorize::{authorize, Request};
+use super::authorize::{authorize, Access, Request};
 use super::{event, now_rfc3339, ClusterError};
 use crate::store::Txn;
 use crate::tls::Identity;
@@ -30,6 +30,13 @@ pub fn create(t: &mut Txn<'_>, given: &Pod, uid: &str, never: Option<&str>) -> R
     let mut pod = given.clone();
     let name = pod.metadata.name.clone();
     if let Some(existing) = t.get::<Pod>(&name)? {
+        // Names are the cluster's, not a person's: a name held by another's
+        // pod, finished or not, stays theirs (with its status and events).
+        if existing.metadata.owner != pod.metadata.owner {
+            return Err(ClusterError::Conflict(format!(
+                "the pod name {name:?} is taken by another's pod: pick another name"
+            )));
+        }
         if is_finished(&existing) {
             t.delete::<Pod>(&name)?;
         } else if same_user_spec(&existing, &pod) {
@@ -67,7 +74,15 @@ pub enum Deleted {
     Unreadable,
 }
 
-pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
+/// Deletes a pod `id` may delete (a user's own; an unreadable record, whose
+/// owner nobody knows, an admin's only).
+pub fn delete(t: &mut Txn<'_>, id: &Identity, name: &str) -> Result<Deleted, ClusterError> {
+    let owner = match t.get::<Pod>(name) {
+        Ok(Some(p)) => p.metadata.owner,
+        Ok(None) => return Err(ClusterError::not_found("Pod", name)),
+        Err(_) => None,
+    };
+    authorize(id, Request::Owned { kind: "Pod", name, owner: owner.as_deref(), access: Access::Write })?;
     if t.purge_unreadable::<Pod>(name)? {
         return Ok(Deleted::Unreadable);
     }
@@ -83,7 +98,7 @@ pub fn report_status(
     status: &PodStatus,
 ) -> Result<(Pod, bool), ClusterError> {
     let Some(mut pod) = t.get::<Pod>(name)? else { return Err(ClusterError::not_found("Pod", name)) };
-    authorize(id, Request::Pod(&pod))?;
+    authorize(id, Request::ReportPod(&pod))?;
     if !reported_for(status, &pod) {
         return Err(ClusterError::Conflict(format!("the status is about an earlier pod {name:?}")));
     }
@@ -103,7 +118,7 @@ pub fn reject(
     rejection: &PodRejection,
 ) -> Result<(Pod, String), ClusterError> {
     let Some(mut pod) = t.get::<Pod>(name)? else { return Err(ClusterError::not_found("Pod", name)) };
-    authorize(id, Request::Pod(&pod))?;
+    authorize(id, Request::ReportPod(&pod))?;
     let Some(node) = pod.spec.node_name.clone() else {
         return Err(ClusterError::Conflict(format!("pod {name:?} is not bound to a node")));
     };

@@ -76,56 +76,120 @@ fn kind_of(r: &Result<(), ClusterError>) -> &'static str {
         Ok(()) => "ok",
         Err(ClusterError::Unauthorized(_)) => "401",
         Err(ClusterError::Forbidden(_)) => "403",
+        Err(ClusterError::NotFound { .. }) => "404",
         Err(_) => "other",
     }
 }
 
+fn person(name: &str, role: specs::api::Role) -> Identity {
+    Identity::Person(std::sync::Arc::new(specs::api::User {
+        api_version: "pinion.io/v1".into(),
+        kind: "User".into(),
+        metadata: specs::pod::ObjectMeta { name: name.into(), uid: Some(format!("{name}-1")), ..Default::default() },
+        spec: specs::api::UserSpec {
+            role,
+            uid: Some(1001),
+            gid: None,
+            groups: vec![],
+            profile: None,
+            capabilities: vec![],
+            host_network: false,
+            revoked: None,
+        },
+    }))
+}
+
+fn owned_by(mut p: Pod, owner: &str) -> Pod {
+    p.metadata.owner = Some(owner.into());
+    p
+}
+
 #[test]
 fn every_request_by_every_identity() {
-    let admin = Identity::Admin;
-    let n1 = Identity::Node("n1".into());
-    let anon = Identity::Anonymous;
-    let other = Identity::Other("someone".into());
-    let on_n1 = bound("p", "n1");
-    let on_n2 = bound("q", "n2");
+    use super::Access::{Read, Write};
+    use specs::api::Role;
+    let ids = [
+        Identity::Admin,
+        person("ops", Role::Admin),
+        person("alice", Role::User),
+        person("audit", Role::Viewer),
+        Identity::Node("n1".into()),
+        Identity::Anonymous,
+        Identity::Other("someone".into()),
+        // A person's certificate not yet found in the store.
+        Identity::User("mallory".into()),
+    ];
+    let on_n1 = owned_by(bound("p", "n1"), "bob");
+    let on_n2 = owned_by(bound("q", "n2"), "alice");
     let unbound = pod("r");
-    // (request, admin, node n1, anonymous, another certificate)
-    let table: Vec<(Request, [&str; 4])> = vec![
-        (Request::Public, ["ok", "ok", "ok", "ok"]),
-        (Request::Join, ["ok", "ok", "ok", "ok"]),
-        (Request::Known, ["ok", "ok", "401", "403"]),
-        (Request::ReadMetrics, ["ok", "403", "401", "403"]),
-        (Request::ReadPods { node: None }, ["ok", "ok", "401", "403"]),
-        (Request::ReadPods { node: Some("n1") }, ["ok", "ok", "401", "403"]),
-        (Request::ReadPods { node: Some("n2") }, ["ok", "403", "401", "403"]),
-        (Request::Pod(&on_n1), ["ok", "ok", "401", "403"]),
-        (Request::Pod(&on_n2), ["ok", "403", "401", "403"]),
-        (Request::Pod(&unbound), ["ok", "403", "401", "403"]),
-        (Request::CreatePod, ["ok", "403", "401", "403"]),
-        (Request::DeletePod, ["ok", "403", "401", "403"]),
-        (Request::PodLogs, ["ok", "403", "401", "403"]),
-        (Request::AttachPod, ["ok", "403", "401", "403"]),
-        (Request::ExecPod, ["ok", "403", "401", "403"]),
-        (Request::ListNodes, ["ok", "403", "401", "403"]),
-        (Request::WatchNodes, ["ok", "403", "401", "403"]),
-        (Request::ActForNode("n1"), ["ok", "ok", "401", "403"]),
-        (Request::ActForNode("n2"), ["ok", "403", "401", "403"]),
-        (Request::DeleteNode, ["ok", "403", "401", "403"]),
-        (Request::ListJobs, ["ok", "403", "401", "403"]),
-        (Request::ReadJob, ["ok", "403", "401", "403"]),
-        (Request::CreateJob, ["ok", "403", "401", "403"]),
-        (Request::DeleteJob, ["ok", "403", "401", "403"]),
-        (Request::ReadEvents, ["ok", "403", "401", "403"]),
+    let alices = Request::Owned { kind: "Pod", name: "a", owner: Some("alice"), access: Read };
+    let alices_w = Request::Owned { kind: "Pod", name: "a", owner: Some("alice"), access: Write };
+    let bobs = Request::Owned { kind: "Job", name: "b", owner: Some("bob"), access: Read };
+    let bobs_w = Request::Owned { kind: "Job", name: "b", owner: Some("bob"), access: Write };
+    // (request, [admin, admin role, user alice, viewer, node n1, anonymous, another certificate, unknown person])
+    let table: Vec<(Request, [&str; 8])> = vec![
+        (Request::Public, ["ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok"]),
+        (Request::Join, ["ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok"]),
+        (Request::Known, ["ok", "ok", "ok", "ok", "ok", "401", "403", "401"]),
+        (Request::ReadMetrics, ["ok", "ok", "403", "ok", "403", "401", "403", "401"]),
+        (Request::ReadPods { node: None }, ["ok", "ok", "ok", "ok", "ok", "401", "403", "401"]),
+        (Request::ReadPods { node: Some("n1") }, ["ok", "ok", "ok", "ok", "ok", "401", "403", "401"]),
+        (Request::ReadPods { node: Some("n2") }, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::Pod(&on_n1), ["ok", "ok", "404", "ok", "ok", "401", "403", "401"]),
+        (Request::Pod(&on_n2), ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::Pod(&unbound), ["ok", "ok", "404", "ok", "403", "401", "403", "401"]),
+        (Request::ReportPod(&on_n1), ["ok", "ok", "403", "403", "ok", "401", "403", "401"]),
+        (Request::ReportPod(&on_n2), ["ok", "ok", "403", "403", "403", "401", "403", "401"]),
+        (alices, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (alices_w, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
+        (bobs, ["ok", "ok", "404", "ok", "403", "401", "403", "401"]),
+        (bobs_w, ["ok", "ok", "404", "403", "403", "401", "403", "401"]),
+        (Request::CreatePod, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
+        (Request::DeletePod, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
+        (Request::PodLogs, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::AttachPod, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::ExecPod, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
+        (Request::ListNodes, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::WatchNodes, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::ActForNode("n1"), ["ok", "ok", "403", "403", "ok", "401", "403", "401"]),
+        (Request::ActForNode("n2"), ["ok", "ok", "403", "403", "403", "401", "403", "401"]),
+        (Request::DeleteNode, ["ok", "ok", "403", "403", "403", "401", "403", "401"]),
+        (Request::ListJobs, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::ReadJob, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::CreateJob, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
+        (Request::DeleteJob, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
+        (Request::ReadEvents, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::ListUsers, ["ok", "ok", "403", "ok", "403", "401", "403", "401"]),
+        (Request::ManageUsers, ["ok", "ok", "403", "403", "403", "401", "403", "401"]),
     ];
     for (request, want) in table {
-        let got: Vec<&str> = [&admin, &n1, &anon, &other].map(|id| kind_of(&authorize(id, request))).to_vec();
+        let got: Vec<&str> = ids.iter().map(|id| kind_of(&authorize(id, request))).collect();
         assert_eq!(got, want, "{request:?}");
     }
-    // A refusal names who asked and what they may not do.
-    let e = authorize(&n1, Request::DeletePod).expect_err("refused");
+    // A refusal names who asked and what they may not do; another's object
+    // is absent, not forbidden.
+    let (n1, alice, viewer) = (&ids[4], &ids[2], &ids[3]);
+    let e = authorize(n1, Request::DeletePod).expect_err("refused");
     assert_eq!(e.to_string(), "node \"n1\" may not delete pods");
-    let e = authorize(&n1, Request::Pod(&on_n2)).expect_err("refused");
+    let e = authorize(n1, Request::Pod(&on_n2)).expect_err("refused");
     assert_eq!(e.to_string(), "node \"n1\" may not access pod \"q\" (not bound to it)");
+    let e = authorize(alice, bobs_w).expect_err("refused");
+    assert_eq!(e.to_string(), "job \"b\" not found");
+    let e = authorize(viewer, Request::CreatePod).expect_err("refused");
+    assert_eq!(e.to_string(), "viewer \"audit\" may not create pods");
+}
+
+#[test]
+fn lists_and_watches_of_a_user_hold_only_their_own() {
+    use super::{owner_filter, sees};
+    use specs::api::Role;
+    let (alice, viewer) = (person("alice", Role::User), person("audit", Role::Viewer));
+    assert!(sees(&alice, Some("alice")));
+    assert!(!sees(&alice, Some("bob")));
+    assert!(!sees(&alice, None));
+    assert!(sees(&viewer, Some("bob")) && sees(&Identity::Admin, None));
+    assert_eq!(owner_filter(&alice).as_deref(), Some("alice"));
+    assert_eq!(owner_filter(&viewer), None);
 }
 
 #[test]
@@ -193,12 +257,51 @@ async fn creating_a_pod() {
 #[tokio::test]
 async fn deleting_a_pod() {
     let w = World::new();
-    let e = w.run(|t| pods::delete(t, "none")).await.expect_err("missing");
+    let e = w.run(|t| pods::delete(t, &Identity::Admin, "none")).await.expect_err("missing");
     assert!(matches!(e, ClusterError::NotFound { kind: "Pod", .. }));
     assert_eq!(e.to_string(), "pod \"none\" not found");
     w.put_pod(pod("a")).await;
-    assert!(matches!(w.run(|t| pods::delete(t, "a")).await, Ok(pods::Deleted::Pod(p)) if p.metadata.name == "a"));
+    let deleted = w.run(|t| pods::delete(t, &Identity::Admin, "a")).await;
+    assert!(matches!(deleted, Ok(pods::Deleted::Pod(p)) if p.metadata.name == "a"));
     assert!(w.pod("a").is_none());
+
+    // A user deletes their own pod; another's is absent to them, and stays.
+    let (alice, bob) = (person("alice", specs::api::Role::User), person("bob", specs::api::Role::User));
+    w.put_pod(owned_by(pod("b"), "bob")).await;
+    let e = w.run(move |t| pods::delete(t, &alice, "b")).await.expect_err("not theirs");
+    assert_eq!(e.to_string(), "pod \"b\" not found");
+    assert!(w.pod("b").is_some());
+    assert!(w.run(move |t| pods::delete(t, &bob, "b")).await.is_ok());
+    assert!(w.pod("b").is_none());
+}
+
+#[tokio::test]
+async fn a_name_held_by_anothers_pod_or_job_stays_theirs() {
+    let w = World::new();
+    let mut done = owned_by(pod("x"), "bob");
+    done.status = Some(status(PodPhase::Succeeded));
+    w.put_pod(done).await;
+    // Finished or not, alice's create does not replace bob's pod.
+    let e = w.run(|t| pods::create(t, &owned_by(pod("x"), "alice"), "u", None)).await.expect_err("taken");
+    assert!(matches!(e, ClusterError::Conflict(_)), "{e}");
+    assert_eq!(w.pod("x").and_then(|p| p.metadata.owner).as_deref(), Some("bob"));
+    // Bob's own create replaces his finished pod.
+    let created = w.run(|t| pods::create(t, &owned_by(pod("x"), "bob"), "u2", None)).await.expect("his own");
+    assert!(created.new);
+
+    let mut j = job("solve", 2);
+    j.metadata.owner = Some("bob".into());
+    w.run(move |t| jobs::create(t, &j, "j1", None)).await.expect("bob's job");
+    let member = w.pod("solve-0").expect("member");
+    assert_eq!(member.metadata.owner.as_deref(), Some("bob"), "a member is its job's owner's");
+    let mut j = job("solve", 2);
+    j.metadata.owner = Some("alice".into());
+    let e = w.run(move |t| jobs::create(t, &j, "j2", None)).await.expect_err("taken");
+    assert!(matches!(e, ClusterError::Conflict(_)), "{e}");
+    let alice = person("alice", specs::api::Role::User);
+    let e = w.run(move |t| jobs::delete_for(t, &alice, "solve")).await.expect_err("not hers");
+    assert_eq!(e.to_string(), "job \"solve\" not found");
+    assert!(w.pod("solve-0").is_some());
 }
 
 #[tokio::test]

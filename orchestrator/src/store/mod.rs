@@ -240,6 +240,9 @@ pub struct Change {
     pub prev_node_name: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Who created the object (`metadata.owner`): a user's watch sees only theirs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 const KEY_RV: &[u8] = b"meta/rv";
@@ -264,6 +267,7 @@ fn log_entry(c: &Change, slim: bool) -> Result<Vec<u8>, serde_json::Error> {
         node_name: c.node_name.clone(),
         prev_node_name: c.prev_node_name.clone(),
         labels: c.labels.clone(),
+        owner: c.owner.clone(),
     })
 }
 
@@ -401,6 +405,7 @@ impl Txn<'_> {
             node_name: obj.node_name().map(str::to_string),
             prev_node_name: prev.as_ref().and_then(|p| p.node_name()).map(str::to_string),
             labels: obj.meta().labels.clone(),
+            owner: obj.meta().owner.clone(),
         };
         self.writes.insert(key, Some(bytes));
         self.changes.push(change);
@@ -425,6 +430,7 @@ impl Txn<'_> {
             node_name: None,
             prev_node_name: prev.node_name().map(str::to_string),
             labels: prev.meta().labels.clone(),
+            owner: prev.meta().owner.clone(),
         });
         self.writes.insert(key, None);
         self.remove_events(T::KIND, name);

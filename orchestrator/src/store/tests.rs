@@ -849,6 +849,7 @@ fn change(rv: u64, object_bytes: usize) -> Change {
         node_name: None,
         prev_node_name: None,
         labels: BTreeMap::new(),
+        owner: None,
     }
 }
 

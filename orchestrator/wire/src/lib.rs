@@ -220,6 +220,12 @@ impl Client {
         Client::with_tls(&creds.servers, None, creds.client_config()?)
     }
 
+    /// A client whose new connections present what `live` holds then: a
+    /// renewed certificate takes over without a new client.
+    pub fn with_identity(creds: &Credentials, live: Arc<tls::LiveIdentity>) -> Result<Client, ClientError> {
+        Client::with_tls(&creds.servers, None, creds.client_config_live(live)?)
+    }
+
     /// A client for the servers at `urls` (tried in this order) with this TLS
     /// configuration; each server's certificate must name `server_name` (its
     /// URL's host when `None`).
@@ -476,6 +482,22 @@ impl Client {
     /// Deletes a job and its member pods.
     pub async fn delete_job(&self, name: &str) -> Result<Job, ClientError> {
         Ok(self.call(Method::DELETE, &format!("/api/v1/jobs/{}", percent_encode(name)), None).await?.1)
+    }
+
+    /// The cluster's people (admins and viewers).
+    pub async fn list_users(&self) -> Result<List<specs::api::User>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/users", None).await?.1)
+    }
+
+    /// Adds a person (admin); their first certificate comes back.
+    pub async fn add_user(&self, user: &specs::api::User) -> Result<specs::api::UserCredentials, ClientError> {
+        let body = serde_json::to_vec(user).map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok(self.call(Method::POST, "/api/v1/users", Some(("application/json", Bytes::from(body)))).await?.1)
+    }
+
+    /// Revokes a person (admin).
+    pub async fn revoke_user(&self, name: &str) -> Result<specs::api::User, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/users/{}", percent_encode(name)), None).await?.1)
     }
 
     pub async fn get_node(&self, name: &str) -> Result<Node, ClientError> {

@@ -1,0 +1,195 @@
+//! Many people, one cluster (issue 27), through a real server on
+//! 127.0.0.1:0 with a real sled store: each person sees and touches only
+//! their own pods and jobs (another's are absent: 404), a viewer reads and
+//! writes nothing, a person's pod runs as their Unix user and is held to
+//! their profile (each refusal at its field), and a revoked person's
+//! certificate is refused from the next request on.
+
+use orchestrator::testing::server::TestServer;
+use orchestrator::tls::Credentials;
+use pinion_wire::{Client, ClientError};
+use specs::api::{Role, User, UserSpec};
+use specs::security::Profile;
+use specs::Pod;
+
+fn user(name: &str, role: Role, uid: Option<u32>) -> User {
+    User {
+        api_version: "pinion.io/v1".into(),
+        kind: "User".into(),
+        metadata: specs::pod::ObjectMeta { name: name.into(), ..Default::default() },
+        spec: UserSpec {
+            role,
+            uid,
+            gid: uid,
+            groups: vec![],
+            profile: None,
+            capabilities: vec![],
+            host_network: false,
+            revoked: None,
+        },
+    }
+}
+
+/// Adds `u` as the admin; their client.
+async fn add(s: &TestServer, u: &User) -> (Credentials, Client) {
+    let added = s.admin.add_user(u).await.expect("add the user");
+    let creds = Credentials {
+        servers: vec![s.url.clone()],
+        ca_cert: added.ca_cert,
+        client_cert: added.client_cert,
+        client_key: added.client_key,
+    };
+    let client = Client::new(&creds).expect("client");
+    (creds, client)
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> u16 {
+    match r {
+        Ok(_) => 200,
+        Err(ClientError::Api(e)) => e.code,
+        Err(e) => panic!("expected an HTTP answer, got {e}"),
+    }
+}
+
+fn api_error<T: std::fmt::Debug>(r: Result<T, ClientError>) -> specs::api::ApiError {
+    match r {
+        Err(ClientError::Api(e)) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn manifest(name: &str, extra: &str) -> bytes::Bytes {
+    bytes::Bytes::from(format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    rootfs: host\n    command: [\"true\"]\n{extra}"
+    ))
+}
+
+#[tokio::test]
+async fn each_person_sees_and_touches_only_their_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |o| o.allowed_host_paths = vec!["/srv".into()]).await;
+    let (_, alice) = add(&s, &user("alice", Role::User, Some(1001))).await;
+    let (_, bob) = add(&s, &user("bob", Role::User, None)).await;
+    let (_, audit) = add(&s, &user("audit", Role::Viewer, None)).await;
+
+    let (code_, pod) = alice.create_pod(manifest("alices", "")).await.expect("alice creates a pod");
+    assert_eq!(code_, 201);
+    assert_eq!(pod.metadata.owner.as_deref(), Some("alice"), "the server sets the owner");
+    let sc = pod.spec.security_context.clone().expect("filled in");
+    assert_eq!((sc.run_as_user, sc.run_as_group), (Some(1001), Some(1001)), "runs as her uid");
+    let (_, bobs) = bob.create_pod(manifest("bobs", "")).await.expect("bob creates a pod");
+    assert_eq!(
+        bobs.spec.security_context.and_then(|s| s.run_as_user_name).as_deref(),
+        Some("bob"),
+        "without a uid, the node looks him up by name"
+    );
+
+    // An owner given by the client is not believed.
+    let forged = "  owner: alice\n";
+    let text = String::from_utf8(manifest("forged", "").to_vec())
+        .expect("utf8")
+        .replace("metadata: {name: forged}", &format!("metadata:\n  name: forged\n{forged}"));
+    let (_, p) = bob.create_pod(bytes::Bytes::from(text)).await.expect("create");
+    assert_eq!(p.metadata.owner.as_deref(), Some("bob"));
+
+    // Another's pod is absent: get, delete, logs, exec, events; lists leave it out.
+    assert_eq!(code(bob.get_pod("alices").await), 404);
+    assert_eq!(api_error(bob.get_pod("alices").await).message, "pod \"alices\" not found");
+    assert_eq!(code(bob.delete_pod("alices").await), 404);
+    assert_eq!(code(bob.events("Pod", "alices").await), 404);
+    let names = |l: specs::api::List<Pod>| l.items.into_iter().map(|p| p.metadata.name).collect::<Vec<_>>();
+    assert_eq!(names(bob.list_pods(None).await.expect("list")), ["bobs", "forged"]);
+    assert_eq!(names(alice.list_pods(None).await.expect("list")), ["alices"]);
+    assert_eq!(names(s.admin.list_pods(None).await.expect("list")), ["alices", "bobs", "forged"]);
+    assert!(s.admin.get_pod("alices").await.is_ok());
+    // A name another holds cannot be taken over.
+    assert_eq!(code(bob.create_pod(manifest("alices", "")).await), 409);
+
+    // The viewer reads everything and writes nothing.
+    assert_eq!(names(audit.list_pods(None).await.expect("list")), ["alices", "bobs", "forged"]);
+    assert!(audit.get_pod("alices").await.is_ok());
+    assert_eq!(code(audit.create_pod(manifest("v", "")).await), 403);
+    assert_eq!(code(audit.delete_pod("alices").await), 403);
+    assert_eq!(code(audit.revoke_user("alice").await), 403);
+    assert!(audit.list_users().await.is_ok());
+    // A user manages no one.
+    assert_eq!(code(alice.list_users().await), 403);
+    assert_eq!(code(alice.add_user(&user("eve", Role::Admin, None)).await), 403);
+
+    // Her own pod she deletes.
+    assert!(alice.delete_pod("alices").await.is_ok());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_baseline_persons_pods_are_refused_at_the_field_with_the_profile() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |o| o.allowed_host_paths = vec!["/srv".into()]).await;
+    let (_, alice) = add(&s, &user("alice", Role::User, Some(1001))).await;
+    let caps = |c: &str| format!("    securityContext: {{capabilities: {{add: [{c}]}}}}\n");
+    let cases = [
+        ("sysadmin", caps("SYS_ADMIN"), "spec.containers[0].securityContext.capabilities.add[0]", "SYS_ADMIN"),
+        (
+            "dacread",
+            caps("DAC_READ_SEARCH"),
+            "spec.containers[0].securityContext.capabilities.add[0]",
+            "DAC_READ_SEARCH",
+        ),
+        (
+            "root",
+            "  volumes: [{name: root, hostPath: {path: /}}]\n".into(),
+            "spec.volumes[0].hostPath.path",
+            "host path \"/\"",
+        ),
+        ("hostnet", "  hostNetwork: true\n".into(), "spec.hostNetwork", "the host's network"),
+        ("uid0", "  securityContext: {runAsUser: 0}\n".into(), "spec.securityContext.runAsUser", "uid 0"),
+    ];
+    for (name, extra, field, what) in cases {
+        let e = api_error(alice.create_pod(manifest(name, &extra)).await);
+        assert_eq!(e.code, 403, "{name}: {e:?}");
+        assert_eq!(e.details.len(), 1, "{name}: {e:?}");
+        assert_eq!(e.details[0].field, field, "{name}");
+        assert_eq!(e.details[0].message, format!("{what} is not allowed for user alice (profile baseline)"), "{name}");
+        assert_eq!(code(s.admin.get_pod(name).await), 404, "{name}: nothing stored");
+    }
+    // Allowed: a host path under /srv, NET_BIND_SERVICE, root inside a user namespace.
+    let fine = [
+        ("srv", "  volumes: [{name: d, hostPath: {path: /srv/data}}]\n".to_string()),
+        ("bind", caps("NET_BIND_SERVICE")),
+        ("userns", "  hostUsers: false\n  securityContext: {runAsUser: 0}\n".into()),
+    ];
+    for (name, extra) in fine {
+        alice.create_pod(manifest(name, &extra)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    // An admin's pod is privileged, as today.
+    s.admin.create_pod(manifest("adm", &caps("SYS_ADMIN"))).await.expect("admin");
+    // A person granted SYS_NICE with the privileged profile: as an admin's.
+    let mut ran = user("ran", Role::User, Some(1002));
+    ran.spec.profile = Some(Profile::Privileged);
+    let (_, ran) = add(&s, &ran).await;
+    ran.create_pod(manifest("ranpod", &caps("SYS_ADMIN"))).await.expect("privileged profile");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_person_is_refused_from_the_next_request_and_an_old_certificate_after_they_are_added_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (_, alice) = add(&s, &user("alice", Role::User, Some(1001))).await;
+    alice.list_pods(None).await.expect("alice reads");
+    // Adding her again while she holds valid credentials is refused.
+    assert_eq!(code(s.admin.add_user(&user("alice", Role::User, Some(1001))).await), 409);
+    s.admin.revoke_user("alice").await.expect("revoke");
+    let e = api_error(alice.list_pods(None).await);
+    assert_eq!(e.code, 401, "{e:?}");
+    assert!(e.message.contains("revoked"), "{e:?}");
+    // Health stays open to her, as to anyone.
+    assert!(alice.get("/healthz").await.is_ok());
+    let (_, again) = add(&s, &user("alice", Role::User, Some(1001))).await;
+    again.list_pods(None).await.expect("the new certificate works");
+    assert_eq!(code(alice.list_pods(None).await), 401, "the old one stays refused");
+    let listed = s.admin.list_users().await.expect("list");
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].spec.revoked, None);
+    s.stop().await;
+}
