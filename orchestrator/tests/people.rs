@@ -193,3 +193,66 @@ async fn a_revoked_person_is_refused_from_the_next_request_and_an_old_certificat
     assert_eq!(listed.items[0].spec.revoked, None);
     s.stop().await;
 }
+
+/// A revoked person and a deleted node are refused on every server of a
+/// three-server cluster on three etcd members, within the time the other
+/// servers' mirrors take to see the write (bounded here at 10 s; it is
+/// milliseconds), and their requests never succeed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_a_revoked_person_and_a_deleted_nodes_old_certificate_are_refused_on_every_server() {
+    use orchestrator::testing::etcd::{available, EtcdCluster};
+    use std::time::Duration;
+    if !available("people on etcd") {
+        return;
+    }
+    let etcd = EtcdCluster::start(3).await.expect("etcd");
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let mut servers = Vec::new();
+    for d in &dirs {
+        servers.push(TestServer::start(d.path(), |o| o.etcd = Some(etcd.config("/people"))).await);
+    }
+    let (alice_creds, _) = add(&servers[0], &user("alice", Role::User, Some(1001))).await;
+    let node_creds = servers[0].join(dirs[0].path(), "edge-1").await;
+    // Each server, as alice and as the node: they work everywhere first.
+    let on = |creds: &Credentials, s: &TestServer| {
+        Client::new(&Credentials { servers: vec![s.url.clone()], ..creds.clone() }).expect("client")
+    };
+    for s in &servers {
+        let alice = on(&alice_creds, s);
+        pinion_wire::testing::eventually("alice is known on every server", Duration::from_secs(10), || async {
+            alice.list_pods(None).await.is_ok()
+        })
+        .await;
+        let node = on(&node_creds, s);
+        pinion_wire::testing::eventually("the node is known on every server", Duration::from_secs(10), || async {
+            code(node.get_node("edge-1").await) == 404
+        })
+        .await;
+    }
+    servers[0].admin.revoke_user("alice").await.expect("revoke");
+    servers[1].admin.delete_node("edge-1").await.expect("delete the node");
+    for s in &servers {
+        let (alice, node) = (on(&alice_creds, s), on(&node_creds, s));
+        pinion_wire::testing::eventually("alice is refused on every server", Duration::from_secs(10), || async {
+            code(alice.list_pods(None).await) == 401
+        })
+        .await;
+        pinion_wire::testing::eventually("the node is refused on every server", Duration::from_secs(10), || async {
+            code(node.get_node("edge-1").await) == 401
+        })
+        .await;
+    }
+    // The deleted node's certificate stays refused after the name joins again.
+    let again = servers[2].join(dirs[2].path(), "edge-1").await;
+    for s in &servers {
+        let (old, new) = (on(&node_creds, s), on(&again, s));
+        pinion_wire::testing::eventually("the new join works on every server", Duration::from_secs(10), || async {
+            code(new.get_node("edge-1").await) == 404
+        })
+        .await;
+        assert_eq!(code(old.get_node("edge-1").await), 401, "{}: the old certificate", s.url);
+    }
+    for s in servers {
+        s.stop().await;
+    }
+}
