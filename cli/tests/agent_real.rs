@@ -664,3 +664,106 @@ fn no_file_holding_a_pods_env_is_readable_by_another_user() {
     h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
     h.signal_agent("TERM");
 }
+
+/// A pod of one container running `script` under `sh -c` once, with the
+/// pod-level fields `extra` (YAML lines of `spec`, indented by two).
+fn pod_with(name: &str, extra: &str, script: &str) -> String {
+    format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{script}']\n    resources: {{requests: {{cpu: '0'}}, limits: {{cpu: 500m, memory: 64Mi}}}}\n"
+    )
+}
+
+/// `id -u NAME` on this host.
+fn host_id(flag: &str, name: &str) -> String {
+    let out = Command::new("id").args([flag, name]).output().unwrap();
+    assert!(out.status.success(), "id {flag} {name}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Issue 27: a pod's processes are the Unix user the pod names, with no
+/// capability, and see the host rootfs as that user would: `/etc/shadow`
+/// (0640 root:shadow on Debian) is refused. A user name is looked up in the
+/// node's passwd (`nobody` is on every Debian host), and a name the node
+/// does not know fails the start, naming it.
+#[test]
+fn a_pods_processes_run_as_its_user_with_no_capabilities() {
+    use std::os::unix::fs::MetadataExt;
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    // What the shadow check proves rests on this: others may not read it.
+    let shadow = std::fs::metadata("/etc/shadow").unwrap();
+    assert_eq!((shadow.uid(), shadow.mode() & 0o004), (0, 0), "/etc/shadow is root's and not world-readable here");
+    let pid = std::process::id();
+    let (ids, named, ghost) = (format!("uid-{pid}"), format!("named-{pid}"), format!("ghost-{pid}"));
+    let unknown = format!("no-such-user-{pid}");
+    h.write(
+        &ids,
+        &pod_with(
+            &ids,
+            "  securityContext: {runAsUser: 1001, runAsGroup: 1001, supplementalGroups: [1002]}\n",
+            "echo uid=$(id -u) gid=$(id -g) groups=$(id -G); grep CapEff /proc/self/status; \
+             cat /etc/shadow; echo shadow=$?",
+        ),
+    );
+    // Through the init as PID 1, which must run as the user too.
+    h.write(
+        &named,
+        &pod_with(
+            &named,
+            "  init: true\n  securityContext: {runAsUserName: nobody}\n",
+            "echo uid=$(id -u) gid=$(id -g) home=$HOME; grep -E \"^Cap(Eff|Prm|Bnd)\" /proc/self/status; \
+             touch /tmp/mine && echo tmp=ok",
+        ),
+    );
+    h.write(&ghost, &pod_with(&ghost, &format!("  securityContext: {{runAsUserName: {unknown}}}\n"), "true"));
+    h.start_agent();
+
+    let done = |v: &Value, stem: &str| {
+        let phase = &v["pods"][format!("static/{stem}")]["phase"];
+        phase == "Succeeded" || phase == "Failed"
+    };
+    let v = h.wait("all three finished", |v| [&ids, &named, &ghost].iter().all(|s| done(v, s)));
+    let log = h.wait_log(&ids, "the probe", |l| l.contains("shadow="));
+    println!("{ids}:\n{log}");
+    assert_eq!(v["pods"][format!("static/{ids}")]["phase"], "Succeeded", "{v:#}");
+    let first = log.lines().next().unwrap_or("");
+    let groups: Vec<&str> = first.split("groups=").nth(1).unwrap_or("").split(' ').collect();
+    assert!(first.starts_with("uid=1001 gid=1001 groups="), "{log}");
+    assert!(groups.contains(&"1002") && !groups.contains(&"0"), "supplementary groups, never root's: {log}");
+    assert!(log.contains("CapEff:\t0000000000000000\n"), "{log}");
+    assert!(log.contains("/etc/shadow: Permission denied") && log.contains("shadow=1"), "{log}");
+    assert!(!log.contains("root:"), "not a line of /etc/shadow: {log}");
+
+    let log = h.wait_log(&named, "the probe", |l| l.contains("tmp="));
+    println!("{named}:\n{log}");
+    assert_eq!(v["pods"][format!("static/{named}")]["phase"], "Succeeded", "{v:#}");
+    let (uid, gid) = (host_id("-u", "nobody"), host_id("-g", "nobody"));
+    let home = std::fs::read_to_string("/etc/passwd")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("nobody:").and_then(|rest| rest.split(':').nth(4)).map(str::to_string))
+        .unwrap();
+    assert!(log.contains(&format!("uid={uid} gid={gid} home={home}\n")), "{log}");
+    for set in ["CapEff", "CapPrm", "CapBnd"] {
+        assert!(log.contains(&format!("{set}:\t0000000000000000\n")), "{set}: {log}");
+    }
+    assert!(log.contains("tmp=ok"), "its /tmp is writable: {log}");
+
+    let p = &v["pods"][format!("static/{ghost}")];
+    println!("{ghost}: {}", p["message"]);
+    assert_eq!(p["phase"], "Failed", "{p:#}");
+    assert_eq!(p["containerStatuses"][0]["reason"], "StartError", "{p:#}");
+    let message = p["message"].as_str().unwrap_or("");
+    assert!(message.contains(&format!("runAsUserName \"{unknown}\": no such user on this node")), "{message:?}");
+    assert!(h.container_ids(&ghost).is_empty(), "nothing left of {ghost}");
+
+    for stem in [&ids, &named, &ghost] {
+        std::fs::remove_file(h.manifests.join(format!("{stem}.yaml"))).unwrap();
+    }
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+    let tag = pid.to_string();
+    assert_eq!(cgroups(&tag), Vec::<PathBuf>::new());
+    assert_eq!(processes(&tag), Vec::<i32>::new());
+    assert_eq!(mounts(&h.data), 0, "no mount left");
+}

@@ -67,6 +67,7 @@ impl Fixture {
             system_cpus: Default::default(),
             log_path: self.data.join("logs").join(format!("{id}.log")),
             init: false,
+            run_as: Default::default(),
         }
     }
 
@@ -803,5 +804,58 @@ fn host_paths_are_nosuid_nodev_and_tmp_is_sized() {
     let tmp_line = line("/tmp");
     // The fixture's memory limit, 256 MiB, in the superblock's options.
     assert!(tmp_line.contains("size=262144k") && tmp_line.contains("nosuid"), "{tmp_line}");
+    fx.finish();
+}
+
+/// Issue 27: a non-root container holds exactly the capabilities it was
+/// given, and they work (an admin's SYS_NICE for a telecom user: renice
+/// below 0 and `set_mempolicy`); without one it holds none, in any set. A
+/// command exec'd into it is the same user with the same groups.
+#[test]
+fn a_non_root_container_holds_only_what_it_was_given_and_exec_is_that_user() {
+    let Some(mut fx) = fixture() else { return };
+    const SYS_NICE: u64 = 1 << 23;
+    let probe = "id -u; id -G; grep -E \"^Cap(Inh|Prm|Eff|Bnd|Amb)\" /proc/self/status; \
+                 renice -n -5 -p $$ >/dev/null 2>&1 && echo renice: ok || echo renice: refused; \
+                 numactl --membind=0 true 2>/dev/null && echo membind: ok || echo membind: refused";
+    let user =
+        nodelet::runtime::RunAs { uid: Some(1001), gid: Some(1001), supplemental_groups: vec![1002], user_name: None };
+    let mut plain = fx.cfg("user-plain", &["sh", "-c", probe]);
+    plain.run_as = user.clone();
+    let mut nice = fx.cfg("user-nice", &["sh", "-c", probe]);
+    nice.run_as = user.clone();
+    nice.cap_add = vec!["CAP_SYS_NICE".into()];
+    for cfg in [&plain, &nice] {
+        fx.rt.start(cfg, &mut Default::default()).expect("start");
+        assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", cfg.id);
+    }
+    let set = |log: &str, key: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("{key} in {log}"))
+    };
+    let log = fx.log(&plain);
+    assert!(log.starts_with("1001\n1001 1002\n"), "{log}");
+    for key in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(set(&log, key), 0, "{key} {log}");
+    }
+    assert!(log.contains("renice: refused") && log.contains("membind: refused"), "{log}");
+    let log = fx.log(&nice);
+    for key in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(set(&log, key), SYS_NICE, "{key} {log}");
+    }
+    assert!(log.contains("renice: ok") && log.contains("membind: ok"), "{log}");
+
+    let mut running = fx.cfg("user-exec", &["sleep", "1000"]);
+    running.run_as = user;
+    fx.rt.start(&running, &mut Default::default()).expect("start");
+    let argv = ["sh", "-c", "id -u; id -G; grep ^CapEff /proc/self/status"].map(str::to_string);
+    let p = fx.rt.exec(&running.id, &argv).expect("exec");
+    let out = read_all(p.stdout);
+    assert_eq!((p.wait)().expect("wait"), 0);
+    let out = out.recv_timeout(PIPE_END).expect("stdout ends");
+    assert_eq!(out, "1001\n1001 1002\nCapEff:\t0000000000000000\n");
+    fx.rt.stop(&running.id, Duration::from_secs(1)).expect("stop");
     fx.finish();
 }

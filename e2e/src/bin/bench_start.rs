@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
         args: base.args.clone(),
         env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
         cwd: "/".into(),
+        user: Default::default(),
     };
 
     let mut results: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
@@ -108,6 +109,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         system_cpus: Default::default(),
         log_path: work.join("logs").join(format!("{id}.log")),
         init: false,
+        run_as: Default::default(),
     }
 }
 

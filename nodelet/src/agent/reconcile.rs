@@ -13,7 +13,7 @@ use specs::{Quantity, RestartPolicy};
 
 use crate::checkpoint::spec_hash;
 use crate::fsutil::fnv1a64;
-use crate::runtime::{ContainerConfig, CpuQuota, RootfsConfig};
+use crate::runtime::{ContainerConfig, CpuQuota, RootfsConfig, RunAs};
 use crate::source::BoundPlan;
 
 /// Exit code recorded when a container could not be started at all (the
@@ -335,6 +335,23 @@ pub(crate) fn container_config(
                 })
             })
             .collect(),
+        run_as: run_as(pod, c),
+    }
+}
+
+/// Who container `c`'s processes are: its own `runAsUser` and `runAsGroup`
+/// over the pod's, the pod's `supplementalGroups`, and the pod's
+/// `runAsUserName` only when no uid is given at either level (the runtime
+/// looks the name up on the node; a uid needs no lookup).
+pub(crate) fn run_as(pod: &Pod, c: &Container) -> RunAs {
+    let pod_sc = pod.spec.security_context.as_ref();
+    let c_sc = c.security_context.as_ref();
+    let uid = c_sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user));
+    RunAs {
+        uid,
+        gid: c_sc.and_then(|s| s.run_as_group).or(pod_sc.and_then(|s| s.run_as_group)),
+        supplemental_groups: pod_sc.map(|s| s.supplemental_groups.clone()).unwrap_or_default(),
+        user_name: pod_sc.and_then(|s| s.run_as_user_name.clone()).filter(|_| uid.is_none()),
     }
 }
 
@@ -611,5 +628,46 @@ mod tests {
         assert_eq!(cfg.pids_limit, Some(64), "the pod's own wins");
         assert_eq!(cfg.rootfs, RootfsConfig::Host);
         assert_eq!(cfg.cwd, "/");
+        assert_eq!(cfg.run_as, RunAs::default(), "root, as before");
+    }
+
+    #[test]
+    fn who_a_container_runs_as() {
+        use specs::pod::{PodSecurityContext, SecurityContext};
+        let check = |pod_sc: Option<PodSecurityContext>, c_ids: Option<(Option<u32>, Option<u32>)>, want: RunAs| {
+            let mut p = pod("p").named("a").build();
+            p.spec.security_context = pod_sc.clone();
+            if let Some((uid, gid)) = c_ids {
+                p.spec.containers[0].security_context =
+                    Some(SecurityContext { run_as_user: uid, run_as_group: gid, ..Default::default() });
+            }
+            assert_eq!(run_as(&p, &p.spec.containers[0]), want, "{pod_sc:?} {c_ids:?}");
+        };
+        let sc = |uid: Option<u32>, gid: Option<u32>, groups: &[u32], name: Option<&str>| PodSecurityContext {
+            run_as_user: uid,
+            run_as_group: gid,
+            supplemental_groups: groups.to_vec(),
+            run_as_user_name: name.map(str::to_string),
+        };
+        let want = |uid: Option<u32>, gid: Option<u32>, groups: &[u32], name: Option<&str>| RunAs {
+            uid,
+            gid,
+            supplemental_groups: groups.to_vec(),
+            user_name: name.map(str::to_string),
+        };
+        check(None, None, RunAs::default());
+        check(Some(sc(Some(1001), Some(1001), &[1002], None)), None, want(Some(1001), Some(1001), &[1002], None));
+        // The container's ids over the pod's; the pod's groups stay.
+        check(
+            Some(sc(Some(1001), Some(1001), &[1002], None)),
+            Some((Some(2002), None)),
+            want(Some(2002), Some(1001), &[1002], None),
+        );
+        check(None, Some((Some(0), Some(0))), want(Some(0), Some(0), &[], None));
+        // A name only when no uid is given anywhere.
+        check(Some(sc(None, None, &[], Some("alice"))), None, want(None, None, &[], Some("alice")));
+        check(Some(sc(Some(1001), None, &[], Some("alice"))), None, want(Some(1001), None, &[], None));
+        check(Some(sc(None, None, &[7], Some("alice"))), Some((Some(3), None)), want(Some(3), None, &[7], None));
+        check(Some(sc(None, None, &[], Some("alice"))), Some((None, Some(9))), want(None, Some(9), &[], Some("alice")));
     }
 }

@@ -466,6 +466,7 @@ pub(crate) mod tests {
             system_cpus: Default::default(),
             log_path: "/dev/null".into(),
             init: false,
+            run_as: Default::default(),
         }
     }
 

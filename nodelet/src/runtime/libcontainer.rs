@@ -144,7 +144,11 @@ impl LibcontainerRuntime {
         cgroups::existing_dirs(&*self.host, &self.cgroup_of(id))
     }
 
-    fn process_spec(cfg: &ContainerConfig, image: Option<&image::ImageRecord>) -> spec::ProcessSpec {
+    fn process_spec(
+        cfg: &ContainerConfig,
+        image: Option<&image::ImageRecord>,
+        user: super::users::ProcessUser,
+    ) -> spec::ProcessSpec {
         let mut env: Vec<(String, String)> =
             vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())];
         let mut set = |k: &str, v: &str| match env.iter_mut().find(|(ek, _)| ek == k) {
@@ -156,6 +160,11 @@ impl LibcontainerRuntime {
                 let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
                 set(k, v);
             }
+        }
+        // A user looked up by name is at home in its node's home folder,
+        // unless the pod says otherwise just below.
+        if let Some(home) = &user.home {
+            set("HOME", home);
         }
         for (k, v) in &cfg.env {
             set(k, v);
@@ -169,23 +178,26 @@ impl LibcontainerRuntime {
         } else {
             image.map(|i| i.working_dir.clone()).filter(|w| !w.is_empty()).unwrap_or_else(|| "/".into())
         };
-        spec::ProcessSpec { args, env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(), cwd }
+        spec::ProcessSpec { args, env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(), cwd, user }
     }
 
     fn prepare(&self, cfg: &ContainerConfig) -> Result<(), RuntimeError> {
         let id = cfg.id.as_str();
         let rootfs = self.layout.rootfs(id);
+        // Before anything is mounted: a user the node does not know fails
+        // the start with its name, and leaves nothing to undo.
+        let user = super::users::resolve(&cfg.run_as).map_err(|e| cerr(id, e.to_string()))?;
         let (mut process, binds) = match &cfg.rootfs {
             RootfsConfig::Host => {
                 let binds = rootfs::prepare_host(&rootfs).map_err(ioerr(&rootfs))?;
-                (Self::process_spec(cfg, None), binds)
+                (Self::process_spec(cfg, None, user), binds)
             }
             RootfsConfig::Image(reference) => {
                 let (rec, lower) = image::resolve(&self.layout.images(), reference)?;
                 let dir = self.layout.container(id);
                 rootfs::mount_overlay(&*self.host, &lower, &dir.join("upper"), &dir.join("work"), &rootfs)
                     .map_err(|e| cerr(id, format!("mounting the image {reference} overlay: {e}")))?;
-                (Self::process_spec(cfg, Some(&rec)), Vec::new())
+                (Self::process_spec(cfg, Some(&rec), user), Vec::new())
             }
         };
         if process.args.is_empty() {
@@ -975,6 +987,7 @@ mod tests {
             args: vec![cmd.to_string()],
             env: vec!["PATH=/nowhere:/bin".into()],
             cwd: "/".into(),
+            user: Default::default(),
         };
         let check = |cmd: &str, expected: Option<(i32, &str)>| {
             let got = check_command("c", dir.path(), &process(cmd));

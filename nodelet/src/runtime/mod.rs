@@ -9,6 +9,7 @@
 pub mod hollow;
 pub mod init;
 pub mod libcontainer;
+pub mod users;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -74,6 +75,33 @@ pub struct ContainerConfig {
     /// `--pod-pids-limit`; `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u64>,
+    /// Who the container's processes are (the pod's `securityContext`);
+    /// the default, root, is what every container was before.
+    #[serde(default, skip_serializing_if = "RunAs::is_unset")]
+    pub run_as: RunAs,
+}
+
+/// Who a container's processes are, as the pod says it: the container's
+/// `runAsUser`/`runAsGroup` over the pod's, the pod's `supplementalGroups`,
+/// and `runAsUserName`, which the runtime looks up on the node when no uid
+/// is given ([`users::resolve`]). All unset: root.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunAs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supplemental_groups: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_name: Option<String>,
+}
+
+impl RunAs {
+    fn is_unset(&self) -> bool {
+        *self == RunAs::default()
+    }
 }
 
 /// A host folder seen inside a container.

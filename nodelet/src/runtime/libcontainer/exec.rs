@@ -65,6 +65,10 @@ impl LibcontainerRuntime {
             args: command.to_vec(),
             env: process.and_then(|p| p.env().clone()).unwrap_or_default(),
             cwd: process.map(|p| p.cwd().to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
+            // The command runs as the container's process does (the spec's
+            // user, which the tenant builder takes below); the probe only
+            // looks for the file.
+            user: Default::default(),
         };
         check_command(id, &self.command_root(id, &cfg), &probe)?;
 

@@ -17,7 +17,13 @@ use crate::host::{Host, MountRequest};
 /// Prepares `rootfs` for a host-rootfs container; returns the host directories
 /// to bind-mount read-only over their mount points.
 pub fn prepare_host(rootfs: &Path) -> io::Result<Vec<PathBuf>> {
+    use std::os::unix::fs::PermissionsExt;
     fs::create_dir_all(rootfs)?;
+    // The container's `/`: a non-root process must be able to walk it,
+    // whatever the agent's umask (a unit with `UMask=0077` would make it
+    // 0700). The folders above it stay private: after `pivot_root` the
+    // container never walks them.
+    fs::set_permissions(rootfs, fs::Permissions::from_mode(0o755))?;
     let mut binds = Vec::new();
     for dir in HOST_DIRS {
         let host = Path::new(dir);

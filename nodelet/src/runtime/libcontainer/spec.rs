@@ -1,7 +1,8 @@
 //! Builds the OCI runtime spec (`config.json`) of one container from its
 //! `ContainerConfig`: namespaces, cgroup resources (cpuset, memory, CPU, hugetlb,
 //! devices), NUMA memory policy, capabilities, seccomp and the root filesystem's
-//! mounts. Pure apart from `stat` of device nodes, so it is unit-tested.
+//! mounts, and who the process is (uid, groups, capabilities). Pure apart from
+//! `stat` of device nodes, so it is unit-tested.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use oci_spec::runtime::{
     Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, UserBuilder,
 };
 
+use super::super::users::ProcessUser;
 use super::super::{ContainerConfig, CpuQuota, RuntimeError};
 
 /// The cgroup of a container under `parent` (see [`super::cgroups::settle_parent`]),
@@ -29,6 +31,8 @@ pub struct ProcessSpec {
     pub args: Vec<String>,
     pub env: Vec<String>,
     pub cwd: String,
+    /// Who it runs as, resolved on this node ([`crate::runtime::users::resolve`]).
+    pub user: ProcessUser,
 }
 
 /// The size of a container's `/tmp` when it has no memory limit. A tmpfs's
@@ -85,6 +89,63 @@ fn capability_set(cfg: &ContainerConfig) -> Result<std::collections::HashSet<Cap
         caps.insert(parse(name)?);
     }
     Ok(caps)
+}
+
+/// The capabilities the pod added (`cap_add`) and nothing else: all a
+/// non-root process gets.
+fn added_capabilities(cfg: &ContainerConfig) -> Result<std::collections::HashSet<Capability>, String> {
+    cfg.cap_add
+        .iter()
+        .map(|name| {
+            serde_json::from_value::<Capability>(serde_json::Value::String(name.clone()))
+                .map_err(|_| format!("unknown capability {name:?}"))
+        })
+        .collect()
+}
+
+/// The process's capability sets.
+///
+/// Root keeps Docker's default set (less `cap_drop`, plus `cap_add`) in the
+/// bounding, effective and permitted sets, with inheritable and ambient
+/// empty, as containerd and Docker since CVE-2022-24769: oci-spec's builder
+/// would otherwise fill them with its default three (AUDIT_WRITE, KILL,
+/// NET_BIND_SERVICE), which an exec'd file could pick up, and which make
+/// `drop: [ALL]` fail (an inheritable capability outside the bounding set is
+/// EPERM at capset).
+///
+/// A non-root process gets none of the default set, in no set at all: a
+/// user's job is that user on the host, nothing more. The bounding set holds
+/// only what the pod added, so no setuid or file-capability program can
+/// give it more; an added capability is also inheritable and ambient (and so
+/// permitted and effective), because a non-root process loses its permitted
+/// set at `execve` and only ambient capabilities survive it: that is how an
+/// admin's grant of, say, SYS_NICE to a telecom user's pod really works.
+fn capabilities(
+    cfg: &ContainerConfig,
+    user: &ProcessUser,
+) -> Result<oci_spec::runtime::LinuxCapabilities, RuntimeError> {
+    let id = cfg.id.as_str();
+    let e = |err: oci_spec::OciSpecError| spec_err(id, "capabilities", err);
+    if user.is_root() {
+        let caps = capability_set(cfg).map_err(|m| spec_err(id, "capabilities", m))?;
+        return LinuxCapabilitiesBuilder::default()
+            .bounding(caps.clone())
+            .effective(caps.clone())
+            .permitted(caps)
+            .inheritable(std::collections::HashSet::new())
+            .ambient(std::collections::HashSet::new())
+            .build()
+            .map_err(e);
+    }
+    let added = added_capabilities(cfg).map_err(|m| spec_err(id, "capabilities", m))?;
+    LinuxCapabilitiesBuilder::default()
+        .bounding(added.clone())
+        .effective(added.clone())
+        .permitted(added.clone())
+        .inheritable(added.clone())
+        .ambient(added)
+        .build()
+        .map_err(e)
 }
 
 /// Syscalls the default profile allows only with a capability (Docker's
@@ -180,26 +241,19 @@ pub fn build(
         move |err: oci_spec::OciSpecError| spec_err(id, &what, err)
     };
 
-    let caps = capability_set(cfg).map_err(|m| spec_err(id, "capabilities", m))?;
-    // Inheritable and ambient empty, as containerd and Docker since
-    // CVE-2022-24769: oci-spec's builder would otherwise fill them with its
-    // default three (AUDIT_WRITE, KILL, NET_BIND_SERVICE), which an exec'd
-    // file could pick up, and which make `drop: [ALL]` fail (an inheritable
-    // capability outside the bounding set is EPERM at capset).
-    let capabilities = LinuxCapabilitiesBuilder::default()
-        .bounding(caps.clone())
-        .effective(caps.clone())
-        .permitted(caps)
-        .inheritable(std::collections::HashSet::new())
-        .ambient(std::collections::HashSet::new())
-        .build()
-        .map_err(e("capabilities"))?;
+    let user = &process.user;
+    let capabilities = capabilities(cfg, user)?;
+    let mut user_spec = UserBuilder::default().uid(user.uid).gid(user.gid).umask(CONTAINER_UMASK);
+    if !user.additional_gids.is_empty() {
+        user_spec = user_spec.additional_gids(user.additional_gids.clone());
+    }
     let proc = ProcessBuilder::default()
         .terminal(false)
         .args(process.args.clone())
         .env(process.env.clone())
         .cwd(process.cwd.clone())
-        .user(UserBuilder::default().uid(0u32).gid(0u32).umask(CONTAINER_UMASK).build().map_err(e("user"))?)
+        .user(user_spec.build().map_err(e("user"))?)
+        // Always, root or not: no setuid program raises what a process holds.
         .no_new_privileges(true)
         .capabilities(capabilities)
         .rlimits(vec![PosixRlimitBuilder::default()
@@ -265,8 +319,11 @@ pub fn build(
                 .major(major)
                 .minor(minor)
                 .file_mode(meta.mode() & 0o777)
-                .uid(0u32)
-                .gid(0u32)
+                // The pod was given the device: its user may open it (root
+                // on the host made it for root alone: /dev/vfio/N is 0600),
+                // as containerd's `device_ownership_from_security_context`.
+                .uid(user.uid)
+                .gid(user.gid)
                 .build()
                 .map_err(e("devices"))?,
         );
@@ -786,11 +843,17 @@ mod tests {
             log_path: PathBuf::from("/tmp/x.log"),
             init: false,
             pids_limit: Some(4096),
+            run_as: Default::default(),
         }
     }
 
     fn process() -> ProcessSpec {
-        ProcessSpec { args: vec!["true".into()], env: vec!["PATH=/bin".into()], cwd: "/".into() }
+        ProcessSpec {
+            args: vec!["true".into()],
+            env: vec!["PATH=/bin".into()],
+            cwd: "/".into(),
+            user: Default::default(),
+        }
     }
 
     #[test]
@@ -844,6 +907,61 @@ mod tests {
             "/linux/resources/devices/1",
             serde_json::json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}),
         );
+    }
+
+    /// The process's user and capability sets, as the spec says them.
+    fn user_and_caps(c: &ContainerConfig, user: ProcessUser) -> (serde_json::Value, [Vec<String>; 5]) {
+        let spec = build(c, &ProcessSpec { user, ..process() }, &[], Path::new("/pinion")).map_err(|e| e.to_string());
+        let v = serde_json::to_value(spec.unwrap_or_else(|e| panic!("{e}"))).unwrap_or_default();
+        let set = |name: &str| {
+            let mut caps: Vec<String> = v
+                .pointer(&format!("/process/capabilities/{name}"))
+                .and_then(|c| c.as_array())
+                .map(|a| a.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+                .unwrap_or_else(|| panic!("{name} is missing: an unset set is the runtime's default"));
+            caps.sort();
+            caps
+        };
+        let sets = ["bounding", "effective", "permitted", "inheritable", "ambient"].map(set);
+        (v.pointer("/process/user").cloned().unwrap_or_default(), sets)
+    }
+
+    #[test]
+    fn root_keeps_the_default_capabilities_and_no_inheritable_or_ambient() {
+        let mut c = cfg();
+        c.cap_add = vec!["CAP_SYS_NICE".into()];
+        c.cap_drop = vec!["CAP_NET_RAW".into()];
+        let (user, [bounding, effective, permitted, inheritable, ambient]) = user_and_caps(&c, ProcessUser::default());
+        assert_eq!(user, serde_json::json!({"uid": 0, "gid": 0, "umask": 0o022}));
+        assert_eq!(bounding.len(), 14, "{bounding:?}");
+        assert!(bounding.contains(&"CAP_SYS_NICE".to_string()) && !bounding.contains(&"CAP_NET_RAW".to_string()));
+        assert_eq!((&effective, &permitted), (&bounding, &bounding));
+        assert_eq!((inheritable, ambient), (vec![], vec![]));
+        // Root with groups named: exactly those.
+        let root = ProcessUser { additional_gids: vec![0, 7], ..Default::default() };
+        let (user, _) = user_and_caps(&c, root);
+        assert_eq!(user["additionalGids"], serde_json::json!([0, 7]));
+    }
+
+    #[test]
+    fn a_non_root_process_gets_only_what_the_pod_added_and_keeps_it_across_exec() {
+        let alice = ProcessUser { uid: 1001, gid: 1001, additional_gids: vec![1001, 1002], home: None };
+        let (user, sets) = user_and_caps(&cfg(), alice.clone());
+        assert_eq!(user, serde_json::json!({"uid": 1001, "gid": 1001, "additionalGids": [1001, 1002], "umask": 0o022}));
+        assert_eq!(sets, <[Vec<String>; 5]>::default(), "no capability at all");
+        let mut c = cfg();
+        c.cap_add = vec!["CAP_SYS_NICE".into(), "CAP_IPC_LOCK".into()];
+        // What root's default set would have given is not given back by a drop list.
+        c.cap_drop = vec!["CAP_NET_RAW".into()];
+        let (_, sets) = user_and_caps(&c, alice.clone());
+        let added = vec!["CAP_IPC_LOCK".to_string(), "CAP_SYS_NICE".to_string()];
+        assert_eq!(sets, [added.clone(), added.clone(), added.clone(), added.clone(), added]);
+        let spec = build(&c, &ProcessSpec { user: alice, ..process() }, &[], Path::new("/pinion"));
+        let v = serde_json::to_value(spec.unwrap_or_else(|e| panic!("{e}"))).unwrap_or_default();
+        assert_eq!(v.pointer("/process/noNewPrivileges"), Some(&true.into()), "always");
+        // The device the pod was given is its user's to open.
+        assert_eq!(v.pointer("/linux/devices/0/uid"), Some(&1001.into()));
+        assert_eq!(v.pointer("/linux/devices/0/gid"), Some(&1001.into()));
     }
 
     #[test]
