@@ -177,9 +177,13 @@ async fn a_revoked_person_is_refused_from_the_next_request_and_an_old_certificat
     let s = TestServer::start(dir.path(), |_| {}).await;
     let (_, alice) = add(&s, &user("alice", Role::User, Some(1001))).await;
     alice.list_pods(None).await.expect("alice reads");
+    let mut watch = alice.watch_pods(None, None, None).await.expect("alice watches");
     // Adding her again while she holds valid credentials is refused.
     assert_eq!(code(s.admin.add_user(&user("alice", Role::User, Some(1001))).await), 409);
     s.admin.revoke_user("alice").await.expect("revoke");
+    // Her open watch ends with a 401, not silently.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next()).await.expect("the watch ends");
+    assert_eq!(api_error(ended).code, 401);
     let e = api_error(alice.list_pods(None).await);
     assert_eq!(e.code, 401, "{e:?}");
     assert!(e.message.contains("revoked"), "{e:?}");

@@ -391,7 +391,8 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, owned(&pod, Access::Read))?;
             let container = pods::pick_container(&pod, container)?;
             let watch = store.watch(from).await.map_err(store_error)?;
-            Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch })))
+            let holder = holder(id);
+            Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch, holder })))
         }
         Action::ExecPod { name, mut request } => {
             authorize(id, Request::ExecPod)?;

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::apply::{log_target, ApiState};
-use super::error::{internal, store_error};
+use super::error::{internal, store_error, unauthorized};
 use super::proxy::{open_node_stream, NodeStream};
 use super::{Body, ChannelBody};
 use crate::store::{Kind, Watch};
@@ -46,6 +46,9 @@ pub struct Attach {
     /// Output bytes the caller already has (a resumed stream skips them).
     pub offset: u64,
     pub watch: Watch,
+    /// The person following: a change to their record (revoked, added
+    /// again) ends the stream, as it ends their watches.
+    pub holder: Option<String>,
 }
 
 /// The streaming reply; the stream runs in its own task until it ends, the
@@ -253,7 +256,7 @@ async fn open_output(state: Arc<ApiState>, pod: Pod, container: String) -> (Outp
 }
 
 async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop: watch::Receiver<bool>) {
-    let Attach { mut pod, container, known_version, offset, mut watch } = attach;
+    let Attach { mut pod, container, known_version, offset, mut watch, holder } = attach;
     let name = pod.metadata.name.clone();
     let mut version = pod.metadata.resource_version.unwrap_or(0);
     if known_version.is_none_or(|k| k < version) {
@@ -311,6 +314,11 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
                             return;
                         }
                     }
+                }
+                Ok(c) if c.kind == Kind::User && holder.as_deref() == Some(c.name.as_str()) => {
+                    let error = unauthorized(format!("the credentials of user {:?} changed: sign in again", c.name));
+                    let _ = out.send(&AttachFrame::Error { error }).await;
+                    return;
                 }
                 Ok(_) => {}
                 Err(e) => {

@@ -625,6 +625,12 @@ async fn handle(
                         Ok(c) => {
                             version = version.max(c.rv);
                             if filter.ends(&c) {
+                                let err = error::unauthorized(format!(
+                                    "the credentials of user {:?} changed: sign in again",
+                                    c.name
+                                ));
+                                let obj = serde_json::to_string(&err).unwrap_or_default();
+                                let _ = tx.send(Ok(Bytes::from(watch_line(WatchEventType::Error, &obj)))).await;
                                 return;
                             }
                             match filter.line(&c) {
