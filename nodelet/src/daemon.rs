@@ -162,7 +162,7 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
             }
         }));
     }
-    if let Some(Joined { link, creds, listener, tls, endpoint }) = joined {
+    if let Some(Joined { link, creds, live, listener, tls, endpoint }) = joined {
         let endpoint = crate::endpoint::serve(
             listener,
             tls,
@@ -174,7 +174,7 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
             stop.clone(),
         );
         tasks.push(tokio::spawn(endpoint));
-        let link = crate::link::run(link, creds, changes_tx, report_rx, stop.clone());
+        let link = crate::link::run(link, creds, live, changes_tx, report_rx, stop.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = link.await {
                 tracing::error!(error = %e, "the link to the server stopped");
@@ -243,6 +243,8 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 struct Joined {
     link: LinkConfig,
     creds: pinion_wire::tls::Credentials,
+    /// The node certificate the link and the endpoint present; renewals replace it.
+    live: Arc<pinion_wire::tls::LiveIdentity>,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     endpoint: crate::endpoint::EndpointConfig,
@@ -291,14 +293,14 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
         None if !local.ip().is_unspecified() => local.ip(),
         None => node_address()?,
     };
-    let tls = creds.serving_config().map_err(|source| DaemonError::NodeCertificate {
-        path: crate::link::credentials_path(&agent.data_dir),
-        source,
-    })?;
+    let certificate_error =
+        |source| DaemonError::NodeCertificate { path: crate::link::credentials_path(&agent.data_dir), source };
+    let live = pinion_wire::tls::LiveIdentity::new(&creds).map_err(certificate_error)?;
+    let tls = creds.serving_config_live(live.clone()).map_err(certificate_error)?;
     link.endpoint = Some(SocketAddr::new(ip, local.port()).to_string());
     let endpoint =
         crate::endpoint::EndpointConfig { liveness: join.liveness, max_connections: join.endpoint_max_connections };
-    Ok(Joined { link, creds, listener, tls: Arc::new(tls), endpoint })
+    Ok(Joined { link, creds, live, listener, tls: Arc::new(tls), endpoint })
 }
 
 /// The local address the kernel would use to reach `server` (a UDP "connect"

@@ -10,7 +10,12 @@
 //!   to the node's status: the pods whose status changed and the node's
 //!   allocations; every (re)registration starts over with a full report. An
 //!   engine rejection of a bound pod is reported once;
-//! - heartbeats, only as liveness.
+//! - heartbeats, only as liveness;
+//! - renewal: two thirds into the node certificate's life a fresh one is
+//!   asked for (`POST /api/v1/renew`), written to `node.conf` and presented
+//!   by every new connection from then on, with no restart; a certificate
+//!   that expired while the node was cut off is replaced by joining again
+//!   with the node's join record (`DATA_DIR/join-attempt`), under its name.
 //!
 //! While the server is unreachable the agent keeps running its pods; the loops
 //! retry with a capped backoff.
@@ -18,12 +23,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use hyper::Method;
 use pinion_wire::backoff::Doubling;
-use pinion_wire::tls::{ca_pin, Credentials, JoinToken, TlsError};
+use pinion_wire::tls::{ca_pin, CertificateFacts, Credentials, JoinToken, LiveIdentity, TlsError};
 use pinion_wire::{percent_encode, Client, ClientError};
 use specs::api::{List, Node, NodeSpec, NodeStatus, NodeStatusReport, PodRejection, WatchEventType};
 use specs::pod::{ObjectMeta, API_VERSION};
@@ -149,8 +154,8 @@ pub async fn credentials(cfg: &LinkConfig) -> Result<Credentials, LinkError> {
         client_key: joined.client_key,
     };
     creds.save(&path)?;
-    // Joined for good: a later join (after `pinion delete node`) is a new attempt.
-    let _ = std::fs::remove_file(join_attempt_path(&cfg.data_dir));
+    // The join record stays: it joins this node again, under its name,
+    // should its certificate expire while it is cut off.
     tracing::info!(node = %cfg.node_name, servers = ?creds.servers, "joined");
     Ok(creds)
 }
@@ -159,9 +164,11 @@ fn join_attempt_path(data_dir: &Path) -> PathBuf {
     data_dir.join("join-attempt")
 }
 
-/// This machine's join attempt id, kept on disk (durably, before the first
-/// try) until the join succeeds: a join whose reply was lost, retried here or
-/// by running the agent again, is the same attempt and gets its credentials.
+/// This machine's join record, kept on disk (durably, 0600, before the first
+/// try) for as long as the node's data dir: a join whose reply was lost,
+/// retried here or by running the agent again, and a node whose certificate
+/// expired while it was cut off, join again with it under the same name. It
+/// is a secret: while the node holds its name, it stands in for a token.
 fn join_attempt(data_dir: &Path) -> Result<String, LinkError> {
     let path = join_attempt_path(data_dir);
     let io = |source| LinkError::JoinAttempt { path: path.clone(), source };
@@ -205,11 +212,13 @@ async fn join_with_retries(
 pub async fn run(
     cfg: LinkConfig,
     creds: Credentials,
+    live: Arc<LiveIdentity>,
     changes: mpsc::Sender<DesiredChange>,
     reports: watch::Receiver<NodeReport>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LinkError> {
-    let client = Client::new(&creds)?.with_liveness(cfg.liveness);
+    let client = Client::with_identity(&creds, live.clone())?.with_liveness(cfg.liveness);
+    let renewal = renewal_loop(client.clone(), cfg.clone(), creds.clone(), live, stop.clone());
     let node = Node {
         api_version: API_VERSION.into(),
         kind: "Node".into(),
@@ -239,8 +248,92 @@ pub async fn run(
         _ = bindings => {}
         _ = reports => {}
         _ = heartbeats => {}
+        _ = renewal => {}
     }
     Ok(())
+}
+
+/// The longest sleep between looks at the certificate: its renewal time is on
+/// the realtime clock, which may jump; a sleep is on the monotonic one.
+const RENEWAL_RECHECK: Duration = Duration::from_secs(600);
+
+/// Renews the node's certificate two thirds into its life, for as long as
+/// the link runs (as the kubelet rotates its client certificate): the new
+/// one is written to `node.conf` (atomically, 0600) before new connections
+/// present it. A failure is retried with a capped backoff, each try bounded
+/// by the client's request timeout; one that expired meanwhile is replaced
+/// by joining again with the node's join record.
+async fn renewal_loop(
+    client: Client,
+    cfg: LinkConfig,
+    mut creds: Credentials,
+    live: Arc<LiveIdentity>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut delay = RETRY_MIN;
+    loop {
+        let facts = match CertificateFacts::from_pem(&creds.client_cert, "node.conf") {
+            Ok(f) => f,
+            Err(e) => return tracing::error!(error = %e, "the node certificate cannot be read; it is not renewed"),
+        };
+        let now = SystemTime::now();
+        if let Ok(wait) = facts.renew_at().duration_since(now) {
+            if sleep_or_stop(wait.min(RENEWAL_RECHECK), &mut stop).await {
+                return;
+            }
+            continue;
+        }
+        let expired = now >= facts.not_after;
+        let renewed = if expired { rejoin(&cfg, &creds).await } else { renew(&client, &creds).await };
+        match renewed.and_then(|next| {
+            next.save(&credentials_path(&cfg.data_dir))?;
+            live.replace(&next)?;
+            Ok(next)
+        }) {
+            Ok(next) => {
+                let until = CertificateFacts::from_pem(&next.client_cert, "renewed").ok().map(|f| f.not_after);
+                tracing::info!(node = %cfg.node_name, rejoined = expired, ?until, "node certificate renewed");
+                creds = next;
+                delay = RETRY_MIN;
+            }
+            Err(e) => {
+                tracing::warn!(node = %cfg.node_name, error = %e, retry_in = ?delay, "cannot renew the node certificate; pods keep running");
+                if sleep_or_stop(delay, &mut stop).await {
+                    return;
+                }
+                delay = next_delay(delay);
+            }
+        }
+    }
+}
+
+/// A fresh certificate for the same node and incarnation.
+async fn renew(client: &Client, creds: &Credentials) -> Result<Credentials, LinkError> {
+    let (_, r): (u16, specs::api::Renewed) = client.call(Method::POST, "/api/v1/renew", None).await?;
+    Ok(Credentials {
+        servers: Credentials::merge_servers(&creds.servers, &r.servers),
+        ca_cert: r.ca_cert,
+        client_cert: r.client_cert,
+        client_key: r.client_key,
+    })
+}
+
+/// Joins again under the node's name with its join record (and the token, if
+/// one was given: the record alone suffices while the node holds its name),
+/// trusting the CA the node already has.
+async fn rejoin(cfg: &LinkConfig, creds: &Credentials) -> Result<Credentials, LinkError> {
+    let attempt = join_attempt(&cfg.data_dir)?;
+    let client = Client::anonymous(&creds.servers, &creds.ca_cert)?;
+    let joined = client.join(cfg.token.as_deref().unwrap_or(""), &cfg.node_name, Some(&attempt)).await?;
+    if ca_pin(&joined.ca_cert)? != ca_pin(&creds.ca_cert)? {
+        return Err(LinkError::WrongCa);
+    }
+    Ok(Credentials {
+        servers: Credentials::merge_servers(&creds.servers, &joined.servers),
+        ca_cert: joined.ca_cert,
+        client_cert: joined.client_cert,
+        client_key: joined.client_key,
+    })
 }
 
 /// (pod, message) pairs already reported as rejections, shared by the two
@@ -670,16 +763,21 @@ mod tests {
         }
     }
 
-    /// The attempt id outlives the process until the join succeeds: an agent
-    /// run again after a lost reply retries the same attempt.
+    /// The join record outlives the process: an agent run again after a lost
+    /// reply, or after its certificate expired, joins with the same one. It
+    /// is long, random and private.
     #[test]
-    fn the_join_attempt_is_kept_until_the_join_succeeds() {
+    fn the_join_record_is_kept_private_and_long() {
         let dir = tempfile::tempdir().expect("tempdir");
         let first = join_attempt(dir.path()).expect("attempt");
-        assert_eq!(first.len(), 32);
+        assert_eq!(first.len(), 64, "256 bits in hex: {first}");
         assert_eq!(join_attempt(dir.path()).expect("again"), first);
-        std::fs::remove_file(join_attempt_path(dir.path())).expect("joined");
-        assert_ne!(join_attempt(dir.path()).expect("a new join"), first);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(join_attempt_path(dir.path())).expect("stat").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_file(join_attempt_path(dir.path())).expect("remove");
+        assert_ne!(join_attempt(dir.path()).expect("a new record"), first);
     }
 
     fn report(pods: &[(&str, PodPhase)]) -> NodeReport {

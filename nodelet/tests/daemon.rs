@@ -155,6 +155,103 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     server.stop().await;
 }
 
+/// Issue 27: node certificates that live six seconds. The node renews each
+/// two thirds into its life, writes it to node.conf and presents it on every
+/// new connection, with no restart: its pod keeps running, its reports and
+/// heartbeats keep coming long after the first certificate expired, a pod
+/// created then still reaches it, and a connection cut after the first
+/// certificate expired is made again with a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_renews_its_short_lived_certificate_and_keeps_working() {
+    use pinion_wire::tls::{CertificateFacts, Credentials};
+    const LIFETIME: Duration = Duration::from_secs(6);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(&dir.path().join("server"), |o| {
+        o.controller.heartbeat_grace = Duration::from_secs(60);
+        o.lifetimes.node = LIFETIME;
+    })
+    .await;
+    let admin = server.admin.clone();
+    let relay = Relay::start(server.addr).expect("relay");
+    let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
+    let config = DaemonConfig {
+        ready: None,
+        local_listen: None,
+        agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
+        runtime: RuntimeChoice::Hollow,
+        manifests: None,
+        join: Some(plain_join(format!("https://127.0.0.1:{}", relay.addr.port()), server.token.clone())),
+    };
+    let (stop_node, rx) = watch::channel(false);
+    let node_task = tokio::spawn(nodelet::daemon::run(config, rx));
+    let conf = dir.path().join("node/node.conf");
+    let facts = || {
+        let creds = Credentials::load(&conf).expect("node.conf");
+        CertificateFacts::from_pem(&creds.client_cert, "node.conf").expect("facts")
+    };
+    eventually("the node registers", CONVERGE, || async {
+        admin.get_node("edge").await.ok().filter(|n| n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    let first = facts();
+    let pod = |name: &str| {
+        format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - name: main\n    image: busybox\n    resources:\n      limits: {{cpu: 1, memory: 1Gi}}\n")
+    };
+    let running = |name: &'static str| {
+        let admin = admin.clone();
+        async move {
+            eventually("the pod runs", CONVERGE, || async {
+                admin
+                    .get_pod(name)
+                    .await
+                    .ok()
+                    .filter(|p| p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running))
+            })
+            .await
+        }
+    };
+    admin.create_pod(Bytes::from(pod("before"))).await.expect("create");
+    running("before").await;
+
+    // Past the first certificate's end, and several renewals on.
+    let mut renewals = std::collections::BTreeSet::new();
+    let until = tokio::time::Instant::now() + 2 * LIFETIME;
+    while tokio::time::Instant::now() < until {
+        let f = facts();
+        assert_eq!((&f.common_name, &f.incarnation), (&first.common_name, &first.incarnation), "the same identity");
+        renewals.insert(f.not_after);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(std::time::SystemTime::now() > first.not_after, "the first certificate has expired");
+    assert!(renewals.len() >= 3, "renewals seen in node.conf: {}", renewals.len());
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&conf).expect("stat").permissions());
+    assert_eq!(mode & 0o777, 0o600);
+
+    // Every connection from the node is cut: it connects again, presenting
+    // a certificate valid now, and keeps reporting.
+    let before_cut = relay.connections();
+    relay.set_cut(true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.set_cut(false);
+    let reported = admin.get_node("edge").await.expect("node").status.last_report;
+    eventually("the node reports again", CONVERGE, || async {
+        admin
+            .get_node("edge")
+            .await
+            .ok()
+            .filter(|n| n.status.last_report != reported && n.status.condition == NodeCondition::Ready)
+    })
+    .await;
+    assert!(relay.connections() > before_cut, "the node connected again");
+    admin.create_pod(Bytes::from(pod("after"))).await.expect("create");
+    running("after").await;
+    running("before").await;
+
+    let _ = stop_node.send(true);
+    node_task.await.expect("node task").expect("the daemon stops cleanly");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().expect("tempdir");

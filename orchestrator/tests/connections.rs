@@ -266,7 +266,9 @@ async fn a_watch_line_longer_than_the_cap_is_refused() {
         }
         std::future::pending::<()>().await;
     });
-    let creds = pki.credentials(&format!("https://{addr}"), "admin", None, std::time::Duration::from_secs(3600)).expect("credentials");
+    let creds = pki
+        .credentials(&format!("https://{addr}"), "admin", None, std::time::Duration::from_secs(3600))
+        .expect("credentials");
     let client = Client::new(&creds).expect("client");
     let mut watch = client.watch_pods(None, None, Some(0)).await.expect("the reply's head");
     let next = tokio::time::timeout(Duration::from_secs(60), watch.next()).await.expect("refused in time");

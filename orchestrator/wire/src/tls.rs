@@ -48,9 +48,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
     move |source| TlsError::Io { path: path.to_path_buf(), source }
 }
 
-/// A fresh join attempt id (`JoinRequest::attempt`): 128 random bits in hex.
+/// A fresh join record (`JoinRequest::attempt`): 256 random bits in hex.
 pub fn new_join_attempt() -> Result<String, TlsError> {
-    let mut bytes = [0u8; 16];
+    // 256 bits: the record stands in for a token when the node joins again.
+    let mut bytes = [0u8; 32];
     provider()
         .secure_random
         .fill(&mut bytes)
@@ -142,6 +143,36 @@ impl Credentials {
             .with_client_auth_cert(chain, key)?)
     }
 
+    /// As `client_config`, presenting whatever `live` holds at each handshake.
+    pub fn client_config_live(&self, live: Arc<LiveIdentity>) -> Result<rustls::ClientConfig, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_cert(&self.ca_cert, "caCert")?)?;
+        Ok(rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_cert_resolver(live))
+    }
+
+    /// As `serving_config`, serving whatever `live` holds at each handshake.
+    pub fn serving_config_live(&self, live: Arc<LiveIdentity>) -> Result<rustls::ServerConfig, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pem_cert(&self.ca_cert, "caCert")?)?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(live);
+        config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+        Ok(config)
+    }
+
+    /// Two thirds into its certificate's life (`CertificateFacts::renew_at`):
+    /// time to ask for the next one.
+    pub fn renewal_due(&self, now: SystemTime) -> Result<bool, TlsError> {
+        Ok(now >= CertificateFacts::from_pem(&self.client_cert, "clientCert")?.renew_at())
+    }
+
     /// The nodelet's HTTPS endpoint: serves with the node certificate and
     /// requires a client certificate from our CA (the caller checks the name).
     pub fn serving_config(&self) -> Result<rustls::ServerConfig, TlsError> {
@@ -158,6 +189,56 @@ impl Credentials {
             )?;
         config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         Ok(config)
+    }
+}
+
+/// A certificate and key that can be replaced while in use: every new TLS
+/// connection made or accepted with a configuration built on it presents the
+/// current one, so a renewed certificate takes over without a restart (the
+/// connections already open keep the one they were opened with).
+#[derive(Debug)]
+pub struct LiveIdentity {
+    current: std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>,
+}
+
+impl LiveIdentity {
+    pub fn new(creds: &Credentials) -> Result<Arc<LiveIdentity>, TlsError> {
+        Ok(Arc::new(LiveIdentity { current: std::sync::RwLock::new(LiveIdentity::certified(creds)?) }))
+    }
+
+    /// From now on, new connections present `creds`' certificate.
+    pub fn replace(&self, creds: &Credentials) -> Result<(), TlsError> {
+        let next = LiveIdentity::certified(creds)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = next;
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<rustls::sign::CertifiedKey> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The certificate with the CA after it (the node's endpoint serves the
+    /// chain; as a client certificate the CA is an extra the verifier skips).
+    fn certified(creds: &Credentials) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+        let chain = vec![pem_cert(&creds.client_cert, "clientCert")?, pem_cert(&creds.ca_cert, "caCert")?];
+        let key = provider().key_provider.load_private_key(pem_key(&creds.client_key, "clientKey")?)?;
+        Ok(Arc::new(rustls::sign::CertifiedKey::new(chain, key)))
+    }
+}
+
+impl rustls::client::ResolvesClientCert for LiveIdentity {
+    fn resolve(&self, _: &[&[u8]], _: &[rustls::SignatureScheme]) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+impl rustls::server::ResolvesServerCert for LiveIdentity {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
     }
 }
 
