@@ -129,6 +129,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let s = p.status.clone().unwrap_or_default();
             let labels: Vec<String> = p.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(out, "Name:        {}", p.metadata.name);
+            if let Some(owner) = &p.metadata.owner {
+                let _ = writeln!(out, "Owner:       {owner}");
+            }
             let _ =
                 writeln!(out, "Labels:      {}", if labels.is_empty() { "<none>".into() } else { labels.join(",") });
             let _ = writeln!(out, "Created:     {}", p.metadata.creation_timestamp.as_deref().unwrap_or("-"));
@@ -184,6 +187,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let s = j.status.clone().unwrap_or_default();
             let g = &j.spec.gang;
             let _ = writeln!(out, "Name:        {}", j.metadata.name);
+            if let Some(owner) = &j.metadata.owner {
+                let _ = writeln!(out, "Owner:       {owner}");
+            }
             let _ = writeln!(out, "Created:     {}", j.metadata.creation_timestamp.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Phase:       {:?}", s.phase);
             let _ = writeln!(out, "Attempt:     {} (backoffLimit {})", s.attempt, j.spec.backoff_limit);

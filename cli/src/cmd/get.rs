@@ -168,6 +168,7 @@ fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
         row.push(s.pod_ip.clone().unwrap_or_else(|| "-".into()));
         row.push(s.attempts.to_string());
         row.push(s.reason.unwrap_or_else(|| "-".into()));
+        row.push(p.metadata.owner.clone().unwrap_or_else(|| "-".into()));
     }
     row
 }
@@ -307,7 +308,7 @@ pub fn job_row(j: &specs::job::Job, members: &[&Pod]) -> Vec<String> {
 fn pod_headers(wide: bool) -> Vec<&'static str> {
     let mut headers = vec!["NAME", "STATUS", "RESTARTS", "NODE", "AGE"];
     if wide {
-        headers.extend(["NUMA", "CPUS", "IP", "ATTEMPTS", "REASON"]);
+        headers.extend(["NUMA", "CPUS", "IP", "ATTEMPTS", "REASON", "OWNER"]);
     }
     headers
 }
