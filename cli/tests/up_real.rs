@@ -441,3 +441,64 @@ fn exec_runs_in_the_pods_container_and_ends_with_its_caller() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     up.wait("the nodelet to drop both pods", || up.node_pods().is_empty());
 }
+
+/// Issue 27, end to end: the admin adds alice (uid 1001) and bob; alice's
+/// `pinion run` runs as uid 1001 with no capabilities and cannot read
+/// `/etc/shadow` on the host root filesystem; bob does not see her pod;
+/// her SYS_ADMIN and host-path `/` pods are refused at their field; once
+/// revoked, her credentials file is refused.
+#[test]
+fn a_users_pod_runs_as_their_uid_sees_only_what_they_may_and_a_revoked_user_is_refused() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let dir = tempfile::tempdir().unwrap();
+    let (alice_conf, bob_conf) = (dir.path().join("alice.conf"), dir.path().join("bob.conf"));
+    let out =
+        up.cli(&["user", "add", "alice", "--uid", "1001", "--gid", "1001", "--out", alice_conf.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = up.cli(&["user", "add", "bob", "--out", bob_conf.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&alice_conf).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the credentials file holds a key");
+    let as_user =
+        |conf: &Path, args: &[&str]| Command::new(PINION).arg("--config").arg(conf).args(args).output().unwrap();
+
+    let pod = format!("alice-id-{tag}");
+    let script = "id -u; id -g; grep CapEff /proc/self/status; cat /etc/shadow >/dev/null && echo SHADOW-READ; exit 0";
+    let out = as_user(&alice_conf, &["run", &pod, "--", "sh", "-c", script]);
+    let shown = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.starts_with("1001\n1001\n"), "runs as uid and gid 1001: {shown}");
+    assert!(shown.contains("CapEff:\t0000000000000000"), "no capabilities: {shown}");
+    assert!(shown.contains("Permission denied") && !shown.contains("SHADOW-READ"), "/etc/shadow stays closed: {shown}");
+    let got = text(&up.cli(&["get", "pods", &pod, "-o", "json"]).stdout);
+    let v: Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(v["metadata"]["owner"], "alice", "{got}");
+
+    // Bob does not see it: not in his list, 404 when named.
+    let listed = text(&as_user(&bob_conf, &["get", "pods"]).stdout);
+    assert!(!listed.contains(&pod), "{listed}");
+    let got = as_user(&bob_conf, &["get", "pods", &pod]);
+    assert!(!got.status.success() && text(&got.stderr).contains("not found"), "{}", text(&got.stderr));
+    let del = as_user(&bob_conf, &["delete", "pod", &pod]);
+    assert!(!del.status.success(), "bob may not delete it");
+    assert!(up.phase(&pod).is_some(), "and it is still there");
+
+    // Refused at the field, naming the profile; nothing is stored.
+    let out = as_user(&alice_conf, &["run", &format!("alice-admin-{tag}"), "--cap-add", "SYS_ADMIN", "--", "true"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("spec.containers[0].securityContext.capabilities.add[0]: SYS_ADMIN is not allowed for user alice (profile baseline)"),
+        "{err}"
+    );
+    let out = as_user(&alice_conf, &["run", &format!("alice-root-{tag}"), "-v", "/:/host", "--", "true"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success() && err.contains("hostPath.path: host path \"/\" is not allowed"), "{err}");
+
+    // Revoked: her file is refused at once.
+    let out = up.cli(&["user", "revoke", "alice"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = as_user(&alice_conf, &["get", "pods"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("revoked"), "{}", text(&out.stderr));
+}
