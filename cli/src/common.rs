@@ -132,6 +132,23 @@ impl TopologyArgs {
 
 /// A clap value parser for the kebab-case names the manifests use
 /// (`single-numa-node`, `most-allocated`, ...).
+/// A duration as operators write it: `90s`, `30m`, `24h`, `30d` (a bare
+/// number is seconds); `0` is zero. At most a year.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?}: want a number and s, m, h or d (`24h`)"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 24 * 3600,
+        _ => return Err(format!("{s:?}: the unit is s, m, h or d")),
+    };
+    let secs = n.checked_mul(scale).filter(|t| *t <= specs::limits::MAX_TTL_SECONDS);
+    secs.map(std::time::Duration::from_secs).ok_or_else(|| format!("{s:?}: at most a year (365d)"))
+}
+
 pub fn parse_kebab<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|e| e.to_string())
 }

@@ -1,7 +1,9 @@
 //! Where the CLI finds its credentials: `--config` / `PINION_CONFIG`, else
 //! `$XDG_CONFIG_HOME/pinion/config`, else `~/.config/pinion/config`. The file is
 //! the YAML `orchestrator::tls::Credentials` (server URLs, CA, client cert,
-//! key); `--server` replaces the file's list of servers.
+//! key); `--server` replaces the file's list of servers. A file whose
+//! certificate is two thirds into its life is renewed in place, quietly, by
+//! whatever command reads it (`POST /api/v1/renew`).
 
 use std::path::PathBuf;
 
@@ -42,5 +44,49 @@ pub fn load(g: &GlobalArgs) -> anyhow::Result<Credentials> {
 }
 
 pub fn client(g: &GlobalArgs) -> anyhow::Result<Client> {
-    Ok(Client::new(&load(g)?)?.with_liveness(g.liveness()))
+    let mut creds = load(g)?;
+    if creds.renewal_due(std::time::SystemTime::now()).unwrap_or(false) {
+        if let Some(renewed) = renew(g, &creds) {
+            creds = renewed;
+        }
+    }
+    Ok(Client::new(&creds)?.with_liveness(g.liveness()))
+}
+
+/// The longest a renewal may hold up the command that asked for it.
+const RENEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The credentials file renewed (same identity, a fresh lifetime), written
+/// back in place (0600, atomically); `None`, logged at debug, when it could
+/// not be: the command goes on with the credentials it has, still valid.
+fn renew(g: &GlobalArgs, creds: &Credentials) -> Option<Credentials> {
+    // The CLI's runtime has worker threads; a runtime without them (none
+    // today) skips the renewal rather than block its only thread.
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        return None;
+    }
+    let client = Client::new(creds).ok()?.with_liveness(g.liveness());
+    let call = tokio::time::timeout(RENEW_TIMEOUT, client.renew());
+    let renewed = match tokio::task::block_in_place(|| handle.block_on(call)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot renew the credentials");
+            return None;
+        }
+        Err(_) => {
+            tracing::debug!("renewing the credentials timed out");
+            return None;
+        }
+    };
+    let path = path(g).ok()?;
+    // The file as written (its own servers, not --server's), with the new pair.
+    let mut file = Credentials::load(&path).ok()?;
+    file.ca_cert = renewed.ca_cert;
+    file.client_cert = renewed.client_cert;
+    file.client_key = renewed.client_key;
+    if let Err(e) = file.save(&path) {
+        tracing::debug!(path = %path.display(), error = %e, "cannot write the renewed credentials");
+    }
+    Some(Credentials { servers: creds.servers.clone(), ..file })
 }

@@ -59,6 +59,8 @@ enum Command {
     /// The cluster's people: add (with their role, Unix ids and pod
     /// security profile), list, revoke.
     User(cmd::user::Args),
+    /// Join tokens with a lifetime and a number of uses: create, list, revoke.
+    Token(cmd::token::Args),
     /// Print shell completions.
     Completions(cmd::completions::Args),
     /// Write the systemd unit for `pinion server` or `pinion agent` with these flags.
@@ -114,6 +116,7 @@ fn main() -> ExitCode {
             Command::Plan(a) => cmd::plan::run(g, a).await,
             Command::Image(a) => cmd::image::run(g, a).await,
             Command::User(a) => cmd::user::run(g, a).await,
+            Command::Token(a) => cmd::token::run(g, a).await,
             Command::Completions(a) => cmd::completions::run::<Cli>(a),
             Command::Install(a) => {
                 cmd::install::run(a, |argv| Cli::try_parse_from(argv).map(|_| ()).map_err(|e| e.to_string()))

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod run;
 pub mod server;
 pub mod shim;
+pub mod token;
 pub mod topology;
 pub mod up;
 pub mod user;

@@ -98,6 +98,28 @@ pub struct Args {
     /// default. Admins' pods and `privileged` people are not limited.
     #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = parse_host_path)]
     pub allowed_host_paths: Vec<String>,
+    /// How long a node's certificate lives (`30d`, `12h`, `90s`); nodes
+    /// renew theirs two thirds into its life.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
+    pub node_cert_ttl: Duration,
+    /// How long a person's certificate (`pinion user add`) lives; the CLI
+    /// renews its file two thirds into its life.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
+    pub user_cert_ttl: Duration,
+    /// How long the join token made at the first start admits nodes, from
+    /// that start (`0`: until `pinion token revoke bootstrap`); later starts
+    /// never renew it (make others with `pinion token create`).
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = crate::common::parse_duration)]
+    pub join_token_ttl: Duration,
+}
+
+/// The certificate lifetimes from the flags; a zero one would issue
+/// certificates already expired.
+pub fn lifetimes(node: Duration, user: Duration) -> anyhow::Result<orchestrator::tls::Lifetimes> {
+    if node.is_zero() || user.is_zero() {
+        anyhow::bail!("--node-cert-ttl and --user-cert-ttl: a certificate must live at least a second");
+    }
+    Ok(orchestrator::tls::Lifetimes { node, user, ..Default::default() })
 }
 
 /// An absolute path without `..`: a prefix that climbs out would allow more
@@ -121,6 +143,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
     opts.allowed_host_paths = args.allowed_host_paths.clone();
+    opts.lifetimes = lifetimes(args.node_cert_ttl, args.user_cert_ttl)?;
+    opts.join_token_ttl = (!args.join_token_ttl.is_zero()).then_some(args.join_token_ttl);
     opts.local_listen = args.local_listen.map(|addr| LocalListen { addr, if_free: false });
     if let Some(url) = &args.advertise_url {
         if let Err(e) = pinion_wire::parse_url(url) {

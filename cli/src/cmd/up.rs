@@ -46,6 +46,19 @@ pub struct Args {
     /// default. Admins' pods and `privileged` people are not limited.
     #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = crate::cmd::server::parse_host_path)]
     pub allowed_host_paths: Vec<String>,
+    /// How long a node's certificate lives (`30d`, `12h`, `90s`); nodes
+    /// renew theirs two thirds into its life.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
+    pub node_cert_ttl: Duration,
+    /// How long a person's certificate (`pinion user add`) lives; the CLI
+    /// renews its file two thirds into its life.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
+    pub user_cert_ttl: Duration,
+    /// How long the join token made at the first start admits nodes, from
+    /// that start (`0`: until `pinion token revoke bootstrap`); later starts
+    /// never renew it (make others with `pinion token create`).
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = crate::common::parse_duration)]
+    pub join_token_ttl: Duration,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -97,6 +110,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.api.liveness = g.liveness();
     opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
     opts.allowed_host_paths = args.allowed_host_paths.clone();
+    opts.lifetimes = crate::cmd::server::lifetimes(args.node_cert_ttl, args.user_cert_ttl)?;
+    opts.join_token_ttl = (!args.join_token_ttl.is_zero()).then_some(args.join_token_ttl);
     opts.local_listen = match args.local_listen.as_deref() {
         None => Some(LocalListen { addr: DEFAULT_LOCAL_LISTEN.into(), if_free: true }),
         Some("off") => None,

@@ -500,6 +500,30 @@ impl Client {
         Ok(self.call(Method::DELETE, &format!("/api/v1/users/{}", percent_encode(name)), None).await?.1)
     }
 
+    /// A fresh certificate and key for the caller's own identity.
+    pub async fn renew(&self) -> Result<specs::api::Renewed, ClientError> {
+        Ok(self.call(Method::POST, "/api/v1/renew", None).await?.1)
+    }
+
+    /// Makes a join token (admin); the answer holds the token, shown once.
+    pub async fn create_token(
+        &self,
+        request: &specs::api::TokenRequest,
+    ) -> Result<specs::api::TokenCreated, ClientError> {
+        let body = serde_json::to_vec(request).map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok(self.call(Method::POST, "/api/v1/tokens", Some(("application/json", Bytes::from(body)))).await?.1)
+    }
+
+    /// The join tokens, without their secrets (admin).
+    pub async fn list_tokens(&self) -> Result<List<specs::api::Token>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/tokens", None).await?.1)
+    }
+
+    /// Revokes a join token (admin).
+    pub async fn revoke_token(&self, id: &str) -> Result<specs::api::Token, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/tokens/{}", percent_encode(id)), None).await?.1)
+    }
+
     pub async fn get_node(&self, name: &str) -> Result<Node, ClientError> {
         Ok(self.call(Method::GET, &format!("/api/v1/nodes/{}", percent_encode(name)), None).await?.1)
     }
