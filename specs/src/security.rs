@@ -220,7 +220,8 @@ pub fn check(spec: &crate::pod::PodSpec, prefix: &str, policy: &Policy<'_>) -> V
                 .iter()
                 .filter_map(|g| crate::pod::capability_name(g))
                 .any(|g| g.trim_start_matches("CAP_") == bare);
-            if !listed.contains(&bare.as_str()) && !(granted && profile == Profile::Baseline) {
+            let allowed = listed.contains(&bare.as_str()) || granted && profile == Profile::Baseline;
+            if !allowed {
                 refuse(format!("{p}.capabilities.add[{j}]"), bare);
             }
         }
