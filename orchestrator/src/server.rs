@@ -491,7 +491,10 @@ async fn bootstrap_token_record(store: &Store, token: &JoinToken, ttl: Option<Du
         .await
         .map_err(|e| ServerError::BootstrapToken(e.to_string()))?;
     if made {
-        tracing::info!(expires = record.spec.expires.as_deref().unwrap_or("never"), "the bootstrap join token is recorded");
+        tracing::info!(
+            expires = record.spec.expires.as_deref().unwrap_or("never"),
+            "the bootstrap join token is recorded"
+        );
     } else if let Some(why) = tokens::refusal(&record, now) {
         tracing::info!(reason = %why, "the bootstrap join token admits no node; `pinion token create` makes another");
     }
@@ -506,9 +509,8 @@ async fn bootstrap_token_record(store: &Store, token: &JoinToken, ttl: Option<Du
 fn write_admin_config(pki: &Pki, path: &Path, servers: &[String], lifetime: Duration) -> Result<(), TlsError> {
     let young = |c: &Credentials| {
         let now = std::time::SystemTime::now();
-        pinion_wire::tls::CertificateFacts::from_pem(&c.client_cert, "admin.conf").is_ok_and(|f| {
-            now < f.renew_at() && f.not_after <= now + lifetime + crate::tls::CLOCK_SKEW_ALLOWANCE
-        })
+        pinion_wire::tls::CertificateFacts::from_pem(&c.client_cert, "admin.conf")
+            .is_ok_and(|f| now < f.renew_at() && f.not_after <= now + lifetime + crate::tls::CLOCK_SKEW_ALLOWANCE)
     };
     match Credentials::load(path) {
         Ok(mut c) if c.ca_cert == pki.ca_cert_pem && young(&c) => {

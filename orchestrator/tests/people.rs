@@ -162,7 +162,9 @@ async fn a_baseline_persons_pods_are_refused_at_the_field_with_the_profile() {
     }
     // Root inside a user namespace is not built yet: refused for anyone,
     // rather than run as the host's root.
-    let e = api_error(alice.create_pod(manifest("userns", "  hostUsers: false\n  securityContext: {runAsUser: 0}\n")).await);
+    let e = api_error(
+        alice.create_pod(manifest("userns", "  hostUsers: false\n  securityContext: {runAsUser: 0}\n")).await,
+    );
     assert_eq!((e.code, e.details[0].field.as_str()), (422, "spec.hostUsers"), "{e:?}");
     // An admin's pod is privileged, as today.
     s.admin.create_pod(manifest("adm", &caps("SYS_ADMIN"))).await.expect("admin");

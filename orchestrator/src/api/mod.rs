@@ -312,14 +312,13 @@ async fn accept_loop(
                 Listener::Local => {
                     let Some(seat) = pools.of(Class::Local).enter() else { return };
                     // Every user of this machine may call here: the env's values stay out.
-                    let caller =
-                        Caller {
-                            identity: Identity::Admin,
-                            incarnation: None,
-                            peer,
-                            env_values: false,
-                            replies: pools.replies.clone(),
-                        };
+                    let caller = Caller {
+                        identity: Identity::Admin,
+                        incarnation: None,
+                        peer,
+                        env_values: false,
+                        replies: pools.replies.clone(),
+                    };
                     let conn = Conn { caller: Arc::new(caller), local: true, seat, class: Class::Local };
                     serve_connection(tcp, conn, state, table, config, shutdown).await
                 }

@@ -241,7 +241,10 @@ pub fn parse(
             if request.ttl_seconds.is_some_and(|t| t == 0 || t > specs::limits::MAX_TTL_SECONDS) {
                 return Err(bad_field(
                     "ttlSeconds",
-                    format!("1 to {} (a year); leave it out for a token that never expires", specs::limits::MAX_TTL_SECONDS),
+                    format!(
+                        "1 to {} (a year); leave it out for a token that never expires",
+                        specs::limits::MAX_TTL_SECONDS
+                    ),
                 ));
             }
             if request.uses == Some(0) {

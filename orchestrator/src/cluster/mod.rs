@@ -10,16 +10,16 @@ mod error;
 pub mod jobs;
 pub mod nodes;
 pub mod pods;
-pub mod tokens;
-pub mod users;
 #[cfg(test)]
 mod tests;
+pub mod tokens;
+pub mod users;
 
 pub use authorize::{authorize, owner_filter, person_name, pods_visible_to, sees, Access, Request};
-pub use users::resolve;
 pub use error::ClusterError;
 use specs::api::{Event, ObjectRef};
 use specs::pod::ObjectMeta;
+pub use users::resolve;
 
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
