@@ -312,7 +312,13 @@ pub fn parse_job(body: &Bytes, json: bool) -> Result<specs::job::Job, ApiError> 
 
 /// A JSON body; an error names the field at fault (`pods.web.phase`), or
 /// `(body)` when the body as a whole is not JSON of the right shape.
+/// A JSON object body; serde would read a struct from a list too
+/// (`[null, null]`), which no route's contract accepts.
 fn decode_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(bad_field("(body)", "want a JSON object"));
+    }
     from_json(body).map_err(|FieldError { field, message }| bad_field(field, message))
 }
 
