@@ -136,19 +136,26 @@ async fn a_resource_version_from_the_future_is_refused() {
     s.stop().await;
 }
 
-/// A join whose reply was lost: the same attempt, retried before the node
-/// registered, is given credentials again; another attempt is 409; once the
-/// node has registered even the same attempt is refused (it was delivered).
+/// A join whose reply was lost: the same join record, retried, is given
+/// credentials again, with no token and no use spent, before and after the
+/// node registered (a node whose certificate expired rejoins this way);
+/// another record is 409; a record shorter than 128 bits stands for nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_join_attempt_gets_its_credentials_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), |_| {}).await;
     let anon = s.anonymous(dir.path());
-    let attempt = Some("3f1c0ffee0ddba11");
-    anon.join(&s.token, "edge", attempt).await.expect("first join (reply lost)");
-    let again = anon.join(&s.token, "edge", attempt).await.expect("the same attempt joins again");
-    assert_eq!(refusal(anon.join(&s.token, "edge", Some("0badcafe")).await).0, 409);
+    let record = "3f1c0ffee0ddba11".repeat(4);
+    let attempt = Some(record.as_str());
+    let first = anon.join(&s.token, "edge", attempt).await.expect("first join (reply lost)");
+    let again = anon.join("", "edge", attempt).await.expect("the same record joins again, without a token");
+    let incarnation = |pem: &str| {
+        pinion_wire::tls::CertificateFacts::from_pem(pem, "node").expect("facts").incarnation
+    };
+    assert_eq!(incarnation(&first.client_cert), incarnation(&again.client_cert), "the same incarnation");
+    assert_eq!(refusal(anon.join(&s.token, "edge", Some(&"0badcafe".repeat(8))).await).0, 409);
     assert_eq!(refusal(anon.join(&s.token, "edge", None).await).0, 409);
+    assert_eq!(refusal(anon.join("", "edge", Some("3f1c0ffee0ddba11")).await).0, 401, "a short record is no proof");
     let (code, fields) = refusal(anon.join(&s.token, "edge", Some("no spaces")).await);
     assert_eq!((code, fields), (422, vec!["attempt".to_string()]));
     let creds = Credentials {
@@ -159,7 +166,8 @@ async fn a_retried_join_attempt_gets_its_credentials_again() {
     };
     let node = Client::new(&creds).expect("node client");
     assert_eq!(register(&node, &node_json("edge", &[0])).await.expect("register").0, 201);
-    assert_eq!(refusal(anon.join(&s.token, "edge", attempt).await).0, 409);
+    let after = anon.join("", "edge", attempt).await.expect("the record joins again after registration");
+    assert_eq!(incarnation(&after.client_cert), incarnation(&first.client_cert));
     s.stop().await;
 }
 /// The API refuses a node exactly where the engine would: a node at the NUMA

@@ -510,6 +510,9 @@ mod tests {
         let row = pod_row(&p, true);
         assert_eq!(row.len(), pod_headers(true).len());
         assert_eq!(pod_headers(true)[AGE_COLUMN], "AGE");
-        assert_eq!(without_age(row), ["a", "Pending", "0", "-", "-", "-", "-", "0", "-"]);
+        assert_eq!(without_age(row), ["a", "Pending", "0", "-", "-", "-", "-", "0", "-", "-"]);
+        let mut owned = bare_pod("b");
+        owned.metadata.owner = Some("alice".into());
+        assert_eq!(pod_row(&owned, true).last().map(String::as_str), Some("alice"), "the OWNER column");
     }
 }
