@@ -149,9 +149,7 @@ async fn a_retried_join_attempt_gets_its_credentials_again() {
     let attempt = Some(record.as_str());
     let first = anon.join(&s.token, "edge", attempt).await.expect("first join (reply lost)");
     let again = anon.join("", "edge", attempt).await.expect("the same record joins again, without a token");
-    let incarnation = |pem: &str| {
-        pinion_wire::tls::CertificateFacts::from_pem(pem, "node").expect("facts").incarnation
-    };
+    let incarnation = |pem: &str| pinion_wire::tls::CertificateFacts::from_pem(pem, "node").expect("facts").incarnation;
     assert_eq!(incarnation(&first.client_cert), incarnation(&again.client_cert), "the same incarnation");
     assert_eq!(refusal(anon.join(&s.token, "edge", Some(&"0badcafe".repeat(8))).await).0, 409);
     assert_eq!(refusal(anon.join(&s.token, "edge", None).await).0, 409);
