@@ -6,10 +6,10 @@
 - `anonymous_refused`: in the anonymous pass (run.sh without a client
   certificate) every route but /healthz, /version and the join answers 401.
   That pass sends no body over 16 KiB, the most an anonymous caller may send
-  (`filter_body`): the server reads and drops such a body before its 401,
-  but answers a larger one without reading it and closes, and a client still
-  writing it sees the connection reset before the 401 (`SSLEOFError`), which
-  Schemathesis reports as a network error, not an answer.
+  (`filter_body`): the server answers an anonymous caller 401 without
+  reading its body and closes, and a client still writing it may see the
+  connection reset before the 401 (`SSLEOFError`), which Schemathesis
+  reports as a network error, not an answer.
 - Watches and log follows never end on their own, so `before_call` turns
   `watch` and `follow` off (the attach stream is excluded on the command line).
 - `after_call` counts requests and status codes into $PINION_SCHEMATHESIS_STATS

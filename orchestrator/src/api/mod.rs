@@ -487,22 +487,7 @@ async fn handle(
     // an anonymous upload costs at most what the kernel buffered.
     let limit = match screen(route, identity, &config) {
         Ok(limit) => limit,
-        Err(e) => {
-            // A body no larger than an anonymous caller may send is read and
-            // dropped (for at most 2 s) before the refusal: closing with it
-            // unread makes the kernel reset the connection, and the caller
-            // would see that instead of the 401. A larger one is not read.
-            let declared = req
-                .headers()
-                .get(hyper::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > 0 && n <= config.anonymous_body_limit as u64) {
-                let short = ApiConfig { read_timeout: config.read_timeout.min(Duration::from_secs(2)), ..config };
-                drain(req.into_body(), config.anonymous_body_limit / 16, short).await;
-            }
-            return error_response(&e);
-        }
+        Err(e) => return error_response(&e),
     };
     if route == RouteId::Join {
         if let Err(limited) = state.joins.admit(peer.ip()) {
