@@ -68,6 +68,7 @@ impl Fixture {
             log_path: self.data.join("logs").join(format!("{id}.log")),
             init: false,
             run_as: Default::default(),
+            userns: None,
         }
     }
 
@@ -858,4 +859,56 @@ fn a_non_root_container_holds_only_what_it_was_given_and_exec_is_that_user() {
     assert_eq!(out, "1001\n1001 1002\nCapEff:\t0000000000000000\n");
     fx.rt.stop(&running.id, Duration::from_secs(1)).expect("stop");
     fx.finish();
+}
+
+/// Issue 27: a container that must be root inside runs in a user namespace
+/// (`hostUsers: false`): root inside, the pod's block of host ids outside.
+/// On a host rootfs it reads what others may read and nothing more (the
+/// host's `/etc/shadow` stays closed to it); an image's files, owned by the
+/// host's root on disk, are its root's inside (it may change `/etc`), and what
+/// it writes is owned on the host by its block, not by root.
+#[test]
+fn root_in_a_user_namespace_is_nobody_on_the_host() {
+    let Some(mut fx) = fixture() else { return };
+    let blocks = nodelet::runtime::userns::Blocks::new(&fx.data);
+    let probe =
+        "cat /proc/self/uid_map; id -u; cat /etc/shadow >/dev/null 2>&1 && echo shadow: read || echo shadow: closed";
+    let mut host = fx.cfg("userns-host", &["sh", "-c", probe]);
+    let base = blocks.claim(&host.pod).expect("claim");
+    host.userns = Some(nodelet::runtime::UserNamespace { sandbox: host.pod.clone(), base, pinned: None });
+    fx.rt.start(&host, &mut Default::default()).expect("start");
+    assert_eq!(fx.wait_exit(&host.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", fx.log(&host));
+    let log = fx.log(&host);
+    let map: Vec<&str> = log.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(map, ["0", &base.to_string(), "65536"], "{log}");
+    assert!(log.contains("\n0\nshadow: closed\n"), "{log}");
+
+    let layout = fx.dir.path().join("userns-layout");
+    let mut items = vec![Item::Dir("etc".into()), file("etc/motd", b"hello\n")];
+    items.extend(binary_files(&["/bin/sh", "/usr/bin/id", "/bin/cat", "/bin/touch", "/usr/bin/stat", "/bin/chown"]));
+    let config = serde_json::json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin:/bin"]}});
+    write_layout(&layout, &[(layer_tar(&items), "application/vnd.oci.image.layer.v1.tar")], config, "userns:1");
+    nodelet::runtime::libcontainer::image::import(&fx.data.join("images"), &layout, None).expect("import");
+    let script =
+        "id -u; stat -c %u /etc/motd; touch /etc/made && chown 7:7 /etc/made && echo made; stat -c %u /etc/made";
+    let mut image = fx.cfg("userns-image", &[&canon("/bin/sh"), "-c", script]);
+    image.rootfs = RootfsConfig::Image("userns:1".into());
+    let base = blocks.claim(&image.pod).expect("claim");
+    image.userns = Some(nodelet::runtime::UserNamespace { sandbox: image.pod.clone(), base, pinned: None });
+    fx.rt.start(&image, &mut Default::default()).expect("start");
+    assert_eq!(fx.wait_exit(&image.id), ContainerState::Exited { code: 0, oom_killed: false }, "{}", fx.log(&image));
+    assert_eq!(fx.log(&image), "0\n0\nmade\n7\n");
+    use std::os::unix::fs::MetadataExt;
+    let made = fx.data.join("containers").join(&image.id).join("upper/etc/made");
+    let meta = std::fs::metadata(&made).expect("the container's file");
+    assert_eq!((meta.uid(), meta.gid()), (base + 7, base + 7), "{}", made.display());
+    // The image itself is unchanged: still the host root's.
+    let lower = std::fs::metadata(fx.data.join("containers").join(&image.id).join("lower/etc/motd"));
+    assert!(lower.is_ok(), "the idmapped layer is mounted while the container exists");
+    let open = [&host.id, &image.id].map(|id| Path::new(nodelet::runtime::libcontainer::records::POD_ROOTS).join(id));
+    assert!(open.iter().all(|p| p.exists()), "the rootfs is open to the pod while it exists");
+    fx.finish();
+    for p in open {
+        assert!(!p.exists(), "{} is left", p.display());
+    }
 }

@@ -60,6 +60,13 @@ impl CniConfig {
     pub fn netns_path(&self, sandbox: &str) -> PathBuf {
         self.netns_dir.join(sandbox)
     }
+
+    /// Where the user namespace of a `hostUsers: false` pod is pinned: a
+    /// folder beside the network namespaces' (not in it: each name there
+    /// is a sandbox).
+    pub fn userns_path(&self, sandbox: &str) -> PathBuf {
+        self.netns_dir.with_file_name("userns").join(sandbox)
+    }
 }
 
 /// `--cni-bin-dir`: folders separated by `:`.
@@ -370,6 +377,11 @@ pub struct PodNetRequest {
     pub sandbox: String,
     /// Network-function devices: (host interface, name in the pod).
     pub netdevs: Vec<(String, String)>,
+    /// `hostUsers: false`: the host id of the pod's root (the agent fills
+    /// it in when it claims the pod's ids). The network namespace is then
+    /// made inside the pod's user namespace, pinned beside it, so that
+    /// the pod's containers (root only inside it) may join it.
+    pub userns: Option<u32>,
 }
 
 /// A pod's sandbox id: `p` and 24 hex digits of a hash of its key and uid,
@@ -507,7 +519,11 @@ impl PodNetworks {
         // What an earlier agent left: whole (adopted, checked at recovery)
         // or half made (killed in the middle): the latter goes first.
         match self.read_record(&req.sandbox)? {
-            Some(rec) if rec.attachments.iter().all(|a| a.result.is_some()) && is_mounted(&*self.host, &netns) => {
+            Some(rec)
+                if rec.attachments.iter().all(|a| a.result.is_some())
+                    && is_mounted(&*self.host, &netns)
+                    && (req.userns.is_none() || is_mounted(&*self.host, &self.cfg.userns_path(&req.sandbox))) =>
+            {
                 let ips = rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default();
                 self.set_up(&req.sandbox, Some(ips.clone()));
                 self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.sandbox);
@@ -536,7 +552,8 @@ impl PodNetworks {
         // How many attachments were tried: only those are deleted on failure.
         let mut tried = 0;
         let made = async {
-            create_netns(&self.host, &netns).await?;
+            let owner = req.userns.map(|base| (base, self.cfg.userns_path(&req.sandbox)));
+            create_netns(&self.host, &netns, owner).await?;
             for i in 0..rec.attachments.len() {
                 tried = i + 1;
                 let result = self.add(&req.sandbox, &netns, &rec.attachments[i]).await?;
@@ -579,6 +596,7 @@ impl PodNetworks {
             }
         }
         remove_netns(&*self.host, &netns)?;
+        remove_netns(&*self.host, &self.cfg.userns_path(sandbox))?;
         let path = self.record_path(sandbox);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -718,19 +736,31 @@ fn is_mounted(host: &dyn Host, path: &Path) -> bool {
 }
 
 /// A new network namespace, bind-mounted on `path`, with `lo` up. Made on a
-/// thread of its own, which alone enters the namespace and then ends.
-async fn create_netns(host: &Arc<dyn Host>, path: &Path) -> Result<(), CniError> {
+/// thread of its own, which alone enters the namespace and then ends. With
+/// `owner` (a pod's root host id and where to pin its user namespace): the
+/// network namespace belongs to that new user namespace, pinned there too.
+async fn create_netns(host: &Arc<dyn Host>, path: &Path, owner: Option<(u32, PathBuf)>) -> Result<(), CniError> {
     let path = path.to_path_buf();
     let err = |path: &Path, reason: String| CniError::Netns { path: path.to_path_buf(), reason };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
+    let mut pins = vec![path.clone()];
+    pins.extend(owner.as_ref().map(|(_, p)| p.clone()));
+    for pin in &pins {
+        if let Some(dir) = pin.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
+        }
+        std::fs::File::create(pin).map_err(|source| CniError::Io { path: pin.clone(), source })?;
     }
-    std::fs::File::create(&path).map_err(|source| CniError::Io { path: path.clone(), source })?;
     let (target, pinner) = (path.clone(), host.clone());
-    let made =
-        tokio::task::spawn_blocking(move || pinner.pin_new_netns(&target)).await.unwrap_or_else(|e| Err(e.to_string()));
+    let made = tokio::task::spawn_blocking(move || match owner {
+        None => pinner.pin_new_netns(&target),
+        Some((base, user_pin)) => pinner.pin_pod_netns(base, &user_pin, &target),
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
     if let Err(reason) = made {
-        let _ = remove_netns(&**host, &path);
+        for pin in &pins {
+            let _ = remove_netns(&**host, pin);
+        }
         return Err(err(&path, reason));
     }
     Ok(())
@@ -958,7 +988,7 @@ mod tests {
 
     fn request(netdevs: &[(&str, &str)]) -> PodNetRequest {
         let netdevs = netdevs.iter().map(|(h, i)| (h.to_string(), i.to_string())).collect();
-        PodNetRequest { key: "default/web".into(), sandbox: sandbox(), netdevs }
+        PodNetRequest { key: "default/web".into(), sandbox: sandbox(), netdevs, userns: None }
     }
 
     fn refused(msg: &str) -> PluginOutput {

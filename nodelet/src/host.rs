@@ -114,6 +114,11 @@ pub(crate) trait Host: Send + Sync {
     /// the namespace. Blocks.
     fn pin_new_netns(&self, pin: &Path) -> Result<(), String>;
 
+    /// A new user namespace whose root is host id `base`, pinned on
+    /// `user_pin`, and a new network namespace it owns, pinned on `net_pin`
+    /// with `lo` up (a `hostUsers: false` pod's). Both pins exist, empty.
+    fn pin_pod_netns(&self, base: u32, user_pin: &Path, net_pin: &Path) -> Result<(), String>;
+
     // CNI plugins.
 
     fn run_plugin<'a>(&'a self, run: PluginRun<'a>) -> BoxFuture<'a, Result<PluginOutput, PluginFailure>>;
@@ -192,6 +197,18 @@ impl Host for RealHost {
             let own = format!("/proc/self/task/{}/ns/net", nix::unistd::gettid());
             nix::mount::mount(Some(own.as_str()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
                 .map_err(|e| format!("bind mount: {e}"))?;
+            crate::runtime::libcontainer::net::loopback_up_here().map_err(|e| format!("bringing lo up: {e}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the namespace thread panicked".into()))
+    }
+
+    fn pin_pod_netns(&self, base: u32, user_pin: &Path, net_pin: &Path) -> Result<(), String> {
+        crate::runtime::userns::pin_pod_namespaces(base, user_pin, net_pin)?;
+        let pinned = std::fs::File::open(net_pin).map_err(|e| format!("{}: {e}", net_pin.display()))?;
+        // Host root may enter a namespace a child user namespace owns.
+        std::thread::spawn(move || -> Result<(), String> {
+            nix::sched::setns(&pinned, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
             crate::runtime::libcontainer::net::loopback_up_here().map_err(|e| format!("bringing lo up: {e}"))
         })
         .join()

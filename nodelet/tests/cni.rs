@@ -154,7 +154,7 @@ impl Drop for World {
 }
 
 fn pod(key: &str) -> PodNetRequest {
-    PodNetRequest { key: key.into(), sandbox: nodelet::cni::sandbox_id(key, "uid"), netdevs: Vec::new() }
+    PodNetRequest { key: key.into(), sandbox: nodelet::cni::sandbox_id(key, "uid"), netdevs: Vec::new(), userns: None }
 }
 
 fn in_pod(w: &World, sandbox: &str, cmd: &str) -> std::process::Output {

@@ -110,6 +110,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         log_path: work.join("logs").join(format!("{id}.log")),
         init: false,
         run_as: Default::default(),
+        userns: None,
     }
 }
 

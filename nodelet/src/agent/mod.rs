@@ -184,8 +184,15 @@ pub async fn run(
         adopt_networks(&mut state, nets).await;
     }
     let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
+    let blocks = crate::runtime::userns::Blocks::new(&state.cfg.data_dir);
+    let claimed =
+        blocks.claimed().map_err(|source| AgentError::Io { path: state.cfg.data_dir.join("userns"), source })?;
     let exec = Executor {
         networks,
+        userns: Arc::new(UserBlocks {
+            blocks,
+            claimed: std::sync::Mutex::new(claimed.into_iter().map(|(_, s)| s).collect()),
+        }),
         runtime,
         events: events_tx,
         write_lock: Arc::new(std::sync::Mutex::new(())),
@@ -210,6 +217,7 @@ pub async fn run(
         exec.spawn(a);
     }
     exec.remove_networks(&state);
+    exec.release_user_blocks(&state);
     publish(&state, &report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
@@ -247,6 +255,7 @@ pub async fn run(
             exec.spawn(a);
         }
         exec.remove_networks(&state);
+        exec.release_user_blocks(&state);
         publish(&state, &report);
     }
     // What memory knows that the file does not (a finished or removed pod)
@@ -345,6 +354,8 @@ async fn call<T: Send + 'static>(
 struct Executor {
     /// The pods' networks, when the node has a CNI network.
     networks: Option<Arc<crate::cni::PodNetworks>>,
+    /// The blocks of host ids that `hostUsers: false` pods hold.
+    userns: Arc<UserBlocks>,
     runtime: Arc<dyn Runtime>,
     events: mpsc::UnboundedSender<Event>,
     /// Checkpoint writes one at a time, even when one outlived its timeout.
@@ -377,12 +388,30 @@ impl Executor {
                     let _ = tx.send(Event::CheckpointWritten { generation, result });
                 });
             }
-            Action::Start { key, config, network } => {
+            Action::Start { key, mut config, mut network } => {
                 let limit = self.start_timeout;
                 let metrics = self.metrics.clone();
                 let networks = self.networks.clone();
+                let userns = self.userns.clone();
                 tokio::spawn(async move {
                     let (container, id) = (config.container.clone(), config.id.clone());
+                    if let Some(ns) = config.userns.as_mut() {
+                        // Before the network: its namespace is made inside the pod's user namespace.
+                        match userns.claim(&ns.sandbox) {
+                            Ok(base) => {
+                                ns.base = base;
+                                if let Some(net) = network.as_mut().filter(|n| n.userns.is_some()) {
+                                    net.userns = Some(base);
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(key, error = %e, "cannot claim host ids for the pod's user namespace");
+                                let result = Err(StartFailure::Other(format!("pod user namespace: {e}")));
+                                let _ = tx.send(Event::Started { key, container, id, result });
+                                return;
+                            }
+                        }
+                    }
                     if let (Some(net), Some(networks)) = (network, networks) {
                         // Before any container of the pod: it joins the namespace.
                         let made = match tokio::time::timeout(limit, networks.setup(&net)).await {
@@ -523,6 +552,20 @@ impl Executor {
         }
     }
 
+    /// Gives back the host id blocks of pods that no longer run (as
+    /// `remove_networks`, whose pinned user namespaces go with the network).
+    fn release_user_blocks(&self, state: &State) {
+        let wanted = wanted_user_blocks(state);
+        for sandbox in self.userns.unwanted(&wanted) {
+            let userns = self.userns.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = userns.release(&sandbox) {
+                    tracing::warn!(sandbox, error = %e, "cannot release a pod's host ids; trying again later");
+                }
+            });
+        }
+    }
+
     /// Removes the networks no pod holds any more (a pod gone, finished, or
     /// back to pending with every container dead), each in its own task.
     /// A pod keeps its network while admitted (its containers restart in
@@ -645,6 +688,49 @@ fn publish(state: &State, tx: &watch::Sender<NodeReport>) {
 }
 
 /// The sandboxes of the pods that hold a network now.
+/// The claimed blocks of host ids, and which pods (sandboxes) hold them.
+struct UserBlocks {
+    blocks: crate::runtime::userns::Blocks,
+    /// The sandboxes with a claim, as on disk; a release in flight is gone from it.
+    claimed: std::sync::Mutex<BTreeSet<String>>,
+}
+
+impl UserBlocks {
+    fn claim(&self, sandbox: &str) -> std::io::Result<u32> {
+        let base = self.blocks.claim(sandbox)?;
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).insert(sandbox.to_string());
+        Ok(base)
+    }
+
+    /// Claimed sandboxes not `wanted`, dropped from the set (put back if their release fails).
+    fn unwanted(&self, wanted: &BTreeSet<String>) -> Vec<String> {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<String> = claimed.iter().filter(|s| !wanted.contains(*s)).cloned().collect();
+        for s in &gone {
+            claimed.remove(s);
+        }
+        gone
+    }
+
+    fn release(&self, sandbox: &str) -> std::io::Result<()> {
+        self.blocks.release(sandbox).inspect_err(|_| {
+            self.claimed.lock().unwrap_or_else(|p| p.into_inner()).insert(sandbox.to_string());
+        })
+    }
+}
+
+/// The sandboxes of `hostUsers: false` pods that hold their ids: as long as
+/// they hold a network (admitted or terminating).
+fn wanted_user_blocks(state: &State) -> BTreeSet<String> {
+    state
+        .pods
+        .iter()
+        .filter(|(_, e)| matches!(e.stage, Stage::Admitted | Stage::Terminating { .. }))
+        .filter(|(_, e)| e.pod.spec.host_users == Some(false))
+        .map(|(key, e)| crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash)))
+        .collect()
+}
+
 fn wanted_networks(state: &State) -> BTreeSet<String> {
     state
         .pods

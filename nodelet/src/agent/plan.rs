@@ -831,7 +831,20 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Opt
         st.cfg.pod_pids_limit,
     );
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
-    let network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
+    let mut network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
+    if e.pod.spec.host_users == Some(false) {
+        let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
+        // With a pod network, the pod's user namespace is pinned beside it
+        // (it owns the network namespace, so containers may join that).
+        let pinned = match (&mut network, &st.cfg.cni) {
+            (Some(net), Some(cni)) => {
+                net.userns = Some(0);
+                Some(cni.userns_path(&net.sandbox))
+            }
+            _ => None,
+        };
+        cfg.userns = Some(crate::runtime::UserNamespace { sandbox, base: 0, pinned });
+    }
     if let (Some(net), Some(cni)) = (&network, &st.cfg.cni) {
         cfg.netns = Some(cni.netns_path(&net.sandbox));
     }

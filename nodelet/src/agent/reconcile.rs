@@ -187,6 +187,7 @@ pub(crate) fn pod_network(
         key: pod_key.to_string(),
         sandbox: crate::cni::sandbox_id(pod_key, &log_uid(pod, spec_hash)),
         netdevs,
+        userns: None,
     })
 }
 
@@ -336,6 +337,8 @@ pub(crate) fn container_config(
             })
             .collect(),
         run_as: run_as(pod, c),
+        // The agent claims the pod's ids at start (`plan::start_config` names the pod).
+        userns: None,
     }
 }
 

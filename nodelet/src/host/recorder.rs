@@ -335,6 +335,13 @@ impl Host for Recorder {
         Ok(())
     }
 
+    fn pin_pod_netns(&self, _base: u32, user_pin: &Path, net_pin: &Path) -> Result<(), String> {
+        let mut s = self.lock();
+        s.record(Call::PinNetns(net_pin.to_path_buf())).map_err(|e| format!("unshare: {e}"))?;
+        s.mounts.extend([user_pin.to_path_buf(), net_pin.to_path_buf()]);
+        Ok(())
+    }
+
     fn run_plugin<'a>(&'a self, run: PluginRun<'a>) -> BoxFuture<'a, Result<PluginOutput, PluginFailure>> {
         let var = |name: &str| run.env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).unwrap_or_default();
         let plugin = run.bin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

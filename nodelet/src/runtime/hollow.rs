@@ -467,6 +467,7 @@ pub(crate) mod tests {
             log_path: "/dev/null".into(),
             init: false,
             run_as: Default::default(),
+            userns: None,
         }
     }
 

@@ -187,15 +187,40 @@ impl LibcontainerRuntime {
         // Before anything is mounted: a user the node does not know fails
         // the start with its name, and leaves nothing to undo.
         let user = super::users::resolve(&cfg.run_as).map_err(|e| cerr(id, e.to_string()))?;
+        // A pod's own user namespace: its map, for the idmapped image layer.
+        let userns = match &cfg.userns {
+            Some(ns) => Some(
+                match &ns.pinned {
+                    Some(pin) => super::userns::open_pinned(pin),
+                    None => super::userns::new_userns(ns.base),
+                }
+                .map_err(|e| cerr(id, format!("the pod's user namespace: {e}")))?,
+            ),
+            None => None,
+        };
         let (mut process, binds) = match &cfg.rootfs {
             RootfsConfig::Host => {
                 let binds = rootfs::prepare_host(&rootfs).map_err(ioerr(&rootfs))?;
+                if let Some(ns) = &cfg.userns {
+                    // Its root makes mount points in `/` (the host's folders
+                    // stay the host's: read-only, owned by nobody inside).
+                    nix::unistd::chown(&rootfs, Some(ns.base.into()), Some(ns.base.into()))
+                        .map_err(|e| cerr(id, format!("{}: {e}", rootfs.display())))?;
+                }
                 (Self::process_spec(cfg, None, user), binds)
             }
             RootfsConfig::Image(reference) => {
                 let (rec, lower) = image::resolve(&self.layout.images(), reference)?;
                 let dir = self.layout.container(id);
-                rootfs::mount_overlay(&*self.host, &lower, &dir.join("upper"), &dir.join("work"), &rootfs)
+                let (upper, work) = (dir.join("upper"), dir.join("work"));
+                let lower = match (&cfg.userns, &userns) {
+                    (Some(ns), Some(fd)) => {
+                        rootfs::idmapped_layers(&lower, fd.as_fd(), ns.base, &dir.join("lower"), &upper)
+                            .map_err(|e| cerr(id, format!("the image {reference} for a user namespace: {e}")))?
+                    }
+                    _ => lower,
+                };
+                rootfs::mount_overlay(&*self.host, &lower, &upper, &work, &rootfs)
                     .map_err(|e| cerr(id, format!("mounting the image {reference} overlay: {e}")))?;
                 (Self::process_spec(cfg, Some(&rec), user), Vec::new())
             }
@@ -234,6 +259,15 @@ impl LibcontainerRuntime {
         let mut spec = spec::build(cfg, &process, &binds, &self.cgroups.path)?;
         if use_init {
             spec = spec::with_init(spec, &self.shim_exe).map_err(|e| cerr(id, format!("init mount: {e}")))?;
+        }
+        if cfg.userns.is_some() {
+            // The pod's root is nobody to the host: it cannot walk the
+            // private data dir to its rootfs, so it gets the rootfs where it can.
+            let open = rootfs::open_to_pod(&*self.host, &rootfs, &self.layout.pod_root(id))
+                .map_err(|e| cerr(id, format!("the rootfs for a user namespace: {e}")))?;
+            if let Some(root) = spec.root_mut() {
+                root.set_path(open);
+            }
         }
         let spec_path = self.layout.bundle(id).join("config.json");
         save_spec(&spec, &spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
@@ -688,6 +722,7 @@ impl Runtime for LibcontainerRuntime {
         if !left.is_empty() {
             return Err(cerr(id, format!("cgroup directories remain: {left:?}")));
         }
+        rootfs::close_to_pod(&*self.host, &self.layout.pod_root(id)).map_err(|e| cerr(id, e.to_string()))?;
         let dir = self.layout.container(id);
         rootfs::unmount_all(&*self.host, &dir).map_err(|e| cerr(id, e.to_string()))?;
         match fs::remove_file(self.layout.exit_notice(id)) {

@@ -9,6 +9,7 @@
 pub mod hollow;
 pub mod init;
 pub mod libcontainer;
+pub mod userns;
 pub mod users;
 
 use std::collections::BTreeMap;
@@ -79,6 +80,25 @@ pub struct ContainerConfig {
     /// the default, root, is what every container was before.
     #[serde(default, skip_serializing_if = "RunAs::is_unset")]
     pub run_as: RunAs,
+    /// `hostUsers: false`: the container runs in a user namespace whose
+    /// root is host id `base` (see [`userns`]); `None`: the host's users.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<UserNamespace>,
+}
+
+/// A pod's user namespace, as its containers use it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserNamespace {
+    /// The pod's sandbox id: what its block of host ids is claimed under.
+    pub sandbox: String,
+    /// The host id of its root, once the agent has claimed the block (0
+    /// until then: the plan does not claim).
+    pub base: u32,
+    /// The pinned namespace the pod's network belongs to, which every
+    /// container joins; `None`: each container makes one with the same map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<PathBuf>,
 }
 
 /// Who a container's processes are, as the pod says it: the container's

@@ -9,6 +9,9 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use super::super::RuntimeError;
 
 /// Where everything lives under the data directory.
+/// Where `hostUsers: false` containers' rootfs are mounted (see [`Layout::pod_root`]).
+pub const POD_ROOTS: &str = "/run/pinion/rootfs";
+
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub root: PathBuf,
@@ -36,6 +39,11 @@ impl Layout {
     }
     pub fn rootfs(&self, id: &str) -> PathBuf {
         self.bundle(id).join("rootfs")
+    }
+    /// Where a `hostUsers: false` container's rootfs is also mounted, out of
+    /// the private data dir (whose folders its root may not walk).
+    pub fn pod_root(&self, id: &str) -> PathBuf {
+        Path::new(POD_ROOTS).join(id)
     }
     pub fn config(&self, id: &str) -> PathBuf {
         self.container(id).join("container.json")

@@ -66,6 +66,63 @@ pub(crate) fn mount_overlay(host: &dyn Host, lower: &Path, upper: &Path, work: &
     host.mount(&m).map_err(io::Error::from)
 }
 
+/// The image's layer idmapped for a user namespace (mounted on
+/// `mount_point`), and `upper` made for it: owned by the namespace's root
+/// (host id `base`), which then owns the rootfs's `/`. Returns the layer to
+/// use as the overlay's lower. (An overlay itself cannot be idmapped; its
+/// layers can, and the upper layer is the container's alone.)
+pub(crate) fn idmapped_layers(
+    lower: &Path,
+    userns: std::os::fd::BorrowedFd<'_>,
+    base: u32,
+    mount_point: &Path,
+    upper: &Path,
+) -> io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(mount_point)?;
+    crate::runtime::userns::idmapped_bind(lower, userns, mount_point).map_err(io::Error::other)?;
+    fs::create_dir_all(upper)?;
+    nix::unistd::chown(upper, Some(base.into()), Some(base.into()))?;
+    let mode = fs::metadata(lower)?.permissions().mode() & 0o7777;
+    fs::set_permissions(upper, fs::Permissions::from_mode(mode))?;
+    Ok(mount_point.to_path_buf())
+}
+
+/// Mounts `rootfs` (bind) on `target`, a folder in a root-owned 0711 parent
+/// outside the data dir, so that a pod's root that is nobody on the host can
+/// reach it without listing anything; returns `target`.
+pub(crate) fn open_to_pod(host: &dyn Host, rootfs: &Path, target: &Path) -> io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let parent = target.parent().ok_or_else(|| io::Error::other(format!("{}: no parent", target.display())))?;
+    fs::create_dir_all(parent)?;
+    // Search but not list, down from `/`.
+    for dir in parent.ancestors().filter(|d| d.starts_with("/run/pinion")) {
+        let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
+        if mode & 0o011 != 0o011 {
+            fs::set_permissions(dir, fs::Permissions::from_mode((mode | 0o711) & !0o066))?;
+        }
+    }
+    match fs::DirBuilder::new().mode(0o700).create(target) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let source = rootfs.to_string_lossy();
+    let m = MountRequest { source: &source, target, fstype: "", flags: MsFlags::MS_BIND | MsFlags::MS_REC, data: "" };
+    host.mount(&m).map_err(io::Error::from)?;
+    Ok(target.to_path_buf())
+}
+
+/// Undoes [`open_to_pod`]; nothing there is fine.
+pub(crate) fn close_to_pod(host: &dyn Host, target: &Path) -> io::Result<()> {
+    unmount_all(host, target)?;
+    match fs::remove_dir(target) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Mount points at or under `path` in this mount namespace, deepest first.
 pub(crate) fn mounts_under(host: &dyn Host, path: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = host.mount_points().into_iter().filter(|m| m.starts_with(path)).collect();

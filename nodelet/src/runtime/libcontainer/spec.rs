@@ -348,6 +348,32 @@ pub fn build(
             ns.set_path(Some(netns.clone()));
         }
     }
+    let mut id_maps = None;
+    if let Some(ns) = &cfg.userns {
+        if ns.base == 0 {
+            return Err(spec_err(id, "userns", "the pod's host ids are not claimed"));
+        }
+        let mut user = oci_spec::runtime::LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::User)
+            .build()
+            .map_err(e("userns"))?;
+        match &ns.pinned {
+            // The pod's own, which its network namespace belongs to.
+            Some(path) => {
+                user.set_path(Some(path.clone()));
+            }
+            None => {
+                let map = oci_spec::runtime::LinuxIdMappingBuilder::default()
+                    .host_id(ns.base)
+                    .container_id(0u32)
+                    .size(super::super::userns::IDS_PER_POD)
+                    .build()
+                    .map_err(e("userns"))?;
+                id_maps = Some(vec![map]);
+            }
+        }
+        namespaces.push(user);
+    }
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
         .cgroups_path(cgroup_path(cgroup_parent, id))
@@ -356,6 +382,9 @@ pub fn build(
         .masked_paths(oci_spec::runtime::get_default_maskedpaths())
         .readonly_paths(oci_spec::runtime::get_default_readonly_paths())
         .seccomp(default_seccomp(&cfg.cap_add).map_err(e("seccomp"))?);
+    if let Some(maps) = id_maps {
+        linux = linux.uid_mappings(maps.clone()).gid_mappings(maps);
+    }
     if cfg.bind_memory && !cfg.mems.is_empty() {
         linux = linux.memory_policy(
             LinuxMemoryPolicyBuilder::default()
@@ -844,6 +873,7 @@ mod tests {
             init: false,
             pids_limit: Some(4096),
             run_as: Default::default(),
+            userns: None,
         }
     }
 
