@@ -160,12 +160,17 @@ async fn a_baseline_persons_pods_are_refused_at_the_field_with_the_profile() {
     for (name, extra) in fine {
         alice.create_pod(manifest(name, &extra)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    // Root inside a user namespace is not built yet: refused for anyone,
-    // rather than run as the host's root.
-    let e = api_error(
-        alice.create_pod(manifest("userns", "  hostUsers: false\n  securityContext: {runAsUser: 0}\n")).await,
-    );
-    assert_eq!((e.code, e.details[0].field.as_str()), (422, "spec.hostUsers"), "{e:?}");
+    // Root inside a user namespace of the pod's own is nobody on the host:
+    // a baseline person may run it, as they say (not as their uid).
+    let (_, userns) = alice
+        .create_pod(manifest("userns", "  hostUsers: false\n  securityContext: {runAsUser: 0}\n"))
+        .await
+        .expect("root in a user namespace");
+    let sc = userns.spec.security_context.clone().unwrap_or_default();
+    assert_eq!((userns.spec.host_users, sc.run_as_user), (Some(false), Some(0)));
+    // Not with the host's network, whose namespace is not the pod's own.
+    let e = api_error(alice.create_pod(manifest("usernet", "  hostUsers: false\n  hostNetwork: true\n")).await);
+    assert!(e.code == 422 && e.details.iter().any(|d| d.field == "spec.hostUsers"), "{e:?}");
     // An admin's pod is privileged, as today.
     s.admin.create_pod(manifest("adm", &caps("SYS_ADMIN"))).await.expect("admin");
     // A person granted SYS_NICE with the privileged profile: as an admin's.

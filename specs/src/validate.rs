@@ -356,13 +356,10 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     if pod.spec.node_name.as_deref().is_some_and(|n| !is_dns1123_subdomain(n)) {
         e.push("spec.nodeName", "must be a DNS-1123 subdomain");
     }
-    // Refused rather than ignored: a node that ignored it would run the
-    // pod's root as the host's root.
-    if pod.spec.host_users == Some(false) {
-        e.push(
-            "spec.hostUsers",
-            "false is not supported yet: Pinion does not run pods in user namespaces (a listed gap; leave it unset)",
-        );
+    // A user namespace owns the pod's network namespace: the host's is not
+    // one the pod's root may use (Kubernetes refuses the pair too).
+    if pod.spec.host_users == Some(false) && pod.spec.host_network {
+        e.push("spec.hostUsers", "false cannot go with hostNetwork: true (the host's network is not the pod's own)");
     }
     let cs = &pod.spec.containers;
     if cs.is_empty() {
@@ -968,7 +965,14 @@ spec:
             (Box::new(|p| p.spec.pids_limit = Some(crate::limits::MAX_PIDS_LIMIT)), vec![]),
             (Box::new(|p| p.spec.pids_limit = Some(0)), vec!["spec.pidsLimit"]),
             (Box::new(|p| p.spec.host_users = Some(true)), vec![]),
-            (Box::new(|p| p.spec.host_users = Some(false)), vec!["spec.hostUsers"]),
+            (Box::new(|p| p.spec.host_users = Some(false)), vec![]),
+            (
+                Box::new(|p| {
+                    p.spec.host_users = Some(false);
+                    p.spec.host_network = true;
+                }),
+                vec!["spec.hostUsers"],
+            ),
             (Box::new(|p| p.spec.pids_limit = Some(crate::limits::MAX_PIDS_LIMIT + 1)), vec!["spec.pidsLimit"]),
             (
                 Box::new(|p| p.spec.ttl_seconds_after_finished = Some(MAX_TTL_SECONDS + 1)),
