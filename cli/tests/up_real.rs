@@ -496,6 +496,30 @@ fn a_users_pod_runs_as_their_uid_sees_only_what_they_may_and_a_revoked_user_is_r
     let err = text(&out.stderr);
     assert!(!out.status.success() && err.contains("hostPath.path: host path \"/\" is not allowed"), "{err}");
 
+    // Root inside a user namespace of her pod's own: root to her command,
+    // the pod's block of host ids to the host (its network namespace, made
+    // by the pod network, belongs to it). /etc/shadow stays closed, and
+    // the block is given back when the pod is gone.
+    let pod = format!("alice-userns-{tag}");
+    let script = "cat /proc/self/uid_map; id -u; grep CapEff /proc/self/status; \
+                  cat /etc/shadow >/dev/null 2>&1 && echo SHADOW-READ; ip -o -4 addr show eth0 | grep -c inet";
+    let out = as_user(&alice_conf, &["run", &pod, "--userns", "--", "sh", "-c", script]);
+    let shown = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{shown}");
+    let map: Vec<&str> = shown.lines().next().unwrap_or_default().split_whitespace().collect();
+    let base: u32 = map.get(1).and_then(|b| b.parse().ok()).unwrap_or_else(|| panic!("uid_map: {shown}"));
+    assert!(map[0] == "0" && base >= 1 << 31 && map[2] == "65536", "{shown}");
+    assert!(shown.contains("\n0\n") && !shown.contains("SHADOW-READ"), "root inside, shadow closed: {shown}");
+    assert!(!shown.contains("CapEff:\t0000000000000000"), "root's default set, in its namespace: {shown}");
+    assert!(shown.trim_end().ends_with("\n1"), "the pod network's address on eth0: {shown}");
+    up.wait("the pod's host ids given back", || {
+        // The folder is made at the first claim and stays.
+        std::fs::read_dir(up.data.join("node/userns")).map(|d| d.count() == 0).unwrap_or(false)
+    });
+    up.wait("its pinned user namespace removed with its network", || {
+        !std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().contains("/run/pinion/userns/")
+    });
+
     // Revoked: her file is refused at once.
     let out = up.cli(&["user", "revoke", "alice"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

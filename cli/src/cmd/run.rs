@@ -29,7 +29,7 @@ use bytes::Bytes;
 use pinion_wire::{Client, ClientError};
 use specs::api::AttachFrame;
 use specs::pod::{
-    Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, ResourceRequirements, RestartPolicy, RootfsSource,
+    Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, PodSecurityContext, ResourceRequirements, RestartPolicy, RootfsSource,
     SecurityContext, TopologySpec, Volume, VolumeMount, API_VERSION, ARRAY_LABEL, ARRAY_PARALLELISM_ANNOTATION,
     ARRAY_TASK_ANNOTATION, RESOURCE_CPU, RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
 };
@@ -127,6 +127,12 @@ pub struct Args {
     /// several nodes need to reach each other, and MPI to reach `mpirun`.
     #[arg(long)]
     pub host_network: bool,
+    /// Run as root inside a user namespace of the pod's own (`hostUsers:
+    /// false`): root to the command, an unprivileged block of host ids to
+    /// the host. For images that expect root, where your profile keeps
+    /// you off the host's root.
+    #[arg(long, conflicts_with = "host_network")]
+    pub userns: bool,
     /// Only nodes with this label (repeatable `K=V`).
     #[arg(long = "node-selector", value_name = "K=V")]
     pub node_selector: Vec<String>,
@@ -236,8 +242,8 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             ttl_seconds_after_finished: None,
             volumes,
             pids_limit: None,
-            security_context: None,
-            host_users: None,
+            security_context: args.userns.then(|| PodSecurityContext { run_as_user: Some(0), ..Default::default() }),
+            host_users: args.userns.then_some(false),
         },
         status: None,
     })

@@ -95,11 +95,12 @@ pub(crate) fn open_to_pod(host: &dyn Host, rootfs: &Path, target: &Path) -> io::
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let parent = target.parent().ok_or_else(|| io::Error::other(format!("{}: no parent", target.display())))?;
     fs::create_dir_all(parent)?;
-    // Search but not list, down from `/`.
-    for dir in parent.ancestors().filter(|d| d.starts_with("/run/pinion")) {
+    // Search but not list; the folders above it searchable too.
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o711))?;
+    for dir in parent.ancestors().skip(1).filter(|d| d.starts_with("/run/pinion")) {
         let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
         if mode & 0o011 != 0o011 {
-            fs::set_permissions(dir, fs::Permissions::from_mode((mode | 0o711) & !0o066))?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o011))?;
         }
     }
     match fs::DirBuilder::new().mode(0o700).create(target) {
