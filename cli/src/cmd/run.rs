@@ -29,9 +29,9 @@ use bytes::Bytes;
 use pinion_wire::{Client, ClientError};
 use specs::api::AttachFrame;
 use specs::pod::{
-    Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, PodSecurityContext, ResourceRequirements, RestartPolicy, RootfsSource,
-    SecurityContext, TopologySpec, Volume, VolumeMount, API_VERSION, ARRAY_LABEL, ARRAY_PARALLELISM_ANNOTATION,
-    ARRAY_TASK_ANNOTATION, RESOURCE_CPU, RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
+    Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, PodSecurityContext, ResourceRequirements,
+    RestartPolicy, RootfsSource, SecurityContext, TopologySpec, Volume, VolumeMount, API_VERSION, ARRAY_LABEL,
+    ARRAY_PARALLELISM_ANNOTATION, ARRAY_TASK_ANNOTATION, RESOURCE_CPU, RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
 };
 use specs::{CpuPolicy, Pod, PodPhase, PodSpec, Quantity, TopologyPolicy};
 use tokio::signal::unix::{signal, SignalKind};
