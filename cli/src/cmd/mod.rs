@@ -14,6 +14,7 @@ pub mod logs;
 pub mod plan;
 pub mod run;
 pub mod server;
+pub mod server_opts;
 pub mod shim;
 pub mod token;
 pub mod topology;

@@ -10,6 +10,7 @@ use orchestrator::store::EtcdConfig;
 use specs::pod::SchedulingStrategy;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::cmd::server_opts::{Access, Retention};
 use crate::common::{parse_kebab, GlobalArgs};
 
 #[derive(clap::Args, Debug)]
@@ -43,11 +44,8 @@ pub struct Args {
     /// sled's page cache, in MiB (the rest of the store is read from disk).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     pub store_cache_mib: u64,
-    /// Seconds a finished pod (with its status and events) is kept when its
-    /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
-    #[arg(long, value_name = "SECONDS", default_value_t = 3600,
-          value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
-    pub finished_pod_ttl: u64,
+    #[command(flatten)]
+    pub retention: Retention,
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
@@ -93,42 +91,8 @@ pub struct Args {
     /// replaced within about this long (etcd only).
     #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
     pub leader_ttl: u64,
-    /// Host folders under which a `baseline` person's pods may mount host
-    /// paths (comma-separated absolute paths: `/srv,/scratch`); none by
-    /// default. Admins' pods and `privileged` people are not limited.
-    #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = parse_host_path)]
-    pub allowed_host_paths: Vec<String>,
-    /// How long a node's certificate lives (`30d`, `12h`, `90s`); nodes
-    /// renew theirs two thirds into its life.
-    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
-    pub node_cert_ttl: Duration,
-    /// How long a person's certificate (`pinion user add`) lives; the CLI
-    /// renews its file two thirds into its life.
-    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
-    pub user_cert_ttl: Duration,
-    /// How long the join token made at the first start admits nodes, from
-    /// that start (`0`: until `pinion token revoke bootstrap`); later starts
-    /// never renew it (make others with `pinion token create`).
-    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = crate::common::parse_duration)]
-    pub join_token_ttl: Duration,
-}
-
-/// The certificate lifetimes from the flags; a zero one would issue
-/// certificates already expired.
-pub fn lifetimes(node: Duration, user: Duration) -> anyhow::Result<orchestrator::tls::Lifetimes> {
-    if node.is_zero() || user.is_zero() {
-        anyhow::bail!("--node-cert-ttl and --user-cert-ttl: a certificate must live at least a second");
-    }
-    Ok(orchestrator::tls::Lifetimes { node, user, ..Default::default() })
-}
-
-/// An absolute path without `..`: a prefix that climbs out would allow more
-/// than it names.
-pub fn parse_host_path(s: &str) -> Result<String, String> {
-    if !s.starts_with('/') || s.split('/').any(|p| p == "..") || s.contains('\0') {
-        return Err(format!("{s:?}: want an absolute path without \"..\""));
-    }
-    Ok(s.to_string())
+    #[command(flatten)]
+    pub access: Access,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -136,15 +100,13 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.api.liveness = g.liveness();
     opts.tls_sans = args.tls_sans;
     opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
-    opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
+    args.retention.apply(&mut opts);
     opts.api.body_limit = args.body_limit;
     opts.store.cache_bytes = args.store_cache_mib.max(1) << 20;
     opts.controller.scheduler.topology_aware = !args.topology_blind;
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
-    opts.allowed_host_paths = args.allowed_host_paths.clone();
-    opts.lifetimes = lifetimes(args.node_cert_ttl, args.user_cert_ttl)?;
-    opts.join_token_ttl = (!args.join_token_ttl.is_zero()).then_some(args.join_token_ttl);
+    args.access.apply(&mut opts)?;
     opts.local_listen = args.local_listen.map(|addr| LocalListen { addr, if_free: false });
     if let Some(url) = &args.advertise_url {
         if let Err(e) = pinion_wire::parse_url(url) {

@@ -16,6 +16,7 @@ use specs::CpuSet;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cmd::agent::{NodeArgs, RunArgs};
+use crate::cmd::server_opts::{Access, Retention};
 use crate::common::GlobalArgs;
 
 /// The web view's port under `pinion up`, so the quick start can name it.
@@ -36,29 +37,10 @@ pub struct Args {
     pub local_listen: Option<String>,
     #[command(flatten)]
     pub node: NodeArgs,
-    /// Seconds a finished pod (with its status and events) is kept when its
-    /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
-    #[arg(long, value_name = "SECONDS", default_value_t = 3600,
-          value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
-    pub finished_pod_ttl: u64,
-    /// Host folders under which a `baseline` person's pods may mount host
-    /// paths (comma-separated absolute paths: `/srv,/scratch`); none by
-    /// default. Admins' pods and `privileged` people are not limited.
-    #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = crate::cmd::server::parse_host_path)]
-    pub allowed_host_paths: Vec<String>,
-    /// How long a node's certificate lives (`30d`, `12h`, `90s`); nodes
-    /// renew theirs two thirds into its life.
-    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
-    pub node_cert_ttl: Duration,
-    /// How long a person's certificate (`pinion user add`) lives; the CLI
-    /// renews its file two thirds into its life.
-    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
-    pub user_cert_ttl: Duration,
-    /// How long the join token made at the first start admits nodes, from
-    /// that start (`0`: until `pinion token revoke bootstrap`); later starts
-    /// never renew it (make others with `pinion token create`).
-    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = crate::common::parse_duration)]
-    pub join_token_ttl: Duration,
+    #[command(flatten)]
+    pub retention: Retention,
+    #[command(flatten)]
+    pub access: Access,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -108,10 +90,8 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
     opts.api.liveness = g.liveness();
-    opts.controller.finished_pod_ttl = (args.finished_pod_ttl > 0).then(|| Duration::from_secs(args.finished_pod_ttl));
-    opts.allowed_host_paths = args.allowed_host_paths.clone();
-    opts.lifetimes = crate::cmd::server::lifetimes(args.node_cert_ttl, args.user_cert_ttl)?;
-    opts.join_token_ttl = (!args.join_token_ttl.is_zero()).then_some(args.join_token_ttl);
+    args.retention.apply(&mut opts);
+    args.access.apply(&mut opts)?;
     opts.local_listen = match args.local_listen.as_deref() {
         None => Some(LocalListen { addr: DEFAULT_LOCAL_LISTEN.into(), if_free: true }),
         Some("off") => None,

@@ -1,0 +1,137 @@
+//! The server flags that `pinion server` and `pinion up` both take, declared
+//! once so that their names, defaults and help cannot drift apart between the
+//! two, and copied into [`ServerOptions`] in one place. Two groups rather than
+//! one because each command lists them at a different place in its help.
+
+use std::time::Duration;
+
+use orchestrator::server::ServerOptions;
+
+/// How long finished pods are kept.
+#[derive(clap::Args, Debug)]
+pub struct Retention {
+    /// Seconds a finished pod (with its status and events) is kept when its
+    /// spec sets no ttlSecondsAfterFinished; 0 keeps finished pods until deleted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
+    pub finished_pod_ttl: u64,
+}
+
+impl Retention {
+    pub fn apply(&self, opts: &mut ServerOptions) {
+        opts.controller.finished_pod_ttl =
+            (self.finished_pod_ttl > 0).then(|| Duration::from_secs(self.finished_pod_ttl));
+    }
+}
+
+/// What a person's pods may reach on a host, and how long certificates and
+/// the first join token live.
+#[derive(clap::Args, Debug)]
+pub struct Access {
+    /// Host folders under which a `baseline` person's pods may mount host
+    /// paths (comma-separated absolute paths: `/srv,/scratch`); none by
+    /// default. Admins' pods and `privileged` people are not limited.
+    #[arg(long, value_name = "PATHS", value_delimiter = ',', value_parser = parse_host_path)]
+    pub allowed_host_paths: Vec<String>,
+    /// How long a node's certificate lives (`30d`, `12h`, `90s`); nodes
+    /// renew theirs two thirds into its life.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
+    pub node_cert_ttl: Duration,
+    /// How long a person's certificate (`pinion user add`) lives; the CLI
+    /// renews its file two thirds into its life.
+    #[arg(long, value_name = "DURATION", default_value = "30d", value_parser = crate::common::parse_duration)]
+    pub user_cert_ttl: Duration,
+    /// How long the join token made at the first start admits nodes, from
+    /// that start (`0`: until `pinion token revoke bootstrap`); later starts
+    /// never renew it (make others with `pinion token create`).
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = crate::common::parse_duration)]
+    pub join_token_ttl: Duration,
+}
+
+impl Access {
+    pub fn apply(&self, opts: &mut ServerOptions) -> anyhow::Result<()> {
+        opts.allowed_host_paths = self.allowed_host_paths.clone();
+        opts.lifetimes = lifetimes(self.node_cert_ttl, self.user_cert_ttl)?;
+        opts.join_token_ttl = (!self.join_token_ttl.is_zero()).then_some(self.join_token_ttl);
+        Ok(())
+    }
+}
+
+/// The certificate lifetimes from the flags; a zero one would issue
+/// certificates already expired.
+fn lifetimes(node: Duration, user: Duration) -> anyhow::Result<orchestrator::tls::Lifetimes> {
+    if node.is_zero() || user.is_zero() {
+        anyhow::bail!("--node-cert-ttl and --user-cert-ttl: a certificate must live at least a second");
+    }
+    Ok(orchestrator::tls::Lifetimes { node, user, ..Default::default() })
+}
+
+/// An absolute path without `..`: a prefix that climbs out would allow more
+/// than it names.
+fn parse_host_path(s: &str) -> Result<String, String> {
+    if !s.starts_with('/') || s.split('/').any(|p| p == "..") || s.contains('\0') {
+        return Err(format!("{s:?}: want an absolute path without \"..\""));
+    }
+    Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    /// What the shared flags set, as `pinion server` or `pinion up` parses them.
+    type Set = (Option<Duration>, Vec<String>, orchestrator::tls::Lifetimes, Option<Duration>);
+
+    fn check(args: &[&str]) -> Result<Set, String> {
+        let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        let (retention, access) = match cli.command {
+            Command::Server(a) => (a.retention, a.access),
+            Command::Up(a) => (a.retention, a.access),
+            other => panic!("not a server command: {other:?}"),
+        };
+        let mut opts = ServerOptions::new("/nonexistent", "127.0.0.1:0");
+        retention.apply(&mut opts);
+        access.apply(&mut opts).map_err(|e| e.to_string())?;
+        Ok((opts.controller.finished_pod_ttl, opts.allowed_host_paths, opts.lifetimes, opts.join_token_ttl))
+    }
+
+    #[test]
+    fn server_and_up_set_the_same_options_from_the_same_flags() {
+        let flags = [
+            "--finished-pod-ttl=0",
+            "--allowed-host-paths=/srv,/scratch",
+            "--node-cert-ttl=12h",
+            "--user-cert-ttl=90s",
+            "--join-token-ttl=0",
+        ];
+        let lifetimes = orchestrator::tls::Lifetimes {
+            node: Duration::from_secs(12 * 3600),
+            user: Duration::from_secs(90),
+            ..Default::default()
+        };
+        let expected = (None, vec!["/srv".to_string(), "/scratch".to_string()], lifetimes, None);
+        for verb in ["server", "up"] {
+            let args: Vec<&str> = ["pinion", verb].into_iter().chain(flags).collect();
+            assert_eq!(check(&args), Ok(expected.clone()), "pinion {verb}");
+        }
+        let defaults = check(&["pinion", "server"]).expect("defaults");
+        assert_eq!((defaults.0, defaults.3), (Some(Duration::from_secs(3600)), Some(Duration::from_secs(24 * 3600))));
+        assert_eq!(check(&["pinion", "up"]), Ok(defaults));
+    }
+
+    #[test]
+    fn a_zero_certificate_life_or_a_climbing_host_path_is_refused() {
+        assert_eq!(
+            check(&["pinion", "up", "--user-cert-ttl=0"]),
+            Err("--node-cert-ttl and --user-cert-ttl: a certificate must live at least a second".into())
+        );
+        for path in ["srv", "/srv/../etc"] {
+            let arg = format!("--allowed-host-paths={path}");
+            let err = check(&["pinion", "server", &arg]).expect_err(path);
+            assert!(err.contains(&format!("{path:?}: want an absolute path without \"..\"")), "{err}");
+        }
+    }
+}
