@@ -905,6 +905,30 @@ fn root_in_a_user_namespace_is_nobody_on_the_host() {
     // The image itself is unchanged: still the host root's.
     let lower = std::fs::metadata(fx.data.join("containers").join(&image.id).join("lower/etc/motd"));
     assert!(lower.is_ok(), "the idmapped layer is mounted while the container exists");
+    // An exec joins the container's user namespace: root inside, the same map.
+    let mut running = fx.cfg("userns-exec", &["sleep", "1000"]);
+    running.userns = host.userns.clone();
+    fx.rt.start(&running, &mut Default::default()).expect("start");
+    let status = "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status";
+    let argv =
+        ["sh", "-c", &format!("id -u; cat /proc/self/uid_map; {status}; cat /proc/1/cmdline")].map(str::to_string);
+    let p = fx.rt.exec(&running.id, &argv).expect("exec");
+    let out = read_all(p.stdout);
+    assert_eq!((p.wait)().expect("wait"), 0);
+    let out = out.recv_timeout(PIPE_END).expect("stdout ends");
+    let base = host.userns.as_ref().map(|n| n.base).unwrap_or_default();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words[..4], ["0", "0", &base.to_string(), "65536"], "{out}");
+    // As the container's own process: its capabilities, no_new_privs and
+    // seccomp filter, in its pid namespace (PID 1 is the container's sleep).
+    let ContainerState::Running { pid } = fx.rt.state(&running.id).expect("state") else { panic!("not running") };
+    let init = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    for key in ["CapEff:", "CapBnd:", "NoNewPrivs:", "Seccomp:"] {
+        let of = |text: &str| text.lines().find(|l| l.starts_with(key)).map(str::to_string);
+        assert_eq!(of(&out), of(&init), "{key}: exec {out} init {init}");
+    }
+    assert!(out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2") && out.contains("sleep"), "{out}");
+    fx.rt.stop(&running.id, Duration::from_secs(1)).expect("stop");
     let open = [&host.id, &image.id].map(|id| Path::new(nodelet::runtime::libcontainer::records::POD_ROOTS).join(id));
     assert!(open.iter().all(|p| p.exists()), "the rootfs is open to the pod while it exists");
     fx.finish();

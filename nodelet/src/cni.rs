@@ -596,7 +596,11 @@ impl PodNetworks {
             }
         }
         remove_netns(&*self.host, &netns)?;
-        remove_netns(&*self.host, &self.cfg.userns_path(sandbox))?;
+        // A `hostUsers: false` pod's user namespace, pinned beside it.
+        let user_pin = self.cfg.userns_path(sandbox);
+        if user_pin.exists() {
+            remove_netns(&*self.host, &user_pin)?;
+        }
         let path = self.record_path(sandbox);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -1114,6 +1118,25 @@ mod tests {
             assert_eq!(n.host.is_mounted(&n.netns), case.left, "{}: the pin", case.name);
             assert_eq!(n.netns.exists(), case.left, "{}: the pin's file", case.name);
         }
+    }
+
+    /// `hostUsers: false`: the pod's user namespace is pinned beside the
+    /// network namespace (which it owns) and goes with it.
+    #[tokio::test]
+    async fn a_user_namespace_pod_network_pins_both_and_removes_both() {
+        let n = nets(plugins(Recorder::default(), &["bridge", "portmap"]));
+        let mut req = request(&[]);
+        req.userns = Some(crate::runtime::userns::base_of(3));
+        n.nets.setup(&req).await.unwrap();
+        let user_pin = n.netns.with_file_name("").with_file_name("userns").join(sandbox());
+        assert!(n.host.is_mounted(&n.netns) && n.host.is_mounted(&user_pin), "{:?}", n.host.calls());
+        // Adopted as set up while both are pinned.
+        n.host.take_calls();
+        n.nets.setup(&req).await.unwrap();
+        assert_eq!(n.host.take_calls(), []);
+        n.nets.teardown(&sandbox()).await.unwrap();
+        assert!(!n.host.is_mounted(&n.netns) && !n.host.is_mounted(&user_pin));
+        assert!(!n.netns.exists() && !user_pin.exists());
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@
 
 pub(crate) mod cgroups;
 pub mod exec;
+mod exec_userns;
 pub mod image;
 pub(crate) mod logs;
 pub(crate) mod net;

@@ -218,6 +218,15 @@ fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::Cp
     let process = spec.process().as_ref();
     let cwd = process.map(|p| p.cwd().clone()).unwrap_or_else(|| "/".into());
     let user = process.map(|p| p.user().clone()).unwrap_or_default();
+    if cfg.userns.is_some() {
+        let started: super::records::StartedRecord = read_json(&layout.started(id))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{} is missing", layout.started(id).display()))?;
+        let cgroup = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()).unwrap_or_default();
+        let dirs = super::cgroups::existing_dirs(&crate::host::RealHost, &cgroup);
+        let pid = super::exec_userns::join(Pid::from_raw(started.init.pid), &dirs, &spec, command, out, err)?;
+        return Ok((pid, cfg.system_cpus));
+    }
     let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     // libcontainer leaves a notify socket per exec in the container's state
     // folder: one exec joins at a time, so the socket that appeared is ours.
