@@ -696,9 +696,12 @@ struct UserBlocks {
 }
 
 impl UserBlocks {
+    /// One claim at a time: the containers of one pod start side by side,
+    /// and two claims racing would give them two blocks.
     fn claim(&self, sandbox: &str) -> std::io::Result<u32> {
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
         let base = self.blocks.claim(sandbox)?;
-        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).insert(sandbox.to_string());
+        claimed.insert(sandbox.to_string());
         Ok(base)
     }
 
