@@ -2,8 +2,9 @@
 //! 127.0.0.1:0 with a real sled store: each person sees and touches only
 //! their own pods and jobs (another's are absent: 404), a viewer reads and
 //! writes nothing, a person's pod runs as their Unix user and is held to
-//! their profile (each refusal at its field), and a revoked person's
-//! certificate is refused from the next request on.
+//! their profile (each refusal at its field), a viewer reads another's env
+//! names but not their values, and a revoked person's certificate is
+//! refused from the next request on.
 
 use orchestrator::testing::server::TestServer;
 use orchestrator::tls::Credentials;
@@ -118,6 +119,65 @@ async fn each_person_sees_and_touches_only_their_own() {
 
     // Her own pod she deletes.
     assert!(alice.delete_pod("alices").await.is_ok());
+    s.stop().await;
+}
+
+/// Env values may hold secrets: a viewer reads every pod and job, but of
+/// another's env only the names; the owner and an admin read the values.
+#[tokio::test]
+async fn a_viewer_reads_env_names_but_not_values() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let (_, alice) = add(&s, &user("alice", Role::User, Some(1001))).await;
+    let (_, audit) = add(&s, &user("audit", Role::Viewer, None)).await;
+    let env = "    env: [{name: DB_PASSWORD, value: hunter2}]\n";
+    let pod = String::from_utf8(manifest("alices", "").to_vec()).expect("utf8") + env;
+    alice.create_pod(bytes::Bytes::from(pod)).await.expect("alice creates a pod");
+    let job = format!(
+        "apiVersion: pinion.io/v1\nkind: Job\nmetadata: {{name: alicejob}}\nspec:\n  parallelism: 1\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        rootfs: host\n        command: [\"true\"]\n    {env}"
+    );
+    alice.create_job(bytes::Bytes::from(job)).await.expect("alice creates a job");
+    // Her env, (name, value), as each caller reads it through each route.
+    let env_of = |spec: &specs::pod::PodSpec| {
+        spec.containers[0].env.iter().map(|v| (v.name.clone(), v.value.clone())).collect::<Vec<_>>()
+    };
+    let shown = [("DB_PASSWORD".to_string(), "hunter2".to_string())];
+    let hidden = [("DB_PASSWORD".to_string(), String::new())];
+    for (who, client, expected) in [("alice", &alice, &shown), ("admin", &s.admin, &shown), ("viewer", &audit, &hidden)]
+    {
+        let got = env_of(&client.get_pod("alices").await.expect("get pod").spec);
+        assert_eq!(&got, expected, "{who}: get pod");
+        let listed = client.list_pods(None).await.expect("list pods");
+        let listed = listed.items.iter().find(|p| p.metadata.name == "alices").expect("listed");
+        assert_eq!(&env_of(&listed.spec), expected, "{who}: list pods");
+        let mut watch = client.watch_pods(None, None, None).await.expect("watch pods");
+        let added = loop {
+            let (_, p) = watch.next().await.expect("watch").expect("an ADDED event");
+            if p.metadata.name == "alices" {
+                break p;
+            }
+        };
+        assert_eq!(&env_of(&added.spec), expected, "{who}: watch pods");
+        let got = env_of(&client.get_job("alicejob").await.expect("get job").spec.template.spec);
+        assert_eq!(&got, expected, "{who}: get job");
+        let listed = client.list_jobs(None).await.expect("list jobs");
+        assert_eq!(&env_of(&listed.items[0].spec.template.spec), expected, "{who}: list jobs");
+    }
+    // Changes reach a viewer's watch without the values too: hers, and
+    // those of her job's pod (the job's own env, set by the server).
+    let from = s.admin.get_pod("alices").await.expect("get").metadata.resource_version;
+    let mut watch = audit.watch_pods(None, None, from).await.expect("watch pods");
+    alice.delete_pod("alices").await.expect("alice deletes her pod");
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next()).await.expect("a change");
+        let (_, changed) = next.expect("watch").expect("an event");
+        let env = env_of(&changed.spec);
+        assert!(env.iter().all(|(_, value)| value.is_empty()), "{}: {env:?}", changed.metadata.name);
+        if changed.metadata.name == "alices" {
+            assert_eq!(env, hidden);
+            break;
+        }
+    }
     s.stop().await;
 }
 

@@ -11,7 +11,7 @@ use specs::{Pod, PodPhase};
 
 use super::error::store_error;
 use super::parse::Action;
-use crate::cluster::{self, authorize, jobs, nodes, pods, users, Access, ClusterError, Request};
+use crate::cluster::{self, authorize, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request};
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
 use crate::tls::{Identity, Pki, NODE_CN_PREFIX};
@@ -77,8 +77,9 @@ pub struct WatchFilter {
     pub selector: LabelSelector,
     /// Pods only: the node whose pods are watched.
     pub node: Option<String>,
-    /// False: each container's env keeps its names and loses its values.
-    pub env_values: bool,
+    /// Whose pods are sent whole; the others' containers keep their env's
+    /// names and lose its values.
+    pub env_values: EnvValues,
     /// A user's watch: only objects they own.
     pub owner: Option<String>,
     /// The person watching: a change to their record (revoked, added again)
@@ -121,7 +122,7 @@ impl WatchFilter {
                 }
             }
         };
-        if self.env_values {
+        if self.env_values.shows(c.owner.as_deref()) {
             Some(watch_line(ty, &c.object))
         } else {
             Some(watch_line(ty, &without_env_values(&c.object)))
@@ -156,6 +157,24 @@ fn without_env_values(object_json: &str) -> String {
         }
         // Never sent as it is: an object that does not parse could hold anything.
         Err(_) => "{}".to_string(),
+    }
+}
+
+/// What `id` is shown of env values on a listener that shows them
+/// (`env_values`) or not (the local listener).
+fn shown(id: &Identity, env_values: bool) -> EnvValues {
+    if env_values {
+        cluster::env_values(id)
+    } else {
+        EnvValues::None
+    }
+}
+
+/// A pod's (or a job template's) containers with their env's names and
+/// without its values.
+fn hide_env_values(spec: &mut specs::pod::PodSpec) {
+    for var in spec.containers.iter_mut().flat_map(|c| c.env.iter_mut()) {
+        var.value.clear();
     }
 }
 
@@ -194,7 +213,8 @@ async fn start_watch<T: Object>(
             let listed = store.list::<T>().map_err(store_error)?;
             for o in listed.items.iter().filter(|o| filter.keeps(*o)) {
                 let obj = serde_json::to_string(o).map_err(|e| super::error::internal(e.to_string()))?;
-                let obj = if filter.env_values { obj } else { without_env_values(&obj) };
+                let obj =
+                    if filter.env_values.shows(o.meta().owner.as_deref()) { obj } else { without_env_values(&obj) };
                 initial.push(watch_line(WatchEventType::Added, &obj));
             }
             listed.rv
@@ -295,10 +315,9 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .filter(|p| selector.matches(&p.metadata.labels))
                 .filter(|p| node.is_none() || p.spec.node_name == node)
                 .collect();
-            if !env_values {
-                for var in items.iter_mut().flat_map(|p| p.spec.containers.iter_mut()).flat_map(|c| c.env.iter_mut()) {
-                    var.value.clear();
-                }
+            let shown = shown(id, env_values);
+            for p in items.iter_mut().filter(|p| !shown.shows(p.metadata.owner.as_deref())) {
+                hide_env_values(&mut p.spec);
             }
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
@@ -309,7 +328,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 kind: Kind::Pod,
                 selector,
                 node,
-                env_values,
+                env_values: shown(id, env_values),
                 owner: cluster::owner_filter(id),
                 holder: holder(id),
             };
@@ -334,8 +353,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             json(if created.new { 201 } else { 200 }, &created.pod)
         }
         Action::GetPod(name) => match store.get::<Pod>(&name).map_err(store_error)? {
-            Some(p) => {
+            Some(mut p) => {
                 authorize(id, Request::Pod(&p))?;
+                if !cluster::env_values(id).shows(p.metadata.owner.as_deref()) {
+                    hide_env_values(&mut p.spec);
+                }
                 json(200, &p)
             }
             None => {
@@ -440,7 +462,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 kind: Kind::Node,
                 selector,
                 node: None,
-                env_values: true,
+                env_values: EnvValues::All,
                 owner: None,
                 holder: holder(id),
             };
@@ -487,20 +509,27 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::ListJobs { selector } => {
             authorize(id, Request::ListJobs)?;
             let listed = store.list::<Job>().map_err(store_error)?;
-            let items: Vec<Job> = listed
+            let mut items: Vec<Job> = listed
                 .items
                 .into_iter()
                 .filter(|j| cluster::sees(id, j.metadata.owner.as_deref()))
                 .filter(|j| selector.matches(&j.metadata.labels))
                 .collect();
+            let shown = cluster::env_values(id);
+            for j in items.iter_mut().filter(|j| !shown.shows(j.metadata.owner.as_deref())) {
+                hide_env_values(&mut j.spec.template.spec);
+            }
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::GetJob(name) => {
             authorize(id, Request::ReadJob)?;
             let job = store.get::<Job>(&name).map_err(store_error)?;
-            let job = job.ok_or_else(|| ClusterError::not_found("Job", &name))?;
+            let mut job = job.ok_or_else(|| ClusterError::not_found("Job", &name))?;
             let owner = job.metadata.owner.as_deref();
             authorize(id, Request::Owned { kind: "Job", name: &name, owner, access: Access::Read })?;
+            if !cluster::env_values(id).shows(owner) {
+                hide_env_values(&mut job.spec.template.spec);
+            }
             json(200, &job)
         }
         Action::CreateJob(mut job) => {

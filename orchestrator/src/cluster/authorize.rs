@@ -9,6 +9,11 @@
 //! `user` creates pods and jobs and reads, follows, execs in and deletes only
 //! their own, and sees another's as absent (404, not 403: not even its
 //! existence); a node acts for itself and its pods only.
+//!
+//! Reading an object is not reading its secrets: the values of a pod's or a
+//! job template's env (tokens, passwords) are shown to its owner, admins and
+//! the node that runs it; a viewer, who reads others' objects only through
+//! its read-all power, gets the names alone (`EnvValues`).
 
 use specs::api::Role;
 use specs::Pod;
@@ -226,6 +231,41 @@ pub fn owner_filter(id: &Identity) -> Option<String> {
     match id {
         Identity::Person(p) if p.spec.role == Role::User => Some(p.metadata.name.clone()),
         _ => None,
+    }
+}
+
+/// Whose env values a caller is shown in the pods and job templates it reads:
+/// its owner's, an admin's and a node's business, not a viewer's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValues {
+    /// Every object's: admins, and nodes (which run what they are given).
+    All,
+    /// Only those of the objects this person owns: a viewer (or a user, who
+    /// reads no one else's anyway) sees another's names without values.
+    OwnedBy(String),
+    /// No object's: the local listener, which every user of the machine
+    /// may call, and identities refused before any reply.
+    None,
+}
+
+impl EnvValues {
+    /// Whether an object with this owner is shown with its env values.
+    pub fn shows(&self, owner: Option<&str>) -> bool {
+        match self {
+            EnvValues::All => true,
+            EnvValues::OwnedBy(me) => owner == Some(me.as_str()),
+            EnvValues::None => false,
+        }
+    }
+}
+
+/// The env values `id` is shown (`EnvValues`).
+pub fn env_values(id: &Identity) -> EnvValues {
+    match id {
+        Identity::Admin | Identity::Node(_) => EnvValues::All,
+        Identity::Person(p) if p.spec.role == Role::Admin => EnvValues::All,
+        Identity::Person(p) => EnvValues::OwnedBy(p.metadata.name.clone()),
+        Identity::User(_) | Identity::Anonymous | Identity::Other(_) => EnvValues::None,
     }
 }
 

@@ -15,7 +15,9 @@ mod tests;
 pub mod tokens;
 pub mod users;
 
-pub use authorize::{authorize, owner_filter, person_name, pods_visible_to, sees, Access, Request};
+pub use authorize::{
+    authorize, env_values, owner_filter, person_name, pods_visible_to, sees, Access, EnvValues, Request,
+};
 pub use error::ClusterError;
 use specs::api::{Event, ObjectRef};
 use specs::pod::ObjectMeta;

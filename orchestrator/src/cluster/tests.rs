@@ -193,6 +193,26 @@ fn lists_and_watches_of_a_user_hold_only_their_own() {
 }
 
 #[test]
+fn env_values_are_shown_to_the_owner_admins_and_nodes_only() {
+    use super::authorize::env_values;
+    use specs::api::Role;
+    // (identity, sees the values of alice's object, of an object with no owner)
+    let cases = [
+        (Identity::Admin, true, true),
+        (person("boss", Role::Admin), true, true),
+        (Identity::Node("n1".into()), true, true),
+        (person("alice", Role::User), true, false),
+        (person("audit", Role::Viewer), false, false),
+        (person("alice", Role::Viewer), true, false),
+        (Identity::Anonymous, false, false),
+    ];
+    for (id, hers, nobodys) in cases {
+        let shown = env_values(&id);
+        assert_eq!((shown.shows(Some("alice")), shown.shows(None)), (hers, nobodys), "{id:?}");
+    }
+}
+
+#[test]
 fn a_node_sees_only_its_own_pods() {
     let n1 = Identity::Node("n1".into());
     assert_eq!(pods_visible_to(&n1, None).as_deref(), Some("n1"));
