@@ -227,6 +227,7 @@ pub async fn run(
             topology: cfg.topology.clone(),
             settings: cfg.settings.clone(),
             endpoint: cfg.endpoint.clone(),
+            ..Default::default()
         },
         status: NodeStatus::default(),
     };

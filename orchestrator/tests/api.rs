@@ -64,7 +64,7 @@ fn node_object(name: &str, numa: u32, cpus: u32) -> Bytes {
         api_version: "pinion.io/v1".into(),
         kind: "Node".into(),
         metadata: ObjectMeta { name: name.into(), ..Default::default() },
-        spec: NodeSpec { topology: topology(numa, cpus), settings: Default::default(), endpoint: None },
+        spec: NodeSpec { topology: topology(numa, cpus), settings: Default::default(), ..Default::default() },
         status: NodeStatus::default(),
     };
     Bytes::from(serde_json::to_vec(&node).expect("encode"))

@@ -42,7 +42,7 @@ async fn node_client(url: &str, token: &str, dir: &Path, name: &str) -> Client {
         api_version: "pinion.io/v1".into(),
         kind: "Node".into(),
         metadata: ObjectMeta { name: name.into(), ..Default::default() },
-        spec: NodeSpec { topology, settings: Default::default(), endpoint: None },
+        spec: NodeSpec { topology, settings: Default::default(), ..Default::default() },
         status: NodeStatus::default(),
     };
     let body = Bytes::from(serde_json::to_vec(&node).expect("encode"));

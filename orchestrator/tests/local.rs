@@ -143,8 +143,7 @@ async fn watches_nodes_through_the_shared_handler() {
                 metadata: ObjectMeta { name: name.into(), ..Default::default() },
                 spec: NodeSpec {
                     topology: specs::topology::synthetic::parse(cpus).expect("synthetic"),
-                    settings: Default::default(),
-                    endpoint: None,
+                    ..Default::default()
                 },
                 status: NodeStatus::default(),
             };

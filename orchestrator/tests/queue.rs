@@ -59,7 +59,7 @@ impl Queue for TestServer {
             api_version: "pinion.io/v1".into(),
             kind: "Node".into(),
             metadata: ObjectMeta { name: name.into(), ..Default::default() },
-            spec: NodeSpec { topology: t, settings: Default::default(), endpoint: None },
+            spec: NodeSpec { topology: t, settings: Default::default(), ..Default::default() },
             status: NodeStatus::default(),
         };
         let body = Bytes::from(serde_json::to_vec(&node).expect("encode"));

@@ -34,6 +34,15 @@ pub struct NodeSpec {
     /// the server calls with the node name as the TLS name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// The node's pod range (Kubernetes' `spec.podCIDR`), `A.B.C.D/N`: the
+    /// server's choice from its cluster range at the node's first
+    /// registration, kept while the node is; what a client sends is ignored.
+    #[serde(default, rename = "podCIDR", skip_serializing_if = "Option::is_none")]
+    pub pod_cidr: Option<String>,
+    /// The node's IP address that the other nodes reach it on (their routes
+    /// to its pod range go there), as the node says at registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ pub mod idset;
 pub mod job;
 pub mod limits;
 pub mod manifest;
+pub mod net;
 pub mod pod;
 pub mod qos;
 pub mod quantity;

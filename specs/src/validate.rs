@@ -134,7 +134,24 @@ pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
     if let Err(err) = node.spec.settings.validate() {
         e.push("spec.settings.cpuManager", err.to_string());
     }
+    if let Some(address) = &node.spec.address {
+        if let Some(p) = address_problem(address) {
+            e.push("spec.address", p);
+        }
+    }
     e.0
+}
+
+/// A node's address is one IP that other machines can send to.
+fn address_problem(address: &str) -> Option<String> {
+    match address.parse::<std::net::IpAddr>() {
+        Err(_) => Some(format!("{address:?} is not an IP address")),
+        Ok(ip) if ip.is_unspecified() || ip.is_multicast() => {
+            Some(format!("{address}: want the address of one machine, not an unspecified or multicast one"))
+        }
+        Ok(std::net::IpAddr::V4(v4)) if v4.is_broadcast() => Some(format!("{address}: a broadcast address")),
+        Ok(_) => None,
+    }
 }
 
 /// True for a DNS-1123 label: 1..=63 chars of `[a-z0-9-]`, alphanumeric at both ends.
@@ -898,6 +915,40 @@ spec:
 
     fn c0(p: &mut Pod) -> &mut Container {
         &mut p.spec.containers[0]
+    }
+
+    #[test]
+    fn a_nodes_address_is_one_ip() {
+        let node = |address: Option<&str>| crate::api::Node {
+            api_version: API_VERSION.into(),
+            kind: "Node".into(),
+            metadata: crate::pod::ObjectMeta { name: "n1".into(), ..Default::default() },
+            spec: crate::api::NodeSpec { address: address.map(str::to_string), ..Default::default() },
+            status: Default::default(),
+        };
+        let cases: [(Option<&str>, Option<&str>); 9] = [
+            (None, None),
+            (Some("192.0.2.7"), None),
+            (Some("2001:db8::7"), None),
+            (Some("127.0.0.1"), None),
+            (Some("node-1.example"), Some("\"node-1.example\" is not an IP address")),
+            (Some("192.0.2.7:10250"), Some("\"192.0.2.7:10250\" is not an IP address")),
+            (Some("0.0.0.0"), Some("0.0.0.0: want the address of one machine, not an unspecified or multicast one")),
+            (Some("ff02::1"), Some("ff02::1: want the address of one machine, not an unspecified or multicast one")),
+            (Some("255.255.255.255"), Some("255.255.255.255: a broadcast address")),
+        ];
+        for (address, want) in cases {
+            let got: Vec<(String, String)> =
+                // The empty topology's own problems are not this test's.
+                validate_node(&node(address))
+                    .into_iter()
+                    .filter(|e| !e.field.starts_with("spec.topology"))
+                    .map(|e| (e.field, e.message))
+                    .collect();
+            let want: Vec<(String, String)> =
+                want.iter().map(|m| ("spec.address".to_string(), m.to_string())).collect();
+            assert_eq!(got, want, "{address:?}");
+        }
     }
 
     #[test]
