@@ -209,7 +209,7 @@ fn check_type(plugin: &Map<String, Value>) -> Result<(), String> {
     }
 }
 
-fn plugin_type(plugin: &Map<String, Value>) -> &str {
+pub(crate) fn plugin_type(plugin: &Map<String, Value>) -> &str {
     plugin.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
@@ -217,7 +217,7 @@ fn plugin_type(plugin: &Map<String, Value>) -> &str {
 // Running plugins
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Command {
+pub(crate) enum Command {
     Add,
     Del,
     Check,
@@ -234,7 +234,7 @@ impl Command {
 }
 
 /// The environment of one plugin call (CNI spec 1.0, "Parameters").
-fn plugin_env(
+pub(crate) fn plugin_env(
     command: Command,
     container_id: &str,
     netns: &Path,
@@ -254,7 +254,7 @@ fn plugin_env(
 /// One plugin's stdin: its configuration with the list's `cniVersion` and
 /// `name`, and the previous result (ADD: the previous plugin's; DEL and
 /// CHECK: the recorded final one).
-fn plugin_input(list: &Value, plugin: &Map<String, Value>, prev: Option<&Value>) -> Value {
+pub(crate) fn plugin_input(list: &Value, plugin: &Map<String, Value>, prev: Option<&Value>) -> Value {
     let mut conf = plugin.clone();
     for field in ["cniVersion", "name"] {
         if let Some(v) = list.get(field) {
@@ -318,7 +318,7 @@ fn plugin_message(code: Option<i32>, stdout: &[u8], stderr: &[u8]) -> String {
     }
 }
 
-fn find_plugin(host: &dyn Host, bin_dirs: &[PathBuf], name: &str) -> Result<PathBuf, CniError> {
+pub(crate) fn find_plugin(host: &dyn Host, bin_dirs: &[PathBuf], name: &str) -> Result<PathBuf, CniError> {
     bin_dirs.iter().map(|d| d.join(name)).find(|p| host.is_file(p)).ok_or_else(|| CniError::PluginMissing {
         plugin: name.to_string(),
         dirs: bin_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":"),
@@ -326,7 +326,7 @@ fn find_plugin(host: &dyn Host, bin_dirs: &[PathBuf], name: &str) -> Result<Path
 }
 
 /// Runs one plugin; its result (ADD) or `None` (DEL, CHECK, empty output).
-async fn exec_plugin(
+pub(crate) async fn exec_plugin(
     host: &dyn Host,
     cfg: &CniConfig,
     plugin: &str,
@@ -718,7 +718,7 @@ impl PodNetworks {
     }
 }
 
-fn plugins_of(config: &Value) -> Vec<&Map<String, Value>> {
+pub(crate) fn plugins_of(config: &Value) -> Vec<&Map<String, Value>> {
     config.get("plugins").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_object).collect()
 }
 
@@ -825,11 +825,28 @@ pub fn write_default(dir: &Path) -> Result<Option<PathBuf>, CniError> {
         return Ok(None);
     }
     std::fs::create_dir_all(dir).map_err(|source| CniError::Io { path: dir.to_path_buf(), source })?;
-    let path = dir.join(DEFAULT_FILE);
-    let mut bytes = serde_json::to_vec_pretty(&default_network()).unwrap_or_default();
-    bytes.push(b'\n');
-    write_atomic(&path, &bytes).map_err(|source| CniError::Io { path: path.clone(), source })?;
+    let path = default_path(dir);
+    write_atomic(&path, &default_bytes()).map_err(|source| CniError::Io { path: path.clone(), source })?;
     Ok(Some(path))
+}
+
+/// Where `write_default` writes in `dir`.
+pub fn default_path(dir: &Path) -> PathBuf {
+    dir.join(DEFAULT_FILE)
+}
+
+/// The default network's file, byte for byte as `write_default` writes it:
+/// `pinion down` removes a file only when it is this one.
+pub fn default_bytes() -> Vec<u8> {
+    let mut bytes = serde_json::to_vec_pretty(&default_value()).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// The default network as a configuration list (what `pinion up` checks
+/// the host against before writing it, `crate::netcheck`).
+pub(crate) fn default_value() -> Value {
+    default_network()
 }
 
 #[cfg(test)]

@@ -20,5 +20,6 @@ pub mod hwloc;
 pub(crate) mod link;
 pub mod manifests;
 pub mod metrics;
+pub mod netcheck;
 pub mod runtime;
 pub mod source;

@@ -531,6 +531,7 @@ struct Acked {
     allocations: Allocations,
     pods: BTreeMap<String, PodStatus>,
     offline_cpus: specs::CpuSet,
+    conditions: Vec<specs::api::Condition>,
 }
 
 /// The report to send: the pods whose status differs from the acknowledged
@@ -543,6 +544,7 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
     if pods.is_empty()
         && current.allocations == acked.allocations
         && current.offline_cpus == acked.offline_cpus
+        && current.conditions == acked.conditions
         && acked.registration > 0
     {
         return None;
@@ -552,6 +554,7 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
         allocations: current.allocations.clone(),
         pods,
         offline_cpus: current.offline_cpus.clone(),
+        conditions: current.conditions.clone(),
     })
 }
 
@@ -594,6 +597,7 @@ async fn reports_loop(
                         allocations: report.allocations.clone(),
                         pods: orchestrator_pods(&report).map(|(k, s)| (k.clone(), s.clone())).collect(),
                         offline_cpus: report.offline_cpus.clone(),
+                        conditions: report.conditions.clone(),
                     };
                 }
                 delay = RETRY_MIN;
@@ -789,6 +793,7 @@ mod tests {
             rejections: BTreeMap::new(),
             offline_cpus: Default::default(),
             running: BTreeMap::new(),
+            conditions: Vec::new(),
         }
     }
 
@@ -832,6 +837,7 @@ mod tests {
             allocations: first.allocations.clone(),
             pods: orchestrator_pods(&first).map(|(k, s)| (k.clone(), s.clone())).collect(),
             offline_cpus: Default::default(),
+            conditions: Vec::new(),
         };
         assert_eq!(delta(&acked, "n", &first), None, "nothing changed, nothing sent");
         let next = report(&[("a", PodPhase::Running), ("b", PodPhase::Running), ("c", PodPhase::Pending)]);
@@ -844,5 +850,15 @@ mod tests {
         let d = delta(&acked, "n", &offline).expect("a CPU went offline");
         assert!(d.pods.is_empty());
         assert_eq!(d.offline_cpus, specs::CpuSet::single(3).expect("cpus"));
+        // So is a condition, and so is its end.
+        let mut down = first.clone();
+        down.conditions
+            .push(crate::netcheck::Unfit::PluginMissing { plugin: "bridge".into(), dirs: "/x".into() }.condition());
+        let d = delta(&acked, "n", &down).expect("the pod network is down");
+        assert!(d.pods.is_empty());
+        assert_eq!(d.conditions, down.conditions);
+        let acked_down = Acked { conditions: down.conditions.clone(), ..acked };
+        let d = delta(&acked_down, "n", &first).expect("the pod network is back");
+        assert!(d.conditions.is_empty());
     }
 }

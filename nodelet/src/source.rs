@@ -72,4 +72,8 @@ pub struct NodeReport {
     /// name: where the node's endpoint runs an exec.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) running: BTreeMap<String, BTreeMap<String, String>>,
+    /// What is not fine on this node (`specs::api::Condition`): the pod
+    /// network the host cannot run, say. Sent whole with every report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<specs::api::Condition>,
 }

@@ -73,6 +73,48 @@ pub struct NodeStatus {
     /// they are back, and they do not count as free.
     #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
     pub offline_cpus: CpuSet,
+    /// What the node reports as not fine (none listed: nothing to say), as
+    /// its last report had it. Absent when empty, so a client that predates
+    /// the field still reads a healthy node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One aspect of a node that is not as it should be, in the shape of a
+/// Kubernetes node condition (`type`, `status`, `reason`, `message`), with
+/// the command that fixes it. Unknown fields are ignored: a newer node may
+/// say more.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// What it is about: `PodNetwork` (see `POD_NETWORK`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: ConditionStatus,
+    /// CamelCase: why, in one word (`CNIPluginMissing`, `KernelUnsupported`).
+    pub reason: String,
+    pub message: String,
+    /// The one command that fixes it on the node, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// The condition of a node's pod network: `False` when pods get only `lo`
+/// because the host cannot run the configured network.
+pub const POD_NETWORK: &str = "PodNetwork";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl Condition {
+    /// `PodNetwork=False` as `get nodes` shows it.
+    pub fn short(&self) -> String {
+        format!("{}={:?}", self.kind, self.status)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +227,10 @@ pub struct NodeStatusReport {
     /// CPUs offline now (see `NodeStatus::offline_cpus`).
     #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
     pub offline_cpus: CpuSet,
+    /// The node's conditions now (see `NodeStatus::conditions`); every
+    /// report carries them whole, none listed clears them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 /// A nodelet's refusal of a binding (its truth moved on since the plan).

@@ -103,6 +103,11 @@ pub struct AgentConfig {
     /// configuration, or the hollow runtime): a namespace per container
     /// holding only `lo`.
     pub cni: Option<crate::cni::CniConfig>,
+    /// Why the host cannot run the pod network, when that is known before
+    /// the agent starts (`pinion up` checks, `crate::netcheck`): pods get
+    /// only `lo`, and the node reports a `PodNetwork=False` condition. A
+    /// pod network that fails for such a reason later does the same.
+    pub network_unfit: Option<crate::netcheck::Unfit>,
     /// The pids limit of each container whose pod sets no `spec.pidsLimit`
     /// (`--pod-pids-limit`); `None`: no limit.
     pub pod_pids_limit: Option<u64>,
@@ -134,6 +139,7 @@ impl AgentConfig {
             on_settings_change: resettle::OnSettingsChange::Keep,
             metrics: crate::metrics::Metrics::new(),
             cni: None,
+            network_unfit: None,
             pod_pids_limit: Some(DEFAULT_POD_PIDS_LIMIT),
         }
     }
@@ -415,17 +421,24 @@ impl Executor {
                     if let (Some(net), Some(networks)) = (network, networks) {
                         // Before any container of the pod: it joins the namespace.
                         let made = match tokio::time::timeout(limit, networks.setup(&net)).await {
-                            Ok(r) => r.map_err(|e| e.to_string()),
-                            Err(_) => Err(format!("timed out after {limit:?}")),
+                            Ok(Ok(ips)) => Ok(ips),
+                            // The host's fault (a plugin, a program or a kernel feature
+                            // missing): the planner starts the pod again with `lo` only.
+                            Ok(Err(e)) => Err(match crate::netcheck::Unfit::of(&e) {
+                                Some(unfit) => {
+                                    StartFailure::HostNetwork { unfit, message: format!("pod network: {e}") }
+                                }
+                                None => StartFailure::Other(format!("pod network: {e}")),
+                            }),
+                            Err(_) => Err(StartFailure::Other(format!("pod network: timed out after {limit:?}"))),
                         };
                         match made {
                             Ok(ips) => {
                                 let _ = tx.send(Event::PodNetwork { key: key.clone(), sandbox: net.sandbox, ips });
                             }
-                            Err(e) => {
-                                tracing::warn!(key, error = %e, "cannot set up the pod's network");
-                                let result = Err(StartFailure::Other(format!("pod network: {e}")));
-                                let _ = tx.send(Event::Started { key, container, id, result });
+                            Err(failure) => {
+                                tracing::warn!(key, error = ?failure, "cannot set up the pod's network");
+                                let _ = tx.send(Event::Started { key, container, id, result: Err(failure) });
                                 return;
                             }
                         }

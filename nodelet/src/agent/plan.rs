@@ -184,6 +184,9 @@ pub(crate) enum StartFailure {
     CannotRun { code: i32, message: String },
     /// Anything else (runtime fault, timeout): recorded as `START_ERROR_CODE`.
     Other(String),
+    /// The pod network failed for a reason of the host (`netcheck::Unfit`):
+    /// the node runs its pods with `lo` only from now on and says so.
+    HostNetwork { unfit: crate::netcheck::Unfit, message: String },
 }
 
 #[derive(Debug)]
@@ -324,8 +327,15 @@ pub(crate) struct State {
     pub(crate) remove_retry: BTreeMap<String, Instant>,
     /// Pods learned of so far (see `PodEntry::arrival`).
     arrivals: u64,
-    /// Pod key -> its network's sandbox and addresses (`Event::PodNetwork`).
+    /// Pod key -> its network's sandbox and addresses (`Event::PodNetwork`),
+    /// kept after the network is gone while the pod is known (a finished
+    /// pod still shows the address it had).
     pub(crate) pod_ips: BTreeMap<String, (String, Vec<String>)>,
+    /// Why this host cannot run the pod network, once known (from
+    /// `AgentConfig::network_unfit`, or a pod's setup that failed for a
+    /// reason of the host): pods start with `lo` only until the agent
+    /// restarts, and the report carries it as a node condition.
+    pub(crate) network_down: Option<crate::netcheck::Unfit>,
 }
 
 impl State {
@@ -338,6 +348,7 @@ impl State {
 
     pub(crate) fn new(cfg: AgentConfig, alloc: Allocations, now: Instant) -> Self {
         let next_recheck = now + cfg.recheck_interval;
+        let cfg_unfit = cfg.network_unfit.clone();
         let discovered = cfg.topology.clone();
         State {
             discovered,
@@ -359,6 +370,7 @@ impl State {
             remove_retry: BTreeMap::new(),
             arrivals: 0,
             pod_ips: BTreeMap::new(),
+            network_down: cfg_unfit,
         }
     }
 
@@ -471,7 +483,10 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
             if !ips.is_empty() {
                 st.pod_ips.insert(key, (sandbox, ips));
             } else {
-                st.pod_ips.retain(|_, (s, _)| *s != sandbox);
+                // A pod still known keeps the address it had (a finished
+                // pod's status shows it, as in Kubernetes); it goes with the pod.
+                let pods = &st.pods;
+                st.pod_ips.retain(|k, (s, _)| *s != sandbox || pods.contains_key(k));
             }
         }
         Event::Stopped { key, errors } => on_stopped(st, &key, errors, now, out),
@@ -695,6 +710,17 @@ fn on_started(
                     out.push(Action::Remove { id: id.to_string() });
                     (reconcile::START_ERROR_CODE, None, message)
                 }
+                StartFailure::HostNetwork { unfit, message } => {
+                    // No container ran: started again at once, with `lo`
+                    // only. Not a crash loop, not a restart.
+                    e.message = Some(format!("started without its pod network: {message}"));
+                    e.ctrs[i].state = CtrState::Waiting { at: now, reason: None };
+                    if st.network_down.is_none() {
+                        tracing::warn!(error = %unfit, "the host cannot run the pod network; pods get only lo");
+                        st.network_down = Some(unfit);
+                    }
+                    return;
+                }
             };
             tracing::warn!(key, container, error = message, "container did not start");
             e.message = Some(message);
@@ -725,6 +751,7 @@ fn on_stopped(st: &mut State, key: &str, errors: Vec<String>, now: Instant, out:
 /// it (and its logs), and admit what replaces it.
 fn finish_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Action>) {
     let Some(e) = st.pods.remove(key) else { return };
+    st.pod_ips.remove(key);
     tracing::info!(key, "pod stopped");
     st.release(key);
     // Stopped, not removed: see `State::doomed`.
@@ -832,6 +859,12 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Opt
     );
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
     let mut network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
+    // The host cannot run the pod network: `lo` only, unless this pod's
+    // network was made before (its other containers are in it).
+    if st.network_down.is_some() {
+        let made = |net: &crate::cni::PodNetRequest| st.pod_ips.get(key).is_some_and(|(s, _)| *s == net.sandbox);
+        network = network.filter(made);
+    }
     if e.pod.spec.host_users == Some(false) {
         let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
         // With a pod network, the pod's user namespace is pinned beside it
@@ -937,6 +970,7 @@ fn remove(st: &mut State, key: &str, out: &mut Vec<Action>) {
         Stage::Pending { .. } | Stage::Finished(_) => {
             let logs = e.log_dir(&st.cfg.data_dir, key);
             st.pods.remove(key);
+            st.pod_ips.remove(key);
             st.dirty = true;
             out.push(Action::RemoveLogs { dir: logs });
         }

@@ -86,6 +86,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
         rejections: Default::default(),
         offline_cpus: agent.offline.clone(),
         running: Default::default(),
+        conditions: agent.network_down.iter().map(crate::netcheck::Unfit::condition).collect(),
     };
     for (key, e) in &agent.pods {
         let mut st = PodStatus {
