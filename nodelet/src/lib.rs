@@ -21,5 +21,6 @@ pub(crate) mod link;
 pub mod manifests;
 pub mod metrics;
 pub mod netcheck;
+pub mod routes;
 pub mod runtime;
 pub mod source;
