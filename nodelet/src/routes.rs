@@ -129,6 +129,8 @@ pub enum RoutesError {
     Socket(#[from] std::io::Error),
     #[error("applying the pod routes took longer than {0:?}")]
     Timeout(Duration),
+    #[error("{0}")]
+    Iptables(String),
 }
 
 /// Subnets of this network namespace's IPv4 addresses (what `Mode::Auto`
@@ -364,11 +366,88 @@ async fn prune_neighbours(
     Ok(())
 }
 
+/// The nat chain that masquerades what this node's pods send beyond the
+/// pod ranges (to the outside world), and nothing sent to a pod: one rule
+/// per range, none per pod (the bridge plugin's `ipMasq` adds a chain per
+/// pod, and its rule would hide a pod's address from pods on other nodes).
+pub const MASQUERADE_CHAIN: &str = "PINION-MASQ";
+/// Limit on one `iptables` run.
+const IPTABLES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `iptables-restore --noflush` input that makes [`MASQUERADE_CHAIN`]:
+/// return for multicast and every pod range in `ranges`, masquerade the rest.
+pub fn masquerade_rules(ranges: &[Ipv4Net]) -> String {
+    let mut out = format!("*nat\n:{MASQUERADE_CHAIN} - [0:0]\n");
+    let mut ranges: Vec<Ipv4Net> = ranges.to_vec();
+    ranges.sort();
+    ranges.dedup();
+    for r in ranges.iter().map(|r| r.to_string()).chain(["224.0.0.0/4".to_string()]) {
+        out.push_str(&format!("-A {MASQUERADE_CHAIN} -d {r} -j RETURN\n"));
+    }
+    out.push_str(&format!("-A {MASQUERADE_CHAIN} -j MASQUERADE\nCOMMIT\n"));
+    out
+}
+
+async fn iptables(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, RoutesError> {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(if stdin.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let run = async {
+        let mut child = cmd.spawn()?;
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes()).await?;
+        }
+        child.wait_with_output().await
+    };
+    let out =
+        tokio::time::timeout(IPTABLES_TIMEOUT, run).await.map_err(|_| RoutesError::Timeout(IPTABLES_TIMEOUT))??;
+    if !out.status.success() {
+        return Err(RoutesError::Iptables(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Masquerades what `own`'s pods send beyond `ranges` (theirs and every
+/// peer's): the chain made anew, one jump to it from POSTROUTING for `own`,
+/// and a jump left for an earlier range removed.
+pub async fn masquerade(own: Ipv4Net, ranges: &[Ipv4Net]) -> Result<(), RoutesError> {
+    iptables("iptables-restore", &["--noflush", "-w", "5"], Some(&masquerade_rules(ranges))).await?;
+    let own = own.to_string();
+    let listed = iptables("iptables", &["-w", "5", "-t", "nat", "-S", "POSTROUTING"], None).await?;
+    let mut present = false;
+    for line in listed.lines().filter(|l| l.ends_with(&format!("-j {MASQUERADE_CHAIN}"))) {
+        let Some(rule) = line.strip_prefix("-A ") else { continue };
+        if rule == format!("POSTROUTING -s {own} -j {MASQUERADE_CHAIN}") {
+            present = true;
+            continue;
+        }
+        let mut args = vec!["-w", "5", "-t", "nat", "-D"];
+        args.extend(rule.split_whitespace());
+        iptables("iptables", &args, None).await?;
+    }
+    if !present {
+        let args = ["-w", "5", "-t", "nat", "-A", "POSTROUTING", "-s", &own, "-j", MASQUERADE_CHAIN];
+        iptables("iptables", &args, None).await?;
+    }
+    Ok(())
+}
+
 /// Keeps the kernel's routes as the view says: at every change, and every
-/// [`RESYNC`]. Ends when the view's sender is gone.
+/// [`RESYNC`]; with `masquerade_own`, the masquerade of the node's range too
+/// (the default network, which leaves it to the node). Ends when the view's
+/// sender is gone.
 pub async fn run(
     mut view: tokio::sync::watch::Receiver<(Option<Ipv4Net>, Vec<Peer>)>,
     mode: Mode,
+    masquerade_own: bool,
 ) -> Result<(), RoutesError> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     let conn = tokio::spawn(conn);
@@ -378,7 +457,12 @@ pub async fn run(
         let result = async {
             let connected = connected(&handle).await?;
             let p = plan(own, &peers, &connected, mode);
-            apply(&handle, &p).await.map(|()| p)
+            apply(&handle, &p).await?;
+            if let (Some(own), true) = (own, masquerade_own) {
+                let ranges: Vec<Ipv4Net> = std::iter::once(own).chain(peers.iter().map(|p| p.pod_cidr)).collect();
+                masquerade(own, &ranges).await?;
+            }
+            Ok::<_, RoutesError>(p)
         }
         .await;
         match result {
@@ -478,6 +562,19 @@ mod tests {
         for c in cases {
             assert_eq!(plan(c.own, &c.peers, &lan, c.mode), c.want, "{}", c.name);
         }
+    }
+
+    #[test]
+    fn one_masquerade_rule_per_range_and_none_per_pod() {
+        let rules = masquerade_rules(&[net("10.213.2.0/24"), net("10.213.1.0/24"), net("10.213.2.0/24")]);
+        assert_eq!(
+            rules,
+            "*nat\n:PINION-MASQ - [0:0]\n\
+             -A PINION-MASQ -d 10.213.1.0/24 -j RETURN\n\
+             -A PINION-MASQ -d 10.213.2.0/24 -j RETURN\n\
+             -A PINION-MASQ -d 224.0.0.0/4 -j RETURN\n\
+             -A PINION-MASQ -j MASQUERADE\nCOMMIT\n"
+        );
     }
 
     #[test]

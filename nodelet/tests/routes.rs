@@ -134,6 +134,21 @@ fn routes_to_peers_are_put_in_place_and_taken_back() {
     let fdb = ns.bridge(&["fdb", "show", "dev", "pinion-vx"]);
     assert!(!fdb.contains("172.16.0.9") && fdb.contains("0e:70:0a:d5:02:00 dst 192.168.77.2"), "{fdb}");
 
+    // The masquerade: one chain, a rule per range, one jump for the node's range.
+    ns.with_handle(move |_| {
+        Box::pin(async move {
+            let (own, peer) = ("10.213.1.0/24".parse().unwrap(), "10.213.2.0/24".parse().unwrap());
+            nodelet::routes::masquerade(own, &[own, peer]).await.unwrap();
+            nodelet::routes::masquerade(own, &[own, peer]).await.unwrap();
+        })
+    });
+    let nat = Command::new("ip").args(["netns", "exec", &ns.0, "iptables", "-t", "nat", "-S"]).output().unwrap();
+    let nat = String::from_utf8_lossy(&nat.stdout).into_owned();
+    assert_eq!(nat.matches("-A POSTROUTING -s 10.213.1.0/24 -j PINION-MASQ").count(), 1, "{nat}");
+    for rule in ["-d 10.213.1.0/24 -j RETURN", "-d 10.213.2.0/24 -j RETURN", "-A PINION-MASQ -j MASQUERADE"] {
+        assert_eq!(nat.matches(rule).count(), 1, "{rule}: {nat}");
+    }
+
     // No peer: nothing of Pinion's is left; the other route stays.
     ns.with_handle(move |h| Box::pin(async move { apply(&h, &plan(own, &[], &[], Mode::Auto)).await.unwrap() }));
     assert_eq!(ns.ip_in(&["route", "show", "proto", "213"]).trim(), "");
