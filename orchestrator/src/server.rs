@@ -82,6 +82,9 @@ pub struct ServerOptions {
     /// Host folders under which a `baseline` person's pods may mount host
     /// paths (`--allowed-host-paths`); none by default.
     pub allowed_host_paths: Vec<String>,
+    /// The cluster range each node's pod range comes from, and their size
+    /// (`--pod-cidr`, `--node-cidr-mask-size`); the same on every server.
+    pub pod_ranges: specs::net::PodRanges,
 }
 
 #[derive(Debug, Clone)]
@@ -111,6 +114,7 @@ impl ServerOptions {
             lifetimes: crate::tls::Lifetimes::default(),
             join_token_ttl: Some(Duration::from_secs(24 * 3600)),
             allowed_host_paths: Vec::new(),
+            pod_ranges: specs::net::PodRanges::default(),
         }
     }
 }
@@ -326,6 +330,7 @@ impl Server {
             joins: Default::default(),
             lifetimes: self.options.lifetimes,
             allowed_host_paths: self.options.allowed_host_paths.clone(),
+            pod_ranges: self.options.pod_ranges,
         });
         let local = self.local.map(|(listener, _)| {
             tokio::spawn(crate::api::local::serve(listener, state.clone(), self.options.api, shutdown.clone()))

@@ -243,7 +243,9 @@ fn node() -> Value {
                 "preferClosestNumaNodes": true,
                 "devices": {"pinion.io/sriov-vf": ["0000:3b:00.1"]}
             },
-            "endpoint": "10.0.0.1:7444"
+            "endpoint": "10.0.0.1:7444",
+            "podCIDR": "10.213.3.0/24",
+            "address": "10.0.0.1"
         },
         "status": node_status()
     })

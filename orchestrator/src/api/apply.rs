@@ -37,6 +37,8 @@ pub struct ApiState {
     pub allowed_host_paths: Vec<String>,
     /// How long the client certificates this server issues live.
     pub lifetimes: crate::tls::Lifetimes,
+    /// The cluster range that nodes' pod ranges come from.
+    pub pod_ranges: specs::net::PodRanges,
 }
 
 pub enum Reply {
@@ -85,6 +87,9 @@ pub struct WatchFilter {
     /// The person watching: a change to their record (revoked, added again)
     /// ends the stream, whose next request must prove them again.
     pub holder: Option<String>,
+    /// Objects go without their `status` (nodes watched by a node:
+    /// `cluster::node_status_shown`).
+    pub without_status: bool,
 }
 
 impl WatchFilter {
@@ -122,11 +127,30 @@ impl WatchFilter {
                 }
             }
         };
-        if self.env_values.shows(c.owner.as_deref()) {
-            Some(watch_line(ty, &c.object))
+        let object = if self.env_values.shows(c.owner.as_deref()) {
+            std::borrow::Cow::Borrowed(c.object.as_str())
         } else {
-            Some(watch_line(ty, &without_env_values(&c.object)))
+            std::borrow::Cow::Owned(without_env_values(&c.object))
+        };
+        if self.without_status {
+            Some(watch_line(ty, &without_status(&object)))
+        } else {
+            Some(watch_line(ty, &object))
         }
+    }
+}
+
+/// An object's JSON without its `status`.
+fn without_status(object_json: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(object_json) {
+        Ok(mut v) => {
+            if let Some(map) = v.as_object_mut() {
+                map.remove("status");
+            }
+            v.to_string()
+        }
+        // Stored objects are JSON; an object that is not is passed on as it is.
+        Err(_) => object_json.to_string(),
     }
 }
 
@@ -215,6 +239,7 @@ async fn start_watch<T: Object>(
                 let obj = serde_json::to_string(o).map_err(|e| super::error::internal(e.to_string()))?;
                 let obj =
                     if filter.env_values.shows(o.meta().owner.as_deref()) { obj } else { without_env_values(&obj) };
+                let obj = if filter.without_status { without_status(&obj) } else { obj };
                 initial.push(watch_line(WatchEventType::Added, &obj));
             }
             listed.rv
@@ -233,6 +258,16 @@ pub fn watch_line(ty: WatchEventType, object_json: &str) -> String {
         WatchEventType::Bookmark => "BOOKMARK",
     };
     format!("{{\"type\":\"{ty}\",\"object\":{object_json}}}\n")
+}
+
+/// A node as another node lists it: its status left out.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeWithoutStatus<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    metadata: &'a specs::pod::ObjectMeta,
+    spec: &'a specs::api::NodeSpec,
 }
 
 pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Reply, ApiError> {
@@ -331,6 +366,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 env_values: shown(id, env_values),
                 owner: cluster::owner_filter(id),
                 holder: holder(id),
+                without_status: false,
             };
             start_watch::<Pod>(store, filter, from, bookmarks).await
         }
@@ -454,6 +490,18 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, Request::ListNodes)?;
             let listed = store.list::<Node>().map_err(store_error)?;
             let items: Vec<Node> = listed.items.into_iter().filter(|n| selector.matches(&n.metadata.labels)).collect();
+            if cluster::node_status_shown(id) {
+                return json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable });
+            }
+            let items: Vec<NodeWithoutStatus<'_>> = items
+                .iter()
+                .map(|n| NodeWithoutStatus {
+                    api_version: &n.api_version,
+                    kind: &n.kind,
+                    metadata: &n.metadata,
+                    spec: &n.spec,
+                })
+                .collect();
             json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
         }
         Action::WatchNodes { selector, from, bookmarks } => {
@@ -465,13 +513,15 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 env_values: EnvValues::All,
                 owner: None,
                 holder: holder(id),
+                without_status: !cluster::node_status_shown(id),
             };
             start_watch::<Node>(store, filter, from, bookmarks).await
         }
         Action::RegisterNode(node) => {
             authorize(id, Request::ActForNode(&node.metadata.name))?;
             let controller = state.controller.required()?;
-            let (new, node) = store.write(move |t| nodes::register(t, &node)).await?;
+            let ranges = state.pod_ranges;
+            let (new, node) = store.write(move |t| nodes::register(t, &node, &ranges)).await?;
             controller.node_registered(&node);
             json(if new { 201 } else { 200 }, &node)
         }

@@ -63,6 +63,8 @@ pub fn answer(e: ClusterError) -> ApiError {
         // registration lacks what this needs, a state to change, not a server fault.
         ClusterError::NoNodeEndpoint(m) => error(409, "NoNodeEndpoint", m),
         ClusterError::BadField { field, message } => bad_field(field, message),
+        // The node may try again later: a node deleted frees a range.
+        ClusterError::PodRangesExhausted(_) => error(503, "PodRangesExhausted", message),
         ClusterError::NotLeader => error(503, "NotLeader", message),
         ClusterError::Store(e) => store_error(e),
         ClusterError::Internal(_) => internal(message),

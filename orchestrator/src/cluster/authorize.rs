@@ -8,7 +8,9 @@
 //! role may do everything; a `viewer` reads everything and writes nothing; a
 //! `user` creates pods and jobs and reads, follows, execs in and deletes only
 //! their own, and sees another's as absent (404, not 403: not even its
-//! existence); a node acts for itself and its pods only.
+//! existence); a node acts for itself and its pods only, and reads the
+//! other nodes' specs (their pod ranges and addresses, to reach their pods),
+//! not their status (`node_status_shown`).
 //!
 //! Reading an object is not reading its secrets: the values of a pod's or a
 //! job template's env (tokens, passwords) are shown to its owner, admins and
@@ -191,8 +193,8 @@ fn authorize_node(me: &str, request: Request<'_>) -> Result<(), ClusterError> {
         Request::PodLogs => refuse("read pod logs"),
         Request::AttachPod => refuse("attach to pods"),
         Request::ExecPod => refuse("exec in pods"),
-        Request::ListNodes => refuse("list nodes"),
-        Request::WatchNodes => refuse("watch nodes"),
+        // Its peers' ranges and addresses; the status is left out of what it reads.
+        Request::ListNodes | Request::WatchNodes => Ok(()),
         Request::DeleteNode => refuse("delete nodes"),
         Request::ListJobs => refuse("list jobs"),
         Request::ReadJob => refuse("read jobs"),
@@ -267,6 +269,13 @@ pub fn env_values(id: &Identity) -> EnvValues {
         Identity::Person(p) => EnvValues::OwnedBy(p.metadata.name.clone()),
         Identity::User(_) | Identity::Anonymous | Identity::Other(_) => EnvValues::None,
     }
+}
+
+/// Whether the nodes `id` lists or watches come with their status. A node
+/// reads the others' metadata and spec (pod range, address) only: their
+/// status names the pods they run, which are not its business.
+pub fn node_status_shown(id: &Identity) -> bool {
+    !matches!(id, Identity::Node(_))
 }
 
 /// The node filter a pod list or watch really uses: a node sees only its own

@@ -35,6 +35,10 @@ pub enum ClusterError {
     /// A field of the request names something the object does not have.
     #[error("{field}: {message}")]
     BadField { field: &'static str, message: String },
+    /// A node cannot register: every pod range of the cluster range is
+    /// held (a node deleted frees its own).
+    #[error("{0}")]
+    PodRangesExhausted(String),
     /// Another server leads the cluster: a node's calls go there.
     #[error("this server does not lead the cluster now: a node's calls go to the leader (try the next server)")]
     NotLeader,

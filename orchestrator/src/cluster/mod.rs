@@ -16,7 +16,8 @@ pub mod tokens;
 pub mod users;
 
 pub use authorize::{
-    authorize, env_values, owner_filter, person_name, pods_visible_to, sees, Access, EnvValues, Request,
+    authorize, env_values, node_status_shown, owner_filter, person_name, pods_visible_to, sees, Access, EnvValues,
+    Request,
 };
 pub use error::ClusterError;
 use specs::api::{Event, ObjectRef};

@@ -5,6 +5,7 @@
 
 use specs::api::{Node, NodeCondition, NodeStatus, NodeStatusReport};
 use specs::engine::SETTINGS_MISFIT;
+use specs::net::{Ipv4Net, PodRanges};
 use specs::{Pod, PodPhase};
 
 use super::pods::{is_finished, merge_status, new_misfit, reported_for};
@@ -13,6 +14,11 @@ use crate::store::{Claim, Store, Txn};
 
 /// The claim space of node names taken by a join (`Txn::claim`).
 const JOIN_CLAIMS: &str = "join";
+
+/// The claim space of pod ranges: one claim per node name, held by the
+/// node's range (`A.B.C.D/N`); taken in the registration's write, released
+/// in the delete's, so no two nodes hold overlapping ranges, on sled or etcd.
+const POD_RANGE_CLAIMS: &str = "podcidr";
 
 /// The shortest join record (`JoinRequest::attempt`) that may stand in for a
 /// token: 128 random bits in hex. Nodes make 256 (`new_join_attempt`).
@@ -124,11 +130,15 @@ pub fn release_name(t: &mut Txn<'_>, name: &str) -> Result<bool, ClusterError> {
 }
 
 /// Stores a node's registration, Ready. Registering again brings new
-/// topology, settings and labels, and keeps the node's history (uid, age,
-/// allocations). Returns whether the node is new.
-pub fn register(t: &mut Txn<'_>, given: &Node) -> Result<(bool, Node), ClusterError> {
+/// topology, settings, labels and address, and keeps the node's history
+/// (uid, age, allocations) and its pod range. The range (`spec.podCIDR`) is
+/// the server's: a new node gets the lowest free one of `ranges`, and what
+/// the node sent there is ignored. Returns whether the node is new.
+pub fn register(t: &mut Txn<'_>, given: &Node, ranges: &PodRanges) -> Result<(bool, Node), ClusterError> {
     let mut node = given.clone();
     let name = node.metadata.name.clone();
+    let (range, replaced) = pod_range(t, &name, ranges)?;
+    node.spec.pod_cidr = Some(range.to_string());
     let new = match t.get::<Node>(&name)? {
         Some(existing) => {
             node.metadata.uid = existing.metadata.uid;
@@ -146,7 +156,50 @@ pub fn register(t: &mut Txn<'_>, given: &Node) -> Result<(bool, Node), ClusterEr
     summarize(&mut node);
     t.put(&mut node)?;
     t.add_event(event("Node", &name, "Normal", "Registered", "node registered"))?;
+    if let Some(old) = replaced {
+        let message = format!(
+            "its pod range {old} is not a /{} of the cluster range {} (--pod-cidr, --node-cidr-mask-size); it has {range} now",
+            ranges.node_prefix(),
+            ranges.cluster()
+        );
+        t.add_event(event("Node", &name, "Warning", "PodCIDRChanged", message))?;
+    }
     Ok((new, node))
+}
+
+/// The node's pod range: the one it holds while that is one of `ranges`,
+/// else the lowest one no other node's range overlaps, claimed now (with
+/// the range it replaces, one of other flags). Every server of a cluster is
+/// meant to run with the same ranges.
+fn pod_range(t: &mut Txn<'_>, name: &str, ranges: &PodRanges) -> Result<(Ipv4Net, Option<Ipv4Net>), ClusterError> {
+    let claims = t.claims(POD_RANGE_CLAIMS)?;
+    let mut held = None;
+    let mut taken = Vec::with_capacity(claims.len());
+    for (holder, range) in &claims {
+        let Some(range) = std::str::from_utf8(range).ok().and_then(|r| r.parse::<Ipv4Net>().ok()) else {
+            tracing::warn!(node = %holder, "a stored pod range claim cannot be read; it is ignored");
+            continue;
+        };
+        if holder == name {
+            held = Some(range);
+        } else {
+            taken.push(range);
+        }
+    }
+    if let Some(range) = held.filter(|r| ranges.holds(*r)) {
+        return Ok((range, None));
+    }
+    let Some(range) = ranges.next_free(&taken) else {
+        return Err(ClusterError::PodRangesExhausted(format!(
+            "no free /{} pod range is left in the cluster range {} ({} nodes hold one): delete a node that is gone, or run the servers with a larger --pod-cidr or a longer --node-cidr-mask-size",
+            ranges.node_prefix(),
+            ranges.cluster(),
+            taken.len()
+        )));
+    };
+    t.release(POD_RANGE_CLAIMS, name)?;
+    t.claim(POD_RANGE_CLAIMS, name, range.to_string().as_bytes())?;
+    Ok((range, held))
 }
 
 /// What a node delete removed.
@@ -157,11 +210,13 @@ pub enum Deleted {
     NameOnly,
 }
 
-/// Removes the node and its join claim, so the machine can join again; an
-/// unreadable record (lists skip it) is removed as well.
+/// Removes the node, its join claim (so the machine can join again) and
+/// its pod range (the next node may get it); an unreadable record (lists
+/// skip it) is removed as well.
 pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
     let purged = t.purge_unreadable::<Node>(name)?;
     let node = if purged { None } else { t.delete::<Node>(name)? };
+    t.release(POD_RANGE_CLAIMS, name)?;
     let claimed = t.release(JOIN_CLAIMS, name)? || purged;
     match (node, claimed) {
         (Some(node), _) => Ok(Deleted::Node(Box::new(node))),

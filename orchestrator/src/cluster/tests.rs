@@ -32,6 +32,11 @@ fn status(phase: PodPhase) -> PodStatus {
     PodStatus { phase, ..PodStatus::default() }
 }
 
+/// A registration under the default pod ranges (10.213.0.0/16, a /24 each).
+fn register(t: &mut Txn<'_>, node: &specs::api::Node) -> Result<(bool, specs::api::Node), ClusterError> {
+    nodes::register(t, node, &specs::net::PodRanges::default())
+}
+
 struct World {
     _dir: tempfile::TempDir,
     store: Store,
@@ -149,8 +154,8 @@ fn every_request_by_every_identity() {
         (Request::PodLogs, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
         (Request::AttachPod, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
         (Request::ExecPod, ["ok", "ok", "ok", "403", "403", "401", "403", "401"]),
-        (Request::ListNodes, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
-        (Request::WatchNodes, ["ok", "ok", "ok", "ok", "403", "401", "403", "401"]),
+        (Request::ListNodes, ["ok", "ok", "ok", "ok", "ok", "401", "403", "401"]),
+        (Request::WatchNodes, ["ok", "ok", "ok", "ok", "ok", "401", "403", "401"]),
         (Request::ActForNode("n1"), ["ok", "ok", "403", "403", "ok", "401", "403", "401"]),
         (Request::ActForNode("n2"), ["ok", "ok", "403", "403", "403", "401", "403", "401"]),
         (Request::DeleteNode, ["ok", "ok", "403", "403", "403", "401", "403", "401"]),
@@ -177,6 +182,9 @@ fn every_request_by_every_identity() {
     assert_eq!(e.to_string(), "job \"b\" not found");
     let e = authorize(viewer, Request::CreatePod).expect_err("refused");
     assert_eq!(e.to_string(), "viewer \"audit\" may not create pods");
+    // A node lists its peers without their status (the pods they run).
+    let shown: Vec<bool> = ids.iter().map(super::node_status_shown).collect();
+    assert_eq!(shown, [true, true, true, true, false, true, true, true]);
 }
 
 #[test]
@@ -479,7 +487,7 @@ async fn one_join_per_name_and_a_join_record_that_joins_again() {
     // while it was cut off) needs no token, registered or not.
     let again = join(&w, "n1", None, 'a').await.expect("retry");
     assert_eq!(again, nodes::Joined { claim: Claim::Again, incarnation: first.incarnation.clone() });
-    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
     assert_eq!(join(&w, "n1", None, 'a').await.expect("registered").incarnation, first.incarnation);
     // Another record is another machine: a token lets it in, not under a held name.
     let e = join(&w, "n1", boot, 'b').await.expect_err("another record");
@@ -487,7 +495,7 @@ async fn one_join_per_name_and_a_join_record_that_joins_again() {
     let e = join(&w, "n1", None, 'b').await.expect_err("no token");
     assert!(matches!(&e, ClusterError::Unauthorized(m) if m.contains("needs a join token")), "{e}");
     // A node registered before claims existed has no claim and is still taken.
-    w.run(|t| nodes::register(t, &nodes::joined_only("old"))).await.expect("register");
+    w.run(|t| register(t, &nodes::joined_only("old"))).await.expect("register");
     assert!(join(&w, "old", boot, 'c').await.is_err());
     assert_eq!(nodes::incarnation(&w.store, "old").expect("read"), None);
     // Deleted: the record alone no longer joins, and a join with a token,
@@ -547,11 +555,11 @@ async fn join_tokens_expire_run_out_and_are_revoked() {
 #[tokio::test]
 async fn registering_and_deleting_a_node() {
     let w = World::new();
-    let (new, first) = w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let (new, first) = w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
     assert!(new);
     let mut again = nodes::joined_only("n1");
     again.metadata.labels.insert("zone".into(), "a".into());
-    let (new, second) = w.run(move |t| nodes::register(t, &again)).await.expect("register again");
+    let (new, second) = w.run(move |t| register(t, &again)).await.expect("register again");
     assert!(!new);
     assert_eq!(second.metadata.creation_timestamp, first.metadata.creation_timestamp);
     assert_eq!(second.metadata.labels.get("zone").map(String::as_str), Some("a"));
@@ -567,10 +575,50 @@ async fn registering_and_deleting_a_node() {
     assert_eq!(e.to_string(), "node \"n2\" not found");
 }
 
+/// Pod ranges: the lowest free one at a first registration, kept at the
+/// next, freed by a delete; a client's own value is ignored; one of other
+/// flags is replaced, with a warning; none left is a refusal naming the flags.
+#[tokio::test]
+async fn each_node_gets_a_pod_range_of_its_own() {
+    let w = World::new();
+    // A /28 cut into /30s: four nodes at most.
+    let ranges = specs::net::PodRanges::parse("10.213.0.0/28", 30).expect("ranges");
+    let reg = |name: &str, sent: Option<&str>| {
+        let mut node = nodes::joined_only(name);
+        node.spec.pod_cidr = sent.map(str::to_string);
+        w.run(move |t| nodes::register(t, &node, &ranges).map(|(_, n)| n.spec.pod_cidr.unwrap_or_default()))
+    };
+    // (node, podCIDR it sends, range it gets)
+    let steps = [
+        ("a", None, "10.213.0.0/30"),
+        ("b", Some("10.213.0.0/30"), "10.213.0.4/30"),
+        ("a", Some("192.0.2.0/24"), "10.213.0.0/30"),
+        ("c", None, "10.213.0.8/30"),
+        ("d", None, "10.213.0.12/30"),
+    ];
+    for (name, sent, want) in steps {
+        assert_eq!(reg(name, sent).await.expect("register"), want, "{name} sending {sent:?}");
+    }
+    let e = reg("e", None).await.expect_err("no range left");
+    assert!(matches!(e, ClusterError::PodRangesExhausted(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "no free /30 pod range is left in the cluster range 10.213.0.0/28 (4 nodes hold one): delete a node that is gone, or run the servers with a larger --pod-cidr or a longer --node-cidr-mask-size"
+    );
+    w.run(|t| nodes::delete(t, "b")).await.expect("delete b");
+    assert_eq!(reg("e", None).await.expect("register e"), "10.213.0.4/30", "b's range is free again");
+    // Under other flags, a node's range that is not one of theirs is replaced.
+    let wider = specs::net::PodRanges::parse("10.213.0.0/27", 29).expect("ranges");
+    let node = nodes::joined_only("a");
+    let (_, a) = w.run(move |t| nodes::register(t, &node, &wider)).await.expect("register a again");
+    assert_eq!(a.spec.pod_cidr.as_deref(), Some("10.213.0.16/29"), "past the /30s the others hold");
+    assert_eq!(w.reasons(Kind::Node, "a").last().map(String::as_str), Some("PodCIDRChanged"));
+}
+
 #[tokio::test]
 async fn a_nodes_report_confirms_what_it_admitted() {
     let w = World::new();
-    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
     let scheduled = |name: &str, node: &str, uid: &str| {
         let mut p = bound(name, node);
         p.metadata.uid = Some(uid.into());
@@ -613,7 +661,7 @@ async fn a_nodes_report_confirms_what_it_admitted() {
 #[tokio::test]
 async fn a_misfit_is_one_event_per_finding() {
     let w = World::new();
-    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
     let mut p = bound("p", "n1");
     p.status = Some(status(PodPhase::Running));
     w.put_pod(p).await;

@@ -480,6 +480,30 @@ impl Txn<'_> {
         self.read_raw(&claim_key(space, name))
     }
 
+    /// Every name claimed in `space` with its holder, as this write sees it
+    /// (the store, the batches in flight, this batch's earlier writes and
+    /// this one's), by name.
+    pub fn claims(&self, space: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let prefix = format!("claim/{space}/");
+        let mut keys: std::collections::BTreeSet<Vec<u8>> = self.stored_keys(&prefix)?.into_iter().collect();
+        for layer in [&self.batch.writes, &self.writes] {
+            let under = layer.range(prefix.as_bytes().to_vec()..).take_while(|(k, _)| k.starts_with(prefix.as_bytes()));
+            for (k, v) in under {
+                match v {
+                    Some(_) => keys.insert(k.clone()),
+                    None => keys.remove(k),
+                };
+            }
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(held) = self.read_raw(&k)? {
+                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), held));
+            }
+        }
+        Ok(out)
+    }
+
     /// Frees a claimed name; returns whether it was claimed.
     pub fn release(&mut self, space: &str, name: &str) -> Result<bool, StoreError> {
         let key = claim_key(space, name);

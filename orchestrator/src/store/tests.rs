@@ -883,3 +883,50 @@ fn recent_changes_serve_a_refill_only_when_whole() {
     assert_eq!(rvs(p.since(21, 22)), None);
     assert_eq!(rvs(p.since(22, 22)), Some(vec![]));
 }
+
+on_both!(claims_are_listed_as_each_write_sees_them);
+/// A space's claims as a write sees them: writes that share a batch see each
+/// other's, so twenty writes racing for "the lowest free slot" take twenty
+/// different ones; a release takes one off; they are durable.
+async fn claims_are_listed_as_each_write_sees_them(f: &Fixture) {
+    let store = f.open(StoreOptions::default()).await;
+    let racing: Vec<_> = (0..20)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .write(move |t| -> Result<(u32, Claim), StoreError> {
+                        let held: BTreeSet<u32> =
+                            t.claims("slot")?.iter().filter_map(|(name, _)| name.parse().ok()).collect();
+                        let free = (0..=held.len() as u32).find(|n| !held.contains(n)).unwrap_or(u32::MAX);
+                        Ok((free, t.claim("slot", &free.to_string(), format!("w{i}").as_bytes())?))
+                    })
+                    .await
+                    .expect("claim a slot")
+            }
+        })
+        .collect();
+    let claimed = futures_join(racing).await;
+    assert!(claimed.iter().all(|(_, c)| *c == Claim::New), "{claimed:?}");
+    let mut got: Vec<u32> = claimed.into_iter().map(|(slot, _)| slot).collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..20).collect::<Vec<u32>>(), "every write took its own slot");
+    let (released, seen_after) = store
+        .write(|t| -> Result<(bool, bool), StoreError> {
+            let released = t.release("slot", "3")?;
+            let seen = t.claims("slot")?.iter().any(|(name, _)| name == "3");
+            t.claim("other", "3", b"x")?;
+            Ok((released, seen))
+        })
+        .await
+        .expect("release");
+    assert_eq!((released, seen_after), (true, false), "a release shows in the same write");
+    drop(store);
+    let store = f.open(StoreOptions::default()).await;
+    let listed = store
+        .write(|t| -> Result<Vec<(String, Vec<u8>)>, StoreError> { t.claims("slot") })
+        .await
+        .expect("read the claims");
+    assert_eq!(listed.len(), 19);
+    assert!(listed.iter().all(|(name, holder)| name != "3" && holder.starts_with(b"w")), "{listed:?}");
+}
