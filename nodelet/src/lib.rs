@@ -12,6 +12,7 @@ pub mod daemon;
 pub(crate) mod datadir;
 pub mod devices;
 pub mod discovery;
+pub mod down;
 pub mod endpoint;
 pub mod fault;
 pub mod fsutil;

@@ -189,6 +189,50 @@ pub fn check_file(cfg: &CniConfig, path: &Path) -> Result<(), Unfit> {
     lacks(&RealHost, cfg, &network, &search_path())
 }
 
+/// What `pinion up` did about the pod network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    /// The folder held none and the host can run the default: written.
+    Written(PathBuf),
+    /// The folder's network (the operator's, or the default written
+    /// before), which the host can run.
+    Kept(PathBuf),
+    /// The host cannot run it: nothing written, pods get only `lo`.
+    Unfit { unfit: Unfit, file: Option<PathBuf> },
+}
+
+impl Prepared {
+    pub fn unfit(&self) -> Option<&Unfit> {
+        match self {
+            Prepared::Unfit { unfit, .. } => Some(unfit),
+            _ => None,
+        }
+    }
+}
+
+/// `pinion up`'s pod network: the network in `cfg`'s folder when there is
+/// one, else the default, written only once the host is known to run it
+/// (`check_default`; an operator's network only has its plugins and
+/// programs looked for). Blocks (see `check_default`).
+pub fn prepare(cfg: &CniConfig) -> Result<Prepared, CniError> {
+    let Some(file) = cni::config_file(&cfg.conf_dir)? else {
+        return Ok(match check_default(cfg) {
+            Ok(()) => match cni::write_default(&cfg.conf_dir)? {
+                Some(path) => Prepared::Written(path),
+                // Another writer was first.
+                None => Prepared::Kept(cni::config_file(&cfg.conf_dir)?.unwrap_or_default()),
+            },
+            Err(unfit) => Prepared::Unfit { unfit, file: None },
+        });
+    };
+    let bytes = std::fs::read(&file).map_err(|source| CniError::Io { path: file.clone(), source })?;
+    let checked = if bytes == cni::default_bytes() { check_default(cfg) } else { check_file(cfg, &file) };
+    Ok(match checked {
+        Ok(()) => Prepared::Kept(file),
+        Err(unfit) => Prepared::Unfit { unfit, file: Some(file) },
+    })
+}
+
 /// Runs `network`'s ADD with the plugins of `cfg` from a throwaway network
 /// namespace (the host side: the bridge, its address, the masquerade
 /// rules) into another (the pod side), with the addresses leased in a
@@ -311,6 +355,41 @@ mod tests {
         let kernel = plugin(r#"could not add "pinion0": operation not supported"#);
         let cleanup = CniError::Cleanup { error: Box::new(kernel), cleanup: Box::new(plugin("busy")) };
         check(cleanup, Some(("KernelUnsupported", Some("modprobe bridge veth"))));
+    }
+
+    /// The agent's view: a pod network set up on a host double whose
+    /// kernel has no bridge (as the QEMU guest's) fails, leaves nothing,
+    /// and reads as the host's fault.
+    #[tokio::test]
+    async fn a_kernel_without_bridges_is_the_hosts_fault() {
+        use crate::host::PluginOutput;
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("net.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(
+            conf.join("10-n.conflist"),
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        let mut cfg = CniConfig::new(conf, vec![PathBuf::from("/cni")]);
+        cfg.netns_dir = dir.path().join("netns");
+        let refused = PluginOutput {
+            code: Some(1),
+            stdout: br#"{"code":11,"msg":"failed to create bridge \"pinion0\": could not add \"pinion0\": operation not supported"}"#
+                .to_vec(),
+            stderr: vec![],
+        };
+        let host = Recorder::default().file("/cni/bridge", "").plugin("bridge", "ADD", refused);
+        let nets = cni::PodNetworks::with_host(cfg, dir.path().join("state"), std::sync::Arc::new(host)).unwrap();
+        let req = cni::PodNetRequest {
+            key: "default/web".into(),
+            sandbox: cni::sandbox_id("default/web", "u"),
+            netdevs: vec![],
+            userns: None,
+        };
+        let e = nets.setup(&req).await.expect_err("no bridge in this kernel");
+        assert!(matches!(Unfit::of(&e), Some(Unfit::KernelUnsupported { .. })), "{e}");
+        assert!(nets.leftovers().is_empty() && !dir.path().join("netns").join(&req.sandbox).exists());
     }
 
     #[test]

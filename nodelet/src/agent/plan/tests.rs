@@ -425,3 +425,135 @@ fn exits_of_unknown_containers_and_stale_results_change_nothing() {
         Event::Started { key: "static/gone".into(), container: "main".into(), id: "x_main_h_0".into(), result: Ok(()) };
     check(&mut st, stale, t, &["remove x_main_0"]);
 }
+
+/// A node with a CNI network (in a folder no test reads).
+fn with_network(mut st: State) -> State {
+    st.cfg.cni = Some(crate::cni::CniConfig::new("/c".into(), vec!["/cni".into()]));
+    st
+}
+
+/// Whether a start joins the pod's network: its request and its namespace.
+fn networked(a: &Action) -> (bool, bool) {
+    match a {
+        Action::Start { config, network, .. } => (network.is_some(), config.netns.is_some()),
+        other => panic!("not a start: {other:?}"),
+    }
+}
+
+fn kernel_says_no() -> crate::netcheck::Unfit {
+    crate::netcheck::Unfit::KernelUnsupported { message: r#"could not add "pinion0": operation not supported"#.into() }
+}
+
+/// A pod network that fails for a reason of the host is not a crash loop:
+/// the pod starts again at once with `lo` only (no restart counted), later
+/// pods start so from the first, and the node says why once, as a condition.
+#[test]
+fn a_pod_network_the_host_cannot_run_starts_pods_with_lo_only() {
+    let t = Instant::now();
+    let mut st = with_network(state(t));
+    let mut p = pod("a", &["sleep", "inf"], RestartPolicy::Always);
+    shared_cpu(&mut p);
+    check(
+        &mut st,
+        Event::Changes(vec![apply("static/a", p.clone())]),
+        t,
+        &["checkpoint 1 alloc=[static/a] ids=[static-a_main_0]"],
+    );
+    let a = check(&mut st, written(1), t, &["start static-a_main_0 cpus=0-1"]);
+    assert_eq!(networked(&a[0]), (true, true), "the first start asks for the network");
+    let failure = StartFailure::HostNetwork {
+        unfit: kernel_says_no(),
+        message: r#"pod network: CNI plugin bridge ADD failed: could not add "pinion0": operation not supported"#
+            .into(),
+    };
+    let ev = Event::Started {
+        key: "static/a".into(),
+        container: "main".into(),
+        id: id_of(&st, "static/a"),
+        result: Err(failure),
+    };
+    let a = plan(&mut st, ev, t);
+    // Started again at once (after the checkpoint of its new id, if any), without the network.
+    let start = a.iter().find(|a| matches!(a, Action::Start { .. }));
+    let start = match start {
+        Some(s) => s.clone(),
+        None => {
+            let gen = a.iter().find_map(|a| match a {
+                Action::WriteCheckpoint { generation, .. } => Some(*generation),
+                _ => None,
+            });
+            let gen = gen.unwrap_or_else(|| panic!("neither a start nor a checkpoint: {a:?}"));
+            let a = plan(&mut st, written(gen), t);
+            a.into_iter().find(|a| matches!(a, Action::Start { .. })).expect("a start")
+        }
+    };
+    assert_eq!(networked(&start), (false, false), "lo only");
+    let report = status::build(&st);
+    let shown = &report.pods["static/a"];
+    assert_eq!(shown.container_statuses[0].restart_count, 0, "not a restart");
+    assert_ne!(shown.container_statuses[0].reason.as_deref(), Some("CrashLoopBackOff"));
+    assert!(shown.message.as_deref().is_some_and(|m| m.contains("started without its pod network")), "{shown:?}");
+    assert_eq!(report.conditions, [kernel_says_no().condition()]);
+
+    // The next pod goes without it from the start.
+    let mut q = pod("b", &["sleep", "inf"], RestartPolicy::Always);
+    shared_cpu(&mut q);
+    let a = plan(&mut st, Event::Changes(vec![apply("static/b", q)]), t);
+    let gen = a.iter().find_map(|a| match a {
+        Action::WriteCheckpoint { generation, .. } => Some(*generation),
+        _ => None,
+    });
+    let a = match gen {
+        Some(g) => plan(&mut st, written(g), t),
+        None => a,
+    };
+    let b = a
+        .iter()
+        .find(|a| matches!(a, Action::Start { config, .. } if config.id.starts_with("static-b")))
+        .expect("b starts");
+    assert_eq!(networked(b), (false, false));
+}
+
+/// `pinion up` found the host unfit before the agent started: no pod asks
+/// for the network, and the first report already carries the condition.
+#[test]
+fn a_host_known_unfit_at_start_runs_pods_with_lo_only() {
+    let t = Instant::now();
+    let mut st = state(t);
+    st.cfg.cni = None;
+    st.network_down =
+        Some(crate::netcheck::Unfit::PluginMissing { plugin: "bridge".into(), dirs: "/usr/lib/cni".into() });
+    assert_eq!(status::build(&st).conditions.len(), 1);
+    let mut with_cni = with_network(state(t));
+    with_cni.network_down = st.network_down.clone();
+    check(
+        &mut with_cni,
+        Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::Never))]),
+        t,
+        &["checkpoint 1 alloc=[static/a] ids=[static-a_main_0]"],
+    );
+    let a = check(&mut with_cni, written(1), t, &["start static-a_main_0 cpus=1"]);
+    assert_eq!(networked(&a[0]), (false, false));
+}
+
+/// A finished pod keeps the address it had after its network is removed,
+/// as Kubernetes shows it; the address goes with the pod.
+#[test]
+fn a_finished_pod_keeps_its_address() {
+    let t = Instant::now();
+    let mut st = with_network(state(t));
+    run_pod(&mut st, t, "static/a", pod("a", &["true"], RestartPolicy::Never), 1);
+    let e = &st.pods["static/a"];
+    let sandbox = crate::cni::sandbox_id("static/a", &reconcile::log_uid(&e.pod, &e.hash));
+    let ip = vec!["10.213.0.5".to_string()];
+    plan(&mut st, Event::PodNetwork { key: "static/a".into(), sandbox: sandbox.clone(), ips: ip.clone() }, t);
+    let ev = exited(&st, "static/a", 0);
+    plan(&mut st, ev, t);
+    assert_eq!(phase(&st, "static/a"), Some(PodPhase::Succeeded));
+    // The network is removed: `PodNetwork` with no address.
+    plan(&mut st, Event::PodNetwork { key: String::new(), sandbox: sandbox.clone(), ips: Vec::new() }, t);
+    let shown = &status::build(&st).pods["static/a"];
+    assert_eq!((shown.pod_ip.as_deref(), &shown.pod_ips), (Some("10.213.0.5"), &ip));
+    plan(&mut st, Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]), t);
+    assert!(st.pod_ips.is_empty(), "{:?}", st.pod_ips);
+}
