@@ -193,7 +193,18 @@ fn node_status() -> Value {
             "hugepages": [{"pageSizeBytes": 2097152, "total": 16, "free": 12}],
             "devices": {"pinion.io/sriov-vf": {"total": 2, "free": 1}}
         }],
-        "offlineCpus": [3]
+        "offlineCpus": [3],
+        "conditions": [condition()]
+    })
+}
+
+fn condition() -> Value {
+    json!({
+        "type": "PodNetwork",
+        "status": "False",
+        "reason": "CNIPluginMissing",
+        "message": "CNI plugin \"bridge\" not found in /usr/lib/cni:/opt/cni/bin",
+        "fix": "apt-get install containernetworking-plugins"
     })
 }
 
@@ -311,7 +322,8 @@ fn the_wire_types_match_their_schemas() {
             "nodeName": "n1",
             "allocations": {"epoch": 7, "pods": {"web": placement()}},
             "pods": {"web": pod_status()},
-            "offlineCpus": [3]
+            "offlineCpus": [3],
+            "conditions": [condition()]
         }),
     );
     s.check::<PodRejection>("PodRejection", json!({"reason": "InsufficientCpu", "message": "no CPUs left"}));

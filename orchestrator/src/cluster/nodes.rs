@@ -247,10 +247,21 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
     node.status.condition = NodeCondition::Ready;
     node.status.last_report = Some(now_rfc3339());
     node.status.offline_cpus = report.offline_cpus.clone();
+    // One event per condition the node did not report before (not one per report).
+    let new_conditions: Vec<_> =
+        report.conditions.iter().filter(|c| !node.status.conditions.contains(c)).cloned().collect();
+    node.status.conditions = report.conditions.clone();
     summarize(&mut node);
     t.put(&mut node)?;
     if !was_ready {
         t.add_event(event("Node", name, "Normal", "NodeReady", "status reports resumed"))?;
+    }
+    for c in new_conditions {
+        let message = match &c.fix {
+            Some(fix) => format!("{}: {} (fix: {fix})", c.short(), c.message),
+            None => format!("{}: {}", c.short(), c.message),
+        };
+        t.add_event(event("Node", name, "Warning", &c.reason, message))?;
     }
     for (pod_name, status) in &report.pods {
         let Some(mut pod) = t.get::<Pod>(pod_name)? else { continue };

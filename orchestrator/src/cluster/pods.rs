@@ -308,6 +308,13 @@ pub(super) fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(),
     if reported.placement.is_none() {
         reported.placement = current.placement;
     }
+    // A finished pod keeps the address it had, as in Kubernetes: its
+    // network is gone by the time the node reports the end (a node from
+    // before it kept the address says none).
+    if reported.phase.is_terminal() && reported.pod_ip.is_none() && reported.pod_ips.is_empty() {
+        reported.pod_ip = current.pod_ip;
+        reported.pod_ips = current.pod_ips;
+    }
     reported.node_name = pod.spec.node_name.clone();
     // The node's tag, checked by the caller; not part of the stored status.
     reported.pod_uid = None;

@@ -683,10 +683,65 @@ async fn a_misfit_is_one_event_per_finding() {
     assert_eq!(misfits, 2);
 }
 
+/// A finished pod keeps the address it ran with (its network is gone when
+/// the node reports the end); a running pod's report is taken as it is.
+#[tokio::test]
+async fn a_finished_pod_keeps_its_address() {
+    let w = World::new();
+    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let mut p = bound("p", "n1");
+    p.status = Some(status(PodPhase::Scheduled));
+    w.put_pod(p).await;
+    let with_ip = |phase, ip: Option<&str>| {
+        let mut r = NodeStatusReport::default();
+        let s = PodStatus {
+            pod_ip: ip.map(str::to_string),
+            pod_ips: ip.into_iter().map(str::to_string).collect(),
+            ..status(phase)
+        };
+        r.pods.insert("p".into(), s);
+        r
+    };
+    // (reported phase, reported address, stored address after)
+    for (phase, ip, want) in [
+        (PodPhase::Running, Some("10.213.0.7"), Some("10.213.0.7")),
+        (PodPhase::Running, None, None),
+        (PodPhase::Running, Some("10.213.0.7"), Some("10.213.0.7")),
+        (PodPhase::Succeeded, None, Some("10.213.0.7")),
+    ] {
+        let r = with_ip(phase, ip);
+        w.run(move |t| nodes::report(t, "n1", &r)).await.expect("report");
+        let s = w.pod("p").and_then(|p| p.status).expect("status");
+        assert_eq!(s.pod_ip.as_deref(), want, "{phase:?} {ip:?}");
+        assert_eq!(s.pod_ips, want.into_iter().map(str::to_string).collect::<Vec<_>>(), "{phase:?} {ip:?}");
+    }
+}
+
+/// A node's conditions are its report's, and each new one is one event.
+#[tokio::test]
+async fn a_nodes_conditions_are_its_last_reports() {
+    let w = World::new();
+    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let down = specs::api::Condition {
+        kind: specs::api::POD_NETWORK.into(),
+        status: specs::api::ConditionStatus::False,
+        reason: "CNIPluginMissing".into(),
+        message: "CNI plugin \"bridge\" not found in /usr/lib/cni".into(),
+        fix: Some("apt-get install containernetworking-plugins".into()),
+    };
+    for (conditions, want_events) in [(vec![down.clone()], 1), (vec![down.clone()], 1), (vec![], 1)] {
+        let r = NodeStatusReport { conditions: conditions.clone(), ..NodeStatusReport::default() };
+        let node = w.run(move |t| nodes::report(t, "n1", &r)).await.expect("report").node;
+        assert_eq!(node.status.conditions, conditions);
+        let events = w.reasons(Kind::Node, "n1").into_iter().filter(|r| r == "CNIPluginMissing").count();
+        assert_eq!(events, want_events);
+    }
+}
+
 #[tokio::test]
 async fn a_lost_node_and_its_pods() {
     let w = World::new();
-    w.run(|t| nodes::register(t, &nodes::joined_only("n1"))).await.expect("register");
+    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
     let with = |name: &str, node: &str, phase| {
         let mut p = bound(name, node);
         p.status = Some(status(phase));
