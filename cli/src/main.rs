@@ -26,6 +26,9 @@ struct Cli {
 enum Command {
     /// All-in-one: server plus a nodelet on this host, in one process.
     Up(cmd::up::Args),
+    /// Take off this host what `up` put there: its containers, the pod
+    /// network's bridge, masquerade rules and file; the data dir with --purge.
+    Down(cmd::down::Args),
     /// Run the control plane (store, API, scheduler).
     Server(cmd::server::Args),
     /// Run the node agent (static pods from a folder, or joined to a server).
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
     report(rt.block_on(async move {
         match cli.command {
             Command::Up(a) => cmd::up::run(g, a).await,
+            Command::Down(a) => cmd::down::run(g, a).await,
             Command::Server(a) => cmd::server::run(g, a).await,
             Command::Agent(a) => cmd::agent::run(g, a).await,
             Command::Apply(a) => cmd::apply::run(g, a).await,

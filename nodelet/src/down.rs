@@ -2,9 +2,10 @@
 //! there. Containers the node still runs (they outlive the agent), every
 //! pod network recorded (CNI DEL), the default network's masquerade rules
 //! left without a record (the bridge plugin's `CNI-...` chains, found by
-//! their comment `name: "pinion"`), its bridge, its address leases, the
-//! network file (only when it is byte for byte the one `up` writes), and
-//! with `purge` the data dir. Each step finds nothing to do the second
+//! their comment `name: "pinion"`), the node's own masquerade chain, the
+//! routes to peers' pod ranges and the VXLAN device (`crate::routes`), the
+//! bridge, its address leases, the network file (only when it is byte for
+//! byte the one `up` writes), and with `purge` the data dir. Each step finds nothing to do the second
 //! time; each outside program runs within `COMMAND_TIMEOUT`. Refused while
 //! an agent holds the node's data dir.
 
@@ -110,12 +111,17 @@ pub async fn run(down: &Down) -> Result<Vec<Step>, DownError> {
     .map_err(|e| DownError::Command { program: "iptables".into(), reason: e.to_string() })??;
     steps.extend(masquerade);
     let bridge = names.bridge.clone();
-    if let Some(step) = tokio::task::spawn_blocking(move || remove_bridge(&bridge))
-        .await
-        .map_err(|e| DownError::Command { program: "ip".into(), reason: e.to_string() })??
-    {
-        steps.push(step);
-    }
+    let links = tokio::task::spawn_blocking(move || {
+        let mut steps = remove_node_masquerade()?;
+        steps.extend(remove_routes()?);
+        for link in [bridge.as_str(), crate::routes::VXLAN_DEVICE] {
+            steps.extend(remove_link(link)?);
+        }
+        Ok::<_, DownError>(steps)
+    })
+    .await
+    .map_err(|e| DownError::Command { program: "ip".into(), reason: e.to_string() })??;
+    steps.extend(links);
     if remove_dir(&names.leases)? {
         steps.push(format!("removed the address leases {}", names.leases.display()));
     }
@@ -236,16 +242,64 @@ fn masquerade_rules(listing: &str, network: &str) -> Vec<(u32, String)> {
         .collect()
 }
 
-fn remove_bridge(bridge: &str) -> Result<Option<Step>, DownError> {
-    if !Path::new("/sys/class/net").join(bridge).exists() {
-        return Ok(None);
+/// The node's own masquerade of its pod range (`routes::MASQUERADE_CHAIN`,
+/// one jump from POSTROUTING per range).
+fn remove_node_masquerade() -> Result<Vec<Step>, DownError> {
+    let Some(iptables) = find_program("iptables") else {
+        return Ok(Vec::new());
+    };
+    let chain = crate::routes::MASQUERADE_CHAIN;
+    let listed = run_bounded(&iptables, &["-w", "5", "-t", "nat", "-S", "POSTROUTING"])?;
+    let jump = format!("-j {chain}");
+    let mut steps = Vec::new();
+    for rule in listed.lines().filter(|l| l.ends_with(&jump)).filter_map(|l| l.strip_prefix("-A ")) {
+        let mut args = vec!["-w", "5", "-t", "nat", "-D"];
+        args.extend(rule.split_whitespace());
+        run_bounded(&iptables, &args)?;
+        steps.push(format!("removed the rule {rule}"));
     }
+    // Present only when `-S CHAIN` lists it.
+    if run_bounded(&iptables, &["-w", "5", "-t", "nat", "-S", chain]).is_ok() {
+        run_bounded(&iptables, &["-w", "5", "-t", "nat", "-F", chain])?;
+        run_bounded(&iptables, &["-w", "5", "-t", "nat", "-X", chain])?;
+        steps.push(format!("removed the chain {chain}"));
+    }
+    Ok(steps)
+}
+
+/// The routes to peers' pod ranges, marked with `routes::ROUTE_PROTOCOL`.
+fn remove_routes() -> Result<Vec<Step>, DownError> {
+    let Some(ip) = find_program("ip") else {
+        return Ok(Vec::new());
+    };
+    let proto = crate::routes::ROUTE_PROTOCOL.to_string();
+    let listed = run_bounded(&ip, &["route", "show", "proto", &proto])?;
+    if listed.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    run_bounded(&ip, &["route", "flush", "proto", &proto])?;
+    Ok(vec![format!("removed {} route(s) to peers' pod ranges", listed.lines().count())])
+}
+
+/// A device pinion made (the bridge, the VXLAN device), when present.
+fn remove_link(link: &str) -> Result<Option<Step>, DownError> {
     let ip = find_program("ip").ok_or_else(|| DownError::Command {
         program: "ip".into(),
-        reason: format!("not on PATH; remove bridge {bridge} by hand"),
+        reason: format!("not on PATH; remove {link} by hand if present (ip link delete {link})"),
     })?;
-    run_bounded(&ip, &["link", "delete", bridge, "type", "bridge"])?;
-    Ok(Some(format!("removed the bridge {bridge}")))
+    // Asked of this network namespace (/sys/class/net is the one sysfs was
+    // mounted in, not necessarily ours).
+    if run_bounded(&ip, &["link", "show", "dev", link]).is_err() {
+        return Ok(None);
+    }
+    // The host ends of veth pairs still on it (a pod network whose record
+    // was lost): deleting one deletes the pair.
+    let ports = run_bounded(&ip, &["-o", "link", "show", "master", link])?;
+    for port in bridge_ports(&ports) {
+        run_bounded(&ip, &["link", "delete", port])?;
+    }
+    run_bounded(&ip, &["link", "delete", link])?;
+    Ok(Some(format!("removed the device {link}")))
 }
 
 fn remove_network_file(path: &Path) -> Result<Step, DownError> {
@@ -258,6 +312,16 @@ fn remove_network_file(path: &Path) -> Result<Step, DownError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(format!("no default network at {}", path.display())),
         Err(source) => Err(DownError::Io { path: path.to_path_buf(), source }),
     }
+}
+
+/// The devices `ip -o link show master BRIDGE` lists (`3: vethab12@if2: ...`).
+fn bridge_ports(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name))
+        .filter(|name| !name.is_empty())
+        .collect()
 }
 
 /// Whether there was something to remove.
@@ -337,6 +401,14 @@ num  target     prot opt source               destination
 "#;
         assert_eq!(masquerade_rules(listing, "pinion"), [(2, "CNI-1f2e3d".into()), (4, "CNI-4c5d6e".into())]);
         assert_eq!(masquerade_rules("", "pinion"), []);
+    }
+
+    #[test]
+    fn the_ports_of_a_bridge() {
+        let listing = "3: vethbd7e96c1@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 master pinion0 state UP\n\
+                       7: tap0: <BROADCAST> mtu 1500 master pinion0\n";
+        assert_eq!(bridge_ports(listing), ["vethbd7e96c1", "tap0"]);
+        assert!(bridge_ports("").is_empty());
     }
 
     #[test]

@@ -45,6 +45,20 @@ fn events_section(out: &mut String, events: &[specs::api::Event]) {
 /// The devices a node offers (its settings' resources, as the scheduler
 /// counts them): NUMA node, DRA locality (the topology's, else computed from
 /// its distances) and the pod holding each.
+/// What the node says is not fine, each with its reason and its fix.
+fn conditions_section(out: &mut String, conditions: &[specs::api::Condition]) {
+    if conditions.is_empty() {
+        return;
+    }
+    out.push_str("Conditions:\n");
+    for c in conditions {
+        let _ = writeln!(out, "  {} ({}): {}", c.short(), c.reason, c.message);
+        if let Some(fix) = &c.fix {
+            let _ = writeln!(out, "    fix: {fix}");
+        }
+    }
+}
+
 fn devices_section(out: &mut String, t: &NodeTopology, s: &NodeSettings, allocations: &Allocations) {
     if s.devices.is_empty() {
         return;
@@ -246,6 +260,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             if !n.status.offline_cpus.is_empty() {
                 let _ = writeln!(out, "Offline:     CPUs {} (not handed out until back online)", n.status.offline_cpus);
             }
+            conditions_section(&mut out, &n.status.conditions);
             let _ = writeln!(
                 out,
                 "Topology:    {} sockets, {} NUMA nodes, {} cores, {} CPUs",
@@ -325,6 +340,26 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditions_say_their_reason_and_fix() {
+        let mut out = String::new();
+        conditions_section(&mut out, &[]);
+        assert_eq!(out, "");
+        let c = specs::api::Condition {
+            kind: specs::api::POD_NETWORK.into(),
+            status: specs::api::ConditionStatus::False,
+            reason: "CNIPluginMissing".into(),
+            message: "pods get only lo: CNI plugin \"bridge\" not found in /usr/lib/cni".into(),
+            fix: Some("apt-get install containernetworking-plugins".into()),
+        };
+        conditions_section(&mut out, &[c]);
+        assert_eq!(
+            out,
+            "Conditions:\n  PodNetwork=False (CNIPluginMissing): pods get only lo: CNI plugin \"bridge\" not found in \
+             /usr/lib/cni\n    fix: apt-get install containernetworking-plugins\n"
+        );
+    }
 
     #[test]
     fn placement_names_what_was_placed_remotely() {

@@ -173,17 +173,26 @@ fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
     row
 }
 
+/// `Ready`, then what else is wrong, as kubectl's "Ready,SchedulingDisabled":
+/// `Ready,CpusOffline,PodNetwork=False`.
+fn node_status(n: &Node) -> String {
+    let mut words = vec![match n.status.condition {
+        NodeCondition::Ready => "Ready".to_string(),
+        NodeCondition::NotReady => "NotReady".to_string(),
+    }];
+    if !n.status.offline_cpus.is_empty() {
+        words.push("CpusOffline".into());
+    }
+    words.extend(n.status.conditions.iter().map(specs::api::Condition::short));
+    words.join(",")
+}
+
 fn node_row(n: &Node, wide: bool) -> Vec<String> {
     let t = &n.spec.topology;
     let free: usize = n.status.numa.iter().map(|z| z.free_cpus.len()).sum();
     let mut row = vec![
         n.metadata.name.clone(),
-        match (n.status.condition, n.status.offline_cpus.is_empty()) {
-            (NodeCondition::Ready, true) => "Ready".into(),
-            (NodeCondition::NotReady, true) => "NotReady".into(),
-            // As kubectl's "Ready,SchedulingDisabled".
-            (c, false) => format!("{c:?},CpusOffline"),
-        },
+        node_status(n),
         t.cpus.len().to_string(),
         free.to_string(),
         t.numa_nodes.len().to_string(),
@@ -502,6 +511,14 @@ mod tests {
         assert_eq!(node_row(&n, false)[1], "Ready");
         n.status.offline_cpus = specs::CpuSet::single(3).expect("cpu 3");
         assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline");
+        n.status.conditions.push(specs::api::Condition {
+            kind: specs::api::POD_NETWORK.into(),
+            status: specs::api::ConditionStatus::False,
+            reason: "KernelUnsupported".into(),
+            message: "the kernel cannot make a bridge".into(),
+            fix: None,
+        });
+        assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline,PodNetwork=False");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod completions;
 pub mod delete;
 pub mod describe;
 pub mod discover;
+pub mod down;
 pub mod exec;
 pub mod get;
 pub mod image;

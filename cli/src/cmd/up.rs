@@ -76,16 +76,21 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     // The server's and the node's data dirs are inside: neither is reachable
     // through this one by another user.
     nodelet::fsutil::private_dir(&args.data_dir).with_context(|| format!("--data-dir {}", args.data_dir.display()))?;
-    if matches!(config.runtime, nodelet::daemon::RuntimeChoice::Libcontainer { .. }) {
-        // A cluster in one command gives its pods addresses: the default
-        // network unless the operator has one.
-        let dir = &args.node.cni_conf_dir;
-        if let Some(file) =
-            nodelet::cni::write_default(dir).with_context(|| format!("--cni-conf-dir {}", dir.display()))?
-        {
-            tracing::info!(file = %file.display(), subnet = nodelet::cni::DEFAULT_SUBNET, "wrote the default pod network");
+    // A cluster in one command gives its pods addresses: the default
+    // network unless the operator has one, and only on a host that can run
+    // it (else pods get only `lo`, and the node and this screen say why).
+    let network = match (&config.runtime, &config.agent.cni) {
+        (nodelet::daemon::RuntimeChoice::Libcontainer { .. }, Some(cni)) => {
+            let cni = cni.clone();
+            let prepared = tokio::task::spawn_blocking(move || nodelet::netcheck::prepare(&cni))
+                .await
+                .context("checking the pod network")?
+                .with_context(|| format!("--cni-conf-dir {}", args.node.cni_conf_dir.display()))?;
+            config.agent.network_unfit = prepared.unfit().cloned();
+            Some(prepared)
         }
-    }
+        _ => None,
+    };
     let server_dir = args.data_dir.join("server");
     let mut opts = ServerOptions::new(&server_dir, &args.listen);
     opts.controller.heartbeat_grace = Duration::from_secs(40);
@@ -118,6 +123,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     if let Some(addr) = web {
         println!("web view: http://{addr}/ui/ (from another machine: ssh -L 7480:{addr} THIS-HOST)");
     }
+    if let Some(network) = &network {
+        print!("{}", network_lines(network));
+    }
     println!("try:  pinion run hello --cpus 1 -- grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status");
     println!("      pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
     println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
@@ -137,6 +145,27 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     server_task.await.context("server task")??;
     node_result.context("node task")??;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the first screen says of the pod network, once.
+fn network_lines(network: &nodelet::netcheck::Prepared) -> String {
+    use nodelet::netcheck::Prepared;
+    match network {
+        Prepared::Written(file) => {
+            format!("pod network: {} (written now; `pinion down` removes it)\n", file.display())
+        }
+        Prepared::Kept(file) => format!("pod network: {}\n", file.display()),
+        Prepared::Unfit { unfit, file } => {
+            let mut out = match file {
+                Some(file) => format!("pod network: NONE, pods get only lo: {}: {unfit}\n", file.display()),
+                None => format!("pod network: NONE (none written), pods get only lo: {unfit}\n"),
+            };
+            if let Some(fix) = unfit.fix() {
+                out.push_str(&format!("      fix: {fix}, then start pinion up again\n"));
+            }
+            out
+        }
+    }
 }
 
 /// The threads of the machine's first core, like a kubelet's usual `--reserved-cpus`.
@@ -169,4 +198,32 @@ fn install_admin_config(g: &GlobalArgs, admin: &Credentials, source: &std::path:
     }
     admin.save(&path)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodelet::netcheck::{Prepared, Unfit};
+
+    #[test]
+    fn the_first_screen_says_what_became_of_the_pod_network() {
+        let file = PathBuf::from("/etc/cni/net.d/10-pinion.conflist");
+        let missing = Unfit::PluginMissing { plugin: "bridge".into(), dirs: "/usr/lib/cni:/opt/cni/bin".into() };
+        let check = |p: Prepared, want: &str| assert_eq!(network_lines(&p), want);
+        check(
+            Prepared::Written(file.clone()),
+            "pod network: /etc/cni/net.d/10-pinion.conflist (written now; `pinion down` removes it)\n",
+        );
+        check(Prepared::Kept(file.clone()), "pod network: /etc/cni/net.d/10-pinion.conflist\n");
+        check(
+            Prepared::Unfit { unfit: missing, file: None },
+            "pod network: NONE (none written), pods get only lo: CNI plugin \"bridge\" not found in \
+             /usr/lib/cni:/opt/cni/bin\n      fix: apt-get install containernetworking-plugins, then start pinion up again\n",
+        );
+        check(
+            Prepared::Unfit { unfit: Unfit::CannotCheck { message: "unshare: EPERM".into() }, file: Some(file) },
+            "pod network: NONE, pods get only lo: /etc/cni/net.d/10-pinion.conflist: cannot check the pod network: \
+             unshare: EPERM\n",
+        );
+    }
 }
