@@ -533,7 +533,8 @@ impl PodNetworks {
             None if netns.exists() => self.teardown_locked(&req.sandbox, None).await?,
             None => {}
         }
-        let network = load_config(&self.cfg.conf_dir)?;
+        let own = crate::peers::read_own_cidr(&self.state_dir.join(crate::peers::OWN_CIDR_FILE));
+        let network = in_own_range(load_config(&self.cfg.conf_dir)?, own);
         let mut attachments = vec![Attachment { ifname: POD_IFNAME.into(), config: network.to_value(), result: None }];
         for (host, ifname) in &req.netdevs {
             attachments.push(Attachment { ifname: ifname.clone(), config: host_device_config(host), result: None });
@@ -787,14 +788,16 @@ fn remove_netns(host: &dyn Host, path: &Path) -> Result<(), CniError> {
 // The default network
 
 /// The network `pinion up` writes when the folder holds none: a bridge
-/// `pinion0` that is the pods' gateway, host-local addresses from a /16
-/// that common ranges (Docker's 172.17/16, Kubernetes' 10.96/12 and
-/// 10.244/16, podman's 10.88/16, home 192.168/16) leave alone, and masquerade
-/// so pods reach beyond the node with no route set up for them upstream.
+/// `pinion0` that is the pods' gateway, host-local addresses from the
+/// node's own pod range (`in_own_range`; the file's /16, which common ranges
+/// (Docker's 172.17/16, Kubernetes' 10.96/12 and 10.244/16, podman's
+/// 10.88/16, home 192.168/16) leave alone, stands in until the node has
+/// one), and masquerade so pods reach beyond the node with no route set up
+/// for them upstream.
 fn default_network() -> Value {
     serde_json::json!({
         "cniVersion": "1.0.0",
-        "name": "pinion",
+        "name": DEFAULT_NAME,
         "plugins": [
             {
                 "type": "bridge",
@@ -813,7 +816,12 @@ fn default_network() -> Value {
     })
 }
 
-pub const DEFAULT_SUBNET: &str = "10.213.0.0/16";
+/// The default network's subnet in its file: the cluster's default range
+/// (`specs::net::DEFAULT_CLUSTER_RANGE`), for a node without a range of its
+/// own (not joined, or not registered yet); one with a range uses that.
+pub const DEFAULT_SUBNET: &str = specs::net::DEFAULT_CLUSTER_RANGE;
+/// The default network's name: the one whose range is the node's own.
+const DEFAULT_NAME: &str = "pinion";
 /// host-local's leases for the default network (its own default is /var/lib/cni/networks).
 const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
 const DEFAULT_FILE: &str = "10-pinion.conflist";
@@ -828,6 +836,44 @@ pub fn write_default(dir: &Path) -> Result<Option<PathBuf>, CniError> {
     let path = default_path(dir);
     write_atomic(&path, &default_bytes()).map_err(|source| CniError::Io { path: path.clone(), source })?;
     Ok(Some(path))
+}
+
+/// The default network (the one named `pinion`, whichever file holds it)
+/// with its host-local IPv4 ranges made the node's own pod range `own`, as
+/// it is loaded for a pod: so the file `pinion up` writes stays the same on
+/// every node, and the bridge's gateway is the range's first address
+/// (host-local's default). Any other network, or no range yet: as it is.
+fn in_own_range(mut network: NetworkConfig, own: Option<specs::net::Ipv4Net>) -> NetworkConfig {
+    let Some(own) = own else { return network };
+    if network.name != DEFAULT_NAME {
+        return network;
+    }
+    let is_v4 = |v: &Value| v.as_str().is_some_and(|s| s.parse::<specs::net::Ipv4Net>().is_ok());
+    for plugin in &mut network.plugins {
+        let Some(Value::Object(ipam)) = plugin.get_mut("ipam") else { continue };
+        if ipam.get("type").and_then(Value::as_str) != Some("host-local") {
+            continue;
+        }
+        // The older single-range form, then `ranges` (sets of ranges).
+        if ipam.get("subnet").is_some_and(is_v4) {
+            ipam.insert("subnet".into(), Value::String(own.to_string()));
+            for k in ["rangeStart", "rangeEnd", "gateway"] {
+                ipam.remove(k);
+            }
+        }
+        let Some(Value::Array(sets)) = ipam.get_mut("ranges") else { continue };
+        for range in sets.iter_mut().filter_map(Value::as_array_mut).flatten() {
+            let Some(range) = range.as_object_mut() else { continue };
+            if range.get("subnet").is_some_and(is_v4) {
+                range.insert("subnet".into(), Value::String(own.to_string()));
+                // Bounds of the file's range would fall outside the node's.
+                for k in ["rangeStart", "rangeEnd", "gateway"] {
+                    range.remove(k);
+                }
+            }
+        }
+    }
+    network
 }
 
 /// Where `write_default` writes in `dir`.
@@ -1172,6 +1218,46 @@ mod tests {
         // Nothing recorded: only the (absent) pin is looked at.
         n.nets.teardown(&sandbox()).await.unwrap();
         assert_eq!(n.host.take_calls(), calls(&n, &[Unpin]));
+    }
+
+    #[test]
+    fn the_default_network_takes_the_nodes_own_range() {
+        let subnets = |n: &NetworkConfig| -> Vec<String> {
+            n.plugins[0]["ipam"]["ranges"][0].as_array().unwrap().iter().map(|r| r["subnet"].to_string()).collect()
+        };
+        let own: specs::net::Ipv4Net = "10.213.5.0/24".parse().unwrap();
+        let default = parse_config(Path::new("d"), &default_bytes()).unwrap();
+        assert_eq!(subnets(&default), ["\"10.213.0.0/16\""]);
+        assert_eq!(subnets(&in_own_range(default.clone(), Some(own))), ["\"10.213.5.0/24\""]);
+        assert_eq!(in_own_range(default.clone(), None), default, "no range yet: the file's");
+        // Bounds and a gateway go with the file's range; IPv6 ranges and
+        // other networks are left alone; the older `subnet` form is taken too.
+        let file = r#"{"cniVersion":"1.0.0","name":"pinion","plugins":[{"type":"bridge","ipam":{"type":"host-local",
+            "ranges":[[{"subnet":"10.213.0.0/16","rangeStart":"10.213.0.10","gateway":"10.213.0.1"}],[{"subnet":"fd00::/64"}]]}},
+            {"type":"bridge","ipam":{"type":"host-local","subnet":"10.213.0.0/16","gateway":"10.213.0.1"}}]}"#;
+        let fitted = in_own_range(parse_config(Path::new("f"), file.as_bytes()).unwrap(), Some(own));
+        assert_eq!(
+            fitted.plugins[0]["ipam"]["ranges"],
+            serde_json::json!([[{"subnet": "10.213.5.0/24"}], [{"subnet": "fd00::/64"}]])
+        );
+        assert_eq!(fitted.plugins[1]["ipam"], serde_json::json!({"type": "host-local", "subnet": "10.213.5.0/24"}));
+        let other = parse_config(Path::new("o"), file.replace("\"pinion\"", "\"mine\"").as_bytes()).unwrap();
+        assert_eq!(in_own_range(other.clone(), Some(own)), other);
+    }
+
+    /// A pod's setup loads the default network in the node's range, as the
+    /// link recorded it, and records that configuration for its DEL.
+    #[tokio::test]
+    async fn a_pods_default_network_is_in_the_nodes_range() {
+        let n = nets(plugins(Recorder::default(), &["bridge"]));
+        let conf = n.nets.config().conf_dir.clone();
+        std::fs::remove_file(conf.join("10-n.conflist")).unwrap();
+        write_default(&conf).unwrap();
+        std::fs::create_dir_all(&n.nets.state_dir).unwrap();
+        std::fs::write(n.nets.state_dir.join(crate::peers::OWN_CIDR_FILE), "10.213.9.0/24\n").unwrap();
+        n.nets.setup(&request(&[])).await.unwrap();
+        let rec: Record = serde_json::from_slice(&std::fs::read(&n.record).unwrap()).unwrap();
+        assert_eq!(rec.attachments[0].config["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.213.9.0/24");
     }
 
     #[test]

@@ -55,6 +55,11 @@ pub struct JoinConfig {
     /// The address the server calls the endpoint on [default: the listener's
     /// address, or this host's address on the route to the server].
     pub advertise_address: Option<IpAddr>,
+    /// The address the other nodes reach this one on, for their routes to
+    /// its pods (`spec.address`) [default: `advertise_address`, else this
+    /// host's address on the route to the server: what reaches the server
+    /// is what the peers can reach].
+    pub node_address: Option<IpAddr>,
     /// The streams' heartbeat and silence bound; must match the server's.
     pub liveness: specs::api::Liveness,
     /// Connections the endpoint serves at once; its accept loop waits beyond.
@@ -75,6 +80,10 @@ pub struct DaemonConfig {
     /// A loopback address serving `GET /metrics` in plain HTTP, for a
     /// scraper on this machine (`--local-listen`); port 0 picks a free one.
     pub local_listen: Option<SocketAddr>,
+    /// Where the node's view of the pod network (its range, its peers:
+    /// `peers::NetView`) is published, for a caller that follows it; `None`:
+    /// the daemon makes its own.
+    pub net_view: Option<watch::Sender<crate::peers::NetView>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +122,7 @@ pub enum DaemonError {
 
 /// Runs the node until `shutdown` turns true (or the agent fails).
 pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
-    let DaemonConfig { mut agent, runtime, manifests, join, ready, local_listen } = config;
+    let DaemonConfig { mut agent, runtime, manifests, join, ready, local_listen, net_view } = config;
     if manifests.is_none() && join.is_none() {
         return Err(DaemonError::NothingToRun);
     }
@@ -133,6 +142,18 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
     // Before anything writes there (the join's key, the checkpoint).
     crate::datadir::prepare(&agent.data_dir)?;
     agent.data_dir = agent.data_dir.canonicalize().map_err(io(&agent.data_dir))?;
+    // The node's view of the pod network: its own range (as last recorded,
+    // until a registration says), and its peers once joined; the link
+    // writes it. A part that acts on it takes `net_view_tx.subscribe()`, a
+    // `watch::Receiver<peers::NetView>`.
+    let net_view_tx = match net_view {
+        Some(tx) => {
+            let own = crate::peers::read_own_cidr(&crate::peers::own_cidr_path(&agent.data_dir));
+            tx.send_modify(|v| v.own_cidr = own);
+            tx
+        }
+        None => crate::peers::channel(&agent.data_dir).0,
+    };
     let joined = match join {
         Some(join) => Some(prepare_join(&agent, join).await?),
         None => None,
@@ -174,7 +195,7 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
             stop.clone(),
         );
         tasks.push(tokio::spawn(endpoint));
-        let link = crate::link::run(link, creds, live, changes_tx, report_rx, stop.clone());
+        let link = crate::link::run(link, creds, live, changes_tx, report_rx, net_view_tx.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = link.await {
                 tracing::error!(error = %e, "the link to the server stopped");
@@ -261,6 +282,7 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
         settings: agent.settings.clone(),
         labels: join.labels,
         endpoint: None,
+        address: None,
         liveness: join.liveness,
     };
     let creds = crate::link::credentials(&link).await?;
@@ -298,6 +320,10 @@ async fn prepare_join(agent: &AgentConfig, join: JoinConfig) -> Result<Joined, D
     let live = pinion_wire::tls::LiveIdentity::new(&creds).map_err(certificate_error)?;
     let tls = creds.serving_config_live(live.clone()).map_err(certificate_error)?;
     link.endpoint = Some(SocketAddr::new(ip, local.port()).to_string());
+    link.address = Some(match join.node_address {
+        Some(ip) => ip,
+        None => node_address()?,
+    });
     let endpoint =
         crate::endpoint::EndpointConfig { liveness: join.liveness, max_connections: join.endpoint_max_connections };
     Ok(Joined { link, creds, live, listener, tls: Arc::new(tls), endpoint })

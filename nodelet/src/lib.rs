@@ -22,6 +22,7 @@ pub(crate) mod link;
 pub mod manifests;
 pub mod metrics;
 pub mod netcheck;
+pub mod peers;
 pub mod routes;
 pub mod runtime;
 pub mod source;

@@ -11,6 +11,8 @@
 //!   allocations; every (re)registration starts over with a full report. An
 //!   engine rejection of a bound pod is reported once;
 //! - heartbeats, only as liveness;
+//! - peers: the other nodes' pod ranges and addresses, from their watch
+//!   (`peers`), and the node's own range from each registration's reply;
 //! - renewal: two thirds into the node certificate's life a fresh one is
 //!   asked for (`POST /api/v1/renew`), written to `node.conf` and presented
 //!   by every new connection from then on, with no restart; a certificate
@@ -35,6 +37,7 @@ use specs::pod::{ObjectMeta, API_VERSION};
 use specs::{Allocations, NodeSettings, NodeTopology, Pod, PodPhase, PodStatus};
 use tokio::sync::{mpsc, watch};
 
+use crate::peers::NetView;
 use crate::source::{BoundPlan, DesiredChange, NodeReport, SourceKind};
 
 // Well inside the server's default 40 s grace, and inside short test graces.
@@ -79,6 +82,8 @@ pub enum LinkError {
     AgentGone,
     #[error("cannot encode the node: {0}")]
     Encode(serde_json::Error),
+    #[error("{}: recording the node's pod range: {source}", path.display())]
+    OwnRange { path: PathBuf, source: std::io::Error },
 }
 
 /// What the link needs to join and to register the node.
@@ -98,6 +103,8 @@ pub struct LinkConfig {
     pub labels: BTreeMap<String, String>,
     /// `HOST:PORT` of this node's HTTPS endpoint, registered for the server.
     pub endpoint: Option<String>,
+    /// The address the other nodes reach this one on (`spec.address`).
+    pub address: Option<std::net::IpAddr>,
     /// The watch's bound on silence (the server's heartbeat, times three).
     pub liveness: specs::api::Liveness,
 }
@@ -215,6 +222,7 @@ pub async fn run(
     live: Arc<LiveIdentity>,
     changes: mpsc::Sender<DesiredChange>,
     reports: watch::Receiver<NodeReport>,
+    net_view: watch::Sender<NetView>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LinkError> {
     let client = Client::with_identity(&creds, live.clone())?.with_liveness(cfg.liveness);
@@ -227,11 +235,13 @@ pub async fn run(
             topology: cfg.topology.clone(),
             settings: cfg.settings.clone(),
             endpoint: cfg.endpoint.clone(),
+            address: cfg.address.map(|a| a.to_string()),
             ..Default::default()
         },
         status: NodeStatus::default(),
     };
     let body = Bytes::from(serde_json::to_vec(&node).map_err(LinkError::Encode)?);
+    let registration = Registration { body, view: net_view.clone(), data_dir: cfg.data_dir.clone() };
     let name = cfg.node_name.clone();
     let rejected = Rejected::default();
     // Bumped by every registration and by a heartbeat that gets through after
@@ -240,9 +250,24 @@ pub async fn run(
     // server may have marked pods Unknown meanwhile).
     let (full, registered) = watch::channel(0u64);
     let full = Arc::new(full);
-    let bindings =
-        bindings_loop(client.clone(), name.clone(), body, changes, rejected.clone(), full.clone(), stop.clone());
+    let bindings = bindings_loop(
+        client.clone(),
+        name.clone(),
+        registration,
+        changes,
+        rejected.clone(),
+        full.clone(),
+        stop.clone(),
+    );
     let reports = reports_loop(client.clone(), name.clone(), reports, rejected, registered.clone(), stop.clone());
+    let peers = {
+        let (client, name, mut registered, mut stop) = (client.clone(), name.clone(), registered.clone(), stop.clone());
+        async move {
+            if registered_or_stop(&mut registered, &mut stop).await {
+                crate::peers::follow(client, name, net_view, stop).await;
+            }
+        }
+    };
     let heartbeats = heartbeat_loop(client, name, full, registered, stop.clone());
     tokio::select! {
         _ = stop.wait_for(|s| *s) => {}
@@ -250,8 +275,17 @@ pub async fn run(
         _ = reports => {}
         _ = heartbeats => {}
         _ = renewal => {}
+        _ = peers => {}
     }
     Ok(())
+}
+
+/// What a registration sends, and where its reply's pod range goes.
+#[derive(Clone)]
+struct Registration {
+    body: Bytes,
+    view: watch::Sender<NetView>,
+    data_dir: PathBuf,
 }
 
 /// The longest sleep between looks at the certificate: its renewal time is on
@@ -394,7 +428,7 @@ fn desired(pod: &Pod, node: &str) -> Option<(Option<BoundPlan>, Sent)> {
 async fn bindings_loop(
     client: Client,
     name: String,
-    node_body: Bytes,
+    registration: Registration,
     changes: mpsc::Sender<DesiredChange>,
     rejected: Rejected,
     registered: Arc<watch::Sender<u64>>,
@@ -402,7 +436,7 @@ async fn bindings_loop(
 ) {
     let mut delay = RETRY_MIN;
     loop {
-        match session(&client, &name, node_body.clone(), &changes, &rejected, &registered, &mut stop).await {
+        match session(&client, &name, &registration, &changes, &rejected, &registered, &mut stop).await {
             Ok(()) => return, // stopped
             Err(LinkError::AgentGone) => return,
             Err(e) => {
@@ -416,20 +450,25 @@ async fn bindings_loop(
     }
 }
 
-/// One connected session: register, list (resync), then follow the watch,
+/// One connected session: register (and record the pod range the reply
+/// brings, before any binding), list (resync), then follow the watch,
 /// resuming it from the version it reached when it dies (on the next server,
 /// when the client knows several: they share the versions, so nothing is
 /// missed or seen twice) and listing again only when that version is gone.
 async fn session(
     client: &Client,
     name: &str,
-    node_body: Bytes,
+    registration: &Registration,
     changes: &mpsc::Sender<DesiredChange>,
     rejected: &Rejected,
     registered: &watch::Sender<u64>,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), LinkError> {
-    client.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", node_body))).await?;
+    let body = Some(("application/json", registration.body.clone()));
+    let (_, me) = client.call::<Node>(Method::POST, "/api/v1/nodes", body).await?;
+    let Registration { view, data_dir, .. } = registration;
+    crate::peers::learn_own(view, data_dir, &me)
+        .map_err(|source| LinkError::OwnRange { path: crate::peers::own_cidr_path(data_dir), source })?;
     registered.send_modify(|n| *n += 1);
     loop {
         match follow(client, name, changes, rejected, stop).await {
@@ -754,6 +793,7 @@ mod tests {
             settings: NodeSettings::default(),
             labels: BTreeMap::new(),
             endpoint: None,
+            address: None,
             liveness: Default::default(),
         };
         let got = credentials(&cfg(&["https://c:1", "https://b:1"])).await.expect("credentials");

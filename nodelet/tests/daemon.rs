@@ -42,6 +42,7 @@ fn plain_join(server: impl Into<String>, token: impl Into<String>) -> JoinConfig
         labels: BTreeMap::new(),
         endpoint_listen: "127.0.0.1:0".into(),
         advertise_address: None,
+        node_address: None,
         liveness: Default::default(),
         endpoint_max_connections: 16,
     }
@@ -85,6 +86,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
     let config = DaemonConfig {
         ready: None,
         local_listen: None,
+        net_view: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -95,6 +97,7 @@ async fn a_joined_daemon_runs_a_bound_pod_reports_it_and_stops_it_when_deleted()
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
             endpoint_listen: format!("127.0.0.2:{p}"),
             advertise_address: Some([127, 0, 0, 1].into()),
+            node_address: None,
             liveness: Default::default(),
             endpoint_max_connections: 16,
         }),
@@ -177,6 +180,7 @@ async fn a_node_renews_its_short_lived_certificate_and_keeps_working() {
     let config = DaemonConfig {
         ready: None,
         local_listen: None,
+        net_view: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -252,12 +256,67 @@ async fn a_node_renews_its_short_lived_certificate_and_keeps_working() {
     server.stop().await;
 }
 
+/// Two nodes of one server learn their pod ranges (the server's choice, a
+/// /24 each, kept on disk for the default network) and each other's range
+/// and address, through `peers::NetView`; a node deleted is a peer no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_learns_its_range_and_its_peers() {
+    use nodelet::peers::{NetView, Peer};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start_server(&dir.path().join("server")).await;
+    let url = format!("https://{}", server.addr);
+    let start = |name: &str, node_address: Option<std::net::IpAddr>| {
+        let (view_tx, view) = watch::channel(NetView::default());
+        let config = DaemonConfig {
+            ready: None,
+            local_listen: None,
+            net_view: Some(view_tx),
+            agent: AgentConfig::new(name.into(), dir.path().join(name), topology(), NodeSettings::default()),
+            runtime: RuntimeChoice::Hollow,
+            manifests: None,
+            join: Some(JoinConfig { node_address, ..plain_join(url.clone(), server.token.clone()) }),
+        };
+        let (stop, rx) = watch::channel(false);
+        (tokio::spawn(nodelet::daemon::run(config, rx)), stop, view)
+    };
+    // a says where it is reached; b is reached where it reaches the server from.
+    let (a_task, stop_a, a_view) = start("a", Some([192, 0, 2, 1].into()));
+    let (b_task, stop_b, b_view) = start("b", None);
+    let settled = |view: &watch::Receiver<NetView>| {
+        let v = view.borrow().clone();
+        (v.own_cidr.is_some() && !v.peers.is_empty()).then_some(v)
+    };
+    let a = eventually("a knows its range and b", CONVERGE, || async { settled(&a_view) }).await;
+    let b = eventually("b knows its range and a", CONVERGE, || async { settled(&b_view) }).await;
+    let (a_range, b_range) = (a.own_cidr.expect("a's range"), b.own_cidr.expect("b's range"));
+    let mut ranges = [a_range.to_string(), b_range.to_string()];
+    ranges.sort();
+    assert_eq!(ranges, ["10.213.0.0/24", "10.213.1.0/24"], "a /24 each of the default cluster range");
+    assert_eq!(a.peers, [Peer { name: "b".into(), pod_cidr: b_range, address: [127, 0, 0, 1].into() }]);
+    assert_eq!(b.peers, [Peer { name: "a".into(), pod_cidr: a_range, address: [192, 0, 2, 1].into() }]);
+    let stored = server.admin.get_node("a").await.expect("node a");
+    assert_eq!(stored.spec.address.as_deref(), Some("192.0.2.1"));
+    let recorded = std::fs::read_to_string(dir.path().join("a/cni/pod-cidr")).expect("a's range on disk");
+    assert_eq!(recorded.trim(), a_range.to_string());
+
+    // b goes: a's peers follow.
+    let _ = stop_b.send(true);
+    b_task.await.expect("b's task").expect("b stops cleanly");
+    server.admin.delete_node("b").await.expect("delete b");
+    eventually("b is a peer no more", CONVERGE, || async { a_view.borrow().peers.is_empty() }).await;
+    assert_eq!(a_view.borrow().own_cidr, Some(a_range), "a keeps its range");
+    let _ = stop_a.send(true);
+    a_task.await.expect("a's task").expect("a stops cleanly");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = DaemonConfig {
         ready: None,
         local_listen: None,
+        net_view: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -269,6 +328,7 @@ async fn a_token_without_a_pin_and_no_ca_is_refused_before_anything_runs() {
             labels: BTreeMap::new(),
             endpoint_listen: "127.0.0.1:0".into(),
             advertise_address: None,
+            node_address: None,
             liveness: Default::default(),
             endpoint_max_connections: 16,
         }),
@@ -292,6 +352,7 @@ async fn silent_connections_cannot_keep_callers_out_of_the_endpoint() {
     let config = DaemonConfig {
         ready: None,
         local_listen: None,
+        net_view: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -342,6 +403,7 @@ async fn a_failed_checkpoint_write_keeps_the_binding_while_the_node_retries() {
     let config = DaemonConfig {
         ready: None,
         local_listen: None,
+        net_view: None,
         agent: AgentConfig::new("edge".into(), node_dir.clone(), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: None,
@@ -408,6 +470,7 @@ async fn a_node_restarted_with_other_reserved_cpus_shows_them_at_once_and_report
         DaemonConfig {
             ready: None,
             local_listen: None,
+            net_view: None,
             agent,
             runtime: RuntimeChoice::Hollow,
             manifests: None,
@@ -615,6 +678,7 @@ async fn every_documented_metric_is_scraped_and_moved() {
     let config = DaemonConfig {
         ready: None,
         local_listen: Some(local),
+        net_view: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), settings),
         runtime: RuntimeChoice::Hollow,
         manifests: Some((manifests, Duration::from_secs(1))),
@@ -711,6 +775,7 @@ async fn a_local_listener_off_loopback_is_refused_naming_the_flag() {
     let config = DaemonConfig {
         ready: None,
         local_listen: Some(([0, 0, 0, 0], 0).into()),
+        net_view: None,
         agent: AgentConfig::new("edge".into(), dir.path().join("node"), topology(), NodeSettings::default()),
         runtime: RuntimeChoice::Hollow,
         manifests: Some((manifests, Duration::from_secs(1))),

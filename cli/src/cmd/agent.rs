@@ -165,6 +165,11 @@ pub struct NodeArgs {
     /// Folders holding the CNI plugins, separated by `:`.
     #[arg(long, value_name = "DIRS", default_value = nodelet::cni::DEFAULT_BIN_DIRS)]
     pub cni_bin_dir: String,
+    /// The address the other nodes reach this one on, for their routes to
+    /// its pods [default: --advertise-address, else this host's address on
+    /// the route to the server].
+    #[arg(long, value_name = "IP")]
+    pub node_address: Option<std::net::IpAddr>,
     /// Each container's process limit (its cgroup's pids.max) when its pod
     /// sets no `spec.pidsLimit`, so one fork bomb cannot exhaust the host; 0: none.
     #[arg(long, value_name = "N", default_value_t = nodelet::agent::DEFAULT_POD_PIDS_LIMIT,
@@ -300,7 +305,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
         },
     };
     let manifests = args.manifests.map(|dir| (dir, Duration::from_secs(args.rescan_seconds.max(1))));
-    Ok(DaemonConfig { agent, runtime, manifests, join, ready: None, local_listen: args.local_listen })
+    Ok(DaemonConfig { agent, runtime, manifests, join, ready: None, local_listen: args.local_listen, net_view: None })
 }
 
 /// The join half of the node's configuration: none without `--server`.
@@ -325,6 +330,7 @@ pub fn join_config(args: &RunArgs, liveness: specs::api::Liveness) -> anyhow::Re
         labels,
         endpoint_listen: args.endpoint_listen.clone(),
         advertise_address: args.advertise_address,
+        node_address: args.node.node_address,
         liveness,
         endpoint_max_connections: nodelet::endpoint::EndpointConfig::default().max_connections,
     }))

@@ -10,7 +10,7 @@ use orchestrator::store::EtcdConfig;
 use specs::pod::SchedulingStrategy;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cmd::server_opts::{Access, Retention};
+use crate::cmd::server_opts::{Access, PodNetwork, Retention};
 use crate::common::{parse_kebab, GlobalArgs};
 
 #[derive(clap::Args, Debug)]
@@ -93,6 +93,8 @@ pub struct Args {
     pub leader_ttl: u64,
     #[command(flatten)]
     pub access: Access,
+    #[command(flatten)]
+    pub pod_network: PodNetwork,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -107,6 +109,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.scheduler.default_strategy = args.scheduling_strategy;
     opts.leader_ttl = Duration::from_secs(args.leader_ttl);
     args.access.apply(&mut opts)?;
+    args.pod_network.apply(&mut opts)?;
     opts.local_listen = args.local_listen.map(|addr| LocalListen { addr, if_free: false });
     if let Some(url) = &args.advertise_url {
         if let Err(e) = pinion_wire::parse_url(url) {

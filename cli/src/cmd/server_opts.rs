@@ -1,7 +1,7 @@
 //! The server flags that `pinion server` and `pinion up` both take, declared
 //! once so that their names, defaults and help cannot drift apart between the
-//! two, and copied into [`ServerOptions`] in one place. Two groups rather than
-//! one because each command lists them at a different place in its help.
+//! two, and copied into [`ServerOptions`] in one place. Several groups rather
+//! than one because each command lists them at a different place in its help.
 
 use std::time::Duration;
 
@@ -57,6 +57,32 @@ impl Access {
     }
 }
 
+/// The cluster range that each node's pod range is cut from.
+#[derive(clap::Args, Debug)]
+pub struct PodNetwork {
+    /// The cluster range each node's pod range comes from (IPv4
+    /// `A.B.C.D/N`); every server of a cluster must give the same.
+    #[arg(long, value_name = "CIDR", default_value = specs::net::DEFAULT_CLUSTER_RANGE)]
+    pub pod_cidr: String,
+    /// The prefix length of each node's pod range: 24 is 254 pods per node,
+    /// and 256 nodes in a /16.
+    #[arg(long, value_name = "BITS", default_value_t = specs::net::DEFAULT_NODE_PREFIX)]
+    pub node_cidr_mask_size: u8,
+}
+
+impl PodNetwork {
+    pub fn apply(&self, opts: &mut ServerOptions) -> anyhow::Result<()> {
+        use specs::net::{PodRanges, PodRangesError};
+        opts.pod_ranges = PodRanges::parse(&self.pod_cidr, self.node_cidr_mask_size).map_err(|e| match e {
+            PodRangesError::Cluster { given, reason } => anyhow::anyhow!("--pod-cidr {given}: {reason}"),
+            PodRangesError::NodePrefix { prefix, reason } => {
+                anyhow::anyhow!("--node-cidr-mask-size {prefix}: {reason}")
+            }
+        })?;
+        Ok(())
+    }
+}
+
 /// The certificate lifetimes from the flags; a zero one would issue
 /// certificates already expired.
 fn lifetimes(node: Duration, user: Duration) -> anyhow::Result<orchestrator::tls::Lifetimes> {
@@ -83,19 +109,26 @@ mod tests {
     use crate::{Cli, Command};
 
     /// What the shared flags set, as `pinion server` or `pinion up` parses them.
-    type Set = (Option<Duration>, Vec<String>, orchestrator::tls::Lifetimes, Option<Duration>);
+    type Set = (Option<Duration>, Vec<String>, orchestrator::tls::Lifetimes, Option<Duration>, specs::net::PodRanges);
 
     fn check(args: &[&str]) -> Result<Set, String> {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
-        let (retention, access) = match cli.command {
-            Command::Server(a) => (a.retention, a.access),
-            Command::Up(a) => (a.retention, a.access),
+        let (retention, access, pod_network) = match cli.command {
+            Command::Server(a) => (a.retention, a.access, a.pod_network),
+            Command::Up(a) => (a.retention, a.access, a.pod_network),
             other => panic!("not a server command: {other:?}"),
         };
         let mut opts = ServerOptions::new("/nonexistent", "127.0.0.1:0");
         retention.apply(&mut opts);
         access.apply(&mut opts).map_err(|e| e.to_string())?;
-        Ok((opts.controller.finished_pod_ttl, opts.allowed_host_paths, opts.lifetimes, opts.join_token_ttl))
+        pod_network.apply(&mut opts).map_err(|e| e.to_string())?;
+        Ok((
+            opts.controller.finished_pod_ttl,
+            opts.allowed_host_paths,
+            opts.lifetimes,
+            opts.join_token_ttl,
+            opts.pod_ranges,
+        ))
     }
 
     #[test]
@@ -106,19 +139,23 @@ mod tests {
             "--node-cert-ttl=12h",
             "--user-cert-ttl=90s",
             "--join-token-ttl=0",
+            "--pod-cidr=10.8.0.0/14",
+            "--node-cidr-mask-size=26",
         ];
         let lifetimes = orchestrator::tls::Lifetimes {
             node: Duration::from_secs(12 * 3600),
             user: Duration::from_secs(90),
             ..Default::default()
         };
-        let expected = (None, vec!["/srv".to_string(), "/scratch".to_string()], lifetimes, None);
+        let ranges = specs::net::PodRanges::parse("10.8.0.0/14", 26).expect("ranges");
+        let expected = (None, vec!["/srv".to_string(), "/scratch".to_string()], lifetimes, None, ranges);
         for verb in ["server", "up"] {
             let args: Vec<&str> = ["pinion", verb].into_iter().chain(flags).collect();
             assert_eq!(check(&args), Ok(expected.clone()), "pinion {verb}");
         }
         let defaults = check(&["pinion", "server"]).expect("defaults");
         assert_eq!((defaults.0, defaults.3), (Some(Duration::from_secs(3600)), Some(Duration::from_secs(24 * 3600))));
+        assert_eq!(defaults.4, specs::net::PodRanges::parse("10.213.0.0/16", 24).expect("ranges"));
         assert_eq!(check(&["pinion", "up"]), Ok(defaults));
     }
 
@@ -132,6 +169,35 @@ mod tests {
             let arg = format!("--allowed-host-paths={path}");
             let err = check(&["pinion", "server", &arg]).expect_err(path);
             assert!(err.contains(&format!("{path:?}: want an absolute path without \"..\"")), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_pod_range_that_cannot_be_cut_is_refused_naming_its_flag() {
+        for (verb, flags, want) in [
+            (
+                "server",
+                ["--pod-cidr=10.213.0.1/16", "--node-cidr-mask-size=24"],
+                "--pod-cidr 10.213.0.1/16: has host bits set: the range is 10.213.0.0/16",
+            ),
+            (
+                "up",
+                ["--pod-cidr=fd00::/48", "--node-cidr-mask-size=64"],
+                "--pod-cidr fd00::/48: IPv6 pod ranges are not supported; give an IPv4 range",
+            ),
+            (
+                "server",
+                ["--pod-cidr=10.213.0.0/16", "--node-cidr-mask-size=12"],
+                "--node-cidr-mask-size 12: is larger than the cluster range 10.213.0.0/16",
+            ),
+            (
+                "up",
+                ["--pod-cidr=10.213.0.0/16", "--node-cidr-mask-size=32"],
+                "--node-cidr-mask-size 32: leaves no address for a pod (at most /30)",
+            ),
+        ] {
+            let args: Vec<&str> = ["pinion", verb].into_iter().chain(flags).collect();
+            assert_eq!(check(&args).map(|_| ()), Err(want.to_string()), "{args:?}");
         }
     }
 }

@@ -16,7 +16,7 @@ use specs::CpuSet;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cmd::agent::{NodeArgs, RunArgs};
-use crate::cmd::server_opts::{Access, Retention};
+use crate::cmd::server_opts::{Access, PodNetwork, Retention};
 use crate::common::GlobalArgs;
 
 /// The web view's port under `pinion up`, so the quick start can name it.
@@ -41,6 +41,8 @@ pub struct Args {
     pub retention: Retention,
     #[command(flatten)]
     pub access: Access,
+    #[command(flatten)]
+    pub pod_network: PodNetwork,
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -102,6 +104,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         Some("off") => None,
         Some(addr) => Some(LocalListen { addr: addr.into(), if_free: false }),
     };
+    args.pod_network.apply(&mut opts)?;
     let server = Server::bind(opts).await?;
     let web = server.local_listen_addr();
     let url = server.server_url();

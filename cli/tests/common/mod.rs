@@ -112,6 +112,7 @@ impl Cluster {
         let config = DaemonConfig {
             ready: None,
             local_listen: None,
+            net_view: None,
             agent: AgentConfig::new("edge".into(), data.clone(), topology, settings),
             runtime: RuntimeChoice::Hollow,
             manifests: None,
@@ -122,6 +123,7 @@ impl Cluster {
                 labels: BTreeMap::new(),
                 endpoint_listen: listen,
                 advertise_address: advertise,
+                node_address: None,
                 liveness: liveness(),
                 endpoint_max_connections: 16,
             }),

@@ -99,6 +99,8 @@ async fn run(
     let data = tmp.path().join("srv");
     let mut cmd = Command::new(&pinion);
     cmd.args(["server", "--listen", "127.0.0.1:0", "--heartbeat-grace", "3600", "--data-dir"]).arg(&data);
+    // A pod range for each of more nodes than the default /16 holds (256).
+    cmd.args(["--pod-cidr", "10.0.0.0/8"]);
     // Its plain-HTTP /metrics: the store's commits, counted and timed.
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     cmd.arg("--local-listen").arg(metrics.to_string());

@@ -41,6 +41,7 @@ pub mod query;
 pub mod testing;
 pub mod tls;
 
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -579,7 +580,18 @@ impl Client {
         }
         path.push_str("&allowWatchBookmarks=true");
         let stream = self.open_stream(&path, true).await?;
-        Ok(PodWatch { stream, lines: Lines::new(MAX_STREAM_LINE), version: from })
+        Ok(ObjectWatch { stream, lines: Lines::new(MAX_STREAM_LINE), version: from, object: PhantomData })
+    }
+
+    /// Node changes after version `from` (or the current nodes as ADDED
+    /// first when `None`). A node watching reads the others without status.
+    pub async fn watch_nodes(&self, from: Option<u64>) -> Result<NodeWatch, ClientError> {
+        let mut path = "/api/v1/nodes?watch=true&allowWatchBookmarks=true".to_string();
+        if let Some(v) = from {
+            path.push_str(&format!("&resourceVersion={v}"));
+        }
+        let stream = self.open_stream(&path, true).await?;
+        Ok(ObjectWatch { stream, lines: Lines::new(MAX_STREAM_LINE), version: from, object: PhantomData })
     }
 
     /// A GET whose reply head is returned as it arrives, whatever its status
@@ -699,15 +711,22 @@ async fn collect(body: Incoming) -> Result<Bytes, ClientError> {
     Ok(b.to_bytes())
 }
 
-/// A pod watch stream: one `(type, pod)` per line. The server's bookmarks
-/// are read here (they only move `resource_version` on).
-pub struct PodWatch {
+/// A watch stream of objects of one kind: one `(type, object)` per line.
+/// The server's bookmarks are read here (they only move `resource_version`
+/// on).
+pub struct ObjectWatch<T> {
     stream: ByteStream,
     lines: Lines,
     version: Option<u64>,
+    object: PhantomData<fn() -> T>,
 }
 
-impl PodWatch {
+/// A pod watch (`Client::watch_pods`).
+pub type PodWatch = ObjectWatch<Pod>;
+/// A node watch (`Client::watch_nodes`).
+pub type NodeWatch = ObjectWatch<Node>;
+
+impl<T: DeserializeOwned> ObjectWatch<T> {
     /// The version this watch has reached: resume from it to miss nothing
     /// and see nothing twice.
     pub fn resource_version(&self) -> Option<u64> {
@@ -716,7 +735,7 @@ impl PodWatch {
 
     /// The next change; `Ok(None)` when the server ended the stream (it
     /// does when it shuts down: the next call goes to the next server).
-    pub async fn next(&mut self) -> Result<Option<(WatchEventType, Pod)>, ClientError> {
+    pub async fn next(&mut self) -> Result<Option<(WatchEventType, T)>, ClientError> {
         let next = self.next_change().await;
         if matches!(&next, Ok(None)) || next.as_ref().is_err_and(|e| e.is_shutting_down()) {
             self.stream.rotation.failed(self.stream.server);
@@ -724,7 +743,7 @@ impl PodWatch {
         next
     }
 
-    async fn next_change(&mut self) -> Result<Option<(WatchEventType, Pod)>, ClientError> {
+    async fn next_change(&mut self) -> Result<Option<(WatchEventType, T)>, ClientError> {
         loop {
             if let Some(line) = self.lines.next_line()? {
                 let v: serde_json::Value =
@@ -743,12 +762,13 @@ impl PodWatch {
                     self.version = Some(self.version.map_or(v, |have| have.max(v)));
                     continue;
                 }
-                let pod: Pod = serde_json::from_value(v["object"].clone())
+                let version = v["object"]["metadata"]["resourceVersion"].as_u64();
+                let object: T = serde_json::from_value(v["object"].clone())
                     .map_err(|e| ClientError::Decode(format!("watch object: {e}")))?;
-                if let Some(v) = pod.metadata.resource_version {
+                if let Some(v) = version {
                     self.version = Some(self.version.map_or(v, |have| have.max(v)));
                 }
-                return Ok(Some((ty, pod)));
+                return Ok(Some((ty, object)));
             }
             match self.stream.next().await? {
                 None => return Ok(None),
