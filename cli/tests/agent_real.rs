@@ -42,7 +42,11 @@ fn host() -> Option<Host> {
     let manifests = tmp.path().join("manifests");
     std::fs::create_dir(&manifests).unwrap();
     let data = tmp.path().join("data");
-    Some(Host { manifests, data, agent: None, tmp, extra: Vec::new(), bridge: None })
+    // The agent's pod network is read from the test's own folder (empty
+    // unless a test writes one), never the host's /etc/cni/net.d, where a
+    // host's `pinion up` may have written one.
+    let extra = vec!["--cni-conf-dir".to_string(), tmp.path().join("net.d").display().to_string()];
+    Some(Host { manifests, data, agent: None, tmp, extra, bridge: None })
 }
 
 impl Host {

@@ -617,6 +617,9 @@ impl Cluster {
             std::fs::write(&path, serde_yaml_ng::to_string(d)?)?;
             cmd.arg("--devices").arg(path);
         }
+        // A folder of the scenario's own, empty: real containers get only
+        // `lo`, whatever pod network a host's `pinion up` wrote in /etc/cni/net.d.
+        cmd.arg("--cni-conf-dir").arg(self.dir.join(format!("cni-{name}")));
         let restarts = self.restarts;
         let log = self.out.join(format!("node-{name}.{restarts}.out"));
         self.restarts += 1;

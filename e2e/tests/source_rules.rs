@@ -459,3 +459,32 @@ fn the_readers_see_what_the_rules_are_about() {
     );
     assert_eq!(io_mentions("let _ = std::fs::read(\"x\");"), ["fs"]);
 }
+
+/// Whether a test file starts pinion's agent or `up` with real containers
+/// (its pod network then comes from `--cni-conf-dir`, by default the host's
+/// /etc/cni/net.d) without naming a folder of its own.
+fn reads_the_hosts_cni_folder(text: &str) -> bool {
+    let real = text.contains("\"libcontainer\"") || text.contains("--runtime libcontainer");
+    let daemon = text.contains("\"agent\"") || text.contains("\"up\"") || text.contains(" agent ");
+    real && daemon && !text.contains("--cni-conf-dir")
+}
+
+/// Tests never read the host's pod network (a host's `pinion up` writes
+/// /etc/cni/net.d/10-pinion.conflist, which a guest kernel without bridges,
+/// or any other test, must not pick up): every test, the scenario runner
+/// and the QEMU guest's script that start real containers name their own.
+#[test]
+fn tests_name_their_own_cni_folder() {
+    let root = root();
+    let mut files: Vec<String> = members()
+        .iter()
+        .filter(|m| root.join(m).join("tests").is_dir())
+        .flat_map(|m| rust_files(&root.join(m).join("tests")))
+        .collect();
+    files.push("e2e/src/scenario.rs".into());
+    files.push("e2e/qemu/guest-numa.sh".into());
+    let offenders: Vec<&String> = files.iter().filter(|f| reads_the_hosts_cni_folder(&read(f))).collect();
+    assert!(offenders.is_empty(), "these start real containers with the host's /etc/cni/net.d: {offenders:?}");
+    assert!(reads_the_hosts_cni_folder(r#"cmd.args(["agent", "--runtime", "libcontainer"])"#));
+    assert!(!reads_the_hosts_cni_folder(r#"cmd.args(["agent", "--runtime", "hollow"])"#));
+}
