@@ -28,10 +28,17 @@ struct Up {
     data: PathBuf,
     config: PathBuf,
     up: Option<Child>,
+    /// What `up` printed up to its `stop:` line.
+    first_screen: String,
 }
 
 impl Up {
     fn start() -> Option<Up> {
+        Up::start_with(&[])
+    }
+
+    /// `pinion up` with `extra` flags.
+    fn start_with(extra: &[&str]) -> Option<Up> {
         if !requires(is_root() && has_two_cpus(), "root and CPUs 0 and 1") {
             return None;
         }
@@ -45,6 +52,7 @@ impl Up {
             // The default pod network `up` writes goes here, not to /etc/cni/net.d.
             .arg("--cni-conf-dir")
             .arg(tmp.path().join("cni"))
+            .args(extra)
             .env("PINION_CONFIG", &config)
             .env("PINION_LOG", "info,libcgroups=error,libcontainer=error")
             .stdout(Stdio::piped())
@@ -53,15 +61,20 @@ impl Up {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut first_screen = String::new();
         loop {
             match lines.next() {
-                Some(Ok(l)) if l.starts_with("pinion is up") => break,
-                Some(Ok(_)) => continue,
-                other => panic!("pinion up did not come up: {other:?}"),
+                Some(Ok(l)) if l.starts_with("stop:") => break,
+                Some(Ok(l)) => {
+                    first_screen.push_str(&l);
+                    first_screen.push('\n');
+                }
+                other => panic!("pinion up did not come up: {other:?}\n{first_screen}"),
             }
         }
+        assert!(first_screen.contains("pinion is up"), "{first_screen}");
         std::thread::spawn(move || for _ in lines {});
-        let up = Up { _serial: serial, _tmp: tmp, data, config, up: Some(child) };
+        let up = Up { _serial: serial, _tmp: tmp, data, config, up: Some(child), first_screen };
         // The node registers right after; `run` before that would wait Pending.
         up.wait("the node Ready", || {
             let out = up.cli(&["get", "nodes", "-o", "json"]);
@@ -525,4 +538,38 @@ fn a_users_pod_runs_as_their_uid_sees_only_what_they_may_and_a_revoked_user_is_r
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = as_user(&alice_conf, &["get", "pods"]);
     assert!(!out.status.success() && text(&out.stderr).contains("revoked"), "{}", text(&out.stderr));
+}
+
+/// A host without the CNI plugins (here: `--cni-bin-dir` naming none):
+/// `up` writes no pod network, says so once on its first screen with the
+/// fix, the node says it as a condition, and a pod runs with `lo` only
+/// rather than failing to start.
+#[test]
+fn up_on_a_host_without_the_plugins_runs_pods_with_lo_only_and_says_why() {
+    let Some(up) = Up::start_with(&["--cni-bin-dir", "/nonexistent/cni"]) else { return };
+    let screen = &up.first_screen;
+    assert!(
+        screen.contains("pod network: NONE (none written), pods get only lo: CNI plugin \"bridge\" not found"),
+        "{screen}"
+    );
+    assert!(screen.contains("fix: apt-get install containernetworking-plugins"), "{screen}");
+    assert!(!up._tmp.path().join("cni").exists(), "no network written");
+
+    up.wait("the node's condition", || text(&up.cli(&["get", "nodes"]).stdout).contains("Ready,PodNetwork=False"));
+    let node = text(&up.cli(&["get", "nodes", "-o", "json"]).stdout);
+    let v: Value = serde_json::from_str(&node).unwrap();
+    let name = v["items"][0]["metadata"]["name"].as_str().unwrap().to_string();
+    let described = text(&up.cli(&["describe", "node", &name]).stdout);
+    assert!(described.contains("PodNetwork=False (CNIPluginMissing)"), "{described}");
+    assert!(described.contains("fix: apt-get install containernetworking-plugins"), "{described}");
+
+    let pod = format!("lo-only-{}", std::process::id());
+    let out = up.cli(&["run", &pod, "--", "sh", "-c", "cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' '"]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "stdout: {shown}\nstderr: {}", text(&out.stderr));
+    assert_eq!(shown, "lo\n", "only lo in the pod");
+    let status = text(&up.cli(&["get", "pods", &pod, "-o", "json"]).stdout);
+    let v: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["status"]["phase"], "Succeeded", "{status}");
+    assert!(v["status"].get("podIP").is_none(), "{status}");
 }

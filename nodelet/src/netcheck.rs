@@ -29,6 +29,10 @@ pub enum Unfit {
     ToolMissing { tool: String },
     /// The kernel refused what a plugin asked of it (no bridge, no veth).
     KernelUnsupported { message: String },
+    /// A device on the host is in the network's way: a bridge of the
+    /// network's name holding another address (one an older pinion, or
+    /// another tool, made).
+    DeviceConflict { device: String, message: String },
     /// The check itself could not run (no network namespace, a plugin hung).
     CannotCheck { message: String },
 }
@@ -39,6 +43,7 @@ impl std::fmt::Display for Unfit {
             Unfit::PluginMissing { plugin, dirs } => write!(f, "CNI plugin {plugin:?} not found in {dirs}"),
             Unfit::ToolMissing { tool } => write!(f, "{tool:?}, which the pod network runs, is not on PATH"),
             Unfit::KernelUnsupported { message } => write!(f, "the kernel refused the pod network: {message}"),
+            Unfit::DeviceConflict { device, message } => write!(f, "the host's {device} is in the way: {message}"),
             Unfit::CannotCheck { message } => write!(f, "cannot check the pod network: {message}"),
         }
     }
@@ -51,6 +56,7 @@ impl Unfit {
             Unfit::PluginMissing { .. } => "CNIPluginMissing",
             Unfit::ToolMissing { .. } => "ToolMissing",
             Unfit::KernelUnsupported { .. } => "KernelUnsupported",
+            Unfit::DeviceConflict { .. } => "DeviceConflict",
             Unfit::CannotCheck { .. } => "HostCheckFailed",
         }
     }
@@ -63,6 +69,8 @@ impl Unfit {
             Unfit::ToolMissing { .. } => None,
             // A module not loaded yet; a kernel built without them needs another kernel.
             Unfit::KernelUnsupported { .. } => Some("modprobe bridge veth".into()),
+            // Nothing of pinion's runs on it any more once its pods are gone.
+            Unfit::DeviceConflict { device, .. } => Some(format!("ip link delete {device}")),
             Unfit::CannotCheck { .. } => None,
         }
     }
@@ -80,7 +88,8 @@ impl Unfit {
 
     /// A pod network's failure that is the host's (a plugin or a program
     /// missing, the kernel lacking a feature), or `None` when it is the
-    /// configuration's or one pod's (retried as any failed start).
+    /// configuration's or one pod's (retried as any failed start). A device in
+    /// the way counts as the host's: nothing the pod does changes it.
     pub fn of(error: &CniError) -> Option<Unfit> {
         match error {
             CniError::PluginMissing { plugin, dirs } => {
@@ -96,8 +105,9 @@ impl Unfit {
 /// What a plugin's error text says of the host. The bridge plugin says
 /// `could not add "pinion0": operation not supported` on a kernel without
 /// bridges, `failed to find plugin "host-local" in path [...]` for a
-/// missing IPAM plugin, and `exec: "iptables": executable file not found
-/// in $PATH` without iptables.
+/// missing IPAM plugin, `exec: "iptables": executable file not found in
+/// $PATH` without iptables, and `"pinion0" already has an IP address
+/// different from ...` when a bridge of that name holds another address.
 fn of_message(message: &str) -> Option<Unfit> {
     let lower = message.to_ascii_lowercase();
     let quoted_after = |marker: &str| {
@@ -107,6 +117,15 @@ fn of_message(message: &str) -> Option<Unfit> {
     };
     if lower.contains("operation not supported") || lower.contains("protocol not supported") {
         return Some(Unfit::KernelUnsupported { message: message.to_string() });
+    }
+    if lower.contains("already has an ip address different from") {
+        let device = message[..lower.find("already has an ip address")?]
+            .trim_end()
+            .rsplit(' ')
+            .next()
+            .map(|d| d.trim_matches('"').to_string())
+            .filter(|d| !d.is_empty() && !d.contains(char::is_whitespace))?;
+        return Some(Unfit::DeviceConflict { device, message: message.to_string() });
     }
     if lower.contains("failed to find plugin") {
         let plugin = quoted_after("failed to find plugin").unwrap_or_else(|| "?".into());
@@ -346,6 +365,11 @@ mod tests {
         check(
             plugin(r#"failed to setup IP masquerade: exec: "iptables": executable file not found in $PATH"#),
             Some(("ToolMissing", Some("apt-get install iptables"))),
+        );
+        // A bridge an older pinion left with its /16 while the node's range is a /24.
+        check(
+            plugin(r#"failed to set bridge addr: "pinion0" already has an IP address different from 10.213.0.1/24"#),
+            Some(("DeviceConflict", Some("ip link delete pinion0"))),
         );
         // Its own: a bad configuration, an address range used up, a timeout.
         check(plugin("no IP addresses available in range set: 10.213.0.1-10.213.255.254"), None);
