@@ -792,8 +792,9 @@ fn remove_netns(host: &dyn Host, path: &Path) -> Result<(), CniError> {
 /// node's own pod range (`in_own_range`; the file's /16, which common ranges
 /// (Docker's 172.17/16, Kubernetes' 10.96/12 and 10.244/16, podman's
 /// 10.88/16, home 192.168/16) leave alone, stands in until the node has
-/// one), and masquerade so pods reach beyond the node with no route set up
-/// for them upstream.
+/// one); the node masquerades what its pods send beyond the pod ranges
+/// (`crate::routes::masquerade`), so they reach past the node with no route
+/// set up for them upstream.
 fn default_network() -> Value {
     serde_json::json!({
         "cniVersion": "1.0.0",
@@ -803,7 +804,10 @@ fn default_network() -> Value {
                 "type": "bridge",
                 "bridge": "pinion0",
                 "isGateway": true,
-                "ipMasq": true,
+                // The node masquerades its range, one rule per range
+                // (`crate::routes`): the plugin's per-pod rule would also
+                // hide a pod's address from pods on other nodes.
+                "ipMasq": false,
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
@@ -825,6 +829,13 @@ const DEFAULT_NAME: &str = "pinion";
 /// host-local's leases for the default network (its own default is /var/lib/cni/networks).
 const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
 const DEFAULT_FILE: &str = "10-pinion.conflist";
+
+/// Whether the network configured in `dir` is Pinion's default one (named
+/// `pinion`): the node's own range, its masquerade and routes to peers are
+/// then Pinion's to keep (`crate::routes`).
+pub fn uses_default_network(dir: &Path) -> bool {
+    load_config(dir).is_ok_and(|n| n.name == DEFAULT_NAME)
+}
 
 /// Writes `default_network` as `dir/10-pinion.conflist` (temp file, fsync,
 /// rename) when `dir` holds no configuration; the file written, if any.

@@ -204,6 +204,23 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
     } else {
         drop(changes_tx);
     }
+    // On the default network (the node's range, set up by Pinion): routes
+    // to the other nodes' ranges, and the masquerade of its own.
+    if let Some(cni) = agent.cni.as_ref().filter(|c| crate::cni::uses_default_network(&c.conf_dir)) {
+        let (view, mode) = (net_view_tx.subscribe(), agent.pod_routes);
+        tracing::debug!(dir = %cni.conf_dir.display(), ?mode, "routes to peers' pods follow the node's view");
+        let stopped = stopped(stop.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                r = crate::routes::run(view, mode, crate::cni::DEFAULT_SUBNET.parse().ok()) => {
+                    if let Err(e) = r {
+                        tracing::error!(error = %e, "routes to other nodes' pods are no longer kept");
+                    }
+                }
+                () = stopped => {}
+            }
+        }));
+    }
     if let Some(listener) = local {
         // A scraper, not a crowd: a few connections at once.
         let local = crate::endpoint::serve_local(listener, agent.metrics.clone(), 16, stop.clone());

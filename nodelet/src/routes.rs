@@ -441,26 +441,38 @@ pub async fn masquerade(own: Ipv4Net, ranges: &[Ipv4Net]) -> Result<(), RoutesEr
 }
 
 /// Keeps the kernel's routes as the view says: at every change, and every
-/// [`RESYNC`]; with `masquerade_own`, the masquerade of the node's range too
-/// (the default network, which leaves it to the node). Ends when the view's
-/// sender is gone.
+/// [`RESYNC`]; with `masquerade`, the masquerade of the node's range too
+/// (the default network, which leaves it to the node), or of `masquerade`'s
+/// range while the node has none of its own (not joined). Ends when the
+/// view's sender is gone.
 pub async fn run(
-    mut view: tokio::sync::watch::Receiver<(Option<Ipv4Net>, Vec<Peer>)>,
-    mode: Mode,
-    masquerade_own: bool,
+    mut view: tokio::sync::watch::Receiver<crate::peers::NetView>,
+    mode: Option<Mode>,
+    masquerade: Option<Ipv4Net>,
 ) -> Result<(), RoutesError> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     let conn = tokio::spawn(conn);
     let mut last = None;
     loop {
-        let (own, peers) = view.borrow_and_update().clone();
+        let crate::peers::NetView { own_cidr: own, peers } = view.borrow_and_update().clone();
+        let peers: Vec<Peer> = peers
+            .into_iter()
+            .filter_map(|p| match p.address {
+                IpAddr::V4(address) => Some(Peer { name: p.name, pod_cidr: p.pod_cidr, address }),
+                // IPv6 underlays: not yet (the ranges are IPv4).
+                IpAddr::V6(_) => None,
+            })
+            .collect();
         let result = async {
             let connected = connected(&handle).await?;
-            let p = plan(own, &peers, &connected, mode);
+            let p = match mode {
+                Some(mode) => plan(own, &peers, &connected, mode),
+                None => Plan::default(),
+            };
             apply(&handle, &p).await?;
-            if let (Some(own), true) = (own, masquerade_own) {
+            if let Some(own) = masquerade.map(|fallback| own.unwrap_or(fallback)) {
                 let ranges: Vec<Ipv4Net> = std::iter::once(own).chain(peers.iter().map(|p| p.pod_cidr)).collect();
-                masquerade(own, &ranges).await?;
+                self::masquerade(own, &ranges).await?;
             }
             Ok::<_, RoutesError>(p)
         }

@@ -170,6 +170,11 @@ pub struct NodeArgs {
     /// the route to the server].
     #[arg(long, value_name = "IP")]
     pub node_address: Option<std::net::IpAddr>,
+    /// Routes to the other nodes' pods on the default pod network: auto
+    /// (direct where a node shares a subnet with this one, VXLAN where
+    /// not) | vxlan (for every node) | off (Pinion makes none).
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_pod_routes)]
+    pub pod_routes: PodRoutes,
     /// Each container's process limit (its cgroup's pids.max) when its pod
     /// sets no `spec.pidsLimit`, so one fork bomb cannot exhaust the host; 0: none.
     #[arg(long, value_name = "N", default_value_t = nodelet::agent::DEFAULT_POD_PIDS_LIMIT,
@@ -292,6 +297,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
     agent.sysfs_root = args.node.topology.sysfs_source();
     agent.on_settings_change = args.node.on_settings_change;
     agent.pod_pids_limit = (args.node.pod_pids_limit > 0).then_some(args.node.pod_pids_limit);
+    agent.pod_routes = args.node.pod_routes.0;
     // Used only with a configuration and real containers (`nodelet::daemon`).
     agent.cni = Some(nodelet::cni::CniConfig::new(
         args.node.cni_conf_dir.clone(),
@@ -450,4 +456,15 @@ pub fn table(report: &NodeReport) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `--pod-routes`: a mode, or `off` (`None`).
+#[derive(Debug, Clone, Copy)]
+pub struct PodRoutes(pub Option<nodelet::routes::Mode>);
+
+fn parse_pod_routes(s: &str) -> Result<PodRoutes, String> {
+    match s {
+        "off" => Ok(PodRoutes(None)),
+        other => other.parse().map(|m| PodRoutes(Some(m))).map_err(|e: String| format!("{e}, or off")),
+    }
 }

@@ -111,6 +111,9 @@ pub struct AgentConfig {
     /// The pids limit of each container whose pod sets no `spec.pidsLimit`
     /// (`--pod-pids-limit`); `None`: no limit.
     pub pod_pids_limit: Option<u64>,
+    /// How the default pod network reaches other nodes' pods
+    /// (`crate::routes`); `None`: Pinion makes no routes to them.
+    pub pod_routes: Option<crate::routes::Mode>,
 }
 
 /// The default `--pod-pids-limit`: above what a real workload holds (a
@@ -141,6 +144,7 @@ impl AgentConfig {
             cni: None,
             network_unfit: None,
             pod_pids_limit: Some(DEFAULT_POD_PIDS_LIMIT),
+            pod_routes: Some(crate::routes::Mode::Auto),
         }
     }
 }
