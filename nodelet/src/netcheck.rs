@@ -65,7 +65,7 @@ impl Unfit {
     pub fn fix(&self) -> Option<String> {
         match self {
             Unfit::PluginMissing { .. } => Some("apt-get install containernetworking-plugins".into()),
-            Unfit::ToolMissing { tool } if tool == "iptables" => Some("apt-get install iptables".into()),
+            Unfit::ToolMissing { tool } if tool.starts_with("iptables") => Some("apt-get install iptables".into()),
             Unfit::ToolMissing { .. } => None,
             // A module not loaded yet; a kernel built without them needs another kernel.
             Unfit::KernelUnsupported { .. } => Some("modprobe bridge veth".into()),
@@ -161,13 +161,24 @@ fn tools_needed(network: &Value) -> Vec<&'static str> {
     }
 }
 
+/// The programs the node runs for the default network itself: its
+/// masquerade, one chain for the node's range (`crate::routes::masquerade`).
+const DEFAULT_NETWORK_TOOLS: [&str; 2] = ["iptables", "iptables-restore"];
+
 /// What `network` needs that `host` lacks, without running anything: its
-/// plugins in `cfg`'s folders, and its programs in `path` (`PATH`'s folders).
-pub(crate) fn lacks(host: &dyn Host, cfg: &CniConfig, network: &Value, path: &[PathBuf]) -> Result<(), Unfit> {
+/// plugins in `cfg`'s folders, and its programs and `tools` in `path`
+/// (`PATH`'s folders).
+pub(crate) fn lacks(
+    host: &dyn Host,
+    cfg: &CniConfig,
+    network: &Value,
+    tools: &[&'static str],
+    path: &[PathBuf],
+) -> Result<(), Unfit> {
     for plugin in plugins_needed(network) {
         cni::find_plugin(host, &cfg.bin_dirs, &plugin).map_err(|e| Unfit::of(&e).unwrap_or_else(|| cannot(e)))?;
     }
-    for tool in tools_needed(network) {
+    for tool in tools_needed(network).into_iter().chain(tools.iter().copied()) {
         if !path.iter().any(|d| host.is_file(&d.join(tool))) {
             return Err(Unfit::ToolMissing { tool: tool.into() });
         }
@@ -190,7 +201,7 @@ fn search_path() -> Vec<PathBuf> {
 /// `CHECK_TIMEOUT` per plugin.
 pub fn check_default(cfg: &CniConfig) -> Result<(), Unfit> {
     let network = cni::default_value();
-    lacks(&RealHost, cfg, &network, &search_path())?;
+    lacks(&RealHost, cfg, &network, &DEFAULT_NETWORK_TOOLS, &search_path())?;
     dry_run(cfg, &network)
 }
 
@@ -205,7 +216,7 @@ pub fn check_file(cfg: &CniConfig, path: &Path) -> Result<(), Unfit> {
         Some(_) => network,
         None => serde_json::json!({ "plugins": [network] }),
     };
-    lacks(&RealHost, cfg, &network, &search_path())
+    lacks(&RealHost, cfg, &network, &[], &search_path())
 }
 
 /// What `pinion up` did about the pod network.
@@ -421,10 +432,15 @@ mod tests {
         let cfg = CniConfig::new(PathBuf::from("/net.d"), vec![PathBuf::from("/cni")]);
         let path = [PathBuf::from("/usr/sbin")];
         let network = cni::default_value();
-        let all =
-            || Recorder::default().file("/cni/bridge", "").file("/cni/host-local", "").file("/usr/sbin/iptables", "");
+        let all = || {
+            Recorder::default()
+                .file("/cni/bridge", "")
+                .file("/cni/host-local", "")
+                .file("/usr/sbin/iptables", "")
+                .file("/usr/sbin/iptables-restore", "")
+        };
         let check = |host: Recorder, want: Result<(), Unfit>| {
-            assert_eq!(lacks(&host, &cfg, &network, &path), want);
+            assert_eq!(lacks(&host, &cfg, &network, &DEFAULT_NETWORK_TOOLS, &path), want);
         };
         check(all(), Ok(()));
         check(
@@ -439,10 +455,17 @@ mod tests {
             Recorder::default().file("/cni/bridge", "").file("/cni/host-local", ""),
             Err(Unfit::ToolMissing { tool: "iptables".into() }),
         );
+        check(
+            Recorder::default().file("/cni/bridge", "").file("/cni/host-local", "").file("/usr/sbin/iptables", ""),
+            Err(Unfit::ToolMissing { tool: "iptables-restore".into() }),
+        );
         // No masquerade, no iptables needed.
         let plain = serde_json::json!({"plugins": [{"type": "bridge", "ipam": {"type": "host-local"}}]});
         let host = Recorder::default().file("/cni/bridge", "").file("/cni/host-local", "");
-        assert_eq!(lacks(&host, &cfg, &plain, &path), Ok(()));
+        assert_eq!(lacks(&host, &cfg, &plain, &[], &path), Ok(()));
+        // The bridge plugin's own masquerade runs iptables.
+        let masq = serde_json::json!({"plugins": [{"type": "bridge", "ipMasq": true, "ipam": {"type": "host-local"}}]});
+        assert_eq!(lacks(&host, &cfg, &masq, &[], &path), Err(Unfit::ToolMissing { tool: "iptables".into() }));
     }
 
     #[test]
