@@ -361,7 +361,11 @@ async fn prune_neighbours(
         }
     }
     for msg in stale {
-        handle.neighbours().del(msg).execute().await?;
+        match handle.neighbours().del(msg).execute().await {
+            // Listed twice (both dumps can hold a forwarding entry): gone already.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => {}
+            other => other?,
+        }
     }
     Ok(())
 }
