@@ -2,8 +2,10 @@
 //! Slurm (Debian `slurm-wlm`, set up here by `e2e::slurm`), in one pass.
 //!
 //! 1. One-liner: `pinion run bj --cpus 1 --rm -- true` against `srun
-//!    --cpu-bind=cores -c1 true`, interleaved, `--runs` times each: the wall
-//!    time of the client command, from its spawn to its exit.
+//!    --cpu-bind=cores -c1 true` and `runc run` of the same `true` pinned to
+//!    CPU 1 (a bundle made here: a busybox-static rootfs, `runc spec` with
+//!    `cpus` "1"), interleaved, `--runs` times each: the wall time of the
+//!    client command, from its spawn to its exit.
 //! 2. Queue: `--queue` one-CPU `true` jobs submitted at once onto this host's
 //!    one allocatable CPU (CPU 0 reserved on both sides), so each job waits for
 //!    the previous one's CPU: `pinion run q --array 1-N --cpus 1 -- true`
@@ -26,8 +28,8 @@
 //!    read from its stdout, and to its exit.
 //!
 //! Usage (as root): `bench_job [--runs N] [--queue N] [--hollow-jobs N]
-//! [--two-nodes N] [--pinion PATH] [--no-slurm]` (defaults 50, 200, 1000,
-//! none, `target/release/pinion`).
+//! [--two-nodes N] [--pinion PATH] [--no-slurm] [--no-runc]` (defaults 50,
+//! 200, 1000, none, `target/release/pinion`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -45,6 +47,7 @@ struct Opts {
     two_nodes: usize,
     pinion: PathBuf,
     slurm: bool,
+    runc: bool,
 }
 
 fn opts() -> anyhow::Result<Opts> {
@@ -55,6 +58,7 @@ fn opts() -> anyhow::Result<Opts> {
         two_nodes: 0,
         pinion: PathBuf::from("target/release/pinion"),
         slurm: true,
+        runc: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -68,6 +72,7 @@ fn opts() -> anyhow::Result<Opts> {
             "--two-nodes" => o.two_nodes = num("--two-nodes")?,
             "--pinion" => o.pinion = PathBuf::from(args.next().context("--pinion PATH")?),
             "--no-slurm" => o.slurm = false,
+            "--no-runc" => o.runc = false,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -150,7 +155,48 @@ fn timed(cmd: &mut Command) -> anyhow::Result<f64> {
     Ok(ms)
 }
 
-fn one_liner(up: &Up, slurm: Option<&Slurm>, runs: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+/// A runc bundle running `/bin/true` pinned to CPU 1, as a one-CPU job is on
+/// a host whose CPU 0 is reserved: busybox-static's `/bin/busybox` as the
+/// rootfs if the host has it, else the host's `true` and its libraries.
+fn runc_bundle() -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new().prefix("pinion-bench-runc-").tempdir()?;
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin"))?;
+    let busybox = Path::new("/bin/busybox");
+    if busybox.exists() {
+        std::fs::copy(busybox, rootfs.join("bin/busybox"))?;
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin/true"))?;
+    } else {
+        let host_true = std::fs::canonicalize("/bin/true")?;
+        std::fs::copy(&host_true, rootfs.join("bin/true"))?;
+        let ldd = Command::new("ldd").arg(&host_true).output().context("ldd")?;
+        for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
+            let to = rootfs.join(lib.trim_start_matches('/'));
+            std::fs::create_dir_all(to.parent().context("lib path")?)?;
+            std::fs::copy(lib, to)?;
+        }
+    }
+    let spec = Command::new("runc").arg("spec").current_dir(dir.path()).status().context("runc spec")?;
+    if !spec.success() {
+        bail!("runc spec: {spec}");
+    }
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    config["process"]["args"] = serde_json::json!(["/bin/true"]);
+    config["process"]["terminal"] = serde_json::json!(false);
+    config["linux"]["resources"]["cpu"] = serde_json::json!({ "cpus": "1" });
+    std::fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
+    Ok(dir)
+}
+
+/// `pinion run`, `srun` and `runc run` one-liners, interleaved: milliseconds each.
+struct OneLiner {
+    pinion: Vec<f64>,
+    srun: Vec<f64>,
+    runc: Vec<f64>,
+}
+
+fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow::Result<OneLiner> {
     let pinion_run = || {
         let mut c = up.cmd();
         c.args(["run", "bj", "--cpus", "1", "--memory", "64Mi", "--rm", "--", "true"]);
@@ -161,27 +207,43 @@ fn one_liner(up: &Up, slurm: Option<&Slurm>, runs: usize) -> anyhow::Result<(Vec
         c.args(["--cpu-bind=cores", "-c1", "--mem=64", "true"]);
         c
     };
+    let bundle = if runc { Some(runc_bundle()?) } else { None };
+    let mut n = 0usize;
+    // The wall time of `runc run` alone; `runc delete -f` after is not timed.
+    let mut runc_run = |b: &Path| -> anyhow::Result<f64> {
+        n += 1;
+        let id = format!("pinion-bench-{}-{n}", std::process::id());
+        let ms = timed(Command::new("runc").args(["run", "--bundle"]).arg(b).arg(&id));
+        let _ = Command::new("runc").args(["delete", "-f", &id]).output();
+        ms
+    };
     // Warm-up: page cache, the first TLS session, Slurm's first step.
     for _ in 0..3 {
         timed(&mut pinion_run())?;
         if let Some(s) = slurm {
             timed(&mut srun(s))?;
         }
+        if let Some(b) = &bundle {
+            runc_run(b.path())?;
+        }
     }
-    let (mut p, mut s) = (Vec::new(), Vec::new());
+    let mut o = OneLiner { pinion: Vec::new(), srun: Vec::new(), runc: Vec::new() };
     for i in 0..runs {
-        // Alternate which goes first, so neither always follows the other's tail.
+        // Alternate which goes first, so none always follows another's tail.
         if i % 2 == 0 {
-            p.push(timed(&mut pinion_run())?);
+            o.pinion.push(timed(&mut pinion_run())?);
         }
         if let Some(sl) = slurm {
-            s.push(timed(&mut srun(sl))?);
+            o.srun.push(timed(&mut srun(sl))?);
+        }
+        if let Some(b) = &bundle {
+            o.runc.push(runc_run(b.path())?);
         }
         if i % 2 == 1 {
-            p.push(timed(&mut pinion_run())?);
+            o.pinion.push(timed(&mut pinion_run())?);
         }
     }
-    Ok((p, s))
+    Ok(o)
 }
 
 /// Jobs per second of an array of `n` one-CPU `true` jobs through `pinion run`.
@@ -482,7 +544,7 @@ fn main() -> anyhow::Result<()> {
     let load_before = load_average();
 
     let up = Up::start(&o.pinion, &["--reserved-cpus", "0"])?;
-    let (p, s) = one_liner(&up, slurm.as_ref(), o.runs)?;
+    let one = one_liner(&up, slurm.as_ref(), o.runc, o.runs)?;
     let (pq, sq) = {
         let pq = pinion_queue(&up, "q", o.queue)?;
         let sq = match &slurm {
@@ -509,12 +571,17 @@ fn main() -> anyhow::Result<()> {
 
     println!("job path, one pass (load average {load_before:.2} before, {load_after:.2} after)");
     println!("1. one-liner, {} runs each, interleaved", o.runs);
-    let ps = Summary::of(&p);
+    let ps = Summary::of(&one.pinion);
     println!("{}", line("pinion run --cpus 1 --rm -- true", &ps));
-    if !s.is_empty() {
-        let ss = Summary::of(&s);
+    if !one.srun.is_empty() {
+        let ss = Summary::of(&one.srun);
         println!("{}", line("srun --cpu-bind=cores -c1 true", &ss));
         println!("   ratio of medians pinion/srun: {:.2}", ps.median / ss.median);
+    }
+    if !one.runc.is_empty() {
+        let rs = Summary::of(&one.runc);
+        println!("{}", line("runc run (true, cpus 1)", &rs));
+        println!("   ratio of medians pinion/runc: {:.2}", ps.median / rs.median);
     }
     println!("2. queue of {} one-CPU true jobs on one allocatable CPU", o.queue);
     println!("   pinion run --array: {pq:.1} jobs/s ({:.1} ms per job)", 1e3 / pq);
