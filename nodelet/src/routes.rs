@@ -331,11 +331,6 @@ async fn prune_neighbours(
         let keep = match msg.header.family {
             AddressFamily::Inet => dst
                 .is_some_and(|d| peers.iter().any(|(via, mac, _)| *via == d && lla.as_deref() == Some(mac.as_slice()))),
-            AddressFamily::Bridge => {
-                // The kernel's own entries for the device (all-zero, its MAC) stay.
-                let ours = lla.as_deref().is_some_and(|l| l.len() == 6 && l[0] == 0x0e && l[1] == 0x70);
-                !ours || peers.iter().any(|(_, mac, u)| lla.as_deref() == Some(mac.as_slice()) && dst == Some(*u))
-            }
             _ => true,
         };
         if !keep {
@@ -361,11 +356,7 @@ async fn prune_neighbours(
         }
     }
     for msg in stale {
-        match handle.neighbours().del(msg).execute().await {
-            // Listed twice (both dumps can hold a forwarding entry): gone already.
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => {}
-            other => other?,
-        }
+        handle.neighbours().del(msg).execute().await?;
     }
     Ok(())
 }

@@ -572,6 +572,10 @@ impl Executor {
     /// Gives back the host id blocks of pods that no longer run (as
     /// `remove_networks`, whose pinned user namespaces go with the network).
     fn release_user_blocks(&self, state: &State) {
+        // Every pass of the loop comes here: nothing to compute when no pod holds a block.
+        if self.userns.claimed.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return;
+        }
         let wanted = wanted_user_blocks(state);
         for sandbox in self.userns.unwanted(&wanted) {
             let userns = self.userns.clone();

@@ -124,8 +124,6 @@ enum Then<'a> {
     Nothing,
     /// Make a network namespace owned by it (the pod's network).
     NewNet,
-    /// Enter this user namespace (made before) and nothing more.
-    Join(BorrowedFd<'a>),
     /// Enter this user namespace, then make a network namespace owned by it.
     JoinThenNewNet(BorrowedFd<'a>),
 }
@@ -137,7 +135,7 @@ fn with_child<T>(base: u32, then: Then<'_>, with: impl FnOnce(Pid) -> Result<T, 
     let (up_r, up_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let (go_r, go_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let join = match &then {
-        Then::Join(fd) | Then::JoinThenNewNet(fd) => Some(fd.as_raw_fd()),
+        Then::JoinThenNewNet(fd) => Some(fd.as_raw_fd()),
         _ => None,
     };
     let new_net = matches!(then, Then::NewNet | Then::JoinThenNewNet(_));
@@ -245,21 +243,6 @@ pub fn pin_netns_in(user_pin: &Path, net_pin: &Path) -> Result<(), String> {
 fn bind(source: &str, target: &Path) -> Result<(), String> {
     nix::mount::mount(Some(source), target, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
         .map_err(|e| format!("pinning {source} on {}: {e}", target.display()))
-}
-
-/// The uid map of the user namespace pinned (or held) at `ns`, as the host
-/// id of its root: what a pinned namespace says it maps, for checks.
-pub fn root_of(ns: BorrowedFd<'_>) -> Result<u32, String> {
-    // The owner of a user namespace's file is not its map; enter it with a
-    // child and read the child's map.
-    with_child(0, Then::Join(ns), |pid| {
-        let text = fs::read_to_string(format!("/proc/{pid}/uid_map")).map_err(|e| e.to_string())?;
-        let mut words = text.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("0"), Some(base)) => base.parse().map_err(|e| format!("uid_map {text:?}: {e}")),
-            _ => Err(format!("uid_map {text:?} does not map root")),
-        }
-    })
 }
 
 /// Mounts `source` on `target` idmapped through `userns`: a file that the
