@@ -204,8 +204,9 @@ pub enum Step {
     /// A queue drains as an event-driven system drains it: `pods` (already
     /// applied, in submission order, each running about `jobSeconds` and
     /// needing the capacity the previous one frees) are first seen running in
-    /// that order, each within `maxGapSeconds` of the previous one's end. A
-    /// polling interval or a backoff on the path breaks the bound.
+    /// that order; the median gap between one's end and the next one's start
+    /// is at most `maxGapSeconds`, and no gap is longer than that plus one job.
+    /// A polling interval or a backoff on the path breaks the bound.
     ExpectQueue {
         pods: Vec<String>,
         job_seconds: f64,
@@ -921,14 +922,27 @@ impl Cluster {
         if seen != pods.iter().map(String::as_str).collect::<Vec<_>>() {
             return Err(format!("started in the order {seen:?}, not the submission order"));
         }
-        for pair in order.windows(2) {
-            let gap = pair[1].1 - pair[0].1 - job_seconds;
-            if gap > max_gap {
+        // The observer is a process spawned every 20 ms on a machine that may
+        // be running other suites: one late look is its noise, not the
+        // system's. A poll or a backoff on the path lengthens every gap, so the
+        // median carries the bound; a single gap may reach one job's length.
+        let gaps: Vec<f64> = order.windows(2).map(|p| p[1].1 - p[0].1 - job_seconds).collect();
+        let mut sorted = gaps.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+        if median > max_gap {
+            return Err(format!(
+                "the median gap between one job's end and the next one's start is {median:.2} s, more than {max_gap} s (gaps {gaps:.2?}; first seen running: {order:?})"
+            ));
+        }
+        for (pair, gap) in order.windows(2).zip(&gaps) {
+            if *gap > max_gap + job_seconds {
                 return Err(format!(
-                    "{} started {:.2} s after {} started: {gap:.2} s after its end, more than {max_gap} s (first seen running: {order:?})",
+                    "{} started {:.2} s after {} started: {gap:.2} s after its end, more than {} s (first seen running: {order:?})",
                     pair[1].0,
                     pair[1].1 - pair[0].1,
-                    pair[0].0
+                    pair[0].0,
+                    max_gap + job_seconds
                 ));
             }
         }

@@ -194,10 +194,15 @@ pub(crate) async fn serve(
                 .keep_alive_timeout(config.liveness.silence().saturating_sub(config.liveness.heartbeat));
             let activity = Activity::new();
             let conn = builder.serve_connection(TokioIo::new(Watched::new(tls, activity.clone())), svc);
+            let mut conn = std::pin::pin!(conn);
             tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!(error = %e, "endpoint: connection ended") },
+                r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "endpoint: connection ended") },
                 why = door::watch(activity, bounds(allowed)) => {
                     tracing::debug!(%peer, reason = %why, "endpoint: connection closed");
+                    if why.lets_the_reply_finish() {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(door::LAST_REPLY_GRACE, conn).await;
+                    }
                 }
                 _ = seat.evicted() => tracing::debug!(%peer, "endpoint: connection evicted by newer ones"),
             }
@@ -285,10 +290,15 @@ pub(crate) async fn serve_local(
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(Watched::new(tcp, activity.clone())), svc);
+            let mut conn = std::pin::pin!(conn);
             tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!(error = %e, "local listener: connection ended") },
+                r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "local listener: connection ended") },
                 why = door::watch(activity, bounds(false)) => {
                     tracing::debug!(reason = %why, "local listener: connection closed");
+                    if why.lets_the_reply_finish() {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(door::LAST_REPLY_GRACE, conn).await;
+                    }
                 }
                 _ = seat.evicted() => {}
             }

@@ -151,6 +151,48 @@ async fn an_anonymous_body_is_refused_before_it_arrives() {
     s.stop().await;
 }
 
+/// A refusal sent before the body is read reaches the client whole: the
+/// small body it is still sending is thrown away unread, so the server
+/// never closes with bytes unread (a reset that loses the refusal: the TLS
+/// EOF Schemathesis saw on anonymous POSTs), and the connection carries the
+/// next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_small_body_keeps_the_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let mut tls = tls_connection(&s, dir.path(), None).await;
+    let body = format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: p, annotations: {{a: {}}}}}\n", "x".repeat(8000));
+    let head = format!(
+        "POST /api/v1/pods HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/yaml\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.expect("head");
+    tls.flush().await.expect("flush");
+    // The body comes after the server had the head (and could answer it).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tls.write_all(body.as_bytes()).await.expect("the body is taken");
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.expect("a second request");
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+            if String::from_utf8_lossy(&seen).matches("HTTP/1.1 ").count() >= 2 {
+                return true;
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(matches!(answered, Ok(true)), "the connection ended after the refusal: {text}");
+    assert!(text.contains("HTTP/1.1 200"), "{text}");
+    s.stop().await;
+}
+
 /// Finding 2: raw connections that never finish a handshake, anonymous TLS
 /// connections that send nothing and a caller that stops reading a large
 /// reply are all let go at their bounds, and the admin is served throughout.
@@ -224,6 +266,43 @@ async fn idle_and_slow_connections_are_closed_at_their_bound() {
     assert!(read < 6_000_000, "the whole 6 MB reply was delivered to a reader that stalled ({read} bytes)");
     let r = tokio::time::timeout(Duration::from_secs(10), s.admin.list_nodes(None)).await;
     assert!(matches!(r, Ok(Ok(_))), "the admin is served after: {r:?}");
+    s.stop().await;
+}
+
+/// A request under way when an anonymous connection reaches its lifetime is
+/// answered (with `connection: close`) before the connection ends: cut, it
+/// looked to the caller like a network fault (Schemathesis's TLS EOF on a
+/// POST it could not repeat). The body arrives across the bound; the answer
+/// still comes, and then the connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_under_way_at_the_lifetime_is_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |o| {
+        o.api.first_byte_timeout = Duration::from_secs(3);
+        o.api.anonymous_lifetime = Duration::from_secs(2);
+    })
+    .await;
+    let mut conn = tls_connection(&s, dir.path(), None).await;
+    let body = br#"{"token": "not-a-token", "node": "n1"}"#;
+    let head = format!(
+        "POST /api/v1/join HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    conn.write_all(&body[..10]).await.expect("first part");
+    // Bytes keep moving (the idle bound is 3 s) while the lifetime passes.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    conn.write_all(&body[10..20]).await.expect("second part");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Past the 2 s lifetime: the rest of the body still arrives and is read.
+    conn.write_all(&body[20..]).await.expect("the body's end is taken after the lifetime");
+    let mut reply = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 "), "no answer to the request under way at the lifetime: {reply:?}");
+    assert!(!reply.starts_with("HTTP/1.1 2"), "a made-up token was accepted: {reply:?}");
+    assert!(reply.to_ascii_lowercase().contains("connection: close"), "the answer did not say the connection ends: {reply:?}");
+    assert!(ended.is_ok(), "the connection stayed open after its last answer");
     s.stop().await;
 }
 

@@ -402,6 +402,10 @@ async fn serve_connection<S>(
         r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "connection ended") },
         why = door::watch(activity, config.bounds(class)) => {
             tracing::debug!(%peer, ?class, reason = %why, "connection closed");
+            if why.lets_the_reply_finish() {
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(door::LAST_REPLY_GRACE, conn).await;
+            }
         }
         _ = seat.evicted() => tracing::debug!(%peer, ?class, "connection evicted by newer ones"),
         _ = shutdown.changed() => {
@@ -470,9 +474,12 @@ async fn handle(
             if let Ok(v) = hyper::header::HeaderValue::from_str(&allow) {
                 r.headers_mut().insert(hyper::header::ALLOW, v);
             }
-            return r;
+            return refused_unread(req, r).await;
         }
-        Matched::NotFound => return error_response(&error(404, "NotFound", format!("no route {}", req.uri().path()))),
+        Matched::NotFound => {
+            let r = error_response(&error(404, "NotFound", format!("no route {}", req.uri().path())));
+            return refused_unread(req, r).await;
+        }
     };
     // Who asks, as the store knows them now: a revoked person or a deleted
     // node is refused from their next request on, before their body is read;
@@ -480,14 +487,14 @@ async fn handle(
     let identity = match crate::cluster::resolve(&state.store, &caller.identity, caller.incarnation.as_deref()) {
         Ok(id) => id,
         Err(_) if public(route) => Identity::Anonymous,
-        Err(e) => return error_response(&error::answer(e)),
+        Err(e) => return refused_unread(req, error_response(&error::answer(e))).await,
     };
     let identity = &identity;
-    // Refused before the body is read: the body is never drained either, so
-    // an anonymous upload costs at most what the kernel buffered.
+    // Refused before the body is read: it is never decoded, and an
+    // anonymous upload costs at most what `refused_unread` throws away.
     let limit = match screen(route, identity, &config) {
         Ok(limit) => limit,
-        Err(e) => return error_response(&e),
+        Err(e) => return refused_unread(req, error_response(&e)).await,
     };
     if route == RouteId::Join {
         if let Err(limited) = state.joins.admit(peer.ip()) {
@@ -503,7 +510,7 @@ async fn handle(
             if let Ok(v) = hyper::header::HeaderValue::from_str(&limited.retry_after.as_secs().max(1).to_string()) {
                 r.headers_mut().insert(hyper::header::RETRY_AFTER, v);
             }
-            return r;
+            return refused_unread(req, r).await;
         }
     }
     let too_large = || error(413, "RequestEntityTooLarge", format!("request body is larger than {limit} bytes"));
@@ -806,6 +813,50 @@ async fn decode(
         Ok(Err(e)) => Err(error::internal(format!("decoding the body failed: {e}"))),
         Err(_) => Err(error(503, "ServiceUnavailable", "decoding the body took too long")),
     }
+}
+
+/// How long a refusal sent before the body is read waits for the body's end.
+const REFUSED_BODY_WAIT: Duration = Duration::from_secs(2);
+/// The most of a refused body thrown away so that the refusal arrives (Go's
+/// net/http drains as much; Schemathesis sends up to 131 KB).
+const REFUSED_BODY_DRAIN: u64 = 256 << 10;
+
+/// A refusal sent before the body is read (who asks may not send it). The
+/// body the client is still sending is thrown away unread, up to
+/// `REFUSED_BODY_DRAIN` and for at most `REFUSED_BODY_WAIT`: a server that
+/// closes with bytes unread resets the connection, and the client loses the
+/// refusal with it (Schemathesis saw a TLS EOF on a POST without a
+/// certificate). Nothing of it is kept or parsed. A body declared larger
+/// than `REFUSED_BODY_DRAIN` is not waited for, nor one that goes on past
+/// it: the refusal then says `connection: close`.
+async fn refused_unread(req: Request<Incoming>, mut r: Response<Body>) -> Response<Body> {
+    use hyper::body::Body as _;
+    let mut body = req.into_body();
+    if body.is_end_stream() {
+        return r;
+    }
+    let cap = REFUSED_BODY_DRAIN;
+    let small = body.size_hint().upper().is_some_and(|n| n <= cap);
+    let drained = small
+        && tokio::time::timeout(REFUSED_BODY_WAIT, async {
+            let mut seen = 0u64;
+            while let Some(frame) = body.frame().await {
+                let Ok(frame) = frame else { return false };
+                if let Ok(d) = frame.into_data() {
+                    seen += d.len() as u64;
+                    if seen > cap {
+                        return false;
+                    }
+                }
+            }
+            true
+        })
+        .await
+        .unwrap_or(false);
+    if !drained {
+        r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    r
 }
 
 /// Reads and discards what is left of a refused body (up to 16 times the limit)

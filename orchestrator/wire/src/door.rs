@@ -16,7 +16,9 @@
 //! `write_stall` ends the connection (the slow reader that held a large
 //! reply in memory); a connection where no byte moved either way for `idle`
 //! ends; a connection of an unknown caller ends at `lifetime` whatever it
-//! does. Reads inside a request are bounded by the HTTP layer's own timeouts.
+//! does. At the idle and lifetime bounds a request already under way is
+//! answered first (`LAST_REPLY_GRACE`). Reads inside a request are bounded by
+//! the HTTP layer's own timeouts.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -138,6 +140,21 @@ impl std::fmt::Display for Ended {
         })
     }
 }
+
+impl Ended {
+    /// Whether a request under way is answered before the connection ends.
+    /// At a time bound (idle, lifetime) the caller did nothing wrong right
+    /// now: cutting a request it just sent looks to it like a network fault
+    /// it cannot tell from a lost reply (a POST it may not repeat). It gets
+    /// its answer with `connection: close`, within [`LAST_REPLY_GRACE`].
+    /// A peer that sends nothing or stops reading gets nothing more.
+    pub fn lets_the_reply_finish(self) -> bool {
+        matches!(self, Ended::Idle | Ended::Lifetime)
+    }
+}
+
+/// How long a connection past its time bound has to finish the request it is in.
+pub const LAST_REPLY_GRACE: Duration = Duration::from_secs(5);
 
 const NEVER: u64 = u64::MAX;
 
