@@ -183,6 +183,39 @@ fn a_start_traces_the_runtimes_and_the_shims_steps() {
     }
 }
 
+/// The agent makes the pod's network while the runtime prepares the bundle:
+/// the container's process waits for it (`NetworkReady` between the bundle
+/// and the shim), and a network that failed abandons the start with nothing
+/// left behind (no state, cgroup, mount or process).
+#[test]
+fn a_start_waits_for_its_network_and_a_failed_one_leaves_nothing() {
+    use nodelet::metrics::{StartTrace, Step};
+    let Some(mut fx) = fixture() else { return };
+    let cfg = fx.cfg("gated", &["true"]);
+    let mut trace = StartTrace::begin();
+    let mut asked = 0;
+    let mut ready = || {
+        asked += 1;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        true
+    };
+    fx.rt.start_when_ready(&cfg, &mut trace, &mut ready).expect("start");
+    assert_eq!(asked, 1, "the gate is asked once");
+    fx.wait_exit(&cfg.id);
+    let steps: Vec<(Step, f64)> = trace.steps().collect();
+    let names: Vec<Step> = steps.iter().map(|(s, _)| *s).collect();
+    assert_eq!(&names[..3], &[Step::BundlePrepared, Step::NetworkReady, Step::ShimSpawned], "{names:?}");
+    assert!(steps[1].1 >= 0.2, "the shim did not wait for the network: {steps:?}");
+
+    let failed = fx.cfg("abandoned", &["true"]);
+    let err = fx.rt.start_when_ready(&failed, &mut StartTrace::begin(), &mut || false).expect_err("abandoned");
+    assert!(err.to_string().contains(nodelet::runtime::ABANDONED), "{err}");
+    assert_eq!(fx.rt.state(&failed.id).expect("state"), ContainerState::Missing);
+    assert_eq!(fx.rt.cgroup_dirs(&failed.id), Vec::<PathBuf>::new(), "cgroups left by an abandoned start");
+    assert_eq!(processes_in(&failed.id), Vec::<i32>::new());
+    fx.finish();
+}
+
 #[test]
 fn the_cpu_quota_is_in_place_once_the_container_runs() {
     let Some(mut fx) = fixture() else { return };

@@ -2,8 +2,9 @@
 //! benchmarks: `munged`, `slurmctld` and one `slurmd` per node (all on this
 //! host, as `../shared/notes/peers-on-this-host.md` found works) on loopback ports, state
 //! in a temporary folder, configured as `../shared/notes/peers-on-this-host.md`
-//! found it works on this host (cons_tres per core, cgroup v1 task and process
-//! tracking, no scheduling delay). `CpuSpecList` keeps the same CPUs out of
+//! found it works on this host (cons_tres per core, cgroup v1 process
+//! tracking), as installed or tuned as Slurm's high-throughput guide says
+//! ([`Tuning`]). `CpuSpecList` keeps the same CPUs out of
 //! Slurm's hands as Pinion reserves for the system, so both schedule onto the
 //! same CPUs.
 //!
@@ -25,12 +26,55 @@ pub struct Slurm {
     daemons: Vec<Child>,
 }
 
+/// How Slurm is configured beyond what it needs to run here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tuning {
+    /// What an admin starting from `slurm.conf`'s defaults has: the backfill
+    /// scheduler with its default delays (`batch_sched_delay` 3 s), jobs kept
+    /// 300 s after they end, info logging, task/cgroup with
+    /// `ConstrainRAMSpace`.
+    AsInstalled,
+    /// Slurm's own high-throughput guide (`high_throughput.html`, 22.05),
+    /// for short jobs: no accounting storage, gathering or completion
+    /// records, `MinJobAge=2`, the FIFO `sched/builtin` scheduler and
+    /// `priority/basic`, `SchedulerParameters` with no batch delay and no
+    /// minimum interval (a one-CPU queue is latency-bound: each job waits
+    /// for the one before; the guide's `sched_min_interval=2000000` batches
+    /// many submissions instead), error-level logs, and `task/affinity`
+    /// without `task/cgroup` (the guide: task/cgroup with ConstrainRAMSpace
+    /// is slower).
+    HighThroughput,
+}
+
+impl Tuning {
+    /// The `slurm.conf` lines of this tuning.
+    fn lines(self) -> &'static str {
+        match self {
+            Tuning::AsInstalled => {
+                "TaskPlugin=task/affinity,task/cgroup\n\
+                 SlurmctldDebug=info\nSlurmdDebug=info\n"
+            }
+            Tuning::HighThroughput => {
+                "TaskPlugin=task/affinity\n\
+                 AccountingStorageType=accounting_storage/none\n\
+                 JobAcctGatherType=jobacct_gather/none\n\
+                 JobCompType=jobcomp/none\n\
+                 MinJobAge=2\n\
+                 SchedulerType=sched/builtin\n\
+                 PriorityType=priority/basic\n\
+                 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,default_queue_depth=100\n\
+                 SlurmctldDebug=error\nSlurmdDebug=error\n"
+            }
+        }
+    }
+}
+
 impl Slurm {
     /// Starts a one-node cluster whose node is this host, with `reserved` (a
     /// Linux cpulist such as `0`) kept out of jobs' reach; returns once the
     /// node is idle, or fails after `limit`.
-    pub fn start(reserved: &str, limit: Duration) -> anyhow::Result<Slurm> {
-        Slurm::start_nodes(&[reserved], limit)
+    pub fn start(reserved: &str, tuning: Tuning, limit: Duration) -> anyhow::Result<Slurm> {
+        Slurm::start_nodes(&[reserved], tuning, limit)
     }
 
     /// Starts a cluster of one `slurmd` per entry of `reserved`, all on this
@@ -39,7 +83,7 @@ impl Slurm {
     /// entry's CPUs out of jobs' reach (`CpuSpecList`), so that two nodes with
     /// `0` and `1` reserved each give jobs the other CPU, as two Pinion agents
     /// with `--reserved-cpus 0` and `1` do. Returns once every node is idle.
-    pub fn start_nodes(reserved: &[&str], limit: Duration) -> anyhow::Result<Slurm> {
+    pub fn start_nodes(reserved: &[&str], tuning: Tuning, limit: Duration) -> anyhow::Result<Slurm> {
         ensure_installed()?;
         ensure_munged()?;
         let dir = tempfile::Builder::new().prefix("pinion-slurm-").tempdir()?;
@@ -71,14 +115,15 @@ impl Slurm {
                  SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
                  SlurmctldPort={ctld_port}\n\
                  SelectType=select/cons_tres\nSelectTypeParameters=CR_Core_Memory\nDefMemPerCPU=100\n\
-                 TaskPlugin=task/affinity,task/cgroup\nProctrackType=proctrack/cgroup\n\
-                 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0\n\
+                 ProctrackType=proctrack/cgroup\n\
+                 {tuning}\
                  ReturnToService=2\nMpiDefault=none\n\
                  SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n\
                  {node_lines}\
                  PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP\n",
                 state = state.display(),
                 nodes = names.join(","),
+                tuning = tuning.lines(),
             ),
         )?;
         std::fs::write(

@@ -34,6 +34,9 @@ pub enum Step {
     RuntimeEntered,
     /// The container's bundle (spec, rootfs) written.
     BundlePrepared,
+    /// The pod's network made, made beside the bundle (only when the start
+    /// waited on it: a pod with a CNI network).
+    NetworkReady,
     /// The shim process spawned.
     ShimSpawned,
     /// The shim's first instruction (in the shim).

@@ -48,6 +48,7 @@ const STAGES: &[(&str, &str)] = &[
     ("Admitted", "pod admitted"),
     ("CheckpointWritten", "checkpoint written"),
     ("BundlePrepared", "bundle prepared"),
+    ("NetworkReady", "pod network ready"),
     ("ShimSpawned", "shim spawned"),
     ("ShimRunning", "shim running"),
     ("ContainerBuilt", "container built"),

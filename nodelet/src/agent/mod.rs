@@ -359,6 +359,37 @@ async fn call<T: Send + 'static>(
     }
 }
 
+/// Makes a pod's network (before its containers join it) and tells the loop
+/// its addresses; the failure the start reports otherwise.
+async fn pod_network(
+    tx: &mpsc::UnboundedSender<Event>,
+    key: &str,
+    networks: &crate::cni::PodNetworks,
+    net: &crate::cni::PodNetRequest,
+    limit: Duration,
+) -> Result<(), StartFailure> {
+    let made = match tokio::time::timeout(limit, networks.setup(net)).await {
+        Ok(Ok(ips)) => Ok(ips),
+        // The host's fault (a plugin, a program or a kernel feature
+        // missing): the planner starts the pod again with `lo` only.
+        Ok(Err(e)) => Err(match crate::netcheck::Unfit::of(&e) {
+            Some(unfit) => StartFailure::HostNetwork { unfit, message: format!("pod network: {e}") },
+            None => StartFailure::Other(format!("pod network: {e}")),
+        }),
+        Err(_) => Err(StartFailure::Other(format!("pod network: timed out after {limit:?}"))),
+    };
+    match made {
+        Ok(ips) => {
+            let _ = tx.send(Event::PodNetwork { key: key.to_string(), sandbox: net.sandbox.clone(), ips });
+            Ok(())
+        }
+        Err(failure) => {
+            tracing::warn!(key, error = ?failure, "cannot set up the pod's network");
+            Err(failure)
+        }
+    }
+}
+
 /// Runs actions, each as its own task with its own timeout; results come
 /// back to the loop as events.
 struct Executor {
@@ -422,31 +453,6 @@ impl Executor {
                             }
                         }
                     }
-                    if let (Some(net), Some(networks)) = (network, networks) {
-                        // Before any container of the pod: it joins the namespace.
-                        let made = match tokio::time::timeout(limit, networks.setup(&net)).await {
-                            Ok(Ok(ips)) => Ok(ips),
-                            // The host's fault (a plugin, a program or a kernel feature
-                            // missing): the planner starts the pod again with `lo` only.
-                            Ok(Err(e)) => Err(match crate::netcheck::Unfit::of(&e) {
-                                Some(unfit) => {
-                                    StartFailure::HostNetwork { unfit, message: format!("pod network: {e}") }
-                                }
-                                None => StartFailure::Other(format!("pod network: {e}")),
-                            }),
-                            Err(_) => Err(StartFailure::Other(format!("pod network: timed out after {limit:?}"))),
-                        };
-                        match made {
-                            Ok(ips) => {
-                                let _ = tx.send(Event::PodNetwork { key: key.clone(), sandbox: net.sandbox, ips });
-                            }
-                            Err(failure) => {
-                                tracing::warn!(key, error = ?failure, "cannot set up the pod's network");
-                                let _ = tx.send(Event::Started { key, container, id, result: Err(failure) });
-                                return;
-                            }
-                        }
-                    }
                     if let Some(dir) = config.log_path.parent() {
                         let made = tokio::fs::DirBuilder::new()
                             .recursive(true)
@@ -457,20 +463,59 @@ impl Executor {
                             tracing::warn!(key, dir = %dir.display(), error = %e, "cannot create the log folder");
                         }
                     }
+                    let network = network.zip(networks);
+                    // A pod in its own user namespace: its network namespace is
+                    // made inside it, and the bundle's idmapped image needs it.
+                    let beside = network.is_some() && config.userns.is_none();
+                    if let Some((net, networks)) = network.as_ref().filter(|_| !beside) {
+                        if let Err(failure) = pod_network(&tx, &key, networks, net, limit).await {
+                            let _ = tx.send(Event::Started { key, container, id, result: Err(failure) });
+                            return;
+                        }
+                    }
                     let mut trace = crate::metrics::StartTrace::begin();
                     let what = format!("start {id}");
-                    let started = call(&rt, &what, limit, move |rt| rt.start(&config, &mut trace).map(|()| trace));
-                    let result = match started.await {
-                        Ok(mut trace) => {
+                    let (go, gate) = tokio::sync::oneshot::channel::<bool>();
+                    // The network is made while the runtime prepares the
+                    // bundle; the container's process waits for it (the gate).
+                    let made = async {
+                        match network.as_ref().filter(|_| beside) {
+                            Some((net, networks)) => {
+                                let made = pod_network(&tx, &key, networks, net, limit).await;
+                                let _ = go.send(made.is_ok());
+                                made
+                            }
+                            None => {
+                                drop(go);
+                                Ok(())
+                            }
+                        }
+                    };
+                    // Beside the network the start may wait for it, up to its own limit.
+                    let bound = if beside { limit + limit } else { limit };
+                    let started = call(&rt, &what, bound, move |rt| {
+                        let r = if beside {
+                            let mut gate = Some(gate);
+                            let mut ready = || gate.take().is_some_and(|g| g.blocking_recv().unwrap_or(false));
+                            rt.start_when_ready(&config, &mut trace, &mut ready)
+                        } else {
+                            rt.start(&config, &mut trace)
+                        };
+                        r.map(|()| trace)
+                    });
+                    let (made, started) = tokio::join!(made, started);
+                    let result = match (made, started) {
+                        (Err(failure), _) => Err(failure),
+                        (Ok(()), Ok(mut trace)) => {
                             trace.mark(crate::metrics::Step::StartReturned);
                             metrics.trace(&trace);
                             crate::fault::hit(Fault::AfterStart);
                             Ok(())
                         }
-                        Err(AgentError::Runtime { source: RuntimeError::CannotRun { code, message, .. }, .. }) => {
+                        (Ok(()), Err(AgentError::Runtime { source: RuntimeError::CannotRun { code, message, .. }, .. })) => {
                             Err(StartFailure::CannotRun { code, message })
                         }
-                        Err(e) => Err(StartFailure::Other(e.to_string())),
+                        (Ok(()), Err(e)) => Err(StartFailure::Other(e.to_string())),
                     };
                     let _ = tx.send(Event::Started { key, container, id, result });
                 });

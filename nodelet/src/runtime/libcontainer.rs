@@ -305,6 +305,46 @@ impl LibcontainerRuntime {
         cmd
     }
 
+    /// The start, with the agent's gate (see `Runtime::start_when_ready`)
+    /// between the bundle and the shim.
+    fn start_gated(
+        &self,
+        cfg: &ContainerConfig,
+        trace: &mut StartTrace,
+        ready: Option<&mut dyn FnMut() -> bool>,
+    ) -> Result<(), RuntimeError> {
+        let id = cfg.id.as_str();
+        check_id(id)?;
+        let dir = self.layout.container(id);
+        if dir.exists() || self.layout.state_root().join(id).exists() {
+            return Err(cerr(id, "a container with this id already exists"));
+        }
+        crate::fsutil::private_dir(&self.layout.bundle(id)).map_err(ioerr(&dir))?;
+        let result = self.prepare(cfg).and_then(|()| {
+            tracing::debug!(target: "podstart", id, "bundle prepared");
+            trace.mark(Step::BundlePrepared);
+            if let Some(ready) = ready {
+                if !ready() {
+                    return Err(cerr(id, super::ABANDONED));
+                }
+                trace.mark(Step::NetworkReady);
+            }
+            self.launch_shim(id, trace)
+        });
+        match result {
+            Ok(pid) => {
+                tracing::debug!(id, pid, "container started");
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(cleanup) = self.remove(id) {
+                    tracing::error!(id, "cleanup after a failed start: {cleanup}");
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn launch_shim(&self, id: &str, trace: &mut StartTrace) -> Result<i32, RuntimeError> {
         let log_path = self.layout.shim_log(id);
         let log = crate::fsutil::create_private(&log_path, false).map_err(ioerr(&log_path))?;
@@ -600,30 +640,16 @@ impl Runtime for LibcontainerRuntime {
     }
 
     fn start(&self, cfg: &ContainerConfig, trace: &mut StartTrace) -> Result<(), RuntimeError> {
-        let id = cfg.id.as_str();
-        check_id(id)?;
-        let dir = self.layout.container(id);
-        if dir.exists() || self.layout.state_root().join(id).exists() {
-            return Err(cerr(id, "a container with this id already exists"));
-        }
-        crate::fsutil::private_dir(&self.layout.bundle(id)).map_err(ioerr(&dir))?;
-        let result = self.prepare(cfg).and_then(|()| {
-            tracing::debug!(target: "podstart", id, "bundle prepared");
-            trace.mark(Step::BundlePrepared);
-            self.launch_shim(id, trace)
-        });
-        match result {
-            Ok(pid) => {
-                tracing::debug!(id, pid, "container started");
-                Ok(())
-            }
-            Err(e) => {
-                if let Err(cleanup) = self.remove(id) {
-                    tracing::error!(id, "cleanup after a failed start: {cleanup}");
-                }
-                Err(e)
-            }
-        }
+        self.start_gated(cfg, trace, None)
+    }
+
+    fn start_when_ready(
+        &self,
+        cfg: &ContainerConfig,
+        trace: &mut StartTrace,
+        ready: &mut dyn FnMut() -> bool,
+    ) -> Result<(), RuntimeError> {
+        self.start_gated(cfg, trace, Some(ready))
     }
 
     fn state(&self, id: &str) -> Result<ContainerState, RuntimeError> {

@@ -211,12 +211,33 @@ pub struct ExecProcess {
     pub cancel: Box<dyn Send>,
 }
 
+/// The message of a start whose `ready` said no (the pod's network failed;
+/// the agent reports that failure, not this).
+pub const ABANDONED: &str = "start abandoned: the pod's network was not made";
+
 pub trait Runtime: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Creates and starts the container; returns once its process runs. On error
     /// nothing is left behind (no state dir, cgroup, mount or process). The
     /// runtime stamps the steps of its own in `trace` (the pod-start metrics).
     fn start(&self, cfg: &ContainerConfig, trace: &mut crate::metrics::StartTrace) -> Result<(), RuntimeError>;
+    /// `start`, calling `ready` once all that does not need the pod's
+    /// network is done (the bundle, the image's overlay) and nothing runs
+    /// yet: the agent makes the network meanwhile, off the start's critical
+    /// path. `ready` returning `false` abandons the start, leaving nothing
+    /// behind. A runtime with nothing to prepare asks first.
+    fn start_when_ready(
+        &self,
+        cfg: &ContainerConfig,
+        trace: &mut crate::metrics::StartTrace,
+        ready: &mut dyn FnMut() -> bool,
+    ) -> Result<(), RuntimeError> {
+        if !ready() {
+            return Err(RuntimeError::Container { id: cfg.id.clone(), message: ABANDONED.into() });
+        }
+        trace.mark(crate::metrics::Step::NetworkReady);
+        self.start(cfg, trace)
+    }
     fn state(&self, id: &str) -> Result<ContainerState, RuntimeError>;
     /// Changes a running container's cpuset in place (no restart).
     fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError>;
