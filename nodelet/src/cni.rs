@@ -394,6 +394,21 @@ pub fn sandbox_id(pod_key: &str, uid: &str) -> String {
     format!("p{hex}")
 }
 
+/// A warm network's id: `w` and 24 hex digits (the shape of `sandbox_id`),
+/// new at every call.
+fn warm_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let seed = format!("{}:{}:{n}", std::process::id(), now.as_nanos());
+    format!("w{}", &sandbox_id(&seed, "warm")[1..])
+}
+
+fn is_warm_id(id: &str) -> bool {
+    id.len() == 25 && id.starts_with('w')
+}
+
 /// One attachment of a pod's network: a configuration list on an interface.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -413,7 +428,31 @@ struct Record {
     key: String,
     netns: PathBuf,
     attachments: Vec<Attachment>,
+    /// The CNI container id the attachments were added under when it is not
+    /// the sandbox's own: a warm network's, handed to this pod. DEL and
+    /// CHECK use it (host-local keys its leases by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cni_id: Option<String>,
 }
+
+impl Record {
+    fn cni_id<'a>(&'a self, sandbox: &'a str) -> &'a str {
+        self.cni_id.as_deref().unwrap_or(sandbox)
+    }
+}
+
+/// A network made ahead, with nothing in it yet, waiting for a pod.
+#[derive(Debug, Clone)]
+struct Warm {
+    id: String,
+    /// The attachment's configuration as ADD used it: a pod takes it only
+    /// while the node's network is still that one.
+    config: Value,
+}
+
+/// The key warm networks are recorded under (no pod has it: keys are
+/// `namespace/name` or a static pod's file name, never in parentheses).
+const WARM_KEY: &str = "(warm)";
 
 /// The pods' networks on this node. Calls for one sandbox run one at a time.
 pub struct PodNetworks {
@@ -428,6 +467,14 @@ pub struct PodNetworks {
     leftover: Mutex<BTreeMap<String, std::time::Instant>>,
     /// Removals in flight.
     removing: Mutex<std::collections::BTreeSet<String>>,
+    /// Networks made ahead (`keep_warm`), oldest first: a pod without
+    /// network-function devices or a user namespace of its own takes one
+    /// instead of waiting for the plugins.
+    warm: Mutex<Vec<Warm>>,
+    /// How many to keep made ahead.
+    warm_target: std::sync::atomic::AtomicUsize,
+    /// A refill is under way (one at a time).
+    refilling: std::sync::atomic::AtomicBool,
     /// Namespaces and plugins go through it (the host itself, or a test's double).
     host: Arc<dyn Host>,
 }
@@ -450,6 +497,9 @@ impl PodNetworks {
             up: Mutex::default(),
             leftover: Mutex::default(),
             removing: Mutex::default(),
+            warm: Mutex::default(),
+            warm_target: Default::default(),
+            refilling: Default::default(),
             host,
         };
         let now = std::time::Instant::now();
@@ -465,7 +515,9 @@ impl PodNetworks {
         let up = self.up.lock().unwrap_or_else(|p| p.into_inner());
         let leftover = self.leftover.lock().unwrap_or_else(|p| p.into_inner());
         let mut removing = self.removing.lock().unwrap_or_else(|p| p.into_inner());
-        let candidates = up.keys().chain(leftover.iter().filter(|(_, at)| **at <= now).map(|(s, _)| s));
+        // A warm network is briefly `up` while it is made; it is no pod's.
+        let made_here = up.keys().filter(|s| !is_warm_id(s));
+        let candidates = made_here.chain(leftover.iter().filter(|(_, at)| **at <= now).map(|(s, _)| s));
         let out: Vec<String> = candidates.filter(|s| !wanted.contains(*s) && !removing.contains(*s)).cloned().collect();
         removing.extend(out.iter().cloned());
         out
@@ -515,6 +567,12 @@ impl PodNetworks {
         if let Some(ips) = self.up.lock().unwrap_or_else(|p| p.into_inner()).get(&req.sandbox) {
             return Ok(ips.clone());
         }
+        self.setup_locked(req, true).await
+    }
+
+    /// `setup` under the sandbox's lock; `take_warm`: a warm network may be
+    /// handed over instead of adding one now.
+    async fn setup_locked(&self, req: &PodNetRequest, take_warm: bool) -> Result<Vec<String>, CniError> {
         let netns = self.cfg.netns_path(&req.sandbox);
         // What an earlier agent left: whole (adopted, checked at recovery)
         // or half made (killed in the middle): the latter goes first.
@@ -534,8 +592,13 @@ impl PodNetworks {
             None => {}
         }
         let own = crate::peers::read_own_cidr(&self.state_dir.join(crate::peers::OWN_CIDR_FILE));
-        let network = in_own_range(load_config(&self.cfg.conf_dir)?, own);
-        let mut attachments = vec![Attachment { ifname: POD_IFNAME.into(), config: network.to_value(), result: None }];
+        let network = in_own_range(load_config(&self.cfg.conf_dir)?, own).to_value();
+        if take_warm && req.netdevs.is_empty() && req.userns.is_none() {
+            if let Some(ips) = self.take_warm(req, &network) {
+                return Ok(ips);
+            }
+        }
+        let mut attachments = vec![Attachment { ifname: POD_IFNAME.into(), config: network, result: None }];
         for (host, ifname) in &req.netdevs {
             attachments.push(Attachment { ifname: ifname.clone(), config: host_device_config(host), result: None });
         }
@@ -546,7 +609,7 @@ impl PodNetworks {
                 find_plugin(&*self.host, &self.cfg.bin_dirs, plugin_type(plugin))?;
             }
         }
-        let mut rec = Record { key: req.key.clone(), netns: netns.clone(), attachments };
+        let mut rec = Record { key: req.key.clone(), netns: netns.clone(), attachments, cni_id: None };
         // Recorded before the namespace exists: a kill -9 from here on leaves
         // a record the next agent cleans up.
         self.write_record(&req.sandbox, &rec)?;
@@ -593,7 +656,7 @@ impl PodNetworks {
         let netns = self.cfg.netns_path(sandbox);
         if let Some(rec) = &rec {
             for a in rec.attachments.iter().rev() {
-                self.del(sandbox, &netns, a).await?;
+                self.del(rec.cni_id(sandbox), &netns, a).await?;
             }
         }
         remove_netns(&*self.host, &netns)?;
@@ -634,7 +697,7 @@ impl PodNetworks {
                 return Err(CniError::Netns { path: netns, reason: format!("{} was never fully added", a.ifname) });
             };
             for plugin in plugins_of(&a.config) {
-                let env = plugin_env(Command::Check, sandbox, &netns, &a.ifname, &self.cfg.bin_dirs);
+                let env = plugin_env(Command::Check, rec.cni_id(sandbox), &netns, &a.ifname, &self.cfg.bin_dirs);
                 let input = plugin_input(&a.config, plugin, Some(result));
                 exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Check).await?;
             }
@@ -655,12 +718,153 @@ impl PodNetworks {
                 let name = entry.file_name();
                 let Some(name) = name.to_str().and_then(|n| n.strip_suffix(suffix)) else { continue };
                 // Only ours: `sandbox_id`'s shape (another tool may share the folder).
-                if name.len() == 25 && name.starts_with('p') && name[1..].bytes().all(|b| b.is_ascii_hexdigit()) {
+                if name.len() == 25
+                    && (name.starts_with('p') || is_warm_id(name))
+                    && name[1..].bytes().all(|b| b.is_ascii_hexdigit())
+                {
                     out.insert(name.to_string());
                 }
             }
         }
         Ok(out.into_iter().collect())
+    }
+
+    /// Keeps `n` networks made ahead (0: none). `refill` makes them.
+    pub fn keep_warm(&self, n: usize) {
+        self.warm_target.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many networks are made ahead now.
+    pub fn warm_count(&self) -> usize {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Makes networks ahead until `keep_warm`'s number are waiting; one
+    /// refill at a time (a second call returns at once). A failure ends
+    /// this refill (the next one tries again).
+    pub async fn refill(&self) {
+        use std::sync::atomic::Ordering;
+        if self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        while self.warm_count() < self.warm_target.load(Ordering::Relaxed) && self.settled() {
+            let id = warm_id();
+            let req = PodNetRequest { key: WARM_KEY.into(), sandbox: id.clone(), netdevs: Vec::new(), userns: None };
+            let made = {
+                let lock = self.lock_of(&id);
+                let _held = lock.lock().await;
+                let made = self.setup_locked(&req, false).await;
+                // Held by the pool, not by a pod: never in `up`.
+                self.set_up(&id, None);
+                made
+            };
+            if let Err(e) = made {
+                tracing::warn!(error = %e, "cannot make a pod network ahead");
+                break;
+            }
+            let config =
+                self.read_record(&id).ok().flatten().and_then(|r| r.attachments.into_iter().next()).map(|a| a.config);
+            match config {
+                Some(config) => self.warm.lock().unwrap_or_else(|p| p.into_inner()).push(Warm { id, config }),
+                None => {
+                    self.leftover.lock().unwrap_or_else(|p| p.into_inner()).insert(id, std::time::Instant::now());
+                    break;
+                }
+            }
+        }
+        self.refilling.store(false, Ordering::Release);
+    }
+
+    /// Whether the node's network is what its pods will get: Pinion's
+    /// default network waits for the node's own range (made on the file's
+    /// range, a warm network would also give the bridge that range's
+    /// gateway address, which the node's range then conflicts with).
+    fn settled(&self) -> bool {
+        let Ok(network) = load_config(&self.cfg.conf_dir) else { return false };
+        network.name != DEFAULT_NAME
+            || crate::peers::read_own_cidr(&self.state_dir.join(crate::peers::OWN_CIDR_FILE)).is_some()
+    }
+
+    /// Hands a warm network made with `network` to the pod: its namespace
+    /// pinned at the pod's path, its record renamed to the pod's (the
+    /// leases stay under the warm id, kept in the record). A warm network
+    /// made with another configuration (the node's range arrived since) is
+    /// left over, for the background removal. `None`: none to take.
+    fn take_warm(&self, req: &PodNetRequest, network: &Value) -> Option<Vec<String>> {
+        loop {
+            let w = {
+                let mut warm = self.warm.lock().unwrap_or_else(|p| p.into_inner());
+                if warm.is_empty() {
+                    return None;
+                }
+                warm.remove(0)
+            };
+            if &w.config != network {
+                self.leftover.lock().unwrap_or_else(|p| p.into_inner()).insert(w.id, std::time::Instant::now());
+                continue;
+            }
+            match self.hand_over(&w.id, req) {
+                Ok(ips) => {
+                    tracing::info!(
+                        key = req.key,
+                        sandbox = req.sandbox,
+                        warm = w.id,
+                        ?ips,
+                        "pod network set up (made ahead)"
+                    );
+                    self.set_up(&req.sandbox, Some(ips.clone()));
+                    return Some(ips);
+                }
+                Err(e) => {
+                    tracing::warn!(key = req.key, warm = w.id, error = %e, "cannot hand a network made ahead to the pod");
+                    self.leftover.lock().unwrap_or_else(|p| p.into_inner()).insert(w.id, std::time::Instant::now());
+                }
+            }
+        }
+    }
+
+    /// The steps of `take_warm`, each leaving what a restart cleans up: the
+    /// pod's pin without a record is removed, a warm record (renamed or not)
+    /// is deleted under its warm id.
+    fn hand_over(&self, warm: &str, req: &PodNetRequest) -> Result<Vec<String>, CniError> {
+        let from = self.cfg.netns_path(warm);
+        let to = self.cfg.netns_path(&req.sandbox);
+        let mut rec = self.read_record(warm)?.ok_or_else(|| CniError::Netns {
+            path: from.clone(),
+            reason: "the network made ahead has no record".into(),
+        })?;
+        std::fs::File::create(&to).map_err(|source| CniError::Io { path: to.clone(), source })?;
+        let source = from.to_string_lossy();
+        let bind = crate::host::MountRequest {
+            source: &source,
+            target: &to,
+            fstype: "",
+            flags: nix::mount::MsFlags::MS_BIND,
+            data: "",
+        };
+        if let Err(e) = self.host.mount(&bind) {
+            let _ = std::fs::remove_file(&to);
+            return Err(CniError::Netns { path: to, reason: format!("bind mount of {}: {e}", from.display()) });
+        }
+        rec.key = req.key.clone();
+        rec.netns = to.clone();
+        rec.cni_id = Some(warm.to_string());
+        // The results name the namespace by its pin; CHECK compares.
+        for a in &mut rec.attachments {
+            let interfaces = a.result.as_mut().and_then(|r| r.get_mut("interfaces")).and_then(Value::as_array_mut);
+            for i in interfaces.into_iter().flatten() {
+                if i.get("sandbox").and_then(Value::as_str) == Some(&*source) {
+                    i["sandbox"] = Value::String(to.to_string_lossy().into_owned());
+                }
+            }
+        }
+        self.write_record(warm, &rec)?;
+        let (old, new) = (self.record_path(warm), self.record_path(&req.sandbox));
+        std::fs::rename(&old, &new).map_err(|source| CniError::Io { path: new.clone(), source })?;
+        crate::fsutil::sync_dir(&self.state_dir)
+            .map_err(|source| CniError::Io { path: self.state_dir.clone(), source })?;
+        remove_netns(&*self.host, &from)?;
+        Ok(rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default())
     }
 
     async fn add(&self, sandbox: &str, netns: &Path, a: &Attachment) -> Result<Value, CniError> {

@@ -74,7 +74,7 @@ fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()>
         drop(f);
         fs::rename(&tmp, path)?;
         if durable {
-            File::open(dir)?.sync_all()?;
+            sync_dir(dir)?;
         }
         Ok(())
     })();
@@ -84,6 +84,11 @@ fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()>
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// fsync of a directory: a rename in it is durable once this returns.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// FNV-1a, 64 bits: a stable hash for spec fingerprints and id suffixes. Unlike

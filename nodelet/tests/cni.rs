@@ -188,6 +188,58 @@ async fn pods_on_one_bridge_reach_each_other_and_leave_nothing() {
     assert_eq!(w.leaks(), Vec::<String>::new());
 }
 
+/// Networks made ahead: a pod takes one (its namespace pinned at the pod's
+/// path, its address the warm one's, reachable), CHECK and DEL work on it
+/// under the id it was added with (its lease is released), one made with a
+/// configuration since changed is not handed out, and a new agent finds
+/// the warm ones left over and removes them: nothing leaks.
+#[tokio::test]
+async fn a_pod_takes_a_network_made_ahead_and_nothing_leaks() {
+    if !available() {
+        return;
+    }
+    let w = World::new(5);
+    let nets = w.networks();
+    nets.keep_warm(2);
+    nets.refill().await;
+    assert_eq!(nets.warm_count(), 2);
+    let warm_pins: Vec<String> = w.leaks().into_iter().filter(|l| l.starts_with("netns/w")).collect();
+    assert_eq!(warm_pins.len(), 2, "{:?}", w.leaks());
+    let leases_before: Vec<String> = w.leaks().into_iter().filter(|l| l.starts_with("lease")).collect();
+    assert_eq!(leases_before.len(), 2, "a lease per warm network");
+
+    let a = pod("default/a");
+    let ip_a = nets.setup(&a).await.unwrap();
+    assert_eq!(nets.warm_count(), 1, "a took one");
+    let leases: Vec<String> = w.leaks().into_iter().filter(|l| l.starts_with("lease")).collect();
+    assert_eq!(leases, leases_before, "no new address: the pod has a warm one's");
+    assert!(leases.iter().any(|l| l.ends_with(&ip_a[0].split('/').next().unwrap().to_string())), "{leases:?} {ip_a:?}");
+    let addr = in_pod(&w, &a.sandbox, "ip -o -4 addr show eth0");
+    assert!(String::from_utf8_lossy(&addr.stdout).contains(ip_a[0].split('/').next().unwrap()), "{addr:?}");
+    assert_eq!(w.networks().check(&a.sandbox).await.unwrap(), ip_a, "CHECK under the warm id");
+
+    // The node's network changes: the one left warm is not handed out.
+    w.write_config(&w.network().replace("\"ipMasq\": true", "\"ipMasq\": false"));
+    let b = pod("default/b");
+    let ip_b = nets.setup(&b).await.unwrap();
+    assert_eq!(nets.warm_count(), 0);
+    assert_ne!(ip_a, ip_b);
+    let ping = in_pod(&w, &a.sandbox, &format!("ping -c1 -W5 {}", ip_b[0].split('/').next().unwrap()));
+    assert!(ping.status.success(), "{}", String::from_utf8_lossy(&ping.stdout));
+
+    nets.teardown(&a.sandbox).await.unwrap();
+    nets.teardown(&b.sandbox).await.unwrap();
+    // The stale warm one is left over, for the background removal (or the next agent).
+    let later = w.networks();
+    let left = later.leftovers();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].starts_with('w'), "{left:?}");
+    for s in left {
+        later.teardown(&s).await.unwrap();
+    }
+    assert_eq!(w.leaks(), Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn bad_config_missing_plugin_and_hang_are_clear_errors_that_leak_nothing() {
     if !available() {

@@ -175,6 +175,10 @@ pub struct NodeArgs {
     /// not) | vxlan (for every node) | off (Pinion makes none).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_pod_routes)]
     pub pod_routes: PodRoutes,
+    /// Pod networks made ahead and kept waiting, so a pod's start does not
+    /// wait for the CNI plugins (each holds an address and a veth pair); 0: none.
+    #[arg(long, value_name = "N", default_value_t = nodelet::agent::DEFAULT_WARM_NETWORKS)]
+    pub warm_pod_networks: usize,
     /// Each container's process limit (its cgroup's pids.max) when its pod
     /// sets no `spec.pidsLimit`, so one fork bomb cannot exhaust the host; 0: none.
     #[arg(long, value_name = "N", default_value_t = nodelet::agent::DEFAULT_POD_PIDS_LIMIT,
@@ -298,6 +302,7 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
     agent.on_settings_change = args.node.on_settings_change;
     agent.pod_pids_limit = (args.node.pod_pids_limit > 0).then_some(args.node.pod_pids_limit);
     agent.pod_routes = args.node.pod_routes.0;
+    agent.warm_networks = args.node.warm_pod_networks;
     // Used only with a configuration and real containers (`nodelet::daemon`).
     agent.cni = Some(nodelet::cni::CniConfig::new(
         args.node.cni_conf_dir.clone(),

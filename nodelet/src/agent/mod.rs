@@ -114,7 +114,18 @@ pub struct AgentConfig {
     /// How the default pod network reaches other nodes' pods
     /// (`crate::routes`); `None`: Pinion makes no routes to them.
     pub pod_routes: Option<crate::routes::Mode>,
+    /// Pod networks kept made ahead (`--warm-pod-networks`): a pod takes one
+    /// instead of waiting for the CNI plugins at its start. 0: none.
+    pub warm_networks: usize,
 }
+
+/// The default `--warm-pod-networks`: a one-liner and the next job of a
+/// queue find one waiting; each costs an address and a veth pair.
+pub const DEFAULT_WARM_NETWORKS: usize = 2;
+/// How long after a pod took a warm network the pool is refilled: the
+/// plugins then run after the pod's own start, not beside it on the
+/// node's reserved CPUs.
+const REFILL_AFTER: Duration = Duration::from_millis(250);
 
 /// The default `--pod-pids-limit`: above what a real workload holds (a
 /// 256-rank MPI job with 8 threads each is 2,048), and a fork bomb stopped
@@ -145,6 +156,7 @@ impl AgentConfig {
             network_unfit: None,
             pod_pids_limit: Some(DEFAULT_POD_PIDS_LIMIT),
             pod_routes: Some(crate::routes::Mode::Auto),
+            warm_networks: DEFAULT_WARM_NETWORKS,
         }
     }
 }
@@ -189,9 +201,13 @@ pub async fn run(
         )),
         None => None,
     };
+    let warm = if config.network_unfit.is_none() { config.warm_networks } else { 0 };
     let mut state = recover(config, &runtime).await?;
     if let Some(nets) = &networks {
         adopt_networks(&mut state, nets).await;
+        nets.keep_warm(warm);
+        let nets = nets.clone();
+        tokio::spawn(async move { nets.refill().await });
     }
     let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
     let blocks = crate::runtime::userns::Blocks::new(&state.cfg.data_dir);
@@ -364,7 +380,7 @@ async fn call<T: Send + 'static>(
 async fn pod_network(
     tx: &mpsc::UnboundedSender<Event>,
     key: &str,
-    networks: &crate::cni::PodNetworks,
+    networks: &Arc<crate::cni::PodNetworks>,
     net: &crate::cni::PodNetRequest,
     limit: Duration,
 ) -> Result<(), StartFailure> {
@@ -381,6 +397,11 @@ async fn pod_network(
     match made {
         Ok(ips) => {
             let _ = tx.send(Event::PodNetwork { key: key.to_string(), sandbox: net.sandbox.clone(), ips });
+            let networks = networks.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(REFILL_AFTER).await;
+                networks.refill().await
+            });
             Ok(())
         }
         Err(failure) => {
@@ -512,9 +533,10 @@ impl Executor {
                             crate::fault::hit(Fault::AfterStart);
                             Ok(())
                         }
-                        (Ok(()), Err(AgentError::Runtime { source: RuntimeError::CannotRun { code, message, .. }, .. })) => {
-                            Err(StartFailure::CannotRun { code, message })
-                        }
+                        (
+                            Ok(()),
+                            Err(AgentError::Runtime { source: RuntimeError::CannotRun { code, message, .. }, .. }),
+                        ) => Err(StartFailure::CannotRun { code, message }),
                         (Ok(()), Err(e)) => Err(StartFailure::Other(e.to_string())),
                     };
                     let _ = tx.send(Event::Started { key, container, id, result });
