@@ -161,7 +161,10 @@ async fn a_refused_small_body_keeps_the_connection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = TestServer::start(dir.path(), |_| {}).await;
     let mut tls = tls_connection(&s, dir.path(), None).await;
-    let body = format!("apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: p, annotations: {{a: {}}}}}\n", "x".repeat(8000));
+    let body = format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: p, annotations: {{a: {}}}}}\n",
+        "x".repeat(8000)
+    );
     let head = format!(
         "POST /api/v1/pods HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/yaml\r\ncontent-length: {}\r\n\r\n",
         body.len()
@@ -301,7 +304,10 @@ async fn a_request_under_way_at_the_lifetime_is_answered() {
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.1 "), "no answer to the request under way at the lifetime: {reply:?}");
     assert!(!reply.starts_with("HTTP/1.1 2"), "a made-up token was accepted: {reply:?}");
-    assert!(reply.to_ascii_lowercase().contains("connection: close"), "the answer did not say the connection ends: {reply:?}");
+    assert!(
+        reply.to_ascii_lowercase().contains("connection: close"),
+        "the answer did not say the connection ends: {reply:?}"
+    );
     assert!(ended.is_ok(), "the connection stayed open after its last answer");
     s.stop().await;
 }

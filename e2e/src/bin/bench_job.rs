@@ -482,7 +482,11 @@ fn two_ranks(cmd: &mut Command) -> anyhow::Result<(f64, f64)> {
 
 /// Part 4: `pinion run -N 2` against `srun -N 2`, interleaved, `runs` each.
 fn two_node_pass(pinion: &Path, runs: usize, with_slurm: bool) -> anyhow::Result<()> {
-    let slurm = if with_slurm { Some(Slurm::start_nodes(&["0", "1"], Tuning::HighThroughput, Duration::from_secs(60))?) } else { None };
+    let slurm = if with_slurm {
+        Some(Slurm::start_nodes(&["0", "1"], Tuning::HighThroughput, Duration::from_secs(60))?)
+    } else {
+        None
+    };
     let nodes = TwoNodes::start(pinion)?;
     let load_before = load_average();
     let mut n = 0usize;
