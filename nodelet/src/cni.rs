@@ -764,6 +764,13 @@ impl PodNetworks {
             }
             let config =
                 self.read_record(&id).ok().flatten().and_then(|r| r.attachments.into_iter().next()).map(|a| a.config);
+            if self.warm_target.load(Ordering::Relaxed) == 0 {
+                // Drained while this one was made.
+                if self.teardown(&id).await.is_err() {
+                    self.leftover.lock().unwrap_or_else(|p| p.into_inner()).insert(id, std::time::Instant::now());
+                }
+                break;
+            }
             match config {
                 Some(config) => self.warm.lock().unwrap_or_else(|p| p.into_inner()).push(Warm { id, config }),
                 None => {
@@ -773,6 +780,20 @@ impl PodNetworks {
             }
         }
         self.refilling.store(false, Ordering::Release);
+    }
+
+    /// Removes every network made ahead and makes no more (the agent is
+    /// stopping: they are no pod's, and a later agent with another data dir
+    /// would never find their records). A failed removal is logged; a
+    /// restart with this data dir removes what is left.
+    pub async fn drain_warm(&self) {
+        self.keep_warm(0);
+        let warm: Vec<Warm> = std::mem::take(&mut *self.warm.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in warm {
+            if let Err(e) = self.teardown(&w.id).await {
+                tracing::warn!(warm = w.id, error = %e, "cannot remove a pod network made ahead");
+            }
+        }
     }
 
     /// Whether the node's network is what its pods will get: Pinion's

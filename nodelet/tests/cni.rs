@@ -238,6 +238,15 @@ async fn a_pod_takes_a_network_made_ahead_and_nothing_leaks() {
         later.teardown(&s).await.unwrap();
     }
     assert_eq!(w.leaks(), Vec::<String>::new());
+
+    // A stopping agent removes the ones still waiting, and makes no more.
+    later.keep_warm(2);
+    later.refill().await;
+    assert_eq!(later.warm_count(), 2);
+    later.drain_warm().await;
+    later.refill().await;
+    assert_eq!(later.warm_count(), 0);
+    assert_eq!(w.leaks(), Vec::<String>::new());
 }
 
 #[tokio::test]

@@ -324,6 +324,11 @@ pub async fn run(
     if tokio::time::timeout(bound, removals).await.is_err() {
         tracing::warn!(after = ?bound, "containers still being removed at shutdown; a restart removes them");
     }
+    if let Some(nets) = &exec.networks {
+        if tokio::time::timeout(bound, nets.drain_warm()).await.is_err() {
+            tracing::warn!(after = ?bound, "pod networks made ahead still being removed at shutdown; a restart removes them");
+        }
+    }
     // The file ends up with the last report, whatever the follower had done.
     status_file.abort();
     let _ = status_file.await;
