@@ -125,6 +125,13 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         if let Some(mut up) = self.up.take() {
+            // A graceful stop first: the agent removes its warm pod networks
+            // (their records die with this test's data dir).
+            let _ = Command::new("kill").args(["-TERM", &up.id().to_string()]).status();
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while matches!(up.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = up.kill();
             let _ = up.wait();
         }
