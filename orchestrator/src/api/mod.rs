@@ -835,24 +835,8 @@ async fn refused_unread(req: Request<Incoming>, mut r: Response<Body>) -> Respon
     if body.is_end_stream() {
         return r;
     }
-    let cap = REFUSED_BODY_DRAIN;
-    let small = body.size_hint().upper().is_some_and(|n| n <= cap);
-    let drained = small
-        && tokio::time::timeout(REFUSED_BODY_WAIT, async {
-            let mut seen = 0u64;
-            while let Some(frame) = body.frame().await {
-                let Ok(frame) = frame else { return false };
-                if let Ok(d) = frame.into_data() {
-                    seen += d.len() as u64;
-                    if seen > cap {
-                        return false;
-                    }
-                }
-            }
-            true
-        })
-        .await
-        .unwrap_or(false);
+    let small = body.size_hint().upper().is_some_and(|n| n <= REFUSED_BODY_DRAIN);
+    let drained = small && discard(&mut body, REFUSED_BODY_DRAIN, REFUSED_BODY_WAIT).await;
     if !drained {
         r.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
     }
@@ -862,19 +846,26 @@ async fn refused_unread(req: Request<Incoming>, mut r: Response<Body>) -> Respon
 /// Reads and discards what is left of a refused body (up to 16 times the limit)
 /// so the client, still sending, reads the 413 instead of a broken pipe.
 async fn drain(mut body: Incoming, limit: usize, config: ApiConfig) {
-    let cap = limit.saturating_mul(16);
-    let _ = tokio::time::timeout(config.read_timeout, async {
-        let mut seen = 0usize;
-        while let Some(Ok(frame)) = body.frame().await {
+    discard(&mut body, limit.saturating_mul(16) as u64, config.read_timeout).await;
+}
+
+/// Reads `body` to its end and throws it away, unless it goes past `cap`
+/// bytes, fails or takes longer than `wait`; whether it reached its end.
+async fn discard(body: &mut Incoming, cap: u64, wait: Duration) -> bool {
+    let read = async {
+        let mut seen = 0u64;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
             if let Ok(d) = frame.into_data() {
-                seen += d.len();
+                seen += d.len() as u64;
                 if seen > cap {
-                    break;
+                    return false;
                 }
             }
         }
-    })
-    .await;
+        true
+    };
+    tokio::time::timeout(wait, read).await.unwrap_or(false)
 }
 
 /// A streaming body fed by a channel (a watch's lines, attach frames, a
