@@ -4,15 +4,20 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod daemonset;
+pub mod deployment;
 pub mod engine;
 pub mod idset;
 pub mod job;
 pub mod limits;
 pub mod manifest;
 pub mod net;
+pub mod node_lost;
 pub mod pod;
+pub mod probe;
 pub mod qos;
 pub mod quantity;
+pub mod rollout;
 pub mod security;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]

@@ -79,3 +79,33 @@ pub const MAX_USER_NAME_LEN: usize = 32;
 /// Largest magnitude of a quantity, in whole units (10^24: a yotta-byte is
 /// absurd enough); in nano-units it fits an `i128` with room for sums.
 pub const MAX_UNITS: i128 = 1_000_000_000_000_000_000_000_000;
+/// Replicas of one Deployment: a thousand-node site runs one or a few per
+/// node; every replica is a pod the controller watches, so the bound keeps a
+/// typo (`replicas: 100000`) from flooding the store.
+pub const MAX_REPLICAS: u32 = 10_000;
+/// Longest Deployment or DaemonSet name: its pods are named
+/// `NAME-HASH-XXXXX` (10 + 5 characters and two dashes), and a pod's name is
+/// a DNS-1123 label (`MAX_NAME_LEN`).
+pub const MAX_WORKLOAD_NAME_LEN: usize = MAX_NAME_LEN - 17;
+/// Most old revisions a Deployment keeps (`spec.revisionHistoryLimit`): each
+/// holds a whole pod template in the Deployment's own status.
+pub const MAX_REVISION_HISTORY: u32 = 100;
+/// Longest `spec.minReadySeconds` and probe delays, periods and timeouts (a
+/// day): longer is a mistake, and sums of them stay far from overflow.
+pub const MAX_WORKLOAD_SECONDS: u32 = 24 * 3600;
+/// Longest `spec.progressDeadlineSeconds` (a week): a rollout that has not
+/// moved in a week has failed.
+pub const MAX_PROGRESS_DEADLINE_SECONDS: u32 = 7 * 24 * 3600;
+/// Largest probe `failureThreshold` or `successThreshold`.
+pub const MAX_PROBE_THRESHOLD: u32 = 1000;
+/// Entries of a probe's `exec.command`: a probe is a short check, and the
+/// node runs it every period.
+pub const MAX_PROBE_ARGS: usize = 256;
+/// Bytes of a probe's `exec.command` altogether.
+pub const MAX_PROBE_COMMAND_BYTES: usize = 16 * 1024;
+/// Bytes of an `httpGet.path` (what common servers accept in a request line).
+pub const MAX_PROBE_PATH_LEN: usize = 2048;
+/// `httpGet.httpHeaders` entries.
+pub const MAX_PROBE_HEADERS: usize = 32;
+/// Bytes of one probe header's name or value, or a gRPC probe's `service`.
+pub const MAX_PROBE_HEADER_LEN: usize = 1024;

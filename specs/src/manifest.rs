@@ -283,7 +283,8 @@ mod tests {
                 POD.replace("rootfs: host", "rootfs: host, cpuPolcy: exclusive"),
                 Err(&[
                     "spec.containers[0].cpuPolcy: unknown field `cpuPolcy`, expected one of `name`, `image`, `rootfs`, \
-                     `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`, `securityContext`, `volumeMounts`",
+                     `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`, `securityContext`, `volumeMounts`, \
+                     `livenessProbe`, `readinessProbe`, `startupProbe`",
                 ]),
             ),
             (
@@ -314,7 +315,8 @@ mod tests {
                 ),
                 Err(&[
                     "spec.containers[0].bogus: unknown field `bogus`, expected one of `name`, `image`, `rootfs`, \
-                     `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`, `securityContext`, `volumeMounts`",
+                     `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`, `securityContext`, `volumeMounts`, \
+                     `livenessProbe`, `readinessProbe`, `startupProbe`",
                     "spec.containers[0].resources.limits.memory: invalid quantity \"10Qi\": unknown suffix (use n, u, m, \
                      k, M, G, T, P, E, Ki..Ei or an exponent like e3)",
                     "metadata.name: \"Bad_Name\" is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)",

@@ -44,6 +44,11 @@ pub struct ObjectMeta {
     /// (`admin`, a user's name); a job's pods carry their job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Set by the server on workloads (Deployment, DaemonSet): one more at
+    /// every change of the spec, never at a status write, so a controller's
+    /// `status.observedGeneration` says which spec it has acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -94,6 +99,13 @@ pub struct PodSpec {
     /// to an unprivileged range on the host (Kubernetes' `hostUsers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_users: Option<bool>,
+    /// For a Deployment's pod: how long its node may be NotReady before the
+    /// controller starts a replacement elsewhere, a number of seconds or
+    /// `never` (a workload that must not run twice); the cluster's default
+    /// (`node_lost::DEFAULT_REPLACE_AFTER_SECONDS`) when unset. The pod
+    /// itself keeps running on its node meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_lost_replace_after_seconds: Option<crate::node_lost::ReplaceAfter>,
 }
 
 /// The identity of a pod's processes, for every container that does not say
@@ -228,6 +240,15 @@ pub struct Container {
     pub security_context: Option<SecurityContext>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<VolumeMount>,
+    /// Restart the container when it fails (see `probe`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<crate::probe::Probe>,
+    /// The pod's `Ready` condition, which a rolling update waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<crate::probe::Probe>,
+    /// Holds liveness and readiness back until the container has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_probe: Option<crate::probe::Probe>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

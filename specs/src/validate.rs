@@ -370,6 +370,11 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
             e.push("spec.pidsLimit", format!("from 1 to {} processes, got {n}", crate::limits::MAX_PIDS_LIMIT));
         }
     }
+    if let Some(crate::node_lost::ReplaceAfter::Seconds(n)) = pod.spec.node_lost_replace_after_seconds {
+        if n > MAX_TTL_SECONDS {
+            e.push("spec.nodeLostReplaceAfterSeconds", format!("at most {MAX_TTL_SECONDS} seconds (a year), or never"));
+        }
+    }
     if pod.spec.node_name.as_deref().is_some_and(|n| !is_dns1123_subdomain(n)) {
         e.push("spec.nodeName", "must be a DNS-1123 subdomain");
     }
@@ -644,6 +649,16 @@ fn validate_container(e: &mut Errs, p: &str, c: &Container) {
     if let Some(sc) = &c.security_context {
         check_unix_id(e, format!("{p}.securityContext.runAsUser"), sc.run_as_user);
         check_unix_id(e, format!("{p}.securityContext.runAsGroup"), sc.run_as_group);
+    }
+    use crate::probe::ProbeKind;
+    for (kind, probe) in [
+        (ProbeKind::Liveness, &c.liveness_probe),
+        (ProbeKind::Readiness, &c.readiness_probe),
+        (ProbeKind::Startup, &c.startup_probe),
+    ] {
+        if let Some(probe) = probe {
+            e.0.extend(crate::probe::validate(kind, probe, &format!("{p}.{}", kind.field())));
+        }
     }
     validate_resources(e, p, c);
 }

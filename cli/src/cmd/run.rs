@@ -215,6 +215,9 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             ..Default::default()
         }),
         volume_mounts,
+        liveness_probe: None,
+        readiness_probe: None,
+        startup_probe: None,
     };
     Ok(Pod {
         api_version: API_VERSION.into(),
@@ -244,6 +247,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             pids_limit: None,
             security_context: args.userns.then(|| PodSecurityContext { run_as_user: Some(0), ..Default::default() }),
             host_users: args.userns.then_some(false),
+            node_lost_replace_after_seconds: None,
         },
         status: None,
     })
