@@ -102,7 +102,7 @@ impl DeploymentPlan {
 /// surge, nothing unavailable by choice). Never both 0 (validation refuses
 /// it; a stored object from before is given one unavailable so it moves).
 pub fn budget(d: &Deployment) -> (u32, u32) {
-    let r = d.spec.replicas;
+    let r = d.spec.replicas.min(crate::limits::MAX_REPLICAS);
     if d.spec.strategy.kind == StrategyType::Recreate {
         return (0, 0);
     }
@@ -163,7 +163,8 @@ pub fn reconcile(d: &Deployment, pods: &[ObservedPod], now: u64) -> DeploymentPl
     let rev = &history[cur];
     let prev = d.status.clone().unwrap_or_default();
     let new_revision = prev.template_hash != rev.template_hash || prev.revision != rev.number;
-    let r = d.spec.replicas;
+    // An object stored before a bound changed is held to it here too.
+    let r = d.spec.replicas.min(crate::limits::MAX_REPLICAS);
     let min_ready = u64::from(d.spec.min_ready_seconds);
     let (surge, unavailable) = budget(d);
 
@@ -215,7 +216,7 @@ pub fn reconcile(d: &Deployment, pods: &[ObservedPod], now: u64) -> DeploymentPl
     let stalled = progressing.is_some_and(|c| c.reason == reason::PROGRESS_DEADLINE_EXCEEDED);
     let hold = stalled || d.spec.paused;
 
-    let room = (r + surge).saturating_sub(total);
+    let room = r.saturating_add(surge).saturating_sub(total);
     let (n_up, n_new) = (up.len() as u32, new_up.len() as u32);
     let mut create = 0;
     if hold {

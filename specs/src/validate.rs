@@ -1160,6 +1160,17 @@ spec:
             ),
             (Box::new(|p| c0(p).working_dir = Some("tmp".into())), vec!["spec.containers[0].workingDir"]),
             (
+                Box::new(|p| c0(p).readiness_probe = Some(crate::probe::Probe::default())),
+                vec!["spec.containers[0].readinessProbe"],
+            ),
+            (
+                Box::new(|p| {
+                    p.spec.node_lost_replace_after_seconds =
+                        Some(crate::node_lost::ReplaceAfter::Seconds(MAX_TTL_SECONDS + 1))
+                }),
+                vec!["spec.nodeLostReplaceAfterSeconds"],
+            ),
+            (
                 Box::new(|p| {
                     c0(p).security_context = Some(crate::pod::SecurityContext {
                         capabilities: Some(crate::pod::Capabilities {

@@ -38,7 +38,7 @@ impl World {
     fn steady(d: Deployment) -> World {
         let hash = template_hash(&d.spec.template);
         let pods = (0..d.spec.replicas).map(|i| pod(&format!("old{i}"), &hash, 0, Some(0))).collect();
-        let mut w = World { d, pods, now: 1, made: 0 };
+        let mut w = World { d, pods, now: 100, made: 0 };
         let plan = w.step();
         assert_eq!((plan.create, plan.delete.len()), (0, 0), "a steady world is left alone");
         w
@@ -96,9 +96,13 @@ fn rolling_updates_keep_their_bounds_for_every_pair() {
     ];
     for (unavailable, surge) in pairs {
         for replicas in [1, 3, 4, 10] {
-            for seed in 0..4 {
-                let what = format!("maxUnavailable {unavailable:?} maxSurge {surge:?} replicas {replicas} seed {seed}");
-                let mut w = World::steady(deployment(replicas, unavailable, surge));
+            for (seed, min_ready) in [(0, 0), (1, 0), (2, 5), (3, 5)] {
+                let what = format!(
+                    "maxUnavailable {unavailable:?} maxSurge {surge:?} replicas {replicas} minReady {min_ready} seed {seed}"
+                );
+                let mut d = deployment(replicas, unavailable, surge);
+                d.spec.min_ready_seconds = min_ready;
+                let mut w = World::steady(d);
                 let (s, u) = budget(&w.d);
                 set_command(&mut w.d, "2");
                 let new_hash = template_hash(&w.d.spec.template);
@@ -112,8 +116,9 @@ fn rolling_updates_keep_their_bounds_for_every_pair() {
                     let avail = w.available();
                     let least = replicas.saturating_sub(u);
                     assert!(avail >= least, "{what}: {avail} available, at least {least}");
-                    if w.pods.iter().all(|p| p.template_hash == new_hash && !p.deleting && p.ready_since.is_some())
+                    if w.pods.iter().all(|p| p.template_hash == new_hash && !p.deleting)
                         && total == replicas
+                        && avail == replicas
                     {
                         let again = w.step();
                         assert_eq!((again.create, again.delete.len()), (0, 0), "{what}: done is done");
@@ -471,4 +476,26 @@ fn deletion_order_table() {
             assert_eq!(pair[0].name, "first", "{what}");
         }
     }
+}
+
+#[test]
+fn a_pod_says_its_revision_phase_and_node() {
+    let d = crate::deployment::tests::upf();
+    let (history, i) = crate::deployment::next_history(&d);
+    let mut p = crate::deployment::new_pod(&d, &history[i], 1);
+    p.spec.node_name = Some("n4".into());
+    p.status = Some(crate::status::PodStatus { phase: PodPhase::Running, ..Default::default() });
+    let o = ObservedPod::of(&p);
+    assert_eq!(
+        (o.template_hash.as_str(), o.phase, o.node.as_deref(), o.ready_since, o.deleting),
+        (history[i].template_hash.as_str(), PodPhase::Running, Some("n4"), None, false)
+    );
+}
+
+#[test]
+fn an_unchecked_budget_does_not_overflow() {
+    let mut d = deployment(crate::limits::MAX_REPLICAS, IntOrPercent::Int(0), IntOrPercent::Int(u32::MAX));
+    d.spec.replicas = u32::MAX;
+    let plan = reconcile(&d, &[], 0);
+    assert_eq!(plan.create, crate::limits::MAX_REPLICAS, "held to the bound");
 }
