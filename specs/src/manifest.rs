@@ -347,9 +347,11 @@ mod example_tests {
             ("mpi-job.yaml", 0),
             ("numa-policies.yaml", 4),
             ("pinned.yaml", 1),
+            ("ptp-daemonset.yaml", 0),
             ("relaxed-nic.yaml", 1),
             ("shared.yaml", 1),
             ("telecom-upf.yaml", 1),
+            ("upf-deployment.yaml", 0),
         ];
         let mut names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
@@ -358,9 +360,18 @@ mod example_tests {
         for (name, n) in want {
             let text = std::fs::read_to_string(dir.join(name)).unwrap();
             if n == 0 {
-                // A Job: its members are validated as pods by `validate_job`.
-                let job: crate::job::Job = serde_yaml_ng::from_str(&text).unwrap();
-                assert_eq!(crate::job::validate_job(&job), Vec::new(), "{name}");
+                // A Job, Deployment or DaemonSet: its template is validated
+                // as a pod by the kind's own check.
+                let kind: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+                let problems = match kind.get("kind").and_then(|k| k.as_str()) {
+                    Some("Job") => crate::job::validate_job(&serde_yaml_ng::from_str(&text).unwrap()),
+                    Some("Deployment") => {
+                        crate::deployment::validate_deployment(&serde_yaml_ng::from_str(&text).unwrap())
+                    }
+                    Some("DaemonSet") => crate::daemonset::validate_daemonset(&serde_yaml_ng::from_str(&text).unwrap()),
+                    other => panic!("{name}: kind {other:?}"),
+                };
+                assert_eq!(problems, Vec::new(), "{name}");
                 continue;
             }
             match parse_pods(&text) {

@@ -367,6 +367,13 @@ fn a_lost_nodes_pods_are_replaced_after_their_time_and_one_duplicate_goes() {
             stop: "new1",
         },
         Case {
+            what: "neither ready: the returning node's pod stops, never both",
+            setting: Some(ReplaceAfter::Seconds(0)),
+            replacement_ready: false,
+            returned_ready: false,
+            stop: "c",
+        },
+        Case {
             what: "the returning pod not ready: it stops",
             setting: None,
             replacement_ready: true,
@@ -498,4 +505,18 @@ fn an_unchecked_budget_does_not_overflow() {
     d.spec.replicas = u32::MAX;
     let plan = reconcile(&d, &[], 0);
     assert_eq!(plan.create, crate::limits::MAX_REPLICAS, "held to the bound");
+}
+
+#[test]
+fn a_returning_pod_of_an_older_revision_goes_as_an_old_pod() {
+    let d = crate::deployment::tests::upf();
+    let h = template_hash(&d.spec.template);
+    let pods = vec![
+        pod("a", &h, 1, Some(1)),
+        pod("b", &h, 1, Some(1)),
+        pod("new1", &h, 50, Some(60)),
+        ObservedPod { standing: NodeStanding::Returned, ..pod("c", "older", 1, Some(1)) },
+    ];
+    let plan = reconcile(&d, &pods, 100);
+    assert_eq!((plan.create, plan.delete.clone()), (0, vec!["c".to_string()]));
 }
