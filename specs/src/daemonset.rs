@@ -211,6 +211,19 @@ pub struct DaemonPod {
 }
 
 impl DaemonPod {
+    /// What the pod says of itself (`None` for a pod bound to no node, which
+    /// no DaemonSet makes); the caller adds `created`, `ready_since` and
+    /// `deleting`.
+    pub fn of(pod: &Pod) -> Option<DaemonPod> {
+        Some(DaemonPod {
+            name: pod.metadata.name.clone(),
+            node: pod.spec.node_name.clone()?,
+            template_hash: crate::deployment::pod_template_hash(pod).unwrap_or_default().to_string(),
+            phase: pod.status.as_ref().map(|s| s.phase).unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+
     fn available(&self, now: u64, min_ready: u64) -> bool {
         !self.deleting && self.ready_since.is_some_and(|t| now >= t.saturating_add(min_ready))
     }

@@ -257,10 +257,10 @@ pub struct Condition {
     pub reason: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
-    /// When the condition last said something new (the progress clock), in
-    /// the controller's seconds.
+    /// When the condition last said something new (the progress clock),
+    /// unix seconds.
     pub last_update_time: u64,
-    /// When `status` last changed.
+    /// When `status` last changed, unix seconds.
     pub last_transition_time: u64,
 }
 

@@ -68,8 +68,7 @@ impl<'de> Deserialize<'de> for ReplaceAfter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeCondition {
     Ready,
-    /// Silent (or reporting NotReady) since this time, in the caller's
-    /// seconds.
+    /// Silent (or reporting NotReady) since this time, unix seconds.
     NotReady {
         since: u64,
     },

@@ -1,7 +1,8 @@
 //! The Deployment's reconcile: from the Deployment and its pods as observed,
 //! the pods to create and delete and the new status. Pure: no clock (`now`
-//! is the caller's seconds), no names drawn (the caller names the pods it
-//! creates with `deployment::new_pod`).
+//! and every time here are unix seconds the caller passes: they are kept in
+//! the status, so every server must read them alike), no names drawn (the
+//! caller names the pods it creates with `deployment::new_pod`).
 //!
 //! The rules, Kubernetes' own applied to pods rather than ReplicaSets:
 //! - A pod counts toward `replicas + maxSurge` from its creation until it is
@@ -39,7 +40,7 @@ pub struct ObservedPod {
     /// Its `pinion.io/template-hash` label: which revision it runs.
     pub template_hash: String,
     pub phase: PodPhase,
-    /// When it was created, in the caller's seconds (newer ones go first).
+    /// When it was created, unix seconds (newer ones go first).
     pub created: u64,
     /// Since when it has been Ready (its readiness probe passing, or running
     /// when it has none); `None` while not ready.

@@ -96,6 +96,11 @@ fn pods_are_named_for_their_node_and_bound_to_it() {
     assert_eq!(p.metadata.labels.get(DAEMONSET_LABEL).map(String::as_str), Some("ptp"));
     assert_eq!(p.metadata.labels.get("app").map(String::as_str), Some("ptp"));
     assert!(crate::validate::validate_pod(&p).is_empty(), "{:?}", crate::validate::validate_pod(&p));
+    let seen = DaemonPod::of(&p).expect("bound");
+    assert_eq!((seen.node.as_str(), seen.template_hash), ("edge-7.lab.example", template_hash(&ds.spec.template)));
+    let mut loose = p.clone();
+    loose.spec.node_name = None;
+    assert_eq!(DaemonPod::of(&loose), None);
     assert_eq!(new_pod(&ds, "edge-7.lab.example").metadata.name, p.metadata.name, "deterministic");
     let long = "n".repeat(63);
     let (a, b) = (pod_name("ptp", &format!("{long}a"), "h"), pod_name("ptp", &format!("{long}b"), "h"));
