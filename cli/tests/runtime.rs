@@ -267,6 +267,41 @@ fn pinned_container_sees_its_cpuset_and_its_exit_code_survives_a_restart() {
     fx.finish();
 }
 
+/// clone(CLONE_NEWNS | SIGCHLD) from Python: `ns-clone RC ERRNO`. Docker's
+/// profile allows clone only without namespace flags.
+const NS_CLONE: &str = "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+     print(\"ns-clone\", l.syscall(56, 0x00020000 | 17, 0, 0, 0, 0), ctypes.get_errno(), flush=True)'";
+
+#[test]
+fn the_seccomp_program_is_compiled_ahead_and_holds_the_container_and_its_execs() {
+    let Some(mut fx) = fixture() else { return };
+    let script = format!("grep Seccomp: /proc/self/status; {NS_CLONE}; sleep 1000");
+    let cfg = fx.cfg("filtered", &["sh", "-c", &script]);
+    fx.rt.start(&cfg, &mut Default::default()).expect("start");
+    let log = fx.wait_log(&cfg, |l| l.contains("ns-clone"));
+    assert!(log.contains("Seccomp:\t2\n"), "{log}");
+    assert!(log.contains("ns-clone -1 1\n"), "a namespace clone is refused with EPERM: {log}");
+    // The bundle holds the program; the spec libcontainer reads names it
+    // instead of carrying the profile.
+    let bundle = fx.data.join("containers").join(&cfg.id).join("bundle");
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).expect("config.json")).expect("json");
+    assert_eq!(spec.pointer("/linux/seccomp"), None);
+    assert_eq!(spec.pointer("/annotations/pinion.io~1seccomp-filter"), Some(&"seccomp.bpf".into()));
+    let program = std::fs::metadata(bundle.join("seccomp.bpf")).expect("seccomp.bpf");
+    assert!(program.len() > 0 && program.len().is_multiple_of(8), "{} bytes", program.len());
+    assert_eq!(program.permissions().mode() & 0o777, 0o600);
+    // An exec'd command is held to the same program.
+    let argv = ["sh".to_string(), "-c".to_string(), format!("grep Seccomp: /proc/self/status; {NS_CLONE}")];
+    let p = fx.rt.exec(&cfg.id, &argv).expect("exec");
+    let out = read_all(p.stdout);
+    assert_eq!((p.wait)().expect("wait"), 0);
+    let out = out.recv_timeout(PIPE_END).expect("stdout ends");
+    assert!(out.contains("Seccomp:\t2\n") && out.contains("ns-clone -1 1\n"), "exec: {out}");
+    fx.rt.stop(&cfg.id, Duration::from_secs(1)).expect("stop");
+    fx.finish();
+}
+
 #[test]
 fn cpuset_is_updated_in_place_and_a_running_container_is_adopted() {
     let Some(mut fx) = fixture() else { return };

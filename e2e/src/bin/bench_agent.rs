@@ -35,7 +35,7 @@ use e2e::firstbyte::LogWatch;
 use e2e::peers;
 use e2e::stats::{load_average, percentile, Summary};
 use nodelet::runtime::libcontainer::records::{read_json, Layout};
-use nodelet::runtime::libcontainer::{rootfs, spec};
+use nodelet::runtime::libcontainer::{filter, rootfs, spec};
 use nodelet::runtime::ContainerConfig;
 use oci_spec::runtime::Spec;
 use specs::topology::{Cpu, NumaNode};
@@ -316,6 +316,8 @@ impl PeerBundle {
         let layout = Layout::new(data);
         let src = layout.bundle(id).join("config.json");
         let mut spec = Spec::load(&src).with_context(|| format!("{}", src.display()))?;
+        // The peers compile the same seccomp profile themselves.
+        filter::restore_profile(&mut spec, &layout.bundle(id))?;
         // Pinion's shim sets the CFS quota between create and start; the peers
         // apply every limit at create, so theirs goes into the spec.
         let cfg: ContainerConfig = read_json(&layout.config(id))?.context("container.json")?;

@@ -4,8 +4,10 @@
 //! 1. One-liner: `pinion run bj --cpus 1 --rm -- true` against `srun
 //!    --cpu-bind=cores -c1 true` and `runc run` of the same `true` pinned to
 //!    CPU 1 (a bundle made here: a busybox-static rootfs, `runc spec` with
-//!    `cpus` "1"), interleaved, `--runs` times each: the wall time of the
-//!    client command, from its spawn to its exit.
+//!    `cpus` "1"; and a second bundle that also carries what a Pinion pod
+//!    does: Docker's seccomp profile, the 64 MiB memory and the pids limit),
+//!    interleaved, `--runs` times each: the wall time of the client command,
+//!    from its spawn to its exit.
 //! 2. Queue: `--queue` one-CPU `true` jobs submitted at once onto this host's
 //!    one allocatable CPU (CPU 0 reserved on both sides), so each job waits for
 //!    the previous one's CPU: `pinion run q --array 1-N --cpus 1 -- true`
@@ -161,7 +163,7 @@ fn timed(cmd: &mut Command) -> anyhow::Result<f64> {
 /// A runc bundle running `/bin/true` pinned to CPU 1, as a one-CPU job is on
 /// a host whose CPU 0 is reserved: busybox-static's `/bin/busybox` as the
 /// rootfs if the host has it, else the host's `true` and its libraries.
-fn runc_bundle() -> anyhow::Result<tempfile::TempDir> {
+fn runc_bundle(equal: bool) -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new().prefix("pinion-bench-runc-").tempdir()?;
     let rootfs = dir.path().join("rootfs");
     std::fs::create_dir_all(rootfs.join("bin"))?;
@@ -188,6 +190,13 @@ fn runc_bundle() -> anyhow::Result<tempfile::TempDir> {
     config["process"]["args"] = serde_json::json!(["/bin/true"]);
     config["process"]["terminal"] = serde_json::json!(false);
     config["linux"]["resources"]["cpu"] = serde_json::json!({ "cpus": "1" });
+    if equal {
+        // What a Pinion pod carries besides: its seccomp profile (Docker's,
+        // which runc compiles at each start) and its memory and pids limits.
+        config["linux"]["seccomp"] = serde_json::to_value(nodelet::runtime::libcontainer::spec::default_seccomp(&[])?)?;
+        config["linux"]["resources"]["memory"] = serde_json::json!({ "limit": 64u64 << 20 });
+        config["linux"]["resources"]["pids"] = serde_json::json!({ "limit": nodelet::agent::DEFAULT_POD_PIDS_LIMIT });
+    }
     std::fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
     Ok(dir)
 }
@@ -197,6 +206,8 @@ struct OneLiner {
     pinion: Vec<f64>,
     srun: Vec<f64>,
     runc: Vec<f64>,
+    /// runc with the pod's seccomp profile and limits.
+    runc_equal: Vec<f64>,
 }
 
 fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow::Result<OneLiner> {
@@ -210,7 +221,8 @@ fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow:
         c.args(["--cpu-bind=cores", "-c1", "--mem=64", "true"]);
         c
     };
-    let bundle = if runc { Some(runc_bundle()?) } else { None };
+    let bundle = if runc { Some(runc_bundle(false)?) } else { None };
+    let equal = if runc { Some(runc_bundle(true)?) } else { None };
     let mut n = 0usize;
     // The wall time of `runc run` alone; `runc delete -f` after is not timed.
     let mut runc_run = |b: &Path| -> anyhow::Result<f64> {
@@ -226,11 +238,11 @@ fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow:
         if let Some(s) = slurm {
             timed(&mut srun(s))?;
         }
-        if let Some(b) = &bundle {
+        for b in bundle.iter().chain(&equal) {
             runc_run(b.path())?;
         }
     }
-    let mut o = OneLiner { pinion: Vec::new(), srun: Vec::new(), runc: Vec::new() };
+    let mut o = OneLiner { pinion: Vec::new(), srun: Vec::new(), runc: Vec::new(), runc_equal: Vec::new() };
     for i in 0..runs {
         // Alternate which goes first, so none always follows another's tail.
         if i % 2 == 0 {
@@ -241,6 +253,9 @@ fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow:
         }
         if let Some(b) = &bundle {
             o.runc.push(runc_run(b.path())?);
+        }
+        if let Some(b) = &equal {
+            o.runc_equal.push(runc_run(b.path())?);
         }
         if i % 2 == 1 {
             o.pinion.push(timed(&mut pinion_run())?);
@@ -604,6 +619,11 @@ fn main() -> anyhow::Result<()> {
         let rs = Summary::of(&one.runc);
         println!("{}", line("runc run (true, cpus 1)", &rs));
         println!("   ratio of medians pinion/runc: {:.2}", ps.median / rs.median);
+    }
+    if !one.runc_equal.is_empty() {
+        let rs = Summary::of(&one.runc_equal);
+        println!("{}", line("runc run, the pod's seccomp, memory and pids limits", &rs));
+        println!("   ratio of medians pinion/runc (equal work): {:.2}", ps.median / rs.median);
     }
     println!("2. queue of {} one-CPU true jobs on one allocatable CPU", o.queue);
     println!("   pinion run --array: {pq:.1} jobs/s ({:.1} ms per job)", 1e3 / pq);

@@ -13,6 +13,7 @@
 pub(crate) mod cgroups;
 pub mod exec;
 mod exec_userns;
+pub mod filter;
 pub mod image;
 pub(crate) mod logs;
 pub(crate) mod net;
@@ -59,6 +60,8 @@ pub struct LibcontainerRuntime {
     cgroups: cgroups::Parent,
     /// Cgroups and mounts go through it (the host itself, or a test's double).
     host: Arc<dyn Host>,
+    /// Seccomp programs compiled so far (see [`filter`]).
+    filters: filter::Filters,
 }
 
 fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
@@ -103,7 +106,13 @@ impl LibcontainerRuntime {
         for dir in image::remove_leftovers(&layout.images()).map_err(ioerr(&layout.images()))? {
             tracing::warn!(dir = %dir.display(), "removed what an interrupted image import left");
         }
-        let rt = Self { layout, shim_exe: shim_exe.to_path_buf(), cgroups: cgroups::Parent::default_parent(), host };
+        let rt = Self {
+            layout,
+            shim_exe: shim_exe.to_path_buf(),
+            cgroups: cgroups::Parent::default_parent(),
+            host,
+            filters: filter::Filters::default(),
+        };
         for id in rt.sweep()? {
             tracing::warn!(id, "removed a container whose creation did not finish");
         }
@@ -270,12 +279,39 @@ impl LibcontainerRuntime {
                 root.set_path(open);
             }
         }
+        self.precompile_filter(id, &mut spec)?;
         let spec_path = self.layout.bundle(id).join("config.json");
         save_spec(&spec, &spec_path).map_err(|e| cerr(id, format!("{}: {e}", spec_path.display())))?;
         // After the spec is saved: a cleanup finds the cgroup through it.
         cgroups::precreate(&*self.host, &self.cgroups, id)
             .map_err(|e| cerr(id, format!("the container's cgroup: {e}")))?;
         write_json(&self.layout.config(id), cfg)
+    }
+
+    /// Moves the spec's seccomp profile into a compiled program in the
+    /// bundle (see [`filter`]), written before the spec that names it. A
+    /// profile the compiler leaves to libcontainer stays in the spec.
+    fn precompile_filter(&self, id: &str, spec: &mut Spec) -> Result<(), RuntimeError> {
+        let Some(profile) = spec.linux().as_ref().and_then(|l| l.seccomp().clone()) else { return Ok(()) };
+        let program = match self.filters.program(&profile) {
+            Ok(p) => p,
+            Err(filter::FilterError::Unsupported(what)) => {
+                tracing::debug!(id, what, "seccomp profile left to libcontainer");
+                return Ok(());
+            }
+            Err(e) => return Err(cerr(id, e.to_string())),
+        };
+        let bundle = self.layout.bundle(id);
+        let write = |name: &str, bytes: &[u8]| -> Result<(), RuntimeError> {
+            let path = bundle.join(name);
+            let mut f = crate::fsutil::create_private(&path, false).map_err(ioerr(&path))?;
+            std::io::Write::write_all(&mut f, bytes).map_err(ioerr(&path))
+        };
+        write(filter::FILTER_FILE, &program)?;
+        let json = serde_json::to_vec_pretty(&profile).map_err(|e| cerr(id, format!("seccomp profile: {e}")))?;
+        write(filter::PROFILE_FILE, &json)?;
+        filter::take_profile(spec);
+        Ok(())
     }
 
     /// Where a container's command is looked up before it runs (as `execvp`

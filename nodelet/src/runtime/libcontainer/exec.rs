@@ -218,13 +218,23 @@ fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::Cp
     let process = spec.process().as_ref();
     let cwd = process.map(|p| p.cwd().clone()).unwrap_or_else(|| "/".into());
     let user = process.map(|p| p.user().clone()).unwrap_or_default();
+    // The container's own filter: an exec'd command is held to it too.
+    let program = super::filter::read_for(&spec, &layout.bundle(id)).map_err(|e| e.to_string())?;
     if cfg.userns.is_some() {
         let started: super::records::StartedRecord = read_json(&layout.started(id))
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{} is missing", layout.started(id).display()))?;
         let cgroup = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()).unwrap_or_default();
         let dirs = super::cgroups::existing_dirs(&crate::host::RealHost, &cgroup);
-        let pid = super::exec_userns::join(Pid::from_raw(started.init.pid), &dirs, &spec, command, out, err)?;
+        let pid = super::exec_userns::join(
+            Pid::from_raw(started.init.pid),
+            &dirs,
+            &spec,
+            program.as_ref().map(|p| p.as_slice()),
+            command,
+            out,
+            err,
+        )?;
         return Ok((pid, cfg.system_cpus));
     }
     let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
@@ -240,6 +250,10 @@ fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::Cp
         .with_root_path(layout.state_root())
         .and_then(|b| b.validate_id())
         .map(|b| b.with_stdin(stdin).with_stdout(out).with_stderr(err))
+        .map(|b| match program {
+            Some(program) => b.with_executor(super::filter::WithFilter { program }),
+            None => b,
+        })
         .and_then(|b| {
             b.as_tenant()
                 .with_detach(false)

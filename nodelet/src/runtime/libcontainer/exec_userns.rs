@@ -43,6 +43,7 @@ pub(super) fn join(
     init: Pid,
     cgroups: &[PathBuf],
     spec: &Spec,
+    program: Option<&[u8]>,
     command: &[String],
     out: OwnedFd,
     err: OwnedFd,
@@ -101,7 +102,7 @@ pub(super) fn join(
                 }
                 Ok(ForkResult::Child) => {
                     drop(pid_w);
-                    let why = become_process(process, &cwd, &stdin, &out, &err, spec);
+                    let why = become_process(process, &cwd, &stdin, &out, &err, spec, program);
                     let why = match why {
                         Err(e) => e,
                         Ok(()) => match nix::unistd::execvpe(&prog, &argv, &envp) {
@@ -146,6 +147,7 @@ fn become_process(
     out: &OwnedFd,
     err: &OwnedFd,
     spec: &Spec,
+    program: Option<&[u8]>,
 ) -> Result<(), String> {
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     nix::unistd::chdir(cwd.as_c_str()).map_err(|e| format!("cwd {cwd:?}: {e}"))?;
@@ -185,6 +187,9 @@ fn become_process(
     }
     if let Some(seccomp) = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()) {
         ::libcontainer::seccomp::initialize_seccomp(seccomp).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    if let Some(program) = program {
+        super::filter::load(program).map_err(|e| e.to_string())?;
     }
     Ok(())
 }

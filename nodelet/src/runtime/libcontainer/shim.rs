@@ -143,10 +143,15 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
     let (log_read, log_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("creating the log pipe: {e}"))?;
     let log_write2 = log_write.try_clone().map_err(|e| format!("dup of the log pipe: {e}"))?;
+    let program = super::filter::read_for(&load_spec(layout, id)?, &layout.bundle(id)).map_err(|e| e.to_string())?;
     let built = ContainerBuilder::new(id.to_string(), SyscallType::default())
         .with_root_path(layout.state_root())
         .and_then(|b| b.validate_id())
         .map(|b| b.with_stdout(log_write).with_stderr(log_write2))
+        .map(|b| match program {
+            Some(program) => b.with_executor(super::filter::WithFilter { program }),
+            None => b,
+        })
         .and_then(|b| b.as_init(layout.bundle(id)).with_systemd(false).with_detach(true).build());
     let mut container = match built {
         Ok(c) => {
@@ -195,6 +200,12 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
             Err(e)
         }
     }
+}
+
+/// The bundle's spec, as libcontainer will read it.
+pub(super) fn load_spec(layout: &Layout, id: &str) -> Result<oci_spec::runtime::Spec, String> {
+    let path = layout.bundle(id).join("config.json");
+    oci_spec::runtime::Spec::load(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Copies the container's output to the log until every writer is gone, then

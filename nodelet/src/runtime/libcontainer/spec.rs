@@ -155,6 +155,9 @@ fn syscalls_for_capability(cap: &str) -> &'static [&'static str] {
         "CAP_DAC_READ_SEARCH" => &["open_by_handle_at"],
         "CAP_SYS_ADMIN" => &[
             "bpf",
+            // Any flags: new namespaces (without it, only clone's flags
+            // without a namespace pass).
+            "clone",
             "fanotify_init",
             "fsconfig",
             "fsmount",
@@ -791,7 +794,7 @@ const CLONE_NS_FLAGS: u64 = 0x7E02_0000;
 /// or disable it at boot (Debian: `syscall.x32=n`); without it in the filter an
 /// x32 syscall is refused as a foreign architecture (the thread is killed)
 /// instead of being allowed.
-fn default_seccomp(cap_add: &[String]) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
+pub fn default_seccomp(cap_add: &[String]) -> Result<LinuxSeccomp, oci_spec::OciSpecError> {
     let architectures = if cfg!(target_arch = "x86_64") {
         vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86]
     } else if cfg!(target_arch = "aarch64") {
