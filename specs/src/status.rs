@@ -69,6 +69,35 @@ pub struct PodStatus {
     /// Every address the pod network gave the pod (IPv4 and IPv6).
     #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
     pub pod_ips: Vec<String>,
+    /// `Ready` (every container running and passing its readiness probe, as
+    /// its node judges), as Kubernetes has it; absent until a node says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<PodCondition>,
+}
+
+/// The condition of a pod whose readiness a rollout waits for.
+pub const POD_READY: &str = "Ready";
+
+/// One of a pod's conditions (`Ready`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodCondition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: crate::api::ConditionStatus,
+    /// Unix seconds when `status` last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<u64>,
+}
+
+impl PodStatus {
+    /// Since when the pod is `Ready` (unix seconds); `None` when it is not.
+    pub fn ready_since(&self) -> Option<u64> {
+        self.conditions
+            .iter()
+            .find(|c| c.kind == POD_READY && c.status == crate::api::ConditionStatus::True)
+            .map(|c| c.last_transition_time.unwrap_or(0))
+    }
 }
 
 /// The placement a pod received, as reported and shown by `describe`.
@@ -105,6 +134,9 @@ pub struct ContainerStatus {
     /// `OOMKilled`, `Error`, `Completed`, `CrashLoopBackOff`, ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Running and passing its readiness probe (running is enough without one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ready: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -457,6 +457,7 @@ mod tests {
                     restart_count: *restarts,
                     last_exit_code: *code,
                     reason: reason.map(str::to_string),
+                    ready: *state == ContainerState::Running,
                 })
                 .collect(),
             ..Default::default()
@@ -489,6 +490,7 @@ mod tests {
                 restart_count: 0,
                 last_exit_code: None,
                 reason: None,
+                ready: true,
             }],
             ..Default::default()
         };

@@ -172,6 +172,8 @@ pub(super) fn build(agent: &State) -> NodeReport {
                     restart_count: c.restart_count,
                     last_exit_code: c.last_exit.map(|x| x.0),
                     reason,
+                    // Until readiness probes run: running is ready.
+                    ready: state == ShownState::Running,
                 }
             })
             .collect();
