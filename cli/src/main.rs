@@ -35,12 +35,16 @@ enum Command {
     Agent(cmd::agent::Args),
     /// Create or update objects from files, a folder or stdin.
     Apply(cmd::apply::Args),
-    /// List pods or nodes.
+    /// List pods, nodes, jobs or deployments.
     Get(cmd::get::Args),
     /// Show one pod or node in detail: placement, CPUs, NUMA, events.
     Describe(cmd::describe::Args),
-    /// Delete pods.
+    /// Delete pods, nodes, jobs or deployments.
     Delete(cmd::delete::Args),
+    /// Set a deployment's replicas.
+    Scale(cmd::rollout::ScaleArgs),
+    /// A deployment's rollout: status, history, undo, restart.
+    Rollout(cmd::rollout::RolloutArgs),
     /// Print a container's logs.
     Logs(cmd::logs::Args),
     /// Run a command as a pod, stream its output and exit with its exit code.
@@ -111,6 +115,8 @@ fn main() -> ExitCode {
             Command::Get(a) => cmd::get::run(g, a).await,
             Command::Describe(a) => cmd::describe::run(g, a).await,
             Command::Delete(a) => cmd::delete::run(g, a).await,
+            Command::Scale(a) => cmd::rollout::scale(g, a).await,
+            Command::Rollout(a) => cmd::rollout::rollout(g, a).await,
             Command::Logs(a) => cmd::logs::run(g, a).await,
             Command::Run(a) => cmd::run::run(g, a).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,

@@ -430,6 +430,22 @@ pub fn restart(template: &PodTemplate, at: &str) -> PodTemplate {
     t
 }
 
+/// `PUT /api/v1/deployments/NAME/scale` body (`pinion scale`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Scale {
+    pub replicas: u32,
+}
+
+/// `POST /api/v1/deployments/NAME/undo` body (`pinion rollout undo`): the
+/// revision to go back to, or (absent) the one before the current.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Undo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_revision: Option<u64>,
+}
+
 /// Labels only the server sets on a workload's pods.
 pub(crate) const RESERVED_LABELS: [&str; 4] =
     [DEPLOYMENT_LABEL, REVISION_LABEL, TEMPLATE_HASH_LABEL, crate::daemonset::DAEMONSET_LABEL];

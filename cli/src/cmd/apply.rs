@@ -87,10 +87,16 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     for (source, body) in docs {
         let result = match kind_of(&body).as_deref() {
             Some("Job") => client.create_job(body).await.map(|(code, j)| (code, "job", j.metadata.name)),
+            Some("Deployment") => client.apply_deployment(body).await.map(|(code, d)| {
+                // 200: unchanged, or changed (a new generation).
+                let code = if code == 200 && d.metadata.generation.unwrap_or(1) > 1 { 202 } else { code };
+                (code, "deployment", d.metadata.name)
+            }),
             _ => client.create_pod(body).await.map(|(code, p)| (code, "pod", p.metadata.name)),
         };
         match result {
             Ok((201, kind, name)) => println!("{kind}/{name} created"),
+            Ok((202, kind, name)) => println!("{kind}/{name} configured"),
             Ok((_, kind, name)) => println!("{kind}/{name} unchanged"),
             Err(e) => {
                 eprintln!("error: {source}: {e}");

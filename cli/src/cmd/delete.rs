@@ -1,4 +1,4 @@
-//! `pinion delete pod|node|job NAME...`
+//! `pinion delete pod|node|job|deployment NAME...`
 
 use std::process::ExitCode;
 
@@ -14,6 +14,9 @@ pub enum Kind {
     /// A job and its member pods (their containers are stopped).
     #[value(alias = "jobs")]
     Job,
+    /// A Deployment and its pods.
+    #[value(alias = "deployments", alias = "deploy")]
+    Deployment,
 }
 
 #[derive(clap::Args, Debug)]
@@ -31,6 +34,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             Kind::Pod => ("pod", client.delete_pod(name).await.map(|_| ())),
             Kind::Node => ("node", client.delete_node(name).await.map(|_| ())),
             Kind::Job => ("job", client.delete_job(name).await.map(|_| ())),
+            Kind::Deployment => ("deployment", client.delete_deployment(name).await.map(|_| ())),
         };
         match result {
             Ok(()) => println!("{kind}/{name} deleted"),

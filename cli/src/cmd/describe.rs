@@ -19,6 +19,8 @@ pub enum Kind {
     Node,
     #[value(alias = "jobs")]
     Job,
+    #[value(alias = "deployments", alias = "deploy")]
+    Deployment,
 }
 
 #[derive(clap::Args, Debug)]
@@ -132,6 +134,82 @@ fn member_row(m: &specs::job::MemberStatus, status: &str, cpus: &str) -> Vec<Str
         cpus.to_string(),
         m.exit_code.map_or("-".into(), |c| c.to_string()),
     ]
+}
+
+/// A Deployment: its spec's figures, its status and conditions, the
+/// revisions it keeps, and its pods.
+pub fn describe_deployment(out: &mut String, d: &specs::deployment::Deployment, pods: &[specs::Pod]) {
+    let s = d.status.clone().unwrap_or_default();
+    let _ = writeln!(out, "Name:          {}", d.metadata.name);
+    if let Some(owner) = &d.metadata.owner {
+        let _ = writeln!(out, "Owner:         {owner}");
+    }
+    let _ = writeln!(out, "Created:       {}", d.metadata.creation_timestamp.as_deref().unwrap_or("-"));
+    let sel: Vec<String> = d.spec.selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(out, "Selector:      {}", sel.join(","));
+    let _ = writeln!(out, "Generation:    {} (observed {})", d.metadata.generation.unwrap_or(0), s.observed_generation);
+    let _ = writeln!(
+        out,
+        "Replicas:      {} desired | {} updated | {} total | {} ready | {} available | {} unavailable",
+        d.spec.replicas, s.updated_replicas, s.replicas, s.ready_replicas, s.available_replicas, s.unavailable_replicas
+    );
+    let (surge, unavailable) = specs::rollout::budget(d);
+    let _ = writeln!(out, "Strategy:      {:?} (maxSurge {surge}, maxUnavailable {unavailable})", d.spec.strategy.kind);
+    let _ = writeln!(out, "MinReady:      {} s", d.spec.min_ready_seconds);
+    let _ = writeln!(out, "Deadline:      {} s", d.spec.progress_deadline_seconds());
+    let _ = writeln!(
+        out,
+        "Revision:      {} ({})",
+        s.revision,
+        if s.template_hash.is_empty() { "-" } else { &s.template_hash }
+    );
+    if d.spec.paused {
+        let _ = writeln!(out, "Paused:        true");
+    }
+    if !s.conditions.is_empty() {
+        out.push_str("Conditions:\n");
+        let rows: Vec<Vec<String>> = s
+            .conditions
+            .iter()
+            .map(|c| vec![format!("{:?}", c.kind), format!("{:?}", c.status), c.reason.clone(), c.message.clone()])
+            .collect();
+        for line in table(&["TYPE", "STATUS", "REASON", "MESSAGE"], &rows).lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    if !s.history.is_empty() {
+        out.push_str("Revisions:\n");
+        let rows: Vec<Vec<String>> = s
+            .history
+            .iter()
+            .map(|r| {
+                vec![
+                    r.number.to_string(),
+                    r.template_hash.clone(),
+                    if r.number == s.revision { "current".into() } else { "-".into() },
+                ]
+            })
+            .collect();
+        for line in table(&["REVISION", "HASH", ""], &rows).lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    out.push_str("Pods:\n");
+    let rows: Vec<Vec<String>> = pods
+        .iter()
+        .map(|p| {
+            vec![
+                p.metadata.name.clone(),
+                pod_status(p),
+                p.metadata.labels.get(specs::deployment::REVISION_LABEL).cloned().unwrap_or_else(|| "-".into()),
+                p.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                age(p.metadata.creation_timestamp.as_deref()),
+            ]
+        })
+        .collect();
+    for line in table(&["NAME", "STATUS", "REVISION", "NODE", "AGE"], &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -250,6 +328,12 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             }
             let events = client.events("Job", &j.metadata.name).await?;
             events_section(&mut out, &events.items);
+        }
+        Kind::Deployment => {
+            let d = client.get_deployment(&args.name).await?;
+            let selector = format!("{}={}", specs::deployment::DEPLOYMENT_LABEL, d.metadata.name);
+            let pods = client.list_pods(Some(&selector)).await?.items;
+            describe_deployment(&mut out, &d, &pods);
         }
         Kind::Node => {
             let n = client.get_node(&args.name).await?;

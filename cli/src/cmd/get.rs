@@ -1,4 +1,4 @@
-//! `pinion get pods|nodes|jobs [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
+//! `pinion get pods|nodes|jobs|deployments [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
 //! tables for people, stable JSON/YAML (the API objects as the server returns
 //! them, fields in a fixed order) for scripts.
 
@@ -19,6 +19,8 @@ pub enum Kind {
     Nodes,
     #[value(alias = "job")]
     Jobs,
+    #[value(alias = "deployment", alias = "deploy")]
+    Deployments,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,6 +260,19 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 .collect();
             print!("{}", table(&headers, &rows));
         }
+        Kind::Deployments => {
+            let fetched = match &args.name {
+                Some(n) => Fetched::One(client.get_deployment(n).await?),
+                None => Fetched::Many(client.list_deployments(args.selector.as_deref()).await?),
+            };
+            let Some(items) = shown(fetched, structured)? else { return Ok(ExitCode::SUCCESS) };
+            if items.is_empty() {
+                eprintln!("no deployments");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = items.iter().map(deployment_row).collect();
+            print!("{}", table(&DEPLOYMENT_HEADERS, &rows));
+        }
         Kind::Nodes => {
             let fetched = match &args.name {
                 Some(n) => Fetched::One(client.get_node(n).await?),
@@ -311,6 +326,20 @@ pub fn job_row(j: &specs::job::Job, members: &[&Pod]) -> Vec<String> {
         placement,
         j.spec.priority.to_string(),
         age(j.metadata.creation_timestamp.as_deref()),
+    ]
+}
+
+pub const DEPLOYMENT_HEADERS: [&str; 5] = ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"];
+
+/// A Deployment's row, as kubectl's: READY is ready of the replicas wanted.
+pub fn deployment_row(d: &specs::deployment::Deployment) -> Vec<String> {
+    let s = d.status.clone().unwrap_or_default();
+    vec![
+        d.metadata.name.clone(),
+        format!("{}/{}", s.ready_replicas, d.spec.replicas),
+        s.updated_replicas.to_string(),
+        s.available_replicas.to_string(),
+        age(d.metadata.creation_timestamp.as_deref()),
     ]
 }
 
@@ -521,6 +550,32 @@ mod tests {
             fix: None,
         });
         assert_eq!(node_row(&n, false)[1], "Ready,CpusOffline,PodNetwork=False");
+    }
+
+    /// (replicas, status as ready/updated/available) -> the row without AGE
+    fn check_deployment(replicas: u32, status: Option<(u32, u32, u32)>, expected: [&str; 4]) {
+        let yaml = format!(
+            "apiVersion: pinion.io/v1\nkind: Deployment\nmetadata: {{name: web}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec: {{containers: [{{name: c, rootfs: host}}]}}\n"
+        );
+        let mut d: specs::deployment::Deployment = serde_yaml_ng::from_str(&yaml).expect("deployment");
+        d.status = status.map(|(ready, updated, available)| specs::deployment::DeploymentStatus {
+            ready_replicas: ready,
+            updated_replicas: updated,
+            available_replicas: available,
+            ..Default::default()
+        });
+        let row = deployment_row(&d);
+        assert_eq!(row.len(), DEPLOYMENT_HEADERS.len());
+        assert_eq!(DEPLOYMENT_HEADERS, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]);
+        assert_eq!(row[..4], expected, "{replicas} {status:?}");
+        assert_eq!(row[4], "-");
+    }
+
+    #[test]
+    fn a_deployment_row_says_ready_of_wanted() {
+        check_deployment(3, None, ["web", "0/3", "0", "0"]);
+        check_deployment(6, Some((4, 6, 3)), ["web", "4/6", "6", "3"]);
+        check_deployment(0, Some((0, 0, 0)), ["web", "0/0", "0", "0"]);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod image;
 pub mod install;
 pub mod logs;
 pub mod plan;
+pub mod rollout;
 pub mod run;
 pub mod server;
 pub mod server_opts;

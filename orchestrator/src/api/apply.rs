@@ -6,12 +6,15 @@
 use std::sync::Arc;
 
 use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, WatchEventType};
+use specs::deployment::Deployment;
 use specs::job::Job;
 use specs::{Pod, PodPhase};
 
 use super::error::store_error;
 use super::parse::Action;
-use crate::cluster::{self, authorize, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request};
+use crate::cluster::{
+    self, authorize, deployments, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request,
+};
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
 use crate::tls::{Identity, Pki, NODE_CN_PREFIX};
@@ -202,6 +205,15 @@ fn hide_env_values(spec: &mut specs::pod::PodSpec) {
     }
 }
 
+/// A Deployment's templates (the spec's and every kept revision's) without
+/// their env values.
+fn hide_deployment_env_values(d: &mut Deployment) {
+    hide_env_values(&mut d.spec.template.spec);
+    for r in d.status.iter_mut().flat_map(|s| s.history.iter_mut()) {
+        hide_env_values(&mut r.template.spec);
+    }
+}
+
 /// A BOOKMARK line: the watch has reached `version` and nothing the watcher
 /// sees changed since its last line.
 pub fn bookmark_line(kind: Kind, version: u64) -> String {
@@ -212,6 +224,7 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::Job => "Job",
         Kind::User => "User",
         Kind::Token => "Token",
+        Kind::Deployment => "Deployment",
     };
     watch_line(
         WatchEventType::Bookmark,
@@ -600,6 +613,64 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let deleted = store.write(move |t| jobs::delete_for(t, &who, &n)).await?;
             let (job, _members) = deleted.ok_or_else(|| ClusterError::not_found("Job", &name))?;
             json(200, &job)
+        }
+        Action::ListDeployments { selector } => {
+            authorize(id, Request::ReadDeployments)?;
+            let listed = store.list::<Deployment>().map_err(store_error)?;
+            let mut items: Vec<Deployment> = listed
+                .items
+                .into_iter()
+                .filter(|d| cluster::sees(id, d.metadata.owner.as_deref()))
+                .filter(|d| selector.matches(&d.metadata.labels))
+                .collect();
+            let shown = cluster::env_values(id);
+            for d in items.iter_mut().filter(|d| !shown.shows(d.metadata.owner.as_deref())) {
+                hide_deployment_env_values(d);
+            }
+            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+        }
+        Action::GetDeployment(name) => {
+            authorize(id, Request::ReadDeployments)?;
+            let d = store.get::<Deployment>(&name).map_err(store_error)?;
+            let mut d = d.ok_or_else(|| ClusterError::not_found("Deployment", &name))?;
+            let owner = d.metadata.owner.as_deref();
+            authorize(id, Request::Owned { kind: "Deployment", name: &name, owner, access: Access::Read })?;
+            if !cluster::env_values(id).shows(owner) {
+                hide_deployment_env_values(&mut d);
+            }
+            json(200, &d)
+        }
+        Action::ApplyDeployment(mut d) => {
+            authorize(id, Request::WriteDeployments)?;
+            d.metadata.owner = cluster::person_name(id).map(str::to_string);
+            if let Some(held) = users::Held::of(id) {
+                held.apply(&mut d.spec.template.spec, "spec.template.spec", &state.allowed_host_paths)?;
+            }
+            let uid = cluster::new_uid()?;
+            let applied = store.write(move |t| deployments::apply(t, &d, &uid)).await?;
+            json(if applied.new { 201 } else { 200 }, &applied.deployment)
+        }
+        Action::DeleteDeployment(name) => {
+            authorize(id, Request::WriteDeployments)?;
+            // Its pods as listed now; one made after is the controller's to
+            // remove (a pod of a Deployment that is gone).
+            let pods: Vec<String> = store
+                .list::<Pod>()
+                .map_err(store_error)?
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.labels.get(specs::deployment::DEPLOYMENT_LABEL) == Some(&name))
+                .map(|p| p.metadata.name)
+                .collect();
+            let (n, who) = (name.clone(), id.clone());
+            let (d, _pods) = store.write(move |t| deployments::delete_for(t, &who, &n, &pods)).await?;
+            json(200, &d)
+        }
+        Action::ChangeDeployment { name, change } => {
+            authorize(id, Request::WriteDeployments)?;
+            let who = id.clone();
+            let d = store.write(move |t| deployments::change(t, &who, &name, &change)).await?;
+            json(200, &d)
         }
         Action::ListUsers => {
             authorize(id, Request::ListUsers)?;

@@ -87,6 +87,16 @@ pub enum Action {
     CreateJob(Box<specs::job::Job>),
     GetJob(String),
     DeleteJob(String),
+    ListDeployments {
+        selector: LabelSelector,
+    },
+    ApplyDeployment(Box<specs::deployment::Deployment>),
+    GetDeployment(String),
+    DeleteDeployment(String),
+    ChangeDeployment {
+        name: String,
+        change: crate::cluster::deployments::Change,
+    },
     ListUsers,
     CreateUser(Box<specs::api::User>),
     RevokeUser(String),
@@ -221,6 +231,26 @@ pub fn parse(
         RouteId::CreateJob => Action::CreateJob(Box::new(parse_job(body, is_json(headers))?)),
         RouteId::GetJob => Action::GetJob(name()?),
         RouteId::DeleteJob => Action::DeleteJob(name()?),
+        RouteId::ListDeployments => Action::ListDeployments { selector: selector(&q)? },
+        RouteId::ApplyDeployment => Action::ApplyDeployment(Box::new(parse_deployment(body, is_json(headers))?)),
+        RouteId::GetDeployment => Action::GetDeployment(name()?),
+        RouteId::DeleteDeployment => Action::DeleteDeployment(name()?),
+        RouteId::ScaleDeployment => {
+            let name = name()?;
+            let scale: specs::deployment::Scale = decode_json(body)?;
+            Action::ChangeDeployment { name, change: crate::cluster::deployments::Change::Scale(scale.replicas) }
+        }
+        RouteId::UndoDeployment => {
+            let name = name()?;
+            // An empty body: the revision before the current one.
+            let undo: specs::deployment::Undo =
+                if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { decode_json(body)? };
+            Action::ChangeDeployment { name, change: crate::cluster::deployments::Change::Undo(undo.to_revision) }
+        }
+        RouteId::RestartDeployment => {
+            let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            Action::ChangeDeployment { name: name()?, change: crate::cluster::deployments::Change::Restart(at) }
+        }
         RouteId::ListUsers => Action::ListUsers,
         RouteId::CreateUser => {
             let user: specs::api::User = decode_json(body)?;
@@ -308,6 +338,35 @@ pub fn parse_job(body: &Bytes, json: bool) -> Result<specs::job::Job, ApiError> 
     job.metadata.resource_version = None;
     job.metadata.creation_timestamp = None;
     Ok(job)
+}
+
+/// A Deployment, YAML or JSON: a decoding error names its field, then every
+/// semantic problem (`specs::deployment::validate_deployment`).
+pub fn parse_deployment(body: &Bytes, json: bool) -> Result<specs::deployment::Deployment, ApiError> {
+    let text = body_text(body)?;
+    let mut d: specs::deployment::Deployment = if json {
+        if !text.trim_start().starts_with('{') {
+            return Err(invalid(
+                "Deployment",
+                "",
+                vec![FieldError { field: "(body)".into(), message: "a deployment is a JSON object".into() }],
+            ));
+        }
+        from_json(body).map_err(|e| invalid("Deployment", "", vec![e]))?
+    } else {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| invalid("Deployment", "", vec![json_field_error(&e)]))?
+    };
+    let problems = specs::deployment::validate_deployment(&d);
+    if !problems.is_empty() {
+        return Err(invalid("Deployment", &d.metadata.name, problems));
+    }
+    d.status = None;
+    d.metadata.uid = None;
+    d.metadata.resource_version = None;
+    d.metadata.creation_timestamp = None;
+    d.metadata.generation = None;
+    Ok(d)
 }
 
 /// A JSON body; an error names the field at fault (`pods.web.phase`), or

@@ -66,6 +66,12 @@ pub enum Request<'a> {
     CreateJob,
     DeleteJob,
     ReadEvents,
+    /// List or read Deployments (a user's list narrowed to their own; one
+    /// read asks again with the object, `Owned`).
+    ReadDeployments,
+    /// Create or change (apply, scale, undo, restart, delete) Deployments;
+    /// a change asks again with the object (`Owned`).
+    WriteDeployments,
     ListUsers,
     /// Add, change or revoke a person.
     ManageUsers,
@@ -140,7 +146,12 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
             _ => Ok(()),
         },
         Request::ReportPod(pod) => refuse(&format!("report the status of pod {:?}", pod.metadata.name)),
-        Request::ListNodes | Request::WatchNodes | Request::ListJobs | Request::ReadJob | Request::ReadEvents => Ok(()),
+        Request::ListNodes
+        | Request::WatchNodes
+        | Request::ListJobs
+        | Request::ReadJob
+        | Request::ReadEvents
+        | Request::ReadDeployments => Ok(()),
         Request::Owned { kind, name, owner, access } => match power {
             Power::ReadAll if access == Access::Read => Ok(()),
             Power::ReadAll => refuse(&format!("change {} {name:?}", kind.to_lowercase())),
@@ -164,6 +175,7 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
         Request::ExecPod => writes("exec in pods"),
         Request::CreateJob => writes("create jobs"),
         Request::DeleteJob => writes("delete jobs"),
+        Request::WriteDeployments => writes("create or change deployments"),
         Request::ActForNode(n) => refuse(&format!("act for node {n:?}")),
         Request::DeleteNode => refuse("delete nodes"),
         Request::ManageUsers => refuse("manage users"),
@@ -200,6 +212,8 @@ fn authorize_node(me: &str, request: Request<'_>) -> Result<(), ClusterError> {
         Request::ReadJob => refuse("read jobs"),
         Request::CreateJob => refuse("create jobs"),
         Request::DeleteJob => refuse("delete jobs"),
+        Request::ReadDeployments => refuse("read deployments"),
+        Request::WriteDeployments => refuse("create or change deployments"),
         Request::ReadEvents => refuse("list events"),
         Request::ListUsers => refuse("list users"),
         Request::ManageUsers => refuse("manage users"),

@@ -3,7 +3,7 @@
 //! status says. It changes only the in-memory `State` and returns the
 //! effects for the executor to write; no I/O.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use specs::api::Node;
@@ -47,6 +47,20 @@ impl State {
         let mut out: Vec<Effect> = expired.into_iter().map(|(pod, node)| Effect::ExpireBinding { pod, node }).collect();
         out.extend(self.expiry.due(now));
         out.extend(std::mem::take(&mut self.dirty_jobs).into_iter().map(Effect::ReconcileJob));
+        let due: Vec<String> =
+            self.deployment_timers.iter().filter(|(_, at)| **at <= now).map(|(n, _)| n.clone()).collect();
+        for name in due {
+            self.deployment_timers.remove(&name);
+            self.dirty_deployments.insert(name);
+        }
+        // One reconcile per Deployment at a time: one in flight stays dirty.
+        let (busy, ready): (BTreeSet<String>, BTreeSet<String>) =
+            std::mem::take(&mut self.dirty_deployments).into_iter().partition(|n| self.reconciling.contains(n));
+        self.dirty_deployments = busy;
+        for name in ready {
+            self.reconciling.insert(name.clone());
+            out.push(Effect::ReconcileDeployment(name));
+        }
         out
     }
 
@@ -67,7 +81,8 @@ impl State {
             _ => None,
         });
         let expiry = self.sched.next_expiry().map(Instant::from_std);
-        backoff.chain(expiry).chain(self.expiry.next()).min()
+        let deployments = self.deployment_timers.values().copied();
+        backoff.chain(expiry).chain(self.expiry.next()).chain(deployments).min()
     }
 
     /// `decide` for any queued pod: one queued behind a gang that did not fit

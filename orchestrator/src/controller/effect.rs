@@ -23,6 +23,9 @@ pub(super) enum Effect {
     RemoveFinished { pod: String, uid: String },
     /// A member of the job changed: judge the job again (`cluster::jobs::reconcile`).
     ReconcileJob(String),
+    /// A Deployment or one of its pods changed, or its time came: its plan
+    /// (`rollout::decide`), carried out by `cluster::deployments::carry_out`.
+    ReconcileDeployment(String),
     /// A Ready node fell silent past the grace (`cluster::nodes::mark_lost`).
     MarkLost(String),
 }

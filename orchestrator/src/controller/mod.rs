@@ -39,6 +39,7 @@ mod decide;
 mod effect;
 mod expiry;
 mod lifecycle;
+mod rollout;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -97,6 +98,11 @@ const PASS: usize = 2048;
 const DECIDE_CHUNK: usize = 32;
 /// Binding writes in flight at once (the store folds them into shared flushes).
 const WRITES_IN_FLIGHT: usize = 4096;
+
+/// Now in unix seconds, as Deployments' statuses keep time.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
 
 fn creation_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
     (&a.metadata.creation_timestamp, a.metadata.resource_version, &a.metadata.name).cmp(&(
@@ -164,6 +170,11 @@ impl Controller {
                     NodeState { topology: Arc::new(node.spec.topology.clone()), node, ready, last_seen: now },
                 );
                 inner.sync_mirror(&name);
+            }
+            // A pod may have changed while no server was leading: every
+            // Deployment is reconciled once at the start.
+            for d in store.list::<specs::deployment::Deployment>()?.items {
+                inner.dirty_deployments.insert(d.metadata.name);
             }
             // A member may have ended while no server was leading: judged again.
             for job in store.list::<specs::job::Job>()?.items {
@@ -463,6 +474,16 @@ impl Controller {
             (Kind::Node, WatchEventType::Deleted) => self.node_deleted(&change.name),
             _ => {}
         }
+        // A Deployment learns of itself and of its pods here, whatever changed.
+        let deployment = match change.kind {
+            Kind::Deployment => Some(change.name.clone()),
+            Kind::Pod => change.labels.get(specs::deployment::DEPLOYMENT_LABEL).cloned(),
+            _ => None,
+        };
+        if let Some(name) = deployment {
+            self.lock().dirty_deployments.insert(name);
+            self.wake.notify_one();
+        }
     }
 
     /// Pods waiting in the queue (for status and tests).
@@ -566,7 +587,114 @@ impl Controller {
             Effect::RemoveFinished { pod, uid } => self.remove_finished(pod, uid).await,
             Effect::ReconcileJob(job) => self.reconcile_job(job).await,
             Effect::MarkLost(node) => self.mark_lost(&node).await,
+            Effect::ReconcileDeployment(name) => {
+                self.reconcile_deployment(&name).await;
+                let mut inner = self.lock();
+                inner.reconciling.remove(&name);
+                let again = inner.dirty_deployments.contains(&name);
+                drop(inner);
+                if again {
+                    self.wake.notify_one();
+                }
+            }
         }
+    }
+
+    /// One Deployment: its plan from the store as it is now
+    /// (`rollout::decide`), carried out in one write. A plan made from a
+    /// Deployment that changed meanwhile is dropped and made again.
+    async fn reconcile_deployment(&self, name: &str) {
+        use crate::cluster::deployments::{self, Decided};
+        let read = || -> Result<(Option<specs::deployment::Deployment>, Vec<Pod>), StoreError> {
+            let d = self.store.get::<specs::deployment::Deployment>(name)?;
+            let pods = self.store.list::<Pod>()?.items;
+            let pods = pods.into_iter().filter(|p| {
+                p.metadata.labels.get(specs::deployment::DEPLOYMENT_LABEL).map(String::as_str) == Some(name)
+            });
+            Ok((d, pods.collect()))
+        };
+        let (d, pods) = match read() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(deployment = %name, error = %e, "cannot read a deployment; trying again");
+                self.retry_deployment(name);
+                return;
+            }
+        };
+        let Some(d) = d else {
+            // Gone: its pods that are left go too.
+            if pods.is_empty() {
+                return;
+            }
+            let left: Vec<(String, Option<String>)> =
+                pods.into_iter().map(|p| (p.metadata.name, p.metadata.owner)).collect();
+            let n = name.to_string();
+            let r = self
+                .store
+                .write(move |t| {
+                    t.as_leader();
+                    deployments::delete_orphans(t, &n, &left)
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(deployment = %name, error = %e, "cannot remove a deleted deployment's pods");
+                self.retry_deployment(name);
+            }
+            return;
+        };
+        let now = unix_now();
+        let suffixes =
+            std::iter::from_fn(|| crate::tls::random_token().ok()).map(|t| specs::deployment::fnv1a64(t.as_bytes()));
+        let decision = rollout::decide(&d, &pods, now, suffixes);
+        let mut create = Vec::with_capacity(decision.create.len());
+        for pod in decision.create {
+            match crate::cluster::new_uid() {
+                Ok(uid) => create.push((pod, uid)),
+                Err(e) => return tracing::error!(error = %e, "cannot draw a pod's uid"),
+            }
+        }
+        let decided = Decided {
+            name: name.to_string(),
+            resource_version: d.metadata.resource_version,
+            create,
+            delete: decision.delete,
+            status: decision.status,
+        };
+        let r = self
+            .store
+            .write(move |t| {
+                t.as_leader();
+                deployments::carry_out(t, &decided)
+            })
+            .await;
+        match r {
+            Ok(c) if !c.current => {
+                self.lock().dirty_deployments.insert(name.to_string());
+            }
+            Ok(_) => {
+                let mut inner = self.lock();
+                match decision.requeue_at {
+                    Some(at) => {
+                        let wait = Duration::from_secs(at.saturating_sub(now));
+                        inner.deployment_timers.insert(name.to_string(), Instant::now() + wait);
+                    }
+                    None => {
+                        inner.deployment_timers.remove(name);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(deployment = %name, error = %e, "cannot carry out a deployment's plan; trying again");
+                self.retry_deployment(name);
+            }
+        }
+    }
+
+    /// A Deployment whose reconcile failed on the store: tried again after
+    /// the backoff's first step.
+    fn retry_deployment(&self, name: &str) {
+        let at = Instant::now() + self.config.backoff_base;
+        self.lock().deployment_timers.insert(name.to_string(), at);
     }
 
     async fn bind(&self, pod: &Pod, binding: crate::scheduler::Binding) {

@@ -110,6 +110,14 @@ pub(super) struct State {
     pub(super) blocked_by: Option<(Order, String)>,
     /// Jobs whose members changed: judged again at the next pass.
     pub(super) dirty_jobs: BTreeSet<String>,
+    /// Deployments to reconcile at the next pass (they or their pods changed).
+    pub(super) dirty_deployments: BTreeSet<String>,
+    /// Deployments being reconciled now: at most one reconcile per
+    /// Deployment at a time (a second waits, dirty, for the first's end).
+    pub(super) reconciling: HashSet<String>,
+    /// Deployments to reconcile at a time even if nothing changes (a pod
+    /// becomes available, the progress deadline falls).
+    pub(super) deployment_timers: HashMap<String, Instant>,
     pub(super) nodes: HashMap<String, NodeState>,
     pub(super) queue: HashMap<String, QueueEntry>,
     /// The queue in the order pods are tried.
@@ -200,6 +208,9 @@ impl State {
             gangs: HashMap::new(),
             blocked_by: None,
             dirty_jobs: BTreeSet::new(),
+            dirty_deployments: BTreeSet::new(),
+            reconciling: HashSet::new(),
+            deployment_timers: HashMap::new(),
             nodes: HashMap::new(),
             queue: HashMap::new(),
             order: BTreeMap::new(),

@@ -132,6 +132,7 @@ pub enum Kind {
     Job,
     User,
     Token,
+    Deployment,
 }
 
 impl Kind {
@@ -143,6 +144,7 @@ impl Kind {
             Kind::Job => "job/",
             Kind::User => "user/",
             Kind::Token => "token/",
+            Kind::Deployment => "deployment/",
         }
     }
 }
@@ -183,6 +185,16 @@ impl Object for Node {
 
 impl Object for specs::job::Job {
     const KIND: Kind = Kind::Job;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::deployment::Deployment {
+    const KIND: Kind = Kind::Deployment;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -517,6 +529,7 @@ impl Txn<'_> {
         let kind = match event.involved_object.kind.as_str() {
             "Node" => Kind::Node,
             "Job" => Kind::Job,
+            "Deployment" => Kind::Deployment,
             _ => Kind::Pod,
         };
         let rv = self.next_rv();

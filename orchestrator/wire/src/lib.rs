@@ -56,6 +56,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Liveness, Node, WatchEventType, MAX_STREAM_LINE};
+use specs::deployment::Deployment;
 use specs::job::Job;
 use specs::Pod;
 
@@ -483,6 +484,48 @@ impl Client {
     /// Deletes a job and its member pods.
     pub async fn delete_job(&self, name: &str) -> Result<Job, ClientError> {
         Ok(self.call(Method::DELETE, &format!("/api/v1/jobs/{}", percent_encode(name)), None).await?.1)
+    }
+
+    /// Creates a Deployment from YAML or JSON, or changes the stored one of
+    /// that name (`pinion apply` again); 201 created, 200 changed or unchanged.
+    pub async fn apply_deployment(&self, manifest: Bytes) -> Result<(u16, Deployment), ClientError> {
+        self.call(Method::POST, "/api/v1/deployments", Some(("application/yaml", manifest))).await
+    }
+
+    pub async fn get_deployment(&self, name: &str) -> Result<Deployment, ClientError> {
+        Ok(self.call(Method::GET, &format!("/api/v1/deployments/{}", percent_encode(name)), None).await?.1)
+    }
+
+    pub async fn list_deployments(&self, selector: Option<&str>) -> Result<List<Deployment>, ClientError> {
+        let q = selector.map(|s| format!("?labelSelector={}", percent_encode(s))).unwrap_or_default();
+        Ok(self.call(Method::GET, &format!("/api/v1/deployments{q}"), None).await?.1)
+    }
+
+    /// Deletes a Deployment and its pods.
+    pub async fn delete_deployment(&self, name: &str) -> Result<Deployment, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/deployments/{}", percent_encode(name)), None).await?.1)
+    }
+
+    /// Sets a Deployment's replicas.
+    pub async fn scale_deployment(&self, name: &str, replicas: u32) -> Result<Deployment, ClientError> {
+        let body = serde_json::to_vec(&specs::deployment::Scale { replicas })
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = format!("/api/v1/deployments/{}/scale", percent_encode(name));
+        Ok(self.call(Method::PUT, &path, Some(("application/json", Bytes::from(body)))).await?.1)
+    }
+
+    /// Puts back an earlier revision's template (the one before the current by default).
+    pub async fn undo_deployment(&self, name: &str, to_revision: Option<u64>) -> Result<Deployment, ClientError> {
+        let body = serde_json::to_vec(&specs::deployment::Undo { to_revision })
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = format!("/api/v1/deployments/{}/undo", percent_encode(name));
+        Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await?.1)
+    }
+
+    /// A new revision of the same template: every pod replaced under the strategy's rules.
+    pub async fn restart_deployment(&self, name: &str) -> Result<Deployment, ClientError> {
+        let path = format!("/api/v1/deployments/{}/restart", percent_encode(name));
+        Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from_static(b"{}")))).await?.1)
     }
 
     /// The cluster's people (admins and viewers).
