@@ -889,3 +889,29 @@ fn a_failing_liveness_probe_restarts_the_container() {
     h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
     h.signal_agent("TERM");
 }
+
+/// Issue 29: an exec probe of a pod pinned to CPU 1 runs on the reserved
+/// CPU 0 (never on the pod's), inside the container (it sees its /tmp).
+#[test]
+fn an_exec_probe_runs_on_the_reserved_cpus_not_the_pods() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let name = format!("pinned-probe-{pid}");
+    let yaml = format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, 'grep Cpus_allowed_list /proc/self/status; while ! test -f /tmp/probe-cpus; do sleep 0.2; done; sed s/^/probe-/ /tmp/probe-cpus; exec sleep 1000']\n    resources: {{limits: {{cpu: \"1\", memory: 64Mi}}}}\n    readinessProbe:\n      exec: {{command: [sh, -c, \"grep Cpus_allowed_list /proc/self/status > /tmp/probe-cpus\"]}}\n      periodSeconds: 1\n"
+    );
+    h.write(&name, &yaml);
+    h.start_agent();
+    let key = format!("static/{name}");
+    h.wait("ready", |v| ready_of(v, &key).1.as_deref() == Some("True"));
+    let log = h.wait_log(&name, "the probe's CPUs", |l| l.contains("probe-Cpus_allowed_list"));
+    let line = |prefix: &str| {
+        log.lines().find(|l| l.starts_with(prefix)).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+    };
+    assert_eq!(line("Cpus_allowed_list").as_deref(), Some("1"), "the container: {log}");
+    assert_eq!(line("probe-Cpus_allowed_list").as_deref(), Some("0"), "its probe: {log}");
+    std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}

@@ -222,7 +222,7 @@ const MAX_OUTPUT: usize = 512;
 /// `timeout` the command and everything it started are killed.
 fn exec(rt: &dyn Runtime, id: &str, command: &[String], timeout: Duration) -> (ProbeResult, Option<String>) {
     let started = Instant::now();
-    let process = match rt.exec(id, command) {
+    let process = match rt.exec_probe(id, command) {
         Ok(p) => p,
         Err(e) => return (ProbeResult::Failure, Some(e.to_string())),
     };
