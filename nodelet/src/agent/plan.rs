@@ -24,8 +24,8 @@ use specs::probe::{ProbeKind, ProbeResult};
 use specs::{Allocations, CpuSet, NodeTopology, NumaSet, Pod, PodPhase, RejectReason, Rejection};
 use tokio::time::Instant;
 
-use super::probes::{Outcome, Probes};
 use super::prober::ProbeTarget;
+use super::probes::{Outcome, Probes};
 use super::reconcile;
 use super::AgentConfig;
 use crate::checkpoint::{spec_hash, Checkpoint, ContainerRecord, PodRecord, VERSION};
@@ -474,7 +474,8 @@ impl State {
                 wake = wake.min(*t);
             }
             if admitted {
-                for c in e.ctrs.iter().filter(|c| matches!(c.state, CtrState::Running { .. }) && c.probe_kill.is_none()) {
+                for c in e.ctrs.iter().filter(|c| matches!(c.state, CtrState::Running { .. }) && c.probe_kill.is_none())
+                {
                     if let Some(t) = c.probes.next_wake() {
                         wake = wake.min(t);
                     }

@@ -326,8 +326,7 @@ mod tests {
             ("500 Internal Server Error", ProbeResult::Failure),
         ] {
             let (port, requests) = serve(status, 1);
-            let (got, msg) =
-                run(runtime(), "x".into(), http_probe(port, "/healthz"), ProbeTarget::host()).await;
+            let (got, msg) = run(runtime(), "x".into(), http_probe(port, "/healthz"), ProbeTarget::host()).await;
             assert_eq!(got, expected, "{status}: {msg:?}");
             let req = requests.recv_timeout(Duration::from_secs(5)).unwrap();
             assert!(req.starts_with("GET /healthz HTTP/1.1\r\n"), "{req}");

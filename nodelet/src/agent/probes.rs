@@ -67,7 +67,14 @@ impl Probes {
         let startup = slot(ProbeKind::Startup, &container.startup_probe);
         let liveness = slot(ProbeKind::Liveness, &container.liveness_probe);
         let readiness = slot(ProbeKind::Readiness, &container.readiness_probe);
-        Probes { since, started: if startup.is_some() { None } else { Some(since) }, startup, liveness, readiness, ignored }
+        Probes {
+            since,
+            started: if startup.is_some() { None } else { Some(since) },
+            startup,
+            liveness,
+            readiness,
+            ignored,
+        }
     }
 
     fn slot(&self, kind: ProbeKind) -> Option<&Slot> {

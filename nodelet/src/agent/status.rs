@@ -91,9 +91,7 @@ pub(super) fn pod_ready(e: &super::plan::PodEntry) -> bool {
 /// wall clock (unix seconds): the one clock read of the report, here and
 /// not in the planner. A pod seen for the first time starts not ready.
 pub(super) fn stamp_ready(agent: &mut State) {
-    let now = || {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-    };
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let pods = &agent.pods;
     agent.ready.retain(|k, _| pods.contains_key(k));
     for (key, e) in &agent.pods {
