@@ -781,3 +781,137 @@ fn a_pods_processes_run_as_its_user_with_no_capabilities() {
     assert_eq!(processes(&tag), Vec::<i32>::new());
     assert_eq!(mounts(&h.data), 0, "no mount left");
 }
+
+/// A pod of one container running `script` under `sh -c`, with `probes`
+/// (YAML lines of the container, indented by four spaces) and `policy`.
+fn probed_pod(name: &str, policy: &str, script: &str, probes: &str) -> String {
+    format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{script}']\n    resources: {{requests: {{cpu: '0'}}, limits: {{cpu: 500m, memory: 64Mi}}}}\n{probes}"
+    )
+}
+
+fn ready_of(v: &Value, key: &str) -> (Option<bool>, Option<String>) {
+    let pod = &v["pods"][key];
+    // `ready: false` is left out of the JSON.
+    let ready = pod["containerStatuses"][0].as_object().map(|c| c.get("ready").and_then(Value::as_bool) == Some(true));
+    let cond = pod["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str().map(str::to_string));
+    (ready, cond)
+}
+
+/// Issue 29: an exec readiness probe that fails until a file exists keeps
+/// the container and its pod not ready, then flips both to ready, with the
+/// transition's time; a readiness failure never restarts. An HTTP readiness
+/// probe reaches a server on a pod with `lo` only (the agent joins its
+/// network namespace), and a TCP probe of a closed port keeps its pod not ready.
+#[test]
+fn readiness_probes_flip_the_pods_ready_condition() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let (file, web, closed) = (format!("ready-{pid}"), format!("web-{pid}"), format!("closed-{pid}"));
+    let every_second = "      periodSeconds: 1\n      failureThreshold: 1\n";
+    h.write(
+        &file,
+        &probed_pod(
+            &file,
+            "Always",
+            "sleep 4; touch /tmp/ready; exec sleep 1000",
+            &format!("    readinessProbe:\n      exec: {{command: [test, -f, /tmp/ready]}}\n{every_second}"),
+        ),
+    );
+    h.write(
+        &web,
+        &probed_pod(
+            &web,
+            "Always",
+            "mkdir -p /tmp/www && echo ok > /tmp/www/index.html && exec busybox httpd -f -p 18080 -h /tmp/www",
+            &format!("    readinessProbe:\n      httpGet: {{port: 18080, path: /index.html}}\n{every_second}"),
+        ),
+    );
+    h.write(
+        &closed,
+        &probed_pod(
+            &closed,
+            "Always",
+            "exec sleep 1000",
+            &format!("    readinessProbe:\n      tcpSocket: {{port: 18081}}\n{every_second}"),
+        ),
+    );
+    h.start_agent();
+    let (kf, kw, kc) = (format!("static/{file}"), format!("static/{web}"), format!("static/{closed}"));
+    let v = h.wait("the file pod running", |v| v["pods"][&kf]["containerStatuses"][0]["state"] == "Running");
+    assert_eq!(ready_of(&v, &kf), (Some(false), Some("False".into())), "not ready before the file: {v:#}");
+    let v = h.wait("the file pod ready", |v| ready_of(v, &kf).1.as_deref() == Some("True"));
+    assert_eq!(ready_of(&v, &kf).0, Some(true));
+    let since = v["pods"][&kf]["conditions"][0]["lastTransitionTime"].as_u64().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(since <= now && since + 30 >= now, "transition time {since}, now {now}");
+    assert_eq!(v["pods"][&kf]["containerStatuses"][0]["restartCount"], 0, "readiness never restarts");
+    let v = h.wait("the web pod ready", |v| ready_of(v, &kw).1.as_deref() == Some("True"));
+    // The closed port's pod has been probed several times by now.
+    let (ready, cond) = ready_of(&v, &kc);
+    assert_eq!((ready, cond.as_deref()), (Some(false), Some("False")), "{v:#}");
+    assert_eq!(v["pods"][&kc]["containerStatuses"][0]["state"], "Running");
+    for stem in [&file, &web, &closed] {
+        std::fs::remove_file(h.manifests.join(format!("{stem}.yaml"))).unwrap();
+    }
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}
+
+/// Issue 29: an exec liveness probe that fails restarts the container
+/// through the restart policy (restart count 1), and the pod says why.
+#[test]
+fn a_failing_liveness_probe_restarts_the_container() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let name = format!("live-{pid}");
+    h.write(
+        &name,
+        &probed_pod(
+            &name,
+            "Always",
+            "exec sleep 1000",
+            "    livenessProbe:\n      exec: {command: [test, -f, /tmp/alive]}\n      periodSeconds: 1\n      failureThreshold: 2\n",
+        ),
+    );
+    h.start_agent();
+    let key = format!("static/{name}");
+    let v = h.wait("a restart", |v| v["pods"][&key]["containerStatuses"][0]["restartCount"].as_u64() >= Some(1));
+    let msg = v["pods"][&key]["message"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("Liveness probe failed"), "{v:#}");
+    assert!(msg.contains("exited with 1"), "{v:#}");
+    std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}
+
+/// Issue 29: an exec probe of a pod pinned to CPU 1 runs on the reserved
+/// CPU 0 (never on the pod's), inside the container (it sees its /tmp).
+#[test]
+fn an_exec_probe_runs_on_the_reserved_cpus_not_the_pods() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pid = std::process::id();
+    let name = format!("pinned-probe-{pid}");
+    let yaml = format!(
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, 'grep Cpus_allowed_list /proc/self/status; while ! test -f /tmp/probe-cpus; do sleep 0.2; done; sed s/^/probe-/ /tmp/probe-cpus; exec sleep 1000']\n    resources: {{limits: {{cpu: \"1\", memory: 64Mi}}}}\n    readinessProbe:\n      exec: {{command: [sh, -c, \"grep Cpus_allowed_list /proc/self/status > /tmp/probe-cpus\"]}}\n      periodSeconds: 1\n"
+    );
+    h.write(&name, &yaml);
+    h.start_agent();
+    let key = format!("static/{name}");
+    h.wait("ready", |v| ready_of(v, &key).1.as_deref() == Some("True"));
+    let log = h.wait_log(&name, "the probe's CPUs", |l| l.contains("probe-Cpus_allowed_list"));
+    let line = |prefix: &str| {
+        log.lines().find(|l| l.starts_with(prefix)).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+    };
+    assert_eq!(line("Cpus_allowed_list").as_deref(), Some("1"), "the container: {log}");
+    assert_eq!(line("probe-Cpus_allowed_list").as_deref(), Some("0"), "its probe: {log}");
+    std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
+    h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}

@@ -33,6 +33,8 @@
 
 pub(crate) mod backoff;
 pub(crate) mod plan;
+pub(crate) mod prober;
+pub(crate) mod probes;
 pub mod reconcile;
 pub mod resettle;
 pub mod status;
@@ -244,7 +246,7 @@ pub async fn run(
     }
     exec.remove_networks(&state);
     exec.release_user_blocks(&state);
-    publish(&state, &report);
+    publish(&mut state, &report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
     loop {
@@ -282,7 +284,7 @@ pub async fn run(
         }
         exec.remove_networks(&state);
         exec.release_user_blocks(&state);
-        publish(&state, &report);
+        publish(&mut state, &report);
     }
     // What memory knows that the file does not (a finished or removed pod)
     // is written before returning, after any write still in flight.
@@ -629,6 +631,22 @@ impl Executor {
                     let _ = tx.send(Event::Observed(states));
                 });
             }
+            Action::Probe { key, container, id, kind, at, probe, target } => {
+                tokio::spawn(async move {
+                    let (result, message) = prober::run(rt, id.clone(), *probe, target).await;
+                    let _ = tx.send(Event::Probed { key, container, id, kind, at, result, message });
+                });
+            }
+            Action::Kill { key, id, grace } => {
+                tokio::spawn(async move {
+                    let rid = id.clone();
+                    // The exit event the runtime sends (or the safety
+                    // re-check) takes it from here.
+                    if let Err(e) = call(&rt, &format!("stop {id}"), grace + op, move |rt| rt.stop(&rid, grace)).await {
+                        tracing::warn!(key, id, error = %e, "cannot stop a container whose probe failed");
+                    }
+                });
+            }
             Action::RemoveLogs { dir } => {
                 tokio::spawn(async move {
                     match tokio::fs::remove_dir_all(&dir).await {
@@ -769,7 +787,8 @@ async fn write_checkpoint(
 /// `<data>/status.json` follows it from its own task (`status::follow`):
 /// serializing every pod at every change on the loop thread cost more than
 /// the rest of a pass.
-fn publish(state: &State, tx: &watch::Sender<NodeReport>) {
+fn publish(state: &mut State, tx: &watch::Sender<NodeReport>) {
+    status::stamp_ready(state);
     let report = status::build(state);
     tx.send_if_modified(|current| {
         if *current == report {
@@ -991,6 +1010,10 @@ async fn adopt(st: &mut State, runtime: &Arc<dyn Runtime>, key: &str) {
         match f {
             Some(Found::Running) => {
                 ctr.state = CtrState::Running { since: now };
+                // Adopted: its probes start over, as after a kubelet restart.
+                if let Some(c) = e.pod.spec.containers.iter().find(|c| c.name == ctr.name) {
+                    ctr.probes = probes::Probes::new(c, now);
+                }
                 // Exclusive containers already have their CPUs; shared ones get
                 // the current pool on the first pass (applied = None).
                 let cp = placement.as_ref().and_then(|p| reconcile::placement_of(p, &ctr.name));

@@ -20,9 +20,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use specs::probe::{ProbeKind, ProbeResult};
 use specs::{Allocations, CpuSet, NodeTopology, NumaSet, Pod, PodPhase, RejectReason, Rejection};
 use tokio::time::Instant;
 
+use super::prober::ProbeTarget;
+use super::probes::{Outcome, Probes};
 use super::reconcile;
 use super::AgentConfig;
 use crate::checkpoint::{spec_hash, Checkpoint, ContainerRecord, PodRecord, VERSION};
@@ -99,6 +102,12 @@ pub(crate) struct Ctr {
     updating: bool,
     /// A failed cpuset update is not retried before this.
     update_after: Option<Instant>,
+    /// The probes of the running incarnation (`super::probes`), made again
+    /// at each start.
+    pub(crate) probes: Probes,
+    /// A failed liveness or startup probe is stopping it: why, recorded as
+    /// the exit's reason when the exit comes.
+    probe_kill: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -141,6 +150,8 @@ impl PodEntry {
             .containers
             .iter()
             .map(|c| Ctr {
+                probes: Probes::new(c, now),
+                probe_kill: None,
                 name: c.name.clone(),
                 runtime_id: None,
                 restart_count: 0,
@@ -239,7 +250,17 @@ pub(crate) enum Event {
         sandbox: String,
         ips: Vec<String>,
     },
-    /// A timer: backoffs, retries, the safety re-check.
+    /// A probe's run that began at `at` ended (`super::prober`).
+    Probed {
+        key: String,
+        container: String,
+        id: String,
+        kind: ProbeKind,
+        at: Instant,
+        result: ProbeResult,
+        message: Option<String>,
+    },
+    /// A timer: backoffs, retries, the safety re-check, probes.
     Tick,
 }
 
@@ -262,6 +283,19 @@ pub(crate) enum Action {
     Recheck { ids: Vec<String> },
     /// A forgotten pod's log folder.
     RemoveLogs { dir: PathBuf },
+    /// Run one probe of a running container; answered by `Probed`.
+    Probe {
+        key: String,
+        container: String,
+        id: String,
+        kind: ProbeKind,
+        at: Instant,
+        probe: Box<specs::probe::Probe>,
+        target: ProbeTarget,
+    },
+    /// Stop one container whose liveness or startup probe failed; its exit
+    /// event then goes through the restart policy as any exit does.
+    Kill { key: String, id: String, grace: Duration },
 }
 
 impl Action {
@@ -286,6 +320,8 @@ impl Action {
             Action::UpdateCpuset { key, container, cpus, .. } => format!("cpuset {key}/{container} {cpus}"),
             Action::Recheck { ids } => format!("recheck {}", ids.join(",")),
             Action::RemoveLogs { dir } => format!("remove logs {}", dir.display()),
+            Action::Probe { key, container, kind, .. } => format!("probe {key}/{container} {}", kind.field()),
+            Action::Kill { key, id, grace } => format!("kill {key} {id} grace={}s", grace.as_secs()),
         }
     }
 }
@@ -336,6 +372,10 @@ pub(crate) struct State {
     /// reason of the host): pods start with `lo` only until the agent
     /// restarts, and the report carries it as a node condition.
     pub(crate) network_down: Option<crate::netcheck::Unfit>,
+    /// Pod key -> its Ready condition as last reported and since when (unix
+    /// seconds); kept by the loop (`super::status::stamp_ready`), which has
+    /// the wall clock this planner does not read.
+    pub(crate) ready: BTreeMap<String, (bool, u64)>,
 }
 
 impl State {
@@ -371,6 +411,7 @@ impl State {
             arrivals: 0,
             pod_ips: BTreeMap::new(),
             network_down: cfg_unfit,
+            ready: BTreeMap::new(),
         }
     }
 
@@ -431,6 +472,14 @@ impl State {
             }
             if let Stage::Terminating { not_before: Some(t), .. } = &e.stage {
                 wake = wake.min(*t);
+            }
+            if admitted {
+                for c in e.ctrs.iter().filter(|c| matches!(c.state, CtrState::Running { .. }) && c.probe_kill.is_none())
+                {
+                    if let Some(t) = c.probes.next_wake() {
+                        wake = wake.min(t);
+                    }
+                }
             }
         }
         wake
@@ -514,6 +563,9 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
             }
         }
         Event::CpusOnline(online) => on_cpus_online(st, &online),
+        Event::Probed { key, container, id, kind, at, result, message } => {
+            on_probed(st, &key, &container, &id, kind, at, result, message, out)
+        }
         Event::Removed { id, ok: true } => {
             st.removing.remove(&id);
         }
@@ -578,7 +630,8 @@ fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant) {
     let Some(e) = st.pods.get_mut(&key) else { return };
     match (&e.stage, e.ctrs[i].state.clone()) {
         (Stage::Admitted, CtrState::Running { since }) => {
-            after_exit(st, &key, i, code, oom, None, Some(now.saturating_duration_since(since)), now);
+            let reason = e.ctrs[i].probe_kill.take();
+            after_exit(st, &key, i, code, oom, reason, Some(now.saturating_duration_since(since)), now);
             finish_if_done(st, &key);
         }
         (Stage::Admitted, CtrState::Starting { .. }) => {
@@ -682,6 +735,11 @@ fn on_started(
             tracing::info!(key, container, id, "container started");
             tracing::debug!(target: "podstart", key, id, "runtime start returned");
             e.ctrs[i].state = CtrState::Running { since: now };
+            e.ctrs[i].probes = Probes::new(&e.pod.spec.containers[i], now);
+            e.ctrs[i].probe_kill = None;
+            if let Some(first) = e.ctrs[i].probes.ignored.first() {
+                e.message = Some(first.clone());
+            }
             let all_started = e.ctrs.iter().all(|c| matches!(c.state, CtrState::Running { .. } | CtrState::Terminated));
             if let Some(clock) = e.start.take_if(|_| all_started) {
                 st.cfg.metrics.pod_started(now.saturating_duration_since(clock.received).as_secs_f64());
@@ -1006,6 +1064,7 @@ fn pass(st: &mut State, now: Instant, out: &mut Vec<Action>) {
         st.remove_retry.remove(&id);
         out.push(Action::Remove { id });
     }
+    probe_due(st, now, out);
     if now >= st.next_recheck {
         st.next_recheck = now + st.cfg.recheck_interval;
         if !st.recheck_in_flight {
@@ -1200,3 +1259,90 @@ fn write_checkpoint(st: &mut State, now: Instant, out: &mut Vec<Action>) {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests;
+
+/// Where a network probe of `key`'s containers connects: its pod address
+/// from the host, 127.0.0.1 for `hostNetwork`, else inside its namespace.
+fn probe_target(st: &State, key: &str, e: &PodEntry) -> ProbeTarget {
+    if e.pod.spec.host_network {
+        return ProbeTarget::host();
+    }
+    let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
+    st.pod_ips
+        .get(key)
+        .filter(|(s, _)| *s == sandbox)
+        .and_then(|(_, ips)| ips.iter().find_map(|ip| ip.split('/').next()?.parse().ok()))
+        .map_or(ProbeTarget::InsideNetns, ProbeTarget::Addr)
+}
+
+/// Starts every probe due now, of every running container of an admitted pod.
+fn probe_due(st: &mut State, now: Instant, out: &mut Vec<Action>) {
+    let keys: Vec<String> = st
+        .pods
+        .iter()
+        .filter(|(_, e)| matches!(e.stage, Stage::Admitted) && e.ctrs.iter().any(|c| c.probes.any()))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in keys {
+        let Some(e) = st.pods.get(&key) else { continue };
+        let target = probe_target(st, &key, e);
+        let Some(e) = st.pods.get_mut(&key) else { continue };
+        for c in &mut e.ctrs {
+            let Some(id) = c.runtime_id.clone() else { continue };
+            if !matches!(c.state, CtrState::Running { .. }) || c.probe_kill.is_some() {
+                continue;
+            }
+            for (kind, at, probe) in c.probes.take_due(now) {
+                out.push(Action::Probe {
+                    key: key.clone(),
+                    container: c.name.clone(),
+                    id: id.clone(),
+                    kind,
+                    at,
+                    probe: Box::new(probe),
+                    target: target.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// A probe's result: readiness follows it; a liveness or startup probe at
+/// its failure threshold stops the container, whose exit then takes the
+/// restart policy's path (restart count, backoff) with the probe's reason.
+#[allow(clippy::too_many_arguments)]
+fn on_probed(
+    st: &mut State,
+    key: &str,
+    container: &str,
+    id: &str,
+    kind: ProbeKind,
+    at: Instant,
+    result: ProbeResult,
+    message: Option<String>,
+    out: &mut Vec<Action>,
+) {
+    let grace = st.cfg.default_grace;
+    let Some(e) = st.pods.get_mut(key) else { return };
+    let grace = e.grace(grace);
+    // A result of an incarnation that has ended says nothing.
+    let Some(c) = e.ctrs.iter_mut().find(|c| {
+        c.name == container && c.runtime_id.as_deref() == Some(id) && matches!(c.state, CtrState::Running { .. })
+    }) else {
+        return;
+    };
+    if result != ProbeResult::Success {
+        tracing::debug!(key, container, probe = kind.field(), ?result, message, "probe failed");
+    }
+    if c.probes.record(kind, at, result) == Outcome::Restart && c.probe_kill.is_none() {
+        let what = match kind {
+            ProbeKind::Liveness => "Liveness",
+            ProbeKind::Startup => "Startup",
+            ProbeKind::Readiness => "Readiness",
+        };
+        let why = format!("{what} probe failed: {}", message.unwrap_or_else(|| format!("{result:?}")));
+        tracing::info!(key, container, reason = why, "container will be restarted");
+        e.message = Some(format!("container {container}: {why}"));
+        c.probe_kill = Some(why);
+        out.push(Action::Kill { key: key.to_string(), id: id.to_string(), grace });
+    }
+}

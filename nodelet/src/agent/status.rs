@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use specs::status::{ContainerState as ShownState, ContainerStatus, PlacementSummary};
+use specs::api::ConditionStatus;
+use specs::status::{ContainerState as ShownState, ContainerStatus, PlacementSummary, PodCondition, POD_READY};
 use specs::{PodPhase, PodStatus};
 
 use super::plan::{CtrState, Stage, State};
@@ -76,6 +77,33 @@ pub(super) fn write(data_dir: &Path, report: &NodeReport) -> Result<(), AgentErr
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
     })?;
     replace_atomic(&path, &bytes).map_err(|source| AgentError::Io { path, source })
+}
+
+/// Whether every container of `key`'s pod runs and is ready (`probes`):
+/// the pod's Ready condition.
+pub(super) fn pod_ready(e: &super::plan::PodEntry) -> bool {
+    matches!(e.stage, Stage::Admitted)
+        && !e.ctrs.is_empty()
+        && e.ctrs.iter().all(|c| matches!(c.state, CtrState::Running { .. }) && c.probes.ready())
+}
+
+/// Brings each pod's Ready condition up to date, stamping a change with the
+/// wall clock (unix seconds): the one clock read of the report, here and
+/// not in the planner. A pod seen for the first time starts not ready.
+pub(super) fn stamp_ready(agent: &mut State) {
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let pods = &agent.pods;
+    agent.ready.retain(|k, _| pods.contains_key(k));
+    for (key, e) in &agent.pods {
+        let ready = pod_ready(e);
+        match agent.ready.get_mut(key) {
+            Some((was, _)) if *was == ready => {}
+            Some(slot) => *slot = (ready, now()),
+            None => {
+                agent.ready.insert(key.clone(), (ready, now()));
+            }
+        }
+    }
 }
 
 pub(super) fn build(agent: &State) -> NodeReport {
@@ -172,11 +200,17 @@ pub(super) fn build(agent: &State) -> NodeReport {
                     restart_count: c.restart_count,
                     last_exit_code: c.last_exit.map(|x| x.0),
                     reason,
-                    // Until readiness probes run: running is ready.
-                    ready: state == ShownState::Running,
+                    ready: state == ShownState::Running && c.probes.ready(),
                 }
             })
             .collect();
+        if let Some((ready, since)) = agent.ready.get(key) {
+            st.conditions.push(PodCondition {
+                kind: POD_READY.into(),
+                status: if *ready { ConditionStatus::True } else { ConditionStatus::False },
+                last_transition_time: Some(*since),
+            });
+        }
         if st.message.is_none() {
             if let Some(c) = e.ctrs.iter().find(|c| c.last_exit.is_some_and(|x| x.1)) {
                 let code = c.last_exit.map_or(0, |x| x.0);

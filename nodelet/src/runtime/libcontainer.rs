@@ -804,7 +804,11 @@ impl Runtime for LibcontainerRuntime {
     }
 
     fn exec(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
-        self.exec_in(id, command)
+        self.exec_in(id, command, false)
+    }
+
+    fn exec_probe(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
+        self.exec_in(id, command, true)
     }
 
     fn list(&self) -> Result<Vec<String>, RuntimeError> {

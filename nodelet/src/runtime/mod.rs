@@ -252,6 +252,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// ends too (a process that made its own session with `setsid` is the
     /// container's, as with `docker exec`).
     fn exec(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError>;
+    /// `exec` for a probe: the command runs on the node's reserved CPUs,
+    /// not on the container's (an exec probe must not disturb a pinned
+    /// workload). A runtime that cannot place it so runs it as `exec` does.
+    fn exec_probe(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError> {
+        self.exec(id, command)
+    }
     /// Ids of every container this runtime holds, running or not (for adoption).
     fn list(&self) -> Result<Vec<String>, RuntimeError>;
     /// From now on, sends an `ExitEvent` on `tx` as soon as a container exits

@@ -80,6 +80,10 @@ fn brief(a: &Action) -> String {
         Action::RemoveLogs { dir } => {
             format!("remove logs {}", dir.strip_prefix("/d/logs").unwrap_or(dir).display())
         }
+        Action::Probe { key, container, kind, target, .. } => {
+            format!("probe {key}/{container} {} {target:?}", kind.field())
+        }
+        Action::Kill { id, grace, .. } => format!("kill {} {}s", short(id), grace.as_secs()),
     }
 }
 
@@ -556,4 +560,149 @@ fn a_finished_pod_keeps_its_address() {
     assert_eq!((shown.pod_ip.as_deref(), &shown.pod_ips), (Some("10.213.0.5"), &ip));
     plan(&mut st, Event::Changes(vec![DesiredChange::Remove { key: "static/a".into() }]), t);
     assert!(st.pod_ips.is_empty(), "{:?}", st.pod_ips);
+}
+
+fn exec_probe(period: u32, failures: u32) -> specs::probe::Probe {
+    specs::probe::Probe {
+        exec: Some(specs::probe::ExecAction { command: vec!["check".into()] }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+/// `run_pod`, then the actions of the start's result: the probes due at once.
+fn run_probed(st: &mut State, t: Instant, key: &str, p: Pod) -> Vec<String> {
+    let a = plan(st, Event::Changes(vec![apply(key, p)]), t);
+    assert!(matches!(a.as_slice(), [Action::WriteCheckpoint { .. }]), "{a:?}");
+    let a = plan(st, written(1), t);
+    assert!(matches!(a.as_slice(), [Action::Start { .. }]), "{a:?}");
+    let ev = started(st, key);
+    plan(st, ev, t).iter().map(brief).collect()
+}
+
+fn probed(st: &State, key: &str, kind: ProbeKind, at: Instant, result: ProbeResult) -> Event {
+    Event::Probed {
+        key: key.into(),
+        container: "main".into(),
+        id: id_of(st, key),
+        kind,
+        at,
+        result,
+        message: Some("exit 1".into()),
+    }
+}
+
+#[test]
+fn a_failing_liveness_probe_stops_the_container_and_its_exit_restarts_it() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut st = state(t0);
+    let mut p = pod("a", &["sleep", "1000"], RestartPolicy::Always);
+    p.spec.containers[0].liveness_probe = Some(exec_probe(2, 2));
+    let first = run_probed(&mut st, t0, "static-a", p);
+    assert_eq!(first, ["probe static-a/main livenessProbe InsideNetns"], "due at once (no initial delay)");
+    check(&mut st, Event::Tick, t0 + s(1), &[]);
+    let first = probed(&st, "static-a", ProbeKind::Liveness, t0, ProbeResult::Failure);
+    check(&mut st, first, t0 + s(1), &[]);
+    assert_eq!(st.next_wake(), t0 + s(2), "one period after the run began");
+    check(&mut st, Event::Tick, t0 + s(2), &["probe static-a/main livenessProbe InsideNetns"]);
+    let second = probed(&st, "static-a", ProbeKind::Liveness, t0 + s(2), ProbeResult::Timeout);
+    check(&mut st, second, t0 + s(2), &["kill static-a_main_0 3s"]);
+    check(&mut st, Event::Tick, t0 + s(10), &[]);
+    let report = status::build(&st);
+    let c = &report.pods["static-a"].container_statuses[0];
+    assert_eq!((c.restart_count, c.ready), (0, true), "still running until it exits");
+    // The stop's SIGTERM ends it: the restart policy's path, with the probe's reason.
+    let exit = exited(&st, "static-a", 143);
+    plan(&mut st, exit, t0 + s(3));
+    let report = status::build(&st);
+    let c = &report.pods["static-a"].container_statuses[0];
+    assert_eq!(c.restart_count, 1);
+    assert!(!c.ready);
+    assert_eq!(c.reason.as_deref(), Some("CrashLoopBackOff"), "waiting for its backoff");
+    // Once running again, the status says how the last run ended.
+    assert_eq!(st.pods["static-a"].ctrs[0].last_reason.as_deref(), Some("Liveness probe failed: exit 1"));
+    assert!(
+        report.pods["static-a"].message.as_deref().is_some_and(|m| m.contains("Liveness probe failed")),
+        "{:?}",
+        report.pods["static-a"].message
+    );
+}
+
+#[test]
+fn readiness_decides_the_containers_ready_flag_and_the_pods_condition() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut st = state(t0);
+    let mut p = pod("a", &["sleep", "1000"], RestartPolicy::Always);
+    let mut ready = exec_probe(1, 1);
+    ready.http_get = Some(specs::probe::HttpGetAction { path: None, port: 80, scheme: None, http_headers: vec![] });
+    ready.exec = None;
+    p.spec.containers[0].readiness_probe = Some(ready);
+    p.spec.host_network = true;
+    let first = run_probed(&mut st, t0, "static-a", p);
+    let ready_now = |st: &mut State| {
+        status::stamp_ready(st);
+        let r = status::build(st);
+        let pod = &r.pods["static-a"];
+        (pod.container_statuses[0].ready, pod.conditions.first().map(|c| c.status))
+    };
+    use specs::api::ConditionStatus::{False, True};
+    assert_eq!(ready_now(&mut st), (false, Some(False)), "not ready before a readiness success");
+    assert_eq!(first, ["probe static-a/main readinessProbe Addr(127.0.0.1)"]);
+    let ok = probed(&st, "static-a", ProbeKind::Readiness, t0, ProbeResult::Success);
+    check(&mut st, ok, t0, &[]);
+    assert_eq!(ready_now(&mut st), (true, Some(True)));
+    check(&mut st, Event::Tick, t0 + s(1), &["probe static-a/main readinessProbe Addr(127.0.0.1)"]);
+    let bad = probed(&st, "static-a", ProbeKind::Readiness, t0 + s(1), ProbeResult::Failure);
+    check(&mut st, bad, t0 + s(1), &[]);
+    assert_eq!(ready_now(&mut st), (false, Some(False)), "readiness never restarts, it only says not ready");
+    assert_eq!(status::build(&st).pods["static-a"].container_statuses[0].restart_count, 0);
+}
+
+#[test]
+fn a_pod_with_an_address_is_probed_there_and_a_stale_result_changes_nothing() {
+    let t0 = Instant::now();
+    let mut st = state(t0);
+    let mut p = pod("a", &["sleep", "1000"], RestartPolicy::Always);
+    let mut tcp = exec_probe(1, 1);
+    tcp.exec = None;
+    tcp.tcp_socket = Some(specs::probe::TcpSocketAction { port: 8080 });
+    tcp.initial_delay_seconds = Some(5);
+    p.spec.containers[0].liveness_probe = Some(tcp);
+    run_pod(&mut st, t0, "static-a", p, 1);
+    let e = &st.pods["static-a"];
+    let sandbox = crate::cni::sandbox_id("static-a", &reconcile::log_uid(&e.pod, &e.hash));
+    plan(&mut st, Event::PodNetwork { key: "static-a".into(), sandbox, ips: vec!["10.88.0.5/24".into()] }, t0);
+    check(&mut st, Event::Tick, t0 + Duration::from_secs(4), &[]);
+    check(&mut st, Event::Tick, t0 + Duration::from_secs(5), &["probe static-a/main livenessProbe Addr(10.88.0.5)"]);
+    // A result for another incarnation's id is ignored.
+    let stale = Event::Probed {
+        key: "static-a".into(),
+        container: "main".into(),
+        id: "static-a_main_x_9".into(),
+        kind: ProbeKind::Liveness,
+        at: t0,
+        result: ProbeResult::Failure,
+        message: None,
+    };
+    check(&mut st, stale, t0, &[]);
+}
+
+#[test]
+fn grpc_probes_are_ignored_with_a_message() {
+    let t0 = Instant::now();
+    let mut st = state(t0);
+    let mut p = pod("a", &["sleep", "1000"], RestartPolicy::Always);
+    p.spec.containers[0].liveness_probe = Some(specs::probe::Probe {
+        grpc: Some(specs::probe::GrpcAction { port: 9000, service: None }),
+        ..Default::default()
+    });
+    run_pod(&mut st, t0, "static-a", p, 1);
+    check(&mut st, Event::Tick, t0, &[]);
+    let report = status::build(&st);
+    let pod = &report.pods["static-a"];
+    assert!(pod.container_statuses[0].ready);
+    assert!(pod.message.as_deref().is_some_and(|m| m.contains("grpc probes are not supported")), "{:?}", pod.message);
 }

@@ -43,13 +43,18 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// process that keeps forking (SIGKILL wins within a few).
 const SWEEPS: u32 = 200;
 const TENANT_NOTIFY: &str = "tenant-notify-";
+/// Set on the helper of a probe's exec: the command runs on the reserved
+/// CPUs (an environment variable, so the helper's command line stays the
+/// one `pinion shim` parses).
+const ON_RESERVED_ENV: &str = "PINION_EXEC_ON_RESERVED";
 
 /// The fds the command's stdout and stderr arrive on in the helper.
 const STDOUT_FD: RawFd = 3;
 const STDERR_FD: RawFd = 4;
 
 impl LibcontainerRuntime {
-    pub(super) fn exec_in(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError> {
+    /// `on_reserved`: a probe's exec, run on the node's reserved CPUs (see `join`).
+    pub(super) fn exec_in(&self, id: &str, command: &[String], on_reserved: bool) -> Result<ExecProcess, RuntimeError> {
         check_id(id)?;
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {
             return Err(cerr(id, "cannot exec: the container is not running"));
@@ -80,6 +85,9 @@ impl LibcontainerRuntime {
         let (out_fd, err_fd) = (out_write.as_raw_fd(), err_write.as_raw_fd());
         let mut helper = self.shim_command(id, log);
         helper.arg("exec").arg("--").args(command).stdin(Stdio::piped());
+        if on_reserved {
+            helper.env(ON_RESERVED_ENV, "1");
+        }
         // SAFETY: the closure runs in the forked child before exec and makes
         // only async-signal-safe calls (fcntl, dup2) on fds this process owns
         // until `spawn` returns.
@@ -182,7 +190,8 @@ pub fn run(data_dir: &Path, id: &str, command: &[String]) -> i32 {
             return 1;
         }
     };
-    let started = join(data_dir, id, command);
+    let on_reserved = std::env::var_os(ON_RESERVED_ENV).is_some();
+    let started = join(data_dir, id, command, on_reserved);
     let (pid, system_cpus) = match started {
         Ok(s) => s,
         Err(e) => {
@@ -203,7 +212,13 @@ pub fn run(data_dir: &Path, id: &str, command: &[String]) -> i32 {
 }
 
 /// Joins the container with the command; its host pid and the node's reserved CPUs.
-fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::CpuSet), String> {
+/// `on_reserved` (a probe), with reserved CPUs and cgroup v1: the command
+/// joins the container's namespaces and every cgroup of it but its cpuset,
+/// and is confined to the reserved CPUs before it execs, so it never runs on
+/// the pod's CPUs (the path of `hostUsers: false` containers, which does
+/// this by hand). On cgroup v2 a process cannot leave one controller of its
+/// cgroup: the command runs on the container's CPUs, as `pinion exec`'s.
+fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Result<(Pid, specs::CpuSet), String> {
     let out = take_fd(STDOUT_FD)?;
     let err = take_fd(STDERR_FD)?;
     if let Err(e) = crate::affinity::widen_thread() {
@@ -220,12 +235,22 @@ fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::Cp
     let user = process.map(|p| p.user().clone()).unwrap_or_default();
     // The container's own filter: an exec'd command is held to it too.
     let program = super::filter::read_for(&spec, &layout.bundle(id)).map_err(|e| e.to_string())?;
-    if cfg.userns.is_some() {
+    let cgroup = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()).unwrap_or_default();
+    let mut dirs = super::cgroups::existing_dirs(&crate::host::RealHost, &cgroup);
+    let cpuset_root = Path::new("/sys/fs/cgroup/cpuset");
+    let off_pod_cpus = on_reserved && !cfg.system_cpus.is_empty() && dirs.iter().any(|d| d.starts_with(cpuset_root));
+    if cfg.userns.is_some() || off_pod_cpus {
         let started: super::records::StartedRecord = read_json(&layout.started(id))
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{} is missing", layout.started(id).display()))?;
-        let cgroup = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()).unwrap_or_default();
-        let dirs = super::cgroups::existing_dirs(&crate::host::RealHost, &cgroup);
+        let confine = if off_pod_cpus {
+            // Left in the helper's cpuset (the agent's, which holds the
+            // reserved CPUs), then pinned to them.
+            dirs.retain(|d| !d.starts_with(cpuset_root));
+            Some(&cfg.system_cpus)
+        } else {
+            None
+        };
         let pid = super::exec_userns::join(
             Pid::from_raw(started.init.pid),
             &dirs,
@@ -234,6 +259,7 @@ fn join(data_dir: &Path, id: &str, command: &[String]) -> Result<(Pid, specs::Cp
             command,
             out,
             err,
+            confine,
         )?;
         return Ok((pid, cfg.system_cpus));
     }

@@ -39,6 +39,10 @@ const ORDER: [(&str, CloneFlags); 7] = [
 /// Starts `command` in the container whose init is `init` (host pid), with
 /// its cgroup directories `cgroups`, as `spec`'s process; stdout and stderr
 /// to `out` and `err`. Returns the command's host pid, a child of this process.
+/// `confine`: the CPUs the command is pinned to before it execs (a probe's,
+/// on the reserved CPUs). A container in the host's user namespace (a
+/// probe's exec takes this path too) has no user namespace to join.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn join(
     init: Pid,
     cgroups: &[PathBuf],
@@ -47,6 +51,7 @@ pub(super) fn join(
     command: &[String],
     out: OwnedFd,
     err: OwnedFd,
+    confine: Option<&specs::CpuSet>,
 ) -> Result<Pid, String> {
     let process = spec.process().as_ref().ok_or("the container's spec has no process")?;
     let cstr = |s: &str| CString::new(s).map_err(|_| format!("{s:?}: a NUL byte"));
@@ -60,6 +65,10 @@ pub(super) fn join(
     for (name, flag) in ORDER {
         let path = format!("/proc/{init}/ns/{name}");
         let f = File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        // Joining the namespace one is in fails (EINVAL for a user namespace).
+        if same_namespace(&f, &format!("/proc/self/ns/{name}")) {
+            continue;
+        }
         namespaces.push((f, flag));
     }
     let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
@@ -102,6 +111,11 @@ pub(super) fn join(
                 }
                 Ok(ForkResult::Child) => {
                     drop(pid_w);
+                    if let Some(cpus) = confine {
+                        if let Err(e) = crate::affinity::confine_thread(cpus) {
+                            fail(format!("confining the command to CPUs {cpus}: {e}"));
+                        }
+                    }
                     let why = become_process(process, &cwd, &stdin, &out, &err, spec, program);
                     let why = match why {
                         Err(e) => e,
@@ -135,6 +149,15 @@ pub(super) fn join(
             }
             pid_text.trim().parse().map(Pid::from_raw).map_err(|_| format!("the command's pid {pid_text:?}"))
         }
+    }
+}
+
+/// Whether the namespace file `f` is the one at `path` (same inode).
+fn same_namespace(f: &File, path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
