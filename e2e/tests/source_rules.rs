@@ -32,6 +32,8 @@ const ETCD_FILES: &[&str] = &[
 /// reason.
 const BOUNDS_ELSEWHERE: &[(&str, &str, &str)] = &[
     ("specs/src/api.rs", "MAX_STREAM_LINE", "transport: a stream reader's unfinished line"),
+    ("nodelet/src/agent/prober.rs", "MAX_STATUS_LINE", "transport: bytes read to find a probe answer's status line"),
+    ("nodelet/src/agent/prober.rs", "MAX_OUTPUT", "output: a failed exec probe's output kept for its message"),
     ("specs/src/manifest.rs", "MAX_DECODE_PROBLEMS", "output: problems one decode reports"),
     ("specs/src/topology/draw.rs", "MAX_MATRIX", "output: the largest distance matrix drawn"),
     ("orchestrator/src/api/mod.rs", "MAX_STREAMS_PER_CONNECTION", "transport: HTTP/2 streams"),
@@ -377,7 +379,8 @@ fn the_controllers_deciders_do_no_io() {
 
 /// The node agent's pure deciders: `plan` (state, event, now -> actions) and
 /// `reconcile` (restarts, phases, what a container is given).
-const AGENT_DECIDERS: &[&str] = &["nodelet/src/agent/plan.rs", "nodelet/src/agent/reconcile.rs"];
+const AGENT_DECIDERS: &[&str] =
+    &["nodelet/src/agent/plan.rs", "nodelet/src/agent/reconcile.rs", "nodelet/src/agent/probes.rs"];
 
 #[test]
 fn the_agents_deciders_do_no_io() {
