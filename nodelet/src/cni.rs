@@ -333,7 +333,6 @@ pub(crate) async fn exec_plugin(
     env: Vec<(&'static str, String)>,
     input: &Value,
     command: Command,
-    background: bool,
 ) -> Result<Option<Value>, CniError> {
     let bin = find_plugin(host, &cfg.bin_dirs, plugin)?;
     let stdin = serde_json::to_vec(input).map_err(|e| CniError::Plugin {
@@ -341,7 +340,7 @@ pub(crate) async fn exec_plugin(
         command: command.as_str(),
         message: format!("configuration: {e}"),
     })?;
-    let run = PluginRun { bin: &bin, env: &env, stdin: &stdin, timeout: cfg.timeout, background };
+    let run = PluginRun { bin: &bin, env: &env, stdin: &stdin, timeout: cfg.timeout };
     let out = match host.run_plugin(run).await {
         Ok(out) => out,
         Err(PluginFailure::Io(source)) => return Err(CniError::Io { path: bin.clone(), source }),
@@ -700,7 +699,7 @@ impl PodNetworks {
             for plugin in plugins_of(&a.config) {
                 let env = plugin_env(Command::Check, rec.cni_id(sandbox), &netns, &a.ifname, &self.cfg.bin_dirs);
                 let input = plugin_input(&a.config, plugin, Some(result));
-                exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Check, false).await?;
+                exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Check).await?;
             }
         }
         Ok(ips)
@@ -895,9 +894,7 @@ impl PodNetworks {
             let env = plugin_env(Command::Add, sandbox, netns, &a.ifname, &self.cfg.bin_dirs);
             let input = plugin_input(&a.config, plugin, prev.as_ref());
             let kind = plugin_type(plugin);
-            // A network made ahead is no pod's yet: nothing waits for it.
-            let background = is_warm_id(sandbox);
-            let result = exec_plugin(&*self.host, &self.cfg, kind, env, &input, Command::Add, background).await?;
+            let result = exec_plugin(&*self.host, &self.cfg, kind, env, &input, Command::Add).await?;
             prev = Some(result.ok_or_else(|| CniError::Plugin {
                 plugin: kind.into(),
                 command: "ADD",
@@ -911,8 +908,7 @@ impl PodNetworks {
         for plugin in plugins_of(&a.config).into_iter().rev() {
             let env = plugin_env(Command::Del, sandbox, netns, &a.ifname, &self.cfg.bin_dirs);
             let input = plugin_input(&a.config, plugin, a.result.as_ref());
-            // No start waits for a removal.
-            exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Del, true).await?;
+            exec_plugin(&*self.host, &self.cfg, plugin_type(plugin), env, &input, Command::Del).await?;
         }
         Ok(())
     }
@@ -1440,30 +1436,6 @@ mod tests {
         n.nets.teardown(&sandbox()).await.unwrap();
         assert!(!n.host.is_mounted(&n.netns) && !n.host.is_mounted(&user_pin));
         assert!(!n.netns.exists() && !user_pin.exists());
-    }
-
-    #[tokio::test]
-    async fn only_a_pods_own_network_runs_at_the_agents_priority() {
-        let n = nets(plugins(Recorder::default(), &["bridge", "portmap"]));
-        n.nets.setup(&request(&[])).await.unwrap();
-        n.nets.teardown(&sandbox()).await.unwrap();
-        n.nets.keep_warm(1);
-        n.nets.refill().await;
-        assert_eq!(n.nets.warm_count(), 1, "{:?}", n.host.calls());
-        let runs: Vec<(String, bool, bool)> =
-            n.host.plugin_priorities().into_iter().map(|(c, id, bg)| (c, is_warm_id(&id), bg)).collect();
-        let run = |c: &str, warm: bool, bg: bool| (c.to_string(), warm, bg);
-        // The pod's ADDs (bridge, portmap) in the foreground; its DELs and the
-        // warm network's ADDs in the background.
-        let want = [
-            run("ADD", false, false),
-            run("ADD", false, false),
-            run("DEL", false, true),
-            run("DEL", false, true),
-            run("ADD", true, true),
-            run("ADD", true, true),
-        ];
-        assert_eq!(runs, want);
     }
 
     #[tokio::test]

@@ -48,14 +48,7 @@ pub(crate) struct PluginRun<'a> {
     pub stdin: &'a [u8],
     /// Past it the plugin's process group is killed.
     pub timeout: Duration,
-    /// Work no start waits for (a network made ahead, a finished pod's
-    /// removal): run [`BACKGROUND_NICE`] nicer than the agent, so that on the reserved CPUs the
-    /// agent and the server doing a start or a report go first.
-    pub background: bool,
 }
-
-/// How much nicer than the agent a background plugin run is.
-pub(crate) const BACKGROUND_NICE: i32 = 10;
 
 /// What a plugin that ran to its end left.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -247,20 +240,6 @@ async fn run_plugin(run: PluginRun<'_>) -> Result<PluginOutput, PluginFailure> {
         // Its own group: at the timeout everything it started goes with it.
         .process_group(0)
         .kill_on_drop(true);
-    if run.background {
-        // SAFETY: setpriority(2) is async-signal-safe and touches only the
-        // child, between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Below the agent's own priority, whatever that is.
-                let nice = (libc::getpriority(libc::PRIO_PROCESS, 0) + BACKGROUND_NICE).min(19);
-                if libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
     let mut child = cmd.spawn().map_err(PluginFailure::Io)?;
     let pid = child.id();
     let wait = async {
@@ -304,29 +283,6 @@ pub(crate) fn unescape_mountinfo(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    #[allow(clippy::unwrap_used)] // in tests a panic is the failure report
-    async fn a_background_plugin_runs_at_a_lower_priority() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let bin = dir.path().join("plugin");
-        // The 19th field of /proc/PID/stat is the nice value (inherited by awk).
-        std::fs::write(&bin, "#!/bin/sh\nexec awk '{print $19}' /proc/self/stat\n").unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let nice_of = |background| {
-            let bin = bin.clone();
-            async move {
-                let run = PluginRun { bin: &bin, env: &[], stdin: b"", timeout: Duration::from_secs(10), background };
-                let out = run_plugin(run).await.unwrap();
-                String::from_utf8_lossy(&out.stdout).trim().parse::<i32>().unwrap()
-            }
-        };
-        // SAFETY: getpriority has no memory arguments.
-        let ours = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-        assert_eq!(nice_of(false).await, ours);
-        assert_eq!(nice_of(true).await, (ours + BACKGROUND_NICE).min(19));
-    }
 
     #[test]
     fn mountinfo_escapes_are_decoded() {

@@ -335,7 +335,7 @@ fn host_side(cfg: &CniConfig, network: &Value, netns: &Path) -> Result<(), Unfit
             let kind = cni::plugin_type(plugin);
             let env = cni::plugin_env(cni::Command::Add, "pinion-netcheck", netns, "eth0", &cfg.bin_dirs);
             let input = cni::plugin_input(network, plugin, prev.as_ref());
-            let out = cni::exec_plugin(&RealHost, cfg, kind, env, &input, cni::Command::Add, false)
+            let out = cni::exec_plugin(&RealHost, cfg, kind, env, &input, cni::Command::Add)
                 .await
                 .map_err(|e| Unfit::of(&e).unwrap_or_else(|| cannot(e)))?;
             prev = out;

@@ -72,8 +72,6 @@ struct State {
     xattrs: BTreeMap<(PathBuf, String), Vec<u8>>,
     mounts: Vec<PathBuf>,
     plugins: BTreeMap<(String, String), PluginOutput>,
-    /// Each plugin run's command, container id and whether it ran in the background.
-    priorities: Vec<(String, String, bool)>,
 }
 
 impl State {
@@ -189,12 +187,6 @@ impl Recorder {
     /// The calls so far, forgotten.
     pub fn take_calls(&self) -> Vec<Call> {
         std::mem::take(&mut self.lock().calls)
-    }
-
-    /// Each plugin run so far: its command, container id and whether it ran
-    /// in the background.
-    pub fn plugin_priorities(&self) -> Vec<(String, String, bool)> {
-        self.lock().priorities.clone()
     }
 
     pub fn is_mounted(&self, path: &Path) -> bool {
@@ -355,7 +347,6 @@ impl Host for Recorder {
         let plugin = run.bin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let command = var("CNI_COMMAND");
         let mut s = self.lock();
-        s.priorities.push((command.clone(), var("CNI_CONTAINERID"), run.background));
         let recorded =
             s.record(Call::Plugin { plugin: plugin.clone(), command: command.clone(), ifname: var("CNI_IFNAME") });
         let result = match recorded {
