@@ -584,6 +584,17 @@ fn pods_reach_each_other_over_cni_and_a_kill_9_leaks_no_network() {
     // adopts b's network (CHECK, same address) and removes a's.
     h.signal_agent("KILL");
     std::fs::remove_file(h.manifests.join(format!("{a}.yaml"))).unwrap();
+    // What a kill -9 between a network's record and its namespace's mount
+    // leaves (CI met it): the record, ADD not run, and a bare file for a pin.
+    // The restarted agent removes both (its DEL is told there is no namespace).
+    let half = format!("w{}", "0".repeat(23) + "1");
+    let conflist: Value = serde_json::from_slice(&std::fs::read(conf.join("10-test.conflist")).unwrap()).unwrap();
+    let half_pin = Path::new(nodelet::cni::DEFAULT_NETNS_DIR).join(&half);
+    let record = serde_json::json!({"key": "(warm)", "netns": half_pin, "attachments": [{"ifname": "eth0", "config": conflist}]});
+    std::fs::write(h.data.join("cni").join(format!("{half}.json")), record.to_string()).unwrap();
+    std::fs::write(&half_pin, b"").unwrap();
+    let mut sandboxes = sandboxes;
+    sandboxes.push(half);
     h.start_agent();
     let v = h.wait("a gone, b adopted", |v| v["pods"][format!("static/{a}")].is_null() && ip_of(v, &b).is_some());
     assert_eq!(v["pods"][format!("static/{b}")]["containerStatuses"][0]["restartCount"], 0);

@@ -655,8 +655,14 @@ impl PodNetworks {
         self.set_up(sandbox, None);
         let netns = self.cfg.netns_path(sandbox);
         if let Some(rec) = &rec {
+            // A pin that is not mounted is no namespace (a kill -9 between
+            // the record and the mount, or a reboot): CNI's DEL then gets an
+            // empty CNI_NETNS, which the spec has plugins accept (they free
+            // the address and the host side); given the bare file, the
+            // bridge plugin refuses it forever and the record never goes.
+            let del_ns = if is_mounted(&*self.host, &netns) { netns.clone() } else { PathBuf::new() };
             for a in rec.attachments.iter().rev() {
-                self.del(rec.cni_id(sandbox), &netns, a).await?;
+                self.del(rec.cni_id(sandbox), &del_ns, a).await?;
             }
         }
         remove_netns(&*self.host, &netns)?;
@@ -1454,6 +1460,31 @@ mod tests {
         // Nothing recorded: only the (absent) pin is looked at.
         n.nets.teardown(&sandbox()).await.unwrap();
         assert_eq!(n.host.take_calls(), calls(&n, &[Unpin]));
+    }
+
+    /// A kill -9 between the record and the mount leaves a record and a
+    /// bare file: DEL runs with no namespace (the plugins free what they
+    /// hold outside it), and the record and the file go.
+    #[tokio::test]
+    async fn a_record_whose_namespace_was_never_mounted_is_removed() {
+        use Did::*;
+        let n = nets(plugins(Recorder::default(), &["bridge", "portmap"]));
+        n.nets.setup(&request(&[])).await.unwrap();
+        // The namespace gone under the file, as after a kill -9 mid-setup.
+        n.host.unmount(&n.netns).unwrap();
+        assert!(n.netns.exists() && !n.host.is_mounted(&n.netns));
+        n.host.take_calls();
+        let before = n.host.plugin_netns().len();
+        n.nets.teardown(&sandbox()).await.unwrap();
+        assert_eq!(n.host.take_calls(), calls(&n, &[Del("portmap", "eth0"), Del("bridge", "eth0"), Unpin]));
+        assert_eq!(n.host.plugin_netns()[before..], ["", ""], "DEL is told there is no namespace");
+        assert!(!n.record.exists() && !n.netns.exists());
+        // A mounted one is named.
+        n.nets.setup(&request(&[])).await.unwrap();
+        let before = n.host.plugin_netns().len();
+        n.nets.teardown(&sandbox()).await.unwrap();
+        let named = n.netns.display().to_string();
+        assert_eq!(n.host.plugin_netns()[before..], [named.clone(), named]);
     }
 
     #[test]

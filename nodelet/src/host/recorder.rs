@@ -72,6 +72,8 @@ struct State {
     xattrs: BTreeMap<(PathBuf, String), Vec<u8>>,
     mounts: Vec<PathBuf>,
     plugins: BTreeMap<(String, String), PluginOutput>,
+    /// Each plugin call's CNI_NETNS, in order.
+    plugin_netns: Vec<String>,
 }
 
 impl State {
@@ -191,6 +193,11 @@ impl Recorder {
 
     pub fn is_mounted(&self, path: &Path) -> bool {
         self.lock().mounts.iter().any(|m| m == path)
+    }
+
+    /// The CNI_NETNS each plugin was run with so far, in order.
+    pub fn plugin_netns(&self) -> Vec<String> {
+        self.lock().plugin_netns.clone()
     }
 }
 
@@ -347,6 +354,7 @@ impl Host for Recorder {
         let plugin = run.bin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let command = var("CNI_COMMAND");
         let mut s = self.lock();
+        s.plugin_netns.push(var("CNI_NETNS"));
         let recorded =
             s.record(Call::Plugin { plugin: plugin.clone(), command: command.clone(), ifname: var("CNI_IFNAME") });
         let result = match recorded {
