@@ -580,3 +580,193 @@ fn up_on_a_host_without_the_plugins_runs_pods_with_lo_only_and_says_why() {
     assert_eq!(v["status"]["phase"], "Succeeded", "{status}");
     assert!(v["status"].get("podIP").is_none(), "{status}");
 }
+
+/// One HTTP GET to `ip:8080`: the body, or why there was none.
+fn http_get(ip: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = format!("{ip}:8080").parse().map_err(|e| format!("{ip}: {e}"))?;
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("{ip}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").map_err(|e| format!("{ip}: {e}"))?;
+    let mut got = String::new();
+    s.read_to_string(&mut got).map_err(|e| format!("{ip}: {e}"))?;
+    match got.split_once("\r\n\r\n") {
+        Some((head, body)) if head.contains(" 200 ") => Ok(body.to_string()),
+        _ => Err(format!("{ip}: {got:?}")),
+    }
+}
+
+/// A web server Deployment whose pods answer `version`. On SIGTERM it goes
+/// on serving for 2 s before it exits, as a service behind a list of
+/// endpoints does (Kubernetes users put a preStop sleep there): a client
+/// that read the pod's address just before its deletion is still answered.
+fn web_deployment(name: &str, version: &str) -> String {
+    let server = "import http.server, os, signal, sys, threading\n\
+        body = sys.argv[1].encode()\n\
+        class H(http.server.BaseHTTPRequestHandler):\n    \
+            def do_GET(self):\n        \
+                self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n    \
+            def log_message(self, *a):\n        pass\n\
+        signal.signal(signal.SIGTERM, lambda *a: threading.Timer(2, os._exit, [0]).start())\n\
+        http.server.ThreadingHTTPServer(('', 8080), H).serve_forever()\n";
+    let every_second = serde_json::json!({"periodSeconds": 1, "failureThreshold": 2});
+    let mut ready = every_second.clone();
+    ready["httpGet"] = serde_json::json!({"port": 8080, "path": "/"});
+    let mut live = every_second;
+    live["exec"] = serde_json::json!({"command": ["sh", "-c", "test ! -f /tmp/sick"]});
+    serde_json::json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "web",
+                        "rootfs": "host",
+                        "command": ["python3", "-c", server, version],
+                        "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}},
+                        "readinessProbe": ready,
+                        "livenessProbe": live,
+                    }],
+                },
+            },
+        },
+    })
+    .to_string()
+}
+
+/// The Deployment's pods as the server has them: (name, address, Ready).
+fn web_pods(up: &Up, app: &str) -> Vec<(String, Option<String>, bool)> {
+    let out = up.cli(&["get", "pods", "-l", &format!("app={app}"), "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let s = &p["status"];
+            let ready = s["phase"] == "Running"
+                && s["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (p["metadata"]["name"].as_str().unwrap_or("").to_string(), s["podIP"].as_str().map(String::from), ready)
+        })
+        .collect()
+}
+
+/// Issue 29 with real containers: a Python web server as a Deployment of
+/// 2 with an HTTP readiness probe and an exec liveness probe. A rolling
+/// update (maxUnavailable 0, maxSurge 1) to a new version, while a client
+/// asks every Ready pod over and over: no request is refused, the Ready
+/// pods never number fewer than 2 nor the pods more than 3, and at the end
+/// every pod answers the new version. Then a liveness failure (a file the
+/// probe looks for) restarts that pod's container in place.
+#[test]
+fn a_rolling_update_of_a_probed_web_server_never_refuses_a_client() {
+    let Some(up) = Up::start() else { return };
+    let app = format!("web{}", std::process::id());
+    let file = up._tmp.path().join("web.json");
+    std::fs::write(&file, web_deployment(&app, "v1")).unwrap();
+    let out = up.cli(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = up.cli(&["rollout", "status", "deployment", &app, "--timeout", "60s"]);
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let ready: Vec<_> = web_pods(&up, &app).into_iter().filter(|p| p.2).collect();
+    assert_eq!(ready.len(), 2, "{ready:?}");
+    for (name, ip, _) in &ready {
+        let ip = ip.as_deref().unwrap_or_else(|| panic!("{name} has an address"));
+        assert_eq!(http_get(ip).as_deref(), Ok("v1"), "{name}");
+    }
+
+    // The client, from now until the rollout is done.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let (stop, app, config) = (stop.clone(), app.clone(), up.config.clone());
+        std::thread::spawn(move || {
+            let list = |app: &str| {
+                let out = Command::new(PINION)
+                    .args(["get", "pods", "-l", &format!("app={app}"), "-o", "json"])
+                    .env("PINION_CONFIG", &config)
+                    .output()
+                    .unwrap();
+                serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
+            };
+            let (mut asked, mut refused, mut fewest_ready, mut most_pods, mut versions) =
+                (0, Vec::new(), usize::MAX, 0, std::collections::BTreeSet::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let v = list(&app);
+                let Some(items) = v["items"].as_array() else { continue };
+                most_pods = most_pods.max(items.len());
+                let ready: Vec<&str> = items
+                    .iter()
+                    .filter(|p| {
+                        p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                    .filter_map(|p| p["status"]["podIP"].as_str())
+                    .collect();
+                fewest_ready = fewest_ready.min(ready.len());
+                for ip in ready {
+                    asked += 1;
+                    match http_get(ip) {
+                        Ok(body) => {
+                            versions.insert(body);
+                        }
+                        Err(e) => refused.push(e),
+                    }
+                }
+            }
+            (asked, refused, fewest_ready, most_pods, versions)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&file, web_deployment(&app, "v2")).unwrap();
+    let out = up.cli(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = up.cli(&["rollout", "status", "deployment", &app, "--timeout", "90s"]);
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    // The last old pod's grace: the client asks on while it drains.
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (asked, refused, fewest_ready, most_pods, versions) = client.join().unwrap();
+    eprintln!("the client asked {asked} times during the rollout; versions {versions:?}");
+    assert!(asked >= 10, "the client asked throughout: {asked}");
+    assert_eq!(refused, Vec::<String>::new(), "no request refused");
+    assert!(fewest_ready >= 2, "never fewer than replicas - maxUnavailable Ready: {fewest_ready}");
+    assert!(most_pods <= 3, "never more than replicas + maxSurge pods: {most_pods}");
+    assert!(versions.contains("v1") && versions.contains("v2"), "{versions:?}");
+    let after = web_pods(&up, &app);
+    assert_eq!(after.len(), 2, "{after:?}");
+    for (name, ip, ready) in &after {
+        assert!(ready, "{name}");
+        assert_eq!(http_get(ip.as_deref().unwrap()).as_deref(), Ok("v2"), "{name}");
+    }
+
+    // Liveness: the probe fails twice, the container restarts in place.
+    let (sick, ..) = &after[0];
+    let out = up.cli(&["exec", sick, "--", "touch", "/tmp/sick"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let restarts = || {
+        let out = up.cli(&["get", "pods", sick, "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        v["status"]["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0)
+    };
+    up.wait("the liveness restart", || restarts() >= 1);
+    up.wait("ready again", || web_pods(&up, &app).iter().any(|p| &p.0 == sick && p.2));
+
+    let out = up.cli(&["delete", "deployment", &app]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("the nodelet to drop the pods", || up.node_pods().is_empty());
+}
