@@ -533,3 +533,56 @@ async fn gangs_are_bound_whole_never_in_pieces() {
     }
     s.stop().await;
 }
+
+/// A node follows its peers (their pod ranges and addresses) on a watch of
+/// nodes without their status. A peer's status report changes only its
+/// status: that watch is not sent it (with a thousand nodes, every report
+/// sent to every node was a million events a rollout), while a new node, or
+/// a peer registering with other labels, still arrives. The admin's watch,
+/// which shows status, is sent every report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_watch_of_its_peers_is_not_sent_their_status_reports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = server(dir.path(), Duration::from_secs(60)).await;
+    let a = registered_node(&s, dir.path(), "a", 1, 4).await;
+    let b = registered_node(&s, dir.path(), "b", 1, 4).await;
+    let from = s.admin.list_nodes(None).await.expect("list").resource_version;
+    let mut peers = a.watch_nodes(Some(from)).await.expect("a's watch");
+    let mut all = s.admin.watch_nodes(Some(from)).await.expect("the admin's watch");
+    for epoch in 1..=3 {
+        let report = serde_json::json!({"nodeName": "b", "allocations": {"epoch": epoch, "pods": {}}});
+        let body = Bytes::from(serde_json::to_vec(&report).expect("encode"));
+        b.call::<NodeStatus>(Method::PUT, "/api/v1/nodes/b/status", Some(("application/json", body)))
+            .await
+            .expect("report");
+    }
+    for epoch in 1..=3 {
+        let (ty, n) = next_node(&mut all).await;
+        assert_eq!((ty, n.metadata.name.as_str(), n.status.allocations.epoch), (WatchEventType::Modified, "b", epoch));
+    }
+    // The first line a's watch is sent is the next node, not b's reports.
+    registered_node(&s, dir.path(), "c", 1, 4).await;
+    let (ty, n) = next_node(&mut peers).await;
+    assert_eq!((ty, n.metadata.name.as_str()), (WatchEventType::Added, "c"));
+    assert_eq!(n.status, NodeStatus::default(), "no status on a node's watch");
+    // A change a peer reads (its labels) is sent.
+    let mut relabelled: Node = serde_json::from_slice(&node_object("b", 1, 4)).expect("decode");
+    relabelled.metadata.labels.insert("zone".into(), "edge".into());
+    let body = Bytes::from(serde_json::to_vec(&relabelled).expect("encode"));
+    b.call::<Node>(Method::POST, "/api/v1/nodes", Some(("application/json", body))).await.expect("register again");
+    let (ty, n) = next_node(&mut peers).await;
+    assert_eq!((ty, n.metadata.name.as_str()), (WatchEventType::Modified, "b"));
+    assert_eq!(n.metadata.labels.get("zone").map(String::as_str), Some("edge"));
+    s.stop().await;
+}
+
+/// The next line of a nodes' watch that is not a bookmark.
+async fn next_node(w: &mut pinion_wire::NodeWatch) -> (WatchEventType, Node) {
+    loop {
+        let (ty, n) =
+            tokio::time::timeout(Duration::from_secs(10), w.next()).await.expect("in time").expect("ok").expect("some");
+        if ty != WatchEventType::Bookmark {
+            return (ty, n);
+        }
+    }
+}

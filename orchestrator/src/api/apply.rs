@@ -114,6 +114,9 @@ impl WatchFilter {
         if c.kind != self.kind || !self.selector.matches(&c.labels) {
             return None;
         }
+        if self.without_status && c.status_only {
+            return None;
+        }
         if self.owner.is_some() && c.owner != self.owner {
             return None;
         }
@@ -561,7 +564,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         Action::ReportNodeStatus { name, report } => {
             authorize(id, Request::ActForNode(&name))?;
             let controller = state.controller.required()?;
-            let _g = controller.transition_guard().await;
+            let _g = controller.transition_guard(&name).await;
             let reported = store.write(move |t| nodes::report(t, &name, &report)).await?;
             controller.node_reported(&reported.node, true, &reported.confirmed);
             for pod in &reported.finished {

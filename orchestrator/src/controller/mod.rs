@@ -61,6 +61,9 @@ use crate::store::{Change, Kind, Store, StoreError};
 use effect::{Effect, GangBind};
 use state::{array_limit, is_terminal, NodeState, State, Wait};
 
+/// Locks the nodes' condition changes are striped over (`transitions`).
+const TRANSITION_STRIPES: usize = 64;
+
 #[derive(Debug, Clone, Copy)]
 pub struct ControllerConfig {
     /// A node that sends no heartbeat for this long becomes NotReady.
@@ -118,9 +121,12 @@ pub struct Controller {
     inner: Mutex<State>,
     wake: Notify,
     writes: Arc<Semaphore>,
-    /// Serializes node condition changes (NotReady, Ready, status reports) so a
-    /// heartbeat racing the NotReady marking cannot be lost.
-    transitions: tokio::sync::Mutex<()>,
+    /// Serializes one node's condition changes (NotReady, Ready, status
+    /// reports) so a heartbeat racing the NotReady marking cannot be lost.
+    /// Striped by node name: one lock for all nodes made every report wait
+    /// for the one before it to be durable, so a thousand nodes' reports
+    /// committed one fsync at a time instead of together.
+    transitions: Vec<tokio::sync::Mutex<()>>,
     /// The store version its pods were loaded at: `follow` watches from it.
     loaded_at: std::sync::atomic::AtomicU64,
     /// Bindings counted outside the lock (`State` has the same handles).
@@ -155,7 +161,7 @@ impl Controller {
             )),
             wake: Notify::new(),
             writes: Arc::new(Semaphore::new(WRITES_IN_FLIGHT)),
-            transitions: tokio::sync::Mutex::new(()),
+            transitions: (0..TRANSITION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             loaded_at: std::sync::atomic::AtomicU64::new(0),
             metrics,
         });
@@ -334,9 +340,10 @@ impl Controller {
         inner.sched.remove_node(name);
     }
 
-    /// Held while a node's condition is written (see `transitions`).
-    pub async fn transition_guard(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.transitions.lock().await
+    /// Held while node `name`'s condition is written (see `transitions`).
+    pub async fn transition_guard(&self, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        let stripe = specs::deployment::fnv1a64(name.as_bytes()) % TRANSITION_STRIPES as u64;
+        self.transitions[stripe as usize].lock().await
     }
 
     /// Records a heartbeat; a NotReady node is stored Ready again. `Ok(false)`
@@ -350,7 +357,7 @@ impl Controller {
                 return Ok(true);
             }
         }
-        let _g = self.transitions.lock().await;
+        let _g = self.transition_guard(name).await;
         if self.lock().nodes.get(name).is_none_or(|n| n.ready) {
             return Ok(true);
         }
@@ -871,7 +878,7 @@ impl Controller {
     /// under the transitions lock, so a heartbeat that arrived meanwhile wins.
     async fn mark_lost(&self, name: &str) {
         let grace = self.config.heartbeat_grace;
-        let _g = self.transitions.lock().await;
+        let _g = self.transition_guard(name).await;
         let still_lost = {
             let inner = self.lock();
             let seen = inner.nodes.get(name).map(|n| (name, n.ready, n.last_seen));

@@ -158,6 +158,11 @@ pub trait Object: Serialize + DeserializeOwned + Send + 'static {
     fn node_name(&self) -> Option<&str> {
         None
     }
+    /// Whether going from `prev` to `self` changed only the status, so a
+    /// watch that is sent objects without it has nothing to learn.
+    fn only_status_changed(&self, _prev: &Self) -> bool {
+        false
+    }
 }
 
 impl Object for Pod {
@@ -180,6 +185,13 @@ impl Object for Node {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+    // Every status report writes its node; the nodes' own watch of their
+    // peers reads no status, and a thousand of them each sent every other
+    // node's reports is a million events a rollout.
+    fn only_status_changed(&self, prev: &Self) -> bool {
+        let meta = |m: &ObjectMeta| ObjectMeta { resource_version: None, ..m.clone() };
+        self.spec == prev.spec && self.api_version == prev.api_version && meta(&self.metadata) == meta(&prev.metadata)
     }
 }
 
@@ -255,6 +267,10 @@ pub struct Change {
     /// Who created the object (`metadata.owner`): a user's watch sees only theirs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// A MODIFIED that changed only the status (`Object::only_status_changed`):
+    /// a watch sent objects without it skips the change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub status_only: bool,
 }
 
 const KEY_RV: &[u8] = b"meta/rv";
@@ -280,6 +296,7 @@ fn log_entry(c: &Change, slim: bool) -> Result<Vec<u8>, serde_json::Error> {
         prev_node_name: c.prev_node_name.clone(),
         labels: c.labels.clone(),
         owner: c.owner.clone(),
+        status_only: c.status_only,
     })
 }
 
@@ -418,6 +435,7 @@ impl Txn<'_> {
             prev_node_name: prev.as_ref().and_then(|p| p.node_name()).map(str::to_string),
             labels: obj.meta().labels.clone(),
             owner: obj.meta().owner.clone(),
+            status_only: prev.as_ref().is_some_and(|p| obj.only_status_changed(p)),
         };
         self.writes.insert(key, Some(bytes));
         self.changes.push(change);
@@ -443,6 +461,7 @@ impl Txn<'_> {
             prev_node_name: prev.node_name().map(str::to_string),
             labels: prev.meta().labels.clone(),
             owner: prev.meta().owner.clone(),
+            status_only: false,
         });
         self.writes.insert(key, None);
         self.remove_events(T::KIND, name);

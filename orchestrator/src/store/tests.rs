@@ -850,6 +850,7 @@ fn change(rv: u64, object_bytes: usize) -> Change {
         prev_node_name: None,
         labels: BTreeMap::new(),
         owner: None,
+        status_only: false,
     }
 }
 
