@@ -409,8 +409,9 @@ fn oom_kill_and_exit_codes_show_in_the_status() {
     let v = h.wait("oom failed", |v| v["pods"][format!("static/{oom}")]["phase"] == "Failed");
     let c = &v["pods"][format!("static/{oom}")]["containerStatuses"][0];
     assert_eq!(c["reason"], "OOMKilled", "{v:#}");
-    let v = h.wait("fail restarted", |v| {
-        v["pods"][format!("static/{fail}")]["containerStatuses"][0]["restartCount"].as_u64() >= Some(1)
+    // The first crash restarts at once; the second waits its backoff.
+    let v = h.wait("fail restarted twice", |v| {
+        v["pods"][format!("static/{fail}")]["containerStatuses"][0]["restartCount"].as_u64() >= Some(2)
     });
     let c = &v["pods"][format!("static/{fail}")]["containerStatuses"][0];
     assert_eq!((c["lastExitCode"].as_i64(), c["reason"].as_str()), (Some(3), Some("CrashLoopBackOff")), "{v:#}");

@@ -1,7 +1,9 @@
-//! Restart backoff, as the kubelet does it: the delay before restarting a
-//! container that exited starts at `base` (10 s), doubles with every consecutive
-//! crash and is capped (5 min); a container that ran for `reset_after` (10 min,
-//! twice the cap) before it exited starts again from `base`.
+//! Restart backoff, as the kubelet does it: a container that exited is
+//! restarted at once the first time (a liveness failure of a service must
+//! not cost it `base` of downtime), then after `base` (10 s), doubling with
+//! every further consecutive crash, capped (5 min); a container that ran for
+//! `reset_after` (10 min, twice the cap) before it exited starts again from
+//! an immediate restart.
 
 use std::time::Duration;
 
@@ -20,9 +22,12 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The delay before the restart that follows `streak` consecutive crashes
-    /// (streak 0: the first crash).
+    /// (streak 0: the first crash, restarted at once).
     pub(crate) fn delay(&self, streak: u32) -> Duration {
-        pinion_wire::backoff::Doubling::new(self.base, self.cap).delay(streak)
+        match streak {
+            0 => Duration::ZERO,
+            n => pinion_wire::backoff::Doubling::new(self.base, self.cap).delay(n - 1),
+        }
     }
 
     /// Whether a run this long resets the streak.
@@ -40,13 +45,14 @@ mod tests {
     fn doubles_from_base_to_cap() {
         let b = Backoff::default();
         let check = |streak: u32, secs: u64| assert_eq!(b.delay(streak), Duration::from_secs(secs), "streak {streak}");
-        check(0, 10);
-        check(1, 20);
-        check(2, 40);
-        check(3, 80);
-        check(4, 160);
-        check(5, 300);
+        check(0, 0);
+        check(1, 10);
+        check(2, 20);
+        check(3, 40);
+        check(4, 80);
+        check(5, 160);
         check(6, 300);
+        check(7, 300);
         check(u32::MAX, 300);
     }
 
@@ -54,7 +60,7 @@ mod tests {
     fn configurable_base_for_tests() {
         let b = Backoff { base: Duration::from_millis(5), cap: Duration::from_millis(40), reset_after: Duration::MAX };
         let got: Vec<u128> = (0..6).map(|s| b.delay(s).as_millis()).collect();
-        assert_eq!(got, vec![5, 10, 20, 40, 40, 40]);
+        assert_eq!(got, vec![0, 5, 10, 20, 40, 40]);
     }
 
     #[test]

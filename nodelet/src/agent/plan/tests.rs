@@ -251,13 +251,22 @@ fn restarts_wait_for_their_backoff_with_a_new_incarnation() {
     let mut st = state(t);
     run_pod(&mut st, t, "static/a", pod("a", &["sleep", "inf"], RestartPolicy::Always), 1);
     check(&mut st, written(1), t, &[]);
+    // The first crash restarts at once: the new incarnation goes in the
+    // checkpoint that records the exit (one write, as the kubelet restarts
+    // a first crash with no backoff).
     let ev = exited(&st, "static/a", 2);
-    check(&mut st, ev, t, &["checkpoint 2 alloc=[static/a] ids=[]"]);
-    check(&mut st, written(2), t, &["remove static-a_main_0"]);
+    check(&mut st, ev, t, &["checkpoint 2 alloc=[static/a] ids=[static-a_main_1]"]);
+    check(&mut st, written(2), t, &["remove static-a_main_0", "start static-a_main_1 cpus=1"]);
+    let ev = started(&st, "static/a");
+    plan(&mut st, ev, t);
+    // The next one waits for the first backoff.
+    let ev = exited(&st, "static/a", 2);
+    check(&mut st, ev, t, &["checkpoint 3 alloc=[static/a] ids=[]"]);
+    check(&mut st, written(3), t, &["remove static-a_main_1"]);
     assert_eq!(st.next_wake(), t + Duration::from_secs(10), "the first backoff");
     check(&mut st, Event::Tick, t + Duration::from_secs(9), &[]);
-    check(&mut st, Event::Tick, t + Duration::from_secs(10), &["checkpoint 3 alloc=[static/a] ids=[static-a_main_1]"]);
-    check(&mut st, written(3), t + Duration::from_secs(10), &["start static-a_main_1 cpus=1"]);
+    check(&mut st, Event::Tick, t + Duration::from_secs(10), &["checkpoint 4 alloc=[static/a] ids=[static-a_main_2]"]);
+    check(&mut st, written(4), t + Duration::from_secs(10), &["start static-a_main_2 cpus=1"]);
 }
 
 #[test]
@@ -364,11 +373,11 @@ fn a_failed_start_is_a_crash_of_the_container() {
         id: id_of(&st, "static/a"),
         result: Err(StartFailure::Other("start x: timed out after 90s".into())),
     };
-    // Removed in case the start still finishes; restarted after the backoff.
-    check(&mut st, event, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/a] ids=[]"]);
+    // Removed in case the start still finishes; restarted (the first time at once).
+    check(&mut st, event, t, &["remove static-a_main_0", "checkpoint 2 alloc=[static/a] ids=[static-a_main_1]"]);
     let p = &status::build(&st).pods["static/a"];
     let c = &p.container_statuses[0];
-    assert_eq!((c.last_exit_code, c.reason.as_deref()), (Some(128), Some("CrashLoopBackOff")));
+    assert_eq!((c.last_exit_code, c.reason.as_deref()), (Some(128), Some("ContainerCreating")));
     assert_eq!(p.message.as_deref(), Some("start x: timed out after 90s"));
 }
 
@@ -620,7 +629,7 @@ fn a_failing_liveness_probe_stops_the_container_and_its_exit_restarts_it() {
     let c = &report.pods["static-a"].container_statuses[0];
     assert_eq!(c.restart_count, 1);
     assert!(!c.ready);
-    assert_eq!(c.reason.as_deref(), Some("CrashLoopBackOff"), "waiting for its backoff");
+    assert_eq!(c.reason.as_deref(), Some("ContainerCreating"), "restarted at once, the first time");
     // Once running again, the status says how the last run ended.
     assert_eq!(st.pods["static-a"].ctrs[0].last_reason.as_deref(), Some("Liveness probe failed: exit 1"));
     assert!(
