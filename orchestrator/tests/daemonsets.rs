@@ -147,7 +147,11 @@ async fn a_daemonset_runs_a_pod_per_matching_node_follows_the_nodes_and_takes_th
         assert!(s.plan.is_some(), "{}: a plan for the node to adopt", p.metadata.name);
     }
     let d: DaemonSet = eventually("the status", SOON, || async {
-        admin.get_daemonset("ptp").await.ok().filter(|d| d.status.as_ref().is_some_and(|s| s.current_number_scheduled == 2))
+        admin
+            .get_daemonset("ptp")
+            .await
+            .ok()
+            .filter(|d| d.status.as_ref().is_some_and(|s| s.current_number_scheduled == 2))
     })
     .await;
     let st = d.status.clone().expect("status");
@@ -186,7 +190,10 @@ async fn problems_name_their_fields() {
     let bad = String::from_utf8(manifest("ptp", "inf", "100m").to_vec())
         .expect("utf-8")
         .replace("selector: {matchLabels: {app: ptp}}", "selector: {matchLabels: {app: other}}")
-        .replace("  template:\n", "  updateStrategy: {type: OnDelete, rollingUpdate: {maxUnavailable: 1}}\n  template:\n");
+        .replace(
+            "  template:\n",
+            "  updateStrategy: {type: OnDelete, rollingUpdate: {maxUnavailable: 1}}\n  template:\n",
+        );
     match s.admin.apply_daemonset(Bytes::from(bad)).await {
         Err(ClientError::Api(e)) => {
             assert_eq!(e.code, 422);
@@ -196,7 +203,8 @@ async fn problems_name_their_fields() {
         }
         other => panic!("expected a 422, got {other:?}"),
     }
-    let unknown = String::from_utf8(manifest("ptp", "inf", "100m").to_vec()).expect("utf-8").replace("selector:", "selectr:");
+    let unknown =
+        String::from_utf8(manifest("ptp", "inf", "100m").to_vec()).expect("utf-8").replace("selector:", "selectr:");
     match s.admin.apply_daemonset(Bytes::from(unknown)).await {
         Err(ClientError::Api(e)) => assert_eq!(e.code, 422, "{e:?}"),
         other => panic!("expected a 422, got {other:?}"),

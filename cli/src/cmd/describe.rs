@@ -227,7 +227,8 @@ pub fn describe_daemonset(out: &mut String, d: &specs::daemonset::DaemonSet, pod
     let _ = writeln!(out, "Selector:       {}", sel.join(","));
     let nodes: Vec<String> = d.spec.template.spec.node_selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let _ = writeln!(out, "Node-Selector:  {}", if nodes.is_empty() { "<none>".into() } else { nodes.join(",") });
-    let _ = writeln!(out, "Generation:     {} (observed {})", d.metadata.generation.unwrap_or(0), s.observed_generation);
+    let _ =
+        writeln!(out, "Generation:     {} (observed {})", d.metadata.generation.unwrap_or(0), s.observed_generation);
     let strategy = &d.spec.update_strategy;
     match strategy.rolling_update.as_ref().and_then(|r| r.max_unavailable) {
         Some(m) => {

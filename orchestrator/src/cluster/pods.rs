@@ -152,7 +152,9 @@ pub fn expire_binding(
     let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
     // A DaemonSet's pod stays on its node: the node admits it when it hears
     // (its capacity is back in the mirror meanwhile, as for any expiry).
-    if pod.spec.node_name.as_deref() != Some(node) || phase != PodPhase::Scheduled || super::daemonsets::is_daemon_pod(&pod)
+    if pod.spec.node_name.as_deref() != Some(node)
+        || phase != PodPhase::Scheduled
+        || super::daemonsets::is_daemon_pod(&pod)
     {
         return Ok(None);
     }

@@ -179,12 +179,12 @@ mod tests {
         // A NotReady matching node waits for Ready.
         check(&[("a", true, false)], &[], &[], (&[], 0, &[], false));
         // A node that has its pod gets none; one that stopped matching loses it.
-        check(&[("a", true, true), ("b", false, true)], &[("a", Running, "alice"), ("b", Running, "alice")], &[], (
+        check(
+            &[("a", true, true), ("b", false, true)],
+            &[("a", Running, "alice"), ("b", Running, "alice")],
             &[],
-            1,
-            &[],
-            false,
-        ));
+            (&[], 1, &[], false),
+        );
         // A node that left takes its pod with it.
         check(&[("a", true, true)], &[("a", Running, "alice"), ("gone", Running, "alice")], &[], (&[], 1, &[], false));
         // Where the pod does not fit it is not made: the status says so and

@@ -768,9 +768,8 @@ impl Controller {
             let d = self.store.get::<DaemonSet>(name)?;
             let nodes = if d.is_some() { self.store.list::<Node>()?.items } else { Vec::new() };
             let pods = self.store.list::<Pod>()?.items;
-            let pods = pods
-                .into_iter()
-                .filter(|p| p.metadata.labels.get(DAEMONSET_LABEL).map(String::as_str) == Some(name));
+            let pods =
+                pods.into_iter().filter(|p| p.metadata.labels.get(DAEMONSET_LABEL).map(String::as_str) == Some(name));
             Ok((d, nodes, pods.collect()))
         };
         let (d, nodes, pods) = match read() {
