@@ -4,7 +4,8 @@
 //! template's `nodeSelector`, bound to it by name with the scheduler's plan
 //! made there; a node that joins later gets its pod, a node deleted takes
 //! its pod with it; a node where the pod cannot fit gets none and the status
-//! says why; a template change moves `metadata.generation`; a delete takes
+//! says why; a pod its node rejects fails there (never to the queue) and
+//! is made again after a pause; a template change moves `metadata.generation`; a delete takes
 //! the pods with it; a problem is a 422 naming its field; a person sees only
 //! their own DaemonSets and a viewer creates none.
 
@@ -240,5 +241,50 @@ async fn a_person_sees_only_their_own_daemonsets_and_a_viewer_makes_none() {
     assert_eq!(alice.list_daemonsets(None).await.expect("list").items.len(), 1);
     alice.delete_daemonset("alices").await.expect("she deletes hers");
     on_nodes(&s.admin, "alices", &[]).await;
+    s.stop().await;
+}
+
+/// A node that rejects its DaemonSet pod: the pod fails there and is never
+/// sent to the queue (no other node ever holds two of the DaemonSet's
+/// pods); the status names the node with its reason; the pod is made there
+/// again after a pause.
+#[tokio::test]
+async fn a_pod_its_node_rejects_fails_there_and_comes_back_after_a_pause() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let admin = &s.admin;
+    let a = node(&s, dir.path(), "a", 4, true).await;
+    node(&s, dir.path(), "b", 4, true).await;
+    admin.apply_daemonset(manifest("ptp", "inf", "100m")).await.expect("create");
+    let pods = on_nodes(admin, "ptp", &["a", "b"]).await;
+    let on_a = pods.iter().find(|p| p.spec.node_name.as_deref() == Some("a")).expect("a pod on a");
+    let name = on_a.metadata.name.clone();
+    let uid = on_a.metadata.uid.clone();
+
+    let rejection = specs::api::PodRejection { reason: "InsufficientCpu".into(), message: "no room".into() };
+    let body = Bytes::from(serde_json::to_vec(&rejection).expect("encode"));
+    let path = format!("/api/v1/pods/{name}/rejection");
+    let (_, rejected) =
+        a.call::<Pod>(Method::POST, &path, Some(("application/json", body))).await.expect("the node rejects it");
+    assert_eq!(rejected.spec.node_name.as_deref(), Some("a"), "still bound to its node");
+    assert_eq!(rejected.status.map(|s| s.phase), Some(PodPhase::Failed));
+
+    eventually("a named unfit with the node's reason", SOON, || async {
+        let pods = pods_of(admin, "ptp").await;
+        let mut nodes: Vec<Option<String>> = pods.iter().map(|p| p.spec.node_name.clone()).collect();
+        let before = nodes.len();
+        nodes.sort();
+        nodes.dedup();
+        assert_eq!(nodes.len(), before, "one pod per node, every one bound: {nodes:?}");
+        let d = admin.get_daemonset("ptp").await.ok()?;
+        d.status?.unfit.iter().any(|u| u.node == "a" && u.message.contains("no room")).then_some(())
+    })
+    .await;
+    eventually("made again on a", SOON, || async {
+        let pods = pods_of(admin, "ptp").await;
+        pods.iter().any(|p| p.spec.node_name.as_deref() == Some("a") && p.metadata.uid != uid).then_some(())
+    })
+    .await;
+    on_nodes(admin, "ptp", &["a", "b"]).await;
     s.stop().await;
 }

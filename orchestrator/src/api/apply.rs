@@ -442,7 +442,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let (pod, node) = store.write(move |t| pods::reject(t, &id, &name, &rejection)).await?;
             if pod.spec.node_name.is_some() {
                 // Still on its node, failed there (a DaemonSet's pod).
-                controller.pod_finished(&pod);
+                controller.daemon_pod_rejected(&pod);
             } else {
                 controller.pod_rejected(&pod, &node, &reason);
             }

@@ -422,6 +422,17 @@ impl Controller {
         }
     }
 
+    /// A node rejected a DaemonSet's pod, which failed there
+    /// (`pods::reject`): it leaves the mirror as a finished pod does, and
+    /// the same pod (same node, same template) is not made there again for
+    /// `UNFIT_RETRY_SECONDS`.
+    pub fn daemon_pod_rejected(&self, pod: &Pod) {
+        let why = pod.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_else(|| "rejected by its node".into());
+        let until = Instant::now() + Duration::from_secs(daemonsets::UNFIT_RETRY_SECONDS);
+        self.lock().daemon_rejected.insert(pod.metadata.name.clone(), (until, why));
+        self.pod_finished(pod);
+    }
+
     /// A nodelet refused a binding: the pod goes back to the queue with backoff.
     /// The scheduler also marks the node stale for this pod, so the retry goes
     /// elsewhere until that node's state changes (in topology-blind mode the
@@ -804,9 +815,13 @@ impl Controller {
         let now = unix_now();
         let decision = {
             let mut inner = self.lock();
-            let at = Instant::now().into_std();
+            let at = Instant::now();
+            inner.daemon_rejected.retain(|_, (until, _)| *until > at);
             daemonsets::decide(&d, &nodes, &pods, now, |node, pod| {
-                inner.sched.place_on(node, &pod.metadata.name, pod, at)
+                if let Some((_, why)) = inner.daemon_rejected.get(&pod.metadata.name) {
+                    return Err(why.clone());
+                }
+                inner.sched.place_on(node, &pod.metadata.name, pod, at.into_std())
             })
         };
         let placed: Vec<String> = decision.create.iter().map(|(p, _)| p.metadata.name.clone()).collect();

@@ -131,6 +131,11 @@ pub(super) struct State {
     /// What DaemonSets see of each node (labels, Ready), so that a node's
     /// report that changes neither reconciles none.
     pub(super) daemonset_nodes: HashMap<String, (BTreeMap<String, String>, bool)>,
+    /// DaemonSet pods (by name, which is the same for the same node and
+    /// template) their node rejected: not made again there before this
+    /// time, so that a node and the scheduler's mirror that disagree cannot
+    /// spin a make-reject loop. The node's words kept for the status.
+    pub(super) daemon_rejected: HashMap<String, (Instant, String)>,
     pub(super) nodes: HashMap<String, NodeState>,
     pub(super) queue: HashMap<String, QueueEntry>,
     /// The queue in the order pods are tried.
@@ -229,6 +234,7 @@ impl State {
             daemonset_timers: HashMap::new(),
             daemonsets: BTreeSet::new(),
             daemonset_nodes: HashMap::new(),
+            daemon_rejected: HashMap::new(),
             nodes: HashMap::new(),
             queue: HashMap::new(),
             order: BTreeMap::new(),
