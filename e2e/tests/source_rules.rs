@@ -354,7 +354,8 @@ fn io_mentions(text: &str) -> Vec<String> {
 
 /// The controller's files whose code is decisions over its in-memory state;
 /// `mod.rs` (the executor and the loops) and `tests.rs` are the rest.
-const CONTROLLER_DECIDERS: &[&str] = &["decide.rs", "effect.rs", "expiry.rs", "lifecycle.rs", "rollout.rs", "state.rs"];
+const CONTROLLER_DECIDERS: &[&str] =
+    &["daemonsets.rs", "decide.rs", "effect.rs", "expiry.rs", "lifecycle.rs", "rollout.rs", "state.rs"];
 
 #[test]
 fn the_controllers_deciders_do_no_io() {

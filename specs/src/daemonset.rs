@@ -111,6 +111,21 @@ pub struct DaemonSetStatus {
     pub number_unavailable: u32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub template_hash: String,
+    /// Matching nodes that get no pod because it does not fit there now (the
+    /// server's fit check, before the pod is made), at most
+    /// `MAX_STATUS_NODES` of them; `number_unfit` counts them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unfit: Vec<UnfitNode>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub number_unfit: u32,
+}
+
+/// A matching node the DaemonSet's pod does not fit now, and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UnfitNode {
+    pub node: String,
+    pub message: String,
 }
 
 /// The pod name on `node`: the DaemonSet's name, as much of the node's name
@@ -321,6 +336,7 @@ pub fn reconcile(ds: &DaemonSet, nodes: &[ObservedNode], pods: &[DaemonPod], now
         number_available: available_nodes,
         number_unavailable: desired - available_nodes,
         template_hash: hash,
+        ..Default::default()
     };
     let requeue_at =
         kept.values().filter_map(|p| p.ready_since.map(|t| t.saturating_add(min_ready))).filter(|t| *t > now).min();

@@ -87,6 +87,9 @@ pub const MAX_REPLICAS: u32 = 10_000;
 /// `NAME-HASH-XXXXX` (10 + 5 characters and two dashes), and a pod's name is
 /// a DNS-1123 label (`MAX_NAME_LEN`).
 pub const MAX_WORKLOAD_NAME_LEN: usize = MAX_NAME_LEN - 17;
+/// Nodes a DaemonSet's status names where its pod does not fit now (its
+/// count is whole): the status stays small on a large cluster.
+pub const MAX_STATUS_NODES: usize = 32;
 /// Most old revisions a Deployment keeps (`spec.revisionHistoryLimit`): each
 /// holds a whole pod template in the Deployment's own status.
 pub const MAX_REVISION_HISTORY: u32 = 100;

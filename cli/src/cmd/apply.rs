@@ -92,6 +92,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 let code = if code == 200 && d.metadata.generation.unwrap_or(1) > 1 { 202 } else { code };
                 (code, "deployment", d.metadata.name)
             }),
+            Some("DaemonSet") => client.apply_daemonset(body).await.map(|(code, d)| {
+                // 200: unchanged, or changed (a new generation).
+                let code = if code == 200 && d.metadata.generation.unwrap_or(1) > 1 { 202 } else { code };
+                (code, "daemonset", d.metadata.name)
+            }),
             _ => client.create_pod(body).await.map(|(code, p)| (code, "pod", p.metadata.name)),
         };
         match result {

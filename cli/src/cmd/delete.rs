@@ -1,4 +1,4 @@
-//! `pinion delete pod|node|job|deployment NAME...`
+//! `pinion delete pod|node|job|deployment|daemonset NAME...`
 
 use std::process::ExitCode;
 
@@ -17,6 +17,9 @@ pub enum Kind {
     /// A Deployment and its pods.
     #[value(alias = "deployments", alias = "deploy")]
     Deployment,
+    /// A DaemonSet and its pods.
+    #[value(name = "daemonset", alias = "daemonsets", alias = "ds")]
+    DaemonSet,
 }
 
 #[derive(clap::Args, Debug)]
@@ -35,6 +38,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             Kind::Node => ("node", client.delete_node(name).await.map(|_| ())),
             Kind::Job => ("job", client.delete_job(name).await.map(|_| ())),
             Kind::Deployment => ("deployment", client.delete_deployment(name).await.map(|_| ())),
+            Kind::DaemonSet => ("daemonset", client.delete_daemonset(name).await.map(|_| ())),
         };
         match result {
             Ok(()) => println!("{kind}/{name} deleted"),

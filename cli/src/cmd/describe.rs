@@ -21,6 +21,8 @@ pub enum Kind {
     Job,
     #[value(alias = "deployments", alias = "deploy")]
     Deployment,
+    #[value(name = "daemonset", alias = "daemonsets", alias = "ds")]
+    DaemonSet,
 }
 
 #[derive(clap::Args, Debug)]
@@ -212,6 +214,67 @@ pub fn describe_deployment(out: &mut String, d: &specs::deployment::Deployment, 
     }
 }
 
+/// A DaemonSet: its selector and strategy, its status's counts, the nodes
+/// where its pod does not fit, and its pods.
+pub fn describe_daemonset(out: &mut String, d: &specs::daemonset::DaemonSet, pods: &[specs::Pod]) {
+    let s = d.status.clone().unwrap_or_default();
+    let _ = writeln!(out, "Name:           {}", d.metadata.name);
+    if let Some(owner) = &d.metadata.owner {
+        let _ = writeln!(out, "Owner:          {owner}");
+    }
+    let _ = writeln!(out, "Created:        {}", d.metadata.creation_timestamp.as_deref().unwrap_or("-"));
+    let sel: Vec<String> = d.spec.selector.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(out, "Selector:       {}", sel.join(","));
+    let nodes: Vec<String> = d.spec.template.spec.node_selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(out, "Node-Selector:  {}", if nodes.is_empty() { "<none>".into() } else { nodes.join(",") });
+    let _ =
+        writeln!(out, "Generation:     {} (observed {})", d.metadata.generation.unwrap_or(0), s.observed_generation);
+    let strategy = &d.spec.update_strategy;
+    match strategy.rolling_update.as_ref().and_then(|r| r.max_unavailable) {
+        Some(m) => {
+            let _ = writeln!(out, "Strategy:       {:?} (maxUnavailable {m:?})", strategy.kind);
+        }
+        None => {
+            let _ = writeln!(out, "Strategy:       {:?}", strategy.kind);
+        }
+    }
+    let _ = writeln!(out, "MinReady:       {} s", d.spec.min_ready_seconds);
+    let _ = writeln!(
+        out,
+        "Nodes:          {} desired | {} current | {} updated | {} ready | {} available | {} misscheduled",
+        s.desired_number_scheduled,
+        s.current_number_scheduled,
+        s.updated_number_scheduled,
+        s.number_ready,
+        s.number_available,
+        s.number_misscheduled
+    );
+    let _ = writeln!(out, "Template-Hash:  {}", if s.template_hash.is_empty() { "-" } else { &s.template_hash });
+    if s.number_unfit > 0 {
+        let _ = writeln!(out, "Unfit:          {} node(s) where the pod does not fit now", s.number_unfit);
+        let rows: Vec<Vec<String>> = s.unfit.iter().map(|u| vec![u.node.clone(), u.message.clone()]).collect();
+        for line in table(&["NODE", "WHY"], &rows).lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    out.push_str("Pods:\n");
+    let rows: Vec<Vec<String>> = pods
+        .iter()
+        .map(|p| {
+            vec![
+                p.metadata.name.clone(),
+                pod_status(p),
+                p.spec.node_name.clone().unwrap_or_else(|| "-".into()),
+                p.metadata.labels.get(specs::deployment::TEMPLATE_HASH_LABEL).cloned().unwrap_or_else(|| "-".into()),
+                age(p.metadata.creation_timestamp.as_deref()),
+            ]
+        })
+        .collect();
+    for line in table(&["NAME", "STATUS", "NODE", "HASH", "AGE"], &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let mut out = String::new();
@@ -328,6 +391,12 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             }
             let events = client.events("Job", &j.metadata.name).await?;
             events_section(&mut out, &events.items);
+        }
+        Kind::DaemonSet => {
+            let d = client.get_daemonset(&args.name).await?;
+            let selector = format!("{}={}", specs::daemonset::DAEMONSET_LABEL, d.metadata.name);
+            let pods = client.list_pods(Some(&selector)).await?.items;
+            describe_daemonset(&mut out, &d, &pods);
         }
         Kind::Deployment => {
             let d = client.get_deployment(&args.name).await?;

@@ -1,4 +1,4 @@
-//! `pinion get pods|nodes|jobs|deployments [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
+//! `pinion get pods|nodes|jobs|deployments|daemonsets [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
 //! tables for people, stable JSON/YAML (the API objects as the server returns
 //! them, fields in a fixed order) for scripts.
 
@@ -21,6 +21,8 @@ pub enum Kind {
     Jobs,
     #[value(alias = "deployment", alias = "deploy")]
     Deployments,
+    #[value(name = "daemonsets", alias = "daemonset", alias = "ds")]
+    DaemonSets,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,6 +275,19 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let rows: Vec<Vec<String>> = items.iter().map(deployment_row).collect();
             print!("{}", table(&DEPLOYMENT_HEADERS, &rows));
         }
+        Kind::DaemonSets => {
+            let fetched = match &args.name {
+                Some(n) => Fetched::One(client.get_daemonset(n).await?),
+                None => Fetched::Many(client.list_daemonsets(args.selector.as_deref()).await?),
+            };
+            let Some(items) = shown(fetched, structured)? else { return Ok(ExitCode::SUCCESS) };
+            if items.is_empty() {
+                eprintln!("no daemonsets");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = items.iter().map(daemonset_row).collect();
+            print!("{}", table(&DAEMONSET_HEADERS, &rows));
+        }
         Kind::Nodes => {
             let fetched = match &args.name {
                 Some(n) => Fetched::One(client.get_node(n).await?),
@@ -339,6 +354,22 @@ pub fn deployment_row(d: &specs::deployment::Deployment) -> Vec<String> {
         format!("{}/{}", s.ready_replicas, d.spec.replicas),
         s.updated_replicas.to_string(),
         s.available_replicas.to_string(),
+        age(d.metadata.creation_timestamp.as_deref()),
+    ]
+}
+
+pub const DAEMONSET_HEADERS: [&str; 7] = ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"];
+
+/// A DaemonSet's row, as kubectl's: the status's counts of nodes.
+pub fn daemonset_row(d: &specs::daemonset::DaemonSet) -> Vec<String> {
+    let s = d.status.clone().unwrap_or_default();
+    vec![
+        d.metadata.name.clone(),
+        s.desired_number_scheduled.to_string(),
+        s.current_number_scheduled.to_string(),
+        s.number_ready.to_string(),
+        s.updated_number_scheduled.to_string(),
+        s.number_available.to_string(),
         age(d.metadata.creation_timestamp.as_deref()),
     ]
 }
@@ -576,6 +607,30 @@ mod tests {
         check_deployment(3, None, ["web", "0/3", "0", "0"]);
         check_deployment(6, Some((4, 6, 3)), ["web", "4/6", "6", "3"]);
         check_deployment(0, Some((0, 0, 0)), ["web", "0/0", "0", "0"]);
+    }
+
+    /// status as desired/current/ready/updated/available -> the row without AGE
+    fn check_daemonset(status: Option<[u32; 5]>, expected: [&str; 6]) {
+        let yaml = "apiVersion: pinion.io/v1\nkind: DaemonSet\nmetadata: {name: ptp}\nspec:\n  selector: {matchLabels: {app: ptp}}\n  template:\n    metadata: {labels: {app: ptp}}\n    spec: {containers: [{name: c, rootfs: host}]}\n";
+        let mut d: specs::daemonset::DaemonSet = serde_yaml_ng::from_str(yaml).expect("daemonset");
+        d.status = status.map(|[desired, current, ready, updated, available]| specs::daemonset::DaemonSetStatus {
+            desired_number_scheduled: desired,
+            current_number_scheduled: current,
+            number_ready: ready,
+            updated_number_scheduled: updated,
+            number_available: available,
+            ..Default::default()
+        });
+        let row = daemonset_row(&d);
+        assert_eq!(row.len(), DAEMONSET_HEADERS.len());
+        assert_eq!(row[..6], expected, "{status:?}");
+        assert_eq!(row[6], "-");
+    }
+
+    #[test]
+    fn a_daemonset_row_counts_nodes() {
+        check_daemonset(None, ["ptp", "0", "0", "0", "0", "0"]);
+        check_daemonset(Some([3, 3, 2, 1, 2]), ["ptp", "3", "3", "2", "1", "2"]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `pinion scale deployment NAME --replicas N` and `pinion rollout
 //! status|history|undo|restart deployment NAME`: a Deployment's count and
-//! revisions. The server keeps the revisions (`status.history`); `status`
+//! revisions; `pinion rollout status daemonset NAME`: a DaemonSet's update,
+//! node by node. The server keeps the revisions (`status.history`); `status`
 //! follows the Deployment until its rollout is complete, has stopped at its
 //! progress deadline, or `--timeout` passes.
 
@@ -15,6 +16,9 @@ use crate::common::GlobalArgs;
 pub enum Kind {
     #[value(alias = "deployments", alias = "deploy")]
     Deployment,
+    /// `rollout status` only: a DaemonSet keeps no revisions and has no count.
+    #[value(name = "daemonset", alias = "daemonsets", alias = "ds")]
+    DaemonSet,
 }
 
 #[derive(clap::Args, Debug)]
@@ -73,7 +77,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn scale(g: GlobalArgs, args: ScaleArgs) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
-    let Kind::Deployment = args.kind;
+    if args.kind == Kind::DaemonSet {
+        anyhow::bail!("a daemonset runs one pod per matching node: it has no replicas to scale");
+    }
     client.scale_deployment(&args.name, args.replicas).await?;
     println!("deployment/{} scaled to {}", args.name, args.replicas);
     Ok(ExitCode::SUCCESS)
@@ -112,8 +118,71 @@ pub fn standing(d: &Deployment) -> Standing {
     Standing::Complete
 }
 
+/// Where a DaemonSet's update stands, as kubectl's `rollout status
+/// daemonset` says it.
+pub fn daemonset_standing(d: &specs::daemonset::DaemonSet) -> Standing {
+    use specs::daemonset::DaemonSetStrategyType;
+    if d.spec.update_strategy.kind != DaemonSetStrategyType::RollingUpdate {
+        return Standing::Stopped("rollout status is only available for the RollingUpdate strategy".into());
+    }
+    let s = d.status.clone().unwrap_or_default();
+    if s.observed_generation < d.metadata.generation.unwrap_or(0) {
+        return Standing::Waiting("waiting for the daemonset's spec to be observed".into());
+    }
+    let want = s.desired_number_scheduled;
+    if s.updated_number_scheduled < want {
+        return Standing::Waiting(format!("{} out of {want} new pods have been updated", s.updated_number_scheduled));
+    }
+    if s.number_available < want {
+        return Standing::Waiting(format!("{} of {want} updated pods are available", s.number_available));
+    }
+    Standing::Complete
+}
+
+/// `rollout status daemonset NAME`: follows the DaemonSet until its update
+/// is complete or `timeout` passes.
+async fn daemonset_status(client: &pinion_wire::Client, name: &str, timeout: Duration) -> anyhow::Result<ExitCode> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut said = String::new();
+    loop {
+        let d = client.get_daemonset(name).await?;
+        match daemonset_standing(&d) {
+            Standing::Complete => {
+                println!("daemon set {name:?} successfully rolled out");
+                return Ok(ExitCode::SUCCESS);
+            }
+            Standing::Stopped(why) => {
+                eprintln!("error: daemonset {name:?}: {why}");
+                return Ok(ExitCode::FAILURE);
+            }
+            Standing::Waiting(what) => {
+                if what != said {
+                    println!("Waiting for daemon set {name:?} rollout to finish: {what}...");
+                    said = what;
+                }
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            eprintln!("error: timed out waiting for daemonset {name:?} ({})", humantime(timeout));
+            return Ok(ExitCode::FAILURE);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
+    match &args.command {
+        RolloutCommand::Status { kind: Kind::DaemonSet, name, timeout } => {
+            return daemonset_status(&client, name, *timeout).await;
+        }
+        RolloutCommand::History { kind: Kind::DaemonSet, .. }
+        | RolloutCommand::Undo { kind: Kind::DaemonSet, .. }
+        | RolloutCommand::Restart { kind: Kind::DaemonSet, .. } => {
+            anyhow::bail!("for a daemonset only `rollout status` is built; change its template with `pinion apply`")
+        }
+        _ => {}
+    }
     match args.command {
         RolloutCommand::Status { name, timeout, .. } => {
             let deadline = tokio::time::Instant::now() + timeout;

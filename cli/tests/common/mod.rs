@@ -106,21 +106,52 @@ impl Cluster {
         listen: String,
         advertise: Option<std::net::IpAddr>,
     ) -> PathBuf {
-        let data = self.dir.path().join("edge");
+        let rx = self.stop.subscribe();
+        self.named_node("edge", servers, listen, advertise, BTreeMap::new(), rx)
+    }
+
+    /// A hollow node `name` with `labels` that reaches the server directly,
+    /// with a stop of its own (it stops with the cluster too): send `true`
+    /// to stop only it.
+    pub fn labelled_node(&mut self, name: &str, labels: &[(&str, &str)]) -> watch::Sender<bool> {
+        let direct = format!("https://{}", self.admin.authority());
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (own, rx) = watch::channel(false);
+        let mut cluster = self.stop.subscribe();
+        let own_tx = own.clone();
+        // The cluster's stop reaches this node through its own channel.
+        self.tasks.push(tokio::spawn(async move {
+            let _ = cluster.wait_for(|s| *s).await;
+            let _ = own_tx.send(true);
+        }));
+        self.named_node(name, vec![direct], "127.0.0.1:0".into(), None, labels, rx);
+        own
+    }
+
+    fn named_node(
+        &mut self,
+        name: &str,
+        servers: Vec<String>,
+        listen: String,
+        advertise: Option<std::net::IpAddr>,
+        labels: BTreeMap<String, String>,
+        rx: watch::Receiver<bool>,
+    ) -> PathBuf {
+        let data = self.dir.path().join(name);
         let settings = NodeSettings { reserved_cpus: CpuSet::parse_list("0").expect("cpus"), ..Default::default() };
         let topology = specs::topology::synthetic::parse("pack:1 numa:1 core:8 pu:1").expect("topology");
         let config = DaemonConfig {
             ready: None,
             local_listen: None,
             net_view: None,
-            agent: AgentConfig::new("edge".into(), data.clone(), topology, settings),
+            agent: AgentConfig::new(name.into(), data.clone(), topology, settings),
             runtime: RuntimeChoice::Hollow,
             manifests: None,
             join: Some(JoinConfig {
                 servers,
                 token: Some(self.token.clone()),
                 ca: None,
-                labels: BTreeMap::new(),
+                labels,
                 endpoint_listen: listen,
                 advertise_address: advertise,
                 node_address: None,
@@ -128,7 +159,6 @@ impl Cluster {
                 endpoint_max_connections: 16,
             }),
         };
-        let rx = self.stop.subscribe();
         self.tasks.push(tokio::spawn(async move {
             if let Err(e) = nodelet::daemon::run(config, rx).await {
                 panic!("the node daemon failed: {e}");

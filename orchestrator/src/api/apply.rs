@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, WatchEventType};
+use specs::daemonset::DaemonSet;
 use specs::deployment::Deployment;
 use specs::job::Job;
 use specs::{Pod, PodPhase};
@@ -13,7 +14,7 @@ use specs::{Pod, PodPhase};
 use super::error::store_error;
 use super::parse::Action;
 use crate::cluster::{
-    self, authorize, deployments, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request,
+    self, authorize, daemonsets, deployments, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request,
 };
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
@@ -228,6 +229,7 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::User => "User",
         Kind::Token => "Token",
         Kind::Deployment => "Deployment",
+        Kind::DaemonSet => "DaemonSet",
     };
     watch_line(
         WatchEventType::Bookmark,
@@ -441,7 +443,12 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let reason = format!("{}: {}", rejection.reason, rejection.message);
             let id = id.clone();
             let (pod, node) = store.write(move |t| pods::reject(t, &id, &name, &rejection)).await?;
-            controller.pod_rejected(&pod, &node, &reason);
+            if pod.spec.node_name.is_some() {
+                // Still on its node, failed there (a DaemonSet's pod).
+                controller.daemon_pod_rejected(&pod);
+            } else {
+                controller.pod_rejected(&pod, &node, &reason);
+            }
             json(200, &pod)
         }
         Action::PodLog { name, container, follow } => {
@@ -673,6 +680,58 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, Request::WriteDeployments)?;
             let who = id.clone();
             let d = store.write(move |t| deployments::change(t, &who, &name, &change)).await?;
+            json(200, &d)
+        }
+        Action::ListDaemonSets { selector } => {
+            authorize(id, Request::ReadDaemonSets)?;
+            let listed = store.list::<DaemonSet>().map_err(store_error)?;
+            let mut items: Vec<DaemonSet> = listed
+                .items
+                .into_iter()
+                .filter(|d| cluster::sees(id, d.metadata.owner.as_deref()))
+                .filter(|d| selector.matches(&d.metadata.labels))
+                .collect();
+            let shown = cluster::env_values(id);
+            for d in items.iter_mut().filter(|d| !shown.shows(d.metadata.owner.as_deref())) {
+                hide_env_values(&mut d.spec.template.spec);
+            }
+            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+        }
+        Action::GetDaemonSet(name) => {
+            authorize(id, Request::ReadDaemonSets)?;
+            let d = store.get::<DaemonSet>(&name).map_err(store_error)?;
+            let mut d = d.ok_or_else(|| ClusterError::not_found("DaemonSet", &name))?;
+            let owner = d.metadata.owner.as_deref();
+            authorize(id, Request::Owned { kind: "DaemonSet", name: &name, owner, access: Access::Read })?;
+            if !cluster::env_values(id).shows(owner) {
+                hide_env_values(&mut d.spec.template.spec);
+            }
+            json(200, &d)
+        }
+        Action::ApplyDaemonSet(mut d) => {
+            authorize(id, Request::WriteDaemonSets)?;
+            d.metadata.owner = cluster::person_name(id).map(str::to_string);
+            if let Some(held) = users::Held::of(id) {
+                held.apply(&mut d.spec.template.spec, "spec.template.spec", &state.allowed_host_paths)?;
+            }
+            let uid = cluster::new_uid()?;
+            let applied = store.write(move |t| daemonsets::apply(t, &d, &uid)).await?;
+            json(if applied.new { 201 } else { 200 }, &applied.daemonset)
+        }
+        Action::DeleteDaemonSet(name) => {
+            authorize(id, Request::WriteDaemonSets)?;
+            // Its pods as listed now; one made after is the controller's to
+            // remove (a pod of a DaemonSet that is gone).
+            let pods: Vec<String> = store
+                .list::<Pod>()
+                .map_err(store_error)?
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.labels.get(specs::daemonset::DAEMONSET_LABEL) == Some(&name))
+                .map(|p| p.metadata.name)
+                .collect();
+            let (n, who) = (name.clone(), id.clone());
+            let (d, _pods) = store.write(move |t| daemonsets::delete_for(t, &who, &n, &pods)).await?;
             json(200, &d)
         }
         Action::ListUsers => {

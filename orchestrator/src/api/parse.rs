@@ -97,6 +97,12 @@ pub enum Action {
         name: String,
         change: crate::cluster::deployments::Change,
     },
+    ListDaemonSets {
+        selector: LabelSelector,
+    },
+    ApplyDaemonSet(Box<specs::daemonset::DaemonSet>),
+    GetDaemonSet(String),
+    DeleteDaemonSet(String),
     ListUsers,
     CreateUser(Box<specs::api::User>),
     RevokeUser(String),
@@ -251,6 +257,10 @@ pub fn parse(
             let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
             Action::ChangeDeployment { name: name()?, change: crate::cluster::deployments::Change::Restart(at) }
         }
+        RouteId::ListDaemonSets => Action::ListDaemonSets { selector: selector(&q)? },
+        RouteId::ApplyDaemonSet => Action::ApplyDaemonSet(Box::new(parse_daemonset(body, is_json(headers))?)),
+        RouteId::GetDaemonSet => Action::GetDaemonSet(name()?),
+        RouteId::DeleteDaemonSet => Action::DeleteDaemonSet(name()?),
         RouteId::ListUsers => Action::ListUsers,
         RouteId::CreateUser => {
             let user: specs::api::User = decode_json(body)?;
@@ -360,6 +370,35 @@ pub fn parse_deployment(body: &Bytes, json: bool) -> Result<specs::deployment::D
     let problems = specs::deployment::validate_deployment(&d);
     if !problems.is_empty() {
         return Err(invalid("Deployment", &d.metadata.name, problems));
+    }
+    d.status = None;
+    d.metadata.uid = None;
+    d.metadata.resource_version = None;
+    d.metadata.creation_timestamp = None;
+    d.metadata.generation = None;
+    Ok(d)
+}
+
+/// A DaemonSet, YAML or JSON: a decoding error names its field, then every
+/// semantic problem (`specs::daemonset::validate_daemonset`).
+pub fn parse_daemonset(body: &Bytes, json: bool) -> Result<specs::daemonset::DaemonSet, ApiError> {
+    let text = body_text(body)?;
+    let mut d: specs::daemonset::DaemonSet = if json {
+        if !text.trim_start().starts_with('{') {
+            return Err(invalid(
+                "DaemonSet",
+                "",
+                vec![FieldError { field: "(body)".into(), message: "a daemonset is a JSON object".into() }],
+            ));
+        }
+        from_json(body).map_err(|e| invalid("DaemonSet", "", vec![e]))?
+    } else {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| invalid("DaemonSet", "", vec![json_field_error(&e)]))?
+    };
+    let problems = specs::daemonset::validate_daemonset(&d);
+    if !problems.is_empty() {
+        return Err(invalid("DaemonSet", &d.metadata.name, problems));
     }
     d.status = None;
     d.metadata.uid = None;

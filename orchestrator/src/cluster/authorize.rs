@@ -72,6 +72,11 @@ pub enum Request<'a> {
     /// Create or change (apply, scale, undo, restart, delete) Deployments;
     /// a change asks again with the object (`Owned`).
     WriteDeployments,
+    /// List or read DaemonSets (as Deployments: a user's own).
+    ReadDaemonSets,
+    /// Create, change or delete DaemonSets; a change asks again with the
+    /// object (`Owned`).
+    WriteDaemonSets,
     ListUsers,
     /// Add, change or revoke a person.
     ManageUsers,
@@ -151,7 +156,8 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
         | Request::ListJobs
         | Request::ReadJob
         | Request::ReadEvents
-        | Request::ReadDeployments => Ok(()),
+        | Request::ReadDeployments
+        | Request::ReadDaemonSets => Ok(()),
         Request::Owned { kind, name, owner, access } => match power {
             Power::ReadAll if access == Access::Read => Ok(()),
             Power::ReadAll => refuse(&format!("change {} {name:?}", kind.to_lowercase())),
@@ -176,6 +182,7 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
         Request::CreateJob => writes("create jobs"),
         Request::DeleteJob => writes("delete jobs"),
         Request::WriteDeployments => writes("create or change deployments"),
+        Request::WriteDaemonSets => writes("create or change daemonsets"),
         Request::ActForNode(n) => refuse(&format!("act for node {n:?}")),
         Request::DeleteNode => refuse("delete nodes"),
         Request::ManageUsers => refuse("manage users"),
@@ -214,6 +221,8 @@ fn authorize_node(me: &str, request: Request<'_>) -> Result<(), ClusterError> {
         Request::DeleteJob => refuse("delete jobs"),
         Request::ReadDeployments => refuse("read deployments"),
         Request::WriteDeployments => refuse("create or change deployments"),
+        Request::ReadDaemonSets => refuse("read daemonsets"),
+        Request::WriteDaemonSets => refuse("create or change daemonsets"),
         Request::ReadEvents => refuse("list events"),
         Request::ListUsers => refuse("list users"),
         Request::ManageUsers => refuse("manage users"),

@@ -6,6 +6,7 @@
 //! here knows of HTTP or of the API layer (a test checks the imports).
 
 mod authorize;
+pub mod daemonsets;
 pub mod deployments;
 mod error;
 pub mod jobs;

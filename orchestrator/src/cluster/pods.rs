@@ -110,7 +110,7 @@ pub fn report_status(
 }
 
 /// The node would not admit the pod: it goes back to Pending, unbound, with
-/// the node's reason. Returns the pod and the node that rejected it.
+/// the node's reason (a DaemonSet's pod Failed instead, on its node). Returns the pod and the node that rejected it.
 pub fn reject(
     t: &mut Txn<'_>,
     id: &Identity,
@@ -123,6 +123,18 @@ pub fn reject(
         return Err(ClusterError::Conflict(format!("pod {name:?} is not bound to a node")));
     };
     let message = format!("node {node} rejected the binding: {}: {}", rejection.reason, rejection.message);
+    if super::daemonsets::is_daemon_pod(&pod) {
+        // A DaemonSet's pod belongs to its node: it fails there, and its
+        // DaemonSet makes the node another once this one is gone and the
+        // scheduler finds that it fits.
+        let s = pod.status.get_or_insert_with(PodStatus::default);
+        s.phase = PodPhase::Failed;
+        s.reason = Some("Rejected".into());
+        s.message = Some(message.clone());
+        t.put(&mut pod)?;
+        t.add_event(event("Pod", name, "Warning", "Rejected", message))?;
+        return Ok((pod, node));
+    }
     unbind(t, &mut pod, "Rejected", message)?;
     Ok((pod, node))
 }
@@ -138,7 +150,12 @@ pub fn expire_binding(
 ) -> Result<Option<Pod>, ClusterError> {
     let Some(mut pod) = t.get::<Pod>(name)? else { return Ok(None) };
     let phase = pod.status.as_ref().map(|s| s.phase).unwrap_or_default();
-    if pod.spec.node_name.as_deref() != Some(node) || phase != PodPhase::Scheduled {
+    // A DaemonSet's pod stays on its node: the node admits it when it hears
+    // (its capacity is back in the mirror meanwhile, as for any expiry).
+    if pod.spec.node_name.as_deref() != Some(node)
+        || phase != PodPhase::Scheduled
+        || super::daemonsets::is_daemon_pod(&pod)
+    {
         return Ok(None);
     }
     let message = format!(

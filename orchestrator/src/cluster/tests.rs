@@ -418,6 +418,34 @@ async fn an_unconfirmed_binding_expires_back_to_pending() {
     assert_eq!(w.pod("running").and_then(|p| p.status).map(|s| s.phase), Some(PodPhase::Running));
 }
 
+/// A DaemonSet's pod belongs to its node: a rejection fails it there and an
+/// unconfirmed binding leaves it bound; neither sends it to the queue, from
+/// where another node could take it.
+#[tokio::test]
+async fn a_daemonsets_pod_stays_on_its_node() {
+    let w = World::new();
+    let daemon = |name: &str| {
+        let mut p = bound(name, "n1");
+        p.metadata.labels.insert(specs::daemonset::DAEMONSET_LABEL.into(), "ptp".into());
+        p.status = Some(PodStatus { phase: PodPhase::Scheduled, node_name: Some("n1".into()), ..PodStatus::default() });
+        p
+    };
+    w.put_pod(daemon("rejected")).await;
+    w.put_pod(daemon("slow")).await;
+    let n1 = Identity::Node("n1".into());
+    let rejection = PodRejection { reason: "InsufficientCpu".into(), message: "no 4 free CPUs".into() };
+    let (pod, node) = w.run(move |t| pods::reject(t, &n1, "rejected", &rejection)).await.expect("reject");
+    assert_eq!((node.as_str(), pod.spec.node_name.as_deref()), ("n1", Some("n1")));
+    let s = pod.status.expect("status");
+    assert_eq!((s.phase, s.reason.as_deref()), (PodPhase::Failed, Some("Rejected")));
+    assert_eq!(w.reasons(Kind::Pod, "rejected"), ["Rejected"]);
+    let timeout = std::time::Duration::from_secs(30);
+    let got = w.run(move |t| pods::expire_binding(t, "slow", "n1", timeout)).await.expect("expire");
+    assert!(got.is_none(), "a daemonset's binding does not expire into the queue");
+    let p = w.pod("slow").expect("pod");
+    assert_eq!((p.spec.node_name.as_deref(), p.status.map(|s| s.phase)), (Some("n1"), Some(PodPhase::Scheduled)));
+}
+
 #[test]
 fn picking_a_container() {
     let one = pod("p");

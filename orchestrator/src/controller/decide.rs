@@ -61,6 +61,20 @@ impl State {
             self.reconciling.insert(name.clone());
             out.push(Effect::ReconcileDeployment(name));
         }
+        let due: Vec<String> =
+            self.daemonset_timers.iter().filter(|(_, at)| **at <= now).map(|(n, _)| n.clone()).collect();
+        for name in due {
+            self.daemonset_timers.remove(&name);
+            self.dirty_daemonsets.insert(name);
+        }
+        let (busy, ready): (BTreeSet<String>, BTreeSet<String>) = std::mem::take(&mut self.dirty_daemonsets)
+            .into_iter()
+            .partition(|n| self.reconciling_daemonsets.contains(n));
+        self.dirty_daemonsets = busy;
+        for name in ready {
+            self.reconciling_daemonsets.insert(name.clone());
+            out.push(Effect::ReconcileDaemonSet(name));
+        }
         out
     }
 
@@ -82,7 +96,8 @@ impl State {
         });
         let expiry = self.sched.next_expiry().map(Instant::from_std);
         let deployments = self.deployment_timers.values().copied();
-        backoff.chain(expiry).chain(self.expiry.next()).chain(deployments).min()
+        let daemonsets = self.daemonset_timers.values().copied();
+        backoff.chain(expiry).chain(self.expiry.next()).chain(deployments).chain(daemonsets).min()
     }
 
     /// `decide` for any queued pod: one queued behind a gang that did not fit

@@ -26,6 +26,10 @@ pub(super) enum Effect {
     /// A Deployment or one of its pods changed, or its time came: its plan
     /// (`rollout::decide`), carried out by `cluster::deployments::carry_out`.
     ReconcileDeployment(String),
+    /// A DaemonSet, one of its pods or a node changed, or its time came: its
+    /// plan (`daemonsets::decide`), carried out by
+    /// `cluster::daemonsets::carry_out`.
+    ReconcileDaemonSet(String),
     /// A Ready node fell silent past the grace (`cluster::nodes::mark_lost`).
     MarkLost(String),
 }

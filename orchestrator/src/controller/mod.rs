@@ -35,6 +35,7 @@
 //! lock before the binding is written, so two concurrent binds never
 //! overcommit a node.
 
+mod daemonsets;
 mod decide;
 mod effect;
 mod expiry;
@@ -181,6 +182,11 @@ impl Controller {
             // Deployment is reconciled once at the start.
             for d in store.list::<specs::deployment::Deployment>()?.items {
                 inner.dirty_deployments.insert(d.metadata.name);
+            }
+            // The same for DaemonSets (a node may have joined or left too).
+            for d in store.list::<specs::daemonset::DaemonSet>()?.items {
+                inner.daemonsets.insert(d.metadata.name.clone());
+                inner.dirty_daemonsets.insert(d.metadata.name);
             }
             // A member may have ended while no server was leading: judged again.
             for job in store.list::<specs::job::Job>()?.items {
@@ -423,6 +429,17 @@ impl Controller {
         }
     }
 
+    /// A node rejected a DaemonSet's pod, which failed there
+    /// (`pods::reject`): it leaves the mirror as a finished pod does, and
+    /// the same pod (same node, same template) is not made there again for
+    /// `UNFIT_RETRY_SECONDS`.
+    pub fn daemon_pod_rejected(&self, pod: &Pod) {
+        let why = pod.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_else(|| "rejected by its node".into());
+        let until = Instant::now() + Duration::from_secs(daemonsets::UNFIT_RETRY_SECONDS);
+        self.lock().daemon_rejected.insert(pod.metadata.name.clone(), (until, why));
+        self.pod_finished(pod);
+    }
+
     /// A nodelet refused a binding: the pod goes back to the queue with backoff.
     /// The scheduler also marks the node stale for this pod, so the retry goes
     /// elsewhere until that node's state changes (in topology-blind mode the
@@ -491,6 +508,55 @@ impl Controller {
             self.lock().dirty_deployments.insert(name);
             self.wake.notify_one();
         }
+        self.daemonsets_learn(change);
+    }
+
+    /// A DaemonSet learns of itself and of its pods; every DaemonSet learns
+    /// of a node that joins, leaves, or changes its labels or readiness.
+    fn daemonsets_learn(&self, change: &Change) {
+        let mut inner = self.lock();
+        match change.kind {
+            Kind::DaemonSet => {
+                if change.event_type == WatchEventType::Deleted {
+                    inner.daemonsets.remove(&change.name);
+                } else {
+                    inner.daemonsets.insert(change.name.clone());
+                }
+                // Deleted too: its pods left behind go.
+                inner.dirty_daemonsets.insert(change.name.clone());
+            }
+            Kind::Pod => match change.labels.get(specs::daemonset::DAEMONSET_LABEL) {
+                Some(name) => {
+                    inner.dirty_daemonsets.insert(name.clone());
+                }
+                None => return,
+            },
+            Kind::Node => {
+                let seen = if change.event_type == WatchEventType::Deleted {
+                    None
+                } else {
+                    match serde_json::from_str::<Node>(&change.object) {
+                        Ok(n) => Some((n.metadata.labels, n.status.condition == NodeCondition::Ready)),
+                        Err(e) => {
+                            tracing::warn!(node = %change.name, error = %e, "a node change that does not decode");
+                            None
+                        }
+                    }
+                };
+                let before = match &seen {
+                    Some(s) => inner.daemonset_nodes.insert(change.name.clone(), s.clone()),
+                    None => inner.daemonset_nodes.remove(&change.name),
+                };
+                if before == seen {
+                    return;
+                }
+                let all: Vec<String> = inner.daemonsets.iter().cloned().collect();
+                inner.dirty_daemonsets.extend(all);
+            }
+            _ => return,
+        }
+        drop(inner);
+        self.wake.notify_one();
     }
 
     /// Pods waiting in the queue (for status and tests).
@@ -594,6 +660,16 @@ impl Controller {
             Effect::RemoveFinished { pod, uid } => self.remove_finished(pod, uid).await,
             Effect::ReconcileJob(job) => self.reconcile_job(job).await,
             Effect::MarkLost(node) => self.mark_lost(&node).await,
+            Effect::ReconcileDaemonSet(name) => {
+                self.reconcile_daemonset(&name).await;
+                let mut inner = self.lock();
+                inner.reconciling_daemonsets.remove(&name);
+                let again = inner.dirty_daemonsets.contains(&name);
+                drop(inner);
+                if again {
+                    self.wake.notify_one();
+                }
+            }
             Effect::ReconcileDeployment(name) => {
                 self.reconcile_deployment(&name).await;
                 let mut inner = self.lock();
@@ -695,6 +771,130 @@ impl Controller {
                 self.retry_deployment(name);
             }
         }
+    }
+
+    /// One DaemonSet: its plan from the store as it is now
+    /// (`daemonsets::decide`), each new pod placed on its node by the
+    /// scheduler under its lock, the plan carried out in one write. A plan
+    /// made from a DaemonSet that changed meanwhile is dropped (its
+    /// placements given back) and made again.
+    async fn reconcile_daemonset(&self, name: &str) {
+        use crate::cluster::daemonsets::{self as cluster_ds, Decided};
+        use specs::daemonset::{DaemonSet, DAEMONSET_LABEL};
+        type Read = (Option<DaemonSet>, Vec<Node>, Vec<Pod>);
+        let read = || -> Result<Read, StoreError> {
+            let d = self.store.get::<DaemonSet>(name)?;
+            let nodes = if d.is_some() { self.store.list::<Node>()?.items } else { Vec::new() };
+            let pods = self.store.list::<Pod>()?.items;
+            let pods =
+                pods.into_iter().filter(|p| p.metadata.labels.get(DAEMONSET_LABEL).map(String::as_str) == Some(name));
+            Ok((d, nodes, pods.collect()))
+        };
+        let (d, nodes, pods) = match read() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(daemonset = %name, error = %e, "cannot read a daemonset; trying again");
+                self.retry_daemonset(name);
+                return;
+            }
+        };
+        let Some(d) = d else {
+            // Gone: its pods that are left go too.
+            if pods.is_empty() {
+                return;
+            }
+            let left: Vec<(String, Option<String>)> =
+                pods.into_iter().map(|p| (p.metadata.name, p.metadata.owner)).collect();
+            let n = name.to_string();
+            let r = self
+                .store
+                .write(move |t| {
+                    t.as_leader();
+                    cluster_ds::delete_orphans(t, &n, &left)
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(daemonset = %name, error = %e, "cannot remove a deleted daemonset's pods");
+                self.retry_daemonset(name);
+            }
+            return;
+        };
+        let now = unix_now();
+        let decision = {
+            let mut inner = self.lock();
+            let at = Instant::now();
+            inner.daemon_rejected.retain(|_, (until, _)| *until > at);
+            daemonsets::decide(&d, &nodes, &pods, now, |node, pod| {
+                if let Some((_, why)) = inner.daemon_rejected.get(&pod.metadata.name) {
+                    return Err(why.clone());
+                }
+                inner.sched.place_on(node, &pod.metadata.name, pod, at.into_std())
+            })
+        };
+        let placed: Vec<String> = decision.create.iter().map(|(p, _)| p.metadata.name.clone()).collect();
+        let give_back = |this: &Self| {
+            let mut inner = this.lock();
+            for p in &placed {
+                inner.sched.release(p);
+            }
+            inner.wake_waiting();
+        };
+        let mut create = Vec::with_capacity(decision.create.len());
+        for (pod, binding) in decision.create {
+            match crate::cluster::new_uid() {
+                Ok(uid) => create.push((pod, uid, binding)),
+                Err(e) => {
+                    give_back(self);
+                    tracing::error!(error = %e, "cannot draw a pod's uid");
+                    self.retry_daemonset(name);
+                    return;
+                }
+            }
+        }
+        let decided = Decided {
+            name: name.to_string(),
+            resource_version: d.metadata.resource_version,
+            create,
+            delete: decision.delete,
+            status: decision.status,
+        };
+        let r = self
+            .store
+            .write(move |t| {
+                t.as_leader();
+                cluster_ds::carry_out(t, &decided)
+            })
+            .await;
+        match r {
+            Ok(c) if !c.current => {
+                give_back(self);
+                self.lock().dirty_daemonsets.insert(name.to_string());
+            }
+            Ok(_) => {
+                let mut inner = self.lock();
+                match decision.requeue_at {
+                    Some(at) => {
+                        let wait = Duration::from_secs(at.saturating_sub(now));
+                        inner.daemonset_timers.insert(name.to_string(), Instant::now() + wait);
+                    }
+                    None => {
+                        inner.daemonset_timers.remove(name);
+                    }
+                }
+            }
+            Err(e) => {
+                give_back(self);
+                tracing::warn!(daemonset = %name, error = %e, "cannot carry out a daemonset's plan; trying again");
+                self.retry_daemonset(name);
+            }
+        }
+    }
+
+    /// A DaemonSet whose reconcile failed: tried again after the backoff's
+    /// first step.
+    fn retry_daemonset(&self, name: &str) {
+        let at = Instant::now() + self.config.backoff_base;
+        self.lock().daemonset_timers.insert(name.to_string(), at);
     }
 
     /// A Deployment whose reconcile failed on the store: tried again after

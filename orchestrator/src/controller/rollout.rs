@@ -20,7 +20,7 @@ pub(super) struct Decision {
 }
 
 /// When the pod was created, unix seconds (0 when unknown).
-fn created(pod: &Pod) -> u64 {
+pub(super) fn created(pod: &Pod) -> u64 {
     pod.metadata
         .creation_timestamp
         .as_deref()

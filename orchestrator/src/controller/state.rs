@@ -118,6 +118,24 @@ pub(super) struct State {
     /// Deployments to reconcile at a time even if nothing changes (a pod
     /// becomes available, the progress deadline falls).
     pub(super) deployment_timers: HashMap<String, Instant>,
+    /// DaemonSets to reconcile at the next pass (they, their pods or the
+    /// nodes changed).
+    pub(super) dirty_daemonsets: BTreeSet<String>,
+    /// DaemonSets being reconciled now (one reconcile each at a time).
+    pub(super) reconciling_daemonsets: HashSet<String>,
+    /// DaemonSets to reconcile at a time even if nothing changes (a pod
+    /// becomes available, a node where the pod did not fit is tried again).
+    pub(super) daemonset_timers: HashMap<String, Instant>,
+    /// The DaemonSets stored: a node's change makes every one dirty.
+    pub(super) daemonsets: BTreeSet<String>,
+    /// What DaemonSets see of each node (labels, Ready), so that a node's
+    /// report that changes neither reconciles none.
+    pub(super) daemonset_nodes: HashMap<String, (BTreeMap<String, String>, bool)>,
+    /// DaemonSet pods (by name, which is the same for the same node and
+    /// template) their node rejected: not made again there before this
+    /// time, so that a node and the scheduler's mirror that disagree cannot
+    /// spin a make-reject loop. The node's words kept for the status.
+    pub(super) daemon_rejected: HashMap<String, (Instant, String)>,
     pub(super) nodes: HashMap<String, NodeState>,
     pub(super) queue: HashMap<String, QueueEntry>,
     /// The queue in the order pods are tried.
@@ -211,6 +229,12 @@ impl State {
             dirty_deployments: BTreeSet::new(),
             reconciling: HashSet::new(),
             deployment_timers: HashMap::new(),
+            dirty_daemonsets: BTreeSet::new(),
+            reconciling_daemonsets: HashSet::new(),
+            daemonset_timers: HashMap::new(),
+            daemonsets: BTreeSet::new(),
+            daemonset_nodes: HashMap::new(),
+            daemon_rejected: HashMap::new(),
             nodes: HashMap::new(),
             queue: HashMap::new(),
             order: BTreeMap::new(),

@@ -677,6 +677,37 @@ impl Scheduler {
         self.place(pod_key, pod, now, None)
     }
 
+    /// `schedule` restricted to `node`, for a pod whose node is chosen by
+    /// name (a DaemonSet's): the same checks in the same order (readiness,
+    /// node selector, the summary) and the same engine on that node's mirror;
+    /// on success the pod is held there as any binding is, so the scheduler
+    /// never gives its CPUs to another pod. Err: why it does not fit now.
+    pub fn place_on(&mut self, node: &str, pod_key: &str, pod: &Pod, now: Instant) -> Result<Binding, String> {
+        if let Some(b) = self.binding(pod_key) {
+            if b.node == node {
+                return Ok(b);
+            }
+            self.release(pod_key);
+        }
+        self.pods.remove(pod_key);
+        let Some(&i) = self.index.get(node) else { return Err(format!("node {node} is not registered")) };
+        let demand = Demand::of(pod);
+        let n = &self.nodes[i];
+        if !n.info.ready {
+            return Err(Detail::NotReady.to_string());
+        }
+        filter::node_selector(pod, &n.info.labels).map_err(|d| d.to_string())?;
+        self.check_summary(i, &demand).map_err(|d| d.to_string())?;
+        if !self.config.topology_aware {
+            return Ok(self.bind(i, pod_key, None, demand, now));
+        }
+        let n = &self.nodes[i];
+        match (self.admit)(&n.info.topology, &n.info.settings, &n.info.allocations, pod_key, pod) {
+            Ok(placement) => Ok(self.bind(i, pod_key, Some(placement), demand, now)),
+            Err(r) => Err(Detail::Engine { reason: r.reason, message: r.message }.to_string()),
+        }
+    }
+
     /// `schedule`, for a gang's member when `gang` is given: under `spread` the
     /// nodes already holding a member are ruled out, under `pack` they come
     /// first (the others by the pod's strategy, most room first by default).

@@ -604,3 +604,39 @@ fn restricted_counts_the_width_every_resource_needs() {
     vfs.settings.devices.insert(VF.into(), vec!["0000:3b:00.1".into(), "0000:5e:00.1".into()]);
     check(vfs, with(restricted(3, "1Gi"), VF, "2"), Ok(()));
 }
+
+/// `place_on`: the pod goes on the node it names or nowhere; what it gets
+/// is held, so `schedule` never hands those CPUs to another pod.
+#[test]
+fn place_on_places_on_that_node_only_and_holds_what_it_gets() {
+    let check = |node_name: &str, cpus: u32, selector: &[(&str, &str)], expected: Result<(), &str>| {
+        let mut a = node("a", &[4]);
+        a.labels.insert("ptp".into(), "yes".into());
+        let mut down = node("down", &[4]);
+        down.ready = false;
+        let mut s = scheduler(SchedulerConfig::default(), vec![a, node("b", &[8]), down]);
+        let mut p = pod("d", cpus, 1, None);
+        p.spec.node_selector = selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let now = std::time::Instant::now();
+        match (s.place_on(node_name, "d", &p, now), expected) {
+            (Ok(b), Ok(())) => {
+                assert_eq!(b.node, node_name);
+                assert!(b.has_plan());
+                // Held: the same again is the same binding, and the rest of
+                // the node is all another pod can get.
+                assert_eq!(s.place_on(node_name, "d", &p, now).map(|x| x.placement), Ok(b.placement.clone()));
+                let total = s.node(node_name).map_or(0, |n| n.topology.cpus.len() as u32);
+                let other = s.place_on(node_name, "e", &pod("e", total, 1, None), now);
+                assert!(other.is_err(), "{node_name}: the CPUs of d handed out again: {other:?}");
+            }
+            (Err(why), Err(part)) => assert!(why.contains(part), "{node_name}: {why:?} lacks {part:?}"),
+            (got, want) => panic!("{node_name} {cpus} {selector:?}: got {got:?}, want {want:?}"),
+        }
+    };
+    check("a", 2, &[("ptp", "yes")], Ok(()));
+    check("b", 8, &[], Ok(()));
+    check("b", 2, &[("ptp", "yes")], Err("selector"));
+    check("a", 6, &[], Err("CPUs"));
+    check("down", 1, &[], Err("ready"));
+    check("gone", 1, &[], Err("not registered"));
+}

@@ -133,6 +133,7 @@ pub enum Kind {
     User,
     Token,
     Deployment,
+    DaemonSet,
 }
 
 impl Kind {
@@ -145,6 +146,7 @@ impl Kind {
             Kind::User => "user/",
             Kind::Token => "token/",
             Kind::Deployment => "deployment/",
+            Kind::DaemonSet => "daemonset/",
         }
     }
 }
@@ -207,6 +209,16 @@ impl Object for specs::job::Job {
 
 impl Object for specs::deployment::Deployment {
     const KIND: Kind = Kind::Deployment;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::daemonset::DaemonSet {
+    const KIND: Kind = Kind::DaemonSet;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -549,6 +561,7 @@ impl Txn<'_> {
             "Node" => Kind::Node,
             "Job" => Kind::Job,
             "Deployment" => Kind::Deployment,
+            "DaemonSet" => Kind::DaemonSet,
             _ => Kind::Pod,
         };
         let rv = self.next_rv();

@@ -56,6 +56,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Liveness, Node, WatchEventType, MAX_STREAM_LINE};
+use specs::daemonset::DaemonSet;
 use specs::deployment::Deployment;
 use specs::job::Job;
 use specs::Pod;
@@ -526,6 +527,26 @@ impl Client {
     pub async fn restart_deployment(&self, name: &str) -> Result<Deployment, ClientError> {
         let path = format!("/api/v1/deployments/{}/restart", percent_encode(name));
         Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from_static(b"{}")))).await?.1)
+    }
+
+    /// Creates a DaemonSet from YAML or JSON, or changes the stored one of
+    /// that name (`pinion apply` again); 201 created, 200 changed or unchanged.
+    pub async fn apply_daemonset(&self, manifest: Bytes) -> Result<(u16, DaemonSet), ClientError> {
+        self.call(Method::POST, "/api/v1/daemonsets", Some(("application/yaml", manifest))).await
+    }
+
+    pub async fn get_daemonset(&self, name: &str) -> Result<DaemonSet, ClientError> {
+        Ok(self.call(Method::GET, &format!("/api/v1/daemonsets/{}", percent_encode(name)), None).await?.1)
+    }
+
+    pub async fn list_daemonsets(&self, selector: Option<&str>) -> Result<List<DaemonSet>, ClientError> {
+        let q = selector.map(|s| format!("?labelSelector={}", percent_encode(s))).unwrap_or_default();
+        Ok(self.call(Method::GET, &format!("/api/v1/daemonsets{q}"), None).await?.1)
+    }
+
+    /// Deletes a DaemonSet and its pods.
+    pub async fn delete_daemonset(&self, name: &str) -> Result<DaemonSet, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/daemonsets/{}", percent_encode(name)), None).await?.1)
     }
 
     /// The cluster's people (admins and viewers).
