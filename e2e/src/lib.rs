@@ -5,6 +5,7 @@
 pub mod binary;
 pub mod chromium;
 pub mod firstbyte;
+pub mod hollow;
 pub mod peers;
 pub mod process;
 pub mod qemu;
