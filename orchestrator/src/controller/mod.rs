@@ -715,7 +715,12 @@ impl Controller {
                 let mut inner = self.lock();
                 match decision.requeue_at {
                     Some(at) => {
-                        let wait = Duration::from_secs(at.saturating_sub(now));
+                        // To the second `at` begins, not `at - now` whole
+                        // seconds from a `now` rounded down: a node-lost
+                        // timer then fires on its second, not up to one late.
+                        let wait = (std::time::UNIX_EPOCH + Duration::from_secs(at))
+                            .duration_since(std::time::SystemTime::now())
+                            .unwrap_or_default();
                         inner.deployment_timers.insert(name.to_string(), Instant::now() + wait);
                     }
                     None => {
