@@ -133,11 +133,10 @@ pub(super) fn decide(
                 LostVerdict::Replace if !marked => {
                     replaced.push(Replaced { pod: o.name.clone(), node: o.node.clone().unwrap_or_default() })
                 }
-                // A pod already marked whose node went silent again has its
-                // replacement: no timer for it.
-                LostVerdict::ReplaceAt(at) if !marked && !o.deleting => {
-                    replace_at = Some(replace_at.map_or(at, |t| t.min(at)))
-                }
+                // Marked too: a pod that outlived its return (its
+                // replacement was the one stopped) and whose node went
+                // silent again is replaced again at its time.
+                LostVerdict::ReplaceAt(at) if !o.deleting => replace_at = Some(replace_at.map_or(at, |t| t.min(at))),
                 _ => {}
             }
             o
@@ -415,7 +414,30 @@ mod tests {
             lost(T + 500),
             replaced,
             T + 501,
-            want(0, &["c1"], &[], None),
+            want(0, &["c1"], &[], Some(T + 560)),
+        );
+        // A pod that outlived its return (its replacement was the one
+        // stopped), silent again: timed again, and replaced again, with no
+        // second mark.
+        let outlived: &[P] =
+            &[("a1", "a", Running, true, false), ("b1", "b", Running, true, false), ("c1", "c", Unknown, true, true)];
+        check_lost(
+            "outlived its return, silent again",
+            s60,
+            five,
+            lost(T + 500),
+            outlived,
+            T + 501,
+            want(0, &[], &[], Some(T + 560)),
+        );
+        check_lost(
+            "outlived its return, lost again",
+            s60,
+            five,
+            lost(T + 500),
+            outlived,
+            T + 560,
+            want(1, &[], &[], None),
         );
         // Back before its time, then silent again: the timer starts over.
         check_lost("flap before the timer", s60, five, lost(T + 40), steady, T + 60, want(0, &[], &[], Some(T + 100)));
