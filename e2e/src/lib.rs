@@ -1,6 +1,6 @@
 //! Whole-system test helpers: locating the built `pinion` binary, a cluster
-//! of killable hollow agents (`hollow`), the QEMU guest, and for the benchmarks the peer runtimes (crun, runc) and latency
-//! statistics.
+//! of killable hollow agents (`hollow`), the QEMU guest, and for the
+//! benchmarks the peer runtimes (crun, runc) and latency statistics.
 
 pub mod binary;
 pub mod chromium;
