@@ -1,10 +1,11 @@
-//! Whole-system test helpers: locating the built `pinion` binary, the QEMU
-//! guest, and for the benchmarks the peer runtimes (crun, runc) and latency
-//! statistics.
+//! Whole-system test helpers: locating the built `pinion` binary, a cluster
+//! of killable hollow agents (`hollow`), the QEMU guest, and for the
+//! benchmarks the peer runtimes (crun, runc) and latency statistics.
 
 pub mod binary;
 pub mod chromium;
 pub mod firstbyte;
+pub mod hollow;
 pub mod peers;
 pub mod process;
 pub mod qemu;

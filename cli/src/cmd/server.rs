@@ -10,7 +10,7 @@ use orchestrator::store::EtcdConfig;
 use specs::pod::SchedulingStrategy;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cmd::server_opts::{Access, PodNetwork, Retention};
+use crate::cmd::server_opts::{Access, NodeLoss, PodNetwork, Retention};
 use crate::common::{parse_kebab, GlobalArgs};
 
 #[derive(clap::Args, Debug)]
@@ -46,6 +46,8 @@ pub struct Args {
     pub store_cache_mib: u64,
     #[command(flatten)]
     pub retention: Retention,
+    #[command(flatten)]
+    pub node_loss: NodeLoss,
     /// Largest request body accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     pub body_limit: usize,
@@ -103,6 +105,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.tls_sans = args.tls_sans;
     opts.controller.heartbeat_grace = Duration::from_secs(args.heartbeat_grace.max(1));
     args.retention.apply(&mut opts);
+    args.node_loss.apply(&mut opts);
     opts.api.body_limit = args.body_limit;
     opts.store.cache_bytes = args.store_cache_mib.max(1) << 20;
     opts.controller.scheduler.topology_aware = !args.topology_blind;

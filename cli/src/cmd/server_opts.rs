@@ -24,6 +24,36 @@ impl Retention {
     }
 }
 
+/// What becomes of a Deployment's pods on a node gone silent.
+#[derive(clap::Args, Debug)]
+pub struct NodeLoss {
+    /// Seconds a Deployment's pod on a NotReady node is waited for before a
+    /// replacement is made on another node, when its template sets no
+    /// nodeLostReplaceAfterSeconds; `never` waits for the node.
+    #[arg(long, value_name = "SECONDS|never", default_value = "300", value_parser = parse_replace_after)]
+    pub node_lost_replace_after: specs::node_lost::ReplaceAfter,
+}
+
+impl NodeLoss {
+    pub fn apply(&self, opts: &mut ServerOptions) {
+        opts.controller.node_lost_replace_after = self.node_lost_replace_after;
+    }
+}
+
+/// `SECONDS` (up to a year, the bound a template's own setting has) or `never`.
+fn parse_replace_after(s: &str) -> Result<specs::node_lost::ReplaceAfter, String> {
+    use specs::node_lost::ReplaceAfter;
+    if s == "never" {
+        return Ok(ReplaceAfter::Never);
+    }
+    let max = specs::validate::MAX_TTL_SECONDS;
+    match s.parse::<u64>() {
+        Ok(n) if n <= max => Ok(ReplaceAfter::Seconds(n)),
+        Ok(_) => Err(format!("at most {max} seconds (a year), or never")),
+        Err(_) => Err(format!("{s:?}: want a whole number of seconds or never")),
+    }
+}
+
 /// What a person's pods may reach on a host, and how long certificates and
 /// the first join token live.
 #[derive(clap::Args, Debug)]

@@ -16,7 +16,7 @@ use specs::CpuSet;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cmd::agent::{NodeArgs, RunArgs};
-use crate::cmd::server_opts::{Access, PodNetwork, Retention};
+use crate::cmd::server_opts::{Access, NodeLoss, PodNetwork, Retention};
 use crate::common::GlobalArgs;
 
 /// The web view's port under `pinion up`, so the quick start can name it.
@@ -39,6 +39,8 @@ pub struct Args {
     pub node: NodeArgs,
     #[command(flatten)]
     pub retention: Retention,
+    #[command(flatten)]
+    pub node_loss: NodeLoss,
     #[command(flatten)]
     pub access: Access,
     #[command(flatten)]
@@ -98,6 +100,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     opts.controller.heartbeat_grace = Duration::from_secs(40);
     opts.api.liveness = g.liveness();
     args.retention.apply(&mut opts);
+    args.node_loss.apply(&mut opts);
     args.access.apply(&mut opts)?;
     opts.local_listen = match args.local_listen.as_deref() {
         None => Some(LocalListen { addr: DEFAULT_LOCAL_LISTEN.into(), if_free: true }),

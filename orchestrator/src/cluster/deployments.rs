@@ -6,6 +6,7 @@
 //! is `specs::rollout::reconcile`'s; nothing here decides what a rollout does.
 
 use specs::deployment::{Deployment, DEPLOYMENT_LABEL};
+use specs::node_lost::REPLACED_ANNOTATION;
 use specs::Pod;
 
 use super::authorize::{authorize, Access, Request};
@@ -151,6 +152,12 @@ pub struct Decided {
     /// each with a new uid.
     pub create: Vec<(Pod, String)>,
     pub delete: Vec<String>,
+    /// Pods whose node has been NotReady past their time: marked
+    /// `node_lost::REPLACED_ANNOTATION` (value `replaced_at`), so that when
+    /// their node returns they are known as the duplicate.
+    pub mark_replaced: Vec<String>,
+    /// Unix seconds of the decision.
+    pub replaced_at: u64,
     pub status: specs::deployment::DeploymentStatus,
 }
 
@@ -165,13 +172,25 @@ pub struct Carried {
 
 /// Carries a decision out in one write: the pods created as any pod is
 /// (`pods::create`: Pending, for the scheduler), the pods deleted as a
-/// person's delete does, the status written when it changed.
+/// person's delete does, the pods replaced after their node was lost marked
+/// (with an event), the status written when it changed.
 pub fn carry_out(t: &mut Txn<'_>, decided: &Decided) -> Result<Carried, ClusterError> {
     let Some(mut d) = t.get::<Deployment>(&decided.name)? else { return Ok(Carried::default()) };
     if d.metadata.resource_version != decided.resource_version {
         return Ok(Carried::default());
     }
     let mut out = Carried { current: true, ..Default::default() };
+    for name in &decided.mark_replaced {
+        let Some(mut pod) = t.get::<Pod>(name)? else { continue };
+        if !is_pod_of(&pod, &d) || pod.metadata.annotations.contains_key(REPLACED_ANNOTATION) {
+            continue;
+        }
+        pod.metadata.annotations.insert(REPLACED_ANNOTATION.into(), decided.replaced_at.to_string());
+        t.put(&mut pod)?;
+        let node = pod.spec.node_name.as_deref().unwrap_or("?");
+        let message = format!("node {node} NotReady past nodeLostReplaceAfterSeconds: replaced elsewhere");
+        t.add_event(super::event("Pod", name, "Warning", "ReplacedAfterNodeLost", message))?;
+    }
     for (pod, uid) in &decided.create {
         let created = pods::create(t, pod, uid, None)?;
         if created.new {

@@ -80,6 +80,10 @@ pub struct ControllerConfig {
     /// How long a finished pod (and its events) is kept when its spec sets no
     /// `ttlSecondsAfterFinished`; `None` keeps it until deleted.
     pub finished_pod_ttl: Option<Duration>,
+    /// How long a Deployment's pod on a NotReady node is waited for before
+    /// it is replaced elsewhere, when its template sets no
+    /// `nodeLostReplaceAfterSeconds` (`never`: wait for the node).
+    pub node_lost_replace_after: specs::node_lost::ReplaceAfter,
     pub scheduler: crate::scheduler::SchedulerConfig,
 }
 
@@ -91,6 +95,9 @@ impl Default for ControllerConfig {
             backoff_max: Duration::from_secs(60),
             binding_timeout: Duration::from_secs(30),
             finished_pod_ttl: Some(Duration::from_secs(3600)),
+            node_lost_replace_after: specs::node_lost::ReplaceAfter::Seconds(
+                specs::node_lost::DEFAULT_REPLACE_AFTER_SECONDS,
+            ),
             scheduler: Default::default(),
         }
     }
@@ -106,6 +113,19 @@ const WRITES_IN_FLIGHT: usize = 4096;
 /// Now in unix seconds, as Deployments' statuses keep time.
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Now in unix seconds rounded up: when a node stopped being Ready, so that
+/// a timer counted from it never falls before its time.
+fn unix_now_ceil() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
+/// The Deployments owning any of `pods`.
+fn deployments_of(pods: &[Pod]) -> std::collections::BTreeSet<String> {
+    pods.iter().filter_map(|p| p.metadata.labels.get(specs::deployment::DEPLOYMENT_LABEL).cloned()).collect()
 }
 
 fn creation_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
@@ -170,12 +190,8 @@ impl Controller {
             let mut inner = c.lock();
             for node in store.list::<Node>()?.items {
                 let name = node.metadata.name.clone();
-                let ready = node.status.condition == NodeCondition::Ready;
                 // A restart is not a missed heartbeat: every node gets a fresh grace period.
-                inner.nodes.insert(
-                    name.clone(),
-                    NodeState { topology: Arc::new(node.spec.topology.clone()), node, ready, last_seen: now },
-                );
+                inner.nodes.insert(name.clone(), NodeState::new(node, now, unix_now_ceil()));
                 inner.sync_mirror(&name);
             }
             // A pod may have changed while no server was leading: every
@@ -322,17 +338,13 @@ impl Controller {
         let mut inner = self.lock();
         let name = node.metadata.name.clone();
         let now = Instant::now();
-        let entry = inner.nodes.entry(name.clone()).or_insert_with(|| NodeState {
-            topology: Arc::new(node.spec.topology.clone()),
-            node: node.clone(),
-            ready: node.status.condition == NodeCondition::Ready,
-            last_seen: now,
-        });
+        let entry =
+            inner.nodes.entry(name.clone()).or_insert_with(|| NodeState::new(node.clone(), now, unix_now_ceil()));
         if entry.node.spec.topology != node.spec.topology {
             entry.topology = Arc::new(node.spec.topology.clone());
         }
         entry.node = node.clone();
-        entry.ready = node.status.condition == NodeCondition::Ready;
+        entry.set_ready(node.status.condition == NodeCondition::Ready, unix_now_ceil());
         entry.last_seen = now;
         inner.sync_mirror(&name);
         inner.wake_waiting();
@@ -378,6 +390,16 @@ impl Controller {
         match node {
             Some(node) => {
                 self.node_updated(&node, false);
+                // Its pods count again: a Deployment with one replaced may
+                // have one too many, and one waiting on a timer has none.
+                match self.store.list::<Pod>() {
+                    Ok(listed) => {
+                        let on: Vec<Pod> =
+                            listed.items.into_iter().filter(|p| p.spec.node_name.as_deref() == Some(name)).collect();
+                        self.mark_dirty(deployments_of(&on));
+                    }
+                    Err(e) => tracing::warn!(node = %name, error = %e, "cannot list a returning node's pods"),
+                }
                 Ok(true)
             }
             None => Ok(false),
@@ -414,7 +436,7 @@ impl Controller {
         } else {
             n.node = node.clone();
         }
-        n.ready = node.status.condition == NodeCondition::Ready;
+        n.set_ready(node.status.condition == NodeCondition::Ready, unix_now_ceil());
         n.last_seen = Instant::now();
         let became_ready = n.ready && !was_ready;
         inner.sync_mirror(&name);
@@ -728,7 +750,14 @@ impl Controller {
         let now = unix_now();
         let suffixes =
             std::iter::from_fn(|| crate::tls::random_token().ok()).map(|t| specs::deployment::fnv1a64(t.as_bytes()));
-        let decision = rollout::decide(&d, &pods, now, suffixes);
+        let nodes = {
+            let inner = self.lock();
+            let on = pods.iter().filter_map(|p| p.spec.node_name.as_deref());
+            let conditions =
+                on.filter_map(|n| inner.nodes.get(n).map(|st| (n.to_string(), st.condition(now)))).collect();
+            rollout::Nodes { conditions, default: self.config.node_lost_replace_after }
+        };
+        let decision = rollout::decide(&d, &pods, &nodes, now, suffixes);
         let mut create = Vec::with_capacity(decision.create.len());
         for pod in decision.create {
             match crate::cluster::new_uid() {
@@ -741,6 +770,8 @@ impl Controller {
             resource_version: d.metadata.resource_version,
             create,
             delete: decision.delete,
+            mark_replaced: decision.replaced.iter().map(|r| r.pod.clone()).collect(),
+            replaced_at: now,
             status: decision.status,
         };
         let r = self
@@ -755,10 +786,24 @@ impl Controller {
                 self.lock().dirty_deployments.insert(name.to_string());
             }
             Ok(_) => {
+                for r in &decision.replaced {
+                    tracing::info!(
+                        deployment = %name, pod = %r.pod, node = %r.node,
+                        "pod replaced elsewhere: its node has been NotReady past its nodeLostReplaceAfterSeconds"
+                    );
+                }
+                for s in &decision.duplicates {
+                    tracing::info!(deployment = %name, pod = %s.pod, why = s.why, "duplicate stopped");
+                }
                 let mut inner = self.lock();
                 match decision.requeue_at {
                     Some(at) => {
-                        let wait = Duration::from_secs(at.saturating_sub(now));
+                        // To the second `at` begins, not `at - now` whole
+                        // seconds from a `now` rounded down: a node-lost
+                        // timer then fires on its second, not up to one late.
+                        let wait = (std::time::UNIX_EPOCH + Duration::from_secs(at))
+                            .duration_since(std::time::SystemTime::now())
+                            .unwrap_or_default();
                         inner.deployment_timers.insert(name.to_string(), Instant::now() + wait);
                     }
                     None => {
@@ -1099,12 +1144,13 @@ impl Controller {
                 return tracing::error!(error = %e, "cannot list pods");
             }
         };
-        let mine: Vec<String> = pods
+        let on_node: Vec<Pod> = pods
             .into_iter()
             .filter(|p| p.spec.node_name.as_deref() == Some(name))
             .filter(|p| !is_terminal(p))
-            .map(|p| p.metadata.name)
             .collect();
+        let deployments = deployments_of(&on_node);
+        let mine: Vec<String> = on_node.into_iter().map(|p| p.metadata.name).collect();
         let node_name = name.to_string();
         let r = self
             .store
@@ -1114,7 +1160,11 @@ impl Controller {
             })
             .await;
         match r {
-            Ok(Some(node)) => self.node_updated(&node, false),
+            Ok(Some(node)) => {
+                self.node_updated(&node, false);
+                // Their node-lost timers start now.
+                self.mark_dirty(deployments);
+            }
             Ok(None) => {}
             Err(e) => {
                 // Still Ready in the store: the next lifecycle pass tries again.
@@ -1124,9 +1174,18 @@ impl Controller {
         }
     }
 
+    /// These Deployments are reconciled at the next pass.
+    fn mark_dirty(&self, deployments: std::collections::BTreeSet<String>) {
+        if deployments.is_empty() {
+            return;
+        }
+        self.lock().dirty_deployments.extend(deployments);
+        self.wake.notify_one();
+    }
+
     fn set_ready(&self, name: &str, ready: bool) {
         if let Some(n) = self.lock().nodes.get_mut(name) {
-            n.ready = ready;
+            n.set_ready(ready, unix_now_ceil());
         }
     }
 }

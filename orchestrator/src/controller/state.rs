@@ -26,6 +26,43 @@ pub(super) struct NodeState {
     pub(super) topology: Arc<specs::NodeTopology>,
     pub(super) ready: bool,
     pub(super) last_seen: Instant,
+    /// Unix seconds (rounded up) since this controller has it NotReady:
+    /// where a Deployment's node-lost timer starts. A server that starts and
+    /// finds a node NotReady starts it then: a pod is replaced late rather
+    /// than early.
+    pub(super) not_ready_since: Option<u64>,
+}
+
+impl NodeState {
+    pub(super) fn new(node: Node, now: Instant, now_unix: u64) -> NodeState {
+        let mut n = NodeState {
+            topology: Arc::new(node.spec.topology.clone()),
+            node,
+            ready: true,
+            last_seen: now,
+            not_ready_since: None,
+        };
+        n.set_ready(n.node.status.condition == specs::api::NodeCondition::Ready, now_unix);
+        n
+    }
+
+    /// Ready or not, keeping when it stopped being Ready.
+    pub(super) fn set_ready(&mut self, ready: bool, now_unix: u64) {
+        self.ready = ready;
+        self.not_ready_since = match (ready, self.not_ready_since) {
+            (true, _) => None,
+            (false, Some(t)) => Some(t),
+            (false, None) => Some(now_unix),
+        };
+    }
+
+    /// The node as the node-lost rule sees it.
+    pub(super) fn condition(&self, now_unix: u64) -> specs::node_lost::NodeCondition {
+        match (self.ready, self.not_ready_since) {
+            (true, _) => specs::node_lost::NodeCondition::Ready,
+            (false, since) => specs::node_lost::NodeCondition::NotReady { since: since.unwrap_or(now_unix) },
+        }
+    }
 }
 
 /// Where a pod stands in the queue: submission order, except that the tasks
