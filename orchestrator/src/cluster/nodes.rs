@@ -322,6 +322,19 @@ pub fn mark_lost(
         s.phase = PodPhase::Unknown;
         s.reason = Some("NodeLost".into());
         s.message = Some(format!("node {name} stopped reporting"));
+        // Nobody vouches for it now (the kubelet's pods turn Ready=False
+        // too): a rollout must not count it as available. The node's first
+        // report after it is back is a full one and says again.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        for c in s.conditions.iter_mut().filter(|c| c.kind == specs::status::POD_READY) {
+            if c.status != specs::api::ConditionStatus::False {
+                c.status = specs::api::ConditionStatus::False;
+                c.last_transition_time = Some(now);
+            }
+        }
+        for c in &mut s.container_statuses {
+            c.ready = false;
+        }
         t.put(&mut pod)?;
         t.add_event(event("Pod", p, "Warning", "NodeLost", format!("node {name} is NotReady")))?;
     }

@@ -772,7 +772,13 @@ async fn a_lost_node_and_its_pods() {
     w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
     let with = |name: &str, node: &str, phase| {
         let mut p = bound(name, node);
-        p.status = Some(status(phase));
+        let mut s = status(phase);
+        s.conditions = vec![specs::status::PodCondition {
+            kind: specs::status::POD_READY.into(),
+            status: specs::api::ConditionStatus::True,
+            last_transition_time: Some(1),
+        }];
+        p.status = Some(s);
         p
     };
     for p in [
@@ -792,6 +798,9 @@ async fn a_lost_node_and_its_pods() {
         assert_eq!(phase(name), Some(want), "{name}");
     }
     assert_eq!(w.reasons(Kind::Pod, "running"), ["NodeLost"]);
+    // Unknown is not Ready: a rollout stops counting it as available.
+    let ready = |n: &str| w.pod(n).and_then(|p| p.status).and_then(|s| s.ready_since());
+    assert_eq!((ready("running"), ready("moved")), (None, Some(1)));
     assert_eq!(w.reasons(Kind::Node, "n1"), ["Registered", "NodeNotReady"]);
 
     let node = w.run(|t| nodes::mark_ready(t, "n1")).await.expect("ready").expect("node");
