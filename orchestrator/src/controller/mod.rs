@@ -1,8 +1,11 @@
 //! The server's control loops around the scheduler: the queue of pending pods,
 //! the binding writes, the scheduler's per-node mirrors, node lifecycle
 //! (heartbeats, NotReady after a grace period, pods marked Unknown, reconciled
-//! when the node reports again), job-array throttling and the removal of
-//! finished pods after their TTL.
+//! when the node reports again), job-array throttling, the removal of
+//! finished pods after their TTL, and the workload controllers: Deployments
+//! (`rollout`, the replicas of a silent node included) and DaemonSets
+//! (`daemonsets`), each reconciled from the store as it is now and carried
+//! out in one write.
 //!
 //! The queue is event-driven, like the Kubernetes scheduler's active and
 //! unschedulable queues: waiting for capacity is not a failure. A pod that
