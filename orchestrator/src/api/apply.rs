@@ -209,6 +209,63 @@ fn hide_env_values(spec: &mut specs::pod::PodSpec) {
     }
 }
 
+/// The `T`s `id` sees that `selector` matches, the env values of those not
+/// theirs to read hidden (`hide`).
+fn list_owned<T: Object>(
+    store: &Store,
+    id: &Identity,
+    selector: &LabelSelector,
+    hide: impl Fn(&mut T),
+) -> Result<Reply, ApiError> {
+    let listed = store.list::<T>().map_err(store_error)?;
+    let shown = cluster::env_values(id);
+    let items: Vec<T> = listed
+        .items
+        .into_iter()
+        .filter(|o| cluster::sees(id, o.meta().owner.as_deref()) && selector.matches(&o.meta().labels))
+        .map(|mut o| {
+            if !shown.shows(o.meta().owner.as_deref()) {
+                hide(&mut o);
+            }
+            o
+        })
+        .collect();
+    json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+}
+
+/// One `T` (a `kind`) named `name`, if `id` may read it; its env values
+/// hidden unless theirs to read.
+fn get_owned<T: Object>(
+    store: &Store,
+    id: &Identity,
+    kind: &'static str,
+    name: &str,
+    hide: impl Fn(&mut T),
+) -> Result<Reply, ApiError> {
+    let found = store.get::<T>(name).map_err(store_error)?;
+    let mut o = found.ok_or_else(|| ClusterError::not_found(kind, name))?;
+    let owner = o.meta().owner.clone();
+    authorize(id, Request::Owned { kind, name, owner: owner.as_deref(), access: Access::Read })?;
+    if !cluster::env_values(id).shows(owner.as_deref()) {
+        hide(&mut o);
+    }
+    json(200, &o)
+}
+
+/// The names of the pods labelled `label=value` as listed now (a workload's
+/// pods when it is deleted; one made after is the controller's to remove,
+/// as a pod of a workload that is gone).
+fn pods_labelled(store: &Store, label: &str, value: &str) -> Result<Vec<String>, ApiError> {
+    Ok(store
+        .list::<Pod>()
+        .map_err(store_error)?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.labels.get(label).map(String::as_str) == Some(value))
+        .map(|p| p.metadata.name)
+        .collect())
+}
+
 /// A Deployment's templates (the spec's and every kept revision's) without
 /// their env values.
 fn hide_deployment_env_values(d: &mut Deployment) {
@@ -581,29 +638,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::ListJobs { selector } => {
             authorize(id, Request::ListJobs)?;
-            let listed = store.list::<Job>().map_err(store_error)?;
-            let mut items: Vec<Job> = listed
-                .items
-                .into_iter()
-                .filter(|j| cluster::sees(id, j.metadata.owner.as_deref()))
-                .filter(|j| selector.matches(&j.metadata.labels))
-                .collect();
-            let shown = cluster::env_values(id);
-            for j in items.iter_mut().filter(|j| !shown.shows(j.metadata.owner.as_deref())) {
-                hide_env_values(&mut j.spec.template.spec);
-            }
-            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+            list_owned::<Job>(store, id, &selector, |j| hide_env_values(&mut j.spec.template.spec))
         }
         Action::GetJob(name) => {
             authorize(id, Request::ReadJob)?;
-            let job = store.get::<Job>(&name).map_err(store_error)?;
-            let mut job = job.ok_or_else(|| ClusterError::not_found("Job", &name))?;
-            let owner = job.metadata.owner.as_deref();
-            authorize(id, Request::Owned { kind: "Job", name: &name, owner, access: Access::Read })?;
-            if !cluster::env_values(id).shows(owner) {
-                hide_env_values(&mut job.spec.template.spec);
-            }
-            json(200, &job)
+            get_owned::<Job>(store, id, "Job", &name, |j| hide_env_values(&mut j.spec.template.spec))
         }
         Action::CreateJob(mut job) => {
             authorize(id, Request::CreateJob)?;
@@ -626,29 +665,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::ListDeployments { selector } => {
             authorize(id, Request::ReadDeployments)?;
-            let listed = store.list::<Deployment>().map_err(store_error)?;
-            let mut items: Vec<Deployment> = listed
-                .items
-                .into_iter()
-                .filter(|d| cluster::sees(id, d.metadata.owner.as_deref()))
-                .filter(|d| selector.matches(&d.metadata.labels))
-                .collect();
-            let shown = cluster::env_values(id);
-            for d in items.iter_mut().filter(|d| !shown.shows(d.metadata.owner.as_deref())) {
-                hide_deployment_env_values(d);
-            }
-            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+            list_owned::<Deployment>(store, id, &selector, hide_deployment_env_values)
         }
         Action::GetDeployment(name) => {
             authorize(id, Request::ReadDeployments)?;
-            let d = store.get::<Deployment>(&name).map_err(store_error)?;
-            let mut d = d.ok_or_else(|| ClusterError::not_found("Deployment", &name))?;
-            let owner = d.metadata.owner.as_deref();
-            authorize(id, Request::Owned { kind: "Deployment", name: &name, owner, access: Access::Read })?;
-            if !cluster::env_values(id).shows(owner) {
-                hide_deployment_env_values(&mut d);
-            }
-            json(200, &d)
+            get_owned::<Deployment>(store, id, "Deployment", &name, hide_deployment_env_values)
         }
         Action::ApplyDeployment(mut d) => {
             authorize(id, Request::WriteDeployments)?;
@@ -662,16 +683,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::DeleteDeployment(name) => {
             authorize(id, Request::WriteDeployments)?;
-            // Its pods as listed now; one made after is the controller's to
-            // remove (a pod of a Deployment that is gone).
-            let pods: Vec<String> = store
-                .list::<Pod>()
-                .map_err(store_error)?
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.labels.get(specs::deployment::DEPLOYMENT_LABEL) == Some(&name))
-                .map(|p| p.metadata.name)
-                .collect();
+            let pods = pods_labelled(store, specs::deployment::DEPLOYMENT_LABEL, &name)?;
             let (n, who) = (name.clone(), id.clone());
             let (d, _pods) = store.write(move |t| deployments::delete_for(t, &who, &n, &pods)).await?;
             json(200, &d)
@@ -684,29 +696,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::ListDaemonSets { selector } => {
             authorize(id, Request::ReadDaemonSets)?;
-            let listed = store.list::<DaemonSet>().map_err(store_error)?;
-            let mut items: Vec<DaemonSet> = listed
-                .items
-                .into_iter()
-                .filter(|d| cluster::sees(id, d.metadata.owner.as_deref()))
-                .filter(|d| selector.matches(&d.metadata.labels))
-                .collect();
-            let shown = cluster::env_values(id);
-            for d in items.iter_mut().filter(|d| !shown.shows(d.metadata.owner.as_deref())) {
-                hide_env_values(&mut d.spec.template.spec);
-            }
-            json(200, &List { resource_version: listed.rv, items, unreadable: listed.unreadable })
+            list_owned::<DaemonSet>(store, id, &selector, |d| hide_env_values(&mut d.spec.template.spec))
         }
         Action::GetDaemonSet(name) => {
             authorize(id, Request::ReadDaemonSets)?;
-            let d = store.get::<DaemonSet>(&name).map_err(store_error)?;
-            let mut d = d.ok_or_else(|| ClusterError::not_found("DaemonSet", &name))?;
-            let owner = d.metadata.owner.as_deref();
-            authorize(id, Request::Owned { kind: "DaemonSet", name: &name, owner, access: Access::Read })?;
-            if !cluster::env_values(id).shows(owner) {
-                hide_env_values(&mut d.spec.template.spec);
-            }
-            json(200, &d)
+            get_owned::<DaemonSet>(store, id, "DaemonSet", &name, |d| hide_env_values(&mut d.spec.template.spec))
         }
         Action::ApplyDaemonSet(mut d) => {
             authorize(id, Request::WriteDaemonSets)?;
@@ -720,16 +714,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
         }
         Action::DeleteDaemonSet(name) => {
             authorize(id, Request::WriteDaemonSets)?;
-            // Its pods as listed now; one made after is the controller's to
-            // remove (a pod of a DaemonSet that is gone).
-            let pods: Vec<String> = store
-                .list::<Pod>()
-                .map_err(store_error)?
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.labels.get(specs::daemonset::DAEMONSET_LABEL) == Some(&name))
-                .map(|p| p.metadata.name)
-                .collect();
+            let pods = pods_labelled(store, specs::daemonset::DAEMONSET_LABEL, &name)?;
             let (n, who) = (name.clone(), id.clone());
             let (d, _pods) = store.write(move |t| daemonsets::delete_for(t, &who, &n, &pods)).await?;
             json(200, &d)

@@ -129,17 +129,7 @@ pub fn delete_for(
 }
 
 fn delete_pods(t: &mut Txn<'_>, d: &Deployment, names: &[String]) -> Result<Vec<Pod>, ClusterError> {
-    let mut out = Vec::new();
-    for name in names {
-        let ours = t.get::<Pod>(name)?.is_some_and(|p| is_pod_of(&p, d));
-        if ours {
-            // The path a person's delete takes, as the cluster's admin.
-            if let pods::Deleted::Pod(p) = pods::delete(t, &Identity::Admin, name)? {
-                out.push(*p);
-            }
-        }
-    }
-    Ok(out)
+    pods::delete_owned_by(t, names, |p| is_pod_of(p, d))
 }
 
 /// What the controller decided for one Deployment, from the Deployment at

@@ -354,3 +354,21 @@ pub(super) fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) ->
 pub(super) fn reported_for(status: &PodStatus, pod: &Pod) -> bool {
     status.pod_uid.is_none() || status.pod_uid == pod.metadata.uid
 }
+
+/// Deletes those of `names` that are a workload's (`ours`), each by the
+/// path a person's delete takes, as the cluster's admin; the pods removed.
+pub fn delete_owned_by(
+    t: &mut Txn<'_>,
+    names: &[String],
+    ours: impl Fn(&Pod) -> bool,
+) -> Result<Vec<Pod>, ClusterError> {
+    let mut out = Vec::new();
+    for name in names {
+        if t.get::<Pod>(name)?.is_some_and(|p| ours(&p)) {
+            if let Deleted::Pod(p) = delete(t, &Identity::Admin, name)? {
+                out.push(*p);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -192,8 +192,9 @@ impl Object for Node {
     // peers reads no status, and a thousand of them each sent every other
     // node's reports is a million events a rollout.
     fn only_status_changed(&self, prev: &Self) -> bool {
-        let meta = |m: &ObjectMeta| ObjectMeta { resource_version: None, ..m.clone() };
-        self.spec == prev.spec && self.api_version == prev.api_version && meta(&self.metadata) == meta(&prev.metadata)
+        self.spec == prev.spec
+            && self.api_version == prev.api_version
+            && ObjectMeta { resource_version: prev.metadata.resource_version, ..self.metadata.clone() } == prev.metadata
     }
 }
 
