@@ -174,16 +174,5 @@ pub fn delete_orphans(
     if t.get::<DaemonSet>(name)?.is_some() {
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    for (pod, owner) in pods {
-        let ours = t.get::<Pod>(pod)?.is_some_and(|p| {
-            p.metadata.labels.get(DAEMONSET_LABEL).map(String::as_str) == Some(name) && p.metadata.owner == *owner
-        });
-        if ours {
-            if let pods::Deleted::Pod(p) = pods::delete(t, &Identity::Admin, pod)? {
-                out.push(*p);
-            }
-        }
-    }
-    Ok(out)
+    pods::delete_left_by(t, DAEMONSET_LABEL, name, pods)
 }

@@ -372,3 +372,25 @@ pub fn delete_owned_by(
     }
     Ok(out)
 }
+
+/// The pods a deleted workload left: those of `pods` (name, owner as
+/// listed) still labelled `label=name` and still that owner's.
+pub fn delete_left_by(
+    t: &mut Txn<'_>,
+    label: &str,
+    name: &str,
+    pods: &[(String, Option<String>)],
+) -> Result<Vec<Pod>, ClusterError> {
+    let mut out = Vec::new();
+    for (pod, owner) in pods {
+        let left = t.get::<Pod>(pod)?.is_some_and(|p| {
+            p.metadata.labels.get(label).map(String::as_str) == Some(name) && p.metadata.owner == *owner
+        });
+        if left {
+            if let Deleted::Pod(p) = delete(t, &Identity::Admin, pod)? {
+                out.push(*p);
+            }
+        }
+    }
+    Ok(out)
+}

@@ -113,6 +113,16 @@ const DECIDE_CHUNK: usize = 32;
 /// Binding writes in flight at once (the store folds them into shared flushes).
 const WRITES_IN_FLIGHT: usize = 4096;
 
+/// The instant unix second `at` begins: a workload's requeue time, to its
+/// second rather than `at - now` whole seconds from a `now` rounded down,
+/// which fired a timer up to a second late.
+fn at_unix_second(at: u64) -> Instant {
+    let wait = (std::time::UNIX_EPOCH + Duration::from_secs(at))
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    Instant::now() + wait
+}
+
 /// Now in unix seconds, as Deployments' statuses keep time.
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -715,11 +725,7 @@ impl Controller {
         use crate::cluster::deployments::{self, Decided};
         let read = || -> Result<(Option<specs::deployment::Deployment>, Vec<Pod>), StoreError> {
             let d = self.store.get::<specs::deployment::Deployment>(name)?;
-            let pods = self.store.list::<Pod>()?.items;
-            let pods = pods.into_iter().filter(|p| {
-                p.metadata.labels.get(specs::deployment::DEPLOYMENT_LABEL).map(String::as_str) == Some(name)
-            });
-            Ok((d, pods.collect()))
+            Ok((d, self.pods_labelled(specs::deployment::DEPLOYMENT_LABEL, name)?))
         };
         let (d, pods) = match read() {
             Ok(r) => r,
@@ -801,13 +807,7 @@ impl Controller {
                 let mut inner = self.lock();
                 match decision.requeue_at {
                     Some(at) => {
-                        // To the second `at` begins, not `at - now` whole
-                        // seconds from a `now` rounded down: a node-lost
-                        // timer then fires on its second, not up to one late.
-                        let wait = (std::time::UNIX_EPOCH + Duration::from_secs(at))
-                            .duration_since(std::time::SystemTime::now())
-                            .unwrap_or_default();
-                        inner.deployment_timers.insert(name.to_string(), Instant::now() + wait);
+                        inner.deployment_timers.insert(name.to_string(), at_unix_second(at));
                     }
                     None => {
                         inner.deployment_timers.remove(name);
@@ -833,10 +833,7 @@ impl Controller {
         let read = || -> Result<Read, StoreError> {
             let d = self.store.get::<DaemonSet>(name)?;
             let nodes = if d.is_some() { self.store.list::<Node>()?.items } else { Vec::new() };
-            let pods = self.store.list::<Pod>()?.items;
-            let pods =
-                pods.into_iter().filter(|p| p.metadata.labels.get(DAEMONSET_LABEL).map(String::as_str) == Some(name));
-            Ok((d, nodes, pods.collect()))
+            Ok((d, nodes, self.pods_labelled(DAEMONSET_LABEL, name)?))
         };
         let (d, nodes, pods) = match read() {
             Ok(r) => r,
@@ -922,6 +919,10 @@ impl Controller {
                 let mut inner = self.lock();
                 match decision.requeue_at {
                     Some(at) => {
+                        // Whole seconds from now: the rejection pause it waits
+                        // out is counted on the monotonic clock from its
+                        // rejection, so the start of a unix second can fall
+                        // short of it.
                         let wait = Duration::from_secs(at.saturating_sub(now));
                         inner.daemonset_timers.insert(name.to_string(), Instant::now() + wait);
                     }
@@ -936,6 +937,12 @@ impl Controller {
                 self.retry_daemonset(name);
             }
         }
+    }
+
+    /// A workload's pods (labelled `label=name`) as the store has them now.
+    fn pods_labelled(&self, label: &str, name: &str) -> Result<Vec<Pod>, StoreError> {
+        let pods = self.store.list::<Pod>()?.items;
+        Ok(pods.into_iter().filter(|p| p.metadata.labels.get(label).map(String::as_str) == Some(name)).collect())
     }
 
     /// A DaemonSet whose reconcile failed: tried again after the backoff's
