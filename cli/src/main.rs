@@ -1,6 +1,10 @@
 //! `pinion`: the one binary. Client verbs and the daemons as subcommands; this
 //! file only parses flags and dispatches.
 
+// First: the output macros (`out!`, `outln!`) are seen by the modules after it.
+#[macro_use]
+mod out;
+
 mod cmd;
 mod common;
 mod config;
@@ -141,6 +145,8 @@ fn main() -> ExitCode {
 fn report(r: anyhow::Result<ExitCode>) -> ExitCode {
     match r {
         Ok(code) => code,
+        // A reader that went away (`| head`): the end, quietly.
+        Err(e) if out::is_closed_pipe(&e) => ExitCode::from(out::CLOSED_PIPE as u8),
         Err(e) => {
             eprintln!("error: {}", error_line(&e));
             ExitCode::FAILURE

@@ -498,3 +498,31 @@ fn tests_name_their_own_cni_folder() {
     assert!(reads_the_hosts_cni_folder(r#"cmd.args(["agent", "--runtime", "libcontainer"])"#));
     assert!(!reads_the_hosts_cni_folder(r#"cmd.args(["agent", "--runtime", "hollow"])"#));
 }
+
+#[test]
+fn the_cli_prints_through_its_output_macros() {
+    // `println!` panics when stdout's reader went away (`| head -1`):
+    // `out!`/`outln!` (cli/src/out.rs) end the process quietly instead.
+    let mut broken = Vec::new();
+    for f in rust_files(&root().join("cli/src")) {
+        if f == "cli/src/out.rs" {
+            continue;
+        }
+        let code = code(&read(&f));
+        let tokens = tokens(&code);
+        for (i, t) in tokens.iter().enumerate() {
+            if (*t == "println" || *t == "print") && code_has_bang_after(&code, &tokens, i) {
+                broken.push(format!("{f} uses {t}!"));
+            }
+        }
+    }
+    broken.dedup();
+    assert!(broken.is_empty(), "the CLI prints with out!/outln!, not print!/println!:\n{}", broken.join("\n"));
+}
+
+/// Whether the `i`th token is followed by `!` (a macro call) in `code`.
+fn code_has_bang_after(code: &str, tokens: &[&str], i: usize) -> bool {
+    // Tokens are slices of `code`: find where this one ends.
+    let start = tokens[i].as_ptr() as usize - code.as_ptr() as usize;
+    code[start + tokens[i].len()..].trim_start().starts_with('!')
+}

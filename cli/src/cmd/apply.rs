@@ -100,9 +100,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             _ => client.create_pod(body).await.map(|(code, p)| (code, "pod", p.metadata.name)),
         };
         match result {
-            Ok((201, kind, name)) => println!("{kind}/{name} created"),
-            Ok((202, kind, name)) => println!("{kind}/{name} configured"),
-            Ok((_, kind, name)) => println!("{kind}/{name} unchanged"),
+            Ok((201, kind, name)) => outln!("{kind}/{name} created"),
+            Ok((202, kind, name)) => outln!("{kind}/{name} configured"),
+            Ok((_, kind, name)) => outln!("{kind}/{name} unchanged"),
             Err(e) => {
                 eprintln!("error: {source}: {e}");
                 failed += 1;

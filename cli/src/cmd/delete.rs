@@ -41,7 +41,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             Kind::DaemonSet => ("daemonset", client.delete_daemonset(name).await.map(|_| ())),
         };
         match result {
-            Ok(()) => println!("{kind}/{name} deleted"),
+            Ok(()) => outln!("{kind}/{name} deleted"),
             Err(e) => {
                 eprintln!("error: {kind}/{name}: {e}");
                 failed += 1;

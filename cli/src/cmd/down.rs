@@ -38,10 +38,10 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     };
     let steps = nodelet::down::run(&down).await?;
     for step in steps {
-        println!("{step}");
+        outln!("{step}");
     }
     if !args.purge {
-        println!("kept the data dir {} (--purge removes it)", args.data_dir.display());
+        outln!("kept the data dir {} (--purge removes it)", args.data_dir.display());
     }
     Ok(ExitCode::SUCCESS)
 }

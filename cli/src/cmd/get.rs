@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use specs::api::{List, Node, NodeCondition};
 use specs::status::ContainerState;
 use specs::Pod;
@@ -111,8 +112,8 @@ pub fn age(ts: Option<&str>) -> String {
 
 fn print_structured<T: serde::Serialize>(v: &T, format: Format) -> anyhow::Result<()> {
     match format {
-        Format::Yaml => print!("{}", serde_yaml_ng::to_string(v)?),
-        _ => println!("{}", serde_json::to_string_pretty(v)?),
+        Format::Yaml => out!("{}", serde_yaml_ng::to_string(v)?),
+        _ => outln!("{}", serde_json::to_string_pretty(v)?),
     }
     Ok(())
 }
@@ -234,7 +235,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             }
             let headers = pod_headers(wide);
             let rows: Vec<Vec<String>> = pods.iter().map(|p| pod_row(p, wide)).collect();
-            print!("{}", table(&headers, &rows));
+            out!("{}", table(&headers, &rows));
         }
         Kind::Jobs => {
             let fetched = match &args.name {
@@ -260,7 +261,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|j| job_row(j, by_job.get(j.metadata.name.as_str()).map(Vec::as_slice).unwrap_or_default()))
                 .collect();
-            print!("{}", table(&headers, &rows));
+            out!("{}", table(&headers, &rows));
         }
         Kind::Deployments => {
             let fetched = match &args.name {
@@ -273,7 +274,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let rows: Vec<Vec<String>> = items.iter().map(deployment_row).collect();
-            print!("{}", table(&DEPLOYMENT_HEADERS, &rows));
+            out!("{}", table(&DEPLOYMENT_HEADERS, &rows));
         }
         Kind::DaemonSets => {
             let fetched = match &args.name {
@@ -286,7 +287,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let rows: Vec<Vec<String>> = items.iter().map(daemonset_row).collect();
-            print!("{}", table(&DAEMONSET_HEADERS, &rows));
+            out!("{}", table(&DAEMONSET_HEADERS, &rows));
         }
         Kind::Nodes => {
             let fetched = match &args.name {
@@ -303,7 +304,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 headers.extend(["FREE-PER-NUMA", "PODS", "LABELS"]);
             }
             let rows: Vec<Vec<String>> = nodes.iter().map(|n| node_row(n, wide)).collect();
-            print!("{}", table(&headers, &rows));
+            out!("{}", table(&headers, &rows));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -400,7 +401,7 @@ async fn resume_watch(
 ) -> anyhow::Result<pinion_wire::PodWatch> {
     loop {
         let Some(pause) = resumes.pause() else {
-            anyhow::bail!("resuming the watch: gave up after {} tries", resumes.tries());
+            anyhow::bail!("resuming the watch: gave up after {} tries over about 20 s", resumes.tries());
         };
         tokio::time::sleep(pause).await;
         match client.watch_pods(None, selector, Some(from)).await {
@@ -415,7 +416,8 @@ async fn resume_watch(
 }
 
 /// `get pods -w`: the table, then one row per change (a deleted pod's STATUS
-/// reads `Deleted`), in the first table's columns, until the stream ends.
+/// reads `Deleted`), in the first table's columns, until interrupted, or an
+/// error once the server stays away past the resumes' bound.
 async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> anyhow::Result<ExitCode> {
     let list = client.list_pods(args.selector.as_deref()).await?;
     let keep = |p: &Pod| args.name.as_ref().is_none_or(|n| *n == p.metadata.name);
@@ -424,9 +426,9 @@ async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> an
     // Later rows keep these columns, widened a little for names yet to come.
     const MIN: [usize; 9] = [16, 17, 8, 12, 4, 4, 8, 8, 6];
     let widths = widths(headers.iter().zip(MIN).map(|(h, m)| h.len().max(m)).collect(), &rows);
-    print!("{}", line(&widths, &headers));
+    out!("{}", line(&widths, &headers));
     for r in &rows {
-        print!("{}", line(&widths, r));
+        out!("{}", line(&widths, r));
     }
     // The last row printed per pod: a change that shows nothing new (a
     // status report with the same columns) prints no row. AGE is left out of
@@ -442,9 +444,19 @@ async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> an
     loop {
         let (ty, pod) = match watch.next().await {
             Ok(Some(change)) => change,
-            // The server ended the watch (it is shutting down): the end,
-            // unless another server of the cluster can carry on.
-            Ok(None) if client.authorities().count() < 2 => break,
+            // The server ended the watch (it is stopping, or restarting):
+            // said, then tried again within the resumes' bound (about 20 s),
+            // after which the watch ends with an error. Another server of
+            // the cluster carries on without a word.
+            Ok(None) if client.authorities().count() < 2 => {
+                let from = watch.resource_version().unwrap_or(list.resource_version);
+                eprintln!("pinion: the server ended the watch (stopping or restarting); trying again");
+                watch = resume_watch(client, args.selector.as_deref(), from, &mut resumes)
+                    .await
+                    .context("the server went away")?;
+                eprintln!("pinion: watching again");
+                continue;
+            }
             Ok(None) => {
                 let from = watch.resource_version().unwrap_or(list.resource_version);
                 tracing::debug!(from, "the server ended the watch; resuming on the next");
@@ -478,9 +490,8 @@ async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> an
         } else {
             last.insert(pod.metadata.name.clone(), seen);
         }
-        print!("{}", line(&widths, &row));
+        out!("{}", line(&widths, &row));
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -54,19 +54,19 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             let rec = tokio::task::spawn_blocking(move || image::import_with(&images, &file, name.as_deref(), limits))
                 .await
                 .context("the import task failed")??;
-            println!("imported {} ({}, {} layers)", rec.reference, rec.digest, rec.layers);
+            outln!("imported {} ({}, {} layers)", rec.reference, rec.digest, rec.layers);
         }
         Command::List { data_dir, output } => {
             let images = image::list(&Layout::new(&data_dir).images())?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&images)?),
-                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&images)?),
+                Output::Json => outln!("{}", serde_json::to_string_pretty(&images)?),
+                Output::Yaml => out!("{}", serde_yaml_ng::to_string(&images)?),
                 Output::Text => {
-                    println!("{:<40} {:<20} COMMAND", "IMAGE", "DIGEST");
+                    outln!("{:<40} {:<20} COMMAND", "IMAGE", "DIGEST");
                     for i in images {
                         let digest: String = i.digest.trim_start_matches("sha256:").chars().take(12).collect();
                         let cmd: Vec<String> = i.entrypoint.iter().chain(&i.cmd).cloned().collect();
-                        println!("{:<40} {:<20} {}", i.reference, digest, cmd.join(" "));
+                        outln!("{:<40} {:<20} {}", i.reference, digest, cmd.join(" "));
                     }
                 }
             }

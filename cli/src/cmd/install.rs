@@ -115,13 +115,13 @@ pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyho
                 .with_context(|| format!("creating {}", dir.display()))?;
         }
         write_file(&args.token_file, &format!("{token}\n"), 0o600)?;
-        println!("wrote {} (the join token, readable by root only)", args.token_file.display());
+        outln!("wrote {} (the join token, readable by root only)", args.token_file.display());
     }
     std::fs::create_dir_all(&args.unit_dir).with_context(|| format!("creating {}", args.unit_dir.display()))?;
     let path = args.unit_dir.join(args.daemon.unit_name());
     write_file(&path, &text, 0o644)?;
-    println!("wrote {}", path.display());
-    println!("start it: systemctl daemon-reload && systemctl enable --now {}", args.daemon.unit_name());
+    outln!("wrote {}", path.display());
+    outln!("start it: systemctl daemon-reload && systemctl enable --now {}", args.daemon.unit_name());
     if args.daemon == Daemon::Agent && !has_delegate_subgroup(systemd) {
         let found = systemd.map(|v| format!("systemd {v}")).unwrap_or_else(|| "no systemctl".into());
         eprintln!(

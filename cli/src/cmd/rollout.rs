@@ -81,7 +81,7 @@ pub async fn scale(g: GlobalArgs, args: ScaleArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("a daemonset runs one pod per matching node: it has no replicas to scale");
     }
     client.scale_deployment(&args.name, args.replicas).await?;
-    println!("deployment/{} scaled to {}", args.name, args.replicas);
+    outln!("deployment/{} scaled to {}", args.name, args.replicas);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -148,7 +148,7 @@ async fn daemonset_status(client: &pinion_wire::Client, name: &str, timeout: Dur
         let d = client.get_daemonset(name).await?;
         match daemonset_standing(&d) {
             Standing::Complete => {
-                println!("daemon set {name:?} successfully rolled out");
+                outln!("daemon set {name:?} successfully rolled out");
                 return Ok(ExitCode::SUCCESS);
             }
             Standing::Stopped(why) => {
@@ -157,7 +157,7 @@ async fn daemonset_status(client: &pinion_wire::Client, name: &str, timeout: Dur
             }
             Standing::Waiting(what) => {
                 if what != said {
-                    println!("Waiting for daemon set {name:?} rollout to finish: {what}...");
+                    outln!("Waiting for daemon set {name:?} rollout to finish: {what}...");
                     said = what;
                 }
             }
@@ -191,7 +191,7 @@ pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCod
                 let d = client.get_deployment(&name).await?;
                 match standing(&d) {
                     Standing::Complete => {
-                        println!("deployment {name:?} successfully rolled out");
+                        outln!("deployment {name:?} successfully rolled out");
                         return Ok(ExitCode::SUCCESS);
                     }
                     Standing::Stopped(why) => {
@@ -200,7 +200,7 @@ pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCod
                     }
                     Standing::Waiting(what) => {
                         if what != said {
-                            println!("Waiting for deployment {name:?} rollout to finish: {what}...");
+                            outln!("Waiting for deployment {name:?} rollout to finish: {what}...");
                             said = what;
                         }
                     }
@@ -229,16 +229,16 @@ pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCod
                     vec![r.number.to_string(), r.template_hash.clone(), current.into(), cause]
                 })
                 .collect();
-            println!("deployment/{name}");
-            print!("{}", crate::cmd::get::table(&["REVISION", "HASH", "CURRENT", "CHANGE-CAUSE"], &rows));
+            outln!("deployment/{name}");
+            out!("{}", crate::cmd::get::table(&["REVISION", "HASH", "CURRENT", "CHANGE-CAUSE"], &rows));
         }
         RolloutCommand::Undo { name, to_revision, .. } => {
             client.undo_deployment(&name, to_revision).await?;
-            println!("deployment/{name} rolled back");
+            outln!("deployment/{name} rolled back");
         }
         RolloutCommand::Restart { name, .. } => {
             client.restart_deployment(&name).await?;
-            println!("deployment/{name} restarted");
+            outln!("deployment/{name} restarted");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -469,7 +469,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     tracing::debug!(pod = %args.name, "created");
     if args.detach {
-        println!("pod/{} created", args.name);
+        outln!("pod/{} created", args.name);
         return Ok(ExitCode::SUCCESS);
     }
     let names = [args.name.clone()];
@@ -844,7 +844,7 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
     }
     created.sort_by_key(|(t, _)| *t);
     if args.detach {
-        println!(
+        outln!(
             "array {}: {} pods created (`pinion get pods -l {ARRAY_LABEL}={}`)",
             args.name,
             created.len(),
@@ -865,7 +865,7 @@ async fn run_job(client: &Client, args: &Args, job: specs::job::Job, signals: Si
     }
     let selector = format!("{}={}", specs::job::JOB_LABEL, args.name);
     if args.detach {
-        println!("job/{} created: {} tasks (`pinion get pods -l {selector}`)", args.name, job.spec.parallelism);
+        outln!("job/{} created: {} tasks (`pinion get pods -l {selector}`)", args.name, job.spec.parallelism);
         return Ok(ExitCode::SUCCESS);
     }
     let listed = client.list_pods(Some(&selector)).await.context("reading the job's members")?;

@@ -141,18 +141,18 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let mut int = signal(SignalKind::interrupt())?;
     let dir = args.data_dir.display();
     if server.first_start {
-        println!("first start: created a CA in {dir}/pki");
-        println!("join token (also in {dir}/join-token): {}", server.join_token);
-        println!(
+        outln!("first start: created a CA in {dir}/pki");
+        outln!("join token (also in {dir}/join-token): {}", server.join_token);
+        outln!(
             "join a node: pinion agent --server https://THIS-HOST:{} --token {} --data-dir /var/lib/pinion",
             server.local_addr().port(),
             server.join_token
         );
     }
-    println!("admin credentials: {} (use --config or PINION_CONFIG)", server.admin_config.display());
-    println!("listening on {} ({})", server.local_addr(), server.server_url());
+    outln!("admin credentials: {} (use --config or PINION_CONFIG)", server.admin_config.display());
+    outln!("listening on {} ({})", server.local_addr(), server.server_url());
     if let Some(addr) = server.local_listen_addr() {
-        println!("web view: http://{addr}/ui/ (plain HTTP on loopback, read-only)");
+        outln!("web view: http://{addr}/ui/ (plain HTTP on loopback, read-only)");
     }
     crate::common::notify_ready();
     let (stop, stopped) = tokio::sync::watch::channel(false);

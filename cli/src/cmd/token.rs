@@ -48,7 +48,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 description: a.description,
             };
             let made = client.create_token(&request).await?;
-            println!("{}", made.token);
+            outln!("{}", made.token);
             eprintln!(
                 "token {}: expires {}, uses {} (shown once: the server keeps only its digest)",
                 made.record.metadata.name,
@@ -74,11 +74,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                     ]
                 })
                 .collect();
-            print!("{}", crate::cmd::get::table(&["ID", "EXPIRES", "USES LEFT", "DESCRIPTION"], &rows));
+            out!("{}", crate::cmd::get::table(&["ID", "EXPIRES", "USES LEFT", "DESCRIPTION"], &rows));
         }
         Command::Revoke { id } => {
             let t = client.revoke_token(&id).await?;
-            println!("token/{} revoked ({})", t.metadata.name, t.spec.revoked.unwrap_or_default());
+            outln!("token/{} revoked ({})", t.metadata.name, t.spec.revoked.unwrap_or_default());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -22,7 +22,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         None => client.list_nodes(None).await?.items,
     };
     if nodes.is_empty() {
-        println!("no nodes");
+        outln!("no nodes");
     }
     for (i, node) in nodes.iter().enumerate() {
         let mut holders = BTreeMap::new();
@@ -36,12 +36,12 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         if i > 0 {
-            println!();
+            outln!();
         }
         let mut topology = node.spec.topology.clone();
         topology.reserved_cpus.union_with(&node.spec.settings.reserved_cpus);
-        println!("node {} ({:?})", node.metadata.name, node.status.condition);
-        print!("{}", specs::topology::draw::draw(&topology, &holders));
+        outln!("node {} ({:?})", node.metadata.name, node.status.condition);
+        out!("{}", specs::topology::draw::draw(&topology, &holders));
     }
     Ok(ExitCode::SUCCESS)
 }

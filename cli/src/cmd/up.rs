@@ -124,17 +124,17 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         crate::cmd::agent::join_config(&node(Some((url.clone(), token, server_dir.join("pki/ca.crt")))), g.liveness())?;
     let node_task = tokio::spawn(nodelet::daemon::run(config, stop_rx));
 
-    println!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
-    println!("credentials: {}", config_path.display());
+    outln!("pinion is up: server {url}, this host as a node (CPUs {reserved} reserved for the system)");
+    outln!("credentials: {}", config_path.display());
     if let Some(addr) = web {
-        println!("web view: http://{addr}/ui/ (from another machine: ssh -L 7480:{addr} THIS-HOST)");
+        outln!("web view: http://{addr}/ui/ (from another machine: ssh -L 7480:{addr} THIS-HOST)");
     }
     if let Some(network) = &network {
-        print!("{}", network_lines(network));
+        out!("{}", network_lines(network));
     }
-    println!("try:  pinion run hello --cpus 1 -- grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status");
-    println!("      pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
-    println!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
+    outln!("try:  pinion run hello --cpus 1 -- grep -E '^(Cpus|Mems)_allowed_list' /proc/self/status");
+    outln!("      pinion apply -f specs/examples/pinned.yaml && pinion get pods -o wide");
+    outln!("stop: Ctrl-C (containers keep running; the next `pinion up` adopts them)");
     crate::common::notify_ready();
 
     tokio::pin!(node_task);

@@ -79,7 +79,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         Command::List => list(&g).await,
         Command::Revoke { name } => {
             let user = crate::config::client(&g)?.revoke_user(&name).await?;
-            println!("user/{} revoked ({})", user.metadata.name, user.spec.revoked.unwrap_or_default());
+            outln!("user/{} revoked ({})", user.metadata.name, user.spec.revoked.unwrap_or_default());
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -115,7 +115,7 @@ async fn add(g: &GlobalArgs, a: AddArgs) -> anyhow::Result<ExitCode> {
     };
     out.write(&creds).with_context(|| format!("user {} was added, but their credentials file", a.name))?;
     let u = &added.user;
-    println!(
+    outln!(
         "user/{} added: role {}, {}, profile {}; credentials in {} (give the file to them: it holds their key)",
         u.metadata.name,
         u.spec.role,
@@ -142,7 +142,7 @@ async fn list(g: &GlobalArgs) -> anyhow::Result<ExitCode> {
             ]
         })
         .collect();
-    print!("{}", crate::cmd::get::table(&["NAME", "ROLE", "RUNS AS", "PROFILE", "GRANTED", "STATUS"], &rows));
+    out!("{}", crate::cmd::get::table(&["NAME", "ROLE", "RUNS AS", "PROFILE", "GRANTED", "STATUS"], &rows));
     Ok(ExitCode::SUCCESS)
 }
 
