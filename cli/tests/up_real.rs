@@ -770,3 +770,43 @@ fn a_rolling_update_of_a_probed_web_server_never_refuses_a_client() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     up.wait("the nodelet to drop the pods", || up.node_pods().is_empty());
 }
+
+/// Issue 33: a deleted pod whose command ignores SIGTERM keeps its CPU until
+/// the node kills it at the end of its grace. Meanwhile it is listed
+/// `Terminating` with the grace left, and a pod waiting for that CPU names
+/// it; then it goes, and the waiting pod runs.
+#[test]
+fn a_deleted_pod_is_terminating_until_its_cpu_is_free_and_a_waiting_pod_names_it() {
+    let Some(up) = Up::start() else { return };
+    let file = up._tmp.path().join("stubborn.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {name: stubborn}\nspec:\n  \
+         terminationGracePeriodSeconds: 6\n  containers:\n  - name: main\n    rootfs: host\n    \
+         command: [/bin/sh, -c, \"trap '' TERM; while :; do sleep 0.2; done\"]\n    \
+         resources:\n      limits: {cpu: 1, memory: 64Mi}\n",
+    )
+    .unwrap();
+    let out = up.cli(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("stubborn Running", || up.phase("stubborn").as_deref() == Some("Running"));
+    let out = up.cli(&["delete", "pod", "stubborn"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("stubborn listed Terminating with its grace left", || {
+        let table = text(&up.cli(&["get", "pods"]).stdout);
+        table.lines().any(|l| l.starts_with("stubborn") && l.contains("Terminating ("))
+    });
+    let out = up.cli(&["run", "next", "--cpus", "1", "-d", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("next's reason naming stubborn", || {
+        let out = up.cli(&["get", "pods", "next", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let message = v["status"]["message"].as_str().unwrap_or("");
+        message.contains("waiting for terminating pods to free their resources: stubborn on")
+    });
+    // Past its grace the node kills it: it leaves the list and `next` runs.
+    up.wait("stubborn gone and next run", || {
+        let table = text(&up.cli(&["get", "pods"]).stdout);
+        !table.contains("stubborn") && matches!(up.phase("next").as_deref(), Some("Succeeded"))
+    });
+}

@@ -571,6 +571,7 @@ struct Acked {
     pods: BTreeMap<String, PodStatus>,
     offline_cpus: specs::CpuSet,
     conditions: Vec<specs::api::Condition>,
+    terminating: Vec<specs::api::TerminatingPod>,
 }
 
 /// The report to send: the pods whose status differs from the acknowledged
@@ -584,6 +585,7 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
         && current.allocations == acked.allocations
         && current.offline_cpus == acked.offline_cpus
         && current.conditions == acked.conditions
+        && current.terminating == acked.terminating
         && acked.registration > 0
     {
         return None;
@@ -594,6 +596,7 @@ fn delta(acked: &Acked, name: &str, current: &NodeReport) -> Option<NodeStatusRe
         pods,
         offline_cpus: current.offline_cpus.clone(),
         conditions: current.conditions.clone(),
+        terminating: current.terminating.clone(),
     })
 }
 
@@ -637,6 +640,7 @@ async fn reports_loop(
                         pods: orchestrator_pods(&report).map(|(k, s)| (k.clone(), s.clone())).collect(),
                         offline_cpus: report.offline_cpus.clone(),
                         conditions: report.conditions.clone(),
+                        terminating: report.terminating.clone(),
                     };
                 }
                 delay = RETRY_MIN;
@@ -834,6 +838,7 @@ mod tests {
             offline_cpus: Default::default(),
             running: BTreeMap::new(),
             conditions: Vec::new(),
+            terminating: Vec::new(),
         }
     }
 
@@ -878,6 +883,7 @@ mod tests {
             pods: orchestrator_pods(&first).map(|(k, s)| (k.clone(), s.clone())).collect(),
             offline_cpus: Default::default(),
             conditions: Vec::new(),
+            terminating: Vec::new(),
         };
         assert_eq!(delta(&acked, "n", &first), None, "nothing changed, nothing sent");
         let next = report(&[("a", PodPhase::Running), ("b", PodPhase::Running), ("c", PodPhase::Pending)]);
@@ -897,6 +903,12 @@ mod tests {
         let d = delta(&acked, "n", &down).expect("the pod network is down");
         assert!(d.pods.is_empty());
         assert_eq!(d.conditions, down.conditions);
+        // And so is a pod the node starts stopping (it holds its CPUs until
+        // it has stopped), sent whole.
+        let mut stopping = first.clone();
+        stopping.terminating.push(specs::api::TerminatingPod { name: "gone".into(), ..Default::default() });
+        let d = delta(&acked, "n", &stopping).expect("a pod is being stopped");
+        assert_eq!(d.terminating, stopping.terminating);
         let acked_down = Acked { conditions: down.conditions.clone(), ..acked };
         let d = delta(&acked_down, "n", &first).expect("the pod network is back");
         assert!(d.conditions.is_empty());

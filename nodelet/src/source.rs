@@ -76,4 +76,7 @@ pub struct NodeReport {
     /// network the host cannot run, say. Sent whole with every report.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<specs::api::Condition>,
+    /// The pods being stopped (`specs::api::TerminatingPod`), whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terminating: Vec<specs::api::TerminatingPod>,
 }

@@ -78,6 +78,30 @@ pub struct NodeStatus {
     /// the field still reads a healthy node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Pods the node is still stopping, as its last report had them: deleted
+    /// or replaced, they hold their CPUs and memory until their last process
+    /// exits. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terminating: Vec<TerminatingPod>,
+}
+
+/// A pod its node is stopping: SIGTERM sent, its containers not all gone.
+/// Named here because a deleted pod has left the store while its resources
+/// are not free yet: `get pods` shows it `Terminating`, and a pod that
+/// waits for those resources names it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminatingPod {
+    pub name: String,
+    /// Its `metadata.owner`: who may see it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// RFC 3339: when the node kills what is left (the end of its grace);
+    /// absent before the stop began, and once the grace has run out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ends: Option<String>,
 }
 
 /// One aspect of a node that is not as it should be, in the shape of a
@@ -231,6 +255,9 @@ pub struct NodeStatusReport {
     /// report carries them whole, none listed clears them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The pods it is stopping now (see `NodeStatus::terminating`), whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terminating: Vec<TerminatingPod>,
 }
 
 /// A nodelet's refusal of a binding (its truth moved on since the plan).

@@ -44,6 +44,10 @@ pub struct PodStatus {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// RFC 3339: a stopping pod's end of grace, when its node kills what
+    /// is left (`reason` is `Terminating`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ends: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<PlacementSummary>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -140,10 +140,25 @@ pub fn pod_status(p: &Pod) -> String {
             break;
         }
     }
+    // A pod its node is stopping holds its resources until it has: said,
+    // with the grace left before the node kills what remains.
+    if s.reason.as_deref() == Some("Terminating") {
+        return match s.grace_ends.as_deref().and_then(seconds_until) {
+            Some(left) => format!("Terminating ({left}s)"),
+            None => "Terminating".into(),
+        };
+    }
     // A running pod the node's changed settings no longer allow says so
     // (as kubectl's STATUS says Terminating); `describe` says why.
     let misfit = s.reason.filter(|r| r == specs::engine::SETTINGS_MISFIT && s.phase == specs::PodPhase::Running);
     shown.or(misfit).unwrap_or_else(|| format!("{:?}", s.phase))
+}
+
+/// Whole seconds from now until an RFC 3339 time still to come.
+fn seconds_until(at: &str) -> Option<i64> {
+    let at = chrono::DateTime::parse_from_rfc3339(at).ok()?;
+    let left = at.signed_duration_since(chrono::Utc::now()).num_seconds();
+    (left > 0).then_some(left)
 }
 
 /// Restarts of all the pod's containers.

@@ -131,6 +131,10 @@ pub(crate) struct PodEntry {
     /// Its first start, timed for the metrics; `None` for a pod adopted
     /// after a restart, and once its last container started.
     start: Option<StartClock>,
+    /// Being stopped: when the grace of the stop in flight ends (the runtime
+    /// kills what is left then); reported so that a deleted pod shows its
+    /// grace left while it still holds its resources.
+    pub(crate) kill_at: Option<Instant>,
 }
 
 /// When a pod's start passed the planner's steps (`crate::metrics::Step`).
@@ -175,6 +179,7 @@ impl PodEntry {
             arrival: 0,
             misfit: None,
             start: None,
+            kill_at: None,
         }
     }
 
@@ -1114,6 +1119,7 @@ fn begin_termination(st: &mut State, key: &str, now: Instant, out: &mut Vec<Acti
         *stopping = true;
         *not_before = None;
     }
+    e.kill_at = Some(now + grace);
     out.push(Action::Stop { key: key.to_string(), ids, grace });
 }
 

@@ -115,6 +115,14 @@ pub(super) fn build(agent: &State) -> NodeReport {
         offline_cpus: agent.offline.clone(),
         running: Default::default(),
         conditions: agent.network_down.iter().map(crate::netcheck::Unfit::condition).collect(),
+        terminating: Vec::new(),
+    };
+    let (wall, mono) = (chrono::Utc::now(), tokio::time::Instant::now());
+    // The end of a stop's grace in wall-clock time; none once it has passed.
+    let grace_ends = |kill_at: Option<tokio::time::Instant>| {
+        let left = kill_at?.checked_duration_since(mono)?;
+        let at = wall + chrono::Duration::from_std(left).ok()?;
+        Some(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
     };
     for (key, e) in &agent.pods {
         let mut st = PodStatus {
@@ -149,6 +157,13 @@ pub(super) fn build(agent: &State) -> NodeReport {
             Stage::Terminating { .. } => {
                 st.phase = PodPhase::Running;
                 st.reason = Some("Terminating".into());
+                st.grace_ends = grace_ends(e.kill_at);
+                report.terminating.push(specs::api::TerminatingPod {
+                    name: key.clone(),
+                    owner: e.pod.metadata.owner.clone(),
+                    labels: e.pod.metadata.labels.clone(),
+                    grace_ends: st.grace_ends.clone(),
+                });
             }
             Stage::Finished(phase) => st.phase = *phase,
         }

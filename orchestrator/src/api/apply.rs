@@ -425,6 +425,28 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
                 .filter(|p| selector.matches(&p.metadata.labels))
                 .filter(|p| node.is_none() || p.spec.node_name == node)
                 .collect();
+            // Deleted pods their node is still stopping: they hold its CPUs
+            // until then, so they are listed, `Terminating`. Not to a node:
+            // it lists what it must run.
+            if !matches!(id, Identity::Node(_)) {
+                let stopping = match state.controller.current() {
+                    Some(c) => c.terminating(),
+                    None => cluster::nodes::terminating(store).map_err(store_error)?,
+                };
+                let listed: std::collections::BTreeSet<String> =
+                    items.iter().map(|p| p.metadata.name.clone()).collect();
+                let before = items.len();
+                items.extend(
+                    stopping
+                        .iter()
+                        .filter(|(n, t)| node.as_ref().is_none_or(|want| want == n) && !listed.contains(&t.name))
+                        .filter(|(_, t)| cluster::sees(id, t.owner.as_deref()) && selector.matches(&t.labels))
+                        .map(|(n, t)| cluster::nodes::stopping_pod(n, t)),
+                );
+                if items.len() > before {
+                    items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+                }
+            }
             let shown = shown(id, env_values);
             for p in items.iter_mut().filter(|p| !shown.shows(p.metadata.owner.as_deref())) {
                 hide_env_values(&mut p.spec);

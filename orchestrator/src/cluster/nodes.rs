@@ -251,6 +251,7 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
     let new_conditions: Vec<_> =
         report.conditions.iter().filter(|c| !node.status.conditions.contains(c)).cloned().collect();
     node.status.conditions = report.conditions.clone();
+    node.status.terminating = report.terminating.clone();
     summarize(&mut node);
     t.put(&mut node)?;
     if !was_ready {
@@ -359,4 +360,42 @@ fn summarize(node: &mut Node) {
         &node.status.allocations,
         &node.status.offline_cpus,
     );
+}
+
+/// A deleted pod its node is still stopping, as a pod to list: `Terminating`,
+/// on its node, with its grace's end, so that `get pods` shows what still
+/// holds the node's CPUs (it left the store when it was deleted).
+pub fn stopping_pod(node: &str, t: &specs::api::TerminatingPod) -> Pod {
+    Pod {
+        api_version: specs::pod::API_VERSION.to_string(),
+        kind: "Pod".into(),
+        metadata: specs::pod::ObjectMeta {
+            name: t.name.clone(),
+            owner: t.owner.clone(),
+            labels: t.labels.clone(),
+            ..Default::default()
+        },
+        spec: specs::pod::PodSpec { node_name: Some(node.to_string()), ..Default::default() },
+        status: Some(specs::PodStatus {
+            phase: PodPhase::Running,
+            node_name: Some(node.to_string()),
+            reason: Some("Terminating".into()),
+            message: Some(format!("deleted; node {node} is stopping it and holds its resources until it has")),
+            grace_ends: t.grace_ends.clone(),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The pods each stored node is stopping, by node (what a server that does
+/// not run the controller reads; the controller keeps them in memory).
+pub fn terminating(store: &Store) -> Result<Vec<(String, specs::api::TerminatingPod)>, crate::store::StoreError> {
+    let nodes = store.list::<Node>()?.items;
+    Ok(nodes
+        .into_iter()
+        .flat_map(|n| {
+            let name = n.metadata.name;
+            n.status.terminating.into_iter().map(move |t| (name.clone(), t))
+        })
+        .collect())
 }

@@ -11,19 +11,31 @@ use specs::Pod;
 use tokio::time::Instant;
 
 use super::effect::{Effect, GangBind};
-use super::state::{array_limit, gang_key, QueueEntry, State, Wait};
+use super::state::{array_limit, gang_key, NodeState, QueueEntry, State, Wait};
 use crate::cluster::pods::{GangPlace, Waiting};
 use crate::metrics::Outcome;
 use crate::scheduler::GangRequest;
 
 /// Why a pod (or a gang) fits nowhere, as its status says it: the summary,
 /// then each node's reason.
-fn unschedulable_words(u: crate::scheduler::Unschedulable) -> Arc<str> {
+fn unschedulable_words(u: crate::scheduler::Unschedulable, nodes: &HashMap<String, NodeState>) -> Arc<str> {
     if u.per_node.is_empty() {
         return u.message.into();
     }
     let per: Vec<String> = u.per_node.iter().map(|(n, m)| format!("{n}: {m}")).collect();
-    format!("{}: {}", u.message, per.join("; ")).into()
+    let mut words = format!("{}: {}", u.message, per.join("; "));
+    // A deleted pod still stopping holds what this one lacks: named, so that
+    // the wait has a culprit and an end.
+    let stopping: Vec<String> = u
+        .short_of_resources
+        .iter()
+        .filter_map(|n| Some((n, nodes.get(n)?)))
+        .flat_map(|(n, s)| s.node.status.terminating.iter().map(move |t| format!("{} on {n}", t.name)))
+        .collect();
+    if !stopping.is_empty() {
+        words.push_str(&format!("; waiting for terminating pods to free their resources: {}", stopping.join(", ")));
+    }
+    words.into()
 }
 
 /// A node's address as members see it: its endpoint's host (`HOST:PORT`),
@@ -213,7 +225,7 @@ impl State {
             }
             Err(u) => {
                 self.metrics.rejected(&u.counts);
-                let message = unschedulable_words(u);
+                let message = unschedulable_words(u, &self.nodes);
                 if self.blocked_by.as_ref().is_none_or(|(o, _)| first < *o) {
                     self.blocked_by = Some((first, key));
                 }
@@ -262,7 +274,7 @@ impl State {
             }
             Err(u) => {
                 self.metrics.rejected(&u.counts);
-                let message = unschedulable_words(u);
+                let message = unschedulable_words(u, &self.nodes);
                 if !rejected {
                     failed.insert(twin, message.clone());
                 }
@@ -289,5 +301,49 @@ impl State {
         e.said = Some(message);
         let why = Waiting { reason, event_type, event_reason, message: text };
         Some(Effect::SayWaiting { pod: name.to_string(), why })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::Unschedulable;
+
+    /// A node that is stopping the named pods.
+    fn stopping(name: &str, pods: &[&str]) -> NodeState {
+        let mut node = crate::cluster::nodes::joined_only(name);
+        node.status.terminating =
+            pods.iter().map(|p| specs::api::TerminatingPod { name: p.to_string(), ..Default::default() }).collect();
+        NodeState::new(node, Instant::now(), 0)
+    }
+
+    #[test]
+    fn a_pod_short_of_resources_names_the_pods_still_stopping_where_they_would_free_them() {
+        let nodes: HashMap<String, NodeState> =
+            [("a", stopping("a", &["old"])), ("b", stopping("b", &["other"])), ("c", stopping("c", &[]))]
+                .into_iter()
+                .map(|(n, s)| (n.to_string(), s))
+                .collect();
+        let unschedulable = |short: &[&str]| Unschedulable {
+            message: "0/3 nodes fit: 2 insufficient cpu, 1 node selector mismatch".into(),
+            per_node: [("a", "needs 1"), ("b", "selector"), ("c", "needs 1")]
+                .into_iter()
+                .map(|(n, m)| (n.to_string(), m.to_string()))
+                .collect(),
+            short_of_resources: short.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        let table: &[(&[&str], Option<&str>)] = &[
+            // b is ruled out by its labels: what it stops frees nothing for this pod.
+            (&["a", "c"], Some("; waiting for terminating pods to free their resources: old on a")),
+            (&["c"], None),
+            (&[], None),
+        ];
+        for (short, tail) in table {
+            let words = unschedulable_words(unschedulable(short), &nodes);
+            let base =
+                "0/3 nodes fit: 2 insufficient cpu, 1 node selector mismatch: a: needs 1; b: selector; c: needs 1";
+            assert_eq!(&*words, format!("{base}{}", tail.unwrap_or("")), "short of resources on {short:?}");
+        }
     }
 }

@@ -275,6 +275,18 @@ impl Controller {
         }
     }
 
+    /// The pods each node is stopping (`NodeStatus::terminating`), by node.
+    pub fn terminating(&self) -> Vec<(String, specs::api::TerminatingPod)> {
+        let inner = self.lock();
+        let mut out: Vec<_> = inner
+            .nodes
+            .iter()
+            .flat_map(|(name, n)| n.node.status.terminating.iter().map(move |t| (name.clone(), t.clone())))
+            .collect();
+        out.sort_by(|a, b| a.1.name.cmp(&b.1.name));
+        out
+    }
+
     /// Why no registered node could ever run the pod, even empty, as the
     /// message of a refused submission; `None` when some node could, or when
     /// no node is registered yet.

@@ -51,6 +51,20 @@ pub enum ReasonKind {
 }
 
 impl ReasonKind {
+    /// Whether what the node has free rules it out (what a pod stopping
+    /// there gives back), not what it is (its labels, its readiness).
+    pub fn is_about_resources(self) -> bool {
+        matches!(
+            self,
+            ReasonKind::InsufficientCpu
+                | ReasonKind::InsufficientMemory
+                | ReasonKind::InsufficientHugePages
+                | ReasonKind::InsufficientDevices
+                | ReasonKind::TopologyAffinity
+                | ReasonKind::SmtAlignment
+        )
+    }
+
     /// The words used in the summary line ("2 topology affinity, 1 not ready").
     pub fn label(self) -> &'static str {
         match self {

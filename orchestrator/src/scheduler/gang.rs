@@ -143,6 +143,7 @@ impl Scheduler {
             ),
             per_node: u.per_node,
             counts: u.counts,
+            short_of_resources: u.short_of_resources,
         })
     }
 

@@ -29,7 +29,7 @@ mod props;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,11 @@ pub struct Unschedulable {
     /// How many nodes were ruled out for each reason.
     #[serde(default)]
     pub counts: BTreeMap<ReasonKind, usize>,
+    /// The nodes ruled out for what they have free (CPUs, memory, huge
+    /// pages, devices, their alignment): where a pod still stopping may be
+    /// what the pod waits for.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub short_of_resources: BTreeSet<String>,
 }
 
 /// One node's figures per NUMA node (`Scheduler::capacity`).
@@ -858,8 +863,12 @@ impl Scheduler {
         let engine =
             engine_rejected.into_iter().map(|(i, r)| (i, Detail::Engine { reason: r.reason, message: r.message }));
         let held = held.iter().map(|&i| (i, Detail::GangSpread));
+        let mut short_of_resources = BTreeSet::new();
         for (i, d) in explained.chain(held).chain(engine) {
             *counts.entry(d.kind()).or_default() += 1;
+            if d.kind().is_about_resources() {
+                short_of_resources.insert(self.nodes[i].info.name.clone());
+            }
             per_node.insert(self.nodes[i].info.name.clone(), d.to_string());
         }
         let mut order: Vec<(&ReasonKind, &usize)> = counts.iter().collect();
@@ -870,7 +879,7 @@ impl Scheduler {
         } else {
             format!("0/{} nodes fit: {}", self.nodes.len(), reasons.join(", "))
         };
-        Unschedulable { message, per_node, counts }
+        Unschedulable { message, per_node, counts, short_of_resources }
     }
 }
 
