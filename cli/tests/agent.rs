@@ -126,6 +126,7 @@ fn malformed_manifest_is_reported_by_file_and_field_and_sigterm_stops_cleanly() 
 
     let out = Command::new(PINION).args(["agent", "status", "--data-dir"]).arg(&s.data).output().unwrap();
     assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("no agent is running"), "the agent runs");
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "NODE t1");
@@ -145,6 +146,11 @@ fn malformed_manifest_is_reported_by_file_and_field_and_sigterm_stops_cleanly() 
     signal(&a.0, "TERM");
     let st = wait_exit(&mut a.0);
     assert!(st.success(), "{st:?}");
+    // Stopped, its last status is still read, and said to be the last one.
+    let out = Command::new(PINION).args(["agent", "status", "--data-dir"]).arg(&s.data).output().unwrap();
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("no agent is running on this data dir: this is the last status one wrote, "), "{said}");
 }
 
 #[test]

@@ -486,6 +486,12 @@ fn run_with_nodes_and_tasks_makes_a_gang_job() {
     let (code, text) = run(&["run", "wide", "-N", "2", "--cpus", "1", "--", "true"]);
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("can never run"), "{text}");
+    // One pod that no node can ever hold: `run` says its own flag for waiting,
+    // not the annotation a manifest would carry.
+    let (code, text) = run(&["run", "huge", "--cpus", "64", "--", "true"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("no node can ever run") && text.contains("run with --wait-for-nodes"), "{text}");
+    assert!(!text.contains("annotate"), "{text}");
     let (_, jobs) = cli(&config, &["get", "jobs"]);
     assert!(!jobs.contains("big") && !jobs.contains("wide"), "{jobs}");
     let (code, text) = run(&["run", "zero", "-N", "0", "--", "true"]);

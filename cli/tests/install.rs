@@ -180,3 +180,19 @@ fn json_logs_are_one_object_per_line() {
     }
     assert!(lines.iter().any(|l| l.contains("server stopped")), "{text}");
 }
+
+#[test]
+fn a_unit_that_runs_a_build_folders_binary_says_so_and_how_to_install_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let units = tmp.path().join("units");
+    // This test's binary is cargo's build output.
+    let (ok, out) = install(&units, &["server", "--", "--data-dir", "/var/lib/pinion"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("in a build folder") && out.contains("install -m 755"), "{out}");
+    let (ok, out) =
+        install(&units, &["server", "--bin", "/usr/local/bin/pinion", "--", "--data-dir", "/var/lib/pinion"]);
+    assert!(ok, "{out}");
+    assert!(!out.contains("build folder"), "{out}");
+    let unit = std::fs::read_to_string(units.join("pinion-server.service")).expect("the unit");
+    assert!(unit.contains("ExecStart=/usr/local/bin/pinion server"), "{unit}");
+}

@@ -103,6 +103,11 @@ pub async fn run(down: &Down) -> Result<Vec<Step>, DownError> {
         stop_containers(&node, &down.shim, &mut steps).await?;
         remove_pod_networks(&node, &down.cni, &mut steps).await;
     }
+    // The containers' parent cgroup in every hierarchy, now that none is left.
+    let parent = std::path::Path::new(crate::runtime::libcontainer::cgroups::DEFAULT_PARENT);
+    for dir in crate::runtime::libcontainer::cgroups::remove_parent_if_empty(&crate::host::RealHost, parent) {
+        steps.push(format!("removed cgroup {}", dir.display()));
+    }
     let masquerade = tokio::task::spawn_blocking({
         let network = names.network.clone();
         move || remove_masquerade(&network)

@@ -161,6 +161,10 @@ pub const ARRAY_PARALLELISM_ANNOTATION: &str = "pinion.io/array-parallelism";
 /// nodes to join (by default such a pod is refused at submission).
 pub const WAIT_FOR_NODES_ANNOTATION: &str = "pinion.io/wait-for-nodes";
 
+/// What the server's "can never run" refusal says to do (a client with a
+/// flag for it says that instead).
+pub const WAIT_FOR_NODES_HINT: &str = "annotate the pod pinion.io/wait-for-nodes: \"true\" to wait for such a node";
+
 /// Annotation naming the pod's network-function devices inside its network
 /// namespace, as Multus's `interface` does: `RESOURCE=IFNAME` pairs separated
 /// by commas (`example.com/vf=net1,example.com/vf=net2`). A resource named

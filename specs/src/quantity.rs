@@ -15,6 +15,24 @@ use crate::limits::MAX_UNITS;
 
 const NANO: i128 = 1_000_000_000;
 
+/// Bytes as a person reads them, in one unit: the largest binary unit
+/// they reach, exact where it divides them (`64Gi`, `512Mi`), else to one
+/// decimal (`8.5Gi`, not `8874196Ki`); under 1Ki, plain bytes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")];
+    for (shift, suffix) in UNITS {
+        let unit = 1u64 << shift;
+        if n >= unit {
+            return if n.is_multiple_of(unit) {
+                format!("{}{suffix}", n >> shift)
+            } else {
+                format!("{:.1}{suffix}", n as f64 / unit as f64)
+            };
+        }
+    }
+    format!("{n} bytes")
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid quantity {input:?}: {reason}")]
 pub struct QuantityError {
@@ -253,6 +271,25 @@ impl<'de> Deserialize<'de> for Quantity {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // in tests a panic is the failure report
 mod tests {
+
+    #[test]
+    fn bytes_read_in_one_unit_exact_where_it_divides() {
+        let table = [
+            (0, "0 bytes"),
+            (1000, "1000 bytes"),
+            (1024, "1Ki"),
+            (64 << 20, "64Mi"),
+            (100 << 30, "100Gi"),
+            // A node's free memory: one decimal, not 8874196Ki.
+            (8_874_196 << 10, "8.5Gi"),
+            (1536 << 20, "1.5Gi"),
+            (3 << 40, "3Ti"),
+        ];
+        for (n, want) in table {
+            assert_eq!(human_bytes(n), want, "{n} bytes");
+        }
+    }
+
     use super::*;
 
     fn check(input: &str, nanos: i128) {

@@ -376,8 +376,17 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
             args.data_dir.display()
         );
     };
-    // Which node's status this is, on stderr so that -o json stays clean.
-    eprintln!("reading {}", nodelet::agent::status::path(&dir).display());
+    // Which node's status this is, on stderr so that -o json stays clean;
+    // with no agent running, it is the last one's, and how old it is.
+    let path = nodelet::agent::status::path(&dir);
+    eprintln!("reading {}", path.display());
+    if nodelet::agent::status::agent_running(&dir) == Some(false) {
+        let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).map_or_else(
+            || "at an unknown time".to_string(),
+            |d| format!("{} ago", super::get::short_duration(d.as_secs() as i64)),
+        );
+        eprintln!("no agent is running on this data dir: this is the last status one wrote, {age}");
+    }
     let report = nodelet::agent::status::read(&dir)?;
     let text = match args.output {
         Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),

@@ -42,6 +42,11 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         };
         match result {
             Ok(()) => outln!("{kind}/{name} deleted"),
+            // No server to ask: the next name would fail the same way. Ended
+            // as every verb ends then (with the hint to start one).
+            Err(e) if !matches!(e, pinion_wire::ClientError::Api(_)) => {
+                return Err(anyhow::Error::new(e).context(format!("delete {kind}/{name}")));
+            }
             Err(e) => {
                 eprintln!("error: {kind}/{name}: {e}");
                 failed += 1;

@@ -102,6 +102,11 @@ fn line(widths: &[usize], cells: &[impl AsRef<str>]) -> String {
 pub fn age(ts: Option<&str>) -> String {
     let Some(t) = ts.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else { return "-".into() };
     let secs = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    short_duration(secs)
+}
+
+/// `5s`, `3m`, `2h`, `4d`: a duration in seconds, as AGE shows it.
+pub fn short_duration(secs: i64) -> String {
     match secs {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m", s / 60),
@@ -152,6 +157,34 @@ pub fn pod_status(p: &Pod) -> String {
     // (as kubectl's STATUS says Terminating); `describe` says why.
     let misfit = s.reason.filter(|r| r == specs::engine::SETTINGS_MISFIT && s.phase == specs::PodPhase::Running);
     shown.or(misfit).unwrap_or_else(|| format!("{:?}", s.phase))
+}
+
+/// Names as a person orders them: runs of digits by their value, the rest
+/// as text (`sweep-2` < `sweep-10` < `sweep-100`).
+fn natural_order(a: &str, b: &str) -> std::cmp::Ordering {
+    /// The next run of digits, or of anything else, and what follows it.
+    fn run(s: &str) -> (&str, &str) {
+        let digits = s.starts_with(|c: char| c.is_ascii_digit());
+        let end = s.find(|c: char| c.is_ascii_digit() != digits).unwrap_or(s.len());
+        s.split_at(end)
+    }
+    let (mut a, mut b) = (a, b);
+    while !a.is_empty() && !b.is_empty() {
+        let ((x, rest_a), (y, rest_b)) = (run(a), run(b));
+        let both_digits = x.starts_with(|c: char| c.is_ascii_digit()) && y.starts_with(|c: char| c.is_ascii_digit());
+        let order = if both_digits {
+            // By value without parsing (any length): fewer significant digits first.
+            let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
+            x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+        } else {
+            x.cmp(y)
+        };
+        if order != std::cmp::Ordering::Equal {
+            return order;
+        }
+        (a, b) = (rest_a, rest_b);
+    }
+    a.len().cmp(&b.len())
 }
 
 /// Whole seconds from now until an RFC 3339 time still to come.
@@ -249,7 +282,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let headers = pod_headers(wide);
-            let rows: Vec<Vec<String>> = pods.iter().map(|p| pod_row(p, wide)).collect();
+            let mut rows: Vec<Vec<String>> = pods.iter().map(|p| pod_row(p, wide)).collect();
+            // An array's tasks in their order: sweep-2 before sweep-10.
+            rows.sort_by(|a, b| natural_order(&a[0], &b[0]));
             out!("{}", table(&headers, &rows));
         }
         Kind::Jobs => {
@@ -487,7 +522,7 @@ async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> an
                 watch = resume_watch(client, args.selector.as_deref(), from, &mut resumes).await?;
                 continue;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(anyhow::Error::new(e).context("the pod watch ended")),
         };
         if !keep(&pod) {
             continue;
@@ -511,6 +546,14 @@ async fn watch_pods(client: &pinion_wire::Client, args: &Args, wide: bool) -> an
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn names_sort_with_their_numbers_by_value() {
+        let mut names = vec!["sweep-10", "sweep-2", "sweep-100", "sweep-1", "alpha", "sweep-02b", "sweep-", "web-9"];
+        names.sort_by(|a, b| natural_order(a, b));
+        assert_eq!(names, ["alpha", "sweep-", "sweep-1", "sweep-2", "sweep-02b", "sweep-10", "sweep-100", "web-9"]);
+    }
+
     use super::*;
 
     #[test]

@@ -84,6 +84,12 @@ fn take_token(flags: &[String], path: &Path) -> anyhow::Result<(Option<String>, 
     Ok((token, out))
 }
 
+/// Whether the binary is cargo's build output (`…/target/release/pinion`).
+fn in_a_build_folder(binary: &Path) -> bool {
+    let parts: Vec<&std::ffi::OsStr> = binary.iter().collect();
+    parts.windows(2).any(|w| w[0] == "target" && (w[1] == "release" || w[1] == "debug"))
+}
+
 /// Writes the unit; `check` parses `pinion VERB FLAGS...` as the binary would.
 pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyhow::Result<ExitCode> {
     let mut argv = vec!["pinion".to_string(), args.daemon.verb().to_string()];
@@ -122,6 +128,14 @@ pub fn run(args: Args, check: impl Fn(&[String]) -> Result<(), String>) -> anyho
     write_file(&path, &text, 0o644)?;
     outln!("wrote {}", path.display());
     outln!("start it: systemctl daemon-reload && systemctl enable --now {}", args.daemon.unit_name());
+    if args.binary.is_none() && in_a_build_folder(&binary) {
+        eprintln!(
+            "note: the unit runs {}, in a build folder (a `cargo clean` or rebuild changes it under the service); \
+             to install it: install -m 755 {} /usr/local/bin/pinion, then run this again with --bin /usr/local/bin/pinion",
+            binary.display(),
+            binary.display()
+        );
+    }
     if args.daemon == Daemon::Agent && !has_delegate_subgroup(systemd) {
         let found = systemd.map(|v| format!("systemd {v}")).unwrap_or_else(|| "no systemctl".into());
         eprintln!(

@@ -32,6 +32,7 @@ use specs::pod::{
     Capabilities, Container, EnvVar, HostPathVolume, ObjectMeta, PodSecurityContext, ResourceRequirements,
     RestartPolicy, RootfsSource, SecurityContext, TopologySpec, Volume, VolumeMount, API_VERSION, ARRAY_LABEL,
     ARRAY_PARALLELISM_ANNOTATION, ARRAY_TASK_ANNOTATION, RESOURCE_CPU, RESOURCE_MEMORY, WAIT_FOR_NODES_ANNOTATION,
+    WAIT_FOR_NODES_HINT,
 };
 use specs::{CpuPolicy, Pod, PodPhase, PodSpec, Quantity, TopologyPolicy};
 use tokio::signal::unix::{signal, SignalKind};
@@ -123,8 +124,9 @@ pub struct Args {
     #[arg(short = 'v', long = "volume", value_name = "HOST:DEST[:ro]")]
     pub volumes: Vec<String>,
     /// Use the node's network (its interfaces and addresses) instead of a
-    /// network namespace of the pod's own holding only `lo`: what ranks on
-    /// several nodes need to reach each other, and MPI to reach `mpirun`.
+    /// network namespace of the pod's own (an address on the node's pod
+    /// network, which reaches the pods of every node; only `lo` where the
+    /// node has no pod network): for MPI's launcher to reach `mpirun`.
     #[arg(long)]
     pub host_network: bool,
     /// Run as root inside a user namespace of the pod's own (`hostUsers:
@@ -558,7 +560,9 @@ enum Ended {
 fn create_error(name: &str, e: ClientError) -> anyhow::Error {
     match e {
         ClientError::Api(api) if api.code == 422 => {
-            let mut line = format!("run {name}: {}", api.message);
+            // `run` has a flag for what the server suggests.
+            let message = api.message.replace(WAIT_FOR_NODES_HINT, "run with --wait-for-nodes to wait for such a node");
+            let mut line = format!("run {name}: {message}");
             for d in &api.details {
                 line.push_str(&format!("; {d}"));
             }

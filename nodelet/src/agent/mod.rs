@@ -326,6 +326,10 @@ pub async fn run(
     if tokio::time::timeout(bound, removals).await.is_err() {
         tracing::warn!(after = ?bound, "containers still being removed at shutdown; a restart removes them");
     }
+    let runtime = exec.runtime.clone();
+    if tokio::time::timeout(bound, tokio::task::spawn_blocking(move || runtime.tidy_at_stop())).await.is_err() {
+        tracing::warn!(after = ?bound, "the runtime's tidying at shutdown did not end in time");
+    }
     if let Some(nets) = &exec.networks {
         if tokio::time::timeout(bound, nets.drain_warm()).await.is_err() {
             tracing::warn!(after = ?bound, "pod networks made ahead still being removed at shutdown; a restart removes them");

@@ -36,6 +36,17 @@ pub fn read(data_dir: &Path) -> Result<NodeReport, StatusError> {
     serde_json::from_slice(&bytes).map_err(|e| StatusError::Malformed { path, reason: e.to_string() })
 }
 
+/// Whether an agent runs on `data_dir` now (it holds `agent.lock` while it
+/// runs); `None` when that cannot be told (no lock file: no agent ever ran).
+pub fn agent_running(data_dir: &Path) -> Option<bool> {
+    let file = std::fs::File::open(data_dir.join("agent.lock")).ok()?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
+        Ok(_free) => Some(false),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Some(true),
+        Err(_) => None,
+    }
+}
+
 /// At most this many status file writes a second: the file is for people and
 /// scripts, and with jobs finishing by the thousand a write per change (every
 /// pod, pretty-printed) would take the CPU the pods' starts need.

@@ -811,6 +811,15 @@ impl Runtime for LibcontainerRuntime {
         self.exec_in(id, command, true)
     }
 
+    fn tidy_at_stop(&self) {
+        // A delegated subtree is systemd's to remove; `/pinion` is ours.
+        if !self.cgroups.delegated {
+            for dir in cgroups::remove_parent_if_empty(self.host.as_ref(), &self.cgroups.path) {
+                tracing::info!(cgroup = %dir.display(), "removed the containers' cgroup parent, empty");
+            }
+        }
+    }
+
     fn list(&self) -> Result<Vec<String>, RuntimeError> {
         let mut ids = Vec::new();
         for dir in [self.layout.containers(), self.layout.state_root()] {

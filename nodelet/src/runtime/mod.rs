@@ -260,6 +260,9 @@ pub trait Runtime: Send + Sync + 'static {
     }
     /// Ids of every container this runtime holds, running or not (for adoption).
     fn list(&self) -> Result<Vec<String>, RuntimeError>;
+    /// The agent stops: what the runtime made for all its containers and no
+    /// container uses any more goes (the cgroup parent, once empty).
+    fn tidy_at_stop(&self) {}
     /// From now on, sends an `ExitEvent` on `tx` as soon as a container exits
     /// (events for containers the receiver does not know are its to ignore).
     /// A runtime without notifications keeps the default: the agent's slow

@@ -48,10 +48,7 @@ pub fn create(t: &mut Txn<'_>, given: &Pod, uid: &str, never: Option<&str>) -> R
         }
     }
     if let Some(message) = never {
-        return Err(ClusterError::Unschedulable(format!(
-            "{message} (annotate the pod {}: \"true\" to wait for such a node)",
-            specs::pod::WAIT_FOR_NODES_ANNOTATION
-        )));
+        return Err(ClusterError::Unschedulable(format!("{message} ({})", specs::pod::WAIT_FOR_NODES_HINT)));
     }
     pod.metadata.uid = Some(uid.to_string());
     pod.metadata.creation_timestamp = Some(now_rfc3339());

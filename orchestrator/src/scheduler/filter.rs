@@ -182,16 +182,7 @@ impl Detail<'_> {
     }
 }
 
-/// Bytes as a person writes them: `4Gi`, `512Mi`, else plain bytes.
-pub(crate) fn bytes(n: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [(1 << 40, "Ti"), (1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")];
-    for (unit, suffix) in UNITS {
-        if n >= unit && n & (unit - 1) == 0 {
-            return format!("{}{suffix}", n / unit);
-        }
-    }
-    format!("{n}")
-}
+pub(crate) use specs::quantity::human_bytes as bytes;
 
 fn res_amount(res: Res<'_>, n: u64) -> String {
     match res {

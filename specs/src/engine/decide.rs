@@ -45,15 +45,7 @@ fn reject(reason: RejectReason, message: String) -> Rejection {
     Rejection { reason, message }
 }
 
-/// `64Gi`, `512Mi`, `1000` bytes: exact, the largest binary unit that divides.
-pub(crate) fn fmt_bytes(b: u64) -> String {
-    for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if b != 0 && b & ((1u64 << shift) - 1) == 0 {
-            return format!("{}{unit}", b >> shift);
-        }
-    }
-    format!("{b} bytes")
-}
+pub(crate) use crate::quantity::human_bytes as fmt_bytes;
 
 pub(crate) fn fmt_amount(kind: Kind, v: u64) -> String {
     match kind {

@@ -233,6 +233,12 @@ pub(crate) fn existing_dirs(host: &dyn Host, cgroup: &Path) -> Vec<PathBuf> {
     roots.into_iter().map(|r| r.join(rel)).filter(|p| host.is_dir(p)).collect()
 }
 
+/// Removes the containers' parent cgroup from every hierarchy where it is
+/// empty (a container still there keeps it: rmdir refuses); the ones removed.
+pub(crate) fn remove_parent_if_empty(host: &dyn Host, parent: &Path) -> Vec<PathBuf> {
+    existing_dirs(host, parent).into_iter().filter(|d| std::fs::remove_dir(d).is_ok()).collect()
+}
+
 /// Whether the kernel's OOM killer killed a process of this container.
 pub(crate) fn oom_killed(host: &dyn Host, cgroup: &Path) -> bool {
     let rel = rel(cgroup);
