@@ -53,7 +53,11 @@ enum Command {
     /// on the command line win; prints `Submitted batch job NAME`.
     Batch(cmd::batch::Args),
     /// Cancel jobs (Slurm's scancel): each job and its members deleted.
-    Cancel(cmd::batch::CancelArgs),
+    Cancel(cmd::batch::JobsArgs),
+    /// Keep pending jobs from starting (Slurm's scontrol hold).
+    Hold(cmd::batch::JobsArgs),
+    /// Let held jobs start (Slurm's scontrol release).
+    Release(cmd::batch::JobsArgs),
     /// Run a command inside a running container of a pod; its output as it comes, its exit code.
     Exec(cmd::exec::Args),
     /// A remote shell into a pod, as `ssh HOST CMD` is: the words after the
@@ -126,6 +130,8 @@ fn main() -> ExitCode {
             Command::Run(a) => cmd::run::run(g, a).await,
             Command::Batch(a) => cmd::batch::run(g, a).await,
             Command::Cancel(a) => cmd::batch::cancel(g, a).await,
+            Command::Hold(a) => cmd::batch::hold(g, a, true).await,
+            Command::Release(a) => cmd::batch::hold(g, a, false).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,
             Command::Rsh(a) => cmd::exec::run(g, a.into_exec()).await,
             Command::Topology(a) => cmd::topology::run(g, a).await,

@@ -879,7 +879,7 @@ fn a_batch_script_writes_its_output_file_as_its_user() {
 /// `--time`: the server stops a job at its deadline (SIGTERM, then SIGKILL
 /// after the grace) and it ends Failed, DeadlineExceeded; `run --time`
 /// exits 124. A chain `afterok` on a failed job ends DependencyNeverSatisfied;
-/// `afterany` on it runs.
+/// `afterany` on it runs. `cancel`, `hold` and `release`.
 #[test]
 fn a_job_past_its_time_ends_deadline_exceeded_and_dependencies_order_jobs() {
     let Some(up) = Up::start() else { return };
@@ -930,11 +930,31 @@ fn a_job_past_its_time_ends_deadline_exceeded_and_dependencies_order_jobs() {
     up.wait("c done", || job_status(&up, &c)["phase"] == "Succeeded");
     assert!(up.phase(&format!("{b}-0")).is_none(), "b never had members");
 
-    // scancel.
-    let d = format!("d-{tag}");
-    batch(&d, "sleep 300", &[]);
+    // hold and release: e waits for the one pinnable CPU d holds; held, it
+    // has no member, and stays so after d is cancelled (scancel) until it
+    // is released. A running job cannot be held.
+    let (d, e) = (format!("d-{tag}"), format!("e-{tag}"));
+    batch(&d, "sleep 300", &["-c", "1"]);
     up.wait("d running", || job_status(&up, &d)["phase"] == "Running");
+    let out = up.cli(&["hold", &d]);
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("only a pending job can be held"),
+        "{}",
+        text(&out.stderr)
+    );
+    batch(&e, "echo e", &["-c", "1"]);
+    up.wait("e queued", || up.phase(&format!("{e}-0")).as_deref() == Some("Pending"));
+    let out = up.cli(&["hold", &e]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(job_status(&up, &e)["reason"], "JobHeldUser");
+    up.wait("e's member gone", || up.phase(&format!("{e}-0")).is_none());
     let out = up.cli(&["cancel", &d]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     up.wait("d gone", || up.phase(&format!("{d}-0")).is_none());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(job_status(&up, &e)["phase"], "Pending", "held, it does not start");
+    assert!(up.phase(&format!("{e}-0")).is_none());
+    let out = up.cli(&["release", &e]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("e done", || job_status(&up, &e)["phase"] == "Succeeded");
 }

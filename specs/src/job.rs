@@ -455,6 +455,8 @@ pub enum JobAction {
 pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
 /// Reason of a job waiting for its dependency (Slurm's word).
 pub const DEPENDENCY: &str = "Dependency";
+/// Reason of a job its owner (or an admin) holds (Slurm's word).
+pub const HELD: &str = "JobHeldUser";
 /// Reason of a job whose dependency can never be met (Slurm's word).
 pub const DEPENDENCY_NEVER_SATISFIED: &str = "DependencyNeverSatisfied";
 

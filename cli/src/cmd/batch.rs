@@ -1,5 +1,5 @@
-//! `pinion batch SCRIPT [OPTIONS] [-- ARGS]` (Slurm's `sbatch`) and `pinion
-//! cancel JOB...` (`scancel`). `batch` reads the script's `#SBATCH`/`#PINION`
+//! `pinion batch SCRIPT [OPTIONS] [-- ARGS]` (Slurm's `sbatch`), `pinion
+//! cancel JOB...` (`scancel`) and `pinion hold/release JOB...`. `batch` reads the script's `#SBATCH`/`#PINION`
 //! directives (`specs::batch`), lets the command line's options win, builds
 //! the Job as `pinion run -N/-n` does (`run::job`), and submits it; it prints
 //! `Submitted batch job NAME` and returns at once.
@@ -58,8 +58,9 @@ pub struct Args {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct CancelArgs {
-    /// The jobs (their ids, as `pinion batch` printed them).
+pub struct JobsArgs {
+    /// The jobs (their ids, as `pinion batch` printed them; names for jobs
+    /// made otherwise).
     #[arg(required = true)]
     pub jobs: Vec<String>,
 }
@@ -310,7 +311,7 @@ fn suffix() -> String {
 
 /// `pinion cancel JOB...` (scancel): each job and its members deleted (their
 /// containers get SIGTERM, then SIGKILL after their grace).
-pub async fn cancel(g: GlobalArgs, args: CancelArgs) -> anyhow::Result<ExitCode> {
+pub async fn cancel(g: GlobalArgs, args: JobsArgs) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let mut failed = 0;
     for name in &args.jobs {
@@ -320,6 +321,22 @@ pub async fn cancel(g: GlobalArgs, args: CancelArgs) -> anyhow::Result<ExitCode>
                 eprintln!("pinion: cancel {name}: {e}");
                 failed += 1;
             }
+        }
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `pinion hold JOB...` and `pinion release JOB...` (Slurm's `scontrol
+/// hold/release`): a pending job is kept from starting, then let go.
+pub async fn hold(g: GlobalArgs, args: JobsArgs, hold: bool) -> anyhow::Result<ExitCode> {
+    let client = crate::config::client(&g)?;
+    let mut failed = 0;
+    let verb = if hold { "hold" } else { "release" };
+    for name in &args.jobs {
+        let r = if hold { client.hold_job(name).await } else { client.release_job(name).await };
+        if let Err(e) = r {
+            eprintln!("pinion: {verb} {name}: {e}");
+            failed += 1;
         }
     }
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -217,11 +217,72 @@ fn start_when_met(t: &mut Txn<'_>, job: &mut Job) -> Result<Option<MemberChanges
     }
 }
 
+/// Holds a pending job (`hold`) or releases a held one, for `id`, who must
+/// own it or be an admin (Slurm's `scontrol hold/release`). A held job has
+/// no members: the unplaced ones are removed in this write, so the queue
+/// forgets them; a job with a placed member is refused, as Slurm holds only
+/// pending jobs. Released, its members are made again in this write, or it
+/// waits for its dependency again.
+pub fn hold_for(t: &mut Txn<'_>, id: &crate::tls::Identity, name: &str, hold: bool) -> Result<Job, ClusterError> {
+    let Some(mut job) = t.get::<Job>(name)? else { return Err(ClusterError::not_found("Job", name)) };
+    let owner = job.metadata.owner.as_deref();
+    super::authorize(id, super::Request::Owned { kind: "Job", name, owner, access: super::Access::Write })?;
+    let status = job.status.clone().unwrap_or_default();
+    let held = status.reason.as_deref() == Some(job::HELD);
+    if status.phase.is_terminal() {
+        return Err(ClusterError::Conflict(format!("job {name:?} has ended ({:?})", status.phase)));
+    }
+    if hold {
+        if held {
+            return Ok(job);
+        }
+        let placed = current_members(t, &job)?.into_iter().flatten().any(|p| p.spec.node_name.is_some());
+        if status.phase == JobPhase::Running || placed {
+            return Err(ClusterError::Conflict(format!(
+                "job {name:?} has started: only a pending job can be held (cancel it instead)"
+            )));
+        }
+        delete_members(t, &job)?;
+        job.status = Some(JobStatus {
+            attempt: status.attempt,
+            reason: Some(job::HELD.into()),
+            message: Some("held: `pinion release` lets it start".into()),
+            ..Default::default()
+        });
+        t.put(&mut job)?;
+        t.add_event(event("Job", name, "Normal", "Held", "held until released"))?;
+        return Ok(job);
+    }
+    if !held {
+        return Err(ClusterError::Conflict(format!("job {name:?} is not held")));
+    }
+    t.add_event(event("Job", name, "Normal", "Released", "released"))?;
+    if let Some(d) = job.spec.dependency.clone() {
+        job.status = Some(JobStatus {
+            attempt: status.attempt,
+            reason: Some(job::DEPENDENCY.into()),
+            message: Some(format!("waiting for {d}")),
+            ..Default::default()
+        });
+        t.put(&mut job)?;
+        start_when_met(t, &mut job)?;
+        return Ok(job);
+    }
+    job.status = Some(JobStatus { attempt: status.attempt, ..Default::default() });
+    t.put(&mut job)?;
+    create_members(t, &job)?;
+    Ok(job)
+}
+
 /// Judges the job from its members and carries the verdict out in this write:
 /// the status, and the members stopped (deleted) or started again.
 /// `past_deadline`: the controller's timer says its time limit ran out.
 pub fn reconcile(t: &mut Txn<'_>, name: &str, past_deadline: bool) -> Result<MemberChanges, ClusterError> {
     let Some(mut job) = t.get::<Job>(name)? else { return Ok(MemberChanges::default()) };
+    // Held: no members, nothing to judge until it is released.
+    if job.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some(job::HELD) && !s.phase.is_terminal()) {
+        return Ok(MemberChanges::default());
+    }
     if let Some(changes) = start_when_met(t, &mut job)? {
         return Ok(changes);
     }
