@@ -329,6 +329,10 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
             Ok(dep) if dep.has_singleton() => {
                 push("spec.dependency", "singleton is not supported yet (a job's name is unique in Pinion)".into())
             }
+            Ok(dep) if dep.jobs().contains(&job.metadata.name.as_str()) => push(
+                "spec.dependency",
+                format!("names the job itself ({:?}): it would wait forever", job.metadata.name),
+            ),
             Ok(_) => {}
         }
     }

@@ -25,6 +25,8 @@ pub enum OutputError {
     Open { path: String, source: std::io::Error },
     #[error("output file {path}: taking the user's identity: {source}")]
     Identity { path: String, source: nix::Error },
+    #[error("output file {path}: not a regular file")]
+    NotAFile { path: String },
     #[error("output files are not written for a pod in a user namespace of its own (hostUsers: false)")]
     UserNamespace,
 }
@@ -48,7 +50,14 @@ pub fn open_as(path: &Path, user: &ProcessUser) -> Result<File, OutputError> {
     };
     let switched = switch();
     let opened = switched.map(|()| {
-        std::fs::OpenOptions::new().append(true).create(true).mode(0o644).custom_flags(libc::O_CLOEXEC).open(path)
+        // Non-blocking: a FIFO with no reader must not hang the shim; what
+        // is not a regular file is refused below.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o644)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(path)
     });
     // Back to root's identity whatever happened.
     nix::unistd::setfsuid(Uid::from_raw(0));
@@ -56,12 +65,31 @@ pub fn open_as(path: &Path, user: &ProcessUser) -> Result<File, OutputError> {
     let restored = nix::unistd::setgroups(&saved_groups);
     let opened = opened.map_err(|source| OutputError::Identity { path: shown.clone(), source })?;
     restored.map_err(|source| OutputError::Identity { path: shown.clone(), source })?;
-    opened.map_err(|e| match e.kind() {
+    let file = opened.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => OutputError::NoDirectory {
             path: shown.clone(),
             dir: path.parent().map(|d| d.display().to_string()).unwrap_or_default(),
         },
         std::io::ErrorKind::PermissionDenied => OutputError::Denied { path: shown.clone(), uid: user.uid },
         _ => OutputError::Open { path: shown.clone(), source: e },
-    })
+    })?;
+    let meta = file.metadata().map_err(|source| OutputError::Open { path: shown.clone(), source })?;
+    if !meta.is_file() {
+        return Err(OutputError::NotAFile { path: shown });
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only what needs no identity switch: the switch itself is the shim's,
+    /// single-threaded, and is tested with real containers
+    /// (`cli/tests/up_real.rs`, `a_batch_script_writes_its_output_file_as_its_user`).
+    #[test]
+    fn a_relative_path_is_refused_before_anything_is_opened() {
+        let e = open_as(Path::new("out.txt"), &ProcessUser::default()).expect_err("relative");
+        assert_eq!(e.to_string(), "output file out.txt: not an absolute path");
+    }
 }

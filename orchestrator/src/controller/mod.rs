@@ -548,8 +548,8 @@ impl Controller {
                         // Gone: as an ended job, for the timers and for the
                         // dependencies that name it.
                         job.status.get_or_insert_with(Default::default).phase = specs::job::JobPhase::Failed;
-                    } else if event_type == WatchEventType::Added {
-                        // A new job: its dependency is judged once the write is seen.
+                    } else if event_type == WatchEventType::Added && job.spec.dependency.is_some() {
+                        // A new job with a dependency: judged once the write is seen.
                         self.lock().dirty_jobs.insert(job.metadata.name.clone());
                     }
                     self.lock().learn_job(&job, time_left(&job), Instant::now());

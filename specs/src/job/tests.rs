@@ -82,6 +82,10 @@ fn validation_names_each_field() {
         ("completions apart", Box::new(|j| j.spec.completions = Some(2)), "spec.completions"),
         ("min above size", Box::new(|j| j.spec.gang.min_members = Some(5)), "spec.gang.minMembers"),
         ("min zero", Box::new(|j| j.spec.gang.min_members = Some(0)), "spec.gang.minMembers"),
+        ("no time", Box::new(|j| j.spec.active_deadline_seconds = Some(0)), "spec.activeDeadlineSeconds"),
+        ("a bad dependency", Box::new(|j| j.spec.dependency = Some("before:x".into())), "spec.dependency"),
+        ("singleton", Box::new(|j| j.spec.dependency = Some("singleton".into())), "spec.dependency"),
+        ("itself", Box::new(|j| j.spec.dependency = Some("afterok:solver".into())), "spec.dependency"),
         (
             "never ends",
             Box::new(|j| j.spec.template.spec.restart_policy = RestartPolicy::Always),
@@ -108,6 +112,10 @@ fn validation_names_each_field() {
         ),
     ];
     assert!(validate_job(&job(4)).is_empty(), "{:?}", validate_job(&job(4)));
+    let mut ok = job(4);
+    ok.spec.dependency = Some("afterok:a:b,afterany:c".into());
+    ok.spec.active_deadline_seconds = Some(60);
+    assert!(validate_job(&ok).is_empty(), "{:?}", validate_job(&ok));
     for (what, change, field) in cases {
         let mut j = job(4);
         change(&mut j);
