@@ -851,6 +851,25 @@ fn a_batch_script_writes_its_output_file_as_its_user() {
     assert_eq!(std::fs::read_to_string(hers.join(format!("{job}.{job}.o"))).unwrap(), "1001\nargs \n");
     assert_eq!(std::fs::read_to_string(hers.join(format!("{job}.e"))).unwrap(), "to-stderr\n");
 
+    // An array: one job per task, each with its own file (%A the array, %a the task).
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH --array=1-2 -o arr-%A-%a.out\necho task $PINION_ARRAY_TASK_ID\n")
+        .unwrap();
+    let arr = format!("arr-{tag}");
+    let out = batch(&arr, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(&format!("Submitted batch job {arr} (2 array tasks")),
+        "{}",
+        text(&out.stdout)
+    );
+    for task in [1, 2] {
+        assert_eq!(ended(&format!("{arr}-{task}"))["phase"], "Succeeded");
+        let file = hers.join(format!("arr-{arr}-{task}.out"));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("task {task}\n"));
+        assert_eq!(std::fs::metadata(&file).unwrap().uid(), 1001);
+    }
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH --time=5 -c 1\nid -u\necho \"args $*\"\necho to-stderr >&2\n").unwrap();
+
     // Root's folder: refused to her uid, nothing written.
     let job = format!("denied-{tag}");
     let o = format!("{}/x.out", roots.display());
@@ -910,11 +929,12 @@ fn a_job_past_its_time_ends_deadline_exceeded_and_dependencies_order_jobs() {
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 
     // A chain: a fails; b (afterok:a) never runs; c (afterany:a) does.
+    // sbatch's order here: the options before the script.
     let batch = |name: &str, body: &str, extra: &[&str]| {
         let s = dir.path().join(format!("{name}.sh"));
         std::fs::write(&s, format!("#!/bin/sh\n{body}\n")).unwrap();
         let out =
-            up.cmd(&["batch", s.to_str().unwrap(), "-J", name]).args(extra).current_dir(dir.path()).output().unwrap();
+            up.cmd(&["batch", "-J", name, s.to_str().unwrap()]).args(extra).current_dir(dir.path()).output().unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));
     };
     let (a, b, c) = (format!("a-{tag}"), format!("b-{tag}"), format!("c-{tag}"));

@@ -124,6 +124,10 @@ pub enum BatchError {
     TooLarge { size: usize },
     #[error("the script is empty")]
     Empty,
+    #[error("{word:?} after the script: the script's arguments go after -- (pinion batch SCRIPT -- ARGS)")]
+    AfterScript { word: String },
+    #[error("no script given (pinion batch [OPTIONS] SCRIPT [OPTIONS] [-- ARGS])")]
+    NoScript,
     #[error("line 1: a batch script starts with #! and its interpreter (e.g. #!/bin/bash), as sbatch asks")]
     NoShebang,
 }
@@ -175,6 +179,55 @@ pub fn parse_args(args: &[String]) -> Result<BatchOptions, BatchError> {
     let mut out = BatchOptions::default();
     apply(&mut out, args, At::CommandLine)?;
     Ok(out)
+}
+
+/// A `pinion batch` command line: options, then the script, then options
+/// again, then `--` and the script's arguments (sbatch's `[options] script`
+/// and Pinion's `SCRIPT [options] [-- args]` alike). Returns the options,
+/// the script and its arguments; the options are checked by [`parse_args`].
+pub fn split_invocation(words: &[String]) -> Result<Invocation, BatchError> {
+    let mut options = Vec::new();
+    let mut script = None;
+    let mut i = 0;
+    while i < words.len() {
+        let w = &words[i];
+        i += 1;
+        if w == "--" {
+            break;
+        }
+        if !w.starts_with('-') || w == "-" {
+            if script.is_some() {
+                return Err(BatchError::AfterScript { word: w.clone() });
+            }
+            script = Some(w.clone());
+            continue;
+        }
+        options.push(w.clone());
+        // An option's value is the next word unless given inline.
+        let takes_value = if let Some(long) = w.strip_prefix("--") {
+            !long.contains('=') && OPTIONS.iter().any(|s| s.long == long && s.value)
+        } else {
+            let rest = &w[1..];
+            rest.len() == 1 && OPTIONS.iter().any(|s| s.short.map(String::from).as_deref() == Some(rest) && s.value)
+        };
+        if takes_value {
+            if let Some(v) = words.get(i) {
+                options.push(v.clone());
+                i += 1;
+            }
+        }
+    }
+    let script = script.ok_or(BatchError::NoScript)?;
+    Ok(Invocation { options, script, args: words[i.min(words.len())..].to_vec() })
+}
+
+/// A `pinion batch` command line, split ([`split_invocation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub options: Vec<String>,
+    pub script: String,
+    /// The script's own arguments (after `--`).
+    pub args: Vec<String>,
 }
 
 fn unquote(w: &str) -> String {

@@ -1,4 +1,4 @@
-//! `pinion batch SCRIPT [OPTIONS] [-- ARGS]` (Slurm's `sbatch`), `pinion
+//! `pinion batch [OPTIONS] SCRIPT [OPTIONS] [-- ARGS]` (Slurm's `sbatch`), `pinion
 //! cancel JOB...` (`scancel`) and `pinion hold/release JOB...`. `batch` reads the script's `#SBATCH`/`#PINION`
 //! directives (`specs::batch`), lets the command line's options win, builds
 //! the Job as `pinion run -N/-n` does (`run::job`), and submits it; it prints
@@ -50,11 +50,10 @@ exec "$f" "$@""#;
       --priority P           placed before jobs of a lower priority
   -D, --chdir DIR            the directory output files are relative to")]
 pub struct Args {
-    /// The job script (it must start with `#!`).
-    pub script: PathBuf,
-    /// sbatch's options (see below), then `--` and the script's arguments.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "OPTIONS")]
-    pub rest: Vec<String>,
+    /// sbatch's options (see below), the job script (it must start with
+    /// `#!`), more options, then `--` and the script's arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "[OPTIONS] SCRIPT")]
+    pub words: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -63,14 +62,6 @@ pub struct JobsArgs {
     /// made otherwise).
     #[arg(required = true)]
     pub jobs: Vec<String>,
-}
-
-/// The options and the script's arguments, split at the first `--`.
-fn split_rest(rest: &[String]) -> (&[String], &[String]) {
-    match rest.iter().position(|a| a == "--") {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, &[]),
-    }
 }
 
 /// What one submission makes: a job per array task, or one job.
@@ -241,13 +232,15 @@ fn divided(q: &Quantity, n: u64) -> anyhow::Result<Quantity> {
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
-    let (flags, script_args) = split_rest(&args.rest);
-    let text = read_script(&args.script)?;
-    let directives = batch::parse_script(&text).map_err(|e| anyhow::anyhow!("{}: {e}", args.script.display()))?;
-    let given = batch::parse_args(flags).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let batch::Invocation { options: flags, script, args: script_args } =
+        batch::split_invocation(&args.words).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let script = PathBuf::from(script);
+    let text = read_script(&script)?;
+    let directives = batch::parse_script(&text).map_err(|e| anyhow::anyhow!("{}: {e}", script.display()))?;
+    let given = batch::parse_args(&flags).map_err(|e| anyhow::anyhow!("{e}"))?;
     let options = given.over(directives);
     let cwd = std::env::current_dir().context("the working directory")?;
-    let submission = jobs(&args.script, &text, &options, script_args, &cwd, &suffix())?;
+    let submission = jobs(&script, &text, &options, &script_args, &cwd, &suffix())?;
     let client = crate::config::client(&g)?;
     let mut made: Vec<String> = Vec::new();
     for job in &submission.jobs {
@@ -395,12 +388,5 @@ mod tests {
         let o = options(script, &["--array=1-4%2"]);
         let e = jobs(Path::new("a.sh"), script, &o, &[], Path::new("/w"), "x").expect_err("%N");
         assert!(e.to_string().contains("%N limit is not supported"), "{e}");
-    }
-
-    #[test]
-    fn options_and_arguments_split_at_the_first_double_dash() {
-        let v: Vec<String> = ["-n", "2", "--", "a", "--", "b"].iter().map(|s| s.to_string()).collect();
-        let (flags, rest) = split_rest(&v);
-        assert_eq!((flags.len(), rest), (2, &v[3..]));
     }
 }

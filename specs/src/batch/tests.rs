@@ -190,3 +190,26 @@ fn slurms_memory_units() {
         assert_eq!(parse_memory(s).map(|q| q.to_string()).map_err(|_| ()), want.map(str::to_string), "{s}");
     }
 }
+
+#[test]
+fn options_go_before_or_after_the_script_and_its_arguments_after_two_dashes() {
+    let w = |s: &str| -> Vec<String> { s.split_whitespace().map(str::to_string).collect() };
+    let ok = |opts: &str, script: &str, args: &str| -> Result<Invocation, BatchError> {
+        Ok(Invocation { options: w(opts), script: script.into(), args: w(args) })
+    };
+    let cases: Vec<(&str, Result<Invocation, BatchError>)> = vec![
+        ("s.sh", ok("", "s.sh", "")),
+        ("-J x s.sh", ok("-J x", "s.sh", "")),
+        ("s.sh -n 2 --time=5", ok("-n 2 --time=5", "s.sh", "")),
+        ("-J x s.sh -t 5 -- a -b --", ok("-J x -t 5", "s.sh", "a -b --")),
+        ("--exclusive s.sh", ok("--exclusive", "s.sh", "")),
+        ("-Jx s.sh", ok("-Jx", "s.sh", "")),
+        ("-o out s.sh -- a", ok("-o out", "s.sh", "a")),
+        ("-J x", Err(BatchError::NoScript)),
+        ("-- s.sh", Err(BatchError::NoScript)),
+        ("s.sh a b", Err(BatchError::AfterScript { word: "a".into() })),
+    ];
+    for (line, want) in cases {
+        assert_eq!(split_invocation(&w(line)), want, "{line}");
+    }
+}
