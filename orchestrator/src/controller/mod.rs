@@ -1068,7 +1068,14 @@ impl Controller {
                 }
                 self.pods_created(&changes.created);
             }
-            Err(e) => tracing::warn!(job = %name, error = %e, "cannot record a job's progress"),
+            Err(e) => {
+                tracing::warn!(job = %name, error = %e, "cannot record a job's progress");
+                if past_deadline {
+                    // A job past its time limit must end: tried again shortly.
+                    self.lock().job_deadlines.insert(name, Instant::now() + Duration::from_secs(1));
+                    self.wake.notify_one();
+                }
+            }
         }
     }
 
