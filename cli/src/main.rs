@@ -53,6 +53,15 @@ enum Command {
     Logs(cmd::logs::Args),
     /// Run a command as a pod, stream its output and exit with its exit code.
     Run(cmd::run::Args),
+    /// Submit a job script (Slurm's sbatch): #SBATCH directives, options
+    /// on the command line win; prints `Submitted batch job NAME`.
+    Batch(cmd::batch::Args),
+    /// Cancel jobs (Slurm's scancel): each job and its members deleted.
+    Cancel(cmd::batch::JobsArgs),
+    /// Keep pending jobs from starting (Slurm's scontrol hold).
+    Hold(cmd::batch::JobsArgs),
+    /// Let held jobs start (Slurm's scontrol release).
+    Release(cmd::batch::JobsArgs),
     /// Run a command inside a running container of a pod; its output as it comes, its exit code.
     Exec(cmd::exec::Args),
     /// A remote shell into a pod, as `ssh HOST CMD` is: the words after the
@@ -123,6 +132,10 @@ fn main() -> ExitCode {
             Command::Rollout(a) => cmd::rollout::rollout(g, a).await,
             Command::Logs(a) => cmd::logs::run(g, a).await,
             Command::Run(a) => cmd::run::run(g, a).await,
+            Command::Batch(a) => cmd::batch::run(g, a).await,
+            Command::Cancel(a) => cmd::batch::cancel(g, a).await,
+            Command::Hold(a) => cmd::batch::hold(g, a, true).await,
+            Command::Release(a) => cmd::batch::hold(g, a, false).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,
             Command::Rsh(a) => cmd::exec::run(g, a.into_exec()).await,
             Command::Topology(a) => cmd::topology::run(g, a).await,

@@ -69,6 +69,7 @@ impl Fixture {
             init: false,
             run_as: Default::default(),
             userns: None,
+            output: None,
         }
     }
 

@@ -650,6 +650,9 @@ fn web_pods(up: &Up, app: &str) -> Vec<(String, Option<String>, bool)> {
         .as_array()
         .into_iter()
         .flatten()
+        // A deleted pod still draining is listed Terminating; like
+        // Kubernetes' surge, the Deployment's count leaves it out.
+        .filter(|p| p["status"]["reason"] != "Terminating")
         .map(|p| {
             let s = &p["status"];
             let ready = s["phase"] == "Running"
@@ -667,7 +670,8 @@ fn web_pods(up: &Up, app: &str) -> Vec<(String, Option<String>, bool)> {
 /// 2 with an HTTP readiness probe and an exec liveness probe. A rolling
 /// update (maxUnavailable 0, maxSurge 1) to a new version, while a client
 /// asks every Ready pod over and over: no request is refused, the Ready
-/// pods never number fewer than 2 nor the pods more than 3, and at the end
+/// pods never number fewer than 2 nor the pods (those not Terminating) more
+/// than 3, and at the end
 /// every pod answers the new version. Then a liveness failure (a file the
 /// probe looks for) restarts that pod's container in place.
 #[test]
@@ -705,6 +709,8 @@ fn a_rolling_update_of_a_probed_web_server_never_refuses_a_client() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let v = list(&app);
                 let Some(items) = v["items"].as_array() else { continue };
+                // Draining pods are listed Terminating: the surge counts the others.
+                let items: Vec<&Value> = items.iter().filter(|p| p["status"]["reason"] != "Terminating").collect();
                 most_pods = most_pods.max(items.len());
                 let ready: Vec<&str> = items
                     .iter()
@@ -809,4 +815,212 @@ fn a_deleted_pod_is_terminating_until_its_cpu_is_free_and_a_waiting_pod_names_it
         let table = text(&up.cli(&["get", "pods"]).stdout);
         !table.contains("stubborn") && matches!(up.phase("next").as_deref(), Some("Succeeded"))
     });
+}
+
+/// The job's status as `get jobs NAME -o json` shows it.
+fn job_status(up: &Up, job: &str) -> Value {
+    let out = up.cli(&["get", "jobs", job, "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["status"].clone()
+}
+
+/// `pinion batch` as alice (uid 1001): the script's output lands in her
+/// `-o` file on the node, created by her uid, besides the job's log; a
+/// folder she may not write in, or one that does not exist, fails the job
+/// with a reason that says so, and nothing is written there.
+#[test]
+fn a_batch_script_writes_its_output_file_as_its_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = dir.path().join("alice.conf");
+    let out = up.cli(&["user", "add", "alice", "--uid", "1001", "--gid", "1001", "--out", conf.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Her folder, and root's (0755: she may read it, not write in it).
+    let hers = dir.path().join("hers");
+    let roots = dir.path().join("roots");
+    for d in [&hers, &roots] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::os::unix::fs::chown(&hers, Some(1001), Some(1001)).unwrap();
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#SBATCH --time=5 -c 1\n# a comment\n\nid -u\necho \"args $*\"\necho to-stderr >&2\n",
+    )
+    .unwrap();
+    let batch = |name: &str, extra: &[&str]| {
+        Command::new(PINION)
+            .arg("--config")
+            .arg(&conf)
+            .arg("batch")
+            .arg(&script)
+            .args(["-J", name])
+            .args(extra)
+            .current_dir(&hers)
+            .output()
+            .unwrap()
+    };
+    let ended = |job: &str| {
+        up.wait(&format!("job {job} ended"), || {
+            matches!(job_status(&up, job)["phase"].as_str(), Some("Succeeded" | "Failed"))
+        });
+        job_status(&up, job)
+    };
+
+    // The default file, pinion-%j.out in the submission's folder.
+    let job = format!("out-{tag}");
+    let t = Instant::now();
+    let out = batch(&job, &["--", "one", "two"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("Submitted batch job {job}\n"));
+    assert!(t.elapsed() < Duration::from_secs(5), "batch returns at once");
+    let st = ended(&job);
+    assert_eq!(st["phase"], "Succeeded", "{st}");
+    let file = hers.join(format!("pinion-{job}.out"));
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!((meta.uid(), meta.gid()), (1001, 1001), "made by her uid");
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(written, "1001\nargs one two\nto-stderr\n", "{written}");
+    // Pinion's own log has it too.
+    let logs = up.cli(&["logs", &format!("{job}-0")]);
+    assert!(text(&logs.stdout).contains("args one two"), "{}", text(&logs.stdout));
+
+    // -o and -e apart, with patterns.
+    let job = format!("split-{tag}");
+    let out = batch(&job, &["-o", "%x.%j.o", "-e", "%x.e"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ended(&job)["phase"], "Succeeded");
+    assert_eq!(std::fs::read_to_string(hers.join(format!("{job}.{job}.o"))).unwrap(), "1001\nargs \n");
+    assert_eq!(std::fs::read_to_string(hers.join(format!("{job}.e"))).unwrap(), "to-stderr\n");
+
+    // An array: one job per task, each with its own file (%A the array, %a the task).
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH --array=1-2 -o arr-%A-%a.out\necho task $PINION_ARRAY_TASK_ID\n")
+        .unwrap();
+    let arr = format!("arr-{tag}");
+    let out = batch(&arr, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(&format!("Submitted batch job {arr} (2 array tasks")),
+        "{}",
+        text(&out.stdout)
+    );
+    for task in [1, 2] {
+        assert_eq!(ended(&format!("{arr}-{task}"))["phase"], "Succeeded");
+        let file = hers.join(format!("arr-{arr}-{task}.out"));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("task {task}\n"));
+        assert_eq!(std::fs::metadata(&file).unwrap().uid(), 1001);
+    }
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH --time=5 -c 1\nid -u\necho \"args $*\"\necho to-stderr >&2\n").unwrap();
+
+    // Root's folder: refused to her uid, nothing written.
+    let job = format!("denied-{tag}");
+    let o = format!("{}/x.out", roots.display());
+    let out = batch(&job, &["-o", &o]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ended(&job)["phase"], "Failed");
+    let pod = text(&up.cli(&["get", "pods", &format!("{job}-0"), "-o", "json"]).stdout);
+    assert!(pod.contains("uid 1001 may not write there"), "{pod}");
+    assert!(!roots.join("x.out").exists());
+
+    // A folder the node does not have.
+    let job = format!("nodir-{tag}");
+    let out = batch(&job, &["-o", "/no/such/dir/x.out"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ended(&job)["phase"], "Failed");
+    let pod = text(&up.cli(&["get", "pods", &format!("{job}-0"), "-o", "json"]).stdout);
+    assert!(pod.contains("the directory /no/such/dir does not exist on this node"), "{pod}");
+
+    // An unknown directive: refused at submission, naming its line.
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH -n 1\n#SBATCH --qos=high\ntrue\n").unwrap();
+    let out = batch(&format!("bad-{tag}"), &[]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("line 3: unknown option \"--qos\""), "{}", text(&out.stderr));
+}
+
+/// `--time`: the server stops a job at its deadline (SIGTERM, then SIGKILL
+/// after the grace) and it ends Failed, DeadlineExceeded; `run --time`
+/// exits 124. A chain `afterok` on a failed job ends DependencyNeverSatisfied;
+/// `afterany` on it runs. `cancel`, `hold` and `release`.
+#[test]
+fn a_job_past_its_time_ends_deadline_exceeded_and_dependencies_order_jobs() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("sleep.sh");
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH -t 0:02\necho started\nsleep 300\n").unwrap();
+    let job = format!("slow-{tag}");
+    let out = up.cmd(&["batch", script.to_str().unwrap(), "-J", &job]).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("the job running", || job_status(&up, &job)["phase"] == "Running");
+    let started = Instant::now();
+    up.wait("the job ended", || job_status(&up, &job)["phase"] == "Failed");
+    let took = started.elapsed();
+    let st = job_status(&up, &job);
+    assert_eq!(st["reason"], "DeadlineExceeded", "{st}");
+    // 2 s, then SIGTERM ends `sleep` under the init at once; well within the
+    // 30 s grace.
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(15), "{took:?}");
+    up.wait("its member stopped", || up.phase(&format!("{job}-0")).is_none());
+    assert!(std::fs::read_to_string(dir.path().join(format!("pinion-{job}.out"))).unwrap().contains("started"));
+
+    // srun's --time: exit 124.
+    let t = Instant::now();
+    let out = up.cli(&["run", &format!("run-slow-{tag}"), "-t", "0:2", "--", "sleep", "300"]);
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("DeadlineExceeded"), "{}", text(&out.stderr));
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+
+    // A chain: a fails; b (afterok:a) never runs; c (afterany:a) does.
+    // sbatch's order here: the options before the script.
+    let batch = |name: &str, body: &str, extra: &[&str]| {
+        let s = dir.path().join(format!("{name}.sh"));
+        std::fs::write(&s, format!("#!/bin/sh\n{body}\n")).unwrap();
+        let out =
+            up.cmd(&["batch", "-J", name, s.to_str().unwrap()]).args(extra).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let (a, b, c) = (format!("a-{tag}"), format!("b-{tag}"), format!("c-{tag}"));
+    batch(&a, "sleep 1; exit 3", &[]);
+    batch(&b, "echo b", &["-d", &format!("afterok:{a}")]);
+    batch(&c, "echo c", &["-d", &format!("afterany:{a}")]);
+    let st = job_status(&up, &b);
+    assert_eq!((st["phase"].as_str(), st["reason"].as_str()), (Some("Pending"), Some("Dependency")), "{st}");
+    up.wait("b given up", || job_status(&up, &b)["phase"] == "Failed");
+    let st = job_status(&up, &b);
+    assert_eq!(st["reason"], "DependencyNeverSatisfied", "{st}");
+    assert!(st["message"].as_str().unwrap_or_default().contains(&format!("job {a} failed")), "{st}");
+    up.wait("c done", || job_status(&up, &c)["phase"] == "Succeeded");
+    assert!(up.phase(&format!("{b}-0")).is_none(), "b never had members");
+
+    // hold and release: e waits for the one pinnable CPU d holds; held, it
+    // has no member, and stays so after d is cancelled (scancel) until it
+    // is released. A running job cannot be held.
+    let (d, e) = (format!("d-{tag}"), format!("e-{tag}"));
+    batch(&d, "sleep 300", &["-c", "1"]);
+    up.wait("d running", || job_status(&up, &d)["phase"] == "Running");
+    let out = up.cli(&["hold", &d]);
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("only a pending job can be held"),
+        "{}",
+        text(&out.stderr)
+    );
+    batch(&e, "echo e", &["-c", "1"]);
+    up.wait("e queued", || up.phase(&format!("{e}-0")).as_deref() == Some("Pending"));
+    let out = up.cli(&["hold", &e]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(job_status(&up, &e)["reason"], "JobHeldUser");
+    up.wait("e's member gone", || up.phase(&format!("{e}-0")).is_none());
+    let out = up.cli(&["cancel", &d]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("d gone", || up.phase(&format!("{d}-0")).is_none());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(job_status(&up, &e)["phase"], "Pending", "held, it does not start");
+    assert!(up.phase(&format!("{e}-0")).is_none());
+    let out = up.cli(&["release", &e]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("e done", || job_status(&up, &e)["phase"] == "Succeeded");
 }

@@ -74,6 +74,20 @@ pub struct JobSpec {
     /// Seconds the job and its members are kept once the job ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds_after_finished: Option<u64>,
+    /// The job's time limit (Slurm's `--time`), counted from its start (its
+    /// `status.startTime`, when its gang was placed), as Slurm counts it;
+    /// Kubernetes' name, which counts from the job's creation. At the
+    /// deadline the server deletes the unfinished members (SIGTERM, then
+    /// SIGKILL after their grace) and the job ends `Failed`, reason
+    /// `DeadlineExceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+    /// Slurm's `--dependency` (`afterok:J1:J2,afterany:J3`, see
+    /// `crate::dependency`): the members are made once it is met; until then
+    /// the job waits with reason `Dependency`, and one never met ends it
+    /// `Failed`, reason `DependencyNeverSatisfied`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -191,6 +205,16 @@ pub struct JobStatus {
     pub members: Vec<MemberStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<String>,
+    /// When the gang was placed (RFC 3339): where `activeDeadlineSeconds`
+    /// counts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    /// Why the job waits or ended, in Slurm's words where it has them:
+    /// `Dependency`, `DependencyNeverSatisfied`, `DeadlineExceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -292,6 +316,25 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
     }
     if s.ttl_seconds_after_finished.is_some_and(|t| t > crate::limits::MAX_TTL_SECONDS) {
         push("spec.ttlSecondsAfterFinished", format!("at most {} seconds (a year)", crate::limits::MAX_TTL_SECONDS));
+    }
+    if s.active_deadline_seconds.is_some_and(|t| t == 0 || t > crate::limits::MAX_TTL_SECONDS) {
+        push("spec.activeDeadlineSeconds", format!("1 to {} seconds (a year)", crate::limits::MAX_TTL_SECONDS));
+    }
+    if let Some(d) = &s.dependency {
+        match crate::dependency::parse(d) {
+            Err(why) => push("spec.dependency", why.to_string()),
+            // Slurm's singleton is one job at a time per job name and user;
+            // a Pinion job's name is unique in the cluster, so it would need
+            // a name apart from the id, which batch jobs do not have yet.
+            Ok(dep) if dep.has_singleton() => {
+                push("spec.dependency", "singleton is not supported yet (a job's name is unique in Pinion)".into())
+            }
+            Ok(dep) if dep.jobs().contains(&job.metadata.name.as_str()) => push(
+                "spec.dependency",
+                format!("names the job itself ({:?}): it would wait forever", job.metadata.name),
+            ),
+            Ok(_) => {}
+        }
     }
     if s.template.spec.restart_policy == RestartPolicy::Always {
         push("spec.template.spec.restartPolicy", "a job's members must end: Never or OnFailure".into());
@@ -412,18 +455,60 @@ pub enum JobAction {
     Retry,
 }
 
+/// Reason of a job that outran its `activeDeadlineSeconds` (Slurm's TIMEOUT).
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// Reason of a job waiting for its dependency (Slurm's word).
+pub const DEPENDENCY: &str = "Dependency";
+/// Reason of a job its owner (or an admin) holds (Slurm's word).
+pub const HELD: &str = "JobHeldUser";
+/// Reason of a job whose dependency can never be met (Slurm's word).
+pub const DEPENDENCY_NEVER_SATISFIED: &str = "DependencyNeverSatisfied";
+
+/// Seconds left before the job's time limit, given how long it has been
+/// running; `None` without a limit or before it started.
+pub fn time_left(job: &Job, running_for: Option<u64>) -> Option<u64> {
+    let limit = job.spec.active_deadline_seconds?;
+    Some(limit.saturating_sub(running_for?))
+}
+
 /// The job's status and what to do, from its members (`members[rank]`, `None`
-/// for a member that is gone). Pure: the controller runs it after a member
-/// finished, and again at start for every job not ended.
-pub fn judge(job: &Job, members: &[Option<&Pod>]) -> Verdict {
+/// for a member that is gone) and how long it has been running (seconds
+/// since `status.startTime`; `None` before it started). Pure: the controller
+/// runs it after a member finished, at the job's deadline, and again at
+/// start for every job not ended.
+pub fn judge(job: &Job, members: &[Option<&Pod>], running_for: Option<u64>) -> Verdict {
     let old = job.status.clone().unwrap_or_default();
     if old.phase.is_terminal() {
         return Verdict { status: old, action: JobAction::None };
     }
     let view: Vec<MemberStatus> =
         members.iter().enumerate().map(|(rank, pod)| member_status(&job.metadata.name, rank as u32, *pod)).collect();
+    let mut status = JobStatus {
+        attempt: old.attempt,
+        first_failure: old.first_failure.clone(),
+        start_time: old.start_time.clone(),
+        ..Default::default()
+    };
+    if time_left(job, running_for) == Some(0) && !view.iter().all(|m| m.phase == PodPhase::Succeeded) {
+        let limit = job.spec.active_deadline_seconds.unwrap_or_default();
+        status.phase = JobPhase::Failed;
+        status.reason = Some(DEADLINE_EXCEEDED.into());
+        status.message = Some(format!("the job ran past its time limit of {limit} s"));
+        let unfinished: Vec<String> = view.iter().filter(|m| !m.phase.is_terminal()).map(|m| m.pod.clone()).collect();
+        status.members = view
+            .into_iter()
+            .map(|mut m| {
+                if !m.phase.is_terminal() {
+                    m.phase = PodPhase::Failed;
+                    m.reason = Some(DEADLINE_EXCEEDED.into());
+                }
+                m
+            })
+            .collect();
+        let action = if unfinished.is_empty() { JobAction::None } else { JobAction::Stop(unfinished) };
+        return Verdict { status, action };
+    }
     let failed = view.iter().find(|m| m.phase == PodPhase::Failed);
-    let mut status = JobStatus { attempt: old.attempt, first_failure: old.first_failure.clone(), ..Default::default() };
     if let Some(f) = failed {
         if status.first_failure.is_none() {
             let words = failure_words(f);

@@ -4,7 +4,9 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod batch;
 pub mod daemonset;
+pub mod dependency;
 pub mod deployment;
 pub mod engine;
 pub mod idset;

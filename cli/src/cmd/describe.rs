@@ -347,6 +347,18 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             }
             let _ = writeln!(out, "Created:     {}", j.metadata.creation_timestamp.as_deref().unwrap_or("-"));
             let _ = writeln!(out, "Phase:       {:?}", s.phase);
+            if let Some(r) = &s.reason {
+                let _ = writeln!(out, "Reason:      {r}: {}", s.message.as_deref().unwrap_or("-"));
+            }
+            if let Some(t) = &s.start_time {
+                let _ = writeln!(out, "Started:     {t}");
+            }
+            if let Some(limit) = j.spec.active_deadline_seconds {
+                let _ = writeln!(out, "Time limit:  {limit} s");
+            }
+            if let Some(d) = &j.spec.dependency {
+                let _ = writeln!(out, "Dependency:  {d}");
+            }
             let _ = writeln!(out, "Attempt:     {} (backoffLimit {})", s.attempt, j.spec.backoff_limit);
             let _ = writeln!(out, "Members:     {}", j.spec.parallelism);
             let _ = writeln!(

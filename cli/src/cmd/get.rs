@@ -382,9 +382,14 @@ pub fn job_row(j: &specs::job::Job, members: &[&Pod]) -> Vec<String> {
     if let Some(m) = g.min_members {
         placement.push_str(&format!(",min={m}"));
     }
+    // Why it waits or ended (Dependency, DeadlineExceeded...), Slurm's REASON.
+    let phase = match &status.reason {
+        Some(r) => format!("{:?}({r})", status.phase),
+        None => format!("{:?}", status.phase),
+    };
     vec![
         j.metadata.name.clone(),
-        format!("{:?}", status.phase),
+        phase,
         j.spec.parallelism.to_string(),
         count(PodPhase::Running),
         count(PodPhase::Succeeded),

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod apply;
+pub mod batch;
 pub mod completions;
 pub mod delete;
 pub mod describe;

@@ -153,6 +153,13 @@ pub struct Args {
     /// `run` waits as long as the pod is pending (srun waits for resources too).
     #[arg(long, value_name = "SECONDS", conflicts_with = "detach")]
     pub timeout: Option<u64>,
+    /// A time limit counted from the start, enforced by the server (Slurm's
+    /// --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S): the run is a Job with
+    /// `activeDeadlineSeconds`; past it its tasks get SIGTERM, then SIGKILL
+    /// after their grace, the job ends Failed (DeadlineExceeded) and `run`
+    /// exits 124.
+    #[arg(short = 't', long, value_name = "TIME", value_parser = parse_time, conflicts_with = "array")]
+    pub time: Option<u64>,
     /// Run the command as PID 1 itself instead of under the init that reaps
     /// zombies and forwards signals.
     #[arg(long)]
@@ -169,6 +176,10 @@ pub struct Args {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+fn parse_time(s: &str) -> Result<u64, String> {
+    specs::batch::parse_time(s)?.ok_or_else(|| "UNLIMITED: leave --time out".to_string())
 }
 
 fn key_value(flag: &str, s: &str) -> anyhow::Result<(String, String)> {
@@ -400,7 +411,7 @@ impl Signals {
 /// `None` for a single pod.
 pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
     use specs::job::{FailurePolicy, GangPlacement, GangSpec, Job, JobSpec, PodTemplate, TemplateMeta};
-    if args.nodes.is_none() && args.ntasks.is_none() && !args.spread {
+    if args.nodes.is_none() && args.ntasks.is_none() && !args.spread && args.time.is_none() {
         return Ok(None);
     }
     for (flag, v) in [("--nodes", args.nodes), ("--ntasks", args.ntasks), ("--ntasks-per-node", args.ntasks_per_node)] {
@@ -420,7 +431,9 @@ pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
             (t, Some(t.div_ceil(n)))
         }
         (None, Some(t), _) => (t, None),
-        (None, None, _) => bail!("--spread needs --nodes or --ntasks"),
+        (None, None, _) if args.spread => bail!("--spread needs --nodes or --ntasks"),
+        // `--time` alone: a job of one task, for the server to time.
+        (None, None, _) => (1, None),
     };
     let mut pod = pod(args)?;
     pod.metadata.labels.remove(RUN_LABEL);
@@ -448,6 +461,8 @@ pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
             priority: args.priority.unwrap_or(0),
             failure_policy: if args.keep_running { FailurePolicy::KeepRunning } else { FailurePolicy::StopAll },
             ttl_seconds_after_finished: None,
+            active_deadline_seconds: args.time,
+            dependency: None,
         },
         status: None,
     }))
@@ -774,10 +789,15 @@ impl Sink for TaskSink {
 #[derive(Default)]
 struct Labeler {
     partial: BTreeMap<u32, String>,
+    /// Lines as they come, without a label.
+    plain: bool,
 }
 
 impl Labeler {
     fn push(&mut self, task: u32, data: &str) -> String {
+        if self.plain {
+            return data.to_string();
+        }
         let buf = self.partial.entry(task).or_default();
         buf.push_str(data);
         let mut out = String::new();
@@ -789,6 +809,9 @@ impl Labeler {
     }
 
     fn finish(&mut self, task: u32) -> String {
+        if self.plain {
+            return String::new();
+        }
         match self.partial.remove(&task) {
             Some(rest) if !rest.is_empty() => format!("{task}: {rest}\n"),
             _ => String::new(),
@@ -856,7 +879,7 @@ async fn run_array(client: &Client, args: &Args, spec: &ArraySpec, signals: Sign
         );
         return Ok(ExitCode::SUCCESS);
     }
-    finish(client, args, &names, follow_tasks(client, args, created, "task"), signals).await
+    finish(client, args, &names, follow_tasks(client, args, created, "task", true), signals).await
 }
 
 /// A multi-node run: the job in one create (its members with it), then each
@@ -886,12 +909,38 @@ async fn run_job(client: &Client, args: &Args, job: specs::job::Job, signals: Si
         })
         .collect();
     members.sort_by_key(|(r, _)| *r);
-    finish_as(client, args, Cleanup::Job(&args.name), follow_tasks(client, args, members, "rank"), signals).await
+    let label = job.spec.parallelism > 1;
+    let code =
+        finish_as(client, args, Cleanup::Job(&args.name), follow_tasks(client, args, members, "rank", label), signals)
+            .await?;
+    if args.time.is_some() {
+        // Its members were stopped at the deadline: say so, with timeout(1)'s code.
+        if let Ok(j) = client.get_job(&args.name).await {
+            let st = j.status.unwrap_or_default();
+            if st.reason.as_deref() == Some(specs::job::DEADLINE_EXCEEDED) {
+                eprintln!(
+                    "pinion: job {}: {} ({})",
+                    args.name,
+                    specs::job::DEADLINE_EXCEEDED,
+                    st.message.unwrap_or_default()
+                );
+                return Ok(ExitCode::from(124));
+            }
+        }
+    }
+    Ok(code)
 }
 
 /// Follows every task (an array's, or a job's ranks) to its end, printing
-/// their lines labelled; the highest exit code.
-async fn follow_tasks(client: &Client, args: &Args, created: Vec<(u32, Pod)>, noun: &str) -> anyhow::Result<u8> {
+/// their lines labelled (unless `label` is false: a job of one task); the
+/// highest exit code.
+async fn follow_tasks(
+    client: &Client,
+    args: &Args,
+    created: Vec<(u32, Pod)>,
+    noun: &str,
+    label: bool,
+) -> anyhow::Result<u8> {
     // One attach stream per task rather than one label watch plus a log
     // request each: the stream already carries the status, the output and
     // the exit code of its task, resumes on its own, and the server's log
@@ -914,7 +963,7 @@ async fn follow_tasks(client: &Client, args: &Args, created: Vec<(u32, Pod)>, no
     }
     drop(tx);
     let followed = async {
-        let mut labels = Labeler::default();
+        let mut labels = Labeler { plain: !label, ..Default::default() };
         let mut worst = 0i32;
         let mut out = std::io::stdout();
         let mut events_open = true;

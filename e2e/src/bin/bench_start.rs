@@ -111,6 +111,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
         init: false,
         run_as: Default::default(),
         userns: None,
+        output: None,
     }
 }
 

@@ -339,7 +339,18 @@ pub(crate) fn container_config(
         run_as: run_as(pod, c),
         // The agent claims the pod's ids at start (`plan::start_config` names the pod).
         userns: None,
+        output: output_files(pod),
     }
+}
+
+/// A batch job's output files, from its member's annotations.
+fn output_files(pod: &Pod) -> Option<crate::runtime::OutputFiles> {
+    let a = &pod.metadata.annotations;
+    let stdout = a.get(specs::batch::OUTPUT_ANNOTATION)?;
+    Some(crate::runtime::OutputFiles {
+        stdout: PathBuf::from(stdout),
+        stderr: a.get(specs::batch::ERROR_ANNOTATION).filter(|e| *e != stdout).map(PathBuf::from),
+    })
 }
 
 /// Who container `c`'s processes are: its own `runAsUser` and `runAsGroup`

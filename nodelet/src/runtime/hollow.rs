@@ -468,6 +468,7 @@ pub(crate) mod tests {
             init: false,
             run_as: Default::default(),
             userns: None,
+            output: None,
         }
     }
 

@@ -9,6 +9,7 @@
 pub mod hollow;
 pub mod init;
 pub mod libcontainer;
+pub mod output;
 pub mod userns;
 pub mod users;
 
@@ -84,6 +85,21 @@ pub struct ContainerConfig {
     /// root is host id `base` (see [`userns`]); `None`: the host's users.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub userns: Option<UserNamespace>,
+    /// Host files the container's output is appended to besides its log (a
+    /// batch job's `-o`/`-e`, the pod's `pinion.io/output` and
+    /// `pinion.io/error`), opened by the shim as the container's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputFiles>,
+}
+
+/// Where a container's stdout and stderr are appended on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputFiles {
+    pub stdout: PathBuf,
+    /// `None`: stderr goes with stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<PathBuf>,
 }
 
 /// A pod's user namespace, as its containers use it.

@@ -685,6 +685,12 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let (job, _members) = deleted.ok_or_else(|| ClusterError::not_found("Job", &name))?;
             json(200, &job)
         }
+        Action::HoldJob { name, hold } => {
+            authorize(id, Request::DeleteJob)?;
+            let who = id.clone();
+            let job = store.write(move |t| jobs::hold_for(t, &who, &name, hold)).await?;
+            json(200, &job)
+        }
         Action::ListDeployments { selector } => {
             authorize(id, Request::ReadDeployments)?;
             list_owned::<Deployment>(store, id, &selector, hide_deployment_env_values)

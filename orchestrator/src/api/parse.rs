@@ -87,6 +87,11 @@ pub enum Action {
     CreateJob(Box<specs::job::Job>),
     GetJob(String),
     DeleteJob(String),
+    /// `true`: hold (Slurm's `scontrol hold`); `false`: release.
+    HoldJob {
+        name: String,
+        hold: bool,
+    },
     ListDeployments {
         selector: LabelSelector,
     },
@@ -237,6 +242,8 @@ pub fn parse(
         RouteId::CreateJob => Action::CreateJob(Box::new(parse_job(body, is_json(headers))?)),
         RouteId::GetJob => Action::GetJob(name()?),
         RouteId::DeleteJob => Action::DeleteJob(name()?),
+        RouteId::HoldJob => Action::HoldJob { name: name()?, hold: true },
+        RouteId::ReleaseJob => Action::HoldJob { name: name()?, hold: false },
         RouteId::ListDeployments => Action::ListDeployments { selector: selector(&q)? },
         RouteId::ApplyDeployment => Action::ApplyDeployment(Box::new(parse_deployment(body, is_json(headers))?)),
         RouteId::GetDeployment => Action::GetDeployment(name()?),

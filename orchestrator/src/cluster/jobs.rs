@@ -61,6 +61,18 @@ pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> R
     job.metadata.uid = Some(uid.to_string());
     job.metadata.creation_timestamp = Some(now_rfc3339());
     job.status = Some(JobStatus::default());
+    if job.spec.dependency.is_some() {
+        // The members are made once the dependency is met (`reconcile`,
+        // which the controller runs for every new job): until then the job
+        // waits with Slurm's reason.
+        job.status = Some(JobStatus {
+            reason: Some(job::DEPENDENCY.into()),
+            message: job.spec.dependency.as_ref().map(|d| format!("waiting for {d}")),
+            ..Default::default()
+        });
+        t.put(&mut job)?;
+        return Ok(Created { new: true, job });
+    }
     t.put(&mut job)?;
     create_members(t, &job)?;
     Ok(Created { new: true, job })
@@ -151,13 +163,133 @@ fn current_members(t: &Txn<'_>, job: &Job) -> Result<Vec<Option<Pod>>, ClusterEr
     Ok(out)
 }
 
+/// A job waiting for its dependency: its members made once it is met (in
+/// this write), the job ended once it can never be; `None`: the job does not wait.
+fn start_when_met(t: &mut Txn<'_>, job: &mut Job) -> Result<Option<MemberChanges>, ClusterError> {
+    let status = job.status.clone().unwrap_or_default();
+    if status.phase.is_terminal() || status.reason.as_deref() != Some(job::DEPENDENCY) {
+        return Ok(None);
+    }
+    let Some(text) = job.spec.dependency.clone() else { return Ok(None) };
+    let verdict = match specs::dependency::parse(&text) {
+        // Validation refused a bad one at create; one stored before is never met.
+        Err(e) => specs::dependency::Verdict::Never(e.to_string()),
+        Ok(dep) => {
+            let mut seen = std::collections::BTreeMap::new();
+            for j in dep.jobs() {
+                let s = match t.get::<Job>(j)? {
+                    Some(other) => specs::dependency::Seen::of(other.status.unwrap_or_default().phase),
+                    None => specs::dependency::Seen::Gone,
+                };
+                seen.insert(j.to_string(), s);
+            }
+            // `singleton` is refused at validation (see `specs::job::validate_job`).
+            specs::dependency::decide(&dep, &|j| seen.get(j).copied().unwrap_or(specs::dependency::Seen::Gone), false)
+        }
+    };
+    let name = job.metadata.name.clone();
+    match verdict {
+        specs::dependency::Verdict::Wait => Ok(Some(MemberChanges::default())),
+        specs::dependency::Verdict::Met => {
+            job.status = Some(JobStatus::default());
+            t.put(job)?;
+            t.add_event(event(
+                "Job",
+                &name,
+                "Normal",
+                "DependencyMet",
+                format!("{text} is met: its members are made"),
+            ))?;
+            Ok(Some(create_members(t, job)?))
+        }
+        specs::dependency::Verdict::Never(why) => {
+            job.status = Some(JobStatus {
+                phase: JobPhase::Failed,
+                reason: Some(job::DEPENDENCY_NEVER_SATISFIED.into()),
+                message: Some(why.clone()),
+                completion_time: Some(now_rfc3339()),
+                ..Default::default()
+            });
+            t.put(job)?;
+            t.add_event(event("Job", &name, "Warning", job::DEPENDENCY_NEVER_SATISFIED, why))?;
+            Ok(Some(MemberChanges::default()))
+        }
+    }
+}
+
+/// Holds a pending job (`hold`) or releases a held one, for `id`, who must
+/// own it or be an admin (Slurm's `scontrol hold/release`). A held job has
+/// no members: the unplaced ones are removed in this write, so the queue
+/// forgets them; a job with a placed member is refused, as Slurm holds only
+/// pending jobs. Released, its members are made again in this write, or it
+/// waits for its dependency again.
+pub fn hold_for(t: &mut Txn<'_>, id: &crate::tls::Identity, name: &str, hold: bool) -> Result<Job, ClusterError> {
+    let Some(mut job) = t.get::<Job>(name)? else { return Err(ClusterError::not_found("Job", name)) };
+    let owner = job.metadata.owner.as_deref();
+    super::authorize(id, super::Request::Owned { kind: "Job", name, owner, access: super::Access::Write })?;
+    let status = job.status.clone().unwrap_or_default();
+    let held = status.reason.as_deref() == Some(job::HELD);
+    if status.phase.is_terminal() {
+        return Err(ClusterError::Conflict(format!("job {name:?} has ended ({:?})", status.phase)));
+    }
+    if hold {
+        if held {
+            return Ok(job);
+        }
+        let placed = current_members(t, &job)?.into_iter().flatten().any(|p| p.spec.node_name.is_some());
+        if status.phase == JobPhase::Running || placed {
+            return Err(ClusterError::Conflict(format!(
+                "job {name:?} has started: only a pending job can be held (cancel it instead)"
+            )));
+        }
+        delete_members(t, &job)?;
+        job.status = Some(JobStatus {
+            attempt: status.attempt,
+            reason: Some(job::HELD.into()),
+            message: Some("held: `pinion release` lets it start".into()),
+            ..Default::default()
+        });
+        t.put(&mut job)?;
+        t.add_event(event("Job", name, "Normal", "Held", "held until released"))?;
+        return Ok(job);
+    }
+    if !held {
+        return Err(ClusterError::Conflict(format!("job {name:?} is not held")));
+    }
+    t.add_event(event("Job", name, "Normal", "Released", "released"))?;
+    if let Some(d) = job.spec.dependency.clone() {
+        job.status = Some(JobStatus {
+            attempt: status.attempt,
+            reason: Some(job::DEPENDENCY.into()),
+            message: Some(format!("waiting for {d}")),
+            ..Default::default()
+        });
+        t.put(&mut job)?;
+        start_when_met(t, &mut job)?;
+        return Ok(job);
+    }
+    job.status = Some(JobStatus { attempt: status.attempt, ..Default::default() });
+    t.put(&mut job)?;
+    create_members(t, &job)?;
+    Ok(job)
+}
+
 /// Judges the job from its members and carries the verdict out in this write:
 /// the status, and the members stopped (deleted) or started again.
-pub fn reconcile(t: &mut Txn<'_>, name: &str) -> Result<MemberChanges, ClusterError> {
+/// `past_deadline`: the controller's timer says its time limit ran out.
+pub fn reconcile(t: &mut Txn<'_>, name: &str, past_deadline: bool) -> Result<MemberChanges, ClusterError> {
     let Some(mut job) = t.get::<Job>(name)? else { return Ok(MemberChanges::default()) };
+    // Held: no members, nothing to judge until it is released.
+    if job.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some(job::HELD) && !s.phase.is_terminal()) {
+        return Ok(MemberChanges::default());
+    }
+    if let Some(changes) = start_when_met(t, &mut job)? {
+        return Ok(changes);
+    }
     let members = current_members(t, &job)?;
     let refs: Vec<Option<&Pod>> = members.iter().map(Option::as_ref).collect();
-    let verdict = job::judge(&job, &refs);
+    let running_for = job.spec.active_deadline_seconds.filter(|_| past_deadline);
+    let verdict = job::judge(&job, &refs, running_for);
     let mut out = MemberChanges::default();
     let old = job.status.clone().unwrap_or_default();
     match &verdict.action {
@@ -181,6 +313,9 @@ pub fn reconcile(t: &mut Txn<'_>, name: &str) -> Result<MemberChanges, ClusterEr
     if status != old {
         let what = match (&verdict.action, status.phase) {
             (JobAction::Retry, _) => Some(("Warning", "Retrying", status.first_failure.clone().unwrap_or_default())),
+            (_, JobPhase::Failed) if status.reason.as_deref() == Some(job::DEADLINE_EXCEEDED) => {
+                Some(("Warning", job::DEADLINE_EXCEEDED, status.message.clone().unwrap_or_default()))
+            }
             (_, JobPhase::Failed) => Some(("Warning", "Failed", status.first_failure.clone().unwrap_or_default())),
             (_, JobPhase::Succeeded) => Some(("Normal", "Succeeded", "every member succeeded".to_string())),
             _ => None,
@@ -202,6 +337,10 @@ pub fn mark_running(t: &mut Txn<'_>, name: &str) -> Result<(), ClusterError> {
     let status = job.status.get_or_insert_with(JobStatus::default);
     if status.phase == JobPhase::Pending {
         status.phase = JobPhase::Running;
+        // Where a time limit counts from (kept across a retry's attempts).
+        if status.start_time.is_none() {
+            status.start_time = Some(now_rfc3339());
+        }
         t.put(&mut job)?;
     }
     Ok(())

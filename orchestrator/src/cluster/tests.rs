@@ -931,3 +931,87 @@ async fn a_finished_pod_is_removed_after_its_ttl_only_if_it_is_that_pod() {
     assert!(w.pod("done").is_none());
     assert!(w.pod("again").is_some());
 }
+
+/// A job with a dependency is stored without members (reason Dependency);
+/// each reconcile decides again from the jobs it names: members made in the
+/// write that finds it met, the job ended DependencyNeverSatisfied when it
+/// can never be. Held, a pending job loses its members until released;
+/// only its owner or an admin may hold it, and never once it started.
+#[tokio::test]
+async fn a_dependency_and_a_hold_keep_a_job_memberless() {
+    let w = World::new();
+    let with_dep = |name: &str, dep: &str| {
+        let mut j = job(name, 1);
+        j.spec.dependency = Some(dep.into());
+        j
+    };
+    let members = |w: &World, job: &str| {
+        w.store
+            .list::<Pod>()
+            .expect("list")
+            .items
+            .iter()
+            .filter(|p| p.metadata.name.starts_with(&format!("{job}-")))
+            .count()
+    };
+    let phase_reason = |w: &World, job: &str| {
+        let s = w.store.get::<Job>(job).expect("get").expect("job").status.unwrap_or_default();
+        (s.phase, s.reason)
+    };
+    let (first, ok, notok) = (job("first", 1), with_dep("ok", "afterok:first"), with_dep("notok", "afternotok:first"));
+    for (j, uid) in [(first, "u1"), (ok, "u2"), (notok, "u3")] {
+        w.run(move |t| jobs::create(t, &j, uid, None)).await.expect("create");
+    }
+    assert_eq!((members(&w, "first"), members(&w, "ok"), members(&w, "notok")), (1, 0, 0));
+    let waiting = (specs::job::JobPhase::Pending, Some(specs::job::DEPENDENCY.to_string()));
+    assert_eq!(phase_reason(&w, "ok"), waiting);
+    // Nothing to decide yet: nothing written.
+    w.run(|t| jobs::reconcile(t, "ok", false)).await.expect("reconcile");
+    assert_eq!((phase_reason(&w, "ok"), members(&w, "ok")), (waiting.clone(), 0));
+    // first succeeds: ok's members are made, notok can never run.
+    w.put_pod({
+        let mut p = w.pod("first-0").expect("member");
+        p.status = Some(status(PodPhase::Succeeded));
+        p
+    })
+    .await;
+    w.run(|t| jobs::reconcile(t, "first", false)).await.expect("judge first");
+    assert_eq!(phase_reason(&w, "first").0, specs::job::JobPhase::Succeeded);
+    w.run(|t| jobs::reconcile(t, "ok", false)).await.expect("ok met");
+    w.run(|t| jobs::reconcile(t, "notok", false)).await.expect("notok never");
+    assert_eq!((phase_reason(&w, "ok"), members(&w, "ok")), ((specs::job::JobPhase::Pending, None), 1));
+    assert_eq!(
+        phase_reason(&w, "notok"),
+        (specs::job::JobPhase::Failed, Some(specs::job::DEPENDENCY_NEVER_SATISFIED.to_string()))
+    );
+    assert_eq!(w.reasons(Kind::Job, "notok"), [specs::job::DEPENDENCY_NEVER_SATISFIED]);
+
+    // Hold and release, by whom.
+    let (alice, bob) = (person("alice", specs::api::Role::User), person("bob", specs::api::Role::User));
+    let mut mine = job("mine", 2);
+    mine.metadata.owner = Some("alice".into());
+    w.run(move |t| jobs::create(t, &mine, "u4", None)).await.expect("create");
+    let e = w.run(move |t| jobs::hold_for(t, &bob, "mine", true)).await.expect_err("not his");
+    assert_eq!(kind_of(&Err(e)), "404");
+    let a = alice.clone();
+    let held = w.run(move |t| jobs::hold_for(t, &a, "mine", true)).await.expect("hold");
+    assert_eq!(held.status.and_then(|s| s.reason).as_deref(), Some(specs::job::HELD));
+    assert_eq!(members(&w, "mine"), 0);
+    w.run(|t| jobs::reconcile(t, "mine", false)).await.expect("reconcile");
+    assert_eq!(phase_reason(&w, "mine"), (specs::job::JobPhase::Pending, Some(specs::job::HELD.to_string())));
+    let a = alice.clone();
+    w.run(move |t| jobs::hold_for(t, &a, "mine", false)).await.expect("release");
+    assert_eq!((phase_reason(&w, "mine"), members(&w, "mine")), ((specs::job::JobPhase::Pending, None), 2));
+    let a = alice.clone();
+    let e = w.run(move |t| jobs::hold_for(t, &a, "mine", false)).await.expect_err("not held");
+    assert!(e.to_string().contains("is not held"), "{e}");
+    // Placed: too late to hold.
+    w.put_pod({
+        let mut p = w.pod("mine-0").expect("member");
+        p.spec.node_name = Some("n1".into());
+        p
+    })
+    .await;
+    let e = w.run(move |t| jobs::hold_for(t, &alice, "mine", true)).await.expect_err("started");
+    assert!(e.to_string().contains("only a pending job can be held"), "{e}");
+}

@@ -58,6 +58,13 @@ impl State {
         let expired = self.sched.expire_assumed(now.into_std());
         let mut out: Vec<Effect> = expired.into_iter().map(|(pod, node)| Effect::ExpireBinding { pod, node }).collect();
         out.extend(self.expiry.due(now));
+        let due: Vec<String> =
+            self.job_deadlines.iter().filter(|(_, at)| **at <= now).map(|(n, _)| n.clone()).collect();
+        for name in due {
+            self.job_deadlines.remove(&name);
+            self.jobs_past_deadline.insert(name.clone());
+            self.dirty_jobs.insert(name);
+        }
         out.extend(std::mem::take(&mut self.dirty_jobs).into_iter().map(Effect::ReconcileJob));
         let due: Vec<String> =
             self.deployment_timers.iter().filter(|(_, at)| **at <= now).map(|(n, _)| n.clone()).collect();
@@ -90,6 +97,34 @@ impl State {
         out
     }
 
+    /// What a job's change means for the timers: a running job with a time
+    /// limit gets its deadline (`left` seconds from `now`, read once from its
+    /// `startTime` when the controller learns of it; measured on the
+    /// monotonic clock from then on), an ended one none; a job waiting for
+    /// its dependency is judged again at every job's change.
+    pub(super) fn learn_job(&mut self, job: &specs::job::Job, left: Option<u64>, now: Instant) {
+        let name = &job.metadata.name;
+        let status = job.status.clone().unwrap_or_default();
+        if status.phase.is_terminal() {
+            self.job_deadlines.remove(name);
+            self.jobs_past_deadline.remove(name);
+            self.jobs_waiting_on_others.remove(name);
+        } else {
+            if let Some(left) = left {
+                self.job_deadlines.entry(name.clone()).or_insert(now + std::time::Duration::from_secs(left));
+            }
+            if status.reason.as_deref() == Some(specs::job::DEPENDENCY) {
+                self.jobs_waiting_on_others.insert(name.clone());
+            } else {
+                self.jobs_waiting_on_others.remove(name);
+            }
+        }
+        // A job's change (it started, ended, or is gone) may meet another's
+        // dependency, or make it never met.
+        let waiting: Vec<String> = self.jobs_waiting_on_others.iter().filter(|w| *w != name).cloned().collect();
+        self.dirty_jobs.extend(waiting);
+    }
+
     /// Up to `most` queued pods due at `now`, in queue order.
     pub(super) fn due_pods(&self, now: Instant, most: usize) -> Vec<String> {
         self.order
@@ -109,7 +144,8 @@ impl State {
         let expiry = self.sched.next_expiry().map(Instant::from_std);
         let deployments = self.deployment_timers.values().copied();
         let daemonsets = self.daemonset_timers.values().copied();
-        backoff.chain(expiry).chain(self.expiry.next()).chain(deployments).chain(daemonsets).min()
+        let jobs = self.job_deadlines.values().copied();
+        backoff.chain(expiry).chain(self.expiry.next()).chain(deployments).chain(daemonsets).chain(jobs).min()
     }
 
     /// `decide` for any queued pod: one queued behind a gang that did not fit

@@ -141,6 +141,16 @@ fn deployments_of(pods: &[Pod]) -> std::collections::BTreeSet<String> {
     pods.iter().filter_map(|p| p.metadata.labels.get(specs::deployment::DEPLOYMENT_LABEL).cloned()).collect()
 }
 
+/// Seconds left of a running job's time limit, from its `startTime` and the
+/// realtime clock: read once, when the controller learns of the job; its
+/// timer runs on the monotonic clock from there.
+fn time_left(job: &specs::job::Job) -> Option<u64> {
+    let start = job.status.as_ref()?.start_time.as_deref()?;
+    let start = chrono::DateTime::parse_from_rfc3339(start).ok()?;
+    let running_for = (chrono::Utc::now() - start.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    specs::job::time_left(job, Some(running_for as u64))
+}
+
 fn creation_order(a: &Pod, b: &Pod) -> std::cmp::Ordering {
     (&a.metadata.creation_timestamp, a.metadata.resource_version, &a.metadata.name).cmp(&(
         &b.metadata.creation_timestamp,
@@ -220,6 +230,7 @@ impl Controller {
             // A member may have ended while no server was leading: judged again.
             for job in store.list::<specs::job::Job>()?.items {
                 if !job.status.as_ref().is_some_and(|s| s.phase.is_terminal()) {
+                    inner.learn_job(&job, time_left(&job), now);
                     inner.dirty_jobs.insert(job.metadata.name);
                 }
             }
@@ -543,6 +554,21 @@ impl Controller {
                 }
             }
             (Kind::Node, WatchEventType::Deleted) => self.node_deleted(&change.name),
+            (Kind::Job, event_type) => match serde_json::from_str::<specs::job::Job>(&change.object) {
+                Ok(mut job) => {
+                    if event_type == WatchEventType::Deleted {
+                        // Gone: as an ended job, for the timers and for the
+                        // dependencies that name it.
+                        job.status.get_or_insert_with(Default::default).phase = specs::job::JobPhase::Failed;
+                    } else if event_type == WatchEventType::Added && job.spec.dependency.is_some() {
+                        // A new job with a dependency: judged once the write is seen.
+                        self.lock().dirty_jobs.insert(job.metadata.name.clone());
+                    }
+                    self.lock().learn_job(&job, time_left(&job), Instant::now());
+                    self.wake.notify_one();
+                }
+                Err(e) => tracing::warn!(job = %change.name, error = %e, "a job change that does not decode: skipped"),
+            },
             _ => {}
         }
         // A Deployment learns of itself and of its pods here, whatever changed.
@@ -1035,14 +1061,16 @@ impl Controller {
         }
     }
 
-    /// A member of the job changed: the job's verdict, carried out in one write.
+    /// A member of the job changed, or its time limit ran out, or a job its
+    /// dependency names changed: the job's verdict, carried out in one write.
     async fn reconcile_job(&self, name: String) {
         let n = name.clone();
+        let past_deadline = self.lock().jobs_past_deadline.contains(&name);
         let r = self
             .store
             .write(move |t| -> Result<crate::cluster::jobs::MemberChanges, ClusterError> {
                 t.as_leader();
-                crate::cluster::jobs::reconcile(t, &n)
+                crate::cluster::jobs::reconcile(t, &n, past_deadline)
             })
             .await;
         match r {
@@ -1052,7 +1080,14 @@ impl Controller {
                 }
                 self.pods_created(&changes.created);
             }
-            Err(e) => tracing::warn!(job = %name, error = %e, "cannot record a job's progress"),
+            Err(e) => {
+                tracing::warn!(job = %name, error = %e, "cannot record a job's progress");
+                if past_deadline {
+                    // A job past its time limit must end: tried again shortly.
+                    self.lock().job_deadlines.insert(name, Instant::now() + Duration::from_secs(1));
+                    self.wake.notify_one();
+                }
+            }
         }
     }
 

@@ -147,6 +147,12 @@ pub(super) struct State {
     pub(super) blocked_by: Option<(Order, String)>,
     /// Jobs whose members changed: judged again at the next pass.
     pub(super) dirty_jobs: BTreeSet<String>,
+    /// Running jobs with a time limit: when it runs out, on this clock.
+    pub(super) job_deadlines: BTreeMap<String, Instant>,
+    /// Jobs whose time limit ran out (their reconcile ends them).
+    pub(super) jobs_past_deadline: BTreeSet<String>,
+    /// Jobs waiting for their dependency: judged again at any job's change.
+    pub(super) jobs_waiting_on_others: BTreeSet<String>,
     /// Deployments to reconcile at the next pass (they or their pods changed).
     pub(super) dirty_deployments: BTreeSet<String>,
     /// Deployments being reconciled now: at most one reconcile per
@@ -263,6 +269,9 @@ impl State {
             gangs: HashMap::new(),
             blocked_by: None,
             dirty_jobs: BTreeSet::new(),
+            job_deadlines: BTreeMap::new(),
+            jobs_past_deadline: BTreeSet::new(),
+            jobs_waiting_on_others: BTreeSet::new(),
             dirty_deployments: BTreeSet::new(),
             reconciling: HashSet::new(),
             deployment_timers: HashMap::new(),

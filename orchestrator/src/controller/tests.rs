@@ -224,3 +224,40 @@ async fn a_binding_the_store_refused_is_queued_again_only_for_the_stores_own_fau
         assert_eq!(matches!(wait, Some(Wait::Backoff(_))), requeued, "{code}: {wait:?}");
     }
 }
+
+/// A running job with a time limit is judged at its deadline, marked as
+/// past it; an ended one keeps no timer; a job waiting for its dependency is
+/// judged again at any other job's change, and stops being when it starts.
+#[test]
+fn a_jobs_deadline_and_its_dependency_are_timers_of_the_controller() {
+    use specs::job::{Job, JobPhase, JobStatus};
+    let mut st = State::new(Scheduler::new(Default::default()), Default::default());
+    let job = |name: &str, phase: JobPhase, reason: Option<&str>| -> Job {
+        let mut j: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": specs::pod::API_VERSION, "kind": "Job", "metadata": {"name": name},
+            "spec": {"parallelism": 1, "template": {"spec": {"containers": []}}}
+        }))
+        .expect("job");
+        j.status = Some(JobStatus { phase, reason: reason.map(str::to_string), ..Default::default() });
+        j
+    };
+    let words = |v: Vec<Effect>| -> Vec<String> { v.into_iter().map(|e| format!("{e:?}")).collect() };
+    let now = Instant::now();
+    st.learn_job(&job("slow", JobPhase::Running, None), Some(60), now);
+    assert_eq!(st.next_timer(), Some(now + Duration::from_secs(60)));
+    // Learnt again (another change of the job): the first deadline stands.
+    st.learn_job(&job("slow", JobPhase::Running, None), Some(90), now + Duration::from_secs(5));
+    assert!(words(st.timers(now + Duration::from_secs(59))).is_empty());
+    assert_eq!(words(st.timers(now + Duration::from_secs(60))), [r#"ReconcileJob("slow")"#]);
+    assert!(st.jobs_past_deadline.contains("slow"));
+    st.learn_job(&job("slow", JobPhase::Failed, Some(specs::job::DEADLINE_EXCEEDED)), None, now);
+    assert!(st.jobs_past_deadline.is_empty() && st.job_deadlines.is_empty() && st.next_timer().is_none());
+
+    st.learn_job(&job("after", JobPhase::Pending, Some(specs::job::DEPENDENCY)), None, now);
+    assert!(words(st.timers(now)).is_empty(), "its own change does not wake it");
+    st.learn_job(&job("first", JobPhase::Succeeded, None), None, now);
+    assert_eq!(words(st.timers(now)), [r#"ReconcileJob("after")"#]);
+    st.learn_job(&job("after", JobPhase::Pending, None), None, now);
+    st.learn_job(&job("other", JobPhase::Failed, None), None, now);
+    assert!(words(st.timers(now)).is_empty(), "it no longer waits");
+}

@@ -487,6 +487,19 @@ impl Client {
         Ok(self.call(Method::DELETE, &format!("/api/v1/jobs/{}", percent_encode(name)), None).await?.1)
     }
 
+    /// Holds a pending job (its members are not made until it is
+    /// released), as Slurm's `scontrol hold`.
+    pub async fn hold_job(&self, name: &str) -> Result<Job, ClientError> {
+        let path = format!("/api/v1/jobs/{}/hold", percent_encode(name));
+        Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from_static(b"{}")))).await?.1)
+    }
+
+    /// Releases a held job.
+    pub async fn release_job(&self, name: &str) -> Result<Job, ClientError> {
+        let path = format!("/api/v1/jobs/{}/release", percent_encode(name));
+        Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from_static(b"{}")))).await?.1)
+    }
+
     /// Creates a Deployment from YAML or JSON, or changes the stored one of
     /// that name (`pinion apply` again); 201 created, 200 changed or unchanged.
     pub async fn apply_deployment(&self, manifest: Bytes) -> Result<(u16, Deployment), ClientError> {

@@ -82,6 +82,10 @@ fn validation_names_each_field() {
         ("completions apart", Box::new(|j| j.spec.completions = Some(2)), "spec.completions"),
         ("min above size", Box::new(|j| j.spec.gang.min_members = Some(5)), "spec.gang.minMembers"),
         ("min zero", Box::new(|j| j.spec.gang.min_members = Some(0)), "spec.gang.minMembers"),
+        ("no time", Box::new(|j| j.spec.active_deadline_seconds = Some(0)), "spec.activeDeadlineSeconds"),
+        ("a bad dependency", Box::new(|j| j.spec.dependency = Some("before:x".into())), "spec.dependency"),
+        ("singleton", Box::new(|j| j.spec.dependency = Some("singleton".into())), "spec.dependency"),
+        ("itself", Box::new(|j| j.spec.dependency = Some("afterok:solver".into())), "spec.dependency"),
         (
             "never ends",
             Box::new(|j| j.spec.template.spec.restart_policy = RestartPolicy::Always),
@@ -108,6 +112,10 @@ fn validation_names_each_field() {
         ),
     ];
     assert!(validate_job(&job(4)).is_empty(), "{:?}", validate_job(&job(4)));
+    let mut ok = job(4);
+    ok.spec.dependency = Some("afterok:a:b,afterany:c".into());
+    ok.spec.active_deadline_seconds = Some(60);
+    assert!(validate_job(&ok).is_empty(), "{:?}", validate_job(&ok));
     for (what, change, field) in cases {
         let mut j = job(4);
         change(&mut j);
@@ -226,7 +234,7 @@ fn judge_table() {
         j.spec.backoff_limit = c.backoff_limit;
         j.spec.failure_policy = c.policy;
         let refs: Vec<Option<&Pod>> = c.members.iter().map(Option::as_ref).collect();
-        let v = judge(&j, &refs);
+        let v = judge(&j, &refs, None);
         assert_eq!((v.status.phase, &v.action), (c.phase, &c.action), "{}", c.what);
     }
 }
@@ -235,12 +243,12 @@ fn judge_table() {
 fn the_first_failure_is_kept_and_an_ended_job_stays_ended() {
     let j = job(2);
     let (a, b) = (member(PodPhase::Failed, Some("n2"), Some(3)), member(PodPhase::Running, Some("n1"), None));
-    let v = judge(&j, &[Some(&b), Some(&a)]);
+    let v = judge(&j, &[Some(&b), Some(&a)], None);
     assert_eq!(v.status.first_failure.as_deref(), Some("rank 1 (solver-1) on n2 failed: exit code 3 (Error)"));
     assert_eq!(v.status.members[0].reason.as_deref(), Some("StoppedByJob"));
     let mut ended = j.clone();
     ended.status = Some(v.status.clone());
-    let again = judge(&ended, &[None, None]);
+    let again = judge(&ended, &[None, None], None);
     assert_eq!(again.status, v.status);
     assert_eq!(again.action, JobAction::None);
 }
@@ -250,7 +258,7 @@ fn a_retry_counts_its_attempt_and_new_members_carry_it() {
     let mut j = job(2);
     j.spec.backoff_limit = 2;
     let failed = member(PodPhase::Failed, Some("n1"), Some(1));
-    let v = judge(&j, &[Some(&failed), None]);
+    let v = judge(&j, &[Some(&failed), None], None);
     assert_eq!((v.action, v.status.attempt), (JobAction::Retry, 1));
     j.status = Some(v.status);
     let ms = members(&j);
@@ -258,10 +266,56 @@ fn a_retry_counts_its_attempt_and_new_members_carry_it() {
     assert_eq!(ms[1], crate::job::member(&j, 1));
     // Attempt 1 fails too: a retry is left, and the first failure stays attempt 0's.
     let again = member(PodPhase::Failed, Some("n2"), Some(2));
-    let v = judge(&j, &[None, Some(&again)]);
+    let v = judge(&j, &[None, Some(&again)], None);
     assert_eq!((v.action, v.status.attempt), (JobAction::Retry, 2));
     assert_eq!(
         v.status.first_failure.as_deref(),
         Some("attempt 0: rank 0 (solver-0) on n1 failed: exit code 1 (Error)")
     );
+}
+
+#[test]
+fn a_job_past_its_time_limit_fails_and_stops_its_members() {
+    let run = |n: &str| Some(member(PodPhase::Running, Some(n), None));
+    let ok = || Some(member(PodPhase::Succeeded, Some("n1"), Some(0)));
+    // (what, limit, running for, members, phase, reason, action)
+    type Case = (&'static str, Option<u64>, Option<u64>, Vec<Option<Pod>>, JobPhase, Option<&'static str>, JobAction);
+    let cases: Vec<Case> = vec![
+        ("no limit", None, Some(10_000), vec![run("n1")], JobPhase::Running, None, JobAction::None),
+        (
+            "not started",
+            Some(60),
+            None,
+            vec![Some(member(PodPhase::Pending, None, None))],
+            JobPhase::Pending,
+            None,
+            JobAction::None,
+        ),
+        ("within", Some(60), Some(59), vec![run("n1"), run("n2")], JobPhase::Running, None, JobAction::None),
+        (
+            "at the limit",
+            Some(60),
+            Some(60),
+            vec![run("n1"), ok()],
+            JobPhase::Failed,
+            Some(DEADLINE_EXCEEDED),
+            JobAction::Stop(vec!["solver-0".into()]),
+        ),
+        ("past it, all succeeded", Some(60), Some(90), vec![ok(), ok()], JobPhase::Succeeded, None, JobAction::None),
+    ];
+    for (what, limit, running_for, members, phase, reason, action) in cases {
+        let mut j = job(members.len() as u32);
+        j.spec.active_deadline_seconds = limit;
+        let refs: Vec<Option<&Pod>> = members.iter().map(Option::as_ref).collect();
+        let v = judge(&j, &refs, running_for);
+        assert_eq!((v.status.phase, v.status.reason.as_deref(), &v.action), (phase, reason, &action), "{what}");
+        if reason.is_some() {
+            assert_eq!(v.status.members[0].reason.as_deref(), Some(DEADLINE_EXCEEDED), "{what}");
+            assert_eq!(v.status.message.as_deref(), Some("the job ran past its time limit of 60 s"), "{what}");
+        }
+    }
+    let mut j = job(1);
+    assert_eq!(time_left(&j, Some(5)), None);
+    j.spec.active_deadline_seconds = Some(60);
+    assert_eq!((time_left(&j, None), time_left(&j, Some(5)), time_left(&j, Some(100))), (None, Some(55), Some(0)));
 }

@@ -61,7 +61,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
         }
     }
     let created = create(&layout, id, &mut report, agent);
-    let (_container, log_read, log, init, system_cpus, [built, started]) = match created {
+    let (_container, pipes, log, init, system_cpus, [built, started]) = match created {
         Ok(c) => c,
         Err(e) => {
             let _ = writeln!(report, "error {}", one_line(&e));
@@ -82,7 +82,7 @@ pub fn run(data_dir: &Path, id: &str) -> i32 {
             tracing::warn!(error = %e, cpus = %system_cpus, "cannot confine the shim to the reserved CPUs");
         }
     }
-    let status = supervise(id, log_read, log, init.pid);
+    let status = supervise(id, pipes, log, init.pid);
     let record = exit_record(&layout, id, status);
     if let Err(e) = write_json(&layout.exit(id), &record) {
         eprintln!("shim {id}: {e}");
@@ -130,9 +130,30 @@ fn close_fds_except(keep: RawFd) {
     }
 }
 
-/// The container, its log pipe and file, its init, the reserved CPUs, and
-/// when it was built and started (monotonic nanoseconds).
-type Created = (Container, OwnedFd, Option<RotatingLog>, ProcId, specs::CpuSet, [u64; 2]);
+/// The container, its output pipes (each with the output file it is also
+/// appended to), its log file, its init, the reserved CPUs, and when it
+/// was built and started (monotonic nanoseconds).
+type Created = (Container, Vec<Pipe>, Option<RotatingLog>, ProcId, specs::CpuSet, [u64; 2]);
+
+/// The read end of one of the container's output pipes and the batch output
+/// file its data also goes to.
+type Pipe = (OwnedFd, Option<File>);
+
+/// A batch job's output files, opened as the container's user (see
+/// `runtime::output`): stdout's, and stderr's when it has its own.
+fn open_outputs(cfg: &ContainerConfig) -> Result<(Option<File>, Option<File>), String> {
+    let Some(files) = &cfg.output else { return Ok((None, None)) };
+    if cfg.userns.is_some() {
+        return Err(crate::runtime::output::OutputError::UserNamespace.to_string());
+    }
+    let user = crate::runtime::users::resolve(&cfg.run_as).map_err(|e| e.to_string())?;
+    let out = crate::runtime::output::open_as(&files.stdout, &user).map_err(|e| e.to_string())?;
+    let err = match &files.stderr {
+        Some(path) => Some(crate::runtime::output::open_as(path, &user).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    Ok((Some(out), err))
+}
 
 fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Created, String> {
     let cfg: ContainerConfig = read_json(&layout.config(id))
@@ -140,9 +161,22 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
         .ok_or_else(|| format!("{} is missing", layout.config(id).display()))?;
     let log = RotatingLog::open(&cfg.log_path, DEFAULT_MAX_BYTES, DEFAULT_KEEP)
         .map_err(|e| format!("log file {}: {e}", cfg.log_path.display()))?;
+    // Before the container exists: a job whose output cannot be written
+    // does not start, and says why.
+    let (out_file, err_file) = open_outputs(&cfg)?;
     let (log_read, log_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("creating the log pipe: {e}"))?;
-    let log_write2 = log_write.try_clone().map_err(|e| format!("dup of the log pipe: {e}"))?;
+    // stderr has a pipe of its own only when it has a file of its own.
+    let (err_pipe, log_write2) = match err_file {
+        Some(f) => {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| format!("creating the stderr pipe: {e}"))?;
+            (Some((r, Some(f))), w)
+        }
+        None => (None, log_write.try_clone().map_err(|e| format!("dup of the log pipe: {e}"))?),
+    };
+    let mut pipes = vec![(log_read, out_file)];
+    pipes.extend(err_pipe);
     let program = super::filter::read_for(&load_spec(layout, id)?, &layout.bundle(id)).map_err(|e| e.to_string())?;
     let built = ContainerBuilder::new(id.to_string(), SyscallType::default())
         .with_root_path(layout.state_root())
@@ -193,7 +227,7 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
         Ok((init, started_at))
     })();
     match started {
-        Ok((init, started)) => Ok((container, log_read, Some(log), init, cfg.system_cpus.clone(), [built, started])),
+        Ok((init, started)) => Ok((container, pipes, Some(log), init, cfg.system_cpus.clone(), [built, started])),
         Err(e) => {
             let _ = container.delete(true);
             cleanup_libcontainer(layout, id);
@@ -208,29 +242,60 @@ pub(super) fn load_spec(layout: &Layout, id: &str) -> Result<oci_spec::runtime::
     oci_spec::runtime::Spec::load(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Copies the container's output to the log until every writer is gone, then
-/// reaps the init.
-fn supervise(id: &str, log_read: OwnedFd, mut log: Option<RotatingLog>, pid: i32) -> Option<WaitStatus> {
-    let mut pipe = File::from(log_read);
+/// Copies the container's output to the log (and each pipe's output file)
+/// until every writer is gone, then reaps the init.
+fn supervise(id: &str, pipes: Vec<Pipe>, mut log: Option<RotatingLog>, pid: i32) -> Option<WaitStatus> {
+    let mut open: Vec<(File, Option<File>)> = pipes.into_iter().map(|(fd, out)| (File::from(fd), out)).collect();
     let mut buf = vec![0u8; 64 * 1024];
     let mut first = true;
-    loop {
-        match pipe.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if let Some(l) = log.as_mut() {
-                    if let Err(e) = l.write_all(&buf[..n]) {
-                        // Keep draining so the container never blocks on a full pipe.
-                        eprintln!("log write failed, dropping further output: {e}");
-                        log = None;
+    while !open.is_empty() {
+        // One pipe (the usual case) is read directly; two are polled.
+        let ready: Vec<usize> = if open.len() == 1 {
+            vec![0]
+        } else {
+            use std::os::fd::AsFd;
+            let mut fds: Vec<nix::poll::PollFd<'_>> =
+                open.iter().map(|(p, _)| nix::poll::PollFd::new(p.as_fd(), nix::poll::PollFlags::POLLIN)).collect();
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+                Ok(_) => fds
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
+                    .map(|(i, _)| i)
+                    .collect(),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        };
+        let mut closed = Vec::new();
+        for i in ready {
+            let (pipe, out) = &mut open[i];
+            match pipe.read(&mut buf) {
+                Ok(0) => closed.push(i),
+                Ok(n) => {
+                    if let Some(l) = log.as_mut() {
+                        if let Err(e) = l.write_all(&buf[..n]) {
+                            // Keep draining so the container never blocks on a full pipe.
+                            eprintln!("log write failed, dropping further output: {e}");
+                            log = None;
+                        }
+                    }
+                    if let Some(f) = out.as_mut() {
+                        if let Err(e) = f.write_all(&buf[..n]) {
+                            eprintln!("output file write failed, dropping further output there: {e}");
+                            *out = None;
+                        }
+                    }
+                    if std::mem::take(&mut first) {
+                        tracing::debug!(target: "podstart", id, "first output copied");
                     }
                 }
-                if std::mem::take(&mut first) {
-                    tracing::debug!(target: "podstart", id, "first output copied");
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => closed.push(i),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+        }
+        for i in closed.into_iter().rev() {
+            open.remove(i);
         }
     }
     loop {

@@ -877,6 +877,7 @@ mod tests {
             pids_limit: Some(4096),
             run_as: Default::default(),
             userns: None,
+            output: None,
         }
     }
 
