@@ -466,12 +466,63 @@ pub fn run_on(
     let _ = std::fs::remove_dir_all(out_dir);
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let tmp = tempfile::Builder::new().prefix("pinion-scenario-").tempdir()?;
+    // What the host holds before: a scenario with real containers (one at
+    // a time on a host) must leave no more.
+    let real = scenario.nodes.iter().any(|n| n.runtime == "libcontainer");
+    let before = real.then(HostState::now);
     let mut cluster = Cluster::start(&scenario, pinion, fixtures, tmp.path(), out_dir)?;
     let mut failures = Vec::new();
     cluster.steps(&scenario.steps, "", &mut failures, &mut outcome.attempts)?;
     cluster.stop_cleanly();
+    drop(cluster);
+    let left = before.map(|b| HostState::now().added_since(&b)).unwrap_or_default();
+    if !left.is_empty() {
+        failures.push(format!("left on the host after the scenario: {}", left.join(", ")));
+    }
     outcome.failures = failures;
     Ok(outcome)
+}
+
+/// What a real scenario could leave on the host outside its temp dir: pod
+/// network namespaces pinned under `/run/pinion/netns`, and the bridge
+/// plugin's NAT chains (`CNI-...`).
+struct HostState {
+    pins: std::collections::BTreeSet<String>,
+    chains: std::collections::BTreeSet<String>,
+}
+
+impl HostState {
+    fn now() -> HostState {
+        let dir = Path::new(nodelet::cni::DEFAULT_NETNS_DIR);
+        let pins = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(Path::new))
+            .filter(|p| p.parent() == Some(dir))
+            .map(|p| p.display().to_string())
+            .collect();
+        // Only root may read the nat table; a scenario without root makes none.
+        let listed = Command::new("iptables")
+            .args(["-w", "5", "-t", "nat", "-S"])
+            .stderr(std::process::Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let chains = listed
+            .lines()
+            .filter_map(|l| l.strip_prefix("-N "))
+            .filter(|c| c.starts_with("CNI-"))
+            .map(str::to_string)
+            .collect();
+        HostState { pins, chains }
+    }
+
+    /// What is here now and was not at `before`, named.
+    fn added_since(&self, before: &HostState) -> Vec<String> {
+        let pins = self.pins.difference(&before.pins).map(|p| format!("mount {p}"));
+        let chains = self.chains.difference(&before.chains).map(|c| format!("NAT chain {c}"));
+        pins.chain(chains).collect()
+    }
 }
 
 /// Waits for a line starting with `prefix` in a file another process writes.
@@ -1260,6 +1311,16 @@ impl Cluster {
                 }
             }
         }
+        // A graceful stop: the agents remove their networks made ahead (a
+        // SIGKILL, what dropping them does, leaves those to the next start).
+        for n in self.nodes.values_mut() {
+            let Some(p) = n.proc.as_mut() else { continue };
+            let _ = Command::new("kill").args(["-TERM", &p.0.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(p.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 }
 
@@ -1287,6 +1348,15 @@ impl Drop for Cluster {
                     let _ = rt.stop(&id, Duration::ZERO);
                     let _ = rt.remove(&id);
                 }
+            }
+            // So do pod networks: a killed agent's, through their records.
+            let cni = nodelet::cni::CniConfig::new(
+                self.dir.join(format!("cni-{name}")),
+                nodelet::cni::parse_bin_dirs(nodelet::cni::DEFAULT_BIN_DIRS),
+            );
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                let removal = nodelet::down::remove_leftover_networks(&data, &cni);
+                let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), removal).await });
             }
         }
     }
@@ -1322,6 +1392,18 @@ mod tests {
         let (_, m) = manifest(&burst).unwrap_or_default();
         assert_eq!(m["spec"]["containers"][0]["resources"]["requests"]["cpu"], "500m");
         assert!(m["spec"]["containers"][0]["resources"]["limits"].as_object().is_some_and(|l| l.is_empty()));
+    }
+
+    #[test]
+    fn what_a_scenario_leaves_on_the_host_is_named() {
+        let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
+        let before = HostState { pins: set(&["/run/pinion/netns/p1"]), chains: set(&["CNI-old"]) };
+        let after = HostState {
+            pins: set(&["/run/pinion/netns/p1", "/run/pinion/netns/w2"]),
+            chains: set(&["CNI-new", "CNI-old"]),
+        };
+        assert_eq!(after.added_since(&before), ["mount /run/pinion/netns/w2", "NAT chain CNI-new"]);
+        assert!(before.added_since(&after).is_empty(), "what went is no leak");
     }
 
     #[test]

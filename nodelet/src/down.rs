@@ -185,6 +185,14 @@ async fn stop_containers(node: &Path, shim: &Path, steps: &mut Vec<Step>) -> Res
 
 /// CNI DEL of every pod network the node recorded. A failure is said and
 /// left to the steps after (the masquerade rules and the bridge go anyway).
+/// Removes every pod network whose record is under `node` (a node's data
+/// dir): what an agent killed with its pods' networks up left. What it did.
+pub async fn remove_leftover_networks(node: &Path, cni: &CniConfig) -> Vec<Step> {
+    let mut steps = Vec::new();
+    remove_pod_networks(node, cni, &mut steps).await;
+    steps
+}
+
 async fn remove_pod_networks(node: &Path, cni: &CniConfig, steps: &mut Vec<Step>) {
     let nets = match PodNetworks::new(cni.clone(), node.join("cni")) {
         Ok(n) => n,
