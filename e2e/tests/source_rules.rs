@@ -40,6 +40,8 @@ const BOUNDS_ELSEWHERE: &[(&str, &str, &str)] = &[
     ("nodelet/src/runtime/libcontainer/filter.rs", "INSTRUCTION_BYTES", "format: one struct sock_filter"),
     ("nodelet/src/agent/prober.rs", "MAX_STATUS_LINE", "transport: bytes read to find a probe answer's status line"),
     ("nodelet/src/agent/prober.rs", "MAX_OUTPUT", "output: a failed exec probe's output kept for its message"),
+    ("nodelet/src/agent/prober/grpc.rs", "MAX_ANSWER_BYTES", "transport: a gRPC probe answer's body read"),
+    ("nodelet/src/agent/prober/grpc.rs", "MAX_HEADER_LIST_BYTES", "transport: a gRPC probe answer's headers"),
     ("specs/src/manifest.rs", "MAX_DECODE_PROBLEMS", "output: problems one decode reports"),
     ("specs/src/topology/draw.rs", "MAX_MATRIX", "output: the largest distance matrix drawn"),
     ("orchestrator/src/api/mod.rs", "MAX_STREAMS_PER_CONNECTION", "transport: HTTP/2 streams"),
