@@ -40,6 +40,12 @@ const BOUNDS_ELSEWHERE: &[(&str, &str, &str)] = &[
     ("nodelet/src/runtime/libcontainer/filter.rs", "INSTRUCTION_BYTES", "format: one struct sock_filter"),
     ("nodelet/src/agent/prober.rs", "MAX_STATUS_LINE", "transport: bytes read to find a probe answer's status line"),
     ("nodelet/src/agent/prober.rs", "MAX_OUTPUT", "output: a failed exec probe's output kept for its message"),
+    (
+        "nodelet/src/runtime/libcontainer/cgroups.rs",
+        "PROBE_MEMORY_BYTES",
+        "node: memory.max of a container's exec probes",
+    ),
+    ("nodelet/src/runtime/libcontainer/cgroups.rs", "MAX_PROBE_PIDS", "node: pids.max of a container's exec probes"),
     ("nodelet/src/agent/prober/grpc.rs", "MAX_ANSWER_BYTES", "transport: a gRPC probe answer's body read"),
     ("nodelet/src/agent/prober/grpc.rs", "MAX_HEADER_LIST_BYTES", "transport: a gRPC probe answer's headers"),
     ("specs/src/manifest.rs", "MAX_DECODE_PROBLEMS", "output: problems one decode reports"),

@@ -311,7 +311,8 @@ mod tests {
             b.extend_from_slice(msg);
             b
         };
-        let check = |body: Vec<u8>, want: Result<ServingStatus, DecodeError>| assert_eq!(status_of(&body), want, "{body:?}");
+        let check =
+            |body: Vec<u8>, want: Result<ServingStatus, DecodeError>| assert_eq!(status_of(&body), want, "{body:?}");
         check(framed(&[0x08, 1]), Ok(ServingStatus::Serving));
         check(framed(&[0x08, 2]), Ok(ServingStatus::NotServing));
         check(framed(&[0x08, 3]), Ok(ServingStatus::ServiceUnknown));
