@@ -78,6 +78,12 @@ pub struct NodeStatus {
     /// the field still reads a healthy node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Unix seconds (rounded up) since the server has had it NotReady, set
+    /// in the write that marks it so and cleared when it is Ready again:
+    /// where a workload's node-lost timer starts, kept in the store so that
+    /// a restarted server or a new leader does not start the timer over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_since: Option<u64>,
 }
 
 /// One aspect of a node that is not as it should be, in the shape of a
