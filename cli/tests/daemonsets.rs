@@ -5,7 +5,10 @@
 //! takes its pod with it; `pinion rollout status daemonset` waits for it;
 //! `pinion get daemonsets` shows kubectl's columns; a template change rolls
 //! node by node (no look finds two nodes without a Running pod); `pinion
-//! describe daemonset` shows it; `pinion delete daemonset` takes its pods.
+//! describe daemonset` shows it; `pinion rollout history daemonset` lists
+//! its revisions, `rollout undo daemonset` takes every node back to the old
+//! template and `rollout restart daemonset` replaces every node's pod;
+//! `pinion delete daemonset` takes its pods.
 
 mod common;
 
@@ -129,6 +132,37 @@ async fn a_daemonset_follows_its_nodes_rolls_node_by_node_and_goes_on_hollow_nod
 
     let (ok, out) = cli(&c, &["describe", "daemonset", "ptp"]);
     assert!(ok && out.contains("ptp=yes") && out.contains("2 desired") && out.contains(&new_hash), "{out}");
+
+    // Its revisions: the first and the current.
+    let (ok, out) = cli(&c, &["rollout", "history", "daemonset", "ptp"]);
+    assert!(ok, "{out}");
+    let rows: Vec<Vec<&str>> = out.lines().skip(2).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows, [vec!["1", hash.as_str(), "-", "-"], vec!["2", new_hash.as_str(), "current", "-"]], "{out}");
+    // Undo: every node back on the first template, as revision 3.
+    let (ok, out) = cli(&c, &["rollout", "undo", "daemonset", "ptp"]);
+    assert!(ok && out.contains("daemonset/ptp rolled back"), "{out}");
+    let undone = eventually("both nodes back on the first template", LONG, || async {
+        let on = running_on(&pods(&c).await);
+        (on.len() == 2 && on.values().all(|h| *h == hash)).then_some(on)
+    })
+    .await;
+    assert_eq!(undone.keys().collect::<Vec<_>>(), ["a", "d"]);
+    let (ok, out) = cli(&c, &["rollout", "undo", "daemonset", "ptp", "--to-revision", "3"]);
+    assert!(!ok && out.contains("revision 3 is the current one already"), "{out}");
+    // Restart: a new revision of the same template, every node's pod replaced.
+    let before: Vec<String> = pods(&c).await.into_iter().map(|p| p.metadata.name).collect();
+    let (ok, out) = cli(&c, &["rollout", "restart", "daemonset", "ptp"]);
+    assert!(ok && out.contains("daemonset/ptp restarted"), "{out}");
+    eventually("every node's pod replaced", LONG, || async {
+        let p = pods(&c).await;
+        let on = running_on(&p);
+        let fresh = p.iter().all(|x| !before.contains(&x.metadata.name));
+        (p.len() == 2 && on.len() == 2 && fresh && on.values().all(|h| *h != hash)).then_some(())
+    })
+    .await;
+    let (ok, out) = cli(&c, &["rollout", "history", "daemonset", "ptp"]);
+    let numbers: Vec<&str> = out.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(ok && numbers == ["2", "3", "4"] && out.contains("restarted at"), "{out}");
 
     let (ok, out) = cli(&c, &["delete", "daemonset", "ptp"]);
     assert!(ok && out.contains("daemonset/ptp deleted"), "{out}");

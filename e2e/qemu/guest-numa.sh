@@ -4,7 +4,8 @@
 #   PINION_BIN  the host-built pinion binary (seen through the read-only host root)
 #   NUMA_TOUCH  the allocator prepare.sh built (numa-touch MIB SECONDS [LABEL])
 # It checks the plumbing (NUMA nodes, cgroup v2 controllers, numactl binding), then,
-# when the binary has `pinion agent`, the nodelet's four checks of issue 6. Results go
+# when the binary has `pinion agent`, the nodelet's four checks of issue 6, its device
+# filter, an exec probe kept on the reserved CPUs (issue 29) and the delegated subtree. Results go
 # to /tmp/pinion-out: `verdict` (PASS or FAIL), `failures`, `figures` (key value lines),
 # `discover.json`, `agent.log`. The host test (e2e/tests/qemu_numa.rs) reads them.
 set -u
@@ -175,7 +176,9 @@ agent_args=(agent --manifests "$MANIFESTS" --data-dir "$DATA" --reserved-cpus "$
   --cni-conf-dir "$CNI_NONE")
 agent_pid=
 start_agent() {
-  "$PINION_BIN" "${agent_args[@]}" >>"$OUT/agent.log" 2>&1 &
+  # A failed probe's words are at debug level (the exec probe's check below shows them).
+  PINION_LOG=warn,libcgroups=error,libcontainer=error,nodelet::agent::plan=debug \
+    "$PINION_BIN" "${agent_args[@]}" >>"$OUT/agent.log" 2>&1 &
   agent_pid=$!
 }
 pod() { # NAME KIND(exclusive|shared)
@@ -354,9 +357,74 @@ print(next((p.get("phase", "") for k, p in pods.items() if k.split("/")[-1] == s
   p=$(wait_phase dev-null)
   [ "$p" = Succeeded ] && ok "device filter: the allowed /dev/null (1:3) opens" ||
     fail "device filter: the allowed 1:3 ended $p, expected Succeeded"
+  # Exec probes off the pod's CPUs (issue 29): on cgroup v2 a probe's command joins the
+  # container's namespaces but a cgroup of its own, PARENT/.probes/ID, holding the
+  # reserved CPUs, not the pod's cpuset. The probe writes what it sees of itself into
+  # the container's /tmp; read here through the container's root.
+  cat >"$MANIFESTS/probed.yaml.tmp" <<EOF
+apiVersion: pinion.io/v1
+kind: Pod
+metadata:
+  name: probed
+spec:
+  containers:
+  - name: touch
+    rootfs: host
+    command: [$TOUCH, "16", "-1", "probed"]
+    resources:
+      requests: {cpu: "2", memory: 100Mi}
+      limits: {cpu: "2", memory: 100Mi}
+    readinessProbe:
+      exec:
+        command: [/bin/sh, -c, "cat /proc/self/status /proc/self/cgroup >/tmp/probe-status.tmp && mv /tmp/probe-status.tmp /tmp/probe-status"]
+      periodSeconds: 1
+      timeoutSeconds: 20
+EOF
+  mv "$MANIFESTS/probed.yaml.tmp" "$MANIFESTS/probed.yaml"
+  probe_dir=
+  if ppid=$(wait_touched probed 60 16); then
+    pcpus=$(status_field "$ppid" Cpus_allowed_list)
+    pcg=$(sed -n 's/^0:://p' "/proc/$ppid/cgroup")
+    probe_dir=/sys/fs/cgroup$(dirname "$pcg")/.probes/$(basename "$pcg")
+    st=
+    for _ in $(seq 240); do
+      st=$(cat "/proc/$ppid/root/tmp/probe-status" 2>/dev/null) && [ -n "$st" ] && break
+      sleep 0.5
+    done
+    if [ -z "$st" ]; then
+      message=$(python3 -c 'import json,sys
+pods = json.load(open(sys.argv[1])).get("pods", {})
+print(next((json.dumps({"message": p.get("message"), "conditions": p.get("conditions")}) for k, p in pods.items() if k.split("/")[-1] == "probed"), "no such pod"))' "$DATA/status.json" 2>&1)
+      fail "exec probe: it never wrote its status; the pod: $message; $(dirname "$probe_dir"): $(ls -a "$(dirname "$probe_dir")" 2>&1 | tr '\n' ' '); exec.log: $(find "$DATA" -name exec.log -path '*probed*' -exec tail -c 600 {} + 2>&1); probe cgroup: procs $(cat "$probe_dir/cgroup.procs" 2>&1 | tr '\n' ' '), memory.events $(cat "$probe_dir/memory.events" 2>&1 | tr '\n' ' '), pids.events $(cat "$probe_dir/pids.events" 2>&1 | tr '\n' ' '); the agent: $(grep 'probe failed' "$OUT/agent.log" | tail -n 3)"
+    else
+      probe_cpus=$(echo "$st" | sed -n 's/^Cpus_allowed_list:[[:space:]]*//p')
+      probe_cg=$(echo "$st" | sed -n 's/^0:://p')
+      figure "exec_probe_cpus $probe_cpus"
+      figure "exec_probe_pod_cpus $pcpus"
+      same_set "$probe_cpus" "$RESERVED" && ! same_set "$pcpus" "$RESERVED" &&
+        ok "exec probe: Cpus_allowed_list $probe_cpus, the reserved CPUs (its pod runs on $pcpus)" ||
+        fail "exec probe: Cpus_allowed_list '$probe_cpus', expected the reserved $RESERVED (its pod runs on $pcpus)"
+      case "$probe_cg" in
+        */.probes/*) ok "exec probe: in its probe cgroup ($probe_cg from the container's cgroup namespace)" ;;
+        *) fail "exec probe: its cgroup is '$probe_cg', expected under .probes/" ;;
+      esac
+      [ "$(cat "$probe_dir/cpuset.cpus" 2>&1)" = "$RESERVED" ] && [ "$(cat "$probe_dir/pids.max" 2>&1)" = 64 ] &&
+        [ "$(cat "$probe_dir/memory.max" 2>&1)" = $((128 << 20)) ] &&
+        ok "exec probe: $probe_dir holds the reserved CPUs and its own memory and pids bounds" ||
+        fail "exec probe: $probe_dir: cpuset.cpus '$(cat "$probe_dir/cpuset.cpus" 2>&1)', pids.max '$(cat "$probe_dir/pids.max" 2>&1)', memory.max '$(cat "$probe_dir/memory.max" 2>&1)'"
+    fi
+  else
+    fail "exec probe: the probed pod never ran"
+  fi
+  rm -f "$MANIFESTS/probed.yaml"
+  wait_gone probed 60 || fail "probed still runs after its manifest was removed"
+  if [ -n "$probe_dir" ]; then
+    for _ in $(seq 20); do [ ! -d "$probe_dir" ] && break; sleep 0.5; done
+    [ ! -d "$probe_dir" ] && ok "exec probe: its cgroup went with its container" || fail "exec probe: $probe_dir left behind"
+  fi
   # Cleanup: every pod away, no container left behind.
   rm -f "$MANIFESTS"/*.yaml
-  for name in pin-a pin-b pin-c shared dev-kmsg dev-null; do
+  for name in pin-a pin-b pin-c shared dev-kmsg dev-null probed; do
     wait_gone "$name" 60 || fail "$name still runs after its manifest was removed (leak)"
   done
   kill "$agent_pid" 2>/dev/null

@@ -288,3 +288,87 @@ async fn a_pod_its_node_rejects_fails_there_and_comes_back_after_a_pause() {
     on_nodes(admin, "ptp", &["a", "b"]).await;
     s.stop().await;
 }
+
+/// The DaemonSet's revision and history once the controller has seen generation `generation`.
+async fn revisions(c: &Client, name: &str, generation: u64) -> (u64, Vec<u64>, String) {
+    eventually(format!("{name} observed at generation {generation}"), SOON, || async {
+        let s = c.get_daemonset(name).await.ok()?.status?;
+        (s.observed_generation == generation)
+            .then(|| (s.revision, s.history.iter().map(|r| r.number).collect(), s.template_hash.clone()))
+    })
+    .await
+}
+
+/// Waits until every pod of the DaemonSet on `nodes` runs the template of `hash`.
+async fn all_of(c: &Client, name: &str, nodes: &[&str], hash: &str) {
+    eventually(format!("{name}'s pods on {nodes:?} all of {hash}"), SOON, || async {
+        let pods = pods_of(c, name).await;
+        let mut on: Vec<&str> = pods.iter().filter_map(|p| p.spec.node_name.as_deref()).collect();
+        on.sort();
+        let same = pods.iter().all(|p| specs::deployment::pod_template_hash(p) == Some(hash));
+        (on == nodes && same).then_some(())
+    })
+    .await
+}
+
+/// `rollout history|undo|restart daemonset`: revisions kept in the status as
+/// a Deployment's, an undo putting an old template back as a new revision
+/// and every node rolled to it, a restart a new revision of the same
+/// template; the errors of an undo with nothing to go back to; another's
+/// DaemonSet absent, a viewer refused.
+#[tokio::test]
+async fn a_daemonsets_revisions_are_kept_undone_and_restarted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = TestServer::start(dir.path(), |_| {}).await;
+    let admin = &s.admin;
+    node(&s, dir.path(), "a", 4, true).await;
+    node(&s, dir.path(), "b", 4, true).await;
+    admin.apply_daemonset(manifest("ptp", "inf", "100m")).await.expect("create");
+    let (rev, history, v1) = revisions(admin, "ptp", 1).await;
+    assert_eq!((rev, history), (1, vec![1]));
+    all_of(admin, "ptp", &["a", "b"], &v1).await;
+    match admin.undo_daemonset("ptp", None).await {
+        Err(ClientError::Api(e)) => {
+            assert_eq!(e.code, 409);
+            assert!(e.message.contains("no revision before its current one"), "{}", e.message);
+        }
+        other => panic!("expected a 409, got {other:?}"),
+    }
+
+    admin.apply_daemonset(manifest("ptp", "1000", "100m")).await.expect("a new template");
+    let (rev, history, v2) = revisions(admin, "ptp", 2).await;
+    assert_eq!((rev, history), (2, vec![1, 2]));
+    all_of(admin, "ptp", &["a", "b"], &v2).await;
+
+    // Back one: revision 1's template is revision 3, and both nodes run it.
+    let undone = admin.undo_daemonset("ptp", None).await.expect("undo");
+    assert_eq!(undone.metadata.generation, Some(3));
+    assert_eq!(undone.spec.template.spec.containers[0].command, ["sleep", "inf"]);
+    let (rev, history, hash) = revisions(admin, "ptp", 3).await;
+    assert_eq!((rev, history, hash.as_str()), (3, vec![2, 3], v1.as_str()));
+    all_of(admin, "ptp", &["a", "b"], &v1).await;
+    assert_eq!(code(admin.undo_daemonset("ptp", Some(3)).await), 409, "the current one");
+    assert_eq!(code(admin.undo_daemonset("ptp", Some(1)).await), 409, "renumbered: 1 is no more");
+    assert_eq!(code(admin.undo_daemonset("nothing", None).await), 404);
+
+    // A restart: a new revision, every node's pod replaced.
+    let restarted = admin.restart_daemonset("ptp").await.expect("restart");
+    let annotations = restarted.spec.template.metadata.clone().unwrap_or_default().annotations;
+    assert!(annotations.contains_key(specs::deployment::RESTARTED_AT_ANNOTATION), "{annotations:?}");
+    let (rev, history, v4) = revisions(admin, "ptp", 4).await;
+    assert_eq!((rev, history), (4, vec![2, 3, 4]));
+    assert_ne!(v4, v1);
+    all_of(admin, "ptp", &["a", "b"], &v4).await;
+    // And undo to a number kept: revision 2's template.
+    admin.undo_daemonset("ptp", Some(2)).await.expect("undo to 2");
+    let (_, _, hash) = revisions(admin, "ptp", 5).await;
+    assert_eq!(hash, v2);
+
+    // Another's DaemonSet is absent; a viewer changes none.
+    let bob = add(&s, &user("bob", Role::User)).await;
+    let audit = add(&s, &user("audit", Role::Viewer)).await;
+    assert_eq!(code(bob.restart_daemonset("ptp").await), 404);
+    assert_eq!(code(bob.undo_daemonset("ptp", None).await), 404);
+    assert_eq!(code(audit.restart_daemonset("ptp").await), 403);
+    s.stop().await;
+}

@@ -83,6 +83,12 @@ pub struct NodeStatus {
     /// exits. Absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub terminating: Vec<TerminatingPod>,
+    /// Unix seconds (rounded up) since the server has had it NotReady, set
+    /// in the write that marks it so and cleared when it is Ready again:
+    /// where a workload's node-lost timer starts, kept in the store so that
+    /// a restarted server or a new leader does not start the timer over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready_since: Option<u64>,
 }
 
 /// A pod its node is stopping: SIGTERM sent, its containers not all gone.

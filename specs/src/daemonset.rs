@@ -3,7 +3,11 @@
 //! `pinion.io/v1`, Kubernetes-shaped). Its pods are bound to their node by
 //! name when made (`new_pod`): a DaemonSet's pod is never replaced on
 //! another node, whatever becomes of its own. This module holds the object,
-//! its checks and its pure reconcile (`reconcile`).
+//! its checks, its pure reconcile (`reconcile`) and its revisions
+//! (`next_history`, `undo`): kept in its status as a Deployment keeps its own
+//! (`crate::deployment::advance_history`), where Kubernetes keeps
+//! ControllerRevisions, so `pinion rollout history|undo|restart daemonset`
+//! work as they do for a Deployment.
 //!
 //! Rules of the reconcile:
 //! - A Ready matching node without a pod gets one; a node that is NotReady
@@ -24,9 +28,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::deployment::{fnv1a64, template_hash, IntOrPercent, LabelSelector, TEMPLATE_HASH_LABEL};
+use crate::deployment::{
+    advance_history, fnv1a64, template_hash, IntOrPercent, LabelSelector, Revision, RolloutError,
+    DEFAULT_REVISION_HISTORY_LIMIT, TEMPLATE_HASH_LABEL,
+};
 use crate::job::PodTemplate;
-use crate::limits::{MAX_NAME_LEN, MAX_REPLICAS, MAX_WORKLOAD_SECONDS};
+use crate::limits::{MAX_NAME_LEN, MAX_REPLICAS, MAX_REVISION_HISTORY, MAX_WORKLOAD_SECONDS};
 use crate::pod::{ObjectMeta, Pod, API_VERSION};
 use crate::status::PodPhase;
 use crate::validate::FieldError;
@@ -55,6 +62,16 @@ pub struct DaemonSetSpec {
     pub update_strategy: DaemonSetUpdateStrategy,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub min_ready_seconds: u32,
+    /// Old revisions kept for `undo` (`DEFAULT_REVISION_HISTORY_LIMIT`, as
+    /// a Deployment's and Kubernetes' DaemonSet's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_history_limit: Option<u32>,
+}
+
+impl DaemonSetSpec {
+    pub fn revision_history_limit(&self) -> u32 {
+        self.revision_history_limit.unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT)
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -86,7 +103,7 @@ pub struct DaemonSetRollingUpdate {
     pub max_unavailable: Option<IntOrPercent>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DaemonSetStatus {
     #[serde(default)]
@@ -118,6 +135,33 @@ pub struct DaemonSetStatus {
     pub unfit: Vec<UnfitNode>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub number_unfit: u32,
+    /// The current revision's number (0: none yet).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub revision: u64,
+    /// The current revision and up to `revisionHistoryLimit` older ones,
+    /// oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Revision>,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The history once the controller has seen `ds`'s template
+/// (`crate::deployment::advance_history`), and the current revision's index in it.
+pub fn next_history(ds: &DaemonSet) -> (Vec<Revision>, usize) {
+    let status = ds.status.clone().unwrap_or_default();
+    advance_history(status.history, status.revision, &ds.spec.template, ds.spec.revision_history_limit())
+}
+
+/// The template `pinion rollout undo daemonset` puts back: revision `to`,
+/// or the one before the current when `None`. The caller writes it as the
+/// spec's template; the next reconcile makes it the newest revision and
+/// rolls the nodes to it under the update strategy.
+pub fn undo(ds: &DaemonSet, to: Option<u64>) -> Result<PodTemplate, RolloutError> {
+    let status = ds.status.clone().unwrap_or_default();
+    crate::deployment::template_to_undo("daemonset", &ds.metadata.name, &status.history, status.revision, to)
 }
 
 /// A matching node the DaemonSet's pod does not fit now, and why.
@@ -195,6 +239,9 @@ pub fn validate_daemonset(ds: &DaemonSet) -> Vec<FieldError> {
     if s.min_ready_seconds > MAX_WORKLOAD_SECONDS {
         push("spec.minReadySeconds", format!("must be at most {MAX_WORKLOAD_SECONDS} (a day)"));
     }
+    if s.revision_history_limit.is_some_and(|r| r > MAX_REVISION_HISTORY) {
+        push("spec.revisionHistoryLimit", format!("must be at most {MAX_REVISION_HISTORY}"));
+    }
     if s.template.spec.node_lost_replace_after_seconds.is_some() {
         push(
             "spec.template.spec.nodeLostReplaceAfterSeconds",
@@ -244,7 +291,7 @@ impl DaemonPod {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DaemonSetPlan {
     /// Nodes to make a pod for (`new_pod`), by name.
     pub create: Vec<String>,
@@ -258,6 +305,7 @@ pub struct DaemonSetPlan {
 /// The reconcile: see the module's rules.
 pub fn reconcile(ds: &DaemonSet, nodes: &[ObservedNode], pods: &[DaemonPod], now: u64) -> DaemonSetPlan {
     let hash = template_hash(&ds.spec.template);
+    let (history, current) = next_history(ds);
     let min_ready = u64::from(ds.spec.min_ready_seconds);
     let selector = &ds.spec.template.spec.node_selector;
     let matching: BTreeMap<&str, &ObservedNode> = nodes
@@ -336,6 +384,8 @@ pub fn reconcile(ds: &DaemonSet, nodes: &[ObservedNode], pods: &[DaemonPod], now
         number_available: available_nodes,
         number_unavailable: desired - available_nodes,
         template_hash: hash,
+        revision: history[current].number,
+        history,
         ..Default::default()
     };
     let requeue_at =

@@ -359,28 +359,42 @@ pub fn new_pod(d: &Deployment, rev: &Revision, suffix: u64) -> Pod {
     pod
 }
 
-/// The history after the controller has seen `d`'s template: unchanged when
-/// the template is the current revision's; the template as a new revision
-/// (one past the highest) when it is new, or when it is an older revision's
-/// (an undo, or a manual return to an old template: Kubernetes renumbers the
-/// old ReplicaSet the same way); then trimmed to `revisionHistoryLimit`
-/// old revisions. A paused Deployment's history does not move. Returns the
-/// history and the current revision's index in it.
+/// The history after the controller has seen `d`'s template
+/// (`advance_history`). A paused Deployment's history does not move.
+/// Returns the history and the current revision's index in it.
 pub fn next_history(d: &Deployment) -> (Vec<Revision>, usize) {
     let status = d.status.clone().unwrap_or_default();
-    let mut history = status.history;
-    let current = history.iter().position(|r| r.number == status.revision);
-    if let (true, Some(i)) = (d.spec.paused, current) {
-        return (history, i);
+    if d.spec.paused {
+        if let Some(i) = status.history.iter().position(|r| r.number == status.revision) {
+            return (status.history, i);
+        }
     }
-    let hash = template_hash(&d.spec.template);
-    if let Some(i) = current.filter(|i| history[*i].template_hash == hash) {
+    advance_history(status.history, status.revision, &d.spec.template, d.spec.revision_history_limit())
+}
+
+/// The revision rules every workload with a template shares (Deployments
+/// and DaemonSets): given its `history` (oldest first) and `current`
+/// revision number, the history once `template` is the current one:
+/// unchanged when it is the current revision's; the template as a new
+/// revision (one past the highest) when it is new, or when it is an older
+/// revision's (an undo, or a manual return to an old template: Kubernetes
+/// renumbers the old ReplicaSet or ControllerRevision the same way); then
+/// trimmed to `limit` old revisions. Returns the history and the current
+/// revision's index in it.
+pub fn advance_history(
+    mut history: Vec<Revision>,
+    current: u64,
+    template: &PodTemplate,
+    limit: u32,
+) -> (Vec<Revision>, usize) {
+    let hash = template_hash(template);
+    if let Some(i) = history.iter().position(|r| r.number == current && r.template_hash == hash) {
         return (history, i);
     }
     let next = history.iter().map(|r| r.number).max().unwrap_or(0) + 1;
     history.retain(|r| r.template_hash != hash);
-    history.push(Revision { number: next, template_hash: hash, template: d.spec.template.clone() });
-    let keep = d.spec.revision_history_limit() as usize + 1;
+    history.push(Revision { number: next, template_hash: hash, template: template.clone() });
+    let keep = limit as usize + 1;
     if history.len() > keep {
         history.drain(..history.len() - keep);
     }
@@ -390,10 +404,10 @@ pub fn next_history(d: &Deployment) -> (Vec<Revision>, usize) {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RolloutError {
-    #[error("deployment {0} has no revision before its current one")]
-    NoPrevious(String),
-    #[error("deployment {deployment} has no revision {revision} (kept: {kept})")]
-    NoSuchRevision { deployment: String, revision: u64, kept: String },
+    #[error("{kind} {name} has no revision before its current one")]
+    NoPrevious { kind: &'static str, name: String },
+    #[error("{kind} {name} has no revision {revision} (kept: {kept})")]
+    NoSuchRevision { kind: &'static str, name: String, revision: u64, kept: String },
     #[error("revision {0} is the current one already")]
     AlreadyCurrent(u64),
 }
@@ -403,20 +417,32 @@ pub enum RolloutError {
 /// template; the next reconcile makes it the newest revision.
 pub fn undo(d: &Deployment, to: Option<u64>) -> Result<PodTemplate, RolloutError> {
     let status = d.status.clone().unwrap_or_default();
-    let name = d.metadata.name.clone();
+    template_to_undo("deployment", &d.metadata.name, &status.history, status.revision, to)
+}
+
+/// `undo` for any workload that keeps a history (`advance_history`): the
+/// template of revision `to`, or of the one before `current` when `None`.
+/// `kind` and `name` are for the error's words.
+pub fn template_to_undo(
+    kind: &'static str,
+    name: &str,
+    history: &[Revision],
+    current: u64,
+    to: Option<u64>,
+) -> Result<PodTemplate, RolloutError> {
     let found = match to {
-        Some(n) if n == status.revision => return Err(RolloutError::AlreadyCurrent(n)),
-        Some(n) => status.history.iter().find(|r| r.number == n).ok_or_else(|| RolloutError::NoSuchRevision {
-            deployment: name,
+        Some(n) if n == current => return Err(RolloutError::AlreadyCurrent(n)),
+        Some(n) => history.iter().find(|r| r.number == n).ok_or_else(|| RolloutError::NoSuchRevision {
+            kind,
+            name: name.to_string(),
             revision: n,
-            kept: status.history.iter().map(|r| r.number.to_string()).collect::<Vec<_>>().join(", "),
+            kept: history.iter().map(|r| r.number.to_string()).collect::<Vec<_>>().join(", "),
         })?,
-        None => status
-            .history
+        None => history
             .iter()
-            .filter(|r| r.number < status.revision)
+            .filter(|r| r.number < current)
             .max_by_key(|r| r.number)
-            .ok_or(RolloutError::NoPrevious(name))?,
+            .ok_or_else(|| RolloutError::NoPrevious { kind, name: name.to_string() })?,
     };
     Ok(found.template.clone())
 }

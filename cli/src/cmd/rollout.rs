@@ -1,9 +1,9 @@
 //! `pinion scale deployment NAME --replicas N` and `pinion rollout
-//! status|history|undo|restart deployment NAME`: a Deployment's count and
-//! revisions; `pinion rollout status daemonset NAME`: a DaemonSet's update,
-//! node by node. The server keeps the revisions (`status.history`); `status`
-//! follows the Deployment until its rollout is complete, has stopped at its
-//! progress deadline, or `--timeout` passes.
+//! status|history|undo|restart deployment|daemonset NAME`: a Deployment's
+//! count and revisions, a DaemonSet's revisions and its update, node by
+//! node. The server keeps the revisions (`status.history`, both kinds);
+//! `status` follows the workload until its rollout is complete, has stopped
+//! at its progress deadline (a Deployment), or `--timeout` passes.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use crate::common::GlobalArgs;
 pub enum Kind {
     #[value(alias = "deployments", alias = "deploy")]
     Deployment,
-    /// `rollout status` only: a DaemonSet keeps no revisions and has no count.
+    /// Not `scale`: a DaemonSet runs one pod per matching node.
     #[value(name = "daemonset", alias = "daemonsets", alias = "ds")]
     DaemonSet,
 }
@@ -176,10 +176,22 @@ pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCod
         RolloutCommand::Status { kind: Kind::DaemonSet, name, timeout } => {
             return daemonset_status(&client, name, *timeout).await;
         }
-        RolloutCommand::History { kind: Kind::DaemonSet, .. }
-        | RolloutCommand::Undo { kind: Kind::DaemonSet, .. }
-        | RolloutCommand::Restart { kind: Kind::DaemonSet, .. } => {
-            anyhow::bail!("for a daemonset only `rollout status` is built; change its template with `pinion apply`")
+        RolloutCommand::History { kind: Kind::DaemonSet, name } => {
+            let d = client.get_daemonset(name).await?;
+            let s = d.status.unwrap_or_default();
+            outln!("daemonset/{name}");
+            out!("{}", history(&s.history, s.revision));
+            return Ok(ExitCode::SUCCESS);
+        }
+        RolloutCommand::Undo { kind: Kind::DaemonSet, name, to_revision } => {
+            client.undo_daemonset(name, *to_revision).await?;
+            outln!("daemonset/{name} rolled back");
+            return Ok(ExitCode::SUCCESS);
+        }
+        RolloutCommand::Restart { kind: Kind::DaemonSet, name } => {
+            client.restart_daemonset(name).await?;
+            outln!("daemonset/{name} restarted");
+            return Ok(ExitCode::SUCCESS);
         }
         _ => {}
     }
@@ -215,22 +227,8 @@ pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCod
         RolloutCommand::History { name, .. } => {
             let d = client.get_deployment(&name).await?;
             let s = d.status.unwrap_or_default();
-            let rows: Vec<Vec<String>> = s
-                .history
-                .iter()
-                .map(|r| {
-                    let cause = r
-                        .template
-                        .metadata
-                        .as_ref()
-                        .and_then(|m| m.annotations.get(specs::deployment::RESTARTED_AT_ANNOTATION))
-                        .map_or("-".to_string(), |t| format!("restarted at {t}"));
-                    let current = if r.number == s.revision { "current" } else { "-" };
-                    vec![r.number.to_string(), r.template_hash.clone(), current.into(), cause]
-                })
-                .collect();
             outln!("deployment/{name}");
-            out!("{}", crate::cmd::get::table(&["REVISION", "HASH", "CURRENT", "CHANGE-CAUSE"], &rows));
+            out!("{}", history(&s.history, s.revision));
         }
         RolloutCommand::Undo { name, to_revision, .. } => {
             client.undo_deployment(&name, to_revision).await?;
@@ -242,6 +240,25 @@ pub async fn rollout(g: GlobalArgs, args: RolloutArgs) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The table of `rollout history`, for either kind: each revision kept, the
+/// current one marked, and a restart's time as its cause.
+fn history(revisions: &[specs::deployment::Revision], current: u64) -> String {
+    let rows: Vec<Vec<String>> = revisions
+        .iter()
+        .map(|r| {
+            let cause = r
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.get(specs::deployment::RESTARTED_AT_ANNOTATION))
+                .map_or("-".to_string(), |t| format!("restarted at {t}"));
+            let mark = if r.number == current { "current" } else { "-" };
+            vec![r.number.to_string(), r.template_hash.clone(), mark.into(), cause]
+        })
+        .collect();
+    crate::cmd::get::table(&["REVISION", "HASH", "CURRENT", "CHANGE-CAUSE"], &rows)
 }
 
 fn humantime(d: Duration) -> String {

@@ -742,9 +742,6 @@ fn on_started(
             e.ctrs[i].state = CtrState::Running { since: now };
             e.ctrs[i].probes = Probes::new(&e.pod.spec.containers[i], now);
             e.ctrs[i].probe_kill = None;
-            if let Some(first) = e.ctrs[i].probes.ignored.first() {
-                e.message = Some(first.clone());
-            }
             let all_started = e.ctrs.iter().all(|c| matches!(c.state, CtrState::Running { .. } | CtrState::Terminated));
             if let Some(clock) = e.start.take_if(|_| all_started) {
                 st.cfg.metrics.pod_started(now.saturating_duration_since(clock.received).as_secs_f64());

@@ -38,8 +38,6 @@ pub(crate) struct Probes {
     startup: Option<Slot>,
     liveness: Option<Slot>,
     readiness: Option<Slot>,
-    /// Probes this node does not run (`super::prober::unsupported`), with why.
-    pub(crate) ignored: Vec<String>,
 }
 
 /// What a result did to the container.
@@ -53,28 +51,11 @@ pub(crate) enum Outcome {
 
 impl Probes {
     pub(crate) fn new(container: &Container, since: Instant) -> Probes {
-        let mut ignored = Vec::new();
-        // A probe this node cannot run is left out, not failed: failing it
-        // would restart a healthy container forever.
-        let mut slot = |kind: ProbeKind, p: &Option<Probe>| {
-            let p = p.as_ref()?;
-            if let Some(why) = super::prober::unsupported(p) {
-                ignored.push(format!("container {}: {} ignored: {why}", container.name, kind.field()));
-                return None;
-            }
-            Some(Slot::new(kind, p))
-        };
+        let slot = |kind: ProbeKind, p: &Option<Probe>| p.as_ref().map(|p| Slot::new(kind, p));
         let startup = slot(ProbeKind::Startup, &container.startup_probe);
         let liveness = slot(ProbeKind::Liveness, &container.liveness_probe);
         let readiness = slot(ProbeKind::Readiness, &container.readiness_probe);
-        Probes {
-            since,
-            started: if startup.is_some() { None } else { Some(since) },
-            startup,
-            liveness,
-            readiness,
-            ignored,
-        }
+        Probes { since, started: if startup.is_some() { None } else { Some(since) }, startup, liveness, readiness }
     }
 
     fn slot(&self, kind: ProbeKind) -> Option<&Slot> {

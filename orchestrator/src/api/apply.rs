@@ -722,6 +722,12 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let d = store.write(move |t| deployments::change(t, &who, &name, &change)).await?;
             json(200, &d)
         }
+        Action::ChangeDaemonSet { name, change } => {
+            authorize(id, Request::WriteDaemonSets)?;
+            let who = id.clone();
+            let d = store.write(move |t| daemonsets::change(t, &who, &name, &change)).await?;
+            json(200, &d)
+        }
         Action::ListDaemonSets { selector } => {
             authorize(id, Request::ReadDaemonSets)?;
             list_owned::<DaemonSet>(store, id, &selector, |d| hide_env_values(&mut d.spec.template.spec))

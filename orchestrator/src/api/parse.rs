@@ -108,6 +108,11 @@ pub enum Action {
     ApplyDaemonSet(Box<specs::daemonset::DaemonSet>),
     GetDaemonSet(String),
     DeleteDaemonSet(String),
+    /// `rollout undo` or `restart` (a scale is refused by `cluster`).
+    ChangeDaemonSet {
+        name: String,
+        change: crate::cluster::deployments::Change,
+    },
     ListUsers,
     CreateUser(Box<specs::api::User>),
     RevokeUser(String),
@@ -253,21 +258,14 @@ pub fn parse(
             let scale: specs::deployment::Scale = decode_json(body)?;
             Action::ChangeDeployment { name, change: crate::cluster::deployments::Change::Scale(scale.replicas) }
         }
-        RouteId::UndoDeployment => {
-            let name = name()?;
-            // An empty body: the revision before the current one.
-            let undo: specs::deployment::Undo =
-                if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { decode_json(body)? };
-            Action::ChangeDeployment { name, change: crate::cluster::deployments::Change::Undo(undo.to_revision) }
-        }
-        RouteId::RestartDeployment => {
-            let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-            Action::ChangeDeployment { name: name()?, change: crate::cluster::deployments::Change::Restart(at) }
-        }
+        RouteId::UndoDeployment => Action::ChangeDeployment { name: name()?, change: undo(body)? },
+        RouteId::RestartDeployment => Action::ChangeDeployment { name: name()?, change: restart() },
         RouteId::ListDaemonSets => Action::ListDaemonSets { selector: selector(&q)? },
         RouteId::ApplyDaemonSet => Action::ApplyDaemonSet(Box::new(parse_daemonset(body, is_json(headers))?)),
         RouteId::GetDaemonSet => Action::GetDaemonSet(name()?),
         RouteId::DeleteDaemonSet => Action::DeleteDaemonSet(name()?),
+        RouteId::UndoDaemonSet => Action::ChangeDaemonSet { name: name()?, change: undo(body)? },
+        RouteId::RestartDaemonSet => Action::ChangeDaemonSet { name: name()?, change: restart() },
         RouteId::ListUsers => Action::ListUsers,
         RouteId::CreateUser => {
             let user: specs::api::User = decode_json(body)?;
@@ -413,6 +411,19 @@ pub fn parse_daemonset(body: &Bytes, json: bool) -> Result<specs::daemonset::Dae
     d.metadata.creation_timestamp = None;
     d.metadata.generation = None;
     Ok(d)
+}
+
+/// `rollout undo` of a Deployment or a DaemonSet: the revision the body
+/// names, or (an empty body) the one before the current.
+fn undo(body: &Bytes) -> Result<crate::cluster::deployments::Change, ApiError> {
+    let undo: specs::deployment::Undo =
+        if body.iter().all(u8::is_ascii_whitespace) { Default::default() } else { decode_json(body)? };
+    Ok(crate::cluster::deployments::Change::Undo(undo.to_revision))
+}
+
+/// `rollout restart`: the time of the request, in the template's annotation.
+fn restart() -> crate::cluster::deployments::Change {
+    crate::cluster::deployments::Change::Restart(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
 /// A JSON body; an error names the field at fault (`pods.web.phase`), or

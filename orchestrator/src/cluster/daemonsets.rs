@@ -1,6 +1,7 @@
 //! DaemonSets in the store: a create that repeats or changes the stored one
 //! (`pinion apply` again; `metadata.generation` one more per change of the
-//! spec), a delete that takes the DaemonSet's pods with it, and the
+//! spec), the changes of `rollout undo` and `rollout restart` (the
+//! Deployment's, `deployments::Change`), a delete that takes the DaemonSet's pods with it, and the
 //! controller's plan carried out in one write (`carry_out`). The plan itself
 //! is `specs::daemonset::reconcile`'s; nothing here decides which node runs
 //! a pod.
@@ -10,6 +11,7 @@ use specs::daemonset::{DaemonSet, DaemonSetStatus, DAEMONSET_LABEL};
 use specs::{Pod, PodPhase};
 
 use super::authorize::{authorize, Access, Request};
+use super::deployments::Change;
 use super::{event, now_rfc3339, pods, ClusterError};
 use crate::scheduler::Binding;
 use crate::store::Txn;
@@ -57,6 +59,32 @@ pub fn apply(t: &mut Txn<'_>, given: &DaemonSet, uid: &str) -> Result<Applied, C
     d.status = None;
     t.put(&mut d)?;
     Ok(Applied { new: true, daemonset: d })
+}
+
+/// Changes the DaemonSet `id` may change (`rollout undo` or `restart`: a new
+/// template, which the controller records as a new revision and rolls out
+/// under the update strategy); returns it as stored after. A DaemonSet has
+/// no replicas: a scale is refused.
+pub fn change(t: &mut Txn<'_>, id: &Identity, name: &str, what: &Change) -> Result<DaemonSet, ClusterError> {
+    let mut d = owned(t, id, name, Access::Write)?;
+    let before = d.spec.clone();
+    match what {
+        Change::Scale(_) => {
+            return Err(ClusterError::Invalid(vec![specs::validate::FieldError {
+                field: "replicas".into(),
+                message: "a daemonset runs one pod per matching node: it has no replicas to scale".into(),
+            }]))
+        }
+        Change::Undo(to) => {
+            d.spec.template = specs::daemonset::undo(&d, *to).map_err(|e| ClusterError::Conflict(e.to_string()))?;
+        }
+        Change::Restart(at) => d.spec.template = specs::deployment::restart(&d.spec.template, at),
+    }
+    if d.spec != before {
+        d.metadata.generation = Some(d.metadata.generation.unwrap_or(0) + 1);
+        t.put(&mut d)?;
+    }
+    Ok(d)
 }
 
 /// The stored DaemonSet, when `id` may act on it as `access` says (a user's

@@ -291,6 +291,7 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
 pub fn mark_ready(t: &mut Txn<'_>, name: &str) -> Result<Option<Node>, ClusterError> {
     let Some(mut node) = t.get::<Node>(name)? else { return Ok(None) };
     node.status.condition = NodeCondition::Ready;
+    node.status.not_ready_since = None;
     t.put(&mut node)?;
     t.add_event(event("Node", name, "Normal", "NodeReady", "heartbeats resumed"))?;
     Ok(Some(node))
@@ -298,15 +299,18 @@ pub fn mark_ready(t: &mut Txn<'_>, name: &str) -> Result<Option<Node>, ClusterEr
 
 /// No heartbeat within `grace`: the node is NotReady, and each of `pods`
 /// still bound to it and not finished is Unknown (`NodeLost`), left running
-/// where it is. `None` for a node not stored.
+/// where it is. `since` (unix seconds) is recorded as when it went
+/// NotReady, unless an earlier time is. `None` for a node not stored.
 pub fn mark_lost(
     t: &mut Txn<'_>,
     name: &str,
     pods: &[String],
     grace: std::time::Duration,
+    since: u64,
 ) -> Result<Option<Node>, ClusterError> {
     let Some(mut node) = t.get::<Node>(name)? else { return Ok(None) };
     node.status.condition = NodeCondition::NotReady;
+    node.status.not_ready_since = Some(node.status.not_ready_since.map_or(since, |t| t.min(since)));
     t.put(&mut node)?;
     let message =
         format!("no heartbeat for more than {}s; its pods are left running and marked Unknown", grace.as_secs_f64());

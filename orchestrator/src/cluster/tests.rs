@@ -790,8 +790,9 @@ async fn a_lost_node_and_its_pods() {
     }
     let names: Vec<String> = ["running", "done", "moved", "gone"].map(String::from).to_vec();
     let grace = std::time::Duration::from_secs(40);
-    let node = w.run(move |t| nodes::mark_lost(t, "n1", &names, grace)).await.expect("lost").expect("node");
+    let node = w.run(move |t| nodes::mark_lost(t, "n1", &names, grace, 1_000)).await.expect("lost").expect("node");
     assert_eq!(node.status.condition, specs::api::NodeCondition::NotReady);
+    assert_eq!(node.status.not_ready_since, Some(1_000), "kept in the store");
     let phase = |n: &str| w.pod(n).and_then(|p| p.status).map(|s| s.phase);
     // (pod, phase after): only the unfinished pod still bound to the node is Unknown.
     for (name, want) in [("running", PodPhase::Unknown), ("done", PodPhase::Succeeded), ("moved", PodPhase::Running)] {
@@ -805,6 +806,7 @@ async fn a_lost_node_and_its_pods() {
 
     let node = w.run(|t| nodes::mark_ready(t, "n1")).await.expect("ready").expect("node");
     assert_eq!(node.status.condition, specs::api::NodeCondition::Ready);
+    assert_eq!(node.status.not_ready_since, None);
     assert_eq!(w.reasons(Kind::Node, "n1"), ["Registered", "NodeNotReady", "NodeReady"]);
     assert!(w.run(|t| nodes::mark_ready(t, "n9")).await.expect("unknown").is_none());
 }

@@ -1209,11 +1209,13 @@ impl Controller {
         let deployments = deployments_of(&on_node);
         let mine: Vec<String> = on_node.into_iter().map(|p| p.metadata.name).collect();
         let node_name = name.to_string();
+        // The time `set_ready` above recorded, stored with the NotReady.
+        let since = self.lock().nodes.get(name).and_then(|n| n.not_ready_since).unwrap_or_else(unix_now_ceil);
         let r = self
             .store
             .write(move |t| {
                 t.as_leader();
-                crate::cluster::nodes::mark_lost(t, &node_name, &mine, grace)
+                crate::cluster::nodes::mark_lost(t, &node_name, &mine, grace, since)
             })
             .await;
         match r {

@@ -26,10 +26,12 @@ pub(super) struct NodeState {
     pub(super) topology: Arc<specs::NodeTopology>,
     pub(super) ready: bool,
     pub(super) last_seen: Instant,
-    /// Unix seconds (rounded up) since this controller has it NotReady:
-    /// where a Deployment's node-lost timer starts. A server that starts and
-    /// finds a node NotReady starts it then: a pod is replaced late rather
-    /// than early.
+    /// Unix seconds (rounded up) since it is NotReady: where a workload's
+    /// node-lost timer starts. The store's (`NodeStatus::not_ready_since`)
+    /// when it has one, so a server that starts, or becomes the leader, and
+    /// finds a node NotReady keeps its timer; without one (a node marked
+    /// before the field existed) from when this controller saw it: a pod is
+    /// replaced late rather than early.
     pub(super) not_ready_since: Option<u64>,
 }
 
@@ -46,12 +48,14 @@ impl NodeState {
         n
     }
 
-    /// Ready or not, keeping when it stopped being Ready.
+    /// Ready or not, keeping when it stopped being Ready: the earliest of
+    /// what this controller saw and what the stored node says.
     pub(super) fn set_ready(&mut self, ready: bool, now_unix: u64) {
         self.ready = ready;
-        self.not_ready_since = match (ready, self.not_ready_since) {
+        let stored = self.node.status.not_ready_since;
+        self.not_ready_since = match (ready, self.not_ready_since.or(stored)) {
             (true, _) => None,
-            (false, Some(t)) => Some(t),
+            (false, Some(t)) => Some(stored.map_or(t, |s| s.min(t))),
             (false, None) => Some(now_unix),
         };
     }
@@ -464,5 +468,45 @@ impl State {
             allocations: mirror_allocations(&n.node),
             ready: n.ready,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specs::api::{NodeCondition, NodeSpec, NodeStatus};
+    use specs::node_lost::NodeCondition as Seen;
+
+    fn node(condition: NodeCondition, not_ready_since: Option<u64>) -> Node {
+        Node {
+            api_version: "pinion.io/v1".into(),
+            kind: "Node".into(),
+            metadata: specs::pod::ObjectMeta { name: "n1".into(), ..Default::default() },
+            spec: NodeSpec::default(),
+            status: NodeStatus { condition, not_ready_since, ..Default::default() },
+        }
+    }
+
+    /// A controller that starts (a server restarted, a new leader) and finds
+    /// a node NotReady keeps the stored time: the node-lost timer does not
+    /// start over. Without a stored time, it starts when this controller saw it.
+    #[test]
+    fn a_nodes_not_ready_time_comes_from_the_store() {
+        let check = |stored: Node, now: u64, want: Seen| {
+            let n = NodeState::new(stored, Instant::now(), now);
+            assert_eq!(n.condition(now), want);
+        };
+        check(node(NodeCondition::NotReady, Some(1_000)), 5_000, Seen::NotReady { since: 1_000 });
+        check(node(NodeCondition::NotReady, None), 5_000, Seen::NotReady { since: 5_000 });
+        check(node(NodeCondition::Ready, None), 5_000, Seen::Ready);
+        // Seen NotReady here first, then the stored node says earlier: the earlier.
+        let mut n = NodeState::new(node(NodeCondition::NotReady, None), Instant::now(), 5_000);
+        n.node = node(NodeCondition::NotReady, Some(4_000));
+        n.set_ready(false, 6_000);
+        assert_eq!(n.condition(6_000), Seen::NotReady { since: 4_000 });
+        // Ready again: no time kept.
+        n.node = node(NodeCondition::Ready, None);
+        n.set_ready(true, 7_000);
+        assert_eq!(n.condition(7_000), Seen::Ready);
     }
 }

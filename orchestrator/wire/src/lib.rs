@@ -528,17 +528,42 @@ impl Client {
         Ok(self.call(Method::PUT, &path, Some(("application/json", Bytes::from(body)))).await?.1)
     }
 
-    /// Puts back an earlier revision's template (the one before the current by default).
+    /// Back to revision `to_revision`, or the one before the current.
     pub async fn undo_deployment(&self, name: &str, to_revision: Option<u64>) -> Result<Deployment, ClientError> {
-        let body = serde_json::to_vec(&specs::deployment::Undo { to_revision })
-            .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let path = format!("/api/v1/deployments/{}/undo", percent_encode(name));
-        Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await?.1)
+        self.undo("deployments", name, to_revision).await
     }
 
     /// A new revision of the same template: every pod replaced under the strategy's rules.
     pub async fn restart_deployment(&self, name: &str) -> Result<Deployment, ClientError> {
-        let path = format!("/api/v1/deployments/{}/restart", percent_encode(name));
+        self.restart("deployments", name).await
+    }
+
+    /// A DaemonSet back to revision `to_revision`, or the one before the current.
+    pub async fn undo_daemonset(&self, name: &str, to_revision: Option<u64>) -> Result<DaemonSet, ClientError> {
+        self.undo("daemonsets", name, to_revision).await
+    }
+
+    /// A new revision of a DaemonSet's template: every node's pod replaced under its update strategy.
+    pub async fn restart_daemonset(&self, name: &str) -> Result<DaemonSet, ClientError> {
+        self.restart("daemonsets", name).await
+    }
+
+    /// `POST /api/v1/KIND/NAME/undo`, for any kind that keeps revisions.
+    async fn undo<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        name: &str,
+        to_revision: Option<u64>,
+    ) -> Result<T, ClientError> {
+        let body = serde_json::to_vec(&specs::deployment::Undo { to_revision })
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = format!("/api/v1/{kind}/{}/undo", percent_encode(name));
+        Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from(body)))).await?.1)
+    }
+
+    /// `POST /api/v1/KIND/NAME/restart`.
+    async fn restart<T: serde::de::DeserializeOwned>(&self, kind: &str, name: &str) -> Result<T, ClientError> {
+        let path = format!("/api/v1/{kind}/{}/restart", percent_encode(name));
         Ok(self.call(Method::POST, &path, Some(("application/json", Bytes::from_static(b"{}")))).await?.1)
     }
 

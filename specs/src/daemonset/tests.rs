@@ -68,6 +68,11 @@ fn validation_names_each_field() {
             "spec.template.spec.nodeLostReplaceAfterSeconds",
         ),
         (
+            "too much history",
+            Box::new(|d| d.spec.revision_history_limit = Some(crate::limits::MAX_REVISION_HISTORY + 1)),
+            "spec.revisionHistoryLimit",
+        ),
+        (
             "placed by hand",
             Box::new(|d| d.spec.template.spec.node_name = Some("n1".into())),
             "spec.template.spec.nodeName",
@@ -256,4 +261,58 @@ fn min_ready_seconds_delay_available() {
     let pods = vec![DaemonPod { ready_since: Some(100), ..dpod("pa", "a", &h, true) }];
     let plan = reconcile(&ds, &[node("a", true, true)], &pods, 110);
     assert_eq!((plan.status.number_ready, plan.status.number_available, plan.requeue_at), (1, 0, Some(120)));
+}
+
+/// What the reconcile recorded: the DaemonSet with its plan's status, as
+/// the controller writes it.
+fn observed(mut ds: DaemonSet) -> DaemonSet {
+    let plan = reconcile(&ds, &[node("a", true, true)], &[], 10);
+    ds.status = Some(plan.status);
+    ds
+}
+
+fn with_command(ds: &DaemonSet, word: &str) -> PodTemplate {
+    let mut t = ds.spec.template.clone();
+    t.spec.containers[0].command = vec!["sleep".into(), word.into()];
+    t
+}
+
+#[test]
+fn revisions_are_kept_undone_and_restarted_as_a_deployments() {
+    let numbers = |d: &DaemonSet| d.status.as_ref().map(|s| (s.history.iter().map(|r| r.number).collect(), s.revision));
+    let mut ds = observed(ptp());
+    assert_eq!(numbers(&ds), Some((vec![1], 1)));
+    assert_eq!(undo(&ds, None), Err(RolloutError::NoPrevious { kind: "daemonset", name: "ptp".into() }));
+    let v1 = ds.spec.template.clone();
+    // The same template again is no new revision.
+    ds = observed(ds);
+    assert_eq!(numbers(&ds), Some((vec![1], 1)));
+    ds.spec.template = with_command(&ds, "2");
+    ds = observed(ds);
+    let v2 = ds.spec.template.clone();
+    ds.spec.template = with_command(&ds, "3");
+    ds = observed(ds);
+    assert_eq!(numbers(&ds), Some((vec![1, 2, 3], 3)));
+    assert_eq!(undo(&ds, None), Ok(v2.clone()));
+    assert_eq!(undo(&ds, Some(3)), Err(RolloutError::AlreadyCurrent(3)));
+    assert_eq!(
+        undo(&ds, Some(9)).map_err(|e| e.to_string()),
+        Err("daemonset ptp has no revision 9 (kept: 1, 2, 3)".to_string())
+    );
+    // Undo to 1: its template becomes revision 4, and the nodes roll to it.
+    ds.spec.template = undo(&ds, Some(1)).expect("revision 1 is kept");
+    ds = observed(ds);
+    assert_eq!(numbers(&ds), Some((vec![2, 3, 4], 4)));
+    let plan = reconcile(&ds, &[node("a", true, true)], &[dpod("old", "a", &template_hash(&v2), true)], 10);
+    assert_eq!(plan.delete, ["old"], "the node's pod of another revision is replaced");
+    assert_eq!(plan.status.template_hash, template_hash(&v1));
+    // A restart: a new revision whose only change is the annotation.
+    ds.spec.template = crate::deployment::restart(&ds.spec.template, "2026-11-29T07:00:00Z");
+    ds = observed(ds);
+    assert_eq!(numbers(&ds), Some((vec![2, 3, 4, 5], 5)));
+    // revisionHistoryLimit: 1 keeps the current and one older.
+    ds.spec.revision_history_limit = Some(1);
+    ds.spec.template = with_command(&ds, "6");
+    ds = observed(ds);
+    assert_eq!(numbers(&ds), Some((vec![5, 6], 6)));
 }

@@ -237,7 +237,7 @@ fn history_undo_and_restart() {
     let numbers = |d: &Deployment| d.status.as_ref().map(|s| s.history.iter().map(|r| r.number).collect::<Vec<_>>());
     let current = |d: &Deployment| d.status.as_ref().map(|s| s.revision);
     assert_eq!((numbers(&d), current(&d)), (Some(vec![1]), Some(1)));
-    assert_eq!(undo(&d, None), Err(RolloutError::NoPrevious("upf".into())));
+    assert_eq!(undo(&d, None), Err(RolloutError::NoPrevious { kind: "deployment", name: "upf".into() }));
     let v1 = d.spec.template.clone();
     // The same template again is no new revision.
     d = recorded(d);

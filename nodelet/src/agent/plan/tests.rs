@@ -700,18 +700,31 @@ fn a_pod_with_an_address_is_probed_there_and_a_stale_result_changes_nothing() {
 }
 
 #[test]
-fn grpc_probes_are_ignored_with_a_message() {
+fn grpc_and_https_probes_run_from_the_agent() {
     let t0 = Instant::now();
     let mut st = state(t0);
     let mut p = pod("a", &["sleep", "1000"], RestartPolicy::Always);
+    p.spec.host_network = true;
     p.spec.containers[0].liveness_probe = Some(specs::probe::Probe {
         grpc: Some(specs::probe::GrpcAction { port: 9000, service: None }),
         ..Default::default()
     });
-    run_pod(&mut st, t0, "static-a", p, 1);
-    check(&mut st, Event::Tick, t0, &[]);
+    p.spec.containers[0].readiness_probe = Some(specs::probe::Probe {
+        http_get: Some(specs::probe::HttpGetAction {
+            path: None,
+            port: 8443,
+            scheme: Some(specs::probe::Scheme::Https),
+            http_headers: vec![],
+        }),
+        ..Default::default()
+    });
+    let first = run_probed(&mut st, t0, "static-a", p);
+    assert_eq!(
+        first,
+        ["probe static-a/main livenessProbe Addr(127.0.0.1)", "probe static-a/main readinessProbe Addr(127.0.0.1)"]
+    );
     let report = status::build(&st);
     let pod = &report.pods["static-a"];
-    assert!(pod.container_statuses[0].ready);
-    assert!(pod.message.as_deref().is_some_and(|m| m.contains("grpc probes are not supported")), "{:?}", pod.message);
+    assert!(!pod.container_statuses[0].ready, "not ready before its HTTPS readiness probe succeeds");
+    assert_eq!(pod.message, None);
 }

@@ -17,6 +17,19 @@
 //! controllers in every ancestor from the hierarchy's root down. Anywhere
 //! else (cgroup v1 or hybrid, or v2 without delegation) containers go under
 //! `/pinion` of each hierarchy, as before.
+//!
+//! Exec probes on cgroup v2 (`settle_probe_cgroup`): a probe's command must
+//! not run on a pinned pod's exclusive CPUs. On v1 it joins every cgroup of
+//! its container but the cpuset (the `exec` module). On v2 a process is in
+//! one cgroup for every controller, and the container's cpuset is the pod's
+//! CPUs, so the command joins the container's namespaces but a cgroup of its
+//! own beside the containers': `PARENT/.probes/ID` for the container
+//! `PARENT/ID` (no container id starts with a dot), with the node's reserved
+//! CPUs and its own memory and pids bounds. One per container, not one for
+//! the node, so that a probe that forks or grows without end fails its own
+//! container's probes only, never another pod's liveness. It is not charged
+//! to the pod's memory limit (the kubelet charges it there); the bounds here
+//! take that place. It goes when its container's cgroup goes (`remove`).
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +48,14 @@ pub(crate) const DEFAULT_PARENT: &str = "/pinion";
 const CONTROLLERS: [&str; 6] = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids"];
 /// The extended attributes systemd sets on a delegated cgroup.
 const DELEGATE_XATTRS: [&str; 2] = ["trusted.delegate", "user.delegate"];
+/// The folder of the exec probes' cgroups, beside the containers' (see the
+/// module comment): a container id never starts with a dot.
+const PROBES: &str = ".probes";
+/// `memory.max` of one container's exec probes (v2): a health check is a
+/// small program; this is room for an interpreter, not for the workload.
+pub(crate) const PROBE_MEMORY_BYTES: u64 = 128 << 20;
+/// `pids.max` of one container's exec probes (v2): a shell and a few children.
+pub(crate) const MAX_PROBE_PIDS: u32 = 64;
 
 /// Where the agent puts its containers' cgroups.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,13 +224,47 @@ pub(crate) fn set_cpu_quota(host: &dyn Host, cgroup: &Path, quota: CpuQuota) -> 
     write(host, &dir.join("cpu.cfs_quota_us"), &quota.quota_us.to_string())
 }
 
-/// Kills what is left inside and removes the cgroup in every hierarchy; a cgroup
-/// that does not exist is not an error.
+/// Kills what is left inside and removes the cgroup in every hierarchy, and
+/// the cgroup of its exec probes (v2); a cgroup that does not exist is not an
+/// error.
 pub(crate) fn remove(host: &dyn Host, cgroup: &Path) -> Result<(), String> {
+    if let Some(probes) = probe_cgroup_of(cgroup) {
+        if host.is_dir(&Path::new(ROOT).join(rel(&probes))) {
+            host.remove_cgroup(&probes)?;
+        }
+    }
     if existing_dirs(host, cgroup).is_empty() {
         return Ok(());
     }
     host.remove_cgroup(cgroup)
+}
+
+/// The cgroup of the exec probes of the container whose cgroup is
+/// `cgroup` (`PARENT/ID` -> `PARENT/.probes/ID`), written as `cgroup` is.
+pub(crate) fn probe_cgroup_of(cgroup: &Path) -> Option<PathBuf> {
+    let id = cgroup.file_name()?;
+    Some(cgroup.parent()?.join(PROBES).join(id))
+}
+
+/// Makes (or brings up to date) the v2 cgroup of container `cgroup`'s exec
+/// probes: the reserved CPUs, `PROBE_MEMORY_BYTES`, `MAX_PROBE_PIDS` (see
+/// the module comment). Returns its directory, for the probe to join.
+/// Written at every probe: the reserved CPUs may have changed since the last.
+pub(crate) fn settle_probe_cgroup(host: &dyn Host, cgroup: &Path, reserved: &specs::CpuSet) -> Result<PathBuf, String> {
+    let (Some(probes), Some(parent)) = (probe_cgroup_of(cgroup), cgroup.parent()) else {
+        return Err(format!("the container's cgroup {} has no parent", cgroup.display()));
+    };
+    let root = Path::new(ROOT);
+    let folder = root.join(rel(parent)).join(PROBES);
+    mkdir(host, &folder)?;
+    // Holds no process, only the containers' probe cgroups.
+    enable(host, &folder)?;
+    let dir = root.join(rel(&probes));
+    mkdir(host, &dir)?;
+    write(host, &dir.join("cpuset.cpus"), &reserved.to_string())?;
+    write(host, &dir.join("memory.max"), &PROBE_MEMORY_BYTES.to_string())?;
+    write(host, &dir.join("pids.max"), &MAX_PROBE_PIDS.to_string())?;
+    Ok(dir)
 }
 
 /// The v1 hierarchies: the directories under the root holding a
@@ -379,6 +434,52 @@ mod tests {
             &["/sys/fs/cgroup/pids/pinion/c1", "/sys/fs/cgroup/unified/pinion/c1"],
         );
         check(Recorder::v2().dir("/sys/fs/cgroup/pinion/c1"), &["/sys/fs/cgroup/pinion/c1"]);
+    }
+
+    #[test]
+    fn exec_probes_get_a_cgroup_of_their_own_beside_the_containers() {
+        let reserved: specs::CpuSet = "0-1".parse().unwrap_or_else(|e| panic!("{e:?}"));
+        // /pinion gives its children cpuset, memory and pids, as libcgroups
+        // left it for the container.
+        let host = Recorder::v2()
+            .dir("/sys/fs/cgroup/pinion/c1")
+            .file("/sys/fs/cgroup/pinion/cgroup.subtree_control", "cpuset memory pids");
+        let dir = settle_probe_cgroup(&host, Path::new("/pinion/c1"), &reserved).unwrap_or_else(|e| panic!("{e}"));
+        let probes = "/sys/fs/cgroup/pinion/.probes";
+        assert_eq!(dir, PathBuf::from(format!("{probes}/c1")));
+        let settle = [
+            Call::CreateDir(format!("{probes}/c1").into()),
+            Call::write(format!("{probes}/c1/cpuset.cpus"), "0-1"),
+            Call::write(format!("{probes}/c1/memory.max"), "134217728"),
+            Call::write(format!("{probes}/c1/pids.max"), "64"),
+        ];
+        let first: Vec<Call> = [
+            Call::CreateDir(probes.into()),
+            Call::write(format!("{probes}/cgroup.subtree_control"), "+cpuset +memory +pids"),
+        ]
+        .into_iter()
+        .chain(settle.clone())
+        .collect();
+        assert_eq!(host.calls(), first);
+        // The next probe: the folders exist and have their controllers; the
+        // limits are written again.
+        let calls_before = host.calls().len();
+        settle_probe_cgroup(&host, Path::new("/pinion/c1"), &reserved).unwrap_or_else(|e| panic!("{e}"));
+        let again: Vec<Call> = std::iter::once(Call::CreateDir(probes.into())).chain(settle).collect();
+        assert_eq!(host.calls()[calls_before..], again[..]);
+        // Removing the container removes its probes' cgroup too.
+        let calls_before = host.calls().len();
+        remove(&host, Path::new("/pinion/c1")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            host.calls()[calls_before..],
+            [Call::RemoveCgroup("/pinion/.probes/c1".into()), Call::RemoveCgroup("/pinion/c1".into())]
+        );
+        assert!(!host.is_dir(Path::new("/sys/fs/cgroup/pinion/.probes/c1")));
+        // Inside a delegated subtree: beside the containers, in pods/.
+        assert_eq!(
+            probe_cgroup_of(Path::new("/system.slice/pinion.service/pods/c2")),
+            Some(PathBuf::from("/system.slice/pinion.service/pods/.probes/c2"))
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ use oci_spec::runtime::Spec;
 
 use super::records::{read_json, Layout};
 use super::{cannot_run_code, cerr, check_command, check_id, ioerr, spec, LibcontainerRuntime, Report};
+use crate::host::Host;
 use crate::runtime::{ContainerConfig, ContainerState, ExecProcess, Runtime, RuntimeError};
 
 /// How long the agent waits for the helper to say the command runs.
@@ -212,12 +213,17 @@ pub fn run(data_dir: &Path, id: &str, command: &[String]) -> i32 {
 }
 
 /// Joins the container with the command; its host pid and the node's reserved CPUs.
-/// `on_reserved` (a probe), with reserved CPUs and cgroup v1: the command
-/// joins the container's namespaces and every cgroup of it but its cpuset,
-/// and is confined to the reserved CPUs before it execs, so it never runs on
-/// the pod's CPUs (the path of `hostUsers: false` containers, which does
-/// this by hand). On cgroup v2 a process cannot leave one controller of its
-/// cgroup: the command runs on the container's CPUs, as `pinion exec`'s.
+/// `on_reserved` (a probe) with reserved CPUs: the command joins the
+/// container's namespaces and is confined to the reserved CPUs before it
+/// execs, so it never runs on the pod's CPUs (the path of `hostUsers: false`
+/// containers, which does this by hand). On cgroup v1 it joins every cgroup
+/// of the container but its cpuset (it stays in the helper's, the agent's,
+/// which holds the reserved CPUs). On cgroup v2 a process cannot leave one
+/// controller of its cgroup, so it joins none of the container's: it joins
+/// the container's probe cgroup, which holds the reserved CPUs and bounds
+/// its memory and pids (`cgroups::settle_probe_cgroup`, where the module
+/// comment says why one per container). It is still in the container's pid
+/// namespace, so it ends with the container at the latest.
 fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Result<(Pid, specs::CpuSet), String> {
     let out = take_fd(STDOUT_FD)?;
     let err = take_fd(STDERR_FD)?;
@@ -238,15 +244,21 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
     let cgroup = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()).unwrap_or_default();
     let mut dirs = super::cgroups::existing_dirs(&crate::host::RealHost, &cgroup);
     let cpuset_root = Path::new("/sys/fs/cgroup/cpuset");
-    let off_pod_cpus = on_reserved && !cfg.system_cpus.is_empty() && dirs.iter().any(|d| d.starts_with(cpuset_root));
-    if cfg.userns.is_some() || off_pod_cpus {
+    let host = crate::host::RealHost;
+    let reserved = on_reserved && !cfg.system_cpus.is_empty() && !dirs.is_empty();
+    let off_pod_cpus_v1 = reserved && dirs.iter().any(|d| d.starts_with(cpuset_root));
+    let off_pod_cpus_v2 = reserved && !off_pod_cpus_v1 && host.cgroup_v2_only();
+    if cfg.userns.is_some() || off_pod_cpus_v1 || off_pod_cpus_v2 {
         let started: super::records::StartedRecord = read_json(&layout.started(id))
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{} is missing", layout.started(id).display()))?;
-        let confine = if off_pod_cpus {
+        let confine = if off_pod_cpus_v1 {
             // Left in the helper's cpuset (the agent's, which holds the
             // reserved CPUs), then pinned to them.
             dirs.retain(|d| !d.starts_with(cpuset_root));
+            Some(&cfg.system_cpus)
+        } else if off_pod_cpus_v2 {
+            dirs = vec![super::cgroups::settle_probe_cgroup(&host, &cgroup, &cfg.system_cpus)?];
             Some(&cfg.system_cpus)
         } else {
             None

@@ -71,6 +71,13 @@ pub(super) fn join(
         }
         namespaces.push((f, flag));
     }
+    // The container's root as its init sees it, entered once the mount
+    // namespace is joined (as `nsenter --root`): joining a mount namespace
+    // sets the root to the namespace's root mount, which is the container's
+    // only when its runtime could `pivot_root`; under a chroot (a host whose
+    // own root is an initramfs, as the QEMU guest's) it is the host's.
+    let root_path = format!("/proc/{init}/root");
+    let root = File::open(&root_path).map_err(|e| format!("{root_path}: {e}"))?;
     let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     // Tells the helper the command's pid (from the intermediate), then
     // carries a failure's words (from the command's side; its close on exec
@@ -101,6 +108,9 @@ pub(super) fn join(
                     fail(format!("joining the container's {flag:?} namespace: {e}"));
                 }
             }
+            if let Err(e) = nix::unistd::fchdir(root.as_raw_fd()).and_then(|()| nix::unistd::chroot(".")) {
+                fail(format!("entering the container's root {root_path}: {e}"));
+            }
             // SAFETY: as above; the grandchild is the command.
             match unsafe { fork() } {
                 Err(e) => fail(format!("fork: {e}")),
@@ -129,7 +139,7 @@ pub(super) fn join(
             }
         }
         ForkResult::Parent { child } => {
-            drop((pid_w, err_w, out, err, stdin));
+            drop((pid_w, err_w, out, err, stdin, root));
             let status = loop {
                 match waitpid(child, None) {
                     Err(nix::errno::Errno::EINTR) => continue,
