@@ -796,6 +796,10 @@ fn a_deleted_pod_is_terminating_until_its_cpu_is_free_and_a_waiting_pod_names_it
     let out = up.cli(&["apply", "-f", file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     up.wait("stubborn Running", || up.phase("stubborn").as_deref() == Some("Running"));
+    // Its events say where and when it started, as kubectl's do.
+    up.wait("a Started event", || {
+        text(&up.cli(&["describe", "pod", "stubborn"]).stdout).contains("started container main on")
+    });
     let out = up.cli(&["delete", "pod", "stubborn"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     up.wait("stubborn listed Terminating with its grace left", || {

@@ -345,6 +345,23 @@ pub(super) fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) ->
     (before.map(said) != Some(said(now))).then(|| now.message.clone().unwrap_or_default())
 }
 
+/// The containers a report shows started since the last one (running now,
+/// and not running before or restarted since), as kubectl's `Started`
+/// events name them.
+pub(super) fn newly_started(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Vec<String> {
+    let Some(now) = now else { return Vec::new() };
+    let was = |name: &str| before.and_then(|b| b.container_statuses.iter().find(|c| c.name == name));
+    now.container_statuses
+        .iter()
+        .filter(|c| c.state == specs::status::ContainerState::Running)
+        .filter(|c| {
+            was(&c.name)
+                .is_none_or(|b| b.state != specs::status::ContainerState::Running || b.restart_count != c.restart_count)
+        })
+        .map(|c| c.name.clone())
+        .collect()
+}
+
 /// Whether a node's status report is about this incarnation of the pod: a
 /// report naming another uid (the pod was replaced under the same name) is
 /// about a pod that is gone.

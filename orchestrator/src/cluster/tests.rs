@@ -1017,3 +1017,33 @@ async fn a_dependency_and_a_hold_keep_a_job_memberless() {
     let e = w.run(move |t| jobs::hold_for(t, &alice, "mine", true)).await.expect_err("started");
     assert!(e.to_string().contains("only a pending job can be held"), "{e}");
 }
+
+#[test]
+fn a_container_started_or_restarted_since_the_last_report_is_named_once() {
+    use specs::status::{ContainerState, ContainerStatus};
+    let with = |ctrs: &[(&str, ContainerState, u32)]| PodStatus {
+        container_statuses: ctrs
+            .iter()
+            .map(|(n, s, r)| ContainerStatus {
+                name: n.to_string(),
+                state: *s,
+                restart_count: *r,
+                ..Default::default()
+            })
+            .collect(),
+        ..status(PodPhase::Running)
+    };
+    let (w, r) = (ContainerState::Waiting, ContainerState::Running);
+    let table: &[(Option<PodStatus>, PodStatus, &[&str])] = &[
+        (None, with(&[("main", r, 0)]), &["main"]),
+        (Some(with(&[("main", w, 0)])), with(&[("main", r, 0), ("side", w, 0)]), &["main"]),
+        // The same report again: nothing new.
+        (Some(with(&[("main", r, 0)])), with(&[("main", r, 0)]), &[]),
+        // Restarted between two reports: started again.
+        (Some(with(&[("main", r, 0)])), with(&[("main", r, 1)]), &["main"]),
+        (Some(with(&[("main", r, 0)])), with(&[("main", w, 1)]), &[]),
+    ];
+    for (before, now, want) in table {
+        assert_eq!(pods::newly_started(before.as_ref(), Some(now)), *want, "{before:?} -> {now:?}");
+    }
+}
