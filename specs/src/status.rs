@@ -79,6 +79,11 @@ pub struct PodStatus {
     pub conditions: Vec<PodCondition>,
 }
 
+/// The pod status reason of a pod its node is stopping (SIGTERM sent, not
+/// every process gone): the node reports it, the server lists deleted ones
+/// with it, `get pods` shows it.
+pub const TERMINATING: &str = "Terminating";
+
 /// The condition of a pod whose readiness a rollout waits for.
 pub const POD_READY: &str = "Ready";
 

@@ -147,10 +147,10 @@ pub fn pod_status(p: &Pod) -> String {
     }
     // A pod its node is stopping holds its resources until it has: said,
     // with the grace left before the node kills what remains.
-    if s.reason.as_deref() == Some("Terminating") {
+    if s.reason.as_deref() == Some(specs::status::TERMINATING) {
         return match s.grace_ends.as_deref().and_then(seconds_until) {
             Some(left) => format!("Terminating ({left}s)"),
-            None => "Terminating".into(),
+            None => specs::status::TERMINATING.into(),
         };
     }
     // A running pod the node's changed settings no longer allow says so

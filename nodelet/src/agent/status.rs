@@ -167,7 +167,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
             }
             Stage::Terminating { .. } => {
                 st.phase = PodPhase::Running;
-                st.reason = Some("Terminating".into());
+                st.reason = Some(specs::status::TERMINATING.into());
                 st.grace_ends = grace_ends(e.kill_at);
                 report.terminating.push(specs::api::TerminatingPod {
                     name: key.clone(),

@@ -386,7 +386,7 @@ pub fn stopping_pod(node: &str, t: &specs::api::TerminatingPod) -> Pod {
         status: Some(specs::PodStatus {
             phase: PodPhase::Running,
             node_name: Some(node.to_string()),
-            reason: Some("Terminating".into()),
+            reason: Some(specs::status::TERMINATING.into()),
             message: Some(format!("deleted; node {node} is stopping it and holds its resources until it has")),
             grace_ends: t.grace_ends.clone(),
             ..Default::default()
