@@ -33,8 +33,12 @@ async fn pods(c: &Cluster) -> Vec<Pod> {
     c.admin.list_pods(Some(&format!("{DAEMONSET_LABEL}=ptp"))).await.expect("list pods").items
 }
 
+/// Running and not a deleted pod its node is still stopping (listed as
+/// Terminating with the phase it had).
 fn running(p: &Pod) -> bool {
-    p.status.as_ref().is_some_and(|s| s.phase == PodPhase::Running)
+    p.status
+        .as_ref()
+        .is_some_and(|s| s.phase == PodPhase::Running && s.reason.as_deref() != Some(specs::status::TERMINATING))
 }
 
 /// Node -> the template hash of its Running pod.
