@@ -78,7 +78,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
             core: cores[&t.id],
             socket: sockets[&t.id],
             die: t.die,
-            numa: numa_of[&t.id],
+            numa: numa_of.get(&t.id).copied().flatten(),
             uncore_cache: l3.get(&t.id).copied(),
         })
         .collect();
@@ -87,7 +87,7 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         .into_iter()
         .map(|n| {
             // Derived from the final map so that `cpus` and `Cpu::numa` never disagree.
-            let cpus = online.filter(|id| numa_of.get(&id) == Some(&n.id));
+            let cpus = online.filter(|id| numa_of.get(&id) == Some(&Some(n.id)));
             NumaNode {
                 kind: numa_kind(&cpus, n.memory_bytes),
                 id: n.id,
@@ -535,8 +535,16 @@ fn read_hugepages(dir: &Path) -> Result<Vec<HugePages>, DiscoveryError> {
 }
 
 /// Every online CPU's NUMA node: the node cpulists first, then `cpuN/nodeM` links for
-/// CPUs no list names. A CPU in two nodes' lists is an error.
-fn numa_map(threads: &[Thread], nodes: &[RawNode], cpu_dir: &Path) -> Result<BTreeMap<u32, u32>, DiscoveryError> {
+/// CPUs no list names. A CPU in two nodes' lists is an error. A CPU that no
+/// online node lists (its node is offline, it is not) is in no node: local to
+/// no memory, so the engine never counts it in an aligned placement. Only
+/// where no node lists any CPU at all (a dump without cpulists or links) are
+/// they all the first node's, as hwloc does.
+fn numa_map(
+    threads: &[Thread],
+    nodes: &[RawNode],
+    cpu_dir: &Path,
+) -> Result<BTreeMap<u32, Option<u32>>, DiscoveryError> {
     let mut map = BTreeMap::new();
     for node in nodes {
         let Some((cpus, path)) = &node.cpus else { continue };
@@ -550,24 +558,33 @@ fn numa_map(threads: &[Thread], nodes: &[RawNode], cpu_dir: &Path) -> Result<BTr
     }
     let node_ids: Vec<u32> = nodes.iter().map(|n| n.id).collect();
     let mut out = BTreeMap::new();
+    let mut loose = Vec::new();
     for t in threads {
         let numa = match map.get(&t.id) {
-            Some(&n) => n,
+            Some(&n) => Some(n),
             None => match node_link(&cpu_dir.join(format!("cpu{}", t.id)))? {
-                Some(n) if node_ids.contains(&n) => n,
+                Some(n) if node_ids.contains(&n) => Some(n),
                 _ => {
-                    // The kernel put the CPU nowhere we can see; hwloc does the same.
-                    let first = node_ids.first().copied().unwrap_or(0);
-                    tracing::warn!(
-                        cpu = t.id,
-                        node = first,
-                        "CPU is in no NUMA node's cpulist; placed in the first node"
-                    );
-                    first
+                    loose.push(t.id);
+                    None
                 }
             },
         };
         out.insert(t.id, numa);
+    }
+    if !loose.is_empty() {
+        if out.values().all(Option::is_none) {
+            let first = node_ids.first().copied().unwrap_or(0);
+            tracing::warn!(node = first, "no NUMA node lists any CPU; every CPU placed in the first node");
+            out.values_mut().for_each(|n| *n = Some(first));
+        } else {
+            let list = CpuSet::from_ids(loose.iter().copied()).map(|s| s.to_string()).unwrap_or_default();
+            tracing::warn!(
+                cpus = %list,
+                "online CPUs in no online NUMA node's cpulist (their node is offline?): \
+                 in no node, used only by placements that need no NUMA alignment"
+            );
+        }
     }
     Ok(out)
 }
@@ -728,7 +745,7 @@ mod tests {
     fn numa_from_cpu_links_when_a_node_has_no_cpulist() {
         // node1 has no cpulist/cpumap: cpu1 is placed by its `cpu1/node1` link
         // (dangling, as in the dumps; only the name matters). Without the link it
-        // would land in the first node.
+        // would be in no node.
         let dir = tree(&with(&[
             ("sys/devices/system/node/node0/cpulist", "0\n"),
             ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
@@ -736,10 +753,31 @@ mod tests {
         let link = dir.path().join("sys/devices/system/cpu/cpu1/node1");
         std::os::unix::fs::symlink("../../node/node1-gone", &link).expect("symlink");
         let t = discover(dir.path()).expect("discover");
-        let numa: Vec<(u32, u32)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
-        assert_eq!(numa, vec![(0, 0), (1, 1)]);
+        let numa: Vec<(u32, Option<u32>)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
+        assert_eq!(numa, vec![(0, Some(0)), (1, Some(1))]);
         assert_eq!(t.numa_nodes[1].cpus, CpuSet::single(1).expect("id within MAX_ID"));
         assert_eq!(t.numa_nodes[1].memory_bytes, 4096);
+    }
+
+    #[test]
+    fn cpus_of_an_offline_node_are_in_no_node() {
+        // node0 is offline, its CPU 0 is not: no online node lists it, so it is
+        // local to no memory (it used to be put in node1 as if it were).
+        let dir = tree(&with(&[
+            ("sys/devices/system/node/online", "1\n"),
+            ("sys/devices/system/node/node0/cpulist", "0\n"),
+            ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: 4 kB\n"),
+            ("sys/devices/system/node/node1/cpulist", "1\n"),
+            ("sys/devices/system/node/node1/meminfo", "Node 1 MemTotal: 4 kB\n"),
+        ]));
+        let t = discover(dir.path()).expect("discover");
+        let numa: Vec<(u32, Option<u32>)> = t.cpus.iter().map(|c| (c.id, c.numa)).collect();
+        assert_eq!(numa, vec![(0, None), (1, Some(1))]);
+        let nodes: Vec<(u32, String)> = t.numa_nodes.iter().map(|n| (n.id, n.cpus.to_string())).collect();
+        assert_eq!(nodes, vec![(1, "1".to_string())]);
+        assert!(specs::validate::validate_topology(&t).is_empty(), "{:?}", specs::validate::validate_topology(&t));
+        let drawn = specs::topology::draw::draw(&t, &Default::default());
+        assert!(drawn.contains("no NUMA node: CPUs 0"), "{drawn}");
     }
 
     #[test]

@@ -294,13 +294,14 @@ fn build<'a, 'i>(root: Node<'a, 'i>, mut found: Found<'a, 'i>) -> Result<NodeTop
             ..NumaNode::default()
         });
     }
-    let first = nodes.first().map(|n| n.id).unwrap_or(0);
-    for p in &found.pus {
-        numa_of.entry(p.id).or_insert_with(|| {
-            // As sysfs discovery (and hwloc) does with a CPU no node claims.
-            tracing::warn!(cpu = p.id, node = first, "CPU is in no NUMA node's cpuset; placed in the first node");
-            first
-        });
+    // As sysfs discovery: a CPU no node claims is in no node, unless no node
+    // claims any (one implicit node).
+    if numa_of.is_empty() {
+        let first = nodes.first().map(|n| n.id).unwrap_or(0);
+        numa_of.extend(found.pus.iter().map(|p| (p.id, first)));
+    }
+    for p in found.pus.iter().filter(|p| !numa_of.contains_key(&p.id)) {
+        tracing::warn!(cpu = p.id, "CPU is in no NUMA node's cpuset: in no node, never in an aligned placement");
     }
     for n in &mut nodes {
         n.cpus = online.filter(|id| numa_of.get(&id) == Some(&n.id));
@@ -336,7 +337,7 @@ fn build<'a, 'i>(root: Node<'a, 'i>, mut found: Found<'a, 'i>) -> Result<NodeTop
             core: number(&mut cores, p.above.core.unwrap_or(p.node).range().start),
             socket: number(&mut sockets, p.above.package.map(|n| n.range().start).unwrap_or(0)),
             die: p.above.die,
-            numa: numa_of.get(&p.id).copied().unwrap_or(first),
+            numa: numa_of.get(&p.id).copied(),
             uncore_cache: p.above.l3.map(|n| number(&mut l3s, n.range().start)),
         })
         .collect();
@@ -596,15 +597,15 @@ mod tests {
         ))
         .expect("parse");
         // (id, core, socket, die, numa, uncore cache)
-        type Row = (u32, u32, u32, Option<u32>, u32, Option<u32>);
+        type Row = (u32, u32, u32, Option<u32>, Option<u32>, Option<u32>);
         let cpus: Vec<Row> = t.cpus.iter().map(|c| (c.id, c.core, c.socket, c.die, c.numa, c.uncore_cache)).collect();
         assert_eq!(
             cpus,
             vec![
-                (0, 0, 0, None, 0, Some(0)),
-                (1, 0, 0, None, 0, Some(0)),
-                (2, 1, 1, Some(7), 1, None),
-                (3, 1, 1, Some(7), 1, None)
+                (0, 0, 0, None, Some(0), Some(0)),
+                (1, 0, 0, None, Some(0), Some(0)),
+                (2, 1, 1, Some(7), Some(1), None),
+                (3, 1, 1, Some(7), Some(1), None)
             ]
         );
         let nodes: Vec<(u32, NumaKind, String, u64, Vec<u32>)> = t
@@ -707,9 +708,10 @@ mod tests {
   </object>
 </topology>"#;
         let t = parse(v1).expect("parse");
-        let cpus: Vec<(u32, u32, u32, u32, Option<u32>)> =
-            t.cpus.iter().map(|c| (c.id, c.core, c.socket, c.numa, c.uncore_cache)).collect();
-        assert_eq!(cpus, vec![(0, 0, 0, 0, None), (1, 1, 1, 1, Some(0))]);
+        // (id, core, socket, numa, uncore cache)
+        type Row = (u32, u32, u32, Option<u32>, Option<u32>);
+        let cpus: Vec<Row> = t.cpus.iter().map(|c| (c.id, c.core, c.socket, c.numa, c.uncore_cache)).collect();
+        assert_eq!(cpus, vec![(0, 0, 0, Some(0), None), (1, 1, 1, Some(1), Some(0))]);
         // The matrix is in document (logical) order: node 1 first.
         assert_eq!(t.numa_nodes[0].distances, vec![10, 21]);
         assert_eq!((t.numa_nodes[0].memory_bytes, t.numa_nodes[1].memory_bytes), (4096, 8192));

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 fn two_by_ten() -> NodeTopology {
     NodeTopology {
         cpus: (0..20)
-            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None })
+            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: Some(id / 10), uncore_cache: None })
             .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {
@@ -118,7 +118,7 @@ fn placed(r: &NodeReport, key: &str) -> (CpuSet, NumaSet) {
 
 /// The NUMA nodes whose CPUs `cpus` touches.
 fn nodes_of(t: &NodeTopology, cpus: &CpuSet) -> NumaSet {
-    NumaSet::from_ids(cpus.iter().filter_map(|c| t.cpu(c)).map(|c| c.numa)).expect("ids within MAX_ID")
+    NumaSet::from_ids(cpus.iter().filter_map(|c| t.cpu(c)?.numa)).expect("ids within MAX_ID")
 }
 
 #[tokio::test]
@@ -224,7 +224,7 @@ async fn hollow_job_throughput_on_64_cpus() {
     let dir = tempfile::tempdir().unwrap();
     let t = NodeTopology {
         cpus: (0..64)
-            .map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: id / 32, uncore_cache: None })
+            .map(|id| Cpu { id, core: id, socket: id / 32, die: None, numa: Some(id / 32), uncore_cache: None })
             .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {

@@ -52,7 +52,7 @@ fn plain_join(server: impl Into<String>, token: impl Into<String>) -> JoinConfig
 fn topology() -> NodeTopology {
     NodeTopology {
         cpus: (0..8)
-            .map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: id / 4, uncore_cache: None })
+            .map(|id| Cpu { id, core: id, socket: id / 4, die: None, numa: Some(id / 4), uncore_cache: None })
             .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {

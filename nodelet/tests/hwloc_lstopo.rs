@@ -35,11 +35,13 @@ fn lstopo(root: &Path) -> String {
 /// (id, kind, cpus, memory bytes, distances, huge pages (size, total))
 type Numa = (u32, String, String, u64, Vec<u32>, Vec<(u64, u64)>);
 
+/// (id, core, socket, numa, uncore_cache)
+type CpuRow = (u32, u32, u32, Option<u32>, Option<u32>);
+
 /// The fields the two sources must agree on, in a form whose `Debug` diff reads well.
 #[derive(Debug, PartialEq, Eq)]
 struct View {
-    /// (id, core, socket, numa, uncore_cache)
-    cpus: Vec<(u32, u32, u32, u32, Option<u32>)>,
+    cpus: Vec<CpuRow>,
     numa: Vec<Numa>,
     /// (address, class, numa)
     devices: Vec<(String, String, Option<u32>)>,

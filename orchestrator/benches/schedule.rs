@@ -45,7 +45,7 @@ fn machine(numa: u32, cores: u32) -> NodeTopology {
             for thread in 0..2 {
                 let id = core + thread * total_cores;
                 cpus.insert(id).expect("a benchmark machine fits in a CpuSet");
-                t.cpus.push(Cpu { id, core, socket: n / per_socket, die: None, numa: n, uncore_cache: None });
+                t.cpus.push(Cpu { id, core, socket: n / per_socket, die: None, numa: Some(n), uncore_cache: None });
             }
         }
         t.numa_nodes.push(NumaNode {

@@ -45,7 +45,7 @@ fn topology(numa: u32, cpus: u32) -> NodeTopology {
     for n in 0..numa {
         let ids: Vec<u32> = (n * cpus..(n + 1) * cpus).collect();
         for id in &ids {
-            t.cpus.push(Cpu { id: *id, core: *id, socket: n, die: None, numa: n, uncore_cache: None });
+            t.cpus.push(Cpu { id: *id, core: *id, socket: n, die: None, numa: Some(n), uncore_cache: None });
         }
         t.numa_nodes.push(NumaNode {
             kind: Default::default(),

@@ -27,7 +27,7 @@ async fn node_client(url: &str, token: &str, dir: &Path, name: &str) -> Client {
     let n = Client::new(&creds).expect("node client");
     let mut topology = NodeTopology::default();
     for id in 0..2 {
-        topology.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: 0, uncore_cache: None });
+        topology.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: Some(0), uncore_cache: None });
     }
     topology.numa_nodes.push(NumaNode {
         kind: Default::default(),

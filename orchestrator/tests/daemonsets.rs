@@ -45,7 +45,7 @@ fn topology(cpus: u32) -> NodeTopology {
     let mut t = NodeTopology::default();
     let ids: Vec<u32> = (0..cpus).collect();
     for id in &ids {
-        t.cpus.push(Cpu { id: *id, core: *id, socket: 0, die: None, numa: 0, uncore_cache: None });
+        t.cpus.push(Cpu { id: *id, core: *id, socket: 0, die: None, numa: Some(0), uncore_cache: None });
     }
     t.numa_nodes.push(NumaNode {
         kind: Default::default(),

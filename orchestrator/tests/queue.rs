@@ -45,7 +45,7 @@ impl Queue for TestServer {
         let n = Client::new(&creds).expect("node client");
         let mut t = NodeTopology::default();
         for id in 0..cpus {
-            t.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: 0, uncore_cache: None });
+            t.cpus.push(Cpu { id, core: id, socket: 0, die: None, numa: Some(0), uncore_cache: None });
         }
         t.numa_nodes.push(NumaNode {
             kind: Default::default(),

@@ -40,8 +40,11 @@ pub struct Cpu {
     /// Die within the package, where the kernel reports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub die: Option<u32>,
-    /// NUMA node id.
-    pub numa: u32,
+    /// NUMA node id; `None` for an online CPU that no online node lists (a
+    /// node offline while its CPUs are not): such a CPU is local to no
+    /// memory, so it is never part of an aligned placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
     /// Last-level (L3) cache group: CPUs sharing one uncore cache (a CCX on
     /// AMD), renumbered 0.. in order of first appearance; `None` where the
     /// machine names no shared L3.
@@ -191,7 +194,7 @@ impl NodeTopology {
             return Vec::new();
         }
         let sockets_of = |n: u32| -> Vec<u32> {
-            let mut s: Vec<u32> = self.cpus.iter().filter(|c| c.numa == n).map(|c| c.socket).collect();
+            let mut s: Vec<u32> = self.cpus.iter().filter(|c| c.numa == Some(n)).map(|c| c.socket).collect();
             s.sort_unstable();
             s.dedup();
             s
@@ -270,7 +273,7 @@ mod tests {
         for (id, socket) in (0u32..).zip(sockets) {
             let mut cpus = CpuSet::new();
             if let Some(socket) = socket {
-                t.cpus.push(Cpu { id, core: id, socket: *socket, die: None, numa: id, uncore_cache: None });
+                t.cpus.push(Cpu { id, core: id, socket: *socket, die: None, numa: Some(id), uncore_cache: None });
                 cpus.insert(id).unwrap();
             }
             let distances = distances[id as usize].to_vec();

@@ -771,7 +771,7 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
     }
     let numa_ids: BTreeSet<u32> = t.numa_nodes.iter().map(|n| n.id).collect();
     // core id -> (socket, numa) of its first CPU: a core lives in one socket and node.
-    let mut cores: std::collections::BTreeMap<u32, (u32, u32)> = std::collections::BTreeMap::new();
+    let mut cores: std::collections::BTreeMap<u32, (u32, Option<u32>)> = std::collections::BTreeMap::new();
     for (i, c) in t.cpus.iter().enumerate() {
         let p = format!("cpus[{i}]");
         if c.id > MAX_ID {
@@ -786,8 +786,8 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
         if c.socket > MAX_ID {
             e.push(format!("{p}.socket"), format!("{} is larger than {MAX_ID}", c.socket));
         }
-        if !numa_ids.contains(&c.numa) {
-            e.push(format!("{p}.numa"), format!("NUMA node {} is not in numaNodes", c.numa));
+        if let Some(numa) = c.numa.filter(|n| !numa_ids.contains(n)) {
+            e.push(format!("{p}.numa"), format!("NUMA node {numa} is not in numaNodes"));
         }
         match cores.get(&c.core) {
             Some(&(s, n)) if (s, n) != (c.socket, c.numa) => {
@@ -809,7 +809,7 @@ pub fn validate_topology(t: &crate::topology::NodeTopology) -> Vec<FieldError> {
             e.push(format!("{p}.id"), "NUMA node ids must be unique and sorted ascending");
         }
         // Ids beyond MAX_ID are reported above; left out here.
-        let claimed = t.cpus.iter().filter(|c| c.numa == n.id).fold(CpuSet::new(), |mut s, c| {
+        let claimed = t.cpus.iter().filter(|c| c.numa == Some(n.id)).fold(CpuSet::new(), |mut s, c| {
             let _ = s.insert(c.id);
             s
         });
@@ -1520,7 +1520,7 @@ spec:
                 }),
                 vec!["cpus[3].id", "numaNodes[1].cpus"],
             ),
-            (Box::new(|t| t.cpus[3].numa = 7), vec!["cpus[3].numa", "cpus[3].core", "numaNodes[1].cpus"]),
+            (Box::new(|t| t.cpus[3].numa = Some(7)), vec!["cpus[3].numa", "cpus[3].core", "numaNodes[1].cpus"]),
             (Box::new(|t| t.cpus[1].socket = 1), vec!["cpus[1].core"]),
             (Box::new(|t| t.cpus[0].core = 100_000), vec!["cpus[0].core"]),
             (Box::new(|t| t.numa_nodes[0].cpus = "0".parse().unwrap()), vec!["numaNodes[0].cpus"]),

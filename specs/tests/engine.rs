@@ -816,3 +816,57 @@ fn memory_is_never_bound_to_a_node_without_memory() {
         check(c);
     }
 }
+
+/// node0 offline while its CPUs 0-3 stay online: they are in no node.
+fn node0_offline() -> NodeTopology {
+    let mut t = machine("pack:1 numa:2 core:4 pu:1");
+    for c in t.cpus.iter_mut().filter(|c| c.numa == Some(0)) {
+        c.numa = None;
+    }
+    t.numa_nodes.retain(|n| n.id != 0);
+    t.numa_nodes[0].distances = vec![10];
+    assert!(specs::validate::validate_topology(&t).is_empty(), "{:?}", specs::validate::validate_topology(&t));
+    t
+}
+
+#[test]
+fn cpus_in_no_online_node_are_never_aligned() {
+    let p =
+        |cpus: &str, policy: TopologyPolicy| with_topology(pod("p", vec![gctr("c", cpus, "1Gi")]), Some(policy), None);
+    let on = |c: Case| Case { machine: node0_offline(), ..c };
+    let d = "pack:1 numa:2 core:4 pu:1";
+    let s = settings(NoPolicy);
+    for c in [
+        on(case(
+            "single-numa-node: node 1's CPUs only",
+            d,
+            s.clone(),
+            p("2", SingleNumaNode),
+            Admit("1", &[("4-5", "1")]),
+        )),
+        on(case(
+            "single-numa-node: more than node 1 holds is refused, not topped up from CPUs in no node",
+            d,
+            s.clone(),
+            p("5", SingleNumaNode),
+            Reject(RejectReason::TopologyAffinity, "NUMA"),
+        )),
+        on(case(
+            "restricted likewise",
+            d,
+            s.clone(),
+            p("5", Restricted),
+            Reject(RejectReason::TopologyAffinity, "NUMA"),
+        )),
+        on(case("policy none may use them", d, s.clone(), p("6", NoPolicy), Admit("1", &[("0-1,4-7", "1")]))),
+        on(case(
+            "best-effort: node 1 first, then them",
+            d,
+            s.clone(),
+            p("6", BestEffort),
+            Admit("1", &[("0-1,4-7", "1")]),
+        )),
+    ] {
+        check(c);
+    }
+}

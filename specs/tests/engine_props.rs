@@ -162,9 +162,14 @@ fn run(t: &NodeTopology, s: &NodeSettings, pods: &[PodPlan]) -> Result<(), TestC
             if matches!(c.cpu_policy, CpuPolicy::Exclusive | CpuPolicy::Immovable) {
                 prop_assert!(c.cpus.is_disjoint(&reserved), "reserved CPU handed out: {:?}", c.cpus);
                 prop_assert!(c.cpus.is_disjoint(&before), "CPU given twice: {:?} vs {:?}", c.cpus, before);
+                if matches!(effective, TopologyPolicy::SingleNumaNode | TopologyPolicy::Restricted) {
+                    // A CPU no online node lists is local to no memory: never aligned.
+                    let loose: Vec<u32> =
+                        c.cpus.iter().filter(|&id| t.cpu(id).is_some_and(|x| x.numa.is_none())).collect();
+                    prop_assert!(loose.is_empty(), "{effective:?} took CPUs in no NUMA node: {loose:?}");
+                }
                 if effective == TopologyPolicy::SingleNumaNode {
-                    let nodes =
-                        CpuSet::from_ids(c.cpus.iter().filter_map(|id| t.cpu(id)).map(|x| x.numa)).expect("small ids");
+                    let nodes = CpuSet::from_ids(c.cpus.iter().filter_map(|id| t.cpu(id)?.numa)).expect("small ids");
                     prop_assert!(nodes.len() <= 1, "single-numa-node spans {:?}", nodes);
                     pod_nodes.union_with(&nodes);
                 }
@@ -282,12 +287,35 @@ proptest! {
         run(&t, &s, &pods)?;
     }
 
+    /// The same on machines where some online CPUs are in no online NUMA
+    /// node (their node went offline, they did not).
+    #[test]
+    fn invariants_hold_with_cpus_in_no_node(
+        desc in synthetic_strategy(),
+        loose in proptest::collection::vec(any::<bool>(), 64),
+        s in settings_strategy(),
+        pods in pods_strategy(),
+    ) {
+        let mut t = specs::topology::synthetic::parse(&desc).expect("test input");
+        // Whole cores at a time, as the kernel offlines a node.
+        for c in &mut t.cpus {
+            if loose.get(c.core as usize).copied().unwrap_or(false) {
+                c.numa = None;
+            }
+        }
+        for n in &mut t.numa_nodes {
+            n.cpus = CpuSet::from_ids(t.cpus.iter().filter(|c| c.numa == Some(n.id)).map(|c| c.id)).expect("small ids");
+        }
+        prop_assert!(specs::validate::validate_topology(&t).is_empty(), "{:?}", specs::validate::validate_topology(&t));
+        run(&t, &s, &pods)?;
+    }
+
     /// Any topology serde accepts, however inconsistent (CPUs on unlisted nodes,
     /// short distance rows, duplicate ids, CPU-less nodes, memory-only nodes
     /// with CPUs), gives an answer, never a panic.
     #[test]
     fn never_panics_on_raw_topologies(
-        cpus in proptest::collection::vec((0u32..40, 0u32..10, 0u32..4, 0u32..5, proptest::option::of(0u32..6)), 0..40),
+        cpus in proptest::collection::vec((0u32..40, 0u32..10, 0u32..4, proptest::option::of(0u32..5), proptest::option::of(0u32..6)), 0..40),
         nodes in proptest::collection::vec((0u32..5, 0u64..(1 << 36), proptest::collection::vec(0u32..50, 0..6), any::<bool>()), 0..6),
         s in settings_strategy(),
         pods in pods_strategy(),
@@ -300,7 +328,7 @@ proptest! {
                 // Memory-only or not, with CPUs or without.
                 kind: if memory_only { NumaKind::MemoryOnly } else { NumaKind::CpusAndMemory },
                 id,
-                cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == id).map(|c| c.id)).expect("small ids"),
+                cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == Some(id)).map(|c| c.id)).expect("small ids"),
                 memory_bytes,
                 distances,
                 hugepages: vec![],

@@ -161,7 +161,7 @@ impl Agent {
 fn two_by_ten() -> NodeTopology {
     NodeTopology {
         cpus: (0..20)
-            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: id / 10, uncore_cache: None })
+            .map(|id| Cpu { id, core: id, socket: id / 10, die: None, numa: Some(id / 10), uncore_cache: None })
             .collect(),
         numa_nodes: (0..2)
             .map(|id| NumaNode {

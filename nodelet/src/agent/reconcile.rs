@@ -450,8 +450,9 @@ mod tests {
     }
 
     fn topo() -> NodeTopology {
-        let cpus =
-            (0..4).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: id / 2, uncore_cache: None }).collect();
+        let cpus = (0..4)
+            .map(|id| Cpu { id, core: id, socket: 0, die: None, numa: Some(id / 2), uncore_cache: None })
+            .collect();
         let numa_nodes = (0..2)
             .map(|id| NumaNode {
                 kind: Default::default(),

@@ -63,7 +63,7 @@ fn first_fit(
 
 fn topology(n: u32) -> NodeTopology {
     NodeTopology {
-        cpus: (0..n).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0, uncore_cache: None }).collect(),
+        cpus: (0..n).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: Some(0), uncore_cache: None }).collect(),
         numa_nodes: vec![NumaNode {
             kind: Default::default(),
             id: 0,

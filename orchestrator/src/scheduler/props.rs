@@ -56,6 +56,9 @@ struct NodeGen {
     policy: TopologyPolicy,
     scope: TopologyScope,
     options: [bool; 4],
+    /// Node 0's CPUs are in no node (as when the node is offline and they
+    /// are not); it keeps its memory.
+    loose: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,8 +122,9 @@ fn node_gen() -> impl Strategy<Value = NodeGen> {
         policy(),
         scope(),
         any::<[bool; 4]>(),
+        proptest::bool::weighted(0.2),
     )
-        .prop_map(|(numa, smt, one_socket, reserved, devices, policy, scope, options)| NodeGen {
+        .prop_map(|(numa, smt, one_socket, reserved, devices, policy, scope, options, loose)| NodeGen {
             numa,
             smt,
             one_socket,
@@ -129,6 +133,7 @@ fn node_gen() -> impl Strategy<Value = NodeGen> {
             policy,
             scope,
             options,
+            loose,
         })
 }
 
@@ -192,7 +197,7 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
             for th in 0..threads {
                 let cpu = core + th * total_cores;
                 ids.push(cpu);
-                t.cpus.push(Cpu { id: cpu, core, socket, die: None, numa: id, uncore_cache: None });
+                t.cpus.push(Cpu { id: cpu, core, socket, die: None, numa: Some(id), uncore_cache: None });
             }
             core += 1;
         }
@@ -204,6 +209,12 @@ fn build_node(g: &NodeGen) -> (NodeTopology, NodeSettings) {
             distances: (0..n).map(|j| if j == i { 10 } else { 20 }).collect(),
             hugepages: vec![HugePages { page_size_bytes: PAGE, total: numa.hugepages }],
         });
+    }
+    if g.loose && n > 1 {
+        for c in t.cpus.iter_mut().filter(|c| c.numa == Some(0)) {
+            c.numa = None;
+        }
+        t.numa_nodes[0].cpus = CpuSet::new();
     }
     t.cpus.sort_by_key(|c| c.id);
     let all = t.cpus.len() as u32;

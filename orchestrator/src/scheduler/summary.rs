@@ -38,6 +38,9 @@ pub(crate) struct NodeSummary {
     pub memory_capacity: u64,
     pub memory_used: u64,
     pub numa: Vec<NumaFree>,
+    /// Free non-reserved CPUs in no NUMA node (their node is offline): in the
+    /// totals, in no node's count, as the engine has them.
+    pub loose_free_cpus: u32,
     /// Device resource names this node offers, sorted.
     pub device_names: Vec<String>,
     /// Free devices with no NUMA node (usable from any), per `device_names` entry.
@@ -101,6 +104,9 @@ impl NodeSummary {
             s.cpu_capacity += cpus;
             s.memory_capacity = s.memory_capacity.saturating_add(n.memory_bytes);
         }
+        let loose = topology.cpus.iter().filter(|c| c.numa.is_none() && !reserved.contains(c.id)).count() as u32;
+        s.loose_free_cpus = loose;
+        s.cpu_capacity += loose;
         s.cpu_millis_capacity = u64::from(s.cpu_capacity) * 1000;
 
         // Devices: which NUMA node each offered address sits on.
@@ -130,8 +136,10 @@ impl NodeSummary {
             for c in &placement.containers {
                 if c.cpu_policy == CpuPolicy::Exclusive {
                     for cpu in c.cpus.iter().filter(|c| !reserved.contains(*c)) {
-                        if let Some(p) = topology.cpu(cpu).and_then(|c| numa_pos.get(&c.numa)) {
-                            s.numa[*p].free_cpus = s.numa[*p].free_cpus.saturating_sub(1);
+                        match topology.cpu(cpu).map(|c| c.numa.and_then(|n| numa_pos.get(&n))) {
+                            Some(Some(p)) => s.numa[*p].free_cpus = s.numa[*p].free_cpus.saturating_sub(1),
+                            Some(None) => s.loose_free_cpus = s.loose_free_cpus.saturating_sub(1),
+                            None => {}
                         }
                     }
                 }
@@ -163,7 +171,7 @@ impl NodeSummary {
             s.cpu_millis_used = s.cpu_millis_used.saturating_add(counted.cpu_millis);
             s.memory_used = s.memory_used.saturating_add(counted.memory);
         }
-        s.free_cpus = s.numa.iter().map(|n| n.free_cpus).sum();
+        s.free_cpus = s.numa.iter().map(|n| n.free_cpus).sum::<u32>() + s.loose_free_cpus;
 
         // Blind pods have no placement: they weigh on the totals only.
         for r in blind {

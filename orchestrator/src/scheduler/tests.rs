@@ -27,7 +27,7 @@ pub(crate) fn machine(cores_per_numa: &[u32]) -> NodeTopology {
         let numa = numa as u32;
         let ids: Vec<u32> = (next..next + cores).collect();
         for &id in &ids {
-            t.cpus.push(Cpu { id, core: id, socket: numa, die: None, numa, uncore_cache: None });
+            t.cpus.push(Cpu { id, core: id, socket: numa, die: None, numa: Some(numa), uncore_cache: None });
         }
         next += cores;
         t.numa_nodes.push(NumaNode {

@@ -271,7 +271,12 @@ type CoreKey = (usize, usize, usize, usize, usize, usize);
 fn core_order(m: &Machine<'_>, avail: &CpuSet) -> impl Iterator<Item = usize> {
     // Free CPUs per core, per node and per socket, counted in one pass.
     let mut core_free = vec![0usize; m.core_count()];
-    let mut node_free = vec![0usize; m.n];
+    // Slot `m.n` holds the CPUs in no node, ordered as one more node.
+    let node_slot = |i: usize| match m.cpu_node[i] {
+        u32::MAX => m.n,
+        k => k as usize,
+    };
+    let mut node_free = vec![0usize; m.n + 1];
     let mut sock_free = vec![0usize; m.sockets.len()];
     for id in avail.iter() {
         let i = id as usize;
@@ -279,14 +284,14 @@ fn core_order(m: &Machine<'_>, avail: &CpuSet) -> impl Iterator<Item = usize> {
             continue;
         }
         core_free[m.cpu_core[i] as usize] += 1;
-        node_free[m.cpu_node[i] as usize] += 1;
+        node_free[node_slot(i)] += 1;
         sock_free[m.cpu_socket[i] as usize] += 1;
     }
     let v: Vec<Reverse<CoreKey>> = (0..m.core_count())
         .filter(|&i| core_free[i] > 0)
         .filter_map(|i| {
             let first = *m.core(i).first()? as usize;
-            let (node, sock) = (m.cpu_node[first] as usize, m.cpu_socket[first] as usize);
+            let (node, sock) = (node_slot(first), m.cpu_socket[first] as usize);
             let (outer, inner) = if m.numa_first {
                 ((node_free[node], node), (sock_free[sock], sock))
             } else {

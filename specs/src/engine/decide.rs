@@ -216,12 +216,18 @@ impl Ctx<'_> {
         if excl > 0 {
             let avail = self.assignable(free);
             let fr = m.per_node(&avail);
-            out.push(Provider::new(Kind::Cpu, "exclusive CPUs".into(), excl, node_totals.clone(), fr, (0, 0)));
+            out.push(
+                Provider::new(Kind::Cpu, "exclusive CPUs".into(), excl, node_totals.clone(), fr, (0, 0))
+                    .with_loose(m, &avail),
+            );
         }
         let pool = reqs.iter().filter(|r| r.policy == CpuPolicy::Numa).map(|r| r.cpus).max().unwrap_or(0);
         if pool > 0 {
             let fr = m.per_node(&free.pool);
-            out.push(Provider::new(Kind::PoolCpu, "shared CPUs".into(), pool, node_totals, fr, (0, 0)));
+            out.push(
+                Provider::new(Kind::PoolCpu, "shared CPUs".into(), pool, node_totals, fr, (0, 0))
+                    .with_loose(m, &free.pool),
+            );
         }
         out.extend(self.memory_providers(free, reqs));
         // Devices, by resource name in order.

@@ -64,6 +64,9 @@ pub(crate) struct Provider {
     /// Added to every mask (devices without a NUMA node).
     pub anywhere_total: u64,
     pub anywhere_free: u64,
+    /// Free CPUs in no NUMA node: they count for the node's total, never
+    /// for a mask, so only an unaligned placement takes them.
+    pub loose_free: u64,
     /// Narrowest width whose total covers the request (n when none does, as the kubelet).
     pub min_width: usize,
     /// Named in `spec.topology.relaxed`: its hint breaks ties, never constrains.
@@ -102,6 +105,7 @@ impl Provider {
             free,
             anywhere_total: anywhere.0,
             anywhere_free: anywhere.1,
+            loose_free: 0,
             min_width: min_width.max(1),
             relaxed: false,
         }
@@ -116,7 +120,13 @@ impl Provider {
     }
 
     pub fn free_total(&self) -> u64 {
-        self.free.iter().fold(self.anywhere_free, |a, &f| a.saturating_add(f))
+        self.free.iter().fold(self.anywhere_free.saturating_add(self.loose_free), |a, &f| a.saturating_add(f))
+    }
+
+    /// CPUs of `set` in no NUMA node, free for an unaligned placement.
+    pub fn with_loose(mut self, m: &Machine<'_>, set: &crate::idset::CpuSet) -> Provider {
+        self.loose_free = m.loose(set).len() as u64;
+        self
     }
 }
 

@@ -152,26 +152,31 @@ impl<'a> Machine<'a> {
         // Node index lookup by id without a search per CPU.
         let mut last: Option<(u32, usize)> = None;
         for c in &topo.cpus {
-            let ni = match last {
-                Some((id, i)) if id == c.numa => i,
-                _ => {
-                    let i = node_index(c.numa).ok_or_else(|| {
-                        bad_topology(format!("cpu {} is on NUMA node {} which is not listed", c.id, c.numa))
+            // A CPU in no node keeps `u32::MAX` in `cpu_node` and joins no
+            // node's set: usable unaligned, never by an aligned placement.
+            let ni = match (last, c.numa) {
+                (_, None) => None,
+                (Some((id, i)), Some(numa)) if id == numa => Some(i),
+                (_, Some(numa)) => {
+                    let i = node_index(numa).ok_or_else(|| {
+                        bad_topology(format!("cpu {} is on NUMA node {numa} which is not listed", c.id))
                     })?;
-                    last = Some((c.numa, i));
-                    i
+                    last = Some((numa, i));
+                    Some(i)
                 }
             };
-            if cpu_node[c.id as usize] != u32::MAX {
+            if all_cpus.contains(c.id) {
                 return Err(bad_topology(format!("cpu {} is listed twice", c.id)));
             }
             let core = core_ids.index(c.core);
             let socket = socket_ids.index(c.socket);
-            cpu_node[c.id as usize] = ni as u32;
+            cpu_node[c.id as usize] = ni.map_or(u32::MAX, |i| i as u32);
             cpu_core[c.id as usize] = core as u32;
             cpu_socket[c.id as usize] = socket as u32;
             // Every id is at most `max_id`, checked above against the sets' capacity.
-            let _ = node_cpus[ni].insert(c.id);
+            if let Some(ni) = ni {
+                let _ = node_cpus[ni].insert(c.id);
+            }
             core_count[core + 1] += 1;
             let _ = sockets[socket].insert(c.id);
             let _ = all_cpus.insert(c.id);
@@ -251,6 +256,15 @@ impl<'a> Machine<'a> {
     /// The CPU ids of core `i`, ascending.
     pub fn core(&self, i: usize) -> &[u32] {
         &self.core_list[self.core_start[i] as usize..self.core_start[i + 1] as usize]
+    }
+
+    /// The CPUs of `set` in no NUMA node (their node is offline, they are not).
+    pub fn loose(&self, set: &CpuSet) -> CpuSet {
+        let placed = self.node_cpus.iter().map(CpuSet::len).sum::<usize>();
+        if placed == self.all_cpus.len() {
+            return CpuSet::new();
+        }
+        set.difference(&self.cpus_of(self.all_nodes()))
     }
 
     /// How many CPUs of `set` each NUMA node holds.
@@ -340,7 +354,8 @@ impl<'a> Machine<'a> {
                 s.union_with(&self.sockets[sock as usize]);
             }
         }
-        s
+        // A CPU in no node shares the socket but no node's memory: not aligned.
+        s.difference(&self.loose(&s))
     }
 
     pub fn distance(&self, a: usize, b: usize) -> u32 {

@@ -183,8 +183,8 @@ impl Spread {
         let cpu_node = |id: &u32| topology.numa_node(*id).is_some_and(|n| n.kind.is_cpus_and_memory());
         if holds_cpus(c) {
             self.exclusive_cpus += c.cpus.len() as u64;
-            for cpu in c.cpus.iter().filter_map(|id| topology.cpu(id)) {
-                node(cpu.numa);
+            for numa in c.cpus.iter().filter_map(|id| topology.cpu(id)?.numa) {
+                node(numa);
             }
         }
         if c.cpu_policy == CpuPolicy::Numa {

@@ -61,7 +61,7 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
         let _ = writeln!(out, "pods (CPU suffix): {}", legend.join(", "));
     }
 
-    let mut layout: BTreeMap<u32, BTreeMap<u32, Cores>> = BTreeMap::new();
+    let mut layout: BTreeMap<u32, BTreeMap<Option<u32>, Cores>> = BTreeMap::new();
     for c in &t.cpus {
         layout.entry(c.socket).or_default().entry(c.numa).or_default().entry(c.core).or_default().push(c.id);
     }
@@ -81,7 +81,7 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
     let numa_nodes_with_cpus = t.numa_nodes.iter().filter(|n| !n.cpus.is_empty()).count();
     let numa_first = layout.len() > numa_nodes_with_cpus && layout.values().all(|nodes| nodes.len() == 1);
     if numa_first {
-        let mut by_numa: BTreeMap<u32, Vec<(u32, &Cores)>> = BTreeMap::new();
+        let mut by_numa: BTreeMap<Option<u32>, Vec<(u32, &Cores)>> = BTreeMap::new();
         for (socket, nodes) in &layout {
             for (numa, cores) in nodes {
                 by_numa.entry(*numa).or_default().push((*socket, cores));
@@ -95,11 +95,14 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
                 let label = format!("  {:<label_width$}  ", format!("socket {socket}:"));
                 grid_labelled(&mut out, &label, width, &cells);
             }
-            let cpus = t.numa_node(numa).map(|n| n.cpus.clone()).unwrap_or_default();
+            let cpus = match numa {
+                Some(id) => t.numa_node(id).map(|n| n.cpus.clone()).unwrap_or_default(),
+                None => unplaced(t),
+            };
             l3_line(&mut out, "  ", &l3, &cpus);
         }
     } else {
-        let mut drawn_nodes: BTreeMap<u32, ()> = BTreeMap::new();
+        let mut drawn_nodes: BTreeMap<Option<u32>, ()> = BTreeMap::new();
         for (socket, nodes) in &layout {
             let cpus: usize = nodes.values().flat_map(|cores| cores.values()).map(Vec::len).sum();
             let cores: usize = nodes.values().map(BTreeMap::len).sum();
@@ -116,7 +119,7 @@ pub fn draw(topology: &NodeTopology, holders: &BTreeMap<u32, String>) -> String 
     }
     for n in t.numa_nodes.iter().filter(|n| n.cpus.is_empty()) {
         let what = if n.kind == NumaKind::MemoryOnly { "memory only" } else { "no CPUs" };
-        let _ = writeln!(out, "{} ({what})", node_header(t, n.id, false));
+        let _ = writeln!(out, "{} ({what})", node_header(t, Some(n.id), false));
     }
 
     distances(&mut out, t);
@@ -247,7 +250,18 @@ fn cpu_label(t: &NodeTopology, id: u32, holders: &BTreeMap<u32, String>, keys: &
     s
 }
 
-fn node_header(t: &NodeTopology, id: u32, continued: bool) -> String {
+/// The online CPUs no online node lists.
+fn unplaced(t: &NodeTopology) -> CpuSet {
+    CpuSet::from_ids(t.cpus.iter().filter(|c| c.numa.is_none()).map(|c| c.id)).unwrap_or_default()
+}
+
+fn node_header(t: &NodeTopology, id: Option<u32>, continued: bool) -> String {
+    let Some(id) = id else {
+        return format!(
+            "no NUMA node: CPUs {} (no online node lists them; never in an aligned placement)",
+            unplaced(t)
+        );
+    };
     let Some(n) = t.numa_node(id) else { return format!("numa {id}: (unknown node)") };
     if continued {
         return format!("numa {id} (continued)");
@@ -339,7 +353,7 @@ mod tests {
             .map(|id| {
                 let core = id % half;
                 let socket = core / cores;
-                Cpu { id, core, socket, die: None, numa: socket, uncore_cache: None }
+                Cpu { id, core, socket, die: None, numa: Some(socket), uncore_cache: None }
             })
             .collect();
         cpus.sort_by_key(|c| c.id);
@@ -347,7 +361,7 @@ mod tests {
             .map(|n| NumaNode {
                 kind: Default::default(),
                 id: n,
-                cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == n).map(|c| c.id)).expect("small ids"),
+                cpus: CpuSet::from_ids(cpus.iter().filter(|c| c.numa == Some(n)).map(|c| c.id)).expect("small ids"),
                 memory_bytes: 64 << 30,
                 distances: if n == 0 { vec![10, 21] } else { vec![21, 10] },
                 hugepages: vec![HugePages { page_size_bytes: 2 << 20, total: 1024 }],
@@ -431,7 +445,7 @@ NUMA distances:
     }
 
     fn cpu(id: u32, socket: u32, numa: u32) -> Cpu {
-        Cpu { id, core: id, socket, die: None, numa, uncore_cache: None }
+        Cpu { id, core: id, socket, die: None, numa: Some(numa), uncore_cache: None }
     }
 
     fn node(id: u32, cpus: &str, memory_bytes: u64) -> NumaNode {

@@ -166,7 +166,7 @@ pub fn parse(desc: &str) -> Result<NodeTopology, SyntheticError> {
         let numa = (leaf / numa_span) as u32;
         // Die within its package.
         let die = die_span.map(|d| ((leaf % pack_span.max(d)) / d) as u32);
-        cpus.push(Cpu { id, core: core as u32, socket, die, numa, uncore_cache: None });
+        cpus.push(Cpu { id, core: core as u32, socket, die, numa: Some(numa), uncore_cache: None });
         // `total` was checked against the sets' capacity above.
         let _ = node_cpus[numa as usize].insert(id);
         if node_socket[numa as usize] == u32::MAX {

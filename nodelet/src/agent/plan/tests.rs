@@ -12,7 +12,7 @@ use super::*;
 /// Two CPUs, CPU 0 reserved: one allocatable CPU, as on the test host.
 fn state(t0: Instant) -> State {
     let topology = NodeTopology {
-        cpus: (0..2).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: 0, uncore_cache: None }).collect(),
+        cpus: (0..2).map(|id| Cpu { id, core: id, socket: 0, die: None, numa: Some(0), uncore_cache: None }).collect(),
         numa_nodes: vec![NumaNode {
             kind: Default::default(),
             id: 0,
