@@ -23,6 +23,7 @@ pub mod manifests;
 pub mod metrics;
 pub mod netcheck;
 pub mod peers;
+pub mod registry;
 pub mod routes;
 pub mod runtime;
 pub mod source;

@@ -217,13 +217,27 @@ pub fn interface_name_ok(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Kubernetes' `imagePullPolicy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PullPolicy {
+    #[default]
+    IfNotPresent,
+    Always,
+    Never,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Container {
     pub name: String,
-    /// `NAME:TAG` of an image imported with `pinion image import`.
+    /// `[REGISTRY/]NAME[:TAG][@sha256:DIGEST]`: imported with `pinion image
+    /// import`, or pulled from its registry by the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// When the node pulls `image`: `IfNotPresent` (the default), `Always`
+    /// (before every start) or `Never` (only what was imported or pulled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
     /// `host`: run host binaries (host /usr, /bin, /lib*, /etc read-only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<RootfsSource>,

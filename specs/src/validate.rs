@@ -202,9 +202,10 @@ fn is_env_name(s: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
-/// Image reference `NAME[:TAG]`: NAME is `/`-separated components of
-/// `[a-z0-9]+([._-][a-z0-9]+)*` (an optional `host[:port]/` first), TAG is
-/// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+/// Image reference `NAME[:TAG][@sha256:HEX]`: NAME is `/`-separated
+/// components of `[a-z0-9]+([._-][a-z0-9]+)*` (an optional `host[:port]/`
+/// first), TAG is `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`, HEX 64 lower-case hex
+/// digits (a pinned manifest digest).
 pub fn image_problem(s: &str) -> Option<String> {
     if s.is_empty() {
         return Some("must not be empty".into());
@@ -212,9 +213,16 @@ pub fn image_problem(s: &str) -> Option<String> {
     if s.len() > MAX_IMAGE_LEN {
         return Some(format!("must be at most {MAX_IMAGE_LEN} characters"));
     }
-    if s.contains('@') {
-        return Some("digests are not supported; use NAME[:TAG]".into());
-    }
+    let s = match s.split_once('@') {
+        Some((name, digest)) => {
+            let hex = digest.strip_prefix("sha256:").unwrap_or("");
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Some(format!("invalid digest {digest:?}: want sha256: and 64 lower-case hex digits"));
+            }
+            name
+        }
+        None => s,
+    };
     let last_slash = s.rfind('/').map_or(0, |i| i + 1);
     let (name, tag) = match s[last_slash..].rfind(':') {
         Some(i) => (&s[..last_slash + i], Some(&s[last_slash + i + 1..])),
@@ -586,6 +594,9 @@ fn validate_container(e: &mut Errs, p: &str, c: &Container) {
             }
         }
         (None, Some(RootfsSource::Host)) => {}
+    }
+    if c.image.is_none() && c.image_pull_policy.is_some() {
+        e.push(format!("{p}.imagePullPolicy"), "only for a container with an image (rootfs: host pulls nothing)");
     }
     let n_args = c.command.len() + c.args.len();
     if n_args > MAX_ARGS {
@@ -1108,6 +1119,10 @@ spec:
             (Box::new(|p| c0(p).image = Some("busybox:1.36".into())), vec!["spec.containers[0].image"]),
             (Box::new(|p| c0(p).rootfs = None), vec!["spec.containers[0].image"]),
             (
+                Box::new(|p| c0(p).image_pull_policy = Some(crate::pod::PullPolicy::Always)),
+                vec!["spec.containers[0].imagePullPolicy"],
+            ),
+            (
                 Box::new(|p| {
                     c0(p).rootfs = None;
                     c0(p).image = Some("registry.local:5000/lib/busybox:1.36".into());
@@ -1118,6 +1133,27 @@ spec:
                 Box::new(|p| {
                     c0(p).rootfs = None;
                     c0(p).image = Some("BusyBox:latest".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some(format!("registry.local:5000/upf:1.2@sha256:{}", "ab".repeat(32)));
+                }),
+                vec![],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some("upf@sha256:ABC".into());
+                }),
+                vec!["spec.containers[0].image"],
+            ),
+            (
+                Box::new(|p| {
+                    c0(p).rootfs = None;
+                    c0(p).image = Some(format!("upf@md5:{}", "ab".repeat(32)));
                 }),
                 vec!["spec.containers[0].image"],
             ),

@@ -184,6 +184,31 @@ pub struct NodeArgs {
     #[arg(long, value_name = "N", default_value_t = nodelet::agent::DEFAULT_POD_PIDS_LIMIT,
           value_parser = clap::value_parser!(u64).range(0..=specs::limits::MAX_PIDS_LIMIT))]
     pub pod_pids_limit: u64,
+    /// A registry spoken to over plain HTTP, without TLS (a lab's own);
+    /// repeatable. Credentials are read from DATA_DIR/auth.json (Docker's
+    /// config.json shape) and CAs from DATA_DIR/certs.d/HOST[:PORT]/*.crt.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// Pull images of REGISTRY from MIRROR instead (docker.io=mirror.site:5000); repeatable.
+    #[arg(long, value_name = "REGISTRY=MIRROR", value_parser = parse_mirror)]
+    pub registry_mirror: Vec<(String, String)>,
+    /// Images no container uses are removed when the image store's disk is
+    /// fuller than this percent...
+    #[arg(long, value_name = "PERCENT", default_value_t = 85, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub image_gc_high_threshold: u8,
+    /// ...until it is below this one.
+    #[arg(long, value_name = "PERCENT", default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_low_threshold: u8,
+}
+
+/// `--registry-mirror REGISTRY=MIRROR`.
+pub(crate) fn parse_mirror(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((from, to)) if !from.is_empty() && !to.is_empty() && !to.contains('/') => {
+            Ok((from.to_string(), to.to_string()))
+        }
+        _ => Err(format!("{s:?}: want REGISTRY=MIRROR, as docker.io=mirror.site:5000")),
+    }
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -303,6 +328,17 @@ pub fn daemon_config(args: RunArgs, liveness: specs::api::Liveness) -> anyhow::R
     agent.pod_pids_limit = (args.node.pod_pids_limit > 0).then_some(args.node.pod_pids_limit);
     agent.pod_routes = args.node.pod_routes.0;
     agent.warm_networks = args.node.warm_pod_networks;
+    agent.registry.insecure = args.node.insecure_registry.clone();
+    agent.registry.mirrors = args.node.registry_mirror.iter().cloned().collect();
+    if args.node.image_gc_low_threshold > args.node.image_gc_high_threshold {
+        anyhow::bail!(
+            "--image-gc-low-threshold {} is above --image-gc-high-threshold {}",
+            args.node.image_gc_low_threshold,
+            args.node.image_gc_high_threshold
+        );
+    }
+    agent.registry.gc_high = args.node.image_gc_high_threshold;
+    agent.registry.gc_low = args.node.image_gc_low_threshold;
     // Used only with a configuration and real containers (`nodelet::daemon`).
     agent.cni = Some(nodelet::cni::CniConfig::new(
         args.node.cni_conf_dir.clone(),

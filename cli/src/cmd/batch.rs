@@ -183,6 +183,7 @@ fn one_job(id: &str, script: &str, o: &BatchOptions, script_args: &[String]) -> 
         name: id.to_string(),
         host: true,
         image: None,
+        pull: None,
         cpus: cpus.map(|c| Quantity::from_units(i64::from(c))),
         memory,
         nodes: o.nodes,

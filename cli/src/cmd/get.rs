@@ -220,7 +220,12 @@ fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
         row.push(if cpus.is_empty() { "-".into() } else { cpus });
         row.push(s.pod_ip.clone().unwrap_or_else(|| "-".into()));
         row.push(s.attempts.to_string());
-        row.push(s.reason.unwrap_or_else(|| "-".into()));
+        // A failed pull's cause is the registry's answer: shown with it.
+        let reason = match (s.reason, &s.message) {
+            (Some(r), Some(m)) if r.starts_with("ErrImage") => m.clone(),
+            (r, _) => r.unwrap_or_else(|| "-".into()),
+        };
+        row.push(reason);
         row.push(p.metadata.owner.clone().unwrap_or_else(|| "-".into()));
     }
     row

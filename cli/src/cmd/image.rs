@@ -1,5 +1,6 @@
-//! `pinion image`: import OCI image layouts into the local store and list them.
-//! No registry pulls: sites are air-gapped.
+//! `pinion image`: the node's image store: import OCI image layouts (an
+//! air-gapped site), pull from a registry (`nodelet::registry`, as the
+//! agent does for a pod), list and remove.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,27 @@ pub enum Command {
         #[arg(long, default_value_t = image::ImportLimits::default().max_files)]
         max_files: u64,
     },
+    /// Pull an image from its registry into this node's store, as the agent
+    /// does for a pod (credentials in DATA_DIR/auth.json, CAs in DATA_DIR/certs.d/).
+    Pull {
+        /// `[REGISTRY/]NAME[:TAG][@sha256:DIGEST]`.
+        reference: String,
+        #[arg(long, env = "PINION_DATA_DIR", default_value = "/var/lib/pinion")]
+        data_dir: PathBuf,
+        /// Speak plain HTTP to this registry (HOST:PORT); repeatable.
+        #[arg(long, value_name = "HOST[:PORT]")]
+        insecure_registry: Vec<String>,
+        /// Pull REGISTRY's images from MIRROR (docker.io=mirror.site:5000); repeatable.
+        #[arg(long, value_name = "REGISTRY=MIRROR", value_parser = crate::cmd::agent::parse_mirror)]
+        registry_mirror: Vec<(String, String)>,
+    },
+    /// Remove an image's name; its files go with its last name, unless a
+    /// container on this node uses them.
+    Remove {
+        reference: String,
+        #[arg(long, env = "PINION_DATA_DIR", default_value = "/var/lib/pinion")]
+        data_dir: PathBuf,
+    },
     /// List imported images.
     List {
         #[arg(long, env = "PINION_DATA_DIR", default_value = "/var/lib/pinion")]
@@ -55,6 +77,28 @@ pub async fn run(_g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 .await
                 .context("the import task failed")??;
             outln!("imported {} ({}, {} layers)", rec.reference, rec.digest, rec.layers);
+        }
+        Command::Pull { reference, data_dir, insecure_registry, registry_mirror } => {
+            if let Some(why) = specs::validate::image_problem(&reference) {
+                anyhow::bail!("{reference}: {why}");
+            }
+            let mut cfg = nodelet::registry::RegistryConfig::new(&data_dir);
+            cfg.insecure = insecure_registry;
+            cfg.mirrors = registry_mirror.into_iter().collect();
+            let puller = nodelet::registry::Puller::new(cfg);
+            let rec = puller.pull(&Layout::new(&data_dir).images(), &reference).await?;
+            outln!("pulled {} ({}, {} layers)", rec.reference, rec.digest, rec.layers);
+        }
+        Command::Remove { reference, data_dir } => {
+            let layout = Layout::new(&data_dir);
+            let in_use = image::in_use(&layout)?;
+            match image::remove(&layout.images(), &reference, &in_use)? {
+                image::Removed::Files => outln!("removed {reference} and its files"),
+                image::Removed::NameOnly => outln!("removed the name {reference} (its files have other names)"),
+                image::Removed::InUse => {
+                    outln!("removed the name {reference}; its files stay while a container uses them")
+                }
+            }
         }
         Command::List { data_dir, output } => {
             let images = image::list(&Layout::new(&data_dir).images())?;

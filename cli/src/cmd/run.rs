@@ -67,9 +67,13 @@ pub struct Args {
     /// Run on the host's own binaries (read-only /usr, /bin, /lib, /etc) [default].
     #[arg(long, conflicts_with = "image")]
     pub host: bool,
-    /// Run in an image imported with `pinion image import`.
-    #[arg(long, value_name = "NAME:TAG")]
+    /// Run in an image: pulled by the node from its registry, or imported
+    /// with `pinion image import`.
+    #[arg(long, value_name = "[REGISTRY/]NAME[:TAG]")]
     pub image: Option<String>,
+    /// When the node pulls --image: IfNotPresent (default), Always, Never.
+    #[arg(long, value_name = "POLICY", requires = "image", value_parser = parse_pull)]
+    pub pull: Option<Pull>,
     /// CPUs (per task): an integer gets exclusive, pinned CPUs (with a memory
     /// limit, 256Mi unless --memory says otherwise); a fraction shares the pool.
     #[arg(long, visible_alias = "cpus-per-task", short = 'c', value_name = "N")]
@@ -216,6 +220,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
     let container = Container {
         name: "main".into(),
         image: args.image.clone(),
+        image_pull_policy: args.pull.map(|p| p.0),
         rootfs: if args.image.is_none() { Some(RootfsSource::Host) } else { None },
         command: args.command.clone(),
         args: Vec::new(),
@@ -1148,5 +1153,19 @@ mod tests {
         assert_eq!(l.push(3, "tail"), "");
         assert_eq!(l.finish(3), "3: tail\n");
         assert_eq!(l.finish(4), "");
+    }
+}
+
+/// `--pull`: Kubernetes' `imagePullPolicy` words, any case.
+#[derive(Debug, Clone, Copy)]
+pub struct Pull(specs::pod::PullPolicy);
+
+fn parse_pull(s: &str) -> Result<Pull, String> {
+    use specs::pod::PullPolicy as P;
+    match s.to_ascii_lowercase().as_str() {
+        "ifnotpresent" => Ok(Pull(P::IfNotPresent)),
+        "always" => Ok(Pull(P::Always)),
+        "never" => Ok(Pull(P::Never)),
+        _ => Err(format!("{s:?}: want IfNotPresent, Always or Never")),
     }
 }

@@ -53,7 +53,7 @@ use tokio::time::Instant;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::fault::Fault;
-use crate::runtime::{ContainerState, ExitEvent, Runtime, RuntimeError};
+use crate::runtime::{ContainerState, ExitEvent, RootfsConfig, Runtime, RuntimeError};
 use crate::source::{DesiredChange, NodeReport};
 use plan::{Action, CtrState, Desired, Event, PodEntry, Stage, StartFailure, State};
 
@@ -119,6 +119,9 @@ pub struct AgentConfig {
     /// Pod networks kept made ahead (`--warm-pod-networks`): a pod takes one
     /// instead of waiting for the CNI plugins at its start. 0: none.
     pub warm_networks: usize,
+    /// How images are pulled (`crate::registry`): insecure registries,
+    /// mirrors; credentials and CAs are files in the data dir.
+    pub registry: crate::registry::RegistryConfig,
 }
 
 /// The default `--warm-pod-networks`: a one-liner and the next job of a
@@ -140,6 +143,7 @@ impl AgentConfig {
     pub fn new(node_name: String, data_dir: PathBuf, topology: NodeTopology, settings: NodeSettings) -> Self {
         AgentConfig {
             node_name,
+            registry: crate::registry::RegistryConfig::new(&data_dir),
             data_dir,
             topology,
             settings,
@@ -228,6 +232,22 @@ pub async fn run(
         start_timeout: state.cfg.start_timeout,
         op_timeout: state.cfg.op_timeout,
         metrics: state.cfg.metrics.clone(),
+        puller: Arc::new(crate::registry::Puller::new(state.cfg.registry.clone())),
+    };
+    // Unused images go when the disk fills (aborted with `run`, as below).
+    let _image_gc = {
+        let (rt, reg) = (exec.runtime.clone(), state.cfg.registry.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::registry::GC_INTERVAL).await;
+                let (high, low) = (reg.gc_high, reg.gc_low);
+                match call(&rt, "image garbage collection", reg.timeout, move |rt| rt.collect_images(high, low)).await {
+                    Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "unused images removed"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "image garbage collection failed"),
+                }
+            }
+        }))
     };
     // Aborted when `run` returns (the guard's drop).
     let _cpu_watch = state.cfg.sysfs_root.clone().map(|root| {
@@ -437,6 +457,7 @@ struct Executor {
     start_timeout: Duration,
     op_timeout: Duration,
     metrics: Arc<crate::metrics::Metrics>,
+    puller: Arc<crate::registry::Puller>,
 }
 
 impl Executor {
@@ -461,13 +482,23 @@ impl Executor {
                     let _ = tx.send(Event::CheckpointWritten { generation, result });
                 });
             }
-            Action::Start { key, mut config, mut network } => {
+            Action::Start { key, mut config, mut network, pull } => {
                 let limit = self.start_timeout;
                 let metrics = self.metrics.clone();
                 let networks = self.networks.clone();
                 let userns = self.userns.clone();
+                let puller = self.puller.clone();
                 tokio::spawn(async move {
                     let (container, id) = (config.container.clone(), config.id.clone());
+                    // The image first (it bounds its own time): nothing else is made for a pod that cannot run.
+                    if let (RootfsConfig::Image(reference), Some(images)) = (&config.rootfs, rt.images()) {
+                        if let Err(e) = puller.ensure(&images, reference, pull).await {
+                            let never = matches!(e, crate::registry::PullError::NeverPull { .. });
+                            let result = Err(StartFailure::ImagePull { message: e.to_string(), never });
+                            let _ = tx.send(Event::Started { key, container, id, result });
+                            return;
+                        }
+                    }
                     if let Some(ns) = config.userns.as_mut() {
                         // Before the network: its namespace is made inside the pod's user namespace.
                         match userns.claim(&ns.sandbox) {

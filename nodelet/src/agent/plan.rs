@@ -108,6 +108,8 @@ pub(crate) struct Ctr {
     /// A failed liveness or startup probe is stopping it: why, recorded as
     /// the exit's reason when the exit comes.
     probe_kill: Option<String>,
+    /// Failed pulls in a row, for the pull's own backoff.
+    pull_failures: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -166,6 +168,7 @@ impl PodEntry {
                 applied: None,
                 updating: false,
                 update_after: None,
+                pull_failures: 0,
             })
             .collect();
         PodEntry {
@@ -203,6 +206,9 @@ pub(crate) enum StartFailure {
     /// The pod network failed for a reason of the host (`netcheck::Unfit`):
     /// the node runs its pods with `lo` only from now on and says so.
     HostNetwork { unfit: crate::netcheck::Unfit, message: String },
+    /// The image could not be pulled (or may not be: `Never`): tried again
+    /// after a backoff, no container ran, not a restart.
+    ImagePull { message: String, never: bool },
 }
 
 #[derive(Debug)]
@@ -275,7 +281,13 @@ pub(crate) enum Action {
     WriteCheckpoint { generation: u64, checkpoint: Box<Checkpoint> },
     /// Start a container whose id is durable; answered by `Started`.
     /// With `network`, the pod's network is set up first (`crate::cni`).
-    Start { key: String, config: Box<ContainerConfig>, network: Option<Box<crate::cni::PodNetRequest>> },
+    /// An image container's image is made present first, as `pull` says.
+    Start {
+        key: String,
+        config: Box<ContainerConfig>,
+        network: Option<Box<crate::cni::PodNetRequest>>,
+        pull: specs::pod::PullPolicy,
+    },
     /// Stop every container of a pod; answered by `Stopped`. Their removal
     /// follows once a checkpoint without the pod is durable.
     Stop { key: String, ids: Vec<String>, grace: Duration },
@@ -740,6 +752,9 @@ fn on_started(
             tracing::info!(key, container, id, "container started");
             tracing::debug!(target: "podstart", key, id, "runtime start returned");
             e.ctrs[i].state = CtrState::Running { since: now };
+            if std::mem::take(&mut e.ctrs[i].pull_failures) > 0 {
+                e.message = None;
+            }
             e.ctrs[i].probes = Probes::new(&e.pod.spec.containers[i], now);
             e.ctrs[i].probe_kill = None;
             let all_started = e.ctrs.iter().all(|c| matches!(c.state, CtrState::Running { .. } | CtrState::Terminated));
@@ -769,6 +784,19 @@ fn on_started(
                     st.removing.insert(id.to_string());
                     out.push(Action::Remove { id: id.to_string() });
                     (reconcile::START_ERROR_CODE, None, message)
+                }
+                StartFailure::ImagePull { message, never } => {
+                    // Kubernetes' words: ErrImageNeverPull, or ErrImagePull
+                    // and ImagePullBackOff while the next try waits.
+                    let ctr = &mut e.ctrs[i];
+                    let delay = st.cfg.backoff.delay(ctr.pull_failures);
+                    ctr.pull_failures = ctr.pull_failures.saturating_add(1);
+                    let reason = if never { "ErrImageNeverPull" } else { "ImagePullBackOff" };
+                    tracing::warn!(key, container, error = message, "image not pulled");
+                    e.message =
+                        Some(format!("{}: {message}", if never { "ErrImageNeverPull" } else { "ErrImagePull" }));
+                    ctr.state = CtrState::Waiting { at: now + delay, reason: Some(reason.into()) };
+                    return;
                 }
                 StartFailure::HostNetwork { unfit, message } => {
                     // No container ran: started again at once, with `lo`
@@ -881,7 +909,9 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
                 }
                 ctr.applied = Some((config.cpus.clone(), config.mems.clone()));
                 ctr.state = CtrState::Starting { early_exit: None };
-                out.push(Action::Start { key: key.clone(), config: Box::new(config), network: network.map(Box::new) });
+                let pull = e.pod.spec.containers.get(i).and_then(|c| c.image_pull_policy).unwrap_or_default();
+                let network = network.map(Box::new);
+                out.push(Action::Start { key: key.clone(), config: Box::new(config), network, pull });
             }
             (None, Ok(())) => {
                 // The pod is no longer admitted: the id was never used.

@@ -163,7 +163,13 @@ pub(super) fn build(agent: &State) -> NodeReport {
             Stage::Admitted if ever_started => st.phase = PodPhase::Running,
             Stage::Admitted => {
                 st.phase = PodPhase::Pending;
-                st.reason = Some("ContainerCreating".into());
+                // A pull that failed says so (the message has the registry's words).
+                let pull = e.ctrs.iter().find_map(|c| match &c.state {
+                    CtrState::Waiting { reason: Some(r), .. } if r == "ImagePullBackOff" => Some("ErrImagePull"),
+                    CtrState::Waiting { reason: Some(r), .. } if r == "ErrImageNeverPull" => Some("ErrImageNeverPull"),
+                    _ => None,
+                });
+                st.reason = Some(pull.unwrap_or("ContainerCreating").into());
             }
             Stage::Terminating { .. } => {
                 st.phase = PodPhase::Running;

@@ -675,6 +675,15 @@ impl Runtime for LibcontainerRuntime {
         "libcontainer"
     }
 
+    fn images(&self) -> Option<PathBuf> {
+        Some(self.layout.images())
+    }
+
+    fn collect_images(&self, high: u8, low: u8) -> Result<Vec<String>, RuntimeError> {
+        let in_use = image::in_use(&self.layout)?;
+        image::collect_garbage(&self.layout.images(), &in_use, high, low)
+    }
+
     fn start(&self, cfg: &ContainerConfig, trace: &mut StartTrace) -> Result<(), RuntimeError> {
         self.start_gated(cfg, trace, None)
     }

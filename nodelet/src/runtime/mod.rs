@@ -233,6 +233,17 @@ pub const ABANDONED: &str = "start abandoned: the pod's network was not made";
 
 pub trait Runtime: Send + Sync + 'static {
     fn name(&self) -> &'static str;
+    /// Where images are unpacked (`image::resolve` reads them there); `None`:
+    /// this runtime runs no images (nothing is pulled for it).
+    fn images(&self) -> Option<PathBuf> {
+        None
+    }
+    /// Removes images no container uses while the image store's disk is
+    /// fuller than `high` percent, down to `low` (`image::collect_garbage`).
+    fn collect_images(&self, high: u8, low: u8) -> Result<Vec<String>, RuntimeError> {
+        let _ = (high, low);
+        Ok(Vec::new())
+    }
     /// Creates and starts the container; returns once its process runs. On error
     /// nothing is left behind (no state dir, cgroup, mount or process). The
     /// runtime stamps the steps of its own in `trace` (the pod-start metrics).

@@ -144,6 +144,122 @@ pub fn list(images: &Path) -> Result<Vec<ImageRecord>, RuntimeError> {
     Ok(out)
 }
 
+/// The images (their folder names under `images/`) that a container on this
+/// node was made from: a container record naming an image by a name the
+/// index still holds. Such files are never removed.
+pub fn in_use(layout: &super::records::Layout) -> Result<std::collections::BTreeSet<String>, RuntimeError> {
+    let index: RefIndex = read_json(&index_path(&layout.images()))?.unwrap_or_default();
+    let mut used = std::collections::BTreeSet::new();
+    let dir = layout.containers();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(used),
+        Err(source) => return Err(RuntimeError::Io { path: dir, source }),
+    };
+    for entry in entries.flatten() {
+        let Some(id) = entry.file_name().to_str().map(str::to_string) else { continue };
+        // A record that does not read is skipped: its container cannot start.
+        let Ok(Some(cfg)) = read_json::<crate::runtime::ContainerConfig>(&layout.config(&id)) else { continue };
+        if let crate::runtime::RootfsConfig::Image(r) = &cfg.rootfs {
+            if let Some(hex) = normalize_reference(r).ok().and_then(|full| index.refs.get(&full)) {
+                used.insert(hex.clone());
+            }
+        }
+    }
+    Ok(used)
+}
+
+/// What [`remove`] took away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// The name and the files (no other name, no container).
+    Files,
+    /// The name; another name still holds the files.
+    NameOnly,
+    /// The name; a container uses the files, which stay.
+    InUse,
+}
+
+/// Removes the name `reference`, and the files when nothing else holds them.
+pub fn remove(
+    images: &Path,
+    reference: &str,
+    in_use: &std::collections::BTreeSet<String>,
+) -> Result<Removed, RuntimeError> {
+    let full = normalize_reference(reference)?;
+    let _lock = lock(images).map_err(|source| RuntimeError::Io { path: images.to_path_buf(), source })?;
+    let mut idx: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
+    let hex = idx.refs.remove(&full).ok_or_else(|| err(&full, "no such image on this node"))?;
+    // The index first: a crash between the two leaves files no name points
+    // at, which the next collection removes; never a name without files.
+    write_json_durable(&index_path(images), &idx)?;
+    if idx.refs.values().any(|h| *h == hex) {
+        return Ok(Removed::NameOnly);
+    }
+    if in_use.contains(&hex) {
+        return Ok(Removed::InUse);
+    }
+    let dir = images.join(&hex);
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(Removed::Files),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Removed::Files),
+        Err(source) => Err(RuntimeError::Io { path: dir, source }),
+    }
+}
+
+/// When the image store's filesystem is fuller than `high` percent,
+/// removes images no container uses (and files no name points at), the
+/// least recently pulled first, until it is below `low` percent (the
+/// kubelet's image GC thresholds). Returns the names (or folders) removed.
+pub fn collect_garbage(
+    images: &Path,
+    in_use: &std::collections::BTreeSet<String>,
+    high: u8,
+    low: u8,
+) -> Result<Vec<String>, RuntimeError> {
+    let io_err = |source| RuntimeError::Io { path: images.to_path_buf(), source };
+    let used_percent = || -> Result<u8, RuntimeError> {
+        let st = nix::sys::statvfs::statvfs(images).map_err(|e| io_err(io::Error::from(e)))?;
+        let total = st.blocks() as u128;
+        let free = st.blocks_available() as u128;
+        Ok((free * 100).checked_div(total).map_or(0, |f| (100 - f.min(100)) as u8))
+    };
+    if !images.is_dir() || used_percent()? <= high {
+        return Ok(Vec::new());
+    }
+    let _lock = lock(images).map_err(io_err)?;
+    let mut idx: RefIndex = read_json(&index_path(images))?.unwrap_or_default();
+    // Every image folder, oldest first (a pull or import makes it anew).
+    let mut folders: Vec<(std::time::SystemTime, String)> = fs::read_dir(images)
+        .map_err(io_err)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let is_image = name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit());
+            let made = e.metadata().ok()?.modified().ok()?;
+            is_image.then_some((made, name))
+        })
+        .collect();
+    folders.sort();
+    let mut removed = Vec::new();
+    for (_, hex) in folders {
+        if in_use.contains(&hex) {
+            continue;
+        }
+        if !removed.is_empty() && used_percent()? < low {
+            break;
+        }
+        let names: Vec<String> = idx.refs.iter().filter(|(_, h)| **h == hex).map(|(r, _)| r.clone()).collect();
+        idx.refs.retain(|_, h| *h != hex);
+        write_json_durable(&index_path(images), &idx)?;
+        let dir = images.join(&hex);
+        fs::remove_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir, source })?;
+        tracing::info!(image = names.join(", "), folder = hex, "image removed to free disk space");
+        removed.extend(if names.is_empty() { vec![hex] } else { names });
+    }
+    Ok(removed)
+}
+
 /// The image's record and its unpacked rootfs (read-only lower layer).
 pub(crate) fn resolve(images: &Path, reference: &str) -> Result<(ImageRecord, PathBuf), RuntimeError> {
     let full = normalize_reference(reference)?;
@@ -226,7 +342,7 @@ impl Drop for TempDir {
 }
 
 /// The prefix of an import's work folder in `images/`: `.import-PID-N`.
-const WORK_PREFIX: &str = ".import-";
+pub(crate) const WORK_PREFIX: &str = ".import-";
 /// The prefix of an image being published (under the images' `.lock`).
 const READY_PREFIX: &str = ".ready-";
 const LOCK: &str = ".lock";
@@ -344,9 +460,6 @@ pub fn import_with(
     fs::create_dir_all(&rootfs).map_err(io(&rootfs))?;
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755)).map_err(io(&rootfs))?;
     for (i, layer) in manifest.layers.iter().enumerate() {
-        if layer.media_type.contains("zstd") {
-            return Err(err(&reference, format!("layer {i} ({}): zstd layers are not supported", layer.digest)));
-        }
         let path = blob_path(&layout, &layer.digest, &reference)?;
         verify_digest(&path, &layer.digest, &reference)?;
         apply_layer(&path, &rootfs, &mut written)
@@ -471,13 +584,20 @@ fn verify_digest(path: &Path, digest: &str, reference: &str) -> Result<(), Runti
     Ok(())
 }
 
+/// The file as a plain stream: gzip and zstd are told by their magic bytes
+/// (a layer's media type may say either, or neither for Docker's).
 fn open_maybe_gzip(mut file: File) -> io::Result<Box<dyn Read>> {
     use std::io::{Seek, SeekFrom};
-    let mut magic = [0u8; 2];
+    const ZSTD: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+    let mut magic = [0u8; 4];
     let n = file.read(&mut magic)?;
     file.seek(SeekFrom::Start(0))?;
-    if n == 2 && magic == [0x1f, 0x8b] {
+    if n >= 2 && magic[..2] == [0x1f, 0x8b] {
         Ok(Box::new(flate2::read::GzDecoder::new(file)))
+    } else if n == 4 && magic == ZSTD {
+        let d = ruzstd::decoding::StreamingDecoder::new(io::BufReader::new(file))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("zstd: {e}")))?;
+        Ok(Box::new(d))
     } else {
         Ok(Box::new(file))
     }
