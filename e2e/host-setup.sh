@@ -12,7 +12,9 @@ need=()
 # chromium: cli/tests/web.rs loads the web view in headless Chromium.
 # containernetworking-plugins (/usr/lib/cni), iptables (the bridge plugin's ipMasq),
 # iputils-ping: pod networking through CNI (nodelet/tests/cni.rs, the agent's CNI tests).
-for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev chromium containernetworking-plugins iptables iputils-ping; do
+# docker-registry, skopeo, apache2-utils (htpasswd): the pull tests start a real
+# registry on loopback and push images into it; umoci: the pull benchmark's peer.
+for pkg in libseccomp-dev pkg-config numactl faketime python3-venv hwloc-nox libelf-dev zlib1g-dev etcd-server etcd-client protobuf-compiler openmpi-bin libopenmpi-dev chromium containernetworking-plugins iptables iputils-ping docker-registry skopeo apache2-utils umoci; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

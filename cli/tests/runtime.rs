@@ -5,15 +5,19 @@
 //! its containers is left.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use layers::{file, gzip, layer_tar, shell_files, write_layout, Item};
 use nodelet::runtime::libcontainer::records::ProcId;
 use nodelet::runtime::libcontainer::LibcontainerRuntime;
 use nodelet::runtime::{ContainerConfig, ContainerState, CpuQuota, RootfsConfig, Runtime};
-use sha2::{Digest, Sha256};
+
+#[path = "common/layers.rs"]
+mod layers;
+#[path = "common/registry.rs"]
+mod registry;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_pinion");
 
@@ -465,121 +469,6 @@ fn a_half_created_container_whose_shim_died_is_swept_at_startup() {
 
 // ---- images ----
 
-fn sha(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-enum Item {
-    File(String, Vec<u8>, u32),
-    Dir(String),
-    Symlink(String, String),
-    /// A regular file whose raw name is written unchecked (for escape tests).
-    RawName(String, Vec<u8>),
-}
-
-fn file(path: &str, data: &[u8]) -> Item {
-    Item::File(path.into(), data.to_vec(), 0o644)
-}
-
-fn layer_tar(items: &[Item]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for item in items {
-        let mut h = tar::Header::new_gnu();
-        match item {
-            Item::File(path, data, mode) => {
-                h.set_size(data.len() as u64);
-                h.set_mode(*mode);
-                h.set_entry_type(tar::EntryType::Regular);
-                b.append_data(&mut h, path, data.as_slice()).expect("tar file");
-            }
-            Item::Dir(path) => {
-                h.set_size(0);
-                h.set_mode(0o755);
-                h.set_entry_type(tar::EntryType::Directory);
-                b.append_data(&mut h, path, std::io::empty()).expect("tar dir");
-            }
-            Item::Symlink(path, target) => {
-                h.set_size(0);
-                h.set_mode(0o777);
-                h.set_entry_type(tar::EntryType::Symlink);
-                b.append_link(&mut h, path, target).expect("tar symlink");
-            }
-            Item::RawName(name, data) => {
-                h.set_size(data.len() as u64);
-                h.set_mode(0o644);
-                h.set_entry_type(tar::EntryType::Regular);
-                let raw = &mut h.as_old_mut().name;
-                raw[..name.len()].copy_from_slice(name.as_bytes());
-                h.set_cksum();
-                b.append(&h, data.as_slice()).expect("tar raw");
-            }
-        }
-    }
-    b.into_inner().expect("tar")
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(data).expect("gzip");
-    e.finish().expect("gzip")
-}
-
-/// Writes an OCI layout with the given layers (already encoded) and config.
-fn write_layout(dir: &Path, layers: &[(Vec<u8>, &str)], config: serde_json::Value, ref_name: &str) {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).expect("blobs");
-    let put = |bytes: &[u8]| {
-        let d = sha(bytes);
-        std::fs::write(blobs.join(&d), bytes).expect("blob");
-        (format!("sha256:{d}"), bytes.len())
-    };
-    let config_bytes = serde_json::to_vec(&config).expect("config");
-    let (cdigest, csize) = put(&config_bytes);
-    let layer_descs: Vec<serde_json::Value> = layers
-        .iter()
-        .map(|(bytes, mt)| {
-            let (d, s) = put(bytes);
-            serde_json::json!({"mediaType": mt, "digest": d, "size": s})
-        })
-        .collect();
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cdigest, "size": csize},
-        "layers": layer_descs,
-    });
-    let (mdigest, msize) = put(&serde_json::to_vec(&manifest).expect("manifest"));
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mdigest, "size": msize,
-                        "annotations": {"org.opencontainers.image.ref.name": ref_name}}],
-    });
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).expect("index")).expect("index");
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).expect("oci-layout");
-}
-
-/// dash and the libraries it links, as image layer entries.
-fn shell_files() -> Vec<Item> {
-    let sh = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
-    let out = std::process::Command::new("ldd").arg(&sh).output().expect("ldd");
-    let mut paths = vec![sh.clone()];
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let p = line.split("=>").last().unwrap_or("").split_whitespace().next().unwrap_or("");
-        if p.starts_with('/') {
-            paths.push(PathBuf::from(p));
-        }
-    }
-    let mut items: Vec<Item> = paths
-        .iter()
-        .map(|p| {
-            let inside = p.to_string_lossy().trim_start_matches('/').to_string();
-            Item::File(inside, std::fs::read(p).expect("read lib"), 0o755)
-        })
-        .collect();
-    items.push(Item::File("bin/sh".into(), std::fs::read(&sh).expect("sh"), 0o755));
-    items
-}
-
 fn pinion(args: &[&str]) -> std::process::Output {
     std::process::Command::new(SHIM).args(args).output().expect("run pinion")
 }
@@ -588,31 +477,7 @@ fn pinion(args: &[&str]) -> std::process::Output {
 fn image_built_here_imports_with_whiteouts_and_runs() {
     let Some(mut fx) = fixture() else { return };
     let layout = fx.dir.path().join("layout");
-    let mut l1 = shell_files();
-    l1.extend([
-        Item::Dir("etc".into()),
-        file("etc/removed", b"x"),
-        Item::Dir("data".into()),
-        file("data/old", b"x"),
-        file("hello.txt", b"from layer 1\n"),
-    ]);
-    let l2 = vec![file("etc/.wh.removed", b""), file("data/.wh..wh..opq", b""), file("data/new", b"y")];
-    let config = serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/bin/sh", "-c"],
-                   "Cmd": ["read l < /hello.txt; echo $l; echo etc: /etc/*; echo data: /data/*; echo $GREETING; pwd"],
-                   "Env": ["GREETING=hi-from-image", "PATH=/bin"], "WorkingDir": "/data"},
-        "rootfs": {"type": "layers", "diff_ids": []},
-    });
-    write_layout(
-        &layout,
-        &[
-            (gzip(&layer_tar(&l1)), "application/vnd.oci.image.layer.v1.tar+gzip"),
-            (layer_tar(&l2), "application/vnd.oci.image.layer.v1.tar"),
-        ],
-        config,
-        "testimg:1",
-    );
+    layered_image(&layout, "testimg:1", true);
     // dash has only builtins here: `echo DIR/*` lists a directory (an empty one
     // prints the pattern itself).
     // As a tar archive of the layout, through the CLI.
@@ -631,8 +496,176 @@ fn image_built_here_imports_with_whiteouts_and_runs() {
     fx.rt.start(&cfg, &mut Default::default()).expect("start");
     assert_eq!(fx.wait_exit(&cfg.id), ContainerState::Exited { code: 0, oom_killed: false });
     let log = fx.log(&cfg);
-    assert_eq!(log, "from layer 1\netc: /etc/*\ndata: /data/new\nhi-from-image\n/data\n", "{log}");
+    assert_eq!(log, LAYERED_OUTPUT, "{log}");
     fx.finish();
+}
+
+/// Two layers (the second with a whiteout and an opaque folder) of an image
+/// that prints what it sees: the first layer's file, what is left of /etc and
+/// /data, its env and its working dir. `gzip`: the first layer gzipped,
+/// else both plain (for skopeo to compress as it is told).
+fn layered_image(layout: &Path, name: &str, gzipped: bool) {
+    let mut l1 = shell_files();
+    l1.extend([
+        Item::Dir("etc".into()),
+        file("etc/removed", b"x"),
+        Item::Dir("data".into()),
+        file("data/old", b"x"),
+        file("hello.txt", b"from layer 1\n"),
+    ]);
+    let l2 = vec![file("etc/.wh.removed", b""), file("data/.wh..wh..opq", b""), file("data/new", b"y")];
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": ["/bin/sh", "-c"],
+                   "Cmd": ["read l < /hello.txt; echo $l; echo etc: /etc/*; echo data: /data/*; echo $GREETING; pwd"],
+                   "Env": ["GREETING=hi-from-image", "PATH=/bin"], "WorkingDir": "/data"},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    });
+    write_layout(
+        layout,
+        &[
+            if gzipped {
+                (gzip(&layer_tar(&l1)), "application/vnd.oci.image.layer.v1.tar+gzip")
+            } else {
+                (layer_tar(&l1), "application/vnd.oci.image.layer.v1.tar")
+            },
+            (layer_tar(&l2), "application/vnd.oci.image.layer.v1.tar"),
+        ],
+        config,
+        name,
+    );
+}
+
+const LAYERED_OUTPUT: &str = "from layer 1\netc: /etc/*\ndata: /data/new\nhi-from-image\n/data\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_pulled_from_a_registry_run_and_bad_pulls_say_why() {
+    use nodelet::registry::{Ensured, PullError, Puller, RegistryConfig};
+    use nodelet::runtime::libcontainer::image;
+    use specs::pod::PullPolicy;
+    if !pinion_wire::testing::requires(
+        ["docker-registry", "skopeo", "htpasswd", "openssl"].iter().all(|b| which(b)),
+        "docker-registry, skopeo, htpasswd and openssl (e2e/host-setup.sh installs them)",
+    ) {
+        return;
+    }
+    let Some(mut fx) = fixture() else { return };
+    let (layout, plain) = (fx.dir.path().join("layout"), fx.dir.path().join("plain"));
+    layered_image(&layout, "v1", true);
+    layered_image(&plain, "v1", false);
+    let reg = registry::Registry::plain(&fx.dir.path().join("registry"));
+    let upf = reg.push(&layout, "v1", "upf:1.2", None);
+    let zstd = reg.push(&plain, "v1", "upf-zstd:1", Some("zstd"));
+    let images = fx.data.join("images");
+    let mut cfg = RegistryConfig::new(&fx.data);
+    cfg.insecure = vec![reg.host.clone()];
+    let puller = std::sync::Arc::new(Puller::new(cfg.clone()));
+
+    // Ten pods of one image on a node pull it once.
+    let mut pulls = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (puller, images, upf) = (puller.clone(), images.clone(), upf.clone());
+        pulls.spawn(async move { puller.ensure(&images, &upf, PullPolicy::IfNotPresent).await });
+    }
+    let mut pulled = 0;
+    while let Some(r) = pulls.join_next().await {
+        if let Ensured::Pulled(rec) = r.expect("task").expect("ensure") {
+            assert_eq!(rec.layers, 2);
+            pulled += 1;
+        }
+    }
+    assert_eq!((pulled, puller.pulls()), (1, 1), "one pull for ten pods");
+    // Present: not pulled again, not even asked.
+    let again = puller.ensure(&images, &upf, PullPolicy::IfNotPresent).await.expect("present");
+    assert_eq!((again, puller.pulls()), (Ensured::Present, 1));
+
+    // It runs, with the whiteout and the opaque folder applied.
+    let mut run = fx.cfg("pulled", &[]);
+    run.rootfs = RootfsConfig::Image(upf.clone());
+    run.cwd = String::new();
+    fx.rt.start(&run, &mut Default::default()).expect("start");
+    assert_eq!(fx.wait_exit(&run.id), ContainerState::Exited { code: 0, oom_killed: false });
+    assert_eq!(fx.log(&run), LAYERED_OUTPUT);
+
+    // zstd layers give the same tree.
+    puller.ensure(&images, &zstd, PullPolicy::Always).await.expect("zstd pull");
+    let mut run = fx.cfg("zstd", &[]);
+    run.rootfs = RootfsConfig::Image(zstd.clone());
+    run.cwd = String::new();
+    fx.rt.start(&run, &mut Default::default()).expect("start");
+    assert_eq!(fx.wait_exit(&run.id), ContainerState::Exited { code: 0, oom_killed: false });
+    assert_eq!(fx.log(&run), LAYERED_OUTPUT);
+
+    // Pinned: the right digest pulls, a wrong one is refused.
+    let digest = reg.digest("upf:1.2");
+    let pinned = format!("{}/upf@{digest}", reg.host);
+    puller.pull(&images, &pinned).await.expect("the pinned digest");
+    let wrong = format!("{}/upf:1.2@sha256:{}", reg.host, "0".repeat(64));
+    let e = puller.pull(&images, &wrong).await.expect_err("a wrong digest");
+    assert!(matches!(e, PullError::Registry { .. }), "{e}");
+    let listed = image::list(&images).expect("list");
+    assert!(!listed.iter().any(|i| i.reference == wrong), "nothing stored under a refused pin");
+
+    // A tag that is not there: the registry's own words.
+    let e = puller.ensure(&images, &format!("{}/upf:missing", reg.host), PullPolicy::IfNotPresent).await;
+    let e = e.expect_err("missing tag").to_string();
+    assert!(e.contains("MANIFEST_UNKNOWN"), "{e}");
+    // Never: only what is here.
+    let e = puller.ensure(&images, &format!("{}/other:1", reg.host), PullPolicy::Never).await;
+    assert!(matches!(e, Err(PullError::NeverPull { .. })), "{e:?}");
+    // Plain HTTP is spoken only to the registries the node names.
+    let strict = Puller::new(RegistryConfig::new(&fx.data));
+    let e = strict.pull(&images, &upf).await.expect_err("https to a plain registry").to_string();
+    assert!(e.contains("https://"), "{e}");
+
+    // A registry with TLS and a password: refused without them, pulled with
+    // auth.json and certs.d as a site writes them.
+    let secure = registry::Registry::secure(&fx.dir.path().join("secure"));
+    // (Content of its own: the collection below removes it, not the others.)
+    let private = secure.push(&plain, "v1", "vendor/du:3", None);
+    let e = strict.pull(&images, &private).await.expect_err("an unknown CA").to_string();
+    assert!(e.contains("certificate") || e.contains("Certificate"), "{e}");
+    let certs = fx.data.join("certs.d").join(&secure.host);
+    std::fs::create_dir_all(&certs).expect("certs.d");
+    std::fs::copy(secure.ca.as_ref().expect("ca"), certs.join("ca.crt")).expect("ca");
+    let e = strict.pull(&images, &private).await.expect_err("no credentials").to_string();
+    assert!(e.contains("Not authorized"), "{e}");
+    let (user, password) = secure.login.clone().expect("login");
+    let auth = base64_of(&format!("{user}:{password}"));
+    std::fs::write(
+        fx.data.join("auth.json"),
+        format!(r#"{{"auths": {{"https://{}": {{"auth": "{auth}"}}}}}}"#, secure.host),
+    )
+    .expect("auth.json");
+    let rec = strict.pull(&images, &private).await.expect("with credentials and the CA");
+    assert_eq!(rec.layers, 2);
+
+    // Garbage collection: what no container uses goes, what one uses stays.
+    let in_use = image::in_use(&nodelet::runtime::libcontainer::records::Layout::new(&fx.data)).expect("in use");
+    assert_eq!(in_use.len(), 2, "the two containers' images: {in_use:?}");
+    let removed = image::collect_garbage(&images, &in_use, 0, 0).expect("gc");
+    assert!(removed.iter().any(|r| r.contains("vendor/du")), "{removed:?}");
+    let left: Vec<String> = image::list(&images).expect("list").into_iter().map(|i| i.reference).collect();
+    assert!(left.contains(&upf) && left.contains(&zstd) && !left.contains(&private), "{left:?}");
+    fx.finish();
+}
+
+fn which(binary: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(binary).is_file()))
+}
+
+fn base64_of(text: &str) -> String {
+    let out = std::process::Command::new("base64")
+        .arg("-w0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().map(|mut i| i.write_all(text.as_bytes()));
+            c.wait_with_output()
+        });
+    String::from_utf8_lossy(&out.expect("base64").stdout).trim().to_string()
 }
 
 #[test]

@@ -19,6 +19,11 @@ use serde_json::Value;
 
 const PINION: &str = env!("CARGO_BIN_EXE_pinion");
 
+#[path = "common/layers.rs"]
+mod layers;
+#[path = "common/registry.rs"]
+mod registry;
+
 /// One `pinion up` at a time: two would give the same CPU 1 to their pods.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -1027,4 +1032,41 @@ fn a_job_past_its_time_ends_deadline_exceeded_and_dependencies_order_jobs() {
     let out = up.cli(&["release", &e]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     up.wait("e done", || job_status(&up, &e)["phase"] == "Succeeded");
+}
+
+/// `pinion run --image` of an image in a registry on loopback: the node
+/// pulls it and runs it; a pod whose tag the registry lacks waits in
+/// ImagePullBackOff with the registry's words in `get pods -o wide`.
+#[test]
+fn a_pod_runs_an_image_from_a_registry_and_a_missing_one_says_why() {
+    let tools = ["docker-registry", "skopeo"]
+        .iter()
+        .all(|b| std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(b).is_file())));
+    if !requires(tools, "docker-registry and skopeo (e2e/host-setup.sh installs them)") {
+        return;
+    }
+    let regdir = tempfile::Builder::new().prefix("pinion-reg-").tempdir().unwrap();
+    let reg = registry::Registry::plain(&regdir.path().join("registry"));
+    let Some(up) = Up::start_with(&["--insecure-registry", &reg.host]) else { return };
+    let layout = regdir.path().join("layout");
+    let mut files = layers::shell_files();
+    files.push(layers::file("hello.txt", b"from the registry\n"));
+    let config = serde_json::json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}});
+    let layer = layers::gzip(&layers::layer_tar(&files));
+    layers::write_layout(&layout, &[(layer, "application/vnd.oci.image.layer.v1.tar+gzip")], config, "v1");
+    let image = reg.push(&layout, "v1", "app:1", None);
+
+    let out = up.cli(&["run", "pulled", "--image", &image, "--", "/bin/sh", "-c", "read l < /hello.txt; echo $l"]);
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("from the registry"), "{}", text(&out.stdout));
+
+    let missing = format!("{}/app:missing", reg.host);
+    let out = up.cli(&["run", "missing", "-d", "--image", &missing, "--", "/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("ImagePullBackOff with the registry's words", || {
+        let wide = text(&up.cli(&["get", "pods", "missing", "-o", "wide"]).stdout);
+        wide.contains("ImagePullBackOff") && wide.contains("MANIFEST_UNKNOWN")
+    });
+    let out = up.cli(&["delete", "pod", "missing"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }

@@ -32,6 +32,7 @@ const ETCD_FILES: &[&str] = &[
 /// reason.
 const BOUNDS_ELSEWHERE: &[(&str, &str, &str)] = &[
     ("specs/src/api.rs", "MAX_STREAM_LINE", "transport: a stream reader's unfinished line"),
+    ("nodelet/src/registry.rs", "MAX_SETTINGS_FILE", "node files: an operator's auth.json or CA bundle"),
     (
         "nodelet/src/runtime/libcontainer/filter.rs",
         "MAX_INSTRUCTIONS",

@@ -740,8 +740,11 @@ fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool, written: &mut Bud
         fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         let dest = parent.join(&file_name);
         let header = entry.header();
-        let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
+        // Set-id bits only for the image's root-owned files (a setuid file of
+        // another owner is a way to become that owner); every container runs
+        // with no_new_privs besides, so none raises a pod's rights.
+        let mode = set_id_rule(header.mode().unwrap_or(0o644) & 0o7777, uid, gid, layer);
         let kind = header.entry_type();
         let existing = fs::symlink_metadata(&dest).ok();
         let io = |e: io::Error| format!("{}: {e}", raw.display());
@@ -806,9 +809,29 @@ fn unpack_tar(reader: Box<dyn Read>, root: &Path, layer: bool, written: &mut Bud
         }
         if layer {
             let _ = std::os::unix::fs::lchown(&dest, Some(uid as u32), Some(gid as u32));
+            // chown clears the set-id bits of a file: given back after it.
+            if mode & 0o6000 != 0 && matches!(kind, T::Regular | T::Continuous) {
+                fs::set_permissions(&dest, fs::Permissions::from_mode(mode)).map_err(io)?;
+            }
         }
     }
     Ok(())
+}
+
+/// A layer entry's mode: setuid only when root owns it, setgid (on a file)
+/// only when root's group does. The layout archive's own files keep theirs.
+fn set_id_rule(mode: u32, uid: u64, gid: u64, layer: bool) -> u32 {
+    if !layer {
+        return mode;
+    }
+    let mut m = mode;
+    if uid != 0 {
+        m &= !0o4000;
+    }
+    if gid != 0 {
+        m &= !0o2000;
+    }
+    m
 }
 
 #[cfg(test)]
@@ -858,6 +881,35 @@ mod tests {
         names.retain(|n| n != LOCK);
         names.sort();
         names
+    }
+
+    #[test]
+    fn set_id_bits_stay_only_on_roots_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, uid, gid) in [("root-suid", 0, 0), ("user-suid", 1000, 0), ("user-sgid", 0, 1000)] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(1);
+            h.set_mode(0o6755);
+            h.set_uid(uid);
+            h.set_gid(gid);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, path, &b"x"[..]).unwrap();
+        }
+        let plain = b.into_inner().unwrap();
+        let src = tmp.path().join("layout");
+        layout(&src, &[plain]);
+        let images = tmp.path().join("images");
+        import_with(&images, &src, None, ImportLimits::default()).unwrap();
+        let (_, root) = resolve(&images, "bomb:1").unwrap();
+        let mode = |f: &str| fs::metadata(root.join(f)).unwrap().permissions().mode() & 0o7777;
+        // Run as root (as the node agent does), chown keeps the owners.
+        assert_eq!((mode("root-suid"), mode("user-suid"), mode("user-sgid")), (0o6755, 0o2755, 0o4755));
+        let cases = [(0o4755, 0, 0, true, 0o4755), (0o4755, 5, 0, true, 0o755), (0o2755, 0, 5, true, 0o755)];
+        for (m, uid, gid, layer, want) in cases {
+            assert_eq!(set_id_rule(m, uid, gid, layer), want, "{m:o} {uid} {gid}");
+        }
+        assert_eq!(set_id_rule(0o4755, 5, 5, false), 0o4755, "the layout archive's own files");
     }
 
     #[test]
