@@ -1067,6 +1067,10 @@ fn a_pod_runs_an_image_from_a_registry_and_a_missing_one_says_why() {
         let wide = text(&up.cli(&["get", "pods", "missing", "-o", "wide"]).stdout);
         wide.contains("ImagePullBackOff") && wide.contains("MANIFEST_UNKNOWN")
     });
+    up.wait("a Failed event with the registry's words", || {
+        let d = text(&up.cli(&["describe", "pod", "missing"]).stdout);
+        d.lines().any(|l| l.contains("Failed") && l.contains("MANIFEST_UNKNOWN"))
+    });
     let out = up.cli(&["delete", "pod", "missing"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }

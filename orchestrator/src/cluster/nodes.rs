@@ -8,7 +8,7 @@ use specs::engine::SETTINGS_MISFIT;
 use specs::net::{Ipv4Net, PodRanges};
 use specs::{Pod, PodPhase};
 
-use super::pods::{is_finished, merge_status, new_misfit, newly_started, reported_for};
+use super::pods::{is_finished, merge_status, new_misfit, new_pull_failure, newly_started, reported_for};
 use super::{event, now_rfc3339, ClusterError};
 use crate::store::{Claim, Store, Txn};
 
@@ -277,6 +277,9 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
         if merge_status(&mut pod, status.clone()).is_ok() && pod.status != before {
             if let Some(message) = new_misfit(before.as_ref(), pod.status.as_ref()) {
                 t.add_event(event("Pod", pod_name, "Warning", SETTINGS_MISFIT, message))?;
+            }
+            if let Some(message) = new_pull_failure(before.as_ref(), pod.status.as_ref()) {
+                t.add_event(event("Pod", pod_name, "Warning", "Failed", format!("on {name}: {message}")))?;
             }
             for c in newly_started(before.as_ref(), pod.status.as_ref()) {
                 t.add_event(event("Pod", pod_name, "Normal", "Started", format!("started container {c} on {name}")))?;

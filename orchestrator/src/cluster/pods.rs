@@ -340,7 +340,20 @@ pub(super) fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(),
 /// the node's settings (after the node restarted with others), when it did
 /// not say so before: one event per finding, not one per report.
 pub(super) fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Option<String> {
-    let now = now.filter(|s| s.reason.as_deref() == Some(SETTINGS_MISFIT))?;
+    newly_said(before, now, |r| r == SETTINGS_MISFIT)
+}
+
+/// A failed image pull a report newly shows (`ErrImagePull`,
+/// `ErrImageNeverPull`, or a new message for one): its message, the
+/// registry's words, for a `Failed` event as kubectl shows one.
+pub(super) fn new_pull_failure(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Option<String> {
+    newly_said(before, now, |r| r.starts_with("ErrImage"))
+}
+
+/// The message of a report whose reason `is` says, when the reason or the
+/// message differ from the last report's.
+fn newly_said(before: Option<&PodStatus>, now: Option<&PodStatus>, is: impl Fn(&str) -> bool) -> Option<String> {
+    let now = now.filter(|s| s.reason.as_deref().is_some_and(&is))?;
     let said = |s: &PodStatus| (s.reason.clone(), s.message.clone());
     (before.map(said) != Some(said(now))).then(|| now.message.clone().unwrap_or_default())
 }
