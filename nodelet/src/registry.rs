@@ -117,6 +117,18 @@ impl Puller {
 
     /// Makes `reference` present in `images` as `policy` says.
     pub async fn ensure(&self, images: &Path, reference: &str, policy: PullPolicy) -> Result<Ensured, PullError> {
+        self.ensure_telling(images, reference, policy, || {}).await
+    }
+
+    /// [`Self::ensure`], calling `pulling` once a pull is about to reach the
+    /// registry (not when the image is there).
+    pub async fn ensure_telling(
+        &self,
+        images: &Path,
+        reference: &str,
+        policy: PullPolicy,
+        pulling: impl FnOnce(),
+    ) -> Result<Ensured, PullError> {
         let present = |images: &Path| image::resolve(images, reference).is_ok();
         match policy {
             PullPolicy::Never if present(images) => return Ok(Ensured::Present),
@@ -131,6 +143,7 @@ impl Puller {
         if policy == PullPolicy::IfNotPresent && present(images) {
             return Ok(Ensured::Present);
         }
+        pulling();
         self.pull_locked(images, reference).await.map(Ensured::Pulled)
     }
 

@@ -220,9 +220,11 @@ fn pod_row(p: &Pod, wide: bool) -> Vec<String> {
         row.push(if cpus.is_empty() { "-".into() } else { cpus });
         row.push(s.pod_ip.clone().unwrap_or_else(|| "-".into()));
         row.push(s.attempts.to_string());
-        // A failed pull's cause is the registry's answer: shown with it.
+        // A failed pull's cause is the registry's answer, and a pull in
+        // progress says so: shown with them.
         let reason = match (s.reason, &s.message) {
             (Some(r), Some(m)) if r.starts_with("ErrImage") => m.clone(),
+            (Some(r), Some(m)) if m.starts_with("pulling image ") => format!("{r}: {m}"),
             (r, _) => r.unwrap_or_else(|| "-".into()),
         };
         row.push(reason);

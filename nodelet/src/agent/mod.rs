@@ -492,7 +492,11 @@ impl Executor {
                     let (container, id) = (config.container.clone(), config.id.clone());
                     // The image first (it bounds its own time): nothing else is made for a pod that cannot run.
                     if let (RootfsConfig::Image(reference), Some(images)) = (&config.rootfs, rt.images()) {
-                        if let Err(e) = puller.ensure(&images, reference, pull).await {
+                        let (tell, key2, r2) = (tx.clone(), key.clone(), reference.clone());
+                        let told = move || {
+                            let _ = tell.send(Event::Pulling { key: key2, reference: r2 });
+                        };
+                        if let Err(e) = puller.ensure_telling(&images, reference, pull, told).await {
                             let never = matches!(e, crate::registry::PullError::NeverPull { .. });
                             let result = Err(StartFailure::ImagePull { message: e.to_string(), never });
                             let _ = tx.send(Event::Started { key, container, id, result });

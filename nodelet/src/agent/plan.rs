@@ -211,6 +211,9 @@ pub(crate) enum StartFailure {
     ImagePull { message: String, never: bool },
 }
 
+/// The pod's message while its image is pulled (then the image's name).
+pub(crate) const PULLING: &str = "pulling image ";
+
 #[derive(Debug)]
 pub(crate) enum Event {
     /// Desired changes, everything queued at once (one pass, one checkpoint).
@@ -228,6 +231,12 @@ pub(crate) enum Event {
         container: String,
         id: String,
         result: Result<(), StartFailure>,
+    },
+    /// A start is pulling its image (it was not on the node): said in the
+    /// pod's message until the start ends.
+    Pulling {
+        key: String,
+        reference: String,
     },
     /// A pod's stop finished; `errors` is empty when every container is gone.
     Stopped {
@@ -545,6 +554,11 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
             }
         }
         Event::Started { key, container, id, result } => on_started(st, &key, &container, &id, result, now, out),
+        Event::Pulling { key, reference } => {
+            if let Some(e) = st.pods.get_mut(&key) {
+                e.message = Some(format!("{PULLING}{reference}"));
+            }
+        }
         Event::PodNetwork { key, sandbox, ips } => {
             if !ips.is_empty() {
                 st.pod_ips.insert(key, (sandbox, ips));
@@ -752,7 +766,8 @@ fn on_started(
             tracing::info!(key, container, id, "container started");
             tracing::debug!(target: "podstart", key, id, "runtime start returned");
             e.ctrs[i].state = CtrState::Running { since: now };
-            if std::mem::take(&mut e.ctrs[i].pull_failures) > 0 {
+            let pulled = e.message.as_deref().is_some_and(|m| m.starts_with(PULLING));
+            if std::mem::take(&mut e.ctrs[i].pull_failures) > 0 || pulled {
                 e.message = None;
             }
             e.ctrs[i].probes = Probes::new(&e.pod.spec.containers[i], now);
@@ -789,8 +804,9 @@ fn on_started(
                     // Kubernetes' words: ErrImageNeverPull, or ErrImagePull
                     // and ImagePullBackOff while the next try waits.
                     let ctr = &mut e.ctrs[i];
-                    let delay = st.cfg.backoff.delay(ctr.pull_failures);
+                    // 10 s, then doubling to the cap, as the kubelet's pull backoff.
                     ctr.pull_failures = ctr.pull_failures.saturating_add(1);
+                    let delay = st.cfg.backoff.delay(ctr.pull_failures);
                     let reason = if never { "ErrImageNeverPull" } else { "ImagePullBackOff" };
                     tracing::warn!(key, container, error = message, "image not pulled");
                     e.message =

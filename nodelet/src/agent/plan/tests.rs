@@ -382,6 +382,47 @@ fn a_failed_start_is_a_crash_of_the_container() {
 }
 
 #[test]
+fn a_failed_pull_waits_in_image_pull_backoff_without_a_restart_and_a_pull_is_said() {
+    let t = Instant::now();
+    let mut st = state(t);
+    plan(&mut st, Event::Changes(vec![apply("static/a", pod("a", &["sleep", "inf"], RestartPolicy::Never))]), t);
+    plan(&mut st, written(1), t);
+    check(&mut st, Event::Pulling { key: "static/a".into(), reference: "reg:5000/upf:1".into() }, t, &[]);
+    assert_eq!(status::build(&st).pods["static/a"].message.as_deref(), Some("pulling image reg:5000/upf:1"));
+    let failed = |st: &State| Event::Started {
+        key: "static/a".into(),
+        container: "main".into(),
+        id: id_of(st, "static/a"),
+        result: Err(StartFailure::ImagePull { message: "reg:5000/upf:1: MANIFEST_UNKNOWN".into(), never: false }),
+    };
+    // Nothing ran: no removal, no restart, even under restartPolicy Never.
+    let e = failed(&st);
+    check(&mut st, e, t, &[]);
+    let p = &status::build(&st).pods["static/a"];
+    let c = &p.container_statuses[0];
+    assert_eq!((p.phase, p.reason.as_deref()), (PodPhase::Pending, Some("ErrImagePull")));
+    assert_eq!((c.reason.as_deref(), c.restart_count), (Some("ImagePullBackOff"), 0));
+    assert_eq!(p.message.as_deref(), Some("ErrImagePull: reg:5000/upf:1: MANIFEST_UNKNOWN"));
+    // Tried again after the backoff, with a new checkpoint and start.
+    let first = st.cfg.backoff.delay(1);
+    assert!(first > Duration::ZERO, "not at once");
+    check(&mut st, Event::Tick, t + first / 2, &[]);
+    check(&mut st, Event::Tick, t + first, &["checkpoint 2 alloc=[static/a] ids=[static-a_main_0]"]);
+    check(&mut st, written(2), t + first, &["start static-a_main_0 cpus=1"]);
+    // The second failure waits longer; a start that works clears the words.
+    let e = failed(&st);
+    check(&mut st, e, t + first, &[]);
+    let second = st.cfg.backoff.delay(2);
+    assert!(second > first, "{second:?} after {first:?}");
+    check(&mut st, Event::Tick, t + first + second, &["checkpoint 3 alloc=[static/a] ids=[static-a_main_0]"]);
+    plan(&mut st, written(3), t + first + second);
+    let e = started(&st, "static/a");
+    check(&mut st, e, t + first + second, &[]);
+    let p = &status::build(&st).pods["static/a"];
+    assert_eq!((p.phase, p.message.as_deref()), (PodPhase::Running, None));
+}
+
+#[test]
 fn a_failed_checkpoint_write_starts_nothing_and_is_retried() {
     let t = Instant::now();
     let mut st = state(t);
