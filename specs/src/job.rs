@@ -88,6 +88,11 @@ pub struct JobSpec {
     /// `Failed`, reason `DependencyNeverSatisfied`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependency: Option<String>,
+    /// Slurm's `--partition` (see `crate::partition`): the server sets the
+    /// cluster's default when none is named, and refuses a job over the
+    /// partition's limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -335,6 +340,9 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
             ),
             Ok(_) => {}
         }
+    }
+    if let Some(p) = s.partition.as_deref().filter(|p| !crate::validate::is_dns1123_label(p)) {
+        push("spec.partition", format!("{p:?} is not a partition name (a DNS-1123 label)"));
     }
     if s.template.spec.restart_policy == RestartPolicy::Always {
         push("spec.template.spec.restartPolicy", "a job's members must end: Never or OnFailure".into());

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod manifest;
 pub mod net;
 pub mod node_lost;
+pub mod partition;
 pub mod pod;
 pub mod probe;
 pub mod qos;

@@ -9,12 +9,14 @@ use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, WatchEventTy
 use specs::daemonset::DaemonSet;
 use specs::deployment::Deployment;
 use specs::job::Job;
+use specs::partition::Partition;
 use specs::{Pod, PodPhase};
 
 use super::error::store_error;
 use super::parse::Action;
 use crate::cluster::{
-    self, authorize, daemonsets, deployments, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request,
+    self, authorize, daemonsets, deployments, jobs, nodes, partitions, pods, users, Access, ClusterError, EnvValues,
+    Request,
 };
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
@@ -287,6 +289,7 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::Token => "Token",
         Kind::Deployment => "Deployment",
         Kind::DaemonSet => "DaemonSet",
+        Kind::Partition => "Partition",
     };
     watch_line(
         WatchEventType::Bookmark,
@@ -675,7 +678,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let uid = cluster::new_uid()?;
             // As for a pod: a gang no cluster could ever hold at once is refused now.
             let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
-            let created = store.write(move |t| jobs::create(t, &job, &uid, never.as_deref())).await?;
+            let admin = authorize(id, Request::WritePartitions).is_ok();
+            let created = store
+                .write(move |t| {
+                    jobs::place_in_partition(t, &mut job, admin)?;
+                    jobs::create(t, &job, &uid, never.as_deref())
+                })
+                .await?;
             json(if created.new { 201 } else { 200 }, &created.job)
         }
         Action::DeleteJob(name) => {
@@ -752,6 +761,28 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let (n, who) = (name.clone(), id.clone());
             let (d, _pods) = store.write(move |t| daemonsets::delete_for(t, &who, &n, &pods)).await?;
             json(200, &d)
+        }
+        Action::ListPartitions => {
+            authorize(id, Request::ReadPartitions)?;
+            let listed = store.list::<Partition>().map_err(store_error)?;
+            json(200, &List { resource_version: listed.rv, items: listed.items, unreadable: listed.unreadable })
+        }
+        Action::GetPartition(name) => {
+            authorize(id, Request::ReadPartitions)?;
+            let found = store.get::<Partition>(&name).map_err(store_error)?;
+            json(200, &found.ok_or_else(|| ClusterError::not_found("Partition", &name))?)
+        }
+        Action::ApplyPartition(p) => {
+            authorize(id, Request::WritePartitions)?;
+            let uid = cluster::new_uid()?;
+            let applied = store.write(move |t| partitions::apply(t, &p, &uid)).await?;
+            tracing::info!(partition = %applied.partition.metadata.name, by = ?cluster::person_name(id), "partition applied");
+            json(if applied.new { 201 } else { 200 }, &applied.partition)
+        }
+        Action::DeletePartition(name) => {
+            authorize(id, Request::WritePartitions)?;
+            let p = store.write(move |t| partitions::delete(t, &name)).await?;
+            json(200, &p)
         }
         Action::ListUsers => {
             authorize(id, Request::ListUsers)?;

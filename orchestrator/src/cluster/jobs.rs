@@ -78,6 +78,19 @@ pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> R
     Ok(Created { new: true, job })
 }
 
+/// Puts a new job in its partition (`specs::partition::place`, over the
+/// partitions as this write sees them): the name, the default time and the
+/// node selector it gets, or its refusal at the field over the limit.
+/// `admin`: the submitter may use every partition.
+pub fn place_in_partition(t: &Txn<'_>, job: &mut Job, admin: bool) -> Result<(), ClusterError> {
+    let partitions = t.list::<specs::partition::Partition>()?;
+    let who = specs::partition::Submitter { name: job.metadata.owner.as_deref(), admin };
+    let mut placed = job.clone();
+    specs::partition::place(&mut placed, &partitions, who).map_err(ClusterError::Invalid)?;
+    *job = placed;
+    Ok(())
+}
+
 /// Stores the job's members for its current attempt: a pod of a member's name
 /// that is finished, or belongs to this job, is replaced; any other is a
 /// conflict that refuses the whole write.

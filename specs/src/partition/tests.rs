@@ -1,0 +1,171 @@
+use super::*;
+use crate::job::{JobSpec, PodTemplate};
+
+/// A job of `members` members of `cpus` CPUs each, its time limit and partition.
+fn job(members: u32, cpus: &str, time: Option<u64>, partition: Option<&str>) -> Job {
+    let spec = crate::testing::pod("m").host_rootfs().command(&["true"]).guaranteed(cpus, "64Mi").build().spec;
+    Job {
+        api_version: API_VERSION.into(),
+        kind: "Job".into(),
+        metadata: ObjectMeta { name: "sweep".into(), ..Default::default() },
+        spec: JobSpec {
+            template: PodTemplate { metadata: None, spec },
+            parallelism: members,
+            active_deadline_seconds: time,
+            partition: partition.map(String::from),
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+fn partition(name: &str, spec: PartitionSpec) -> Partition {
+    Partition {
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        metadata: ObjectMeta { name: name.into(), ..Default::default() },
+        spec,
+    }
+}
+
+/// The cluster of these tests: `batch` (the default: an hour by default, a
+/// day at most, 8 CPUs per job, on `pool=cpu` nodes), `gpu` (alice only, a
+/// maximum time and no default), `debug` (no limits).
+fn cluster() -> Vec<Partition> {
+    vec![
+        partition(
+            "batch",
+            PartitionSpec {
+                node_selector: [("pool".to_string(), "cpu".to_string())].into(),
+                default_time_seconds: Some(3600),
+                max_time_seconds: Some(86_400),
+                max_cpus_per_job: Some(8),
+                default: true,
+                ..Default::default()
+            },
+        ),
+        partition(
+            "gpu",
+            PartitionSpec { max_time_seconds: Some(7200), allowed_users: vec!["alice".into()], ..Default::default() },
+        ),
+        partition("debug", PartitionSpec::default()),
+    ]
+}
+
+const BOB: Submitter<'static> = Submitter { name: Some("bob"), admin: false };
+
+/// What `place` makes of `given`: the partition, the time limit and the
+/// node selector, or the refused fields.
+type Outcome = Result<(Option<&'static str>, Option<u64>, Vec<(&'static str, &'static str)>), Vec<&'static str>>;
+
+fn check(given: Job, partitions: &[Partition], who: Submitter<'_>, expected: Outcome) {
+    let mut job = given.clone();
+    let got = match place(&mut job, partitions, who) {
+        Ok(()) => Ok((
+            job.spec.partition.clone(),
+            job.spec.active_deadline_seconds,
+            job.spec.template.spec.node_selector.clone(),
+        )),
+        Err(problems) => {
+            for p in &problems {
+                assert!(!p.message.is_empty(), "{p:?}");
+            }
+            Err(problems.into_iter().map(|p| p.field).collect::<Vec<_>>())
+        }
+    };
+    let expected = expected
+        .map(|(p, t, sel)| {
+            (p.map(String::from), t, sel.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        })
+        .map_err(|fields| fields.into_iter().map(String::from).collect::<Vec<_>>());
+    assert_eq!(got, expected, "{:?} by {who:?}", given.spec);
+}
+
+#[test]
+fn a_job_goes_to_its_partition_or_the_default_and_gets_its_time_and_nodes() {
+    let all = cluster();
+    // No partition named: the default's, with its default time and nodes.
+    check(job(2, "2", None, None), &all, BOB, Ok((Some("batch"), Some(3600), vec![("pool", "cpu")])));
+    // A time of its own within the maximum is kept.
+    check(job(1, "1", Some(600), None), &all, BOB, Ok((Some("batch"), Some(600), vec![("pool", "cpu")])));
+    // A partition without a default time gives its maximum (Slurm's rule).
+    let alice = Submitter { name: Some("alice"), admin: false };
+    check(job(1, "1", None, Some("gpu")), &all, alice, Ok((Some("gpu"), Some(7200), vec![])));
+    // No limits at all: nothing added but the name.
+    check(job(64, "4", None, Some("debug")), &all, BOB, Ok((Some("debug"), None, vec![])));
+    // A cluster without partitions, or without a default, leaves the job as it is.
+    check(job(1, "1", None, None), &[], BOB, Ok((None, None, vec![])));
+    check(job(1, "1", None, None), &all[1..], BOB, Ok((None, None, vec![])));
+}
+
+#[test]
+fn a_job_over_its_partitions_limits_is_refused_at_the_field() {
+    let all = cluster();
+    check(job(1, "1", Some(86_401), None), &all, BOB, Err(vec!["spec.activeDeadlineSeconds"]));
+    // 3 members of 3 CPUs: 9 over 8; 8 exactly passes; a fraction counts.
+    let cpu_field = "spec.template.spec.containers[*].resources.requests.cpu";
+    check(job(3, "3", None, None), &all, BOB, Err(vec![cpu_field]));
+    check(job(4, "2", None, None), &all, BOB, Ok((Some("batch"), Some(3600), vec![("pool", "cpu")])));
+    check(job(2, "4100m", None, None), &all, BOB, Err(vec![cpu_field]));
+    // Both at once: each at its field.
+    check(job(9, "1", Some(90_000), Some("batch")), &all, BOB, Err(vec!["spec.activeDeadlineSeconds", cpu_field]));
+    // A partition that is not there, or not the submitter's.
+    check(job(1, "1", None, Some("nope")), &all, BOB, Err(vec!["spec.partition"]));
+    check(job(1, "1", None, Some("nope")), &[], BOB, Err(vec!["spec.partition"]));
+    check(job(1, "1", None, Some("gpu")), &all, BOB, Err(vec!["spec.partition"]));
+    check(job(1, "1", None, Some("gpu")), &all, Submitter { name: None, admin: false }, Err(vec!["spec.partition"]));
+    // Admins may use any partition (still within its limits).
+    let admin = Submitter { name: Some("root"), admin: true };
+    check(job(1, "1", None, Some("gpu")), &all, admin, Ok((Some("gpu"), Some(7200), vec![])));
+    check(job(1, "1", Some(7201), Some("gpu")), &all, admin, Err(vec!["spec.activeDeadlineSeconds"]));
+}
+
+#[test]
+fn a_node_selector_is_merged_with_the_partitions_and_may_not_leave_it() {
+    let all = cluster();
+    let mut own = job(1, "1", None, None);
+    own.spec.template.spec.node_selector.insert("rack".into(), "a".into());
+    check(own.clone(), &all, BOB, Ok((Some("batch"), Some(3600), vec![("pool", "cpu"), ("rack", "a")])));
+    own.spec.template.spec.node_selector.insert("pool".into(), "gpu".into());
+    check(own, &all, BOB, Err(vec!["spec.template.spec.nodeSelector[pool]"]));
+}
+
+#[test]
+fn validation_names_each_bad_field() {
+    let check = |spec: PartitionSpec, name: &str, fields: &[&str]| {
+        let got: Vec<String> = validate_partition(&partition(name, spec)).into_iter().map(|e| e.field).collect();
+        assert_eq!(got, fields, "{name}");
+    };
+    check(cluster()[0].spec.clone(), "batch", &[]);
+    check(PartitionSpec::default(), "Batch_1", &["metadata.name"]);
+    check(
+        PartitionSpec { default_time_seconds: Some(7200), max_time_seconds: Some(3600), ..Default::default() },
+        "p",
+        &["spec.defaultTimeSeconds"],
+    );
+    check(
+        PartitionSpec { default_time_seconds: Some(0), max_time_seconds: Some(u64::MAX), ..Default::default() },
+        "p",
+        &["spec.defaultTimeSeconds", "spec.maxTimeSeconds"],
+    );
+    check(PartitionSpec { max_cpus_per_job: Some(0), ..Default::default() }, "p", &["spec.maxCpusPerJob"]);
+    check(
+        PartitionSpec { allowed_users: vec!["ok".into(), "no way".into()], ..Default::default() },
+        "p",
+        &["spec.allowedUsers[1]"],
+    );
+    check(
+        PartitionSpec { node_selector: [("bad key!".to_string(), "v".to_string())].into(), ..Default::default() },
+        "p",
+        &["spec.nodeSelector[bad key!]"],
+    );
+}
+
+#[test]
+fn times_are_written_as_slurm_writes_them() {
+    for (secs, text) in
+        [(0, "0:00"), (59, "0:59"), (61, "1:01"), (3600, "1:00:00"), (86_399, "23:59:59"), (90_061, "1-01:01:01")]
+    {
+        assert_eq!(time(secs), text, "{secs}");
+    }
+}
