@@ -58,6 +58,9 @@ enum Command {
     Batch(cmd::batch::Args),
     /// Cancel jobs (Slurm's scancel): each job and its members deleted.
     Cancel(cmd::batch::JobsArgs),
+    /// The job queue (Slurm's squeue): state codes, times, limits, nodes or
+    /// why a job waits, in Slurm's words.
+    Queue(cmd::queue::Args),
     /// Keep pending jobs from starting (Slurm's scontrol hold).
     Hold(cmd::batch::JobsArgs),
     /// Let held jobs start (Slurm's scontrol release).
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
             Command::Run(a) => cmd::run::run(g, a).await,
             Command::Batch(a) => cmd::batch::run(g, a).await,
             Command::Cancel(a) => cmd::batch::cancel(g, a).await,
+            Command::Queue(a) => cmd::queue::run(g, a).await,
             Command::Hold(a) => cmd::batch::hold(g, a, true).await,
             Command::Release(a) => cmd::batch::hold(g, a, false).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,

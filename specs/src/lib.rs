@@ -20,6 +20,7 @@ pub mod pod;
 pub mod probe;
 pub mod qos;
 pub mod quantity;
+pub mod queue;
 pub mod rollout;
 pub mod security;
 pub mod status;
