@@ -5,7 +5,9 @@
 //! field; the queue shows a running job (R, its node), one waiting for
 //! room (PD, Resources), one behind it (Priority), one waiting for its
 //! dependency and one held, in Slurm's columns; a user sees only their own
-//! jobs, and `-u`, `--me`, `-t`, `-p` narrow the list.
+//! jobs, and `-u`, `--me`, `-t`, `-p` narrow the list. A user's priority is
+//! refused; a cancelled running job is charged to its user (`pinion
+//! share`), whose next job goes behind another's submitted after it.
 
 mod common;
 
@@ -39,7 +41,10 @@ fn queue(config: &std::path::Path, args: &[&str]) -> Vec<Vec<String>> {
     assert!(ok, "{out}");
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "TIME_LIMIT", "NODES", "NODELIST(REASON)"]);
+    assert_eq!(
+        header,
+        ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "TIME_LIMIT", "NODES", "PRIORITY", "NODELIST(REASON)"]
+    );
     lines.map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
 }
 
@@ -102,7 +107,7 @@ async fn the_queue_shows_slurms_states_and_reasons_and_partitions_apply() {
 
     let rows = eventually("the queue's reasons", LONG, || async {
         let rows = queue(&admin_conf, &[]);
-        let reasons: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[8].as_str())).collect();
+        let reasons: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[9].as_str())).collect();
         let want = [
             ("wide", "(Resources)"),
             ("after", "(Priority)"),
@@ -130,5 +135,36 @@ async fn the_queue_shows_slurms_states_and_reasons_and_partitions_apply() {
     assert!(queue(&admin_conf, &["-t", "CD,F,TO"]).is_empty());
     let (ok, out) = cli(&admin_conf, &["queue", "-t", "XX"]);
     assert!(!ok && out.contains("unknown state"), "{out}");
+    // Held and waiting for a dependency: no members, no priority yet.
+    assert!(rows[2][8] == "-" && rows[3][8] == "-", "{rows:?}");
+
+    // Only an admin sets a priority.
+    let e = bob.create_job(job("vip", 1, "  priority: 5\n")).await.expect_err("a user's priority");
+    assert!(e.to_string().contains("spec.priority"), "{e}");
+
+    // bob's running job cancelled: its CPU time is his usage, and his next
+    // job goes behind the admin's, submitted after it.
+    let (ok, out) = cli(&bob_conf, &["cancel", "big"]);
+    assert!(ok, "{out}");
+    let (ok, out) = cli(&bob_conf, &["share"]);
+    assert!(ok, "{out}");
+    let bob_share: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("user") && l.contains("bob"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert!(bob_share.len() == 5 && bob_share[4].parse::<f64>().is_ok_and(|f| f < 1.0), "{out}");
+    eventually("wide and after placed", LONG, || async {
+        let rows = queue(&admin_conf, &["-t", "R"]);
+        (ids(&rows) == ["after", "wide"] || ids(&rows) == ["wide", "after"]).then_some(())
+    })
+    .await;
+    bob.create_job(job("bobnext", 2, "")).await.expect("bobnext");
+    c.admin.create_job(job("adminnext", 2, "")).await.expect("adminnext");
+    let rows = queue(&admin_conf, &["-t", "PD", "-j", "bobnext,adminnext"]);
+    assert_eq!(ids(&rows), ["adminnext", "bobnext"], "fair share orders them: {rows:?}");
+    let p = |r: &Vec<String>| r[8].parse::<i64>().expect("a priority");
+    assert!(p(&rows[0]) > p(&rows[1]), "{rows:?}");
     c.stop().await;
 }

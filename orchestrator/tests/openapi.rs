@@ -358,6 +358,10 @@ fn the_wire_types_match_their_schemas() {
     });
     s.check::<specs::partition::Partition>("Partition", partition.clone());
     s.check::<List<specs::partition::Partition>>("PartitionList", json!({"resourceVersion": 42, "items": [partition]}));
+    s.check::<List<specs::fairshare::Share>>(
+        "ShareList",
+        json!({"resourceVersion": 42, "items": [{"kind": "user", "name": "alice", "usage": 3600.5, "usageShare": 0.75, "fairShare": 0.35}]}),
+    );
     s.check::<List<Event>>("EventList", json!({"resourceVersion": 42, "items": [event()]}));
     s.check::<WatchEvent<Pod>>("WatchEvent", json!({"type": "MODIFIED", "object": pod()}));
     s.check::<WatchEvent<Node>>("WatchEvent", json!({"type": "MODIFIED", "object": node()}));

@@ -29,8 +29,13 @@ pub const PLACEMENT_ANNOTATION: &str = "pinion.io/job-placement";
 pub const NODES_ANNOTATION: &str = "pinion.io/job-nodes";
 /// Annotation: at most this many members on one node.
 pub const PER_NODE_ANNOTATION: &str = "pinion.io/job-per-node";
-/// Annotation: the job's priority (a higher one is placed first).
+/// Annotation: the job's priority (a higher one is placed first): its
+/// `spec.priority`, to which the server adds its size and fair-share
+/// factors when it makes the members (`crate::fairshare::base_priority`).
 pub const PRIORITY_ANNOTATION: &str = "pinion.io/job-priority";
+/// Annotation: when the job became eligible (its members made), Unix
+/// seconds: where its age counts from.
+pub const ELIGIBLE_ANNOTATION: &str = "pinion.io/job-eligible";
 /// Annotation: which attempt of the job the member belongs to (0, then one
 /// more per retry under `backoffLimit`).
 pub const ATTEMPT_ANNOTATION: &str = "pinion.io/job-attempt";
@@ -262,6 +267,8 @@ pub struct Gang {
     pub max_nodes: Option<u32>,
     pub per_node: Option<u32>,
     pub priority: i32,
+    /// `ELIGIBLE_ANNOTATION`, when set.
+    pub eligible: Option<i64>,
 }
 
 impl Gang {
@@ -280,6 +287,7 @@ impl Gang {
             max_nodes: num(NODES_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
             per_node: num(PER_NODE_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
             priority: num(PRIORITY_ANNOTATION).and_then(|v| i32::try_from(v).ok()).unwrap_or(0),
+            eligible: num(ELIGIBLE_ANNOTATION),
         })
     }
 }

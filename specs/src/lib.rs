@@ -9,6 +9,7 @@ pub mod daemonset;
 pub mod dependency;
 pub mod deployment;
 pub mod engine;
+pub mod fairshare;
 pub mod idset;
 pub mod job;
 pub mod limits;

@@ -106,7 +106,10 @@ pub struct Row {
     pub nodes: u32,
     /// Where it runs or ran (`n[1-3]`), else why it waits, in parentheses.
     pub nodelist_reason: String,
-    pub priority: i32,
+    /// Its priority now (`crate::fairshare::priority`, its age included),
+    /// from its members; `None` while it has none (held, or waiting for
+    /// its dependency).
+    pub priority: Option<i64>,
     pub submitted_ms: Option<i64>,
 }
 
@@ -188,9 +191,16 @@ pub fn row(job: &Job, members: &[&Pod], t: Times) -> Row {
         time_limit: job.spec.active_deadline_seconds,
         nodes: if state == State::Pending || nodes.is_empty() { wanted } else { nodes.len() as u32 },
         nodelist_reason,
-        priority: job.spec.priority,
+        priority: priority_now(members, t.now),
         submitted_ms: t.submitted_ms,
     }
+}
+
+/// The priority its members carry, aged to `now`.
+fn priority_now(members: &[&Pod], now: i64) -> Option<i64> {
+    let g = members.iter().find_map(|p| job::Gang::of(p))?;
+    let age = g.eligible.map_or(0, |e| u64::try_from(now.saturating_sub(e)).unwrap_or(0));
+    Some(crate::fairshare::priority(i64::from(g.priority), age, &crate::fairshare::DEFAULT_WEIGHTS))
 }
 
 /// Why a pending job waits: held, its dependency, else what its members

@@ -1,8 +1,10 @@
 //! `pinion queue` (Slurm's `squeue`): one line per job, in Slurm's columns
 //! and codes (`specs::queue`): JOBID, PARTITION, NAME, USER, ST (PD, R,
-//! CG, CD, F, TO), TIME, TIME_LIMIT, NODES, NODELIST(REASON). The server's
-//! authorization already narrows a user's list to their own jobs; `-u`,
-//! `-p`, `--me`, `-t` and `-j` narrow it further here.
+//! CG, CD, F, TO), TIME, TIME_LIMIT, NODES, PRIORITY, NODELIST(REASON). The
+//! server's authorization already narrows a user's list to their own jobs;
+//! `-u`, `-p`, `--me`, `-t` and `-j` narrow it further here. `pinion share`
+//! (Slurm's `sshare`): each user's and account's recent usage and
+//! fair-share factor.
 
 use std::process::ExitCode;
 
@@ -72,7 +74,8 @@ pub fn rows(jobs: &[specs::job::Job], pods: &[specs::Pod], args: &Args, me: Opti
 
 /// The table, Slurm's columns; times as Slurm writes them.
 pub fn table(rows: &[queue::Row]) -> String {
-    let headers = ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "TIME_LIMIT", "NODES", "NODELIST(REASON)"];
+    let headers =
+        ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "TIME_LIMIT", "NODES", "PRIORITY", "NODELIST(REASON)"];
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -85,6 +88,7 @@ pub fn table(rows: &[queue::Row]) -> String {
                 specs::partition::time(r.time),
                 r.time_limit.map_or_else(|| "UNLIMITED".to_string(), specs::partition::time),
                 r.nodes.to_string(),
+                r.priority.map_or_else(|| "-".to_string(), |p| p.to_string()),
                 r.nodelist_reason.clone(),
             ]
         })
@@ -108,5 +112,29 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let pods = client.list_pods(Some(specs::job::JOB_LABEL)).await?.items;
     let now = chrono::Utc::now().timestamp();
     out!("{}", table(&rows(&jobs, &pods, &args, me.as_deref(), now)));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ShareArgs {}
+
+/// `pinion share`: USER (or ACCOUNT), RAW_USAGE (decayed CPU-seconds),
+/// USAGE (its part of all), FAIRSHARE (the factor, 1: used nothing lately).
+pub async fn share(g: GlobalArgs, _args: ShareArgs) -> anyhow::Result<ExitCode> {
+    let client = crate::config::client(&g)?;
+    let shares = client.list_shares().await?.items;
+    let rows: Vec<Vec<String>> = shares
+        .iter()
+        .map(|s| {
+            vec![
+                s.kind.clone(),
+                s.name.clone(),
+                format!("{:.0}", s.usage),
+                format!("{:.6}", s.usage_share),
+                format!("{:.6}", s.fair_share),
+            ]
+        })
+        .collect();
+    out!("{}", super::get::table(&["KIND", "NAME", "RAW_USAGE", "USAGE", "FAIRSHARE"], &rows));
     Ok(ExitCode::SUCCESS)
 }

@@ -290,6 +290,7 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::Deployment => "Deployment",
         Kind::DaemonSet => "DaemonSet",
         Kind::Partition => "Partition",
+        Kind::Usage => "Usage",
     };
     watch_line(
         WatchEventType::Bookmark,
@@ -679,6 +680,15 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             // As for a pod: a gang no cluster could ever hold at once is refused now.
             let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
             let admin = authorize(id, Request::WritePartitions).is_ok();
+            if job.spec.priority != 0 && !admin {
+                // The server computes priority from age, size and fair share;
+                // a site priority on top is an admin's (Slurm's --priority).
+                return Err(ClusterError::Disallowed(vec![specs::validate::FieldError {
+                    field: "spec.priority".into(),
+                    message: "only an admin may set a job's priority (--priority); the server orders jobs by age, size and fair share".into(),
+                }])
+                .into());
+            }
             let created = store
                 .write(move |t| {
                     jobs::place_in_partition(t, &mut job, admin)?;
@@ -783,6 +793,13 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, Request::WritePartitions)?;
             let p = store.write(move |t| partitions::delete(t, &name)).await?;
             json(200, &p)
+        }
+        Action::ListShares => {
+            authorize(id, Request::ReadShares)?;
+            let listed = store.list::<specs::fairshare::Usage>().map_err(store_error)?;
+            let now = chrono::Utc::now().timestamp();
+            let ledger = specs::fairshare::Ledger::new(&listed.items, now, &specs::fairshare::DEFAULT_WEIGHTS);
+            json(200, &List { resource_version: listed.rv, items: ledger.shares(), unreadable: listed.unreadable })
         }
         Action::ListUsers => {
             authorize(id, Request::ListUsers)?;

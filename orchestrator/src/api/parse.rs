@@ -117,6 +117,7 @@ pub enum Action {
     ApplyPartition(Box<specs::partition::Partition>),
     GetPartition(String),
     DeletePartition(String),
+    ListShares,
     ListUsers,
     CreateUser(Box<specs::api::User>),
     RevokeUser(String),
@@ -274,6 +275,7 @@ pub fn parse(
         RouteId::ApplyPartition => Action::ApplyPartition(Box::new(parse_partition(body, is_json(headers))?)),
         RouteId::GetPartition => Action::GetPartition(name()?),
         RouteId::DeletePartition => Action::DeletePartition(name()?),
+        RouteId::ListShares => Action::ListShares,
         RouteId::ListUsers => Action::ListUsers,
         RouteId::CreateUser => {
             let user: specs::api::User = decode_json(body)?;

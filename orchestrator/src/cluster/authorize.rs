@@ -81,6 +81,8 @@ pub enum Request<'a> {
     ReadPartitions,
     /// Create, change or delete partitions (admin only).
     WritePartitions,
+    /// Read the users' and accounts' fair shares (anyone known but nodes).
+    ReadShares,
     ListUsers,
     /// Add, change or revoke a person.
     ManageUsers,
@@ -162,7 +164,8 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
         | Request::ReadEvents
         | Request::ReadDeployments
         | Request::ReadDaemonSets
-        | Request::ReadPartitions => Ok(()),
+        | Request::ReadPartitions
+        | Request::ReadShares => Ok(()),
         Request::Owned { kind, name, owner, access } => match power {
             Power::ReadAll if access == Access::Read => Ok(()),
             Power::ReadAll => refuse(&format!("change {} {name:?}", kind.to_lowercase())),
@@ -230,6 +233,7 @@ fn authorize_node(me: &str, request: Request<'_>) -> Result<(), ClusterError> {
         Request::ReadDaemonSets => refuse("read daemonsets"),
         Request::WriteDaemonSets => refuse("create or change daemonsets"),
         Request::ReadPartitions => refuse("read partitions"),
+        Request::ReadShares => refuse("read fair shares"),
         Request::ReadEvents => refuse("list events"),
         Request::ListUsers => refuse("list users"),
         Request::ManageUsers => refuse("manage users"),

@@ -135,6 +135,7 @@ pub enum Kind {
     Deployment,
     DaemonSet,
     Partition,
+    Usage,
 }
 
 impl Kind {
@@ -149,6 +150,7 @@ impl Kind {
             Kind::Deployment => "deployment/",
             Kind::DaemonSet => "daemonset/",
             Kind::Partition => "partition/",
+            Kind::Usage => "usage/",
         }
     }
 }
@@ -232,6 +234,16 @@ impl Object for specs::daemonset::DaemonSet {
 
 impl Object for specs::partition::Partition {
     const KIND: Kind = Kind::Partition;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::fairshare::Usage {
+    const KIND: Kind = Kind::Usage;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }

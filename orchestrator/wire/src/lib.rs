@@ -606,6 +606,11 @@ impl Client {
         Ok(self.call(Method::DELETE, &format!("/api/v1/partitions/{}", percent_encode(name)), None).await?.1)
     }
 
+    /// Every user's and account's fair share (`pinion share`).
+    pub async fn list_shares(&self) -> Result<List<specs::fairshare::Share>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/shares", None).await?.1)
+    }
+
     /// The cluster's people (admins and viewers).
     pub async fn list_users(&self) -> Result<List<specs::api::User>, ClientError> {
         Ok(self.call(Method::GET, "/api/v1/users", None).await?.1)

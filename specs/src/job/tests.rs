@@ -61,7 +61,8 @@ fn members_carry_the_gang_and_each_rank_its_identity() {
             placement: GangPlacement::Spread,
             max_nodes: None,
             per_node: None,
-            priority: 5
+            priority: 5,
+            eligible: None,
         }
     );
     let env: Vec<(&str, &str)> =

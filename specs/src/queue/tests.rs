@@ -61,6 +61,16 @@ fn states_times_and_reasons_as_squeue_shows_them() {
     let r = job("r", JobPhase::Running, None);
     let on = vec![member("r", 0, Some("n01"), Running, None), member("r", 1, Some("n02"), Running, None)];
     check(&r, &on, T, (State::Running, 600, 2, "n[01-02]"));
+    // Its priority: what its members carry, aged from their eligibility
+    // (a day of the week's 1000 points is 143); none without members.
+    let mut aged = on.clone();
+    for p in &mut aged {
+        p.metadata.annotations.insert(job::PRIORITY_ANNOTATION.into(), "5000".into());
+        p.metadata.annotations.insert(job::ELIGIBLE_ANNOTATION.into(), "0".into());
+    }
+    let day = Times { now: 86_400, ..T };
+    assert_eq!(row(&r, &members_of(&r, &aged), day).priority, Some(5_143));
+    assert_eq!(row(&a, &[], day).priority, None);
     // Another job's pods are not its members.
     check(&r, &[on.clone(), waiting(None)].concat(), T, (State::Running, 600, 2, "n[01-02]"));
 
@@ -114,7 +124,7 @@ fn states_by_code_or_name_and_all() {
 
 #[test]
 fn the_queue_lists_waiting_jobs_in_the_order_they_are_taken() {
-    let row = |id: &str, state: State, priority: i32, submitted_ms: i64| Row {
+    let row = |id: &str, state: State, priority: i64, submitted_ms: i64| Row {
         id: id.into(),
         partition: "-".into(),
         name: id.into(),
@@ -124,7 +134,7 @@ fn the_queue_lists_waiting_jobs_in_the_order_they_are_taken() {
         time_limit: None,
         nodes: 1,
         nodelist_reason: String::new(),
-        priority,
+        priority: Some(priority),
         submitted_ms: Some(submitted_ms),
     };
     let mut rows = vec![
