@@ -36,6 +36,10 @@ pub const PRIORITY_ANNOTATION: &str = "pinion.io/job-priority";
 /// Annotation: when the job became eligible (its members made), Unix
 /// seconds: where its age counts from.
 pub const ELIGIBLE_ANNOTATION: &str = "pinion.io/job-eligible";
+/// Annotation: the job's time limit in seconds (`activeDeadlineSeconds`),
+/// for backfill: a job behind the first waiting one may go ahead only if
+/// it ends by that one's reservation.
+pub const TIME_LIMIT_ANNOTATION: &str = "pinion.io/job-time-limit";
 /// Annotation: which attempt of the job the member belongs to (0, then one
 /// more per retry under `backoffLimit`).
 pub const ATTEMPT_ANNOTATION: &str = "pinion.io/job-attempt";
@@ -269,6 +273,8 @@ pub struct Gang {
     pub priority: i32,
     /// `ELIGIBLE_ANNOTATION`, when set.
     pub eligible: Option<i64>,
+    /// `TIME_LIMIT_ANNOTATION`, when set.
+    pub time_limit: Option<u64>,
 }
 
 impl Gang {
@@ -288,6 +294,7 @@ impl Gang {
             per_node: num(PER_NODE_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
             priority: num(PRIORITY_ANNOTATION).and_then(|v| i32::try_from(v).ok()).unwrap_or(0),
             eligible: num(ELIGIBLE_ANNOTATION),
+            time_limit: num(TIME_LIMIT_ANNOTATION).and_then(|v| u64::try_from(v).ok()),
         })
     }
 }
@@ -431,6 +438,9 @@ pub fn member(job: &Job, rank: u32) -> Pod {
     a.insert(ATTEMPT_ANNOTATION.into(), attempt.to_string());
     if let Some(m) = s.gang.min_members {
         a.insert(MIN_MEMBERS_ANNOTATION.into(), m.to_string());
+    }
+    if let Some(t) = s.active_deadline_seconds {
+        a.insert(TIME_LIMIT_ANNOTATION.into(), t.to_string());
     }
     if let Some(n) = s.gang.nodes {
         a.insert(NODES_ANNOTATION.into(), n.to_string());

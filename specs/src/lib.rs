@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod backfill;
 pub mod batch;
 pub mod daemonset;
 pub mod dependency;

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::job::Job;
-use crate::pod::{ObjectMeta, API_VERSION, RESOURCE_CPU};
+use crate::pod::{ObjectMeta, API_VERSION};
 use crate::validate::FieldError;
 
 pub const KIND: &str = "Partition";
@@ -121,16 +121,7 @@ pub struct Submitter<'a> {
 /// The CPUs a job asks for, all members together, in millicores: each
 /// member's containers' requests (else limits), times its members.
 pub fn job_millicpus(job: &Job) -> i128 {
-    let per_member: i128 = job
-        .spec
-        .template
-        .spec
-        .containers
-        .iter()
-        .filter_map(|c| c.resources.request(RESOURCE_CPU))
-        .map(crate::Quantity::millis_ceil)
-        .sum();
-    per_member * i128::from(job.spec.parallelism)
+    crate::backfill::pod_millicpus(&job.spec.template.spec) * i128::from(job.spec.parallelism)
 }
 
 /// Puts `job` in its partition: the one it names (`spec.partition`), else

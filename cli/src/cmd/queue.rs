@@ -111,8 +111,49 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let jobs = client.list_jobs(None).await?.items;
     let pods = client.list_pods(Some(specs::job::JOB_LABEL)).await?.items;
     let now = chrono::Utc::now().timestamp();
-    out!("{}", table(&rows(&jobs, &pods, &args, me.as_deref(), now)));
+    let shown = rows(&jobs, &pods, &args, me.as_deref(), now);
+    out!("{}", table(&shown));
+    if let Some(line) = expected_start(&client, &jobs, &pods, now).await {
+        outln!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// When the first job waiting for resources is expected to start: when
+/// enough running jobs have reached their time limits to free its CPUs
+/// (`specs::backfill::reservation`, the rule backfill keeps to), counted
+/// over the jobs the caller sees and the nodes' free CPUs. `None` when no
+/// job waits for resources or the nodes cannot be read.
+async fn expected_start(
+    client: &pinion_wire::Client,
+    jobs: &[specs::job::Job],
+    pods: &[specs::Pod],
+    now: i64,
+) -> Option<String> {
+    let all = Args { users: vec![], partitions: vec![], me: false, states: None, jobs: vec![] };
+    let every = rows(jobs, pods, &all, None, now);
+    let first = every.iter().find(|r| r.state == State::Pending && r.nodelist_reason == "(Resources)")?;
+    let job = jobs.iter().find(|j| j.metadata.name == first.id)?;
+    let nodes = client.list_nodes(None).await.ok()?.items;
+    let free: i128 = nodes.iter().flat_map(|n| &n.status.numa).map(|z| z.free_cpus.len() as i128 * 1000).sum();
+    let running: Vec<specs::backfill::Running> = every
+        .iter()
+        .filter(|r| r.state == State::Running)
+        .filter_map(|r| {
+            let j = jobs.iter().find(|j| j.metadata.name == r.id)?;
+            let millicpus = specs::partition::job_millicpus(j);
+            Some(specs::backfill::Running { millicpus, ends_in: r.time_limit.map(|l| l.saturating_sub(r.time)) })
+        })
+        .collect();
+    let need = specs::partition::job_millicpus(job);
+    Some(match specs::backfill::reservation(need, free, &running) {
+        Some(s) => format!(
+            "first waiting job {}: expected to start within {} (when running jobs reach their time limits; jobs behind it start first only if they end by then)",
+            first.id,
+            specs::partition::time(s)
+        ),
+        None => format!("first waiting job {}: its start cannot be foreseen (a running job has no time limit)", first.id),
+    })
 }
 
 #[derive(clap::Args, Debug)]

@@ -155,12 +155,16 @@ pub(super) struct State {
     /// Gangs by `job#attempt`.
     pub(super) gangs: HashMap<String, GangState>,
     /// The first gang in line that did not fit, and its place: what queued
-    /// behind it waits (no backfill) until it is placed or gone.
+    /// behind it waits until it is placed or gone, but a job that ends by its
+    /// reservation (`specs::backfill`).
     pub(super) blocked_by: Option<(Order, String)>,
     /// Jobs whose members changed: judged again at the next pass.
     pub(super) dirty_jobs: BTreeSet<String>,
     /// Running jobs with a time limit: when it runs out, on this clock.
     pub(super) job_deadlines: BTreeMap<String, Instant>,
+    /// Running jobs' CPUs (millicores), for the first waiting job's
+    /// reservation (`specs::backfill`).
+    pub(super) running_jobs: BTreeMap<String, i128>,
     /// Jobs whose time limit ran out (their reconcile ends them).
     pub(super) jobs_past_deadline: BTreeSet<String>,
     /// Jobs waiting for their dependency: judged again at any job's change.
@@ -282,6 +286,7 @@ impl State {
             blocked_by: None,
             dirty_jobs: BTreeSet::new(),
             job_deadlines: BTreeMap::new(),
+            running_jobs: BTreeMap::new(),
             jobs_past_deadline: BTreeSet::new(),
             jobs_waiting_on_others: BTreeSet::new(),
             dirty_deployments: BTreeSet::new(),

@@ -63,6 +63,7 @@ fn members_carry_the_gang_and_each_rank_its_identity() {
             per_node: None,
             priority: 5,
             eligible: None,
+            time_limit: None,
         }
     );
     let env: Vec<(&str, &str)> =
