@@ -64,6 +64,9 @@ enum Command {
     /// Each user's and account's recent usage and fair-share factor
     /// (Slurm's sshare).
     Share(cmd::queue::ShareArgs),
+    /// Partitions and their nodes by state, CPUs allocated/idle/other/total
+    /// and NUMA nodes (Slurm's sinfo).
+    Nodes(cmd::queue::NodesArgs),
     /// Keep pending jobs from starting (Slurm's scontrol hold).
     Hold(cmd::batch::JobsArgs),
     /// Let held jobs start (Slurm's scontrol release).
@@ -142,6 +145,7 @@ fn main() -> ExitCode {
             Command::Cancel(a) => cmd::batch::cancel(g, a).await,
             Command::Queue(a) => cmd::queue::run(g, a).await,
             Command::Share(a) => cmd::queue::share(g, a).await,
+            Command::Nodes(a) => cmd::queue::nodes(g, a).await,
             Command::Hold(a) => cmd::batch::hold(g, a, true).await,
             Command::Release(a) => cmd::batch::hold(g, a, false).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,

@@ -122,6 +122,17 @@ async fn the_queue_shows_slurms_states_and_reasons_and_partitions_apply() {
     // in line, is expected to start within it.
     let (ok, out) = cli(&admin_conf, &["queue"]);
     assert!(ok && out.contains("first waiting job wide: expected to start within "), "{out}");
+    // sinfo's view: n1 of batch (the default), 6 CPUs of big's held, CPU 0
+    // reserved, one idle, one NUMA node.
+    // (Once the node has reported big's CPUs.)
+    eventually("pinion nodes shows n1 mixed", LONG, || async {
+        let (ok, out) = cli(&bob_conf, &["nodes"]);
+        assert!(ok, "{out}");
+        let line = out.lines().find(|l| l.starts_with("batch*")).unwrap_or_default().to_string();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        (words == ["batch*", "up", "infinite", "1", "mix", "6/1/1/8", "1", "n1"]).then_some(())
+    })
+    .await;
     let big = &rows[4];
     assert_eq!(
         (big[1].as_str(), big[2].as_str(), big[3].as_str(), big[4].as_str(), big[6].as_str(), big[7].as_str()),

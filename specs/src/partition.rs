@@ -205,6 +205,111 @@ pub fn place(job: &mut Job, partitions: &[Partition], who: Submitter<'_>) -> Res
     Ok(())
 }
 
+/// CPUs as Slurm's `sinfo` counts them: allocated, idle, other (reserved,
+/// offline, or on a node that is not Ready) and total.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuCounts {
+    pub allocated: usize,
+    pub idle: usize,
+    pub other: usize,
+    pub total: usize,
+}
+
+impl CpuCounts {
+    /// A node's: `idle` the CPUs no pod holds exclusively.
+    pub fn of(node: &crate::api::Node) -> CpuCounts {
+        let total = node.spec.topology.cpus.len();
+        if node.status.condition != crate::api::NodeCondition::Ready {
+            return CpuCounts { allocated: 0, idle: 0, other: total, total };
+        }
+        let offline = &node.status.offline_cpus;
+        let unusable = node.spec.settings.reserved(&node.spec.topology).union(offline);
+        let idle: usize = node.status.numa.iter().map(|z| z.free_cpus.difference(offline).len()).sum();
+        let other = unusable.len().min(total);
+        CpuCounts { allocated: total.saturating_sub(idle + other), idle: idle.min(total - other), other, total }
+    }
+
+    fn add(&mut self, o: CpuCounts) {
+        self.allocated += o.allocated;
+        self.idle += o.idle;
+        self.other += o.other;
+        self.total += o.total;
+    }
+
+    /// `A/I/O/T`.
+    pub fn slashed(&self) -> String {
+        format!("{}/{}/{}/{}", self.allocated, self.idle, self.other, self.total)
+    }
+}
+
+/// A node's state in Slurm's words: `down` (not Ready), `idle` (nothing
+/// allocated), `alloc` (nothing idle), else `mix`.
+pub fn node_state(c: &CpuCounts, ready: bool) -> &'static str {
+    match (ready, c.allocated, c.idle) {
+        (false, _, _) => "down",
+        (true, 0, _) => "idle",
+        (true, _, 0) => "alloc",
+        _ => "mix",
+    }
+}
+
+/// One line of `pinion nodes` (Slurm's `sinfo`): a partition's nodes in one state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodesRow {
+    /// The partition's name, `*` after the default's; `all` without partitions.
+    pub partition: String,
+    pub time_limit: Option<u64>,
+    pub state: &'static str,
+    pub nodes: Vec<String>,
+    pub cpus: CpuCounts,
+    /// NUMA nodes per node: `2`, or `1-2` where they differ.
+    pub numa: String,
+}
+
+/// `sinfo`'s lines: per partition (by name; every node as `all` when the
+/// cluster has none), per state (`alloc`, `down`, `idle`, `mix`).
+pub fn nodes_rows(partitions: &[Partition], nodes: &[crate::api::Node]) -> Vec<NodesRow> {
+    let all = [Partition {
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        metadata: ObjectMeta { name: "all".into(), ..Default::default() },
+        spec: PartitionSpec::default(),
+    }];
+    let mut sorted: Vec<&Partition> =
+        if partitions.is_empty() { all.iter().collect() } else { partitions.iter().collect() };
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut out = Vec::new();
+    for p in sorted {
+        let mut by_state: BTreeMap<&'static str, Vec<&crate::api::Node>> = BTreeMap::new();
+        for n in nodes.iter().filter(|n| p.spec.node_selector.iter().all(|(k, v)| n.metadata.labels.get(k) == Some(v)))
+        {
+            let ready = n.status.condition == crate::api::NodeCondition::Ready;
+            by_state.entry(node_state(&CpuCounts::of(n), ready)).or_default().push(n);
+        }
+        for (state, mut members) in by_state {
+            members.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            let mut cpus = CpuCounts::default();
+            members.iter().for_each(|n| cpus.add(CpuCounts::of(n)));
+            let numa: std::collections::BTreeSet<usize> =
+                members.iter().map(|n| n.spec.topology.numa_nodes.len()).collect();
+            let numa = match (numa.first(), numa.last()) {
+                (Some(lo), Some(hi)) if lo != hi => format!("{lo}-{hi}"),
+                (Some(lo), _) => lo.to_string(),
+                _ => "-".into(),
+            };
+            out.push(NodesRow {
+                partition: format!("{}{}", p.metadata.name, if p.spec.default { "*" } else { "" }),
+                time_limit: p.spec.max_time_seconds,
+                state,
+                nodes: members.iter().map(|n| n.metadata.name.clone()).collect(),
+                cpus,
+                numa,
+            });
+        }
+    }
+    out
+}
+
 /// Millicores as CPUs: `4`, `2.5`.
 fn cpus(millis: i128) -> String {
     if millis % 1000 == 0 {

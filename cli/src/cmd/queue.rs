@@ -4,7 +4,8 @@
 //! server's authorization already narrows a user's list to their own jobs;
 //! `-u`, `-p`, `--me`, `-t` and `-j` narrow it further here. `pinion share`
 //! (Slurm's `sshare`): each user's and account's recent usage and
-//! fair-share factor.
+//! fair-share factor. `pinion nodes` (Slurm's `sinfo`): each partition's
+//! nodes by state, their CPUs allocated/idle/other/total and NUMA nodes.
 
 use std::process::ExitCode;
 
@@ -177,5 +178,34 @@ pub async fn share(g: GlobalArgs, _args: ShareArgs) -> anyhow::Result<ExitCode> 
         })
         .collect();
     out!("{}", super::get::table(&["KIND", "NAME", "RAW_USAGE", "USAGE", "FAIRSHARE"], &rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct NodesArgs {}
+
+/// `pinion nodes`: PARTITION AVAIL TIMELIMIT NODES STATE CPUS(A/I/O/T) NUMA
+/// NODELIST, a line per partition and state (`specs::partition::nodes_rows`).
+pub async fn nodes(g: GlobalArgs, _args: NodesArgs) -> anyhow::Result<ExitCode> {
+    let client = crate::config::client(&g)?;
+    let partitions = client.list_partitions().await?.items;
+    let nodes = client.list_nodes(None).await?.items;
+    let rows: Vec<Vec<String>> = specs::partition::nodes_rows(&partitions, &nodes)
+        .iter()
+        .map(|r| {
+            vec![
+                r.partition.clone(),
+                "up".into(),
+                r.time_limit.map_or_else(|| "infinite".to_string(), specs::partition::time),
+                r.nodes.len().to_string(),
+                r.state.to_string(),
+                r.cpus.slashed(),
+                r.numa.clone(),
+                queue::hostlist(&r.nodes),
+            ]
+        })
+        .collect();
+    let headers = ["PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE", "CPUS(A/I/O/T)", "NUMA", "NODELIST"];
+    out!("{}", super::get::table(&headers, &rows));
     Ok(ExitCode::SUCCESS)
 }

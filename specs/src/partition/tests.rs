@@ -169,3 +169,79 @@ fn times_are_written_as_slurm_writes_them() {
         assert_eq!(time(secs), text, "{secs}");
     }
 }
+
+/// A node `name` with `labels`, 8 CPUs on 2 NUMA nodes, CPU 0 reserved,
+/// `free` of 1-7 free, `offline` offline, Ready or not.
+fn node(name: &str, labels: &[(&str, &str)], numa: usize, free: &str, offline: &str, ready: bool) -> crate::api::Node {
+    use crate::api::{NodeCondition, NodeSpec, NodeStatus, NumaStatus};
+    let topology = crate::topology::synthetic::parse(&format!("pack:1 numa:{numa} core:{} pu:1", 8 / numa)).expect("t");
+    let set = |l: &str| crate::CpuSet::parse_list(l).expect("cpus");
+    let settings = crate::NodeSettings { reserved_cpus: set("0"), ..Default::default() };
+    let zones = vec![NumaStatus {
+        id: 0,
+        cpus: set("0-7"),
+        free_cpus: set(free),
+        memory_bytes: 0,
+        free_memory_bytes: 0,
+        hugepages: vec![],
+        devices: Default::default(),
+    }];
+    crate::api::Node {
+        api_version: API_VERSION.into(),
+        kind: "Node".into(),
+        metadata: ObjectMeta {
+            name: name.into(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        },
+        spec: NodeSpec { topology, settings, ..Default::default() },
+        status: NodeStatus {
+            condition: if ready { NodeCondition::Ready } else { NodeCondition::NotReady },
+            numa: zones,
+            offline_cpus: set(offline),
+            ..Default::default()
+        },
+    }
+}
+
+#[test]
+fn nodes_rows_count_each_partitions_nodes_by_state_and_their_cpus() {
+    let cpu = [("pool", "cpu")];
+    let nodes = [
+        node("n1", &cpu, 1, "1-7", "", true),
+        node("n2", &cpu, 2, "1-7", "", true),
+        node("n3", &cpu, 2, "5-7", "7", true),
+        node("n4", &cpu, 1, "", "", true),
+        node("n5", &cpu, 1, "1-7", "", false),
+        node("g1", &[("pool", "gpu")], 1, "1-3", "", true),
+    ];
+    let rows = nodes_rows(&cluster(), &nodes);
+    // (partition, state, nodes, A/I/O/T, NUMA)
+    let got: Vec<(String, &str, String, String, String)> = rows
+        .iter()
+        .map(|r| (r.partition.clone(), r.state, r.nodes.join(","), r.cpus.slashed(), r.numa.clone()))
+        .collect();
+    let want = [
+        ("batch*", "alloc", "n4", "7/0/1/8", "1"),
+        ("batch*", "down", "n5", "0/0/8/8", "1"),
+        ("batch*", "idle", "n1,n2", "0/14/2/16", "1-2"),
+        // 7 is offline: other, with the reserved 0; 1-4 held.
+        ("batch*", "mix", "n3", "4/2/2/8", "2"),
+        ("debug", "alloc", "n4", "7/0/1/8", "1"),
+        ("debug", "down", "n5", "0/0/8/8", "1"),
+        ("debug", "idle", "n1,n2", "0/14/2/16", "1-2"),
+        ("debug", "mix", "g1,n3", "8/5/3/16", "1-2"),
+        ("gpu", "alloc", "n4", "7/0/1/8", "1"),
+        ("gpu", "down", "n5", "0/0/8/8", "1"),
+        ("gpu", "idle", "n1,n2", "0/14/2/16", "1-2"),
+        ("gpu", "mix", "g1,n3", "8/5/3/16", "1-2"),
+    ];
+    let want: Vec<(String, &str, String, String, String)> =
+        want.iter().map(|(p, s, n, c, u)| (p.to_string(), *s, n.to_string(), c.to_string(), u.to_string())).collect();
+    assert_eq!(got, want);
+    assert_eq!(rows[0].time_limit, Some(86_400));
+    // Without partitions: every node under `all`.
+    let all = nodes_rows(&[], &nodes[..2]);
+    assert_eq!(all.len(), 1);
+    assert_eq!((all[0].partition.as_str(), all[0].state, all[0].nodes.len()), ("all", "idle", 2));
+}
