@@ -221,23 +221,22 @@ fn nodes_rows_count_each_partitions_nodes_by_state_and_their_cpus() {
         .iter()
         .map(|r| (r.partition.clone(), r.state, r.nodes.join(","), r.cpus.slashed(), r.numa.clone()))
         .collect();
+    // Every partition holds n4, n5, n1 and n2 alike; batch's selector leaves g1 out.
+    let same = |p: &str, mixed: &'static str, mixed_cpus: &'static str, numa: &'static str| {
+        vec![
+            (p.to_string(), "alloc", "n4".to_string(), "7/0/1/8".to_string(), "1".to_string()),
+            (p.to_string(), "down", "n5".to_string(), "0/0/8/8".to_string(), "1".to_string()),
+            (p.to_string(), "idle", "n1,n2".to_string(), "0/14/2/16".to_string(), "1-2".to_string()),
+            (p.to_string(), "mix", mixed.to_string(), mixed_cpus.to_string(), numa.to_string()),
+        ]
+    };
+    // n3: 7 is offline, other with the reserved 0; 1-4 held.
     let want = [
-        ("batch*", "alloc", "n4", "7/0/1/8", "1"),
-        ("batch*", "down", "n5", "0/0/8/8", "1"),
-        ("batch*", "idle", "n1,n2", "0/14/2/16", "1-2"),
-        // 7 is offline: other, with the reserved 0; 1-4 held.
-        ("batch*", "mix", "n3", "4/2/2/8", "2"),
-        ("debug", "alloc", "n4", "7/0/1/8", "1"),
-        ("debug", "down", "n5", "0/0/8/8", "1"),
-        ("debug", "idle", "n1,n2", "0/14/2/16", "1-2"),
-        ("debug", "mix", "g1,n3", "8/5/3/16", "1-2"),
-        ("gpu", "alloc", "n4", "7/0/1/8", "1"),
-        ("gpu", "down", "n5", "0/0/8/8", "1"),
-        ("gpu", "idle", "n1,n2", "0/14/2/16", "1-2"),
-        ("gpu", "mix", "g1,n3", "8/5/3/16", "1-2"),
-    ];
-    let want: Vec<(String, &str, String, String, String)> =
-        want.iter().map(|(p, s, n, c, u)| (p.to_string(), *s, n.to_string(), c.to_string(), u.to_string())).collect();
+        same("batch*", "n3", "4/2/2/8", "2"),
+        same("debug", "g1,n3", "8/5/3/16", "1-2"),
+        same("gpu", "g1,n3", "8/5/3/16", "1-2"),
+    ]
+    .concat();
     assert_eq!(got, want);
     assert_eq!(rows[0].time_limit, Some(86_400));
     // Without partitions: every node under `all`.
