@@ -259,6 +259,13 @@ pub fn membership(pod: &Pod) -> Option<(&str, u32, u32)> {
     (rank < size).then_some((job.as_str(), rank, size))
 }
 
+/// The name `singleton` counts by: the name given at submission
+/// (`pinion batch -J`, or the script's; label `pinion.io/batch-name`), else
+/// the job's own.
+pub fn singleton_name(job: &Job) -> &str {
+    job.metadata.labels.get(crate::batch::NAME_LABEL).map_or(job.metadata.name.as_str(), String::as_str)
+}
+
 /// A member pod's gang: how many must be placed at once, how, and its priority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gang {
@@ -343,12 +350,6 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
     if let Some(d) = &s.dependency {
         match crate::dependency::parse(d) {
             Err(why) => push("spec.dependency", why.to_string()),
-            // Slurm's singleton is one job at a time per job name and user;
-            // a Pinion job's name is unique in the cluster, so it would need
-            // a name apart from the id, which batch jobs do not have yet.
-            Ok(dep) if dep.has_singleton() => {
-                push("spec.dependency", "singleton is not supported yet (a job's name is unique in Pinion)".into())
-            }
             Ok(dep) if dep.jobs().contains(&job.metadata.name.as_str()) => push(
                 "spec.dependency",
                 format!("names the job itself ({:?}): it would wait forever", job.metadata.name),

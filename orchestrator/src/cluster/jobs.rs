@@ -257,8 +257,8 @@ fn start_when_met(t: &mut Txn<'_>, job: &mut Job) -> Result<Option<MemberChanges
                 };
                 seen.insert(j.to_string(), s);
             }
-            // `singleton` is refused at validation (see `specs::job::validate_job`).
-            specs::dependency::decide(&dep, &|j| seen.get(j).copied().unwrap_or(specs::dependency::Seen::Gone), false)
+            let busy = dep.has_singleton() && singleton_busy(t, job)?;
+            specs::dependency::decide(&dep, &|j| seen.get(j).copied().unwrap_or(specs::dependency::Seen::Gone), busy)
         }
     };
     let name = job.metadata.name.clone();
@@ -289,6 +289,21 @@ fn start_when_met(t: &mut Txn<'_>, job: &mut Job) -> Result<Option<MemberChanges
             Ok(Some(MemberChanges::default()))
         }
     }
+}
+
+/// Slurm's `singleton`: whether a job of the same name (`singleton_name`)
+/// and owner, submitted before this one, has not ended.
+fn singleton_busy(t: &Txn<'_>, job: &Job) -> Result<bool, ClusterError> {
+    let name = job::singleton_name(job);
+    let mine = (job.metadata.creation_timestamp.clone(), job.metadata.name.clone());
+    Ok(t.list::<Job>()?.iter().any(|other| {
+        let theirs = (other.metadata.creation_timestamp.clone(), other.metadata.name.clone());
+        other.metadata.name != job.metadata.name
+            && other.metadata.owner == job.metadata.owner
+            && job::singleton_name(other) == name
+            && theirs < mine
+            && !other.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+    }))
 }
 
 /// Holds a pending job (`hold`) or releases a held one, for `id`, who must

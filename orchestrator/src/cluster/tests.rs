@@ -896,6 +896,46 @@ async fn a_finished_job_is_charged_to_its_user_and_account_whose_next_job_goes_b
     assert!(w.store.get::<Usage>("user.bob").expect("get").is_some());
 }
 
+#[tokio::test]
+async fn a_singleton_waits_for_the_earlier_job_of_its_name_and_owner() {
+    let w = World::new();
+    let named = |id: &str, owner: &str, singleton: bool| {
+        let mut j = owned_job(id, owner, 1);
+        j.metadata.labels.insert(specs::batch::NAME_LABEL.into(), "sim".into());
+        if singleton {
+            j.spec.dependency = Some("singleton".into());
+        }
+        j
+    };
+    let first = named("sim-1", "alice", false);
+    w.run(move |t| jobs::create(t, &first, "u1", None)).await.expect("first");
+    // Creation stamps are milliseconds: the second is later.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for (id, owner) in [("sim-2", "alice"), ("sim-b", "bob")] {
+        let j = named(id, owner, true);
+        w.run(move |t| jobs::create(t, &j, "u", None)).await.expect("a singleton");
+    }
+    for id in ["sim-2", "sim-b"] {
+        w.run(move |t| jobs::reconcile(t, id, false)).await.expect("judged");
+    }
+    // alice's waits for her sim-1; bob's has no earlier sim: it starts.
+    assert!(w.pod("sim-2-0").is_none(), "sim-2 waits");
+    let reason = w.store.get::<Job>("sim-2").expect("get").and_then(|j| j.status).and_then(|s| s.reason);
+    assert_eq!(reason.as_deref(), Some(specs::job::DEPENDENCY));
+    assert!(w.pod("sim-b-0").is_some(), "bob's singleton starts");
+    // sim-1 ends: sim-2 starts.
+    w.run(|t| {
+        let mut j = t.get::<Job>("sim-1")?.expect("sim-1");
+        j.status.get_or_insert_with(Default::default).phase = JobPhase::Succeeded;
+        t.put(&mut j)?;
+        Ok(())
+    })
+    .await
+    .expect("ended");
+    w.run(|t| jobs::reconcile(t, "sim-2", false)).await.expect("judged again");
+    assert!(w.pod("sim-2-0").is_some(), "sim-2 starts once sim-1 ended");
+}
+
 #[test]
 fn a_store_fault_is_the_servers_and_a_refusal_is_the_objects() {
     let full = ClusterError::Store(crate::store::StoreError::DiskFull { dir: "/d".into(), available: 0, needed: 1 });
