@@ -297,7 +297,10 @@ fn job() -> Value {
             "gang": {"minMembers": 2, "placement": "spread", "nodes": 4, "perNode": 1},
             "priority": -3,
             "failurePolicy": "keep-running",
-            "ttlSecondsAfterFinished": 60
+            "ttlSecondsAfterFinished": 60,
+            "activeDeadlineSeconds": 3600,
+            "dependency": "afterok:prep",
+            "partition": "batch"
         },
         "status": {
             "phase": "Failed",
@@ -340,6 +343,25 @@ fn the_wire_types_match_their_schemas() {
     s.check::<List<Node>>("NodeList", json!({"resourceVersion": 42, "items": [node()], "unreadable": 1}));
     s.check::<Job>("Job", job());
     s.check::<List<Job>>("JobList", json!({"resourceVersion": 42, "items": [job()]}));
+    let partition = json!({
+        "apiVersion": "pinion.io/v1",
+        "kind": "Partition",
+        "metadata": metadata("batch"),
+        "spec": {
+            "nodeSelector": {"pool": "cpu"},
+            "defaultTimeSeconds": 3600,
+            "maxTimeSeconds": 86400,
+            "maxCpusPerJob": 64,
+            "allowedUsers": ["alice"],
+            "default": true
+        }
+    });
+    s.check::<specs::partition::Partition>("Partition", partition.clone());
+    s.check::<List<specs::partition::Partition>>("PartitionList", json!({"resourceVersion": 42, "items": [partition]}));
+    s.check::<List<specs::fairshare::Share>>(
+        "ShareList",
+        json!({"resourceVersion": 42, "items": [{"kind": "user", "name": "alice", "usage": 3600.5, "usageShare": 0.75, "fairShare": 0.35}]}),
+    );
     s.check::<List<Event>>("EventList", json!({"resourceVersion": 42, "items": [event()]}));
     s.check::<WatchEvent<Pod>>("WatchEvent", json!({"type": "MODIFIED", "object": pod()}));
     s.check::<WatchEvent<Node>>("WatchEvent", json!({"type": "MODIFIED", "object": node()}));

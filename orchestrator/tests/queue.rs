@@ -601,3 +601,35 @@ async fn a_failed_gang_with_a_retry_left_starts_again_whole_as_its_next_attempt(
     assert!(st.first_failure.unwrap_or_default().contains("attempt 0: rank 0"));
     s.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn backfill_lets_a_job_ahead_of_a_waiting_gang_only_if_it_ends_by_the_gangs_reservation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, _spinner) = server(dir.path(), |_| {}).await;
+    let _node = s.node(dir.path(), "one", 4).await;
+    let mut w = s.watch_from_now().await;
+    // a holds 2 of the 4 CPUs for at most 600 s: the gang b of 4 waits for it.
+    s.admin.create_job(job("a", 2, "  activeDeadlineSeconds: 600\n")).await.expect("a");
+    unaided("a bound", next_bound(&mut w)).await;
+    unaided("a bound", next_bound(&mut w)).await;
+    unaided("a running", async {
+        while s.admin.get_job("a").await.expect("a").status.map(|st| st.phase) != Some(specs::job::JobPhase::Running) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    s.admin.create_job(job("b", 4, "")).await.expect("b");
+    until_reason(&s, "b-0", "Unschedulable").await;
+    // Would end after b's reservation (600 s), or has no limit: they wait.
+    s.admin.create_job(job("long", 1, "  activeDeadlineSeconds: 1200\n")).await.expect("long");
+    until_reason(&s, "long-0", "Queued").await;
+    s.create("p", "", "").await;
+    until_reason(&s, "p", "Queued").await;
+    // Ends by then: it goes ahead, on a CPU b could not use before a ends.
+    s.admin.create_job(job("short", 1, "  activeDeadlineSeconds: 60\n")).await.expect("short");
+    let bound = unaided("short bound", next_bound(&mut w)).await;
+    assert_eq!(bound.metadata.name, "short-0");
+    assert_eq!(s.reason("long-0").await.as_deref(), Some("Queued"), "long still waits");
+    assert!(s.admin.get_pod("b-0").await.expect("b-0").spec.node_name.is_none(), "b holds nothing yet");
+    s.stop().await;
+}

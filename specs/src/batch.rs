@@ -21,9 +21,6 @@ pub use crate::limits::MAX_STRING_LEN as MAX_SCRIPT_BYTES;
 
 /// Label on a batch job: its account (`-A`), for accounting.
 pub const ACCOUNT_LABEL: &str = "pinion.io/account";
-/// Annotation on a batch job: the partition it asked for (`-p`), recorded
-/// only (partitions are not built yet).
-pub const PARTITION_ANNOTATION: &str = "pinion.io/partition";
 /// Annotation on a batch job: it asked for whole nodes (`--exclusive`),
 /// recorded only (each task's CPUs are exclusive anyway).
 pub const EXCLUSIVE_ANNOTATION: &str = "pinion.io/exclusive";

@@ -29,8 +29,17 @@ pub const PLACEMENT_ANNOTATION: &str = "pinion.io/job-placement";
 pub const NODES_ANNOTATION: &str = "pinion.io/job-nodes";
 /// Annotation: at most this many members on one node.
 pub const PER_NODE_ANNOTATION: &str = "pinion.io/job-per-node";
-/// Annotation: the job's priority (a higher one is placed first).
+/// Annotation: the job's priority (a higher one is placed first): its
+/// `spec.priority`, to which the server adds its size and fair-share
+/// factors when it makes the members (`crate::fairshare::base_priority`).
 pub const PRIORITY_ANNOTATION: &str = "pinion.io/job-priority";
+/// Annotation: when the job became eligible (its members made), Unix
+/// seconds: where its age counts from.
+pub const ELIGIBLE_ANNOTATION: &str = "pinion.io/job-eligible";
+/// Annotation: the job's time limit in seconds (`activeDeadlineSeconds`),
+/// for backfill: a job behind the first waiting one may go ahead only if
+/// it ends by that one's reservation.
+pub const TIME_LIMIT_ANNOTATION: &str = "pinion.io/job-time-limit";
 /// Annotation: which attempt of the job the member belongs to (0, then one
 /// more per retry under `backoffLimit`).
 pub const ATTEMPT_ANNOTATION: &str = "pinion.io/job-attempt";
@@ -88,6 +97,11 @@ pub struct JobSpec {
     /// `Failed`, reason `DependencyNeverSatisfied`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependency: Option<String>,
+    /// Slurm's `--partition` (see `crate::partition`): the server sets the
+    /// cluster's default when none is named, and refuses a job over the
+    /// partition's limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -245,6 +259,13 @@ pub fn membership(pod: &Pod) -> Option<(&str, u32, u32)> {
     (rank < size).then_some((job.as_str(), rank, size))
 }
 
+/// The name `singleton` counts by: the name given at submission
+/// (`pinion batch -J`, or the script's; label `pinion.io/batch-name`), else
+/// the job's own.
+pub fn singleton_name(job: &Job) -> &str {
+    job.metadata.labels.get(crate::batch::NAME_LABEL).map_or(job.metadata.name.as_str(), String::as_str)
+}
+
 /// A member pod's gang: how many must be placed at once, how, and its priority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gang {
@@ -257,6 +278,10 @@ pub struct Gang {
     pub max_nodes: Option<u32>,
     pub per_node: Option<u32>,
     pub priority: i32,
+    /// `ELIGIBLE_ANNOTATION`, when set.
+    pub eligible: Option<i64>,
+    /// `TIME_LIMIT_ANNOTATION`, when set.
+    pub time_limit: Option<u64>,
 }
 
 impl Gang {
@@ -275,6 +300,8 @@ impl Gang {
             max_nodes: num(NODES_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
             per_node: num(PER_NODE_ANNOTATION).and_then(|v| u32::try_from(v).ok()).filter(|v| *v > 0),
             priority: num(PRIORITY_ANNOTATION).and_then(|v| i32::try_from(v).ok()).unwrap_or(0),
+            eligible: num(ELIGIBLE_ANNOTATION),
+            time_limit: num(TIME_LIMIT_ANNOTATION).and_then(|v| u64::try_from(v).ok()),
         })
     }
 }
@@ -323,18 +350,15 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
     if let Some(d) = &s.dependency {
         match crate::dependency::parse(d) {
             Err(why) => push("spec.dependency", why.to_string()),
-            // Slurm's singleton is one job at a time per job name and user;
-            // a Pinion job's name is unique in the cluster, so it would need
-            // a name apart from the id, which batch jobs do not have yet.
-            Ok(dep) if dep.has_singleton() => {
-                push("spec.dependency", "singleton is not supported yet (a job's name is unique in Pinion)".into())
-            }
             Ok(dep) if dep.jobs().contains(&job.metadata.name.as_str()) => push(
                 "spec.dependency",
                 format!("names the job itself ({:?}): it would wait forever", job.metadata.name),
             ),
             Ok(_) => {}
         }
+    }
+    if let Some(p) = s.partition.as_deref().filter(|p| !crate::validate::is_dns1123_label(p)) {
+        push("spec.partition", format!("{p:?} is not a partition name (a DNS-1123 label)"));
     }
     if s.template.spec.restart_policy == RestartPolicy::Always {
         push("spec.template.spec.restartPolicy", "a job's members must end: Never or OnFailure".into());
@@ -415,6 +439,9 @@ pub fn member(job: &Job, rank: u32) -> Pod {
     a.insert(ATTEMPT_ANNOTATION.into(), attempt.to_string());
     if let Some(m) = s.gang.min_members {
         a.insert(MIN_MEMBERS_ANNOTATION.into(), m.to_string());
+    }
+    if let Some(t) = s.active_deadline_seconds {
+        a.insert(TIME_LIMIT_ANNOTATION.into(), t.to_string());
     }
     if let Some(n) = s.gang.nodes {
         a.insert(NODES_ANNOTATION.into(), n.to_string());

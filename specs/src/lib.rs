@@ -4,21 +4,25 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod backfill;
 pub mod batch;
 pub mod daemonset;
 pub mod dependency;
 pub mod deployment;
 pub mod engine;
+pub mod fairshare;
 pub mod idset;
 pub mod job;
 pub mod limits;
 pub mod manifest;
 pub mod net;
 pub mod node_lost;
+pub mod partition;
 pub mod pod;
 pub mod probe;
 pub mod qos;
 pub mod quantity;
+pub mod queue;
 pub mod rollout;
 pub mod security;
 pub mod status;

@@ -40,6 +40,8 @@ pub const MAX_TTL_SECONDS: u64 = 365 * 24 * 3600;
 pub const MAX_IMAGE_LEN: usize = 255;
 /// The longest join attempt id (`JoinRequest::attempt`).
 pub const MAX_JOIN_ATTEMPT_LEN: usize = 64;
+/// Names in a partition's `spec.allowedUsers`.
+pub const MAX_PARTITION_USERS: usize = 4096;
 /// Members of one job (`spec.parallelism`): all of them are stored in the
 /// job's own write.
 pub const MAX_JOB_MEMBERS: u32 = 4096;

@@ -1,4 +1,4 @@
-//! `pinion apply -f FILE|DIR|-`: every pod (or job) document in the files (YAML, JSON,
+//! `pinion apply -f FILE|DIR|-`: every pod, job, deployment, daemonset or partition document in the files (YAML, JSON,
 //! several documents per file) is sent to the server; each gets one line
 //! (`pod/web created`, `unchanged`, or the error), and any failure makes the
 //! exit status non-zero.
@@ -96,6 +96,10 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 // 200: unchanged, or changed (a new generation).
                 let code = if code == 200 && d.metadata.generation.unwrap_or(1) > 1 { 202 } else { code };
                 (code, "daemonset", d.metadata.name)
+            }),
+            Some("Partition") => client.apply_partition(body).await.map(|(code, p)| {
+                let code = if code == 200 && p.metadata.generation.unwrap_or(1) > 1 { 202 } else { code };
+                (code, "partition", p.metadata.name)
             }),
             _ => client.create_pod(body).await.map(|(code, p)| (code, "pod", p.metadata.name)),
         };

@@ -46,7 +46,7 @@ exec "$f" "$@""#;
       --gres gpu:N, --gpus N GPUs per task
       --exclusive            recorded only (each task's CPUs are exclusive anyway)
   -A, --account NAME         recorded as the label pinion.io/account
-  -p, --partition NAME       recorded only: partitions are not built yet
+  -p, --partition NAME       the partition (`pinion get partitions`) [default: the cluster's default]
       --priority P           placed before jobs of a lower priority
   -D, --chdir DIR            the directory output files are relative to")]
 pub struct Args {
@@ -137,9 +137,6 @@ pub fn jobs(
         }
         let annotations = &mut job.metadata.annotations;
         annotations.insert(batch::SCRIPT_ANNOTATION.into(), file.display().to_string());
-        if let Some(p) = &o.partition {
-            annotations.insert(batch::PARTITION_ANNOTATION.into(), p.clone());
-        }
         if o.exclusive {
             annotations.insert(batch::EXCLUSIVE_ANNOTATION.into(), "true".into());
         }
@@ -218,6 +215,7 @@ fn one_job(id: &str, script: &str, o: &BatchOptions, script_args: &[String]) -> 
     let mut job = run::job(&args)?.context("a batch job is always a Job")?;
     job.spec.active_deadline_seconds = o.time.flatten();
     job.spec.dependency = o.dependency.as_ref().map(ToString::to_string);
+    job.spec.partition = o.partition.clone();
     Ok(job)
 }
 
@@ -263,9 +261,6 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             return Err(e);
         }
         made.push(name);
-    }
-    if let Some(p) = &options.partition {
-        tracing::info!(partition = %p, "recorded only: partitions are not built yet");
     }
     if submission.jobs.len() > 1 || options.array.is_some() {
         outln!(
@@ -359,7 +354,7 @@ mod tests {
         assert_eq!(job.spec.active_deadline_seconds, Some(30));
         assert_eq!(job.spec.dependency.as_deref(), Some("afterok:prep"));
         assert_eq!(job.metadata.labels.get(batch::ACCOUNT_LABEL).map(String::as_str), Some("physics"));
-        assert_eq!(job.metadata.annotations.get(batch::PARTITION_ANNOTATION).map(String::as_str), Some("short"));
+        assert_eq!(job.spec.partition.as_deref(), Some("short"));
         let t = job.spec.template.metadata.as_ref().expect("template metadata");
         assert_eq!(t.annotations.get(batch::OUTPUT_ANNOTATION).map(String::as_str), Some("/home/a/out-sim-sim.txt"));
         let c = &job.spec.template.spec.containers[0];

@@ -1,4 +1,4 @@
-//! `pinion delete pod|node|job|deployment|daemonset NAME...`
+//! `pinion delete pod|node|job|deployment|daemonset|partition NAME...`
 
 use std::process::ExitCode;
 
@@ -20,6 +20,9 @@ pub enum Kind {
     /// A DaemonSet and its pods.
     #[value(name = "daemonset", alias = "daemonsets", alias = "ds")]
     DaemonSet,
+    /// A partition (admins); jobs placed in it keep what it gave them.
+    #[value(alias = "partitions")]
+    Partition,
 }
 
 #[derive(clap::Args, Debug)]
@@ -39,6 +42,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             Kind::Job => ("job", client.delete_job(name).await.map(|_| ())),
             Kind::Deployment => ("deployment", client.delete_deployment(name).await.map(|_| ())),
             Kind::DaemonSet => ("daemonset", client.delete_daemonset(name).await.map(|_| ())),
+            Kind::Partition => ("partition", client.delete_partition(name).await.map(|_| ())),
         };
         match result {
             Ok(()) => outln!("{kind}/{name} deleted"),

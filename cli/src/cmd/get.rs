@@ -1,4 +1,4 @@
-//! `pinion get pods|nodes|jobs|deployments|daemonsets [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
+//! `pinion get pods|nodes|jobs|deployments|daemonsets|partitions [NAME] [-o wide|json|yaml] [-l SELECTOR]`: aligned
 //! tables for people, stable JSON/YAML (the API objects as the server returns
 //! them, fields in a fixed order) for scripts.
 
@@ -24,6 +24,8 @@ pub enum Kind {
     Deployments,
     #[value(name = "daemonsets", alias = "daemonset", alias = "ds")]
     DaemonSets,
+    #[value(alias = "partition")]
+    Partitions,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +271,24 @@ fn node_row(n: &Node, wide: bool) -> Vec<String> {
     row
 }
 
+/// A partition as `sinfo`'s admin would read it: times as Slurm writes
+/// them, `UNLIMITED` where there is no limit, `all` for every node or user.
+fn partition_row(p: &specs::partition::Partition) -> Vec<String> {
+    let s = &p.spec;
+    let time = |t: Option<u64>| t.map_or_else(|| "UNLIMITED".to_string(), specs::partition::time);
+    let labels: Vec<String> = s.node_selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    vec![
+        p.metadata.name.clone(),
+        if s.default { "yes" } else { "-" }.into(),
+        if labels.is_empty() { "all".into() } else { labels.join(",") },
+        time(s.default_time_seconds.or(s.max_time_seconds)),
+        time(s.max_time_seconds),
+        s.max_cpus_per_job.map_or_else(|| "UNLIMITED".to_string(), |c| c.to_string()),
+        if s.allowed_users.is_empty() { "all".into() } else { s.allowed_users.join(",") },
+        age(p.metadata.creation_timestamp.as_deref()),
+    ]
+}
+
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let client = crate::config::client(&g)?;
     let wide = args.output == Some(Format::Wide);
@@ -345,6 +365,20 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
             }
             let rows: Vec<Vec<String>> = items.iter().map(daemonset_row).collect();
             out!("{}", table(&DAEMONSET_HEADERS, &rows));
+        }
+        Kind::Partitions => {
+            let fetched = match &args.name {
+                Some(n) => Fetched::One(client.get_partition(n).await?),
+                None => Fetched::Many(client.list_partitions().await?),
+            };
+            let Some(items) = shown(fetched, structured)? else { return Ok(ExitCode::SUCCESS) };
+            if items.is_empty() {
+                eprintln!("no partitions");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let headers = ["NAME", "DEFAULT", "NODES", "DEFAULT_TIME", "MAX_TIME", "MAX_CPUS", "USERS", "AGE"];
+            let rows: Vec<Vec<String>> = items.iter().map(partition_row).collect();
+            out!("{}", table(&headers, &rows));
         }
         Kind::Nodes => {
             let fetched = match &args.name {

@@ -14,6 +14,7 @@ pub mod image;
 pub mod install;
 pub mod logs;
 pub mod plan;
+pub mod queue;
 pub mod rollout;
 pub mod run;
 pub mod server;

@@ -468,6 +468,7 @@ pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
             ttl_seconds_after_finished: None,
             active_deadline_seconds: args.time,
             dependency: None,
+            partition: None,
         },
         status: None,
     }))

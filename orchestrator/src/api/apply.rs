@@ -9,12 +9,14 @@ use specs::api::{ApiError, JoinResponse, LabelSelector, List, Node, WatchEventTy
 use specs::daemonset::DaemonSet;
 use specs::deployment::Deployment;
 use specs::job::Job;
+use specs::partition::Partition;
 use specs::{Pod, PodPhase};
 
 use super::error::store_error;
 use super::parse::Action;
 use crate::cluster::{
-    self, authorize, daemonsets, deployments, jobs, nodes, pods, users, Access, ClusterError, EnvValues, Request,
+    self, authorize, daemonsets, deployments, jobs, nodes, partitions, pods, users, Access, ClusterError, EnvValues,
+    Request,
 };
 use crate::leading::Leading;
 use crate::store::{Change, Claim, Kind, Object, Store, Watch};
@@ -287,6 +289,8 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::Token => "Token",
         Kind::Deployment => "Deployment",
         Kind::DaemonSet => "DaemonSet",
+        Kind::Partition => "Partition",
+        Kind::Usage => "Usage",
     };
     watch_line(
         WatchEventType::Bookmark,
@@ -675,7 +679,22 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let uid = cluster::new_uid()?;
             // As for a pod: a gang no cluster could ever hold at once is refused now.
             let never = state.controller.current().and_then(|c| c.gang_never_fits(&job));
-            let created = store.write(move |t| jobs::create(t, &job, &uid, never.as_deref())).await?;
+            let admin = authorize(id, Request::WritePartitions).is_ok();
+            if job.spec.priority != 0 && !admin {
+                // The server computes priority from age, size and fair share;
+                // a site priority on top is an admin's (Slurm's --priority).
+                return Err(ClusterError::Disallowed(vec![specs::validate::FieldError {
+                    field: "spec.priority".into(),
+                    message: "only an admin may set a job's priority (--priority); the server orders jobs by age, size and fair share".into(),
+                }])
+                .into());
+            }
+            let created = store
+                .write(move |t| {
+                    jobs::place_in_partition(t, &mut job, admin)?;
+                    jobs::create(t, &job, &uid, never.as_deref())
+                })
+                .await?;
             json(if created.new { 201 } else { 200 }, &created.job)
         }
         Action::DeleteJob(name) => {
@@ -752,6 +771,35 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let (n, who) = (name.clone(), id.clone());
             let (d, _pods) = store.write(move |t| daemonsets::delete_for(t, &who, &n, &pods)).await?;
             json(200, &d)
+        }
+        Action::ListPartitions => {
+            authorize(id, Request::ReadPartitions)?;
+            let listed = store.list::<Partition>().map_err(store_error)?;
+            json(200, &List { resource_version: listed.rv, items: listed.items, unreadable: listed.unreadable })
+        }
+        Action::GetPartition(name) => {
+            authorize(id, Request::ReadPartitions)?;
+            let found = store.get::<Partition>(&name).map_err(store_error)?;
+            json(200, &found.ok_or_else(|| ClusterError::not_found("Partition", &name))?)
+        }
+        Action::ApplyPartition(p) => {
+            authorize(id, Request::WritePartitions)?;
+            let uid = cluster::new_uid()?;
+            let applied = store.write(move |t| partitions::apply(t, &p, &uid)).await?;
+            tracing::info!(partition = %applied.partition.metadata.name, by = ?cluster::person_name(id), "partition applied");
+            json(if applied.new { 201 } else { 200 }, &applied.partition)
+        }
+        Action::DeletePartition(name) => {
+            authorize(id, Request::WritePartitions)?;
+            let p = store.write(move |t| partitions::delete(t, &name)).await?;
+            json(200, &p)
+        }
+        Action::ListShares => {
+            authorize(id, Request::ReadShares)?;
+            let listed = store.list::<specs::fairshare::Usage>().map_err(store_error)?;
+            let now = chrono::Utc::now().timestamp();
+            let ledger = specs::fairshare::Ledger::new(&listed.items, now, &specs::fairshare::DEFAULT_WEIGHTS);
+            json(200, &List { resource_version: listed.rv, items: ledger.shares(), unreadable: listed.unreadable })
         }
         Action::ListUsers => {
             authorize(id, Request::ListUsers)?;

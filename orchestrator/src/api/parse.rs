@@ -113,6 +113,11 @@ pub enum Action {
         name: String,
         change: crate::cluster::deployments::Change,
     },
+    ListPartitions,
+    ApplyPartition(Box<specs::partition::Partition>),
+    GetPartition(String),
+    DeletePartition(String),
+    ListShares,
     ListUsers,
     CreateUser(Box<specs::api::User>),
     RevokeUser(String),
@@ -266,6 +271,11 @@ pub fn parse(
         RouteId::DeleteDaemonSet => Action::DeleteDaemonSet(name()?),
         RouteId::UndoDaemonSet => Action::ChangeDaemonSet { name: name()?, change: undo(body)? },
         RouteId::RestartDaemonSet => Action::ChangeDaemonSet { name: name()?, change: restart() },
+        RouteId::ListPartitions => Action::ListPartitions,
+        RouteId::ApplyPartition => Action::ApplyPartition(Box::new(parse_partition(body, is_json(headers))?)),
+        RouteId::GetPartition => Action::GetPartition(name()?),
+        RouteId::DeletePartition => Action::DeletePartition(name()?),
+        RouteId::ListShares => Action::ListShares,
         RouteId::ListUsers => Action::ListUsers,
         RouteId::CreateUser => {
             let user: specs::api::User = decode_json(body)?;
@@ -387,20 +397,7 @@ pub fn parse_deployment(body: &Bytes, json: bool) -> Result<specs::deployment::D
 /// A DaemonSet, YAML or JSON: a decoding error names its field, then every
 /// semantic problem (`specs::daemonset::validate_daemonset`).
 pub fn parse_daemonset(body: &Bytes, json: bool) -> Result<specs::daemonset::DaemonSet, ApiError> {
-    let text = body_text(body)?;
-    let mut d: specs::daemonset::DaemonSet = if json {
-        if !text.trim_start().starts_with('{') {
-            return Err(invalid(
-                "DaemonSet",
-                "",
-                vec![FieldError { field: "(body)".into(), message: "a daemonset is a JSON object".into() }],
-            ));
-        }
-        from_json(body).map_err(|e| invalid("DaemonSet", "", vec![e]))?
-    } else {
-        let de = serde_yaml_ng::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| invalid("DaemonSet", "", vec![json_field_error(&e)]))?
-    };
+    let mut d: specs::daemonset::DaemonSet = decode_manifest(body, json, "DaemonSet", "a daemonset")?;
     let problems = specs::daemonset::validate_daemonset(&d);
     if !problems.is_empty() {
         return Err(invalid("DaemonSet", &d.metadata.name, problems));
@@ -411,6 +408,45 @@ pub fn parse_daemonset(body: &Bytes, json: bool) -> Result<specs::daemonset::Dae
     d.metadata.creation_timestamp = None;
     d.metadata.generation = None;
     Ok(d)
+}
+
+/// A Partition, YAML or JSON, as a DaemonSet is read
+/// (`specs::partition::validate_partition`); the server sets its metadata.
+pub fn parse_partition(body: &Bytes, json: bool) -> Result<specs::partition::Partition, ApiError> {
+    let mut p: specs::partition::Partition = decode_manifest(body, json, "Partition", "a partition")?;
+    let problems = specs::partition::validate_partition(&p);
+    if !problems.is_empty() {
+        return Err(invalid("Partition", &p.metadata.name, problems));
+    }
+    p.metadata.uid = None;
+    p.metadata.resource_version = None;
+    p.metadata.creation_timestamp = None;
+    p.metadata.generation = None;
+    p.metadata.owner = None;
+    Ok(p)
+}
+
+/// One object of `kind` from a YAML or JSON body, a decoding error at its field.
+fn decode_manifest<T: serde::de::DeserializeOwned>(
+    body: &Bytes,
+    json: bool,
+    kind: &str,
+    what: &str,
+) -> Result<T, ApiError> {
+    let text = body_text(body)?;
+    if json {
+        if !text.trim_start().starts_with('{') {
+            return Err(invalid(
+                kind,
+                "",
+                vec![FieldError { field: "(body)".into(), message: format!("{what} is a JSON object") }],
+            ));
+        }
+        from_json(body).map_err(|e| invalid(kind, "", vec![e]))
+    } else {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| invalid(kind, "", vec![json_field_error(&e)]))
+    }
 }
 
 /// `rollout undo` of a Deployment or a DaemonSet: the revision the body

@@ -77,6 +77,12 @@ pub enum Request<'a> {
     /// Create, change or delete DaemonSets; a change asks again with the
     /// object (`Owned`).
     WriteDaemonSets,
+    /// List or read partitions (anyone known but nodes).
+    ReadPartitions,
+    /// Create, change or delete partitions (admin only).
+    WritePartitions,
+    /// Read the users' and accounts' fair shares (anyone known but nodes).
+    ReadShares,
     ListUsers,
     /// Add, change or revoke a person.
     ManageUsers,
@@ -157,7 +163,9 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
         | Request::ReadJob
         | Request::ReadEvents
         | Request::ReadDeployments
-        | Request::ReadDaemonSets => Ok(()),
+        | Request::ReadDaemonSets
+        | Request::ReadPartitions
+        | Request::ReadShares => Ok(()),
         Request::Owned { kind, name, owner, access } => match power {
             Power::ReadAll if access == Access::Read => Ok(()),
             Power::ReadAll => refuse(&format!("change {} {name:?}", kind.to_lowercase())),
@@ -186,6 +194,7 @@ pub fn authorize(id: &Identity, request: Request<'_>) -> Result<(), ClusterError
         Request::ActForNode(n) => refuse(&format!("act for node {n:?}")),
         Request::DeleteNode => refuse("delete nodes"),
         Request::ManageUsers => refuse("manage users"),
+        Request::WritePartitions => refuse("create, change or delete partitions"),
         Request::Renew => Ok(()),
         Request::ListTokens => refuse("list join tokens"),
         Request::ManageTokens => refuse("manage join tokens"),
@@ -223,9 +232,12 @@ fn authorize_node(me: &str, request: Request<'_>) -> Result<(), ClusterError> {
         Request::WriteDeployments => refuse("create or change deployments"),
         Request::ReadDaemonSets => refuse("read daemonsets"),
         Request::WriteDaemonSets => refuse("create or change daemonsets"),
+        Request::ReadPartitions => refuse("read partitions"),
+        Request::ReadShares => refuse("read fair shares"),
         Request::ReadEvents => refuse("list events"),
         Request::ListUsers => refuse("list users"),
         Request::ManageUsers => refuse("manage users"),
+        Request::WritePartitions => refuse("create, change or delete partitions"),
         Request::Renew => Ok(()),
         Request::ListTokens => refuse("list join tokens"),
         Request::ManageTokens => refuse("manage join tokens"),

@@ -78,12 +78,29 @@ pub fn create(t: &mut Txn<'_>, given: &Job, uid: &str, never: Option<&str>) -> R
     Ok(Created { new: true, job })
 }
 
+/// Puts a new job in its partition (`specs::partition::place`, over the
+/// partitions as this write sees them): the name, the default time and the
+/// node selector it gets, or its refusal at the field over the limit.
+/// `admin`: the submitter may use every partition.
+pub fn place_in_partition(t: &Txn<'_>, job: &mut Job, admin: bool) -> Result<(), ClusterError> {
+    let partitions = t.list::<specs::partition::Partition>()?;
+    let who = specs::partition::Submitter { name: job.metadata.owner.as_deref(), admin };
+    let mut placed = job.clone();
+    specs::partition::place(&mut placed, &partitions, who).map_err(ClusterError::Invalid)?;
+    *job = placed;
+    Ok(())
+}
+
 /// Stores the job's members for its current attempt: a pod of a member's name
 /// that is finished, or belongs to this job, is replaced; any other is a
 /// conflict that refuses the whole write.
 pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, ClusterError> {
     let mut out = MemberChanges::default();
+    let (priority, eligible) = priority_now(t, job)?;
     for mut pod in job::members(job) {
+        let a = &mut pod.metadata.annotations;
+        a.insert(job::PRIORITY_ANNOTATION.into(), priority.to_string());
+        a.insert(job::ELIGIBLE_ANNOTATION.into(), eligible.to_string());
         let name = pod.metadata.name.clone();
         if let Some(existing) = t.get::<Pod>(&name)? {
             let ours = job::membership(&existing).is_some_and(|(j, _, _)| j == job.metadata.name);
@@ -113,10 +130,67 @@ pub fn create_members(t: &mut Txn<'_>, job: &Job) -> Result<MemberChanges, Clust
     Ok(out)
 }
 
+/// The job's priority as it becomes eligible now (its site priority, size
+/// and its user's and account's fair share, `specs::fairshare`) and now,
+/// in Unix seconds: its members carry both, and the controller orders them
+/// by them, their age included.
+fn priority_now(t: &Txn<'_>, job: &Job) -> Result<(i32, i64), ClusterError> {
+    use specs::fairshare::{base_priority, Factors, Ledger, DEFAULT_WEIGHTS as W};
+    let now = chrono::Utc::now().timestamp();
+    let ledger = Ledger::new(&t.list::<specs::fairshare::Usage>()?, now, &W);
+    let cluster_cpus: usize = t.list::<specs::api::Node>()?.iter().map(|n| n.spec.topology.cpus.len()).sum();
+    let cpus = specs::partition::job_millicpus(job) as f64 / 1000.0;
+    let user = job.metadata.owner.as_deref().unwrap_or("admin");
+    let fairshare = ledger.factor(user, job.metadata.labels.get(specs::batch::ACCOUNT_LABEL).map(String::as_str));
+    let factors = Factors::new(0, cpus, cluster_cpus as f64, fairshare, &W);
+    let base = base_priority(job.spec.priority, &factors, &W);
+    Ok((base.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32, now))
+}
+
+/// Records the CPU-seconds a job used (its CPUs times the time since its
+/// start) against its user and its account, decayed with the half-life:
+/// at its end, or when it is deleted while it runs.
+fn charge_usage(t: &mut Txn<'_>, job: &Job) -> Result<(), ClusterError> {
+    use specs::fairshare::{Holder, Usage, DEFAULT_WEIGHTS as W};
+    let status = job.status.clone().unwrap_or_default();
+    let started = status.start_time.as_deref().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
+    let Some(started) = started else { return Ok(()) };
+    let now = chrono::Utc::now();
+    let ended = status
+        .completion_time
+        .as_deref()
+        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+        .map_or(now.timestamp_millis(), |e| e.timestamp_millis());
+    let seconds = (ended - started.timestamp_millis()).max(0) as f64 / 1000.0;
+    let now = now.timestamp();
+    let cpu_seconds = specs::partition::job_millicpus(job) as f64 / 1000.0 * seconds;
+    let user = job.metadata.owner.as_deref().unwrap_or("admin");
+    let mut holders = vec![Holder::User(user)];
+    if let Some(a) = job.metadata.labels.get(specs::batch::ACCOUNT_LABEL) {
+        holders.push(Holder::Account(a));
+    }
+    for h in holders {
+        let name = h.record();
+        let mut record = t.get::<Usage>(&name)?.unwrap_or_else(|| Usage {
+            api_version: specs::pod::API_VERSION.into(),
+            kind: "Usage".into(),
+            metadata: specs::pod::ObjectMeta { name: name.clone(), ..Default::default() },
+            usage: Default::default(),
+        });
+        record.usage = record.usage.charge(cpu_seconds, now, W.half_life_seconds);
+        t.put(&mut record)?;
+    }
+    Ok(())
+}
+
 /// Removes the job and its members (pods named as its members and labelled
-/// with it); returns the job as it was, `None` when there is none.
+/// with it); returns the job as it was, `None` when there is none. A job
+/// deleted while it runs (cancelled) is charged for what it used.
 pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)>, ClusterError> {
     let Some(job) = t.delete::<Job>(name)? else { return Ok(None) };
+    if job.status.as_ref().is_some_and(|s| s.phase == JobPhase::Running) {
+        charge_usage(t, &job)?;
+    }
     let members = delete_members(t, &job)?;
     Ok(Some((job, members)))
 }
@@ -183,8 +257,8 @@ fn start_when_met(t: &mut Txn<'_>, job: &mut Job) -> Result<Option<MemberChanges
                 };
                 seen.insert(j.to_string(), s);
             }
-            // `singleton` is refused at validation (see `specs::job::validate_job`).
-            specs::dependency::decide(&dep, &|j| seen.get(j).copied().unwrap_or(specs::dependency::Seen::Gone), false)
+            let busy = dep.has_singleton() && singleton_busy(t, job)?;
+            specs::dependency::decide(&dep, &|j| seen.get(j).copied().unwrap_or(specs::dependency::Seen::Gone), busy)
         }
     };
     let name = job.metadata.name.clone();
@@ -215,6 +289,21 @@ fn start_when_met(t: &mut Txn<'_>, job: &mut Job) -> Result<Option<MemberChanges
             Ok(Some(MemberChanges::default()))
         }
     }
+}
+
+/// Slurm's `singleton`: whether a job of the same name (`singleton_name`)
+/// and owner, submitted before this one, has not ended.
+fn singleton_busy(t: &Txn<'_>, job: &Job) -> Result<bool, ClusterError> {
+    let name = job::singleton_name(job);
+    let mine = (job.metadata.creation_timestamp.clone(), job.metadata.name.clone());
+    Ok(t.list::<Job>()?.iter().any(|other| {
+        let theirs = (other.metadata.creation_timestamp.clone(), other.metadata.name.clone());
+        other.metadata.name != job.metadata.name
+            && other.metadata.owner == job.metadata.owner
+            && job::singleton_name(other) == name
+            && theirs < mine
+            && !other.status.as_ref().is_some_and(|s| s.phase.is_terminal())
+    }))
 }
 
 /// Holds a pending job (`hold`) or releases a held one, for `id`, who must
@@ -325,8 +414,12 @@ pub fn reconcile(t: &mut Txn<'_>, name: &str, past_deadline: bool) -> Result<Mem
                 t.add_event(event("Job", name, kind, reason, message))?;
             }
         }
+        let ended_now = status.phase.is_terminal() && !old.phase.is_terminal();
         job.status = Some(status);
         t.put(&mut job)?;
+        if ended_now {
+            charge_usage(t, &job)?;
+        }
     }
     Ok(out)
 }

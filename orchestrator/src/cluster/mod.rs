@@ -11,6 +11,7 @@ pub mod deployments;
 mod error;
 pub mod jobs;
 pub mod nodes;
+pub mod partitions;
 pub mod pods;
 #[cfg(test)]
 mod tests;

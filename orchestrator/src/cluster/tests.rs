@@ -2,7 +2,7 @@
 //! no server, no network.
 
 use specs::api::{NodeStatusReport, PodRejection};
-use specs::job::Job;
+use specs::job::{Job, JobPhase};
 use specs::{Pod, PodPhase, PodStatus};
 
 use super::authorize::{authorize, pods_visible_to, Request};
@@ -829,6 +829,113 @@ async fn creating_a_job() {
     let e = w.run(|t| jobs::create(t, &job("k", 2), "uk", Some("no gang of 2 fits"))).await.expect_err("never");
     assert!(matches!(e, ClusterError::Unschedulable(_)));
     assert!(w.store.get::<Job>("k").expect("get").is_none());
+}
+
+/// `name`, of `owner`, `members` of 2 CPUs each.
+fn owned_job(name: &str, owner: &str, members: u32) -> Job {
+    let mut j = job(name, members);
+    j.metadata.owner = Some(owner.into());
+    j.metadata.labels.insert(specs::batch::ACCOUNT_LABEL.into(), "physics".into());
+    let two = specs::Quantity::parse("2").expect("2");
+    j.spec.template.spec.containers[0].resources.requests.insert("cpu".into(), two);
+    j
+}
+
+fn member_priority(w: &World, name: &str) -> (i32, Option<i64>) {
+    let g = specs::job::Gang::of(&w.pod(name).expect("member")).expect("a gang");
+    (g.priority, g.eligible)
+}
+
+#[tokio::test]
+async fn a_finished_job_is_charged_to_its_user_and_account_whose_next_job_goes_behind() {
+    use specs::fairshare::{Holder, Usage};
+    let w = World::new();
+    let j = owned_job("j", "alice", 2);
+    w.run(move |t| jobs::create(t, &j, "uj", None)).await.expect("create");
+    // A newcomer's fair share is whole (no nodes: no size factor).
+    let (priority, eligible) = member_priority(&w, "j-0");
+    assert!(priority == 10_000 && eligible.is_some(), "{priority} {eligible:?}");
+    w.run(|t| jobs::mark_running(t, "j")).await.expect("running");
+    // Started 100 s ago; both members succeed.
+    let started = (chrono::Utc::now() - chrono::Duration::seconds(100)).to_rfc3339();
+    w.run(move |t| {
+        let mut j = t.get::<Job>("j")?.expect("job");
+        j.status.get_or_insert_with(Default::default).start_time = Some(started.clone());
+        t.put(&mut j)?;
+        Ok(())
+    })
+    .await
+    .expect("started");
+    for m in ["j-0", "j-1"] {
+        let mut p = w.pod(m).expect("member");
+        p.status = Some(status(PodPhase::Succeeded));
+        w.put_pod(p).await;
+    }
+    w.run(|t| jobs::reconcile(t, "j", false)).await.expect("judged");
+    assert_eq!(
+        w.store.get::<Job>("j").expect("get").and_then(|j| j.status).map(|s| s.phase),
+        Some(JobPhase::Succeeded)
+    );
+    // 2 members of 2 CPUs for 100 s, to alice and to her account.
+    for holder in [Holder::User("alice"), Holder::Account("physics")] {
+        let u = w.store.get::<Usage>(&holder.record()).expect("get").expect("a usage record");
+        assert!((399.0..=402.0).contains(&u.usage.cpu_seconds), "{holder:?}: {u:?}");
+    }
+    // Judged again: charged once.
+    w.run(|t| jobs::reconcile(t, "j", false)).await.expect("again");
+    let u = w.store.get::<Usage>("user.alice").expect("get").expect("record");
+    assert!(u.usage.cpu_seconds < 403.0, "{u:?}");
+
+    // Her next job goes behind bob's, he has used nothing.
+    let (a, b) = (owned_job("a", "alice", 1), owned_job("b", "bob", 1));
+    w.run(move |t| jobs::create(t, &a, "ua", None)).await.expect("a");
+    w.run(move |t| jobs::create(t, &b, "ub", None)).await.expect("b");
+    let (alice, bob) = (member_priority(&w, "a-0").0, member_priority(&w, "b-0").0);
+    assert!(alice < bob, "alice {alice}, bob {bob}");
+    // A cancelled running job is charged too.
+    w.run(|t| jobs::mark_running(t, "b")).await.expect("running");
+    w.run(|t| jobs::delete(t, "b")).await.expect("cancel");
+    assert!(w.store.get::<Usage>("user.bob").expect("get").is_some());
+}
+
+#[tokio::test]
+async fn a_singleton_waits_for_the_earlier_job_of_its_name_and_owner() {
+    let w = World::new();
+    let named = |id: &str, owner: &str, singleton: bool| {
+        let mut j = owned_job(id, owner, 1);
+        j.metadata.labels.insert(specs::batch::NAME_LABEL.into(), "sim".into());
+        if singleton {
+            j.spec.dependency = Some("singleton".into());
+        }
+        j
+    };
+    let first = named("sim-1", "alice", false);
+    w.run(move |t| jobs::create(t, &first, "u1", None)).await.expect("first");
+    // Creation stamps are milliseconds: the second is later.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for (id, owner) in [("sim-2", "alice"), ("sim-b", "bob")] {
+        let j = named(id, owner, true);
+        w.run(move |t| jobs::create(t, &j, "u", None)).await.expect("a singleton");
+    }
+    for id in ["sim-2", "sim-b"] {
+        w.run(move |t| jobs::reconcile(t, id, false)).await.expect("judged");
+    }
+    // alice's waits for her sim-1; bob's has no earlier sim: it starts.
+    assert!(w.pod("sim-2-0").is_none(), "sim-2 waits");
+    let reason = w.store.get::<Job>("sim-2").expect("get").and_then(|j| j.status).and_then(|s| s.reason);
+    assert_eq!(reason.as_deref(), Some(specs::job::DEPENDENCY));
+    assert!(w.pod("sim-b-0").is_some(), "bob's singleton starts");
+    // sim-1 ends: sim-2 starts.
+    w.run(|t| {
+        let mut j = t.get::<Job>("sim-1")?.expect("sim-1");
+        j.status.get_or_insert_with(Default::default).phase = JobPhase::Succeeded;
+        t.put(&mut j)?;
+        Ok(())
+    })
+    .await
+    .expect("ended");
+    w.run(|t| jobs::reconcile(t, "sim-2", false)).await.expect("judged again");
+    assert!(w.pod("sim-2-0").is_some(), "sim-2 starts once sim-1 ended");
 }
 
 #[test]

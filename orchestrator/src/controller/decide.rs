@@ -105,6 +105,11 @@ impl State {
     pub(super) fn learn_job(&mut self, job: &specs::job::Job, left: Option<u64>, now: Instant) {
         let name = &job.metadata.name;
         let status = job.status.clone().unwrap_or_default();
+        if status.phase == specs::job::JobPhase::Running {
+            self.running_jobs.insert(name.clone(), specs::partition::job_millicpus(job));
+        } else {
+            self.running_jobs.remove(name);
+        }
         if status.phase.is_terminal() {
             self.job_deadlines.remove(name);
             self.jobs_past_deadline.remove(name);
@@ -156,11 +161,21 @@ impl State {
         let gang = specs::job::Gang::of(&pod);
         if let Some((first, key)) = &self.blocked_by {
             let same = gang.as_ref().is_some_and(|g| gang_key(g) == *key);
-            if !same && e.order > *first {
+            let limit = gang.as_ref().and_then(|g| g.time_limit);
+            // Backfill: behind the first, only a job that ends by its reservation.
+            let behind = !same && e.order > *first;
+            let reservation = if behind { self.reservation(key, now) } else { None };
+            if behind && !specs::backfill::may_start_ahead(limit, reservation) {
                 let job = key.split('#').next().unwrap_or_default();
+                // No figures: the words stay the same from pass to pass, so
+                // the status is written once.
+                let why = match (limit, reservation) {
+                    (_, None) => "its start cannot be foreseen (a running job has no time limit)",
+                    (None, Some(_)) => "only a job with a time limit that ends before its start may go ahead",
+                    (Some(_), Some(_)) => "this job's time limit ends after its expected start",
+                };
                 let message: Arc<str> =
-                    format!("queued behind job {job}, which is first in line and does not fit yet (no backfill)")
-                        .into();
+                    format!("queued behind job {job}, which is first in line and does not fit yet: {why}").into();
                 let Some(e) = self.queue.get_mut(name) else { return Vec::new() };
                 e.wait = Wait::Unschedulable;
                 return Self::say(name, e, "Queued", "Normal", "Queued", message).into_iter().collect();
@@ -170,6 +185,26 @@ impl State {
             Some(g) => self.decide_gang(g, now),
             None => self.decide(name, now, failed).into_iter().collect(),
         }
+    }
+
+    /// In how many seconds the first waiting gang (`key`) has its CPUs, if
+    /// every running job ends at its time limit (`specs::backfill`).
+    fn reservation(&self, key: &str, now: Instant) -> Option<u64> {
+        let st = self.gangs.get(key)?;
+        let member = st.queued.values().find_map(|n| self.queue.get(n))?;
+        let size = specs::job::Gang::of(&member.pod).map_or(1, |g| g.size);
+        let need = specs::backfill::pod_millicpus(&member.pod.spec) * i128::from(size);
+        let free: i128 =
+            self.sched.capacity().iter().flat_map(|n| &n.numa).map(|z| i128::from(z.free_cpus) * 1000).sum();
+        let running: Vec<specs::backfill::Running> = self
+            .running_jobs
+            .iter()
+            .map(|(job, cpus)| specs::backfill::Running {
+                millicpus: *cpus,
+                ends_in: self.job_deadlines.get(job).map(|d| d.saturating_duration_since(now).as_secs()),
+            })
+            .collect();
+        specs::backfill::reservation(need, free, &running)
     }
 
     /// Places the gang's queued members together (see `Scheduler::schedule_gang`).

@@ -69,12 +69,20 @@ impl NodeState {
     }
 }
 
+/// The pod's creation, Unix seconds (0 when unstamped: the oldest).
+fn created_at(pod: &Pod) -> i64 {
+    let stamp = pod.metadata.creation_timestamp.as_deref();
+    stamp.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()).map_or(0, |t| t.timestamp())
+}
+
 /// Where a pod stands in the queue: submission order, except that the tasks
 /// of a job array go together (at the array's first submission) by task index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Order {
-    /// A job's priority: a higher one sorts first.
-    pub(super) priority: std::cmp::Reverse<i32>,
+    /// A job's priority, its age included (`specs::fairshare::order_key`):
+    /// a higher one sorts first. A pod outside a job has priority 0 and
+    /// ages from its creation.
+    pub(super) priority: std::cmp::Reverse<i64>,
     pub(super) group: u64,
     pub(super) task: u64,
     pub(super) seq: u64,
@@ -147,12 +155,16 @@ pub(super) struct State {
     /// Gangs by `job#attempt`.
     pub(super) gangs: HashMap<String, GangState>,
     /// The first gang in line that did not fit, and its place: what queued
-    /// behind it waits (no backfill) until it is placed or gone.
+    /// behind it waits until it is placed or gone, but a job that ends by its
+    /// reservation (`specs::backfill`).
     pub(super) blocked_by: Option<(Order, String)>,
     /// Jobs whose members changed: judged again at the next pass.
     pub(super) dirty_jobs: BTreeSet<String>,
     /// Running jobs with a time limit: when it runs out, on this clock.
     pub(super) job_deadlines: BTreeMap<String, Instant>,
+    /// Running jobs' CPUs (millicores), for the first waiting job's
+    /// reservation (`specs::backfill`).
+    pub(super) running_jobs: BTreeMap<String, i128>,
     /// Jobs whose time limit ran out (their reconcile ends them).
     pub(super) jobs_past_deadline: BTreeSet<String>,
     /// Jobs waiting for their dependency: judged again at any job's change.
@@ -274,6 +286,7 @@ impl State {
             blocked_by: None,
             dirty_jobs: BTreeSet::new(),
             job_deadlines: BTreeMap::new(),
+            running_jobs: BTreeMap::new(),
             jobs_past_deadline: BTreeSet::new(),
             jobs_waiting_on_others: BTreeSet::new(),
             dirty_deployments: BTreeSet::new(),
@@ -306,9 +319,12 @@ impl State {
         if let Some(g) = specs::job::Gang::of(pod) {
             let st = self.gangs.entry(gang_key(&g)).or_insert_with(|| GangState { group: seq, ..Default::default() });
             st.members += 1;
-            return Order { priority: std::cmp::Reverse(g.priority), group: st.group, task: u64::from(g.rank), seq };
+            let eligible = g.eligible.unwrap_or_else(|| created_at(pod));
+            let key = specs::fairshare::order_key(i64::from(g.priority), eligible, &specs::fairshare::DEFAULT_WEIGHTS);
+            return Order { priority: std::cmp::Reverse(key), group: st.group, task: u64::from(g.rank), seq };
         }
-        let priority = std::cmp::Reverse(0);
+        let key = specs::fairshare::order_key(0, created_at(pod), &specs::fairshare::DEFAULT_WEIGHTS);
+        let priority = std::cmp::Reverse(key);
         match pod.metadata.labels.get(specs::pod::ARRAY_LABEL) {
             Some(array) => {
                 let a =

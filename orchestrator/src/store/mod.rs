@@ -134,6 +134,8 @@ pub enum Kind {
     Token,
     Deployment,
     DaemonSet,
+    Partition,
+    Usage,
 }
 
 impl Kind {
@@ -147,6 +149,8 @@ impl Kind {
             Kind::Token => "token/",
             Kind::Deployment => "deployment/",
             Kind::DaemonSet => "daemonset/",
+            Kind::Partition => "partition/",
+            Kind::Usage => "usage/",
         }
     }
 }
@@ -220,6 +224,26 @@ impl Object for specs::deployment::Deployment {
 
 impl Object for specs::daemonset::DaemonSet {
     const KIND: Kind = Kind::DaemonSet;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::partition::Partition {
+    const KIND: Kind = Kind::Partition;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::fairshare::Usage {
+    const KIND: Kind = Kind::Usage;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -529,7 +553,37 @@ impl Txn<'_> {
     /// this one's), by name.
     pub fn claims(&self, space: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let prefix = format!("claim/{space}/");
-        let mut keys: std::collections::BTreeSet<Vec<u8>> = self.stored_keys(&prefix)?.into_iter().collect();
+        let mut out = Vec::new();
+        for k in self.keys_under(&prefix)? {
+            if let Some(held) = self.read_raw(&k)? {
+                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), held));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every object of a kind as this write sees it, by name. A record that
+    /// does not decode is left out, logged, as `Store::list` does.
+    pub fn list<T: Object>(&self) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        for k in self.keys_under(T::KIND.prefix())? {
+            if let Some(v) = self.read_raw(&k)? {
+                match decode(&k, &v) {
+                    Ok(item) => out.push(item),
+                    Err(e) => {
+                        let key = String::from_utf8_lossy(&k);
+                        tracing::warn!(%key, reason = %e, "skipping a stored record that cannot be decoded");
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The keys under `prefix` as this write sees them: the store, the
+    /// batches in flight, this batch's earlier writes and this one's.
+    fn keys_under(&self, prefix: &str) -> Result<std::collections::BTreeSet<Vec<u8>>, StoreError> {
+        let mut keys: std::collections::BTreeSet<Vec<u8>> = self.stored_keys(prefix)?.into_iter().collect();
         for layer in [&self.batch.writes, &self.writes] {
             let under = layer.range(prefix.as_bytes().to_vec()..).take_while(|(k, _)| k.starts_with(prefix.as_bytes()));
             for (k, v) in under {
@@ -539,13 +593,7 @@ impl Txn<'_> {
                 };
             }
         }
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            if let Some(held) = self.read_raw(&k)? {
-                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), held));
-            }
-        }
-        Ok(out)
+        Ok(keys)
     }
 
     /// Frees a claimed name; returns whether it was claimed.

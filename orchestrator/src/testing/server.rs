@@ -70,4 +70,19 @@ impl TestServer {
     pub async fn node_client(&self, dir: &Path, name: &str) -> Client {
         Client::new(&self.join(dir, name).await).expect("node client")
     }
+
+    /// A person of `role` the admin added: their client.
+    pub async fn person(&self, name: &str, role: specs::api::Role) -> Client {
+        // From its wire form: every field but the role has its default.
+        let wire = serde_json::json!({"apiVersion": specs::pod::API_VERSION, "kind": "User", "metadata": {"name": name}, "spec": {"role": role}});
+        let user: specs::api::User = serde_json::from_value(wire).expect("a user");
+        let added = self.admin.add_user(&user).await.expect("add the person");
+        let creds = Credentials {
+            servers: vec![self.url.clone()],
+            ca_cert: added.ca_cert,
+            client_cert: added.client_cert,
+            client_key: added.client_key,
+        };
+        Client::new(&creds).expect("the person's client")
+    }
 }

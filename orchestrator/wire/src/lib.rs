@@ -59,6 +59,7 @@ use specs::api::{ApiError, Event, JoinRequest, JoinResponse, List, Liveness, Nod
 use specs::daemonset::DaemonSet;
 use specs::deployment::Deployment;
 use specs::job::Job;
+use specs::partition::Partition;
 use specs::Pod;
 
 pub use crate::connect::keep_alive;
@@ -585,6 +586,29 @@ impl Client {
     /// Deletes a DaemonSet and its pods.
     pub async fn delete_daemonset(&self, name: &str) -> Result<DaemonSet, ClientError> {
         Ok(self.call(Method::DELETE, &format!("/api/v1/daemonsets/{}", percent_encode(name)), None).await?.1)
+    }
+
+    /// Creates a partition from YAML or JSON, or changes the stored one of
+    /// that name (admins); 201 created, 200 changed or unchanged.
+    pub async fn apply_partition(&self, manifest: Bytes) -> Result<(u16, Partition), ClientError> {
+        self.call(Method::POST, "/api/v1/partitions", Some(("application/yaml", manifest))).await
+    }
+
+    pub async fn get_partition(&self, name: &str) -> Result<Partition, ClientError> {
+        Ok(self.call(Method::GET, &format!("/api/v1/partitions/{}", percent_encode(name)), None).await?.1)
+    }
+
+    pub async fn list_partitions(&self) -> Result<List<Partition>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/partitions", None).await?.1)
+    }
+
+    pub async fn delete_partition(&self, name: &str) -> Result<Partition, ClientError> {
+        Ok(self.call(Method::DELETE, &format!("/api/v1/partitions/{}", percent_encode(name)), None).await?.1)
+    }
+
+    /// Every user's and account's fair share (`pinion share`).
+    pub async fn list_shares(&self) -> Result<List<specs::fairshare::Share>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/shares", None).await?.1)
     }
 
     /// The cluster's people (admins and viewers).

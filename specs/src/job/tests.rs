@@ -61,7 +61,9 @@ fn members_carry_the_gang_and_each_rank_its_identity() {
             placement: GangPlacement::Spread,
             max_nodes: None,
             per_node: None,
-            priority: 5
+            priority: 5,
+            eligible: None,
+            time_limit: None,
         }
     );
     let env: Vec<(&str, &str)> =
@@ -84,7 +86,7 @@ fn validation_names_each_field() {
         ("min zero", Box::new(|j| j.spec.gang.min_members = Some(0)), "spec.gang.minMembers"),
         ("no time", Box::new(|j| j.spec.active_deadline_seconds = Some(0)), "spec.activeDeadlineSeconds"),
         ("a bad dependency", Box::new(|j| j.spec.dependency = Some("before:x".into())), "spec.dependency"),
-        ("singleton", Box::new(|j| j.spec.dependency = Some("singleton".into())), "spec.dependency"),
+        ("a bad partition", Box::new(|j| j.spec.partition = Some("Batch".into())), "spec.partition"),
         ("itself", Box::new(|j| j.spec.dependency = Some("afterok:solver".into())), "spec.dependency"),
         (
             "never ends",
@@ -116,6 +118,8 @@ fn validation_names_each_field() {
     ok.spec.dependency = Some("afterok:a:b,afterany:c".into());
     ok.spec.active_deadline_seconds = Some(60);
     assert!(validate_job(&ok).is_empty(), "{:?}", validate_job(&ok));
+    ok.spec.dependency = Some("singleton".into());
+    assert!(validate_job(&ok).is_empty(), "singleton: {:?}", validate_job(&ok));
     for (what, change, field) in cases {
         let mut j = job(4);
         change(&mut j);
