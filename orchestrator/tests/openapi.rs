@@ -173,7 +173,14 @@ fn pod() -> Value {
             "init": true,
             "ttlSecondsAfterFinished": 600,
             "volumes": [{"name": "scratch", "hostPath": {"path": "/srv/scratch"}}],
-            "pidsLimit": 256
+            "pidsLimit": 256,
+            "tuning": {
+                "irqLoadBalancing": "housekeeping",
+                "cpuQuota": "disabled",
+                "cpuLoadBalancing": "disabled",
+                "cpuCStates": "max-latency-us:10",
+                "cpuFreqGovernor": "performance"
+            }
         },
         "status": pod_status()
     })
