@@ -26,3 +26,4 @@ pub mod peers;
 pub mod routes;
 pub mod runtime;
 pub mod source;
+pub mod tuning;
