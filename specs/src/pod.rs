@@ -173,9 +173,7 @@ pub enum CStates {
     MaxLatencyUs(u32),
 }
 
-/// The largest `max-latency-us` taken: the kernel's value is an `s32`, and
-/// one second is already more than any idle state's exit latency.
-pub const MAX_CSTATE_LATENCY_US: u32 = 1_000_000;
+pub use crate::limits::MAX_CSTATE_LATENCY_US;
 
 impl TryFrom<String> for CStates {
     type Error = String;

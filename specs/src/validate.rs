@@ -534,9 +534,7 @@ pub fn has_exclusive_cpus(pod: &Pod) -> bool {
     pod.spec.containers.iter().any(|c| crate::qos::effective_cpu_policy(qos, c) == CpuPolicy::Exclusive)
 }
 
-/// The longest cpufreq governor name the kernel takes (`CPUFREQ_NAME_LEN`
-/// is 16 with its final NUL).
-pub const MAX_GOVERNOR_LEN: usize = 15;
+use crate::limits::MAX_GOVERNOR_LEN;
 
 /// `spec.tuning`: only CPUs no other pod runs on can be quieted, and a
 /// governor is a name the kernel could know.

@@ -276,6 +276,12 @@ pub trait Runtime: Send + Sync + 'static {
     }
     /// Ids of every container this runtime holds, running or not (for adoption).
     fn list(&self) -> Result<Vec<String>, RuntimeError>;
+    /// The host folders of container `id`'s cgroup, one per hierarchy, for
+    /// the settings a pod's tuning writes there (`crate::tuning`); none for
+    /// a runtime without cgroups.
+    fn cgroups(&self, _id: &str) -> Vec<PathBuf> {
+        Vec::new()
+    }
     /// The agent stops: what the runtime made for all its containers and no
     /// container uses any more goes (the cgroup parent, once empty).
     fn tidy_at_stop(&self) {}

@@ -687,28 +687,27 @@ async fn a_nodes_report_confirms_what_it_admitted() {
 }
 
 #[tokio::test]
-async fn a_misfit_is_one_event_per_finding() {
-    let w = World::new();
-    w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
-    let mut p = bound("p", "n1");
-    p.status = Some(status(PodPhase::Running));
-    w.put_pod(p).await;
-    let misfit = |message: &str| {
-        let mut r = NodeStatusReport::default();
-        let s = PodStatus {
-            reason: Some(specs::engine::SETTINGS_MISFIT.into()),
-            message: Some(message.into()),
-            ..status(PodPhase::Running)
+async fn a_misfit_or_an_incomplete_tuning_is_one_event_per_finding() {
+    for reason in [specs::engine::SETTINGS_MISFIT, specs::status::TUNING_INCOMPLETE] {
+        let w = World::new();
+        w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
+        let mut p = bound("p", "n1");
+        p.status = Some(status(PodPhase::Running));
+        w.put_pod(p).await;
+        let misfit = |message: &str| {
+            let mut r = NodeStatusReport::default();
+            let s =
+                PodStatus { reason: Some(reason.into()), message: Some(message.into()), ..status(PodPhase::Running) };
+            r.pods.insert("p".into(), s);
+            r
         };
-        r.pods.insert("p".into(), s);
-        r
-    };
-    for message in ["cpu 3 reserved", "cpu 3 reserved", "cpu 4 reserved"] {
-        let r = misfit(message);
-        w.run(move |t| nodes::report(t, "n1", &r)).await.expect("report");
+        for message in ["cpu 3 reserved", "cpu 3 reserved", "cpu 4 reserved"] {
+            let r = misfit(message);
+            w.run(move |t| nodes::report(t, "n1", &r)).await.expect("report");
+        }
+        let misfits = w.reasons(Kind::Pod, "p").into_iter().filter(|r| r == reason).count();
+        assert_eq!(misfits, 2, "{reason}");
     }
-    let misfits = w.reasons(Kind::Pod, "p").into_iter().filter(|r| r == specs::engine::SETTINGS_MISFIT).count();
-    assert_eq!(misfits, 2);
 }
 
 /// A finished pod keeps the address it ran with (its network is gone when
