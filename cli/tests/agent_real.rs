@@ -1063,3 +1063,43 @@ fn a_tuned_pod_quiets_cpu_1_and_gives_everything_back() {
         h.signal_agent("TERM");
     }
 }
+
+/// A pod with `SYS_NICE` on a kernel with real-time group scheduling (the
+/// v1 cpu controller has `cpu.rt_runtime_us`, as here) gets a budget, so
+/// its `chrt -f` works; without one it fails with EPERM. The budgets go
+/// back with the pod.
+#[test]
+fn a_sys_nice_pod_gets_a_real_time_budget() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    if !Path::new("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists() {
+        eprintln!("skipping: this host's cpu controller has no cpu.rt_runtime_us (no real-time group scheduling)");
+        return;
+    }
+    let pid = std::process::id();
+    let script = "chrt -f 10 true && echo FIFO-OK || echo FIFO-REFUSED; exec sleep 1000";
+    let rt = format!("rt-{pid}");
+    let nice = "\n    securityContext: {capabilities: {add: [SYS_NICE]}}\n";
+    let manifest = pod(&rt, "500m", script, "Always").trim_end().to_string() + nice;
+    h.write(&rt, &manifest);
+    // The same without SYS_NICE: refused, by the capability check.
+    let plain = format!("plain-{pid}");
+    h.write(&plain, &pod(&plain, "500m", script, "Always"));
+    h.start_agent();
+    h.wait_log(&rt, "FIFO-OK", |l| l.contains("FIFO-"));
+    assert_eq!(h.log(&rt).trim(), "FIFO-OK", "{}", h.agent_log());
+    h.wait_log(&plain, "FIFO-REFUSED", |l| l.contains("FIFO-"));
+    let id = h.container_ids(&rt).pop().unwrap();
+    let budget = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/pinion/{id}/cpu.rt_runtime_us")).unwrap();
+    assert_eq!(budget.trim(), nodelet::tuning::RT_BUDGET_US.to_string());
+    for stem in [&rt, &plain] {
+        std::fs::remove_file(h.manifests.join(format!("{stem}.yaml"))).unwrap();
+    }
+    h.wait("both gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(h.data.join("tuning")).unwrap().next().is_some() {
+        assert!(Instant::now() < deadline, "records left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    h.signal_agent("TERM");
+}

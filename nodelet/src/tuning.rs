@@ -41,6 +41,14 @@ const BANNED_CPULIST: &str = "IRQBALANCE_BANNED_CPULIST";
 const BANNED_CPUS: &str = "IRQBALANCE_BANNED_CPUS";
 /// The record of the irqbalance configuration before any pod changed it.
 const IRQBALANCE_RECORD: &str = "irqbalance.orig.json";
+/// The real-time budget of a container with `SYS_NICE` where the cgroup v1
+/// cpu controller has `cpu.rt_runtime_us` (`CONFIG_RT_GROUP_SCHED`): 100 ms
+/// in every period (1 s by default) on each CPU. Without one,
+/// `sched_setscheduler(SCHED_FIFO)` fails with EPERM inside the container;
+/// the root's 950 ms leave room for nine such containers. The shim gives it
+/// (before the process runs) and raises the containers' parent, Pinion's
+/// own cgroup, to hold it; it goes with the container's cgroup.
+pub const RT_BUDGET_US: u64 = 100_000;
 /// How long restarting irqbalance may take.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(10);
 /// Linux's `EIO`: what the kernel answers for an interrupt whose affinity
@@ -72,6 +80,8 @@ pub struct TuneRequest {
     /// Those of `cpus` that keep taking interrupts (`housekeeping`).
     pub housekeeping: CpuSet,
     pub tuning: Tuning,
+    /// A container has `SYS_NICE`: its cgroup gets a real-time budget.
+    pub realtime: bool,
     /// The started container's cgroup folders as the host names them
     /// (`/sys/fs/cgroup/cpu/pinion/<id>`); read under the tuner's root.
     pub cgroups: Vec<PathBuf>,
@@ -80,15 +90,22 @@ pub struct TuneRequest {
 impl TuneRequest {
     /// The request for a pod with these exclusive CPUs; `None` when it asks
     /// for nothing or has no exclusive CPU.
-    pub fn new(sandbox: String, key: String, cpus: CpuSet, tuning: &Tuning, topology: &NodeTopology) -> Option<Self> {
-        if tuning.is_empty() || cpus.is_empty() {
+    pub fn new(
+        sandbox: String,
+        key: String,
+        cpus: CpuSet,
+        tuning: &Tuning,
+        realtime: bool,
+        topology: &NodeTopology,
+    ) -> Option<Self> {
+        if (tuning.is_empty() || cpus.is_empty()) && !realtime {
             return None;
         }
         let housekeeping = match tuning.irq_load_balancing {
             Some(IrqLoadBalancing::Housekeeping) => housekeeping_cpus(topology, &cpus),
             _ => CpuSet::new(),
         };
-        Some(TuneRequest { sandbox, key, cpus, housekeeping, tuning: tuning.clone(), cgroups: Vec::new() })
+        Some(TuneRequest { sandbox, key, cpus, housekeeping, tuning: tuning.clone(), realtime, cgroups: Vec::new() })
     }
 }
 
@@ -293,6 +310,11 @@ impl Tuner {
             }
         }
         for dir in &req.cgroups {
+            if req.realtime {
+                if let Some(why) = self.realtime_missing(&dir.join("cpu.rt_runtime_us")) {
+                    notes.push(why);
+                }
+            }
             if t.cpu_quota == Some(Disabled::Disabled) {
                 // v1 takes -1 for no quota; v2's `max` keeps the period.
                 self.plan_if_exists(&mut writes, dir.join("cpu.cfs_quota_us"), "-1");
@@ -397,6 +419,31 @@ impl Tuner {
             self.sync_irqbalance(&mut notes)?;
         }
         Ok(notes)
+    }
+
+    /// The reason a container of a `SYS_NICE` pod has no real-time budget
+    /// (the shim gives it one before the process runs, `RT_BUDGET_US`), or
+    /// `None` when it has one.
+    fn realtime_missing(&self, file: &Path) -> Option<String> {
+        let read = |path: &Path| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+        if read(&self.at(file)).is_none_or(|v| v > 0) {
+            return None;
+        }
+        let dir = file.parent()?;
+        let parent = dir.parent()?;
+        let has = read(&self.at(parent.join("cpu.rt_runtime_us"))).unwrap_or(0);
+        let held: u64 = std::fs::read_dir(self.at(parent))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path() != self.at(dir))
+            .filter_map(|e| read(&e.path().join("cpu.rt_runtime_us")))
+            .sum();
+        Some(format!(
+            "no real-time budget, SCHED_FIFO and SCHED_RR fail with EPERM: {} holds {has} us, {held} of them \
+             other pods', and could not be raised by {RT_BUDGET_US} us (its own parent has no more free)",
+            self.at(parent).display()
+        ))
     }
 
     fn plan_if_exists(&self, writes: &mut Vec<(PathBuf, String)>, dir_file: PathBuf, value: &str) {
@@ -773,7 +820,8 @@ mod tests {
 
     fn request(sandbox: &str, cpus: &str, tuning: Tuning, cgroups: &[&str]) -> TuneRequest {
         let cpus = CpuSet::parse_list(cpus).unwrap();
-        let mut r = TuneRequest::new(sandbox.into(), format!("default/{sandbox}"), cpus, &tuning, &topology()).unwrap();
+        let mut r =
+            TuneRequest::new(sandbox.into(), format!("default/{sandbox}"), cpus, &tuning, false, &topology()).unwrap();
         r.cgroups = cgroups.iter().map(PathBuf::from).collect();
         r
     }
@@ -963,6 +1011,33 @@ mod tests {
         );
         assert_eq!(node.read("sys/devices/system/cpu/cpu2/cpufreq/scaling_governor"), "powersave");
         assert_eq!(node.read("sys/devices/system/cpu/cpu2/power/pm_qos_resume_latency_us"), "n/a");
+    }
+
+    #[test]
+    fn a_sys_nice_container_without_a_real_time_budget_is_reported() {
+        let node = Node::new();
+        let cpu = node.root().join("sys/fs/cgroup/cpu");
+        for (dir, v) in [("pinion", "100000"), ("pinion/c0", "100000"), ("pinion/c1", "0")] {
+            std::fs::create_dir_all(cpu.join(dir)).unwrap();
+            std::fs::write(cpu.join(dir).join("cpu.rt_runtime_us"), format!("{v}\n")).unwrap();
+        }
+        let cpus = CpuSet::parse_list("2").unwrap();
+        let mut req =
+            TuneRequest::new("a".into(), "default/a".into(), cpus, &Tuning::default(), true, &topology()).unwrap();
+        req.cgroups = CGROUPS.iter().map(PathBuf::from).collect();
+        let notes = node.tuner().tune(&req).unwrap();
+        let parent = node.root().join("sys/fs/cgroup/cpu/pinion");
+        assert_eq!(
+            notes,
+            [format!(
+                "no real-time budget, SCHED_FIFO and SCHED_RR fail with EPERM: {} holds 100000 us, 100000 of them \
+                 other pods', and could not be raised by 100000 us (its own parent has no more free)",
+                parent.display()
+            )]
+        );
+        // With its budget: nothing to say.
+        std::fs::write(cpu.join("pinion/c1/cpu.rt_runtime_us"), "100000\n").unwrap();
+        assert_eq!(node.tuner().tune(&req).unwrap(), Vec::<String>::new());
     }
 
     #[test]

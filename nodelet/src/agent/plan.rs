@@ -929,18 +929,26 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
 
 /// The config of container `i` of an admitted pod, with the cpuset it gets
 /// now, and the pod's network (the container joins its namespace).
+/// Whether the container adds `SYS_NICE` (it may ask for real-time scheduling).
+fn has_sys_nice(c: &specs::Container) -> bool {
+    let caps = c.security_context.as_ref().and_then(|s| s.capabilities.as_ref());
+    caps.is_some_and(|caps| caps.add.iter().any(|a| specs::pod::capability_name(a).as_deref() == Some("CAP_SYS_NICE")))
+}
+
 /// The tuning a pod asks for, on its exclusive CPUs (`crate::tuning`);
 /// `None` when it asks for none.
 pub(crate) fn tune_request(st: &State, key: &str) -> Option<crate::tuning::TuneRequest> {
     let e = st.pods.get(key)?;
-    let tuning = e.pod.spec.tuning.as_ref()?;
     let placement = st.alloc.pods.get(key)?;
     let mut cpus = CpuSet::new();
     for c in placement.containers.iter().filter(|c| c.cpu_policy == specs::CpuPolicy::Exclusive) {
         cpus.union_with(&c.cpus);
     }
     let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
-    crate::tuning::TuneRequest::new(sandbox, key.to_string(), cpus, tuning, &st.cfg.topology)
+    let realtime = e.pod.spec.containers.iter().any(has_sys_nice);
+    let none = specs::pod::Tuning::default();
+    let tuning = e.pod.spec.tuning.as_ref().unwrap_or(&none);
+    crate::tuning::TuneRequest::new(sandbox, key.to_string(), cpus, tuning, realtime, &st.cfg.topology)
 }
 
 fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Option<crate::cni::PodNetRequest>)> {
@@ -962,6 +970,9 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Opt
         st.cfg.pod_pids_limit,
     );
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
+    if has_sys_nice(spec) {
+        cfg.realtime_budget_us = Some(crate::tuning::RT_BUDGET_US);
+    }
     let mut network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
     // The host cannot run the pod network: `lo` only, unless this pod's
     // network was made before (its other containers are in it).

@@ -671,7 +671,7 @@ async fn a_pods_tuning_is_applied_at_start_and_given_back_when_it_goes() {
         let ghost = tuned("ghost", 1);
         let t = ghost.spec.tuning.as_ref().unwrap();
         let cpus = CpuSet::single(3).unwrap();
-        let req = crate::tuning::TuneRequest::new("ghost".into(), "static/ghost".into(), cpus, t, &topology(4));
+        let req = crate::tuning::TuneRequest::new("ghost".into(), "static/ghost".into(), cpus, t, false, &topology(4));
         assert_eq!(tuner.tune(&req.unwrap()).unwrap(), Vec::<String>::new());
     }
     assert_eq!(pm_qos(&root), ["0", "0", "0", "n/a"]);

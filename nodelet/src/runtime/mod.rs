@@ -77,6 +77,11 @@ pub struct ContainerConfig {
     /// `--pod-pids-limit`; `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u64>,
+    /// The real-time budget of the container's cgroup (v1
+    /// `cpu.rt_runtime_us`), given before its process runs: a container with
+    /// `SYS_NICE` (`crate::tuning::RT_BUDGET_US`); `None`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub realtime_budget_us: Option<u64>,
     /// Who the container's processes are (the pod's `securityContext`);
     /// the default, root, is what every container was before.
     #[serde(default, skip_serializing_if = "RunAs::is_unset")]
