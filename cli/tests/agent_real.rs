@@ -166,6 +166,12 @@ impl Drop for Host {
             let _ = a.kill();
             let _ = a.wait();
         }
+        // A failed test's pod tuning goes back too: these are the host's IRQs and CPUs.
+        if let Ok(t) = nodelet::tuning::Tuner::new(PathBuf::from("/"), self.data.join("tuning")) {
+            for sandbox in t.recorded().unwrap_or_default() {
+                let _ = t.restore(&sandbox);
+            }
+        }
         if let Ok(rt) = LibcontainerRuntime::new(&self.data, Path::new(PINION)) {
             for id in rt.list().unwrap_or_default() {
                 let _ = rt.stop(&id, Duration::ZERO);
@@ -925,5 +931,175 @@ fn an_exec_probe_runs_on_the_reserved_cpus_not_the_pods() {
     assert_eq!(line("probe-Cpus_allowed_list").as_deref(), Some("0"), "its probe: {log}");
     std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
     h.wait("gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    h.signal_agent("TERM");
+}
+
+/// The host files a tuned pod on CPU 1 changes, and their content (`None`:
+/// the file is absent).
+fn tuned_files() -> std::collections::BTreeMap<PathBuf, Option<String>> {
+    let mut files = vec![PathBuf::from("/proc/irq/default_smp_affinity"), PathBuf::from("/etc/default/irqbalance")];
+    let mut irqs: Vec<PathBuf> = std::fs::read_dir("/proc/irq")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("smp_affinity"))
+        .filter(|p| p.exists())
+        .collect();
+    irqs.sort();
+    files.extend(irqs);
+    for f in ["power/pm_qos_resume_latency_us", "cpufreq/scaling_governor"] {
+        files.push(Path::new("/sys/devices/system/cpu/cpu1").join(f));
+    }
+    files.into_iter().map(|f| (f.clone(), std::fs::read_to_string(&f).ok().map(|s| s.trim().to_string()))).collect()
+}
+
+fn allows_cpu_1(mask: &str) -> bool {
+    specs::CpuSet::parse_mask(mask).is_ok_and(|m| m.contains(1))
+}
+
+/// A pod on CPU 1 with every tuning this host supports: the files checked
+/// from outside while it runs, and equal to before once it is gone, by a
+/// delete and by an agent started after a kill -9.
+#[test]
+fn a_tuned_pod_quiets_cpu_1_and_gives_everything_back() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    let pm_qos = Path::new("/sys/devices/system/cpu/cpu1/power/pm_qos_resume_latency_us");
+    let cpufreq = Path::new("/sys/devices/system/cpu/cpu1/cpufreq/scaling_available_governors");
+    let mut tuning = "irqLoadBalancing: disabled, cpuQuota: disabled, cpuLoadBalancing: disabled".to_string();
+    if pm_qos.exists() {
+        tuning.push_str(", cpuCStates: disabled");
+    } else {
+        eprintln!("skipping cpuCStates: this host has no {}", pm_qos.display());
+    }
+    // The governor CPU 1 does not run now, so that a change shows.
+    let governor = std::fs::read_to_string(cpufreq).ok().and_then(|list| {
+        let now = std::fs::read_to_string(cpufreq.with_file_name("scaling_governor")).unwrap_or_default();
+        list.split_whitespace().find(|g| *g != now.trim()).map(str::to_string)
+    });
+    match &governor {
+        Some(g) => tuning.push_str(&format!(", cpuFreqGovernor: {g}")),
+        None => eprintln!("skipping cpuFreqGovernor: this host has no cpufreq on CPU 1 (or one governor)"),
+    }
+    if !Path::new("/proc/irq").exists() {
+        eprintln!("skipping the interrupt checks: this host has no /proc/irq");
+    }
+    let before = tuned_files();
+    let name = format!("tuned-{}", std::process::id());
+    let manifest = format!("{}  tuning: {{{tuning}}}\n", pod(&name, "1", SHOW_AND_SLEEP, "Always"));
+    let key = format!("static/{name}");
+    for kill_9 in [false, true] {
+        h.write(&name, &manifest);
+        h.start_agent();
+        h.wait("the tuned pod running on CPU 1", |v| {
+            v["pods"][&key]["phase"] == "Running"
+                && v["pods"][&key]["placement"]["containers"][0]["cpus"] == serde_json::json!([1])
+        });
+        // Tuned just after the start: the C-state file is the last one written.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let tuned = |v: &Value| v["pods"][&key]["reason"] == "TuningIncomplete" || !pm_qos.exists();
+        let mut v = h.status().unwrap();
+        while !(tuned(&v) && (!pm_qos.exists() || std::fs::read_to_string(pm_qos).unwrap().trim() == "n/a")) {
+            assert!(Instant::now() < deadline, "not tuned: {v:#?}");
+            std::thread::sleep(Duration::from_millis(50));
+            v = h.status().unwrap();
+        }
+        let message = v["pods"][&key]["message"].as_str().unwrap_or("").to_string();
+        let now = tuned_files();
+        for (file, was) in &before {
+            let (Some(was), Some(is)) = (was, &now[file]) else { continue };
+            let f = file.display().to_string();
+            if f.starts_with("/proc/irq/") && allows_cpu_1(was) {
+                let irq = f.trim_start_matches("/proc/irq/").trim_end_matches("/smp_affinity");
+                let name = if irq == "default_smp_affinity" { "default" } else { irq };
+                // Moved off CPU 1, or kept with the reason in the pod's status.
+                assert!(
+                    !allows_cpu_1(is)
+                        || message.contains(&format!("interrupt {name} "))
+                        || message.contains(&format!("interrupt {name}:")),
+                    "{f}: {was} -> {is}; status: {message}"
+                );
+            }
+        }
+        if let Some(old) = &before[&PathBuf::from("/proc/irq/default_smp_affinity")] {
+            if allows_cpu_1(old) && specs::CpuSet::parse_mask(old).is_ok_and(|m| m.len() > 1) {
+                let is = now[&PathBuf::from("/proc/irq/default_smp_affinity")].clone().unwrap();
+                assert!(!allows_cpu_1(&is), "default_smp_affinity {old} -> {is}");
+            }
+        }
+        if let Some(g) = &governor {
+            assert_eq!(std::fs::read_to_string(cpufreq.with_file_name("scaling_governor")).unwrap().trim(), g);
+        }
+        let id = h.container_ids(&name).pop().unwrap();
+        let quota = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/pinion/{id}/cpu.cfs_quota_us"))
+            .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/pinion/{id}/cpu.max")))
+            .unwrap();
+        assert!(["-1", "max"].contains(&quota.split_whitespace().next().unwrap()), "quota {quota}");
+        let balance = cgroup_file(&id, "cpuset.sched_load_balance");
+        if !balance.is_empty() {
+            assert_eq!(balance, "0");
+        }
+        if kill_9 {
+            // Killed with the pod tuned, the pod deleted meanwhile: the next
+            // agent stops it and gives everything back.
+            h.signal_agent("KILL");
+            std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
+            h.start_agent();
+        } else {
+            std::fs::remove_file(h.manifests.join(format!("{name}.yaml"))).unwrap();
+        }
+        h.wait("the tuned pod gone", |v| v["pods"][&key].is_null());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tuned_files() != before {
+            assert!(
+                Instant::now() < deadline,
+                "not given back (kill -9: {kill_9}):\n{:#?}\nwas\n{before:#?}",
+                tuned_files()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left: Vec<_> = std::fs::read_dir(h.data.join("tuning")).unwrap().flatten().map(|e| e.path()).collect();
+        assert_eq!(left, Vec::<PathBuf>::new(), "no record left");
+        h.signal_agent("TERM");
+    }
+}
+
+/// A pod with `SYS_NICE` on a kernel with real-time group scheduling (the
+/// v1 cpu controller has `cpu.rt_runtime_us`, as here) gets a budget, so
+/// its `chrt -f` works; without one it fails with EPERM. The budgets go
+/// back with the pod.
+#[test]
+fn a_sys_nice_pod_gets_a_real_time_budget() {
+    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut h) = host() else { return };
+    if !Path::new("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists() {
+        eprintln!("skipping: this host's cpu controller has no cpu.rt_runtime_us (no real-time group scheduling)");
+        return;
+    }
+    let pid = std::process::id();
+    let script = "chrt -f 10 true && echo FIFO-OK || echo FIFO-REFUSED; exec sleep 1000";
+    let rt = format!("rt-{pid}");
+    let nice = "\n    securityContext: {capabilities: {add: [SYS_NICE]}}\n";
+    let manifest = pod(&rt, "500m", script, "Always").trim_end().to_string() + nice;
+    h.write(&rt, &manifest);
+    // The same without SYS_NICE: refused, by the capability check.
+    let plain = format!("plain-{pid}");
+    h.write(&plain, &pod(&plain, "500m", script, "Always"));
+    h.start_agent();
+    h.wait_log(&rt, "FIFO-OK", |l| l.contains("FIFO-"));
+    assert_eq!(h.log(&rt).trim(), "FIFO-OK", "{}", h.agent_log());
+    h.wait_log(&plain, "FIFO-REFUSED", |l| l.contains("FIFO-"));
+    let id = h.container_ids(&rt).pop().unwrap();
+    let budget = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/pinion/{id}/cpu.rt_runtime_us")).unwrap();
+    assert_eq!(budget.trim(), nodelet::tuning::RT_BUDGET_US.to_string());
+    for stem in [&rt, &plain] {
+        std::fs::remove_file(h.manifests.join(format!("{stem}.yaml"))).unwrap();
+    }
+    h.wait("both gone", |v| v["pods"].as_object().is_some_and(|p| p.is_empty()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(h.data.join("tuning")).unwrap().next().is_some() {
+        assert!(Instant::now() < deadline, "records left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     h.signal_agent("TERM");
 }

@@ -49,6 +49,7 @@ impl Fixture {
         ContainerConfig {
             mounts: Vec::new(),
             pids_limit: None,
+            realtime_budget_us: None,
             id: id.clone(),
             pod: test.replace('_', "-"),
             container: "main".into(),

@@ -159,6 +159,11 @@ pub async fn run(config: DaemonConfig, shutdown: watch::Receiver<bool>) -> Resul
         None => None,
     };
     agent.cni = pod_network(agent.cni.take(), &runtime)?;
+    // Real containers run on real CPUs: their pods' tuning writes the
+    // host's /proc and /sys (unless the caller pointed it elsewhere).
+    if matches!(runtime, RuntimeChoice::Libcontainer { .. }) && agent.tuning_root.is_none() {
+        agent.tuning_root = Some(PathBuf::from("/"));
+    }
     let runtime = start_runtime(&agent, &runtime)?;
 
     // The link and the endpoint stop on `shutdown` or when the agent returns.

@@ -100,7 +100,8 @@ pub fn discover(root: &Path) -> Result<NodeTopology, DiscoveryError> {
         .collect();
 
     let devices = read_pci(&root.join("sys/bus/pci/devices"))?;
-    let mut topology = NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new() };
+    let kernel = kernel_profile(root, &online)?;
+    let mut topology = NodeTopology { cpus, numa_nodes, devices, reserved_cpus: CpuSet::new(), kernel };
     crate::devices::offer(root, &mut topology)?;
     // The engine's precondition: a tree no kernel writes (found by fuzzing) is a
     // clear error here rather than a topology the engine was never meant to see.
@@ -122,6 +123,86 @@ pub(crate) fn online_cpus(root: &Path) -> Result<CpuSet, DiscoveryError> {
 }
 
 // ---------------------------------------------------------------------------
+/// The node's boot profile: `isolcpus`, `nohz_full` and `rcu_nocbs` from
+/// `root/proc/cmdline` and `root/sys/devices/system/cpu/{isolated,nohz_full}`
+/// (online CPUs only), PREEMPT_RT from `root/sys/kernel/realtime` or the
+/// kernel's version string (`uname -v`), and the first online CPU's
+/// governors and idle states.
+fn kernel_profile(root: &Path, online: &CpuSet) -> Result<specs::topology::KernelProfile, DiscoveryError> {
+    let cmdline_path = root.join("proc/cmdline");
+    let cmdline = read_opt(&cmdline_path)?.unwrap_or_default();
+    let boot = boot_params(&cmdline).map_err(|e| malformed(&cmdline_path, e))?;
+    let cpu_dir = root.join("sys/devices/system/cpu");
+    let mut isolated = boot.isolcpus;
+    let mut nohz_full = boot.nohz_full;
+    for (file, set) in [("isolated", &mut isolated), ("nohz_full", &mut nohz_full)] {
+        let path = cpu_dir.join(file);
+        // `(null)`: nohz_full is built in but off.
+        if let Some(text) = read_opt(&path)?.filter(|t| t != "(null)") {
+            set.union_with(&parse_list(&path, &text)?);
+        }
+    }
+    let realtime = read_opt(&root.join("sys/kernel/realtime"))?.is_some_and(|v| v == "1")
+        || read_opt(&root.join("proc/sys/kernel/version"))?.is_some_and(|v| v.contains("PREEMPT_RT"));
+    let first = online.first().map(|id| cpu_dir.join(format!("cpu{id}")));
+    let governors = match &first {
+        Some(dir) => read_opt(&dir.join("cpufreq/scaling_available_governors"))?
+            .map(|g| g.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let mut idle_states = Vec::new();
+    if let Some(dir) = &first {
+        for (_, state) in numbered_entries(&dir.join("cpuidle"), "state")? {
+            if let Some(name) = read_opt(&state.join("name"))? {
+                idle_states.push(name);
+            }
+        }
+    }
+    Ok(specs::topology::KernelProfile {
+        isolated_cpus: isolated.intersection(online),
+        nohz_full: nohz_full.intersection(online),
+        rcu_nocbs: boot.rcu_nocbs.intersection(online),
+        realtime,
+        governors,
+        idle_states,
+    })
+}
+
+/// The CPU lists of a kernel command line.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct BootParams {
+    isolcpus: CpuSet,
+    nohz_full: CpuSet,
+    rcu_nocbs: CpuSet,
+}
+
+/// `isolcpus=[flags,]LIST`, `nohz_full=LIST`, `rcu_nocbs=LIST` of a kernel
+/// command line (the flags are `nohz`, `domain` and `managed_irq`; a later
+/// parameter wins, as the kernel's parsing goes); parameters after `--` are
+/// init's, not the kernel's.
+fn boot_params(cmdline: &str) -> Result<BootParams, String> {
+    let mut out = BootParams::default();
+    for word in cmdline.split_whitespace() {
+        if word == "--" {
+            break;
+        }
+        let Some((key, value)) = word.split_once('=') else { continue };
+        let (set, list) = match key {
+            "isolcpus" => {
+                let list: Vec<&str> =
+                    value.split(',').filter(|part| !matches!(*part, "nohz" | "domain" | "managed_irq")).collect();
+                (&mut out.isolcpus, list.join(","))
+            }
+            "nohz_full" => (&mut out.nohz_full, value.to_string()),
+            "rcu_nocbs" => (&mut out.rcu_nocbs, value.to_string()),
+            _ => continue,
+        };
+        *set = CpuSet::parse_list(&list).map_err(|e| format!("{key}: {e}"))?;
+    }
+    Ok(out)
+}
+
 // File helpers
 
 /// The file's text with whitespace and the NUL bytes some old kernels append
@@ -661,6 +742,60 @@ mod tests {
             }
             other => panic!("expected Malformed({file}) for {extra:?}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn boot_params_read_the_kernels_cpu_lists() {
+        let set = |s: &str| CpuSet::parse_list(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        // (cmdline, Ok((isolcpus, nohz_full, rcu_nocbs)) or the error's start)
+        type Lists = (&'static str, &'static str, &'static str);
+        let cases: &[(&str, Result<Lists, &str>)] = &[
+            ("quiet", Ok(("", "", ""))),
+            ("isolcpus=2-3 nohz_full=2-3 rcu_nocbs=2-3", Ok(("2-3", "2-3", "2-3"))),
+            ("isolcpus=domain,managed_irq,4,6-7 quiet", Ok(("4,6-7", "", ""))),
+            ("isolcpus=nohz,1", Ok(("1", "", ""))),
+            ("isolcpus=1 isolcpus=2", Ok(("2", "", ""))),
+            ("rcu_nocbs nohz_full=5", Ok(("", "5", ""))),
+            ("root=/dev/sda -- isolcpus=1", Ok(("", "", ""))),
+            ("isolcpus=x", Err("isolcpus: ")),
+        ];
+        for (cmdline, want) in cases {
+            match (boot_params(cmdline), want) {
+                (Ok(got), Ok((i, n, r))) => {
+                    assert_eq!(got, BootParams { isolcpus: set(i), nohz_full: set(n), rcu_nocbs: set(r) }, "{cmdline}")
+                }
+                (Err(e), Err(w)) => assert!(e.starts_with(w), "{cmdline}: {e}"),
+                (got, want) => panic!("{cmdline}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernel_profile_is_discovered() {
+        let dir = tree(&with(&[
+            ("proc/cmdline", "ro isolcpus=managed_irq,1 rcu_nocbs=1 nohz_full=1,7\n"),
+            ("sys/devices/system/cpu/isolated", "\n"),
+            ("sys/devices/system/cpu/nohz_full", "1\n"),
+            ("proc/sys/kernel/version", "#1 SMP PREEMPT_RT Debian 6.1.0-rt\n"),
+            ("sys/devices/system/cpu/cpu0/cpufreq/scaling_available_governors", "performance powersave\n"),
+            ("sys/devices/system/cpu/cpu0/cpuidle/state1/name", "C1\n"),
+            ("sys/devices/system/cpu/cpu0/cpuidle/state0/name", "POLL\n"),
+        ]));
+        let k = discover(dir.path()).expect("discover").kernel;
+        let one = CpuSet::single(1).expect("small id");
+        assert_eq!((&k.isolated_cpus, &k.nohz_full, &k.rcu_nocbs), (&one, &one, &one), "CPU 7 is not online");
+        assert!(k.realtime);
+        assert_eq!(k.governors, ["performance", "powersave"]);
+        assert_eq!(k.idle_states, ["POLL", "C1"]);
+        assert_eq!(k.labels().get(specs::topology::KERNEL_RT_LABEL).map(String::as_str), Some("true"));
+        // The base tree: nothing of it.
+        let k = discover(tree(BASE).path()).expect("discover").kernel;
+        assert!(k.is_empty(), "{k:?}");
+        assert!(k.labels().is_empty());
+        // /sys/kernel/realtime says so too.
+        let dir = tree(&with(&[("sys/kernel/realtime", "1\n")]));
+        assert!(discover(dir.path()).expect("discover").kernel.realtime);
+        check_malformed(&[("proc/cmdline", "isolcpus=a-b\n")], "proc/cmdline", "isolcpus");
     }
 
     #[test]

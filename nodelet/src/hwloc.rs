@@ -348,7 +348,8 @@ fn build<'a, 'i>(root: Node<'a, 'i>, mut found: Found<'a, 'i>) -> Result<NodeTop
     }
     devices.sort_by(|a, b| a.address.cmp(&b.address));
 
-    let topology = NodeTopology { cpus, numa_nodes: nodes, devices, reserved_cpus: CpuSet::new() };
+    let topology =
+        NodeTopology { cpus, numa_nodes: nodes, devices, reserved_cpus: CpuSet::new(), kernel: Default::default() };
     let problems = specs::validate::validate_topology(&topology);
     if !problems.is_empty() {
         let problems = problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");

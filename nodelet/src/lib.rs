@@ -27,3 +27,4 @@ pub mod registry;
 pub mod routes;
 pub mod runtime;
 pub mod source;
+pub mod tuning;

@@ -216,6 +216,14 @@ async fn join_with_retries(
 
 /// Runs the link until `stop` turns true. Returns an error only for what
 /// retrying cannot fix (bad credentials on disk); network trouble is retried.
+/// The node's labels: its boot profile's (`pinion.io/kernel-rt`), then the
+/// operator's own (`--labels`), which win.
+fn node_labels(cfg: &LinkConfig) -> BTreeMap<String, String> {
+    let mut labels = cfg.topology.kernel.labels();
+    labels.extend(cfg.labels.clone());
+    labels
+}
+
 pub async fn run(
     cfg: LinkConfig,
     creds: Credentials,
@@ -230,7 +238,7 @@ pub async fn run(
     let node = Node {
         api_version: API_VERSION.into(),
         kind: "Node".into(),
-        metadata: ObjectMeta { name: cfg.node_name.clone(), labels: cfg.labels.clone(), ..Default::default() },
+        metadata: ObjectMeta { name: cfg.node_name.clone(), labels: node_labels(&cfg), ..Default::default() },
         spec: NodeSpec {
             topology: cfg.topology.clone(),
             settings: cfg.settings.clone(),
@@ -809,6 +817,41 @@ mod tests {
         match credentials(&cfg(&["https://z:1"])).await {
             Err(e @ LinkError::OtherServer { .. }) => assert!(e.to_string().contains("https://z:1"), "{e}"),
             other => panic!("expected OtherServer, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_realtime_kernel_labels_the_node_unless_the_operator_says_otherwise() {
+        let cfg = |realtime: bool, own: &[(&str, &str)]| {
+            let mut topology = specs::topology::synthetic::parse("pack:1 numa:1 core:1 pu:1").expect("topology");
+            topology.kernel.realtime = realtime;
+            LinkConfig {
+                servers: Vec::new(),
+                token: None,
+                ca: None,
+                data_dir: PathBuf::from("/nonexistent"),
+                node_name: "n".into(),
+                topology,
+                settings: NodeSettings::default(),
+                labels: own.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                endpoint: None,
+                address: None,
+                liveness: Default::default(),
+            }
+        };
+        let rt = specs::topology::KERNEL_RT_LABEL;
+        type Labels = Vec<(&'static str, &'static str)>;
+        // (realtime, the operator's labels, the node's)
+        let cases: Vec<(bool, Labels, Labels)> = vec![
+            (false, vec![], vec![]),
+            (true, vec![], vec![(rt, "true")]),
+            (true, vec![("zone", "a")], vec![(rt, "true"), ("zone", "a")]),
+            (true, vec![(rt, "false")], vec![(rt, "false")]),
+        ];
+        for (realtime, own, want) in cases {
+            let got = node_labels(&cfg(realtime, &own));
+            let want: BTreeMap<String, String> = want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            assert_eq!(got, want, "{realtime} {own:?}");
         }
     }
 

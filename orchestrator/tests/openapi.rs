@@ -173,7 +173,14 @@ fn pod() -> Value {
             "init": true,
             "ttlSecondsAfterFinished": 600,
             "volumes": [{"name": "scratch", "hostPath": {"path": "/srv/scratch"}}],
-            "pidsLimit": 256
+            "pidsLimit": 256,
+            "tuning": {
+                "irqLoadBalancing": "housekeeping",
+                "cpuQuota": "disabled",
+                "cpuLoadBalancing": "disabled",
+                "cpuCStates": "max-latency-us:10",
+                "cpuFreqGovernor": "performance"
+            }
         },
         "status": pod_status()
     })
@@ -237,7 +244,15 @@ fn node() -> Value {
                      "deviceNodes": ["/dev/vfio/42", "/dev/vfio/vfio"], "numaNode": [0]},
                     {"address": "0000:00:02.0", "class": "0x030000", "numa": null}
                 ],
-                "reservedCpus": [0]
+                "reservedCpus": [0],
+                "kernel": {
+                    "isolatedCpus": [2, 3],
+                    "nohzFull": [2, 3],
+                    "rcuNocbs": [2, 3],
+                    "realtime": true,
+                    "governors": ["performance", "powersave"],
+                    "idleStates": ["POLL", "C1"]
+                }
             },
             "settings": {
                 "reservedCpus": [0],

@@ -114,3 +114,9 @@ pub const MAX_PROBE_PATH_LEN: usize = 2048;
 pub const MAX_PROBE_HEADERS: usize = 32;
 /// Bytes of one probe header's name or value, or a gRPC probe's `service`.
 pub const MAX_PROBE_HEADER_LEN: usize = 1024;
+/// Largest `spec.tuning.cpuCStates: max-latency-us:N`: the kernel's value is
+/// an `s32`, and a second is more than any idle state's exit latency.
+pub const MAX_CSTATE_LATENCY_US: u32 = 1_000_000;
+/// Longest `spec.tuning.cpuFreqGovernor`: the kernel's `CPUFREQ_NAME_LEN` is
+/// 16 with its final NUL.
+pub const MAX_GOVERNOR_LEN: usize = 15;

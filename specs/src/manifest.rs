@@ -282,7 +282,7 @@ mod tests {
             (
                 POD.replace("rootfs: host", "rootfs: host, cpuPolcy: exclusive"),
                 Err(&[
-                    "spec.containers[0].cpuPolcy: unknown field `cpuPolcy`, expected one of `name`, `image`, `rootfs`, \
+                    "spec.containers[0].cpuPolcy: unknown field `cpuPolcy`, expected one of `name`, `image`, `imagePullPolicy`, `rootfs`, \
                      `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`, `securityContext`, `volumeMounts`, \
                      `livenessProbe`, `readinessProbe`, `startupProbe`",
                 ]),
@@ -314,7 +314,7 @@ mod tests {
                     "rootfs: host, bogus: 1, resources: {limits: {cpu: '1', memory: 10Qi}}}\n  - {name: D, rootfs: host}",
                 ),
                 Err(&[
-                    "spec.containers[0].bogus: unknown field `bogus`, expected one of `name`, `image`, `rootfs`, \
+                    "spec.containers[0].bogus: unknown field `bogus`, expected one of `name`, `image`, `imagePullPolicy`, `rootfs`, \
                      `command`, `args`, `env`, `workingDir`, `resources`, `cpuPolicy`, `securityContext`, `volumeMounts`, \
                      `livenessProbe`, `readinessProbe`, `startupProbe`",
                     "spec.containers[0].resources.limits.memory: invalid quantity \"10Qi\": unknown suffix (use n, u, m, \

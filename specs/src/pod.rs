@@ -106,6 +106,100 @@ pub struct PodSpec {
     /// itself keeps running on its node meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_lost_replace_after_seconds: Option<crate::node_lost::ReplaceAfter>,
+    /// What else is quieted on the pod's exclusive CPUs while it runs
+    /// (interrupts, CFS quota, load balancing, C-states, frequency), in the
+    /// words of CRI-O's high-performance annotations; only a pod with
+    /// exclusive CPUs may ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<Tuning>,
+}
+
+/// `spec.tuning`: each setting is applied to the pod's exclusive CPUs when its
+/// first container starts and given back when the pod ends. The names are
+/// CRI-O's annotations without their `.crio.io` suffix
+/// (`irq-load-balancing.crio.io: disable` is `irqLoadBalancing: disabled`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tuning {
+    /// The CPUs leave every device interrupt's affinity (and irqbalance's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub irq_load_balancing: Option<IrqLoadBalancing>,
+    /// No CFS quota on the pod's and its containers' cgroups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota: Option<Disabled>,
+    /// The CPUs out of the scheduler's load balancing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_load_balancing: Option<Disabled>,
+    /// The CPUs' resume latency limit (`pm_qos_resume_latency_us`).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "cpuCStates")]
+    pub cpu_c_states: Option<CStates>,
+    /// The CPUs' cpufreq governor (`performance`, `powersave`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_freq_governor: Option<String>,
+}
+
+impl Tuning {
+    /// Whether it asks for nothing at all.
+    pub fn is_empty(&self) -> bool {
+        *self == Tuning::default()
+    }
+}
+
+/// `spec.tuning.irqLoadBalancing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IrqLoadBalancing {
+    /// No device interrupt on any of the pod's CPUs.
+    Disabled,
+    /// As CRI-O's `housekeeping`: the pod's first CPU and its hyperthread
+    /// siblings keep taking interrupts, the others take none.
+    Housekeeping,
+}
+
+/// The one value of `cpuQuota` and `cpuLoadBalancing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Disabled {
+    Disabled,
+}
+
+/// `spec.tuning.cpuCStates`: `disabled` (no idle state with any exit latency:
+/// the CPU polls) or `max-latency-us:N` (only idle states whose exit latency
+/// is at most N microseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum CStates {
+    Disabled,
+    MaxLatencyUs(u32),
+}
+
+pub use crate::limits::MAX_CSTATE_LATENCY_US;
+
+impl TryFrom<String> for CStates {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s == "disabled" {
+            return Ok(CStates::Disabled);
+        }
+        let n = s.strip_prefix("max-latency-us:").ok_or_else(|| {
+            format!("{s:?}: want \"disabled\" or \"max-latency-us:N\" (N microseconds, 1 to {MAX_CSTATE_LATENCY_US})")
+        })?;
+        match n.parse::<u32>() {
+            Ok(n) if (1..=MAX_CSTATE_LATENCY_US).contains(&n) => Ok(CStates::MaxLatencyUs(n)),
+            _ => Err(format!(
+                "{s:?}: the latency must be a whole number of microseconds from 1 to {MAX_CSTATE_LATENCY_US}"
+            )),
+        }
+    }
+}
+
+impl From<CStates> for String {
+    fn from(c: CStates) -> String {
+        match c {
+            CStates::Disabled => "disabled".into(),
+            CStates::MaxLatencyUs(n) => format!("max-latency-us:{n}"),
+        }
+    }
 }
 
 /// The identity of a pod's processes, for every container that does not say

@@ -83,6 +83,9 @@ pub struct PodStatus {
 /// every process gone): the node reports it, the server lists deleted ones
 /// with it, `get pods` shows it.
 pub const TERMINATING: &str = "Terminating";
+/// A running pod's reason when its node could not apply all of its
+/// `spec.tuning` (the message says what and why).
+pub const TUNING_INCOMPLETE: &str = "TuningIncomplete";
 
 /// The condition of a pod whose readiness a rollout waits for.
 pub const POD_READY: &str = "Ready";

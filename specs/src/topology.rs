@@ -26,6 +26,62 @@ pub struct NodeTopology {
     /// CPUs the machine's owner keeps for the system (never handed out).
     #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
     pub reserved_cpus: CpuSet,
+    /// What the kernel was booted with (discovery): exclusive CPUs are
+    /// taken from its isolated CPUs first.
+    #[serde(default, skip_serializing_if = "KernelProfile::is_empty")]
+    pub kernel: KernelProfile,
+}
+
+/// The node's boot profile for latency-critical work, as discovery reads it
+/// from `/proc/cmdline`, `/sys/devices/system/cpu/{isolated,nohz_full}`,
+/// `/sys/kernel/realtime` and the CPUs' cpufreq and cpuidle folders.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KernelProfile {
+    /// `isolcpus` (and the kernel's `isolated`): CPUs the scheduler keeps
+    /// other work off; exclusive CPUs come from here first.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub isolated_cpus: CpuSet,
+    /// `nohz_full`: CPUs whose scheduler tick stops with one task.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub nohz_full: CpuSet,
+    /// `rcu_nocbs`: CPUs whose RCU callbacks run elsewhere.
+    #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+    pub rcu_nocbs: CpuSet,
+    /// A PREEMPT_RT kernel.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub realtime: bool,
+    /// The cpufreq governors the CPUs offer (`scaling_available_governors`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub governors: Vec<String>,
+    /// The idle states the CPUs have (`cpuidle/stateN/name`), shallowest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idle_states: Vec<String>,
+}
+
+/// The node label that says its kernel is PREEMPT_RT (`"true"`), which a
+/// pod selects with `nodeSelector`.
+pub const KERNEL_RT_LABEL: &str = "pinion.io/kernel-rt";
+/// The node label that says it has isolated CPUs (`"true"`).
+pub const ISOLATED_CPUS_LABEL: &str = "pinion.io/isolated-cpus";
+
+impl KernelProfile {
+    pub fn is_empty(&self) -> bool {
+        *self == KernelProfile::default()
+    }
+
+    /// The labels a node with this profile carries (the operator's own
+    /// labels win over them).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        if self.realtime {
+            out.insert(KERNEL_RT_LABEL.to_string(), "true".to_string());
+        }
+        if !self.isolated_cpus.is_empty() {
+            out.insert(ISOLATED_CPUS_LABEL.to_string(), "true".to_string());
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -408,6 +408,9 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         validate_topology_spec(&mut e, pod, t);
     }
     validate_volumes(&mut e, pod);
+    if let Some(t) = &pod.spec.tuning {
+        validate_tuning(&mut e, pod, t);
+    }
     if let Some(sc) = &pod.spec.security_context {
         validate_pod_security_context(&mut e, sc);
     }
@@ -528,6 +531,38 @@ fn validate_volumes(e: &mut Errs, pod: &Pod) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Whether some container of the pod holds CPUs of its own (a Guaranteed
+/// pod's container with whole CPUs, or `cpuPolicy: exclusive`).
+pub fn has_exclusive_cpus(pod: &Pod) -> bool {
+    let qos = crate::qos::qos_class(pod);
+    pod.spec.containers.iter().any(|c| crate::qos::effective_cpu_policy(qos, c) == CpuPolicy::Exclusive)
+}
+
+use crate::limits::MAX_GOVERNOR_LEN;
+
+/// `spec.tuning`: only CPUs no other pod runs on can be quieted, and a
+/// governor is a name the kernel could know.
+fn validate_tuning(e: &mut Errs, pod: &Pod, t: &crate::pod::Tuning) {
+    if !t.is_empty() && !has_exclusive_cpus(pod) {
+        e.push(
+            "spec.tuning",
+            "needs exclusive CPUs: a Guaranteed pod (cpu and memory limits equal to requests in every container) \
+             with a whole number of CPUs in a container; shared CPUs are other pods' too",
+        );
+    }
+    if let Some(g) = &t.cpu_freq_governor {
+        let ok = !g.is_empty()
+            && g.len() <= MAX_GOVERNOR_LEN
+            && g.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !ok {
+            e.push(
+                "spec.tuning.cpuFreqGovernor",
+                format!("{g:?} is not a governor name (1 to {MAX_GOVERNOR_LEN} of a-z 0-9 _ -)"),
+            );
         }
     }
 }
@@ -1381,6 +1416,101 @@ spec:
         ];
         for (edit, expected) in cases {
             check(edit, &expected);
+        }
+    }
+
+    #[test]
+    fn tuning_rules() {
+        use crate::pod::{CStates, Disabled, IrqLoadBalancing, Tuning};
+        let all = Tuning {
+            irq_load_balancing: Some(IrqLoadBalancing::Housekeeping),
+            cpu_quota: Some(Disabled::Disabled),
+            cpu_load_balancing: Some(Disabled::Disabled),
+            cpu_c_states: Some(CStates::MaxLatencyUs(10)),
+            cpu_freq_governor: Some("performance".into()),
+        };
+        let governor = |g: &str| Tuning { cpu_freq_governor: Some(g.into()), ..Default::default() };
+        let irq = Tuning { irq_load_balancing: Some(IrqLoadBalancing::Disabled), ..Default::default() };
+        type Edit = Box<dyn Fn(&mut Pod)>;
+        let cases: Vec<(Tuning, Edit, Vec<&str>)> = vec![
+            (all.clone(), Box::new(|_| {}), vec![]),
+            (irq.clone(), Box::new(|_| {}), vec![]),
+            // Asking for nothing needs nothing.
+            (Tuning::default(), Box::new(|p| c0(p).resources.limits.clear()), vec![]),
+            // Fractional CPUs are shared.
+            (
+                irq.clone(),
+                Box::new(|p| {
+                    c0(p).resources.requests.insert("cpu".into(), q("1500m"));
+                    c0(p).resources.limits.insert("cpu".into(), q("1500m"));
+                }),
+                vec!["spec.tuning"],
+            ),
+            // Burstable: shared.
+            (all.clone(), Box::new(|p| c0(p).resources.limits.clear()), vec!["spec.tuning"]),
+            // A Guaranteed pod that asks for the shared pool.
+            (all.clone(), Box::new(|p| c0(p).cpu_policy = Some(CpuPolicy::Shared)), vec!["spec.tuning"]),
+            // One exclusive container is enough: the tuning is for its CPUs.
+            (
+                all.clone(),
+                Box::new(|p| {
+                    let mut side = p.spec.containers[0].clone();
+                    side.name = "side".into();
+                    side.cpu_policy = Some(CpuPolicy::Shared);
+                    p.spec.containers.push(side);
+                }),
+                vec![],
+            ),
+            (governor("schedutil"), Box::new(|_| {}), vec![]),
+            (governor(""), Box::new(|_| {}), vec!["spec.tuning.cpuFreqGovernor"]),
+            (governor("Performance"), Box::new(|_| {}), vec!["spec.tuning.cpuFreqGovernor"]),
+            (governor("a-governor-too-long"), Box::new(|_| {}), vec!["spec.tuning.cpuFreqGovernor"]),
+            (governor("../x"), Box::new(|_| {}), vec!["spec.tuning.cpuFreqGovernor"]),
+            (
+                governor(""),
+                Box::new(|p| c0(p).resources.limits.clear()),
+                vec!["spec.tuning", "spec.tuning.cpuFreqGovernor"],
+            ),
+        ];
+        for (tuning, edit, expected) in cases {
+            check(
+                |p| {
+                    edit(p);
+                    p.spec.tuning = Some(tuning);
+                },
+                &expected,
+            );
+        }
+    }
+
+    #[test]
+    fn tuning_reads_crio_words() {
+        use crate::pod::{CStates, Tuning};
+        let parse = |yaml: &str| serde_yaml_ng::from_str::<Tuning>(yaml).map_err(|e| e.to_string());
+        let cases: Vec<(&str, Result<Option<CStates>, &str>)> = vec![
+            ("cpuCStates: disabled", Ok(Some(CStates::Disabled))),
+            ("cpuCStates: max-latency-us:20", Ok(Some(CStates::MaxLatencyUs(20)))),
+            ("cpuCStates: max-latency-us:0", Err("from 1 to 1000000")),
+            ("cpuCStates: max-latency-us:x", Err("from 1 to 1000000")),
+            ("cpuCStates: enable", Err("want \"disabled\" or \"max-latency-us:N\"")),
+            ("irqLoadBalancing: housekeeping", Ok(None)),
+            ("irqLoadBalancing: enabled", Err("unknown variant")),
+            ("cpuQuota: disabled", Ok(None)),
+            ("cpuQuota: enabled", Err("unknown variant")),
+            ("cpuLoadBalancing: disabled", Ok(None)),
+            ("cpuFreqGovernor: performance", Ok(None)),
+            ("cpuCstates: disabled", Err("unknown field")),
+        ];
+        for (yaml, want) in cases {
+            match (parse(yaml), want) {
+                (Ok(t), Ok(c)) => {
+                    assert_eq!(t.cpu_c_states, c, "{yaml}");
+                    // It writes what it read.
+                    assert_eq!(serde_yaml_ng::to_string(&t).unwrap().trim(), yaml, "{yaml}");
+                }
+                (Err(e), Err(w)) => assert!(e.contains(w), "{yaml}: {e}"),
+                (got, want) => panic!("{yaml}: got {got:?}, want {want:?}"),
+            }
         }
     }
 

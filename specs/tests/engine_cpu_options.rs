@@ -448,3 +448,25 @@ fn the_server_refuses_a_node_with_conflicting_options() {
     assert_eq!(errs[0].field, "spec.settings.cpuManager");
     assert!(errs[0].message.contains("cannot be used together"), "{}", errs[0].message);
 }
+
+/// A node booted with `isolcpus`: exclusive CPUs come from the isolated set
+/// first, then from the rest as usual.
+#[test]
+fn isolated_cpus_first() {
+    let cases: &[(&str, &str, &str, &str, &str)] = &[
+        // (name, isolated, existing allocation, request, cpus)
+        ("no isolated CPUs: the lowest ids", "", "", "2", "0,56"),
+        ("isolated 4-5: those", "4-5", "", "2", "4-5"),
+        ("more than the isolated: those, then packed (a partly used core first)", "4-5", "", "3", "4-5,60"),
+        ("isolated taken: as if none", "4-5", "4-5", "2", "0,56"),
+        ("isolated on NUMA 1: still first", "30,86", "", "2", "30,86"),
+    ];
+    for (name, isolated, taken, request, cpus) in cases {
+        let mut t = machine(SEED);
+        t.kernel.isolated_cpus = isolated.parse().expect("test cpulist");
+        let alloc = if taken.is_empty() { Allocations::default() } else { used(taken) };
+        let got = admit(&t, &settings(NONE, "", &[]), &alloc, "pod", &guaranteed(request))
+            .unwrap_or_else(|r| panic!("{name}: rejected: {}", r.message));
+        assert_eq!(got.containers[0].cpus.to_string(), *cpus, "{name}");
+    }
+}

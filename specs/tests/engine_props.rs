@@ -334,7 +334,7 @@ proptest! {
                 hugepages: vec![],
             })
             .collect();
-        let t = NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new() };
+        let t = NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new(), kernel: Default::default() };
         for (i, (ctrs, policy, scope, asks)) in pods.iter().enumerate() {
             let _ = admit(&t, &s, &Allocations::default(), "k", &pod(i, ctrs, *policy, *scope, *asks));
         }

@@ -63,6 +63,22 @@ fn conditions_section(out: &mut String, conditions: &[specs::api::Condition]) {
     }
 }
 
+/// The node's boot profile (discovery's `KernelProfile`), one line per
+/// thing it has; nothing for a kernel booted with none of it.
+fn kernel_section(out: &mut String, k: &specs::topology::KernelProfile) {
+    let cpus = |s: &specs::CpuSet| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    let _ = writeln!(
+        out,
+        "Kernel:      realtime={} isolcpus={} nohz_full={} rcu_nocbs={}",
+        k.realtime,
+        cpus(&k.isolated_cpus),
+        cpus(&k.nohz_full),
+        cpus(&k.rcu_nocbs)
+    );
+    let list = |v: &[String]| if v.is_empty() { "-".to_string() } else { v.join(" ") };
+    let _ = writeln!(out, "             governors={} idle-states={}", list(&k.governors), list(&k.idle_states));
+}
+
 fn devices_section(out: &mut String, t: &NodeTopology, s: &NodeSettings, allocations: &Allocations) {
     if s.devices.is_empty() {
         return;
@@ -440,6 +456,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
                 "Settings:    topology-policy={:?} scope={:?} reserved-cpus={}",
                 s.topology_policy, s.topology_scope, s.reserved_cpus
             );
+            kernel_section(&mut out, &t.kernel);
             let _ = writeln!(out, "Allocation epoch: {}", n.status.allocations.epoch);
             // The engine's allocatable check, in numbers: what a new pod's requests must fit in.
             let offered = specs::engine::allocatable(t, s);
@@ -555,6 +572,30 @@ mod tests {
         assert_eq!(
             lines.last().copied(),
             Some("  Remote: container upf: pinion.io/sriov-vf on NUMA node 0 (relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 1)")
+        );
+    }
+
+    #[test]
+    fn the_kernel_profile_shows_in_two_lines() {
+        let mut out = String::new();
+        kernel_section(&mut out, &Default::default());
+        assert_eq!(
+            out,
+            "Kernel:      realtime=false isolcpus=- nohz_full=- rcu_nocbs=-\n             governors=- idle-states=-\n"
+        );
+        let k = specs::topology::KernelProfile {
+            isolated_cpus: "2-3".parse().unwrap(),
+            nohz_full: "2-3".parse().unwrap(),
+            rcu_nocbs: "1-3".parse().unwrap(),
+            realtime: true,
+            governors: vec!["performance".into(), "powersave".into()],
+            idle_states: vec!["POLL".into(), "C1".into()],
+        };
+        let mut out = String::new();
+        kernel_section(&mut out, &k);
+        assert_eq!(
+            out,
+            "Kernel:      realtime=true isolcpus=2-3 nohz_full=2-3 rcu_nocbs=1-3\n             governors=performance powersave idle-states=POLL C1\n"
         );
     }
 

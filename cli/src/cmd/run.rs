@@ -266,6 +266,7 @@ pub fn pod(args: &Args) -> anyhow::Result<Pod> {
             security_context: args.userns.then(|| PodSecurityContext { run_as_user: Some(0), ..Default::default() }),
             host_users: args.userns.then_some(false),
             node_lost_replace_after_seconds: None,
+            tuning: None,
         },
         status: None,
     })

@@ -87,6 +87,7 @@ fn config(work: &Path, id: &str) -> ContainerConfig {
     ContainerConfig {
         mounts: Vec::new(),
         pids_limit: None,
+        realtime_budget_us: None,
         id: id.into(),
         pod: "bench".into(),
         container: "main".into(),

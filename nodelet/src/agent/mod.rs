@@ -122,6 +122,10 @@ pub struct AgentConfig {
     /// How images are pulled (`crate::registry`): insecure registries,
     /// mirrors; credentials and CAs are files in the data dir.
     pub registry: crate::registry::RegistryConfig,
+    /// Where the pods' `spec.tuning` writes (`crate::tuning`): `/` on a
+    /// node that runs real containers; `None` (the hollow runtime): no
+    /// tuning, and a pod that asks is told so in its status.
+    pub tuning_root: Option<PathBuf>,
 }
 
 /// The default `--warm-pod-networks`: a one-liner and the next job of a
@@ -163,6 +167,7 @@ impl AgentConfig {
             pod_pids_limit: Some(DEFAULT_POD_PIDS_LIMIT),
             pod_routes: Some(crate::routes::Mode::Auto),
             warm_networks: DEFAULT_WARM_NETWORKS,
+            tuning_root: None,
         }
     }
 }
@@ -181,6 +186,8 @@ pub enum AgentError {
     Locked { path: PathBuf },
     #[error("pod networks: {0}")]
     Network(String),
+    #[error(transparent)]
+    Tuning(#[from] crate::tuning::TuningError),
 }
 
 /// Runs the agent until `shutdown` resolves. Containers keep running after it
@@ -207,6 +214,10 @@ pub async fn run(
         )),
         None => None,
     };
+    let tuner = match &config.tuning_root {
+        Some(root) => Some(Arc::new(crate::tuning::Tuner::new(root.clone(), config.data_dir.join("tuning"))?)),
+        None => None,
+    };
     let warm = if config.network_unfit.is_none() { config.warm_networks } else { 0 };
     let mut state = recover(config, &runtime).await?;
     if let Some(nets) = &networks {
@@ -221,6 +232,7 @@ pub async fn run(
         blocks.claimed().map_err(|source| AgentError::Io { path: state.cfg.data_dir.join("userns"), source })?;
     let exec = Executor {
         networks,
+        tuner,
         userns: Arc::new(UserBlocks {
             blocks,
             claimed: std::sync::Mutex::new(claimed.into_iter().map(|(_, s)| s).collect()),
@@ -266,6 +278,7 @@ pub async fn run(
     }
     exec.remove_networks(&state);
     exec.release_user_blocks(&state);
+    exec.restore_tunings(&state);
     publish(&mut state, &report);
     tokio::pin!(shutdown);
     let mut changes_open = true;
@@ -304,6 +317,7 @@ pub async fn run(
         }
         exec.remove_networks(&state);
         exec.release_user_blocks(&state);
+        exec.restore_tunings(&state);
         publish(&mut state, &report);
     }
     // What memory knows that the file does not (a finished or removed pod)
@@ -447,6 +461,8 @@ async fn pod_network(
 struct Executor {
     /// The pods' networks, when the node has a CNI network.
     networks: Option<Arc<crate::cni::PodNetworks>>,
+    /// The pods' CPU tuning, on a node that runs real containers.
+    tuner: Option<Arc<crate::tuning::Tuner>>,
     /// The blocks of host ids that `hostUsers: false` pods hold.
     userns: Arc<UserBlocks>,
     runtime: Arc<dyn Runtime>,
@@ -482,8 +498,9 @@ impl Executor {
                     let _ = tx.send(Event::CheckpointWritten { generation, result });
                 });
             }
-            Action::Start { key, mut config, mut network, pull } => {
+            Action::Start { key, mut config, mut network, pull, tuning } => {
                 let limit = self.start_timeout;
+                let tuner = self.tuner.clone();
                 let metrics = self.metrics.clone();
                 let networks = self.networks.clone();
                 let userns = self.userns.clone();
@@ -585,7 +602,12 @@ impl Executor {
                         ) => Err(StartFailure::CannotRun { code, message }),
                         (Ok(()), Err(e)) => Err(StartFailure::Other(e.to_string())),
                     };
-                    let _ = tx.send(Event::Started { key, container, id, result });
+                    let started = result.is_ok();
+                    let _ = tx.send(Event::Started { key: key.clone(), container, id: id.clone(), result });
+                    if let Some(req) = tuning.filter(|_| started) {
+                        let notes = tune(rt, tuner, *req, id, op).await;
+                        let _ = tx.send(Event::Tuned { key, notes });
+                    }
                 });
             }
             Action::Stop { key, ids, grace } => {
@@ -695,6 +717,22 @@ impl Executor {
                     }
                 });
             }
+        }
+    }
+
+    /// Gives back the tuning of pods that no longer run (gone, finished, or
+    /// back to pending with every container dead; at the first pass also
+    /// what an agent killed meanwhile left), each on the blocking pool.
+    fn restore_tunings(&self, state: &State) {
+        let Some(tuner) = &self.tuner else { return };
+        let wanted = wanted_tunings(state);
+        for sandbox in tuner.unwanted(&wanted) {
+            let tuner = tuner.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = tuner.restore(&sandbox) {
+                    tracing::warn!(sandbox, error = %e, "cannot give a pod's tuning back; trying again later");
+                }
+            });
         }
     }
 
@@ -896,6 +934,46 @@ fn wanted_networks(state: &State) -> BTreeSet<String> {
         })
         .map(|net| net.sandbox)
         .collect()
+}
+
+/// The tuning records the pods that may still run hold (admitted or
+/// terminating, as their networks).
+fn wanted_tunings(state: &State) -> BTreeSet<String> {
+    state
+        .pods
+        .iter()
+        .filter(|(_, e)| matches!(e.stage, Stage::Admitted | Stage::Terminating { .. }))
+        .filter_map(|(key, _)| plan::tune_request(state, key))
+        .map(|req| req.sandbox)
+        .collect()
+}
+
+/// Tunes a pod's CPUs once its container `id` runs, on the blocking pool
+/// within `limit`; what could not be done, in words.
+async fn tune(
+    rt: Arc<dyn Runtime>,
+    tuner: Option<Arc<crate::tuning::Tuner>>,
+    mut req: crate::tuning::TuneRequest,
+    id: String,
+    limit: Duration,
+) -> Vec<String> {
+    let Some(tuner) = tuner else {
+        // A real-time budget alone is a cgroup's: a runtime without cgroups needs none.
+        if req.tuning.is_empty() {
+            return Vec::new();
+        }
+        return vec!["this node does not tune CPUs (its runtime runs no real containers)".into()];
+    };
+    let job = tokio::task::spawn_blocking(move || {
+        req.cgroups = rt.cgroups(&id);
+        tuner.tune(&req)
+    });
+    match tokio::time::timeout(limit, job).await {
+        Ok(Ok(Ok(notes))) => notes,
+        Ok(Ok(Err(e))) => vec![format!("cannot tune: {e}")],
+        Ok(Err(e)) => vec![format!("cannot tune: {e}")],
+        Err(_) => vec![format!("cannot tune: no answer within {limit:?}")],
+    }
 }
 
 /// After recovery: the networks of adopted pods are CHECKed (and their

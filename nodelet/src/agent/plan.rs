@@ -137,6 +137,9 @@ pub(crate) struct PodEntry {
     /// kills what is left then); reported so that a deleted pod shows its
     /// grace left while it still holds its resources.
     pub(crate) kill_at: Option<Instant>,
+    /// What its `spec.tuning` could not do on this node, from the last
+    /// start (`Event::Tuned`); reported in its status.
+    pub(crate) tuning_notes: Vec<String>,
 }
 
 /// When a pod's start passed the planner's steps (`crate::metrics::Step`).
@@ -183,6 +186,7 @@ impl PodEntry {
             misfit: None,
             start: None,
             kill_at: None,
+            tuning_notes: Vec::new(),
         }
     }
 
@@ -270,6 +274,12 @@ pub(crate) enum Event {
         sandbox: String,
         ips: Vec<String>,
     },
+    /// A pod's CPUs were tuned at a container's start: what could not be
+    /// done, or why nothing was (`crate::tuning`).
+    Tuned {
+        key: String,
+        notes: Vec<String>,
+    },
     /// A probe's run that began at `at` ended (`super::prober`).
     Probed {
         key: String,
@@ -291,11 +301,13 @@ pub(crate) enum Action {
     /// Start a container whose id is durable; answered by `Started`.
     /// With `network`, the pod's network is set up first (`crate::cni`).
     /// An image container's image is made present first, as `pull` says.
+    /// With `tuning`, the pod's CPUs are tuned once it runs (`crate::tuning`).
     Start {
         key: String,
         config: Box<ContainerConfig>,
         network: Option<Box<crate::cni::PodNetRequest>>,
         pull: specs::pod::PullPolicy,
+        tuning: Option<Box<crate::tuning::TuneRequest>>,
     },
     /// Stop every container of a pod; answered by `Stopped`. Their removal
     /// follows once a checkpoint without the pod is durable.
@@ -567,6 +579,14 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 // pod's status shows it, as in Kubernetes); it goes with the pod.
                 let pods = &st.pods;
                 st.pod_ips.retain(|k, (s, _)| *s != sandbox || pods.contains_key(k));
+            }
+        }
+        Event::Tuned { key, notes } => {
+            if let Some(e) = st.pods.get_mut(&key) {
+                for n in &notes {
+                    tracing::warn!(key, "tuning: {n}");
+                }
+                e.tuning_notes = notes;
             }
         }
         Event::Stopped { key, errors } => on_stopped(st, &key, errors, now, out),
@@ -912,6 +932,7 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
             (Ok(()), Some(true)) => start_config(st, &key, i),
             _ => None,
         };
+        let tuning = config.as_ref().and_then(|_| tune_request(st, &key)).map(Box::new);
         let Some(e) = st.pods.get_mut(&key) else { continue };
         let ctr = &mut e.ctrs[i];
         match (config, &result) {
@@ -926,8 +947,13 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
                 ctr.applied = Some((config.cpus.clone(), config.mems.clone()));
                 ctr.state = CtrState::Starting { early_exit: None };
                 let pull = e.pod.spec.containers.get(i).and_then(|c| c.image_pull_policy).unwrap_or_default();
-                let network = network.map(Box::new);
-                out.push(Action::Start { key: key.clone(), config: Box::new(config), network, pull });
+                out.push(Action::Start {
+                    key: key.clone(),
+                    config: Box::new(config),
+                    network: network.map(Box::new),
+                    pull,
+                    tuning,
+                });
             }
             (None, Ok(())) => {
                 // The pod is no longer admitted: the id was never used.
@@ -945,6 +971,28 @@ fn on_written(st: &mut State, generation: u64, result: Result<(), String>, now: 
 
 /// The config of container `i` of an admitted pod, with the cpuset it gets
 /// now, and the pod's network (the container joins its namespace).
+/// Whether the container adds `SYS_NICE` (it may ask for real-time scheduling).
+fn has_sys_nice(c: &specs::Container) -> bool {
+    let caps = c.security_context.as_ref().and_then(|s| s.capabilities.as_ref());
+    caps.is_some_and(|caps| caps.add.iter().any(|a| specs::pod::capability_name(a).as_deref() == Some("CAP_SYS_NICE")))
+}
+
+/// The tuning a pod asks for, on its exclusive CPUs (`crate::tuning`);
+/// `None` when it asks for none.
+pub(crate) fn tune_request(st: &State, key: &str) -> Option<crate::tuning::TuneRequest> {
+    let e = st.pods.get(key)?;
+    let placement = st.alloc.pods.get(key)?;
+    let mut cpus = CpuSet::new();
+    for c in placement.containers.iter().filter(|c| c.cpu_policy == specs::CpuPolicy::Exclusive) {
+        cpus.union_with(&c.cpus);
+    }
+    let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
+    let realtime = e.pod.spec.containers.iter().any(has_sys_nice);
+    let none = specs::pod::Tuning::default();
+    let tuning = e.pod.spec.tuning.as_ref().unwrap_or(&none);
+    crate::tuning::TuneRequest::new(sandbox, key.to_string(), cpus, tuning, realtime, &st.cfg.topology)
+}
+
 fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Option<crate::cni::PodNetRequest>)> {
     let e = st.pods.get(key)?;
     let placement = st.alloc.pods.get(key)?;
@@ -964,6 +1012,9 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Opt
         st.cfg.pod_pids_limit,
     );
     cfg.system_cpus = st.cfg.settings.reserved_cpus.clone();
+    if has_sys_nice(spec) {
+        cfg.realtime_budget_us = Some(crate::tuning::RT_BUDGET_US);
+    }
     let mut network = reconcile::pod_network(st.cfg.cni.as_ref(), &st.cfg.topology, key, &e.pod, &e.hash, placement);
     // The host cannot run the pod network: `lo` only, unless this pod's
     // network was made before (its other containers are in it).

@@ -323,6 +323,7 @@ pub(crate) fn container_config(
         log_path: pod_container_log_path(data_dir, pod_key, pod, &c.name),
         init: pod.spec.init,
         pids_limit: pod.spec.pids_limit.or(node_pids_limit),
+        realtime_budget_us: None,
         mounts: c
             .volume_mounts
             .iter()

@@ -249,6 +249,10 @@ pub(super) fn build(agent: &State) -> NodeReport {
                 st.message = Some(format!("container {} was OOM-killed (exit code {code})", c.name));
             }
         }
+        if !e.tuning_notes.is_empty() && st.reason.is_none() && st.message.is_none() {
+            st.reason = Some(specs::status::TUNING_INCOMPLETE.into());
+            st.message = Some(format!("spec.tuning: {}", e.tuning_notes.join("; ")));
+        }
         if let Some(m) = &e.misfit {
             st.reason = Some(super::resettle::SETTINGS_MISFIT.into());
             st.message = Some(super::resettle::status_message(m, agent.cfg.on_settings_change));

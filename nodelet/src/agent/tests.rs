@@ -623,3 +623,96 @@ async fn a_stuck_start_holds_up_no_other_pod() {
     h.wait("slow running", |r| running(r, "static/slow")).await;
     h.shutdown().await;
 }
+
+/// A fake `/sys` with each CPU's PM QoS file at "0" (no constraint).
+fn fake_cpus(root: &Path, n: u32) {
+    for cpu in 0..n {
+        let dir = root.join(format!("sys/devices/system/cpu/cpu{cpu}/power"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pm_qos_resume_latency_us"), "0\n").unwrap();
+    }
+}
+
+fn pm_qos(root: &Path) -> Vec<String> {
+    (0..4)
+        .map(|cpu| {
+            let f = root.join(format!("sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"));
+            std::fs::read_to_string(f).unwrap().trim().to_string()
+        })
+        .collect()
+}
+
+async fn wait_files(root: &Path, want: &[&str]) {
+    for _ in 0..1000 {
+        if pm_qos(root) == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("pm_qos files {:?}, want {want:?}", pm_qos(root));
+}
+
+fn tuned(name: &str, cpus: u32) -> Pod {
+    let mut p = exclusive(name, cpus);
+    p.spec.tuning =
+        Some(specs::pod::Tuning { cpu_c_states: Some(specs::pod::CStates::Disabled), ..Default::default() });
+    p
+}
+
+#[tokio::test]
+async fn a_pods_tuning_is_applied_at_start_and_given_back_when_it_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fake_cpus(&root, 4);
+    let data = dir.path().join("data");
+    // What an agent killed with -9 left: a gone pod's record on CPU 3.
+    {
+        let tuner = crate::tuning::Tuner::new(root.clone(), data.join("tuning")).unwrap();
+        let ghost = tuned("ghost", 1);
+        let t = ghost.spec.tuning.as_ref().unwrap();
+        let cpus = CpuSet::single(3).unwrap();
+        let req = crate::tuning::TuneRequest::new("ghost".into(), "static/ghost".into(), cpus, t, false, &topology(4));
+        assert_eq!(tuner.tune(&req.unwrap()).unwrap(), Vec::<String>::new());
+    }
+    assert_eq!(pm_qos(&root), ["0", "0", "0", "n/a"]);
+    let mut cfg = config(&data, 4);
+    cfg.tuning_root = Some(root.clone());
+    let mut h = start(cfg);
+    // The first pass gives it back.
+    wait_files(&root, &["0", "0", "0", "0"]).await;
+
+    h.apply("static/t", tuned("t", 2)).await;
+    h.wait("t running", |r| running(r, "static/t")).await;
+    wait_files(&root, &["0", "n/a", "n/a", "0"]).await;
+    // A restarted agent adopts the pod and keeps its tuning.
+    let rt = h.shutdown().await;
+    let mut cfg = config(&data, 4);
+    cfg.tuning_root = Some(root.clone());
+    let mut h = start_with(cfg, rt);
+    h.apply("static/t", tuned("t", 2)).await;
+    h.wait("t adopted", |r| running(r, "static/t")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pm_qos(&root), ["0", "n/a", "n/a", "0"]);
+    assert_eq!(h.report.borrow().pods["static/t"].reason, None, "all of it applied");
+
+    h.remove("static/t").await;
+    h.wait("t gone", |r| !r.pods.contains_key("static/t")).await;
+    wait_files(&root, &["0", "0", "0", "0"]).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_that_cannot_tune_says_so_in_the_pods_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = start(config(dir.path(), 4));
+    h.apply("static/t", tuned("t", 1)).await;
+    let told = |r: &NodeReport| r.pods.get("static/t").is_some_and(|p| p.reason.as_deref() == Some("TuningIncomplete"));
+    let r = h.wait("t told", told).await;
+    let p = &r.pods["static/t"];
+    assert_eq!(p.reason.as_deref(), Some(specs::status::TUNING_INCOMPLETE));
+    assert_eq!(
+        p.message.as_deref(),
+        Some("spec.tuning: this node does not tune CPUs (its runtime runs no real containers)")
+    );
+    h.shutdown().await;
+}

@@ -444,6 +444,7 @@ pub(crate) mod tests {
         ContainerConfig {
             mounts: Vec::new(),
             pids_limit: None,
+            realtime_budget_us: None,
             id: id.into(),
             pod: "static/p".into(),
             container: "main".into(),

@@ -671,6 +671,9 @@ fn signal(p: ProcId, sig: Signal) {
 }
 
 impl Runtime for LibcontainerRuntime {
+    fn cgroups(&self, id: &str) -> Vec<PathBuf> {
+        self.cgroup_dirs(id)
+    }
     fn name(&self) -> &'static str {
         "libcontainer"
     }

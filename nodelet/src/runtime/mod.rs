@@ -77,6 +77,11 @@ pub struct ContainerConfig {
     /// `--pod-pids-limit`; `None`: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u64>,
+    /// The real-time budget of the container's cgroup (v1
+    /// `cpu.rt_runtime_us`), given before its process runs: a container with
+    /// `SYS_NICE` (`crate::tuning::RT_BUDGET_US`); `None`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub realtime_budget_us: Option<u64>,
     /// Who the container's processes are (the pod's `securityContext`);
     /// the default, root, is what every container was before.
     #[serde(default, skip_serializing_if = "RunAs::is_unset")]
@@ -287,6 +292,12 @@ pub trait Runtime: Send + Sync + 'static {
     }
     /// Ids of every container this runtime holds, running or not (for adoption).
     fn list(&self) -> Result<Vec<String>, RuntimeError>;
+    /// The host folders of container `id`'s cgroup, one per hierarchy, for
+    /// the settings a pod's tuning writes there (`crate::tuning`); none for
+    /// a runtime without cgroups.
+    fn cgroups(&self, _id: &str) -> Vec<PathBuf> {
+        Vec::new()
+    }
     /// The agent stops: what the runtime made for all its containers and no
     /// container uses any more goes (the cgroup parent, once empty).
     fn tidy_at_stop(&self) {}

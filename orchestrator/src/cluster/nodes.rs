@@ -4,11 +4,12 @@
 //! binding in flight). Each command runs inside one store write.
 
 use specs::api::{Node, NodeCondition, NodeStatus, NodeStatusReport};
-use specs::engine::SETTINGS_MISFIT;
 use specs::net::{Ipv4Net, PodRanges};
 use specs::{Pod, PodPhase};
 
-use super::pods::{is_finished, merge_status, new_misfit, new_pull_failure, newly_started, reported_for};
+use super::pods::{
+    is_finished, merge_status, new_pull_failure, new_warning, newly_started, reported_for, WARNING_REASONS,
+};
 use super::{event, now_rfc3339, ClusterError};
 use crate::store::{Claim, Store, Txn};
 
@@ -275,8 +276,10 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
         let before = pod.status.clone();
         let was_finished = is_finished(&pod);
         if merge_status(&mut pod, status.clone()).is_ok() && pod.status != before {
-            if let Some(message) = new_misfit(before.as_ref(), pod.status.as_ref()) {
-                t.add_event(event("Pod", pod_name, "Warning", SETTINGS_MISFIT, message))?;
+            for reason in WARNING_REASONS {
+                if let Some(message) = new_warning(before.as_ref(), pod.status.as_ref(), reason) {
+                    t.add_event(event("Pod", pod_name, "Warning", reason, message))?;
+                }
             }
             if let Some(message) = new_pull_failure(before.as_ref(), pod.status.as_ref()) {
                 t.add_event(event("Pod", pod_name, "Warning", "Failed", format!("on {name}: {message}")))?;

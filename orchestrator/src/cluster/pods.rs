@@ -336,11 +336,16 @@ pub(super) fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(),
     Ok(())
 }
 
-/// The message of a node's report that a pod's placement no longer fits
-/// the node's settings (after the node restarted with others), when it did
-/// not say so before: one event per finding, not one per report.
-pub(super) fn new_misfit(before: Option<&PodStatus>, now: Option<&PodStatus>) -> Option<String> {
-    newly_said(before, now, |r| r == SETTINGS_MISFIT)
+/// The reasons of a node's report that become a pod's Warning events: its
+/// placement no longer fits the node's settings (after the node restarted
+/// with others); its tuning could not all be applied.
+pub(super) const WARNING_REASONS: [&str; 2] = [SETTINGS_MISFIT, specs::status::TUNING_INCOMPLETE];
+
+/// The message of a node's report with the warning `reason` (one of
+/// `WARNING_REASONS`), when it did not say so before: one event per
+/// finding, not one per report.
+pub(super) fn new_warning(before: Option<&PodStatus>, now: Option<&PodStatus>, reason: &str) -> Option<String> {
+    newly_said(before, now, |r| r == reason)
 }
 
 /// A failed image pull a report newly shows (`ErrImagePull`,

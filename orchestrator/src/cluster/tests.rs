@@ -687,11 +687,13 @@ async fn a_nodes_report_confirms_what_it_admitted() {
 }
 
 #[tokio::test]
-async fn a_misfit_or_a_failed_pull_is_one_event_per_finding() {
+async fn a_misfit_an_incomplete_tuning_or_a_failed_pull_is_one_event_per_finding() {
     // (reason reported, event reason)
-    for (reason, event) in
-        [(specs::engine::SETTINGS_MISFIT, specs::engine::SETTINGS_MISFIT), ("ErrImagePull", "Failed")]
-    {
+    for (reason, event) in [
+        (specs::engine::SETTINGS_MISFIT, specs::engine::SETTINGS_MISFIT),
+        (specs::status::TUNING_INCOMPLETE, specs::status::TUNING_INCOMPLETE),
+        ("ErrImagePull", "Failed"),
+    ] {
         let w = World::new();
         w.run(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
         let mut p = bound("p", "n1");

@@ -438,12 +438,27 @@ impl Ctx<'_> {
                     spread: opts.distribute_cpus_across_cores,
                     uncore: opts.prefer_align_cpus_by_uncore_cache,
                 };
-                let take = |set: &CpuSet, k: usize| {
+                let take_from = |set: &CpuSet, k: usize| {
                     if opts.distribute_cpus_across_numa {
                         cpus::take_distributed(m, set, k, group, how)
                     } else {
                         cpus::take_packed(m, set, k, how)
                     }
+                };
+                // The kernel's isolated CPUs (isolcpus) first: nothing else
+                // is scheduled there, which is what an exclusive CPU is for.
+                let isolated = &m.topo.kernel.isolated_cpus;
+                let take = |set: &CpuSet, k: usize| {
+                    let quiet = set.intersection(isolated);
+                    if quiet.is_empty() {
+                        return take_from(set, k);
+                    }
+                    let first = quiet.len().min(k);
+                    let mut t = take_from(&quiet, first);
+                    if first < k {
+                        t.union_with(&take_from(&set.difference(&t), k - first));
+                    }
+                    t
                 };
                 let taken = match affinity {
                     Some(a) => {

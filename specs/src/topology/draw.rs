@@ -367,7 +367,7 @@ mod tests {
                 hugepages: vec![HugePages { page_size_bytes: 2 << 20, total: 1024 }],
             })
             .collect();
-        NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new() }
+        NodeTopology { cpus, numa_nodes, devices: vec![], reserved_cpus: CpuSet::new(), kernel: Default::default() }
     }
 
     #[test]
@@ -466,6 +466,7 @@ NUMA distances:
             ],
             devices: vec![],
             reserved_cpus: CpuSet::new(),
+            kernel: Default::default(),
         };
         let want = "\
 machine: 2 sockets, 3 NUMA nodes (1 memory-only), 2 cores, 2 CPUs
@@ -486,6 +487,7 @@ numa 2: 0 B (no CPUs)
             numa_nodes: vec![node(0, "0", 1 << 30), node(1, "1-2", 1 << 30)],
             devices: vec![],
             reserved_cpus: CpuSet::new(),
+            kernel: Default::default(),
         };
         let want = "\
 machine: 2 sockets, 2 NUMA nodes, 3 cores, 3 CPUs

@@ -194,7 +194,7 @@ pub fn parse(desc: &str) -> Result<NodeTopology, SyntheticError> {
             hugepages: Vec::new(),
         })
         .collect();
-    Ok(NodeTopology { cpus, numa_nodes, devices: Vec::new(), reserved_cpus: CpuSet::new() })
+    Ok(NodeTopology { cpus, numa_nodes, devices: Vec::new(), reserved_cpus: CpuSet::new(), kernel: Default::default() })
 }
 
 /// `1073741824`, `32G`, `32GiB`, `512MB`, `1T` (binary multiples throughout, as hwloc).

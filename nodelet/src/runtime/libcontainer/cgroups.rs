@@ -224,6 +224,39 @@ pub(crate) fn set_cpu_quota(host: &dyn Host, cgroup: &Path, quota: CpuQuota) -> 
     write(host, &dir.join("cpu.cfs_quota_us"), &quota.quota_us.to_string())
 }
 
+/// Gives the container's v1 cpu cgroup `budget_us` of real-time runtime
+/// (`cpu.rt_runtime_us`), raising its parent (Pinion's own cgroup) to hold
+/// it beside its other children's first, as the kernel requires. Nothing
+/// where the hierarchy has no such file (no `CONFIG_RT_GROUP_SCHED`, or v2,
+/// which has no real-time groups): real-time threads need no budget there.
+pub(crate) fn grant_realtime(host: &dyn Host, cgroup: &Path, budget_us: u64) -> Result<(), String> {
+    if host.cgroup_v2_only() {
+        return Ok(());
+    }
+    let mount = host
+        .v1_mount_point(&libcgroups::v1::ControllerType::Cpu)
+        .map_err(|e| format!("the cpu cgroup hierarchy: {e}"))?;
+    let dir = mount.join(rel(cgroup));
+    let file = dir.join("cpu.rt_runtime_us");
+    let read = |p: &Path| host.read_file(p).ok().and_then(|v| v.trim().parse::<u64>().ok());
+    if read(&file).is_none() {
+        return Ok(());
+    }
+    let parent = dir.parent().ok_or("a cgroup without a parent")?;
+    let held: u64 = host
+        .read_dir(parent)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| *d != dir)
+        .filter_map(|d| read(&d.join("cpu.rt_runtime_us")))
+        .sum();
+    let parent_file = parent.join("cpu.rt_runtime_us");
+    if read(&parent_file).unwrap_or(0) < held + budget_us {
+        write(host, &parent_file, &(held + budget_us).to_string())?;
+    }
+    write(host, &file, &budget_us.to_string())
+}
+
 /// Kills what is left inside and removes the cgroup in every hierarchy, and
 /// the cgroup of its exec probes (v2); a cgroup that does not exist is not an
 /// error.
@@ -316,6 +349,44 @@ mod tests {
     use crate::host::{Call, Recorder};
 
     const QUOTA: CpuQuota = CpuQuota { quota_us: 50_000, period_us: 100_000 };
+
+    #[test]
+    fn a_real_time_budget_raises_the_parent_first() {
+        let v1 = "/sys/fs/cgroup/cpu,cpuacct/pinion";
+        let host = |parent: &str| {
+            Recorder::v1()
+                .dir(format!("{v1}/c0"))
+                .dir(format!("{v1}/c1"))
+                .file(format!("{v1}/cpu.rt_runtime_us"), parent)
+                .file(format!("{v1}/c0/cpu.rt_runtime_us"), "100000\n")
+                .file(format!("{v1}/c1/cpu.rt_runtime_us"), "0\n")
+        };
+        // The parent holds c0's budget only: raised to hold c1's too.
+        let h = host("100000\n");
+        grant_realtime(&h, Path::new("/pinion/c1"), 100_000).expect("granted");
+        assert_eq!(
+            h.calls(),
+            [
+                Call::write(format!("{v1}/cpu.rt_runtime_us"), "200000"),
+                Call::write(format!("{v1}/c1/cpu.rt_runtime_us"), "100000"),
+            ]
+        );
+        // Room enough: the container's alone.
+        let h = host("300000\n");
+        grant_realtime(&h, Path::new("/pinion/c1"), 100_000).expect("granted");
+        assert_eq!(h.calls(), [Call::write(format!("{v1}/c1/cpu.rt_runtime_us"), "100000")]);
+        // The kernel refuses the parent: said, the container's left alone.
+        let h = host("100000\n").fail_call(0, Errno::EINVAL);
+        let e = grant_realtime(&h, Path::new("/pinion/c1"), 100_000).expect_err("refused");
+        assert!(e.contains("pinion/cpu.rt_runtime_us: Invalid argument"), "{e}");
+        // No real-time groups (no file), or v2: nothing.
+        let h = Recorder::v1().dir(format!("{v1}/c1"));
+        grant_realtime(&h, Path::new("/pinion/c1"), 100_000).expect("granted");
+        assert_eq!(h.calls(), []);
+        let h = Recorder::v2().dir("/sys/fs/cgroup/pinion/c1");
+        grant_realtime(&h, Path::new("/pinion/c1"), 100_000).expect("granted");
+        assert_eq!(h.calls(), []);
+    }
 
     #[test]
     fn the_cpu_quota_goes_to_the_files_of_each_layout() {

@@ -219,6 +219,14 @@ fn create(layout: &Layout, id: &str, report: &mut File, agent: i32) -> Result<Cr
             cgroups::set_cpu_quota(&crate::host::RealHost, &cgroup, quota)
                 .map_err(|e| format!("setting the CPU quota: {e}"))?;
         }
+        if let Some(budget) = cfg.realtime_budget_us {
+            let cgroup = cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT));
+            // Not a failed start: the container runs without real-time
+            // scheduling, and the agent's tuning says so in the pod's status.
+            if let Err(e) = cgroups::grant_realtime(&crate::host::RealHost, &cgroup, budget) {
+                tracing::warn!(id, error = e, "no real-time budget for the container");
+            }
+        }
         container.start().map_err(|e| format!("starting the container: {e}"))?;
         tracing::debug!(target: "podstart", id, "container started");
         let started_at = crate::metrics::monotonic_ns();

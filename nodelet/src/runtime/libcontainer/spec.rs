@@ -875,6 +875,7 @@ mod tests {
             log_path: PathBuf::from("/tmp/x.log"),
             init: false,
             pids_limit: Some(4096),
+            realtime_budget_us: None,
             run_as: Default::default(),
             userns: None,
             output: None,
