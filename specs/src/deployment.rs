@@ -558,6 +558,8 @@ pub(crate) fn validate_workload(
             format!("at most {MAX_WORKLOAD_NAME_LEN} characters, so its pods' names fit 63, got {}", name.len()),
         );
     }
+    e.extend(crate::validate::meta_problems(meta));
+    let mut push = |field: &str, message: String| e.push(FieldError { field: field.into(), message });
     let sel = &selector.match_labels;
     if sel.is_empty() {
         push("spec.selector.matchLabels", "must name at least one label".into());

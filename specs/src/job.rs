@@ -316,6 +316,8 @@ pub fn validate_job(job: &Job) -> Vec<FieldError> {
     if job.kind != "Job" {
         push("kind", format!("must be \"Job\", got {:?}", job.kind));
     }
+    e.extend(crate::validate::meta_problems(&job.metadata));
+    let mut push = |field: &str, message: String| e.push(FieldError { field: field.into(), message });
     let s = &job.spec;
     if s.parallelism == 0 || s.parallelism > MAX_MEMBERS {
         push("spec.parallelism", format!("must be 1 to {MAX_MEMBERS}, got {}", s.parallelism));

@@ -71,6 +71,8 @@ pub fn validate_partition(p: &Partition) -> Vec<FieldError> {
             format!("{:?} is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)", p.metadata.name),
         );
     }
+    e.extend(crate::validate::meta_problems(&p.metadata));
+    let mut push = |field: String, message: String| e.push(FieldError { field, message });
     let s = &p.spec;
     if s.node_selector.len() > crate::limits::MAX_LABELS {
         push("spec.nodeSelector".into(), format!("at most {} entries", crate::limits::MAX_LABELS));

@@ -323,17 +323,8 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
             format!("{:?} is not a DNS-1123 label (1-63 of a-z 0-9 -, alphanumeric at both ends)", m.name),
         );
     }
-    check_string_map(&mut e, "metadata.labels", &m.labels);
+    check_meta(&mut e, m);
     check_string_map(&mut e, "spec.nodeSelector", &pod.spec.node_selector);
-    let ann: usize = m.annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if ann > MAX_ANNOTATIONS_BYTES {
-        e.push("metadata.annotations", format!("total size {ann} bytes exceeds {MAX_ANNOTATIONS_BYTES}"));
-    }
-    for k in m.annotations.keys() {
-        if !is_label_key(k) {
-            e.push(format!("metadata.annotations[{k}]"), "invalid key: want [prefix/]name");
-        }
-    }
     for (key, what) in [
         (crate::pod::ARRAY_TASK_ANNOTATION, "an array task index (a whole number)"),
         (crate::pod::ARRAY_PARALLELISM_ANNOTATION, "a positive whole number"),
@@ -601,6 +592,27 @@ fn validate_topology_spec(e: &mut Errs, pod: &Pod, t: &crate::pod::TopologySpec)
                      nearest-memory-only; it cannot be relaxed as well"
                 ),
             );
+        }
+    }
+}
+
+/// The problems of an object's `metadata.labels` and `metadata.annotations`
+/// (every kind's: a pod's, a workload's, a job's, a partition's).
+pub fn meta_problems(m: &crate::pod::ObjectMeta) -> Vec<FieldError> {
+    let mut e = Errs(Vec::new());
+    check_meta(&mut e, m);
+    e.0
+}
+
+fn check_meta(e: &mut Errs, m: &crate::pod::ObjectMeta) {
+    check_string_map(e, "metadata.labels", &m.labels);
+    let ann: usize = m.annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if ann > MAX_ANNOTATIONS_BYTES {
+        e.push("metadata.annotations", format!("total size {ann} bytes exceeds {MAX_ANNOTATIONS_BYTES}"));
+    }
+    for k in m.annotations.keys() {
+        if !is_label_key(k) {
+            e.push(format!("metadata.annotations[{k}]"), "invalid key: want [prefix/]name");
         }
     }
 }

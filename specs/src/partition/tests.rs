@@ -138,6 +138,11 @@ fn validation_names_each_bad_field() {
     };
     check(cluster()[0].spec.clone(), "batch", &[]);
     check(PartitionSpec::default(), "Batch_1", &["metadata.name"]);
+    // Its labels are labels (Schemathesis found "\u{84}" accepted).
+    let mut labelled = partition("p", PartitionSpec::default());
+    labelled.metadata.labels.insert("0".into(), "\u{84}".into());
+    let got: Vec<String> = validate_partition(&labelled).into_iter().map(|e| e.field).collect();
+    assert_eq!(got, ["metadata.labels[0]"]);
     check(
         PartitionSpec { default_time_seconds: Some(7200), max_time_seconds: Some(3600), ..Default::default() },
         "p",
