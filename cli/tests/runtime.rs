@@ -638,6 +638,9 @@ async fn images_pulled_from_a_registry_run_and_bad_pulls_say_why() {
         format!(r#"{{"auths": {{"https://{}": {{"auth": "{auth}"}}}}}}"#, secure.host),
     )
     .expect("auth.json");
+    let e = strict.pull(&images, &private).await.expect_err("an auth.json others may read").to_string();
+    assert!(e.contains("chmod 600"), "{e}");
+    std::fs::set_permissions(fx.data.join("auth.json"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let rec = strict.pull(&images, &private).await.expect("with credentials and the CA");
     assert_eq!(rec.layers, 2);
 

@@ -288,6 +288,14 @@ impl Puller {
     fn auth(&self, host: &str) -> Result<RegistryAuth, PullError> {
         let path = self.cfg.data_dir.join("auth.json");
         let text = match std::fs::metadata(&path) {
+            // Passwords: the file is root's alone, as ssh asks of a key.
+            Ok(m) if std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o077 != 0 => {
+                let mode = std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777;
+                return Err(PullError::Settings {
+                    path,
+                    message: format!("holds passwords but its mode is {mode:o}: chmod 600 it"),
+                });
+            }
             Ok(_) => read_small(&path, MAX_SETTINGS_FILE)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(RegistryAuth::Anonymous),
             Err(e) => return Err(PullError::Settings { path, message: e.to_string() }),
