@@ -130,6 +130,10 @@ impl QueueEntry {
 pub(super) struct ArrayState {
     /// Queue group of the array (its first task's submission).
     pub(super) group: u64,
+    /// The array's place by priority and age, taken from its first task seen:
+    /// every task shares it, so tasks submitted across a second boundary
+    /// still go by index rather than by their own submission times.
+    pub(super) priority: std::cmp::Reverse<i64>,
     /// Unfinished tasks bound to a node.
     pub(super) bound: HashSet<String>,
     /// Unfinished tasks known (queued or bound); at zero the array is forgotten,
@@ -327,8 +331,11 @@ impl State {
         let priority = std::cmp::Reverse(key);
         match pod.metadata.labels.get(specs::pod::ARRAY_LABEL) {
             Some(array) => {
-                let a =
-                    self.arrays.entry(array.clone()).or_insert_with(|| ArrayState { group: seq, ..Default::default() });
+                let a = self.arrays.entry(array.clone()).or_insert_with(|| ArrayState {
+                    group: seq,
+                    priority,
+                    ..Default::default()
+                });
                 a.members += 1;
                 let task = pod
                     .metadata
@@ -336,7 +343,7 @@ impl State {
                     .get(specs::pod::ARRAY_TASK_ANNOTATION)
                     .and_then(|t| t.parse().ok())
                     .unwrap_or(u64::MAX);
-                Order { priority, group: a.group, task, seq }
+                Order { priority: a.priority, group: a.group, task, seq }
             }
             None => Order { priority, group: seq, task: 0, seq },
         }

@@ -74,6 +74,12 @@ fn task(array: &str, index: u32, parallelism: u32) -> Pod {
     p
 }
 
+/// `pod` as if created `second` seconds into the test cluster's life.
+fn submitted(mut pod: Pod, second: u32) -> Pod {
+    pod.metadata.creation_timestamp = Some(format!("2026-01-01T00:00:{second:02}Z"));
+    pod
+}
+
 /// A job's members, each wanting `cpus` exclusive CPUs, all needed at once.
 fn gang(job: &str, members: u32, cpus: u32) -> Vec<Pod> {
     let job: specs::job::Job = serde_json::from_value(serde_json::json!({
@@ -140,6 +146,13 @@ fn the_queue_decides_in_order_and_says_why_a_pod_waits_once() {
             cores: 4,
             pods: vec![task("arr", 0, 1), task("arr", 1, 1), task("arr", 2, 1)],
             first: &["bind arr-0 n1", "wait arr-1 ArrayThrottled", "wait arr-2 ArrayThrottled"],
+            second: &[],
+        },
+        Case {
+            name: "an array's tasks go by index though submitted last first, seconds apart",
+            cores: 4,
+            pods: (0..3).rev().map(|i| submitted(task("arr", i, 2), 2 - i)).collect(),
+            first: &["bind arr-0 n1", "bind arr-1 n1", "wait arr-2 ArrayThrottled"],
             second: &[],
         },
         Case {
