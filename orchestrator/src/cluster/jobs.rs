@@ -138,7 +138,7 @@ fn priority_now(t: &Txn<'_>, job: &Job) -> Result<(i32, i64), ClusterError> {
     use specs::fairshare::{base_priority, Factors, Ledger, DEFAULT_WEIGHTS as W};
     let now = chrono::Utc::now().timestamp();
     let ledger = Ledger::new(&t.list::<specs::fairshare::Usage>()?, now, &W);
-    let cluster_cpus: usize = t.list::<specs::api::Node>()?.iter().map(|n| n.spec.topology.cpus.len()).sum();
+    let cluster_cpus = super::nodes::cluster_cpus(t)?;
     let cpus = specs::partition::job_millicpus(job) as f64 / 1000.0;
     let user = job.metadata.owner.as_deref().unwrap_or("admin");
     let fairshare = ledger.factor(user, job.metadata.labels.get(specs::batch::ACCOUNT_LABEL).map(String::as_str));

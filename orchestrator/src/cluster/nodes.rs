@@ -21,6 +21,27 @@ const JOIN_CLAIMS: &str = "join";
 /// in the delete's, so no two nodes hold overlapping ranges, on sled or etcd.
 const POD_RANGE_CLAIMS: &str = "podcidr";
 
+/// The claim space of the nodes' CPU counts: one claim per node name, held
+/// by its count in decimal, written with its registration and released with
+/// its delete, so a job's size against the cluster (fair share) is read from
+/// small records instead of every node's whole topology.
+const NODE_CPUS: &str = "node-cpus";
+
+/// The CPUs of every registered node together, from their counts; every
+/// node's topology only when some node has no count (registered before the
+/// counts were kept).
+pub fn cluster_cpus(t: &Txn<'_>) -> Result<usize, ClusterError> {
+    let counts = t.claims(NODE_CPUS)?;
+    if counts.len() == t.count::<Node>()? {
+        let parsed: Option<Vec<usize>> =
+            counts.iter().map(|(_, c)| std::str::from_utf8(c).ok().and_then(|c| c.parse().ok())).collect();
+        if let Some(parsed) = parsed {
+            return Ok(parsed.iter().sum());
+        }
+    }
+    Ok(t.list::<Node>()?.iter().map(|n| n.spec.topology.cpus.len()).sum())
+}
+
 /// The shortest join record (`JoinRequest::attempt`) that may stand in for a
 /// token: 128 random bits in hex. Nodes make 256 (`new_join_attempt`).
 const JOIN_RECORD_HEX_DIGITS: usize = 32;
@@ -156,6 +177,8 @@ pub fn register(t: &mut Txn<'_>, given: &Node, ranges: &PodRanges) -> Result<(bo
     node.status.last_report = Some(now_rfc3339());
     summarize(&mut node);
     t.put(&mut node)?;
+    t.release(NODE_CPUS, &name)?;
+    t.claim(NODE_CPUS, &name, node.spec.topology.cpus.len().to_string().as_bytes())?;
     t.add_event(event("Node", &name, "Normal", "Registered", "node registered"))?;
     if let Some(old) = replaced {
         let message = format!(
@@ -218,6 +241,7 @@ pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Deleted, ClusterError> {
     let purged = t.purge_unreadable::<Node>(name)?;
     let node = if purged { None } else { t.delete::<Node>(name)? };
     t.release(POD_RANGE_CLAIMS, name)?;
+    t.release(NODE_CPUS, name)?;
     let claimed = t.release(JOIN_CLAIMS, name)? || purged;
     match (node, claimed) {
         (Some(node), _) => Ok(Deleted::Node(Box::new(node))),

@@ -1158,3 +1158,36 @@ fn a_container_started_or_restarted_since_the_last_report_is_named_once() {
         assert_eq!(pods::newly_started(before.as_ref(), Some(now)), *want, "{before:?} -> {now:?}");
     }
 }
+
+/// The cluster's CPUs (a job's size against it is part of its priority)
+/// come from the counts kept with each registration, and from the nodes'
+/// topologies while any node has no count (registered before counts were
+/// kept).
+#[tokio::test]
+async fn the_cluster_cpus_follow_registrations_and_deletes() {
+    let w = World::new();
+    let with_cpus = |name: &str, cores: u32| {
+        let mut n = nodes::joined_only(name);
+        n.spec.topology = crate::scheduler::tests::machine(&[cores]);
+        n
+    };
+    let cpus = |w: &World| {
+        let store = w.store.clone();
+        async move { store.write(|t| nodes::cluster_cpus(t)).await.expect("counted") }
+    };
+    let (a, b) = (with_cpus("a", 4), with_cpus("b", 8));
+    w.run(move |t| register(t, &a)).await.expect("a");
+    w.run(move |t| register(t, &b)).await.expect("b");
+    assert_eq!(cpus(&w).await, 12);
+    // Registering again with another machine replaces its count.
+    let bigger = with_cpus("a", 6);
+    w.run(move |t| register(t, &bigger)).await.expect("a again");
+    assert_eq!(cpus(&w).await, 14);
+    // A node stored without a count is still counted, from its topology.
+    let mut old = with_cpus("old", 2);
+    w.run(move |t| Ok(t.put(&mut old)?)).await.expect("old");
+    assert_eq!(cpus(&w).await, 16);
+    w.run(|t| nodes::delete(t, "old")).await.expect("delete old");
+    w.run(|t| nodes::delete(t, "b")).await.expect("delete b");
+    assert_eq!(cpus(&w).await, 6);
+}

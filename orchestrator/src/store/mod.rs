@@ -580,6 +580,11 @@ impl Txn<'_> {
         Ok(out)
     }
 
+    /// How many objects of a kind this write sees, without decoding any.
+    pub fn count<T: Object>(&self) -> Result<usize, StoreError> {
+        Ok(self.keys_under(T::KIND.prefix())?.len())
+    }
+
     /// The keys under `prefix` as this write sees them: the store, the
     /// batches in flight, this batch's earlier writes and this one's.
     fn keys_under(&self, prefix: &str) -> Result<std::collections::BTreeSet<Vec<u8>>, StoreError> {
