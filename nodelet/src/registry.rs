@@ -185,7 +185,7 @@ impl Puller {
         tracing::info!(reference = spelled, registry = host, "pulling image");
 
         crate::fsutil::private_dir(images).map_err(|source| RuntimeError::Io { path: images.to_path_buf(), source })?;
-        let work = WorkDir::new(images)?;
+        let work = image::WorkDir::new(images)?;
         let blobs = work.0.join("blobs/sha256");
         std::fs::create_dir_all(&blobs).map_err(|source| RuntimeError::Io { path: blobs.clone(), source })?;
 
@@ -511,26 +511,6 @@ fn hex_of(digest: &str) -> Result<&str, String> {
 fn write_blob(blobs: &Path, digest: &str, body: &[u8]) -> Result<(), String> {
     let path = blobs.join(hex_of(digest)?);
     std::fs::write(&path, body).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// The pull's layout folder in `images/` (removed when dropped; one a
-/// `kill -9` left is removed with the imports' leftovers, by its prefix).
-struct WorkDir(PathBuf);
-
-impl WorkDir {
-    fn new(images: &Path) -> Result<WorkDir, PullError> {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let path = images.join(format!("{}{}-{nanos}", image::WORK_PREFIX, std::process::id()));
-        std::fs::create_dir_all(&path).map_err(|source| RuntimeError::Io { path: path.clone(), source })?;
-        Ok(WorkDir(path))
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A writer that refuses past `left` bytes.

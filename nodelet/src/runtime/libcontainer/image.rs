@@ -334,8 +334,20 @@ fn go_arch() -> &'static str {
     }
 }
 
-struct TempDir(PathBuf);
-impl Drop for TempDir {
+/// A work folder in `images/` (`.import-PID-N`), removed when dropped; one a
+/// `kill -9` left is removed with the other leftovers, by its prefix. Imports
+/// and registry pulls (which write their layout here) share it.
+pub(crate) struct WorkDir(pub(crate) PathBuf);
+
+impl WorkDir {
+    pub(crate) fn new(images: &Path) -> Result<WorkDir, RuntimeError> {
+        let path = images.join(format!("{WORK_PREFIX}{}-{}", std::process::id(), unique()));
+        fs::create_dir_all(&path).map_err(|source| RuntimeError::Io { path: path.clone(), source })?;
+        Ok(WorkDir(path))
+    }
+}
+
+impl Drop for WorkDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
@@ -418,8 +430,7 @@ pub fn import_with(
     for dir in remove_leftovers(images).map_err(io(images))? {
         tracing::warn!(dir = %dir.display(), "removed what an interrupted image import left");
     }
-    let work = TempDir(images.join(format!("{WORK_PREFIX}{}-{}", std::process::id(), unique())));
-    fs::create_dir_all(&work.0).map_err(io(&work.0))?;
+    let work = WorkDir::new(images)?;
     let meta = fs::metadata(source).map_err(io(source))?;
     let mut written = Budget::new(limits);
     let layout = if meta.is_dir() {
