@@ -13,3 +13,4 @@ pub mod scenario;
 pub mod scrape;
 pub mod slurm;
 pub mod stats;
+pub mod up;

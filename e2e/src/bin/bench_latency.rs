@@ -1,7 +1,7 @@
 //! Latency benchmark: what an exclusive CPU buys a latency-sensitive pod.
 //!
 //! `cyclictest` runs as a pinion pod through the real `pinion agent`
-//! (libcontainer runtime, `rootfs: host`, CPU 0 reserved) in three cases,
+//! (libcontainer runtime, `rootfs: host`, CPU 0 reserved) in four cases,
 //! interleaved round by round (the order rotates so no case always follows
 //! another):
 //!
@@ -10,7 +10,10 @@
 //!   shared pool, which is then CPU 0 alone;
 //! - `shared+load`: cyclictest itself in the shared pool (a 500m request), the
 //!   same stress pods beside it on CPUs 0-1;
-//! - `exclusive, idle`: the exclusive pod with no stress pods.
+//! - `exclusive, idle`: the exclusive pod with no stress pods;
+//! - `exclusive+load, tuned`: as `exclusive+load`, the pod also asking for
+//!   `spec.tuning` (interrupts, CFS quota, load balancing and C-states off
+//!   its CPU; this host has no cpufreq driver, so no governor).
 //!
 //! Realtime priority: cyclictest refuses to run at all unless it may switch to
 //! SCHED_FIFO, and a pod cannot ask for that (no capabilities in the pod spec;
@@ -29,7 +32,8 @@
 //! cyclictest would on the host. Figures come from cyclictest's histogram
 //! (`-h`, 1 µs buckets, overflows counted above the range), pooled over the
 //! rounds of each case. The stress pods run `stress-ng --cpu 2` (Burstable,
-//! limit 2 CPUs) and `stress-ng --switch 1 --vm 1` (BestEffort); the bench
+//! limit 2 CPUs) and `stress-ng --switch 1 --vm 1 --sock 1` (BestEffort:
+//! the last is TCP traffic over loopback, a network load); the bench
 //! checks that both ran through each case and reports the CPUs they had.
 //!
 //! Usage (as root): `bench_latency [--duration SECS] [--rounds N] [--interval US]
@@ -188,16 +192,18 @@ enum Case {
     ExclusiveLoaded,
     SharedLoaded,
     ExclusiveIdle,
+    ExclusiveTuned,
 }
 
 impl Case {
-    const ALL: [Case; 3] = [Case::ExclusiveLoaded, Case::SharedLoaded, Case::ExclusiveIdle];
+    const ALL: [Case; 4] = [Case::ExclusiveLoaded, Case::SharedLoaded, Case::ExclusiveIdle, Case::ExclusiveTuned];
 
     fn label(self) -> &'static str {
         match self {
             Case::ExclusiveLoaded => "exclusive+load",
             Case::SharedLoaded => "shared+load",
             Case::ExclusiveIdle => "exclusive, idle",
+            Case::ExclusiveTuned => "exclusive+load, tuned",
         }
     }
 
@@ -206,6 +212,7 @@ impl Case {
             Case::ExclusiveLoaded => "(a) exclusive CPU 1, stress-ng on the shared pool",
             Case::SharedLoaded => "(b) shared pool (500m), same stress-ng",
             Case::ExclusiveIdle => "(c) exclusive CPU 1, no stress pods",
+            Case::ExclusiveTuned => "(d) as (a), with spec.tuning",
         }
     }
 
@@ -214,6 +221,7 @@ impl Case {
             Case::ExclusiveLoaded => "a",
             Case::SharedLoaded => "b",
             Case::ExclusiveIdle => "c",
+            Case::ExclusiveTuned => "d",
         }
     }
 
@@ -234,6 +242,18 @@ impl Case {
             Case::ExclusiveLoaded => RGBColor(0x1f, 0x77, 0xb4),
             Case::SharedLoaded => RGBColor(0xd6, 0x27, 0x28),
             Case::ExclusiveIdle => RGBColor(0x2c, 0xa0, 0x2c),
+            Case::ExclusiveTuned => RGBColor(0x94, 0x67, 0xbd),
+        }
+    }
+
+    /// The pod's `spec.tuning`: every setting this host can apply (its
+    /// CPUs have no cpufreq driver, so no governor).
+    fn tuning(self) -> &'static str {
+        match self {
+            Case::ExclusiveTuned => {
+                "  tuning: {irqLoadBalancing: disabled, cpuQuota: disabled, cpuLoadBalancing: disabled, cpuCStates: disabled}\n"
+            }
+            _ => "",
         }
     }
 }
@@ -516,7 +536,8 @@ fn cyclictest_pod(cfg: &Config, case: Case, name: &str, marker: &str) -> String 
         cfg.duration_s
     );
     format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{script}', {marker}]\n    resources: {}\n",
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 0\n{}  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, '{script}', {marker}]\n    resources: {}\n",
+        case.tuning(),
         case.resources()
     )
 }
@@ -532,10 +553,15 @@ fn stress_burstable() -> String {
     )
 }
 
-/// BestEffort: no resources; context switches (pipe ping-pong) and page
-/// faults over 64 MiB, the kernel-heavy kind of noise.
+/// BestEffort: no resources; context switches (pipe ping-pong), page
+/// faults over 64 MiB and TCP over loopback (the network's softirqs), the
+/// kernel-heavy kind of noise.
 fn stress_besteffort() -> String {
-    stress_pod("stress-besteffort", "stress-ng --switch 1 --vm 1 --vm-bytes 64M --timeout 1h --temp-path /tmp", "")
+    stress_pod(
+        "stress-besteffort",
+        "stress-ng --switch 1 --vm 1 --vm-bytes 64M --sock 1 --timeout 1h --temp-path /tmp",
+        "",
+    )
 }
 
 /// The stress pod's shell stays (no `exec`) so that the bench can find it by
