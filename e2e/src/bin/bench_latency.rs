@@ -681,7 +681,12 @@ impl RtBudget {
 
     fn restore(self) -> anyhow::Result<()> {
         if let Some((file, old)) = self.file {
-            std::fs::write(&file, &old).with_context(|| format!("restoring {} to {old}", file.display()))?;
+            match std::fs::write(&file, &old) {
+                // The agent removes its emptied `/pinion` cgroup when it
+                // stops, and the budget goes with it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                r => r.with_context(|| format!("restoring {} to {old}", file.display()))?,
+            }
         }
         Ok(())
     }
