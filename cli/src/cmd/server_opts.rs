@@ -15,12 +15,19 @@ pub struct Retention {
     #[arg(long, value_name = "SECONDS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
     pub finished_pod_ttl: u64,
+    /// Days the accounting records of finished jobs and pods (`pinion
+    /// acct`) are kept after their end; 0 keeps them until deleted.
+    #[arg(long, value_name = "DAYS", default_value_t = specs::acct::DEFAULT_RETENTION_DAYS,
+          value_parser = clap::value_parser!(u64).range(0..=36_500))]
+    pub acct_retention: u64,
 }
 
 impl Retention {
     pub fn apply(&self, opts: &mut ServerOptions) {
         opts.controller.finished_pod_ttl =
             (self.finished_pod_ttl > 0).then(|| Duration::from_secs(self.finished_pod_ttl));
+        opts.controller.acct_retention =
+            (self.acct_retention > 0).then(|| Duration::from_secs(self.acct_retention * 86_400));
     }
 }
 

@@ -289,7 +289,7 @@ pub async fn run(
             biased;
             _ = &mut shutdown => break,
             Some(ev) = events.recv() => batch.push(ev),
-            Some(ExitEvent { id, code, oom_killed }) = exits.recv() => batch.push(Event::Exited { id, code, oom_killed }),
+            Some(ExitEvent { id, code, oom_killed, usage }) = exits.recv() => batch.push(Event::Exited { id, code, oom_killed, usage }),
             ch = changes.recv(), if changes_open => match ch {
                 Some(ch) => batch.push(Event::Changes(vec![ch])),
                 // The sources are gone; keep running what we have until shutdown.
@@ -306,8 +306,8 @@ pub async fn run(
         if !queued.is_empty() {
             batch.push(Event::Changes(queued));
         }
-        while let Ok(ExitEvent { id, code, oom_killed }) = exits.try_recv() {
-            batch.push(Event::Exited { id, code, oom_killed });
+        while let Ok(ExitEvent { id, code, oom_killed, usage }) = exits.try_recv() {
+            batch.push(Event::Exited { id, code, oom_killed, usage });
         }
         while let Ok(ev) = events.try_recv() {
             batch.push(ev);

@@ -94,6 +94,8 @@ pub(crate) struct Ctr {
     streak: u32,
     pub(crate) state: CtrState,
     pub(crate) last_exit: Option<(i32, bool)>,
+    /// What its last run used (cgroup figures from its exit event).
+    pub(crate) last_usage: Option<specs::status::ContainerUsage>,
     /// Why the last run ended, when the exit code alone does not say (`ContainerCannotRun`).
     pub(crate) last_reason: Option<String>,
     /// The cpuset last given to the runtime; `None` forces an update.
@@ -167,6 +169,7 @@ impl PodEntry {
                 streak: 0,
                 state: CtrState::Waiting { at: now, reason: None },
                 last_exit: None,
+                last_usage: None,
                 last_reason: None,
                 applied: None,
                 updating: false,
@@ -227,6 +230,7 @@ pub(crate) enum Event {
         id: String,
         code: i32,
         oom_killed: bool,
+        usage: Option<specs::status::ContainerUsage>,
     },
     /// The safety re-check's view of the running containers.
     Observed(Vec<(String, Result<ContainerState, String>)>),
@@ -547,7 +551,15 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 on_change(st, ch, now, out);
             }
         }
-        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now),
+        Event::Exited { id, code, oom_killed, usage } => {
+            // What it used goes into the status that says it ended.
+            if let (Some(usage), Some((key, i))) = (usage, find(st, &id)) {
+                if let Some(c) = st.pods.get_mut(&key).and_then(|e| e.ctrs.get_mut(i)) {
+                    c.last_usage = Some(usage);
+                }
+            }
+            on_exit(st, &id, code, oom_killed, now)
+        }
         Event::Observed(states) => {
             st.recheck_in_flight = false;
             for (id, state) in states {

@@ -190,6 +190,9 @@ pub struct ExitEvent {
     /// The exit code, or 128 + signal when killed by a signal.
     pub(crate) code: i32,
     pub(crate) oom_killed: bool,
+    /// What it used, read from its cgroup as it ended (`None`: a runtime
+    /// without cgroups).
+    pub(crate) usage: Option<specs::status::ContainerUsage>,
 }
 
 /// Where a runtime sends exit events; sending never blocks.

@@ -113,7 +113,7 @@ fn started(st: &State, key: &str) -> Event {
 }
 
 fn exited(st: &State, key: &str, code: i32) -> Event {
-    Event::Exited { id: id_of(st, key), code, oom_killed: false }
+    Event::Exited { id: id_of(st, key), code, oom_killed: false, usage: None }
 }
 
 /// Runs `key` up to Running; returns the next checkpoint generation.
@@ -473,7 +473,7 @@ fn exclusive_admissions_move_the_shared_pool_in_place() {
 fn exits_of_unknown_containers_and_stale_results_change_nothing() {
     let t = Instant::now();
     let mut st = state(t);
-    check(&mut st, Event::Exited { id: "other_main_0".into(), code: 1, oom_killed: false }, t, &[]);
+    check(&mut st, Event::Exited { id: "other_main_0".into(), code: 1, oom_killed: false, usage: None }, t, &[]);
     // A start nobody waits for any more: what it created is removed.
     let stale =
         Event::Started { key: "static/gone".into(), container: "main".into(), id: "x_main_h_0".into(), result: Ok(()) };
