@@ -283,6 +283,17 @@ async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events(
         }
     })
     .await;
+    // Their accounting records outlive them, each written as its pod ended;
+    // a user sees none of another's (`pinion acct`).
+    let mut records = s.admin.list_acct().await.expect("acct").items;
+    records.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+    let seen: Vec<(&str, specs::acct::State, &str)> =
+        records.iter().map(|r| (r.job_id.as_str(), r.state, r.user.as_str())).collect();
+    use specs::acct::State::{Completed, Failed};
+    assert_eq!(seen, [("default", Failed, "admin"), ("own", Completed, "admin")]);
+    assert!(records.iter().all(|r| r.start.is_some() && r.nodes == ["two"]), "{records:?}");
+    let alice = s.person("alice", specs::api::Role::User).await;
+    assert!(alice.list_acct().await.expect("her acct").items.is_empty());
     s.stop().await;
 }
 
