@@ -233,7 +233,8 @@ pub(crate) enum Event {
         usage: Option<specs::status::ContainerUsage>,
     },
     /// The safety re-check's view of the running containers.
-    Observed(Vec<(String, Result<ContainerState, String>)>),
+    /// With what an exited one used (`Runtime::usage`).
+    Observed(Vec<(String, Result<ContainerState, String>, Option<specs::status::ContainerUsage>)>),
     Started {
         key: String,
         container: String,
@@ -552,20 +553,18 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
             }
         }
         Event::Exited { id, code, oom_killed, usage } => {
-            // What it used goes into the status that says it ended.
-            if let (Some(usage), Some((key, i))) = (usage, find(st, &id)) {
-                if let Some(c) = st.pods.get_mut(&key).and_then(|e| e.ctrs.get_mut(i)) {
-                    c.last_usage = Some(usage);
-                }
-            }
+            keep_usage(st, &id, usage);
             on_exit(st, &id, code, oom_killed, now)
         }
         Event::Observed(states) => {
             st.recheck_in_flight = false;
-            for (id, state) in states {
+            for (id, state, usage) in states {
                 match state {
                     Ok(ContainerState::Running { .. }) => {}
-                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now),
+                    Ok(ContainerState::Exited { code, oom_killed }) => {
+                        keep_usage(st, &id, usage);
+                        on_exit(st, &id, code, oom_killed, now)
+                    }
                     Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now),
                     Err(err) => {
                         if let Some((key, _)) = find(st, &id) {
@@ -683,6 +682,15 @@ fn find(st: &State, id: &str) -> Option<(String, usize)> {
     st.pods
         .iter()
         .find_map(|(key, e)| e.ctrs.iter().position(|c| c.runtime_id.as_deref() == Some(id)).map(|i| (key.clone(), i)))
+}
+
+/// What an ended container used goes into the status that says it ended.
+fn keep_usage(st: &mut State, id: &str, usage: Option<specs::status::ContainerUsage>) {
+    if let (Some(usage), Some((key, i))) = (usage, find(st, id)) {
+        if let Some(c) = st.pods.get_mut(&key).and_then(|e| e.ctrs.get_mut(i)) {
+            c.last_usage = Some(usage);
+        }
+    }
 }
 
 fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant) {

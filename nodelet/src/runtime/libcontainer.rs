@@ -728,6 +728,11 @@ impl Runtime for LibcontainerRuntime {
         Ok(ContainerState::Exited { code: UNKNOWN_EXIT_CODE, oom_killed: false })
     }
 
+    fn usage(&self, id: &str) -> Option<specs::status::ContainerUsage> {
+        check_id(id).ok()?;
+        read_json::<ExitRecord>(&self.layout.exit(id)).ok().flatten()?.usage
+    }
+
     fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError> {
         check_id(id)?;
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {

@@ -769,3 +769,16 @@ fn grpc_and_https_probes_run_from_the_agent() {
     assert!(!pod.container_statuses[0].ready, "not ready before its HTTPS readiness probe succeeds");
     assert_eq!(pod.message, None);
 }
+
+#[test]
+fn what_an_ended_container_used_is_in_the_status_that_says_it_ended() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", &["true"], RestartPolicy::Never), 1);
+    let usage = specs::status::ContainerUsage { cpu_nanos: Some(7), max_rss_bytes: Some(4096), missing: None };
+    let ended = Event::Exited { id: id_of(&st, "static/a"), code: 0, oom_killed: false, usage: Some(usage.clone()) };
+    plan(&mut st, ended, t);
+    let report = status::build(&st);
+    let p = &report.pods["static/a"];
+    assert_eq!((p.phase, p.container_statuses[0].usage.as_ref()), (PodPhase::Succeeded, Some(&usage)));
+}
