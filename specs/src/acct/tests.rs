@@ -218,3 +218,36 @@ fn efficiency_as_seff_reckons_it() {
     let lines = efficiency(&r);
     assert!(lines.iter().any(|l| l.starts_with("CPU Utilized: unknown")), "{lines:?}");
 }
+
+#[test]
+fn a_jobs_record_is_its_members_together_in_slurms_words() {
+    use crate::job::{Job, JobPhase, JobStatus};
+    let job = |phase: JobPhase, reason: Option<&str>| -> Job {
+        let mut j: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "pinion.io/v1", "kind": "Job", "metadata": {"name": "sim", "owner": "ada", "uid": "u1"},
+            "spec": {"parallelism": 2, "partition": "batch", "template": {"spec": {"containers": [{"name": "main",
+                "image": "x", "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}}]}}}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        j.status = Some(JobStatus { phase, reason: reason.map(str::to_string), ..Default::default() });
+        j
+    };
+    let ok = pod("sim-0", PodPhase::Succeeded, &[(Some(0), None, usage(3, 10))]);
+    let bad = pod("sim-1", PodPhase::Failed, &[(Some(2), Some("Error"), usage(4, 20))]);
+    let killed = pod("sim-1", PodPhase::Failed, &[(Some(137), Some("OOMKilled"), None)]);
+    let t = Times { submit: None, start: Some(DAY), end: DAY + 60 };
+    let check = |j: Job, members: &[&Pod], cancelled: bool, want: (State, i32, i32)| {
+        let r = job_record(&j, members, t, cancelled);
+        assert_eq!((r.state, r.exit_code, r.signal), want, "{:?} {cancelled}", j.status);
+        r
+    };
+    let r = check(job(JobPhase::Succeeded, None), &[&ok, &ok], false, (State::Completed, 0, 0));
+    // 2 members of 1.5 CPUs: 3; 1Gi each.
+    assert_eq!((r.ncpus, r.mem_request_bytes, r.partition.as_deref()), (3, Some(2 << 30), Some("batch")));
+    assert_eq!((r.job_id.as_str(), r.member, r.metadata.name.as_str()), ("sim", None, "job.u1"));
+    let r = check(job(JobPhase::Failed, None), &[&ok, &bad], false, (State::Failed, 2, 0));
+    assert_eq!((r.cpu_nanos, r.max_rss_bytes, r.nodes.clone()), (Some(7), Some(20), vec!["n1".to_string()]));
+    check(job(JobPhase::Failed, None), &[&ok, &killed], false, (State::OutOfMemory, 0, 9));
+    check(job(JobPhase::Failed, Some(crate::job::DEADLINE_EXCEEDED)), &[&ok], false, (State::Timeout, 0, 15));
+    check(job(JobPhase::Running, None), &[], true, (State::Cancelled, 0, 15));
+}
