@@ -153,6 +153,26 @@ fn ncpus(millis: i128) -> u32 {
     ((millis + 999) / 1000).clamp(0, i128::from(u32::MAX)) as u32
 }
 
+/// What every record takes from the recorded object's metadata: its store
+/// name (`PREFIX.UID`), owner, user and account, and its times.
+fn common(prefix: &str, m: &ObjectMeta, t: Times) -> Record {
+    Record {
+        api_version: crate::pod::API_VERSION.into(),
+        kind: "AcctRecord".into(),
+        metadata: ObjectMeta {
+            name: format!("{prefix}.{}", m.uid.as_deref().unwrap_or(&m.name)),
+            owner: m.owner.clone(),
+            ..Default::default()
+        },
+        user: m.owner.clone().unwrap_or_else(|| "admin".into()),
+        account: m.labels.get(crate::batch::ACCOUNT_LABEL).cloned(),
+        submit: t.submit,
+        start: t.start,
+        end: t.end,
+        ..Default::default()
+    }
+}
+
 /// The record of a pod that ended (or was deleted: `cancelled`).
 pub fn pod_record(pod: &Pod, t: Times, cancelled: bool) -> Record {
     let status = pod.status.clone().unwrap_or_default();
@@ -176,23 +196,11 @@ pub fn pod_record(pod: &Pod, t: Times, cancelled: bool) -> Record {
         }
     };
     Record {
-        api_version: crate::pod::API_VERSION.into(),
-        kind: "AcctRecord".into(),
-        metadata: ObjectMeta {
-            name: format!("pod.{}", m.uid.as_deref().unwrap_or(&m.name)),
-            owner: m.owner.clone(),
-            ..Default::default()
-        },
         job_id,
         job_name,
         member,
-        user: m.owner.clone().unwrap_or_else(|| "admin".into()),
-        account: m.labels.get(crate::batch::ACCOUNT_LABEL).cloned(),
         // A member's comes from its job (the caller's); a pod of its own has none.
         partition: None,
-        submit: t.submit,
-        start: t.start,
-        end: t.end,
         state,
         exit_code,
         signal,
@@ -202,6 +210,7 @@ pub fn pod_record(pod: &Pod, t: Times, cancelled: bool) -> Record {
         ncpus: ncpus(crate::backfill::pod_millicpus(&pod.spec)),
         mem_request_bytes: mem_request(&pod.spec),
         nodes: pod.spec.node_name.iter().cloned().collect(),
+        ..common("pod", m, t)
     }
 }
 
@@ -247,22 +256,10 @@ pub fn job_record(job: &Job, members: &[&Pod], t: Times, cancelled: bool) -> Rec
     let m = &job.metadata;
     let per_member = mem_request(&job.spec.template.spec);
     Record {
-        api_version: crate::pod::API_VERSION.into(),
-        kind: "AcctRecord".into(),
-        metadata: ObjectMeta {
-            name: format!("job.{}", m.uid.as_deref().unwrap_or(&m.name)),
-            owner: m.owner.clone(),
-            ..Default::default()
-        },
         job_id: m.name.clone(),
         job_name: m.labels.get(crate::batch::NAME_LABEL).unwrap_or(&m.name).clone(),
         member: None,
-        user: m.owner.clone().unwrap_or_else(|| "admin".into()),
-        account: m.labels.get(crate::batch::ACCOUNT_LABEL).cloned(),
         partition: job.spec.partition.clone(),
-        submit: t.submit,
-        start: t.start,
-        end: t.end,
         state,
         exit_code,
         signal,
@@ -272,6 +269,7 @@ pub fn job_record(job: &Job, members: &[&Pod], t: Times, cancelled: bool) -> Rec
         ncpus: ncpus(crate::partition::job_millicpus(job)),
         mem_request_bytes: per_member.map(|b| b.saturating_mul(u64::from(job.spec.parallelism))),
         nodes,
+        ..common("job", m, t)
     }
 }
 
