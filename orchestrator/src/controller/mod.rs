@@ -112,8 +112,9 @@ impl Default for ControllerConfig {
 
 /// How often accounting records past their retention are looked for.
 const ACCT_PRUNE_PERIOD: Duration = Duration::from_secs(3600);
-/// Accounting records removed per write.
-const ACCT_PRUNE_CHUNK: usize = 512;
+/// Accounting records removed per write: each is two operations (the
+/// record and its log entry), well under etcd's 128 per transaction.
+const ACCT_PRUNE_CHUNK: usize = 32;
 
 /// Most pods taken from the queue per scheduling pass.
 const PASS: usize = 2048;
