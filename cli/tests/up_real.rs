@@ -1148,6 +1148,13 @@ fn acct_shows_finished_jobs_with_their_cgroup_figures_to_their_owner() {
     ended(&fail);
     let shown = acct(None, &["-P", "-n", "-X", "-j", &fail, "--format=JobID,State,ExitCode"]);
     assert_eq!(shown, format!("{fail}|FAILED|3:0\n"));
+    // Past its time limit: TIMEOUT, its member stopped with SIGTERM, CANCELLED.
+    let slow = format!("slow-{tag}");
+    std::fs::write(&script, "#!/bin/sh\nsleep 30\n").unwrap();
+    batch(&slow, &["-t", "0:01"]);
+    ended(&slow);
+    let shown = acct(None, &["-P", "-n", "-j", &slow, "--format=JobID,State,ExitCode"]);
+    assert_eq!(shown, format!("{slow}|TIMEOUT|0:15\n{slow}.0|CANCELLED|0:15\n"));
 
     // A pod of `pinion run` is a job of its own; alice sees hers, bob none of hers.
     let (alice, bob) = (dir.path().join("alice.conf"), dir.path().join("bob.conf"));
