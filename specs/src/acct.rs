@@ -43,6 +43,28 @@ impl State {
     }
 }
 
+/// `--state`'s list: Slurm's names or short codes (`CD`, `F`, `TO`, `CA`,
+/// `OOM`), case-insensitive, comma-separated; an unknown one names the valid.
+pub fn parse_states(list: &str) -> Result<Vec<State>, String> {
+    list.split(',').map(str::trim).filter(|w| !w.is_empty()).map(parse_state).collect()
+}
+
+/// One state of `--state`: a Slurm name or short code.
+pub fn parse_state(word: &str) -> Result<State, String> {
+    const ALL: [(State, &str); 5] = [
+        (State::Completed, "CD"),
+        (State::Failed, "F"),
+        (State::Timeout, "TO"),
+        (State::Cancelled, "CA"),
+        (State::OutOfMemory, "OOM"),
+    ];
+    let found = ALL.iter().find(|(s, code)| word.eq_ignore_ascii_case(s.word()) || word.eq_ignore_ascii_case(code));
+    found.map(|(s, _)| *s).ok_or_else(|| {
+        let valid: Vec<String> = ALL.iter().map(|(s, c)| format!("{c} ({})", s.word())).collect();
+        format!("unknown state {word:?}: valid states are {}", valid.join(", "))
+    })
+}
+
 /// One finished job, member or pod.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -23,6 +23,14 @@ pub struct Args {
     /// Only the caller's own records.
     #[arg(long)]
     pub me: bool,
+    /// Every user's records: accepted as sacct accepts it; what the server
+    /// shows already depends on who asks (a user sees their own).
+    #[arg(short = 'a', long = "allusers")]
+    pub allusers: bool,
+    /// Only records in these states (comma-separated): CD, F, TO, CA, OOM
+    /// or Slurm's names (COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY).
+    #[arg(short = 's', long = "state", value_name = "STATES", value_delimiter = ',', value_parser = acct::parse_state)]
+    pub states: Vec<acct::State>,
     /// Records of what ran at or after this time: YYYY-MM-DD[THH:MM[:SS]],
     /// HH:MM[:SS], now[-COUNT[seconds|minutes|hours|days|weeks]], today
     /// [default: midnight, or any time with -j].
@@ -113,7 +121,10 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
         users.push(super::queue::caller(&g)?);
     }
     let window = window(&args, now, offset)?;
-    let shown = acct::select(&records, &users, &args.jobs, window, args.allocations);
+    let mut shown = acct::select(&records, &users, &args.jobs, window, args.allocations);
+    if !args.states.is_empty() {
+        shown.retain(|r| args.states.contains(&r.state));
+    }
     out!("{}", render(&shown, &columns, &args, offset));
     Ok(ExitCode::SUCCESS)
 }
@@ -170,6 +181,8 @@ mod tests {
         assert_eq!(window(&args(&[]), now, 0).ok(), Some((1_795_910_400, i64::MAX)));
         assert_eq!(window(&args(&["-j", "a"]), now, 0).ok(), Some((i64::MIN, i64::MAX)));
         assert_eq!(window(&args(&["-S", "now-1hour", "-E", "now"]), now, 0).ok(), Some((now - 3600, now)));
+        assert_eq!(args(&["-s", "CD,to"]).states, [acct::State::Completed, acct::State::Timeout]);
+        assert!(args(&["-a"]).allusers);
         let err = window(&args(&["-S", "last tuesday"]), now, 0).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("-S/--starttime") && err.contains("last tuesday"), "{err}");
     }

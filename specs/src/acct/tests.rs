@@ -251,3 +251,14 @@ fn a_jobs_record_is_its_members_together_in_slurms_words() {
     check(job(JobPhase::Failed, Some(crate::job::DEADLINE_EXCEEDED)), &[&ok], false, (State::Timeout, 0, 15));
     check(job(JobPhase::Running, None), &[], true, (State::Cancelled, 0, 15));
 }
+
+#[test]
+fn states_by_slurms_names_and_codes() {
+    assert_eq!(parse_states("CD,f,timeout"), Ok(vec![State::Completed, State::Failed, State::Timeout]));
+    assert_eq!(
+        parse_states("ca,OUT_OF_MEMORY,oom"),
+        Ok(vec![State::Cancelled, State::OutOfMemory, State::OutOfMemory])
+    );
+    let err = parse_states("R").err().unwrap_or_default();
+    assert!(err.contains("\"R\"") && err.contains("TO (TIMEOUT)"), "{err}");
+}
