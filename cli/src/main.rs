@@ -67,6 +67,9 @@ enum Command {
     /// Partitions and their nodes by state, CPUs allocated/idle/other/total
     /// and NUMA nodes (Slurm's sinfo).
     Nodes(cmd::queue::NodesArgs),
+    /// Finished jobs, their members and pods of their own (Slurm's sacct):
+    /// times, state, exit code, CPU time, max RSS; --efficiency is seff.
+    Acct(cmd::acct::Args),
     /// Keep pending jobs from starting (Slurm's scontrol hold).
     Hold(cmd::batch::JobsArgs),
     /// Let held jobs start (Slurm's scontrol release).
@@ -146,6 +149,7 @@ fn main() -> ExitCode {
             Command::Queue(a) => cmd::queue::run(g, a).await,
             Command::Share(a) => cmd::queue::share(g, a).await,
             Command::Nodes(a) => cmd::queue::nodes(g, a).await,
+            Command::Acct(a) => cmd::acct::run(g, a).await,
             Command::Hold(a) => cmd::batch::hold(g, a, true).await,
             Command::Release(a) => cmd::batch::hold(g, a, false).await,
             Command::Exec(a) => cmd::exec::run(g, a).await,

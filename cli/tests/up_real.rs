@@ -1074,3 +1074,105 @@ fn a_pod_runs_an_image_from_a_registry_and_a_missing_one_says_why() {
     let out = up.cli(&["delete", "pod", "missing"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// `pinion acct` (sacct) over real containers: a job that burns CPU and
+/// fills memory shows COMPLETED with TotalCPU and MaxRSS read from its
+/// cgroup as it ended (cgroup v1 on this host), after its pods are gone; a
+/// failed job shows FAILED and its code; a pod of `pinion run` is a job of
+/// its own; a user does not see another's records; `--efficiency` is seff.
+#[test]
+fn acct_shows_finished_jobs_with_their_cgroup_figures_to_their_owner() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("burn.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#SBATCH -c 1 --mem=256M\ni=0; while [ $i -lt 300000 ]; do i=$((i+1)); done\n\
+         x=$(head -c 30000000 /dev/zero | tr '\\0' a)\necho ${#x}\n",
+    )
+    .unwrap();
+    let batch = |name: &str, extra: &[&str]| {
+        let out = up
+            .cmd(&["batch", "-J", name, script.to_str().unwrap()])
+            .args(extra)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let ended = |job: &str| {
+        up.wait(&format!("job {job} ended"), || {
+            matches!(job_status(&up, job)["phase"].as_str(), Some("Succeeded" | "Failed"))
+        });
+    };
+    let acct = |conf: Option<&Path>, args: &[&str]| {
+        let mut c = up.cmd(&[]);
+        if let Some(conf) = conf {
+            c.arg("--config").arg(conf);
+        }
+        let out = c.arg("acct").args(args).output().unwrap();
+        assert!(out.status.success(), "acct {args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let cols = "--format=JobID,State,ExitCode,TotalCPU,MaxRSS,User,NCPUS";
+
+    let (burn, fail) = (format!("burn-{tag}"), format!("fail-{tag}"));
+    batch(&burn, &[]);
+    ended(&burn);
+    assert_eq!(job_status(&up, &burn)["phase"], "Succeeded");
+    // Its pods go: the records stay.
+    let out = up.cli(&["cancel", &burn]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("its member gone", || up.phase(&format!("{burn}-0")).is_none());
+    let shown = acct(None, &["-P", "-n", "-j", &burn, cols]);
+    let lines: Vec<Vec<&str>> = shown.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(lines.len(), 2, "the job line and its member's: {shown}");
+    let member = format!("{burn}.0");
+    assert_eq!((lines[0][0], lines[1][0]), (burn.as_str(), member.as_str()), "{shown}");
+    for l in &lines {
+        assert_eq!((l[1], l[2], l[5], l[6]), ("COMPLETED", "0:0", "admin", "1"), "{shown}");
+        assert!(!l[3].is_empty() && l[3] != "00:00.000", "TotalCPU > 0: {shown}");
+        let kib: u64 = l[4].trim_end_matches('K').parse().unwrap_or(0);
+        assert!(kib > 30_000, "MaxRSS holds the 30 MB string: {shown}");
+    }
+    eprintln!("acct: {shown}");
+    let seff = acct(None, &["--efficiency", &burn]);
+    for want in ["State: COMPLETED", "Cores: 1", "CPU Efficiency: ", "Memory Efficiency: ", "of 256Mi"] {
+        assert!(seff.contains(want), "{want}: {seff}");
+    }
+    eprintln!("seff: {seff}");
+
+    std::fs::write(&script, "#!/bin/sh\nexit 3\n").unwrap();
+    batch(&fail, &[]);
+    ended(&fail);
+    let shown = acct(None, &["-P", "-n", "-X", "-j", &fail, "--format=JobID,State,ExitCode"]);
+    assert_eq!(shown, format!("{fail}|FAILED|3:0\n"));
+    // Past its time limit: TIMEOUT, its member stopped with SIGTERM, CANCELLED.
+    let slow = format!("slow-{tag}");
+    std::fs::write(&script, "#!/bin/sh\nsleep 30\n").unwrap();
+    batch(&slow, &["-t", "0:01"]);
+    ended(&slow);
+    let shown = acct(None, &["-P", "-n", "-j", &slow, "--format=JobID,State,ExitCode"]);
+    assert_eq!(shown, format!("{slow}|TIMEOUT|0:15\n{slow}.0|CANCELLED|0:15\n"));
+
+    // A pod of `pinion run` is a job of its own; alice sees hers, bob none of hers.
+    let (alice, bob) = (dir.path().join("alice.conf"), dir.path().join("bob.conf"));
+    for (name, uid, conf) in [("alice", "1001", &alice), ("bob", "1002", &bob)] {
+        let out = up.cli(&["user", "add", name, "--uid", uid, "--gid", uid, "--out", conf.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let one = format!("one-{tag}");
+    let out = up.cmd(&["--config", alice.to_str().unwrap(), "run", &one, "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("her record", || acct(Some(&alice), &["-P", "-n", "--format=JobID"]).contains(&one));
+    assert_eq!(
+        acct(Some(&alice), &["-P", "-n", "-j", &one, "--format=JobID,User,State"]),
+        format!("{one}|alice|COMPLETED\n")
+    );
+    let his = acct(Some(&bob), &["-P", "-n", "-S", "now-1day"]);
+    assert!(!his.contains(&one) && !his.contains(&burn), "{his}");
+    assert!(acct(None, &["-P", "-n", "--format=JobID"]).contains(&one), "an admin sees all");
+    let out = up.cli(&["acct", "--format=JobID,Colour"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("unknown column \"Colour\""), "{}", text(&out.stderr));
+}

@@ -123,7 +123,9 @@ fn pod_status() -> Value {
             "remote": [{"container": "main", "resource": "pinion.io/sriov-vf", "numaNodes": [1],
                         "reason": "relaxed: 1 requested, 0 free on the affinity's NUMA node(s) 0"}]
         },
-        "containerStatuses": [{"name": "main", "state": "Running", "restartCount": 1, "lastExitCode": 137, "reason": "OOMKilled"}],
+        "containerStatuses": [{"name": "main", "state": "Running", "restartCount": 1, "lastExitCode": 137, "reason": "OOMKilled",
+                               "usage": {"cpuNanos": 1_500_000_000u64, "maxRssBytes": 1_048_576, "missing": "memory.peak: absent"}}],
+        "startTime": "2026-11-29T13:00:00.000Z",
         "attempts": 1,
         "plan": {"epoch": 7, "placement": placement()},
         "podUid": "0123456789abcdef"
@@ -332,6 +334,16 @@ fn the_wire_types_match_their_schemas() {
     let s = Schemas::load();
     s.check::<Pod>("Pod", pod());
     s.check::<PodStatus>("PodStatus", pod_status());
+    s.check::<specs::acct::Record>(
+        "AcctRecord",
+        json!({
+            "apiVersion": "pinion.io/v1", "kind": "AcctRecord", "metadata": metadata("job.0123456789abcdef"),
+            "jobId": "sim.1", "jobName": "sim", "member": 1, "user": "ada", "account": "physics", "partition": "batch",
+            "submit": 1_795_910_400, "start": 1_795_910_401, "end": 1_795_910_411, "state": "OUT_OF_MEMORY",
+            "exitCode": 0, "signal": 9, "cpuNanos": 5_000_000_000u64, "maxRssBytes": 1_048_576,
+            "missing": ["memory.peak: absent"], "ncpus": 2, "memRequestBytes": 67_108_864, "nodes": ["n1"]
+        }),
+    );
     s.check::<Node>("Node", node());
     s.check::<NodeStatus>("NodeStatus", node_status());
     s.check::<NodeStatusReport>(

@@ -252,7 +252,11 @@ async fn an_unconfirmed_binding_expires_its_capacity_returns_and_the_pod_is_requ
 #[tokio::test(start_paused = true)]
 async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (s, _spinner) = server(dir.path(), |o| o.controller.finished_pod_ttl = Some(Duration::from_secs(120))).await;
+    let (s, _spinner) = server(dir.path(), |o| {
+        o.controller.finished_pod_ttl = Some(Duration::from_secs(120));
+        o.controller.acct_retention = Some(Duration::from_secs(1));
+    })
+    .await;
     let node = s.node(dir.path(), "two", 2).await;
     let mut w = s.watch_from_now().await;
     s.create("own", "", "  ttlSecondsAfterFinished: 60\n").await;
@@ -279,6 +283,27 @@ async fn finished_pods_stay_queryable_until_their_ttl_then_go_with_their_events(
     tokio::time::advance(Duration::from_secs(60)).await;
     unaided("default removed at the server's 120 s", async {
         while s.admin.get_pod("default").await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // Their accounting records outlive them, each written as its pod ended;
+    // a user sees none of another's (`pinion acct`).
+    let mut records = s.admin.list_acct().await.expect("acct").items;
+    records.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+    let seen: Vec<(&str, specs::acct::State, &str)> =
+        records.iter().map(|r| (r.job_id.as_str(), r.state, r.user.as_str())).collect();
+    use specs::acct::State::{Completed, Failed};
+    assert_eq!(seen, [("default", Failed, "admin"), ("own", Completed, "admin")]);
+    assert!(records.iter().all(|r| r.start.is_some() && r.nodes == ["two"]), "{records:?}");
+    let alice = s.person("alice", specs::api::Role::User).await;
+    assert!(alice.list_acct().await.expect("her acct").items.is_empty());
+    // Past their retention (a second, on the wall clock records keep), the
+    // controller's hourly pass prunes them.
+    std::thread::sleep(Duration::from_millis(2100));
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    unaided("the records pruned", async {
+        while !s.admin.list_acct().await.expect("acct").items.is_empty() {
             tokio::task::yield_now().await;
         }
     })

@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod acct;
 pub mod api;
 pub mod backfill;
 pub mod batch;

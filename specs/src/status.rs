@@ -77,6 +77,10 @@ pub struct PodStatus {
     /// its node judges), as Kubernetes has it; absent until a node says.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<PodCondition>,
+    /// RFC 3339: when the server first heard the pod run (or end), kept
+    /// for accounting (`specs::acct`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
 }
 
 /// The pod status reason of a pod its node is stopping (SIGTERM sent, not
@@ -149,6 +153,24 @@ pub struct ContainerStatus {
     /// Running and passing its readiness probe (running is enough without one).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ready: bool,
+    /// What its last run used, read from its cgroup as it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ContainerUsage>,
+}
+
+/// A container's CPU time and memory high-water mark, read by its node from
+/// its cgroup when it ended (cgroup v1: `cpuacct.usage`,
+/// `memory.max_usage_in_bytes`; v2: `cpu.stat` `usage_usec`, `memory.peak`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_nanos: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_bytes: Option<u64>,
+    /// What could not be read, and why (a kernel without `memory.peak`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

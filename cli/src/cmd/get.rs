@@ -633,6 +633,7 @@ mod tests {
                     last_exit_code: *code,
                     reason: reason.map(str::to_string),
                     ready: *state == ContainerState::Running,
+                    usage: None,
                 })
                 .collect(),
             ..Default::default()
@@ -666,6 +667,7 @@ mod tests {
                 last_exit_code: None,
                 reason: None,
                 ready: true,
+                usage: None,
             }],
             ..Default::default()
         };

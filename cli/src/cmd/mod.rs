@@ -1,5 +1,6 @@
 //! One module per verb; each has its `Args` and an async `run`.
 
+pub mod acct;
 pub mod agent;
 pub mod apply;
 pub mod batch;

@@ -99,7 +99,7 @@ pub fn table(rows: &[queue::Row]) -> String {
 
 /// The caller's name as the server records it as an owner: `admin` for the
 /// bootstrap certificate, a person's name for theirs.
-fn caller(g: &GlobalArgs) -> anyhow::Result<String> {
+pub(crate) fn caller(g: &GlobalArgs) -> anyhow::Result<String> {
     let creds = crate::config::load(g)?;
     let facts = pinion_wire::tls::CertificateFacts::from_pem(&creds.client_cert, "clientCert")?;
     let cn = facts.common_name.unwrap_or_default();

@@ -15,12 +15,19 @@ pub struct Retention {
     #[arg(long, value_name = "SECONDS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(0..=specs::validate::MAX_TTL_SECONDS))]
     pub finished_pod_ttl: u64,
+    /// Days the accounting records of finished jobs and pods (`pinion
+    /// acct`) are kept after their end; 0 keeps them until deleted.
+    #[arg(long, value_name = "DAYS", default_value_t = specs::acct::DEFAULT_RETENTION_DAYS,
+          value_parser = clap::value_parser!(u64).range(0..=36_500))]
+    pub acct_retention: u64,
 }
 
 impl Retention {
     pub fn apply(&self, opts: &mut ServerOptions) {
         opts.controller.finished_pod_ttl =
             (self.finished_pod_ttl > 0).then(|| Duration::from_secs(self.finished_pod_ttl));
+        opts.controller.acct_retention =
+            (self.acct_retention > 0).then(|| Duration::from_secs(self.acct_retention * 86_400));
     }
 }
 
@@ -139,7 +146,13 @@ mod tests {
     use crate::{Cli, Command};
 
     /// What the shared flags set, as `pinion server` or `pinion up` parses them.
-    type Set = (Option<Duration>, Vec<String>, orchestrator::tls::Lifetimes, Option<Duration>, specs::net::PodRanges);
+    type Set = (
+        (Option<Duration>, Option<Duration>),
+        Vec<String>,
+        orchestrator::tls::Lifetimes,
+        Option<Duration>,
+        specs::net::PodRanges,
+    );
 
     fn check(args: &[&str]) -> Result<Set, String> {
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
@@ -153,7 +166,7 @@ mod tests {
         access.apply(&mut opts).map_err(|e| e.to_string())?;
         pod_network.apply(&mut opts).map_err(|e| e.to_string())?;
         Ok((
-            opts.controller.finished_pod_ttl,
+            (opts.controller.finished_pod_ttl, opts.controller.acct_retention),
             opts.allowed_host_paths,
             opts.lifetimes,
             opts.join_token_ttl,
@@ -165,6 +178,7 @@ mod tests {
     fn server_and_up_set_the_same_options_from_the_same_flags() {
         let flags = [
             "--finished-pod-ttl=0",
+            "--acct-retention=7",
             "--allowed-host-paths=/srv,/scratch",
             "--node-cert-ttl=12h",
             "--user-cert-ttl=90s",
@@ -178,13 +192,23 @@ mod tests {
             ..Default::default()
         };
         let ranges = specs::net::PodRanges::parse("10.8.0.0/14", 26).expect("ranges");
-        let expected = (None, vec!["/srv".to_string(), "/scratch".to_string()], lifetimes, None, ranges);
+        let expected = (
+            (None, Some(Duration::from_secs(7 * 86_400))),
+            vec!["/srv".to_string(), "/scratch".to_string()],
+            lifetimes,
+            None,
+            ranges,
+        );
         for verb in ["server", "up"] {
             let args: Vec<&str> = ["pinion", verb].into_iter().chain(flags).collect();
             assert_eq!(check(&args), Ok(expected.clone()), "pinion {verb}");
         }
         let defaults = check(&["pinion", "server"]).expect("defaults");
-        assert_eq!((defaults.0, defaults.3), (Some(Duration::from_secs(3600)), Some(Duration::from_secs(24 * 3600))));
+        let month = Some(Duration::from_secs(30 * 86_400));
+        assert_eq!(
+            (defaults.0, defaults.3),
+            ((Some(Duration::from_secs(3600)), month), Some(Duration::from_secs(24 * 3600)))
+        );
         assert_eq!(defaults.4, specs::net::PodRanges::parse("10.213.0.0/16", 24).expect("ranges"));
         assert_eq!(check(&["pinion", "up"]), Ok(defaults));
     }

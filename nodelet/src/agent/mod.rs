@@ -289,7 +289,7 @@ pub async fn run(
             biased;
             _ = &mut shutdown => break,
             Some(ev) = events.recv() => batch.push(ev),
-            Some(ExitEvent { id, code, oom_killed }) = exits.recv() => batch.push(Event::Exited { id, code, oom_killed }),
+            Some(ExitEvent { id, code, oom_killed, usage }) = exits.recv() => batch.push(Event::Exited { id, code, oom_killed, usage }),
             ch = changes.recv(), if changes_open => match ch {
                 Some(ch) => batch.push(Event::Changes(vec![ch])),
                 // The sources are gone; keep running what we have until shutdown.
@@ -306,8 +306,8 @@ pub async fn run(
         if !queued.is_empty() {
             batch.push(Event::Changes(queued));
         }
-        while let Ok(ExitEvent { id, code, oom_killed }) = exits.try_recv() {
-            batch.push(Event::Exited { id, code, oom_killed });
+        while let Ok(ExitEvent { id, code, oom_killed, usage }) = exits.try_recv() {
+            batch.push(Event::Exited { id, code, oom_killed, usage });
         }
         while let Ok(ev) = events.try_recv() {
             batch.push(ev);
@@ -680,14 +680,16 @@ impl Executor {
                             .into_iter()
                             .map(|id| {
                                 let s = rt.state(&id).map_err(|e| format!("state of {id}: {e}"));
-                                (id, s)
+                                let usage =
+                                    matches!(s, Ok(ContainerState::Exited { .. })).then(|| rt.usage(&id)).flatten();
+                                (id, s, usage)
                             })
                             .collect::<Vec<_>>())
                     })
                     .await;
                     let states = match r {
                         Ok(states) => states,
-                        Err(err) => all.into_iter().map(|id| (id, Err(err.to_string()))).collect(),
+                        Err(err) => all.into_iter().map(|id| (id, Err(err.to_string()), None)).collect(),
                     };
                     let _ = tx.send(Event::Observed(states));
                 });
@@ -1102,12 +1104,21 @@ async fn adopt(st: &mut State, runtime: &Arc<dyn Runtime>, key: &str) {
     for (i, id) in ids.into_iter().enumerate() {
         let Some(id) = id else { continue };
         let rid = id.clone();
-        let r = call(runtime, &format!("state of {id}"), op, move |rt| rt.state(&rid)).await;
+        let r = call(runtime, &format!("state of {id}"), op, move |rt| {
+            let state = rt.state(&rid)?;
+            // What an exited one used, for the status that says it ended.
+            let usage = matches!(state, ContainerState::Exited { .. }).then(|| rt.usage(&rid)).flatten();
+            Ok((state, usage))
+        })
+        .await;
         let Some(e) = st.pods.get_mut(key) else { return };
         found[i] = Some(match r {
-            Ok(ContainerState::Running { .. }) => Found::Running,
-            Ok(ContainerState::Exited { code, oom_killed }) => Found::Exited(code, oom_killed),
-            Ok(ContainerState::Missing) => {
+            Ok((ContainerState::Running { .. }, _)) => Found::Running,
+            Ok((ContainerState::Exited { code, oom_killed }, usage)) => {
+                e.ctrs[i].last_usage = usage;
+                Found::Exited(code, oom_killed)
+            }
+            Ok((ContainerState::Missing, _)) => {
                 tracing::info!(key, id, "the checkpoint names a container that was never created; starting it");
                 Found::NeverCreated
             }

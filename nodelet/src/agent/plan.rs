@@ -94,6 +94,8 @@ pub(crate) struct Ctr {
     streak: u32,
     pub(crate) state: CtrState,
     pub(crate) last_exit: Option<(i32, bool)>,
+    /// What its last run used (cgroup figures from its exit event).
+    pub(crate) last_usage: Option<specs::status::ContainerUsage>,
     /// Why the last run ended, when the exit code alone does not say (`ContainerCannotRun`).
     pub(crate) last_reason: Option<String>,
     /// The cpuset last given to the runtime; `None` forces an update.
@@ -167,6 +169,7 @@ impl PodEntry {
                 streak: 0,
                 state: CtrState::Waiting { at: now, reason: None },
                 last_exit: None,
+                last_usage: None,
                 last_reason: None,
                 applied: None,
                 updating: false,
@@ -227,9 +230,11 @@ pub(crate) enum Event {
         id: String,
         code: i32,
         oom_killed: bool,
+        usage: Option<specs::status::ContainerUsage>,
     },
     /// The safety re-check's view of the running containers.
-    Observed(Vec<(String, Result<ContainerState, String>)>),
+    /// With what an exited one used (`Runtime::usage`).
+    Observed(Vec<(String, Result<ContainerState, String>, Option<specs::status::ContainerUsage>)>),
     Started {
         key: String,
         container: String,
@@ -547,13 +552,19 @@ fn on_event(st: &mut State, event: Event, now: Instant, out: &mut Vec<Action>) {
                 on_change(st, ch, now, out);
             }
         }
-        Event::Exited { id, code, oom_killed } => on_exit(st, &id, code, oom_killed, now),
+        Event::Exited { id, code, oom_killed, usage } => {
+            keep_usage(st, &id, usage);
+            on_exit(st, &id, code, oom_killed, now)
+        }
         Event::Observed(states) => {
             st.recheck_in_flight = false;
-            for (id, state) in states {
+            for (id, state, usage) in states {
                 match state {
                     Ok(ContainerState::Running { .. }) => {}
-                    Ok(ContainerState::Exited { code, oom_killed }) => on_exit(st, &id, code, oom_killed, now),
+                    Ok(ContainerState::Exited { code, oom_killed }) => {
+                        keep_usage(st, &id, usage);
+                        on_exit(st, &id, code, oom_killed, now)
+                    }
                     Ok(ContainerState::Missing) => on_exit(st, &id, reconcile::LOST_CODE, false, now),
                     Err(err) => {
                         if let Some((key, _)) = find(st, &id) {
@@ -671,6 +682,15 @@ fn find(st: &State, id: &str) -> Option<(String, usize)> {
     st.pods
         .iter()
         .find_map(|(key, e)| e.ctrs.iter().position(|c| c.runtime_id.as_deref() == Some(id)).map(|i| (key.clone(), i)))
+}
+
+/// What an ended container used goes into the status that says it ended.
+fn keep_usage(st: &mut State, id: &str, usage: Option<specs::status::ContainerUsage>) {
+    if let (Some(usage), Some((key, i))) = (usage, find(st, id)) {
+        if let Some(c) = st.pods.get_mut(&key).and_then(|e| e.ctrs.get_mut(i)) {
+            c.last_usage = Some(usage);
+        }
+    }
 }
 
 fn on_exit(st: &mut State, id: &str, code: i32, oom: bool, now: Instant) {

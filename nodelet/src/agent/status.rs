@@ -233,6 +233,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
                     last_exit_code: c.last_exit.map(|x| x.0),
                     reason,
                     ready: state == ShownState::Running && c.probes.ready(),
+                    usage: c.last_usage.clone(),
                 }
             })
             .collect();

@@ -196,7 +196,7 @@ impl Inner {
         let tx = self.exits.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = tx.as_ref() {
             // A closed channel: nobody listens any more, which is fine.
-            let _ = tx.send(ExitEvent { id: id.to_string(), code, oom_killed });
+            let _ = tx.send(ExitEvent { id: id.to_string(), code, oom_killed, usage: None });
         }
     }
 
@@ -498,15 +498,18 @@ pub(crate) mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         rt.watch_exits(tx).unwrap();
         rt.start(&with_args("t", &["true"]), &mut Default::default()).unwrap();
-        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "t".into(), code: 0, oom_killed: false }));
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "t".into(), code: 0, oom_killed: false, usage: None }));
         rt.start(&with_args("f", &["false"]), &mut Default::default()).unwrap();
-        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "f".into(), code: 1, oom_killed: false }));
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "f".into(), code: 1, oom_killed: false, usage: None }));
         rt.start(&with_args("s", &["sleep", "0.01"]), &mut Default::default()).unwrap();
         rt.start(&with_args("forever", &["sleep", "inf"]), &mut Default::default()).unwrap();
-        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "s".into(), code: 0, oom_killed: false }));
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "s".into(), code: 0, oom_killed: false, usage: None }));
         assert_eq!(rt.state("s").unwrap(), ContainerState::Exited { code: 0, oom_killed: false });
         rt.exit("forever", 7, false).unwrap();
-        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "forever".into(), code: 7, oom_killed: false }));
+        assert_eq!(
+            rx.blocking_recv(),
+            Some(ExitEvent { id: "forever".into(), code: 7, oom_killed: false, usage: None })
+        );
         // Stopping a container that is already gone is not an error.
         rt.remove("forever").unwrap();
         rt.stop("forever", Duration::ZERO).unwrap();

@@ -583,7 +583,7 @@ fn watch_exit_notices(ino: nix::sys::inotify::Inotify, dir: PathBuf, tx: ExitSen
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let send = |found: BTreeMap<String, ExitRecord>| {
         for (id, rec) in found {
-            let _ = tx.send(ExitEvent { id, code: rec.code, oom_killed: rec.oom_killed });
+            let _ = tx.send(ExitEvent { id, code: rec.code, oom_killed: rec.oom_killed, usage: rec.usage });
         }
     };
     // Exits from before the watch: the receiver ignores the ones it knows of.
@@ -726,6 +726,11 @@ impl Runtime for LibcontainerRuntime {
             return Err(cerr(id, "still being created"));
         }
         Ok(ContainerState::Exited { code: UNKNOWN_EXIT_CODE, oom_killed: false })
+    }
+
+    fn usage(&self, id: &str) -> Option<specs::status::ContainerUsage> {
+        check_id(id).ok()?;
+        read_json::<ExitRecord>(&self.layout.exit(id)).ok().flatten()?.usage
     }
 
     fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError> {
@@ -891,7 +896,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(ioerr(Path::new("tmp")))?;
         let layout = Layout::new(dir.path());
         fs::create_dir_all(layout.exits()).map_err(ioerr(&layout.exits()))?;
-        let before = ExitRecord { code: 3, signal: None, oom_killed: false };
+        let before = ExitRecord { code: 3, signal: None, oom_killed: false, usage: None };
         write_json(&layout.exit_notice("old_1"), &before)?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         use nix::sys::inotify::{AddWatchFlags as F, InitFlags, Inotify};
@@ -901,10 +906,13 @@ mod tests {
         let exits = layout.exits();
         let watcher = std::thread::spawn(move || watch_exit_notices(ino, exits, tx));
         // An exit from before the watch, then one while it watches.
-        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "old_1".into(), code: 3, oom_killed: false }));
-        let rec = ExitRecord { code: 143, signal: Some(15), oom_killed: false };
+        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "old_1".into(), code: 3, oom_killed: false, usage: None }));
+        let rec = ExitRecord { code: 143, signal: Some(15), oom_killed: false, usage: None };
         write_json(&layout.exit_notice("new_1"), &rec)?;
-        assert_eq!(rx.blocking_recv(), Some(ExitEvent { id: "new_1".into(), code: 143, oom_killed: false }));
+        assert_eq!(
+            rx.blocking_recv(),
+            Some(ExitEvent { id: "new_1".into(), code: 143, oom_killed: false, usage: None })
+        );
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(rx.try_recv().ok(), None, "one event per exit");
         drop(rx);

@@ -190,6 +190,9 @@ pub struct ExitEvent {
     /// The exit code, or 128 + signal when killed by a signal.
     pub(crate) code: i32,
     pub(crate) oom_killed: bool,
+    /// What it used, read from its cgroup as it ended (`None`: a runtime
+    /// without cgroups).
+    pub(crate) usage: Option<specs::status::ContainerUsage>,
 }
 
 /// Where a runtime sends exit events; sending never blocks.
@@ -271,6 +274,11 @@ pub trait Runtime: Send + Sync + 'static {
         self.start(cfg, trace)
     }
     fn state(&self, id: &str) -> Result<ContainerState, RuntimeError>;
+    /// What an exited container used, as read from its cgroup when it
+    /// ended (the exit event carries the same); `None` when unknown.
+    fn usage(&self, _id: &str) -> Option<specs::status::ContainerUsage> {
+        None
+    }
     /// Changes a running container's cpuset in place (no restart).
     fn update_cpuset(&self, id: &str, cpus: &CpuSet, mems: &NumaSet) -> Result<(), RuntimeError>;
     /// SIGTERM, then SIGKILL after `grace`; returns once the process is gone.

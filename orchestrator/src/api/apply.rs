@@ -291,6 +291,7 @@ pub fn bookmark_line(kind: Kind, version: u64) -> String {
         Kind::DaemonSet => "DaemonSet",
         Kind::Partition => "Partition",
         Kind::Usage => "Usage",
+        Kind::AcctRecord => "AcctRecord",
     };
     watch_line(
         WatchEventType::Bookmark,
@@ -800,6 +801,11 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let now = chrono::Utc::now().timestamp();
             let ledger = specs::fairshare::Ledger::new(&listed.items, now, &specs::fairshare::DEFAULT_WEIGHTS);
             json(200, &List { resource_version: listed.rv, items: ledger.shares(), unreadable: listed.unreadable })
+        }
+        Action::ListAcct => {
+            // Whoever may list jobs: a user sees their own records.
+            authorize(id, Request::ListJobs)?;
+            list_owned::<specs::acct::Record>(store, id, &LabelSelector::default(), |_| {})
         }
         Action::ListUsers => {
             authorize(id, Request::ListUsers)?;

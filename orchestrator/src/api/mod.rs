@@ -682,6 +682,7 @@ fn lists_everything(action: &parse::Action) -> bool {
         ListPods { .. }
             | ListNodes { .. }
             | ListJobs { .. }
+            | ListAcct
             | ListEvents { .. }
             | WatchPods { from: None, .. }
             | WatchNodes { from: None, .. }

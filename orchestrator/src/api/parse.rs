@@ -118,6 +118,7 @@ pub enum Action {
     GetPartition(String),
     DeletePartition(String),
     ListShares,
+    ListAcct,
     ListUsers,
     CreateUser(Box<specs::api::User>),
     RevokeUser(String),
@@ -276,6 +277,7 @@ pub fn parse(
         RouteId::GetPartition => Action::GetPartition(name()?),
         RouteId::DeletePartition => Action::DeletePartition(name()?),
         RouteId::ListShares => Action::ListShares,
+        RouteId::ListAcct => Action::ListAcct,
         RouteId::ListUsers => Action::ListUsers,
         RouteId::CreateUser => {
             let user: specs::api::User = decode_json(body)?;

@@ -191,7 +191,18 @@ pub fn delete(t: &mut Txn<'_>, name: &str) -> Result<Option<(Job, MemberChanges)
     if job.status.as_ref().is_some_and(|s| s.phase == JobPhase::Running) {
         charge_usage(t, &job)?;
     }
+    let ended = job.status.as_ref().is_some_and(|s| s.phase.is_terminal());
+    if !ended {
+        let current = current_members(t, &job)?;
+        let refs: Vec<&Pod> = current.iter().flatten().collect();
+        super::acct::job_ended(t, &job, &refs, true)?;
+    }
     let members = delete_members(t, &job)?;
+    if !ended {
+        for p in members.deleted.iter().filter(|p| !super::pods::is_finished(p)) {
+            super::acct::pod_ended(t, p, true)?;
+        }
+    }
     Ok(Some((job, members)))
 }
 
@@ -386,6 +397,11 @@ pub fn reconcile(t: &mut Txn<'_>, name: &str, past_deadline: bool) -> Result<Mem
         JobAction::Stop(pods) => {
             for p in pods {
                 if let Some(pod) = t.delete::<Pod>(p)? {
+                    // A member stopped because its job ended: Slurm's
+                    // CANCELLED step.
+                    if !super::pods::is_finished(&pod) {
+                        super::acct::pod_ended(t, &pod, true)?;
+                    }
                     out.deleted.push(pod);
                 }
             }
@@ -419,6 +435,8 @@ pub fn reconcile(t: &mut Txn<'_>, name: &str, past_deadline: bool) -> Result<Mem
         t.put(&mut job)?;
         if ended_now {
             charge_usage(t, &job)?;
+            let ended: Vec<&Pod> = members.iter().flatten().collect();
+            super::acct::job_ended(t, &job, &ended, false)?;
         }
     }
     Ok(out)

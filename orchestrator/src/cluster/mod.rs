@@ -5,6 +5,7 @@
 //! (`api::error::answer`); the controller calls the same functions. Nothing
 //! here knows of HTTP or of the API layer (a test checks the imports).
 
+pub mod acct;
 mod authorize;
 pub mod daemonsets;
 pub mod deployments;

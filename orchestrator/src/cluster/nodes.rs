@@ -313,6 +313,7 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
             }
             t.put(&mut pod)?;
             if !was_finished && is_finished(&pod) {
+                super::acct::pod_ended(t, &pod, false)?;
                 finished.push(pod);
             }
         }

@@ -83,7 +83,11 @@ pub fn delete(t: &mut Txn<'_>, id: &Identity, name: &str) -> Result<Deleted, Clu
     if t.purge_unreadable::<Pod>(name)? {
         return Ok(Deleted::Unreadable);
     }
-    t.delete::<Pod>(name)?.map(|p| Deleted::Pod(Box::new(p))).ok_or_else(|| ClusterError::not_found("Pod", name))
+    let pod = t.delete::<Pod>(name)?.ok_or_else(|| ClusterError::not_found("Pod", name))?;
+    if !is_finished(&pod) {
+        super::acct::pod_ended(t, &pod, true)?;
+    }
+    Ok(Deleted::Pod(Box::new(pod)))
 }
 
 /// A node's report of one pod's status, merged into the stored pod. Returns
@@ -103,6 +107,9 @@ pub fn report_status(
     merge_status(&mut pod, status.clone())?;
     t.put(&mut pod)?;
     let finished = !was_finished && is_finished(&pod);
+    if finished {
+        super::acct::pod_ended(t, &pod, false)?;
+    }
     Ok((pod, finished))
 }
 
@@ -329,6 +336,10 @@ pub(super) fn merge_status(pod: &mut Pod, mut reported: PodStatus) -> Result<(),
         reported.pod_ip = current.pod_ip;
         reported.pod_ips = current.pod_ips;
     }
+    // When it first ran (or ended, for one too short to be seen running):
+    // where its accounting record's Start and Elapsed count from.
+    let ran = matches!(reported.phase, PodPhase::Running | PodPhase::Succeeded | PodPhase::Failed);
+    reported.start_time = current.start_time.or_else(|| ran.then(super::now_rfc3339));
     reported.node_name = pod.spec.node_name.clone();
     // The node's tag, checked by the caller; not part of the stored status.
     reported.pod_uid = None;

@@ -1191,3 +1191,101 @@ async fn the_cluster_cpus_follow_registrations_and_deletes() {
     w.run(|t| nodes::delete(t, "b")).await.expect("delete b");
     assert_eq!(cpus(&w).await, 6);
 }
+
+/// Node `n1` reports member or pod `name` in `phase`, its one container
+/// with `code` and `usage`.
+async fn report_ended(w: &World, name: &str, phase: PodPhase, code: i32, usage: (u64, u64)) {
+    let uid = w.pod(name).and_then(|p| p.metadata.uid);
+    let ctr = specs::status::ContainerStatus {
+        name: "main".into(),
+        last_exit_code: Some(code),
+        usage: Some(specs::status::ContainerUsage {
+            cpu_nanos: Some(usage.0),
+            max_rss_bytes: Some(usage.1),
+            missing: None,
+        }),
+        ..Default::default()
+    };
+    let n = name.to_string();
+    for s in [
+        PodStatus { pod_uid: uid.clone(), ..status(PodPhase::Running) },
+        PodStatus { pod_uid: uid.clone(), container_statuses: vec![ctr.clone()], ..status(phase) },
+    ] {
+        let n = n.clone();
+        w.run(move |t| pods::report_status(t, &Identity::Node("n1".into()), &n, &s)).await.expect("reported");
+    }
+}
+
+async fn bind_to_n1(w: &World, name: &str) {
+    let mut p = w.pod(name).expect("pod");
+    p.spec.node_name = Some("n1".into());
+    w.put_pod(p).await;
+}
+
+fn records(w: &World) -> Vec<specs::acct::Record> {
+    let mut r = w.store.list::<specs::acct::Record>().expect("list").items;
+    r.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+    r
+}
+
+#[tokio::test]
+async fn a_finished_job_writes_its_records_in_its_last_write_and_they_outlive_its_pods() {
+    use specs::acct::State;
+    let w = World::new();
+    let j = owned_job("j", "alice", 2);
+    w.run(move |t| jobs::create(t, &j, "uj", None)).await.expect("create");
+    w.run(|t| jobs::mark_running(t, "j")).await.expect("running");
+    for (m, cpu, rss) in [("j-0", 3_000_000_000, 10 << 20), ("j-1", 1_000_000_000, 30 << 20)] {
+        bind_to_n1(&w, m).await;
+        report_ended(&w, m, PodPhase::Succeeded, 0, (cpu, rss)).await;
+    }
+    // The members' records came with their ends; the job's with its judgement.
+    assert_eq!(records(&w).len(), 2);
+    w.run(|t| jobs::reconcile(t, "j", false)).await.expect("judged");
+    let got = records(&w);
+    type Line<'a> = (&'a str, State, Option<u64>, Option<u64>, &'a str);
+    let lines: Vec<Line<'_>> =
+        got.iter().map(|r| (r.job_id.as_str(), r.state, r.cpu_nanos, r.max_rss_bytes, r.user.as_str())).collect();
+    assert_eq!(
+        lines,
+        [
+            ("j", State::Completed, Some(4_000_000_000), Some(30 << 20), "alice"),
+            ("j.0", State::Completed, Some(3_000_000_000), Some(10 << 20), "alice"),
+            ("j.1", State::Completed, Some(1_000_000_000), Some(30 << 20), "alice"),
+        ]
+    );
+    let job_line = &got[0];
+    assert_eq!(
+        (job_line.ncpus, job_line.account.as_deref(), job_line.nodes.clone()),
+        (4, Some("physics"), vec!["n1".into()])
+    );
+    assert!(job_line.start.is_some() && got[1].start.is_some() && got[1].member == Some(0));
+    // Judged again: no second record. Deleted with its pods: the records stay.
+    w.run(|t| jobs::reconcile(t, "j", false)).await.expect("again");
+    w.run(|t| jobs::delete(t, "j")).await.expect("deleted");
+    assert!(w.pod("j-0").is_none());
+    assert_eq!(records(&w).len(), 3);
+
+    // A failed pod of its own: FAILED with its code; a cancelled one: CANCELLED.
+    let mut p = owned_by(pod("one"), "bob");
+    p.metadata.uid = Some("u-one".into());
+    w.put_pod(p).await;
+    bind_to_n1(&w, "one").await;
+    report_ended(&w, "one", PodPhase::Failed, 3, (5, 6)).await;
+    let mut p = owned_by(pod("two"), "bob");
+    p.metadata.uid = Some("u-two".into());
+    w.put_pod(p).await;
+    w.run(|t| pods::delete(t, &Identity::Admin, "two")).await.expect("cancelled");
+    let got = records(&w);
+    let of = |id: &str| got.iter().find(|r| r.job_id == id).map(|r| (r.state, r.exit_code, r.signal, r.user.clone()));
+    assert_eq!(of("one"), Some((State::Failed, 3, 0, "bob".into())));
+    assert_eq!(of("two"), Some((State::Cancelled, 0, 15, "bob".into())));
+
+    // Past the retention, pruned; within it, kept.
+    let names: Vec<String> = got.iter().map(|r| r.metadata.name.clone()).collect();
+    let now = chrono::Utc::now().timestamp();
+    let n = names.clone();
+    assert_eq!(w.run(move |t| super::acct::prune(t, &n, now, 3600)).await.expect("kept"), 0);
+    assert_eq!(w.run(move |t| super::acct::prune(t, &names, now + 3602, 3600)).await.expect("pruned"), 5);
+    assert!(records(&w).is_empty());
+}

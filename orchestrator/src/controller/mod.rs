@@ -83,6 +83,9 @@ pub struct ControllerConfig {
     /// How long a finished pod (and its events) is kept when its spec sets no
     /// `ttlSecondsAfterFinished`; `None` keeps it until deleted.
     pub finished_pod_ttl: Option<Duration>,
+    /// How long accounting records (`specs::acct`) are kept after their
+    /// end; `None` keeps them until deleted.
+    pub acct_retention: Option<Duration>,
     /// How long a Deployment's pod on a NotReady node is waited for before
     /// it is replaced elsewhere, when its template sets no
     /// `nodeLostReplaceAfterSeconds` (`never`: wait for the node).
@@ -98,6 +101,7 @@ impl Default for ControllerConfig {
             backoff_max: Duration::from_secs(60),
             binding_timeout: Duration::from_secs(30),
             finished_pod_ttl: Some(Duration::from_secs(3600)),
+            acct_retention: Some(Duration::from_secs(specs::acct::DEFAULT_RETENTION_DAYS * 86_400)),
             node_lost_replace_after: specs::node_lost::ReplaceAfter::Seconds(
                 specs::node_lost::DEFAULT_REPLACE_AFTER_SECONDS,
             ),
@@ -105,6 +109,12 @@ impl Default for ControllerConfig {
         }
     }
 }
+
+/// How often accounting records past their retention are looked for.
+const ACCT_PRUNE_PERIOD: Duration = Duration::from_secs(3600);
+/// Accounting records removed per write: each is two operations (the
+/// record and its log entry), well under etcd's 128 per transaction.
+const ACCT_PRUNE_CHUNK: usize = 32;
 
 /// Most pods taken from the queue per scheduling pass.
 const PASS: usize = 2048;
@@ -1159,9 +1169,45 @@ impl Controller {
         }
     }
 
+    /// Removes the accounting records past the retention, a chunk per write.
+    async fn prune_acct(&self) {
+        let Some(retention) = self.config.acct_retention else { return };
+        let now = chrono::Utc::now().timestamp();
+        let listed = match self.store.list::<specs::acct::Record>() {
+            Ok(l) => l.items,
+            Err(e) => return tracing::error!(error = %e, "cannot list accounting records"),
+        };
+        let names: Vec<String> = listed
+            .into_iter()
+            .filter(|r| specs::acct::expired(r, now, retention.as_secs()))
+            .map(|r| r.metadata.name)
+            .collect();
+        for chunk in names.chunks(ACCT_PRUNE_CHUNK) {
+            let chunk = chunk.to_vec();
+            let secs = retention.as_secs();
+            let r = self
+                .store
+                .write(move |t| {
+                    t.as_leader();
+                    crate::cluster::acct::prune(t, &chunk, now, secs)
+                })
+                .await;
+            match r {
+                Ok(n) => tracing::debug!(records = n, "accounting records past their retention removed"),
+                Err(e) => return tracing::error!(error = %e, "cannot remove old accounting records"),
+            }
+        }
+    }
+
     async fn lifecycle_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let period = (self.config.heartbeat_grace / 4).max(Duration::from_millis(50));
+        // The first pass at start: a server down for long prunes at once.
+        let mut next_prune = Instant::now();
         loop {
+            if Instant::now() >= next_prune {
+                next_prune = Instant::now() + ACCT_PRUNE_PERIOD;
+                self.prune_acct().await;
+            }
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
                 _ = shutdown.changed() => return,

@@ -136,6 +136,7 @@ pub enum Kind {
     DaemonSet,
     Partition,
     Usage,
+    AcctRecord,
 }
 
 impl Kind {
@@ -151,6 +152,7 @@ impl Kind {
             Kind::DaemonSet => "daemonset/",
             Kind::Partition => "partition/",
             Kind::Usage => "usage/",
+            Kind::AcctRecord => "acct/",
         }
     }
 }
@@ -244,6 +246,16 @@ impl Object for specs::partition::Partition {
 
 impl Object for specs::fairshare::Usage {
     const KIND: Kind = Kind::Usage;
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl Object for specs::acct::Record {
+    const KIND: Kind = Kind::AcctRecord;
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }

@@ -931,3 +931,32 @@ async fn claims_are_listed_as_each_write_sees_them(f: &Fixture) {
     assert_eq!(listed.len(), 19);
     assert!(listed.iter().all(|(name, holder)| name != "3" && holder.starts_with(b"w")), "{listed:?}");
 }
+
+on_both!(accounting_records_outlive_a_reopen_and_are_pruned);
+async fn accounting_records_outlive_a_reopen_and_are_pruned(f: &Fixture) {
+    use crate::cluster::{acct, ClusterError};
+    {
+        let store = f.open(StoreOptions::default()).await;
+        let mut p = pod("done");
+        p.metadata.uid = Some("u1".into());
+        p.status = Some(specs::PodStatus { phase: specs::PodPhase::Succeeded, ..Default::default() });
+        // The pod's end and its record, one write.
+        store
+            .write(move |t| -> Result<(), ClusterError> {
+                let mut p = p.clone();
+                t.put(&mut p)?;
+                acct::pod_ended(t, &p, false)
+            })
+            .await
+            .expect("ended");
+    }
+    let store = f.open(StoreOptions::default()).await;
+    let listed = store.list::<specs::acct::Record>().expect("list").items;
+    let seen: Vec<(&str, specs::acct::State)> = listed.iter().map(|r| (r.job_id.as_str(), r.state)).collect();
+    assert_eq!(seen, [("done", specs::acct::State::Completed)]);
+    let names = vec![listed[0].metadata.name.clone()];
+    let later = chrono::Utc::now().timestamp() + 10;
+    let gone = store.write(move |t| acct::prune(t, &names, later, 1)).await.expect("pruned");
+    assert_eq!(gone, 1);
+    assert!(store.list::<specs::acct::Record>().expect("list").items.is_empty());
+}

@@ -611,6 +611,11 @@ impl Client {
         Ok(self.call(Method::GET, "/api/v1/shares", None).await?.1)
     }
 
+    /// The accounting records the caller may read (`pinion acct`).
+    pub async fn list_acct(&self) -> Result<List<specs::acct::Record>, ClientError> {
+        Ok(self.call(Method::GET, "/api/v1/acct", None).await?.1)
+    }
+
     /// The cluster's people (admins and viewers).
     pub async fn list_users(&self) -> Result<List<specs::api::User>, ClientError> {
         Ok(self.call(Method::GET, "/api/v1/users", None).await?.1)

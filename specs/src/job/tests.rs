@@ -35,6 +35,7 @@ fn member(phase: PodPhase, node: Option<&str>, exit: Option<i32>) -> Pod {
             last_exit_code: exit,
             reason: exit.map(|c| if c == 0 { "Completed".into() } else { "Error".into() }),
             ready: !phase.is_terminal(),
+            usage: None,
         }],
         ..Default::default()
     });

@@ -113,7 +113,7 @@ fn started(st: &State, key: &str) -> Event {
 }
 
 fn exited(st: &State, key: &str, code: i32) -> Event {
-    Event::Exited { id: id_of(st, key), code, oom_killed: false }
+    Event::Exited { id: id_of(st, key), code, oom_killed: false, usage: None }
 }
 
 /// Runs `key` up to Running; returns the next checkpoint generation.
@@ -473,7 +473,7 @@ fn exclusive_admissions_move_the_shared_pool_in_place() {
 fn exits_of_unknown_containers_and_stale_results_change_nothing() {
     let t = Instant::now();
     let mut st = state(t);
-    check(&mut st, Event::Exited { id: "other_main_0".into(), code: 1, oom_killed: false }, t, &[]);
+    check(&mut st, Event::Exited { id: "other_main_0".into(), code: 1, oom_killed: false, usage: None }, t, &[]);
     // A start nobody waits for any more: what it created is removed.
     let stale =
         Event::Started { key: "static/gone".into(), container: "main".into(), id: "x_main_h_0".into(), result: Ok(()) };
@@ -768,4 +768,17 @@ fn grpc_and_https_probes_run_from_the_agent() {
     let pod = &report.pods["static-a"];
     assert!(!pod.container_statuses[0].ready, "not ready before its HTTPS readiness probe succeeds");
     assert_eq!(pod.message, None);
+}
+
+#[test]
+fn what_an_ended_container_used_is_in_the_status_that_says_it_ended() {
+    let t = Instant::now();
+    let mut st = state(t);
+    run_pod(&mut st, t, "static/a", pod("a", &["true"], RestartPolicy::Never), 1);
+    let usage = specs::status::ContainerUsage { cpu_nanos: Some(7), max_rss_bytes: Some(4096), missing: None };
+    let ended = Event::Exited { id: id_of(&st, "static/a"), code: 0, oom_killed: false, usage: Some(usage.clone()) };
+    plan(&mut st, ended, t);
+    let report = status::build(&st);
+    let p = &report.pods["static/a"];
+    assert_eq!((p.phase, p.container_statuses[0].usage.as_ref()), (PodPhase::Succeeded, Some(&usage)));
 }

@@ -341,6 +341,48 @@ pub(crate) fn oom_killed(host: &dyn Host, cgroup: &Path) -> bool {
         .any(|(k, v)| k == key && v.trim().parse::<u64>().map(|n| n > 0).unwrap_or(false))
 }
 
+/// What the container used, read from its cgroup as it ends (before the
+/// cgroup goes): CPU time and the memory high-water mark. cgroup v1:
+/// `cpuacct.usage` (nanoseconds) and `memory.max_usage_in_bytes`; v2:
+/// `cpu.stat`'s `usage_usec` and `memory.peak` (Linux 5.19 on). A file
+/// that cannot be read is named in `missing`, its figure left out.
+pub(crate) fn usage(host: &dyn Host, cgroup: &Path) -> specs::status::ContainerUsage {
+    let rel = rel(cgroup);
+    let root = Path::new(ROOT);
+    let read_u64 = |p: &Path| host.read_file(p).ok().and_then(|t| t.trim().parse::<u64>().ok());
+    let mut missing = Vec::new();
+    let (cpu, rss) = if host.cgroup_v2_only() {
+        let stat = root.join(rel).join("cpu.stat");
+        let cpu = host.read_file(&stat).ok().and_then(|t| {
+            t.lines().filter_map(|l| l.split_once(' ')).find(|(k, _)| *k == "usage_usec")?.1.trim().parse::<u64>().ok()
+        });
+        if cpu.is_none() {
+            missing.push(format!("{}: no usage_usec", stat.display()));
+        }
+        let peak = root.join(rel).join("memory.peak");
+        let rss = read_u64(&peak);
+        if rss.is_none() {
+            missing.push(format!("{}: absent (a kernel before 5.19 keeps no peak)", peak.display()));
+        }
+        (cpu.map(|us| us.saturating_mul(1000)), rss)
+    } else {
+        // `cpuacct` is a link to the shared `cpu,cpuacct` hierarchy on most hosts.
+        let cpu_files = ["cpuacct", "cpu,cpuacct"].map(|h| root.join(h).join(rel).join("cpuacct.usage"));
+        let cpu = cpu_files.iter().find_map(|p| read_u64(p));
+        if cpu.is_none() {
+            missing.push(format!("{}: unreadable", cpu_files[0].display()));
+        }
+        let max = root.join("memory").join(rel).join("memory.max_usage_in_bytes");
+        let rss = read_u64(&max);
+        if rss.is_none() {
+            missing.push(format!("{}: unreadable", max.display()));
+        }
+        (cpu, rss)
+    };
+    let missing = (!missing.is_empty()).then(|| missing.join("; "));
+    specs::status::ContainerUsage { cpu_nanos: cpu, max_rss_bytes: rss, missing }
+}
+
 #[cfg(test)]
 mod tests {
     use nix::errno::Errno;
@@ -551,6 +593,28 @@ mod tests {
             probe_cgroup_of(Path::new("/system.slice/pinion.service/pods/c2")),
             Some(PathBuf::from("/system.slice/pinion.service/pods/.probes/c2"))
         );
+    }
+
+    #[test]
+    fn usage_is_read_from_each_layout_and_a_missing_file_is_named() {
+        use specs::status::ContainerUsage;
+        let c1 = Path::new("/pinion/c1");
+        let v1_cpu = "/sys/fs/cgroup/cpu,cpuacct/pinion/c1/cpuacct.usage";
+        let v1_mem = "/sys/fs/cgroup/memory/pinion/c1/memory.max_usage_in_bytes";
+        let got = usage(&Recorder::v1().file(v1_cpu, "1500000000\n").file(v1_mem, "1048576\n"), c1);
+        assert_eq!(got, ContainerUsage { cpu_nanos: Some(1_500_000_000), max_rss_bytes: Some(1 << 20), missing: None });
+        let got = usage(&Recorder::v1().file(v1_mem, "4096\n"), c1);
+        assert_eq!((got.cpu_nanos, got.max_rss_bytes), (None, Some(4096)));
+        assert!(got.missing.is_some_and(|m| m.contains("cpuacct.usage")));
+        let stat = "/sys/fs/cgroup/pinion/c1/cpu.stat";
+        let peak = "/sys/fs/cgroup/pinion/c1/memory.peak";
+        let v2 = || Recorder::v2().file(stat, "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\n");
+        let got = usage(&v2().file(peak, "8192\n"), c1);
+        assert_eq!(got, ContainerUsage { cpu_nanos: Some(2_500_000), max_rss_bytes: Some(8192), missing: None });
+        // A kernel before 5.19: no memory.peak, said so; the CPU time stays.
+        let got = usage(&v2(), c1);
+        assert_eq!((got.cpu_nanos, got.max_rss_bytes), (Some(2_500_000), None));
+        assert!(got.missing.is_some_and(|m| m.contains("memory.peak") && m.contains("5.19")));
     }
 
     #[test]

@@ -118,13 +118,17 @@ pub(crate) struct StartedRecord {
 }
 
 /// Written by the shim when the container's init has exited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ExitRecord {
     /// The exit code, or 128 + signal when killed by a signal.
     pub code: i32,
     pub signal: Option<i32>,
     pub oom_killed: bool,
+    /// Read from the container's cgroup as it ended (absent from a shim
+    /// before accounting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<specs::status::ContainerUsage>,
 }
 
 /// Exit code reported when nobody saw the container exit (its shim died first).
@@ -193,7 +197,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(io_err(Path::new("tmp")))?;
         let path = dir.path().join("exit.json");
         assert_eq!(read_json::<ExitRecord>(&path)?, None);
-        let rec = ExitRecord { code: 137, signal: Some(9), oom_killed: true };
+        let rec = ExitRecord { code: 137, signal: Some(9), oom_killed: true, usage: None };
         write_json(&path, &rec)?;
         assert_eq!(read_json::<ExitRecord>(&path)?, Some(rec));
         std::fs::write(&path, b"{not json").map_err(io_err(&path))?;

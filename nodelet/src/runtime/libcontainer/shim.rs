@@ -315,14 +315,18 @@ fn supervise(id: &str, pipes: Vec<Pipe>, mut log: Option<RotatingLog>, pid: i32)
     }
 }
 
+/// How the container ended, with what it used: read here, after its init
+/// is reaped (so every process of its PID namespace is gone) and before
+/// anyone removes its cgroup.
 fn exit_record(layout: &Layout, id: &str, status: Option<WaitStatus>) -> ExitRecord {
-    let oom_killed =
-        cgroups::oom_killed(&crate::host::RealHost, &cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT)));
+    let cgroup = cgroups::of(layout, id, Path::new(cgroups::DEFAULT_PARENT));
+    let oom_killed = cgroups::oom_killed(&crate::host::RealHost, &cgroup);
+    let usage = Some(cgroups::usage(&crate::host::RealHost, &cgroup));
     match status {
-        Some(WaitStatus::Exited(_, code)) => ExitRecord { code, signal: None, oom_killed },
+        Some(WaitStatus::Exited(_, code)) => ExitRecord { code, signal: None, oom_killed, usage },
         Some(WaitStatus::Signaled(_, sig, _)) => {
-            ExitRecord { code: 128 + sig as i32, signal: Some(sig as i32), oom_killed }
+            ExitRecord { code: 128 + sig as i32, signal: Some(sig as i32), oom_killed, usage }
         }
-        _ => ExitRecord { code: UNKNOWN_EXIT_CODE, signal: None, oom_killed },
+        _ => ExitRecord { code: UNKNOWN_EXIT_CODE, signal: None, oom_killed, usage },
     }
 }
