@@ -656,7 +656,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             authorize(id, Request::ActForNode(&name))?;
             let controller = state.controller.required()?;
             let _g = controller.transition_guard(&name).await;
-            let reported = store.write(move |t| nodes::report(t, &name, &report)).await?;
+            let reported = nodes::report_in_writes(store, &name, *report).await?;
             controller.node_reported(&reported.node, true, &reported.confirmed);
             for pod in &reported.finished {
                 controller.pod_finished(pod);

@@ -321,6 +321,42 @@ pub fn report(t: &mut Txn<'_>, name: &str, report: &NodeStatusReport) -> Result<
     Ok(Reported { node, confirmed, finished })
 }
 
+/// Stores a node's report in as few writes as the store takes. A report
+/// whose pods make one write larger than the store allows (etcd's operations
+/// per transaction: each finished pod is its status, its accounting record
+/// and its events) goes in halves, each with the node's own fields, so a node
+/// that finished many pods at once is not refused on every retry.
+pub async fn report_in_writes(store: &Store, name: &str, whole: NodeStatusReport) -> Result<Reported, ClusterError> {
+    let mut parts = vec![whole];
+    let mut out: Option<Reported> = None;
+    while let Some(part) = parts.pop() {
+        let (n, p) = (name.to_string(), part.clone());
+        match store.write(move |t| report(t, &n, &p)).await {
+            Ok(r) => match &mut out {
+                None => out = Some(r),
+                Some(o) => {
+                    o.node = r.node;
+                    o.confirmed.extend(r.confirmed);
+                    o.finished.extend(r.finished);
+                }
+            },
+            Err(ClusterError::Store(crate::store::StoreError::TooLarge { .. })) if part.pods.len() > 1 => {
+                let mut first = part.clone();
+                let second_pods = first.pods.split_off(&nth_key(&part.pods, part.pods.len() / 2));
+                parts.push(NodeStatusReport { pods: second_pods, ..part });
+                parts.push(first);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    out.ok_or_else(|| ClusterError::Internal("a node report of no parts".into()))
+}
+
+/// The `n`th key of a map (`n` < its length).
+fn nth_key<V>(map: &std::collections::BTreeMap<String, V>, n: usize) -> String {
+    map.keys().nth(n).cloned().unwrap_or_default()
+}
+
 /// Heartbeats resumed: a NotReady node is Ready again. `None` for a node not stored.
 pub fn mark_ready(t: &mut Txn<'_>, name: &str) -> Result<Option<Node>, ClusterError> {
     let Some(mut node) = t.get::<Node>(name)? else { return Ok(None) };

@@ -1289,3 +1289,48 @@ async fn a_finished_job_writes_its_records_in_its_last_write_and_they_outlive_it
     assert_eq!(w.run(move |t| super::acct::prune(t, &names, now + 3602, 3600)).await.expect("pruned"), 5);
     assert!(records(&w).is_empty());
 }
+
+/// A node that finished more pods at once than one etcd transaction holds
+/// (each is its status, its accounting record and its log entries) has its
+/// report stored in parts: every pod ends, each with its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_too_large_for_one_etcd_transaction_is_stored_in_parts() {
+    let test = "a_report_too_large_for_one_etcd_transaction_is_stored_in_parts";
+    if !crate::testing::etcd::available(test) {
+        return;
+    }
+    let cluster = crate::testing::etcd::EtcdCluster::start(1).await.unwrap_or_else(|e| panic!("{test}: {e}"));
+    let prefix = "/report-parts/";
+    let client = crate::store::connect(&cluster.config(prefix)).await.expect("connect");
+    let etcd = crate::store::EtcdOptions { max_txn_ops: 32, ..Default::default() };
+    let store = Store::open_etcd(client, prefix, Default::default(), etcd).await.expect("open");
+    store.write(|t| register(t, &nodes::joined_only("n1"))).await.expect("register");
+    let names: Vec<String> = (0..12).map(|i| format!("p{i:02}")).collect();
+    let mut whole = NodeStatusReport::default();
+    for n in &names {
+        let p = bound(n, "n1");
+        let stored = store
+            .write(move |t| {
+                let mut p = p.clone();
+                p.metadata.uid = Some(format!("uid-{}", p.metadata.name));
+                t.put(&mut p)?;
+                Ok::<_, ClusterError>(p)
+            })
+            .await
+            .expect("put");
+        whole.pods.insert(n.clone(), PodStatus { pod_uid: stored.metadata.uid, ..status(PodPhase::Succeeded) });
+    }
+    let at_once = whole.clone();
+    let e = store.write(move |t| nodes::report(t, "n1", &at_once)).await.expect_err("one write is too large");
+    assert!(matches!(e, ClusterError::Store(crate::store::StoreError::TooLarge { .. })), "{e}");
+
+    let reported = nodes::report_in_writes(&store, "n1", whole).await.expect("stored in parts");
+    let mut finished: Vec<String> = reported.finished.iter().map(|p| p.metadata.name.clone()).collect();
+    finished.sort();
+    assert_eq!(finished, names);
+    for n in &names {
+        let phase = store.get::<Pod>(n).expect("get").and_then(|p| p.status).map(|s| s.phase);
+        assert_eq!(phase, Some(PodPhase::Succeeded), "{n}");
+    }
+    assert_eq!(store.list::<specs::acct::Record>().expect("records").items.len(), names.len());
+}
