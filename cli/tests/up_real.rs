@@ -1074,3 +1074,51 @@ fn a_pod_runs_an_image_from_a_registry_and_a_missing_one_says_why() {
     let out = up.cli(&["delete", "pod", "missing"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// Issue 30, interactive: `pinion alloc -c 1 -- COMMAND` holds one member on
+/// CPU 1, runs COMMAND here with PINION_JOB set; `pinion run` in it is a
+/// step in the member (its host name, its PINION_JOB), a step bigger than
+/// the allocation is refused naming the flag; the job is gone once COMMAND
+/// ends, with COMMAND's exit code. A SIGTERM to a waiting `alloc` releases
+/// its allocation as well.
+#[test]
+fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let name = format!("salloc-{tag}");
+    let script = format!(
+        "{PINION} run -- hostname; {PINION} run -- sh -c 'echo $PINION_JOB'; \
+         {PINION} run -n 2 -- true; {PINION} run -c 2 -- true; exit 7"
+    );
+    let out = up.cli(&["alloc", "-c", "1", "-J", &name, "--", "sh", "-c", &script]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{err}");
+    assert_eq!(text(&out.stdout), format!("{name}-0\n{name}\n"), "{err}");
+    for said in [
+        format!("salloc: Granted job allocation {name}"),
+        format!("salloc: Relinquishing job allocation {name}"),
+        format!("--ntasks 2: allocation {name} holds 1 task"),
+        format!("--cpus 2: member {name}-0 of allocation {name} holds 1 CPUs"),
+    ] {
+        assert!(err.contains(&said), "{said:?} in {err}");
+    }
+    up.wait("the allocation gone", || !up.cli(&["get", "jobs", &name]).status.success() && up.node_pods().is_empty());
+
+    // Released by a signal while its command runs: no job is left.
+    let held = format!("held-{tag}");
+    let mut alloc = up
+        .cmd(&["alloc", "-c", "1", "-J", &held, "--", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(alloc.stderr.take().unwrap()).lines();
+    let granted = format!("salloc: Granted job allocation {held}");
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l == granted), "never granted");
+    let _ = Command::new("kill").args(["-TERM", &alloc.id().to_string()]).status();
+    let status = alloc.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    up.wait("the signalled allocation gone", || {
+        !up.cli(&["get", "jobs", &held]).status.success() && up.node_pods().is_empty()
+    });
+}

@@ -71,24 +71,43 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 
 /// Prints the command's output as it comes; its exit code.
 async fn stream(client: &pinion_wire::Client, args: &Args, request: &ExecRequest) -> anyhow::Result<u8> {
-    let pod = &args.name;
-    let mut frames = client.exec_pod(pod, request).await.with_context(|| format!("exec in pod {pod}"))?;
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    let code = stream_to(client, &args.name, request, &mut |to, data| match to {
+        To::Stdout => stdout.write_all(data.as_bytes()).and_then(|()| stdout.flush()).context("writing to stdout"),
+        To::Stderr => stderr.write_all(data.as_bytes()).and_then(|()| stderr.flush()).context("writing to stderr"),
+    })
+    .await?;
+    Ok(code.clamp(0, 255) as u8)
+}
+
+/// Where a piece of an exec's output goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum To {
+    Stdout,
+    Stderr,
+}
+
+/// Runs `request` in `pod`, giving its output to `out` as it comes (and the
+/// line about a command that cannot run to stderr); its exit code. `exec`
+/// and the steps of an allocation (`step`) share it.
+pub async fn stream_to(
+    client: &pinion_wire::Client,
+    pod: &str,
+    request: &ExecRequest,
+    out: &mut (dyn FnMut(To, &str) -> anyhow::Result<()> + Send),
+) -> anyhow::Result<i32> {
+    let mut frames = client.exec_pod(pod, request).await.with_context(|| format!("exec in pod {pod}"))?;
     loop {
         let frame = frames.next().await.with_context(|| format!("exec in pod {pod}: the stream broke"))?;
         match frame {
-            Some(ExecFrame::Stdout { data }) => {
-                stdout.write_all(data.as_bytes()).and_then(|()| stdout.flush()).context("writing to stdout")?
-            }
-            Some(ExecFrame::Stderr { data }) => {
-                stderr.write_all(data.as_bytes()).and_then(|()| stderr.flush()).context("writing to stderr")?
-            }
+            Some(ExecFrame::Stdout { data }) => out(To::Stdout, &data)?,
+            Some(ExecFrame::Stderr { data }) => out(To::Stderr, &data)?,
             Some(ExecFrame::Heartbeat) => {}
             Some(ExecFrame::Exit { exit_code, message }) => {
-                if let Some(line) = cannot_run_line(pod, &args.command, exit_code, message) {
-                    eprintln!("{line}");
+                if let Some(line) = cannot_run_line(pod, &request.command, exit_code, message) {
+                    out(To::Stderr, &format!("{line}\n"))?;
                 }
-                return Ok(exit_code.clamp(0, 255) as u8);
+                return Ok(exit_code);
             }
             Some(ExecFrame::Error { error }) => bail!("exec in pod {pod}: {error}"),
             None => bail!("exec in pod {pod}: the stream ended without an exit code"),

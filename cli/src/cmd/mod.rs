@@ -1,6 +1,7 @@
 //! One module per verb; each has its `Args` and an async `run`.
 
 pub mod agent;
+pub mod alloc;
 pub mod apply;
 pub mod batch;
 pub mod completions;
@@ -20,6 +21,7 @@ pub mod run;
 pub mod server;
 pub mod server_opts;
 pub mod shim;
+pub mod step;
 pub mod token;
 pub mod topology;
 pub mod up;
