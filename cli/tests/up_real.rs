@@ -1122,3 +1122,36 @@ fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
         !up.cli(&["get", "jobs", &held]).status.success() && up.node_pods().is_empty()
     });
 }
+
+/// `pinion exec -i`: the caller's stdin reaches the command, its end is the
+/// command's end of file; without `-i` the command reads an empty stdin.
+#[test]
+fn exec_with_stdin_forwards_it_and_its_end() {
+    use std::io::Write;
+    let Some(up) = Up::start() else { return };
+    let pod = format!("stdin-{}", std::process::id());
+    let out = up.cli(&["run", "--detach", &pod, "--cpus", "1", "--", "sleep", "3000"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    up.wait("the pod running", || up.phase(&pod).as_deref() == Some("Running"));
+
+    let mut cat =
+        up.cmd(&["exec", "-i", &pod, "--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = cat.stdin.take().unwrap();
+    // Two writes apart in time: each is its own post, kept in order.
+    stdin.write_all(b"hello\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all("wörld\n".as_bytes()).unwrap();
+    drop(stdin);
+    let out = cat.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "hello\nwörld\n");
+
+    // Without -i: /dev/null, whatever this process's stdin holds.
+    let mut cat = up.cmd(&["exec", &pod, "--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    cat.stdin.take().unwrap().write_all(b"not sent\n").unwrap();
+    let out = cat.wait_with_output().unwrap();
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), String::new()));
+
+    let out = up.cli(&["delete", "pod", &pod]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

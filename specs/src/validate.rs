@@ -112,6 +112,20 @@ pub fn validate_exec(request: &crate::api::ExecRequest) -> Vec<FieldError> {
     e.0
 }
 
+/// An exec's input: a session id as the node makes them, at most
+/// `MAX_EXEC_INPUT_BYTES` of data.
+pub fn validate_exec_input(input: &crate::api::ExecInput) -> Vec<FieldError> {
+    let mut e = Errs(Vec::new());
+    let s = &input.session;
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        e.push("session", "must be the session of the exec's started frame (letters, digits, -; at most 64)");
+    }
+    if input.data.len() > crate::limits::MAX_EXEC_INPUT_BYTES {
+        e.push("data", format!("longer than {} bytes", crate::limits::MAX_EXEC_INPUT_BYTES));
+    }
+    e.0
+}
+
 pub fn validate_node(node: &crate::api::Node) -> Vec<FieldError> {
     let mut e = Errs(Vec::new());
     if node.api_version != API_VERSION {
@@ -1786,7 +1800,7 @@ spec:
     #[test]
     fn exec_requests_name_their_fields() {
         let check = |container: Option<&str>, command: Vec<String>, expected: &[&str]| {
-            let request = crate::api::ExecRequest { container: container.map(str::to_string), command };
+            let request = crate::api::ExecRequest { container: container.map(str::to_string), command, stdin: false };
             let got: Vec<String> = validate_exec(&request).into_iter().map(|e| e.field).collect();
             assert_eq!(got, expected, "{request:?}");
         };

@@ -16,7 +16,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::common::GlobalArgs;
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "stdin is not forwarded: the command reads an empty stdin (/dev/null).\n\
+#[command(after_help = "Without -i the command reads an empty stdin (/dev/null); with it, this process's stdin, \
+then end of file when it ends.\n\
 Exit status: the command's; 126/127 when it cannot be executed; 130/143 after SIGINT/SIGTERM (the command is \
 ended on the node); 1 when the exec could not run or its stream broke.")]
 pub struct Args {
@@ -25,6 +26,9 @@ pub struct Args {
     /// The container (needed when the pod has more than one).
     #[arg(short = 'c', long, value_name = "NAME")]
     pub container: Option<String>,
+    /// Forward stdin to the command (its end is the command's end of file).
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
     /// The command and its arguments, after `--` (or right after the pod).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -47,7 +51,7 @@ pub struct RshArgs {
 impl RshArgs {
     pub fn into_exec(self) -> Args {
         let line = self.words.join(" ");
-        Args { name: self.name, container: None, command: vec!["sh".into(), "-c".into(), line] }
+        Args { name: self.name, container: None, stdin: false, command: vec!["sh".into(), "-c".into(), line] }
     }
 }
 
@@ -56,7 +60,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     // Caught before the request: a Ctrl-C while it starts still ends it cleanly.
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let request = ExecRequest { container: args.container.clone(), command: args.command.clone() };
+    let request = ExecRequest { container: args.container.clone(), command: args.command.clone(), stdin: args.stdin };
     let streamed = stream(&client, &args, &request);
     let signalled = tokio::select! {
         r = streamed => return r.map(ExitCode::from),
@@ -97,9 +101,15 @@ pub async fn stream_to(
     out: &mut (dyn FnMut(To, &str) -> anyhow::Result<()> + Send),
 ) -> anyhow::Result<i32> {
     let mut frames = client.exec_pod(pod, request).await.with_context(|| format!("exec in pod {pod}"))?;
+    // Ended (aborted) with the stream: a forwarder outliving its exec has nowhere to send.
+    let mut forwarder = Abort(None);
     loop {
         let frame = frames.next().await.with_context(|| format!("exec in pod {pod}: the stream broke"))?;
         match frame {
+            Some(ExecFrame::Started { session }) if request.stdin && forwarder.0.is_none() => {
+                forwarder.0 = Some(tokio::spawn(forward_stdin(client.clone(), pod.to_string(), session)));
+            }
+            Some(ExecFrame::Started { .. }) => {}
             Some(ExecFrame::Stdout { data }) => out(To::Stdout, &data)?,
             Some(ExecFrame::Stderr { data }) => out(To::Stderr, &data)?,
             Some(ExecFrame::Heartbeat) => {}
@@ -111,6 +121,70 @@ pub async fn stream_to(
             }
             Some(ExecFrame::Error { error }) => bail!("exec in pod {pod}: {error}"),
             None => bail!("exec in pod {pod}: the stream ended without an exit code"),
+        }
+    }
+}
+
+/// Aborts the stdin forwarder it holds when dropped.
+struct Abort(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.abort();
+        }
+    }
+}
+
+/// This process's stdin to the exec's session, chunk by chunk as read (a
+/// terminal's line, a pipe's chunk), each posted once the one before was
+/// queued on the node, then its end of file.
+async fn forward_stdin(client: pinion_wire::Client, pod: String, session: String) {
+    // A blocking read on a thread of its own: stdin may be a terminal, and
+    // the runtime's threads must not wait on it.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let reader = std::thread::Builder::new().name("stdin".into()).spawn(move || {
+        use std::io::Read;
+        let mut buf = vec![0u8; specs::limits::MAX_EXEC_INPUT_BYTES / 4];
+        let mut stdin = std::io::stdin().lock();
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    });
+    if let Err(e) = reader {
+        eprintln!("pinion: exec in pod {pod}: cannot read stdin: {e}");
+        return;
+    }
+    let mut text = specs::api::TextChunks::default();
+    loop {
+        let (data, eof) = match rx.recv().await {
+            Some(bytes) => match text.push(&bytes) {
+                Some(t) => (t, false),
+                None => continue,
+            },
+            None => (text.flush().unwrap_or_default(), true),
+        };
+        let input = specs::api::ExecInput { session: session.clone(), data, eof };
+        match client.exec_input(&pod, &input).await {
+            Ok(()) => {}
+            // The exec ended: its stream says how.
+            Err(pinion_wire::ClientError::Api(e)) if e.code == 404 => return,
+            Err(e) => {
+                eprintln!("pinion: exec in pod {pod}: stdin not forwarded further: {e}");
+                return;
+            }
+        }
+        if eof {
+            return;
         }
     }
 }

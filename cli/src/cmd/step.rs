@@ -95,7 +95,7 @@ pub async fn run(client: &pinion_wire::Client, args: &Args, job: &str) -> anyhow
         command.extend(task.env.iter().map(|(k, v)| format!("{k}={v}")));
         command.extend(user_env(args)?);
         command.extend(args.command.iter().cloned());
-        let request = ExecRequest { container: None, command };
+        let request = ExecRequest { container: None, command, stdin: false };
         let (client, pod, rank, tx) = (client.clone(), task.pod.clone(), task.rank, tx.clone());
         streams.spawn(async move {
             let out_tx = tx.clone();

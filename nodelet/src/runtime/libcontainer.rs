@@ -816,11 +816,15 @@ impl Runtime for LibcontainerRuntime {
     }
 
     fn exec(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
-        self.exec_in(id, command, false)
+        self.exec_in(id, command, false, false)
+    }
+
+    fn exec_with_stdin(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
+        self.exec_in(id, command, false, true)
     }
 
     fn exec_probe(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
-        self.exec_in(id, command, true)
+        self.exec_in(id, command, true, false)
     }
 
     fn tidy_at_stop(&self) {

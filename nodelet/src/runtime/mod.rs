@@ -224,6 +224,9 @@ pub struct ExecProcess {
     /// once the command and everything it started are gone.
     pub stdout: std::os::fd::OwnedFd,
     pub stderr: std::os::fd::OwnedFd,
+    /// The write end of the command's stdin, when it was asked for
+    /// (`Runtime::exec_with_stdin`); closing it is end of file.
+    pub stdin: Option<std::os::fd::OwnedFd>,
     /// Blocks until the command has ended; its exit code (128 + N for
     /// signal N). Call it from the blocking pool.
     pub wait: Box<dyn FnOnce() -> Result<i32, RuntimeError> + Send>,
@@ -284,6 +287,10 @@ pub trait Runtime: Send + Sync + 'static {
     /// ends too (a process that made its own session with `setsid` is the
     /// container's, as with `docker exec`).
     fn exec(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError>;
+    /// `exec` whose command reads a pipe the caller writes (`ExecProcess::stdin`).
+    fn exec_with_stdin(&self, _id: &str, _command: &[String]) -> Result<ExecProcess, RuntimeError> {
+        Err(RuntimeError::Unsupported("this runtime does not forward an exec's stdin"))
+    }
     /// `exec` for a probe: the command runs on the node's reserved CPUs,
     /// not on the container's (an exec probe must not disturb a pinned
     /// workload). A runtime that cannot place it so runs it as `exec` does.

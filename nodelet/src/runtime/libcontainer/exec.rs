@@ -48,14 +48,26 @@ const TENANT_NOTIFY: &str = "tenant-notify-";
 /// CPUs (an environment variable, so the helper's command line stays the
 /// one `pinion shim` parses).
 const ON_RESERVED_ENV: &str = "PINION_EXEC_ON_RESERVED";
+/// Set on the helper of an exec with stdin: fd `STDIN_FD` is the read end
+/// of the command's stdin (else the command reads `/dev/null`).
+const STDIN_ENV: &str = "PINION_EXEC_STDIN";
 
 /// The fds the command's stdout and stderr arrive on in the helper.
 const STDOUT_FD: RawFd = 3;
 const STDERR_FD: RawFd = 4;
+/// The fd the command's stdin arrives on in the helper (with `STDIN_ENV`).
+const STDIN_FD: RawFd = 5;
 
 impl LibcontainerRuntime {
-    /// `on_reserved`: a probe's exec, run on the node's reserved CPUs (see `join`).
-    pub(super) fn exec_in(&self, id: &str, command: &[String], on_reserved: bool) -> Result<ExecProcess, RuntimeError> {
+    /// `on_reserved`: a probe's exec, run on the node's reserved CPUs (see
+    /// `join`); `stdin`: the command reads a pipe whose write end is returned.
+    pub(super) fn exec_in(
+        &self,
+        id: &str,
+        command: &[String],
+        on_reserved: bool,
+        stdin: bool,
+    ) -> Result<ExecProcess, RuntimeError> {
         check_id(id)?;
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {
             return Err(cerr(id, "cannot exec: the container is not running"));
@@ -81,6 +93,14 @@ impl LibcontainerRuntime {
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cerr(id, format!("pipe: {e}")));
         let (out_read, out_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
+        let (in_read, in_write) = match stdin {
+            true => {
+                let (r, w) = pipe()?;
+                (Some(r), Some(w))
+            }
+            false => (None, None),
+        };
+        let in_fd = in_read.as_ref().map(|r| r.as_raw_fd());
         let log_path = layout.exec_log(id);
         let log = crate::fsutil::create_private(&log_path, true).map_err(ioerr(&log_path))?;
         let (out_fd, err_fd) = (out_write.as_raw_fd(), err_write.as_raw_fd());
@@ -89,16 +109,28 @@ impl LibcontainerRuntime {
         if on_reserved {
             helper.env(ON_RESERVED_ENV, "1");
         }
+        if stdin {
+            helper.env(STDIN_ENV, "1");
+        }
         // SAFETY: the closure runs in the forked child before exec and makes
         // only async-signal-safe calls (fcntl, dup2) on fds this process owns
         // until `spawn` returns.
         unsafe {
             helper.pre_exec(move || {
-                // Out of 3 and 4's way first: a source may be either of them.
+                // Out of 3, 4 and 5's way first: a source may be any of them.
                 let out = libc::fcntl(out_fd, libc::F_DUPFD_CLOEXEC, 10);
                 let err = libc::fcntl(err_fd, libc::F_DUPFD_CLOEXEC, 10);
-                if out < 0 || err < 0 || libc::dup2(out, STDOUT_FD) < 0 || libc::dup2(err, STDERR_FD) < 0 {
+                let input = in_fd.map(|fd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10));
+                if out < 0 || err < 0 || input.is_some_and(|i| i < 0) {
                     return Err(std::io::Error::last_os_error());
+                }
+                if libc::dup2(out, STDOUT_FD) < 0 || libc::dup2(err, STDERR_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(i) = input {
+                    if libc::dup2(i, STDIN_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -106,7 +138,7 @@ impl LibcontainerRuntime {
         let mut child = helper
             .spawn()
             .map_err(|e| cerr(id, format!("starting the exec helper {}: {e}", self.shim_exe.display())))?;
-        drop((out_write, err_write));
+        drop((out_write, err_write, in_read));
         let (Some(cancel), Some(out)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
@@ -164,7 +196,13 @@ impl LibcontainerRuntime {
                 cerr(&id, why)
             })
         };
-        Ok(ExecProcess { stdout: out_read, stderr: err_read, wait: Box::new(wait), cancel: Box::new(cancel) })
+        Ok(ExecProcess {
+            stdout: out_read,
+            stderr: err_read,
+            stdin: in_write,
+            wait: Box::new(wait),
+            cancel: Box::new(cancel),
+        })
     }
 }
 
@@ -227,6 +265,10 @@ pub fn run(data_dir: &Path, id: &str, command: &[String]) -> i32 {
 fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Result<(Pid, specs::CpuSet), String> {
     let out = take_fd(STDOUT_FD)?;
     let err = take_fd(STDERR_FD)?;
+    let stdin = match std::env::var_os(STDIN_ENV) {
+        Some(_) => File::from(take_fd(STDIN_FD)?),
+        None => File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?,
+    };
     if let Err(e) = crate::affinity::widen_thread() {
         tracing::warn!(error = %e, "cannot widen the exec helper's CPU affinity; the command may inherit the agent's");
     }
@@ -269,13 +311,13 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
             &spec,
             program.as_ref().map(|p| p.as_slice()),
             command,
+            stdin,
             out,
             err,
             confine,
         )?;
         return Ok((pid, cfg.system_cpus));
     }
-    let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     // libcontainer leaves a notify socket per exec in the container's state
     // folder: one exec joins at a time, so the socket that appeared is ours.
     let state = layout.state_root().join(id);

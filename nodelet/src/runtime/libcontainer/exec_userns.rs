@@ -49,6 +49,7 @@ pub(super) fn join(
     spec: &Spec,
     program: Option<&[u8]>,
     command: &[String],
+    stdin: File,
     out: OwnedFd,
     err: OwnedFd,
     confine: Option<&specs::CpuSet>,
@@ -78,7 +79,6 @@ pub(super) fn join(
     // own root is an initramfs, as the QEMU guest's) it is the host's.
     let root_path = format!("/proc/{init}/root");
     let root = File::open(&root_path).map_err(|e| format!("{root_path}: {e}"))?;
-    let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     // Tells the helper the command's pid (from the intermediate), then
     // carries a failure's words (from the command's side; its close on exec
     // says it ran).
