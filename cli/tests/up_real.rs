@@ -109,6 +109,15 @@ impl Up {
         eprintln!("waited {:?} for {what}", t.elapsed());
     }
 
+    /// A pod `PREFIX-PID` on CPU 1 that sleeps, once it runs (to exec in).
+    fn sleeping_pod(&self, prefix: &str) -> String {
+        let pod = format!("{prefix}-{}", std::process::id());
+        let out = self.cli(&["run", "--detach", &pod, "--cpus", "1", "--", "sleep", "3000"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        self.wait("the pod running", || self.phase(&pod).as_deref() == Some("Running"));
+        pod
+    }
+
     fn phase(&self, pod: &str) -> Option<String> {
         let out = self.cli(&["get", "pods", pod, "-o", "json"]);
         let v: Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -1077,7 +1086,8 @@ fn a_pod_runs_an_image_from_a_registry_and_a_missing_one_says_why() {
 
 /// Issue 30, interactive: `pinion alloc -c 1 -- COMMAND` holds one member on
 /// CPU 1, runs COMMAND here with PINION_JOB set; `pinion run` in it is a
-/// step in the member (its host name, its PINION_JOB), a step bigger than
+/// step in the member (its host name, its PINION_JOB, `--pty`: a terminal
+/// of the member's), a step bigger than
 /// the allocation is refused naming the flag; the job is gone once COMMAND
 /// ends, with COMMAND's exit code. A SIGTERM to a waiting `alloc` releases
 /// its allocation as well.
@@ -1087,13 +1097,16 @@ fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
     let tag = std::process::id();
     let name = format!("salloc-{tag}");
     let script = format!(
-        "{PINION} run -- hostname; {PINION} run -- sh -c 'echo $PINION_JOB'; \
+        "{PINION} run -- hostname; {PINION} run -- sh -c 'echo $PINION_JOB'; {PINION} run --pty -- tty; \
          {PINION} run -n 2 -- true; {PINION} run -c 2 -- true; exit 7"
     );
     let out = up.cli(&["alloc", "-c", "1", "-J", &name, "--", "sh", "-c", &script]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(7), "{err}");
-    assert_eq!(text(&out.stdout), format!("{name}-0\n{name}\n"), "{err}");
+    // The third step on a terminal of the member's (its newline is the terminal's).
+    let said = text(&out.stdout);
+    let pty = said.strip_prefix(&format!("{name}-0\n{name}\n")).unwrap_or_else(|| panic!("{said:?} {err}"));
+    assert!(pty.starts_with("/dev/pts/") && pty.ends_with("\r\n"), "{said:?}");
     for said in [
         format!("salloc: Granted job allocation {name}"),
         format!("salloc: Relinquishing job allocation {name}"),
@@ -1129,10 +1142,7 @@ fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
 fn exec_with_stdin_forwards_it_and_its_end() {
     use std::io::Write;
     let Some(up) = Up::start() else { return };
-    let pod = format!("stdin-{}", std::process::id());
-    let out = up.cli(&["run", "--detach", &pod, "--cpus", "1", "--", "sleep", "3000"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    up.wait("the pod running", || up.phase(&pod).as_deref() == Some("Running"));
+    let pod = up.sleeping_pod("stdin");
 
     let mut cat =
         up.cmd(&["exec", "-i", &pod, "--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
@@ -1151,6 +1161,44 @@ fn exec_with_stdin_forwards_it_and_its_end() {
     cat.stdin.take().unwrap().write_all(b"not sent\n").unwrap();
     let out = cat.wait_with_output().unwrap();
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), String::new()));
+
+    let out = up.cli(&["delete", "pod", &pod]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// `pinion exec -it`: the command runs on a terminal of the container's own
+/// (`tty` names /dev/pts/N) of the caller's size, driven here from a pty of
+/// `script(1)`; without `-t` it has none.
+#[test]
+fn exec_with_a_tty_runs_on_a_terminal_of_the_containers() {
+    let Some(up) = Up::start() else { return };
+    let pod = up.sleeping_pod("tty");
+
+    // script's terminal given a size: the command's terminal has it too.
+    let line = format!("stty rows 30 cols 100; {PINION} exec -it {pod} -- sh -c 'tty; stty size'");
+    let mut script = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("PINION_CONFIG", &up.config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Held open until it ends: script(1) ends its session at its stdin's end.
+    let stdin = script.stdin.take();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while script.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "exec -it did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stdin);
+    let out = script.wait_with_output().unwrap();
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said} {}", text(&out.stderr));
+    assert!(said.contains("/dev/pts/") && said.contains("30 100"), "{said:?}");
+
+    let out = up.cli(&["exec", &pod, "--", "tty"]);
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(1), "not a tty\n".to_string()));
 
     let out = up.cli(&["delete", "pod", &pod]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -395,9 +395,10 @@ async fn exec(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     };
     let runtime = ctx.runtime.clone();
     let command = request.command;
+    let tty = request.tty.then(|| request.size.unwrap_or(specs::api::TerminalSize { cols: 0, rows: 0 }));
     let with_stdin = request.stdin;
     let started = tokio::task::spawn_blocking(move || match with_stdin {
-        true => runtime.exec_with_stdin(&id, &command),
+        true => runtime.exec_with_stdin(&id, &command, tty),
         false => runtime.exec(&id, &command),
     })
     .await;
@@ -422,7 +423,7 @@ async fn exec(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         // Its stdin: a session the caller posts to, written to the pipe by a
         // task of its own (a command that does not read holds only it).
         let session = match p.stdin.take() {
-            Some(fd) => match ctx.sessions.open(&pod, fd) {
+            Some(fd) => match ctx.sessions.open(&pod, fd, p.tty) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     let error = error(500, "ExecFailed", format!("the command's stdin: {e}"));
@@ -452,6 +453,7 @@ const EXEC_INPUT_WAIT: Duration = Duration::from_secs(10);
 enum Input {
     Data(Bytes),
     Eof,
+    Resize(specs::api::TerminalSize),
 }
 
 /// An open session's pod and the queue to its writer.
@@ -476,12 +478,17 @@ impl Drop for Session {
 }
 
 impl Sessions {
-    /// A session for `pod`'s exec writing to `fd`, under a fresh random id.
-    fn open(&self, pod: &str, fd: std::os::fd::OwnedFd) -> std::io::Result<Session> {
+    /// A session for `pod`'s exec writing to `fd` (a pty's master with
+    /// `tty`), under a fresh random id.
+    fn open(&self, pod: &str, fd: std::os::fd::OwnedFd, tty: bool) -> std::io::Result<Session> {
         let mut raw = [0u8; 16];
         std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut raw)?;
         let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        let mut pipe = tokio::net::unix::pipe::Sender::from_owned_fd(fd)?;
+        let mut pipe = match tty {
+            // Not a pipe, and already non-blocking (`ExecProcess::tty`).
+            true => tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd)?,
+            false => tokio::net::unix::pipe::Sender::from_owned_fd(fd)?,
+        };
         let (tx, mut rx) = mpsc::channel::<Input>(specs::limits::MAX_EXEC_INPUT_QUEUED);
         let writer = tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
@@ -492,8 +499,19 @@ impl Sessions {
                             return; // the command closed its stdin or ended
                         }
                     }
-                    // Dropping the write end: the command reads end of file.
+                    // Dropping the write end: the command reads end of file
+                    // (on a terminal, the EOF character: ^D at a line's start).
+                    Input::Eof if tty => {
+                        if pipe.write_all(&[4]).await.is_err() {
+                            return;
+                        }
+                    }
                     Input::Eof => return,
+                    Input::Resize(size) => {
+                        if tty {
+                            crate::runtime::set_window_size(&pipe, size);
+                        }
+                    }
                 }
             }
         });
@@ -541,6 +559,9 @@ async fn exec_input(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     }
     if input.eof {
         queued.push(Input::Eof);
+    }
+    if let Some(size) = input.resize {
+        queued.push(Input::Resize(size));
     }
     for i in queued {
         match tokio::time::timeout(EXEC_INPUT_WAIT, tx.send(i)).await {
@@ -617,8 +638,12 @@ struct Output {
 }
 
 impl Output {
-    fn new(fd: std::os::fd::OwnedFd) -> std::io::Result<Output> {
-        let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
+    /// `tty`: `fd` is a pty's master, not a pipe (see `ExecProcess::tty`).
+    fn new(fd: std::os::fd::OwnedFd, tty: bool) -> std::io::Result<Output> {
+        let pipe = match tty {
+            true => tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)?,
+            false => tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?,
+        };
         Ok(Output { pipe, text: TextChunks::default(), open: true, buf: vec![0u8; CHUNK] })
     }
 
@@ -645,9 +670,9 @@ impl Output {
 /// closed) or `stop` ends the command (by dropping its cancel handle).
 async fn pump(process: ExecProcess, liveness: Liveness, tx: mpsc::Sender<Bytes>, mut stop: watch::Receiver<bool>) {
     // Returning drops `cancel`, which ends the command unless it has ended.
-    let ExecProcess { stdout, stderr, wait, cancel: _cancel, .. } = process;
+    let ExecProcess { stdout, stderr, wait, cancel: _cancel, tty, .. } = process;
     let mut waiting = tokio::task::spawn_blocking(wait);
-    let (mut out, mut err) = match (Output::new(stdout), Output::new(stderr)) {
+    let (mut out, mut err) = match (Output::new(stdout, tty), Output::new(stderr, false)) {
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => {
             let error = error(500, "ExecFailed", format!("reading the command's output: {e}"));

@@ -445,6 +445,23 @@ pub struct ExecRequest {
     /// an empty stdin (`/dev/null`), as from callers that predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin: bool,
+    /// Run the command on a terminal (`pinion exec -it`): a pty of the
+    /// container's own is its stdin, stdout and stderr (all output comes as
+    /// `stdout`); needs `stdin`. Its size comes as `ExecInput::resize`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
+    /// The terminal's size from the start (with `tty`): set before the
+    /// command runs, so that its first look at it is right.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<TerminalSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub cols: u16,
+    pub rows: u16,
 }
 
 /// `POST /api/v1/pods/{name}/exec/input` body (and the node's `POST
@@ -462,6 +479,9 @@ pub struct ExecInput {
     /// The caller's stdin ended: the command reads end of file after `data`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub eof: bool,
+    /// The caller's terminal has this size now (an exec with `tty`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize: Option<TerminalSize>,
 }
 
 /// One line of an exec stream. Output comes as it is read, each stream in its

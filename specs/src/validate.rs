@@ -92,6 +92,9 @@ pub fn validate_exec(request: &crate::api::ExecRequest) -> Vec<FieldError> {
     if let Some(p) = request.container.as_deref().and_then(name_problem) {
         e.push("container", p);
     }
+    if request.tty && !request.stdin {
+        e.push("tty", "needs stdin (a terminal is read from as well)");
+    }
     match request.command.first() {
         None => e.push("command", "must name the program to run"),
         Some(program) if program.is_empty() => e.push("command[0]", "the program must not be empty"),
@@ -1800,7 +1803,13 @@ spec:
     #[test]
     fn exec_requests_name_their_fields() {
         let check = |container: Option<&str>, command: Vec<String>, expected: &[&str]| {
-            let request = crate::api::ExecRequest { container: container.map(str::to_string), command, stdin: false };
+            let request = crate::api::ExecRequest {
+                container: container.map(str::to_string),
+                command,
+                stdin: false,
+                tty: false,
+                size: None,
+            };
             let got: Vec<String> = validate_exec(&request).into_iter().map(|e| e.field).collect();
             assert_eq!(got, expected, "{request:?}");
         };

@@ -213,6 +213,7 @@ pub fn job_running(id: &str, o: &BatchOptions, command: Vec<String>) -> anyhow::
         no_init: false,
         wait_for_nodes: false,
         array: None,
+        pty: false,
         command,
     };
     if o.ntasks_per_node.is_some() && o.nodes.is_none() {

@@ -29,6 +29,10 @@ pub struct Args {
     /// Forward stdin to the command (its end is the command's end of file).
     #[arg(short = 'i', long)]
     pub stdin: bool,
+    /// Run the command on a terminal of the container's (stdin forwarded,
+    /// this terminal in raw mode meanwhile, its size passed on).
+    #[arg(short = 't', long)]
+    pub tty: bool,
     /// The command and its arguments, after `--` (or right after the pod).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -51,7 +55,13 @@ pub struct RshArgs {
 impl RshArgs {
     pub fn into_exec(self) -> Args {
         let line = self.words.join(" ");
-        Args { name: self.name, container: None, stdin: false, command: vec!["sh".into(), "-c".into(), line] }
+        Args {
+            name: self.name,
+            container: None,
+            stdin: false,
+            tty: false,
+            command: vec!["sh".into(), "-c".into(), line],
+        }
     }
 }
 
@@ -60,8 +70,17 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     // Caught before the request: a Ctrl-C while it starts still ends it cleanly.
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let request = ExecRequest { container: args.container.clone(), command: args.command.clone(), stdin: args.stdin };
-    let streamed = stream(&client, &args, &request);
+    let request = ExecRequest {
+        container: args.container.clone(),
+        command: args.command.clone(),
+        stdin: args.stdin || args.tty,
+        tty: args.tty,
+        size: if args.tty { window_size() } else { None },
+    };
+    // Raw while the command runs (keys go to it as typed, ^C included);
+    // restored when this returns, however it returns.
+    let _raw = if args.tty { RawMode::enter() } else { None };
+    let streamed = stream(&client, &args.name, &request);
     let signalled = tokio::select! {
         r = streamed => return r.map(ExitCode::from),
         _ = int.recv() => 130,
@@ -74,9 +93,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints the command's output as it comes; its exit code.
-async fn stream(client: &pinion_wire::Client, args: &Args, request: &ExecRequest) -> anyhow::Result<u8> {
+pub async fn stream(client: &pinion_wire::Client, pod: &str, request: &ExecRequest) -> anyhow::Result<u8> {
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
-    let code = stream_to(client, &args.name, request, &mut |to, data| match to {
+    let code = stream_to(client, pod, request, &mut |to, data| match to {
         To::Stdout => stdout.write_all(data.as_bytes()).and_then(|()| stdout.flush()).context("writing to stdout"),
         To::Stderr => stderr.write_all(data.as_bytes()).and_then(|()| stderr.flush()).context("writing to stderr"),
     })
@@ -107,7 +126,8 @@ pub async fn stream_to(
         let frame = frames.next().await.with_context(|| format!("exec in pod {pod}: the stream broke"))?;
         match frame {
             Some(ExecFrame::Started { session }) if request.stdin && forwarder.0.is_none() => {
-                forwarder.0 = Some(tokio::spawn(forward_stdin(client.clone(), pod.to_string(), session)));
+                let task = forward_stdin(client.clone(), pod.to_string(), session, request.tty);
+                forwarder.0 = Some(tokio::spawn(task));
             }
             Some(ExecFrame::Started { .. }) => {}
             Some(ExecFrame::Stdout { data }) => out(To::Stdout, &data)?,
@@ -139,7 +159,7 @@ impl Drop for Abort {
 /// This process's stdin to the exec's session, chunk by chunk as read (a
 /// terminal's line, a pipe's chunk), each posted once the one before was
 /// queued on the node, then its end of file.
-async fn forward_stdin(client: pinion_wire::Client, pod: String, session: String) {
+async fn forward_stdin(client: pinion_wire::Client, pod: String, session: String, tty: bool) {
     // A blocking read on a thread of its own: stdin may be a terminal, and
     // the runtime's threads must not wait on it.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
@@ -164,16 +184,38 @@ async fn forward_stdin(client: pinion_wire::Client, pod: String, session: String
         eprintln!("pinion: exec in pod {pod}: cannot read stdin: {e}");
         return;
     }
+    let mut winch = match tty {
+        true => signal(SignalKind::window_change()).ok(),
+        false => None,
+    };
     let mut text = specs::api::TextChunks::default();
+    // The size at the start went with the request; again at each SIGWINCH.
+    let mut resize = None;
     loop {
-        let (data, eof) = match rx.recv().await {
-            Some(bytes) => match text.push(&bytes) {
-                Some(t) => (t, false),
-                None => continue,
-            },
-            None => (text.flush().unwrap_or_default(), true),
+        let (data, eof) = if resize.is_some() {
+            (String::new(), false)
+        } else {
+            let changed = async {
+                match &mut winch {
+                    Some(w) => w.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                got = rx.recv() => match got {
+                    Some(bytes) => match text.push(&bytes) {
+                        Some(t) => (t, false),
+                        None => continue,
+                    },
+                    None => (text.flush().unwrap_or_default(), true),
+                },
+                _ = changed => {
+                    resize = window_size();
+                    continue;
+                }
+            }
         };
-        let input = specs::api::ExecInput { session: session.clone(), data, eof };
+        let input = specs::api::ExecInput { session: session.clone(), data, eof, resize: resize.take() };
         match client.exec_input(&pod, &input).await {
             Ok(()) => {}
             // The exec ended: its stream says how.
@@ -187,6 +229,44 @@ async fn forward_stdin(client: pinion_wire::Client, pod: String, session: String
             return;
         }
     }
+}
+
+/// The terminal on stdin in raw mode; its settings restored when dropped.
+pub struct RawMode {
+    saved: nix::sys::termios::Termios,
+}
+
+impl RawMode {
+    /// `None` when stdin is no terminal (nothing to do).
+    pub fn enter() -> Option<RawMode> {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let saved = tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        tcsetattr(&stdin, SetArg::TCSANOW, &raw).ok()?;
+        Some(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = nix::sys::termios::tcsetattr(std::io::stdin(), nix::sys::termios::SetArg::TCSADRAIN, &self.saved);
+    }
+}
+
+nix::ioctl_read_bad!(get_window_size, nix::libc::TIOCGWINSZ, nix::pty::Winsize);
+
+/// The size of the terminal on stdin, else on stdout; `None` without one.
+pub fn window_size() -> Option<specs::api::TerminalSize> {
+    use std::os::fd::AsRawFd;
+    [std::io::stdin().as_raw_fd(), std::io::stdout().as_raw_fd()].into_iter().find_map(|fd| {
+        let mut ws = nix::pty::Winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+        // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, valid
+        // for the call; a fd that is no terminal fails with ENOTTY.
+        let got = unsafe { get_window_size(fd, &mut ws) };
+        got.ok().filter(|_| ws.ws_col > 0).map(|_| specs::api::TerminalSize { cols: ws.ws_col, rows: ws.ws_row })
+    })
 }
 
 /// The one line said about a command that could not be executed, as `run` says it.

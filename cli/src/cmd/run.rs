@@ -179,6 +179,10 @@ pub struct Args {
     /// with PINION_ARRAY_TASK_ID=i; output lines prefixed `i: `.
     #[arg(long, value_name = "SPEC", value_parser = parse_array)]
     pub array: Option<ArraySpec>,
+    /// Inside an allocation: run the step's one task on a terminal
+    /// (Slurm's `srun --pty`), stdin forwarded.
+    #[arg(long)]
+    pub pty: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -499,6 +503,9 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     // Inside an allocation (`pinion alloc`'s shell) a run is a step in its members.
     if let Some(job) = std::env::var(specs::step::JOB_ENV).ok().filter(|j| !j.is_empty()) {
         return super::step::run(&client, &args, &job).await;
+    }
+    if args.pty {
+        bail!("--pty: only inside an allocation (`pinion alloc`); for a running pod, `pinion exec -it POD -- CMD`");
     }
     if args.name.is_empty() {
         bail!("a NAME for the pod is needed (only inside an allocation, `pinion alloc`, may it be left out)");

@@ -79,23 +79,37 @@ pub async fn run(client: &pinion_wire::Client, args: &Args, job: &str) -> anyhow
     let step = if args.name.is_empty() { super::batch::suffix() } else { args.name.clone() };
     let ask = StepAsk {
         nodes: args.nodes,
-        ntasks: args.ntasks,
+        // A terminal is one task's (srun --pty's first).
+        ntasks: args.ntasks.or(args.pty.then_some(1)),
         ntasks_per_node: args.ntasks_per_node,
         cpus: args.cpus.clone(),
     };
     let held = members(client, job).await?;
     let tasks = specs::step::plan(job, &step, &held, &ask).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if args.pty {
+        let [task] = tasks.as_slice() else {
+            bail!("--pty: a terminal is one task's; ask for -n 1 (got {} tasks)", tasks.len());
+        };
+        let request = ExecRequest {
+            container: None,
+            command: task_command(task, args)?,
+            stdin: true,
+            tty: true,
+            size: super::exec::window_size(),
+        };
+        let _raw = super::exec::RawMode::enter();
+        return tokio::select! {
+            r = super::exec::stream(client, &task.pod, &request) => r.map(ExitCode::from),
+            _ = int.recv() => Ok(interrupted(job, &step, 130)),
+            _ = term.recv() => Ok(interrupted(job, &step, 143)),
+        };
+    }
     // Unbounded as `run`'s array printer: the printer only writes to the terminal.
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let mut streams = JoinSet::new();
     for task in &tasks {
-        // The step's identity through env(1): the member's environment
-        // (PATH, its own variables) stays, these win.
-        let mut command = vec!["env".to_string()];
-        command.extend(task.env.iter().map(|(k, v)| format!("{k}={v}")));
-        command.extend(user_env(args)?);
-        command.extend(args.command.iter().cloned());
-        let request = ExecRequest { container: None, command, stdin: false };
+        let request =
+            ExecRequest { container: None, command: task_command(task, args)?, stdin: false, tty: false, size: None };
         let (client, pod, rank, tx) = (client.clone(), task.pod.clone(), task.rank, tx.clone());
         streams.spawn(async move {
             let out_tx = tx.clone();
@@ -137,6 +151,17 @@ pub async fn run(client: &pinion_wire::Client, args: &Args, job: &str) -> anyhow
     }
     while streams.join_next().await.is_some() {}
     Ok(ExitCode::from(worst.clamp(0, 255) as u8))
+}
+
+/// A task's command: the step's identity through env(1) (the member's
+/// environment, PATH and its own variables, stays; these win), then the
+/// step's command.
+fn task_command(task: &specs::step::StepTask, args: &Args) -> anyhow::Result<Vec<String>> {
+    let mut command = vec!["env".to_string()];
+    command.extend(task.env.iter().map(|(k, v)| format!("{k}={v}")));
+    command.extend(user_env(args)?);
+    command.extend(args.command.iter().cloned());
+    Ok(command)
 }
 
 /// `-e K=V` of a step: added to each task's environment.

@@ -58,15 +58,53 @@ const STDERR_FD: RawFd = 4;
 /// The fd the command's stdin arrives on in the helper (with `STDIN_ENV`).
 const STDIN_FD: RawFd = 5;
 
+/// What an exec's command reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdin {
+    /// `/dev/null`.
+    Null,
+    /// A pipe whose write end the caller holds.
+    Pipe,
+    /// A pty of the container's own devpts (so that `tty` inside names it),
+    /// of this size, its stdin, stdout and stderr; the caller holds the master.
+    Tty(specs::api::TerminalSize),
+}
+
+/// A new pty in the devpts of the container whose init is `init`: opened
+/// through `/proc/INIT/root/dev/pts/ptmx`, unlocked, its peer opened from
+/// the master (`TIOCGPTPEER`, no path lookup). `(master, slave)`.
+fn container_pty(id: &str, init: i32) -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    use nix::fcntl::OFlag;
+    let path = format!("/proc/{init}/root/dev/pts/ptmx");
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let master = nix::fcntl::open(path.as_str(), flags, nix::sys::stat::Mode::empty())
+        .map_err(|e| cerr(id, format!("{path}: {e}")))?;
+    // SAFETY: `open` returned this fd and nothing else owns it.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int from the pointer, which is valid for the call.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } < 0 {
+        return Err(cerr(id, format!("unlocking the pty: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: TIOCGPTPEER takes open flags by value and returns a new fd.
+    let slave =
+        unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    if slave < 0 {
+        return Err(cerr(id, format!("opening the pty's peer: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: the ioctl returned this new fd and nothing else owns it.
+    Ok((master, unsafe { OwnedFd::from_raw_fd(slave) }))
+}
+
 impl LibcontainerRuntime {
     /// `on_reserved`: a probe's exec, run on the node's reserved CPUs (see
-    /// `join`); `stdin`: the command reads a pipe whose write end is returned.
+    /// `join`); `stdin`: what the command reads (see `Stdin`).
     pub(super) fn exec_in(
         &self,
         id: &str,
         command: &[String],
         on_reserved: bool,
-        stdin: bool,
+        stdin: Stdin,
     ) -> Result<ExecProcess, RuntimeError> {
         check_id(id)?;
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {
@@ -91,14 +129,29 @@ impl LibcontainerRuntime {
         check_command(id, &self.command_root(id, &cfg), &probe)?;
 
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cerr(id, format!("pipe: {e}")));
-        let (out_read, out_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
-        let (in_read, in_write) = match stdin {
-            true => {
+        let (out_read, out_write, in_read, in_write) = match stdin {
+            Stdin::Null => {
                 let (r, w) = pipe()?;
-                (Some(r), Some(w))
+                (r, w, None, None)
             }
-            false => (None, None),
+            Stdin::Pipe => {
+                let (r, w) = pipe()?;
+                let (ir, iw) = pipe()?;
+                (r, w, Some(ir), Some(iw))
+            }
+            Stdin::Tty(size) => {
+                let started: super::records::StartedRecord = read_json(&layout.started(id))?
+                    .ok_or_else(|| cerr(id, format!("{} is missing", layout.started(id).display())))?;
+                let (master, slave) = container_pty(id, started.init.pid)?;
+                crate::runtime::set_window_size(&master, size);
+                let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| cerr(id, format!("dup: {e}")));
+                // All output on the terminal: stderr's pipe stays empty.
+                let (master_in, slave_in) = (dup(&master)?, dup(&slave)?);
+                nix::unistd::dup3(slave.as_raw_fd(), err_write.as_raw_fd(), nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|e| cerr(id, format!("dup3: {e}")))?;
+                (master, slave, Some(slave_in), Some(master_in))
+            }
         };
         let in_fd = in_read.as_ref().map(|r| r.as_raw_fd());
         let log_path = layout.exec_log(id);
@@ -109,7 +162,7 @@ impl LibcontainerRuntime {
         if on_reserved {
             helper.env(ON_RESERVED_ENV, "1");
         }
-        if stdin {
+        if stdin != Stdin::Null {
             helper.env(STDIN_ENV, "1");
         }
         // SAFETY: the closure runs in the forked child before exec and makes
@@ -200,6 +253,7 @@ impl LibcontainerRuntime {
             stdout: out_read,
             stderr: err_read,
             stdin: in_write,
+            tty: matches!(stdin, Stdin::Tty(_)),
             wait: Box::new(wait),
             cancel: Box::new(cancel),
         })
