@@ -1167,7 +1167,8 @@ fn exec_with_stdin_forwards_it_and_its_end() {
 }
 
 /// `pinion exec -it`: the command runs on a terminal of the container's own
-/// (`tty` names /dev/pts/N) of the caller's size, driven here from a pty of
+/// (`tty` names /dev/pts/N; /dev/tty opens: it is the command's
+/// controlling terminal) of the caller's size, driven here from a pty of
 /// `script(1)`; without `-t` it has none.
 #[test]
 fn exec_with_a_tty_runs_on_a_terminal_of_the_containers() {
@@ -1175,7 +1176,8 @@ fn exec_with_a_tty_runs_on_a_terminal_of_the_containers() {
     let pod = up.sleeping_pod("tty");
 
     // script's terminal given a size: the command's terminal has it too.
-    let line = format!("stty rows 30 cols 100; {PINION} exec -it {pod} -- sh -c 'tty; stty size'");
+    let line =
+        format!("stty rows 30 cols 100; {PINION} exec -it {pod} -- sh -c 'tty; stty size; : </dev/tty && echo ctty'");
     let mut script = Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .env("PINION_CONFIG", &up.config)
@@ -1196,6 +1198,8 @@ fn exec_with_a_tty_runs_on_a_terminal_of_the_containers() {
     let said = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{said} {}", text(&out.stderr));
     assert!(said.contains("/dev/pts/") && said.contains("30 100"), "{said:?}");
+    // Its controlling terminal: /dev/tty opens (^C is SIGINT there).
+    assert!(said.contains("ctty"), "{said:?}");
 
     let out = up.cli(&["exec", &pod, "--", "tty"]);
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(1), "not a tty\n".to_string()));

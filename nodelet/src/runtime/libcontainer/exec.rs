@@ -51,6 +51,9 @@ const ON_RESERVED_ENV: &str = "PINION_EXEC_ON_RESERVED";
 /// Set on the helper of an exec with stdin: fd `STDIN_FD` is the read end
 /// of the command's stdin (else the command reads `/dev/null`).
 const STDIN_ENV: &str = "PINION_EXEC_STDIN";
+/// Set on the helper of an exec on a terminal: the command takes it as its
+/// controlling terminal (`take_terminal`).
+const TTY_ENV: &str = "PINION_EXEC_TTY";
 
 /// The fds the command's stdout and stderr arrive on in the helper.
 const STDOUT_FD: RawFd = 3;
@@ -164,6 +167,9 @@ impl LibcontainerRuntime {
         }
         if stdin != Stdin::Null {
             helper.env(STDIN_ENV, "1");
+        }
+        if matches!(stdin, Stdin::Tty(_)) {
+            helper.env(TTY_ENV, "1");
         }
         // SAFETY: the closure runs in the forked child before exec and makes
         // only async-signal-safe calls (fcntl, dup2) on fds this process owns
@@ -384,9 +390,10 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
         .with_root_path(layout.state_root())
         .and_then(|b| b.validate_id())
         .map(|b| b.with_stdin(stdin).with_stdout(out).with_stderr(err))
-        .map(|b| match program {
-            Some(program) => b.with_executor(super::filter::WithFilter { program }),
-            None => b,
+        .map(|b| match (program, std::env::var_os(TTY_ENV).is_some()) {
+            (program, true) => b.with_executor(OnTerminal { program }),
+            (Some(program), false) => b.with_executor(super::filter::WithFilter { program }),
+            (None, false) => b,
         })
         .and_then(|b| {
             b.as_tenant()
@@ -403,6 +410,38 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
     }
     let pid = built.map_err(|e| format!("joining the container: {e}"))?;
     Ok((pid, cfg.system_cpus))
+}
+
+/// Makes the terminal on stdin the calling process's controlling one (it
+/// leads a new session: the tenant's process and `exec_userns`'s command
+/// called `setsid`), so that ^C is SIGINT to its foreground and a shell
+/// there has job control. A failure leaves the terminal a plain one.
+pub(super) fn take_terminal() {
+    // SAFETY: TIOCSCTTY takes an int by value; fd 0 is this process's own.
+    if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "exec: the terminal is not the command's controlling one");
+    }
+}
+
+/// The executor of an exec on a terminal: `take_terminal`, then the
+/// container's filter (when it has one) and `execve` as `WithFilter` does.
+#[derive(Clone)]
+struct OnTerminal {
+    program: Option<std::sync::Arc<Vec<u8>>>,
+}
+
+impl ::libcontainer::workload::Executor for OnTerminal {
+    fn exec(&self, spec: &Spec) -> Result<(), ::libcontainer::workload::ExecutorError> {
+        take_terminal();
+        match &self.program {
+            Some(program) => super::filter::WithFilter { program: program.clone() }.exec(spec),
+            None => ::libcontainer::workload::default::DefaultExecutor {}.exec(spec),
+        }
+    }
+
+    fn validate(&self, spec: &Spec) -> Result<(), ::libcontainer::workload::ExecutorValidationError> {
+        ::libcontainer::workload::default::DefaultExecutor {}.validate(spec)
+    }
 }
 
 fn notify_sockets(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {

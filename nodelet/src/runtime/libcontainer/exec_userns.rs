@@ -187,6 +187,9 @@ fn become_process(
     for (fd, to) in [(stdin.as_raw_fd(), 0), (out.as_raw_fd(), 1), (err.as_raw_fd(), 2)] {
         nix::unistd::dup2(fd, to).map_err(|e| format!("dup2: {e}"))?;
     }
+    if nix::unistd::isatty(0).unwrap_or(false) {
+        super::exec::take_terminal();
+    }
     if let Some(rlimits) = process.rlimits() {
         for r in rlimits {
             let limit = libc::rlimit { rlim_cur: r.soft(), rlim_max: r.hard() };
