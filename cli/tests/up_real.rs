@@ -1089,8 +1089,8 @@ fn a_pod_runs_an_image_from_a_registry_and_a_missing_one_says_why() {
 /// step in the member (its host name, its PINION_JOB, `--pty`: a terminal
 /// of the member's), a step bigger than
 /// the allocation is refused naming the flag; the job is gone once COMMAND
-/// ends, with COMMAND's exit code. A SIGTERM to a waiting `alloc` releases
-/// its allocation as well.
+/// ends, with COMMAND's exit code. A SIGTERM to `alloc` releases its
+/// allocation as well, and so does its time limit (the command hung up).
 #[test]
 fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
     let Some(up) = Up::start() else { return };
@@ -1133,6 +1133,19 @@ fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
     assert_eq!(status.code(), Some(143));
     up.wait("the signalled allocation gone", || {
         !up.cli(&["get", "jobs", &held]).status.success() && up.node_pods().is_empty()
+    });
+
+    // Past its time limit the allocation is revoked: the command is hung
+    // up (SIGHUP, 129) and the job deleted.
+    let short = format!("short-{tag}");
+    let t = Instant::now();
+    let out = up.cli(&["alloc", "-c", "1", "-t", "0:02", "-J", &short, "--", "sleep", "1000"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(129), "{err}");
+    assert!(err.contains(&format!("salloc: Job allocation {short} has been revoked")), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    up.wait("the revoked allocation gone", || {
+        !up.cli(&["get", "jobs", &short]).status.success() && up.node_pods().is_empty()
     });
 }
 
