@@ -499,10 +499,9 @@ pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
-    let client = crate::config::client(&g)?;
     // Inside an allocation (`pinion alloc`'s shell) a run is a step in its members.
     if let Some(job) = std::env::var(specs::step::JOB_ENV).ok().filter(|j| !j.is_empty()) {
-        return super::step::run(&client, &args, &job).await;
+        return super::step::run(&g, &args, &job).await;
     }
     if args.pty {
         bail!("--pty: only inside an allocation (`pinion alloc`); for a running pod, `pinion exec -it POD -- CMD`");
@@ -510,6 +509,7 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     if args.name.is_empty() {
         bail!("a NAME for the pod is needed (only inside an allocation, `pinion alloc`, may it be left out)");
     }
+    let client = crate::config::client(&g)?;
     let signals = Signals::catch()?;
     if let Some(spec) = args.array.clone() {
         return run_array(&client, &args, &spec, signals).await;

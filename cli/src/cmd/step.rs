@@ -70,10 +70,11 @@ enum Event {
     Done(u32, anyhow::Result<i32>),
 }
 
-pub async fn run(client: &pinion_wire::Client, args: &Args, job: &str) -> anyhow::Result<ExitCode> {
+pub async fn run(g: &crate::common::GlobalArgs, args: &Args, job: &str) -> anyhow::Result<ExitCode> {
     if let Some(flag) = pod_only_flags(args).first() {
         bail!("{flag}: a step runs in allocation {job}'s members, which are already made; leave it out (or leave the allocation)");
     }
+    let client = &crate::config::client(g)?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let step = if args.name.is_empty() { super::batch::suffix() } else { args.name.clone() };
