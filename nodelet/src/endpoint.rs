@@ -817,6 +817,29 @@ pub fn newest_log(data_dir: &Path, pod_key: &str, container: &str) -> PathBuf {
 mod tests {
     use super::*;
 
+    /// A session takes input only for its own pod, in order, the end of
+    /// file closing the pipe; once dropped (the exec ended) it takes none.
+    #[tokio::test]
+    async fn an_exec_session_feeds_its_pipe_for_its_pod_only() {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let sessions = Sessions::default();
+        let session = sessions.open("ns/web", write, false).unwrap();
+        assert_eq!(session.id.len(), 32);
+        assert!(sessions.sender(&session.id, "ns/other").is_none(), "another pod's caller");
+        let tx = sessions.sender(&session.id, "ns/web").unwrap();
+        tx.send(Input::Data(Bytes::from_static(b"one "))).await.unwrap();
+        tx.send(Input::Data(Bytes::from_static(b"two"))).await.unwrap();
+        tx.send(Input::Eof).await.unwrap();
+        let got = tokio::task::spawn_blocking(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::fs::File::from(read), &mut s).map(|_| s)
+        });
+        assert_eq!(got.await.unwrap().unwrap(), "one two");
+        let id = session.id.clone();
+        drop(session);
+        assert!(sessions.sender(&id, "ns/web").is_none(), "a session ends with its exec");
+    }
+
     #[test]
     fn the_newest_log_of_a_key_is_found_without_its_uid() {
         let dir = tempfile::tempdir().unwrap();
