@@ -56,6 +56,10 @@ enum Command {
     /// Submit a job script (Slurm's sbatch): #SBATCH directives, options
     /// on the command line win; prints `Submitted batch job NAME`.
     Batch(cmd::batch::Args),
+    /// An interactive allocation (Slurm's salloc): a job whose members hold
+    /// their CPUs, a shell with PINION_JOB set in which `pinion run` runs
+    /// steps in them; leaving the shell releases it.
+    Alloc(cmd::alloc::Args),
     /// Cancel jobs (Slurm's scancel): each job and its members deleted.
     Cancel(cmd::batch::JobsArgs),
     /// The job queue (Slurm's squeue): state codes, times, limits, nodes or
@@ -145,6 +149,7 @@ fn main() -> ExitCode {
             Command::Logs(a) => cmd::logs::run(g, a).await,
             Command::Run(a) => cmd::run::run(g, a).await,
             Command::Batch(a) => cmd::batch::run(g, a).await,
+            Command::Alloc(a) => cmd::alloc::run(g, a).await,
             Command::Cancel(a) => cmd::batch::cancel(g, a).await,
             Command::Queue(a) => cmd::queue::run(g, a).await,
             Command::Share(a) => cmd::queue::share(g, a).await,

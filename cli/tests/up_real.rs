@@ -109,6 +109,15 @@ impl Up {
         eprintln!("waited {:?} for {what}", t.elapsed());
     }
 
+    /// A pod `PREFIX-PID` on CPU 1 that sleeps, once it runs (to exec in).
+    fn sleeping_pod(&self, prefix: &str) -> String {
+        let pod = format!("{prefix}-{}", std::process::id());
+        let out = self.cli(&["run", "--detach", &pod, "--cpus", "1", "--", "sleep", "3000"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        self.wait("the pod running", || self.phase(&pod).as_deref() == Some("Running"));
+        pod
+    }
+
     fn phase(&self, pod: &str) -> Option<String> {
         let out = self.cli(&["get", "pods", pod, "-o", "json"]);
         let v: Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -1175,4 +1184,141 @@ fn acct_shows_finished_jobs_with_their_cgroup_figures_to_their_owner() {
     assert!(acct(None, &["-P", "-n", "--format=JobID"]).contains(&one), "an admin sees all");
     let out = up.cli(&["acct", "--format=JobID,Colour"]);
     assert!(!out.status.success() && text(&out.stderr).contains("unknown column \"Colour\""), "{}", text(&out.stderr));
+}
+
+/// Issue 30, interactive: `pinion alloc -c 1 -- COMMAND` holds one member on
+/// CPU 1, runs COMMAND here with PINION_JOB set; `pinion run` in it is a
+/// step in the member (its host name, its PINION_JOB, `--pty`: a terminal
+/// of the member's), a step bigger than
+/// the allocation is refused naming the flag; the job is gone once COMMAND
+/// ends, with COMMAND's exit code. A SIGTERM to `alloc` releases its
+/// allocation as well, and so does its time limit (the command hung up).
+#[test]
+fn an_allocation_runs_steps_in_its_member_and_is_released_after() {
+    let Some(up) = Up::start() else { return };
+    let tag = std::process::id();
+    let name = format!("salloc-{tag}");
+    let script = format!(
+        "{PINION} run -- hostname; {PINION} run -- sh -c 'echo $PINION_JOB'; {PINION} run --pty -- tty; \
+         {PINION} run -n 2 -- true; {PINION} run -c 2 -- true; exit 7"
+    );
+    let out = up.cli(&["alloc", "-c", "1", "-J", &name, "--", "sh", "-c", &script]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{err}");
+    // The third step on a terminal of the member's (its newline is the terminal's).
+    let said = text(&out.stdout);
+    let pty = said.strip_prefix(&format!("{name}-0\n{name}\n")).unwrap_or_else(|| panic!("{said:?} {err}"));
+    assert!(pty.starts_with("/dev/pts/") && pty.ends_with("\r\n"), "{said:?}");
+    for said in [
+        format!("salloc: Granted job allocation {name}"),
+        format!("salloc: Relinquishing job allocation {name}"),
+        format!("--ntasks 2: allocation {name} holds 1 task"),
+        format!("--cpus 2: member {name}-0 of allocation {name} holds 1 CPUs"),
+    ] {
+        assert!(err.contains(&said), "{said:?} in {err}");
+    }
+    up.wait("the allocation gone", || !up.cli(&["get", "jobs", &name]).status.success() && up.node_pods().is_empty());
+
+    // Released by a signal while its command runs: no job is left.
+    let held = format!("held-{tag}");
+    let mut alloc = up
+        .cmd(&["alloc", "-c", "1", "-J", &held, "--", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(alloc.stderr.take().unwrap()).lines();
+    let granted = format!("salloc: Granted job allocation {held}");
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l == granted), "never granted");
+    let _ = Command::new("kill").args(["-TERM", &alloc.id().to_string()]).status();
+    let status = alloc.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    up.wait("the signalled allocation gone", || {
+        !up.cli(&["get", "jobs", &held]).status.success() && up.node_pods().is_empty()
+    });
+
+    // Past its time limit the allocation is revoked: the command is hung
+    // up (SIGHUP, 129) and the job deleted.
+    let short = format!("short-{tag}");
+    let t = Instant::now();
+    let out = up.cli(&["alloc", "-c", "1", "-t", "0:02", "-J", &short, "--", "sleep", "1000"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(129), "{err}");
+    assert!(err.contains(&format!("salloc: Job allocation {short} has been revoked")), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    up.wait("the revoked allocation gone", || {
+        !up.cli(&["get", "jobs", &short]).status.success() && up.node_pods().is_empty()
+    });
+}
+
+/// `pinion exec -i`: the caller's stdin reaches the command, its end is the
+/// command's end of file; without `-i` the command reads an empty stdin.
+#[test]
+fn exec_with_stdin_forwards_it_and_its_end() {
+    use std::io::Write;
+    let Some(up) = Up::start() else { return };
+    let pod = up.sleeping_pod("stdin");
+
+    let mut cat =
+        up.cmd(&["exec", "-i", &pod, "--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut stdin = cat.stdin.take().unwrap();
+    // Two writes apart in time: each is its own post, kept in order.
+    stdin.write_all(b"hello\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    stdin.write_all("wörld\n".as_bytes()).unwrap();
+    drop(stdin);
+    let out = cat.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "hello\nwörld\n");
+
+    // Without -i: /dev/null, whatever this process's stdin holds.
+    let mut cat = up.cmd(&["exec", &pod, "--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    cat.stdin.take().unwrap().write_all(b"not sent\n").unwrap();
+    let out = cat.wait_with_output().unwrap();
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), String::new()));
+
+    let out = up.cli(&["delete", "pod", &pod]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// `pinion exec -it`: the command runs on a terminal of the container's own
+/// (`tty` names /dev/pts/N; /dev/tty opens: it is the command's
+/// controlling terminal) of the caller's size, driven here from a pty of
+/// `script(1)`; without `-t` it has none.
+#[test]
+fn exec_with_a_tty_runs_on_a_terminal_of_the_containers() {
+    let Some(up) = Up::start() else { return };
+    let pod = up.sleeping_pod("tty");
+
+    // script's terminal given a size: the command's terminal has it too.
+    let line =
+        format!("stty rows 30 cols 100; {PINION} exec -it {pod} -- sh -c 'tty; stty size; : </dev/tty && echo ctty'");
+    let mut script = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("PINION_CONFIG", &up.config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Held open until it ends: script(1) ends its session at its stdin's end.
+    let stdin = script.stdin.take();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while script.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "exec -it did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stdin);
+    let out = script.wait_with_output().unwrap();
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said} {}", text(&out.stderr));
+    assert!(said.contains("/dev/pts/") && said.contains("30 100"), "{said:?}");
+    // Its controlling terminal: /dev/tty opens (^C is SIGINT there).
+    assert!(said.contains("ctty"), "{said:?}");
+
+    let out = up.cli(&["exec", &pod, "--", "tty"]);
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(1), "not a tty\n".to_string()));
+
+    let out = up.cli(&["delete", "pod", &pod]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }

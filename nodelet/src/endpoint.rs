@@ -93,6 +93,8 @@ impl Default for EndpointConfig {
 
 #[derive(Clone)]
 struct Ctx {
+    /// Execs whose stdin is forwarded, by session (`POST /exec/input`).
+    sessions: Sessions,
     data_dir: PathBuf,
     reports: watch::Receiver<NodeReport>,
     runtime: Arc<dyn Runtime>,
@@ -132,7 +134,15 @@ pub(crate) async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let ctx = Ctx { data_dir, reports, runtime, liveness: config.liveness, stop: stop.clone(), metrics };
+    let ctx = Ctx {
+        sessions: Sessions::default(),
+        data_dir,
+        reports,
+        runtime,
+        liveness: config.liveness,
+        stop: stop.clone(),
+        metrics,
+    };
     let handshakes = Pool::new("handshake", config.max_connections.max(1), WhenFull::EvictOldest);
     let known = Pool::new("known", config.max_connections.max(1), WhenFull::Refuse);
     let unknown = Pool::new("unknown", UNKNOWN_CONNECTIONS, WhenFull::EvictOldest);
@@ -227,9 +237,10 @@ async fn handle(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     match (req.uri().path(), req.method()) {
         ("/logs", &Method::GET) => logs(req, ctx).await,
         ("/exec", &Method::POST) => exec(req, ctx).await,
+        ("/exec/input", &Method::POST) => exec_input(req, ctx).await,
         ("/metrics", &Method::GET) => metrics_response(&ctx.metrics),
         ("/logs" | "/metrics", _) => error_response(&error(405, "MethodNotAllowed", "only GET")),
-        ("/exec", _) => error_response(&error(405, "MethodNotAllowed", "only POST")),
+        ("/exec" | "/exec/input", _) => error_response(&error(405, "MethodNotAllowed", "only POST")),
         (path, _) => error_response(&error(404, "NotFound", format!("no route {path}"))),
     }
 }
@@ -384,7 +395,13 @@ async fn exec(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
     };
     let runtime = ctx.runtime.clone();
     let command = request.command;
-    let started = tokio::task::spawn_blocking(move || runtime.exec(&id, &command)).await;
+    let tty = request.tty.then(|| request.size.unwrap_or(specs::api::TerminalSize { cols: 0, rows: 0 }));
+    let with_stdin = request.stdin;
+    let started = tokio::task::spawn_blocking(move || match with_stdin {
+        true => runtime.exec_with_stdin(&id, &command, tty),
+        false => runtime.exec(&id, &command),
+    })
+    .await;
     let process = match started {
         Ok(Ok(p)) => Some(p),
         // The command cannot be executed: its exit code, as a shell gives it.
@@ -401,14 +418,168 @@ async fn exec(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
         Err(e) => return error_response(&error(500, "ExecFailed", format!("the exec task failed: {e}"))),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    if let Some(p) = process {
+    if let Some(mut p) = process {
         let (liveness, stop) = (ctx.liveness, ctx.stop.clone());
+        // Its stdin: a session the caller posts to, written to the pipe by a
+        // task of its own (a command that does not read holds only it).
+        let session = match p.stdin.take() {
+            Some(fd) => match ctx.sessions.open(&pod, fd, p.tty) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let error = error(500, "ExecFailed", format!("the command's stdin: {e}"));
+                    let _ = tx.try_send(frame_line(&ExecFrame::Error { error }));
+                    return ndjson(rx);
+                }
+            },
+            None => None,
+        };
+        if let Some(s) = &session {
+            let _ = tx.try_send(frame_line(&ExecFrame::Started { session: s.id.clone() }));
+        }
         tokio::spawn(async move {
             pump(p, liveness, tx, stop).await;
+            drop(session);
             tracing::debug!(pod, container, "exec ended");
         });
     }
     ndjson(rx)
+}
+
+/// How long a post of stdin waits for room in its session's queue (the
+/// command reads slowly, or not at all) before it is refused.
+const EXEC_INPUT_WAIT: Duration = Duration::from_secs(10);
+
+/// What an exec's stdin task is given.
+enum Input {
+    Data(Bytes),
+    Eof,
+    Resize(specs::api::TerminalSize),
+}
+
+/// An open session's pod and the queue to its writer.
+type SessionEnd = (String, mpsc::Sender<Input>);
+
+/// The open stdin sessions, by id.
+#[derive(Clone, Default)]
+struct Sessions(Arc<std::sync::Mutex<std::collections::HashMap<String, SessionEnd>>>);
+
+/// An open session; dropping it (the exec ended) closes it and ends its writer.
+struct Session {
+    id: String,
+    sessions: Sessions,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.sessions.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        self.writer.abort();
+    }
+}
+
+impl Sessions {
+    /// A session for `pod`'s exec writing to `fd` (a pty's master with
+    /// `tty`), under a fresh random id.
+    fn open(&self, pod: &str, fd: std::os::fd::OwnedFd, tty: bool) -> std::io::Result<Session> {
+        let mut raw = [0u8; 16];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut raw)?;
+        let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let mut pipe = match tty {
+            // Not a pipe, and already non-blocking (`ExecProcess::tty`).
+            true => tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd)?,
+            false => tokio::net::unix::pipe::Sender::from_owned_fd(fd)?,
+        };
+        let (tx, mut rx) = mpsc::channel::<Input>(specs::limits::MAX_EXEC_INPUT_QUEUED);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Some(input) = rx.recv().await {
+                match input {
+                    Input::Data(b) => {
+                        if pipe.write_all(&b).await.is_err() {
+                            return; // the command closed its stdin or ended
+                        }
+                    }
+                    // Dropping the write end: the command reads end of file
+                    // (on a terminal, the EOF character: ^D at a line's start).
+                    Input::Eof if tty => {
+                        if pipe.write_all(&[4]).await.is_err() {
+                            return;
+                        }
+                    }
+                    Input::Eof => return,
+                    Input::Resize(size) => {
+                        if tty {
+                            crate::runtime::set_window_size(&pipe, size);
+                        }
+                    }
+                }
+            }
+        });
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), (pod.to_string(), tx));
+        Ok(Session { id, sessions: self.clone(), writer })
+    }
+
+    fn sender(&self, id: &str, pod: &str) -> Option<mpsc::Sender<Input>> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(id).filter(|(p, _)| p == pod).map(|(_, tx)| tx.clone())
+    }
+}
+
+/// `POST /exec/input?pod=KEY` with an `ExecInput`: its data (then its end
+/// of file) queued for the session's command, in the order posted.
+async fn exec_input(req: Request<Incoming>, ctx: Ctx) -> Response<Body> {
+    let q = match Query::parse(req.uri().query().unwrap_or("")) {
+        Ok(q) => q,
+        Err(e) => return error_response(&e),
+    };
+    let Some(pod) = q.get("pod").map(str::to_string) else {
+        return error_response(&error(400, "BadRequest", "pod= is required"));
+    };
+    let body = match read_body(req.into_body(), EXEC_BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
+    };
+    let input: specs::api::ExecInput = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error_response(&ApiError::bad_field("(body)", format!("not an exec input: {e}"))),
+    };
+    if let Some(p) = specs::validate::validate_exec_input(&input).into_iter().next() {
+        return error_response(&ApiError::bad_field(p.field, p.message));
+    }
+    let Some(tx) = ctx.sessions.sender(&input.session, &pod) else {
+        return error_response(&error(
+            404,
+            "NotFound",
+            format!("no exec of pod {pod:?} reads session {}", input.session),
+        ));
+    };
+    let mut queued = Vec::new();
+    if !input.data.is_empty() {
+        queued.push(Input::Data(Bytes::from(input.data.into_bytes())));
+    }
+    if input.eof {
+        queued.push(Input::Eof);
+    }
+    if let Some(size) = input.resize {
+        queued.push(Input::Resize(size));
+    }
+    for i in queued {
+        match tokio::time::timeout(EXEC_INPUT_WAIT, tx.send(i)).await {
+            Ok(Ok(())) => {}
+            // The exec ended meanwhile: its input has nowhere to go.
+            Ok(Err(_)) => return error_response(&error(404, "NotFound", "the exec ended")),
+            Err(_) => {
+                return error_response(&error(
+                    503,
+                    "StdinFull",
+                    format!("the command has not read its stdin for {}s", EXEC_INPUT_WAIT.as_secs()),
+                ))
+            }
+        }
+    }
+    let mut r = Response::new(Full::new(Bytes::from_static(b"{}")).boxed());
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    r
 }
 
 /// The runtime id of a running container of this pod, from the agent's last report.
@@ -467,8 +638,12 @@ struct Output {
 }
 
 impl Output {
-    fn new(fd: std::os::fd::OwnedFd) -> std::io::Result<Output> {
-        let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
+    /// `tty`: `fd` is a pty's master, not a pipe (see `ExecProcess::tty`).
+    fn new(fd: std::os::fd::OwnedFd, tty: bool) -> std::io::Result<Output> {
+        let pipe = match tty {
+            true => tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)?,
+            false => tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?,
+        };
         Ok(Output { pipe, text: TextChunks::default(), open: true, buf: vec![0u8; CHUNK] })
     }
 
@@ -495,9 +670,9 @@ impl Output {
 /// closed) or `stop` ends the command (by dropping its cancel handle).
 async fn pump(process: ExecProcess, liveness: Liveness, tx: mpsc::Sender<Bytes>, mut stop: watch::Receiver<bool>) {
     // Returning drops `cancel`, which ends the command unless it has ended.
-    let ExecProcess { stdout, stderr, wait, cancel: _cancel } = process;
+    let ExecProcess { stdout, stderr, wait, cancel: _cancel, tty, .. } = process;
     let mut waiting = tokio::task::spawn_blocking(wait);
-    let (mut out, mut err) = match (Output::new(stdout), Output::new(stderr)) {
+    let (mut out, mut err) = match (Output::new(stdout, tty), Output::new(stderr, false)) {
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => {
             let error = error(500, "ExecFailed", format!("reading the command's output: {e}"));
@@ -641,6 +816,29 @@ pub fn newest_log(data_dir: &Path, pod_key: &str, container: &str) -> PathBuf {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A session takes input only for its own pod, in order, the end of
+    /// file closing the pipe; once dropped (the exec ended) it takes none.
+    #[tokio::test]
+    async fn an_exec_session_feeds_its_pipe_for_its_pod_only() {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let sessions = Sessions::default();
+        let session = sessions.open("ns/web", write, false).unwrap();
+        assert_eq!(session.id.len(), 32);
+        assert!(sessions.sender(&session.id, "ns/other").is_none(), "another pod's caller");
+        let tx = sessions.sender(&session.id, "ns/web").unwrap();
+        tx.send(Input::Data(Bytes::from_static(b"one "))).await.unwrap();
+        tx.send(Input::Data(Bytes::from_static(b"two"))).await.unwrap();
+        tx.send(Input::Eof).await.unwrap();
+        let got = tokio::task::spawn_blocking(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::fs::File::from(read), &mut s).map(|_| s)
+        });
+        assert_eq!(got.await.unwrap().unwrap(), "one two");
+        let id = session.id.clone();
+        drop(session);
+        assert!(sessions.sender(&id, "ns/web").is_none(), "a session ends with its exec");
+    }
 
     #[test]
     fn the_newest_log_of_a_key_is_found_without_its_uid() {

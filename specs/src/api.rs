@@ -439,6 +439,49 @@ pub struct ExecRequest {
     pub container: Option<String>,
     /// argv: the program (looked up in the container's `PATH`) and its arguments.
     pub command: Vec<String>,
+    /// Forward stdin (`pinion exec -i`): the stream starts with a `started`
+    /// frame naming the session, whose `ExecInput` the caller posts to
+    /// `POST /api/v1/pods/{name}/exec/input`. Without it the command reads
+    /// an empty stdin (`/dev/null`), as from callers that predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin: bool,
+    /// Run the command on a terminal (`pinion exec -it`): a pty of the
+    /// container's own is its stdin, stdout and stderr (all output comes as
+    /// `stdout`); needs `stdin`. Its size comes as `ExecInput::resize`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
+    /// The terminal's size from the start (with `tty`): set before the
+    /// command runs, so that its first look at it is right.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<TerminalSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// `POST /api/v1/pods/{name}/exec/input` body (and the node's `POST
+/// /exec/input`): what the caller of an exec with `stdin` sends it, in order.
+/// Each post is answered once its input was handed to the command's stdin
+/// (or queued there, within `limits::MAX_EXEC_INPUT_BYTES`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecInput {
+    /// The session of the `started` frame.
+    pub session: String,
+    /// Text for the command's stdin (UTF-8, as the output frames are).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data: String,
+    /// The caller's stdin ended: the command reads end of file after `data`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eof: bool,
+    /// The caller's terminal has this size now (an exec with `tty`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize: Option<TerminalSize>,
 }
 
 /// One line of an exec stream. Output comes as it is read, each stream in its
@@ -448,6 +491,10 @@ pub struct ExecRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum ExecFrame {
+    /// The first frame of an exec with `stdin`: where its input goes.
+    Started {
+        session: String,
+    },
     Stdout {
         data: String,
     },

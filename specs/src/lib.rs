@@ -27,6 +27,7 @@ pub mod queue;
 pub mod rollout;
 pub mod security;
 pub mod status;
+pub mod step;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod topology;

@@ -106,6 +106,12 @@ pub const MAX_PROBE_THRESHOLD: u32 = 1000;
 /// Entries of a probe's `exec.command`: a probe is a short check, and the
 /// node runs it every period.
 pub const MAX_PROBE_ARGS: usize = 256;
+/// Bytes of one post of an exec's stdin (`ExecInput::data`); the CLI sends
+/// what it read at once, a terminal's keystrokes or a pipe's chunk.
+pub const MAX_EXEC_INPUT_BYTES: usize = 64 * 1024;
+/// Posts of an exec's stdin queued on the node before the command reads
+/// them; past it a post waits (`EXEC_INPUT_WAIT`) then is refused.
+pub const MAX_EXEC_INPUT_QUEUED: usize = 16;
 /// Bytes of a probe's `exec.command` altogether.
 pub const MAX_PROBE_COMMAND_BYTES: usize = 16 * 1024;
 /// Bytes of an `httpGet.path` (what common servers accept in a request line).

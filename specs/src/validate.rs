@@ -92,6 +92,9 @@ pub fn validate_exec(request: &crate::api::ExecRequest) -> Vec<FieldError> {
     if let Some(p) = request.container.as_deref().and_then(name_problem) {
         e.push("container", p);
     }
+    if request.tty && !request.stdin {
+        e.push("tty", "needs stdin (a terminal is read from as well)");
+    }
     match request.command.first() {
         None => e.push("command", "must name the program to run"),
         Some(program) if program.is_empty() => e.push("command[0]", "the program must not be empty"),
@@ -108,6 +111,20 @@ pub fn validate_exec(request: &crate::api::ExecRequest) -> Vec<FieldError> {
                 e.push(format!("command[{j}]"), "must not contain NUL");
             }
         }
+    }
+    e.0
+}
+
+/// An exec's input: a session id as the node makes them, at most
+/// `MAX_EXEC_INPUT_BYTES` of data.
+pub fn validate_exec_input(input: &crate::api::ExecInput) -> Vec<FieldError> {
+    let mut e = Errs(Vec::new());
+    let s = &input.session;
+    if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        e.push("session", "must be the session of the exec's started frame (letters, digits, -; at most 64)");
+    }
+    if input.data.len() > crate::limits::MAX_EXEC_INPUT_BYTES {
+        e.push("data", format!("longer than {} bytes", crate::limits::MAX_EXEC_INPUT_BYTES));
     }
     e.0
 }
@@ -1786,7 +1803,13 @@ spec:
     #[test]
     fn exec_requests_name_their_fields() {
         let check = |container: Option<&str>, command: Vec<String>, expected: &[&str]| {
-            let request = crate::api::ExecRequest { container: container.map(str::to_string), command };
+            let request = crate::api::ExecRequest {
+                container: container.map(str::to_string),
+                command,
+                stdin: false,
+                tty: false,
+                size: None,
+            };
             let got: Vec<String> = validate_exec(&request).into_iter().map(|e| e.field).collect();
             assert_eq!(got, expected, "{request:?}");
         };

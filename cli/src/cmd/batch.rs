@@ -162,6 +162,14 @@ fn default_name(file: &Path) -> String {
 
 /// One job through `run::job`, the code `pinion run -N/-n` submits with.
 fn one_job(id: &str, script: &str, o: &BatchOptions, script_args: &[String]) -> anyhow::Result<specs::job::Job> {
+    let mut command = vec!["/bin/sh".to_string(), "-c".into(), WRAPPER.into(), "pinion-batch".into(), script.into()];
+    command.extend(script_args.iter().cloned());
+    job_running(id, o, command)
+}
+
+/// The Job sbatch's (and salloc's) options `o` ask for, each member running
+/// `command`: `pinion alloc` builds its allocation with it too.
+pub fn job_running(id: &str, o: &BatchOptions, command: Vec<String>) -> anyhow::Result<specs::job::Job> {
     let ntasks = o.ntasks.or(if o.nodes.is_some() { None } else { Some(1) });
     let cpus = o.cpus_per_task;
     let per_node_tasks = match (o.ntasks_per_node, o.nodes, ntasks) {
@@ -174,8 +182,6 @@ fn one_job(id: &str, script: &str, o: &BatchOptions, script_args: &[String]) -> 
         (None, Some(m)) => Some(divided(m, u64::from(per_node_tasks))?),
         (None, None) => None,
     };
-    let mut command = vec!["/bin/sh".to_string(), "-c".into(), WRAPPER.into(), "pinion-batch".into(), script.into()];
-    command.extend(script_args.iter().cloned());
     let args = run::Args {
         name: id.to_string(),
         host: true,
@@ -207,6 +213,7 @@ fn one_job(id: &str, script: &str, o: &BatchOptions, script_args: &[String]) -> 
         no_init: false,
         wait_for_nodes: false,
         array: None,
+        pty: false,
         command,
     };
     if o.ntasks_per_node.is_some() && o.nodes.is_none() {
@@ -286,7 +293,7 @@ fn read_script(path: &Path) -> anyhow::Result<String> {
 
 /// Six base-36 characters from the clock and the process id: a default
 /// job id's suffix, different for each submission.
-fn suffix() -> String {
+pub fn suffix() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let mut n = (nanos as u64 / 1000) ^ (u64::from(std::process::id()) << 40);
     let mut out = String::new();

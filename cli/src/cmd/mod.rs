@@ -2,6 +2,7 @@
 
 pub mod acct;
 pub mod agent;
+pub mod alloc;
 pub mod apply;
 pub mod batch;
 pub mod completions;
@@ -21,6 +22,7 @@ pub mod run;
 pub mod server;
 pub mod server_opts;
 pub mod shim;
+pub mod step;
 pub mod token;
 pub mod topology;
 pub mod up;

@@ -62,7 +62,9 @@ pub const ARRAY_TASK_ENV: &str = "PINION_ARRAY_TASK_ID";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The pod's name.
+    /// The pod's name (needed outside an allocation; inside one, where
+    /// `PINION_JOB` is set, the step's id).
+    #[arg(default_value = "", hide_default_value = true)]
     pub name: String,
     /// Run on the host's own binaries (read-only /usr, /bin, /lib, /etc) [default].
     #[arg(long, conflicts_with = "image")]
@@ -177,6 +179,10 @@ pub struct Args {
     /// with PINION_ARRAY_TASK_ID=i; output lines prefixed `i: `.
     #[arg(long, value_name = "SPEC", value_parser = parse_array)]
     pub array: Option<ArraySpec>,
+    /// Inside an allocation: run the step's one task on a terminal
+    /// (Slurm's `srun --pty`), stdin forwarded.
+    #[arg(long)]
+    pub pty: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -390,11 +396,12 @@ pub fn task_pod(args: &Args, spec: &ArraySpec, task: u32) -> anyhow::Result<Pod>
     Ok(pod)
 }
 
-/// SIGINT and SIGTERM, caught from before the first create: a Ctrl-C while
-/// pods are being created still deletes them all.
-struct Signals {
+/// SIGINT and SIGTERM (and SIGHUP for `alloc`), caught from before the
+/// first create: a Ctrl-C while pods are being created still deletes them all.
+pub(crate) struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
@@ -402,13 +409,29 @@ impl Signals {
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            hup: None,
         })
     }
 
-    async fn recv(&mut self) {
+    /// SIGHUP too: a closed terminal ends an allocation as Ctrl-C does.
+    pub(crate) fn catch_with_hangup() -> anyhow::Result<Signals> {
+        let mut s = Signals::catch()?;
+        s.hup = Some(signal(SignalKind::hangup()).context("SIGHUP handler")?);
+        Ok(s)
+    }
+
+    /// The signal's number, once one comes.
+    pub(crate) async fn recv(&mut self) -> i32 {
+        let hup = async {
+            match &mut self.hup {
+                Some(h) => h.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
+            _ = self.term.recv() => 15,
+            _ = self.int.recv() => 2,
+            _ = hup => 1,
         }
     }
 }
@@ -476,6 +499,16 @@ pub fn job(args: &Args) -> anyhow::Result<Option<specs::job::Job>> {
 }
 
 pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
+    // Inside an allocation (`pinion alloc`'s shell) a run is a step in its members.
+    if let Some(job) = std::env::var(specs::step::JOB_ENV).ok().filter(|j| !j.is_empty()) {
+        return super::step::run(&g, &args, &job).await;
+    }
+    if args.pty {
+        bail!("--pty: only inside an allocation (`pinion alloc`); for a running pod, `pinion exec -it POD -- CMD`");
+    }
+    if args.name.is_empty() {
+        bail!("a NAME for the pod is needed (only inside an allocation, `pinion alloc`, may it be left out)");
+    }
     let client = crate::config::client(&g)?;
     let signals = Signals::catch()?;
     if let Some(spec) = args.array.clone() {
@@ -794,14 +827,19 @@ impl Sink for TaskSink {
 /// Prefixes complete lines with their task (`srun --label`); a partial line
 /// waits for its end, or for the task's end.
 #[derive(Default)]
-struct Labeler {
+pub(crate) struct Labeler {
     partial: BTreeMap<u32, String>,
     /// Lines as they come, without a label.
     plain: bool,
 }
 
 impl Labeler {
-    fn push(&mut self, task: u32, data: &str) -> String {
+    /// Lines labelled with their task, or (`label` false) as they come.
+    pub(crate) fn new(label: bool) -> Labeler {
+        Labeler { plain: !label, ..Default::default() }
+    }
+
+    pub(crate) fn push(&mut self, task: u32, data: &str) -> String {
         if self.plain {
             return data.to_string();
         }
@@ -815,7 +853,7 @@ impl Labeler {
         out
     }
 
-    fn finish(&mut self, task: u32) -> String {
+    pub(crate) fn finish(&mut self, task: u32) -> String {
         if self.plain {
             return String::new();
         }
@@ -970,7 +1008,7 @@ async fn follow_tasks(
     }
     drop(tx);
     let followed = async {
-        let mut labels = Labeler { plain: !label, ..Default::default() };
+        let mut labels = Labeler::new(label);
         let mut worst = 0i32;
         let mut out = std::io::stdout();
         let mut events_open = true;

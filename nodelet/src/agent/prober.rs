@@ -265,7 +265,7 @@ fn exec(rt: &dyn Runtime, id: &str, command: &[String], timeout: Duration) -> (P
         Ok(p) => p,
         Err(e) => return (ProbeResult::Failure, Some(e.to_string())),
     };
-    let crate::runtime::ExecProcess { stdout, stderr, wait, cancel } = process;
+    let crate::runtime::ExecProcess { stdout, stderr, wait, cancel, .. } = process;
     // Drained as it comes: a command writing more than a pipe holds must not
     // block on it. The tail kept is what the message shows.
     let drain = |fd: std::os::fd::OwnedFd| {

@@ -821,11 +821,21 @@ impl Runtime for LibcontainerRuntime {
     }
 
     fn exec(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
-        self.exec_in(id, command, false)
+        self.exec_in(id, command, false, exec::Stdin::Null)
+    }
+
+    fn exec_with_stdin(
+        &self,
+        id: &str,
+        command: &[String],
+        tty: Option<specs::api::TerminalSize>,
+    ) -> Result<super::ExecProcess, RuntimeError> {
+        let stdin = tty.map_or(exec::Stdin::Pipe, exec::Stdin::Tty);
+        self.exec_in(id, command, false, stdin)
     }
 
     fn exec_probe(&self, id: &str, command: &[String]) -> Result<super::ExecProcess, RuntimeError> {
-        self.exec_in(id, command, true)
+        self.exec_in(id, command, true, exec::Stdin::Null)
     }
 
     fn tidy_at_stop(&self) {

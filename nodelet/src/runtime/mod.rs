@@ -227,12 +227,28 @@ pub struct ExecProcess {
     /// once the command and everything it started are gone.
     pub stdout: std::os::fd::OwnedFd,
     pub stderr: std::os::fd::OwnedFd,
+    /// The write end of the command's stdin, when it was asked for
+    /// (`Runtime::exec_with_stdin`); closing it is end of file.
+    pub stdin: Option<std::os::fd::OwnedFd>,
+    /// `stdout` and `stdin` are a pty's master (non-blocking; not pipes: a
+    /// window size is set on it, and its read fails with EIO at the end),
+    /// `stderr` an empty pipe.
+    pub tty: bool,
     /// Blocks until the command has ended; its exit code (128 + N for
     /// signal N). Call it from the blocking pool.
     pub wait: Box<dyn FnOnce() -> Result<i32, RuntimeError> + Send>,
     /// Dropping it ends the command and every process it started, at once
     /// (the caller went away). Kept until `wait` returned, it does nothing.
     pub cancel: Box<dyn Send>,
+}
+
+/// Sets the terminal's window size on its master (the command gets SIGWINCH).
+pub fn set_window_size(master: &impl std::os::fd::AsRawFd, size: specs::api::TerminalSize) {
+    let ws = libc::winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, valid for the call.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) } < 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot set a terminal's size");
+    }
 }
 
 /// The message of a start whose `ready` said no (the pod's network failed;
@@ -292,6 +308,18 @@ pub trait Runtime: Send + Sync + 'static {
     /// ends too (a process that made its own session with `setsid` is the
     /// container's, as with `docker exec`).
     fn exec(&self, id: &str, command: &[String]) -> Result<ExecProcess, RuntimeError>;
+    /// `exec` whose command reads a pipe the caller writes
+    /// (`ExecProcess::stdin`), or (`tty`) runs on a pty of the container's
+    /// own whose master the caller reads and writes.
+    /// `tty`: on a terminal of this size.
+    fn exec_with_stdin(
+        &self,
+        _id: &str,
+        _command: &[String],
+        _tty: Option<specs::api::TerminalSize>,
+    ) -> Result<ExecProcess, RuntimeError> {
+        Err(RuntimeError::Unsupported("this runtime does not forward an exec's stdin"))
+    }
     /// `exec` for a probe: the command runs on the node's reserved CPUs,
     /// not on the container's (an exec probe must not disturb a pinned
     /// workload). A runtime that cannot place it so runs it as `exec` does.

@@ -69,6 +69,9 @@ pub enum Reply {
     /// A command run in a pod's container on its node (`api::proxy::exec`):
     /// `POST https://ENDPOINT/PATH` with `request`.
     Exec { node: String, endpoint: String, path: String, request: specs::api::ExecRequest },
+    /// An exec's stdin passed on to its node (`api::proxy::exec_input`):
+    /// `POST https://ENDPOINT/PATH` with `input`.
+    ExecInput { node: String, endpoint: String, path: String, input: specs::api::ExecInput },
     /// The Prometheus scrape (`metrics::Metrics::encode`).
     Metrics(String),
 }
@@ -592,6 +595,16 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             }
             request.container = Some(container);
             Ok(Reply::Exec { node, endpoint, path, request })
+        }
+        Action::ExecInput { name, input } => {
+            // Whoever may exec in the pod may feed its exec; the node checks
+            // that the session is an exec of this pod.
+            authorize(id, Request::ExecPod)?;
+            let pod = stored_pod(store, &name)?;
+            authorize(id, owned(&pod, Access::Write))?;
+            let (node, endpoint) = node_endpoint(state, &pod, "it runs nothing to exec in", "an exec")?;
+            let path = format!("/exec/input?pod={}", super::parse::percent_encode(&name));
+            Ok(Reply::ExecInput { node, endpoint, path, input })
         }
         Action::ListNodes { selector } => {
             authorize(id, Request::ListNodes)?;

@@ -669,6 +669,9 @@ async fn handle(
         Ok(Reply::Exec { node, endpoint, path, request }) => {
             proxy::exec(&state.proxy, &node, &endpoint, &path, &request, config.liveness, shutdown).await
         }
+        Ok(Reply::ExecInput { node, endpoint, path, input }) => {
+            proxy::exec_input(&state.proxy, &node, &endpoint, &path, &input).await
+        }
         Err(e) => error_response(&e),
     }
 }

@@ -61,6 +61,10 @@ pub enum Action {
         name: String,
         request: ExecRequest,
     },
+    ExecInput {
+        name: String,
+        input: specs::api::ExecInput,
+    },
     ListNodes {
         selector: LabelSelector,
     },
@@ -215,6 +219,15 @@ pub fn parse(
                 return Err(invalid("ExecRequest", "", problems));
             }
             Action::ExecPod { name, request }
+        }
+        RouteId::ExecInput => {
+            let name = name()?;
+            let input: specs::api::ExecInput = decode_json(body)?;
+            let problems = specs::validate::validate_exec_input(&input);
+            if !problems.is_empty() {
+                return Err(invalid("ExecInput", "", problems));
+            }
+            Action::ExecInput { name, input }
         }
         RouteId::ListNodes => {
             let selector = selector(&q)?;

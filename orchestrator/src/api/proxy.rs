@@ -130,6 +130,34 @@ pub async fn proxy(
     r
 }
 
+/// `POST https://endpoint/path` with an exec's `input` on a nodelet: `{}`
+/// once the node queued it for the command, or the node's refusal as it
+/// gave it (404 when that exec is over).
+pub async fn exec_input(
+    clients: &NodeClients,
+    node: &str,
+    endpoint: &str,
+    path: &str,
+    input: &specs::api::ExecInput,
+) -> Response<Body> {
+    let unreachable = |what: String| error(502, "NodeUnreachable", format!("node {node:?} at {endpoint}: {what}"));
+    let client = match clients.client(node, endpoint) {
+        Ok(c) => c,
+        Err(e) => return error_response(&unreachable(e.to_string())),
+    };
+    let body = match serde_json::to_vec(input) {
+        Ok(b) => Bytes::from(b),
+        Err(e) => return error_response(&error(500, "Internal", format!("encoding the input: {e}"))),
+    };
+    let sent = client.call::<serde_json::Value>(hyper::Method::POST, path, Some(("application/json", body)));
+    match tokio::time::timeout(HEAD_TIMEOUT, sent).await {
+        Ok(Ok(_)) => super::json_response(200, b"{}".to_vec()),
+        Ok(Err(ClientError::Api(e))) => error_response(&e),
+        Ok(Err(e)) => error_response(&unreachable(e.to_string())),
+        Err(_) => error_response(&unreachable("no reply in time".into())),
+    }
+}
+
 /// `POST https://endpoint/path` with `request` on a nodelet: the exec's
 /// frames relayed as they come. A hop of its own for liveness: the node's
 /// heartbeats are read (its silence past the bound ends the exec with an

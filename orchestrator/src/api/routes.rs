@@ -20,6 +20,7 @@ pub enum RouteId {
     PodLog,
     AttachPod,
     ExecPod,
+    ExecInput,
     ListNodes,
     RegisterNode,
     GetNode,
@@ -85,6 +86,7 @@ pub fn routes() -> Vec<Route> {
         r(Method::GET, "/api/v1/pods/{name}/log", PodLog),
         r(Method::GET, "/api/v1/pods/{name}/attach", AttachPod),
         r(Method::POST, "/api/v1/pods/{name}/exec", ExecPod),
+        r(Method::POST, "/api/v1/pods/{name}/exec/input", ExecInput),
         r(Method::GET, "/api/v1/nodes", ListNodes),
         r(Method::POST, "/api/v1/nodes", RegisterNode),
         r(Method::GET, "/api/v1/nodes/{name}", GetNode),
@@ -188,6 +190,7 @@ mod tests {
         check(Method::GET, "/api/v1/pods/web/attach", Matched::Route(RouteId::AttachPod, Some("web".into())));
         check(Method::POST, "/api/v1/pods/web/exec", Matched::Route(RouteId::ExecPod, Some("web".into())));
         check(Method::GET, "/api/v1/pods/web/exec", Matched::MethodNotAllowed);
+        check(Method::POST, "/api/v1/pods/web/exec/input", Matched::Route(RouteId::ExecInput, Some("web".into())));
         check(Method::PATCH, "/api/v1/pods/web", Matched::MethodNotAllowed);
         check(Method::GET, "/api/v1/pods/", Matched::NotFound);
         check(Method::GET, "/api/v2/pods", Matched::NotFound);

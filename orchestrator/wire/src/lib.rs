@@ -930,6 +930,15 @@ impl Client {
         self.post_frames(&path, request).await
     }
 
+    /// `POST /api/v1/pods/{name}/exec/input`: stdin for an exec started with
+    /// `stdin`, answered once the node queued it for the command.
+    pub async fn exec_input(&self, name: &str, input: &specs::api::ExecInput) -> Result<(), ClientError> {
+        let path = format!("/api/v1/pods/{}/exec/input", percent_encode(name));
+        let body = serde_json::to_vec(input).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let sent = self.call::<serde_json::Value>(Method::POST, &path, Some(("application/json", Bytes::from(body))));
+        sent.await.map(|_| ())
+    }
+
     /// A POST of `body` as JSON whose 200 reply is a stream of JSON lines
     /// with heartbeats (a longer silence than the liveness bound is
     /// `ClientError::Silent`); any other status is the `ApiError`. The

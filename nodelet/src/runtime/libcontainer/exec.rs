@@ -48,14 +48,67 @@ const TENANT_NOTIFY: &str = "tenant-notify-";
 /// CPUs (an environment variable, so the helper's command line stays the
 /// one `pinion shim` parses).
 const ON_RESERVED_ENV: &str = "PINION_EXEC_ON_RESERVED";
+/// Set on the helper of an exec with stdin: fd `STDIN_FD` is the read end
+/// of the command's stdin (else the command reads `/dev/null`).
+const STDIN_ENV: &str = "PINION_EXEC_STDIN";
+/// Set on the helper of an exec on a terminal: the command takes it as its
+/// controlling terminal (`take_terminal`).
+const TTY_ENV: &str = "PINION_EXEC_TTY";
 
 /// The fds the command's stdout and stderr arrive on in the helper.
 const STDOUT_FD: RawFd = 3;
 const STDERR_FD: RawFd = 4;
+/// The fd the command's stdin arrives on in the helper (with `STDIN_ENV`).
+const STDIN_FD: RawFd = 5;
+
+/// What an exec's command reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdin {
+    /// `/dev/null`.
+    Null,
+    /// A pipe whose write end the caller holds.
+    Pipe,
+    /// A pty of the container's own devpts (so that `tty` inside names it),
+    /// of this size, its stdin, stdout and stderr; the caller holds the master.
+    Tty(specs::api::TerminalSize),
+}
+
+/// A new pty in the devpts of the container whose init is `init`: opened
+/// through `/proc/INIT/root/dev/pts/ptmx`, unlocked, its peer opened from
+/// the master (`TIOCGPTPEER`, no path lookup). `(master, slave)`.
+fn container_pty(id: &str, init: i32) -> Result<(OwnedFd, OwnedFd), RuntimeError> {
+    use nix::fcntl::OFlag;
+    let path = format!("/proc/{init}/root/dev/pts/ptmx");
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    let master = nix::fcntl::open(path.as_str(), flags, nix::sys::stat::Mode::empty())
+        .map_err(|e| cerr(id, format!("{path}: {e}")))?;
+    // SAFETY: `open` returned this fd and nothing else owns it.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int from the pointer, which is valid for the call.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } < 0 {
+        return Err(cerr(id, format!("unlocking the pty: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: TIOCGPTPEER takes open flags by value and returns a new fd.
+    let slave =
+        unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    if slave < 0 {
+        return Err(cerr(id, format!("opening the pty's peer: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: the ioctl returned this new fd and nothing else owns it.
+    Ok((master, unsafe { OwnedFd::from_raw_fd(slave) }))
+}
 
 impl LibcontainerRuntime {
-    /// `on_reserved`: a probe's exec, run on the node's reserved CPUs (see `join`).
-    pub(super) fn exec_in(&self, id: &str, command: &[String], on_reserved: bool) -> Result<ExecProcess, RuntimeError> {
+    /// `on_reserved`: a probe's exec, run on the node's reserved CPUs (see
+    /// `join`); `stdin`: what the command reads (see `Stdin`).
+    pub(super) fn exec_in(
+        &self,
+        id: &str,
+        command: &[String],
+        on_reserved: bool,
+        stdin: Stdin,
+    ) -> Result<ExecProcess, RuntimeError> {
         check_id(id)?;
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {
             return Err(cerr(id, "cannot exec: the container is not running"));
@@ -79,8 +132,31 @@ impl LibcontainerRuntime {
         check_command(id, &self.command_root(id, &cfg), &probe)?;
 
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cerr(id, format!("pipe: {e}")));
-        let (out_read, out_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
+        let (out_read, out_write, in_read, in_write) = match stdin {
+            Stdin::Null => {
+                let (r, w) = pipe()?;
+                (r, w, None, None)
+            }
+            Stdin::Pipe => {
+                let (r, w) = pipe()?;
+                let (ir, iw) = pipe()?;
+                (r, w, Some(ir), Some(iw))
+            }
+            Stdin::Tty(size) => {
+                let started: super::records::StartedRecord = read_json(&layout.started(id))?
+                    .ok_or_else(|| cerr(id, format!("{} is missing", layout.started(id).display())))?;
+                let (master, slave) = container_pty(id, started.init.pid)?;
+                crate::runtime::set_window_size(&master, size);
+                let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| cerr(id, format!("dup: {e}")));
+                // All output on the terminal: stderr's pipe stays empty.
+                let (master_in, slave_in) = (dup(&master)?, dup(&slave)?);
+                nix::unistd::dup3(slave.as_raw_fd(), err_write.as_raw_fd(), nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|e| cerr(id, format!("dup3: {e}")))?;
+                (master, slave, Some(slave_in), Some(master_in))
+            }
+        };
+        let in_fd = in_read.as_ref().map(|r| r.as_raw_fd());
         let log_path = layout.exec_log(id);
         let log = crate::fsutil::create_private(&log_path, true).map_err(ioerr(&log_path))?;
         let (out_fd, err_fd) = (out_write.as_raw_fd(), err_write.as_raw_fd());
@@ -89,16 +165,31 @@ impl LibcontainerRuntime {
         if on_reserved {
             helper.env(ON_RESERVED_ENV, "1");
         }
+        if stdin != Stdin::Null {
+            helper.env(STDIN_ENV, "1");
+        }
+        if matches!(stdin, Stdin::Tty(_)) {
+            helper.env(TTY_ENV, "1");
+        }
         // SAFETY: the closure runs in the forked child before exec and makes
         // only async-signal-safe calls (fcntl, dup2) on fds this process owns
         // until `spawn` returns.
         unsafe {
             helper.pre_exec(move || {
-                // Out of 3 and 4's way first: a source may be either of them.
+                // Out of 3, 4 and 5's way first: a source may be any of them.
                 let out = libc::fcntl(out_fd, libc::F_DUPFD_CLOEXEC, 10);
                 let err = libc::fcntl(err_fd, libc::F_DUPFD_CLOEXEC, 10);
-                if out < 0 || err < 0 || libc::dup2(out, STDOUT_FD) < 0 || libc::dup2(err, STDERR_FD) < 0 {
+                let input = in_fd.map(|fd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10));
+                if out < 0 || err < 0 || input.is_some_and(|i| i < 0) {
                     return Err(std::io::Error::last_os_error());
+                }
+                if libc::dup2(out, STDOUT_FD) < 0 || libc::dup2(err, STDERR_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(i) = input {
+                    if libc::dup2(i, STDIN_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -106,7 +197,7 @@ impl LibcontainerRuntime {
         let mut child = helper
             .spawn()
             .map_err(|e| cerr(id, format!("starting the exec helper {}: {e}", self.shim_exe.display())))?;
-        drop((out_write, err_write));
+        drop((out_write, err_write, in_read));
         let (Some(cancel), Some(out)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
@@ -164,7 +255,14 @@ impl LibcontainerRuntime {
                 cerr(&id, why)
             })
         };
-        Ok(ExecProcess { stdout: out_read, stderr: err_read, wait: Box::new(wait), cancel: Box::new(cancel) })
+        Ok(ExecProcess {
+            stdout: out_read,
+            stderr: err_read,
+            stdin: in_write,
+            tty: matches!(stdin, Stdin::Tty(_)),
+            wait: Box::new(wait),
+            cancel: Box::new(cancel),
+        })
     }
 }
 
@@ -227,6 +325,10 @@ pub fn run(data_dir: &Path, id: &str, command: &[String]) -> i32 {
 fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Result<(Pid, specs::CpuSet), String> {
     let out = take_fd(STDOUT_FD)?;
     let err = take_fd(STDERR_FD)?;
+    let stdin = match std::env::var_os(STDIN_ENV) {
+        Some(_) => File::from(take_fd(STDIN_FD)?),
+        None => File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?,
+    };
     if let Err(e) = crate::affinity::widen_thread() {
         tracing::warn!(error = %e, "cannot widen the exec helper's CPU affinity; the command may inherit the agent's");
     }
@@ -269,13 +371,13 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
             &spec,
             program.as_ref().map(|p| p.as_slice()),
             command,
+            stdin,
             out,
             err,
             confine,
         )?;
         return Ok((pid, cfg.system_cpus));
     }
-    let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     // libcontainer leaves a notify socket per exec in the container's state
     // folder: one exec joins at a time, so the socket that appeared is ours.
     let state = layout.state_root().join(id);
@@ -288,9 +390,10 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
         .with_root_path(layout.state_root())
         .and_then(|b| b.validate_id())
         .map(|b| b.with_stdin(stdin).with_stdout(out).with_stderr(err))
-        .map(|b| match program {
-            Some(program) => b.with_executor(super::filter::WithFilter { program }),
-            None => b,
+        .map(|b| match (program, std::env::var_os(TTY_ENV).is_some()) {
+            (program, true) => b.with_executor(OnTerminal { program }),
+            (Some(program), false) => b.with_executor(super::filter::WithFilter { program }),
+            (None, false) => b,
         })
         .and_then(|b| {
             b.as_tenant()
@@ -307,6 +410,38 @@ fn join(data_dir: &Path, id: &str, command: &[String], on_reserved: bool) -> Res
     }
     let pid = built.map_err(|e| format!("joining the container: {e}"))?;
     Ok((pid, cfg.system_cpus))
+}
+
+/// Makes the terminal on stdin the calling process's controlling one (it
+/// leads a new session: the tenant's process and `exec_userns`'s command
+/// called `setsid`), so that ^C is SIGINT to its foreground and a shell
+/// there has job control. A failure leaves the terminal a plain one.
+pub(super) fn take_terminal() {
+    // SAFETY: TIOCSCTTY takes an int by value; fd 0 is this process's own.
+    if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "exec: the terminal is not the command's controlling one");
+    }
+}
+
+/// The executor of an exec on a terminal: `take_terminal`, then the
+/// container's filter (when it has one) and `execve` as `WithFilter` does.
+#[derive(Clone)]
+struct OnTerminal {
+    program: Option<std::sync::Arc<Vec<u8>>>,
+}
+
+impl ::libcontainer::workload::Executor for OnTerminal {
+    fn exec(&self, spec: &Spec) -> Result<(), ::libcontainer::workload::ExecutorError> {
+        take_terminal();
+        match &self.program {
+            Some(program) => super::filter::WithFilter { program: program.clone() }.exec(spec),
+            None => ::libcontainer::workload::default::DefaultExecutor {}.exec(spec),
+        }
+    }
+
+    fn validate(&self, spec: &Spec) -> Result<(), ::libcontainer::workload::ExecutorValidationError> {
+        ::libcontainer::workload::default::DefaultExecutor {}.validate(spec)
+    }
 }
 
 fn notify_sockets(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {

@@ -49,6 +49,7 @@ pub(super) fn join(
     spec: &Spec,
     program: Option<&[u8]>,
     command: &[String],
+    stdin: File,
     out: OwnedFd,
     err: OwnedFd,
     confine: Option<&specs::CpuSet>,
@@ -78,7 +79,6 @@ pub(super) fn join(
     // own root is an initramfs, as the QEMU guest's) it is the host's.
     let root_path = format!("/proc/{init}/root");
     let root = File::open(&root_path).map_err(|e| format!("{root_path}: {e}"))?;
-    let stdin = File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     // Tells the helper the command's pid (from the intermediate), then
     // carries a failure's words (from the command's side; its close on exec
     // says it ran).
@@ -186,6 +186,9 @@ fn become_process(
     nix::unistd::chdir(cwd.as_c_str()).map_err(|e| format!("cwd {cwd:?}: {e}"))?;
     for (fd, to) in [(stdin.as_raw_fd(), 0), (out.as_raw_fd(), 1), (err.as_raw_fd(), 2)] {
         nix::unistd::dup2(fd, to).map_err(|e| format!("dup2: {e}"))?;
+    }
+    if nix::unistd::isatty(0).unwrap_or(false) {
+        super::exec::take_terminal();
     }
     if let Some(rlimits) = process.rlimits() {
         for r in rlimits {
