@@ -154,8 +154,39 @@ pub struct ContainerStatus {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ready: bool,
     /// What its last run used, read from its cgroup as it ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "object_or_null")]
     pub usage: Option<ContainerUsage>,
+}
+
+/// An optional object, read from an object or null only. Serde's derive
+/// also reads a struct from a list of its fields in order, which would let
+/// `usage: [null, null]` through as an empty usage against the API's schema.
+fn object_or_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    use serde::de::{value::MapAccessDeserializer, MapAccess, Visitor};
+    struct Object<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object or null")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    d.deserialize_option(Object(std::marker::PhantomData))
 }
 
 /// A container's CPU time and memory high-water mark, read by its node from
@@ -179,4 +210,30 @@ pub enum ContainerState {
     Waiting,
     Running,
     Terminated,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ContainerStatus;
+
+    #[test]
+    fn a_containers_usage_is_an_object_or_null() {
+        let table: [(&str, Result<Option<u64>, &str>); 4] = [
+            (r#""usage":{"cpuNanos":5}"#, Ok(Some(5))),
+            (r#""usage":null"#, Ok(None)),
+            (r#""reason":null"#, Ok(None)),
+            (r#""usage":[null,null]"#, Err("expected an object or null")),
+        ];
+        for (field, want) in table {
+            let json = format!(r#"{{"name":"m","state":"Running",{field}}}"#);
+            let got = serde_json::from_str::<ContainerStatus>(&json)
+                .map(|c| c.usage.and_then(|u| u.cpu_nanos))
+                .map_err(|e| e.to_string());
+            match (&got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(*g, w, "{json}"),
+                (Err(e), Err(w)) => assert!(e.contains(w), "{json}: {e}"),
+                _ => panic!("{json}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
 }
