@@ -2,6 +2,7 @@
 //! of killable hollow agents (`hollow`), the QEMU guest, and for the
 //! benchmarks the peer runtimes (crun, runc) and latency statistics.
 
+pub mod args;
 pub mod binary;
 pub mod chromium;
 pub mod firstbyte;

@@ -33,15 +33,12 @@ struct Opts {
 
 fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts { runs: 20, burst: 100, pinion: PathBuf::from("target/release/pinion") };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut num = |what: &str| -> anyhow::Result<usize> {
-            args.next().with_context(|| format!("{what} N"))?.parse().with_context(|| what.to_string())
-        };
+    let mut args = e2e::args::Args::from_env();
+    while let Some(a) = args.flag() {
         match a.as_str() {
-            "--runs" => o.runs = num("--runs")?,
-            "--burst" => o.burst = num("--burst")?,
-            "--pinion" => o.pinion = PathBuf::from(args.next().context("--pinion PATH")?),
+            "--runs" => o.runs = args.num("--runs")?,
+            "--burst" => o.burst = args.num("--burst")?,
+            "--pinion" => o.pinion = args.path("--pinion")?,
             other => bail!("unknown argument {other}"),
         }
     }

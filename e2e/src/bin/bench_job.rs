@@ -66,17 +66,14 @@ fn opts() -> anyhow::Result<Opts> {
         slurm: true,
         runc: true,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut num = |what: &str| -> anyhow::Result<usize> {
-            args.next().with_context(|| format!("{what} N"))?.parse().with_context(|| what.to_string())
-        };
+    let mut args = e2e::args::Args::from_env();
+    while let Some(a) = args.flag() {
         match a.as_str() {
-            "--runs" => o.runs = num("--runs")?,
-            "--queue" => o.queue = num("--queue")?,
-            "--hollow-jobs" => o.hollow_jobs = num("--hollow-jobs")?,
-            "--two-nodes" => o.two_nodes = num("--two-nodes")?,
-            "--pinion" => o.pinion = PathBuf::from(args.next().context("--pinion PATH")?),
+            "--runs" => o.runs = args.num("--runs")?,
+            "--queue" => o.queue = args.num("--queue")?,
+            "--hollow-jobs" => o.hollow_jobs = args.num("--hollow-jobs")?,
+            "--two-nodes" => o.two_nodes = args.num("--two-nodes")?,
+            "--pinion" => o.pinion = args.path("--pinion")?,
             "--no-slurm" => o.slurm = false,
             "--no-runc" => o.runc = false,
             other => bail!("unknown argument {other}"),

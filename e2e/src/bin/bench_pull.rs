@@ -24,16 +24,13 @@ struct Opts {
 
 fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts { runs: 5, mb: 100, layers: 4, pinion: PathBuf::from("target/release/pinion") };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut num = |what: &str| -> anyhow::Result<usize> {
-            args.next().with_context(|| format!("{what} N"))?.parse().with_context(|| what.to_string())
-        };
+    let mut args = e2e::args::Args::from_env();
+    while let Some(a) = args.flag() {
         match a.as_str() {
-            "--runs" => o.runs = num("--runs")?,
-            "--mb" => o.mb = num("--mb")?,
-            "--layers" => o.layers = num("--layers")?.max(1),
-            "--pinion" => o.pinion = PathBuf::from(args.next().context("--pinion PATH")?),
+            "--runs" => o.runs = args.num("--runs")?,
+            "--mb" => o.mb = args.num("--mb")?,
+            "--layers" => o.layers = args.num("--layers")?.max(1),
+            "--pinion" => o.pinion = args.path("--pinion")?,
             other => bail!("unknown argument {other}"),
         }
     }
