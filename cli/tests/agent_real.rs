@@ -252,13 +252,22 @@ fn cgroups(tag: &str) -> Vec<PathBuf> {
 /// The containers' long-lived processes: `sleep 1000` and the looping `sh` (their
 /// short-lived children come and go every 100 ms).
 fn long_lived(tag: &str) -> Vec<i32> {
-    processes(tag)
-        .into_iter()
-        .filter(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmd.starts_with(b"sh\0") || cmd.starts_with(b"sleep\x001000")
-        })
-        .collect()
+    let look = || -> Vec<i32> {
+        processes(tag)
+            .into_iter()
+            .filter(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmd.starts_with(b"sh\0") || cmd.starts_with(b"sleep\x001000")
+            })
+            .collect()
+    };
+    // A shell's child between its fork and its exec (the loop's `grep` or
+    // `sleep 0.1`) still reads `sh`: only what two looks 300 ms apart both
+    // see lives long.
+    let first = look();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let second = look();
+    first.into_iter().filter(|p| second.contains(p)).collect()
 }
 
 fn mounts(under: &Path) -> usize {
