@@ -850,48 +850,106 @@ impl PodNetworks {
         }
     }
 
-    /// The steps of `take_warm`, each leaving what a restart cleans up: the
-    /// pod's pin without a record is removed, a warm record (renamed or not)
-    /// is deleted under its warm id.
+    /// The steps of `take_warm`: the warm network moved to the pod's pin
+    /// and record.
     fn hand_over(&self, warm: &str, req: &PodNetRequest) -> Result<Vec<String>, CniError> {
-        let from = self.cfg.netns_path(warm);
-        let to = self.cfg.netns_path(&req.sandbox);
-        let mut rec = self.read_record(warm)?.ok_or_else(|| CniError::Netns {
-            path: from.clone(),
-            reason: "the network made ahead has no record".into(),
-        })?;
-        std::fs::File::create(&to).map_err(|source| CniError::Io { path: to.clone(), source })?;
-        let source = from.to_string_lossy();
+        let rec = self.move_network(warm, &req.sandbox, &req.key)?;
+        Ok(rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default())
+    }
+
+    /// Moves a network from one sandbox id to another: its namespace
+    /// pinned at the new path, its record renamed (the leases stay under
+    /// the id ADD used, kept in the record). Each step leaves what a
+    /// restart cleans up: the new pin without a record is removed, a
+    /// record (renamed or not) is deleted under its CNI id.
+    fn move_network(&self, from: &str, to: &str, key: &str) -> Result<Record, CniError> {
+        let from_pin = self.cfg.netns_path(from);
+        let to_pin = self.cfg.netns_path(to);
+        let mut rec = self
+            .read_record(from)?
+            .ok_or_else(|| CniError::Netns { path: from_pin.clone(), reason: "the network has no record".into() })?;
+        std::fs::File::create(&to_pin).map_err(|source| CniError::Io { path: to_pin.clone(), source })?;
+        let source = from_pin.to_string_lossy();
         let bind = crate::host::MountRequest {
             source: &source,
-            target: &to,
+            target: &to_pin,
             fstype: "",
             flags: nix::mount::MsFlags::MS_BIND,
             data: "",
         };
         if let Err(e) = self.host.mount(&bind) {
-            let _ = std::fs::remove_file(&to);
-            return Err(CniError::Netns { path: to, reason: format!("bind mount of {}: {e}", from.display()) });
+            let _ = std::fs::remove_file(&to_pin);
+            return Err(CniError::Netns { path: to_pin, reason: format!("bind mount of {}: {e}", from_pin.display()) });
         }
-        rec.key = req.key.clone();
-        rec.netns = to.clone();
-        rec.cni_id = Some(warm.to_string());
+        rec.cni_id = Some(rec.cni_id(from).to_string());
+        rec.key = key.to_string();
+        rec.netns = to_pin.clone();
         // The results name the namespace by its pin; CHECK compares.
         for a in &mut rec.attachments {
             let interfaces = a.result.as_mut().and_then(|r| r.get_mut("interfaces")).and_then(Value::as_array_mut);
             for i in interfaces.into_iter().flatten() {
                 if i.get("sandbox").and_then(Value::as_str) == Some(&*source) {
-                    i["sandbox"] = Value::String(to.to_string_lossy().into_owned());
+                    i["sandbox"] = Value::String(to_pin.to_string_lossy().into_owned());
                 }
             }
         }
-        self.write_record(warm, &rec)?;
-        let (old, new) = (self.record_path(warm), self.record_path(&req.sandbox));
+        self.write_record(from, &rec)?;
+        let (old, new) = (self.record_path(from), self.record_path(to));
         std::fs::rename(&old, &new).map_err(|source| CniError::Io { path: new.clone(), source })?;
         crate::fsutil::sync_dir(&self.state_dir)
             .map_err(|source| CniError::Io { path: self.state_dir.clone(), source })?;
-        remove_netns(&*self.host, &from)?;
-        Ok(rec.attachments.first().and_then(|a| a.result.as_ref()).map(result_ips).unwrap_or_default())
+        remove_netns(&*self.host, &from_pin)?;
+        Ok(rec)
+    }
+
+    /// `remove`, except that a network its pod could not have changed
+    /// (`reusable`: the agent knows the pod held no capability that
+    /// configures a network) goes back to the networks made ahead while
+    /// they are fewer than twice `keep_warm`'s number: the next pod takes
+    /// it with its address, and neither DEL nor a refill's ADD runs (the
+    /// plugins' processes were most of a queue's work on the node's
+    /// reserved CPUs). Anything unusual (another configuration since, a
+    /// device or user namespace attached, a half-made record) is removed.
+    pub async fn release(&self, sandbox: &str, reusable: bool) -> Result<(), CniError> {
+        if reusable && self.reuse(sandbox).await {
+            self.leftover.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
+            self.removing.lock().unwrap_or_else(|p| p.into_inner()).remove(sandbox);
+            return Ok(());
+        }
+        self.remove(sandbox).await
+    }
+
+    async fn reuse(&self, sandbox: &str) -> bool {
+        let lock = self.lock_of(sandbox);
+        let _held = lock.lock().await;
+        let target = self.warm_target.load(std::sync::atomic::Ordering::Relaxed);
+        if target == 0 || self.warm_count() >= 2 * target {
+            return false;
+        }
+        let Ok(Some(rec)) = self.read_record(sandbox) else { return false };
+        let Ok(config) = load_config(&self.cfg.conf_dir) else { return false };
+        let own = crate::peers::read_own_cidr(&self.state_dir.join(crate::peers::OWN_CIDR_FILE));
+        let network = in_own_range(config, own).to_value();
+        let whole = matches!(rec.attachments.as_slice(), [a] if a.result.is_some() && a.config == network);
+        let pin = self.cfg.netns_path(sandbox);
+        if !whole || !is_mounted(&*self.host, &pin) || self.cfg.userns_path(sandbox).exists() {
+            return false;
+        }
+        let id = warm_id();
+        match self.move_network(sandbox, &id, WARM_KEY) {
+            Ok(_) => {
+                self.set_up(sandbox, None);
+                tracing::info!(key = rec.key, sandbox, warm = id, "pod network kept for the next pod");
+                self.warm.lock().unwrap_or_else(|p| p.into_inner()).push(Warm { id, config: network });
+                true
+            }
+            Err(e) => {
+                // What the move made under the new id goes in the background.
+                tracing::warn!(key = rec.key, sandbox, error = %e, "cannot keep a pod network for the next pod");
+                self.leftover.lock().unwrap_or_else(|p| p.into_inner()).insert(id, std::time::Instant::now());
+                false
+            }
+        }
     }
 
     async fn add(&self, sandbox: &str, netns: &Path, a: &Attachment) -> Result<Value, CniError> {

@@ -249,6 +249,53 @@ async fn a_pod_takes_a_network_made_ahead_and_nothing_leaks() {
     assert_eq!(w.leaks(), Vec::<String>::new());
 }
 
+/// A finished pod's network given back (`release` with `reusable`) waits
+/// for the next pod with its address, pinned under a new warm id: the next
+/// pod takes it (the same address, no new lease) and reaches the others.
+/// Past twice `keep_warm`'s number, or not reusable, a network is removed
+/// through the plugins; DEL of a reused one frees its lease; nothing leaks.
+#[tokio::test]
+async fn a_finished_pods_network_is_reused_by_the_next_pod_and_nothing_leaks() {
+    if !available() {
+        return;
+    }
+    let w = World::new(6);
+    let nets = w.networks();
+    nets.keep_warm(1);
+    let leases = || w.leaks().into_iter().filter(|l| l.starts_with("lease")).count();
+    let (a, b, c, d) = (pod("default/a"), pod("default/b"), pod("default/c"), pod("default/d"));
+    let ip_a = nets.setup(&a).await.unwrap();
+    let ip_b = nets.setup(&b).await.unwrap();
+    let ip_c = nets.setup(&c).await.unwrap();
+    assert_eq!(leases(), 3);
+
+    nets.release(&a.sandbox, true).await.unwrap();
+    assert_eq!(nets.warm_count(), 1, "a's network waits for the next pod");
+    assert!(!w.cni().netns_path(&a.sandbox).exists(), "a's own pin is gone");
+    assert_eq!(leases(), 3, "its address is kept, not freed");
+    let d_ip = nets.setup(&d).await.unwrap();
+    assert_eq!(d_ip, ip_a, "the next pod has a's address");
+    assert_eq!(nets.warm_count(), 0);
+    let ping = in_pod(&w, &d.sandbox, &format!("ping -c1 -W5 {}", ip_b[0].split('/').next().unwrap()));
+    assert!(ping.status.success(), "{}", String::from_utf8_lossy(&ping.stdout));
+    assert_eq!(w.networks().check(&d.sandbox).await.unwrap(), ip_a, "CHECK under the id ADD used");
+
+    // Not reusable (the agent saw a capability): removed, its lease freed.
+    nets.release(&b.sandbox, false).await.unwrap();
+    assert_eq!((nets.warm_count(), leases()), (0, 2));
+    // Two kept at most with keep_warm(1): the third goes through DEL.
+    nets.release(&c.sandbox, true).await.unwrap();
+    nets.release(&d.sandbox, true).await.unwrap();
+    assert_eq!(nets.warm_count(), 2);
+    let e = pod("default/e");
+    nets.setup(&e).await.unwrap();
+    nets.release(&e.sandbox, true).await.unwrap();
+    assert_eq!((nets.warm_count(), leases()), (2, 2), "e's network was removed, not kept");
+    assert!(ip_c != ip_a);
+    nets.drain_warm().await;
+    assert_eq!(w.leaks(), Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn bad_config_missing_plugin_and_hang_are_clear_errors_that_leak_nothing() {
     if !available() {

@@ -763,10 +763,16 @@ impl Executor {
     fn remove_networks(&self, state: &State) {
         let Some(networks) = &self.networks else { return };
         let wanted = wanted_networks(state);
-        for sandbox in networks.unwanted(&wanted) {
+        let unwanted = networks.unwanted(&wanted);
+        if unwanted.is_empty() {
+            return;
+        }
+        let reusable = reusable_networks(state);
+        for sandbox in unwanted {
             let (networks, tx) = (networks.clone(), self.events.clone());
+            let reusable = reusable.contains(&sandbox);
             tokio::spawn(async move {
-                match networks.remove(&sandbox).await {
+                match networks.release(&sandbox, reusable).await {
                     Ok(()) => {
                         // Only the pod_ips entry of this sandbox goes.
                         let _ = tx.send(Event::PodNetwork { key: String::new(), sandbox, ips: Vec::new() });
@@ -921,7 +927,7 @@ fn wanted_user_blocks(state: &State) -> BTreeSet<String> {
         .iter()
         .filter(|(_, e)| matches!(e.stage, Stage::Admitted | Stage::Terminating { .. }))
         .filter(|(_, e)| e.pod.spec.host_users == Some(false))
-        .map(|(key, e)| crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash)))
+        .map(|(key, e)| e.sandbox(key).to_string())
         .collect()
 }
 
@@ -935,6 +941,26 @@ fn wanted_networks(state: &State) -> BTreeSet<String> {
             reconcile::pod_network(state.cfg.cni.as_ref(), &state.cfg.topology, key, &e.pod, &e.hash, placement)
         })
         .map(|net| net.sandbox)
+        .collect()
+}
+
+/// The networks of finished pods none of whose containers held a capability
+/// beyond the runtime's default set (which has no `NET_ADMIN`): they could
+/// not change their namespace's addresses, routes, rules or interfaces, so
+/// the next pod may have it (`PodNetworks::release`). A deleted pod's
+/// network is not among them: its spec is gone, and it is removed.
+fn reusable_networks(state: &State) -> BTreeSet<String> {
+    state
+        .pods
+        .iter()
+        .filter(|(_, e)| matches!(e.stage, Stage::Finished(_)))
+        .filter(|(_, e)| e.pod.spec.host_users != Some(false))
+        .filter(|(_, e)| {
+            e.pod.spec.containers.iter().all(|c| {
+                c.security_context.as_ref().and_then(|s| s.capabilities.as_ref()).is_none_or(|caps| caps.add.is_empty())
+            })
+        })
+        .map(|(key, e)| e.sandbox(key).to_string())
         .collect()
 }
 

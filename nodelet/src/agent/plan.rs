@@ -142,6 +142,9 @@ pub(crate) struct PodEntry {
     /// What its `spec.tuning` could not do on this node, from the last
     /// start (`Event::Tuned`); reported in its status.
     pub(crate) tuning_notes: Vec<String>,
+    /// `crate::cni::sandbox_id` of it, computed once: every report names
+    /// each pod's network by it, finished pods included.
+    sandbox: std::sync::OnceLock<String>,
 }
 
 /// When a pod's start passed the planner's steps (`crate::metrics::Step`).
@@ -190,7 +193,13 @@ impl PodEntry {
             start: None,
             kill_at: None,
             tuning_notes: Vec::new(),
+            sandbox: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Its network's sandbox id (`crate::cni::sandbox_id`) under `key`.
+    pub(crate) fn sandbox(&self, key: &str) -> &str {
+        self.sandbox.get_or_init(|| crate::cni::sandbox_id(key, &reconcile::log_uid(&self.pod, &self.hash)))
     }
 
     fn grace(&self, default: Duration) -> Duration {
@@ -1006,7 +1015,7 @@ pub(crate) fn tune_request(st: &State, key: &str) -> Option<crate::tuning::TuneR
     for c in placement.containers.iter().filter(|c| c.cpu_policy == specs::CpuPolicy::Exclusive) {
         cpus.union_with(&c.cpus);
     }
-    let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
+    let sandbox = e.sandbox(key).to_string();
     let realtime = e.pod.spec.containers.iter().any(has_sys_nice);
     let none = specs::pod::Tuning::default();
     let tuning = e.pod.spec.tuning.as_ref().unwrap_or(&none);
@@ -1043,7 +1052,7 @@ fn start_config(st: &State, key: &str, i: usize) -> Option<(ContainerConfig, Opt
         network = network.filter(made);
     }
     if e.pod.spec.host_users == Some(false) {
-        let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
+        let sandbox = e.sandbox(key).to_string();
         // With a pod network, the pod's user namespace is pinned beside it
         // (it owns the network namespace, so containers may join that).
         let pinned = match (&mut network, &st.cfg.cni) {
@@ -1386,7 +1395,7 @@ fn probe_target(st: &State, key: &str, e: &PodEntry) -> ProbeTarget {
     if e.pod.spec.host_network {
         return ProbeTarget::host();
     }
-    let sandbox = crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash));
+    let sandbox = e.sandbox(key).to_string();
     st.pod_ips
         .get(key)
         .filter(|(s, _)| *s == sandbox)

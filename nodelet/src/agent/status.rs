@@ -145,7 +145,7 @@ pub(super) fn build(agent: &State) -> NodeReport {
         };
         if let Some((sandbox, ips)) = agent.pod_ips.get(key) {
             // Only this pod's, not one of the same name before it.
-            if *sandbox == crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash)) {
+            if sandbox == e.sandbox(key) {
                 st.pod_ip = ips.first().cloned();
                 st.pod_ips = ips.clone();
             }

@@ -214,6 +214,35 @@ fn an_exit_frees_the_cpus_at_once_for_the_next_pod() {
     check(&mut st, written(2), t, &["remove static-a_main_0", "start static-b_main_0 cpus=1"]);
 }
 
+/// A finished pod's network goes to the next pod only when none of its
+/// containers held an added capability (`NET_ADMIN` could have changed its
+/// routes or rules); a running pod's never.
+#[test]
+fn only_a_finished_pod_without_added_capabilities_gives_its_network_on() {
+    let t = Instant::now();
+    let mut st = state(t);
+    let sandbox = |st: &State, key: &str| {
+        let e = &st.pods[key];
+        crate::cni::sandbox_id(key, &reconcile::log_uid(&e.pod, &e.hash))
+    };
+    run_pod(&mut st, t, "static/a", pod("a", &["true"], RestartPolicy::Never), 1);
+    assert!(super::super::reusable_networks(&st).is_empty(), "a runs");
+    let ev = exited(&st, "static/a", 0);
+    plan(&mut st, ev, t);
+    plan(&mut st, written(2), t);
+    let mut b = pod("b", &["true"], RestartPolicy::Never);
+    b.spec.containers[0].security_context = Some(specs::pod::SecurityContext {
+        capabilities: Some(specs::pod::Capabilities { add: vec!["NET_ADMIN".into()], drop: vec![] }),
+        ..Default::default()
+    });
+    run_pod(&mut st, t, "static/b", b, 3);
+    let ev = exited(&st, "static/b", 1);
+    plan(&mut st, ev, t);
+    assert_eq!(phase(&st, "static/b"), Some(PodPhase::Failed));
+    let reusable = super::super::reusable_networks(&st);
+    assert_eq!(reusable.into_iter().collect::<Vec<_>>(), vec![sandbox(&st, "static/a")]);
+}
+
 #[test]
 fn an_exit_reported_before_the_start_returned_is_kept() {
     let t = Instant::now();
