@@ -422,9 +422,107 @@ print(next((json.dumps({"message": p.get("message"), "conditions": p.get("condit
     for _ in $(seq 20); do [ ! -d "$probe_dir" ] && break; sleep 0.5; done
     [ ! -d "$probe_dir" ] && ok "exec probe: its cgroup went with its container" || fail "exec probe: $probe_dir left behind"
   fi
+  # spec.tuning on cgroup v2 (issue 31): a pod with every setting this guest has (no
+  # cpufreq under QEMU), the files read from outside while it runs, and every one of
+  # them equal to before once it is gone.
+  tuned_files() { # every file the tuner may write, with its value
+    for f in /sys/devices/system/cpu/cpu*/power/pm_qos_resume_latency_us /proc/irq/default_smp_affinity \
+      /proc/irq/*/smp_affinity; do
+      echo "$f $(cat "$f" 2>&1)"
+    done
+  }
+  allows() { # MASK CPU: whether a kernel hex mask has the CPU's bit
+    local m=${1//,/}
+    (((0x$m >> $2) & 1))
+  }
+  message_of() { # NAME: the pod's status message
+    python3 -c 'import json,sys
+pods = json.load(open(sys.argv[1])).get("pods", {})
+print(next((p.get("message") or "" for k, p in pods.items() if k.split("/")[-1] == sys.argv[2]), ""))' "$DATA/status.json" "$1" 2>/dev/null
+  }
+  tuned_before=$(tuned_files)
+  cat >"$MANIFESTS/tuned.yaml.tmp" <<EOF
+apiVersion: pinion.io/v1
+kind: Pod
+metadata:
+  name: tuned
+spec:
+  tuning: {irqLoadBalancing: disabled, cpuQuota: disabled, cpuLoadBalancing: disabled, cpuCStates: disabled}
+  containers:
+  - name: touch
+    rootfs: host
+    command: [$TOUCH, "16", "-1", "tuned"]
+    resources:
+      requests: {cpu: "2", memory: 100Mi}
+      limits: {cpu: "2", memory: 100Mi}
+EOF
+  mv "$MANIFESTS/tuned.yaml.tmp" "$MANIFESTS/tuned.yaml"
+  if tpid=$(wait_touched tuned 60 16); then
+    tcpus=$(status_field "$tpid" Cpus_allowed_list)
+    tcg=/sys/fs/cgroup$(sed -n 's/^0:://p' "/proc/$tpid/cgroup")
+    first=$(expand "$tcpus" | cut -d' ' -f1)
+    # The tuner runs once the container runs: give it a moment under emulation.
+    for _ in $(seq 40); do
+      [ "$(cat "/sys/devices/system/cpu/cpu$first/power/pm_qos_resume_latency_us")" = n/a ] && break
+      sleep 0.5
+    done
+    sleep 1
+    tmsg=$(message_of tuned)
+    figure "tuned_cpus $tcpus"
+    bad=
+    for c in $(expand "$tcpus"); do
+      v=$(cat "/sys/devices/system/cpu/cpu$c/power/pm_qos_resume_latency_us")
+      [ "$v" = n/a ] || bad="$bad cpu$c=$v"
+    done
+    [ -z "$bad" ] && ok "tuned: pm_qos_resume_latency_us n/a on its CPUs $tcpus (no C-state)" ||
+      fail "tuned: pm_qos_resume_latency_us:$bad (the pod: $tmsg)"
+    quota=$(cat "$tcg/cpu.max" 2>&1)
+    [ "${quota%% *}" = max ] && ok "tuned: cpu.max '$quota' (no CFS quota) in $tcg" ||
+      fail "tuned: cpu.max '$quota' in $tcg, expected max (the pod: $tmsg)"
+    dflt=$(cat /proc/irq/default_smp_affinity)
+    bad=
+    for c in $(expand "$tcpus"); do allows "$dflt" "$c" && bad="$bad $c"; done
+    [ -z "$bad" ] && ok "tuned: /proc/irq/default_smp_affinity $dflt leaves out CPUs $tcpus" ||
+      fail "tuned: /proc/irq/default_smp_affinity $dflt still allows$bad"
+    # Each interrupt either leaves the pod's CPUs or is named in its status (the kernel
+    # refused it, or it allows only the pod's CPUs).
+    moved=0 named=0 unexplained=
+    for f in /proc/irq/[0-9]*/smp_affinity; do
+      irq=$(basename "$(dirname "$f")") m=$(cat "$f") hit=
+      for c in $(expand "$tcpus"); do allows "$m" "$c" && hit=1; done
+      if [ -z "$hit" ]; then
+        moved=$((moved + 1))
+      elif echo "$tmsg" | grep -q "interrupt $irq[: ]"; then
+        named=$((named + 1))
+      else
+        unexplained="$unexplained $irq($m)"
+      fi
+    done
+    figure "tuned_irqs_clear $moved"
+    figure "tuned_irqs_reported $named"
+    [ -z "$unexplained" ] && ok "tuned: $moved interrupts leave CPUs $tcpus, $named kept them and are named in the status" ||
+      fail "tuned: interrupts still on CPUs $tcpus and not reported:$unexplained (the pod: $tmsg)"
+    part=$(cat "$tcg/cpuset.cpus.partition" 2>&1)
+    figure "tuned_partition $part"
+    if [ "$part" = isolated ]; then
+      ok "tuned: $tcg is an isolated cpuset partition (no load balancing)"
+    elif echo "$tmsg" | grep -q "cannot make an isolated partition"; then
+      ok "tuned: no isolated partition here ($part), and the pod's status says so"
+    else
+      fail "tuned: cpuset.cpus.partition '$part' and the status does not say why: $tmsg"
+    fi
+  else
+    fail "tuned: the pod never ran (the agent: $(tail -c 400 "$OUT/agent.log"))"
+  fi
+  rm -f "$MANIFESTS/tuned.yaml"
+  wait_gone tuned 60 || fail "tuned still runs after its manifest was removed"
+  for _ in $(seq 40); do [ "$(tuned_files)" = "$tuned_before" ] && break; sleep 0.5; done
+  tuned_after=$(tuned_files)
+  [ "$tuned_after" = "$tuned_before" ] && ok "tuned: every tuned file is as before once the pod is gone" ||
+    fail "tuned: files differ after the pod: $(diff <(echo "$tuned_before") <(echo "$tuned_after") | grep '^[<>]' | head -5 | tr '\n' ' ')"
   # Cleanup: every pod away, no container left behind.
   rm -f "$MANIFESTS"/*.yaml
-  for name in pin-a pin-b pin-c shared dev-kmsg dev-null probed; do
+  for name in pin-a pin-b pin-c shared dev-kmsg dev-null probed tuned; do
     wait_gone "$name" 60 || fail "$name still runs after its manifest was removed (leak)"
   done
   kill "$agent_pid" 2>/dev/null
