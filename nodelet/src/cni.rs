@@ -904,7 +904,8 @@ impl PodNetworks {
 
     /// `remove`, except that a network its pod could not have changed
     /// (`reusable`: the agent knows the pod held no capability that
-    /// configures a network) goes back to the networks made ahead while
+    /// configures a network) and that holds no socket any more goes back
+    /// to the networks made ahead while
     /// they are fewer than twice `keep_warm`'s number: the next pod takes
     /// it with its address, and neither DEL nor a refill's ADD runs (the
     /// plugins' processes were most of a queue's work on the node's
@@ -934,6 +935,22 @@ impl PodNetworks {
         let pin = self.cfg.netns_path(sandbox);
         if !whole || !is_mounted(&*self.host, &pin) || self.cfg.userns_path(sandbox).exists() {
             return false;
+        }
+        // A socket the pod's processes left to the kernel (a TCP
+        // connection in TIME_WAIT holds its port for a minute) would be the
+        // next pod's: a server of it could not bind that port.
+        let (host, at) = (self.host.clone(), pin.clone());
+        match tokio::task::spawn_blocking(move || host.netns_sockets(&at)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => {
+                tracing::debug!(sandbox, sockets = n, "pod network still holds sockets; removed, not kept");
+                return false;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(sandbox, error = %e, "cannot read a pod network's sockets; removed, not kept");
+                return false;
+            }
+            Err(_) => return false,
         }
         let id = warm_id();
         match self.move_network(sandbox, &id, WARM_KEY) {

@@ -119,6 +119,11 @@ pub(crate) trait Host: Send + Sync {
     /// with `lo` up (a `hostUsers: false` pod's). Both pins exist, empty.
     fn pin_pod_netns(&self, base: u32, user_pin: &Path, net_pin: &Path) -> Result<(), String>;
 
+    /// How many sockets the pinned network namespace still holds (TCP in
+    /// any state, TIME_WAIT included, UDP, raw); read by a thread of its
+    /// own that enters it. Blocks.
+    fn netns_sockets(&self, pin: &Path) -> Result<usize, String>;
+
     // CNI plugins.
 
     fn run_plugin<'a>(&'a self, run: PluginRun<'a>) -> BoxFuture<'a, Result<PluginOutput, PluginFailure>>;
@@ -210,6 +215,27 @@ impl Host for RealHost {
         std::thread::spawn(move || -> Result<(), String> {
             nix::sched::setns(&pinned, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
             crate::runtime::libcontainer::net::loopback_up_here().map_err(|e| format!("bringing lo up: {e}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the namespace thread panicked".into()))
+    }
+
+    fn netns_sockets(&self, pin: &Path) -> Result<usize, String> {
+        let pinned = std::fs::File::open(pin).map_err(|e| format!("{}: {e}", pin.display()))?;
+        std::thread::spawn(move || -> Result<usize, String> {
+            nix::sched::setns(&pinned, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
+            // This thread's view: /proc/self/net is the process's namespace.
+            let mut n = 0;
+            for table in ["tcp", "tcp6", "udp", "udp6", "raw", "raw6"] {
+                match std::fs::read_to_string(format!("/proc/thread-self/net/{table}")) {
+                    // The first line is the header.
+                    Ok(text) => n += text.lines().skip(1).filter(|l| !l.trim().is_empty()).count(),
+                    // A kernel without IPv6 has no `tcp6`.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("/proc/thread-self/net/{table}: {e}")),
+                }
+            }
+            Ok(n)
         })
         .join()
         .unwrap_or_else(|_| Err("the namespace thread panicked".into()))

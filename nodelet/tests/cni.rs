@@ -280,6 +280,21 @@ async fn a_finished_pods_network_is_reused_by_the_next_pod_and_nothing_leaks() {
     assert!(ping.status.success(), "{}", String::from_utf8_lossy(&ping.stdout));
     assert_eq!(w.networks().check(&d.sandbox).await.unwrap(), ip_a, "CHECK under the id ADD used");
 
+    // A connection its process closed first stays in TIME_WAIT in the
+    // namespace after the process is gone: such a network is removed.
+    let f = pod("default/f");
+    nets.setup(&f).await.unwrap();
+    let held = leases();
+    let tw = in_pod(
+        &w,
+        &f.sandbox,
+        "python3 -c 'import socket\ns=socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(1)\n\
+         c=socket.create_connection(s.getsockname()); a,_=s.accept(); a.close(); c.recv(1); c.close()'",
+    );
+    assert!(tw.status.success(), "{}", String::from_utf8_lossy(&tw.stderr));
+    nets.release(&f.sandbox, true).await.unwrap();
+    assert_eq!((nets.warm_count(), leases()), (0, held - 1), "f's network went through DEL");
+
     // Not reusable (the agent saw a capability): removed, its lease freed.
     nets.release(&b.sandbox, false).await.unwrap();
     assert_eq!((nets.warm_count(), leases()), (0, 2));

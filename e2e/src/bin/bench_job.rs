@@ -17,6 +17,10 @@
 //!    Slurm runs tuned as its high-throughput guide says (`Tuning::
 //!    HighThroughput`) for both; afterwards a Slurm as installed
 //!    (`Tuning::AsInstalled`) runs its one-liner and queue alone.
+//!    `--queue-rounds N` runs pinion's queue N times on the same cluster, one
+//!    after another (each round's finished pods are still held by the node
+//!    during the next), with the share of CPU 0 (the reserved CPU, where the
+//!    server, the agent and the plugins run) that was busy during each.
 //! 3. Control path alone: the same queue with the hollow runtime on a
 //!    synthetic 64-CPU node (`true` ends at once there), `--hollow-jobs`
 //!    tasks, twice: submitted with `run --array -d` and their completions
@@ -32,9 +36,9 @@
 //!    interleaved, N times each: from the client's spawn to both ranks' lines
 //!    read from its stdout, and to its exit.
 //!
-//! Usage (as root): `bench_job [--runs N] [--queue N] [--hollow-jobs N]
-//! [--two-nodes N] [--pinion PATH] [--no-slurm] [--no-runc]` (defaults 50,
-//! 200, 1000, none, `target/release/pinion`).
+//! Usage (as root): `bench_job [--runs N] [--queue N] [--queue-rounds N]
+//! [--hollow-jobs N] [--two-nodes N] [--pinion PATH] [--no-slurm] [--no-runc]`
+//! (defaults 50, 200, 1, 1000, none, `target/release/pinion`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,6 +53,7 @@ use e2e::up::{timed, Up};
 struct Opts {
     runs: usize,
     queue: usize,
+    queue_rounds: usize,
     hollow_jobs: usize,
     two_nodes: usize,
     pinion: PathBuf,
@@ -60,6 +65,7 @@ fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts {
         runs: 50,
         queue: 200,
+        queue_rounds: 1,
         hollow_jobs: 1000,
         two_nodes: 0,
         pinion: PathBuf::from("target/release/pinion"),
@@ -71,6 +77,7 @@ fn opts() -> anyhow::Result<Opts> {
         match a.as_str() {
             "--runs" => o.runs = args.num("--runs")?,
             "--queue" => o.queue = args.num("--queue")?,
+            "--queue-rounds" => o.queue_rounds = args.num("--queue-rounds")?.max(1),
             "--hollow-jobs" => o.hollow_jobs = args.num("--hollow-jobs")?,
             "--two-nodes" => o.two_nodes = args.num("--two-nodes")?,
             "--pinion" => o.pinion = args.path("--pinion")?,
@@ -187,8 +194,21 @@ fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow:
     Ok(o)
 }
 
-/// Jobs per second of an array of `n` one-CPU `true` jobs through `pinion run`.
-fn pinion_queue(up: &Up, name: &str, n: usize) -> anyhow::Result<f64> {
+/// CPU 0's busy and total time so far, in clock ticks (`/proc/stat`).
+fn cpu0_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().find(|l| l.starts_with("cpu0 ")).context("/proc/stat has no cpu0 line")?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+/// Jobs per second of an array of `n` one-CPU `true` jobs through `pinion
+/// run`, and the share of CPU 0 that was busy meanwhile.
+fn pinion_queue(up: &Up, name: &str, n: usize) -> anyhow::Result<(f64, f64)> {
+    let before = cpu0_ticks()?;
     let ms = timed(up.cmd().args([
         "run",
         name,
@@ -201,7 +221,9 @@ fn pinion_queue(up: &Up, name: &str, n: usize) -> anyhow::Result<f64> {
         "--",
         "true",
     ]))?;
-    Ok(n as f64 / (ms / 1e3))
+    let after = cpu0_ticks()?;
+    let busy = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64;
+    Ok((n as f64 / (ms / 1e3), busy))
 }
 
 /// Jobs per second of an array submitted with `run -d`, counted done by a
@@ -498,6 +520,11 @@ fn main() -> anyhow::Result<()> {
         };
         (pq, sq)
     };
+    let mut rounds = vec![pq];
+    for r in 1..o.queue_rounds {
+        rounds.push(pinion_queue(&up, &format!("q{r}"), o.queue)?);
+    }
+    let (pq, _) = pq;
     drop(up);
     drop(slurm);
     // Slurm as installed, after: its one-liner alone, then its queue.
@@ -525,7 +552,7 @@ fn main() -> anyhow::Result<()> {
         &o.pinion,
         &["--runtime", "hollow", "--synthetic", "pack:1 numa:1 core:64 pu:1", "--reserved-cpus", "0"],
     )?;
-    let hq = pinion_queue(&hollow, "h", o.hollow_jobs)?;
+    let (hq, _) = pinion_queue(&hollow, "h", o.hollow_jobs)?;
     drop(hollow);
     let load_after = load_average();
 
@@ -550,6 +577,9 @@ fn main() -> anyhow::Result<()> {
     }
     println!("2. queue of {} one-CPU true jobs on one allocatable CPU", o.queue);
     println!("   pinion run --array: {pq:.1} jobs/s ({:.1} ms per job)", 1e3 / pq);
+    for (i, (q, busy)) in rounds.iter().enumerate() {
+        println!("   round {}: {q:.1} jobs/s, CPU 0 busy {:.0}%", i + 1, busy * 100.0);
+    }
     if let Some(sq) = sq {
         println!("   sbatch --array (Slurm tuned): {sq:.1} jobs/s ({:.1} ms per job)", 1e3 / sq);
     }

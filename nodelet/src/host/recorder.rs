@@ -349,6 +349,10 @@ impl Host for Recorder {
         Ok(())
     }
 
+    fn netns_sockets(&self, _pin: &Path) -> Result<usize, String> {
+        Ok(0)
+    }
+
     fn run_plugin<'a>(&'a self, run: PluginRun<'a>) -> BoxFuture<'a, Result<PluginOutput, PluginFailure>> {
         let var = |name: &str| run.env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).unwrap_or_default();
         let plugin = run.bin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
