@@ -225,12 +225,13 @@ impl Host for RealHost {
         std::thread::spawn(move || -> Result<usize, String> {
             nix::sched::setns(&pinned, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
             // This thread's view: /proc/self/net is the process's namespace.
+            // The namespace's own counters (not /proc/net/tcp, which walks
+            // the kernel's whole connection table, a few milliseconds).
             let mut n = 0;
-            for table in ["tcp", "tcp6", "udp", "udp6", "raw", "raw6"] {
+            for table in ["sockstat", "sockstat6"] {
                 match std::fs::read_to_string(format!("/proc/thread-self/net/{table}")) {
-                    // The first line is the header.
-                    Ok(text) => n += text.lines().skip(1).filter(|l| !l.trim().is_empty()).count(),
-                    // A kernel without IPv6 has no `tcp6`.
+                    Ok(text) => n += sockets_in(&text),
+                    // A kernel without IPv6 has no `sockstat6`.
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(format!("/proc/thread-self/net/{table}: {e}")),
                 }
@@ -244,6 +245,25 @@ impl Host for RealHost {
     fn run_plugin<'a>(&'a self, run: PluginRun<'a>) -> BoxFuture<'a, Result<PluginOutput, PluginFailure>> {
         Box::pin(run_plugin(run))
     }
+}
+
+/// Sockets counted in a `sockstat` or `sockstat6` text: every protocol's
+/// `inuse` and TCP's `tw` (connections in TIME_WAIT); `FRAG` is not a socket.
+fn sockets_in(sockstat: &str) -> usize {
+    let mut n = 0;
+    for line in sockstat.lines() {
+        let Some((proto, fields)) = line.split_once(':') else { continue };
+        if proto.starts_with("FRAG") || proto == "sockets" {
+            continue;
+        }
+        let words: Vec<&str> = fields.split_whitespace().collect();
+        for pair in words.chunks(2) {
+            if let [name @ ("inuse" | "tw"), value] = pair {
+                n += value.parse::<usize>().unwrap_or(0);
+            }
+        }
+    }
+    n
 }
 
 fn cgroup_manager(cgroup: &Path) -> Result<libcgroups::common::AnyCgroupManager, String> {
@@ -314,5 +334,16 @@ mod tests {
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
         assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+
+    #[test]
+    fn sockets_are_every_inuse_and_time_wait_but_not_fragments() {
+        let v4 = "sockets: used 9\nTCP: inuse 1 orphan 4 tw 53 alloc 1 mem 0\nUDP: inuse 2 mem 0\n\
+                  UDPLITE: inuse 0\nRAW: inuse 3\nFRAG: inuse 7 memory 0\n";
+        assert_eq!(sockets_in(v4), 1 + 53 + 2 + 3);
+        let v6 = "TCP6: inuse 0\nUDP6: inuse 1\nUDPLITE6: inuse 0\nRAW6: inuse 0\nFRAG6: inuse 2 memory 0\n";
+        assert_eq!(sockets_in(v6), 1);
+        let empty = "sockets: used 9\nTCP: inuse 0 orphan 0 tw 0 alloc 0 mem 0\nUDP: inuse 0 mem 0\n";
+        assert_eq!(sockets_in(empty), 0);
     }
 }
