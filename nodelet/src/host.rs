@@ -258,7 +258,7 @@ fn sockets_in(sockstat: &str) -> usize {
         }
         let words: Vec<&str> = fields.split_whitespace().collect();
         for pair in words.chunks(2) {
-            if let [name @ ("inuse" | "tw"), value] = pair {
+            if let ["inuse" | "tw", value] = pair {
                 n += value.parse::<usize>().unwrap_or(0);
             }
         }
