@@ -481,9 +481,7 @@ impl Sessions {
     /// A session for `pod`'s exec writing to `fd` (a pty's master with
     /// `tty`), under a fresh random id.
     fn open(&self, pod: &str, fd: std::os::fd::OwnedFd, tty: bool) -> std::io::Result<Session> {
-        let mut raw = [0u8; 16];
-        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut raw)?;
-        let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let id = pinion_wire::tls::random_hex::<16>().map_err(std::io::Error::other)?;
         let mut pipe = match tty {
             // Not a pipe, and already non-blocking (`ExecProcess::tty`).
             true => tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(fd)?,

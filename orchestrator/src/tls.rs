@@ -324,9 +324,7 @@ impl Pki {
 
 /// A random 32-byte token, hex.
 pub fn random_token() -> Result<String, TlsError> {
-    let mut buf = [0u8; 32];
-    provider().secure_random.fill(&mut buf).map_err(|e| TlsError::Random(format!("{e:?}")))?;
-    Ok(pinion_wire::tls::hex(&buf))
+    pinion_wire::tls::random_hex::<32>().map_err(TlsError::Random)
 }
 
 /// Loads `dir/join-token`, creating it when absent; returns (token, created).

@@ -19,6 +19,12 @@ use crate::validate::FieldError;
 pub const JOB_LABEL: &str = "pinion.io/job";
 /// Annotation: the member's rank (0-based, its index in the job).
 pub const RANK_ANNOTATION: &str = "pinion.io/job-rank";
+/// The environment variable naming a member's job (or allocation).
+pub const JOB_ENV: &str = "PINION_JOB";
+/// A member's (or a step's task's) rank, 0 first (Slurm's `SLURM_PROCID`).
+pub const RANK_ENV: &str = "PINION_RANK";
+/// How many ranks there are (Slurm's `SLURM_NTASKS`).
+pub const WORLD_SIZE_ENV: &str = "PINION_WORLD_SIZE";
 /// Annotation: how many members the job has (its `parallelism`).
 pub const SIZE_ANNOTATION: &str = "pinion.io/job-size";
 /// Annotation: the fewest members placed at once (`gang.minMembers`).
@@ -453,9 +459,9 @@ pub fn member(job: &Job, rank: u32) -> Pod {
     }
     pod.spec.ttl_seconds_after_finished = s.ttl_seconds_after_finished;
     for c in &mut pod.spec.containers {
-        set_env(&mut c.env, "PINION_JOB", name);
-        set_env(&mut c.env, "PINION_RANK", &rank.to_string());
-        set_env(&mut c.env, "PINION_WORLD_SIZE", &s.parallelism.to_string());
+        set_env(&mut c.env, JOB_ENV, name);
+        set_env(&mut c.env, RANK_ENV, &rank.to_string());
+        set_env(&mut c.env, WORLD_SIZE_ENV, &s.parallelism.to_string());
     }
     pod
 }

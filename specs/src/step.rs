@@ -36,8 +36,9 @@ pub struct StepTask {
 }
 
 /// The environment variable naming the allocation (set in the allocation's
-/// shell and in every member).
-pub const JOB_ENV: &str = "PINION_JOB";
+/// shell and in every member): a job's.
+pub use crate::job::JOB_ENV;
+use crate::job::{RANK_ENV, WORLD_SIZE_ENV};
 /// The environment variable holding the step's id (Slurm's `SLURM_STEP_ID`).
 pub const STEP_ENV: &str = "PINION_STEP";
 
@@ -133,8 +134,8 @@ pub fn plan(job: &str, step: &str, members: &[Member], ask: &StepAsk) -> Result<
             env: vec![
                 (JOB_ENV.into(), job.into()),
                 (STEP_ENV.into(), step.into()),
-                ("PINION_RANK".into(), i.to_string()),
-                ("PINION_WORLD_SIZE".into(), size.clone()),
+                (RANK_ENV.into(), i.to_string()),
+                (WORLD_SIZE_ENV.into(), size.clone()),
             ],
         })
         .collect())

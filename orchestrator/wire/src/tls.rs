@@ -453,6 +453,14 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `N` random bytes from the provider's secure source, in hex: tokens,
+/// secrets and session ids.
+pub fn random_hex<const N: usize>() -> Result<String, String> {
+    let mut buf = [0u8; N];
+    provider().secure_random.fill(&mut buf).map_err(|e| format!("no secure random bytes: {e:?}"))?;
+    Ok(hex(&buf))
+}
+
 /// A join token, `PIN.ID.SECRET`: PIN is the hex SHA-256 of the server's CA
 /// certificate, so a machine given only the URL and the token can check the
 /// server before it sends the secret (as kubeadm's `--discovery-token-ca-cert-hash`
