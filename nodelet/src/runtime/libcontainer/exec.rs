@@ -73,17 +73,37 @@ pub enum Stdin {
     Tty(specs::api::TerminalSize),
 }
 
-/// A new pty in the devpts of the container whose init is `init`: opened
-/// through `/proc/INIT/root/dev/pts/ptmx`, unlocked, its peer opened from
-/// the master (`TIOCGPTPEER`, no path lookup). `(master, slave)`.
+/// A new pty in the devpts of the container whose init is `init`: its
+/// `dev/pts/ptmx` opened beneath `/proc/INIT/root` with every symlink
+/// resolved inside that root (the container's processes may own what lies
+/// on the path; a plain open from the host would follow an absolute link
+/// of theirs to the host's own files), unlocked, its peer opened from the
+/// master (`TIOCGPTPEER`, no path lookup). `(master, slave)`.
 fn container_pty(id: &str, init: i32) -> Result<(OwnedFd, OwnedFd), RuntimeError> {
-    use nix::fcntl::OFlag;
-    let path = format!("/proc/{init}/root/dev/pts/ptmx");
-    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
-    let master = nix::fcntl::open(path.as_str(), flags, nix::sys::stat::Mode::empty())
-        .map_err(|e| cerr(id, format!("{path}: {e}")))?;
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let root = format!("/proc/{init}/root");
+    let dir = nix::fcntl::open(
+        root.as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| cerr(id, format!("{root}: {e}")))?;
     // SAFETY: `open` returned this fd and nothing else owns it.
+    let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let master = nix::fcntl::openat2(dir.as_raw_fd(), "dev/pts/ptmx", how)
+        .map_err(|e| cerr(id, format!("{root}/dev/pts/ptmx: {e}")))?;
+    // SAFETY: `openat2` returned this fd and nothing else owns it.
     let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // The pty multiplexer is character device 5:2; anything else is not opened for a terminal.
+    let st = nix::sys::stat::fstat(master.as_raw_fd()).map_err(|e| cerr(id, format!("fstat of ptmx: {e}")))?;
+    let is_ptmx =
+        st.st_mode & libc::S_IFMT == libc::S_IFCHR && libc::major(st.st_rdev) == 5 && libc::minor(st.st_rdev) == 2;
+    if !is_ptmx {
+        return Err(cerr(id, format!("{root}/dev/pts/ptmx is not the pty multiplexer")));
+    }
     let unlock: libc::c_int = 0;
     // SAFETY: TIOCSPTLCK reads one int from the pointer, which is valid for the call.
     if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } < 0 {
