@@ -489,10 +489,12 @@ fn init_forwards_sigterm_so_a_deleted_pod_stops_at_once() {
     h.start_agent();
     h.wait("running", |v| v["pods"][format!("static/{stem}")]["phase"] == "Running");
     let id = h.container_ids(&stem).pop().unwrap();
-    // PID 1 is the init, its child the command.
+    // PID 1 is the init, its child the command. Between its fork and its
+    // exec the child still reads as the init: wait for the exec.
     let mut cmdlines: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while cmdlines.len() < 2 && Instant::now() < deadline {
+    let execed = |c: &[String]| c.len() >= 2 && c.iter().any(|l| l == "sleep 1000 ");
+    while !execed(&cmdlines) && Instant::now() < deadline {
         cmdlines = processes(&id)
             .iter()
             .map(|p| {
