@@ -20,6 +20,7 @@ die() {
 }
 
 mount -t proc proc /proc
+say "started (uptime $(cut -d' ' -f1 /proc/uptime) s)"
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 ip link set lo up 2>/dev/null

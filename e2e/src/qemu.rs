@@ -30,7 +30,15 @@ pub struct Boot {
     pub wall: Duration,
     pub timed_out: bool,
     pub exit_ok: bool,
+    /// Killed because `/init` had not started the script within the deadline the
+    /// boot was given: the kernel or the emulator stalled before any of the
+    /// project's code ran.
+    pub stalled_before_script: bool,
 }
+
+/// What `e2e/qemu/init.sh` prints on the serial console just before it runs the
+/// script.
+const SCRIPT_STARTED: &str = "init: running ";
 
 /// `prepare.sh` exits with this when packages are missing and it may not install them.
 const EXIT_MISSING_PACKAGES: i32 = 3;
@@ -66,8 +74,16 @@ impl Guest {
     }
 
     /// Boots the guest once with `out` as its shared folder and waits for it to power
-    /// off, killing QEMU after `timeout`.
-    pub fn boot(&self, out: &Path, timeout: Duration) -> anyhow::Result<Boot> {
+    /// off, killing QEMU after `timeout`, or after `script_within` if `/init` has not
+    /// started the script by then (it does within seconds of a healthy boot).
+    /// `kernel_args` go on the kernel command line after the usual ones.
+    pub fn boot(
+        &self,
+        out: &Path,
+        timeout: Duration,
+        script_within: Duration,
+        kernel_args: &[&str],
+    ) -> anyhow::Result<Boot> {
         let serial_path = out.with_extension("serial");
         let serial = File::create(&serial_path).with_context(|| format!("creating {}", serial_path.display()))?;
         let serial_err = serial.try_clone().context("duplicating the serial log handle")?;
@@ -75,28 +91,35 @@ impl Guest {
         let mut child = Command::new("bash")
             .arg(self.scripts.join("boot.sh"))
             .arg(out)
+            .args(kernel_args)
             .envs(&self.vars)
             .stdin(Stdio::null())
             .stdout(serial)
             .stderr(serial_err)
             .spawn()
             .context("starting e2e/qemu/boot.sh")?;
-        let (timed_out, exit_ok) = loop {
+        let mut script_started = false;
+        let (timed_out, stalled_before_script, exit_ok) = loop {
             if let Some(status) = child.try_wait().context("waiting for QEMU")? {
-                break (false, status.success());
+                break (false, false, status.success());
             }
-            if started.elapsed() > timeout {
+            if !script_started {
+                script_started =
+                    std::fs::read(&serial_path).is_ok_and(|b| String::from_utf8_lossy(&b).contains(SCRIPT_STARTED));
+            }
+            let stalled = !script_started && started.elapsed() > script_within;
+            if stalled || started.elapsed() > timeout {
                 // boot.sh execs QEMU, so this is QEMU's PID.
                 let _ = child.kill();
                 let _ = child.wait();
-                break (true, false);
+                break (!stalled, stalled, false);
             }
             std::thread::sleep(Duration::from_millis(200));
         };
         let wall = started.elapsed();
         let serial = std::fs::read(&serial_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
         let _ = std::fs::remove_file(&serial_path);
-        Ok(Boot { serial, wall, timed_out, exit_ok })
+        Ok(Boot { serial, wall, timed_out, exit_ok, stalled_before_script })
     }
 }
 

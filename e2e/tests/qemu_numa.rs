@@ -22,6 +22,11 @@ use specs::topology::NodeTopology;
 /// and once 164 s into its last phase when 170 s ran out during the suite.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// A healthy guest starts its script about 4 s after QEMU does on this 2-core
+/// host; one whose kernel stalled early never does (`PINION_QEMU_SCRIPT_WITHIN_S`
+/// overrides it).
+const SCRIPT_WITHIN: Duration = Duration::from_secs(90);
+
 #[test]
 fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
     let repo = e2e::binary::repo_root();
@@ -41,22 +46,25 @@ fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
     );
     std::fs::write(out.path().join("run"), run).context("writing the guest's run script")?;
 
-    let timeout = match std::env::var("PINION_QEMU_TIMEOUT_S") {
-        Ok(s) => Duration::from_secs(s.parse().with_context(|| format!("PINION_QEMU_TIMEOUT_S={s:?}: not seconds"))?),
-        Err(_) => BOOT_TIMEOUT,
-    };
+    let timeout = seconds_from_env("PINION_QEMU_TIMEOUT_S", BOOT_TIMEOUT)?;
+    let script_within = seconds_from_env("PINION_QEMU_SCRIPT_WITHIN_S", SCRIPT_WITHIN)?;
     let read = |name: &str| std::fs::read_to_string(out.path().join(name)).unwrap_or_default();
-    let mut boot = guest.boot(out.path(), timeout)?;
-    // QEMU's software emulation has aborted on its own assertion before the
-    // guest ran anything (once, in CI: msix_table_mmio_write, under load):
-    // that is the emulator, not Pinion, and worth one more boot. A guest
-    // that ran and failed is never booted again.
-    if !boot.timed_out && !boot.exit_ok && read("log").is_empty() && boot.serial.contains("Assertion") {
+    let mut boot = guest.boot(out.path(), timeout, script_within, &[])?;
+    // Two ways the emulated machine has failed before any of Pinion ran, each
+    // worth one more boot: QEMU's software emulation aborted on its own assertion
+    // (once, in CI: msix_table_mmio_write, under load), or the kernel stalled
+    // in its first second and never reached /init (once, in CI). The second boot
+    // prints the kernel's messages, so a stall that repeats shows where. A guest
+    // whose script ran and failed is never booted again.
+    let emulator_aborted =
+        !boot.timed_out && !boot.exit_ok && read("log").is_empty() && boot.serial.contains("Assertion");
+    if emulator_aborted || boot.stalled_before_script {
         eprintln!(
-            "QEMU aborted before the guest ran (an emulator assertion); booting once more:\n{}",
+            "the guest never ran its script ({}); booting once more:\n{}",
+            if emulator_aborted { "a QEMU assertion" } else { "no /init within the deadline" },
             tail(&boot.serial, 5)
         );
-        boot = guest.boot(out.path(), timeout)?;
+        boot = guest.boot(out.path(), timeout, script_within, &["loglevel=7"])?;
     }
     let verdict = read("verdict");
     let log = read("log");
@@ -69,6 +77,9 @@ fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
             tail(&boot.serial, 40),
         )
     };
+    if boot.stalled_before_script {
+        bail!("the guest's /init did not start the script within {script_within:?}, twice\n{}", report());
+    }
     if boot.timed_out {
         bail!("the guest did not power off within {timeout:?}\n{}", report());
     }
@@ -92,6 +103,13 @@ fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn seconds_from_env(name: &str, default: Duration) -> anyhow::Result<Duration> {
+    match std::env::var(name) {
+        Ok(s) => Ok(Duration::from_secs(s.parse().with_context(|| format!("{name}={s:?}: not seconds"))?)),
+        Err(_) => Ok(default),
+    }
 }
 
 /// `pinion discover -o json` inside the guest must see the guest as QEMU built it:
