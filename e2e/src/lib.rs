@@ -1,6 +1,7 @@
 //! Whole-system test helpers: locating the built `pinion` binary, a cluster
 //! of killable hollow agents (`hollow`), the QEMU guest, and for the
-//! benchmarks the peer runtimes (crun, runc) and latency statistics.
+//! benchmarks the peer runtimes (crun, runc) and latency statistics; the lanes
+//! the suite runner (`ci_suite`) runs the test binaries in.
 
 pub mod args;
 pub mod binary;
@@ -14,4 +15,5 @@ pub mod scenario;
 pub mod scrape;
 pub mod slurm;
 pub mod stats;
+pub mod suite;
 pub mod up;
