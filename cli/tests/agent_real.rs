@@ -611,6 +611,8 @@ fn pods_reach_each_other_over_cni_and_a_kill_9_leaks_no_network() {
     let record = serde_json::json!({"key": "(warm)", "netns": half_pin, "attachments": [{"ifname": "eth0", "config": conflist}]});
     std::fs::write(h.data.join("cni").join(format!("{half}.json")), record.to_string()).unwrap();
     std::fs::write(&half_pin, b"").unwrap();
+    // And a kill -9 inside a record's write (CI met it too): its temporary.
+    std::fs::write(h.data.join("cni").join(format!(".w{}.json.tmp", "0".repeat(23) + "2")), b"{\"key\"").unwrap();
     let mut sandboxes = sandboxes;
     sandboxes.push(half);
     h.start_agent();

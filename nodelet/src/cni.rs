@@ -502,6 +502,15 @@ impl PodNetworks {
             refilling: Default::default(),
             host,
         };
+        // A record an earlier agent was writing when it was killed, never
+        // renamed into place. The first write of a network's record comes
+        // before its namespace, so nothing was made; a later write's older
+        // record is still in place and is what the cleanup below goes by.
+        match crate::fsutil::remove_temporaries(&nets.state_dir) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "removed half-written network records a killed agent left"),
+            Err(source) => return Err(CniError::Io { path: nets.state_dir.clone(), source }),
+        }
         let now = std::time::Instant::now();
         *nets.leftover.lock().unwrap_or_else(|p| p.into_inner()) =
             nets.recorded()?.into_iter().map(|s| (s, now)).collect();

@@ -86,6 +86,29 @@ fn write_atomic_with(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()>
     result
 }
 
+/// Removes from `dir` the temporaries [`write_atomic`] leaves when the process
+/// is killed between creating one and renaming it (`.NAME.tmp`, a regular
+/// file): what they held was never acknowledged. Only for a folder no other
+/// process writes, before this one writes to it. Returns how many went.
+pub(crate) fn remove_temporaries(dir: &Path) -> io::Result<usize> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let is_temporary = name.to_str().is_some_and(|n| n.len() > 5 && n.starts_with('.') && n.ends_with(".tmp"));
+        if is_temporary && entry.file_type()?.is_file() {
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// fsync of a directory: a rename in it is durable once this returns.
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -107,6 +130,24 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn only_the_temporaries_a_killed_write_left_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_atomic(&d.join("kept.json"), b"{}").unwrap();
+        // What a kill -9 between create and rename leaves, and look-alikes that stay.
+        fs::write(d.join(".half.json.tmp"), b"{").unwrap();
+        fs::write(d.join("plain.tmp"), b"").unwrap();
+        fs::write(d.join(".tmp"), b"").unwrap();
+        fs::create_dir(d.join(".folder.tmp")).unwrap();
+        assert_eq!(remove_temporaries(d).unwrap(), 1);
+        let mut left: Vec<String> =
+            fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, [".folder.tmp", ".tmp", "kept.json", "plain.tmp"]);
+        assert_eq!(remove_temporaries(&d.join("absent")).unwrap(), 0);
+    }
 
     #[test]
     fn replaces_content_and_leaves_no_temporary() {
