@@ -527,6 +527,13 @@ EOF
   done
   kill "$agent_pid" 2>/dev/null
   wait "$agent_pid" 2>/dev/null
+  # The containers' parent goes when the agent stops with no pod left, with the
+  # .probes folder the exec probe's cgroup was made in.
+  if [ -e /sys/fs/cgroup/pinion ]; then
+    fail "the stopped agent left /sys/fs/cgroup/pinion: $(find /sys/fs/cgroup/pinion -mindepth 1 -type d | tr '\n' ' ')"
+  else
+    ok "no /sys/fs/cgroup/pinion (nor its .probes) once the pods are gone and the agent stopped"
+  fi
 fi
 
 # --- the agent in a delegated subtree (systemd's Delegate=yes, cgroup v2) ---------------

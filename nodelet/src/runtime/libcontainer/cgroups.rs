@@ -324,7 +324,20 @@ pub(crate) fn existing_dirs(host: &dyn Host, cgroup: &Path) -> Vec<PathBuf> {
 /// Removes the containers' parent cgroup from every hierarchy where it is
 /// empty (a container still there keeps it: rmdir refuses); the ones removed.
 pub(crate) fn remove_parent_if_empty(host: &dyn Host, parent: &Path) -> Vec<PathBuf> {
-    existing_dirs(host, parent).into_iter().filter(|d| std::fs::remove_dir(d).is_ok()).collect()
+    remove_if_empty(existing_dirs(host, parent))
+}
+
+/// Each of `dirs` whose only child is an empty `.probes` (what a probe that
+/// ran leaves: its own cgroup goes when it ends, the folder for them stays)
+/// or none, removed; the ones removed.
+fn remove_if_empty(dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    dirs.into_iter()
+        .filter(|d| {
+            // rmdir refuses a `.probes` with a probe still in it, and then the parent.
+            let _ = std::fs::remove_dir(d.join(PROBES));
+            std::fs::remove_dir(d).is_ok()
+        })
+        .collect()
 }
 
 /// Whether the kernel's OOM killer killed a process of this container.
@@ -391,6 +404,33 @@ mod tests {
     use crate::host::{Call, Recorder};
 
     const QUOTA: CpuQuota = CpuQuota { quota_us: 50_000, period_us: 100_000 };
+
+    /// Plain folders stand in for cgroups: rmdir refuses a non-empty one in both.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_parent_goes_with_its_empty_probes_folder_and_stays_while_anything_is_in_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = |p: &str| {
+            let d = tmp.path().join(p);
+            std::fs::create_dir_all(&d).unwrap();
+            d
+        };
+        let bare = dir("cpu/pinion");
+        let probed = dir("memory/pinion/.probes");
+        let probe_running = dir("pids/pinion/.probes/c1");
+        let container_left = dir("cpuset/pinion/c2");
+        dir("cpuset/pinion/.probes");
+        let parent = |d: &Path| d.ancestors().find(|a| a.ends_with("pinion")).unwrap().to_path_buf();
+        let removed =
+            remove_if_empty(vec![bare.clone(), parent(&probed), parent(&probe_running), parent(&container_left)]);
+        assert_eq!(removed, [bare.clone(), parent(&probed)]);
+        assert!(!bare.exists() && !parent(&probed).exists());
+        assert!(probe_running.is_dir(), "a running probe's cgroup is never touched");
+        assert!(container_left.is_dir());
+        // An empty .probes beside a container goes too: the next probe's
+        // cgroup is made with its folders.
+        assert!(!tmp.path().join("cpuset/pinion/.probes").exists());
+    }
 
     #[test]
     fn a_real_time_budget_raises_the_parent_first() {
