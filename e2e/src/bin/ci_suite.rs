@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Seek, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
@@ -25,8 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use e2e::suite::{lanes, TestBinary};
 
-/// A test binary still running after this is killed with its process group.
-/// The longest, the QEMU guest's, takes about 3 minutes; it may boot twice.
+/// A test binary still running after this is killed. The longest, the QEMU
+/// guest's, takes about 3 minutes; it may boot twice.
 const BINARY_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
 struct Built {
@@ -230,7 +229,8 @@ fn run_binary(b: &Built, cargo: &std::ffi::OsStr, root: &Path, pinion: Option<&P
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("duplicating the output file")?)
             .stderr(log.try_clone().context("duplicating the output file")?)
-            .process_group(0)
+            // In this process's group, as under `cargo test`: a Ctrl-C at the
+            // terminal reaches every binary and what it started.
             .spawn()
             .with_context(|| format!("starting {}", b.executable.display()))?;
         let status = loop {
@@ -238,21 +238,16 @@ fn run_binary(b: &Built, cargo: &std::ffi::OsStr, root: &Path, pinion: Option<&P
                 break Some(status);
             }
             if started.elapsed() > BINARY_TIMEOUT {
-                // Its servers and containers were started in its group.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(child.id() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                let _ = child.kill();
                 let _ = child.wait();
                 break None;
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        let mut output = String::new();
         log.rewind().context("rewinding the output file")?;
         let mut bytes = Vec::new();
         log.read_to_end(&mut bytes).context("reading the binary's output")?;
-        output.push_str(&String::from_utf8_lossy(&bytes));
+        let mut output = String::from_utf8_lossy(&bytes).into_owned();
         match status {
             Some(s) if s.success() => Ok((true, output)),
             Some(s) => {
