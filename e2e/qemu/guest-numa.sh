@@ -506,6 +506,15 @@ EOF
     figure "tuned_partition $part"
     if [ "$part" = isolated ]; then
       ok "tuned: $tcg is an isolated cpuset partition (no load balancing)"
+      # Linux 6.7 and later: a remote partition, its CPUs declared exclusive on
+      # /pinion, and the kernel's own list of isolated CPUs holds them.
+      if [ -e /sys/fs/cgroup/cpuset.cpus.isolated ]; then
+        iso=$(cat /sys/fs/cgroup/cpuset.cpus.isolated)
+        figure "tuned_kernel_isolated $iso"
+        figure "tuned_pinion_exclusive $(cat /sys/fs/cgroup/pinion/cpuset.cpus.exclusive)"
+        [ "$(expand "$iso")" = "$(expand "$tcpus")" ] && ok "tuned: the kernel lists CPUs $iso as isolated" ||
+          fail "tuned: cpuset.cpus.isolated '$iso', expected the pod's $tcpus"
+      fi
     elif echo "$tmsg" | grep -q "cannot make an isolated partition"; then
       ok "tuned: no isolated partition here ($part), and the pod's status says so"
     else
@@ -520,6 +529,11 @@ EOF
   tuned_after=$(tuned_files)
   [ "$tuned_after" = "$tuned_before" ] && ok "tuned: every tuned file is as before once the pod is gone" ||
     fail "tuned: files differ after the pod: $(diff <(echo "$tuned_before") <(echo "$tuned_after") | grep '^[<>]' | head -5 | tr '\n' ' ')"
+  if [ -e /sys/fs/cgroup/pinion/cpuset.cpus.exclusive ]; then
+    left=$(cat /sys/fs/cgroup/pinion/cpuset.cpus.exclusive)
+    [ -z "$left" ] && ok "tuned: /pinion declares no exclusive CPU once the pod is gone" ||
+      fail "tuned: /pinion still declares exclusive CPUs '$left' after the pod"
+  fi
   # Cleanup: every pod away, no container left behind.
   rm -f "$MANIFESTS"/*.yaml
   for name in pin-a pin-b pin-c shared dev-kmsg dev-null probed tuned; do

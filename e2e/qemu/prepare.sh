@@ -39,7 +39,12 @@ fi
 # --- kernel --------------------------------------------------------------------------
 # The newest 6.1.0-N-amd64 image the apt lists know (not -cloud-, not -rt-). When the
 # cache already holds one, use it without asking apt: a second run must start at once.
-kdir=$(find "$cache" -maxdepth 1 -type d -name 'linux-image-6.1.0-*-amd64' | sort -V | tail -n 1)
+# PINION_QEMU_KERNEL_DIR names another unpacked linux-image package instead (a folder
+# with boot/vmlinuz-VERSION and lib/modules/VERSION, named linux-image-VERSION), e.g.
+# bookworm-backports' 6.12 to try what needs a newer kernel; CI never sets it.
+kdir=${PINION_QEMU_KERNEL_DIR:-}
+[ -z "$kdir" ] || touch "$kdir/.unpacked"
+[ -n "$kdir" ] || kdir=$(find "$cache" -maxdepth 1 -type d -name 'linux-image-6.1.0-*-amd64' | sort -V | tail -n 1)
 if [ -z "$kdir" ] || [ ! -e "$kdir/.unpacked" ]; then
   pkg=$(apt-cache pkgnames linux-image-6.1.0- | grep -E '^linux-image-6\.1\.0-[0-9]+-amd64$' | sort -V | tail -n 1 || true)
   if [ -z "$pkg" ]; then

@@ -130,6 +130,10 @@ struct Record {
     /// The CPUs the pod added to irqbalance's banned list.
     #[serde(default)]
     irqbalance: CpuSet,
+    /// An ancestor cgroup's `cpuset.cpus.exclusive` -> the CPUs the pod
+    /// added to it (cgroup v2, a remote isolated partition).
+    #[serde(default)]
+    exclusive: BTreeMap<PathBuf, CpuSet>,
     /// File (relative to the root) -> its content before the pod.
     #[serde(default)]
     files: BTreeMap<PathBuf, String>,
@@ -309,6 +313,9 @@ impl Tuner {
                 rec.irqbalance.union_with(&quiet);
             }
         }
+        // Ancestors' `cpuset.cpus.exclusive`, top down: shared by every pod
+        // below them, so given back as the interrupts are (a difference).
+        let mut exclusive_writes: Vec<(PathBuf, CpuSet)> = Vec::new();
         for dir in &req.cgroups {
             if req.realtime {
                 if let Some(why) = self.realtime_missing(&dir.join("cpu.rt_runtime_us")) {
@@ -322,6 +329,9 @@ impl Tuner {
             }
             if t.cpu_load_balancing == Some(Disabled::Disabled) {
                 self.plan_if_exists(&mut writes, dir.join("cpuset.sched_load_balance"), "0");
+                if self.at(dir.join("cpuset.cpus.partition")).exists() {
+                    self.plan_exclusive(dir, &req.cpus, &mut rec, &mut exclusive_writes, &mut writes, &mut notes);
+                }
                 self.plan_if_exists(&mut writes, dir.join("cpuset.cpus.partition"), "isolated");
             }
         }
@@ -362,6 +372,12 @@ impl Tuner {
         // Durable first: a kill -9 from here on finds what to give back.
         if rec != before {
             self.write_record(&req.sandbox, &rec)?;
+        }
+        for (rel, set) in &exclusive_writes {
+            let path = self.at(rel);
+            if let Err(e) = (self.write)(&path, &set.to_string()) {
+                notes.push(format!("{}: cannot write {set}: {e}", path.display()));
+            }
         }
         let mut refused: Vec<String> = Vec::new();
         for (name, rel, left, text) in irq_writes {
@@ -446,6 +462,62 @@ impl Tuner {
         ))
     }
 
+    /// A remote isolated partition (cgroup v2, Linux 6.7 and later): its
+    /// CPUs declared exclusive on every ancestor below the root and then on
+    /// the container's own cgroup, before the partition is asked for. An
+    /// older kernel has no `cpuset.cpus.exclusive`: nothing is planned and
+    /// the partition is refused and reported as before.
+    fn plan_exclusive(
+        &self,
+        dir: &Path,
+        cpus: &CpuSet,
+        rec: &mut Record,
+        ancestors: &mut Vec<(PathBuf, CpuSet)>,
+        writes: &mut Vec<(PathBuf, String)>,
+        notes: &mut Vec<String>,
+    ) {
+        const FILE: &str = "cpuset.cpus.exclusive";
+        if !self.at(dir.join(FILE)).exists() {
+            return;
+        }
+        // The container's own CPUs: siblings may never declare the same
+        // exclusive CPU, and each container of a pod has its own.
+        let own = match std::fs::read_to_string(self.at(dir.join("cpuset.cpus"))) {
+            Ok(t) => match CpuSet::parse_list(t.trim()) {
+                Ok(c) => c.intersection(cpus),
+                Err(_) => cpus.clone(),
+            },
+            Err(_) => cpus.clone(),
+        };
+        if own.is_empty() {
+            return;
+        }
+        let cpus = &own;
+        // The root cgroup has no such file: the walk stops below it.
+        let mut chain: Vec<PathBuf> =
+            dir.ancestors().skip(1).take_while(|d| self.at(d.join(FILE)).exists()).map(|d| d.join(FILE)).collect();
+        chain.reverse();
+        for rel in chain {
+            let text = match std::fs::read_to_string(self.at(&rel)) {
+                Ok(t) => t,
+                Err(e) => {
+                    notes.push(format!("{}: cannot read it: {e}", self.at(&rel).display()));
+                    return;
+                }
+            };
+            let Ok(now) = CpuSet::parse_list(text.trim()) else {
+                notes.push(format!("{}: cannot read {:?}", self.at(&rel).display(), text.trim()));
+                return;
+            };
+            let add = cpus.difference(&now);
+            if !add.is_empty() {
+                rec.exclusive.entry(rel.clone()).or_default().union_with(&add);
+                ancestors.push((rel, now.union(&add)));
+            }
+        }
+        writes.push((dir.join(FILE), cpus.to_string()));
+    }
+
     fn plan_if_exists(&self, writes: &mut Vec<(PathBuf, String)>, dir_file: PathBuf, value: &str) {
         if self.at(&dir_file).exists() {
             writes.push((dir_file, value.to_string()));
@@ -520,12 +592,25 @@ impl Tuner {
         }
         for (rel, value) in &rec.files {
             let path = self.at(rel);
-            match (self.write)(&path, value) {
+            match (self.write)(&path, &kernel_value(value)) {
                 Ok(()) => {}
                 // A container's cgroup goes with the container.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
                     tracing::warn!(pod = rec.key, file = %path.display(), error = %e, "cannot give a setting back")
+                }
+            }
+        }
+        // After the partition is given back (above), deepest first: a
+        // parent keeps the CPUs its children still declare.
+        for (rel, taken) in rec.exclusive.iter().rev() {
+            let path = self.at(rel);
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let Ok(now) = CpuSet::parse_list(text.trim()) else { continue };
+            let back = now.difference(taken);
+            if back != now {
+                if let Err(e) = (self.write)(&path, &kernel_value(&back.to_string())) {
+                    tracing::warn!(pod = rec.key, file = %path.display(), error = %e, "cannot give exclusive CPUs back");
                 }
             }
         }
@@ -625,6 +710,17 @@ impl Tuner {
 /// acceptable at all (the CPU only polls: no C-state), and 0 means no
 /// constraint (read back as `0`). So `disabled` is `n/a`, as CRI-O writes
 /// it, and not 0, which would allow every C-state.
+/// An empty value as a kernel file takes it: a write of no bytes never
+/// reaches the kernel's handler, so an empty `cpuset.cpus.exclusive` is
+/// written as a newline.
+fn kernel_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.is_empty() {
+        "\n".into()
+    } else {
+        value.into()
+    }
+}
+
 pub fn pm_qos_value(c: CStates) -> String {
     match c {
         CStates::Disabled => "n/a".into(),
@@ -765,6 +861,10 @@ mod tests {
             self.tuner_writing(Arc::new(|path: &Path, value: &str| {
                 if path.ends_with("irq/3/smp_affinity") {
                     return Err(io::Error::from_raw_os_error(EIO));
+                }
+                // As a kernel file: a write of no bytes changes nothing.
+                if value.is_empty() {
+                    return Ok(());
                 }
                 std::fs::write(path, value)
             }))
@@ -989,6 +1089,70 @@ mod tests {
             .unwrap();
         assert_eq!(node.tuner().unwanted(&BTreeSet::from(["a".to_string()])), Vec::<String>::new());
         assert_eq!(node.read("sys/fs/cgroup/cpu/pinion/c1/cpu.cfs_quota_us"), "-1");
+    }
+
+    /// Two pods' containers on cgroup v2 of Linux 6.7 or later: each an
+    /// isolated partition whose CPUs every ancestor below the root declares
+    /// exclusive; each pod gives back only its own, a restarted agent too.
+    #[test]
+    fn v2_partitions_declare_their_cpus_on_every_ancestor_and_give_them_back() {
+        let node = Node::new();
+        let mut files = vec![
+            ("sys/fs/cgroup/cpuset.cpus.effective", "0-3\n"),
+            ("sys/fs/cgroup/pinion/cpuset.cpus.exclusive", "\n"),
+            ("sys/fs/cgroup/pinion/cpuset.cpus", "\n"),
+        ];
+        for (c, cpu) in [("c1", "2\n"), ("c2", "3\n")] {
+            let d: &'static str = Box::leak(format!("sys/fs/cgroup/pinion/{c}").into_boxed_str());
+            for (f, v) in [
+                ("cpuset.cpus", cpu),
+                ("cpuset.cpus.exclusive", "\n"),
+                ("cpuset.cpus.partition", "member\n"),
+                ("cpu.max", "max 100000\n"),
+            ] {
+                files.push((Box::leak(format!("{d}/{f}").into_boxed_str()), v));
+            }
+        }
+        for (rel, v) in files {
+            let path = node.root().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, v).unwrap();
+        }
+        let before = node.snapshot();
+        let balance = Tuning { cpu_load_balancing: Some(Disabled::Disabled), ..Default::default() };
+        let tuner = node.tuner();
+        let notes = tuner.tune(&request("a", "2", balance.clone(), &["/sys/fs/cgroup/pinion/c1"])).unwrap();
+        assert_eq!(notes, Vec::<String>::new());
+        tuner.tune(&request("b", "3", balance.clone(), &["/sys/fs/cgroup/pinion/c2"])).unwrap();
+        let check = |want: &[(&str, &str)]| {
+            for (file, value) in want {
+                assert_eq!(node.read(file), *value, "{file}");
+            }
+        };
+        check(&[
+            ("sys/fs/cgroup/pinion/cpuset.cpus.exclusive", "2-3"),
+            ("sys/fs/cgroup/pinion/c1/cpuset.cpus.exclusive", "2"),
+            ("sys/fs/cgroup/pinion/c1/cpuset.cpus.partition", "isolated"),
+            ("sys/fs/cgroup/pinion/c2/cpuset.cpus.exclusive", "3"),
+            ("sys/fs/cgroup/pinion/c2/cpuset.cpus.partition", "isolated"),
+        ]);
+        assert!(!node.root().join("sys/fs/cgroup/cpuset.cpus.exclusive").exists(), "the root has none");
+        // Again (a second start): nothing declared twice.
+        tuner.tune(&request("a", "2", balance, &["/sys/fs/cgroup/pinion/c1"])).unwrap();
+        check(&[("sys/fs/cgroup/pinion/cpuset.cpus.exclusive", "2-3")]);
+        tuner.restore("a").unwrap();
+        check(&[
+            ("sys/fs/cgroup/pinion/cpuset.cpus.exclusive", "3"),
+            ("sys/fs/cgroup/pinion/c1/cpuset.cpus.exclusive", ""),
+            ("sys/fs/cgroup/pinion/c1/cpuset.cpus.partition", "member"),
+            ("sys/fs/cgroup/pinion/c2/cpuset.cpus.partition", "isolated"),
+        ]);
+        // Killed with b tuned: a restarted agent gives b's back.
+        drop(tuner);
+        let restarted = node.tuner();
+        assert_eq!(restarted.unwanted(&BTreeSet::new()), ["b"]);
+        restarted.restore("b").unwrap();
+        assert_eq!(node.snapshot(), before);
     }
 
     #[test]
