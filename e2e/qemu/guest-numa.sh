@@ -25,6 +25,7 @@ figure() {
   echo "$*" >>"$OUT/figures"
 }
 figure "guest_uptime_at_script_start_s $(uptime_s)"
+figure "kernel $(uname -r)"
 
 # The allocator must be reachable from containers whose rootfs is the host's /usr, /bin,
 # /lib* and /etc: the guest's root is a writable overlay, so copy it into /usr/local/bin.

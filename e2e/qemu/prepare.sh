@@ -2,8 +2,8 @@
 # Prepares everything the QEMU NUMA guest needs, from Debian packages only, and caches
 # it under <repo>/target/qemu so that a second run returns at once:
 #   - qemu-system-x86, busybox-static and numactl installed with apt when missing;
-#   - the newest linux-image-6.1.0-N-amd64 fetched with `apt-get download` and unpacked
-#     with `dpkg -x` (never installed);
+#   - the newest linux-image-6.1.0-N-amd64 (or bookworm-backports', PINION_QEMU_KERNEL
+#     below) fetched with `apt-get download` and unpacked with `dpkg -x` (never installed);
 #   - an initramfs (busybox-static + the kernel modules for virtio-pci, 9p and overlayfs,
 #     in modules.dep order + e2e/qemu/init.sh as /init);
 #   - numa-touch, a tiny allocator built with the host's C compiler.
@@ -37,27 +37,48 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # --- kernel --------------------------------------------------------------------------
-# The newest 6.1.0-N-amd64 image the apt lists know (not -cloud-, not -rt-). When the
-# cache already holds one, use it without asking apt: a second run must start at once.
+# PINION_QEMU_KERNEL picks the guest's kernel: `bookworm` (the default) is the newest
+# 6.1.0-N-amd64 image the apt lists know (not -cloud-, not -rt-), Debian 12's own;
+# `backports` is the newest bookworm-backports image (6.12 now), for what needs Linux
+# 6.7 or later (cgroup v2's cpuset.cpus.exclusive), read through apt lists of this
+# cache's own so that the host's apt configuration is never touched. When the cache
+# already holds one, it is used without asking apt: a second run must start at once.
+kernel=${PINION_QEMU_KERNEL:-bookworm}
+case $kernel in
+  bookworm)
+    glob='linux-image-6.1.0-*-amd64' want='^linux-image-6\.1\.0-[0-9]+-amd64$'
+    kapt=("${apt_opts[@]}") ;;
+  backports)
+    glob='linux-image-[0-9]*+deb12-amd64' want='^linux-image-[0-9]+\.[0-9]+\.[0-9]+\+deb12-amd64$'
+    aptdir=$cache/apt-backports
+    mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial"
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' >"$aptdir/sources.list"
+    kapt=("${apt_opts[@]}" -o "Dir::Etc::SourceList=$aptdir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+      -o "Dir::State::Lists=$aptdir/lists" -o "Dir::Cache=$aptdir/cache") ;;
+  *)
+    log "PINION_QEMU_KERNEL=$kernel: expected bookworm or backports"
+    exit 1 ;;
+esac
 # PINION_QEMU_KERNEL_DIR names another unpacked linux-image package instead (a folder
-# with boot/vmlinuz-VERSION and lib/modules/VERSION, named linux-image-VERSION), e.g.
-# bookworm-backports' 6.12 to try what needs a newer kernel; CI never sets it.
+# with boot/vmlinuz-VERSION and lib/modules/VERSION, named linux-image-VERSION), to try
+# a kernel by hand; CI never sets it.
 kdir=${PINION_QEMU_KERNEL_DIR:-}
 [ -z "$kdir" ] || touch "$kdir/.unpacked"
-[ -n "$kdir" ] || kdir=$(find "$cache" -maxdepth 1 -type d -name 'linux-image-6.1.0-*-amd64' | sort -V | tail -n 1)
+[ -n "$kdir" ] || kdir=$(find "$cache" -maxdepth 1 -type d -name "$glob" | sort -V | tail -n 1)
 if [ -z "$kdir" ] || [ ! -e "$kdir/.unpacked" ]; then
-  pkg=$(apt-cache pkgnames linux-image-6.1.0- | grep -E '^linux-image-6\.1\.0-[0-9]+-amd64$' | sort -V | tail -n 1 || true)
+  newest() { apt-cache "${kapt[@]}" pkgnames linux-image-6 | grep -E "$want" | sort -V | tail -n 1 || true; }
+  pkg=$(newest)
   if [ -z "$pkg" ]; then
-    apt-get "${apt_opts[@]}" update >&2
-    pkg=$(apt-cache pkgnames linux-image-6.1.0- | grep -E '^linux-image-6\.1\.0-[0-9]+-amd64$' | sort -V | tail -n 1 || true)
+    apt-get "${kapt[@]}" update >&2
+    pkg=$(newest)
   fi
-  [ -n "$pkg" ] || { log "no linux-image-6.1.0-N-amd64 package known to apt"; exit 1; }
+  [ -n "$pkg" ] || { log "no $kernel linux-image package known to apt"; exit 1; }
   kdir=$cache/$pkg
   log "downloading and unpacking $pkg"
   rm -rf "$kdir" "$cache/download"
   mkdir -p "$cache/download" "$kdir"
   # apt-get download writes into the current directory; _apt needs to be able to write it.
-  (cd "$cache/download" && chmod 777 . && apt-get "${apt_opts[@]}" download "$pkg" >&2)
+  (cd "$cache/download" && chmod 777 . && apt-get "${kapt[@]}" download "$pkg" >&2)
   dpkg -x "$cache"/download/"$pkg"_*.deb "$kdir"
   rm -rf "$cache/download"
   touch "$kdir/.unpacked"
@@ -126,8 +147,9 @@ if [ ! -f "$initrd" ]; then
   mv "$initrd.tmp" "$initrd"
   rm -rf "$work"
   trap - EXIT
-  # Older initramfs files of this cache are stale now.
-  find "$cache" -maxdepth 1 -name 'initrd-*.cpio.gz' ! -path "$initrd" -delete
+  # This kernel's older initramfs files are stale now (not the other kernel's: its
+  # guest may be booting from one).
+  find "$cache" -maxdepth 1 -name "initrd-$kver-*.cpio.gz" ! -path "$initrd" -delete
 fi
 
 # --- numa-touch ----------------------------------------------------------------------

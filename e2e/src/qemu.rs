@@ -36,6 +36,25 @@ pub struct Boot {
     pub stalled_before_script: bool,
 }
 
+/// The guest's kernel, from Debian's packages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Debian 12's own, 6.1.
+    Bookworm,
+    /// bookworm-backports' newest (6.12 now): cgroup v2's `cpuset.cpus.exclusive`
+    /// and remote partitions need Linux 6.7.
+    Backports,
+}
+
+impl Kernel {
+    fn name(self) -> &'static str {
+        match self {
+            Kernel::Bookworm => "bookworm",
+            Kernel::Backports => "backports",
+        }
+    }
+}
+
 /// What `e2e/qemu/init.sh` prints on the serial console just before it runs the
 /// script.
 const SCRIPT_STARTED: &str = "init: running ";
@@ -47,10 +66,18 @@ impl Guest {
     /// Runs `prepare.sh` (quick when its cache is warm). `Ok(None)`: the host lacks the
     /// Debian packages and this process may not install them (not root).
     pub fn prepare(repo: &Path) -> anyhow::Result<Option<Guest>> {
+        Self::prepare_kernel(repo, Kernel::Bookworm)
+    }
+
+    /// [`Guest::prepare`] with another kernel (`PINION_QEMU_KERNEL` of `prepare.sh`).
+    pub fn prepare_kernel(repo: &Path, kernel: Kernel) -> anyhow::Result<Option<Guest>> {
         let scripts = repo.join("e2e/qemu");
         let prepare = scripts.join("prepare.sh");
-        let output =
-            Command::new("bash").arg(&prepare).output().with_context(|| format!("running {}", prepare.display()))?;
+        let output = Command::new("bash")
+            .arg(&prepare)
+            .env("PINION_QEMU_KERNEL", kernel.name())
+            .output()
+            .with_context(|| format!("running {}", prepare.display()))?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         if output.status.code() == Some(EXIT_MISSING_PACKAGES) {
             eprintln!("{stderr}");

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use e2e::qemu::{parse_figures, shell_quote, tail, Guest};
+use e2e::qemu::{parse_figures, shell_quote, tail, Guest, Kernel};
 use specs::topology::NodeTopology;
 
 /// QEMU is killed after this long (`PINION_QEMU_TIMEOUT_S` overrides it). The
@@ -27,13 +27,49 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// overrides it).
 const SCRIPT_WITHIN: Duration = Duration::from_secs(90);
 
+/// One guest at a time: two under software emulation on a 2-core host would
+/// each run past their timeout.
+static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
+    run_guest(Kernel::Bookworm)?;
+    Ok(())
+}
+
+/// The same guest on bookworm-backports' kernel (6.12 now): `cpuLoadBalancing:
+/// disabled` makes a remote isolated partition there (Linux 6.7 and later),
+/// which Debian 12's 6.1 refuses (the pod's status says so, checked above).
+#[test]
+fn an_isolated_partition_on_a_newer_kernel() -> anyhow::Result<()> {
+    let Some(figures) = run_guest(Kernel::Backports)? else { return Ok(()) };
+    let get = |key: &str| figures.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    if get("tuned_partition") != Some("isolated") {
+        bail!(
+            "tuned pod: cpuset.cpus.partition {:?} on {:?}, expected isolated",
+            get("tuned_partition"),
+            get("kernel")
+        );
+    }
+    if get("tuned_kernel_isolated").is_none() || get("tuned_kernel_isolated") != get("tuned_cpus") {
+        bail!(
+            "the kernel's cpuset.cpus.isolated {:?}, expected the tuned pod's CPUs {:?}",
+            get("tuned_kernel_isolated"),
+            get("tuned_cpus")
+        );
+    }
+    Ok(())
+}
+
+/// Boots the guest with `kernel` and checks its verdict; the figures it wrote,
+/// or `None` where the host cannot run it (not root, packages missing).
+fn run_guest(kernel: Kernel) -> anyhow::Result<Option<Vec<(String, String)>>> {
+    let _one = ONE_GUEST.lock().unwrap_or_else(|p| p.into_inner());
     let repo = e2e::binary::repo_root();
     let pinion = e2e::binary::pinion()?;
-    let Some(guest) = Guest::prepare(&repo)? else {
+    let Some(guest) = Guest::prepare_kernel(&repo, kernel)? else {
         pinion_wire::testing::missing("the QEMU packages (run the test as root, or e2e/qemu/prepare.sh first)");
-        return Ok(());
+        return Ok(None);
     };
     let numa_touch = guest.var("NUMA_TOUCH").context("prepare.sh gave no NUMA_TOUCH")?;
 
@@ -102,7 +138,7 @@ fn numa_binding_in_a_two_node_qemu_guest() -> anyhow::Result<()> {
             bail!("the guest never reached its {verb} phase:\n{log}");
         }
     }
-    Ok(())
+    Ok(Some(figures))
 }
 
 fn seconds_from_env(name: &str, default: Duration) -> anyhow::Result<Duration> {
