@@ -358,6 +358,36 @@ print(next((p.get("phase", "") for k, p in pods.items() if k.split("/")[-1] == s
   p=$(wait_phase dev-null)
   [ "$p" = Succeeded ] && ok "device filter: the allowed /dev/null (1:3) opens" ||
     fail "device filter: the allowed 1:3 ended $p, expected Succeeded"
+  # Real-time scheduling (issue 31): SCHED_FIFO works in a container given SYS_NICE
+  # (Debian's kernels have no RT group scheduling, so no budget is needed) and is
+  # refused in one without it.
+  rtpod() { # NAME CAPS
+    cat >"$MANIFESTS/$1.yaml.tmp" <<EOF
+apiVersion: pinion.io/v1
+kind: Pod
+metadata:
+  name: $1
+spec:
+  restartPolicy: Never
+  containers:
+  - name: fifo
+    rootfs: host
+    command: [chrt, -f, "10", "true"]
+    securityContext:
+      capabilities: {add: [$2]}
+EOF
+    mv "$MANIFESTS/$1.yaml.tmp" "$MANIFESTS/$1.yaml"
+  }
+  figure "kernel_realtime $(cat /sys/kernel/realtime 2>/dev/null || echo 0)"
+  rtpod rt-nice SYS_NICE
+  rtpod rt-plain CHOWN
+  p=$(wait_phase rt-nice)
+  [ "$p" = Succeeded ] && ok "real-time: chrt -f 10 runs in a container with SYS_NICE" ||
+    fail "real-time: chrt -f with SYS_NICE ended $p, expected Succeeded"
+  p=$(wait_phase rt-plain)
+  [ "$p" = Failed ] && ok "real-time: chrt -f is refused without SYS_NICE" ||
+    fail "real-time: chrt -f without SYS_NICE ended $p, expected Failed"
+  rm -f "$MANIFESTS/rt-nice.yaml" "$MANIFESTS/rt-plain.yaml"
   # Exec probes off the pod's CPUs (issue 29): on cgroup v2 a probe's command joins the
   # container's namespaces but a cgroup of its own, PARENT/.probes/ID, holding the
   # reserved CPUs, not the pod's cpuset. The probe writes what it sees of itself into
@@ -537,7 +567,7 @@ EOF
   fi
   # Cleanup: every pod away, no container left behind.
   rm -f "$MANIFESTS"/*.yaml
-  for name in pin-a pin-b pin-c shared dev-kmsg dev-null probed tuned; do
+  for name in pin-a pin-b pin-c shared dev-kmsg dev-null rt-nice rt-plain probed tuned; do
     wait_gone "$name" 60 || fail "$name still runs after its manifest was removed (leak)"
   done
   kill "$agent_pid" 2>/dev/null

@@ -39,8 +39,9 @@ fi
 # --- kernel --------------------------------------------------------------------------
 # PINION_QEMU_KERNEL picks the guest's kernel: `bookworm` (the default) is the newest
 # 6.1.0-N-amd64 image the apt lists know (not -cloud-, not -rt-), Debian 12's own;
-# `backports` is the newest bookworm-backports image (6.12 now), for what needs Linux
-# 6.7 or later (cgroup v2's cpuset.cpus.exclusive), read through apt lists of this
+# `backports` is the newest bookworm-backports PREEMPT_RT image (6.12 now), for what
+# needs Linux 6.7 or later (cgroup v2's cpuset.cpus.exclusive) and a real-time kernel
+# as telecom nodes run one, read through apt lists of this
 # cache's own so that the host's apt configuration is never touched. When the cache
 # already holds one, it is used without asking apt: a second run must start at once.
 kernel=${PINION_QEMU_KERNEL:-bookworm}
@@ -49,7 +50,7 @@ case $kernel in
     glob='linux-image-6.1.0-*-amd64' want='^linux-image-6\.1\.0-[0-9]+-amd64$'
     kapt=("${apt_opts[@]}") ;;
   backports)
-    glob='linux-image-[0-9]*+deb12-amd64' want='^linux-image-[0-9]+\.[0-9]+\.[0-9]+\+deb12-amd64$'
+    glob='linux-image-[0-9]*+deb12-rt-amd64' want='^linux-image-[0-9]+\.[0-9]+\.[0-9]+\+deb12-rt-amd64$'
     aptdir=$cache/apt-backports
     mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial"
     echo 'deb http://deb.debian.org/debian bookworm-backports main' >"$aptdir/sources.list"

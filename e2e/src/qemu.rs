@@ -41,8 +41,8 @@ pub struct Boot {
 pub enum Kernel {
     /// Debian 12's own, 6.1.
     Bookworm,
-    /// bookworm-backports' newest (6.12 now): cgroup v2's `cpuset.cpus.exclusive`
-    /// and remote partitions need Linux 6.7.
+    /// bookworm-backports' newest PREEMPT_RT one (6.12 now): cgroup v2's
+    /// `cpuset.cpus.exclusive` and remote partitions need Linux 6.7.
     Backports,
 }
 

@@ -29,7 +29,7 @@ impl TestBinary {
 
 /// The side lanes: integration tests of the `e2e` package, each lane run in
 /// order. In the suite on a 2-core host (BENCHMARKS.md): qemu_numa about
-/// 290 s (two guests, one after the other), schemathesis 83 s, clock_jump
+/// 370 s (two guests, one after the other), schemathesis 83 s, clock_jump
 /// 38 s, failover 34 s, against 372 s for the serial rest.
 pub const SIDE_LANES: &[&[&str]] = &[&["qemu_numa"], &["failover", "clock_jump", "schemathesis"]];
 
