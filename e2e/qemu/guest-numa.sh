@@ -321,7 +321,7 @@ else
   # device rules and a container with CAP_MKNOD opens any device, a GPU it was not
   # given included): /dev/kmsg (1:11) is not in the allow list, /dev/null (1:3) is.
   # The node is made in /dev (a tmpfs without nodev): /tmp would refuse both.
-  devpod() { # NAME MAJOR:MINOR
+  oneshot() { # NAME COMMAND [CAPABILITY]: a pod that runs COMMAND once, on the host's root
     cat >"$MANIFESTS/$1.yaml.tmp" <<EOF
 apiVersion: pinion.io/v1
 kind: Pod
@@ -330,11 +330,16 @@ metadata:
 spec:
   restartPolicy: Never
   containers:
-  - name: mk
+  - name: once
     rootfs: host
-    command: [/bin/sh, -c, "mknod /dev/probe c ${2%:*} ${2#*:} && exec head -c0 /dev/probe"]
+    command: $2
+    securityContext:
+      capabilities: {add: [${3:-CHOWN}]}
 EOF
     mv "$MANIFESTS/$1.yaml.tmp" "$MANIFESTS/$1.yaml"
+  }
+  devpod() { # NAME MAJOR:MINOR
+    oneshot "$1" "[/bin/sh, -c, \"mknod /dev/probe c ${2%:*} ${2#*:} && exec head -c0 /dev/probe\"]"
   }
   phase_of() { # NAME: the pod's phase in the agent's status file
     python3 -c 'import json,sys
@@ -361,26 +366,9 @@ print(next((p.get("phase", "") for k, p in pods.items() if k.split("/")[-1] == s
   # Real-time scheduling (issue 31): SCHED_FIFO works in a container given SYS_NICE
   # (Debian's kernels have no RT group scheduling, so no budget is needed) and is
   # refused in one without it.
-  rtpod() { # NAME CAPS
-    cat >"$MANIFESTS/$1.yaml.tmp" <<EOF
-apiVersion: pinion.io/v1
-kind: Pod
-metadata:
-  name: $1
-spec:
-  restartPolicy: Never
-  containers:
-  - name: fifo
-    rootfs: host
-    command: [chrt, -f, "10", "true"]
-    securityContext:
-      capabilities: {add: [$2]}
-EOF
-    mv "$MANIFESTS/$1.yaml.tmp" "$MANIFESTS/$1.yaml"
-  }
   figure "kernel_realtime $(cat /sys/kernel/realtime 2>/dev/null || echo 0)"
-  rtpod rt-nice SYS_NICE
-  rtpod rt-plain CHOWN
+  oneshot rt-nice '[chrt, -f, "10", "true"]' SYS_NICE
+  oneshot rt-plain '[chrt, -f, "10", "true"]'
   p=$(wait_phase rt-nice)
   [ "$p" = Succeeded ] && ok "real-time: chrt -f 10 runs in a container with SYS_NICE" ||
     fail "real-time: chrt -f with SYS_NICE ended $p, expected Succeeded"
