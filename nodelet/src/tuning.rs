@@ -187,6 +187,8 @@ impl Tuner {
         write: WriteFile,
     ) -> Result<Self, TuningError> {
         crate::fsutil::private_dir(&state_dir).map_err(io_err(&state_dir))?;
+        // A record a killed agent never renamed into place was never acted on.
+        crate::fsutil::remove_temporaries(&state_dir).map_err(io_err(&state_dir))?;
         Ok(Tuner {
             root,
             state_dir,
@@ -1070,6 +1072,15 @@ mod tests {
         assert_eq!(gone, ["a"]);
         restarted.restore("a").unwrap();
         assert_eq!(node.snapshot(), before);
+
+        // Killed while writing a record: its temporary goes at the next start.
+        let node = Node::new();
+        let tmp = node.dir.path().join("state/.a.json.tmp");
+        node.tuner();
+        std::fs::write(&tmp, b"{").unwrap();
+        let restarted = node.tuner();
+        assert!(!tmp.exists());
+        assert_eq!(restarted.recorded().unwrap(), Vec::<String>::new());
 
         // Killed after the record, before any write (every write is lost):
         // giving back what was never applied changes nothing.
