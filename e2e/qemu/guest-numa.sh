@@ -355,26 +355,23 @@ print(next((p.get("phase", "") for k, p in pods.items() if k.split("/")[-1] == s
     done
     echo "${p:-none}"
   }
+  ends() { # NAME PHASE WHAT: the one-shot pod NAME ends in PHASE
+    local p
+    p=$(wait_phase "$1")
+    [ "$p" = "$2" ] && ok "$3" || fail "$3: $1 ended $p, expected $2"
+  }
   devpod dev-kmsg 1:11
   devpod dev-null 1:3
-  p=$(wait_phase dev-kmsg)
-  [ "$p" = Failed ] && ok "device filter: a container cannot open a device it was not given (1:11 made with mknod)" ||
-    fail "device filter: opening a mknod'd 1:11 ended $p, expected Failed (cgroup v2 device rules not applied?)"
-  p=$(wait_phase dev-null)
-  [ "$p" = Succeeded ] && ok "device filter: the allowed /dev/null (1:3) opens" ||
-    fail "device filter: the allowed 1:3 ended $p, expected Succeeded"
+  ends dev-kmsg Failed "device filter: a container cannot open a device it was not given (1:11 made with mknod)"
+  ends dev-null Succeeded "device filter: the allowed /dev/null (1:3) opens"
   # Real-time scheduling (issue 31): SCHED_FIFO works in a container given SYS_NICE
   # (Debian's kernels have no RT group scheduling, so no budget is needed) and is
   # refused in one without it.
   figure "kernel_realtime $(cat /sys/kernel/realtime 2>/dev/null || echo 0)"
   oneshot rt-nice '[chrt, -f, "10", "true"]' SYS_NICE
   oneshot rt-plain '[chrt, -f, "10", "true"]'
-  p=$(wait_phase rt-nice)
-  [ "$p" = Succeeded ] && ok "real-time: chrt -f 10 runs in a container with SYS_NICE" ||
-    fail "real-time: chrt -f with SYS_NICE ended $p, expected Succeeded"
-  p=$(wait_phase rt-plain)
-  [ "$p" = Failed ] && ok "real-time: chrt -f is refused without SYS_NICE" ||
-    fail "real-time: chrt -f without SYS_NICE ended $p, expected Failed"
+  ends rt-nice Succeeded "real-time: chrt -f 10 runs in a container with SYS_NICE"
+  ends rt-plain Failed "real-time: chrt -f is refused without SYS_NICE"
   rm -f "$MANIFESTS/rt-nice.yaml" "$MANIFESTS/rt-plain.yaml"
   # Exec probes off the pod's CPUs (issue 29): on cgroup v2 a probe's command joins the
   # container's namespaces but a cgroup of its own, PARENT/.probes/ID, holding the

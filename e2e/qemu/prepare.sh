@@ -41,9 +41,9 @@ fi
 # 6.1.0-N-amd64 image the apt lists know (not -cloud-, not -rt-), Debian 12's own;
 # `backports` is the newest bookworm-backports PREEMPT_RT image (6.12 now), for what
 # needs Linux 6.7 or later (cgroup v2's cpuset.cpus.exclusive) and a real-time kernel
-# as telecom nodes run one, read through apt lists of this
-# cache's own so that the host's apt configuration is never touched. When the cache
-# already holds one, it is used without asking apt: a second run must start at once.
+# as telecom nodes run one, read through apt lists of this cache's own so that the
+# host's apt configuration is never touched. When the cache already holds one, it is
+# used without asking apt: a second run must start at once.
 kernel=${PINION_QEMU_KERNEL:-bookworm}
 case $kernel in
   bookworm)
@@ -63,26 +63,28 @@ esac
 # PINION_QEMU_KERNEL_DIR names another unpacked linux-image package instead (a folder
 # with boot/vmlinuz-VERSION and lib/modules/VERSION, named linux-image-VERSION), to try
 # a kernel by hand; CI never sets it.
-kdir=${PINION_QEMU_KERNEL_DIR:-}
-[ -z "$kdir" ] || touch "$kdir/.unpacked"
-[ -n "$kdir" ] || kdir=$(find "$cache" -maxdepth 1 -type d -name "$glob" | sort -V | tail -n 1)
-if [ -z "$kdir" ] || [ ! -e "$kdir/.unpacked" ]; then
-  newest() { apt-cache "${kapt[@]}" pkgnames linux-image-6 | grep -E "$want" | sort -V | tail -n 1 || true; }
-  pkg=$(newest)
-  if [ -z "$pkg" ]; then
-    apt-get "${kapt[@]}" update >&2
+if [ -n "${PINION_QEMU_KERNEL_DIR:-}" ]; then
+  kdir=$PINION_QEMU_KERNEL_DIR
+else
+  kdir=$(find "$cache" -maxdepth 1 -type d -name "$glob" | sort -V | tail -n 1)
+  if [ -z "$kdir" ] || [ ! -e "$kdir/.unpacked" ]; then
+    newest() { apt-cache "${kapt[@]}" pkgnames linux-image-6 | grep -E "$want" | sort -V | tail -n 1 || true; }
     pkg=$(newest)
+    if [ -z "$pkg" ]; then
+      apt-get "${kapt[@]}" update >&2
+      pkg=$(newest)
+    fi
+    [ -n "$pkg" ] || { log "no $kernel linux-image package known to apt"; exit 1; }
+    kdir=$cache/$pkg
+    log "downloading and unpacking $pkg"
+    rm -rf "$kdir" "$cache/download"
+    mkdir -p "$cache/download" "$kdir"
+    # apt-get download writes into the current directory; _apt needs to be able to write it.
+    (cd "$cache/download" && chmod 777 . && apt-get "${kapt[@]}" download "$pkg" >&2)
+    dpkg -x "$cache"/download/"$pkg"_*.deb "$kdir"
+    rm -rf "$cache/download"
+    touch "$kdir/.unpacked"
   fi
-  [ -n "$pkg" ] || { log "no $kernel linux-image package known to apt"; exit 1; }
-  kdir=$cache/$pkg
-  log "downloading and unpacking $pkg"
-  rm -rf "$kdir" "$cache/download"
-  mkdir -p "$cache/download" "$kdir"
-  # apt-get download writes into the current directory; _apt needs to be able to write it.
-  (cd "$cache/download" && chmod 777 . && apt-get "${kapt[@]}" download "$pkg" >&2)
-  dpkg -x "$cache"/download/"$pkg"_*.deb "$kdir"
-  rm -rf "$cache/download"
-  touch "$kdir/.unpacked"
 fi
 kver=${kdir##*/linux-image-}
 vmlinuz=$kdir/boot/vmlinuz-$kver

@@ -53,7 +53,7 @@ fn an_isolated_partition_on_a_newer_kernel() -> anyhow::Result<()> {
             get("kernel")
         );
     }
-    if get("tuned_kernel_isolated").is_none() || get("tuned_kernel_isolated") != get("tuned_cpus") {
+    if get("tuned_kernel_isolated").is_none_or(|iso| Some(iso) != get("tuned_cpus")) {
         bail!(
             "the kernel's cpuset.cpus.isolated {:?}, expected the tuned pod's CPUs {:?}",
             get("tuned_kernel_isolated"),

@@ -472,7 +472,7 @@ impl Tuner {
     fn plan_exclusive(
         &self,
         dir: &Path,
-        cpus: &CpuSet,
+        pod_cpus: &CpuSet,
         rec: &mut Record,
         ancestors: &mut Vec<(PathBuf, CpuSet)>,
         writes: &mut Vec<(PathBuf, String)>,
@@ -484,17 +484,13 @@ impl Tuner {
         }
         // The container's own CPUs: siblings may never declare the same
         // exclusive CPU, and each container of a pod has its own.
-        let own = match std::fs::read_to_string(self.at(dir.join("cpuset.cpus"))) {
-            Ok(t) => match CpuSet::parse_list(t.trim()) {
-                Ok(c) => c.intersection(cpus),
-                Err(_) => cpus.clone(),
-            },
-            Err(_) => cpus.clone(),
-        };
-        if own.is_empty() {
+        let cpus = std::fs::read_to_string(self.at(dir.join("cpuset.cpus")))
+            .ok()
+            .and_then(|t| CpuSet::parse_list(t.trim()).ok())
+            .map_or_else(|| pod_cpus.clone(), |c| c.intersection(pod_cpus));
+        if cpus.is_empty() {
             return;
         }
-        let cpus = &own;
         // The root cgroup has no such file: the walk stops below it.
         let mut chain: Vec<PathBuf> =
             dir.ancestors().skip(1).take_while(|d| self.at(d.join(FILE)).exists()).map(|d| d.join(FILE)).collect();
@@ -705,13 +701,6 @@ impl Tuner {
     }
 }
 
-/// `pm_qos_resume_latency_us` for a `cpuCStates` value. The kernel's ABI
-/// (Documentation/ABI/testing/sysfs-devices-power, and
-/// `pm_qos_resume_latency_us_store`): a number N > 0 allows only idle states
-/// that resume within N microseconds; `n/a` means no resume latency is
-/// acceptable at all (the CPU only polls: no C-state), and 0 means no
-/// constraint (read back as `0`). So `disabled` is `n/a`, as CRI-O writes
-/// it, and not 0, which would allow every C-state.
 /// An empty value as a kernel file takes it: a write of no bytes never
 /// reaches the kernel's handler, so an empty `cpuset.cpus.exclusive` is
 /// written as a newline.
@@ -723,6 +712,13 @@ fn kernel_value(value: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// `pm_qos_resume_latency_us` for a `cpuCStates` value. The kernel's ABI
+/// (Documentation/ABI/testing/sysfs-devices-power, and
+/// `pm_qos_resume_latency_us_store`): a number N > 0 allows only idle states
+/// that resume within N microseconds; `n/a` means no resume latency is
+/// acceptable at all (the CPU only polls: no C-state), and 0 means no
+/// constraint (read back as `0`). So `disabled` is `n/a`, as CRI-O writes
+/// it, and not 0, which would allow every C-state.
 pub fn pm_qos_value(c: CStates) -> String {
     match c {
         CStates::Disabled => "n/a".into(),
@@ -1108,20 +1104,19 @@ mod tests {
     #[test]
     fn v2_partitions_declare_their_cpus_on_every_ancestor_and_give_them_back() {
         let node = Node::new();
-        let mut files = vec![
-            ("sys/fs/cgroup/cpuset.cpus.effective", "0-3\n"),
-            ("sys/fs/cgroup/pinion/cpuset.cpus.exclusive", "\n"),
-            ("sys/fs/cgroup/pinion/cpuset.cpus", "\n"),
+        let mut files: Vec<(String, &str)> = vec![
+            ("sys/fs/cgroup/cpuset.cpus.effective".into(), "0-3\n"),
+            ("sys/fs/cgroup/pinion/cpuset.cpus.exclusive".into(), "\n"),
+            ("sys/fs/cgroup/pinion/cpuset.cpus".into(), "\n"),
         ];
         for (c, cpu) in [("c1", "2\n"), ("c2", "3\n")] {
-            let d: &'static str = Box::leak(format!("sys/fs/cgroup/pinion/{c}").into_boxed_str());
             for (f, v) in [
                 ("cpuset.cpus", cpu),
                 ("cpuset.cpus.exclusive", "\n"),
                 ("cpuset.cpus.partition", "member\n"),
                 ("cpu.max", "max 100000\n"),
             ] {
-                files.push((Box::leak(format!("{d}/{f}").into_boxed_str()), v));
+                files.push((format!("sys/fs/cgroup/pinion/{c}/{f}"), v));
             }
         }
         for (rel, v) in files {

@@ -25,7 +25,8 @@ use anyhow::{bail, Context};
 use e2e::suite::{lanes, TestBinary};
 
 /// A test binary still running after this is killed. The longest, the QEMU
-/// guest's, takes about 3 minutes; it may boot twice.
+/// test's two guests, takes 8 to 9 minutes in the suite; each guest may boot
+/// twice (a stalled boot is killed after 90 s).
 const BINARY_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
 struct Built {
