@@ -19,7 +19,7 @@ pub struct GlobalArgs {
     #[arg(long = "server", global = true, value_name = "URL", value_delimiter = ',')]
     pub servers: Vec<String>,
     /// Log filter (tracing's env-filter syntax), e.g. `info` or `nodelet=debug`.
-    #[arg(long, global = true, env = "PINION_LOG", default_value = "warn,libcgroups=error,libcontainer=error")]
+    #[arg(long, global = true, env = "PINION_LOG", default_value = DEFAULT_LOG)]
     pub log: String,
     /// Log lines as text, or as one JSON object each (for a log collector).
     #[arg(long, global = true, env = "PINION_LOG_FORMAT", value_enum, default_value = "text")]
@@ -46,11 +46,14 @@ pub enum LogFormat {
     Json,
 }
 
-pub fn init_tracing(g: &GlobalArgs) {
+/// The log filter when neither `--log` nor `PINION_LOG` says one.
+pub const DEFAULT_LOG: &str = "warn,libcgroups=error,libcontainer=error";
+
+pub fn init_tracing(log: &str, format: LogFormat) {
     let filter =
-        tracing_subscriber::EnvFilter::try_new(&g.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        tracing_subscriber::EnvFilter::try_new(log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = match g.log_format {
+    let _ = match format {
         LogFormat::Text => fmt.try_init(),
         LogFormat::Json => fmt.json().flatten_event(true).try_init(),
     };

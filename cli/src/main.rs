@@ -8,6 +8,7 @@ mod out;
 mod cmd;
 mod common;
 mod config;
+mod internal;
 
 use std::process::ExitCode;
 
@@ -117,17 +118,25 @@ struct InitArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    common::init_tracing(&cli.global);
+    // Before clap: the two commands every pod's start runs (internal.rs).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match internal::parse(&argv, |k| std::env::var_os(k)) {
+        Some(internal::Internal::Shim { data_dir, id, log, log_format }) => {
+            common::init_tracing(&log, log_format);
+            return report(cmd::shim::run(cmd::shim::Args { data_dir, id, mode: None }));
+        }
+        Some(internal::Internal::Init(command)) => return init(&command),
+        None => {}
+    }
+    let cli = Cli::parse_from(argv);
+    common::init_tracing(&cli.global.log, cli.global.log_format);
     // The shim must stay single-threaded (libcontainer chdirs the process and
     // forks), so it runs before any runtime with worker threads exists.
     if let Command::Shim(args) = cli.command {
         return report(cmd::shim::run(args));
     }
-    // A container's PID 1 forks its command: no threads may exist yet.
     if let Command::Init(args) = cli.command {
-        let code = nodelet::runtime::init::run(&args.command);
-        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        return init(&args.command);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -176,6 +185,12 @@ fn main() -> ExitCode {
 
 /// One clear line on stderr and a non-zero exit; commands that mirror another
 /// process's exit code (`run`) return it as `Ok(code)`.
+/// A container's PID 1 forks its command: no threads may exist yet.
+fn init(command: &[String]) -> ExitCode {
+    let code = nodelet::runtime::init::run(command);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
 fn report(r: anyhow::Result<ExitCode>) -> ExitCode {
     match r {
         Ok(code) => code,
