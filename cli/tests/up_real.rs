@@ -386,6 +386,12 @@ fn run_follows_one_stream_arrays_label_and_aggregate_and_errors_say_what_to_do()
     std::io::Read::read_to_string(&mut running.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!((status.code(), rest.as_str()), (Some(4), "after\n"), "stderr: {err}");
     assert!(err.contains("reconnecting"), "the cut broke the stream: {err}");
+    // --rm holds on the resumed stream too: the pod is gone.
+    let left = up.cli(&["get", "pods", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&left.stdout).unwrap();
+    let names: Vec<&str> =
+        v["items"].as_array().unwrap().iter().filter_map(|p| p["metadata"]["name"].as_str()).collect();
+    assert!(!names.contains(&cut.as_str()), "{names:?}");
 
     // `agent status` finds the node of `pinion up` under its data dir, and says so.
     let out = Command::new(PINION).args(["agent", "status", "--data-dir"]).arg(&up.data).output().unwrap();

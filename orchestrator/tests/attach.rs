@@ -98,7 +98,7 @@ async fn attach_streams_status_changes_then_the_exit_and_says_when_output_cannot
     // created version: the pod as created is not sent again.
     let (code, created) = admin.create_pod(manifest("job")).await.expect("create");
     assert_eq!(code, 201);
-    let mut stream = admin.attach_pod("job", created.metadata.resource_version, 0).await.expect("attach");
+    let mut stream = admin.attach_pod("job", created.metadata.resource_version, 0, false).await.expect("attach");
     // A quiet pod: the stream says it is alive.
     let first = tokio::time::timeout(Duration::from_secs(20), stream.next()).await.expect("a heartbeat");
     assert_eq!(first.expect("frame"), Some(AttachFrame::Heartbeat));
@@ -131,24 +131,25 @@ async fn attach_streams_status_changes_then_the_exit_and_says_when_output_cannot
             phase: PodPhase::Failed,
             exit_code: Some(3),
             reason: Some("Error".into()),
-            message: None
+            message: None,
+            removed: false,
         })
     );
     assert_eq!(next(&mut stream).await, None, "the stream ends after the exit");
 
     // A finished pod: its status, then at once its exit.
-    let mut again = admin.attach_pod("job", None, 0).await.expect("attach again");
+    let mut again = admin.attach_pod("job", None, 0, false).await.expect("attach again");
     assert_eq!(phase(&next(&mut again).await), Some(PodPhase::Failed));
     assert!(matches!(next(&mut again).await, Some(AttachFrame::Exit { exit_code: Some(3), .. })));
 
     // Deleted while followed.
     let (_, other) = admin.create_pod(manifest("gone")).await.expect("create");
-    let mut followed = admin.attach_pod("gone", other.metadata.resource_version, 0).await.expect("attach");
+    let mut followed = admin.attach_pod("gone", other.metadata.resource_version, 0, false).await.expect("attach");
     admin.delete_pod("gone").await.expect("delete");
     assert_eq!(next(&mut followed).await, Some(AttachFrame::Deleted));
 
     // Unknown pod, bad parameters: refused before any stream.
-    match admin.attach_pod("nope", None, 0).await {
+    match admin.attach_pod("nope", None, 0, false).await {
         Err(ClientError::Api(e)) => assert_eq!(e.code, 404),
         Err(e) => panic!("expected 404, got {e}"),
         Ok(_) => panic!("expected 404, got a stream"),
@@ -159,4 +160,55 @@ async fn attach_streams_status_changes_then_the_exit_and_says_when_output_cannot
 
     let _ = stop.send(true);
     task.await.expect("join").expect("server run");
+}
+
+/// The status frames up to the exit frame, within a bound.
+async fn exit_of(stream: &mut AttachStream) -> Option<AttachFrame> {
+    loop {
+        match next(stream).await {
+            Some(AttachFrame::Status { .. } | AttachFrame::Notice { .. }) => continue,
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rm_deletes_the_finished_pod_before_its_exit_frame_for_whoever_may_delete_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = orchestrator::testing::server::TestServer::start(dir.path(), |_| {}).await;
+    let n = node_client(&s.url, &s.token, dir.path(), "edge").await;
+    let finished = serde_json::json!({"phase": "Succeeded", "containerStatuses": [
+        {"name": "main", "state": "Terminated", "lastExitCode": 0, "reason": "Completed"}]});
+
+    // Followed with rm: deleted by the time the exit frame says so.
+    let (_, created) = s.admin.create_pod(manifest("tidy")).await.expect("create");
+    let mut stream = s.admin.attach_pod("tidy", created.metadata.resource_version, 0, true).await.expect("attach");
+    report(&n, "edge", serde_json::json!({ "tidy": finished })).await;
+    match exit_of(&mut stream).await {
+        Some(AttachFrame::Exit { exit_code: Some(0), removed: true, .. }) => {}
+        other => panic!("expected an exit frame saying the pod was removed, got {other:?}"),
+    }
+    match s.admin.get_pod("tidy").await {
+        Err(ClientError::Api(e)) => assert_eq!(e.code, 404, "{e}"),
+        other => panic!("the pod should be gone: {other:?}"),
+    }
+
+    // Without rm the finished pod stays, and the exit frame says so.
+    let (_, first) = s.admin.create_pod(manifest("again")).await.expect("create");
+    report(&n, "edge", serde_json::json!({ "again": finished })).await;
+    let mut late = s.admin.attach_pod("again", first.metadata.resource_version, 0, false).await.expect("attach");
+    assert!(matches!(exit_of(&mut late).await, Some(AttachFrame::Exit { removed: false, .. })));
+    assert!(s.admin.get_pod("again").await.is_ok(), "without rm the finished pod stays");
+
+    // Someone who may read the pod but not delete it is refused rm before
+    // any stream, and the pod stays.
+    let viewer = s.person("audit", specs::api::Role::Viewer).await;
+    assert!(viewer.attach_pod("again", None, 0, false).await.is_ok(), "a viewer follows any pod");
+    match viewer.attach_pod("again", None, 0, true).await {
+        Err(ClientError::Api(e)) => assert_eq!(e.code, 403, "{e}"),
+        Err(e) => panic!("expected 403, got {e}"),
+        Ok(_) => panic!("expected 403, got a stream"),
+    }
+    assert!(s.admin.get_pod("again").await.is_ok(), "a refused rm deletes nothing");
+    s.stop().await;
 }

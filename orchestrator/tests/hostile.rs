@@ -127,7 +127,7 @@ async fn a_resource_version_from_the_future_is_refused() {
     let (_, p) = s.admin.create_pod(pod("now", "")).await.expect("create");
     let (code, fields) = refusal(s.admin.watch_pods(None, None, Some(999_999_999)).await.map(|_| ()));
     assert_eq!((code, fields), (400, vec!["resourceVersion".to_string()]));
-    let (code, fields) = refusal(s.admin.attach_pod("now", Some(999_999_999), 0).await.map(|_| ()));
+    let (code, fields) = refusal(s.admin.attach_pod("now", Some(999_999_999), 0, false).await.map(|_| ()));
     assert_eq!((code, fields), (400, vec!["resourceVersion".to_string()]));
     // The current version itself is fine (nothing newer yet is not an error).
     let current = s.admin.list_pods(None).await.expect("list").resource_version;

@@ -372,6 +372,11 @@ pub enum AttachFrame {
         reason: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
+        /// The pod was deleted after its end, as the stream's `rm` asked
+        /// (`pinion run --rm`); false when it was not asked or could not be
+        /// done, and the follower deletes it itself.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        removed: bool,
     },
     /// The pod was deleted before it finished: the last frame.
     Deleted,
@@ -396,6 +401,7 @@ struct RawAttachFrame {
     phase: Option<crate::status::PodPhase>,
     exit_code: Option<i32>,
     reason: Option<String>,
+    removed: Option<bool>,
     error: Option<ApiError>,
 }
 
@@ -420,6 +426,7 @@ impl TryFrom<RawAttachFrame> for AttachFrame {
                 exit_code: r.exit_code,
                 reason: r.reason,
                 message: r.message,
+                removed: r.removed.unwrap_or(false),
             },
             "deleted" => AttachFrame::Deleted,
             "error" => AttachFrame::Error { error: r.error.ok_or_else(|| missing("error"))? },
@@ -947,11 +954,23 @@ mod tests {
             exit_code: Some(3),
             reason: Some("Error".into()),
             message: None,
+            removed: false,
         };
         let text = serde_json::to_string(&f).unwrap_or_default();
+        // `removed` only when true: an older follower reads the same frame.
         assert_eq!(text, r#"{"type":"exit","phase":"Failed","exitCode":3,"reason":"Error"}"#);
         let back: AttachFrame = serde_json::from_str(&text).unwrap_or(AttachFrame::Heartbeat);
         assert_eq!(back, f);
+        let removed = AttachFrame::Exit {
+            phase: crate::status::PodPhase::Succeeded,
+            exit_code: Some(0),
+            reason: None,
+            message: None,
+            removed: true,
+        };
+        let text = serde_json::to_string(&removed).unwrap_or_default();
+        assert_eq!(text, r#"{"type":"exit","phase":"Succeeded","exitCode":0,"removed":true}"#);
+        assert_eq!(serde_json::from_str::<AttachFrame>(&text).ok(), Some(removed));
         let out: AttachFrame =
             serde_json::from_str(r#"{"type":"output","offset":3,"data":"hi\n"}"#).unwrap_or(AttachFrame::Heartbeat);
         assert_eq!(out, AttachFrame::Output { offset: 3, data: "hi\n".into() });

@@ -532,18 +532,30 @@ pub async fn run(g: GlobalArgs, args: Args) -> anyhow::Result<ExitCode> {
     let names = [args.name.clone()];
     let followed = async {
         let mut out = Stdout;
-        follow(&client, &created, &args.command, &mut out).await.map(|code| code.clamp(0, 255) as u8)
+        // With --rm the server deletes the pod at its end, before the exit
+        // frame: no delete request after it.
+        let (code, removed) = follow(&client, &created, &args.command, args.rm, &mut out).await?;
+        Ok(Outcome { code: code.clamp(0, 255) as u8, removed })
     };
     finish(&client, &args, &names, followed, signals).await
 }
 
+/// How a followed run ended.
+struct Outcome {
+    /// The exit status.
+    code: u8,
+    /// The server already deleted what `--rm` asked to delete.
+    removed: bool,
+}
+
 /// Waits for `followed`, a signal or `--timeout`; deletes the pods when asked
-/// (`--rm`) or cut short, and turns the outcome into the exit status.
+/// (`--rm`, unless the server did) or cut short, and turns the outcome into
+/// the exit status.
 async fn finish(
     client: &Client,
     args: &Args,
     names: &[String],
-    followed: impl std::future::Future<Output = anyhow::Result<u8>>,
+    followed: impl std::future::Future<Output = anyhow::Result<Outcome>>,
     signals: Signals,
 ) -> anyhow::Result<ExitCode> {
     finish_as(client, args, Cleanup::Pods(names), followed, signals).await
@@ -560,7 +572,7 @@ async fn finish_as(
     client: &Client,
     args: &Args,
     cleanup: Cleanup<'_>,
-    followed: impl std::future::Future<Output = anyhow::Result<u8>>,
+    followed: impl std::future::Future<Output = anyhow::Result<Outcome>>,
     mut signals: Signals,
 ) -> anyhow::Result<ExitCode> {
     let limit = async {
@@ -574,7 +586,8 @@ async fn finish_as(
         _ = signals.recv() => Ended::Interrupted,
         _ = limit => Ended::TimedOut,
     };
-    if args.rm || !matches!(ended, Ended::Done(_)) {
+    let removed = matches!(&ended, Ended::Done(Ok(o)) if o.removed);
+    if (args.rm && !removed) || !matches!(ended, Ended::Done(_)) {
         match cleanup {
             Cleanup::Pods(names) => delete_all(client, names).await,
             Cleanup::Job(name) => match client.delete_job(name).await {
@@ -590,7 +603,7 @@ async fn finish_as(
         Cleanup::Job(_) => format!("job {}", args.name),
     };
     match ended {
-        Ended::Done(r) => r.map(ExitCode::from),
+        Ended::Done(r) => r.map(|o| ExitCode::from(o.code)),
         Ended::Interrupted => {
             eprintln!("pinion: interrupted; {what} deleted");
             Ok(ExitCode::from(130))
@@ -605,7 +618,7 @@ async fn finish_as(
 /// How `run` stopped following: the command's exit code (or an error), a
 /// signal, or `--timeout`; the last two delete the pod.
 enum Ended {
-    Done(anyhow::Result<u8>),
+    Done(anyhow::Result<Outcome>),
     Interrupted,
     TimedOut,
 }
@@ -681,19 +694,22 @@ impl Sink for Stdout {
 /// last version and output offset) when a stream breaks or falls silent;
 /// returns the command's exit code (1 for a pod that failed without one,
 /// after saying why).
+/// Follows one pod to its end: its exit code, and whether the server deleted
+/// it (asked with `rm`).
 async fn follow(
     client: &Client,
     created: &Pod,
     command: &[String],
+    rm: bool,
     sink: &mut (dyn Sink + Send),
-) -> anyhow::Result<i32> {
+) -> anyhow::Result<(i32, bool)> {
     let name = created.metadata.name.clone();
     let mut from = created.metadata.resource_version;
     let mut offset = 0u64;
     let mut said: Option<String> = None;
     let mut failures = 0u32;
     loop {
-        let opened = client.attach_pod(&name, from, offset).await;
+        let opened = client.attach_pod(&name, from, offset, rm).await;
         let mut stream = match opened {
             Ok(s) => s,
             Err(ClientError::Api(e)) if e.code == 404 => bail!("pod {name} was deleted"),
@@ -740,8 +756,8 @@ async fn follow(
                 }
                 AttachFrame::Heartbeat => {}
                 AttachFrame::Notice { message } => sink.note(format!("pinion: pod {name}: {message}")),
-                AttachFrame::Exit { phase, exit_code, reason, message } => {
-                    return Ok(exit_code_of(&name, command, phase, exit_code, reason, message, sink));
+                AttachFrame::Exit { phase, exit_code, reason, message, removed } => {
+                    return Ok((exit_code_of(&name, command, phase, exit_code, reason, message, sink), removed));
                 }
                 AttachFrame::Deleted => bail!("pod {name} was deleted"),
                 // Gone: the change log moved past us; a new stream starts from the pod as it is.
@@ -985,7 +1001,7 @@ async fn follow_tasks(
     created: Vec<(u32, Pod)>,
     noun: &str,
     label: bool,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<Outcome> {
     // One attach stream per task rather than one label watch plus a log
     // request each: the stream already carries the status, the output and
     // the exit code of its task, resumes on its own, and the server's log
@@ -1002,7 +1018,8 @@ async fn follow_tasks(
         followers.spawn(async move {
             let _slot = slots.acquire_owned().await;
             let mut sink = TaskSink { task, tx };
-            let r = follow(&client, &pod, &command, &mut sink).await;
+            // An array's or job's tasks are deleted together at the end.
+            let r = follow(&client, &pod, &command, false, &mut sink).await.map(|(code, _)| code);
             (task, r)
         });
     }
@@ -1049,7 +1066,7 @@ async fn follow_tasks(
                 },
             }
         }
-        Ok::<u8, anyhow::Error>(worst.clamp(0, 255) as u8)
+        Ok::<Outcome, anyhow::Error>(Outcome { code: worst.clamp(0, 255) as u8, removed: false })
     };
     followed.await
 }

@@ -546,7 +546,7 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             let (node, endpoint, path) = log_target(state, &pod, &container, follow)?;
             Ok(Reply::Proxy { node, endpoint, path })
         }
-        Action::AttachPod { name, container, known_version, offset } => {
+        Action::AttachPod { name, container, known_version, offset, rm } => {
             authorize(id, Request::AttachPod)?;
             // The version is read before the pod: every change after the pod
             // as read is in the change log after `from`, so none is missed.
@@ -557,10 +557,20 @@ pub async fn apply(state: &ApiState, id: &Identity, action: Action) -> Result<Re
             }
             let pod = stored_pod(store, &name)?;
             authorize(id, owned(&pod, Access::Read))?;
+            // Asked to delete it at its end: whether this caller may is
+            // answered now, before the stream, not after the pod ran.
+            let remove_as = if rm {
+                authorize(id, Request::DeletePod)?;
+                authorize(id, owned(&pod, Access::Write))?;
+                Some(id.clone())
+            } else {
+                None
+            };
             let container = pods::pick_container(&pod, container)?;
             let watch = store.watch(from).await.map_err(store_error)?;
             let holder = holder(id);
-            Ok(Reply::Attach(Box::new(super::attach::Attach { pod, container, known_version, offset, watch, holder })))
+            let attach = super::attach::Attach { pod, container, known_version, offset, watch, holder, remove_as };
+            Ok(Reply::Attach(Box::new(attach)))
         }
         Action::ExecPod { name, mut request } => {
             authorize(id, Request::ExecPod)?;

@@ -29,7 +29,9 @@ use super::apply::{log_target, ApiState};
 use super::error::{internal, store_error, unauthorized};
 use super::proxy::{open_node_stream, NodeStream};
 use super::{Body, ChannelBody};
+use crate::cluster::{pods, ClusterError};
 use crate::store::{Kind, Watch};
+use crate::tls::Identity;
 
 /// How long the output may go on after the pod is final (bounds a node that
 /// never ends its log follow).
@@ -49,6 +51,9 @@ pub struct Attach {
     /// The person following: a change to their record (revoked, added
     /// again) ends the stream, as it ends their watches.
     pub holder: Option<String>,
+    /// `rm`: who deletes the pod once it finished (the caller, already
+    /// allowed to), before the exit frame.
+    pub remove_as: Option<Identity>,
 }
 
 /// The streaming reply; the stream runs in its own task until it ends, the
@@ -165,7 +170,7 @@ fn output_ready(pod: &Pod, container: &str) -> bool {
     }
 }
 
-fn exit_frame(pod: &Pod, container: &str) -> AttachFrame {
+fn exit_frame(pod: &Pod, container: &str, removed: bool) -> AttachFrame {
     let s = pod.status.clone().unwrap_or_default();
     let c = s.container_statuses.iter().find(|c| c.name == container);
     AttachFrame::Exit {
@@ -173,7 +178,27 @@ fn exit_frame(pod: &Pod, container: &str) -> AttachFrame {
         exit_code: c.and_then(|c| c.last_exit_code),
         reason: c.and_then(|c| c.reason.clone()).or(s.reason),
         message: s.message,
+        removed,
     }
+}
+
+/// `rm`: the finished pod deleted before its exit frame goes, so the
+/// follower has one request less to make before it can exit. Only the
+/// incarnation followed: a pod of the same name made since is left alone.
+/// False when nothing was deleted; the follower then deletes it itself.
+async fn remove(state: &ApiState, who: &Identity, pod: &Pod) -> bool {
+    let (name, uid, who) = (pod.metadata.name.clone(), pod.metadata.uid.clone(), who.clone());
+    let deleted = state
+        .store
+        .write(move |t| match t.get::<Pod>(&name)? {
+            Some(p) if p.metadata.uid == uid => pods::delete(t, &who, &name).map(|_| true),
+            _ => Ok::<bool, ClusterError>(false),
+        })
+        .await;
+    deleted.unwrap_or_else(|e| {
+        tracing::warn!(pod = %pod.metadata.name, error = %e, "the finished pod could not be deleted as its run asked; the follower deletes it");
+        false
+    })
 }
 
 enum Chunk {
@@ -256,7 +281,7 @@ async fn open_output(state: Arc<ApiState>, pod: Pod, container: String) -> (Outp
 }
 
 async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop: watch::Receiver<bool>) {
-    let Attach { mut pod, container, known_version, offset, mut watch, holder } = attach;
+    let Attach { mut pod, container, known_version, offset, mut watch, holder, remove_as } = attach;
     let name = pod.metadata.name.clone();
     let mut version = pod.metadata.resource_version.unwrap_or(0);
     if known_version.is_none_or(|k| k < version) {
@@ -284,7 +309,11 @@ async fn follow(state: Arc<ApiState>, attach: Attach, mut out: Frames, mut stop:
                         return;
                     }
                 }
-                let _ = out.send(&exit_frame(&pod, &container)).await;
+                let removed = match &remove_as {
+                    Some(who) => remove(&state, who, &pod).await,
+                    None => false,
+                };
+                let _ = out.send(&exit_frame(&pod, &container, removed)).await;
                 return;
             }
         }

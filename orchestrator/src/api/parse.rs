@@ -56,6 +56,8 @@ pub enum Action {
         container: Option<String>,
         known_version: Option<u64>,
         offset: u64,
+        /// Delete the pod once it finished, before the exit frame (`run --rm`).
+        rm: bool,
     },
     ExecPod {
         name: String,
@@ -210,6 +212,7 @@ pub fn parse(
             container: q.get("container").filter(|c| !c.is_empty()).map(str::to_string),
             known_version: q.number("resourceVersion")?,
             offset: q.number("offset")?.unwrap_or(0),
+            rm: q.flag("rm")?,
         },
         RouteId::ExecPod => {
             let name = name()?;

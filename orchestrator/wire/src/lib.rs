@@ -913,10 +913,21 @@ impl Client {
     /// `GET /api/v1/pods/{name}/attach`: the pod's status frames newer than
     /// `from`, its output after `offset` bytes, then its exit. Over HTTP/2 it
     /// shares the connection of the create before it (no new handshake).
-    pub async fn attach_pod(&self, name: &str, from: Option<u64>, offset: u64) -> Result<AttachStream, ClientError> {
+    /// With `rm` the server deletes the pod once it finished, before the
+    /// exit frame, which then says `removed`.
+    pub async fn attach_pod(
+        &self,
+        name: &str,
+        from: Option<u64>,
+        offset: u64,
+        rm: bool,
+    ) -> Result<AttachStream, ClientError> {
         let mut path = format!("/api/v1/pods/{}/attach?offset={offset}", percent_encode(name));
         if let Some(v) = from {
             path.push_str(&format!("&resourceVersion={v}"));
+        }
+        if rm {
+            path.push_str("&rm=true");
         }
         Ok(FrameStream::new(self.open_stream(&path, true).await?, "attach frame"))
     }
