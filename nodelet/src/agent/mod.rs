@@ -312,6 +312,14 @@ pub async fn run(
         while let Ok(ev) = events.try_recv() {
             batch.push(ev);
         }
+        // Before the pass: a runtime's slow first step overlaps the checkpoint.
+        let arrived = |e: &Event| match e {
+            Event::Changes(chs) => chs.iter().any(|c| matches!(c, DesiredChange::Apply { .. })),
+            _ => false,
+        };
+        if batch.iter().any(arrived) {
+            exec.runtime.expect_start();
+        }
         for a in plan::plan_batch(&mut state, batch, Instant::now()) {
             exec.spawn(a);
         }

@@ -50,7 +50,7 @@ pub fn agent_running(data_dir: &Path) -> Option<bool> {
 /// At most this many status file writes a second: the file is for people and
 /// scripts, and with jobs finishing by the thousand a write per change (every
 /// pod, pretty-printed) would take the CPU the pods' starts need.
-const WRITES_PER_SECOND: u32 = 20;
+const WRITES_PER_SECOND: u32 = 10;
 
 /// Writes the reports published on `rx` to `<data>/status.json`, the latest
 /// one when several came meanwhile, until the sender is gone. A file that
@@ -64,6 +64,11 @@ pub(super) async fn follow(
     lock: std::sync::Arc<std::sync::Mutex<()>>,
 ) {
     while rx.changed().await.is_ok() {
+        // The pause comes before the write: a pod's start is a burst of
+        // changes on the agent's reserved CPU, and writing the first at once
+        // competes with the start for that CPU (a one-liner's whole start
+        // fits in the pause; it is written once, after).
+        tokio::time::sleep(std::time::Duration::from_secs(1) / WRITES_PER_SECOND).await;
         let report = rx.borrow_and_update().clone();
         let dir = data_dir.clone();
         let lock = lock.clone();
@@ -76,8 +81,6 @@ pub(super) async fn follow(
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the status file"),
             Err(e) => tracing::warn!(error = %e, "status file writer failed"),
         }
-        // What changes meanwhile is written once, after the pause.
-        tokio::time::sleep(std::time::Duration::from_secs(1) / WRITES_PER_SECOND).await;
     }
 }
 

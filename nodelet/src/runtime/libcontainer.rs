@@ -16,6 +16,7 @@ mod exec_userns;
 pub mod filter;
 pub mod image;
 pub(crate) mod logs;
+pub(crate) mod moves;
 pub(crate) mod net;
 pub mod records;
 pub mod rootfs;
@@ -62,6 +63,9 @@ pub struct LibcontainerRuntime {
     host: Arc<dyn Host>,
     /// Seccomp programs compiled so far (see [`filter`]).
     filters: filter::Filters,
+    /// Keeps the kernel's cgroup-move lock ready while a start is in flight
+    /// (see [`moves`]); a no-op on a test's host double.
+    moves: moves::Warmer,
 }
 
 fn cerr(id: &str, message: impl Into<String>) -> RuntimeError {
@@ -89,7 +93,9 @@ impl LibcontainerRuntime {
     /// `shim_exe` is the `pinion` binary (run as `pinion shim`). Creates the data
     /// directories and removes containers whose creation never finished.
     pub fn new(data_dir: &Path, shim_exe: &Path) -> Result<Self, RuntimeError> {
-        Self::with_host(data_dir, shim_exe, Arc::new(RealHost))
+        let mut rt = Self::with_host(data_dir, shim_exe, Arc::new(RealHost))?;
+        rt.moves = moves::Warmer::for_host();
+        Ok(rt)
     }
 
     /// [`Self::new`] with its cgroup and mount calls made on `host`.
@@ -112,6 +118,7 @@ impl LibcontainerRuntime {
             cgroups: cgroups::Parent::default_parent(),
             host,
             filters: filter::Filters::default(),
+            moves: moves::Warmer::default(),
         };
         for id in rt.sweep()? {
             tracing::warn!(id, "removed a container whose creation did not finish");
@@ -351,6 +358,9 @@ impl LibcontainerRuntime {
     ) -> Result<(), RuntimeError> {
         let id = cfg.id.as_str();
         check_id(id)?;
+        // Until the shim reported: the container's move into its cgroups is
+        // in there (libcontainer's intermediate process).
+        let _moves = self.moves.hold();
         let dir = self.layout.container(id);
         if dir.exists() || self.layout.state_root().join(id).exists() {
             return Err(cerr(id, "a container with this id already exists"));
@@ -689,6 +699,10 @@ impl Runtime for LibcontainerRuntime {
 
     fn start(&self, cfg: &ContainerConfig, trace: &mut StartTrace) -> Result<(), RuntimeError> {
         self.start_gated(cfg, trace, None)
+    }
+
+    fn expect_start(&self) {
+        self.moves.expect();
     }
 
     fn start_when_ready(

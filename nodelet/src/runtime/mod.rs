@@ -272,6 +272,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// nothing is left behind (no state dir, cgroup, mount or process). The
     /// runtime stamps the steps of its own in `trace` (the pod-start metrics).
     fn start(&self, cfg: &ContainerConfig, trace: &mut crate::metrics::StartTrace) -> Result<(), RuntimeError>;
+    /// A pod arrived and may start soon: a runtime whose starts wait on
+    /// something slow gets it going (see `libcontainer::moves`). Never blocks.
+    fn expect_start(&self) {}
     /// `start`, calling `ready` once all that does not need the pod's
     /// network is done (the bundle, the image's overlay) and nothing runs
     /// yet: the agent makes the network meanwhile, off the start's critical

@@ -130,6 +130,9 @@ impl LibcontainerRuntime {
         stdin: Stdin,
     ) -> Result<ExecProcess, RuntimeError> {
         check_id(id)?;
+        // Until the helper said it started: its move into the container's
+        // cgroups is in there (see `moves`).
+        let _moves = self.moves.hold();
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {
             return Err(cerr(id, "cannot exec: the container is not running"));
         }
