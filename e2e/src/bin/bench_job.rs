@@ -36,9 +36,15 @@
 //!    interleaved, N times each: from the client's spawn to both ranks' lines
 //!    read from its stdout, and to its exit.
 //!
-//! Usage (as root): `bench_job [--runs N] [--queue N] [--queue-rounds N]
-//! [--hollow-jobs N] [--two-nodes N] [--pinion PATH] [--no-slurm] [--no-runc]`
-//! (defaults 50, 200, 1, 1000, none, `target/release/pinion`).
+//! `--pause-ms N` waits N ms before each one-liner: every start then comes
+//! to an idle host, none within a second of another (the agent keeps the
+//! kernel's cgroup-move lock ready for a second after a start, which would
+//! otherwise serve the peers' runs between its own too).
+//!
+//! Usage (as root): `bench_job [--runs N] [--pause-ms N] [--queue N]
+//! [--queue-rounds N] [--hollow-jobs N] [--two-nodes N] [--pinion PATH]
+//! [--no-slurm] [--no-runc]` (defaults 50, 0, 200, 1, 1000, none,
+//! `target/release/pinion`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -52,6 +58,7 @@ use e2e::up::{timed, Up};
 
 struct Opts {
     runs: usize,
+    pause: Duration,
     queue: usize,
     queue_rounds: usize,
     hollow_jobs: usize,
@@ -64,6 +71,7 @@ struct Opts {
 fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts {
         runs: 50,
+        pause: Duration::ZERO,
         queue: 200,
         queue_rounds: 1,
         hollow_jobs: 1000,
@@ -76,6 +84,7 @@ fn opts() -> anyhow::Result<Opts> {
     while let Some(a) = args.flag() {
         match a.as_str() {
             "--runs" => o.runs = args.num("--runs")?,
+            "--pause-ms" => o.pause = Duration::from_millis(args.num("--pause-ms")? as u64),
             "--queue" => o.queue = args.num("--queue")?,
             "--queue-rounds" => o.queue_rounds = args.num("--queue-rounds")?.max(1),
             "--hollow-jobs" => o.hollow_jobs = args.num("--hollow-jobs")?,
@@ -140,13 +149,15 @@ struct OneLiner {
     runc_equal: Vec<f64>,
 }
 
-fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow::Result<OneLiner> {
+fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize, pause: Duration) -> anyhow::Result<OneLiner> {
     let pinion_run = || {
+        std::thread::sleep(pause);
         let mut c = up.cmd();
         c.args(["run", "bj", "--cpus", "1", "--memory", "64Mi", "--rm", "--", "true"]);
         c
     };
     let srun = |s: &Slurm| {
+        std::thread::sleep(pause);
         let mut c = s.command("srun");
         c.args(["--cpu-bind=cores", "-c1", "--mem=64", "true"]);
         c
@@ -158,6 +169,7 @@ fn one_liner(up: &Up, slurm: Option<&Slurm>, runc: bool, runs: usize) -> anyhow:
     let mut runc_run = |b: &Path| -> anyhow::Result<f64> {
         n += 1;
         let id = format!("pinion-bench-{}-{n}", std::process::id());
+        std::thread::sleep(pause);
         let ms = timed(Command::new("runc").args(["run", "--bundle"]).arg(b).arg(&id));
         let _ = Command::new("runc").args(["delete", "-f", &id]).output();
         ms
@@ -511,7 +523,7 @@ fn main() -> anyhow::Result<()> {
     let load_before = load_average();
 
     let up = Up::start(&o.pinion, &["--reserved-cpus", "0"])?;
-    let one = one_liner(&up, slurm.as_ref(), o.runc, o.runs)?;
+    let one = one_liner(&up, slurm.as_ref(), o.runc, o.runs, o.pause)?;
     let (pq, sq) = {
         let pq = pinion_queue(&up, "q", o.queue)?;
         let sq = match &slurm {
@@ -532,6 +544,7 @@ fn main() -> anyhow::Result<()> {
         let sl = Slurm::start("0", Tuning::AsInstalled, Duration::from_secs(60))?;
         let mut runs = Vec::new();
         for i in 0..o.runs + 3 {
+            std::thread::sleep(o.pause);
             let ms = timed(sl.command("srun").args(["--cpu-bind=cores", "-c1", "--mem=64", "true"]))?;
             if i >= 3 {
                 runs.push(ms);
@@ -557,7 +570,10 @@ fn main() -> anyhow::Result<()> {
     let load_after = load_average();
 
     println!("job path, one pass (load average {load_before:.2} before, {load_after:.2} after)");
-    println!("1. one-liner, {} runs each, interleaved", o.runs);
+    match o.pause.as_millis() {
+        0 => println!("1. one-liner, {} runs each, interleaved", o.runs),
+        ms => println!("1. one-liner, {} runs each, interleaved, each after {ms} ms idle", o.runs),
+    }
     let ps = Summary::of(&one.pinion);
     println!("{}", line("pinion run --cpus 1 --rm -- true", &ps));
     if !one.srun.is_empty() {
