@@ -5,7 +5,7 @@
 //! libcontainer makes for each new container) takes the kernel's one global
 //! `cgroup_threadgroup_rwsem` for writing. Unless a cgroup hierarchy is
 //! mounted with `favordynmods`, taking it from idle first waits for an RCU
-//! grace period: 6-13 ms on this project's build host, on every container's
+//! grace period: 6-27 ms on this project's build host, on every container's
 //! start path (`BENCHMARKS.md`). Once taken, the lock stays on its writers'
 //! fast path for about one more grace period. So while a start is in flight
 //! a thread of the agent moves the agent into the cgroup it is already in
