@@ -131,8 +131,10 @@ impl LibcontainerRuntime {
     ) -> Result<ExecProcess, RuntimeError> {
         check_id(id)?;
         // Until the helper said it started: its move into the container's
-        // cgroups is in there (see `moves`).
-        let _moves = self.moves.hold();
+        // cgroups is in there (see `moves`). Not for a probe: probes come
+        // every few seconds from every probed pod and wait on nobody, and
+        // would keep the warming on for good.
+        let _moves = (!on_reserved).then(|| self.moves.hold());
         if !matches!(self.state(id)?, ContainerState::Running { .. }) {
             return Err(cerr(id, "cannot exec: the container is not running"));
         }

@@ -13,8 +13,9 @@
 //! waits out the grace period beside the start's other steps, and the
 //! container's own move finds the lock ready. The warming starts when a pod
 //! arrives (`Runtime::expect_start`), before its checkpoint, and goes on for
-//! `AFTER` past the last start: the next start of an array, a queue or a
-//! script's loop finds the lock ready, and an idle node does nothing.
+//! `AFTER` past the last start (or `pinion exec`; not an exec probe, which
+//! waits on nobody): the next start of an array, a queue or a script's loop
+//! finds the lock ready, and an idle node does nothing.
 //!
 //! What it costs is what `favordynmods` costs a host all the time: meanwhile
 //! forks and exits take the lock's slower read path, and the agent's thread
