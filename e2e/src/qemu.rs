@@ -36,6 +36,17 @@ pub struct Boot {
     pub stalled_before_script: bool,
 }
 
+impl Boot {
+    /// The guest's kernel panicked before `/init` started the script (the
+    /// guest then powers off at once, `panic=-1`): nothing of the project ran.
+    pub fn panicked_before_script(&self) -> bool {
+        match self.serial.find("Kernel panic") {
+            Some(at) => !self.serial[..at].contains(SCRIPT_STARTED),
+            None => false,
+        }
+    }
+}
+
 /// The guest's kernel, from Debian's packages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -197,6 +208,26 @@ mod tests {
                 ("pinion_nodes_used".to_string(), "2 0; 1 1;".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn a_panic_counts_only_before_the_script_started() {
+        let boot = |serial: &str| Boot {
+            serial: serial.into(),
+            wall: Duration::ZERO,
+            timed_out: false,
+            exit_ok: true,
+            stalled_before_script: false,
+        };
+        let cases = [
+            ("[ 9.3] RIP: sched_clock_cpu\n[ 9.38] Kernel panic - not syncing: Fatal exception in interrupt\n", true),
+            ("init: running /tmp/pinion-out/run\n[ 60.1] Kernel panic - not syncing: oom\n", false),
+            ("init: running /tmp/pinion-out/run\nPASS\n", false),
+            ("", false),
+        ];
+        for (serial, expected) in cases {
+            assert_eq!(boot(serial).panicked_before_script(), expected, "{serial:?}");
+        }
     }
 
     #[test]

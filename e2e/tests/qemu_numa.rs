@@ -88,20 +88,26 @@ fn run_guest(kernel: Kernel) -> anyhow::Result<Option<Vec<(String, String)>>> {
     let script_within = seconds_from_env("PINION_QEMU_SCRIPT_WITHIN_S", SCRIPT_WITHIN)?;
     let read = |name: &str| std::fs::read_to_string(out.path().join(name)).unwrap_or_default();
     let mut boot = guest.boot(out.path(), timeout, script_within, &[])?;
-    // Two ways the emulated machine has failed before any of Pinion ran, each
+    // Three ways the emulated machine has failed before any of Pinion ran, each
     // worth one more boot: QEMU's software emulation aborted on its own assertion
-    // (once, in CI: msix_table_mmio_write, under load), or the kernel stalled
-    // in its first second and never reached /init (once, in CI). The second boot
-    // prints the kernel's messages, so a stall that repeats shows where. A guest
-    // whose script ran and failed is never booted again.
+    // (once, in CI: msix_table_mmio_write, under load), the kernel stalled
+    // in its first second and never reached /init (once, in CI), or the kernel
+    // panicked while booting (once, here: 6.12 PREEMPT_RT, a fatal exception
+    // in the timer interrupt 9 s in). The second boot prints the kernel's
+    // messages, so a failure that repeats shows where. A guest whose script ran
+    // and failed is never booted again.
     let emulator_aborted =
         !boot.timed_out && !boot.exit_ok && read("log").is_empty() && boot.serial.contains("Assertion");
-    if emulator_aborted || boot.stalled_before_script {
-        eprintln!(
-            "the guest never ran its script ({}); booting once more:\n{}",
-            if emulator_aborted { "a QEMU assertion" } else { "no /init within the deadline" },
-            tail(&boot.serial, 5)
-        );
+    let kernel_panicked = read("log").is_empty() && boot.panicked_before_script();
+    if emulator_aborted || boot.stalled_before_script || kernel_panicked {
+        let why = if emulator_aborted {
+            "a QEMU assertion"
+        } else if kernel_panicked {
+            "the guest's kernel panicked while booting"
+        } else {
+            "no /init within the deadline"
+        };
+        eprintln!("the guest never ran its script ({why}); booting once more:\n{}", tail(&boot.serial, 5));
         boot = guest.boot(out.path(), timeout, script_within, &["loglevel=7"])?;
     }
     let verdict = read("verdict");
