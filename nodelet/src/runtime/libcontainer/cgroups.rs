@@ -96,6 +96,17 @@ pub(crate) fn settle_parent_on(host: &dyn Host, pid: u32) -> Result<Parent, Stri
     Ok(Parent { path: delegated.join("pods"), delegated: true })
 }
 
+/// This process's own `cgroup.procs` on the unified hierarchy:
+/// `/sys/fs/cgroup` on a v2 host, its `unified` folder on a hybrid one; none
+/// on a host without it. (The agent moves itself there to keep the kernel's
+/// cgroup-move lock ready, `moves`: the lock is one for every hierarchy.)
+pub(crate) fn own_procs(host: &dyn Host) -> Option<PathBuf> {
+    let own = unified_path(&host.read_file(Path::new("/proc/self/cgroup")).ok()?)?;
+    let root = if host.cgroup_v2_only() { PathBuf::from(ROOT) } else { Path::new(ROOT).join("unified") };
+    let procs = root.join(rel(&own)).join("cgroup.procs");
+    host.is_file(&procs).then_some(procs)
+}
+
 /// This process's cgroup on the unified hierarchy (the `0::PATH` line).
 fn unified_path(proc_self_cgroup: &str) -> Option<PathBuf> {
     proc_self_cgroup.lines().find_map(|l| l.strip_prefix("0::")).map(|p| PathBuf::from(p.trim()))
@@ -550,6 +561,29 @@ mod tests {
         // The unit's cgroup still holds a process: enabling is refused.
         let busy = delegated_host(svc, svc).fail_call(2, Errno::EBUSY);
         check(busy, Err("a delegated cgroup must hold no process but the agent"), &into_subtree[..3]);
+    }
+
+    #[test]
+    fn the_agents_own_cgroup_procs_is_on_the_unified_hierarchy() {
+        let own = "/proc/self/cgroup";
+        let cases: [(Recorder, Option<&str>); 5] = [
+            (
+                Recorder::v2().file(own, "0::/system.slice/x\n").file("/sys/fs/cgroup/system.slice/x/cgroup.procs", ""),
+                Some("/sys/fs/cgroup/system.slice/x/cgroup.procs"),
+            ),
+            (Recorder::v2().file(own, "0::/\n"), Some("/sys/fs/cgroup/cgroup.procs")),
+            // Hybrid: the unified hierarchy's folder.
+            (
+                Recorder::v1().file(own, "4:pids:/\n0::/\n").file("/sys/fs/cgroup/unified/cgroup.procs", ""),
+                Some("/sys/fs/cgroup/unified/cgroup.procs"),
+            ),
+            // v1 only, or a cgroup not there (another cgroup namespace): none.
+            (Recorder::v1().file(own, "4:pids:/\n0::/\n"), None),
+            (Recorder::v2().file(own, "0::/gone\n"), None),
+        ];
+        for (host, want) in cases {
+            assert_eq!(own_procs(&host), want.map(PathBuf::from));
+        }
     }
 
     #[test]

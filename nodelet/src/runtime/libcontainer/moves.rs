@@ -25,11 +25,8 @@
 use std::fs::File;
 use std::io;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-use crate::host::unescape_mountinfo;
 
 /// How often the lock is taken while a start is in flight: well within the
 /// grace period it stays ready for after each.
@@ -74,37 +71,28 @@ pub struct Hold {
 }
 
 impl Warmer {
-    /// The warmer of this host: moves into the agent's own cgroup, or none
-    /// when a hierarchy is already mounted `favordynmods` or no cgroup of
-    /// this process can be found.
+    /// The warmer of this host: moves into the agent's own cgroup on the
+    /// unified hierarchy, or none when a hierarchy is already mounted
+    /// `favordynmods` or the agent has no such cgroup (a v1-only host).
     pub fn for_host() -> Warmer {
-        let (Ok(mountinfo), Ok(cgroup)) =
-            (std::fs::read_to_string("/proc/self/mountinfo"), std::fs::read_to_string("/proc/self/cgroup"))
-        else {
-            return Warmer::default();
-        };
-        if favors_dynmods(&mountinfo) {
+        let host = crate::host::RealHost;
+        if std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| favors_dynmods(&m)) {
             tracing::debug!("a cgroup hierarchy is mounted favordynmods: no warming of cgroup moves");
             return Warmer::default();
         }
-        if own_procs(&mountinfo, &cgroup).is_none() {
+        if super::cgroups::own_procs(&host).is_none() {
             return Warmer::default();
         }
         let mut open: Option<File> = None;
         Warmer::with(move |first| {
             // Found again at each burst: the agent may have moved itself since.
             if first || open.is_none() {
-                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-                let cgroup = std::fs::read_to_string("/proc/self/cgroup")?;
-                let procs = own_procs(&mountinfo, &cgroup)
+                let procs = super::cgroups::own_procs(&host)
                     .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "this process's cgroup"))?;
                 open = Some(std::fs::OpenOptions::new().write(true).open(procs)?);
             }
             // "0" is the writer itself: the agent, into where it already is.
-            match &mut open {
-                Some(f) => f.write_all(b"0"),
-                None => Ok(()),
-            }
+            open.as_mut().map_or(Ok(()), |f| f.write_all(b"0"))
         })
     }
 
@@ -185,69 +173,13 @@ fn warm(shared: &Arc<Shared>, mut mv: impl FnMut(bool) -> io::Result<()>) {
 
 /// Whether a cgroup hierarchy is mounted with `favordynmods`: the kernel then
 /// keeps the move lock's fast path open itself (the flag is the lock's, so
-/// one hierarchy is enough).
+/// one hierarchy is enough). Reads mountinfo's super options, after " - ".
 fn favors_dynmods(mountinfo: &str) -> bool {
-    mountinfo.lines().filter_map(cgroup_mount).any(|m| m.super_options.split(',').any(|o| o == "favordynmods"))
-}
-
-struct CgroupMount<'a> {
-    /// The hierarchy's path at this mount's root.
-    root: String,
-    mount_point: String,
-    v2: bool,
-    super_options: &'a str,
-}
-
-/// A mountinfo line of a cgroup (v1 or v2) mount.
-fn cgroup_mount(line: &str) -> Option<CgroupMount<'_>> {
-    let (before, after) = line.split_once(" - ")?;
-    let fields: Vec<&str> = before.split(' ').collect();
-    let mut after = after.split(' ');
-    let fstype = after.next()?;
-    let _source = after.next()?;
-    let super_options = after.next().unwrap_or("");
-    let v2 = match fstype {
-        "cgroup2" => true,
-        "cgroup" => false,
-        _ => return None,
-    };
-    Some(CgroupMount {
-        root: unescape_mountinfo(fields.get(3)?),
-        mount_point: unescape_mountinfo(fields.get(4)?),
-        v2,
-        super_options,
+    mountinfo.lines().filter_map(|l| l.split_once(" - ")).any(|(_, fs)| {
+        let mut f = fs.split(' ');
+        let (kind, options) = (f.next(), f.nth(1));
+        matches!(kind, Some("cgroup" | "cgroup2")) && options.is_some_and(|o| o.split(',').any(|o| o == "favordynmods"))
     })
-}
-
-/// The `cgroup.procs` of this process's own cgroup in a mounted hierarchy:
-/// the v2 one when mounted, else a v1 one (any will do: the lock is shared).
-fn own_procs(mountinfo: &str, proc_self_cgroup: &str) -> Option<PathBuf> {
-    let mounts: Vec<CgroupMount<'_>> = mountinfo.lines().filter_map(cgroup_mount).collect();
-    let mut found = None;
-    for line in proc_self_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
-        let mount = mounts.iter().find(|m| {
-            if id == "0" && controllers.is_empty() {
-                m.v2
-            } else {
-                // A named hierarchy (`name=systemd`) has no controller to move with; skip it.
-                !m.v2
-                    && !controllers.is_empty()
-                    && !controllers.starts_with("name=")
-                    && controllers.split(',').all(|c| m.super_options.split(',').any(|o| o == c))
-            }
-        });
-        let Some(m) = mount else { continue };
-        // The cgroup as seen from this mount's root (a mount of a subtree).
-        let Ok(inside) = Path::new(path).strip_prefix(&m.root) else { continue };
-        let procs = Path::new(&m.mount_point).join(inside).join("cgroup.procs");
-        if m.v2 {
-            return Some(procs);
-        }
-        found.get_or_insert(procs);
-    }
-    found
 }
 
 #[cfg(test)]
@@ -256,45 +188,20 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Instant;
 
-    const HYBRID: &str = "\
-25 30 0:22 / /sys rw,nosuid - sysfs sysfs rw
-33 25 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
-34 33 0:29 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate
-35 33 0:30 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
-36 33 0:31 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
-37 33 0:32 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
-";
-
     #[test]
-    fn the_own_cgroup_is_found_in_v2_first_then_v1() {
-        let cases: &[(&str, &str, Option<&str>)] = &[
-            // Hybrid: the unified hierarchy wins.
-            (
-                HYBRID,
-                "2:pids:/user.slice\n1:name=systemd:/user.slice\n0::/user.slice/a\n",
-                Some("/sys/fs/cgroup/unified/user.slice/a/cgroup.procs"),
-            ),
-            // v1 only: a controller's hierarchy, never the named one; joint controllers match their mount.
-            (
-                &HYBRID.replace("cgroup2 cgroup2", "tmpfs tmpfs"),
-                "3:cpu,cpuacct:/x\n1:name=systemd:/y\n0::/\n",
-                Some("/sys/fs/cgroup/cpu,cpuacct/x/cgroup.procs"),
-            ),
-            // A mount of a subtree: the path is taken from its root.
-            (
-                "40 1 0:33 /pinion /mnt/cg rw - cgroup2 cgroup2 rw\n",
-                "0::/pinion/supervisor\n",
-                Some("/mnt/cg/supervisor/cgroup.procs"),
-            ),
-            // Outside the mounted subtree, or no cgroup mount at all: none.
-            ("40 1 0:33 /pinion /mnt/cg rw - cgroup2 cgroup2 rw\n", "0::/other\n", None),
-            ("25 30 0:22 / /sys rw - sysfs sysfs rw\n", "0::/\n", None),
+    fn favordynmods_is_read_from_a_cgroup_mounts_super_options() {
+        let mountinfo = |line: &str| format!("25 30 0:22 / /sys rw,nosuid - sysfs sysfs rw\n{line}\n");
+        let cases = [
+            ("34 33 0:29 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate,favordynmods", true),
+            ("37 33 0:32 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids,favordynmods", true),
+            ("34 33 0:29 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate", false),
+            // Another file system's option of that name, or the word in a mount point.
+            ("40 1 0:40 / /mnt rw - tmpfs tmpfs rw,favordynmods", false),
+            ("41 1 0:41 / /favordynmods rw - cgroup2 cgroup2 rw", false),
         ];
-        for (mountinfo, cgroup, expected) in cases {
-            assert_eq!(own_procs(mountinfo, cgroup), expected.map(PathBuf::from), "{cgroup:?}");
+        for (line, expected) in cases {
+            assert_eq!(favors_dynmods(&mountinfo(line)), expected, "{line}");
         }
-        assert!(!favors_dynmods(HYBRID));
-        assert!(favors_dynmods(&HYBRID.replace("rw,nsdelegate", "rw,nsdelegate,favordynmods")));
     }
 
     /// Waits until `f` holds, within a generous bound.
