@@ -187,15 +187,9 @@ fn exit_frame(pod: &Pod, container: &str, removed: bool) -> AttachFrame {
 /// incarnation followed: a pod of the same name made since is left alone.
 /// False when nothing was deleted; the follower then deletes it itself.
 async fn remove(state: &ApiState, who: &Identity, pod: &Pod) -> bool {
-    let (name, uid, who) = (pod.metadata.name.clone(), pod.metadata.uid.clone(), who.clone());
-    let deleted = state
-        .store
-        .write(move |t| match t.get::<Pod>(&name)? {
-            Some(p) if p.metadata.uid == uid => pods::delete(t, &who, &name).map(|_| true),
-            _ => Ok::<bool, ClusterError>(false),
-        })
-        .await;
-    deleted.unwrap_or_else(|e| {
+    let (name, uid, who) = (pod.metadata.name.clone(), pod.metadata.uid.clone().unwrap_or_default(), who.clone());
+    let deleted = state.store.write(move |t| pods::delete_finished(t, &who, &name, &uid)).await;
+    deleted.map(|p| p.is_some()).unwrap_or_else(|e: ClusterError| {
         tracing::warn!(pod = %pod.metadata.name, error = %e, "the finished pod could not be deleted as its run asked; the follower deletes it");
         false
     })

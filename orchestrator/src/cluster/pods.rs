@@ -269,6 +269,15 @@ pub fn say_waiting(t: &mut Txn<'_>, name: &str, why: &Waiting) -> Result<bool, C
     Ok(true)
 }
 
+/// A finished pod `id` asked to be deleted at its end (`run --rm`, through its
+/// attach stream), if `id` may delete it; `None`, as `remove_finished`, when
+/// the pod of that name is another incarnation or not finished.
+pub fn delete_finished(t: &mut Txn<'_>, id: &Identity, name: &str, uid: &str) -> Result<Option<Pod>, ClusterError> {
+    let Some(pod) = t.get::<Pod>(name)? else { return Ok(None) };
+    authorize(id, Request::Owned { kind: "Pod", name, owner: pod.metadata.owner.as_deref(), access: Access::Write })?;
+    remove_finished(t, name, uid)
+}
+
 /// A finished pod's time to live ran out: it goes, with its events. `None`
 /// when the pod of that name is another incarnation (`uid`) or not finished.
 pub fn remove_finished(t: &mut Txn<'_>, name: &str, uid: &str) -> Result<Option<Pod>, ClusterError> {
