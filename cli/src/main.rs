@@ -183,14 +183,14 @@ fn main() -> ExitCode {
     }))
 }
 
-/// One clear line on stderr and a non-zero exit; commands that mirror another
-/// process's exit code (`run`) return it as `Ok(code)`.
 /// A container's PID 1 forks its command: no threads may exist yet.
 fn init(command: &[String]) -> ExitCode {
     let code = nodelet::runtime::init::run(command);
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// One clear line on stderr and a non-zero exit; commands that mirror another
+/// process's exit code (`run`) return it as `Ok(code)`.
 fn report(r: anyhow::Result<ExitCode>) -> ExitCode {
     match r {
         Ok(code) => code,

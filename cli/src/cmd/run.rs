@@ -693,9 +693,8 @@ impl Sink for Stdout {
 /// Follows one pod to its end over attach streams, reconnecting (from the
 /// last version and output offset) when a stream breaks or falls silent;
 /// returns the command's exit code (1 for a pod that failed without one,
-/// after saying why).
-/// Follows one pod to its end: its exit code, and whether the server deleted
-/// it (asked with `rm`).
+/// after saying why), and whether the server deleted the pod at its end
+/// (asked with `rm`).
 async fn follow(
     client: &Client,
     created: &Pod,
