@@ -922,7 +922,8 @@ fn a_failing_liveness_probe_restarts_the_container() {
 }
 
 /// Issue 29: an exec probe of a pod pinned to CPU 1 runs on the reserved
-/// CPU 0 (never on the pod's), inside the container (it sees its /tmp).
+/// CPU 0 (never on the pod's), inside the container (it sees its /tmp). The
+/// probe renames its file into place: the container must never read it empty.
 #[test]
 fn an_exec_probe_runs_on_the_reserved_cpus_not_the_pods() {
     let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
@@ -930,7 +931,7 @@ fn an_exec_probe_runs_on_the_reserved_cpus_not_the_pods() {
     let pid = std::process::id();
     let name = format!("pinned-probe-{pid}");
     let yaml = format!(
-        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, 'grep Cpus_allowed_list /proc/self/status; while ! test -f /tmp/probe-cpus; do sleep 0.2; done; sed s/^/probe-/ /tmp/probe-cpus; exec sleep 1000']\n    resources: {{limits: {{cpu: \"1\", memory: 64Mi}}}}\n    readinessProbe:\n      exec: {{command: [sh, -c, \"grep Cpus_allowed_list /proc/self/status > /tmp/probe-cpus\"]}}\n      periodSeconds: 1\n"
+        "apiVersion: pinion.io/v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  restartPolicy: Always\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    rootfs: host\n    command: [sh, -c, 'grep Cpus_allowed_list /proc/self/status; while ! test -f /tmp/probe-cpus; do sleep 0.2; done; sed s/^/probe-/ /tmp/probe-cpus; exec sleep 1000']\n    resources: {{limits: {{cpu: \"1\", memory: 64Mi}}}}\n    readinessProbe:\n      exec: {{command: [sh, -c, \"grep Cpus_allowed_list /proc/self/status > /tmp/probe-cpus.t && mv /tmp/probe-cpus.t /tmp/probe-cpus\"]}}\n      periodSeconds: 1\n"
     );
     h.write(&name, &yaml);
     h.start_agent();
