@@ -8,10 +8,9 @@
 #                          minimal Debian 12 (no browser, MPI, etcd or registry)
 set -euo pipefail
 # libseccomp-dev, pkg-config: libcontainer's seccomp; libelf-dev, zlib1g-dev: libbpf
-# (built by libbpf-sys) for the cgroup v2 device filter; protobuf-compiler: protoc,
-# which the etcd-client crate's build runs; containernetworking-plugins
+# (built by libbpf-sys) for the cgroup v2 device filter; containernetworking-plugins
 # (/usr/lib/cni) and iptables (the bridge plugin's ipMasq): the default pod network.
-run_pkgs=(libseccomp-dev pkg-config libelf-dev zlib1g-dev protobuf-compiler containernetworking-plugins iptables)
+run_pkgs=(libseccomp-dev pkg-config libelf-dev zlib1g-dev containernetworking-plugins iptables)
 case "${1:-}" in
   --run) test_pkgs=() ;;
   "") test_pkgs=(numactl faketime python3-venv hwloc-nox etcd-server etcd-client openmpi-bin libopenmpi-dev chromium iputils-ping docker-registry skopeo apache2-utils umoci) ;;

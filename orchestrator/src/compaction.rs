@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use etcd_client::Client;
+use crate::etcdv3::Client;
 use tokio::sync::watch;
 
 use crate::leader::Term;
@@ -21,7 +21,7 @@ use crate::store::etcd::bounded;
 
 /// Runs until `shutdown` turns true (or its sender goes).
 pub async fn run(
-    mut client: Client,
+    client: Client,
     interval: Duration,
     request_timeout: Duration,
     terms: watch::Receiver<Option<Term>>,
@@ -43,15 +43,15 @@ pub async fn run(
             continue;
         };
         // Any read answers with etcd's newest revision.
-        let now = match bounded(request_timeout, client.get(term.key, None)).await {
-            Ok(resp) => resp.header().map_or(0, |h| h.revision()),
+        let now = match bounded(request_timeout, client.get(term.key)).await {
+            Ok(resp) => resp.revision(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read etcd's revision to compact its history; trying at the next interval");
                 continue;
             }
         };
         if let Some(at) = noted.filter(|&at| at > 0) {
-            match bounded(request_timeout, client.compact(at, None)).await {
+            match bounded(request_timeout, client.compact(at, false)).await {
                 Ok(_) => tracing::debug!(revision = at, "compacted etcd's history"),
                 // Compacted at or past it already (etcd's own auto-compaction, or a leader before).
                 Err(e) if e.to_string().contains("compacted") => {}
@@ -65,12 +65,12 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcdv3::RangeRequest;
     use crate::testing::etcd::{available, EtcdCluster};
-    use etcd_client::GetOptions;
 
     /// Whether etcd still answers a read at `revision`.
-    async fn readable_at(client: &mut Client, revision: i64) -> bool {
-        match client.get("k", Some(GetOptions::new().with_revision(revision))).await {
+    async fn readable_at(client: &Client, revision: i64) -> bool {
+        match client.range(RangeRequest::key("k").at(revision)).await {
             Ok(_) => true,
             Err(e) if e.to_string().contains("compacted") => false,
             Err(e) => panic!("read at {revision}: {e}"),
@@ -86,9 +86,9 @@ mod tests {
             return;
         }
         let cluster = EtcdCluster::start(1).await.unwrap_or_else(|e| panic!("{test}: {e}"));
-        let mut client = crate::store::etcd::connect(&cluster.config("/t/")).await.expect("connect");
-        let first = client.put("k", "1", None).await.expect("put").header().map_or(0, |h| h.revision());
-        client.put("k", "2", None).await.expect("put");
+        let client = crate::store::etcd::connect(&cluster.config("/t/")).await.expect("connect");
+        let first = client.put("k", "1", 0).await.expect("put").revision();
+        client.put("k", "2", 0).await.expect("put");
         let interval = Duration::from_millis(100);
         let (stop_tx, stop) = watch::channel(false);
 
@@ -96,17 +96,17 @@ mod tests {
         let (terms_tx, terms) = watch::channel(None);
         let task = tokio::spawn(run(client.clone(), interval, Duration::from_secs(2), terms, stop.clone()));
         tokio::time::sleep(interval * 5).await;
-        assert!(readable_at(&mut client, first).await, "a server that does not lead compacted");
+        assert!(readable_at(&client, first).await, "a server that does not lead compacted");
 
         // Leading: within a few intervals the old revision is gone; the newest value stays.
         terms_tx.send_replace(Some(Term { key: b"leader".to_vec(), lease: 1 }));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while readable_at(&mut client, first).await {
+        while readable_at(&client, first).await {
             assert!(tokio::time::Instant::now() < deadline, "the leader did not compact within 10 s");
             tokio::time::sleep(interval).await;
         }
-        let now = client.get("k", None).await.expect("get");
-        assert_eq!(now.kvs().first().map(|kv| kv.value().to_vec()), Some(b"2".to_vec()));
+        let now = client.get("k").await.expect("get");
+        assert_eq!(now.kvs.first().map(|kv| kv.value.clone()), Some(b"2".to_vec()));
 
         stop_tx.send_replace(true);
         tokio::time::timeout(Duration::from_secs(5), task).await.expect("stops on shutdown").expect("task");

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use crate::etcdv3::{Client, Compare, CompareResult, RequestOp, TxnRequest};
 use serde::{Deserialize, Serialize};
 
 use crate::store::etcd::{bounded, CallError};
@@ -50,14 +50,14 @@ struct Identity {
 
 /// Makes `dir` hold the cluster's identity from etcd `key`, creating the
 /// identity there first if no server has. Returns whether this call created it.
-pub async fn share(client: &mut Client, key: &[u8], dir: &Path, limit: Duration) -> Result<bool, IdentityError> {
+pub async fn share(client: &Client, key: &[u8], dir: &Path, limit: Duration) -> Result<bool, IdentityError> {
     let key_name = String::from_utf8_lossy(key).into_owned();
     let crt = dir.join("pki/ca.crt");
     // Two tries: the second only after losing a race against another server's first start.
     for _ in 0..2 {
-        let got = bounded(limit, client.get(key, None)).await?;
-        if let Some(kv) = got.kvs().first() {
-            let identity: Identity = serde_json::from_slice(kv.value())
+        let got = bounded(limit, client.get(key)).await?;
+        if let Some(kv) = got.kvs.first() {
+            let identity: Identity = serde_json::from_slice(&kv.value)
                 .map_err(|source| IdentityError::Decode { key: key_name.clone(), source })?;
             adopt(&identity, dir, &key_name)?;
             return Ok(false);
@@ -69,10 +69,12 @@ pub async fn share(client: &mut Client, key: &[u8], dir: &Path, limit: Duration)
             Identity { ca_cert: pki.ca_cert_pem.clone(), ca_key: pki.ca_key_pem(), join_secret: token.secret.clone() };
         let value =
             serde_json::to_vec(&identity).map_err(|source| IdentityError::Decode { key: key_name.clone(), source })?;
-        let put = Txn::new()
-            .when([Compare::create_revision(key.to_vec(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.to_vec(), value, None)]);
-        if bounded(limit, client.txn(put)).await?.succeeded() {
+        let put = TxnRequest::new(
+            [Compare::create_revision(key.to_vec(), CompareResult::Equal, 0)],
+            [RequestOp::put(key.to_vec(), value, 0)],
+            [],
+        );
+        if bounded(limit, client.txn(put)).await?.succeeded {
             tracing::info!(key = %key_name, uploaded = existed, "cluster identity stored in etcd");
             return Ok(true);
         }
@@ -139,8 +141,8 @@ mod tests {
         let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("s{i}"))).collect();
         let mut starts = Vec::new();
         for d in &dirs {
-            let (mut c, d) = (client.clone(), d.clone());
-            starts.push(tokio::spawn(async move { share(&mut c, b"/t/identity", &d, LIMIT).await }));
+            let (c, d) = (client.clone(), d.clone());
+            starts.push(tokio::spawn(async move { share(&c, b"/t/identity", &d, LIMIT).await }));
         }
         let mut created = 0;
         for s in starts {
@@ -161,8 +163,8 @@ mod tests {
         // Another cluster's data dir.
         let foreign = tmp.path().join("foreign");
         let (other, _) = Pki::load_or_create(&foreign).expect("other CA");
-        let mut c = client.clone();
-        let err = share(&mut c, b"/t/identity", &foreign, LIMIT).await.expect_err("a foreign CA is refused");
+        let err = share(&client, b"/t/identity", &foreign, LIMIT).await.expect_err("a foreign CA is refused");
+
         let text = err.to_string();
         assert!(
             matches!(err, IdentityError::OtherCluster { .. }) && text.contains(&foreign.display().to_string()),

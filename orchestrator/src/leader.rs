@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use crate::etcdv3::{Client, Compare, CompareResult, RequestOp, TxnRequest, Watch, WatchCreateRequest};
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
@@ -76,7 +76,7 @@ pub fn spawn(
 }
 
 async fn run(
-    mut client: Client,
+    client: Client,
     config: ElectionConfig,
     tx: watch::Sender<Option<Term>>,
     mut shutdown: watch::Receiver<bool>,
@@ -87,7 +87,7 @@ async fn run(
     // A dropped sender is a shutdown too (else `changed()` would end every wait at once).
     while !*shutdown.borrow() && shutdown.has_changed().is_ok() {
         // Every step of a campaign is bounded and watches `shutdown` itself.
-        let outcome = campaign(&mut client, &config, &tx, &mut shutdown).await;
+        let outcome = campaign(&client, &config, &tx, &mut shutdown).await;
         tx.send_replace(None);
         if let Err(e) = outcome {
             tracing::warn!(error = %e, "leader election: campaigning again");
@@ -102,7 +102,7 @@ async fn run(
 /// One attempt: takes the key or waits for it to go, then leads until the
 /// term ends. `Ok` when it ended by shutdown or by losing the key.
 async fn campaign(
-    client: &mut Client,
+    client: &Client,
     config: &ElectionConfig,
     tx: &watch::Sender<Option<Term>>,
     shutdown: &mut watch::Receiver<bool>,
@@ -110,12 +110,13 @@ async fn campaign(
     let rt = config.request_timeout;
     let ttl_s = config.ttl.as_secs().max(1) as i64;
     let sent = Instant::now();
-    let lease = bounded(rt, client.lease_grant(ttl_s, None)).await?;
-    let (lease, granted_ttl) = (lease.id(), lease.ttl());
-    let take = Txn::new()
-        .when([Compare::create_revision(config.key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(config.key.clone(), config.identity.clone(), Some(PutOptions::new().with_lease(lease)))])
-        .or_else([TxnOp::get(config.key.clone(), None)]);
+    let lease = bounded(rt, client.lease_grant(ttl_s)).await?;
+    let (lease, granted_ttl) = (lease.id, lease.ttl);
+    let take = TxnRequest::new(
+        [Compare::create_revision(config.key.clone(), CompareResult::Equal, 0)],
+        [RequestOp::put(config.key.clone(), config.identity.clone(), lease)],
+        [RequestOp::get(config.key.clone())],
+    );
     let taken = match bounded(rt, client.txn(take)).await {
         Ok(r) => r,
         Err(e) => {
@@ -124,9 +125,9 @@ async fn campaign(
             return Err(e.into());
         }
     };
-    if !taken.succeeded() {
+    if !taken.succeeded {
         let _ = bounded(rt, client.lease_revoke(lease)).await;
-        let revision = taken.header().map_or(0, |h| h.revision());
+        let revision = taken.revision();
         return wait_for_vacancy(client, config, revision, shutdown).await;
     }
     let term = Term { key: config.key.clone(), lease };
@@ -143,7 +144,7 @@ async fn campaign(
 /// Renews the lease until shutdown, a failed renewal past the deadline, or the
 /// key changing hands.
 async fn lead(
-    client: &mut Client,
+    client: &Client,
     config: &ElectionConfig,
     lease: i64,
     mut deadline: Instant,
@@ -153,8 +154,8 @@ async fn lead(
     // Step down a margin before etcd could expire the lease.
     let margin = (config.ttl / 6).max(Duration::from_millis(100));
     let every = config.ttl / 3;
-    let (mut keeper, mut responses) = bounded(rt, client.lease_keep_alive(lease)).await?;
-    let mut key_watch = bounded(rt, client.watch(config.key.clone(), None)).await?;
+    let (mut keeper, _) = bounded(rt, client.lease_keep_alive(lease)).await?;
+    let mut key_watch: Watch = bounded(rt, client.watch(WatchCreateRequest::key(config.key.clone()))).await?;
     let mut next = Instant::now() + every;
     loop {
         tokio::select! {
@@ -165,10 +166,8 @@ async fn lead(
             }
             msg = key_watch.message() => {
                 let gone = match msg {
-                    Ok(Some(resp)) => resp.canceled()
-                        || resp.events().iter().any(|e| {
-                            e.event_type() == EventType::Delete || e.kv().is_some_and(|kv| kv.lease() != lease)
-                        }),
+                    Ok(Some(resp)) => resp.canceled
+                        || resp.events.iter().any(|e| e.is_delete() || e.kv.as_ref().is_some_and(|kv| kv.lease != lease)),
                     Ok(None) | Err(_) => true,
                 };
                 if gone {
@@ -180,20 +179,21 @@ async fn lead(
                 next = Instant::now() + every;
                 let sent = Instant::now();
                 let left = deadline.saturating_duration_since(sent).min(rt);
-                let renewed = async {
-                    keeper.keep_alive().await?;
-                    responses.message().await
-                };
-                match timeout(left, renewed).await {
-                    Ok(Ok(Some(r))) if r.ttl() > 0 => deadline = sent + Duration::from_secs(r.ttl() as u64),
-                    Ok(Ok(Some(_))) => return Err(ElectionError::LeaseEnded),
-                    Ok(Ok(None)) => return Err(ElectionError::LeaseEnded),
+                match timeout(left, keeper.renew()).await {
+                    Ok(Ok(r)) if r.ttl > 0 => deadline = sent + Duration::from_secs(r.ttl as u64),
+                    Ok(Ok(_)) => return Err(ElectionError::LeaseEnded),
                     Ok(Err(e)) => {
                         tracing::warn!(lease, error = %e, "leader election: renewal failed");
-                        // The stream is broken: open a new one, within the deadline.
+                        // The stream is broken: open a new one (its first
+                        // message renews the lease), within the deadline.
                         let left = deadline.saturating_duration_since(Instant::now()).min(rt);
-                        if let Ok((k, s)) = bounded(left, client.lease_keep_alive(lease)).await {
-                            (keeper, responses) = (k, s);
+                        let sent = Instant::now();
+                        if let Ok((k, r)) = bounded(left, client.lease_keep_alive(lease)).await {
+                            keeper = k;
+                            if r.ttl <= 0 {
+                                return Err(ElectionError::LeaseEnded);
+                            }
+                            deadline = sent + Duration::from_secs(r.ttl as u64);
                         }
                     }
                     Err(_) => tracing::warn!(lease, "leader election: renewal unanswered"),
@@ -206,13 +206,13 @@ async fn lead(
 /// Waits until the leader key is gone (or a TTL passes: the watch may have
 /// missed it, and a bound on this silence costs one transaction).
 async fn wait_for_vacancy(
-    client: &mut Client,
+    client: &Client,
     config: &ElectionConfig,
     revision: i64,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), ElectionError> {
-    let options = WatchOptions::new().with_start_revision(revision + 1);
-    let mut stream = bounded(config.request_timeout, client.watch(config.key.clone(), Some(options))).await?;
+    let request = WatchCreateRequest::key(config.key.clone()).since(revision + 1);
+    let mut stream = bounded(config.request_timeout, client.watch(request)).await?;
     let until = Instant::now() + config.ttl;
     loop {
         tokio::select! {
@@ -220,7 +220,7 @@ async fn wait_for_vacancy(
             _ = sleep_until(until) => return Ok(()),
             msg = stream.message() => match msg {
                 Ok(Some(resp)) => {
-                    if resp.canceled() || resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                    if resp.canceled || resp.events.iter().any(|e| e.is_delete()) {
                         return Ok(());
                     }
                 }
@@ -264,7 +264,7 @@ mod tests {
         let (stop_a, stopped_a) = watch::channel(false);
         let (stop_b, stopped_b) = watch::channel(false);
         let (mut a, task_a) = spawn(client.clone(), config("a"), stopped_a);
-        let mut b_client = client.clone();
+        let b_client = client.clone();
         let (b, task_b) = spawn(client.clone(), config("b"), stopped_b);
         wait_until(&mut a, "a or b leads", Duration::from_secs(10), |_| true).await;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -279,8 +279,9 @@ mod tests {
             sleep(Duration::from_millis(20)).await;
         };
         // The key names the leader and carries its term's lease.
-        let got = b_client.get(leader.key.clone(), None).await.expect("get");
-        assert_eq!(got.kvs().first().map(|kv| kv.lease()), Some(leader.lease));
+        let got = b_client.get(leader.key.clone()).await.expect("get");
+        assert_eq!(got.kvs.first().map(|kv| kv.lease), Some(leader.lease));
+
         // Still exactly one after a few renewals.
         sleep(Duration::from_secs(3)).await;
         assert_eq!(leader_rx.borrow().as_ref(), Some(&leader));

@@ -7,6 +7,7 @@ pub mod api;
 pub(crate) mod cluster;
 pub(crate) mod compaction;
 pub(crate) mod controller;
+pub mod etcdv3;
 pub(crate) mod identity;
 pub(crate) mod leader;
 pub(crate) mod leading;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use crate::etcdv3::{Client, RangeRequest};
 
 use crate::store::etcd::bounded;
 
@@ -30,8 +30,7 @@ impl Peers {
         let Some(url) = &self.own else { return Ok(()) };
         let mut key = self.key.clone();
         key.extend_from_slice(url.as_bytes());
-        let mut c = self.client.clone();
-        bounded(self.limit, c.put(key, url.as_bytes(), None))
+        bounded(self.limit, self.client.put(key, url.as_bytes(), 0))
             .await
             .map(|_| ())
             .map_err(|e| format!("advertising {url} in etcd: {e}"))
@@ -41,13 +40,12 @@ impl Peers {
     /// does not answer (a join is not refused for want of the list).
     pub async fn list(&self) -> Vec<String> {
         let mut out: Vec<String> = self.own.iter().cloned().collect();
-        let mut c = self.client.clone();
-        match bounded(self.limit, c.get(self.key.clone(), Some(GetOptions::new().with_prefix()))).await {
+        match bounded(self.limit, self.client.range(RangeRequest::key(self.key.clone()).prefix())).await {
             Ok(r) => {
                 let mut others: Vec<String> = r
-                    .kvs()
+                    .kvs
                     .iter()
-                    .filter_map(|kv| kv.value_str().ok().map(str::to_string))
+                    .filter_map(|kv| std::str::from_utf8(&kv.value).ok().map(str::to_string))
                     .filter(|u| !out.contains(u))
                     .collect();
                 others.sort();

@@ -126,7 +126,7 @@ pub struct Server {
     tls: Arc<rustls::ServerConfig>,
     store: Store,
     /// The etcd client and key prefix of a shared store.
-    etcd: Option<(etcd_client::Client, String)>,
+    etcd: Option<(crate::etcdv3::Client, String)>,
     /// The cluster's servers as advertised in etcd.
     peers: Option<Peers>,
     pki: Arc<Pki>,
@@ -173,10 +173,10 @@ impl Server {
             Some(config) => {
                 let endpoints = config.endpoints.join(",");
                 let etcd_err = |source| ServerError::Etcd { endpoints: endpoints.clone(), source };
-                let mut client = crate::store::etcd::connect(config).await.map_err(etcd_err)?;
+                let client = crate::store::etcd::connect(config).await.map_err(etcd_err)?;
                 let key = format!("{}identity", config.prefix);
                 let limit = options.etcd_options.request_timeout;
-                identity_created = crate::identity::share(&mut client, key.as_bytes(), &dir, limit).await?;
+                identity_created = crate::identity::share(&client, key.as_bytes(), &dir, limit).await?;
                 let store = Store::open_etcd(client.clone(), &config.prefix, options.store, options.etcd_options)
                     .await
                     .map_err(etcd_err)?;

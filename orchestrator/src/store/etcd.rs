@@ -23,11 +23,13 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, KeyValue,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+use crate::etcdv3::{
+    self, prefix_end, Client, Compare, CompareResult, KeyValue, RangeRequest, RequestOp, TxnRequest, TxnResponse,
+    WatchCreateRequest,
 };
 use pinion_wire::backoff::Doubling;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::{mpsc, watch};
 
 use super::{
@@ -111,7 +113,7 @@ impl Default for EtcdOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(#[from] etcdv3::Error),
     #[error("etcd did not answer within {0:?}")]
     Timeout(Duration),
 }
@@ -119,7 +121,7 @@ pub enum CallError {
 /// `f`, bounded by `limit`.
 pub async fn bounded<T>(
     limit: Duration,
-    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    f: impl std::future::Future<Output = Result<T, etcdv3::Error>>,
 ) -> Result<T, CallError> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => Ok(r?),
@@ -148,28 +150,50 @@ pub async fn connect(config: &EtcdConfig) -> Result<Client, StoreError> {
             _ => return Err(bad(format!("endpoints: {e:?}: the scheme must be http or https"))),
         }
     }
-    let read = |what: &str, path: &PathBuf| {
-        std::fs::read(path).map_err(|err| bad(format!("{what} {}: {err}", path.display())))
-    };
-    let mut options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        // A dead connection is found by keepalive, not by a request that hangs.
-        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
-        .with_keep_alive_while_idle(true);
-    if https {
-        let ca = config.ca.as_ref().ok_or_else(|| bad("ca: an https endpoint needs the etcd CA certificate".into()))?;
-        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read("ca", ca)?));
-        match (&config.cert, &config.key) {
-            (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?)),
-            (None, None) => {}
-            _ => return Err(bad("cert, key: give both the client certificate and its key, or neither".into())),
-        }
-        options = options.with_tls(tls);
-    }
-    match tokio::time::timeout(Duration::from_secs(10), Client::connect(&config.endpoints, Some(options))).await {
+    let tls = if https { Some(client_tls(config)?) } else { None };
+    match tokio::time::timeout(Duration::from_secs(10), Client::connect(&config.endpoints, tls)).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(bad(format!("connecting to {}: {e}", config.endpoints.join(",")))),
         Err(_) => Err(bad(format!("connecting to {}: no answer within 10 s", config.endpoints.join(",")))),
+    }
+}
+
+/// The TLS configuration for https endpoints: trusts only the CA given
+/// (every certificate in its file), and presents the client certificate
+/// when one is given.
+fn client_tls(config: &EtcdConfig) -> Result<rustls::ClientConfig, StoreError> {
+    let bad = |m: String| StoreError::Etcd(m);
+    let read = |what: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|err| bad(format!("{what} {}: {err}", path.display())))
+    };
+    let ca = config.ca.as_ref().ok_or_else(|| bad("ca: an https endpoint needs the etcd CA certificate".into()))?;
+    let ca_path = ca.display();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&read("ca", ca)?) {
+        let cert = cert.map_err(|e| bad(format!("ca {ca_path}: {e}")))?;
+        roots.add(cert).map_err(|e| bad(format!("ca {ca_path}: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(bad(format!("ca {ca_path}: holds no PEM certificate")));
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(pinion_wire::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad(format!("TLS: {e}")))?
+        .with_root_certificates(roots);
+    match (&config.cert, &config.key) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_slice_iter(&read("cert", cert)?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad(format!("cert {}: {e}", cert.display())))?;
+            if chain.is_empty() {
+                return Err(bad(format!("cert {}: holds no PEM certificate", cert.display())));
+            }
+            let private = PrivateKeyDer::from_pem_slice(&read("key", key)?)
+                .map_err(|e| bad(format!("key {}: {e}", key.display())))?;
+            builder.with_client_auth_cert(chain, private).map_err(|e| bad(format!("cert, key: {e}")))
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => Err(bad("cert, key: give both the client certificate and its key, or neither".into())),
     }
 }
 
@@ -217,25 +241,12 @@ impl Drop for EtcdBackend {
     }
 }
 
-fn etcd_error(during: &str, e: etcd_client::Error) -> StoreError {
+fn etcd_error(during: &str, e: etcdv3::Error) -> StoreError {
     StoreError::Etcd(format!("{during}: {e}"))
 }
 
 fn timed_out(during: &str, options: EtcdOptions) -> StoreError {
     StoreError::Etcd(format!("{during}: no answer within {:?}", options.request_timeout))
-}
-
-/// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // All 0xff (or empty): to the end of the key space.
-    vec![0]
 }
 
 impl Follow {
@@ -262,23 +273,21 @@ impl Follow {
         mut revision: i64,
         f: &mut (dyn FnMut(KeyValue) -> Result<(), StoreError> + Send),
     ) -> Result<i64, StoreError> {
-        let mut kv = self.client.kv_client();
         let mut from = start;
         loop {
-            let options = GetOptions::new().with_range(end.to_vec()).with_limit(PAGE).with_revision(revision);
-            let mut resp =
-                match tokio::time::timeout(self.options.request_timeout, kv.get(from.clone(), Some(options))).await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(e)) => return Err(etcd_error("range read", e)),
-                    Err(_) => return Err(timed_out("range read", self.options)),
-                };
+            let request = RangeRequest::key(from.clone()).until(end.to_vec()).limit(PAGE).at(revision);
+            let resp = match tokio::time::timeout(self.options.request_timeout, self.client.range(request)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => return Err(etcd_error("range read", e)),
+                Err(_) => return Err(timed_out("range read", self.options)),
+            };
             if revision == 0 {
-                revision = resp.header().map_or(0, |h| h.revision());
+                revision = resp.revision();
             }
-            let more = resp.more();
-            let kvs = resp.take_kvs();
+            let more = resp.more;
+            let kvs = resp.kvs;
             let next = kvs.last().map(|kv| {
-                let mut k = kv.key().to_vec();
+                let mut k = kv.key.clone();
                 k.push(0);
                 k
             });
@@ -297,11 +306,11 @@ impl Follow {
         let mut m = Mirror::default();
         let prefix_len = self.prefix.len();
         let mut take = |kv: KeyValue| {
-            if kv.key().get(prefix_len..) == Some(KEY_RV) {
-                m.rv_revision = kv.mod_revision();
+            let rel = kv.key.get(prefix_len..).unwrap_or_default();
+            if rel == KEY_RV {
+                m.rv_revision = kv.mod_revision;
             }
-            let (k, v) = kv.into_key_value();
-            m.kv.insert(k[prefix_len..].to_vec(), v);
+            m.kv.insert(rel.to_vec(), kv.value);
             Ok(())
         };
         let log = self.key(LOG_PREFIX.as_bytes());
@@ -317,7 +326,7 @@ impl Follow {
         let mut out = Vec::new();
         let end = self.key(&log_key(to.saturating_add(1)));
         self.range(self.key(&log_key(from)), &end, 0, &mut |kv| {
-            out.push((decode(kv.key(), kv.value())?, kv.mod_revision()));
+            out.push((decode(&kv.key, &kv.value)?, kv.mod_revision));
             Ok(())
         })
         .await?;
@@ -361,13 +370,9 @@ impl Follow {
                 done.map_err(|e| StoreError::Etcd(format!("reading the log's objects: the read's task ended: {e}")))?;
             let (resp, now) = read?;
             for (j, &i) in chunk.iter().enumerate() {
-                let found = match resp.op_responses().get(j) {
-                    Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
-                    _ => None,
-                };
-                match found {
-                    Some(found) if !now || found.mod_revision() == revision => {
-                        entries[i].0.object = String::from_utf8_lossy(found.value()).into_owned();
+                match resp.found(j) {
+                    Some(found) if !now || found.mod_revision == revision => {
+                        entries[i].0.object = String::from_utf8_lossy(&found.value).into_owned();
                     }
                     _ => lost = lost.max(Some(entries[i].0.rv)),
                 }
@@ -381,7 +386,7 @@ impl Follow {
 
     /// Applies one watch response: newer events go into the mirror, the
     /// log entries among them are published.
-    fn apply_events(&self, events: &[etcd_client::Event]) {
+    fn apply_events(&self, events: &[etcdv3::proto::Event]) {
         let mut m = self.write();
         // A slim log entry's object is the put of its key in the same
         // transaction: etcd never splits one revision's events between
@@ -389,27 +394,27 @@ impl Follow {
         // this server's own commits, which it applied already).
         let puts: std::collections::HashMap<(&[u8], i64), &[u8]> = events
             .iter()
-            .filter(|ev| ev.event_type() == EventType::Put)
-            .filter_map(|ev| ev.kv().filter(|kv| kv.mod_revision() > m.revision))
-            .map(|kv| ((kv.key(), kv.mod_revision()), kv.value()))
+            .filter(|ev| !ev.is_delete())
+            .filter_map(|ev| ev.kv.as_ref().filter(|kv| kv.mod_revision > m.revision))
+            .map(|kv| ((kv.key.as_slice(), kv.mod_revision), kv.value.as_slice()))
             .collect();
         let mut top = m.revision;
         let mut changes = Vec::new();
         let mut lost = false;
         for ev in events {
-            let Some(kv) = ev.kv() else { continue };
-            if kv.mod_revision() <= m.revision {
+            let Some(kv) = ev.kv.as_ref() else { continue };
+            if kv.mod_revision <= m.revision {
                 continue;
             }
-            top = top.max(kv.mod_revision());
-            let Some(rel) = kv.key().strip_prefix(self.prefix.as_slice()) else { continue };
-            let put = ev.event_type() == EventType::Put;
+            top = top.max(kv.mod_revision);
+            let Some(rel) = kv.key.strip_prefix(self.prefix.as_slice()) else { continue };
+            let put = !ev.is_delete();
             if rel.starts_with(LOG_PREFIX.as_bytes()) {
                 if put {
-                    match decode::<Change>(kv.key(), kv.value()) {
+                    match decode::<Change>(&kv.key, &kv.value) {
                         Ok(mut c) if c.object.is_empty() => {
                             let key = self.key(&object_key(c.kind, &c.name));
-                            match puts.get(&(key.as_slice(), kv.mod_revision())) {
+                            match puts.get(&(key.as_slice(), kv.mod_revision)) {
                                 Some(object) => {
                                     c.object = String::from_utf8_lossy(object).into_owned();
                                     changes.push(c);
@@ -433,10 +438,10 @@ impl Follow {
                 continue;
             }
             if rel == KEY_RV {
-                m.rv_revision = kv.mod_revision();
+                m.rv_revision = kv.mod_revision;
             }
             if put {
-                m.kv.insert(rel.to_vec(), kv.value().to_vec());
+                m.kv.insert(rel.to_vec(), kv.value.clone());
             } else {
                 m.kv.remove(rel);
             }
@@ -492,32 +497,29 @@ impl Follow {
         let mut backoff = WATCH_RETRY.base;
         loop {
             let from = self.read().revision + 1;
-            let options = WatchOptions::new().with_prefix().with_start_revision(from).with_progress_notify();
-            let mut client = self.client.clone();
-            match tokio::time::timeout(self.options.request_timeout, client.watch(self.prefix.clone(), Some(options)))
-                .await
-            {
+            let request = WatchCreateRequest::key(self.prefix.clone()).prefix().since(from).progress_notify();
+            match tokio::time::timeout(self.options.request_timeout, self.client.watch(request)).await {
                 Ok(Ok(mut stream)) => loop {
                     match stream.message().await {
-                        Ok(Some(resp)) if resp.canceled() => {
-                            if resp.compact_revision() > 0 {
+                        Ok(Some(resp)) if resp.canceled => {
+                            if resp.compact_revision > 0 {
                                 tracing::warn!(
                                     from,
-                                    compacted = resp.compact_revision(),
+                                    compacted = resp.compact_revision,
                                     "etcd compacted past the store's watch; reloading"
                                 );
                                 if let Err(e) = self.reload().await {
                                     tracing::warn!(error = %e, "reloading the store from etcd failed; trying again");
                                 }
                             } else {
-                                tracing::warn!(reason = resp.cancel_reason(), "etcd cancelled the store's watch");
+                                tracing::warn!(reason = resp.cancel_reason, "etcd cancelled the store's watch");
                             }
                             break;
                         }
                         Ok(Some(resp)) => {
                             backoff = WATCH_RETRY.base;
-                            if !resp.events().is_empty() {
-                                self.apply_events(resp.events());
+                            if !resp.events.is_empty() {
+                                self.apply_events(&resp.events);
                             }
                         }
                         Ok(None) => {
@@ -557,15 +559,12 @@ async fn read_history(
     revision: i64,
 ) -> Result<(TxnResponse, bool), StoreError> {
     let during = "reading the log's objects";
-    let mut kv = client.kv_client();
     for (at, now) in [(revision, false), (0, true)] {
-        let ops: Vec<TxnOp> =
-            keys.iter().map(|k| TxnOp::get(k.clone(), Some(GetOptions::new().with_revision(at)))).collect();
-        match tokio::time::timeout(options.request_timeout, kv.txn(Txn::new().and_then(ops))).await {
+        let ops = keys.iter().map(|k| RequestOp::range(RangeRequest::key(k.clone()).at(at)));
+        match tokio::time::timeout(options.request_timeout, client.txn(TxnRequest::new([], ops, []))).await {
             Ok(Ok(resp)) => return Ok((resp, now)),
             // etcd's ErrCompacted: "mvcc: required revision has been compacted".
-            Ok(Err(etcd_client::Error::GRpcStatus(s)))
-                if i32::from(s.code()) == OUT_OF_RANGE && s.message().contains("compacted") => {}
+            Ok(Err(etcdv3::Error::Status { code: OUT_OF_RANGE, message })) if message.contains("compacted") => {}
             Ok(Err(e)) => return Err(etcd_error(during, e)),
             Err(_) => return Err(timed_out(during, options)),
         }
@@ -665,45 +664,44 @@ impl EtcdBackend {
         let mut compares = vec![match &b.chain {
             // Only the batch below writes its token, once: equal means it
             // committed and nothing since.
-            Some(below) => Compare::value(commit_key.clone(), CompareOp::Equal, below.to_vec()),
-            None => Compare::mod_revision(rv_key.clone(), CompareOp::Equal, b.base.revision),
+            Some(below) => Compare::value(commit_key.clone(), CompareResult::Equal, below.to_vec()),
+            None => Compare::mod_revision(rv_key.clone(), CompareResult::Equal, b.base.revision),
         }];
-        let mut on_failure = vec![TxnOp::get(rv_key.clone(), None), TxnOp::get(commit_key.clone(), None)];
+        let mut on_failure = vec![RequestOp::get(rv_key.clone()), RequestOp::get(commit_key.clone())];
         let leader = b.leader;
         if leader {
             let Some(guard) = &guard else { return Err(StoreError::NotLeader) };
-            compares.push(Compare::lease(guard.key.clone(), CompareOp::Equal, guard.lease));
-            on_failure.push(TxnOp::get(guard.key.clone(), None));
+            compares.push(Compare::lease(guard.key.clone(), CompareResult::Equal, guard.lease));
+            on_failure.push(RequestOp::get(guard.key.clone()));
         }
         let writes = Arc::new(std::mem::take(&mut b.writes));
         let mut ops = Vec::with_capacity(b.log.len() + writes.len() + 4);
         for (rv, bytes) in &b.log {
-            ops.push(TxnOp::put(f.key(&log_key(*rv)), bytes.clone(), None));
+            ops.push(RequestOp::put(f.key(&log_key(*rv)), bytes.clone(), 0));
         }
         for (k, v) in writes.iter() {
             ops.push(match v {
-                Some(v) => TxnOp::put(f.key(k), v.clone(), None),
-                None => TxnOp::delete(f.key(k), None),
+                Some(v) => RequestOp::put(f.key(k), v.clone(), 0),
+                None => RequestOp::delete(f.key(k)),
             });
         }
-        ops.push(TxnOp::put(rv_key, b.rv.to_be_bytes().to_vec(), None));
-        ops.push(TxnOp::put(commit_key, token.clone(), None));
+        ops.push(RequestOp::put(rv_key, b.rv.to_be_bytes().to_vec(), 0));
+        ops.push(RequestOp::put(commit_key, token.clone(), 0));
         // Compact the log to its bound in the same transaction.
         let start = b.base.log_start;
         let new_start = b.rv.saturating_sub(options.log_keep).max(start);
         if new_start > start {
-            let range = DeleteOptions::new().with_range(f.key(&log_key(new_start)));
-            ops.push(TxnOp::delete(f.key(&log_key(start)), Some(range)));
-            ops.push(TxnOp::put(f.key(KEY_LOG_START), new_start.to_be_bytes().to_vec(), None));
+            ops.push(RequestOp::delete_range(f.key(&log_key(start)), f.key(&log_key(new_start))));
+            ops.push(RequestOp::put(f.key(KEY_LOG_START), new_start.to_be_bytes().to_vec(), 0));
         }
         // The batch's first log entry, read back when the compare fails after
         // a send whose outcome was lost: found as written, the commit was ours.
         let first_log = b.log.first().map(|(rv, bytes)| (f.key(&log_key(*rv)), bytes.clone()));
         if let Some((key, _)) = &first_log {
-            on_failure.push(TxnOp::get(key.clone(), None));
+            on_failure.push(RequestOp::get(key.clone()));
         }
-        let txn = Txn::new().when(compares).and_then(ops).or_else(on_failure);
-        let mut kv = f.client.kv_client();
+        let txn = TxnRequest::new(compares, ops, on_failure);
+        let client = f.client.clone();
         let timeout = f.options.request_timeout;
         // A send whose outcome is lost (the member died with it, the reply
         // was cut) is sent again, to another member if the client has one,
@@ -714,13 +712,13 @@ impl EtcdBackend {
             let deadline = tokio::time::Instant::now() + timeout;
             let mut lost: Option<String> = None;
             loop {
-                match tokio::time::timeout_at(deadline, kv.txn(txn.clone())).await {
+                match tokio::time::timeout_at(deadline, client.txn(txn.clone())).await {
                     Ok(Ok(resp)) => return Ok((resp, lost)),
-                    Ok(Err(etcd_client::Error::GRpcStatus(s))) if REFUSED.contains(&i32::from(s.code())) => {
+                    Ok(Err(etcdv3::Error::Status { code, message })) if REFUSED.contains(&code) => {
                         // An earlier send of it may still have been stored.
                         return Err(match lost {
-                            Some(l) => StoreError::Unconfirmed(format!("{l}; sent again, refused: {}", s.message())),
-                            None => StoreError::Etcd(format!("the write was refused: {}", s.message())),
+                            Some(l) => StoreError::Unconfirmed(format!("{l}; sent again, refused: {message}")),
+                            None => StoreError::Etcd(format!("the write was refused: {message}")),
                         });
                     }
                     Ok(Err(e)) if tokio::time::Instant::now() < deadline => {
@@ -821,23 +819,16 @@ impl Sent {
         };
         let (resp, lost) = answer?;
         let f = &self.follow;
-        let responses = resp.op_responses();
-        let got = |i: usize| match responses.get(i) {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().cloned(),
-            _ => None,
-        };
+        let got = |i: usize| resp.found(i);
         let first_log_at = if self.leader.is_some() { 3 } else { 2 };
         let ours_already = lost.is_some()
-            && !resp.succeeded()
-            && (got(1).is_some_and(|kv| kv.value() == &*self.token)
-                || self
-                    .first_log
-                    .as_ref()
-                    .is_some_and(|bytes| got(first_log_at).is_some_and(|kv| kv.value() == bytes.as_slice())));
-        if lost.is_some() && !resp.succeeded() && !ours_already && self.first_log.is_none() {
+            && !resp.succeeded
+            && (got(1).is_some_and(|kv| kv.value == *self.token)
+                || self.first_log.as_ref().is_some_and(|bytes| got(first_log_at).is_some_and(|kv| kv.value == *bytes)));
+        if lost.is_some() && !resp.succeeded && !ours_already && self.first_log.is_none() {
             return Err(StoreError::Unconfirmed(lost.unwrap_or_default()));
         }
-        if resp.succeeded() || ours_already {
+        if resp.succeeded || ours_already {
             if !apply {
                 return Ok(Committed::Done);
             }
@@ -845,7 +836,7 @@ impl Sent {
                 // Its revision is unknown: the mirror takes it from the feed,
                 // which this waits for (a later revision of `meta/rv`
                 // includes it), so that no batch reads a mirror without it.
-                let wanted = got(0).map_or(0, |kv| kv.mod_revision());
+                let wanted = got(0).map_or(0, |kv| kv.mod_revision);
                 let mut caught_up = f.revision.subscribe();
                 let waited = self.runtime.block_on(async {
                     tokio::time::timeout(f.options.request_timeout, caught_up.wait_for(|r| *r >= wanted)).await
@@ -861,7 +852,7 @@ impl Sent {
                 published.publish(b.rv, self.new_start, std::mem::take(&mut b.changes));
                 return Ok(Committed::Done);
             }
-            let revision = resp.header().map_or(0, |h| h.revision());
+            let revision = resp.revision();
             let mut m = f.write();
             // The feed may have applied this commit, and later ones, already.
             if m.revision < revision {
@@ -886,14 +877,14 @@ impl Sent {
             return Ok(Committed::Done);
         }
         if let Some(guard) = &self.leader {
-            if got(2).map(|kv| kv.lease()) != Some(guard.lease) {
+            if got(2).map(|kv| kv.lease) != Some(guard.lease) {
                 return Err(StoreError::NotLeader);
             }
         }
         if !apply {
             return Ok(Committed::Conflict);
         }
-        let wanted = got(0).map_or(0, |kv| kv.mod_revision());
+        let wanted = got(0).map_or(0, |kv| kv.mod_revision);
         let mut caught_up = f.revision.subscribe();
         let waited = self.runtime.block_on(async {
             tokio::time::timeout(f.options.request_timeout, caught_up.wait_for(|r| *r >= wanted)).await

@@ -1129,7 +1129,7 @@ impl Store {
     /// that reads are served from and starts following etcd. `client` comes
     /// from `connect` and may be shared (the leader election uses it too).
     pub async fn open_etcd(
-        client: etcd_client::Client,
+        client: crate::etcdv3::Client,
         prefix: &str,
         options: StoreOptions,
         etcd: EtcdOptions,

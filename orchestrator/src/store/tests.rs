@@ -303,12 +303,11 @@ async fn etcd_as_leader_needs_the_guard_and_its_lease() {
     let r = leader_write(&store, "no-guard").await;
     assert!(refused(&r), "without a guard: {r:?}");
 
-    let mut client = connect(&cluster.config(PREFIX)).await.expect("connect");
-    let ours = client.lease_grant(60, None).await.expect("lease").id();
-    let theirs = client.lease_grant(60, None).await.expect("lease").id();
+    let client = connect(&cluster.config(PREFIX)).await.expect("connect");
+    let ours = client.lease_grant(60).await.expect("lease").id;
+    let theirs = client.lease_grant(60).await.expect("lease").id;
     let key = b"/pinion-test-election/leader".to_vec();
-    let put = etcd_client::PutOptions::new().with_lease(theirs);
-    client.put(key.clone(), "other", Some(put)).await.expect("put leader key");
+    client.put(key.clone(), "other", theirs).await.expect("put leader key");
     store.set_leader_guard(Some(LeaderGuard { key: key.clone(), lease: ours }));
     let r = leader_write(&store, "other-holds").await;
     assert!(refused(&r), "another lease holds the key: {r:?}");
@@ -335,8 +334,7 @@ async fn etcd_as_leader_needs_the_guard_and_its_lease() {
     }
     let plain_rv = store.resource_version();
 
-    let put = etcd_client::PutOptions::new().with_lease(ours);
-    client.put(key.clone(), "us", Some(put)).await.expect("put leader key");
+    client.put(key.clone(), "us", ours).await.expect("put leader key");
     assert_eq!(leader_write(&store, "ours").await.expect("leader write with the key held"), plain_rv + 1);
 
     store.set_leader_guard(None);
@@ -655,9 +653,9 @@ async fn etcd_server_cut_off_while_others_write_misses_nothing() {
     // The killed member may have led etcd's raft: the others elect a leader
     // first (a second or more under load), which a write must not race
     // against its own bound. A linearizable read answers only once they have.
-    let mut client = connect(&only(1)).await.expect("connect");
+    let client = connect(&only(1)).await.expect("connect");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while tokio::time::timeout(Duration::from_secs(2), client.get("probe", None)).await.map_or(true, |r| r.is_err()) {
+    while tokio::time::timeout(Duration::from_secs(2), client.get("probe")).await.map_or(true, |r| r.is_err()) {
         assert!(std::time::Instant::now() < deadline, "the two members left elect no leader within 30 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -665,8 +663,8 @@ async fn etcd_server_cut_off_while_others_write_misses_nothing() {
     for i in 0..10 {
         written.push((create(&b, &format!("p{i}")).await, format!("p{i}")));
     }
-    let revision = client.get("probe", None).await.expect("get").header().map_or(0, |h| h.revision());
-    client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await.expect("compact");
+    let revision = client.get("probe").await.expect("get").revision();
+    client.compact(revision, true).await.expect("compact");
     cluster.restart(0).await.expect("restart");
     let seen: Vec<(u64, String)> = collect(&mut w, 10).await.iter().map(|c| (c.rv, c.name.clone())).collect();
     assert_eq!(seen, written);
@@ -690,10 +688,10 @@ async fn etcd_replay_after_compaction_is_whole_or_gone() {
     let a_again = create(&store, "a").await;
 
     // The log holds no second copy of a put's object.
-    let mut client = connect(&cluster.config(PREFIX)).await.expect("connect");
+    let client = connect(&cluster.config(PREFIX)).await.expect("connect");
     let key = format!("{PREFIX}{}", String::from_utf8_lossy(&log_key(b)));
-    let entry = client.get(key, None).await.expect("get");
-    let entry: Change = serde_json::from_slice(entry.kvs()[0].value()).expect("log entry");
+    let entry = client.get(key).await.expect("get");
+    let entry: Change = serde_json::from_slice(&entry.kvs[0].value).expect("log entry");
     assert_eq!((entry.name.as_str(), entry.object.as_str()), ("b", ""));
 
     // Another server (its recent changes hold none of these) replays them
@@ -704,8 +702,9 @@ async fn etcd_replay_after_compaction_is_whole_or_gone() {
     let first_a: Pod = serde_json::from_str(&seen[0].object).expect("object");
     assert_eq!(first_a.metadata.resource_version, Some(a), "the object as it was at its change");
 
-    let revision = client.get("probe", None).await.expect("get").header().map_or(0, |h| h.revision());
-    client.compact(revision, None).await.expect("compact");
+    let revision = client.get("probe").await.expect("get").revision();
+    client.compact(revision, false).await.expect("compact");
+
     // The writer published them itself: its watches resume from memory, whole.
     let mut w = store.watch(before).await.expect("watch on the writer");
     assert_eq!(collect(&mut w, 3).await.iter().map(|c| c.rv).collect::<Vec<_>>(), vec![a, b, a_again]);

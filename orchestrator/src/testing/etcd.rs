@@ -151,8 +151,8 @@ impl EtcdCluster {
                 }
             }
             let probe = async {
-                let mut c = crate::store::connect(&config).await.ok()?;
-                c.get("probe", None).await.ok()
+                let c = crate::store::connect(&config).await.ok()?;
+                c.get("probe").await.ok()
             };
             if let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
                 return Ok(());
