@@ -37,7 +37,8 @@ pub enum Step {
     /// The pod's network made, made beside the bundle (only when the start
     /// waited on it: a pod with a CNI network).
     NetworkReady,
-    /// The shim process spawned.
+    /// The agent spawns the shim (stamped as it calls spawn: the fork and
+    /// exec count in `ShimRunning`).
     ShimSpawned,
     /// The shim's first instruction (in the shim).
     ShimRunning,

@@ -394,13 +394,18 @@ impl LibcontainerRuntime {
     fn launch_shim(&self, id: &str, trace: &mut StartTrace) -> Result<i32, RuntimeError> {
         let log_path = self.layout.shim_log(id);
         let log = crate::fsutil::create_private(&log_path, false).map_err(ioerr(&log_path))?;
+        // Stamped as the spawn begins: the shim stamps `running` on its own,
+        // and a stamp taken after `spawn` returned could come after it (the
+        // agent descheduled between the fork and its stamp: seen under the
+        // suite's load as a `ShimRunning` step of 0 s). The fork and exec
+        // count towards `ShimRunning`, the shim's own start.
+        trace.mark(Step::ShimSpawned);
         let mut child = self
             .shim_command(id, log)
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| cerr(id, format!("starting the shim {}: {e}", self.shim_exe.display())))?;
         tracing::debug!(target: "podstart", id, "shim spawned");
-        trace.mark(Step::ShimSpawned);
         let report = child.stdout.take().map(|out| read_report(out, START_TIMEOUT));
         let reported_at = crate::metrics::monotonic_ns();
         tracing::debug!(target: "podstart", id, "shim reported");
