@@ -260,6 +260,11 @@ impl Client {
         let request = hyper::Request::post(format!("{scheme}://{}{path}", e.authority))
             .header(hyper::header::CONTENT_TYPE, "application/grpc")
             .header(hyper::header::TE, "trailers")
+            // etcd's "require leader": a member cut off from its quorum
+            // answers UNAVAILABLE ("no leader") at once, and ends the
+            // streams it serves, rather than holding them until the
+            // caller's bound; `judge` then moves the client on.
+            .header("hasleader", "true")
             .body(body)
             .map_err(|err| Error::Protocol(format!("{path}: {err}")))?;
         let answer = async {
@@ -624,6 +629,48 @@ mod tests {
         let e = Error::Status { code: 11, message: "mvcc: required revision has been compacted".into() };
         assert_eq!(e.to_string(), "etcd answered OUT_OF_RANGE (11): mvcc: required revision has been compacted");
         assert_eq!(Error::Status { code: 99, message: "x".into() }.to_string(), "etcd answered status (99): x");
+    }
+
+    /// A member that lost its quorum says so at once (`hasleader`) instead
+    /// of holding a read until the caller's bound; once the quorum is back
+    /// the client answers again, through whichever member it moved to.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_without_a_leader_refuses_at_once_and_the_client_moves_on() {
+        use crate::testing::etcd::{available, EtcdCluster};
+        use tokio::time::{timeout, Instant};
+        let test = "a_member_without_a_leader_refuses_at_once_and_the_client_moves_on";
+        if !available(test) {
+            return;
+        }
+        let mut cluster = EtcdCluster::start(3).await.unwrap_or_else(|e| panic!("{test}: {e}"));
+        let client = crate::store::connect(&cluster.config("/t/")).await.expect("connect");
+        client.put("k", "v", 0).await.expect("put");
+        // The client is on member 0, the first endpoint; the other two stop.
+        cluster.pause(1);
+        cluster.pause(2);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (refusal, took) = loop {
+            let t = Instant::now();
+            // Until member 0 notices (an election timeout or two), a read
+            // waits for a quorum that does not come.
+            if let Ok(Err(e)) = timeout(Duration::from_secs(3), client.get("k")).await {
+                break (e, t.elapsed());
+            }
+            assert!(Instant::now() < deadline, "member 0 never said that it has no leader");
+        };
+        assert_eq!(refusal.code(), Some(UNAVAILABLE), "{refusal}");
+        assert!(refusal.to_string().contains("no leader"), "{refusal}");
+        assert!(took < Duration::from_secs(1), "the refusal took {took:?}");
+        cluster.resume(1);
+        cluster.resume(2);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Ok(r)) = timeout(Duration::from_secs(3), client.get("k")).await {
+                assert_eq!(r.kvs.first().map(|kv| kv.value.as_slice()), Some(&b"v"[..]));
+                break;
+            }
+            assert!(Instant::now() < deadline, "no answer within 30 s of the quorum's return");
+        }
     }
 
     /// No etcd listening: the error names every endpoint tried, and comes at once.

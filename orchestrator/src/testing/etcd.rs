@@ -191,6 +191,25 @@ impl EtcdCluster {
         }
     }
 
+    /// SIGSTOP to member `i`: alive to the kernel (its ports still accept
+    /// connections), silent to everyone, as a member on a hung host is.
+    pub fn pause(&mut self, i: usize) {
+        self.signal(i, nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT to member `i`, paused before.
+    pub fn resume(&mut self, i: usize) {
+        self.signal(i, nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&mut self, i: usize, signal: nix::sys::signal::Signal) {
+        if let Some(child) = &self.members[i].child {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+            }
+        }
+    }
+
     /// Starts member `i` again on its data dir and waits until it answers.
     pub async fn restart(&mut self, i: usize) -> Result<(), String> {
         self.kill(i);
