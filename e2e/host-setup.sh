@@ -4,7 +4,7 @@
 #
 #   host-setup.sh          what the build, `pinion up` and the whole test suite need
 #   host-setup.sh --run    only what the build and `pinion up` need (the README's
-#                          first command): 35 MB of downloads against 385 MB on a
+#                          first command): 33.5 MB of downloads against about 385 MB on a
 #                          minimal Debian 12 (no browser, MPI, etcd or registry)
 set -euo pipefail
 # libseccomp-dev, pkg-config: libcontainer's seccomp; libelf-dev, zlib1g-dev: libbpf
