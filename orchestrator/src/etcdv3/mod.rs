@@ -190,11 +190,18 @@ impl Client {
     async fn connection(&self) -> Result<Conn, Error> {
         let inner = &self.inner;
         let mut slot = inner.conn.lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| !c.send.is_closed()) {
-            return Ok(c.clone());
-        }
-        *slot = None;
         let n = inner.endpoints.len();
+        match slot.take() {
+            Some(c) if !c.send.is_closed() => {
+                *slot = Some(c.clone());
+                return Ok(c);
+            }
+            // Closed under us (HTTP/2's keepalive found the member silent,
+            // or it hung up), not by a failed call: start from the next one
+            // too, rather than dialling a member that just went quiet.
+            Some(c) => inner.next.store((c.endpoint + 1) % n, Ordering::Relaxed),
+            None => {}
+        }
         let first = inner.next.load(Ordering::Relaxed);
         let mut failures = Vec::new();
         for i in 0..n {
