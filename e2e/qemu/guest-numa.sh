@@ -3,6 +3,9 @@
 # through /tmp/pinion-out/run, which exports:
 #   PINION_BIN  the host-built pinion binary (seen through the read-only host root)
 #   NUMA_TOUCH  the allocator prepare.sh built (numa-touch MIB SECONDS [LABEL])
+#   PINION_GUEST_SCOPE  `full` (the default) or `kernel`: what depends on the kernel
+#               only, for a second kernel whose guest repeats none of the first's
+#               checks of the engine (numactl, three exclusive pods, the agent's kill -9)
 # It checks the plumbing (NUMA nodes, cgroup v2 controllers, numactl binding), then,
 # when the binary has `pinion agent`, the nodelet's four checks of issue 6, its device
 # filter, an exec probe kept on the reserved CPUs (issue 29) and the delegated subtree. Results go
@@ -26,6 +29,11 @@ figure() {
 }
 figure "guest_uptime_at_script_start_s $(uptime_s)"
 figure "kernel $(uname -r)"
+SCOPE=${PINION_GUEST_SCOPE:-full}
+case "$SCOPE" in
+  full | kernel) figure "scope $SCOPE" ;;
+  *) fail "PINION_GUEST_SCOPE=$SCOPE: expected full or kernel"; SCOPE=full ;;
+esac
 
 # The allocator must be reachable from containers whose rootfs is the host's /usr, /bin,
 # /lib* and /etc: the guest's root is a writable overlay, so copy it into /usr/local/bin.
@@ -136,30 +144,32 @@ else
 fi
 
 # numactl, the tool HPC people trust: bound to each node, then no binding at all.
-for n in 0 1; do
-  numactl --cpunodebind=$n --membind=$n "$TOUCH" $MIB -1 numactl-n$n &
-  if pid=$(wait_touched numactl-n$n 60); then
-    s=$(share_on "$pid" $n)
-    figure "numactl_node${n}_share_pct $s"
-    gt95 "$s" && ok "numactl --membind=$n: $s% of anonymous pages on node $n" ||
-      fail "numactl --membind=$n: only $s% of anonymous pages on node $n ($(anon_pages "$pid"))"
+if [ "$SCOPE" = full ]; then
+  for n in 0 1; do
+    numactl --cpunodebind=$n --membind=$n "$TOUCH" $MIB -1 numactl-n$n &
+    if pid=$(wait_touched numactl-n$n 60); then
+      s=$(share_on "$pid" $n)
+      figure "numactl_node${n}_share_pct $s"
+      gt95 "$s" && ok "numactl --membind=$n: $s% of anonymous pages on node $n" ||
+        fail "numactl --membind=$n: only $s% of anonymous pages on node $n ($(anon_pages "$pid"))"
+      kill "$pid"
+    else
+      fail "numactl --cpunodebind=$n --membind=$n numa-touch never touched its memory"
+    fi
+    wait
+  done
+  "$TOUCH" $MIB -1 unbound &
+  if pid=$(wait_touched unbound 60); then
+    read -r t n0 n1 < <(anon_pages "$pid")
+    figure "unbound_node0_share_pct $(awk -v a="$n0" -v t="$t" 'BEGIN { printf "%.1f", 100 * a / t }')"
+    figure "unbound_node1_share_pct $(awk -v a="$n1" -v t="$t" 'BEGIN { printf "%.1f", 100 * a / t }')"
+    figure "unbound_cpus $(status_field "$pid" Cpus_allowed_list)"
     kill "$pid"
   else
-    fail "numactl --cpunodebind=$n --membind=$n numa-touch never touched its memory"
+    fail "unbound numa-touch never touched its memory"
   fi
   wait
-done
-"$TOUCH" $MIB -1 unbound &
-if pid=$(wait_touched unbound 60); then
-  read -r t n0 n1 < <(anon_pages "$pid")
-  figure "unbound_node0_share_pct $(awk -v a="$n0" -v t="$t" 'BEGIN { printf "%.1f", 100 * a / t }')"
-  figure "unbound_node1_share_pct $(awk -v a="$n1" -v t="$t" 'BEGIN { printf "%.1f", 100 * a / t }')"
-  figure "unbound_cpus $(status_field "$pid" Cpus_allowed_list)"
-  kill "$pid"
-else
-  fail "unbound numa-touch never touched its memory"
 fi
-wait
 
 # --- the nodelet ----------------------------------------------------------------------
 
@@ -264,7 +274,9 @@ else
     # picks, some pod comes when its predecessor's node has no full core left and must
     # land on the other node; all three fit only if that happens every time.
     exclusive=""
-    for name in pin-a pin-b pin-c; do
+    exclusive_pods="pin-a pin-b pin-c"
+    [ "$SCOPE" = full ] || exclusive_pods=pin-a
+    for name in $exclusive_pods; do
       pod "$name" exclusive
       check_pinned "$name" || continue
       exclusive=${exclusive:+$exclusive,}${pod_cpus[$name]}
@@ -272,6 +284,13 @@ else
         ok "shared pod shrank to $(minus "$ALL_CPUS" "$exclusive") after $name" ||
         fail "shared pod did not shrink after $name"
     done
+  fi
+  if [ -n "${shared_pid:-}" ] && [ "$SCOPE" = kernel ]; then
+    rm -f "$MANIFESTS/pin-a.yaml"
+    wait_gone pin-a 60 && ok "pin-a stopped when its manifest went away" || fail "pin-a still runs without a manifest"
+    wait_shared_cpus "$ALL_CPUS" && ok "shared pod grew back to $ALL_CPUS after pin-a left" ||
+      fail "shared pod did not grow back"
+  elif [ -n "${shared_pid:-}" ]; then
     nodes=$(for n in pin-a pin-b pin-c; do echo "$n=node${pod_node[$n]:-?}"; done | tr '\n' ' ')
     figure "pinion_nodes_used $nodes"
     [ "$(for n in pin-a pin-b pin-c; do echo "${pod_node[$n]:-?}"; done | sort -u | tr '\n' ' ')" = "0 1 " ] &&

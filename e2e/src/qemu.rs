@@ -28,7 +28,11 @@ pub struct Boot {
     pub serial: String,
     /// From starting QEMU to its exit (or to the kill on timeout).
     pub wall: Duration,
+    /// Killed at [`Deadlines::total`].
     pub timed_out: bool,
+    /// Killed because the script's log had not grown for
+    /// [`Deadlines::quiet_within`]: the guest stopped making progress.
+    pub went_quiet: bool,
     pub exit_ok: bool,
     /// Killed because `/init` had not started the script within the deadline the
     /// boot was given: the kernel or the emulator stalled before any of the
@@ -45,6 +49,22 @@ impl Boot {
             None => false,
         }
     }
+}
+
+/// When a boot is killed. Under software emulation on a loaded 2-core host the
+/// guest runs two to three times slower than on a quiet one, so the total is
+/// generous; the two shorter bounds catch a guest that stopped early.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// QEMU is killed after this long, whatever the guest is doing.
+    pub total: Duration,
+    /// `/init` must start the script by then (it does within seconds of a
+    /// healthy boot).
+    pub script_within: Duration,
+    /// Once the script runs, its log must grow at least this often: every
+    /// check writes a line, and the longest wait between two is for a pod to
+    /// start.
+    pub quiet_within: Duration,
 }
 
 /// The guest's kernel, from Debian's packages.
@@ -112,16 +132,9 @@ impl Guest {
     }
 
     /// Boots the guest once with `out` as its shared folder and waits for it to power
-    /// off, killing QEMU after `timeout`, or after `script_within` if `/init` has not
-    /// started the script by then (it does within seconds of a healthy boot).
-    /// `kernel_args` go on the kernel command line after the usual ones.
-    pub fn boot(
-        &self,
-        out: &Path,
-        timeout: Duration,
-        script_within: Duration,
-        kernel_args: &[&str],
-    ) -> anyhow::Result<Boot> {
+    /// off, killing QEMU when one of `deadlines` passes. `kernel_args` go on the
+    /// kernel command line after the usual ones.
+    pub fn boot(&self, out: &Path, deadlines: Deadlines, kernel_args: &[&str]) -> anyhow::Result<Boot> {
         let serial_path = out.with_extension("serial");
         let serial = File::create(&serial_path).with_context(|| format!("creating {}", serial_path.display()))?;
         let serial_err = serial.try_clone().context("duplicating the serial log handle")?;
@@ -136,29 +149,60 @@ impl Guest {
             .stderr(serial_err)
             .spawn()
             .context("starting e2e/qemu/boot.sh")?;
+        let log_path = out.join("log");
         let mut script_started = false;
-        let (timed_out, stalled_before_script, exit_ok) = loop {
+        // The log's length, and when it last changed.
+        let mut progress = (0_u64, Instant::now());
+        let (ended, exit_ok) = loop {
             if let Some(status) = child.try_wait().context("waiting for QEMU")? {
-                break (false, false, status.success());
+                break (Ended::PoweredOff, status.success());
             }
             if !script_started {
                 script_started =
                     std::fs::read(&serial_path).is_ok_and(|b| String::from_utf8_lossy(&b).contains(SCRIPT_STARTED));
+                progress.1 = Instant::now();
             }
-            let stalled = !script_started && started.elapsed() > script_within;
-            if stalled || started.elapsed() > timeout {
+            let logged = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+            if logged != progress.0 {
+                progress = (logged, Instant::now());
+            }
+            let ended = if !script_started && started.elapsed() > deadlines.script_within {
+                Some(Ended::Stalled)
+            } else if script_started && progress.1.elapsed() > deadlines.quiet_within {
+                Some(Ended::Quiet)
+            } else if started.elapsed() > deadlines.total {
+                Some(Ended::TimedOut)
+            } else {
+                None
+            };
+            if let Some(ended) = ended {
                 // boot.sh execs QEMU, so this is QEMU's PID.
                 let _ = child.kill();
                 let _ = child.wait();
-                break (!stalled, stalled, false);
+                break (ended, false);
             }
             std::thread::sleep(Duration::from_millis(200));
         };
         let wall = started.elapsed();
         let serial = std::fs::read(&serial_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
         let _ = std::fs::remove_file(&serial_path);
-        Ok(Boot { serial, wall, timed_out, exit_ok, stalled_before_script })
+        Ok(Boot {
+            serial,
+            wall,
+            timed_out: ended == Ended::TimedOut,
+            went_quiet: ended == Ended::Quiet,
+            exit_ok,
+            stalled_before_script: ended == Ended::Stalled,
+        })
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    PoweredOff,
+    Stalled,
+    Quiet,
+    TimedOut,
 }
 
 /// `KEY=VALUE` lines; anything else is ignored.
@@ -210,12 +254,47 @@ mod tests {
         );
     }
 
+    /// `boot` against a stand-in for `boot.sh`: each case's script plays a
+    /// guest, and the deadlines are a second or two.
+    #[test]
+    fn a_boot_ends_at_the_first_deadline_that_passes() {
+        let started = format!("echo '{SCRIPT_STARTED}/tmp/pinion-out/run'");
+        let cases = [
+            // (what the guest does, how the boot ends: powered off, stalled, quiet, timed out)
+            (format!("{started}; for i in 1 2 3 4 5 6; do echo ok >>\"$1/log\"; sleep 0.3; done"), Ended::PoweredOff),
+            ("exec sleep 30".to_string(), Ended::Stalled),
+            (format!("{started}; echo ok >>\"$1/log\"; exec sleep 30"), Ended::Quiet),
+            (format!("{started}; while :; do echo ok >>\"$1/log\"; sleep 0.3; done"), Ended::TimedOut),
+        ];
+        let deadlines = Deadlines {
+            total: Duration::from_secs(4),
+            script_within: Duration::from_secs(1),
+            quiet_within: Duration::from_secs(1),
+        };
+        for (script, want) in cases {
+            let scripts = tempfile::tempdir().expect("a temporary folder");
+            std::fs::write(scripts.path().join("boot.sh"), &script).expect("writing the stand-in boot.sh");
+            let out = tempfile::tempdir().expect("a temporary folder");
+            let guest = Guest { scripts: scripts.path().to_path_buf(), vars: BTreeMap::new() };
+            let boot = guest.boot(out.path(), deadlines, &[]).expect("running the stand-in boot.sh");
+            let got = match (boot.exit_ok, boot.stalled_before_script, boot.went_quiet, boot.timed_out) {
+                (true, false, false, false) => Ended::PoweredOff,
+                (false, true, false, false) => Ended::Stalled,
+                (false, false, true, false) => Ended::Quiet,
+                (false, false, false, true) => Ended::TimedOut,
+                other => panic!("{script}: inconsistent ending {other:?}"),
+            };
+            assert_eq!(got, want, "{script} (after {:?})", boot.wall);
+        }
+    }
+
     #[test]
     fn a_panic_counts_only_before_the_script_started() {
         let boot = |serial: &str| Boot {
             serial: serial.into(),
             wall: Duration::ZERO,
             timed_out: false,
+            went_quiet: false,
             exit_ok: true,
             stalled_before_script: false,
         };

@@ -25,8 +25,8 @@ use anyhow::{bail, Context};
 use e2e::suite::{lanes, TestBinary};
 
 /// A test binary still running after this is killed. The longest, the QEMU
-/// test's two guests, takes 8 to 9 minutes in the suite; each guest may boot
-/// twice (a stalled boot is killed after 90 s).
+/// test's two guests one after the other, bounds each boot at 10 minutes (a
+/// boot stalled before its script at 90 s, and may then boot once more).
 const BINARY_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
 struct Built {
