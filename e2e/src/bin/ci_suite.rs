@@ -8,6 +8,9 @@
 //! cargo would (from its package's folder, with `CARGO` and
 //! `CARGO_MANIFEST_DIR` set), prints each one's output whole when it ends, then
 //! runs the doc tests. `PINION_SUITE_SERIAL=1` runs everything one at a time.
+//! `.ci/run` builds this binary with the tests and runs it from the target
+//! folder: `cargo run -p e2e` would build its dependencies again with e2e's
+//! features alone.
 //!
 //! The e2e tests run the `pinion` this build made (`PINION_BIN`). Left to
 //! themselves they run `cargo build -p cli`, whose features differ from the
