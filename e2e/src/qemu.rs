@@ -41,6 +41,12 @@ pub struct Boot {
 }
 
 impl Boot {
+    /// The script stopped writing while the guest's kernel reported soft
+    /// lockups: its virtual CPUs got no time from a loaded host.
+    pub fn starved(&self) -> bool {
+        self.went_quiet && self.serial.contains("soft lockup")
+    }
+
     /// The guest's kernel panicked before `/init` started the script (the
     /// guest then powers off at once, `panic=-1`): nothing of the project ran.
     pub fn panicked_before_script(&self) -> bool {
@@ -285,6 +291,24 @@ mod tests {
                 other => panic!("{script}: inconsistent ending {other:?}"),
             };
             assert_eq!(got, want, "{script} (after {:?})", boot.wall);
+        }
+    }
+
+    #[test]
+    fn a_guest_is_starved_when_it_went_quiet_with_soft_lockups() {
+        let lockup = "init: running /tmp/pinion-out/run\n[ 312.4] watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [youki:INTER]\n";
+        let cases =
+            [(lockup, true, true), (lockup, false, false), ("init: running /tmp/pinion-out/run\nok\n", true, false)];
+        for (serial, went_quiet, expected) in cases {
+            let boot = Boot {
+                serial: serial.into(),
+                wall: Duration::ZERO,
+                timed_out: false,
+                went_quiet,
+                exit_ok: false,
+                stalled_before_script: false,
+            };
+            assert_eq!(boot.starved(), expected, "{serial:?}, quiet {went_quiet}");
         }
     }
 
