@@ -191,16 +191,14 @@ impl Client {
         let inner = &self.inner;
         let mut slot = inner.conn.lock().await;
         let n = inner.endpoints.len();
-        match slot.take() {
-            Some(c) if !c.send.is_closed() => {
-                *slot = Some(c.clone());
-                return Ok(c);
+        if let Some(c) = slot.take() {
+            if !c.send.is_closed() {
+                return Ok(slot.insert(c).clone());
             }
             // Closed under us (HTTP/2's keepalive found the member silent,
             // or it hung up), not by a failed call: start from the next one
             // too, rather than dialling a member that just went quiet.
-            Some(c) => inner.next.store((c.endpoint + 1) % n, Ordering::Relaxed),
-            None => {}
+            inner.next.store((c.endpoint + 1) % n, Ordering::Relaxed);
         }
         let first = inner.next.load(Ordering::Relaxed);
         let mut failures = Vec::new();
