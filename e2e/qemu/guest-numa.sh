@@ -285,12 +285,7 @@ else
         fail "shared pod did not shrink after $name"
     done
   fi
-  if [ -n "${shared_pid:-}" ] && [ "$SCOPE" = kernel ]; then
-    rm -f "$MANIFESTS/pin-a.yaml"
-    wait_gone pin-a 60 && ok "pin-a stopped when its manifest went away" || fail "pin-a still runs without a manifest"
-    wait_shared_cpus "$ALL_CPUS" && ok "shared pod grew back to $ALL_CPUS after pin-a left" ||
-      fail "shared pod did not grow back"
-  elif [ -n "${shared_pid:-}" ]; then
+  if [ -n "${shared_pid:-}" ] && [ "$SCOPE" = full ]; then
     nodes=$(for n in pin-a pin-b pin-c; do echo "$n=node${pod_node[$n]:-?}"; done | tr '\n' ' ')
     figure "pinion_nodes_used $nodes"
     [ "$(for n in pin-a pin-b pin-c; do echo "${pod_node[$n]:-?}"; done | sort -u | tr '\n' ' ')" = "0 1 " ] &&
@@ -298,14 +293,19 @@ else
       fail "exclusive pods did not use both nodes: $nodes"
     all_cpus_taken=$(for n in pin-a pin-b pin-c; do expand "${pod_cpus[$n]:-}"; done | tr ' ' '\n' | sort -u | wc -w)
     [ "$all_cpus_taken" = 6 ] && ok "no CPU given to two exclusive pods" || fail "exclusive pods overlap: $all_cpus_taken distinct CPUs"
-
+  fi
+  if [ -n "${shared_pid:-}" ]; then
     # (3) continued: a pod goes away, the shared pool grows back.
     rm -f "$MANIFESTS/pin-a.yaml"
     wait_gone pin-a 60 && ok "pin-a stopped when its manifest went away" || fail "pin-a still runs without a manifest"
-    exclusive=${pod_cpus[pin-b]:-},${pod_cpus[pin-c]:-}
+    exclusive=""
+    for name in $exclusive_pods; do
+      [ "$name" = pin-a ] || exclusive=${exclusive:+$exclusive,}${pod_cpus[$name]:-}
+    done
     wait_shared_cpus "$(minus "$ALL_CPUS" "$exclusive")" &&
       ok "shared pod grew to $(minus "$ALL_CPUS" "$exclusive") after pin-a left" || fail "shared pod did not grow back"
-
+  fi
+  if [ -n "${shared_pid:-}" ] && [ "$SCOPE" = full ]; then
     # (4) kill -9 of the agent, restart: the same processes, adopted, pages in place.
     kill -9 "$agent_pid"
     wait "$agent_pid" 2>/dev/null

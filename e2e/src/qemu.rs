@@ -28,23 +28,30 @@ pub struct Boot {
     pub serial: String,
     /// From starting QEMU to its exit (or to the kill on timeout).
     pub wall: Duration,
-    /// Killed at [`Deadlines::total`].
-    pub timed_out: bool,
-    /// Killed because the script's log had not grown for
-    /// [`Deadlines::quiet_within`]: the guest stopped making progress.
-    pub went_quiet: bool,
+    pub ended: Ended,
+    /// QEMU exited with status 0 (never, when it was killed).
     pub exit_ok: bool,
-    /// Killed because `/init` had not started the script within the deadline the
-    /// boot was given: the kernel or the emulator stalled before any of the
-    /// project's code ran.
-    pub stalled_before_script: bool,
+}
+
+/// How a boot ended: the guest powered off, or which deadline killed QEMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    PoweredOff,
+    /// `/init` had not started the script by [`Deadlines::script_within`]: the
+    /// kernel or the emulator stalled before any of the project's code ran.
+    Stalled,
+    /// The script's log had not grown for [`Deadlines::quiet_within`]: the
+    /// guest stopped making progress.
+    Quiet,
+    /// [`Deadlines::total`] passed.
+    TimedOut,
 }
 
 impl Boot {
     /// The script stopped writing while the guest's kernel reported soft
     /// lockups: its virtual CPUs got no time from a loaded host.
     pub fn starved(&self) -> bool {
-        self.went_quiet && self.serial.contains("soft lockup")
+        self.ended == Ended::Quiet && self.serial.contains("soft lockup")
     }
 
     /// The guest's kernel panicked before `/init` started the script (the
@@ -192,23 +199,8 @@ impl Guest {
         let wall = started.elapsed();
         let serial = std::fs::read(&serial_path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
         let _ = std::fs::remove_file(&serial_path);
-        Ok(Boot {
-            serial,
-            wall,
-            timed_out: ended == Ended::TimedOut,
-            went_quiet: ended == Ended::Quiet,
-            exit_ok,
-            stalled_before_script: ended == Ended::Stalled,
-        })
+        Ok(Boot { serial, wall, ended, exit_ok })
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    PoweredOff,
-    Stalled,
-    Quiet,
-    TimedOut,
 }
 
 /// `KEY=VALUE` lines; anything else is ignored.
@@ -283,32 +275,26 @@ mod tests {
             let out = tempfile::tempdir().expect("a temporary folder");
             let guest = Guest { scripts: scripts.path().to_path_buf(), vars: BTreeMap::new() };
             let boot = guest.boot(out.path(), deadlines, &[]).expect("running the stand-in boot.sh");
-            let got = match (boot.exit_ok, boot.stalled_before_script, boot.went_quiet, boot.timed_out) {
-                (true, false, false, false) => Ended::PoweredOff,
-                (false, true, false, false) => Ended::Stalled,
-                (false, false, true, false) => Ended::Quiet,
-                (false, false, false, true) => Ended::TimedOut,
-                other => panic!("{script}: inconsistent ending {other:?}"),
-            };
-            assert_eq!(got, want, "{script} (after {:?})", boot.wall);
+            assert_eq!(
+                (boot.ended, boot.exit_ok),
+                (want, want == Ended::PoweredOff),
+                "{script} (after {:?})",
+                boot.wall
+            );
         }
     }
 
     #[test]
     fn a_guest_is_starved_when_it_went_quiet_with_soft_lockups() {
         let lockup = "init: running /tmp/pinion-out/run\n[ 312.4] watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [youki:INTER]\n";
-        let cases =
-            [(lockup, true, true), (lockup, false, false), ("init: running /tmp/pinion-out/run\nok\n", true, false)];
-        for (serial, went_quiet, expected) in cases {
-            let boot = Boot {
-                serial: serial.into(),
-                wall: Duration::ZERO,
-                timed_out: false,
-                went_quiet,
-                exit_ok: false,
-                stalled_before_script: false,
-            };
-            assert_eq!(boot.starved(), expected, "{serial:?}, quiet {went_quiet}");
+        let cases = [
+            (lockup, Ended::Quiet, true),
+            (lockup, Ended::TimedOut, false),
+            ("init: running /tmp/pinion-out/run\nok\n", Ended::Quiet, false),
+        ];
+        for (serial, ended, expected) in cases {
+            let boot = Boot { serial: serial.into(), wall: Duration::ZERO, ended, exit_ok: false };
+            assert_eq!(boot.starved(), expected, "{serial:?}, {ended:?}");
         }
     }
 
@@ -317,10 +303,8 @@ mod tests {
         let boot = |serial: &str| Boot {
             serial: serial.into(),
             wall: Duration::ZERO,
-            timed_out: false,
-            went_quiet: false,
+            ended: Ended::PoweredOff,
             exit_ok: true,
-            stalled_before_script: false,
         };
         let cases = [
             ("[ 9.3] RIP: sched_clock_cpu\n[ 9.38] Kernel panic - not syncing: Fatal exception in interrupt\n", true),

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use e2e::qemu::{parse_figures, shell_quote, tail, Deadlines, Guest, Kernel};
+use e2e::qemu::{parse_figures, shell_quote, tail, Deadlines, Ended, Guest, Kernel};
 use specs::topology::NodeTopology;
 
 /// QEMU is killed after this long (`PINION_QEMU_TIMEOUT_S` overrides it). The
@@ -117,13 +117,13 @@ fn run_guest(kernel: Kernel, scope: &str) -> anyhow::Result<Option<Vec<(String, 
     // host, twice in CI beside the rest of the suite) is, once: nothing of
     // the script failed there.
     let emulator_aborted =
-        !boot.timed_out && !boot.exit_ok && read("log").is_empty() && boot.serial.contains("Assertion");
+        boot.ended == Ended::PoweredOff && !boot.exit_ok && read("log").is_empty() && boot.serial.contains("Assertion");
     let kernel_panicked = read("log").is_empty() && boot.panicked_before_script();
     let why = if emulator_aborted {
         Some("the guest never ran its script: a QEMU assertion")
     } else if kernel_panicked {
         Some("the guest never ran its script: its kernel panicked while booting")
-    } else if boot.stalled_before_script {
+    } else if boot.ended == Ended::Stalled {
         Some("the guest never ran its script: no /init within the deadline")
     } else if boot.starved() {
         Some("the guest's script went quiet while its kernel reported soft lockups")
@@ -132,8 +132,11 @@ fn run_guest(kernel: Kernel, scope: &str) -> anyhow::Result<Option<Vec<(String, 
     };
     if let Some(why) = why {
         eprintln!("{why}; booting once more:\n{}", tail(&boot.serial, 5));
-        for name in ["log", "exit-code", "verdict", "failures", "figures", "discover.json", "agent.log"] {
-            let _ = std::fs::remove_file(out.path().join(name));
+        // Everything the first boot's guest wrote; `run` is the host's.
+        for entry in std::fs::read_dir(out.path()).context("reading the shared folder")?.flatten() {
+            if entry.file_name() != "run" {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
         boot = guest.boot(out.path(), deadlines, &["loglevel=7"])?;
     }
@@ -148,10 +151,10 @@ fn run_guest(kernel: Kernel, scope: &str) -> anyhow::Result<Option<Vec<(String, 
             tail(&boot.serial, 40),
         )
     };
-    if boot.stalled_before_script {
+    if boot.ended == Ended::Stalled {
         bail!("the guest's /init did not start the script within {:?}, twice\n{}", deadlines.script_within, report());
     }
-    if boot.went_quiet {
+    if boot.ended == Ended::Quiet {
         bail!(
             "the guest's script wrote nothing for {:?} ({:.0} s after QEMU started)\n{}",
             deadlines.quiet_within,
@@ -159,7 +162,7 @@ fn run_guest(kernel: Kernel, scope: &str) -> anyhow::Result<Option<Vec<(String, 
             report()
         );
     }
-    if boot.timed_out {
+    if boot.ended == Ended::TimedOut {
         bail!("the guest did not power off within {:?}\n{}", deadlines.total, report());
     }
     if !boot.exit_ok {

@@ -28,8 +28,9 @@ use anyhow::{bail, Context};
 use e2e::suite::{lanes, TestBinary};
 
 /// A test binary still running after this is killed. The longest, the QEMU
-/// test's two guests one after the other, bounds each boot at 10 minutes (a
-/// boot stalled before its script at 90 s, and may then boot once more).
+/// test's two guests one after the other, bounds each boot at 10 minutes and
+/// boots a guest once more when the emulated machine failed it; this bound
+/// then ends the worst case.
 const BINARY_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 
 struct Built {
